@@ -1,0 +1,296 @@
+"""The scheduler of one virtual engine: which requests run in the next step (no torch).
+
+Policy (upstream vLLM V0's default without chunked prefill):
+
+1. **Prefill first.** Waiting requests are admitted in FIFO order while the KV cache (with its
+   watermark), the token budget ``max_num_batched_tokens`` and the sequence budget
+   ``max_num_seqs`` allow. A request that can never run -- longer than ``max_model_len`` or
+   than the token budget, more sequences than ``max_num_seqs``, or more blocks than the cache
+   has -- is finished as FINISHED_IGNORED and reported, so it cannot block the queue. A step
+   that admits any prefill runs prefills only.
+2. **Otherwise decode** every running request in order. When the cache cannot give a request
+   its next slots, the *last* running request is preempted by recompute (blocks freed, its
+   sequences back to WAITING with their outputs kept, the request pushed to the front of the
+   waiting queue) until the current one fits; a later prefill recomputes prompt + outputs and
+   decoding continues from the last token.
+
+The engine owns one Scheduler per virtual engine and talks to it through
+:meth:`Scheduler.schedule`, which returns the worker's metadata and a :class:`SchedulerOutputs`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm.core.block_manager import AllocStatus, BlockSpaceManager
+from vllm.sequence import Sequence, SequenceGroup, SequenceGroupMetadata, SequenceStatus
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SchedulerOutputs:
+    """What one :meth:`Scheduler.schedule` call decided.
+
+    Attributes:
+        scheduled_seq_groups: the groups to run, in the order of the metadata list.
+        num_prefill_groups: how many of them are prefills (all of them, or 0: never mixed).
+        num_batched_tokens: prefill: tokens computed (sum of the scheduled sequences'
+            lengths); decode: rows (one per running sequence).
+        ignored_seq_groups: groups finished as FINISHED_IGNORED by this call.
+        num_lookahead_slots: KV slots reserved per sequence past its last token (0 on prefill
+            steps; the config's value on decode steps).
+        running_queue_size: running groups after this call.
+        preempted: groups preempted (by recompute) during this call.
+    """
+
+    scheduled_seq_groups: list[SequenceGroup] = field(default_factory=list)
+    num_prefill_groups: int = 0
+    num_batched_tokens: int = 0
+    ignored_seq_groups: list[SequenceGroup] = field(default_factory=list)
+    num_lookahead_slots: int = 0
+    running_queue_size: int = 0
+    preempted: int = 0
+
+    def is_empty(self) -> bool:
+        """True when nothing runs this step (ignored groups may still need reporting)."""
+        return not self.scheduled_seq_groups
+
+
+class Scheduler:
+    """FCFS scheduler with recompute preemption for one virtual engine.
+
+    Args:
+        scheduler_config: uses ``max_num_seqs``, ``max_num_batched_tokens``,
+            ``max_model_len`` and ``num_lookahead_slots`` only.
+        cache_config: uses ``block_size`` and ``num_gpu_blocks`` (blocks of this virtual
+            engine, known once the KV cache was sized).
+
+    Raises:
+        ValueError: when ``cache_config.num_gpu_blocks`` is unset or below 1.
+    """
+
+    def __init__(self, scheduler_config: Any, cache_config: Any):
+        if cache_config.num_gpu_blocks is None:
+            raise ValueError(
+                "cache_config.num_gpu_blocks must be set (size the KV cache) before building "
+                "the Scheduler, got None."
+            )
+        self.scheduler_config = scheduler_config
+        self.cache_config = cache_config
+        self.block_manager = BlockSpaceManager(
+            block_size=cache_config.block_size, num_gpu_blocks=cache_config.num_gpu_blocks
+        )
+        self.waiting: deque[SequenceGroup] = deque()
+        self.running: list[SequenceGroup] = []
+        # Requests aborted since the last free_finished_seq_groups() call.
+        self._aborted_ids: list[str] = []
+        self.num_cumulative_preemption = 0
+
+    # ------------------------------------------------------------------------- queue API
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def add_seq_group(self, seq_group: SequenceGroup) -> None:
+        """Queue a new request (its sequences WAITING) at the back of the waiting queue."""
+        self.waiting.append(seq_group)
+
+    def has_unfinished_seqs(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def get_num_unfinished_seq_groups(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def abort_seq_group(self, request_id: str | Iterable[str]) -> None:
+        """Abort requests by id: unfinished sequences become FINISHED_ABORTED, every block of
+        the group is freed and the group leaves its queue. Unknown ids are ignored."""
+        ids = {request_id} if isinstance(request_id, str) else set(request_id)
+        if not ids:
+            return
+        for queue in (self.waiting, self.running):
+            for group in [g for g in queue if g.request_id in ids]:
+                queue.remove(group)
+                for seq in group.get_seqs():
+                    if not seq.is_finished():
+                        seq.status = SequenceStatus.FINISHED_ABORTED
+                    self.free_seq(seq)
+                self._aborted_ids.append(group.request_id)
+
+    def free_seq(self, seq: Sequence) -> None:
+        """Free ``seq``'s blocks if it holds any (a no-op otherwise)."""
+        if self.block_manager.has_table(seq):
+            self.block_manager.free(seq)
+
+    def free_finished_seq_groups(self) -> list[str]:
+        """Free the blocks of finished sequences and drop finished groups from the queues.
+
+        Returns:
+            ids of the requests that left the scheduler since the previous call: finished
+            groups found now, then requests aborted in between.
+        """
+        finished: list[str] = []
+        for group in self.running:
+            for seq in group.get_seqs():
+                if seq.is_finished():
+                    self.free_seq(seq)
+        for queue in (self.running, self.waiting):
+            for group in [g for g in queue if g.is_finished()]:
+                queue.remove(group)
+                finished.append(group.request_id)
+        finished.extend(self._aborted_ids)
+        self._aborted_ids = []
+        return finished
+
+    # -------------------------------------------------------------------------- schedule
+    def schedule(self) -> tuple[list[SequenceGroupMetadata], SchedulerOutputs]:
+        """Decide the next step: prefills if any can be admitted, else decodes.
+
+        Returns:
+            (metadata, outputs): one SequenceGroupMetadata per scheduled group, in the order
+            of ``outputs.scheduled_seq_groups``.
+        """
+        out = self._schedule_prefills()
+        if not out.scheduled_seq_groups:
+            ignored = out.ignored_seq_groups
+            out = self._schedule_decodes()
+            out.ignored_seq_groups = ignored
+        out.running_queue_size = len(self.running)
+
+        now = time.time()
+        metadata = []
+        for group in out.scheduled_seq_groups:
+            if group.metrics.first_scheduled_time is None:
+                group.metrics.first_scheduled_time = now
+            seqs = group.get_seqs(SequenceStatus.RUNNING)
+            metadata.append(
+                SequenceGroupMetadata(
+                    request_id=group.request_id,
+                    is_prompt=out.num_prefill_groups > 0,
+                    seq_data={s.seq_id: s.data for s in seqs},
+                    sampling_params=group.sampling_params,
+                    block_tables={s.seq_id: self.block_manager.get_block_table(s) for s in seqs},
+                )
+            )
+        return metadata, out
+
+    def _never_fits(self, group: SequenceGroup) -> str | None:
+        """Why the waiting group can never be scheduled, or None if it may be."""
+        cfg = self.scheduler_config
+        seqs = group.get_unfinished_seqs()
+        length = max(s.get_len() for s in seqs)
+        if length > cfg.max_model_len:
+            return f"prompt of {length} tokens is longer than max_model_len={cfg.max_model_len}"
+        tokens = sum(s.get_len() for s in seqs)
+        if tokens > cfg.max_num_batched_tokens:
+            return (
+                f"prefill of {tokens} tokens ({len(seqs)} sequences) is longer than "
+                f"max_num_batched_tokens={cfg.max_num_batched_tokens}"
+            )
+        if len(seqs) > cfg.max_num_seqs:
+            return f"{len(seqs)} sequences are more than max_num_seqs={cfg.max_num_seqs}"
+        if self.block_manager.can_allocate(group) == AllocStatus.NEVER:
+            bm = self.block_manager
+            return (
+                f"prompt of {length} tokens ({len(seqs)} sequences) needs more KV-cache blocks "
+                f"than the {bm.get_num_total_gpu_blocks()} blocks of {bm.block_size} tokens "
+                f"(watermark {bm.watermark_blocks} blocks)"
+            )
+        return None
+
+    def _schedule_prefills(self) -> SchedulerOutputs:
+        cfg = self.scheduler_config
+        out = SchedulerOutputs()
+        num_seqs = sum(g.get_max_num_running_seqs() for g in self.running)
+        kept: deque[SequenceGroup] = deque()  # waiting groups passed over, in order
+        while self.waiting:
+            group = self.waiting.popleft()
+            seqs = group.get_unfinished_seqs()
+            if not seqs:  # finished while waiting: free_finished_seq_groups() reports it
+                kept.append(group)
+                continue
+            reason = self._never_fits(group)
+            if reason is not None:
+                logger.warning("Ignoring request %s: %s.", group.request_id, reason)
+                for seq in seqs:
+                    seq.status = SequenceStatus.FINISHED_IGNORED
+                out.ignored_seq_groups.append(group)
+                continue
+            tokens = sum(s.get_len() for s in seqs)
+            if (
+                self.block_manager.can_allocate(group) != AllocStatus.OK
+                or out.num_batched_tokens + tokens > cfg.max_num_batched_tokens
+                or num_seqs + len(seqs) > cfg.max_num_seqs
+            ):
+                # FIFO: nobody behind the first request that does not fit goes first.
+                self.waiting.appendleft(group)
+                break
+            self.block_manager.allocate(group)
+            for seq in seqs:
+                seq.status = SequenceStatus.RUNNING
+            self.running.append(group)
+            out.scheduled_seq_groups.append(group)
+            out.num_batched_tokens += tokens
+            num_seqs += len(seqs)
+        kept.extend(self.waiting)
+        self.waiting = kept
+        out.num_prefill_groups = len(out.scheduled_seq_groups)
+        return out
+
+    def _schedule_decodes(self) -> SchedulerOutputs:
+        cfg = self.scheduler_config
+        k = cfg.num_lookahead_slots
+        out = SchedulerOutputs(num_lookahead_slots=k)
+        # Finished groups not yet freed stay in `running` but are neither run nor preempted.
+        pending = deque(g for g in self.running if not g.is_finished())
+        preempted: list[SequenceGroup] = []
+        while pending:
+            group = pending.popleft()
+            rows = group.num_seqs(SequenceStatus.RUNNING)
+            if out.num_batched_tokens + rows > cfg.max_num_seqs:
+                break
+            while not self.block_manager.can_append_slots(group, k):
+                victim = pending.pop() if pending else group
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is group:
+                    break
+            else:
+                # Take the blocks now, so the next group's check sees what is left.
+                for seq in group.get_seqs(SequenceStatus.RUNNING):
+                    self.block_manager.append_slots(seq, k)
+                out.scheduled_seq_groups.append(group)
+                out.num_batched_tokens += rows
+        if preempted:
+            gone = {id(g) for g in preempted}
+            self.running = [g for g in self.running if id(g) not in gone]
+            self.num_cumulative_preemption += len(preempted)
+            logger.warning(
+                "Preempted %d request(s) by recompute (%s): not enough KV-cache blocks "
+                "(%d free of %d). Total preemptions: %d.",
+                len(preempted),
+                ", ".join(g.request_id for g in preempted),
+                self.block_manager.get_num_free_gpu_blocks(),
+                self.block_manager.get_num_total_gpu_blocks(),
+                self.num_cumulative_preemption,
+            )
+        out.preempted = len(preempted)
+        return out
+
+    def _preempt(self, group: SequenceGroup) -> None:
+        """Preempt by recompute: free every block, unfinished sequences back to WAITING (their
+        output tokens kept), the group at the front of the waiting queue."""
+        for seq in group.get_seqs():
+            self.free_seq(seq)
+            if not seq.is_finished():
+                seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(group)
