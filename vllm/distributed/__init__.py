@@ -1,0 +1,1 @@
+"""Distributed helpers: pipeline-parallel layer partition (``utils``) and process groups."""

@@ -1,0 +1,1 @@
+"""Model side of the engine: layers, model definitions and weight loaders."""

@@ -1,0 +1,1 @@
+"""Building blocks of the decoder models (norms, rotary, fused linears, activations)."""

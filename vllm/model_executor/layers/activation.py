@@ -1,0 +1,28 @@
+"""Gated activations applied to a fused [gate | up] projection."""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class SiluAndMul(nn.Module):
+    """SwiGLU gate (Shazeer 2020): ``silu(x[..., :d]) * x[..., d:]`` with ``d = x.shape[-1] // 2``.
+
+    Input [num_tokens, 2 * d] (the output of the fused gate_up projection, gate first);
+    output [num_tokens, d]. Matches HF ``act_fn(gate_proj(x)) * up_proj(x)``.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        d = x.shape[-1] // 2
+        return F.silu(x[..., :d]) * x[..., d:]  # [num_tokens, d]
+
+
+def get_act_and_mul_fn(hidden_act: str) -> nn.Module:
+    """Gated activation module for a config's ``hidden_act``.
+
+    Raises:
+        ValueError: an activation other than ``silu``.
+    """
+    if hidden_act != "silu":
+        raise ValueError(f"hidden_act={hidden_act!r} is not supported; supported: ['silu']")
+    return SiluAndMul()

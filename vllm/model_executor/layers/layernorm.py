@@ -1,0 +1,40 @@
+"""RMSNorm with an optional fused residual add."""
+
+import torch
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm (Zhang & Sennrich 2019), as Hugging Face ``LlamaRMSNorm``.
+
+    ``y = weight * (x / sqrt(mean(x**2, -1) + eps))``, the normalisation computed in float32
+    and cast back to the input dtype before the weight multiply, exactly as transformers does,
+    so float32 results are bit-identical to the reference.
+
+    ``forward(x, residual)`` first adds ``residual`` to ``x`` (the decoder's skip connection)
+    and returns ``(normed, x + residual)``: the sum is the next residual.
+    """
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.variance_epsilon = eps
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        input_dtype = x.dtype
+        x = x.to(torch.float32)  # [num_tokens, hidden]
+        variance = x.pow(2).mean(-1, keepdim=True)  # [num_tokens, 1]
+        x = x * torch.rsqrt(variance + self.variance_epsilon)
+        return self.weight * x.to(input_dtype)
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Args: x, residual: [num_tokens, hidden]. Returns normed x, or (normed, new residual)."""
+        if residual is None:
+            return self._norm(x)
+        x = residual + x  # [num_tokens, hidden]; same operand order as HF's skip add
+        return self._norm(x), x
+
+    def extra_repr(self) -> str:
+        return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}"

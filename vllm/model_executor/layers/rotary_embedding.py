@@ -1,0 +1,145 @@
+"""Rotary position embedding (RoPE, Su et al. 2021) with a precomputed cos/sin cache.
+
+NeoX style, as Hugging Face Llama's ``rotate_half``: a head vector ``x`` of size ``D`` is
+split into halves ``x1 = x[:D/2]``, ``x2 = x[D/2:]`` and rotated by the angles
+``pos * inv_freq``::
+
+    out = [x1 * cos - x2 * sin, x2 * cos + x1 * sin]
+
+The inverse frequencies follow transformers' ``modeling_rope_utils`` for the rope types
+``default``, ``linear`` (inv_freq / factor) and ``llama3`` (wavelength-banded scaling), so
+float32 results are bit-identical to the reference.
+"""
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+def compute_inv_freq(rotary_dim: int, rope_parameters: dict[str, Any]) -> torch.Tensor:
+    """Inverse frequencies [rotary_dim // 2] in float32 for ``rope_parameters``.
+
+    ``rope_parameters`` holds ``rope_theta`` and ``rope_type`` (plus ``factor``,
+    ``low_freq_factor``, ``high_freq_factor``, ``original_max_position_embeddings`` for
+    llama3). Formula: ``1 / theta ** (arange(0, D, 2) / D)`` (RoFormer / transformers).
+
+    Raises:
+        ValueError: a rope type outside ``SUPPORTED_ROPE_TYPES``.
+    """
+    rope_type = rope_parameters.get("rope_type", rope_parameters.get("type", "default"))
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise ValueError(
+            f"rope_type={rope_type!r} is not supported; supported: {list(SUPPORTED_ROPE_TYPES)}"
+        )
+    base = rope_parameters["rope_theta"]
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64).to(torch.float) / rotary_dim
+    inv_freq = 1.0 / (base**exponents)  # [rotary_dim // 2]
+    if rope_type == "linear":
+        inv_freq = inv_freq / rope_parameters["factor"]
+    elif rope_type == "llama3":
+        inv_freq = _llama3_scale(inv_freq, rope_parameters)
+    return inv_freq
+
+
+def _llama3_scale(inv_freq: torch.Tensor, params: dict[str, Any]) -> torch.Tensor:
+    """Llama 3.1 frequency scaling: long wavelengths divided by ``factor``, short ones kept,
+    a linear blend in between (Meta's reference ``apply_scaling``)."""
+    factor = params["factor"]
+    low_freq_factor = params["low_freq_factor"]
+    high_freq_factor = params["high_freq_factor"]
+    old_context_len = params["original_max_position_embeddings"]
+    low_freq_wavelen = old_context_len / low_freq_factor
+    high_freq_wavelen = old_context_len / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+class RotaryEmbedding(nn.Module):
+    """Applies RoPE to flattened query/key tensors, looking angles up by position.
+
+    ``cos_sin_cache`` [max_position, rotary_dim] (float32, non-persistent buffer) holds
+    ``cat(cos(pos * inv_freq), sin(pos * inv_freq))`` for every position below
+    ``max_position``.
+    """
+
+    def __init__(
+        self,
+        head_size: int,
+        rotary_dim: int,
+        max_position: int,
+        rope_parameters: dict[str, Any],
+    ) -> None:
+        super().__init__()
+        if rotary_dim != head_size:
+            raise ValueError(
+                f"partial rotary embedding (rotary_dim={rotary_dim} < head_size={head_size}) "
+                f"is not supported"
+            )
+        self.head_size = head_size
+        self.rotary_dim = rotary_dim
+        self.max_position = max_position
+        inv_freq = compute_inv_freq(rotary_dim, rope_parameters)  # [rotary_dim // 2]
+        positions = torch.arange(max_position, dtype=torch.float32)  # [max_position]
+        # Elementwise product as transformers computes it (position.float() * inv_freq).
+        freqs = positions[:, None] * inv_freq[None, :]  # [max_position, rotary_dim // 2]
+        cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1)  # [max_position, rotary_dim]
+        self.register_buffer("cos_sin_cache", cache, persistent=False)
+
+    def forward(
+        self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate query and key.
+
+        Args:
+            positions: [num_tokens] int64, each below ``max_position``.
+            query: [num_tokens, num_heads * head_size].
+            key: [num_tokens, num_kv_heads * head_size].
+
+        Returns:
+            (query, key) rotated, same shapes and dtype as the inputs.
+        """
+        cos_sin = self.cos_sin_cache.index_select(0, positions)  # [T, rotary_dim]
+        cos, sin = cos_sin.chunk(2, dim=-1)  # [T, rotary_dim // 2] each
+        # HF casts cos/sin to the activation dtype before applying them.
+        cos = cos.to(query.dtype).unsqueeze(1)  # [T, 1, rotary_dim // 2]
+        sin = sin.to(query.dtype).unsqueeze(1)
+        return self._rotate(query, cos, sin), self._rotate(key, cos, sin)
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        x = x.view(num_tokens, -1, self.head_size)  # [T, heads, head_size]
+        x1, x2 = x.chunk(2, dim=-1)  # [T, heads, head_size // 2] each
+        out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+        return out.reshape(num_tokens, -1)  # [T, heads * head_size]
+
+    def extra_repr(self) -> str:
+        return f"head_size={self.head_size}, max_position={self.max_position}"
+
+
+def get_rope_parameters(config: Any) -> dict[str, Any]:
+    """Rope settings of a transformers config as one dict with ``rope_theta`` and ``rope_type``.
+
+    transformers 5 stores them in ``config.rope_parameters``; older configs in
+    ``config.rope_theta`` plus an optional ``config.rope_scaling`` dict (whose ``type`` key
+    is an old spelling of ``rope_type``). Default theta 10000.
+    """
+    params = getattr(config, "rope_parameters", None)
+    merged: dict[str, Any] = {}
+    scaling = getattr(config, "rope_scaling", None)
+    if isinstance(scaling, dict):
+        merged.update(scaling)
+    if isinstance(params, dict):
+        merged.update(params)
+    if "rope_theta" not in merged:
+        merged["rope_theta"] = getattr(config, "rope_theta", None) or 10000.0
+    if "rope_type" not in merged:
+        merged["rope_type"] = merged.get("type", "default")
+    return merged

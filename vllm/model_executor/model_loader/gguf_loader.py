@@ -1,0 +1,120 @@
+"""Read a single-file GGUF checkpoint as Hugging Face-named float tensors.
+
+Every tensor is dequantized with ``gguf.quants.dequantize`` (numpy, float32). GGUF lists a
+tensor's dims fastest-first (``[in, out]``), the reverse of torch; the reader's ``data``
+array is already in row-major torch order, which is what we use (and check).
+
+llama.cpp's converter permutes the rows of Llama's ``attn_q``/``attn_k`` so that each head's
+rotary pairs are interleaved (GPT-J style): per head, ``w.reshape(2, D/2, in)`` becomes
+``w.reshape(D/2, 2, in)``. We undo it per head (interleaved pairs -> halves) to recover the
+HF NeoX layout. Qwen2 files are not permuted.
+"""
+
+import re
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+# GGUF per-block sub-name -> HF sub-name under model.layers.N.
+_BLOCK_NAMES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+}
+_GLOBAL_NAMES = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+_SKIPPED = {"rope_freqs"}  # precomputed rotary factors: we compute our own
+_BLOCK_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
+_PERMUTED_ARCHS = {"llama"}
+
+
+def gguf_to_hf_name(gguf_name: str) -> str | None:
+    """``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``.
+
+    Returns None for tensors we skip (``rope_freqs``). Raises ValueError for an unknown name.
+    """
+    match = _BLOCK_RE.match(gguf_name)
+    if match:
+        layer, sub, kind = match.groups()
+        if sub in _BLOCK_NAMES:
+            return f"model.layers.{layer}.{_BLOCK_NAMES[sub]}.{kind}"
+    else:
+        base, _, kind = gguf_name.rpartition(".")
+        if base in _SKIPPED:
+            return None
+        if base in _GLOBAL_NAMES and kind in ("weight", "bias"):
+            return f"{_GLOBAL_NAMES[base]}.{kind}"
+    raise ValueError(f"GGUF tensor {gguf_name!r} has no Hugging Face name mapping")
+
+
+def reverse_permute_rows(weight: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's q/k permutation: rows [n_head * D, ...] with interleaved rotary pairs
+    per head -> HF layout with the pair halves contiguous (``reshape(n, D/2, 2)`` ->
+    ``swap`` -> ``reshape(n, 2, D/2)``)."""
+    rows = weight.shape[0]
+    if rows % (2 * n_head):
+        raise ValueError(f"cannot un-permute {rows} rows over {n_head} heads (needs 2 * heads)")
+    w = weight.reshape(n_head, rows // n_head // 2, 2, *weight.shape[1:])
+    return w.swapaxes(1, 2).reshape(weight.shape)
+
+
+def permute_rows(weight: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's converter permutation (HF -> GGUF), the inverse of reverse_permute_rows."""
+    rows = weight.shape[0]
+    w = weight.reshape(n_head, 2, rows // n_head // 2, *weight.shape[1:])
+    return w.swapaxes(1, 2).reshape(weight.shape)
+
+
+def _field_str(reader, key: str) -> str | None:
+    field = reader.fields.get(key)
+    if field is None:
+        return None
+    return bytes(field.parts[field.data[0]]).decode("utf-8")
+
+
+def gguf_weights_iterator(
+    path: str, num_heads: int, num_kv_heads: int
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield ``(hf_name, float32 tensor)`` for every tensor of the GGUF file at ``path``.
+
+    Args:
+        num_heads, num_kv_heads: the model's attention heads, for un-permuting Llama q/k.
+
+    Raises:
+        ValueError: an unmapped tensor name or an unexpected dequantized shape.
+    """
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    arch = _field_str(reader, "general.architecture") or ""
+    permuted = arch in _PERMUTED_ARCHS
+    for tensor in tqdm(reader.tensors, desc="Loading gguf weights", unit="tensor"):
+        hf_name = gguf_to_hf_name(tensor.name)
+        if hf_name is None:
+            continue
+        array = gguf.quants.dequantize(tensor.data, tensor.tensor_type)  # torch order
+        expected = tuple(int(d) for d in reversed(tensor.shape))  # GGUF dims are reversed
+        if tuple(array.shape) != expected:
+            raise ValueError(
+                f"GGUF tensor {tensor.name!r}: dequantized shape {tuple(array.shape)}, "
+                f"expected {expected} (reversed GGUF dims {list(tensor.shape)})"
+            )
+        if permuted and ".self_attn.q_proj." in hf_name:
+            array = reverse_permute_rows(array, num_heads)
+        elif permuted and ".self_attn.k_proj." in hf_name:
+            array = reverse_permute_rows(array, num_kv_heads)
+        array = np.ascontiguousarray(array, dtype=np.float32)
+        if not array.flags.writeable:  # F32 tensors come back as views of the read-only mmap
+            array = array.copy()
+        yield hf_name, torch.from_numpy(array)

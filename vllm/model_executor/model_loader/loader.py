@@ -1,0 +1,100 @@
+"""Build a model for one pipeline stage and fill its weights.
+
+Load formats: ``safetensors`` (HF checkpoint directory), ``gguf`` (one ``.gguf`` file),
+``dummy`` (deterministic values seeded per parameter name, for benchmarks) and ``auto``
+(``gguf`` for a path ending in ``.gguf``, else ``safetensors``).
+"""
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from vllm.model_executor.model_loader.gguf_loader import gguf_weights_iterator
+from vllm.model_executor.model_loader.weight_utils import (
+    fill_dummy_weights,
+    safetensors_weights_iterator,
+)
+from vllm.model_executor.models import architectures_of, get_model_class
+
+logger = logging.getLogger(__name__)
+
+LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
+
+
+def resolve_load_format(model: str, load_format: str) -> str:
+    """``auto`` -> ``gguf`` for a ``.gguf`` path, else ``safetensors``; others unchanged.
+
+    Raises:
+        ValueError: a format outside ``LOAD_FORMATS``.
+    """
+    if load_format not in LOAD_FORMATS:
+        raise ValueError(f"load_format={load_format!r} is not one of {list(LOAD_FORMATS)}")
+    if load_format == "auto":
+        return "gguf" if str(model).endswith(".gguf") else "safetensors"
+    return load_format
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """Temporarily set torch's default floating dtype (restored on exit)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def get_model(model_config, device, pp_rank: int = 0, pp_size: int = 1) -> nn.Module:
+    """Build the model of ``model_config`` for stage ``pp_rank`` of ``pp_size`` and load it.
+
+    Uses ``model_config.model`` (HF directory or ``.gguf`` file), ``.hf_config``, ``.dtype``,
+    ``.load_format`` and ``.seed``. Parameters are created directly on ``device`` in
+    ``dtype``. Returns the model in eval mode.
+
+    Raises:
+        ValueError: unsupported architecture (listing the supported ones), bad load format,
+            or parameters the checkpoint did not provide (naming them).
+    """
+    hf_config = model_config.hf_config
+    model_cls = get_model_class(architectures_of(hf_config))
+    load_format = resolve_load_format(model_config.model, model_config.load_format)
+    start = time.perf_counter()
+    with _default_dtype(model_config.dtype), torch.device(device):
+        model = model_cls(hf_config, pp_rank=pp_rank, pp_size=pp_size)
+    if load_format == "dummy":
+        aliases = {}
+        if getattr(hf_config, "tie_word_embeddings", False):
+            aliases["lm_head.weight"] = "model.embed_tokens.weight"  # same values on every split
+        fill_dummy_weights(model, model_config.seed, aliases)
+    else:
+        if load_format == "gguf":
+            num_heads = hf_config.num_attention_heads
+            num_kv_heads = getattr(hf_config, "num_key_value_heads", None) or num_heads
+            weights = gguf_weights_iterator(model_config.model, num_heads, num_kv_heads)
+        else:
+            weights = safetensors_weights_iterator(model_config.model)
+        with torch.no_grad():
+            loaded = model.load_weights(weights)
+        missing = sorted({name for name, _ in model.named_parameters()} - loaded)
+        if missing:
+            shown = ", ".join(missing[:10]) + (" ..." if len(missing) > 10 else "")
+            raise ValueError(
+                f"{len(missing)} parameters were not found in checkpoint "
+                f"{model_config.model!r} ({load_format}): {shown}"
+            )
+    logger.info(
+        "Loading model weights (%s, %s, pp_rank %d/%d, layers [%d, %d)) took %.2f s",
+        load_format,
+        model_config.dtype,
+        pp_rank,
+        pp_size,
+        getattr(model, "start_layer", 0),
+        getattr(model, "end_layer", 0),
+        time.perf_counter() - start,
+    )
+    return model.eval()

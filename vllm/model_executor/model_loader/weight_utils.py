@@ -1,0 +1,82 @@
+"""Checkpoint readers and parameter fillers shared by the model loaders."""
+
+import glob
+import os
+import zlib
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+DUMMY_WEIGHT_RANGE = 1e-3
+
+
+def default_weight_loader(param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
+    """Copy ``loaded_weight`` into ``param`` (dtype/device converted).
+
+    Raises:
+        ValueError: the shapes differ (naming both).
+    """
+    if tuple(param.shape) != tuple(loaded_weight.shape):
+        raise ValueError(
+            f"checkpoint tensor has shape {tuple(loaded_weight.shape)}, the parameter expects "
+            f"{tuple(param.shape)}"
+        )
+    param.data.copy_(loaded_weight)
+
+
+def safetensors_files(model_dir: str) -> list[str]:
+    """Sorted ``*.safetensors`` files of an HF checkpoint directory.
+
+    Raises:
+        FileNotFoundError: the directory holds none.
+    """
+    files = sorted(glob.glob(os.path.join(model_dir, "*.safetensors")))
+    if not files:
+        raise FileNotFoundError(
+            f"no *.safetensors files in {model_dir!r}; load_format='safetensors' needs a "
+            f"Hugging Face checkpoint directory saved with safe_serialization=True"
+        )
+    return files
+
+
+def safetensors_weights_iterator(model_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield ``(hf_name, tensor)`` for every tensor of every safetensors file (on CPU),
+    with a tqdm bar over the files."""
+    from safetensors import safe_open
+
+    files = safetensors_files(model_dir)
+    for path in tqdm(files, desc="Loading safetensors weights", unit="file"):
+        with safe_open(path, framework="pt", device="cpu") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                yield name, f.get_tensor(name)
+
+
+def dummy_seed(name: str, seed: int) -> int:
+    """Seed for a dummy parameter: ``zlib.crc32(name) + seed`` (the same on every PP stage)."""
+    return zlib.crc32(name.encode("utf-8")) + seed
+
+
+def fill_dummy_weights(
+    model: nn.Module, seed: int, name_aliases: dict[str, str] | None = None
+) -> None:
+    """Fill every parameter with deterministic values for benchmarks.
+
+    Norm weights (parameters of a module whose name contains ``norm``) are set to 1; every
+    other parameter ``name`` is uniform in ``[-1e-3, 1e-3]`` from a CPU ``torch.Generator``
+    seeded by :func:`dummy_seed` of ``name_aliases.get(name, name)``. Seeding by name makes every
+    pipeline stage agree on the layers it shares with another split.
+    """
+    name_aliases = name_aliases or {}
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            module_name = name.rsplit(".", 1)[0]
+            if "norm" in module_name.rsplit(".", 1)[-1]:
+                param.fill_(1.0)
+                continue
+            generator = torch.Generator(device="cpu")
+            generator.manual_seed(dummy_seed(name_aliases.get(name, name), seed))
+            values = torch.empty(param.shape, dtype=torch.float32)  # CPU, float32
+            values.uniform_(-DUMMY_WEIGHT_RANGE, DUMMY_WEIGHT_RANGE, generator=generator)
+            param.copy_(values)

@@ -1,0 +1,315 @@
+"""Llama decoder (Touvron et al. 2023) for the engine: fused qkv / gate_up, PP-aware.
+
+Numerics follow Hugging Face ``LlamaForCausalLM`` (float32 RMSNorm, the same rotary
+arithmetic); the decoder is written with a fused residual add in each RMSNorm, so the
+residual stream travels next to the hidden states (and between pipeline stages as
+``IntermediateTensors({"hidden_states", "residual"})``).
+"""
+
+import re
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+from transformers import PretrainedConfig
+
+from vllm.distributed.utils import get_pp_indices
+from vllm.model_executor.layers.activation import get_act_and_mul_fn
+from vllm.model_executor.layers.layernorm import RMSNorm
+from vllm.model_executor.layers.linear import (
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    RowParallelLinear,
+)
+from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding, get_rope_parameters
+from vllm.model_executor.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
+from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+
+_LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+class PPMissingLayer(nn.Identity):
+    """Placeholder for a decoder layer owned by another pipeline stage (keeps indices)."""
+
+
+class LlamaMLP(nn.Module):
+    """``down(silu(gate(x)) * up(x))`` with gate and up fused into one matmul."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, hidden_act: str, bias: bool):
+        super().__init__()
+        self.gate_up_proj = MergedColumnParallelLinear(
+            hidden_size, [intermediate_size, intermediate_size], bias=bias
+        )
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=bias)
+        self.act_fn = get_act_and_mul_fn(hidden_act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate_up = self.gate_up_proj(x)  # [T, 2 * intermediate]
+        return self.down_proj(self.act_fn(gate_up))  # [T, hidden]
+
+
+class LlamaAttention(nn.Module):
+    """Self-attention: fused qkv projection, RoPE on q/k, paged attention, output projection."""
+
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        rotary_emb: RotaryEmbedding,
+        qkv_bias: bool,
+        o_bias: bool,
+        prefix: str,
+    ) -> None:
+        super().__init__()
+        from vllm.attention import Attention  # lazy: the attention package is optional here
+
+        hidden_size = config.hidden_size
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = getattr(config, "head_dim", None) or hidden_size // self.num_heads
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.scaling = self.head_dim**-0.5  # 1 / sqrt(head_dim), as HF
+        self.qkv_proj = QKVParallelLinear(
+            hidden_size, self.head_dim, self.num_heads, self.num_kv_heads, bias=qkv_bias
+        )
+        self.o_proj = RowParallelLinear(self.q_size, hidden_size, bias=o_bias)
+        self.rotary_emb = rotary_emb  # shared by every layer of the model
+        self.attn = Attention(
+            self.num_heads,
+            self.head_dim,
+            self.scaling,
+            num_kv_heads=self.num_kv_heads,
+            prefix=f"{prefix}.attn",
+        )
+
+    def forward(
+        self, positions: torch.Tensor, hidden_states: torch.Tensor, kv_cache, attn_metadata
+    ) -> torch.Tensor:
+        qkv = self.qkv_proj(hidden_states)  # [T, q_size + 2 * kv_size]
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k = self.rotary_emb(positions, q, k)  # [T, q_size], [T, kv_size]
+        out = self.attn(q, k, v, kv_cache, attn_metadata)  # [T, q_size]
+        return self.o_proj(out)  # [T, hidden]
+
+
+class LlamaDecoderLayer(nn.Module):
+    """Pre-norm decoder layer; the residual add is fused into the following RMSNorm."""
+
+    def __init__(
+        self, config: PretrainedConfig, rotary_emb: RotaryEmbedding, qkv_bias: bool, o_bias: bool,
+        mlp_bias: bool, prefix: str,
+    ) -> None:  # fmt: skip
+        super().__init__()
+        self.self_attn = LlamaAttention(
+            config, rotary_emb, qkv_bias, o_bias, prefix=f"{prefix}.self_attn"
+        )
+        self.mlp = LlamaMLP(
+            config.hidden_size, config.intermediate_size, config.hidden_act, bias=mlp_bias
+        )
+        eps = config.rms_norm_eps
+        self.input_layernorm = RMSNorm(config.hidden_size, eps=eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=eps)
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden_states: torch.Tensor,
+        kv_cache,
+        attn_metadata,
+        residual: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """hidden_states, residual: [T, hidden] -> (mlp output, residual before it)."""
+        if residual is None:
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states)
+        else:
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states = self.self_attn(positions, hidden_states, kv_cache, attn_metadata)
+        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+        return self.mlp(hidden_states), residual
+
+
+class LlamaModel(nn.Module):
+    """Embedding (first stage), the local decoder layers, final norm (last stage)."""
+
+    def __init__(self, config: PretrainedConfig, pp_rank: int, pp_size: int, qkv_bias: bool,
+                 o_bias: bool, mlp_bias: bool) -> None:  # fmt: skip
+        super().__init__()
+        self.config = config
+        self.is_first_rank = pp_rank == 0
+        self.is_last_rank = pp_rank == pp_size - 1
+        num_layers = config.num_hidden_layers
+        self.start_layer, self.end_layer = get_pp_indices(num_layers, pp_rank, pp_size)
+        self.embed_tokens = (
+            VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+            if self.is_first_rank
+            else None
+        )
+        head_dim = (
+            getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        )
+        rotary_emb = RotaryEmbedding(
+            head_dim, head_dim, config.max_position_embeddings, get_rope_parameters(config)
+        )
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, rotary_emb, qkv_bias, o_bias, mlp_bias, f"model.layers.{i}")
+            if self.start_layer <= i < self.end_layer
+            else PPMissingLayer()
+            for i in range(num_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps) if self.is_last_rank else None
+
+    def forward(self, input_ids, positions, kv_caches, attn_metadata, intermediate_tensors):
+        if self.is_first_rank:
+            hidden_states = self.embed_tokens(input_ids)  # [T, hidden]
+            residual = None
+        else:
+            if intermediate_tensors is None:
+                raise ValueError("a non-first pipeline stage needs intermediate_tensors")
+            hidden_states = intermediate_tensors["hidden_states"]
+            residual = intermediate_tensors["residual"]
+        num_local = self.end_layer - self.start_layer
+        if len(kv_caches) != num_local:
+            raise ValueError(f"got {len(kv_caches)} kv caches for {num_local} local layers")
+        for i in range(num_local):
+            layer = self.layers[self.start_layer + i]
+            hidden_states, residual = layer(
+                positions, hidden_states, kv_caches[i], attn_metadata, residual
+            )
+        if not self.is_last_rank:
+            from vllm.sequence import IntermediateTensors
+
+            return IntermediateTensors({"hidden_states": hidden_states, "residual": residual})
+        hidden_states, _ = self.norm(hidden_states, residual)
+        return hidden_states  # [T, hidden]
+
+
+class LlamaForCausalLM(nn.Module):
+    """Llama causal LM for one pipeline stage (see module docstring).
+
+    Args:
+        config: a transformers ``LlamaConfig``-like config.
+        pp_rank, pp_size: this stage and the number of stages; the stage owns layers
+            ``[start_layer, end_layer)`` from :func:`get_pp_indices`.
+    """
+
+    # checkpoint sub-name -> (fused parameter sub-name, shard id)
+    packed_modules_mapping = {
+        "q_proj": ("qkv_proj", "q"),
+        "k_proj": ("qkv_proj", "k"),
+        "v_proj": ("qkv_proj", "v"),
+        "gate_proj": ("gate_up_proj", 0),
+        "up_proj": ("gate_up_proj", 1),
+    }
+    packed_shards = {"qkv_proj": {"q", "k", "v"}, "gate_up_proj": {0, 1}}
+
+    def __init__(self, config: PretrainedConfig, pp_rank: int = 0, pp_size: int = 1) -> None:
+        super().__init__()
+        self.config = config
+        self.pp_rank, self.pp_size = pp_rank, pp_size
+        qkv_bias, o_bias, mlp_bias = self._biases(config)
+        self.model = LlamaModel(config, pp_rank, pp_size, qkv_bias, o_bias, mlp_bias)
+        self.start_layer, self.end_layer = self.model.start_layer, self.model.end_layer
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        self.lm_head = None
+        if self.model.is_last_rank:
+            self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
+            if self.tie_word_embeddings and self.model.embed_tokens is not None:
+                self.lm_head.tie_weights(self.model.embed_tokens)
+
+    @staticmethod
+    def _biases(config: PretrainedConfig) -> tuple[bool, bool, bool]:
+        """(qkv bias, o_proj bias, mlp bias) from ``attention_bias`` / ``mlp_bias``."""
+        attention_bias = bool(getattr(config, "attention_bias", False))
+        return attention_bias, attention_bias, bool(getattr(config, "mlp_bias", False))
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[torch.Tensor],
+        attn_metadata,
+        intermediate_tensors=None,
+    ):
+        """input_ids, positions: [T] int64; kv_caches[i] belongs to layer start_layer + i.
+
+        Returns hidden states [T, hidden] after the final norm on the last stage, else
+        ``IntermediateTensors({"hidden_states", "residual"})``, each [T, hidden].
+        """
+        return self.model(input_ids, positions, kv_caches, attn_metadata, intermediate_tensors)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """hidden_states [N, hidden] -> logits [N, vocab_size] float32 (last stage only)."""
+        if self.lm_head is None:
+            raise RuntimeError(f"pp_rank={self.pp_rank} is not the last stage: no lm_head")
+        return self.lm_head.compute_logits(hidden_states)
+
+    def make_empty_intermediate_tensors(self, num_tokens: int, dtype: torch.dtype, device):
+        """Zero ``IntermediateTensors`` [num_tokens, hidden] for a non-first stage's inputs."""
+        from vllm.sequence import IntermediateTensors
+
+        shape = (num_tokens, self.config.hidden_size)
+        return IntermediateTensors(
+            {
+                k: torch.zeros(shape, dtype=dtype, device=device)
+                for k in ("hidden_states", "residual")
+            }
+        )
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Load HF-named checkpoint tensors; return the names of the parameters fully loaded.
+
+        q/k/v go into ``qkv_proj`` and gate/up into ``gate_up_proj`` through the parameter's
+        ``weight_loader(param, tensor, shard_id)``; a fused parameter counts as loaded once
+        all its shards arrived. Skipped: layers of other stages, ``rotary_emb.inv_freq``,
+        modules this stage does not own, ``lm_head.weight`` when embeddings are tied (the
+        last stage then fills ``lm_head`` from ``model.embed_tokens.weight``).
+
+        Raises:
+            ValueError: a checkpoint name that matches no parameter, or a shape mismatch.
+        """
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        shards_seen: dict[str, set] = {}
+        for name, tensor in weights:
+            if "rotary_emb." in name:
+                continue
+            match = _LAYER_RE.search(name)
+            if match and not self.start_layer <= int(match.group(1)) < self.end_layer:
+                continue
+            if name == "lm_head.weight" and (self.tie_word_embeddings or self.lm_head is None):
+                continue
+            if name == "model.embed_tokens.weight" and self.tie_word_embeddings:
+                if "lm_head.weight" in params:  # last stage without its own embedding
+                    default_weight_loader(params["lm_head.weight"], tensor)
+                    loaded.add("lm_head.weight")
+            if name.startswith("model.embed_tokens.") and self.model.embed_tokens is None:
+                continue
+            if name.startswith("model.norm.") and self.model.norm is None:
+                continue
+            name, shard_id = self._packed_name(name)
+            param = params.get(name)
+            if param is None:
+                raise ValueError(
+                    f"unexpected checkpoint weight {name!r} for {type(self).__name__} "
+                    f"(pp_rank={self.pp_rank}, layers [{self.start_layer}, {self.end_layer}))"
+                )
+            loader = getattr(param, "weight_loader", default_weight_loader)
+            if shard_id is None:
+                loader(param, tensor)
+                loaded.add(name)
+            else:
+                loader(param, tensor, shard_id)
+                shards_seen.setdefault(name, set()).add(shard_id)
+        for name, seen in shards_seen.items():
+            if seen == self.packed_shards[name.split(".")[-2]]:
+                loaded.add(name)
+        return loaded
+
+    def _packed_name(self, name: str) -> tuple[str, object]:
+        """``model.layers.0.self_attn.k_proj.weight`` -> (``...qkv_proj.weight``, ``"k"``)."""
+        parts = name.split(".")
+        if len(parts) >= 2 and parts[-2] in self.packed_modules_mapping:
+            fused, shard_id = self.packed_modules_mapping[parts[-2]]
+            return ".".join(parts[:-2] + [fused, parts[-1]]), shard_id
+        return name, None
