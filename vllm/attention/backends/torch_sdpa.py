@@ -1,0 +1,177 @@
+"""TORCH_SDPA: the reference backend over a paged KV cache, on CPU and CUDA.
+
+KV-cache layout per layer: [2, num_blocks + 1, block_size, num_kv_heads, head_size]; index 0
+holds keys, 1 values, and block ``num_blocks`` is the scratch block padded lanes write to.
+
+Prefill attends causally among each sequence's new tokens (no earlier context exists
+without prefix caching or chunked prefill). Decode gathers each row's blocks through a
+block table of fixed width and masks positions at or beyond the row's length, which keeps
+every shape static and so is CUDA-graph capturable (DESIGN.md "Devices and backends").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from vllm.attention.backends.abstract import (
+    AttentionBackend,
+    AttentionImpl,
+    AttentionMetadata,
+    ForwardMode,
+    StepInputs,
+)
+
+
+@dataclass
+class TorchSDPAMetadata(AttentionMetadata):
+    """Metadata of TORCH_SDPA.
+
+    Attributes:
+        seq_lens: [num_rows] int64 context length per row (decode: the mask length).
+        block_tables: [num_rows, max_blocks] int64 (decode only; padded lanes point at the
+            scratch block).
+        query_start_loc: host list of num_rows + 1 token offsets (prefill only).
+        max_seq_len: longest row context in tokens.
+    """
+
+    seq_lens: torch.Tensor | None = None
+    block_tables: torch.Tensor | None = None
+    query_start_loc: list[int] | None = None
+    max_seq_len: int = 0
+
+
+def write_kv(
+    kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, md: AttentionMetadata
+) -> None:
+    """Scatter new keys/values into the paged cache at ``md.slot_mapping``.
+
+    Args:
+        kv_cache: [2, num_blocks + 1, block_size, num_kv_heads, head_size]
+        key, value: [num_tokens, num_kv_heads, head_size]
+    Padded lanes' slots already hold ``md.scratch_slot`` (never -1: it would wrap to the
+    last real slot).
+    """
+    n_kv, d = key.shape[1], key.shape[2]
+    key_cache = kv_cache[0].view(-1, n_kv, d)  # [num_slots, num_kv_heads, head_size]
+    value_cache = kv_cache[1].view(-1, n_kv, d)  # [num_slots, num_kv_heads, head_size]
+    key_cache.index_copy_(0, md.slot_mapping, key)
+    value_cache.index_copy_(0, md.slot_mapping, value)
+
+
+class TorchSDPAImpl(AttentionImpl):
+    """Attention through torch.nn.functional.scaled_dot_product_attention."""
+
+    @staticmethod
+    def forward(
+        layer: Any,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        md: TorchSDPAMetadata = attn_metadata  # type: ignore[assignment]
+        h, h_kv, d = layer.num_heads, layer.num_kv_heads, layer.head_size
+        q = query.view(-1, h, d)  # [num_tokens, num_heads, head_size]
+        k = key.view(-1, h_kv, d)  # [num_tokens, num_kv_heads, head_size]
+        v = value.view(-1, h_kv, d)  # [num_tokens, num_kv_heads, head_size]
+        if kv_cache.numel() > 0:
+            write_kv(kv_cache, k, v, md)
+        if md.mode == ForwardMode.PREFILL:
+            out = _prefill(q, k, v, md.query_start_loc, layer.scale)
+        else:
+            out = _decode(q, kv_cache, md, layer.scale)
+        return out.reshape(-1, h * d)  # [num_tokens, num_heads * head_size]
+
+
+def _prefill(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, starts: list[int], scale: float
+) -> torch.Tensor:
+    """Causal attention per sequence over its own new tokens.
+
+    q: [num_tokens, num_heads, head_size]; k, v: [num_tokens, num_kv_heads, head_size].
+    Returns [num_tokens, num_heads, head_size].
+    """
+    out = torch.empty_like(q)
+    for i in range(len(starts) - 1):
+        s, e = starts[i], starts[i + 1]
+        qi = q[s:e].transpose(0, 1).unsqueeze(0)  # [1, num_heads, len, head_size]
+        ki = k[s:e].transpose(0, 1).unsqueeze(0)  # [1, num_kv_heads, len, head_size]
+        vi = v[s:e].transpose(0, 1).unsqueeze(0)  # [1, num_kv_heads, len, head_size]
+        oi = F.scaled_dot_product_attention(
+            qi, ki, vi, is_causal=True, scale=scale, enable_gqa=True
+        )
+        out[s:e] = oi[0].transpose(0, 1)
+    return out
+
+
+def _decode(
+    q: torch.Tensor, kv_cache: torch.Tensor, md: TorchSDPAMetadata, scale: float
+) -> torch.Tensor:
+    """One query token per row against the row's cached context (its own key included).
+
+    q: [num_rows, num_heads, head_size]; returns the same shape.
+    """
+    bt = md.block_tables  # [num_rows, max_blocks]
+    rows, max_blocks = bt.shape
+    block_size, n_kv, d = kv_cache.shape[2], kv_cache.shape[3], kv_cache.shape[4]
+    span = max_blocks * block_size
+    k = kv_cache[0][bt].view(rows, span, n_kv, d).transpose(1, 2)  # [rows, n_kv, span, d]
+    v = kv_cache[1][bt].view(rows, span, n_kv, d).transpose(1, 2)  # [rows, n_kv, span, d]
+    pos = torch.arange(span, device=q.device)  # [span]
+    mask = (pos[None, :] < md.seq_lens[:, None])[:, None, None, :]  # [rows, 1, 1, span]
+    qi = q.unsqueeze(2)  # [rows, num_heads, 1, head_size]
+    out = F.scaled_dot_product_attention(qi, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    return out.squeeze(2)  # [rows, num_heads, head_size]
+
+
+class TorchSDPABackend(AttentionBackend):
+    """The TORCH_SDPA backend (reference; default on CPU and for float32 on CUDA)."""
+
+    name = "TORCH_SDPA"
+
+    @staticmethod
+    def get_kv_cache_shape(
+        num_blocks: int, block_size: int, num_kv_heads: int, head_size: int
+    ) -> tuple[int, ...]:
+        return (2, num_blocks, block_size, num_kv_heads, head_size)
+
+    @staticmethod
+    def build_metadata(
+        step: StepInputs, device: torch.device, block_size: int, scratch_slot: int
+    ) -> TorchSDPAMetadata:
+        """Build device metadata; padded lanes (slot -1) get the scratch slot and a block
+        table pointing at the scratch block with length 1, so they read nothing real."""
+        slots = torch.tensor(step.slot_mapping, dtype=torch.long)
+        slots = torch.where(slots < 0, scratch_slot, slots)  # [num_tokens]
+        md = TorchSDPAMetadata(
+            mode=step.mode,
+            num_rows=len(step.seq_lens),
+            num_tokens=len(step.slot_mapping),
+            slot_mapping=slots.to(device, non_blocking=True),
+            scratch_slot=scratch_slot,
+            max_seq_len=max(step.seq_lens) if step.seq_lens else 0,
+        )
+        if step.mode == ForwardMode.PREFILL:
+            starts = [0]
+            for n in step.query_lens:
+                starts.append(starts[-1] + n)
+            md.query_start_loc = starts
+        else:
+            scratch_block = scratch_slot // block_size
+            width = max(1, max((len(b) for b in step.block_tables), default=1))
+            table = torch.full((len(step.seq_lens), width), scratch_block, dtype=torch.long)
+            for i, blocks in enumerate(step.block_tables):
+                if blocks:
+                    table[i, : len(blocks)] = torch.tensor(blocks, dtype=torch.long)
+            lens = [max(1, n) for n in step.seq_lens]  # padded lanes read the scratch slot
+            md.block_tables = table.to(device, non_blocking=True)  # [rows, width]
+            md.seq_lens = torch.tensor(lens, dtype=torch.long).to(device, non_blocking=True)
+        return md
+
+
+TorchSDPAMetadata.impl = TorchSDPAImpl

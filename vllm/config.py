@@ -1,0 +1,376 @@
+"""Engine configuration: a few validated dataclasses composed into one ``EngineConfig``.
+
+Every bad value or combination fails here, in :meth:`EngineConfig.verify`, before any
+weight is loaded, process spawned or device memory touched. Names and defaults follow
+upstream vLLM's V0 engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = ("auto", "float32", "float16", "bfloat16", "half", "float")
+_LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
+_DEVICES = ("auto", "cuda", "cpu")
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@dataclass
+class DeviceConfig:
+    """Which device runs the model: "cuda" or "cpu" ("auto" picks CUDA when present)."""
+
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.device not in _DEVICES:
+            raise ValueError(f"device must be one of {list(_DEVICES)}, got {self.device!r}.")
+        if self.device == "auto":
+            self.device = "cuda" if _cuda_available() else "cpu"
+        elif self.device == "cuda" and not _cuda_available():
+            raise ValueError("device='cuda' was requested but torch.cuda.is_available() is False.")
+
+    @property
+    def device_type(self) -> str:
+        return self.device
+
+
+@dataclass
+class ModelConfig:
+    """The model: where its weights are, its Hugging Face config, dtype and context length.
+
+    Args:
+        model: a Hugging Face directory (config.json + *.safetensors) or a single .gguf file.
+        tokenizer: tokenizer path (defaults to ``model``).
+        dtype: "auto" (bfloat16 on CUDA, float32 on CPU), "float32", "float16", "bfloat16".
+        max_model_len: context length (prompt + output) in tokens; default from the config.
+        load_format: "auto" (gguf for a .gguf file, else safetensors), "safetensors",
+            "gguf" or "dummy" (random weights seeded by parameter name, for benchmarks).
+
+    Raises:
+        ValueError: missing path, unknown dtype or load format, max_model_len above
+            max_position_embeddings.
+    """
+
+    model: str
+    tokenizer: str | None = None
+    dtype: Any = "auto"  # a name on input, the resolved torch.dtype after __post_init__
+    seed: int = 0
+    max_model_len: int | None = None
+    load_format: str = "auto"
+    skip_tokenizer_init: bool = False
+    device: str = "cpu"
+    hf_config: Any = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.tokenizer is None:
+            self.tokenizer = self.model
+        if not isinstance(self.dtype, str) or self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {list(_DTYPES)}, got {self.dtype!r}.")
+        self.dtype = _resolve_dtype(self.dtype, self.device)
+        if self.load_format not in _LOAD_FORMATS:
+            raise ValueError(
+                f"load_format must be one of {list(_LOAD_FORMATS)}, got {self.load_format!r}."
+            )
+        if not os.path.exists(self.model):
+            raise ValueError(
+                f"model {self.model!r} does not exist: pass a Hugging Face directory or a "
+                ".gguf file (no model hub is used)."
+            )
+        if self.load_format == "auto":
+            self.load_format = "gguf" if self.is_gguf else "safetensors"
+        if self.load_format == "gguf" and not self.is_gguf:
+            raise ValueError(f"load_format='gguf' needs a .gguf file, got {self.model!r}.")
+        if self.hf_config is None:
+            self.hf_config = load_hf_config(self.model)
+        self._verify_architecture()
+        self._verify_max_model_len()
+
+    @property
+    def is_gguf(self) -> bool:
+        return os.path.isfile(self.model) and self.model.endswith(".gguf")
+
+    @property
+    def torch_dtype(self):
+        """The torch.dtype of weights and activations (same as ``dtype`` once resolved)."""
+        return self.dtype
+
+    def _verify_architecture(self) -> None:
+        from vllm.model_executor.models import get_model_class
+
+        archs = getattr(self.hf_config, "architectures", None) or []
+        get_model_class(archs)  # raises ValueError listing the supported ones
+
+    def _verify_max_model_len(self) -> None:
+        limit = getattr(self.hf_config, "max_position_embeddings", None)
+        if self.max_model_len is None:
+            if limit is None:
+                raise ValueError("max_model_len is not set and the config has no limit.")
+            self.max_model_len = int(limit)
+        if self.max_model_len < 1:
+            raise ValueError(f"max_model_len must be at least 1, got {self.max_model_len}.")
+        if limit is not None and self.max_model_len > limit:
+            raise ValueError(
+                f"max_model_len={self.max_model_len} is greater than the model's "
+                f"max_position_embeddings={limit}."
+            )
+
+    # Shapes used by the cache and attention backends.
+    @property
+    def num_layers(self) -> int:
+        return self.hf_config.num_hidden_layers
+
+    @property
+    def num_attention_heads(self) -> int:
+        return self.hf_config.num_attention_heads
+
+    @property
+    def num_kv_heads(self) -> int:
+        return getattr(self.hf_config, "num_key_value_heads", None) or self.num_attention_heads
+
+    @property
+    def head_size(self) -> int:
+        cfg = self.hf_config
+        return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+
+    @property
+    def vocab_size(self) -> int:
+        return self.hf_config.vocab_size
+
+
+def _resolve_dtype(name: str, device: str):
+    """torch.dtype for a dtype name; "auto" is bfloat16 on CUDA and float32 on CPU."""
+    import torch
+
+    if name == "auto":
+        name = "bfloat16" if device == "cuda" else "float32"
+    return {
+        "float32": torch.float32,
+        "float": torch.float32,
+        "float16": torch.float16,
+        "half": torch.float16,
+        "bfloat16": torch.bfloat16,
+    }[name]
+
+
+def load_hf_config(model: str):
+    """Load a transformers config from an HF directory or a .gguf file.
+
+    Raises:
+        ValueError: when the directory has no config.json or the file is not readable.
+    """
+    from transformers import AutoConfig
+
+    if os.path.isfile(model) and model.endswith(".gguf"):
+        cfg = AutoConfig.from_pretrained(
+            os.path.dirname(os.path.abspath(model)), gguf_file=os.path.basename(model)
+        )
+        if not getattr(cfg, "architectures", None):
+            arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}.get(cfg.model_type)
+            cfg.architectures = [arch or f"<{cfg.model_type}>"]
+        return cfg
+    if not os.path.isfile(os.path.join(model, "config.json")):
+        raise ValueError(f"{model!r} has no config.json (expected a Hugging Face directory).")
+    return AutoConfig.from_pretrained(model)
+
+
+@dataclass
+class CacheConfig:
+    """The paged KV cache.
+
+    Args:
+        block_size: tokens per block (1..256, a power of two for FlashInfer's sake).
+        gpu_memory_utilization: fraction (0, 1] of GPU memory the engine may use in all.
+        num_gpu_blocks_override: fixed block count per virtual engine... per stage (testing).
+        cpu_kvcache_space_bytes: KV cache bytes on CPU (env VLLM_CPU_KVCACHE_SPACE, in GiB;
+            default 4 GiB as upstream).
+    """
+
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+    num_gpu_blocks_override: int | None = None
+    cpu_kvcache_space_bytes: int | None = None
+    # Filled after profiling: blocks per virtual engine.
+    num_gpu_blocks: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128, 256):
+            raise ValueError(
+                f"block_size must be a power of two in [1, 256], got {self.block_size}."
+            )
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}."
+            )
+        if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 1:
+            raise ValueError(
+                f"num_gpu_blocks_override must be at least 1, got {self.num_gpu_blocks_override}."
+            )
+        if self.cpu_kvcache_space_bytes is None:
+            gib = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "4")
+            try:
+                value = float(gib)
+            except ValueError as e:
+                raise ValueError(
+                    f"VLLM_CPU_KVCACHE_SPACE must be a number of GiB, got {gib!r}."
+                ) from e
+            if value <= 0:
+                raise ValueError(f"VLLM_CPU_KVCACHE_SPACE must be positive GiB, got {gib!r}.")
+            self.cpu_kvcache_space_bytes = int(value * (1 << 30))
+
+
+@dataclass
+class ParallelConfig:
+    """Parallelism: pipeline stages (virtual engines = stages) and the executor backend.
+
+    ``tensor_parallel_size`` exists for vLLM compatibility; only 1 is accepted.
+    """
+
+    pipeline_parallel_size: int = 1
+    tensor_parallel_size: int = 1
+    distributed_executor_backend: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.tensor_parallel_size != 1:
+            raise ValueError(
+                f"tensor_parallel_size={self.tensor_parallel_size} is not supported: "
+                "only 1 is accepted (use pipeline_parallel_size)."
+            )
+        if self.pipeline_parallel_size < 1:
+            raise ValueError(
+                f"pipeline_parallel_size must be at least 1, got {self.pipeline_parallel_size}."
+            )
+        backends = (None, "uni", "mp", "ray")
+        if self.distributed_executor_backend not in backends:
+            raise ValueError(
+                f"distributed_executor_backend must be one of {list(backends[1:])}, got "
+                f"{self.distributed_executor_backend!r}."
+            )
+        if self.distributed_executor_backend is None:
+            self.distributed_executor_backend = "mp" if self.world_size > 1 else "uni"
+
+    @property
+    def world_size(self) -> int:
+        return self.pipeline_parallel_size * self.tensor_parallel_size
+
+
+@dataclass
+class SchedulerConfig:
+    """Batching limits of each virtual engine's scheduler.
+
+    Args:
+        max_num_seqs: most sequences in one step.
+        max_num_batched_tokens: most tokens in one step; default max(max_model_len, 2048);
+            below max_model_len is an error (chunked prefill is not supported).
+        num_lookahead_slots: KV slots reserved past each sequence (k of speculative decoding).
+    """
+
+    max_model_len: int
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    num_lookahead_slots: int = 0
+    enable_chunked_prefill: bool = False
+
+    def __post_init__(self) -> None:
+        if self.enable_chunked_prefill:
+            raise ValueError("enable_chunked_prefill=True is not supported (only False).")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}.")
+        if self.max_num_batched_tokens is None:
+            self.max_num_batched_tokens = max(self.max_model_len, 2048)
+        if self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(
+                f"max_num_batched_tokens={self.max_num_batched_tokens} is smaller than "
+                f"max_model_len={self.max_model_len}: a full-length prompt could never be "
+                "scheduled (chunked prefill is not supported)."
+            )
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens={self.max_num_batched_tokens} must be at least "
+                f"max_num_seqs={self.max_num_seqs}."
+            )
+
+
+@dataclass
+class CompilationConfig:
+    """CUDA-graph settings (see DESIGN.md "The capture-size rule").
+
+    Args:
+        enforce_eager: never capture graphs.
+        max_cudagraph_capture_size: ceiling on captured batch sizes (default 512).
+        cuda_graph_sizes: explicit list of sizes replacing the rule's list.
+        max_seq_len_to_capture: longest context a captured graph serves (default 8192,
+            capped at max_model_len); longer decode batches run eagerly.
+    """
+
+    enforce_eager: bool = False
+    max_cudagraph_capture_size: int = 512
+    cuda_graph_sizes: list[int] | None = None
+    max_seq_len_to_capture: int = 8192
+
+    def __post_init__(self) -> None:
+        if self.max_cudagraph_capture_size < 1:
+            raise ValueError(
+                "max_cudagraph_capture_size must be at least 1, got "
+                f"{self.max_cudagraph_capture_size}."
+            )
+        if self.cuda_graph_sizes is not None:
+            bad = [s for s in self.cuda_graph_sizes if int(s) < 1]
+            if bad or not self.cuda_graph_sizes:
+                raise ValueError(
+                    f"cuda_graph_sizes must be a non-empty list of sizes >= 1, got "
+                    f"{self.cuda_graph_sizes}."
+                )
+            self.cuda_graph_sizes = sorted({int(s) for s in self.cuda_graph_sizes})
+
+
+@dataclass
+class EngineConfig:
+    """All configs of one engine, cross-checked in :meth:`verify`."""
+
+    model_config: ModelConfig
+    cache_config: CacheConfig
+    parallel_config: ParallelConfig
+    scheduler_config: SchedulerConfig
+    device_config: DeviceConfig
+    compilation_config: CompilationConfig = field(default_factory=CompilationConfig)
+    speculative_config: Any = None
+    # Test-only: several virtual engines without PP (DESIGN.md guarantee 1 on one device).
+    num_virtual_engines_override: int | None = None
+
+    def __post_init__(self) -> None:
+        self.verify()
+
+    @property
+    def num_virtual_engines(self) -> int:
+        if self.num_virtual_engines_override:
+            return self.num_virtual_engines_override
+        return self.parallel_config.pipeline_parallel_size
+
+    def verify(self) -> None:
+        """Cross-check the configs.
+
+        Raises:
+            ValueError: naming the bad combination.
+        """
+        pp = self.parallel_config.pipeline_parallel_size
+        layers = self.model_config.num_layers
+        if pp > layers:
+            raise ValueError(
+                f"pipeline_parallel_size={pp} is larger than the model's {layers} layers."
+            )
+        if self.device_config.device == "cpu" and self.parallel_config.pipeline_parallel_size > 1:
+            pass  # gloo on CPU is supported by the mp executor
+        cc = self.compilation_config
+        cc.max_seq_len_to_capture = min(cc.max_seq_len_to_capture, self.model_config.max_model_len)
+        if self.device_config.device == "cpu":
+            cc.enforce_eager = True

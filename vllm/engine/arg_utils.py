@@ -1,0 +1,143 @@
+"""EngineArgs: the single source of the CLI flags and of ``LLM(**kwargs)``.
+
+Each dataclass field becomes a ``--kebab-case`` flag (bools become store-true flags, lists
+take several values); the field's ``help`` metadata is the flag's help text.
+``create_engine_config`` builds and validates an :class:`~vllm.config.EngineConfig`
+without touching any weight.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+
+from vllm.config import (
+    CacheConfig,
+    CompilationConfig,
+    DeviceConfig,
+    EngineConfig,
+    ModelConfig,
+    ParallelConfig,
+    SchedulerConfig,
+)
+
+
+def _f(default, help: str, **kw):
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"help": help, **kw})
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass
+class EngineArgs:
+    """Arguments of an engine, with upstream vLLM's names and defaults."""
+
+    model: str = _f("", "Hugging Face directory or .gguf file of the model.")
+    tokenizer: str | None = _f(None, "Tokenizer path (default: the model).")
+    skip_tokenizer_init: bool = _f(False, "Do not load a tokenizer; prompts must be token ids.")
+    dtype: str = _f("auto", "auto (bf16 on CUDA, fp32 on CPU), float32, float16, bfloat16.")
+    seed: int = _f(0, "Random seed.")
+    max_model_len: int | None = _f(None, "Context length; default from the model config.")
+    load_format: str = _f("auto", "auto, safetensors, gguf or dummy.")
+    device: str = _f("auto", "auto, cuda or cpu.")
+    block_size: int = _f(16, "Tokens per KV-cache block.")
+    gpu_memory_utilization: float = _f(0.9, "Fraction of GPU memory the engine may use.")
+    num_gpu_blocks_override: int | None = _f(None, "Fixed KV-cache block count (testing).")
+    max_num_seqs: int = _f(256, "Maximum sequences per step.")
+    max_num_batched_tokens: int | None = _f(None, "Maximum tokens per step.")
+    enable_chunked_prefill: bool = _f(False, "Not supported; refused.")
+    enforce_eager: bool = _f(False, "Never capture CUDA graphs.")
+    max_cudagraph_capture_size: int = _f(512, "Largest captured CUDA-graph batch size.")
+    cuda_graph_sizes: list[int] | None = _f(None, "Explicit CUDA-graph batch sizes.")
+    max_seq_len_to_capture: int = _f(8192, "Longest context served by a captured graph.")
+    pipeline_parallel_size: int = _f(1, "Pipeline stages.")
+    tensor_parallel_size: int = _f(1, "Only 1 is supported.")
+    distributed_executor_backend: str | None = _f(None, "uni, mp or ray.")
+    disable_log_stats: bool = _f(False, "Do not log engine statistics.")
+
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        """Add one flag per field to ``parser`` (``--max-num-seqs`` for ``max_num_seqs``)."""
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if f.name == "model":
+                continue  # positional for `vllm serve`, --model for others (see cli.py)
+            flag = "--" + f.name.replace("_", "-")
+            kind, optional = _base_type(hints[f.name])
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            help_text = f.metadata.get("help", "")
+            if kind is bool:
+                parser.add_argument(flag, action="store_true", default=default, help=help_text)
+            elif kind is list:
+                parser.add_argument(flag, type=int, nargs="+", default=default, help=help_text)
+            else:
+                parser.add_argument(flag, type=kind, default=default, help=help_text)
+        return parser
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:
+        names = [f.name for f in dataclasses.fields(cls)]
+        return cls(**{n: getattr(args, n) for n in names if hasattr(args, n)})
+
+    def create_engine_config(self) -> EngineConfig:
+        """Build and validate every config; raises ValueError naming the bad value."""
+        if not self.model:
+            raise ValueError("model must be given (an HF directory or a .gguf file).")
+        device_config = DeviceConfig(self.device)
+        parallel_config = ParallelConfig(
+            pipeline_parallel_size=self.pipeline_parallel_size,
+            tensor_parallel_size=self.tensor_parallel_size,
+            distributed_executor_backend=self.distributed_executor_backend,
+        )
+        cache_config = CacheConfig(
+            block_size=self.block_size,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            num_gpu_blocks_override=self.num_gpu_blocks_override,
+        )
+        compilation_config = CompilationConfig(
+            enforce_eager=self.enforce_eager,
+            max_cudagraph_capture_size=self.max_cudagraph_capture_size,
+            cuda_graph_sizes=self.cuda_graph_sizes,
+            max_seq_len_to_capture=self.max_seq_len_to_capture,
+        )
+        if self.enable_chunked_prefill:
+            raise ValueError("enable_chunked_prefill=True is not supported (only False).")
+        model_config = ModelConfig(
+            model=self.model,
+            tokenizer=self.tokenizer,
+            dtype=self.dtype,
+            seed=self.seed,
+            max_model_len=self.max_model_len,
+            load_format=self.load_format,
+            skip_tokenizer_init=self.skip_tokenizer_init,
+            device=device_config.device,
+        )
+        scheduler_config = SchedulerConfig(
+            max_model_len=model_config.max_model_len,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+        )
+        return EngineConfig(
+            model_config=model_config,
+            cache_config=cache_config,
+            parallel_config=parallel_config,
+            scheduler_config=scheduler_config,
+            device_config=device_config,
+            compilation_config=compilation_config,
+        )
+
+
+def _base_type(hint) -> tuple[type, bool]:
+    """(int|str|float|bool|list, optional?) for a field's type hint."""
+    args = typing.get_args(hint)
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        kind, _ = _base_type(inner[0])
+        return kind, True
+    if origin is list:
+        return list, False
+    return hint, False

@@ -1,0 +1,289 @@
+"""LLMEngine: requests in, RequestOutputs out, one Scheduler per virtual engine.
+
+A step: pick a virtual engine (VE) with work -> its scheduler's ``schedule()`` ->
+``ExecuteModelRequest(virtual_engine=v)`` -> executor -> SamplerOutput -> append tokens,
+detokenize, check stop conditions -> free finished sequences -> RequestOutputs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from vllm.config import EngineConfig
+from vllm.core.scheduler import Scheduler, SchedulerOutputs
+from vllm.engine.arg_utils import EngineArgs
+from vllm.engine.detokenizer import decode_sequence_step
+from vllm.engine.stop_checker import check_stop
+from vllm.outputs import CompletionOutput, RequestOutput
+from vllm.sampling_params import SamplingParams
+from vllm.sequence import (
+    ExecuteModelRequest,
+    SamplerOutput,
+    Sequence,
+    SequenceGroup,
+    SequenceStatus,
+)
+from vllm.transformers_utils.tokenizer import get_tokenizer
+
+logger = logging.getLogger(__name__)
+
+PromptType = str | dict[str, Any] | list[int]
+
+
+def get_executor_class(config: EngineConfig):
+    """The executor class for ``distributed_executor_backend`` ("uni", "mp", "ray")."""
+    backend = config.parallel_config.distributed_executor_backend
+    if backend == "uni":
+        from vllm.executor.uniproc_executor import UniProcExecutor
+
+        return UniProcExecutor
+    if backend == "mp":
+        from vllm.executor.mp_executor import MultiprocessingExecutor
+
+        return MultiprocessingExecutor
+    from vllm.executor.ray_executor import RayExecutor
+
+    return RayExecutor
+
+
+class LLMEngine:
+    """The synchronous engine.
+
+    Args:
+        config: a validated EngineConfig.
+        executor_class: the executor to start (see :func:`get_executor_class`).
+        log_stats: log throughput statistics.
+    """
+
+    def __init__(self, config: EngineConfig, executor_class: type, log_stats: bool = True):
+        self.config = config
+        self.model_config = config.model_config
+        self.scheduler_config = config.scheduler_config
+        self.log_stats = log_stats
+        self.tokenizer = None
+        if not self.model_config.skip_tokenizer_init:
+            self.tokenizer = get_tokenizer(self.model_config.tokenizer)
+        self.executor = executor_class(config)
+        self.schedulers = [
+            Scheduler(config.scheduler_config, config.cache_config)
+            for _ in range(config.num_virtual_engines)
+        ]
+        self.seq_counter = itertools.count()
+        self._requests: dict[str, SequenceGroup] = {}
+        self._next_ve = 0
+
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineArgs) -> LLMEngine:
+        config = engine_args.create_engine_config()
+        return cls(config, get_executor_class(config), not engine_args.disable_log_stats)
+
+    def get_tokenizer(self):
+        if self.tokenizer is None:
+            raise ValueError("the tokenizer was not initialized (skip_tokenizer_init=True).")
+        return self.tokenizer
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return None if self.tokenizer is None else self.tokenizer.eos_token_id
+
+    # -------------------------------------------------------------- requests
+    def process_prompt(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        """Validate and tokenize one prompt.
+
+        Accepts text, ``{"prompt": text}``, ``{"prompt_token_ids": [...]}`` or a list of ids.
+
+        Raises:
+            ValueError: empty prompt, ids outside [0, vocab_size), text without a tokenizer.
+        """
+        text: str | None = None
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                ids = list(prompt["prompt_token_ids"])
+            elif "prompt" in prompt:
+                text = prompt["prompt"]
+            else:
+                raise ValueError(
+                    f"a prompt dict needs 'prompt' or 'prompt_token_ids', got {list(prompt)}."
+                )
+        elif isinstance(prompt, str):
+            text = prompt
+        elif isinstance(prompt, (list, tuple)):
+            ids = list(prompt)
+        else:
+            raise ValueError(f"unsupported prompt type {type(prompt).__name__}.")
+        if text is not None:
+            if self.tokenizer is None:
+                raise ValueError("text prompts need a tokenizer (skip_tokenizer_init=True).")
+            ids = self.tokenizer.encode(text)
+        if not ids:
+            raise ValueError(f"The prompt is empty (prompt={text!r}): it has no tokens.")
+        vocab = self.model_config.vocab_size
+        bad = [t for t in ids if not isinstance(t, int) or t < 0 or t >= vocab]
+        if bad:
+            raise ValueError(
+                f"Token id {bad[0]!r} is out of vocabulary (valid ids: 0..{vocab - 1})."
+            )
+        return text, ids
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams,
+        arrival_time: float | None = None,
+    ) -> None:
+        """Queue one request on the virtual engine with the fewest unfinished requests.
+
+        Raises:
+            ValueError: a duplicate request id, or a bad prompt (see :meth:`process_prompt`).
+        """
+        if request_id in self._requests:
+            raise ValueError(f"request id {request_id!r} is already running.")
+        text, ids = self.process_prompt(prompt)
+        params = params.clone()
+        if self.eos_token_id is not None and not params.ignore_eos:
+            params.all_stop_token_ids.add(self.eos_token_id)
+        seqs = [
+            Sequence(
+                next(self.seq_counter),
+                text,
+                ids,
+                self.config.cache_config.block_size,
+                self.eos_token_id,
+            )
+            for _ in range(params.n)
+        ]
+        group = SequenceGroup(request_id, seqs, params, arrival_time or time.time())
+        ve = min(
+            range(len(self.schedulers)),
+            key=lambda v: self.schedulers[v].get_num_unfinished_seq_groups(),
+        )
+        group.virtual_engine = ve
+        self.schedulers[ve].add_seq_group(group)
+        self._requests[request_id] = group
+
+    def abort_request(self, request_id: str | Iterable[str]) -> None:
+        """Abort requests by id (unknown ids are ignored) and free their blocks."""
+        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        for rid in ids:
+            group = self._requests.pop(rid, None)
+            if group is not None:
+                self.schedulers[group.virtual_engine].abort_seq_group(rid)
+                self.executor.free_sequences([s.seq_id for s in group.seqs])
+
+    def has_unfinished_requests(self) -> bool:
+        return any(s.has_unfinished_seqs() for s in self.schedulers)
+
+    def get_num_unfinished_requests(self) -> int:
+        return sum(s.get_num_unfinished_seq_groups() for s in self.schedulers)
+
+    # ------------------------------------------------------------------ step
+    def step(self) -> list[RequestOutput]:
+        """Run one step of the next virtual engine that has work (round robin).
+
+        Returns RequestOutputs of the groups scheduled (and ignored) in this step.
+        """
+        for _ in range(len(self.schedulers)):
+            ve = self._next_ve
+            self._next_ve = (self._next_ve + 1) % len(self.schedulers)
+            if self.schedulers[ve].has_unfinished_seqs():
+                return self.step_virtual_engine(ve)
+        return []
+
+    def schedule_step(self, ve: int) -> tuple[ExecuteModelRequest, SchedulerOutputs]:
+        """Schedule one step of virtual engine ``ve``."""
+        metadata, sched_out = self.schedulers[ve].schedule()
+        req = ExecuteModelRequest(
+            seq_group_metadata_list=metadata,
+            virtual_engine=ve,
+            num_lookahead_slots=sched_out.num_lookahead_slots,
+            running_queue_size=sched_out.running_queue_size,
+        )
+        return req, sched_out
+
+    def step_virtual_engine(self, ve: int) -> list[RequestOutput]:
+        """Schedule, execute and process one step of virtual engine ``ve``."""
+        req, sched_out = self.schedule_step(ve)
+        output = self.executor.execute_model(req) if req.seq_group_metadata_list else None
+        return self.process_outputs(ve, sched_out, output)
+
+    def process_outputs(
+        self, ve: int, sched_out: SchedulerOutputs, output: SamplerOutput | None
+    ) -> list[RequestOutput]:
+        """Append sampled tokens, detokenize, apply stop conditions, free finished groups."""
+        now = time.time()
+        results: list[RequestOutput] = []
+        if output is not None:
+            for group, group_out in zip(sched_out.scheduled_seq_groups, output.outputs):
+                if group.prompt_logprobs is None and group_out.prompt_logprobs is not None:
+                    group.prompt_logprobs = group_out.prompt_logprobs
+                for sample in group_out.samples:
+                    seq = next(s for s in group.seqs if s.seq_id == sample.parent_seq_id)
+                    if seq.is_finished():
+                        continue
+                    seq.append_token_id(sample.output_token, sample.logprobs)
+                    self._after_token(seq, group.sampling_params)
+                m = group.metrics
+                m.first_token_time = m.first_token_time or now
+                m.last_token_time = now
+        for group in [*sched_out.ignored_seq_groups, *sched_out.scheduled_seq_groups]:
+            if group.is_finished():
+                group.metrics.finished_time = now
+                self._requests.pop(group.request_id, None)
+                self.executor.free_sequences([s.seq_id for s in group.seqs])
+            results.append(self.make_request_output(group))
+        self.schedulers[ve].free_finished_seq_groups()
+        return results
+
+    def _after_token(self, seq: Sequence, params: SamplingParams) -> None:
+        new_chars = 0
+        if self.tokenizer is not None and params.detokenize:
+            new_chars = decode_sequence_step(self.tokenizer, seq, params)
+        check_stop(seq, new_chars, params, self.scheduler_config.max_model_len)
+        if seq.is_finished() and self.tokenizer is not None and params.detokenize:
+            if seq.stop_reason is None or not isinstance(seq.stop_reason, str):
+                decode_sequence_step(self.tokenizer, seq, params, flush=True)
+
+    @staticmethod
+    def make_request_output(group: SequenceGroup) -> RequestOutput:
+        """Snapshot a group as a RequestOutput (texts, ids, finish reasons)."""
+        p = group.sampling_params
+        outs = []
+        for i, seq in enumerate(group.seqs):
+            outs.append(
+                CompletionOutput(
+                    index=i,
+                    text=seq.output_text,
+                    token_ids=list(seq.output_token_ids),
+                    cumulative_logprob=seq.data.cumulative_logprob,
+                    logprobs=list(seq.output_logprobs) if p.logprobs is not None else None,
+                    finish_reason=SequenceStatus.get_finished_reason(seq.status),
+                    stop_reason=seq.stop_reason,
+                )
+            )
+        return RequestOutput(
+            request_id=group.request_id,
+            prompt=group.prompt,
+            prompt_token_ids=list(group.prompt_token_ids),
+            prompt_logprobs=group.prompt_logprobs if p.prompt_logprobs is not None else None,
+            outputs=outs,
+            finished=group.is_finished(),
+            metrics=group.metrics,
+        )
+
+    def decode_step_counters(self) -> dict:
+        """Graph-replay / eager decode-step counters from the workers."""
+        return self.executor.decode_step_counters()
+
+    def shutdown(self) -> None:
+        self.executor.shutdown()
+
+    def __del__(self):
+        try:
+            self.shutdown()
+        except Exception:
+            pass

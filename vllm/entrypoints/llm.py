@@ -1,0 +1,142 @@
+"""The offline ``LLM`` class: batch generation and chat over an LLMEngine."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence as SeqABC
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from vllm.engine.arg_utils import EngineArgs
+from vllm.engine.llm_engine import LLMEngine, PromptType
+from vllm.outputs import RequestOutput
+from vllm.sampling_params import SamplingParams
+
+
+class LLM:
+    """Offline inference, as upstream vLLM's ``LLM``.
+
+    Args:
+        model: a Hugging Face directory or a .gguf file.
+        **kwargs: any :class:`~vllm.engine.arg_utils.EngineArgs` field (device,
+            max_model_len, max_num_seqs, enforce_eager, pipeline_parallel_size, ...).
+
+    Raises:
+        TypeError: an unknown keyword argument.
+        ValueError: a bad value or combination (raised in config validation, before any
+            weight is loaded).
+    """
+
+    def __init__(self, model: str, **kwargs: Any):
+        known = set(EngineArgs.__dataclass_fields__)
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise TypeError(f"LLM() got unknown engine arguments {unknown}.")
+        kwargs.setdefault("disable_log_stats", True)
+        self.engine_args = EngineArgs(model=model, **kwargs)
+        self.llm_engine = LLMEngine.from_engine_args(self.engine_args)
+        self._counter = itertools.count()
+
+    def get_tokenizer(self):
+        """The engine's transformers tokenizer."""
+        return self.llm_engine.get_tokenizer()
+
+    def generate(
+        self,
+        prompts: PromptType | SeqABC[PromptType],
+        sampling_params: SamplingParams | SeqABC[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Generate completions for ``prompts``, returned in the prompts' order.
+
+        Args:
+            prompts: a string, a ``{"prompt_token_ids": [...]}`` / ``{"prompt": ...}`` dict,
+                or a list of either.
+            sampling_params: one for all prompts, or one per prompt (default: greedy-free
+                SamplingParams()).
+            use_tqdm: show a progress bar.
+        Raises:
+            ValueError: an empty prompt list, a bad prompt or a params/prompts length
+                mismatch; nothing is queued then, and the LLM stays usable.
+        """
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        elif prompts and isinstance(prompts, list) and isinstance(prompts[0], int):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if not prompts:
+            raise ValueError("prompts is empty: pass at least one prompt.")
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        params = (
+            [sampling_params] * len(prompts)
+            if isinstance(sampling_params, SamplingParams)
+            else list(sampling_params)
+        )
+        if len(params) != len(prompts):
+            raise ValueError(
+                f"got {len(params)} sampling params for {len(prompts)} prompts; they must match."
+            )
+        for p in prompts:  # validate everything before queueing anything
+            self.llm_engine.process_prompt(p)
+        ids = []
+        try:
+            for prompt, sp in zip(prompts, params):
+                rid = str(next(self._counter))
+                self.llm_engine.add_request(rid, prompt, sp)
+                ids.append(rid)
+        except Exception:
+            self.llm_engine.abort_request(ids)
+            raise
+        return self._run_engine(ids, use_tqdm)
+
+    def chat(
+        self,
+        messages: list[dict[str, str]] | list[list[dict[str, str]]],
+        sampling_params: SamplingParams | SeqABC[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        add_generation_prompt: bool = True,
+        chat_template: str | None = None,
+    ) -> list[RequestOutput]:
+        """Generate replies to one conversation or a batch of them, using the model's chat
+        template (``tokenizer.apply_chat_template``).
+
+        Raises:
+            ValueError: an empty conversation, or a tokenizer without a chat template.
+        """
+        convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        if not convs or any(not c for c in convs):
+            raise ValueError("messages is empty: pass at least one message per conversation.")
+        tok = self.get_tokenizer()
+        prompts = []
+        for conv in convs:
+            ids = tok.apply_chat_template(
+                conv,
+                chat_template=chat_template,
+                add_generation_prompt=add_generation_prompt,
+                tokenize=True,
+            )
+            if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+                ids = ids["input_ids"]
+            prompts.append({"prompt_token_ids": list(ids)})
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    def _run_engine(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        engine = self.llm_engine
+        done: dict[str, RequestOutput] = {}
+        bar = tqdm(total=len(request_ids), desc="Processed prompts", disable=not use_tqdm)
+        out_tokens = 0
+        try:
+            while engine.has_unfinished_requests():
+                for out in engine.step():
+                    if out.finished and out.request_id not in done:
+                        done[out.request_id] = out
+                        out_tokens += sum(len(o.token_ids) for o in out.outputs)
+                        bar.update(1)
+                        if bar.format_dict.get("elapsed"):
+                            rate = out_tokens / max(bar.format_dict["elapsed"], 1e-9)
+                            bar.set_postfix_str(f"output {rate:.1f} tok/s")
+        finally:
+            bar.close()
+        return [done[r] for r in request_ids if r in done]

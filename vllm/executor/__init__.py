@@ -1,0 +1,1 @@
+"""Executors: how the engine reaches its workers (one process, or several)."""

@@ -1,0 +1,35 @@
+"""The executor for one device in the engine's own process."""
+
+from __future__ import annotations
+
+import logging
+
+from vllm.executor.executor_base import ExecutorBase
+from vllm.sequence import ExecuteModelRequest, SamplerOutput
+from vllm.worker.worker import Worker
+
+logger = logging.getLogger(__name__)
+
+
+class UniProcExecutor(ExecutorBase):
+    """Runs a single :class:`Worker` in-process (world size 1)."""
+
+    def _init_executor(self) -> None:
+        self.worker = Worker(self.config)
+        self.worker.init_device()
+        self.worker.load_model()
+        num_blocks = self.worker.determine_num_available_blocks()
+        self.config.cache_config.num_gpu_blocks = num_blocks
+        self.worker.initialize_cache(num_blocks)
+        if hasattr(self.worker, "capture_graphs"):
+            self.worker.capture_graphs()
+
+    def execute_model(self, request: ExecuteModelRequest) -> SamplerOutput | None:
+        return self.worker.execute_model(request)
+
+    def free_sequences(self, seq_ids: list[int]) -> None:
+        self.worker.free_sequences(seq_ids)
+
+    def decode_step_counters(self) -> dict:
+        gr = self.worker.model_runner.graph_runner
+        return gr.counters.snapshot() if gr is not None else {}

@@ -1,0 +1,141 @@
+"""Sampling parameters for one request, as in upstream vLLM (no torch import)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+_SAMPLING_EPS = 1e-5
+
+
+@dataclass
+class SamplingParams:
+    """How the tokens of one request are chosen and when its generation stops.
+
+    Semantics follow upstream vLLM's ``SamplingParams``:
+
+    - ``temperature == 0`` means greedy (argmax); ``top_k == -1`` disables top-k;
+      ``top_p == 1`` and ``min_p == 0`` disable those filters.
+    - ``presence_penalty`` / ``frequency_penalty`` follow the OpenAI API definition
+      (subtracted from logits once per present token / once per occurrence of generated
+      tokens); ``repetition_penalty`` follows the CTRL paper (arXiv:1909.05858): positive
+      logits of seen tokens (prompt and output) divided by it, negative ones multiplied.
+    - ``max_tokens=None`` means up to ``max_model_len`` in total.
+    - ``logprobs=k`` returns the sampled token's logprob plus the top-k per position;
+      ``prompt_logprobs=k`` does the same for prompt positions.
+
+    Raises:
+        ValueError: on any out-of-range value; the message names the field, the value and
+            the allowed range (:meth:`verify`).
+    """
+
+    n: int = 1
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    detokenize: bool = True
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    # Filled by the engine: the tokens that end the request besides stop_token_ids.
+    all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.stop is None:
+            self.stop = []
+        elif isinstance(self.stop, str):
+            self.stop = [self.stop]
+        else:
+            self.stop = list(self.stop)
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        self.all_stop_token_ids = set(self.stop_token_ids)
+        if self.seed is not None:
+            self.seed = int(self.seed)
+        self.verify()
+
+    @property
+    def greedy(self) -> bool:
+        """True when tokens are chosen by argmax (temperature below 1e-5)."""
+        return self.temperature < _SAMPLING_EPS
+
+    def verify(self) -> None:
+        """Check every field against its range.
+
+        Raises:
+            ValueError: naming the field, the bad value and the limit.
+        """
+        _check(self.n >= 1, f"n must be at least 1, got {self.n}.")
+        _check(
+            -2.0 <= self.presence_penalty <= 2.0,
+            f"presence_penalty must be in [-2, 2], got {self.presence_penalty}.",
+        )
+        _check(
+            -2.0 <= self.frequency_penalty <= 2.0,
+            f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}.",
+        )
+        _check(
+            self.repetition_penalty > 0.0,
+            f"repetition_penalty must be greater than zero, got {self.repetition_penalty}.",
+        )
+        _check(
+            self.temperature >= 0.0,
+            f"temperature must be non-negative, got {self.temperature}.",
+        )
+        _check(0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}.")
+        _check(
+            self.top_k == -1 or self.top_k >= 1,
+            f"top_k must be -1 (disable), or at least 1, got {self.top_k}.",
+        )
+        _check(0.0 <= self.min_p <= 1.0, f"min_p must be in [0, 1], got {self.min_p}.")
+        if self.max_tokens is not None:
+            _check(self.max_tokens >= 1, f"max_tokens must be at least 1, got {self.max_tokens}.")
+        _check(self.min_tokens >= 0, f"min_tokens must be at least 0, got {self.min_tokens}.")
+        if self.max_tokens is not None:
+            _check(
+                self.min_tokens <= self.max_tokens,
+                f"min_tokens must be less than or equal to max_tokens={self.max_tokens}, "
+                f"got {self.min_tokens}.",
+            )
+        if self.logprobs is not None:
+            _check(self.logprobs >= 0, f"logprobs must be non-negative, got {self.logprobs}.")
+        if self.prompt_logprobs is not None:
+            _check(
+                self.prompt_logprobs >= 0,
+                f"prompt_logprobs must be non-negative, got {self.prompt_logprobs}.",
+            )
+        for s in self.stop:
+            _check(
+                isinstance(s, str) and len(s) > 0,
+                f"stop strings must be non-empty strings, got {s!r}.",
+            )
+        for t in self.stop_token_ids:
+            _check(
+                isinstance(t, int) and t >= 0, f"stop_token_ids must be >= 0 integers, got {t!r}."
+            )
+        if self.stop and not self.detokenize:
+            raise ValueError("stop strings are only supported when detokenize is True.")
+
+    def clone(self) -> SamplingParams:
+        """A deep-enough copy (lists copied) for per-request mutation by the engine."""
+        p = SamplingParams(**{k: getattr(self, k) for k in _INIT_FIELDS})
+        p.all_stop_token_ids = set(self.all_stop_token_ids)
+        return p
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+_INIT_FIELDS = [f for f in SamplingParams.__dataclass_fields__ if f != "all_stop_token_ids"]

@@ -1,0 +1,333 @@
+"""Sequences, sequence groups and the messages passed between engine, scheduler and worker.
+
+This module never imports torch: the scheduler and block manager use it on CPU alone.
+A *sequence* is one stream of tokens (prompt + generated); a *sequence group* is one request
+(``n`` sequences that share a prompt and sampling params). Upstream vLLM's names are kept.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.IntEnum):
+    """Lifecycle of one sequence; every value >= FINISHED_STOPPED is final."""
+
+    WAITING = 0
+    RUNNING = 1
+    FINISHED_STOPPED = 2
+    FINISHED_LENGTH_CAPPED = 3
+    FINISHED_ABORTED = 4
+    FINISHED_IGNORED = 5
+
+    @staticmethod
+    def is_finished(status: SequenceStatus) -> bool:
+        return status >= SequenceStatus.FINISHED_STOPPED
+
+    @staticmethod
+    def get_finished_reason(status: SequenceStatus) -> str | None:
+        """OpenAI-style finish reason: "stop", "length", "abort" or None while running.
+
+        An ignored sequence (prompt longer than max_model_len) reports "length", as upstream.
+        """
+        return {
+            SequenceStatus.FINISHED_STOPPED: "stop",
+            SequenceStatus.FINISHED_LENGTH_CAPPED: "length",
+            SequenceStatus.FINISHED_ABORTED: "abort",
+            SequenceStatus.FINISHED_IGNORED: "length",
+        }.get(status)
+
+
+@dataclass
+class Logprob:
+    """Log-probability of one token at one position (natural log, float32 precision).
+
+    ``rank`` is 1 for the most likely token; ``decoded_token`` is its text when known.
+    """
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+# One position's logprobs: token id -> Logprob.
+PositionLogprobs = dict[int, Logprob]
+
+
+class SequenceData:
+    """The token ids of one sequence: prompt, then outputs, and their cumulative logprob."""
+
+    def __init__(self, prompt_token_ids: list[int], output_token_ids: list[int] | None = None):
+        self.prompt_token_ids: tuple[int, ...] = tuple(prompt_token_ids)
+        self.output_token_ids: list[int] = list(output_token_ids or [])
+        self.cumulative_logprob = 0.0
+
+    def append_token_id(self, token_id: int, logprob: float) -> None:
+        self.output_token_ids.append(token_id)
+        self.cumulative_logprob += logprob
+
+    def get_len(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    def get_prompt_len(self) -> int:
+        return len(self.prompt_token_ids)
+
+    def get_output_len(self) -> int:
+        return len(self.output_token_ids)
+
+    def get_token_ids(self) -> list[int]:
+        return [*self.prompt_token_ids, *self.output_token_ids]
+
+    def get_last_token_id(self) -> int:
+        if self.output_token_ids:
+            return self.output_token_ids[-1]
+        return self.prompt_token_ids[-1]
+
+    def __repr__(self) -> str:
+        return (
+            f"SequenceData(prompt_len={len(self.prompt_token_ids)}, "
+            f"output_token_ids={self.output_token_ids})"
+        )
+
+
+class Sequence:
+    """One generated stream of a request, with its detokenization state.
+
+    Args:
+        seq_id: engine-wide unique id.
+        prompt: prompt text, or None for token-id prompts.
+        prompt_token_ids: the prompt's token ids (non-empty).
+        block_size: tokens per KV-cache block.
+        eos_token_id: the tokenizer's EOS id, or None.
+    """
+
+    def __init__(
+        self,
+        seq_id: int,
+        prompt: str | None,
+        prompt_token_ids: list[int],
+        block_size: int,
+        eos_token_id: int | None = None,
+    ):
+        self.seq_id = seq_id
+        self.prompt = prompt
+        self.block_size = block_size
+        self.eos_token_id = eos_token_id
+        self.data = SequenceData(prompt_token_ids)
+        self.output_logprobs: list[PositionLogprobs] = []
+        self.output_text = ""
+        self.status = SequenceStatus.WAITING
+        self.stop_reason: int | str | None = None
+        # Incremental detokenization state (see vllm/engine/detokenizer.py).
+        self.read_offset = 0
+        self.prefix_offset = 0
+        self.tokens: list[str] | None = None
+
+    @property
+    def prompt_token_ids(self) -> tuple[int, ...]:
+        return self.data.prompt_token_ids
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.data.output_token_ids
+
+    @property
+    def n_blocks(self) -> int:
+        return (self.get_len() + self.block_size - 1) // self.block_size
+
+    def append_token_id(self, token_id: int, logprobs: PositionLogprobs) -> None:
+        """Append one generated token; ``logprobs`` must contain ``token_id``."""
+        self.output_logprobs.append(logprobs)
+        lp = logprobs[token_id].logprob if token_id in logprobs else 0.0
+        self.data.append_token_id(token_id, lp)
+
+    def get_len(self) -> int:
+        return self.data.get_len()
+
+    def get_prompt_len(self) -> int:
+        return self.data.get_prompt_len()
+
+    def get_output_len(self) -> int:
+        return self.data.get_output_len()
+
+    def get_token_ids(self) -> list[int]:
+        return self.data.get_token_ids()
+
+    def get_last_token_id(self) -> int:
+        return self.data.get_last_token_id()
+
+    def is_finished(self) -> bool:
+        return SequenceStatus.is_finished(self.status)
+
+    def __repr__(self) -> str:
+        return f"Sequence(seq_id={self.seq_id}, status={self.status.name}, len={self.get_len()})"
+
+
+@dataclass
+class RequestMetrics:
+    """Timestamps of one request, in seconds since the epoch (time.time())."""
+
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    finished_time: float | None = None
+
+
+class SequenceGroup:
+    """One request: its ``n`` sequences, sampling params and timing.
+
+    All sequences of a group are scheduled together and, on preemption, recomputed together.
+    """
+
+    def __init__(
+        self,
+        request_id: str,
+        seqs: list[Sequence],
+        sampling_params: SamplingParams,
+        arrival_time: float | None = None,
+    ):
+        self.request_id = request_id
+        self.seqs = seqs
+        self.sampling_params = sampling_params
+        self.metrics = RequestMetrics(arrival_time=arrival_time or time.time())
+        self.prompt_logprobs: list[PositionLogprobs | None] | None = None
+        # Index into virtual engines; set by the engine.
+        self.virtual_engine = 0
+
+    @property
+    def prompt(self) -> str | None:
+        return self.seqs[0].prompt
+
+    @property
+    def prompt_token_ids(self) -> tuple[int, ...]:
+        return self.seqs[0].prompt_token_ids
+
+    def get_seqs(self, status: SequenceStatus | None = None) -> list[Sequence]:
+        if status is None:
+            return list(self.seqs)
+        return [s for s in self.seqs if s.status == status]
+
+    def get_unfinished_seqs(self) -> list[Sequence]:
+        return [s for s in self.seqs if not s.is_finished()]
+
+    def num_seqs(self, status: SequenceStatus | None = None) -> int:
+        return len(self.get_seqs(status))
+
+    def get_max_num_running_seqs(self) -> int:
+        """Rows this group may occupy in a batch from now on (its unfinished sequences)."""
+        return len(self.get_unfinished_seqs())
+
+    def is_finished(self) -> bool:
+        return all(s.is_finished() for s in self.seqs)
+
+    def is_prefill(self) -> bool:
+        """True while none of its sequences has a KV cache (waiting, or being recomputed)."""
+        return all(s.status == SequenceStatus.WAITING for s in self.get_unfinished_seqs())
+
+    def __repr__(self) -> str:
+        return f"SequenceGroup(request_id={self.request_id}, num_seqs={len(self.seqs)})"
+
+
+@dataclass
+class SequenceGroupMetadata:
+    """What the worker needs of one scheduled group for one step.
+
+    Attributes:
+        request_id: the request.
+        is_prompt: True for a prefill step (every token of the sequence is computed).
+        seq_data: seq_id -> SequenceData (token ids) for each scheduled sequence.
+        sampling_params: the request's params.
+        block_tables: seq_id -> physical block numbers of that sequence, in order.
+        do_sample: False when no token is sampled this step (unused until chunked prefill).
+    """
+
+    request_id: str
+    is_prompt: bool
+    seq_data: dict[int, SequenceData]
+    sampling_params: SamplingParams
+    block_tables: dict[int, list[int]]
+    do_sample: bool = True
+
+
+@dataclass
+class ExecuteModelRequest:
+    """One step's work for the executor.
+
+    Attributes:
+        seq_group_metadata_list: the scheduled groups, prefills and decodes never mixed.
+        virtual_engine: index of the virtual engine (KV-cache slice and graph set) to use.
+        num_lookahead_slots: extra KV slots reserved per sequence (speculative decoding).
+        running_queue_size: number of running groups in that virtual engine.
+        finished_requests_ids: requests finished since the previous step (proposer state).
+    """
+
+    seq_group_metadata_list: list[SequenceGroupMetadata]
+    virtual_engine: int = 0
+    num_lookahead_slots: int = 0
+    running_queue_size: int = 0
+    finished_requests_ids: list[str] = field(default_factory=list)
+
+
+@dataclass
+class SequenceOutput:
+    """One sampled token of one sequence, with that position's logprobs."""
+
+    parent_seq_id: int
+    output_token: int
+    logprobs: PositionLogprobs
+
+
+@dataclass
+class CompletionSequenceGroupOutput:
+    """The sampled tokens of one group in one step (one per scheduled sequence)."""
+
+    samples: list[SequenceOutput]
+    prompt_logprobs: list[PositionLogprobs | None] | None = None
+
+
+@dataclass
+class SamplerOutput:
+    """The result of one step: one entry per scheduled group, in scheduling order.
+
+    ``sampled_token_ids`` may hold the device tensor of sampled ids for reuse by a proposer.
+    """
+
+    outputs: list[CompletionSequenceGroupOutput]
+    sampled_token_ids: Any = None
+
+    def __len__(self) -> int:
+        return len(self.outputs)
+
+    def __getitem__(self, i: int) -> CompletionSequenceGroupOutput:
+        return self.outputs[i]
+
+
+class IntermediateTensors:
+    """Hidden states passed between pipeline stages: name -> tensor [num_tokens, hidden].
+
+    Holds ``"hidden_states"`` and ``"residual"`` for Llama/Qwen2 stages.
+    """
+
+    def __init__(self, tensors: dict[str, Any]):
+        self.tensors = tensors
+
+    def __getitem__(self, key: str) -> Any:
+        return self.tensors[key]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.tensors[key] = value
+
+    def items(self):
+        return self.tensors.items()
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+    def __repr__(self) -> str:
+        return f"IntermediateTensors(keys={list(self.tensors)})"

@@ -1,0 +1,29 @@
+"""Tokenizer loading through transformers (HF directory or the tokenizer inside a .gguf)."""
+
+from __future__ import annotations
+
+import os
+
+
+def get_tokenizer(path: str):
+    """A transformers tokenizer for ``path``.
+
+    Args:
+        path: a Hugging Face directory, or a .gguf file (transformers reads the tokenizer and
+            chat template stored in its metadata).
+    Raises:
+        ValueError: when no tokenizer can be loaded (message names the path).
+    """
+    from transformers import AutoTokenizer
+
+    try:
+        if os.path.isfile(path) and path.endswith(".gguf"):
+            return AutoTokenizer.from_pretrained(
+                os.path.dirname(os.path.abspath(path)), gguf_file=os.path.basename(path)
+            )
+        return AutoTokenizer.from_pretrained(path)
+    except Exception as e:  # transformers raises many types here
+        raise ValueError(
+            f"Could not load a tokenizer from {path!r} ({type(e).__name__}: {e}); "
+            "pass tokenizer=..., or skip_tokenizer_init=True with token-id prompts."
+        ) from e

@@ -1,0 +1,59 @@
+"""The paged KV cache of one virtual engine on one pipeline stage.
+
+Each local layer gets one tensor in the backend's layout holding ``num_blocks + 1`` blocks:
+blocks 0..num_blocks-1 belong to the block manager, block ``num_blocks`` is the scratch block
+that padded lanes write to (DESIGN.md "Padded lanes"), so a padded write never lands in a
+block a request owns.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vllm.attention.backends.abstract import AttentionBackend
+from vllm.config import ModelConfig
+
+
+def cache_block_bytes(model_config: ModelConfig, block_size: int, num_layers: int) -> int:
+    """Bytes of one block across ``num_layers`` layers: 2 (K and V) x block_size x
+    num_kv_heads x head_size x dtype bytes x layers."""
+    elem = torch.tensor([], dtype=model_config.torch_dtype).element_size()
+    per_layer = 2 * block_size * model_config.num_kv_heads * model_config.head_size * elem
+    return per_layer * num_layers
+
+
+class CacheEngine:
+    """Allocates and owns one virtual engine's KV cache on this stage.
+
+    Args:
+        model_config: shapes and dtype.
+        backend: decides the per-layer layout.
+        num_blocks: blocks handed to the block manager (scratch block added on top).
+        block_size: tokens per block.
+        num_layers: layers on this pipeline stage.
+        device: where to allocate.
+
+    Attributes:
+        kv_caches: list (one per local layer) of tensors in ``backend``'s layout.
+        scratch_slot: the first slot of the scratch block (num_blocks * block_size).
+    """
+
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        backend: type[AttentionBackend],
+        num_blocks: int,
+        block_size: int,
+        num_layers: int,
+        device: torch.device,
+    ):
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        shape = backend.get_kv_cache_shape(
+            num_blocks + 1, block_size, model_config.num_kv_heads, model_config.head_size
+        )
+        self.kv_caches: list[torch.Tensor] = [
+            torch.zeros(shape, dtype=model_config.torch_dtype, device=device)
+            for _ in range(num_layers)
+        ]
+        self.scratch_slot = num_blocks * block_size

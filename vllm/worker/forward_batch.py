@@ -1,0 +1,52 @@
+"""ForwardBatch: the one typed object that carries a step from input preparation to the model.
+
+Life of a batch: the scheduler picks sequence groups (all prefill or all decode) ->
+``ModelRunner.prepare_model_input`` flattens their new tokens into ``input_ids`` and
+``positions``, computes each token's KV slot from the block tables, optionally pads a decode
+batch to a captured size (padded lanes: token 0, position 0, slot -1 -> scratch slot), asks
+the attention backend to build device metadata, and lays out sampling rows -> the runner
+replays a CUDA graph or runs the model eagerly -> logits of the selected rows -> sampler.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from vllm.attention.backends.abstract import AttentionMetadata, ForwardMode, StepInputs
+from vllm.model_executor.sampling_metadata import SamplingMetadata
+
+
+@dataclass
+class ForwardBatch:
+    """Inputs of one forward pass.
+
+    Attributes:
+        mode: PREFILL or DECODE.
+        input_ids: [num_tokens] int64 (padded lanes included).
+        positions: [num_tokens] int64.
+        attn_metadata: the backend's metadata.
+        step: the host-side StepInputs the metadata was built from.
+        sampling_metadata: rows to sample (None on pipeline stages that do not sample).
+        virtual_engine: which VE's KV cache (and graphs) this step uses.
+        num_real_rows: rows that belong to requests.
+        batch_size: rows including padded lanes (the captured size when padded).
+        max_decode_seq_len: longest row context in a decode step, lookahead slots
+            included (for the graph gate), 0 for prefill.
+    """
+
+    mode: ForwardMode
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    attn_metadata: AttentionMetadata
+    step: StepInputs
+    sampling_metadata: SamplingMetadata | None
+    virtual_engine: int
+    num_real_rows: int
+    batch_size: int
+    max_decode_seq_len: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])

@@ -1,0 +1,159 @@
+"""Worker: one device (one pipeline stage) — device setup, model, KV caches, steps.
+
+The KV cache is a list indexed by virtual engine: ``cache_engines[ve].kv_caches[layer]``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+from vllm.config import EngineConfig
+from vllm.sequence import ExecuteModelRequest, IntermediateTensors, SamplerOutput
+from vllm.worker.cache_engine import CacheEngine, cache_block_bytes
+from vllm.worker.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+
+class Worker:
+    """Runs the model of one pipeline stage on one device.
+
+    Args:
+        config: the engine config.
+        rank: pipeline stage (0 for a single device).
+        local_rank: device index on this host (CUDA).
+    """
+
+    def __init__(self, config: EngineConfig, rank: int = 0, local_rank: int = 0):
+        self.config = config
+        self.rank = rank
+        self.local_rank = local_rank
+        self.pp_size = config.parallel_config.pipeline_parallel_size
+        self.num_virtual_engines = config.num_virtual_engines
+        dev = config.device_config.device
+        self.device = torch.device(f"cuda:{local_rank}" if dev == "cuda" else "cpu")
+        self.model_runner: ModelRunner | None = None
+        self.cache_engines: list[CacheEngine] = []
+
+    def init_device(self) -> None:
+        """Select the device and seed torch's generators with the engine seed."""
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+            torch.cuda.empty_cache()
+        else:
+            cores = os.cpu_count() or 1
+            torch.set_num_threads(max(1, cores // self.config.parallel_config.world_size))
+        torch.manual_seed(self.config.model_config.seed)
+        self.model_runner = ModelRunner(self.config, self.device, self.rank, self.pp_size)
+
+    def load_model(self) -> None:
+        self.model_runner.load_model()
+
+    def get_cache_block_bytes(self) -> int:
+        """Bytes of one KV block over this stage's layers."""
+        return cache_block_bytes(
+            self.config.model_config,
+            self.config.cache_config.block_size,
+            self.model_runner.num_local_layers,
+        )
+
+    @torch.inference_mode()
+    def determine_num_available_blocks(self) -> int:
+        """Blocks per virtual engine this stage can hold (before the scratch block).
+
+        CPU: VLLM_CPU_KVCACHE_SPACE bytes / bytes per block. CUDA: total memory x
+        gpu_memory_utilization minus the peak of a profiling forward of
+        max_num_batched_tokens tokens. ``num_gpu_blocks_override`` (blocks per stage) wins.
+        The stage's count is split evenly across virtual engines, one block each kept back
+        as scratch.
+
+        Raises:
+            RuntimeError: when no block fits.
+        """
+        cc = self.config.cache_config
+        block_bytes = self.get_cache_block_bytes()
+        if cc.num_gpu_blocks_override is not None:
+            total = cc.num_gpu_blocks_override
+        elif self.device.type == "cpu":
+            total = cc.cpu_kvcache_space_bytes // block_bytes
+        else:
+            total = self._profile_cuda_blocks(block_bytes)
+        per_ve = total // self.num_virtual_engines - 1
+        if per_ve < 1:
+            raise RuntimeError(
+                f"No KV-cache blocks fit: {total} blocks of {block_bytes} bytes for "
+                f"{self.num_virtual_engines} virtual engines; raise gpu_memory_utilization, "
+                "VLLM_CPU_KVCACHE_SPACE or num_gpu_blocks_override."
+            )
+        return per_ve
+
+    def _profile_cuda_blocks(self, block_bytes: int) -> int:
+        sc = self.config.scheduler_config
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self.model_runner.profile_run(
+            sc.max_num_batched_tokens, min(sc.max_num_seqs, sc.max_num_batched_tokens)
+        )
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device)
+        free, total = torch.cuda.mem_get_info(self.device)
+        used_by_others = total - free - torch.cuda.memory_reserved(self.device)
+        budget = total * self.config.cache_config.gpu_memory_utilization - peak - used_by_others
+        budget -= (
+            self.model_runner.estimate_graph_memory()
+            if hasattr(self.model_runner, "estimate_graph_memory")
+            else 0
+        )
+        torch.cuda.empty_cache()
+        return max(0, int(budget // block_bytes))
+
+    def initialize_cache(self, num_blocks: int) -> None:
+        """Allocate one KV cache per virtual engine, each of ``num_blocks`` (+1 scratch)."""
+        self.cache_engines = [
+            CacheEngine(
+                self.config.model_config,
+                self.model_runner.attn_backend,
+                num_blocks,
+                self.config.cache_config.block_size,
+                self.model_runner.num_local_layers,
+                self.device,
+            )
+            for _ in range(self.num_virtual_engines)
+        ]
+        n_kv = num_blocks * self.config.cache_config.block_size
+        logger.info(
+            "KV cache: %d blocks (%d tokens) per virtual engine x %d virtual engines, %.2f GiB",
+            num_blocks,
+            n_kv,
+            self.num_virtual_engines,
+            self.num_virtual_engines * (num_blocks + 1) * self.get_cache_block_bytes() / 2**30,
+        )
+
+    @property
+    def kv_caches(self) -> list[list[torch.Tensor]]:
+        """kv_caches[virtual_engine][local_layer]."""
+        return [ce.kv_caches for ce in self.cache_engines]
+
+    def execute_model(
+        self,
+        request: ExecuteModelRequest,
+        intermediate_tensors: IntermediateTensors | None = None,
+    ) -> SamplerOutput | IntermediateTensors | None:
+        """Run one step of ``request.virtual_engine``; None for an empty request."""
+        if request.finished_requests_ids:
+            pass  # proposer state lives elsewhere; generators are dropped per sequence
+        if not request.seq_group_metadata_list:
+            return None
+        ve = request.virtual_engine
+        ce = self.cache_engines[ve]
+        batch = self.model_runner.prepare_model_input(
+            request.seq_group_metadata_list, ve, ce.scratch_slot, request.num_lookahead_slots
+        )
+        return self.model_runner.execute_model(batch, ce.kv_caches, intermediate_tensors)
+
+    def free_sequences(self, seq_ids: list[int]) -> None:
+        """Forget per-sequence state of finished sequences."""
+        self.model_runner.free_finished(seq_ids)
