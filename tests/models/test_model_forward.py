@@ -6,11 +6,10 @@ Random tiny models use a large init std, and the tests assert that greedy output
 several distinct tokens (TESTING.md), so equality is meaningful.
 """
 
-import os
 
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, GgufConfig
+from tiny_models import load_hf_config, load_hf_model
 
 from vllm.attention.backends.abstract import ForwardMode, StepInputs
 from vllm.attention.backends.torch_sdpa import TorchSDPABackend
@@ -73,12 +72,7 @@ class Runner:
 def load(path: str, pp_size: int = 1) -> list[torch.nn.Module]:
     from types import SimpleNamespace
 
-    if path.endswith(".gguf"):
-        hf_config = AutoConfig.from_pretrained(
-            os.path.dirname(path), gguf_file=os.path.basename(path)
-        )
-    else:
-        hf_config = AutoConfig.from_pretrained(path)
+    hf_config = load_hf_config(path)
     cfg = SimpleNamespace(
         model=path, hf_config=hf_config, dtype=torch.float32, load_format="auto", seed=0
     )
@@ -87,16 +81,7 @@ def load(path: str, pp_size: int = 1) -> list[torch.nn.Module]:
 
 def hf_reference(path: str, prompt: list[int], max_new: int):
     """(greedy new tokens, prompt logits [len(prompt), vocab]) from transformers."""
-    if path.endswith(".gguf"):
-        model = AutoModelForCausalLM.from_pretrained(
-            os.path.dirname(path),
-            gguf_file=os.path.basename(path),
-            quantization_config=GgufConfig(gguf_file=path, dequantize=True),
-            dtype=torch.float32,
-        )
-    else:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    model.eval()
+    model = load_hf_model(path)
     ids = torch.tensor([prompt])
     with torch.no_grad():
         logits = model(ids).logits[0].float()

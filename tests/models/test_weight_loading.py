@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoConfig, AutoModelForCausalLM, GgufConfig
+from tiny_models import load_hf_config, load_hf_model
 
 from vllm.model_executor.model_loader import get_model
 from vllm.model_executor.models import ModelRegistry, get_model_class
@@ -25,24 +25,9 @@ def model_config(path: str, hf_config, load_format: str = "auto", seed: int = 0)
     )
 
 
-def load_hf_config(path: str):
-    if path.endswith(".gguf"):
-        return AutoConfig.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
-    return AutoConfig.from_pretrained(path)
-
-
 def load_hf_state_dict(path: str) -> dict[str, torch.Tensor]:
     """Reference parameters as transformers loads them, float32."""
-    if path.endswith(".gguf"):
-        model = AutoModelForCausalLM.from_pretrained(
-            os.path.dirname(path),
-            gguf_file=os.path.basename(path),
-            quantization_config=GgufConfig(gguf_file=path, dequantize=True),
-            dtype=torch.float32,
-        )
-    else:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return {k: v.detach() for k, v in load_hf_model(path).state_dict().items()}
 
 
 def expected_param(name: str, hf: dict[str, torch.Tensor]) -> torch.Tensor:

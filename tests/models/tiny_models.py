@@ -213,3 +213,34 @@ def _copy_tokenizer_metadata(writer) -> None:
         vtype = field.types[0]
         sub_type = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
         writer.add_key_value(key, field.contents(), vtype, sub_type=sub_type)
+
+
+@functools.lru_cache(maxsize=8)
+def load_hf_config(path: str):
+    """transformers config of an HF directory or a ``.gguf`` file (cached per session:
+    parsing GGUF tokenizer metadata takes seconds). Do not mutate the result."""
+    from transformers import AutoConfig
+
+    if path.endswith(".gguf"):
+        return AutoConfig.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+    return AutoConfig.from_pretrained(path)
+
+
+@functools.lru_cache(maxsize=4)
+def load_hf_model(path: str):
+    """The transformers reference model, float32 eval (cached per session; do not mutate).
+
+    GGUF files are loaded with ``GgufConfig(dequantize=True)``: transformers 5 otherwise
+    keeps the weights packed."""
+    from transformers import AutoModelForCausalLM, GgufConfig
+
+    if path.endswith(".gguf"):
+        model = AutoModelForCausalLM.from_pretrained(
+            os.path.dirname(path),
+            gguf_file=os.path.basename(path),
+            quantization_config=GgufConfig(gguf_file=path, dequantize=True),
+            dtype=torch.float32,
+        )
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    return model.eval()
