@@ -11,6 +11,8 @@ large init std so greedy outputs are not one repeated token).
 """
 
 import os
+import pathlib
+import shutil
 import sys
 
 import pytest
@@ -27,6 +29,22 @@ def _cuda_device_count() -> int:
         return torch.cuda.device_count() if torch.cuda.is_available() else 0
     except Exception:  # a broken CUDA install counts as no GPU
         return 0
+
+
+def pytest_collection_finish(session):
+    """Warm the per-process config/tokenizer caches for SmolLM2 in the parent process when a
+    collected test uses it: forked tests inherit them instead of re-parsing the GGUF."""
+    if not any("smollm2_gguf" in getattr(i, "fixturenames", ()) for i in session.items):
+        return
+    path = tiny_models.smollm2_gguf_path()
+    if path is None:
+        return
+    from vllm.config import load_hf_config
+    from vllm.transformers_utils.tokenizer import get_tokenizer
+
+    load_hf_config(path)
+    get_tokenizer(path)
+    import vllm.entrypoints.llm  # noqa: F401  (and the engine modules it imports)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -48,10 +66,39 @@ def pytest_collection_modifyitems(config, items):
             )
 
 
+# Bump when the tiny builders change, so stale checkpoints are not reused.
+TINY_MODELS_VERSION = "v1"
+
+
 @pytest.fixture(scope="session")
-def tiny_models_dir(tmp_path_factory):
-    """One session directory holding every tiny checkpoint."""
-    return tmp_path_factory.mktemp("tiny_models")
+def tiny_models_dir():
+    """One directory holding every tiny checkpoint, under the test cache (.test_cache).
+
+    A fixed path, not tmp_path_factory: tests run forked (pytest-forked), so session
+    fixtures are set up again in each child; a fixed path lets each child reuse what the
+    first one wrote (see ``_built``).
+    """
+    from tests.utils import CACHE_DIR
+
+    path = pathlib.Path(CACHE_DIR) / f"tiny_models_{TINY_MODELS_VERSION}"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _built(target: pathlib.Path, build) -> str:
+    """Return ``target`` if a complete copy exists, else build it into a temporary path
+    (``build(tmp_path) -> str``) and rename it into place atomically."""
+    if target.exists():
+        return str(target)
+    tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")
+    if tmp.exists():
+        shutil.rmtree(tmp) if tmp.is_dir() else tmp.unlink()
+    build(str(tmp))
+    try:
+        os.rename(tmp, target)
+    except OSError:  # another process finished first
+        shutil.rmtree(tmp, ignore_errors=True) if tmp.is_dir() else tmp.unlink()
+    return str(target)
 
 
 @pytest.fixture(scope="session")
@@ -68,35 +115,46 @@ def tiny_llama_dir(tiny_models_dir) -> str:
     """HF Llama checkpoint directory: 3 layers, hidden 64, 4 heads / 2 KV heads,
     intermediate 128, untied embeddings, float32 safetensors (+ SmolLM2 tokenizer)."""
     config = tiny_models.tiny_llama_config()
-    return tiny_models.save_tiny_hf_checkpoint(config, str(tiny_models_dir / "llama"), seed=0)
+    return _built(
+        tiny_models_dir / "llama",
+        lambda p: tiny_models.save_tiny_hf_checkpoint(config, p, seed=0),
+    )
 
 
 @pytest.fixture(scope="session")
 def tiny_llama_tied_dir(tiny_models_dir) -> str:
     """Like ``tiny_llama_dir`` but with tied embeddings and 4 layers (an even count)."""
     config = tiny_models.tiny_llama_config(tie_word_embeddings=True, num_hidden_layers=4)
-    return tiny_models.save_tiny_hf_checkpoint(config, str(tiny_models_dir / "llama_tied"), seed=1)
+    return _built(
+        tiny_models_dir / "llama_tied",
+        lambda p: tiny_models.save_tiny_hf_checkpoint(config, p, seed=1),
+    )
 
 
 @pytest.fixture(scope="session")
 def tiny_qwen2_dir(tiny_models_dir) -> str:
     """HF Qwen2 checkpoint directory: 2 layers, tied embeddings, non-zero q/k/v biases."""
     config = tiny_models.tiny_qwen2_config()
-    return tiny_models.save_tiny_hf_checkpoint(config, str(tiny_models_dir / "qwen2"), seed=2)
+    return _built(
+        tiny_models_dir / "qwen2",
+        lambda p: tiny_models.save_tiny_hf_checkpoint(config, p, seed=2),
+    )
 
 
 @pytest.fixture(scope="session")
 def tiny_llama_gguf(tiny_llama_dir, tiny_models_dir) -> str:
     """F32 GGUF of ``tiny_llama_dir``'s weights (q/k rows permuted as llama.cpp does),
     with SmolLM2's tokenizer metadata; transformers loads it with ``gguf_file=``."""
-    return tiny_models.write_tiny_gguf(
-        tiny_llama_dir, str(tiny_models_dir / "tiny-llama-f32.gguf"), "llama"
+    return _built(
+        tiny_models_dir / "tiny-llama-f32.gguf",
+        lambda p: tiny_models.write_tiny_gguf(tiny_llama_dir, p, "llama"),
     )
 
 
 @pytest.fixture(scope="session")
 def tiny_qwen2_gguf(tiny_qwen2_dir, tiny_models_dir) -> str:
     """F32 GGUF of ``tiny_qwen2_dir``'s weights (no permutation, no output.weight: tied)."""
-    return tiny_models.write_tiny_gguf(
-        tiny_qwen2_dir, str(tiny_models_dir / "tiny-qwen2-f32.gguf"), "qwen2"
+    return _built(
+        tiny_models_dir / "tiny-qwen2-f32.gguf",
+        lambda p: tiny_models.write_tiny_gguf(tiny_qwen2_dir, p, "qwen2"),
     )

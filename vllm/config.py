@@ -7,6 +7,7 @@ upstream vLLM's V0 engine.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from dataclasses import dataclass, field
@@ -163,11 +164,26 @@ def _resolve_dtype(name: str, device: str):
 
 
 def load_hf_config(model: str):
-    """Load a transformers config from an HF directory or a .gguf file.
+    """Load a transformers config from an HF directory or a .gguf file (a private copy).
+
+    Parsed configs are cached per process by path and modification time (a GGUF's metadata
+    takes seconds to parse); each call returns a deep copy.
 
     Raises:
         ValueError: when the directory has no config.json or the file is not readable.
     """
+    import copy
+
+    return copy.deepcopy(_load_hf_config_cached(model, _mtime(model)))
+
+
+def _mtime(path: str) -> float:
+    target = path if os.path.isfile(path) else os.path.join(path, "config.json")
+    return os.path.getmtime(target) if os.path.exists(target) else 0.0
+
+
+@functools.lru_cache(maxsize=8)
+def _load_hf_config_cached(model: str, mtime: float):
     from transformers import AutoConfig
 
     if os.path.isfile(model) and model.endswith(".gguf"):

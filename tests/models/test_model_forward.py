@@ -6,7 +6,6 @@ Random tiny models use a large init std, and the tests assert that greedy output
 several distinct tokens (TESTING.md), so equality is meaningful.
 """
 
-
 import pytest
 import torch
 from tiny_models import load_hf_config, load_hf_model

@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 
 def get_tokenizer(path: str):
+    """The tokenizer for ``path``, cached per process by path and modification time
+    (parsing a GGUF's tokenizer metadata takes seconds); see :func:`load_tokenizer`."""
+    mtime = os.path.getmtime(path) if os.path.exists(path) else 0.0
+    return _cached(path, mtime)
+
+
+@functools.lru_cache(maxsize=8)
+def _cached(path: str, mtime: float):
+    return load_tokenizer(path)
+
+
+def load_tokenizer(path: str):
     """A transformers tokenizer for ``path``.
 
     Args:

@@ -1,0 +1,113 @@
+"""Bad engine arguments fail in config validation, before any weight load, naming the value."""
+
+import pytest
+
+from vllm.engine.arg_utils import EngineArgs
+
+
+@pytest.fixture(autouse=True)
+def _no_weight_loading(monkeypatch):
+    """Any attempt to build a model during these tests is a failure."""
+    import vllm.model_executor.model_loader as loader
+
+    def boom(*a, **k):
+        raise AssertionError("weights were loaded before validation failed")
+
+    monkeypatch.setattr(loader, "get_model", boom)
+
+
+CASES = [
+    (dict(dtype="float64"), "dtype must be one of"),
+    (dict(load_format="pt"), "load_format must be one of"),
+    (dict(device="tpu"), "device must be one of"),
+    (dict(max_model_len=10**6), "max_position_embeddings"),
+    (dict(max_model_len=512, max_num_batched_tokens=256), "max_num_batched_tokens=256"),
+    (dict(block_size=3), "block_size must be a power of two"),
+    (dict(gpu_memory_utilization=1.5), "gpu_memory_utilization must be in (0, 1]"),
+    (dict(gpu_memory_utilization=0.0), "gpu_memory_utilization must be in (0, 1]"),
+    (dict(num_gpu_blocks_override=0), "num_gpu_blocks_override must be at least 1"),
+    (dict(max_num_seqs=0), "max_num_seqs must be at least 1"),
+    (dict(tensor_parallel_size=2), "tensor_parallel_size=2 is not supported"),
+    (dict(enable_chunked_prefill=True), "enable_chunked_prefill"),
+    (dict(pipeline_parallel_size=0), "pipeline_parallel_size must be at least 1"),
+    (dict(pipeline_parallel_size=4), "pipeline_parallel_size=4 is larger than the model's 3"),
+    (dict(distributed_executor_backend="slurm"), "distributed_executor_backend must be one of"),
+    (dict(max_cudagraph_capture_size=0), "max_cudagraph_capture_size must be at least 1"),
+    (dict(cuda_graph_sizes=[0, 8]), "cuda_graph_sizes"),
+]
+
+
+@pytest.mark.parametrize("kwargs,message", CASES, ids=[str(c[0]) for c in CASES])
+def test_bad_engine_args(tiny_llama_dir, kwargs, message):
+    with pytest.raises(ValueError) as e:
+        EngineArgs(model=tiny_llama_dir, **kwargs).create_engine_config()
+    assert message in str(e.value)
+
+
+def test_missing_model_path():
+    with pytest.raises(ValueError, match="does not exist"):
+        EngineArgs(model="/nonexistent/model").create_engine_config()
+
+
+def test_unknown_architecture(tiny_llama_dir, tmp_path):
+    import json
+    import shutil
+
+    d = tmp_path / "weird"
+    shutil.copytree(tiny_llama_dir, d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["architectures"] = ["MambaForCausalLM"]
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError) as e:
+        EngineArgs(model=str(d)).create_engine_config()
+    assert "MambaForCausalLM" in str(e.value)
+    assert "LlamaForCausalLM" in str(e.value) and "Qwen2ForCausalLM" in str(e.value)
+
+
+def test_bad_cpu_kvcache_space(tiny_llama_dir, monkeypatch):
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "lots")
+    with pytest.raises(ValueError, match="VLLM_CPU_KVCACHE_SPACE"):
+        EngineArgs(model=tiny_llama_dir).create_engine_config()
+
+
+def test_defaults(tiny_llama_dir):
+    import torch
+
+    cfg = EngineArgs(model=tiny_llama_dir, device="cpu").create_engine_config()
+    assert cfg.model_config.dtype == torch.float32
+    assert cfg.cache_config.block_size == 16
+    assert cfg.scheduler_config.max_num_seqs == 256
+    assert cfg.scheduler_config.max_num_batched_tokens == max(cfg.model_config.max_model_len, 2048)
+    assert cfg.parallel_config.distributed_executor_backend == "uni"
+
+
+def test_unknown_llm_kwarg(tiny_llama_dir):
+    from vllm import LLM
+
+    with pytest.raises(TypeError, match="max_num_seq"):
+        LLM(model=tiny_llama_dir, max_num_seq=4)
+
+
+def test_cli_flags_come_from_fields():
+    import argparse
+
+    parser = EngineArgs.add_cli_args(argparse.ArgumentParser())
+    args = parser.parse_args(
+        [
+            "--max-num-seqs",
+            "8",
+            "--enforce-eager",
+            "--cuda-graph-sizes",
+            "1",
+            "2",
+            "--dtype",
+            "half",
+        ]
+    )
+    ea = EngineArgs.from_cli_args(args)
+    assert (ea.max_num_seqs, ea.enforce_eager, ea.cuda_graph_sizes, ea.dtype) == (
+        8,
+        True,
+        [1, 2],
+        "half",
+    )

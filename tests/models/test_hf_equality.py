@@ -1,0 +1,68 @@
+"""Greedy equality with Hugging Face transformers on the same weights (CPU, float32, exact).
+
+TESTING.md: on CPU in float32 the comparison is exact, batched and one prompt at a time;
+random tiny models must produce several distinct tokens per prompt for the comparison to
+mean anything.
+"""
+
+import pytest
+
+from tests.utils import check_outputs_equal, hf_greedy, vllm_greedy
+
+SMOLLM2_PROMPTS = [
+    "The capital of France is",
+    "Hello, my name is",
+    "The future of AI is",
+    "def fibonacci(n):",
+    "List three colors:",
+    "Water boils at",
+    "Once upon a time,",
+    "The quick brown fox",
+]
+TINY_PROMPTS = ["Hello world", "The capital of France is", "a b c d e f", "Paris"]
+MAX_TOKENS = 32
+
+
+def _engine(model, **kw):
+    from vllm import LLM
+
+    return LLM(model=model, device="cpu", dtype="float32", **kw)
+
+
+@pytest.mark.forked
+def test_smollm2_gguf_matches_transformers(smollm2_gguf):
+    ref = hf_greedy(smollm2_gguf, SMOLLM2_PROMPTS, MAX_TOKENS)
+    assert ref[0][1].startswith(" Paris."), ref[0][1]
+    llm = _engine(smollm2_gguf)
+    batched = vllm_greedy(llm, SMOLLM2_PROMPTS, MAX_TOKENS)
+    check_outputs_equal(ref, batched, "hf", "vllm-batched", SMOLLM2_PROMPTS)
+    alone = [vllm_greedy(llm, [p], MAX_TOKENS)[0] for p in SMOLLM2_PROMPTS[:3]]
+    check_outputs_equal(ref[:3], alone, "hf", "vllm-alone", SMOLLM2_PROMPTS[:3])
+    tok = llm.get_tokenizer()
+    for ids, text, _ in batched:
+        assert text == tok.decode(ids, skip_special_tokens=True)
+
+
+@pytest.mark.forked
+@pytest.mark.parametrize(
+    "fixture", ["tiny_llama_dir", "tiny_qwen2_dir", "tiny_llama_gguf", "tiny_qwen2_gguf"]
+)
+def test_tiny_models_match_transformers(fixture, request):
+    model = request.getfixturevalue(fixture)
+    ref = hf_greedy(model, TINY_PROMPTS, MAX_TOKENS)
+    for ids, _, _ in ref:  # distinct-token guard (TESTING.md)
+        assert len(set(ids)) >= 4, f"{fixture} degenerate output {ids}"
+    llm = _engine(model)
+    check_outputs_equal(ref, vllm_greedy(llm, TINY_PROMPTS, MAX_TOKENS), "hf", fixture)
+    alone = [vllm_greedy(llm, [p], MAX_TOKENS)[0] for p in TINY_PROMPTS[:2]]
+    check_outputs_equal(ref[:2], alone, "hf", fixture + "-alone")
+
+
+@pytest.mark.forked
+def test_token_id_prompts_equal_text_prompts(smollm2_gguf):
+    llm = _engine(smollm2_gguf)
+    tok = llm.get_tokenizer()
+    prompts = SMOLLM2_PROMPTS[:3]
+    by_text = vllm_greedy(llm, prompts, 8)
+    by_ids = vllm_greedy(llm, [{"prompt_token_ids": tok.encode(p)} for p in prompts], 8)
+    check_outputs_equal(by_text, by_ids, "text", "ids")

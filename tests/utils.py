@@ -1,0 +1,255 @@
+"""Shared comparison helpers for the test suite (names as upstream vLLM's tests).
+
+- :func:`check_outputs_equal`: greedy token ids and text identical for every prompt.
+- :func:`check_logprobs_close`: at the first position where two greedy runs differ, each
+  run's token must be in the other's top-k logprobs; nothing after it is compared.
+- :func:`fork_new_process_for_each_test`: run a test body in a forked child.
+- :func:`compare_llm_settings`: run the same prompts through two LLM settings, exact compare.
+- :func:`hf_greedy`: the Hugging Face transformers reference, cached on disk by the model
+  file's sha256 so CI converts and runs each model once.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import hashlib
+import json
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+from typing import Any
+
+# (token_ids, text) or (token_ids, text, logprobs: list[dict[int, float]])
+TokensText = tuple[list[int], str]
+TokensTextLogprobs = tuple[list[int], str, list[dict[int, float]] | None]
+
+CACHE_DIR = os.environ.get(
+    "VLLM_TEST_CACHE", os.path.join(os.path.dirname(os.path.dirname(__file__)), ".test_cache")
+)
+
+
+def _gap(lp: dict[int, float] | None) -> str:
+    if not lp:
+        return "n/a"
+    top = sorted(lp.values(), reverse=True)[:2]
+    return f"{top[0] - top[1]:.4g}" if len(top) == 2 else "n/a"
+
+
+def check_outputs_equal(
+    outputs_0_lst: Sequence[TokensText],
+    outputs_1_lst: Sequence[TokensText],
+    name_0: str,
+    name_1: str,
+    prompts: Sequence[Any] | None = None,
+) -> None:
+    """Assert greedy token ids (and texts) are identical prompt by prompt.
+
+    On a mismatch the message gives the prompt, the first differing position and, when the
+    outputs carry logprobs, the top-2 logprob gap there.
+    """
+    assert len(outputs_0_lst) == len(outputs_1_lst), (len(outputs_0_lst), len(outputs_1_lst))
+    for i, (o0, o1) in enumerate(zip(outputs_0_lst, outputs_1_lst)):
+        ids0, text0, ids1, text1 = o0[0], o0[1], o1[0], o1[1]
+        if list(ids0) == list(ids1) and text0 == text1:
+            continue
+        pos = next((j for j, (a, b) in enumerate(zip(ids0, ids1)) if a != b), None)
+        if pos is None:
+            pos = min(len(ids0), len(ids1))
+        gaps = ""
+        if len(o0) > 2 and o0[2] and pos < len(o0[2]):
+            gaps = f" top-2 gap {name_0}={_gap(o0[2][pos])}"
+        if len(o1) > 2 and o1[2] and pos < len(o1[2]):
+            gaps += f" {name_1}={_gap(o1[2][pos])}"
+        prompt = prompts[i] if prompts is not None else i
+        raise AssertionError(
+            f"prompt {prompt!r}: outputs differ at position {pos}{gaps}\n"
+            f"{name_0}: {list(ids0)} {text0!r}\n{name_1}: {list(ids1)} {text1!r}"
+        )
+
+
+def check_logprobs_close(
+    outputs_0_lst: Sequence[TokensTextLogprobs],
+    outputs_1_lst: Sequence[TokensTextLogprobs],
+    name_0: str,
+    name_1: str,
+    prompts: Sequence[Any] | None = None,
+) -> None:
+    """Assert two greedy runs agree up to their first divergence, where each run's token
+    must be among the other's returned top logprobs (TESTING.md: top-5)."""
+    assert len(outputs_0_lst) == len(outputs_1_lst)
+    for i, (o0, o1) in enumerate(zip(outputs_0_lst, outputs_1_lst)):
+        ids0, _, lp0 = o0
+        ids1, _, lp1 = o1
+        for pos, (a, b) in enumerate(zip(ids0, ids1)):
+            if a == b:
+                continue
+            prompt = prompts[i] if prompts is not None else i
+            msg = (
+                f"prompt {prompt!r}: position {pos}: {name_0} chose {a}, {name_1} chose {b}; "
+                f"top-2 gap {name_0}={_gap(lp0[pos])} {name_1}={_gap(lp1[pos])}\n"
+                f"{name_0}: {list(ids0)}\n{name_1}: {list(ids1)}"
+            )
+            assert a in lp1[pos], msg
+            assert b in lp0[pos], msg
+            break
+
+
+def fork_new_process_for_each_test(fn):
+    """Run the decorated test in a forked child; the child's failure fails the test."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                fn(*args, **kwargs)
+            except BaseException:
+                traceback.print_exc()
+                code = 1
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.WEXITSTATUS(status) == 0 and os.WIFEXITED(status), "forked test body failed"
+
+    return wrapper
+
+
+def vllm_greedy(llm, prompts: Sequence[Any], max_tokens: int, logprobs: int | None = None):
+    """Greedy outputs of an LLM as (token_ids, text, logprobs-as-floats) per prompt."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=logprobs)
+    outs = llm.generate(list(prompts), params, use_tqdm=False)
+    result = []
+    for o in outs:
+        c = o.outputs[0]
+        lps = None
+        if c.logprobs is not None:
+            lps = [{t: lp.logprob for t, lp in pos.items()} for pos in c.logprobs]
+        result.append((list(c.token_ids), c.text, lps))
+    return result
+
+
+def compare_llm_settings(
+    model: str,
+    kwargs1: dict[str, Any],
+    kwargs2: dict[str, Any],
+    prompts: Sequence[Any],
+    max_tokens: int = 32,
+    exact: bool = True,
+):
+    """Run ``prompts`` greedily under two LLM settings (one after the other, each engine
+    shut down before the next starts) and compare exactly, or logprobs-close when
+    ``exact`` is False. Returns both output lists."""
+    from vllm import LLM
+
+    results = []
+    for kw in (kwargs1, kwargs2):
+        llm = LLM(model=model, **kw)
+        results.append(vllm_greedy(llm, prompts, max_tokens, logprobs=None if exact else 5))
+        llm.llm_engine.shutdown()
+        del llm
+        gc.collect()
+    if exact:
+        check_outputs_equal(results[0], results[1], str(kwargs1), str(kwargs2), prompts)
+    else:
+        check_logprobs_close(results[0], results[1], str(kwargs1), str(kwargs2), prompts)
+    return results
+
+
+def _file_digest(path: str) -> str:
+    h = hashlib.sha256()
+    files = (
+        [path]
+        if os.path.isfile(path)
+        else sorted(
+            os.path.join(path, f) for f in os.listdir(path) if f.endswith((".safetensors", ".json"))
+        )
+    )
+    for f in files:
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def load_hf_model(model: str, dtype: str = "float32", device: str = "cpu"):
+    """transformers model + tokenizer for an HF directory or a .gguf file (dequantized)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    torch_dtype = getattr(torch, dtype)
+    if model.endswith(".gguf"):
+        d, f = os.path.dirname(model), os.path.basename(model)
+        tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
+        hf = AutoModelForCausalLM.from_pretrained(
+            d,
+            gguf_file=f,
+            quantization_config=GgufConfig(gguf_file=f, dequantize=True),
+            dtype=torch_dtype,
+        )
+    else:
+        tok = AutoTokenizer.from_pretrained(model)
+        hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch_dtype)
+    return hf.to(device).eval(), tok
+
+
+def hf_greedy(
+    model: str,
+    prompts: Sequence[Any],
+    max_tokens: int,
+    dtype: str = "float32",
+    device: str = "cpu",
+    top_logprobs: int = 5,
+) -> list[TokensTextLogprobs]:
+    """transformers greedy generation, one prompt at a time (no padding), with the top
+    ``top_logprobs`` log_softmax entries per generated position.
+
+    Prompts are text or ``{"prompt_token_ids": [...]}``. Generation stops at EOS like the
+    engine. Results are cached in ``CACHE_DIR`` keyed by the model's sha256, the prompts,
+    max_tokens, dtype and device.
+    """
+    key_src = json.dumps([_file_digest(model), list(prompts), max_tokens, dtype, device])
+    key = hashlib.sha256(key_src.encode()).hexdigest()[:32]
+    path = os.path.join(CACHE_DIR, f"hf_greedy_{key}.json")
+    if os.path.exists(path):
+        with open(path) as fh:
+            raw = json.load(fh)
+        return [(r[0], r[1], [{int(k): v for k, v in p.items()} for p in r[2]]) for r in raw]
+    import torch
+
+    hf, tok = load_hf_model(model, dtype, device)
+    results = []
+    for p in prompts:
+        ids = p["prompt_token_ids"] if isinstance(p, dict) else tok.encode(p)
+        inp = torch.tensor([ids], device=device)
+        with torch.no_grad():
+            out = hf.generate(
+                inp,
+                attention_mask=torch.ones_like(inp),
+                max_new_tokens=max_tokens,
+                do_sample=False,
+                output_scores=True,
+                return_dict_in_generate=True,
+                pad_token_id=tok.eos_token_id,
+            )
+        gen = out.sequences[0, len(ids) :].tolist()
+        if tok.eos_token_id in gen:
+            gen = gen[: gen.index(tok.eos_token_id) + 1]
+        lps = []
+        for step_scores in out.scores[: len(gen)]:
+            lp = torch.log_softmax(step_scores[0].float(), dim=-1)
+            vals, idx = lp.topk(top_logprobs)
+            lps.append({int(i): float(v) for v, i in zip(vals, idx)})
+        results.append((gen, tok.decode(gen, skip_special_tokens=True), lps))
+    os.makedirs(CACHE_DIR, exist_ok=True)
+    tmp = path + f".{os.getpid()}.tmp"
+    with open(tmp, "w") as fh:
+        json.dump(results, fh)
+    os.replace(tmp, path)
+    return results
