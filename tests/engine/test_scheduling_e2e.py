@@ -1,0 +1,57 @@
+"""Engine-level scheduling: preemption by recompute and the max_model_len boundary."""
+
+import pytest
+
+from tests.utils import check_outputs_equal, vllm_greedy
+
+PROMPTS = [
+    "The capital of France is",
+    "Hello, my name is",
+    "a b c d e f g",
+    "List three colors:",
+    "Once upon a time, there was",
+    "Water boils at",
+]
+
+
+@pytest.mark.forked
+def test_preemption_recompute_equals_roomy_run(tiny_llama_dir):
+    from vllm import LLM
+
+    roomy = LLM(model=tiny_llama_dir, device="cpu", block_size=16)
+    ref = vllm_greedy(roomy, PROMPTS, 48)
+    del roomy
+    # 12 blocks of 16 tokens cannot hold 6 sequences of ~8 + 48 tokens: preemption must occur.
+    tight = LLM(model=tiny_llama_dir, device="cpu", block_size=16, num_gpu_blocks_override=13)
+    out = vllm_greedy(tight, PROMPTS, 48)
+    preempted = sum(s.num_cumulative_preemption for s in tight.llm_engine.schedulers)
+    assert preempted > 0, "the tight run never preempted: the test proves nothing"
+    check_outputs_equal(ref, out, "roomy", "preempted", PROMPTS)
+    for s in tight.llm_engine.schedulers:  # every block returned
+        assert (
+            s.block_manager.get_num_free_gpu_blocks() == s.block_manager.get_num_total_gpu_blocks()
+        )
+
+
+@pytest.mark.forked
+def test_max_model_len_boundary_beside_other_requests(tiny_llama_dir):
+    from vllm import LLM, SamplingParams
+
+    limit = 64
+    llm = LLM(model=tiny_llama_dir, device="cpu", max_model_len=limit)
+    normal = {"prompt_token_ids": list(range(100, 110))}
+    prompts = [
+        normal,
+        {"prompt_token_ids": list(range(200, 200 + limit - 1))},
+        {"prompt_token_ids": list(range(300, 300 + limit))},
+        {"prompt_token_ids": list(range(400, 400 + limit + 1))},
+        normal,
+    ]
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    got = [(len(o.outputs[0].token_ids), o.outputs[0].finish_reason) for o in outs]
+    assert got == [(8, "length"), (1, "length"), (1, "length"), (0, "length"), (8, "length")]
+    assert outs[0].outputs[0].token_ids == outs[4].outputs[0].token_ids
+    assert outs[3].outputs[0].text == ""
+    # The engine is still usable and unchanged afterwards.
+    again = llm.generate([normal], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    assert again[0].outputs[0].token_ids == outs[0].outputs[0].token_ids
