@@ -5,7 +5,6 @@ per-VE scratch slot; indexing the cache with -1 directly would wrap to the last 
 """
 
 import pytest
-import torch
 
 from vllm.sampling_params import SamplingParams
 from vllm.sequence import SequenceData, SequenceGroupMetadata
