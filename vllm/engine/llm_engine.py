@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -75,6 +76,12 @@ class LLMEngine:
         self.seq_counter = itertools.count()
         self._requests: dict[str, SequenceGroup] = {}
         self._next_ve = 0
+        # request id -> the exception that failed it while its output was processed; the
+        # request is finished as aborted and its blocks are freed (see process_outputs).
+        self.failed_requests: dict[str, BaseException] = {}
+        # Test-only fault injection: a request whose prompt text contains this string
+        # raises inside output processing (tests/entrypoints/openai).
+        self._fault_prompt = os.environ.get("VLLM_TEST_FAULT_PROMPT") or None
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> LLMEngine:
@@ -219,14 +226,13 @@ class LLMEngine:
         results: list[RequestOutput] = []
         if output is not None:
             for group, group_out in zip(sched_out.scheduled_seq_groups, output.outputs):
-                if group.prompt_logprobs is None and group_out.prompt_logprobs is not None:
-                    group.prompt_logprobs = group_out.prompt_logprobs
-                for sample in group_out.samples:
-                    seq = next(s for s in group.seqs if s.seq_id == sample.parent_seq_id)
-                    if seq.is_finished():
-                        continue
-                    seq.append_token_id(sample.output_token, sample.logprobs)
-                    self._after_token(seq, group.sampling_params)
+                try:
+                    self._process_group_output(group, group_out)
+                except Exception as e:  # fail this request only; the step goes on
+                    logger.exception("Request %s failed in output processing.", group.request_id)
+                    self.failed_requests[group.request_id] = e
+                    for seq in group.get_unfinished_seqs():
+                        seq.status = SequenceStatus.FINISHED_ABORTED
                 m = group.metrics
                 m.first_token_time = m.first_token_time or now
                 m.last_token_time = now
@@ -238,6 +244,19 @@ class LLMEngine:
             results.append(self.make_request_output(group))
         self.schedulers[ve].free_finished_seq_groups()
         return results
+
+    def _process_group_output(self, group: SequenceGroup, group_out) -> None:
+        """Append one step's samples of ``group`` (detokenize, check stops)."""
+        if group.prompt_logprobs is None and group_out.prompt_logprobs is not None:
+            group.prompt_logprobs = group_out.prompt_logprobs
+        if self._fault_prompt is not None and self._fault_prompt in (group.prompt or ""):
+            raise RuntimeError(f"injected fault (VLLM_TEST_FAULT_PROMPT) in {group.request_id}")
+        for sample in group_out.samples:
+            seq = next(s for s in group.seqs if s.seq_id == sample.parent_seq_id)
+            if seq.is_finished():
+                continue
+            seq.append_token_id(sample.output_token, sample.logprobs)
+            self._after_token(seq, group.sampling_params)
 
     def _after_token(self, seq: Sequence, params: SamplingParams) -> None:
         new_chars = 0
