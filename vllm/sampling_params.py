@@ -21,7 +21,15 @@ class SamplingParams:
       logits of seen tokens (prompt and output) divided by it, negative ones multiplied.
     - ``max_tokens=None`` means up to ``max_model_len`` in total.
     - ``logprobs=k`` returns the sampled token's logprob plus the top-k per position;
-      ``prompt_logprobs=k`` does the same for prompt positions.
+      ``prompt_logprobs=k`` does the same for prompt positions (the engine also rejects k
+      above the vocabulary size).
+    - ``seed``: the request's sequences draw from their own generators, seeded with
+      ``seed + i`` for the i-th of the ``n`` sequences: reproducible whatever else is in
+      the batch, and different from each other.
+    - ``min_tokens``: EOS and ``stop_token_ids`` are masked out (logit -inf) until that
+      many tokens were generated; stop strings are not checked before it either.
+    - Stop handling (EOS, stop_token_ids, stop strings) is described in
+      ``vllm/engine/stop_checker.py``.
 
     Raises:
         ValueError: on any out-of-range value; the message names the field, the value and
@@ -75,7 +83,9 @@ class SamplingParams:
         Raises:
             ValueError: naming the field, the bad value and the limit.
         """
-        _check(self.n >= 1, f"n must be at least 1, got {self.n}.")
+        _check(
+            isinstance(self.n, int) and self.n >= 1, f"n must be an integer >= 1, got {self.n!r}."
+        )
         _check(
             -2.0 <= self.presence_penalty <= 2.0,
             f"presence_penalty must be in [-2, 2], got {self.presence_penalty}.",
@@ -90,7 +100,7 @@ class SamplingParams:
         )
         _check(
             self.temperature >= 0.0,
-            f"temperature must be non-negative, got {self.temperature}.",
+            f"temperature must be >= 0 (0 = greedy), got {self.temperature}.",
         )
         _check(0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}.")
         _check(
@@ -99,7 +109,10 @@ class SamplingParams:
         )
         _check(0.0 <= self.min_p <= 1.0, f"min_p must be in [0, 1], got {self.min_p}.")
         if self.max_tokens is not None:
-            _check(self.max_tokens >= 1, f"max_tokens must be at least 1, got {self.max_tokens}.")
+            _check(
+                isinstance(self.max_tokens, int) and self.max_tokens >= 1,
+                f"max_tokens must be an integer >= 1 (or None), got {self.max_tokens!r}.",
+            )
         _check(self.min_tokens >= 0, f"min_tokens must be at least 0, got {self.min_tokens}.")
         if self.max_tokens is not None:
             _check(
@@ -108,16 +121,16 @@ class SamplingParams:
                 f"got {self.min_tokens}.",
             )
         if self.logprobs is not None:
-            _check(self.logprobs >= 0, f"logprobs must be non-negative, got {self.logprobs}.")
+            _check(self.logprobs >= 0, f"logprobs must be >= 0, got {self.logprobs}.")
         if self.prompt_logprobs is not None:
             _check(
                 self.prompt_logprobs >= 0,
-                f"prompt_logprobs must be non-negative, got {self.prompt_logprobs}.",
+                f"prompt_logprobs must be >= 0, got {self.prompt_logprobs}.",
             )
         for s in self.stop:
             _check(
                 isinstance(s, str) and len(s) > 0,
-                f"stop strings must be non-empty strings, got {s!r}.",
+                f"stop strings must be non-empty strings (length >= 1), got {s!r}.",
             )
         for t in self.stop_token_ids:
             _check(

@@ -1,11 +1,15 @@
 """Incremental detokenization: text grows token by token and equals a full decode.
 
-Window method: keep two offsets into the output ids. ``prefix_offset..read_offset`` is text
-already emitted (kept as left context so merges and spaces decode as in the full string);
-each step decodes ``prefix_offset..end`` and emits what extends past the emitted part. A
-window whose decode ends in U+FFFD (an incomplete UTF-8 sequence split across tokens) emits
-nothing until a later token completes it; at the end of a sequence the rest is flushed so
-the text equals ``tokenizer.decode(token_ids)``.
+Window method over the output ids with two offsets: ``prefix_offset..read_offset`` are
+tokens whose text was already emitted (kept as left context so that the window decodes
+as the same span of the full string), ``read_offset..end`` are tokens not yet emitted.
+Each step decodes ``ids[prefix_offset:read_offset]`` (``emitted``) and
+``ids[prefix_offset:]`` (``window``) and appends ``window[len(emitted):]``. A window
+whose decode ends in U+FFFD (an incomplete UTF-8 sequence: a multi-byte character split
+across tokens) emits nothing until a later token completes it, so no text ever has to be
+taken back: the text after every step is a prefix of the final text. When the sequence
+finishes, :func:`finish_text` sets the text to the full ``tokenizer.decode`` (which also
+flushes a trailing incomplete character as U+FFFD, exactly as a one-shot decode does).
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ from vllm.sequence import Sequence
 _REPLACEMENT = "\ufffd"
 
 
-def _decode(tokenizer, ids: list[int], params: SamplingParams) -> str:
+def decode_ids(tokenizer, ids: list[int], params: SamplingParams) -> str:
+    """``tokenizer.decode`` with the request's special-token options."""
     return tokenizer.decode(
         ids,
         skip_special_tokens=params.skip_special_tokens,
@@ -24,34 +29,47 @@ def _decode(tokenizer, ids: list[int], params: SamplingParams) -> str:
     )
 
 
-def decode_sequence_step(
-    tokenizer, seq: Sequence, params: SamplingParams, flush: bool = False
-) -> int:
+def stable_text(tokenizer, ids: list[int], params: SamplingParams) -> str:
+    """The decode of ``ids`` without a trailing incomplete character (U+FFFD run)."""
+    return decode_ids(tokenizer, ids, params).rstrip(_REPLACEMENT)
+
+
+def decode_sequence_step(tokenizer, seq: Sequence, params: SamplingParams) -> int:
     """Append the newly decodable text of ``seq`` to ``seq.output_text``.
 
     Args:
         tokenizer: a transformers tokenizer.
-        seq: the sequence; its ``prefix_offset``/``read_offset`` are updated.
+        seq: the sequence, its new token already appended; ``prefix_offset`` and
+            ``read_offset`` are advanced when text is emitted.
         params: skip_special_tokens / spaces_between_special_tokens.
-        flush: emit everything (the sequence is finishing).
     Returns:
-        The number of characters appended.
+        The number of characters appended (0 while a character is incomplete).
     """
     ids = seq.output_token_ids
-    emitted = _decode(tokenizer, ids[seq.prefix_offset : seq.read_offset], params)
-    window = _decode(tokenizer, ids[seq.prefix_offset :], params)
-    if not flush and (window.endswith(_REPLACEMENT) or not window.startswith(emitted)):
-        return 0
-    if not window.startswith(emitted):
-        # Context changed how earlier text decodes; fall back to a full decode.
-        full = _decode(tokenizer, ids, params)
-        added = len(full) - len(seq.output_text)
-        seq.output_text = full
-        seq.prefix_offset = seq.read_offset = len(ids)
-        return max(added, 0)
+    emitted = decode_ids(tokenizer, ids[seq.prefix_offset : seq.read_offset], params)
+    window = decode_ids(tokenizer, ids[seq.prefix_offset :], params)
+    if window.endswith(_REPLACEMENT) or not window.startswith(emitted):
+        return 0  # wait for the character (or the merge) to complete
     delta = window[len(emitted) :]
     seq.output_text += delta
-    # The text up to the old read offset becomes the next window's left context.
+    # The tokens just emitted become the next window's left context.
     seq.prefix_offset = seq.read_offset
     seq.read_offset = len(ids)
     return len(delta)
+
+
+def finish_text(tokenizer, seq: Sequence, params: SamplingParams, drop_last: bool) -> int:
+    """Set the final text of a finished sequence to a one-shot decode.
+
+    Args:
+        drop_last: leave the last token's text out (a stop token, EOS or one of
+            ``stop_token_ids``, when ``include_stop_str_in_output`` is False).
+    Returns:
+        The number of characters added to ``seq.output_text`` (may be negative when the
+        stop token's own text was already emitted this step).
+    """
+    ids = seq.output_token_ids
+    before = len(seq.output_text)
+    seq.output_text = decode_ids(tokenizer, ids[:-1] if drop_last else ids, params)
+    seq.prefix_offset = seq.read_offset = len(ids)
+    return len(seq.output_text) - before

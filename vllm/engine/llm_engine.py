@@ -136,6 +136,24 @@ class LLMEngine:
             )
         return text, ids
 
+    def verify_params(self, params: SamplingParams) -> None:
+        """Check the parts of ``params`` that depend on the model (vocabulary size).
+
+        Raises:
+            ValueError: logprobs / prompt_logprobs above the vocabulary size, or a
+                stop_token_ids entry outside [0, vocab_size).
+        """
+        vocab = self.model_config.vocab_size
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(params, name)
+            if k is not None and k > vocab:
+                raise ValueError(f"{name}={k} is more than the vocabulary size {vocab}.")
+        for t in params.stop_token_ids:
+            if t >= vocab:
+                raise ValueError(
+                    f"stop token id {t} is out of vocabulary (valid ids: 0..{vocab - 1})."
+                )
+
     def add_request(
         self,
         request_id: str,
@@ -146,11 +164,13 @@ class LLMEngine:
         """Queue one request on the virtual engine with the fewest unfinished requests.
 
         Raises:
-            ValueError: a duplicate request id, or a bad prompt (see :meth:`process_prompt`).
+            ValueError: a duplicate request id, a bad prompt (see :meth:`process_prompt`),
+                or params that do not fit the model (see :meth:`verify_params`).
         """
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already running.")
         text, ids = self.process_prompt(prompt)
+        self.verify_params(params)
         params = params.clone()
         if self.eos_token_id is not None and not params.ignore_eos:
             params.all_stop_token_ids.add(self.eos_token_id)
@@ -259,13 +279,10 @@ class LLMEngine:
             self._after_token(seq, group.sampling_params)
 
     def _after_token(self, seq: Sequence, params: SamplingParams) -> None:
-        new_chars = 0
-        if self.tokenizer is not None and params.detokenize:
-            new_chars = decode_sequence_step(self.tokenizer, seq, params)
-        check_stop(seq, new_chars, params, self.scheduler_config.max_model_len)
-        if seq.is_finished() and self.tokenizer is not None and params.detokenize:
-            if seq.stop_reason is None or not isinstance(seq.stop_reason, str):
-                decode_sequence_step(self.tokenizer, seq, params, flush=True)
+        """Detokenize the new token, then apply the stop conditions (stop_checker.py)."""
+        tok = self.tokenizer if params.detokenize else None
+        new_chars = decode_sequence_step(tok, seq, params) if tok is not None else 0
+        check_stop(seq, new_chars, params, self.scheduler_config.max_model_len, tok)
 
     @staticmethod
     def make_request_output(group: SequenceGroup) -> RequestOutput:

@@ -1,64 +1,111 @@
 """Stop conditions, applied after every appended token (upstream vLLM's order).
 
-1. min_tokens not reached: only the length limits can stop the sequence.
-2. EOS (unless ignore_eos), then stop_token_ids: FINISHED_STOPPED, stop_reason = the id
-   for stop_token_ids (None for EOS); the token's text is dropped when it is special and
-   skip_special_tokens is set, as the decoder already does.
-3. Stop strings: searched in the text added by this token (plus the longest stop string's
-   length of earlier text, so strings spanning several tokens are found); the text is cut
-   before the string (or after it with include_stop_str_in_output).
-4. max_model_len reached (prompt + output), then max_tokens: FINISHED_LENGTH_CAPPED.
+1. ``min_tokens`` not yet generated: only the length limits can stop the sequence.
+2. EOS (unless ``ignore_eos``), then ``stop_token_ids``: FINISHED_STOPPED with
+   ``stop_reason`` None for EOS and the token id for a stop token. The token stays in
+   ``token_ids``; its text is left out of the output text unless
+   ``include_stop_str_in_output``.
+3. Stop strings, searched only where they could end in the text added by this token.
+   The text is cut before the string, or after it with ``include_stop_str_in_output``;
+   ``stop_reason`` is the string. Token ids and logprobs are cut at the same place for
+   both settings: the token whose text completes the stop string (the first token ``k``
+   such that ``decode(ids[:k+1])`` holds the whole string) is the last one kept; tokens
+   after it are dropped with their logprobs (they can exist when the detokenizer held
+   text back for an incomplete UTF-8 character), and ``cumulative_logprob`` is reduced
+   accordingly. So ``token_ids`` always contain the stop string's tokens, while the text
+   contains the string only with ``include_stop_str_in_output``.
+4. ``max_model_len`` reached (prompt + output), then ``max_tokens``:
+   FINISHED_LENGTH_CAPPED, ``stop_reason`` None. Text held back for an incomplete
+   character is flushed and searched for stop strings as well.
+
+A finished sequence not stopped by a string gets its text from a one-shot decode
+(:func:`vllm.engine.detokenizer.finish_text`), so the text equals
+``tokenizer.decode(token_ids, skip_special_tokens=...)`` (minus the stop token's text).
 """
 
 from __future__ import annotations
 
+from vllm.engine.detokenizer import finish_text, stable_text
 from vllm.sampling_params import SamplingParams
 from vllm.sequence import Sequence, SequenceStatus
 
 
-def check_stop(seq: Sequence, new_chars: int, params: SamplingParams, max_model_len: int) -> None:
-    """Set ``seq.status`` (and ``stop_reason``, truncated text) when the sequence ends.
+def check_stop(
+    seq: Sequence,
+    new_chars: int,
+    params: SamplingParams,
+    max_model_len: int,
+    tokenizer=None,
+) -> None:
+    """Set ``seq.status`` (and ``stop_reason``, final text, cut tokens) when it ends.
 
     Args:
         seq: the sequence, with its new token appended and its text updated.
         new_chars: characters the new token added to ``seq.output_text``.
         params: its sampling params.
         max_model_len: the engine's context limit in tokens.
+        tokenizer: the tokenizer when the request is detokenized, else None.
     """
     out_len = seq.get_output_len()
-    if out_len >= params.min_tokens:
-        last = seq.get_last_token_id()
-        if not params.ignore_eos and seq.eos_token_id is not None and last == seq.eos_token_id:
+    can_stop = out_len >= params.min_tokens
+    last = seq.get_last_token_id()
+    if can_stop:
+        is_eos = seq.eos_token_id is not None and last == seq.eos_token_id
+        if (is_eos and not params.ignore_eos) or last in params.stop_token_ids:
             seq.status = SequenceStatus.FINISHED_STOPPED
+            seq.stop_reason = None if is_eos and not params.ignore_eos else last
+            if tokenizer is not None:
+                drop = not params.include_stop_str_in_output
+                finish_text(tokenizer, seq, params, drop_last=drop)
             return
-        if last in params.all_stop_token_ids:
-            seq.status = SequenceStatus.FINISHED_STOPPED
-            seq.stop_reason = last
+        if params.stop and _check_stop_strings(seq, new_chars, params, tokenizer):
             return
-        if params.stop and _check_stop_strings(seq, new_chars, params):
-            return
-    if seq.get_len() >= max_model_len:
-        seq.status = SequenceStatus.FINISHED_LENGTH_CAPPED
+    capped = seq.get_len() >= max_model_len or (
+        params.max_tokens is not None and out_len >= params.max_tokens
+    )
+    if not capped:
         return
-    if params.max_tokens is not None and out_len >= params.max_tokens:
-        seq.status = SequenceStatus.FINISHED_LENGTH_CAPPED
+    seq.status = SequenceStatus.FINISHED_LENGTH_CAPPED
+    if tokenizer is not None:
+        added = finish_text(tokenizer, seq, params, drop_last=False)
+        if can_stop and params.stop and added > 0:
+            _check_stop_strings(seq, added, params, tokenizer)
 
 
-def _check_stop_strings(seq: Sequence, new_chars: int, params: SamplingParams) -> bool:
+def _check_stop_strings(seq: Sequence, new_chars: int, params: SamplingParams, tokenizer) -> bool:
+    """Find the earliest stop string that ends in the last ``new_chars`` characters."""
     if new_chars <= 0:
         return False
     text = seq.output_text
-    longest = max(len(s) for s in params.stop)
-    start = max(0, len(text) - new_chars - longest + 1)
+    old_len = len(text) - new_chars
     best: tuple[int, str] | None = None
     for s in params.stop:
-        i = text.find(s, start)
+        i = text.find(s, max(0, old_len - len(s) + 1))
         if i != -1 and (best is None or i < best[0]):
             best = (i, s)
     if best is None:
         return False
     i, s = best
-    seq.output_text = text[: i + len(s)] if params.include_stop_str_in_output else text[:i]
+    end = i + len(s)
+    if tokenizer is not None:
+        _cut_tokens_after(seq, end, params, tokenizer)
+    seq.output_text = text[:end] if params.include_stop_str_in_output else text[:i]
     seq.status = SequenceStatus.FINISHED_STOPPED
     seq.stop_reason = s
     return True
+
+
+def _cut_tokens_after(seq: Sequence, end: int, params: SamplingParams, tokenizer) -> None:
+    """Drop the tokens after the one whose text reaches character ``end``."""
+    ids = seq.output_token_ids
+    keep = len(ids)
+    while keep > 1 and len(stable_text(tokenizer, ids[: keep - 1], params)) >= end:
+        keep -= 1
+    if keep == len(ids):
+        return
+    for pos in range(keep, len(ids)):
+        lp = seq.output_logprobs[pos].get(ids[pos])
+        if lp is not None:
+            seq.data.cumulative_logprob -= lp.logprob
+    del seq.data.output_token_ids[keep:]
+    del seq.output_logprobs[keep:]

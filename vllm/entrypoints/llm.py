@@ -80,6 +80,12 @@ class LLM:
             )
         for p in prompts:  # validate everything before queueing anything
             self.llm_engine.process_prompt(p)
+        for sp in params:
+            if not isinstance(sp, SamplingParams):
+                raise ValueError(
+                    f"sampling_params must be SamplingParams, got {type(sp).__name__}."
+                )
+            self.llm_engine.verify_params(sp)
         ids = []
         try:
             for prompt, sp in zip(prompts, params):

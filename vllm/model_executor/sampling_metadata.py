@@ -1,8 +1,9 @@
 """SamplingMetadata: which logits rows belong to which sequence, and how to sample each.
 
 Built on the host by the model runner from the scheduled groups, then moved to the device
-once per step. One *row* is one position whose logits are computed: the last token of each
-sequence (and every prompt position when prompt_logprobs is asked for).
+once per step (host-to-device copies only, no device-to-host sync). One *row* is one
+position whose logits are computed: the last token of each sequence (and every prompt
+position when prompt_logprobs is asked for on a first prefill).
 """
 
 from __future__ import annotations
@@ -36,6 +37,27 @@ class SeqGroupRows:
 
 
 @dataclass
+class PenaltyTensors:
+    """Device tensors for penalties and min_tokens, one row per sample row.
+
+    Attributes:
+        prompt_tokens: [num_samples, max_prompt_len] int64, padded with ``vocab_size``.
+        output_tokens: [num_samples, max_output_len] int64, padded with ``vocab_size``.
+        presence, frequency, repetition: [num_samples] float32 (0, 0, 1 = no penalty).
+        min_tokens_mask: [num_samples, vocab_size] bool, True for stop tokens (EOS and
+            stop_token_ids) of rows that have not yet generated min_tokens tokens; None
+            when no row needs it.
+    """
+
+    prompt_tokens: torch.Tensor
+    output_tokens: torch.Tensor
+    presence: torch.Tensor
+    frequency: torch.Tensor
+    repetition: torch.Tensor
+    min_tokens_mask: torch.Tensor | None = None
+
+
+@dataclass
 class SamplingMetadata:
     """Per-step sampling inputs.
 
@@ -46,11 +68,17 @@ class SamplingMetadata:
         sample_row_ids: [num_samples] int64 rows that are sampled, one per sequence.
         all_greedy: no row needs randomness (argmax only).
         temperature, top_p, top_k, min_p: [num_samples] float32 (top_k as float, vocab size
-            for "off") — present when not all_greedy.
-        greedy_mask: [num_samples] bool.
-        generators: per sample row, a torch.Generator for seeded requests, or None.
-        output_token_ids / prompt_token_ids: per sample row, for penalties.
-        max_logprobs: largest logprobs k asked for by any row (0 when none).
+            for "off"; temperature 1 for greedy rows) — present when not all_greedy.
+        greedy_mask: [num_samples] bool — present when not all_greedy.
+        need_filter: some random row uses top-k, top-p or min-p (else the sampler skips
+            the sort and samples from the tempered softmax directly).
+        generators: per sample row, the row's own torch.Generator (seeded requests) or None
+            (the row draws from the global generator).
+        penalties: present when some row has a penalty or an active min_tokens.
+        max_logprobs: largest ``logprobs`` k of any group (0 when none).
+        prompt_row_ids: [num_prompt_rows] int64 rows of all groups' prompt positions.
+        prompt_targets: [num_prompt_rows] int64 the token each prompt row predicts.
+        max_prompt_logprobs: largest ``prompt_logprobs`` k of any group.
     """
 
     groups: list[SeqGroupRows]
@@ -62,11 +90,17 @@ class SamplingMetadata:
     top_p: torch.Tensor | None = None
     top_k: torch.Tensor | None = None
     min_p: torch.Tensor | None = None
+    need_filter: bool = False
     generators: list[torch.Generator | None] = field(default_factory=list)
-    output_token_ids: list[list[int]] = field(default_factory=list)
-    prompt_token_ids: list[tuple[int, ...]] = field(default_factory=list)
-    do_penalties: bool = False
+    penalties: PenaltyTensors | None = None
     max_logprobs: int = 0
+    prompt_row_ids: torch.Tensor | None = None
+    prompt_targets: torch.Tensor | None = None
+    max_prompt_logprobs: int = 0
+
+    @property
+    def num_samples(self) -> int:
+        return sum(len(g.sample_rows) for g in self.groups)
 
     @staticmethod
     def build(
@@ -81,17 +115,23 @@ class SamplingMetadata:
         Args:
             metadata_list: scheduled groups; their sequences occupy consecutive token spans
                 of lengths ``query_lens`` (one entry per sequence, in order).
-            vocab_size: used as top_k when top-k is off.
+            query_lens: tokens fed per sequence this step.
+            vocab_size: the logits' width (top_k "off" is encoded as vocab_size).
             device: where the tensors go.
-            generators: seq_id -> generator store owned by the model runner; a seeded
-                sequence seen for the first time gets one seeded with
-                ``seed + index of the sequence in its group``.
+            generators: seq_id -> generator store owned by the model runner. A seeded
+                sequence seen for the first time (its first prefill, where every sequence
+                of the group is scheduled) gets a generator seeded with
+                ``seed + index of the sequence in its group``, so the n sequences of a
+                seeded request differ from each other yet each is reproducible. The
+                generator lives until the sequence is freed, so preemption (recompute)
+                continues the same random stream.
         """
         groups: list[SeqGroupRows] = []
         selected: list[int] = []
-        sample_rows: list[int] = []
         temps, top_ps, top_ks, min_ps, greedy, gens = [], [], [], [], [], []
-        outs, prompts = [], []
+        outs, prompts, pen_rows, min_tok_rows = [], [], [], []
+        prompt_rows: list[int] = []
+        prompt_targets: list[int] = []
         token_pos = 0
         span = 0
         for md in metadata_list:
@@ -105,12 +145,13 @@ class SamplingMetadata:
                     rows.prompt_token_ids = data.prompt_token_ids
                     for t in range(qlen - 1):
                         rows.prompt_rows.append(len(selected))
+                        prompt_rows.append(len(selected))
+                        prompt_targets.append(data.prompt_token_ids[t + 1])
                         selected.append(token_pos + t)
                 rows.sample_rows.append(len(selected))
-                sample_rows.append(len(selected))
                 selected.append(token_pos + qlen - 1)
                 token_pos += qlen
-                temps.append(p.temperature if not p.greedy else 1.0)
+                temps.append(1.0 if p.greedy else p.temperature)
                 top_ps.append(p.top_p)
                 top_ks.append(float(p.top_k if p.top_k > 0 else vocab_size))
                 min_ps.append(p.min_p)
@@ -125,7 +166,14 @@ class SamplingMetadata:
                     gens.append(None)
                 outs.append(data.output_token_ids)
                 prompts.append(data.prompt_token_ids)
+                pen_rows.append((p.presence_penalty, p.frequency_penalty, p.repetition_penalty))
+                stops = p.all_stop_token_ids
+                if stops and data.get_output_len() < p.min_tokens:
+                    min_tok_rows.append(sorted(t for t in stops if 0 <= t < vocab_size))
+                else:
+                    min_tok_rows.append([])
             groups.append(rows)
+        sample_rows = [r for g in groups for r in g.sample_rows]
         all_greedy = all(greedy)
         sm = SamplingMetadata(
             groups=groups,
@@ -133,20 +181,23 @@ class SamplingMetadata:
             sample_row_ids=torch.tensor(sample_rows, dtype=torch.long).to(device),
             all_greedy=all_greedy,
             generators=gens,
-            output_token_ids=outs,
-            prompt_token_ids=prompts,
-            max_logprobs=max(
-                [g.params.logprobs or 0 for g in groups]
-                + [g.params.prompt_logprobs or 0 for g in groups]
-            ),
+            max_logprobs=max(g.params.logprobs or 0 for g in groups),
+            max_prompt_logprobs=max(g.params.prompt_logprobs or 0 for g in groups),
         )
-        sm.do_penalties = any(
-            g.params.presence_penalty != 0
-            or g.params.frequency_penalty != 0
-            or g.params.repetition_penalty != 1.0
-            for g in groups
-        )
+        if prompt_rows:
+            sm.prompt_row_ids = torch.tensor(prompt_rows, dtype=torch.long).to(device)
+            sm.prompt_targets = torch.tensor(prompt_targets, dtype=torch.long).to(device)
+        need_pen = any(r != (0.0, 0.0, 1.0) for r in pen_rows)
+        if need_pen or any(min_tok_rows):
+            sm.penalties = _penalty_tensors(
+                prompts, outs, pen_rows, min_tok_rows, vocab_size, device
+            )
         if not all_greedy:
+            sm.need_filter = any(
+                not g.params.greedy
+                and (g.params.top_k > 0 or g.params.top_p < 1.0 or g.params.min_p > 0.0)
+                for g in groups
+            )
             f32 = dict(dtype=torch.float32)
             sm.greedy_mask = torch.tensor(greedy, dtype=torch.bool).to(device)
             sm.temperature = torch.tensor(temps, **f32).to(device)
@@ -154,3 +205,35 @@ class SamplingMetadata:
             sm.top_k = torch.tensor(top_ks, **f32).to(device)
             sm.min_p = torch.tensor(min_ps, **f32).to(device)
         return sm
+
+
+def _padded(rows: list, pad: int) -> torch.Tensor:
+    width = max([len(r) for r in rows] + [1])
+    return torch.tensor([list(r) + [pad] * (width - len(r)) for r in rows], dtype=torch.long)
+
+
+def _penalty_tensors(
+    prompts: list,
+    outs: list,
+    pen_rows: list[tuple[float, float, float]],
+    min_tok_rows: list[list[int]],
+    vocab_size: int,
+    device: torch.device,
+) -> PenaltyTensors:
+    """Pad token lists with ``vocab_size`` (a column the sampler drops) and build rows."""
+    pen = torch.tensor(pen_rows, dtype=torch.float32)  # [num_samples, 3]
+    mask = None
+    if any(min_tok_rows):
+        mask = torch.zeros(len(min_tok_rows), vocab_size, dtype=torch.bool)
+        for row, ids in enumerate(min_tok_rows):
+            if ids:
+                mask[row, ids] = True
+        mask = mask.to(device)
+    return PenaltyTensors(
+        prompt_tokens=_padded(prompts, vocab_size).to(device),
+        output_tokens=_padded(outs, vocab_size).to(device),
+        presence=pen[:, 0].to(device),
+        frequency=pen[:, 1].to(device),
+        repetition=pen[:, 2].to(device),
+        min_tokens_mask=mask,
+    )

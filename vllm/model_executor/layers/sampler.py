@@ -1,11 +1,16 @@
-"""The sampler: logits -> next tokens and logprobs, with no host sync until the end.
+"""The sampler: logits -> next tokens and logprobs, with one host transfer per step.
 
-Order of operations (upstream vLLM's): penalties on the raw logits, logprobs from the
-penalized logits (log_softmax, float32), then for random rows temperature, top-k, top-p and
-min-p filtering and sampling by the exponential race: ``argmax(probs / q)`` with
-``q ~ Exp(1)`` picks index i with probability probs[i] (Gumbel-max trick in another form);
-seeded rows draw q from their own generator, so their tokens do not depend on the batch.
-The only host transfer is the final copy of sampled ids (and requested logprobs).
+Order of operations (upstream vLLM V0's): penalties on the raw logits (repetition, then
+frequency, then presence), min_tokens masking of stop tokens, then logprobs from those
+logits (log_softmax, float32: the *model's* distribution after penalties, before
+temperature and the top-k/top-p/min-p filters), then for random rows temperature, top-k,
+top-p and min-p filtering and sampling by the exponential race: ``argmax(probs / q)`` with
+``q ~ Exp(1)`` i.i.d. picks index i with probability probs[i] (the Gumbel-max trick in
+another form, since ``-log q`` is Gumbel). Seeded rows draw their q from their own
+generator, after the batch-wide draw, so their tokens depend only on their own logits and
+generator state, never on the other rows of the batch. The only device-to-host transfers
+are the final copies of the packed results (one for sampled tokens, one for prompt
+logprobs when asked).
 """
 
 from __future__ import annotations
@@ -22,62 +27,102 @@ from vllm.sequence import (
 )
 
 
-def apply_penalties(logits: torch.Tensor, sm: SamplingMetadata) -> torch.Tensor:
-    """Presence/frequency (OpenAI definition, output tokens only) and repetition (CTRL,
-    arXiv:1909.05858: prompt and output tokens) penalties.
+def token_counts(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Occurrences per token id; tokens [rows, width] int64 padded with ``vocab``.
 
-    logits: [num_samples, vocab] float32, modified in place and returned.
+    Returns [rows, vocab] float32 counts (the padding column is dropped).
+    """
+    counts = torch.zeros(tokens.shape[0], vocab + 1, dtype=torch.float32, device=tokens.device)
+    counts.scatter_add_(1, tokens, torch.ones_like(tokens, dtype=torch.float32))
+    return counts[:, :vocab]  # [rows, vocab]
+
+
+def apply_penalties(
+    logits: torch.Tensor,
+    prompt_tokens: torch.Tensor,
+    output_tokens: torch.Tensor,
+    presence: torch.Tensor,
+    frequency: torch.Tensor,
+    repetition: torch.Tensor,
+) -> torch.Tensor:
+    """Apply the three penalties in place and return ``logits``.
+
+    Definitions (as upstream vLLM):
+    - repetition (CTRL, arXiv:1909.05858), over tokens seen in the prompt *or* the output:
+      ``l / r`` where ``l > 0``, else ``l * r``;
+    - frequency (OpenAI API): ``l -= f * count_in_output``;
+    - presence (OpenAI API): ``l -= p * (count_in_output > 0)``.
+    Frequency and presence look at generated tokens only.
+
+    Args:
+        logits: [rows, vocab] float32.
+        prompt_tokens, output_tokens: [rows, width] int64 padded with ``vocab``.
+        presence, frequency, repetition: [rows] float32.
     """
     vocab = logits.shape[1]
-    device = logits.device
-    for row, group_params in enumerate(_row_params(sm)):
-        p = group_params
-        if p.presence_penalty == 0 and p.frequency_penalty == 0 and p.repetition_penalty == 1:
-            continue
-        out_ids = torch.tensor(sm.output_token_ids[row], dtype=torch.long, device=device)
-        counts = torch.bincount(out_ids, minlength=vocab)[:vocab].to(logits.dtype)  # [vocab]
-        if p.repetition_penalty != 1.0:
-            seen = counts > 0
-            prompt = torch.tensor(sm.prompt_token_ids[row], dtype=torch.long, device=device)
-            seen[prompt] = True
-            x = logits[row]
-            penalized = torch.where(x > 0, x / p.repetition_penalty, x * p.repetition_penalty)
-            logits[row] = torch.where(seen, penalized, x)
-        logits[row] -= p.frequency_penalty * counts
-        logits[row] -= p.presence_penalty * (counts > 0).to(logits.dtype)
+    out_counts = token_counts(output_tokens, vocab)  # [rows, vocab]
+    seen = (token_counts(prompt_tokens, vocab) > 0) | (out_counts > 0)  # [rows, vocab]
+    rep = repetition[:, None].expand_as(logits)  # [rows, vocab]
+    penalized = torch.where(logits > 0, logits / rep, logits * rep)
+    logits.copy_(torch.where(seen, penalized, logits))
+    logits -= frequency[:, None] * out_counts
+    logits -= presence[:, None] * (out_counts > 0).to(logits.dtype)
     return logits
 
 
-def _row_params(sm: SamplingMetadata):
-    for g in sm.groups:
-        for _ in g.sample_rows:
-            yield g.params
+def filter_probs(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+) -> torch.Tensor:
+    """Temperature, then top-k, top-p and min-p filters; returns probabilities.
 
+    - top-k keeps the k largest logits (``top_k`` = vocab size keeps all);
+    - top-p keeps the smallest prefix of the sorted distribution whose mass reaches p (a
+      token is kept when the mass *before* it is below p);
+    - min-p keeps tokens whose probability is at least ``min_p * max probability``;
+    the most likely token always survives. Ties are broken by the sort order.
 
-def _filter(logits: torch.Tensor, sm: SamplingMetadata) -> torch.Tensor:
-    """Temperature, top-k, top-p, min-p; logits [num_samples, vocab] -> probs (float32)."""
-    logits = logits / sm.temperature[:, None]
-    sorted_logits, sorted_idx = logits.sort(dim=-1, descending=True)  # [num_samples, vocab]
-    vocab = logits.shape[1]
-    ranks = torch.arange(vocab, device=logits.device)[None, :]  # [1, vocab]
-    drop = ranks >= sm.top_k[:, None]  # top-k: keep the k best
+    Args:
+        logits: [rows, vocab] float32; temperature, top_k (as float), top_p, min_p: [rows].
+    Returns:
+        [rows, vocab] float32 probabilities (zeros for filtered tokens).
+    """
+    logits = logits / temperature[:, None]
+    sorted_logits, sorted_idx = logits.sort(dim=-1, descending=True)  # [rows, vocab]
+    ranks = torch.arange(logits.shape[1], device=logits.device)[None, :]  # [1, vocab]
+    drop = ranks >= top_k[:, None]  # [rows, vocab]
     probs_sorted = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
-    cum = probs_sorted.cumsum(dim=-1)
-    drop |= (cum - probs_sorted) >= sm.top_p[:, None]  # top-p: keep the smallest prefix
-    drop |= probs_sorted < (sm.min_p[:, None] * probs_sorted[:, :1])  # min-p vs the top prob
-    drop[:, 0] = False  # the most likely token always survives
+    mass_before = probs_sorted.cumsum(dim=-1) - probs_sorted  # [rows, vocab]
+    drop |= mass_before >= top_p[:, None]
+    drop |= probs_sorted < min_p[:, None] * probs_sorted[:, :1]
+    drop[:, 0] = False
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     filtered = torch.empty_like(logits).scatter_(1, sorted_idx, sorted_logits)
-    return filtered.softmax(dim=-1)  # [num_samples, vocab]
+    return filtered.softmax(dim=-1)  # [rows, vocab]
 
 
-def _sample_random(probs: torch.Tensor, sm: SamplingMetadata) -> torch.Tensor:
-    """Exponential-race sampling; probs [num_samples, vocab] -> ids [num_samples] int64."""
-    q = torch.empty_like(probs)
+def sample_exponential(
+    probs: torch.Tensor, generators: list[torch.Generator | None]
+) -> torch.Tensor:
+    """Draw one index per row with probability ``probs[row]`` (exponential race).
+
+    Rows whose generator is None use torch's global generator (one batch-wide draw); a
+    row with its own generator overwrites its noise from that generator alone.
+
+    Args:
+        probs: [rows, vocab] float32; generators: one entry per row.
+    Returns:
+        [rows] int64 token ids.
+    """
+    q = torch.empty_like(probs)  # [rows, vocab]
     q.exponential_()
-    for row, gen in enumerate(sm.generators):
+    for row, gen in enumerate(generators):
         if gen is not None:
             q[row].exponential_(generator=gen)
+    q.clamp_(min=torch.finfo(q.dtype).tiny)  # an exact 0 draw would give inf/nan
     return (probs / q).argmax(dim=-1)
 
 
@@ -85,77 +130,93 @@ class Sampler(torch.nn.Module):
     """Turns the selected rows' logits into a :class:`SamplerOutput`."""
 
     def forward(self, logits: torch.Tensor, sm: SamplingMetadata) -> SamplerOutput:
-        """Sample one token per sequence.
+        """Sample one token per scheduled sequence.
 
         Args:
             logits: [num_rows, vocab] float32, rows laid out by ``sm`` (sample rows and
                 prompt-logprob rows).
         Returns:
             SamplerOutput with one CompletionSequenceGroupOutput per group; each sample
-            carries the chosen token's logprob and rank plus the top ``logprobs`` entries.
+            carries the chosen token's logprob and rank (1 = most likely) plus the top
+            ``logprobs`` entries (ranks 1..k); ``sampled_token_ids`` is the [num_samples]
+            int64 device tensor.
         """
-        sample_logits = logits[sm.sample_row_ids]  # [num_samples, vocab]
-        if sm.do_penalties:
-            sample_logits = apply_penalties(sample_logits.clone(), sm)
-        greedy_ids = sample_logits.argmax(dim=-1)  # [num_samples]
-        if sm.all_greedy:
-            ids = greedy_ids
-        else:
-            random_ids = _sample_random(_filter(sample_logits, sm), sm)
-            ids = torch.where(sm.greedy_mask, greedy_ids, random_ids)
-        logprobs = torch.log_softmax(sample_logits, dim=-1)  # [num_samples, vocab]
-        chosen_lp = logprobs.gather(1, ids[:, None])[:, 0]  # [num_samples]
-        ranks = (logprobs > chosen_lp[:, None]).sum(dim=-1) + 1  # [num_samples]
-        k = sm.max_logprobs
-        top_lp = top_ids = None
-        if k > 0:
-            top_lp, top_ids = logprobs.topk(k, dim=-1)  # [num_samples, k]
-            top_lp, top_ids = top_lp.tolist(), top_ids.tolist()
-        ids_host = ids.tolist()  # the one host sync of the step
-        lp_host, rank_host = chosen_lp.tolist(), ranks.tolist()
+        x = logits[sm.sample_row_ids]  # [num_samples, vocab] (a copy)
+        pen = sm.penalties
+        if pen is not None:
+            apply_penalties(
+                x, pen.prompt_tokens, pen.output_tokens, pen.presence, pen.frequency,
+                pen.repetition,
+            )  # fmt: skip
+            if pen.min_tokens_mask is not None:
+                x.masked_fill_(pen.min_tokens_mask, float("-inf"))
+        ids = x.argmax(dim=-1)  # [num_samples]
+        if not sm.all_greedy:
+            if sm.need_filter:
+                probs = filter_probs(x, sm.temperature, sm.top_k, sm.top_p, sm.min_p)
+            else:  # temperature only: no sort needed
+                probs = (x / sm.temperature[:, None]).softmax(dim=-1)  # [num_samples, vocab]
+            ids = torch.where(sm.greedy_mask, ids, sample_exponential(probs, sm.generators))
+        packed, k = _pack_logprobs(torch.log_softmax(x, dim=-1), ids, sm.max_logprobs)
+        host = packed.tolist()  # the step's one device-to-host transfer
         prompt_lp = _prompt_logprobs(logits, sm)
         outputs: list[CompletionSequenceGroupOutput] = []
         row = 0
         for gi, g in enumerate(sm.groups):
             samples = []
+            n = g.params.logprobs or 0
             for seq_id in g.seq_ids:
-                tok = ids_host[row]
-                pos: PositionLogprobs = {tok: Logprob(lp_host[row], rank_host[row])}
-                n = g.params.logprobs or 0
-                for j in range(n):
-                    t = top_ids[row][j]
-                    if t not in pos:
-                        pos[t] = Logprob(top_lp[row][j], j + 1)
-                samples.append(SequenceOutput(seq_id, tok, pos))
+                samples.append(SequenceOutput(seq_id, *_position(host[row], n, k)))
                 row += 1
             outputs.append(CompletionSequenceGroupOutput(samples, prompt_lp.get(gi)))
         return SamplerOutput(outputs=outputs, sampled_token_ids=ids)
 
 
+def _pack_logprobs(
+    logprobs: torch.Tensor, targets: torch.Tensor, k: int
+) -> tuple[torch.Tensor, int]:
+    """One float64 row per position: [target id, its logprob, its rank, top-k logprobs,
+    top-k ids] (ids and ranks are exact in float64). logprobs [rows, vocab]."""
+    chosen = logprobs.gather(1, targets[:, None])  # [rows, 1]
+    ranks = (logprobs > chosen).sum(dim=-1, keepdim=True) + 1  # [rows, 1]
+    cols = [targets[:, None].double(), chosen.double(), ranks.double()]
+    if k > 0:
+        top_lp, top_ids = logprobs.topk(k, dim=-1)  # [rows, k]
+        cols += [top_lp.double(), top_ids.double()]
+    return torch.cat(cols, dim=1), k
+
+
+def _position(row: list[float], n: int, k: int) -> tuple[int, PositionLogprobs]:
+    """Unpack one packed row into (token id, {id: Logprob}) keeping the top ``n`` of k."""
+    tok = int(row[0])
+    pos: PositionLogprobs = {tok: Logprob(row[1], int(row[2]))}
+    for j in range(n):
+        t = int(row[3 + k + j])
+        if t not in pos:
+            pos[t] = Logprob(row[3 + j], j + 1)
+    return tok, pos
+
+
 def _prompt_logprobs(
     logits: torch.Tensor, sm: SamplingMetadata
 ) -> dict[int, list[PositionLogprobs | None]]:
-    """Prompt logprobs per group index: None for position 0, then for each prompt token
-    its logprob (and rank) given the previous tokens plus the top ``prompt_logprobs``."""
+    """Prompt logprobs per group index: None for position 0, then for each later prompt
+    token its logprob and rank given the previous tokens, plus the top ``prompt_logprobs``
+    entries. Raw model logprobs (no penalties). All groups in one transfer."""
+    k = sm.max_prompt_logprobs
+    host: list[list[float]] = []
+    if sm.prompt_row_ids is not None:
+        lp = torch.log_softmax(logits[sm.prompt_row_ids], dim=-1)  # [num_prompt_rows, vocab]
+        host = _pack_logprobs(lp, sm.prompt_targets, k)[0].tolist()
     result: dict[int, list[PositionLogprobs | None]] = {}
+    row = 0
     for gi, g in enumerate(sm.groups):
-        if not g.prompt_rows:
+        if not g.prompt_token_ids:  # no prompt logprobs asked, or not a first prefill
             continue
-        rows = torch.tensor(g.prompt_rows, dtype=torch.long, device=logits.device)
-        lp = torch.log_softmax(logits[rows], dim=-1)  # [prompt_len - 1, vocab]
-        targets = torch.tensor(g.prompt_token_ids[1:], dtype=torch.long, device=logits.device)
-        tgt_lp = lp.gather(1, targets[:, None])[:, 0]
-        ranks = ((lp > tgt_lp[:, None]).sum(dim=-1) + 1).tolist()
-        k = g.params.prompt_logprobs or 0
-        top_lp, top_ids = lp.topk(k, dim=-1) if k else (None, None)
-        tgt_lp = tgt_lp.tolist()
+        n = g.params.prompt_logprobs or 0
         entries: list[PositionLogprobs | None] = [None]
-        for i, t in enumerate(g.prompt_token_ids[1:]):
-            pos = {t: Logprob(tgt_lp[i], ranks[i])}
-            for j in range(k):
-                tid = int(top_ids[i, j])
-                if tid not in pos:
-                    pos[tid] = Logprob(float(top_lp[i, j]), j + 1)
-            entries.append(pos)
+        for _ in g.prompt_rows:
+            entries.append(_position(host[row], n, k)[1])
+            row += 1
         result[gi] = entries
     return result

@@ -1,0 +1,44 @@
+"""LLM.chat renders each conversation with the model's chat template (generation prompt
+added) and generates exactly as generate() on those token ids."""
+
+import os
+
+import pytest
+
+from vllm import LLM, SamplingParams
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+
+@pytest.mark.forked
+def test_chat_batch_equals_template_plus_generate(tiny_llama_dir):
+    llm = LLM(tiny_llama_dir, device="cpu", max_model_len=256)
+    tok = llm.get_tokenizer()
+    assert tok.chat_template
+    convs = [
+        [{"role": "user", "content": "What is the capital of France?"}],
+        [
+            {"role": "system", "content": "Answer briefly."},
+            {"role": "user", "content": "Hi!"},
+            {"role": "assistant", "content": "Hello."},
+            {"role": "user", "content": "Count to 3 😀"},
+        ],
+    ]
+    params = SamplingParams(temperature=0.0, max_tokens=10)
+    chat = llm.chat(convs, params, use_tqdm=False)
+    expected_ids = []
+    for conv in convs:
+        ids = tok.apply_chat_template(conv, add_generation_prompt=True, tokenize=True)
+        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        text = tok.apply_chat_template(conv, add_generation_prompt=True, tokenize=False)
+        assert text.endswith("<|im_start|>assistant\n")
+        assert ids == tok.encode(text)
+        expected_ids.append(ids)
+    ref = llm.generate([{"prompt_token_ids": i} for i in expected_ids], params, use_tqdm=False)
+    assert [list(o.prompt_token_ids) for o in chat] == expected_ids
+    for c, r in zip(chat, ref):
+        assert list(c.outputs[0].token_ids) == list(r.outputs[0].token_ids)
+        assert c.outputs[0].text == r.outputs[0].text
+    # a single conversation (not a list of them) gives one output
+    single = llm.chat(convs[0], params, use_tqdm=False)
+    assert len(single) == 1 and single[0].outputs[0].token_ids == chat[0].outputs[0].token_ids
