@@ -253,3 +253,133 @@ def hf_greedy(
         json.dump(results, fh)
     os.replace(tmp, path)
     return results
+
+
+# ------------------------------------------------------------------ OpenAI server helpers
+class RemoteOpenAIServer:
+    """``python -m vllm.entrypoints.cli serve MODEL --port 0 ...`` as a subprocess on a free
+    loopback port (the port the server bound is read from its log), killed on ``stop()``.
+
+    Args:
+        model: model path given to ``vllm serve``.
+        args: extra CLI flags (``["--device", "cpu", ...]``).
+        env: extra environment; VLLM_CPU_KVCACHE_SPACE defaults to 0.25 GiB.
+        timeout: seconds to wait for /health.
+    """
+
+    def __init__(self, model: str, args: Sequence[str], env: dict | None = None, timeout=300):
+        import re
+        import subprocess
+        import tempfile
+        import time
+
+        import httpx
+
+        full_env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "0.25", "HF_HUB_OFFLINE": "1"}
+        full_env.update(env or {})
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="vllm_serve_", suffix=".log")
+        cmd = [sys.executable, "-m", "vllm.entrypoints.cli", "serve", model]
+        cmd += ["--host", "127.0.0.1", "--port", "0", *args]
+        self.proc = subprocess.Popen(
+            cmd, env=full_env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        deadline = time.time() + timeout
+        self.port = None
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log_tail()}")
+            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", self.read_log())
+            if m:
+                self.port = int(m.group(1))
+                try:
+                    if httpx.get(self.url_for("health"), timeout=5).status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"server did not start in {timeout} s:\n{self.log_tail()}")
+
+    def read_log(self) -> str:
+        with open(self.log.name) as fh:
+            return fh.read()
+
+    def log_tail(self, n: int = 40) -> str:
+        return "\n".join(self.read_log().splitlines()[-n:])
+
+    def url_for(self, *parts: str) -> str:
+        return f"http://127.0.0.1:{self.port}/" + "/".join(parts)
+
+    def get_client(self, api_key: str = "EMPTY", **kw):
+        import openai
+
+        return openai.OpenAI(base_url=self.url_for("v1"), api_key=api_key, max_retries=0, **kw)
+
+    def get_async_client(self, api_key: str = "EMPTY", **kw):
+        import openai
+
+        return openai.AsyncOpenAI(base_url=self.url_for("v1"), api_key=api_key, max_retries=0, **kw)
+
+    def stop(self, sig: int | None = None, timeout: float = 60) -> int | None:
+        """Send ``sig`` (SIGTERM) to the server, wait, SIGKILL its group if it hangs;
+        returns its exit code."""
+        import signal
+        import subprocess
+
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig or signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        return self.proc.returncode
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def compare_two_settings(
+    model: str,
+    args1: Sequence[str],
+    args2: Sequence[str],
+    prompts: Sequence[str] = ("The capital of France is", "Hello, my name is"),
+    max_tokens: int = 8,
+    env: dict | None = None,
+    base_args: Sequence[str] = ("--device", "cpu", "--max-model-len", "512"),
+):
+    """Start the server with ``args1``, then with ``args2`` (one at a time), and assert
+    greedy completions, seeded sampled completions (temperature 1, seed 0, n=2) and greedy
+    chat replies are identical. Returns both result lists."""
+    results = []
+    for args in (args1, args2):
+        with RemoteOpenAIServer(model, [*base_args, *args], env=env) as server:
+            client = server.get_client()
+            out = []
+            for p in prompts:
+                greedy = client.completions.create(
+                    model=model, prompt=p, max_tokens=max_tokens, temperature=0.0
+                )
+                seeded = client.completions.create(
+                    model=model, prompt=p, max_tokens=max_tokens, temperature=1.0, seed=0, n=2
+                )
+                chat = client.chat.completions.create(
+                    model=model,
+                    messages=[{"role": "user", "content": p}],
+                    max_tokens=max_tokens,
+                    temperature=0.0,
+                )
+                out.append(
+                    (
+                        greedy.choices[0].text,
+                        [c.text for c in seeded.choices],
+                        chat.choices[0].message.content,
+                    )
+                )
+            results.append(out)
+    for p, a, b in zip(prompts, results[0], results[1]):
+        assert a == b, f"prompt {p!r}: {args1} gave {a!r}, {args2} gave {b!r}"
+    return results

@@ -1,0 +1,376 @@
+"""`vllm serve` end to end on CPU with SmolLM2: one server per module (started once, killed
+at the end), driven by the official openai client and raw httpx.
+
+Covers: greedy completions/chat equal to LLM.generate / LLM.chat (run in a forked child),
+usage, n=2, seeds, streaming (one chunk per token, the first before the end), echo and
+logprobs, max_tokens null, every bad request -> 400/401/404 with the engine healthy after,
+64 concurrent streams counted by /metrics, client disconnect -> abort + blocks freed, the
+fault hook -> 500 while the server survives, and SIGTERM -> in-flight request finishes and
+the process exits 0 (the last test).
+"""
+
+import asyncio
+import json
+import os
+import re
+import threading
+import time
+import traceback
+
+import httpx
+import openai
+import pytest
+
+from tests.utils import RemoteOpenAIServer
+
+MODEL = "smollm2"
+KEY = "test-key"
+FAULT = "FAULT-INJECT-7f3a"
+PROMPTS = ["The capital of France is", "Hello, my name is", "def fibonacci(n):"]
+CHAT = [{"role": "user", "content": "What is the capital of France?"}]
+MAX_LEN = 512
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_gguf):
+    args = ["--device", "cpu", "--max-model-len", str(MAX_LEN)]
+    args += ["--served-model-name", MODEL, "--api-key", KEY, "--max-log-len", "40"]
+    srv = RemoteOpenAIServer(smollm2_gguf, args, env={"VLLM_TEST_FAULT_PROMPT": FAULT})
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return server.get_client(api_key=KEY)
+
+
+@pytest.fixture(scope="module")
+def reference(smollm2_gguf):
+    """Greedy LLM.generate / LLM.chat outputs, computed in a forked child process."""
+
+    def run():
+        from vllm import LLM, SamplingParams
+
+        llm = LLM(smollm2_gguf, device="cpu", max_model_len=MAX_LEN)
+        sp = SamplingParams(temperature=0.0, max_tokens=12)
+        gen = llm.generate(PROMPTS, sp, use_tqdm=False)
+        chat = llm.chat(CHAT, sp, use_tqdm=False)[0]
+        return {
+            "text": [o.outputs[0].text for o in gen],
+            "ntok": [len(o.outputs[0].token_ids) for o in gen],
+            "nprompt": [len(o.prompt_token_ids) for o in gen],
+            "ids": [list(o.prompt_token_ids) for o in gen],
+            "chat": chat.outputs[0].text,
+            "chat_prompt": len(chat.prompt_token_ids),
+            "chat_ntok": len(chat.outputs[0].token_ids),
+        }
+
+    return _in_fork(run)
+
+
+def _in_fork(fn):
+    """Run ``fn`` in a forked child and return its JSON-able result."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        code = 0
+        try:
+            with os.fdopen(w, "w") as fh:
+                fh.write(json.dumps(fn()))
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(w)
+    with os.fdopen(r) as fh:
+        data = fh.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, "forked reference failed"
+    return json.loads(data)
+
+
+def _metrics(server) -> dict[str, float]:
+    text = httpx.get(server.url_for("metrics"), timeout=10).text
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        name, value = line.rsplit(" ", 1)
+        if "{" in name:  # drop the model_name label, keep the others in order
+            base, labels = name[:-1].split("{", 1)
+            kept = [
+                kv for kv in re.findall(r'\w+="[^"]*"', labels) if kv.split("=")[0] != "model_name"
+            ]
+            name = base + ("{" + ",".join(kept) + "}" if kept else "")
+        out[name] = float(value)
+    return out
+
+
+def test_models_health_version_metrics(server, client):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    assert httpx.get(server.url_for("health")).status_code == 200
+    assert httpx.get(server.url_for("version")).json()["version"]
+    text = httpx.get(server.url_for("metrics")).text
+    for name in [
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:gpu_cache_usage_perc",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+        "vllm:time_to_first_token_seconds",
+        "vllm:time_per_output_token_seconds",
+        "vllm:spec_decode_num_draft_tokens_total",
+        "vllm:decode_steps",
+    ]:
+        assert name in text, name
+
+
+def test_greedy_equals_llm_generate(client, reference):
+    for i, p in enumerate(PROMPTS):
+        r = client.completions.create(model=MODEL, prompt=p, max_tokens=12, temperature=0)
+        assert r.choices[0].text == reference["text"][i], p
+        assert r.usage.prompt_tokens == reference["nprompt"][i]
+        assert r.usage.completion_tokens == reference["ntok"][i]
+        assert r.usage.total_tokens == reference["nprompt"][i] + reference["ntok"][i]
+    # a batch of prompts, one of them as token ids
+    batch = [PROMPTS[0], reference["ids"][1], PROMPTS[2]]
+    r = client.completions.create(model=MODEL, prompt=batch, max_tokens=12, temperature=0)
+    assert [c.text for c in sorted(r.choices, key=lambda c: c.index)] == reference["text"]
+    assert r.usage.prompt_tokens == sum(reference["nprompt"])
+    assert r.usage.completion_tokens == sum(reference["ntok"])
+    chat = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=12, temperature=0)
+    assert chat.choices[0].message.content == reference["chat"]
+    assert chat.usage.prompt_tokens == reference["chat_prompt"]
+    assert chat.usage.completion_tokens == reference["chat_ntok"]
+
+
+def test_n2_and_seeds(client):
+    kw = dict(model=MODEL, prompt=PROMPTS[1], max_tokens=4, temperature=1.0, n=2)
+    a = client.completions.create(seed=1234, extra_body={"ignore_eos": True}, **kw)
+    b = client.completions.create(seed=1234, extra_body={"ignore_eos": True}, **kw)
+    assert sorted(c.index for c in a.choices) == [0, 1]
+    assert [c.text for c in a.choices] == [c.text for c in b.choices]
+    assert a.usage.completion_tokens == 8
+    msgs = dict(model=MODEL, messages=CHAT, max_tokens=4, temperature=1.0, seed=7)
+    c1 = client.chat.completions.create(**msgs)
+    c2 = client.chat.completions.create(**msgs)
+    assert c1.choices[0].message.content == c2.choices[0].message.content
+
+
+def test_streaming_one_chunk_per_token(client, reference):
+    start = time.perf_counter()
+    stamps, texts, usage, finish = [], [], None, None
+    stream = client.completions.create(
+        model=MODEL,
+        prompt=PROMPTS[0],
+        max_tokens=12,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    for chunk in stream:
+        if chunk.choices:
+            stamps.append(time.perf_counter() - start)
+            texts.append(chunk.choices[0].text)
+            finish = chunk.choices[0].finish_reason or finish
+        if chunk.usage is not None:
+            usage = chunk.usage
+    assert len(texts) == reference["ntok"][0] == usage.completion_tokens
+    assert "".join(texts) == reference["text"][0]
+    assert finish == "length"
+    assert stamps[0] < 0.75 * stamps[-1], stamps  # tokens arrive as they are generated
+
+    pieces, roles = [], []
+    for chunk in client.chat.completions.create(
+        model=MODEL, messages=CHAT, max_tokens=12, temperature=0, stream=True
+    ):
+        d = chunk.choices[0].delta
+        if d.role:
+            roles.append(d.role)
+        if d.content is not None:
+            pieces.append(d.content)
+    assert roles == ["assistant"]
+    assert len(pieces) == reference["chat_ntok"]
+    assert "".join(pieces) == reference["chat"]
+
+
+def test_echo_logprobs_stop_and_rest_of_context(client):
+    p = PROMPTS[0]
+    r = client.completions.create(model=MODEL, prompt=p, max_tokens=0, echo=True, logprobs=1)
+    lp = r.choices[0].logprobs
+    assert r.choices[0].text == p and r.usage.completion_tokens == 0
+    assert len(lp.tokens) == r.usage.prompt_tokens == 5
+    assert lp.token_logprobs[0] is None and all(x <= 0 for x in lp.token_logprobs[1:])
+    r = client.completions.create(model=MODEL, prompt=p, max_tokens=3, logprobs=2, temperature=0)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == 3 and "".join(lp.tokens) == r.choices[0].text
+    for tok, chosen, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert chosen == pytest.approx(max(top.values())) and top[tok] == chosen
+    r = client.completions.create(model=MODEL, prompt=p, max_tokens=3, echo=True, temperature=0)
+    assert r.choices[0].text.startswith(p) and len(r.choices[0].text) > len(p)
+    r = client.completions.create(model=MODEL, prompt=p, max_tokens=10, temperature=0, stop=["."])
+    assert r.choices[0].text == " Paris" and r.choices[0].finish_reason == "stop"
+    # max_tokens null: the rest of the context (prompt of 505 tokens -> at most 7 more)
+    long_ids = [28] * 505
+    r = client.completions.create(
+        model=MODEL,
+        prompt=long_ids,
+        max_tokens=None,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    assert r.usage.prompt_tokens == 505 and r.usage.total_tokens == MAX_LEN
+    assert r.choices[0].finish_reason == "length"
+
+
+def _bad(server, path, body, key=KEY):
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return httpx.post(server.url_for("v1", path), json=body, headers=headers, timeout=60)
+
+
+@pytest.mark.parametrize(
+    "path,body,status,words",
+    [
+        ("completions", {"model": MODEL, "prompt": ""}, 400, ["prompt", "empty"]),
+        ("completions", {"model": MODEL, "prompt": []}, 400, ["prompt", "empty"]),
+        ("chat/completions", {"model": MODEL, "messages": []}, 400, ["messages", "empty"]),
+        ("completions", {"model": MODEL, "prompt": [28] * 600}, 400, ["512", "600", "616"]),
+        ("completions", {"model": MODEL, "prompt": "hi", "max_tokens": 600}, 400, ["512", "601"]),
+        ("chat/completions", {"model": MODEL, "messages": CHAT, "max_tokens": 600}, 400, ["512"]),
+        ("completions", {"model": MODEL, "prompt": "hi", "max_tokens": -1}, 400, ["max_tokens"]),
+        ("completions", {"model": MODEL, "prompt": "hi", "max_tokens": 0}, 400, ["max_tokens"]),
+        ("completions", {"model": MODEL, "prompt": "hi", "temperature": -1}, 400, ["temperature"]),
+        ("completions", {"model": MODEL, "prompt": "hi", "top_p": 2}, 400, ["top_p"]),
+        ("completions", {"model": MODEL, "prompt": "hi", "n": 0}, 400, ["n must"]),
+        ("completions", {"model": MODEL, "prompt": [10**9]}, 400, ["vocabulary"]),
+        ("completions", {"model": MODEL}, 400, ["prompt"]),
+        ("completions", {"model": "nope", "prompt": "hi"}, 404, ["nope"]),
+        ("chat/completions", {"model": "nope", "messages": CHAT}, 404, ["nope"]),
+    ],
+)
+def test_bad_request(server, client, path, body, status, words):
+    r = _bad(server, path, body)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["code"] == status
+    assert err["type"] == ("BadRequestError" if status == 400 else "NotFoundError")
+    for w in words:
+        assert w in err["message"], err
+    ok = client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, temperature=0)
+    assert ok.usage.completion_tokens == 2
+    assert httpx.get(server.url_for("health")).status_code == 200
+
+
+def test_api_key(server):
+    for key in (None, "wrong"):
+        r = _bad(server, "completions", {"model": MODEL, "prompt": "hi"}, key=key)
+        assert r.status_code == 401 and r.json()["error"]["code"] == 401
+    with pytest.raises(openai.AuthenticationError):
+        server.get_client(api_key="wrong").models.list()
+
+
+def test_64_concurrent_streams_counted_by_metrics(server):
+    before = _metrics(server)
+
+    async def one(client, i):
+        n = 0
+        stream = await client.completions.create(
+            model=MODEL,
+            prompt=f"Count {i}:",
+            max_tokens=4,
+            temperature=0,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        async for chunk in stream:
+            n += len(chunk.choices)
+        return n
+
+    async def main():
+        client = server.get_async_client(api_key=KEY, timeout=120)
+        return await asyncio.gather(*[one(client, i) for i in range(64)])
+
+    assert asyncio.run(main()) == [4] * 64
+    after = _metrics(server)
+    key = 'vllm:request_success_total{finished_reason="length"}'
+    assert after[key] - before.get(key, 0) == 64
+    gen = "vllm:generation_tokens_total"
+    assert after[gen] - before[gen] == 256
+    ttft = "vllm:time_to_first_token_seconds_count"
+    assert after[ttft] - before[ttft] == 64
+    assert after["vllm:num_requests_running"] == 0
+
+
+def test_disconnect_aborts_and_frees_blocks(server):
+    before = _metrics(server)
+    body = {"model": MODEL, "prompt": "Tell me a story.", "max_tokens": 400, "stream": True}
+    body["ignore_eos"] = True
+    headers = {"Authorization": f"Bearer {KEY}"}
+    with httpx.stream("POST", server.url_for("v1", "completions"), json=body, headers=headers) as r:
+        for line in r.iter_lines():
+            if line.startswith("data:"):
+                break
+        assert _metrics(server)["vllm:num_requests_running"] == 1
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        m = _metrics(server)
+        if m["vllm:num_requests_running"] == 0 and m["vllm:gpu_cache_usage_perc"] == 0:
+            break
+        time.sleep(0.2)
+    assert m["vllm:num_requests_running"] == 0 and m["vllm:gpu_cache_usage_perc"] == 0, m
+    gen = "vllm:generation_tokens_total"
+    assert m[gen] - before[gen] < 200  # aborted long before its 400 tokens
+
+
+def test_fault_hook_fails_one_request_only(server, client):
+    async def main():
+        aclient = server.get_async_client(api_key=KEY)
+        bad = aclient.completions.create(model=MODEL, prompt=f"x {FAULT}", max_tokens=4)
+        good = aclient.completions.create(
+            model=MODEL, prompt=PROMPTS[0], max_tokens=4, temperature=0
+        )
+        return await asyncio.gather(bad, good, return_exceptions=True)
+
+    bad, good = asyncio.run(main())
+    assert isinstance(bad, openai.InternalServerError), bad
+    assert good.usage.completion_tokens == 4
+    with pytest.raises(openai.APIError):
+        for _ in client.completions.create(
+            model=MODEL, prompt=f"y {FAULT}", max_tokens=4, stream=True
+        ):
+            pass
+    assert httpx.get(server.url_for("health")).status_code == 200
+    r = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=3, temperature=0)
+    assert r.usage.completion_tokens == 3
+    assert _metrics(server)["vllm:gpu_cache_usage_perc"] == 0
+
+
+def test_sigterm_finishes_in_flight_request_then_exits(server, client):
+    """Last test of the module: it stops the shared server."""
+    chunks, first = [], threading.Event()
+
+    def consume():
+        stream = client.completions.create(
+            model=MODEL,
+            prompt=PROMPTS[2],
+            max_tokens=24,
+            temperature=0,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        for chunk in stream:
+            chunks.append(chunk)
+            first.set()
+
+    t = threading.Thread(target=consume)
+    t.start()
+    assert first.wait(60)
+    assert server.stop() == 0, server.log_tail()
+    t.join(60)
+    assert len(chunks) == 24 and chunks[-1].choices[0].finish_reason == "length"
+    assert "Shutting down the engine" in server.read_log()

@@ -1,0 +1,357 @@
+"""AsyncLLMEngine: the synchronous LLMEngine driven by a background asyncio loop.
+
+Threads. The engine is synchronous and not thread-safe, so every LLMEngine call (building
+it, add/abort, schedule, process outputs, shutdown) runs on ONE dedicated "engine thread".
+The asyncio event loop never blocks on a step, so HTTP requests are accepted and tokens
+stream while the model runs.
+
+Virtual engines. The loop keeps at most one step in flight per virtual engine (VE): when VE
+v is idle and its scheduler has work, a step of v starts. With one VE the whole step
+(schedule -> execute -> process) is one call on the engine thread. With several VEs (pipeline
+parallel) only scheduling and output processing run on the engine thread; the model call
+runs through ``executor.execute_model_async`` when the executor has it, else on a per-VE
+thread, so VE 0's step can run while VE 1's is scheduled or processed.
+
+Failures. An exception while one request's output is processed fails that request only
+(``LLMEngine.failed_requests``); its stream raises :class:`RequestFailedError` and the loop
+goes on. An exception in a whole step fails the requests scheduled in it. Anything else
+that escapes the loop marks the engine dead (``errored``) and fails every open stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import time
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from vllm.engine.arg_utils import EngineArgs
+from vllm.engine.llm_engine import LLMEngine, PromptType
+from vllm.engine.metrics import EngineMetrics, StepStats
+from vllm.outputs import RequestOutput
+from vllm.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class EngineDeadError(RuntimeError):
+    """The background loop stopped (crash or shutdown); no request can be served."""
+
+
+class RequestFailedError(RuntimeError):
+    """One request failed inside the engine; the engine itself is still healthy."""
+
+
+@dataclass
+class _Scheduled:
+    """A scheduled step of one VE, with what the metrics need from before processing."""
+
+    request: object
+    sched_out: object
+    no_first_token: set[str] = field(default_factory=set)
+    last_token_time: dict[str, float] = field(default_factory=dict)
+
+
+class AsyncLLMEngine:
+    """Asynchronous front of an :class:`LLMEngine` (see the module docstring).
+
+    Use :meth:`from_engine_args`, then ``async for out in engine.generate(...)`` inside a
+    running event loop (the background loop starts on first use).
+
+    Args:
+        engine_args: arguments of the engine to build (on the engine thread).
+        metrics: where step statistics go (a fresh :class:`EngineMetrics` when None).
+        log_requests: log each request's prompt and params.
+        max_log_len: characters / token ids of a prompt shown in the log (None: all).
+    """
+
+    def __init__(
+        self,
+        engine_args: EngineArgs,
+        metrics: EngineMetrics | None = None,
+        log_requests: bool = True,
+        max_log_len: int | None = None,
+    ):
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="vllm-engine")
+        self.engine: LLMEngine = self._thread.submit(
+            LLMEngine.from_engine_args, engine_args
+        ).result()
+        self.model_config = self.engine.model_config
+        self.max_model_len = self.engine.scheduler_config.max_model_len
+        self.metrics = metrics or EngineMetrics(engine_args.model)
+        self.log_requests = log_requests
+        self.max_log_len = max_log_len
+        self.num_virtual_engines = len(self.engine.schedulers)
+        self._ve_threads = [
+            ThreadPoolExecutor(1, thread_name_prefix=f"vllm-ve{v}")
+            for v in range(self.num_virtual_engines)
+        ]
+        # The server tokenizes on the event-loop thread: give it its own copy, so it never
+        # shares a Rust tokenizer object with the engine thread's detokenizer.
+        tok = self.engine.tokenizer
+        try:
+            self.tokenizer = copy.deepcopy(tok) if tok is not None else None
+        except Exception:
+            self.tokenizer = tok
+        self._streams: dict[str, asyncio.Queue] = {}
+        self._pending: list[tuple[str, PromptType, SamplingParams, float]] = []
+        self._aborts: list[str] = []
+        self._wakeup: asyncio.Event | None = None
+        self._loop_task: asyncio.Task | None = None
+        self._stopping = False
+        self.errored: BaseException | None = None
+
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineArgs, **kwargs) -> AsyncLLMEngine:
+        return cls(engine_args, **kwargs)
+
+    # ----------------------------------------------------------------------- public API
+    @property
+    def is_running(self) -> bool:
+        return self._loop_task is not None and not self._loop_task.done()
+
+    def start(self) -> None:
+        """Start the background loop in the running event loop (idempotent)."""
+        if self._loop_task is None:
+            self._wakeup = asyncio.Event()
+            self._loop_task = asyncio.get_running_loop().create_task(self._run_loop())
+
+    async def check_health(self) -> None:
+        """Raises EngineDeadError when the background loop has died."""
+        if self.errored is not None:
+            raise EngineDeadError(f"the engine loop died: {self.errored!r}")
+        if self._stopping:
+            raise EngineDeadError("the engine is shutting down.")
+
+    async def generate(
+        self, prompt: PromptType, params: SamplingParams, request_id: str
+    ) -> AsyncIterator[RequestOutput]:
+        """Queue a request and yield its RequestOutput after every step it is in.
+
+        Leaving the iteration early (client disconnect, cancellation) aborts the request
+        and frees its blocks.
+
+        Raises:
+            EngineDeadError: the engine is dead or shutting down.
+            RequestFailedError: the request failed inside the engine.
+            ValueError: the engine refused the prompt or params.
+        """
+        await self.check_health()
+        self.start()
+        if request_id in self._streams:
+            raise ValueError(f"request id {request_id!r} is already running.")
+        if self.log_requests:
+            self._log_request(request_id, prompt, params)
+        queue: asyncio.Queue = asyncio.Queue()
+        self._streams[request_id] = queue
+        self._pending.append((request_id, prompt, params, time.time()))
+        self._wakeup.set()
+        finished = False
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished:
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request (applied on the engine thread before the next step)."""
+        if self._wakeup is None:
+            return
+        self._aborts.append(request_id)
+        self._wakeup.set()
+        if self.log_requests:
+            logger.info("Aborted request %s.", request_id)
+
+    async def shutdown(self) -> None:
+        """Stop the loop after the steps in flight, fail open streams, stop the workers."""
+        self._stopping = True
+        if self._wakeup is not None:
+            self._wakeup.set()
+        if self._loop_task is not None:
+            try:
+                await self._loop_task
+            except Exception:
+                pass
+        self._fail_all(EngineDeadError("the server is shutting down."))
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._thread, self.engine.shutdown)
+        self._thread.shutdown(wait=True)
+        for t in self._ve_threads:
+            t.shutdown(wait=True)
+
+    # -------------------------------------------------------------------- the loop
+    async def _on_engine(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+
+    async def _run_loop(self) -> None:
+        in_flight: dict[int, asyncio.Task] = {}
+        try:
+            while True:
+                self._wakeup.clear()
+                pending, self._pending = self._pending, []
+                aborts, self._aborts = self._aborts, []
+                idle = [v for v in range(self.num_virtual_engines) if v not in in_flight]
+                ready, refused, gauges = await self._on_engine(self._admit, pending, aborts, idle)
+                self.metrics.record(gauges)
+                for rid, err in refused:
+                    self._deliver(rid, err)
+                if not self._stopping:
+                    for v in ready:
+                        in_flight[v] = asyncio.create_task(self._step(v))
+                if not in_flight:
+                    if self._stopping:
+                        return
+                    if not self._pending and not self._aborts:
+                        await self._wakeup.wait()
+                    continue
+                wake = asyncio.create_task(self._wakeup.wait())
+                await asyncio.wait([*in_flight.values(), wake], return_when="FIRST_COMPLETED")
+                wake.cancel()
+                for v, task in list(in_flight.items()):
+                    if task.done():
+                        del in_flight[v]
+                        task.result()  # _step handles its errors; anything else is fatal
+        except BaseException as e:
+            if not isinstance(e, asyncio.CancelledError):
+                logger.exception("The engine loop died.")
+            self.errored = e
+            self._fail_all(EngineDeadError(f"the engine loop died: {e!r}"))
+            raise
+
+    def _admit(self, pending, aborts, idle):
+        """Engine thread: add new requests, apply aborts, list idle VEs that have work."""
+        refused = []
+        for rid, prompt, params, arrival in pending:
+            try:
+                self.engine.add_request(rid, prompt, params, arrival_time=arrival)
+            except Exception as e:
+                refused.append((rid, e))
+        if aborts:
+            self.engine.abort_request(aborts)
+        ready = [v for v in idle if self.engine.schedulers[v].has_unfinished_seqs()]
+        return ready, refused, self._gauges()
+
+    def _gauges(self) -> StepStats:
+        """Running / waiting requests and KV-cache usage now (engine thread)."""
+        schedulers = self.engine.schedulers
+        return StepStats(
+            num_running=sum(s.num_running for s in schedulers),
+            num_waiting=sum(s.num_waiting for s in schedulers),
+            cache_usage=sum(s.block_manager.usage() for s in schedulers) / len(schedulers),
+        )
+
+    async def _step(self, ve: int) -> None:
+        if self.num_virtual_engines == 1:
+            outs, failed, stats = await self._on_engine(self._whole_step, ve)
+        else:
+            sched = await self._on_engine(self._schedule, ve)
+            try:
+                output = await self._execute(ve, sched.request)
+                outs, failed, stats = await self._on_engine(self._process, ve, sched, output)
+            except Exception as e:
+                outs, failed, stats = await self._on_engine(self._fail_step, ve, sched, e)
+        self.metrics.record(stats)
+        for out in outs:
+            err = failed.get(out.request_id)
+            self._deliver(out.request_id, RequestFailedError(str(err)) if err else out)
+
+    async def _execute(self, ve: int, request):
+        if not request.seq_group_metadata_list:
+            return None
+        executor = self.engine.executor
+        if hasattr(executor, "execute_model_async"):
+            return await executor.execute_model_async(request)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._ve_threads[ve], executor.execute_model, request)
+
+    def _deliver(self, request_id: str, item) -> None:
+        queue = self._streams.get(request_id)
+        if queue is not None:
+            queue.put_nowait(item)
+
+    def _fail_all(self, err: BaseException) -> None:
+        for queue in list(self._streams.values()):
+            queue.put_nowait(err)
+
+    # ------------------------------------------------ engine-thread step pieces
+    def _whole_step(self, ve: int):
+        sched = self._schedule(ve)
+        try:
+            output = None
+            if sched.request.seq_group_metadata_list:
+                output = self.engine.executor.execute_model(sched.request)
+        except Exception as e:
+            return self._fail_step(ve, sched, e)
+        return self._process(ve, sched, output)
+
+    def _schedule(self, ve: int) -> _Scheduled:
+        request, sched_out = self.engine.schedule_step(ve)
+        s = _Scheduled(request, sched_out)
+        for g in sched_out.scheduled_seq_groups:
+            if g.metrics.first_token_time is None:
+                s.no_first_token.add(g.request_id)
+            elif g.metrics.last_token_time is not None:
+                s.last_token_time[g.request_id] = g.metrics.last_token_time
+        return s
+
+    def _process(self, ve: int, sched: _Scheduled, output):
+        outs = self.engine.process_outputs(ve, sched.sched_out, output)
+        failed = {}
+        for out in outs:
+            err = self.engine.failed_requests.pop(out.request_id, None)
+            if err is not None:
+                failed[out.request_id] = err
+        generated = sum(len(g.samples) for g in output.outputs) if output is not None else 0
+        return outs, failed, self._stats(sched, outs, generated)
+
+    def _fail_step(self, ve: int, sched: _Scheduled, err: Exception):
+        logger.exception("Step of virtual engine %d failed; failing its requests.", ve)
+        ids = [g.request_id for g in sched.sched_out.scheduled_seq_groups]
+        self.engine.abort_request(ids)
+        outs = self.engine.process_outputs(ve, sched.sched_out, None)
+        return outs, dict.fromkeys(ids, err), self._stats(sched, outs, 0)
+
+    def _stats(self, sched: _Scheduled, outs: list[RequestOutput], generated: int) -> StepStats:
+        sched_out = sched.sched_out
+        stats = self._gauges()
+        stats.prompt_tokens = sched_out.num_batched_tokens if sched_out.num_prefill_groups else 0
+        stats.generation_tokens = generated
+        for out in outs:
+            m = out.metrics
+            if m is None:
+                continue
+            if out.request_id in sched.no_first_token and m.first_token_time is not None:
+                stats.ttft.append(m.first_token_time - m.arrival_time)
+            prev = sched.last_token_time.get(out.request_id)
+            if prev is not None and m.last_token_time is not None and m.last_token_time > prev:
+                stats.tpot.append(m.last_token_time - prev)
+            if out.finished:
+                reason = next((o.finish_reason for o in out.outputs if o.finish_reason), "abort")
+                end = m.finished_time or time.time()
+                stats.finished.append((reason, end - m.arrival_time))
+        try:
+            stats.decode_steps = self.engine.decode_step_counters()
+        except Exception:
+            stats.decode_steps = None
+        return stats
+
+    def _log_request(self, request_id: str, prompt: PromptType, params: SamplingParams) -> None:
+        shown = prompt
+        if self.max_log_len is not None:
+            if isinstance(prompt, str):
+                shown = prompt[: self.max_log_len]
+            elif isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+                shown = {"prompt_token_ids": list(prompt["prompt_token_ids"])[: self.max_log_len]}
+        logger.info("Received request %s: prompt: %r, params: %s.", request_id, shown, params)

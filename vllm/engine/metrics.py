@@ -1,0 +1,202 @@
+"""Prometheus metrics of one serving engine, under upstream vLLM's metric names.
+
+Every metric lives in a per-instance :class:`prometheus_client.CollectorRegistry`, so two
+servers (or two tests) in one process never collide on the global registry.
+
+Definitions (all times in seconds, from ``time.time()`` stamps of RequestMetrics):
+- ``vllm:time_to_first_token_seconds``: first token time - arrival time, once per request.
+- ``vllm:time_per_output_token_seconds``: the gap between consecutive tokens of a request,
+  one observation per decode step it took part in.
+- ``vllm:prompt_tokens_total``: tokens computed by prefill steps (a recomputed preempted
+  request counts again, as upstream); ``vllm:generation_tokens_total``: sampled tokens.
+- ``vllm:gpu_cache_usage_perc``: fraction (0..1) of KV blocks in use, mean over virtual
+  engines (``BlockSpaceManager.usage()``).
+- ``vllm:spec_decode_*``: zero until speculative decoding reports (acceptance rate =
+  accepted / proposed; efficiency = emitted / (steps x (k + 1))).
+- ``vllm:decode_steps_total{mode,virtual_engine}``: the runner's replay/eager decode
+  counters, as ``LLMEngine.decode_step_counters()`` returns them.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
+
+_TTFT_BUCKETS = [0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                 7.5, 10.0, 20.0, 40.0, 80.0]  # fmt: skip
+_TPOT_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+                 5.0, 10.0, 20.0]  # fmt: skip
+_E2E_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+                60.0, 120.0, 240.0]  # fmt: skip
+
+
+@dataclass
+class StepStats:
+    """What one engine step adds to the metrics (built on the engine thread).
+
+    Attributes:
+        num_running / num_waiting: requests over all virtual engines after the step.
+        cache_usage: KV-cache usage in [0, 1] (mean over virtual engines).
+        prompt_tokens / generation_tokens: tokens computed by prefill / sampled this step.
+        ttft / tpot: seconds, one entry per observation (see the module docstring).
+        finished: (finish_reason, e2e seconds) per request that ended this step.
+        decode_steps: the engine's decode_step_counters() snapshot.
+    """
+
+    num_running: int = 0
+    num_waiting: int = 0
+    cache_usage: float = 0.0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    ttft: list[float] = field(default_factory=list)
+    tpot: list[float] = field(default_factory=list)
+    finished: list[tuple[str, float]] = field(default_factory=list)
+    decode_steps: dict | None = None
+
+
+def flatten_decode_counters(counters: dict) -> dict[tuple[str, str], float]:
+    """Normalize ``decode_step_counters()`` into {(mode, virtual_engine): count}.
+
+    Accepts flat keys (``(mode, ve)`` or ``(ve, mode)`` tuples) or nested dicts
+    (``{ve: {mode: n}}``, ``{mode: {ve: n}}``, with optional extra levels such as the batch
+    size, which are summed): the first string-valued level is the mode, the first int-like
+    level the virtual engine (0 when absent).
+    """
+    flat: dict[tuple[str, str], float] = {}
+
+    def walk(node, path: tuple):
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, path + (k if isinstance(k, tuple) else (k,)))
+            return
+        if not isinstance(node, (int, float)):
+            return
+        mode = next((str(p) for p in path if isinstance(p, str) and not p.isdigit()), "total")
+        ve = next((str(p) for p in path if isinstance(p, int) or str(p).isdigit()), "0")
+        flat[(mode, ve)] = flat.get((mode, ve), 0) + float(node)
+
+    walk(counters or {}, ())
+    return flat
+
+
+class _DecodeStepsCollector:
+    """Exposes the latest decode-step snapshot as ``vllm:decode_steps_total``."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._values: dict[tuple[str, str], float] = {}
+
+    def set(self, counters: dict) -> None:
+        values = flatten_decode_counters(counters)
+        with self._lock:
+            self._values = values
+
+    def collect(self) -> Iterable[CounterMetricFamily]:
+        fam = CounterMetricFamily(
+            "vllm:decode_steps",
+            "Decode steps by mode (graph replay / eager) and virtual engine.",
+            labels=["mode", "virtual_engine"],
+        )
+        with self._lock:
+            for (mode, ve), n in sorted(self._values.items()):
+                fam.add_metric([mode, ve], n)
+        yield fam
+
+
+class EngineMetrics:
+    """The Prometheus metrics of one engine, in their own registry.
+
+    Args:
+        model_name: the served model name, the ``model_name`` label of every metric.
+    """
+
+    def __init__(self, model_name: str):
+        self.registry = CollectorRegistry(auto_describe=True)
+        r, lbl, m = self.registry, ["model_name"], model_name
+        self.num_running = Gauge(
+            "vllm:num_requests_running", "Requests in a running batch.", lbl, registry=r
+        ).labels(m)
+        self.num_waiting = Gauge(
+            "vllm:num_requests_waiting", "Requests waiting to be scheduled.", lbl, registry=r
+        ).labels(m)
+        self.cache_usage = Gauge(
+            "vllm:gpu_cache_usage_perc", "KV-cache usage; 1 means 100 percent.", lbl, registry=r
+        ).labels(m)
+        self.prompt_tokens = Counter(
+            "vllm:prompt_tokens", "Prefill tokens processed.", lbl, registry=r
+        ).labels(m)
+        self.generation_tokens = Counter(
+            "vllm:generation_tokens", "Generation tokens processed.", lbl, registry=r
+        ).labels(m)
+        self._success = Counter(
+            "vllm:request_success",
+            "Finished requests by finish reason.",
+            [*lbl, "finished_reason"],
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "vllm:time_to_first_token_seconds",
+            "Time to first token in seconds.",
+            lbl,
+            buckets=_TTFT_BUCKETS,
+            registry=r,
+        ).labels(m)
+        self.tpot = Histogram(
+            "vllm:time_per_output_token_seconds",
+            "Time per output token in seconds.",
+            lbl,
+            buckets=_TPOT_BUCKETS,
+            registry=r,
+        ).labels(m)
+        self.e2e = Histogram(
+            "vllm:e2e_request_latency_seconds",
+            "End-to-end request latency in seconds.",
+            lbl,
+            buckets=_E2E_BUCKETS,
+            registry=r,
+        ).labels(m)
+        self.spec_acceptance_rate = Gauge(
+            "vllm:spec_decode_draft_acceptance_rate", "Accepted / proposed.", lbl, registry=r
+        ).labels(m)
+        self.spec_efficiency = Gauge(
+            "vllm:spec_decode_efficiency", "Emitted / (steps x (k + 1)).", lbl, registry=r
+        ).labels(m)
+        self.spec_accepted = Counter(
+            "vllm:spec_decode_num_accepted_tokens", "Accepted draft tokens.", lbl, registry=r
+        ).labels(m)
+        self.spec_draft = Counter(
+            "vllm:spec_decode_num_draft_tokens", "Proposed draft tokens.", lbl, registry=r
+        ).labels(m)
+        self.spec_emitted = Counter(
+            "vllm:spec_decode_num_emitted_tokens", "Emitted tokens.", lbl, registry=r
+        ).labels(m)
+        self.decode_steps = _DecodeStepsCollector()
+        r.register(self.decode_steps)
+        self._model_name = model_name
+
+    def record(self, stats: StepStats) -> None:
+        """Apply one step's :class:`StepStats` (thread-safe; prometheus_client locks)."""
+        self.num_running.set(stats.num_running)
+        self.num_waiting.set(stats.num_waiting)
+        self.cache_usage.set(stats.cache_usage)
+        if stats.prompt_tokens:
+            self.prompt_tokens.inc(stats.prompt_tokens)
+        if stats.generation_tokens:
+            self.generation_tokens.inc(stats.generation_tokens)
+        for t in stats.ttft:
+            self.ttft.observe(t)
+        for t in stats.tpot:
+            self.tpot.observe(t)
+        for reason, e2e in stats.finished:
+            self._success.labels(self._model_name, reason).inc()
+            self.e2e.observe(e2e)
+        if stats.decode_steps is not None:
+            self.decode_steps.set(stats.decode_steps)
+
+    def render(self) -> bytes:
+        """The registry in Prometheus text exposition format."""
+        return generate_latest(self.registry)

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible server (``vllm serve``): api_server, protocol, serving_*."""

@@ -1,0 +1,236 @@
+"""/v1/completions: text or token-id prompts (one or a list), streaming or not.
+
+max_tokens: absent -> 16, null -> the rest of the context (max_model_len - prompt),
+0 only with echo (the prompt and its logprobs, no completion tokens: the engine runs one
+token, which is dropped). Choice index = prompt index x n + sequence index.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from fastapi import Request
+
+from vllm.entrypoints.openai.protocol import (
+    CompletionLogProbs,
+    CompletionRequest,
+    CompletionResponse,
+    CompletionResponseChoice,
+    CompletionStreamResponse,
+    UsageInfo,
+)
+from vllm.entrypoints.openai.serving_engine import (
+    APIError,
+    OpenAIServing,
+    collect_final,
+    merge,
+    to_api_error,
+)
+from vllm.outputs import RequestOutput
+from vllm.sequence import PositionLogprobs
+
+
+class OpenAIServingCompletion(OpenAIServing):
+    """Handler of /v1/completions."""
+
+    def _prompts(self, req: CompletionRequest) -> list[tuple[str | None, list[int]]]:
+        p = req.prompt
+        if isinstance(p, list) and p and any(isinstance(t, int) for t in p):
+            if not all(isinstance(t, int) for t in p):
+                raise APIError("prompt mixes token ids with texts or id lists.", 400, "prompt")
+            p = [p]
+        elif isinstance(p, str):
+            p = [p]
+        if not p:
+            raise APIError("prompt must not be empty (got an empty list).", 400, "prompt")
+        vocab = self.engine.model_config.vocab_size
+        out = []
+        for item in p:
+            if isinstance(item, str):
+                if not item:
+                    raise APIError("prompt must not be empty (got '').", 400, "prompt")
+                if self.tokenizer is None:
+                    raise APIError("text prompts need a tokenizer.", 400, "prompt")
+                out.append((item, list(self.tokenizer.encode(item))))
+            else:
+                ids = list(item)
+                if not ids:
+                    raise APIError("prompt must not be empty (got no token ids).", 400, "prompt")
+                bad = [t for t in ids if t < 0 or t >= vocab]
+                if bad:
+                    raise APIError(
+                        f"prompt token id {bad[0]} is out of vocabulary (0..{vocab - 1}).",
+                        400,
+                        "prompt",
+                    )
+                out.append((None, ids))
+        return out
+
+    async def create_completion(self, req: CompletionRequest, raw: Request | None):
+        """Returns a CompletionResponse, or an async iterator of SSE strings when streaming.
+
+        Raises:
+            APIError: 400 / 404 with the OpenAI error body.
+        """
+        self.check_model(req.model)
+        self.check_max_tokens(req.max_tokens, req.echo)
+        prompts = self._prompts(req)
+        echo_only = req.echo and req.max_tokens == 0
+        prompt_lp = req.prompt_logprobs
+        if req.echo and req.logprobs is not None:
+            prompt_lp = req.logprobs
+        params = []
+        for _, ids in prompts:
+            budget = self.check_length(len(ids), 1 if echo_only else req.max_tokens, "prompt")
+            params.append(self.sampling_params(req, budget, req.logprobs, prompt_lp))
+        base = f"cmpl-{uuid.uuid4().hex}"
+        gens = [
+            self.engine.generate(text if text is not None else ids, sp, f"{base}-{i}")
+            for i, ((text, ids), sp) in enumerate(zip(prompts, params))
+        ]
+        created = int(time.time())
+        if req.stream:
+            return self._stream(req, prompts, gens, base, created, echo_only)
+
+        async def finals():
+            last: dict[int, RequestOutput] = {}
+            async for i, out in merge(gens):
+                last[i] = out
+            yield last
+
+        last = await collect_final(finals(), raw)
+        if last is None:
+            return None
+        choices, completion_tokens = [], 0
+        for i, (text, ids) in enumerate(prompts):
+            out = last[i]
+            prompt_text = text if text is not None else self.tokenizer.decode(ids)
+            for o in out.outputs:
+                tok_ids = [] if echo_only else list(o.token_ids)
+                lps = [] if echo_only else list(o.logprobs or [])
+                body = "" if echo_only else o.text
+                completion_tokens += len(tok_ids)
+                logprobs = None
+                if req.logprobs is not None:
+                    all_ids, all_lps = tok_ids, lps
+                    if req.echo:
+                        all_ids = ids + tok_ids
+                        all_lps = list(out.prompt_logprobs or [None] * len(ids)) + lps
+                    logprobs = self._logprobs(all_ids, all_lps, req.logprobs, 0)
+                choices.append(
+                    CompletionResponseChoice(
+                        index=i * req.n + o.index,
+                        text=(prompt_text + body) if req.echo else body,
+                        logprobs=logprobs,
+                        finish_reason="length" if echo_only else o.finish_reason,
+                        stop_reason=None if echo_only else o.stop_reason,
+                    )
+                )
+        prompt_tokens = sum(len(ids) for _, ids in prompts)
+        usage = UsageInfo(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=prompt_tokens + completion_tokens,
+        )
+        return CompletionResponse(
+            id=base, created=created, model=self.model_name, choices=choices, usage=usage
+        )
+
+    async def _stream(self, req, prompts, gens, base, created, echo_only) -> AsyncIterator[str]:
+        """One chunk per generated token of each choice (the last one has finish_reason)."""
+        n = req.n
+        sent_tokens = [0] * (len(prompts) * n)
+        sent_chars = [0] * (len(prompts) * n)
+        echoed = [False] * (len(prompts) * n)
+        completion_tokens = 0
+        try:
+            async for i, out in merge(gens):
+                text, ids = prompts[i]
+                for o in out.outputs:
+                    idx = i * n + o.index
+                    new_ids = list(o.token_ids[sent_tokens[idx] :])
+                    if echo_only:
+                        if not o.finish_reason:
+                            continue
+                        new_ids = []
+                    elif not new_ids and not o.finish_reason:
+                        continue
+                    delta = "" if echo_only else o.text[sent_chars[idx] :]
+                    lp_ids, lp_list, offset = new_ids, [], sent_chars[idx]
+                    if not echo_only and o.logprobs is not None:
+                        lp_list = list(o.logprobs[sent_tokens[idx] :])
+                    if req.echo and not echoed[idx]:
+                        echoed[idx] = True
+                        prompt_text = text if text is not None else self.tokenizer.decode(ids)
+                        delta = prompt_text + delta
+                        lp_ids = ids + new_ids
+                        lp_list = list(out.prompt_logprobs or [None] * len(ids)) + lp_list
+                    logprobs = None
+                    if req.logprobs is not None:
+                        logprobs = self._logprobs(lp_ids, lp_list, req.logprobs, offset)
+                    sent_tokens[idx] += len(new_ids)
+                    sent_chars[idx] = max(sent_chars[idx], len(o.text))
+                    completion_tokens += len(new_ids)
+                    finish = o.finish_reason
+                    chunk = CompletionStreamResponse(
+                        id=base,
+                        created=created,
+                        model=self.model_name,
+                        choices=[
+                            CompletionResponseChoice(
+                                index=idx,
+                                text=delta,
+                                logprobs=logprobs,
+                                finish_reason="length" if echo_only and finish else finish,
+                                stop_reason=None if echo_only else o.stop_reason,
+                            )
+                        ],
+                    )
+                    yield f"data: {chunk.model_dump_json(exclude_unset=False)}\n\n"
+            if req.stream_options is not None and req.stream_options.include_usage:
+                prompt_tokens = sum(len(ids) for _, ids in prompts)
+                usage = UsageInfo(
+                    prompt_tokens=prompt_tokens,
+                    completion_tokens=completion_tokens,
+                    total_tokens=prompt_tokens + completion_tokens,
+                )
+                chunk = CompletionStreamResponse(
+                    id=base, created=created, model=self.model_name, choices=[], usage=usage
+                )
+                yield f"data: {chunk.model_dump_json()}\n\n"
+        except Exception as e:
+            yield to_api_error(e).sse()
+        yield "data: [DONE]\n\n"
+
+    def _logprobs(
+        self,
+        token_ids: list[int],
+        positions: list[PositionLogprobs | None],
+        k: int,
+        start_offset: int,
+    ) -> CompletionLogProbs:
+        """OpenAI completion logprobs: the chosen token's logprob and the top-k per position
+        (the chosen token included); None at the first prompt position."""
+        out = CompletionLogProbs()
+        offset = start_offset
+        for tid, pos in zip(token_ids, positions):
+            tok = self.token_text(tid)
+            out.tokens.append(tok)
+            out.text_offset.append(offset)
+            offset += len(tok)
+            if pos is None:
+                out.token_logprobs.append(None)
+                out.top_logprobs.append(None)
+                continue
+            chosen = pos.get(tid)
+            out.token_logprobs.append(chosen.logprob if chosen is not None else None)
+            ranked = sorted(pos.items(), key=lambda kv: -kv[1].logprob)
+            top = {}
+            for t, lp in ranked[: max(k, 0)]:
+                top[self.token_text(t)] = lp.logprob
+            if chosen is not None:
+                top.setdefault(tok, chosen.logprob)
+            out.top_logprobs.append(top)
+        return out

@@ -1,0 +1,237 @@
+"""What the completion and chat handlers share: model-name checks, OpenAI-style errors,
+context-length checks, SamplingParams from a request, and draining a request's outputs
+while watching for a client disconnect."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from http import HTTPStatus
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
+from vllm.engine.async_llm_engine import AsyncLLMEngine
+from vllm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse, SamplingFields
+from vllm.outputs import RequestOutput
+from vllm.sampling_params import SamplingParams
+
+_ERROR_TYPES = {
+    400: "BadRequestError",
+    401: "AuthenticationError",
+    404: "NotFoundError",
+    500: "InternalServerError",
+    503: "ServiceUnavailableError",
+}
+
+
+class APIError(Exception):
+    """An error answered as ``{"error": {...}}`` with HTTP status ``code``."""
+
+    def __init__(self, message: str, code: int = 400, param: str | None = None):
+        super().__init__(message)
+        self.message, self.code, self.param = message, code, param
+
+    def body(self) -> dict:
+        err = ErrorInfo(
+            message=self.message,
+            type=_ERROR_TYPES.get(self.code, HTTPStatus(self.code).phrase.replace(" ", "")),
+            param=self.param,
+            code=self.code,
+        )
+        return ErrorResponse(error=err).model_dump()
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.code)
+
+    def sse(self) -> str:
+        """The error as one server-sent event (for a stream whose headers are sent)."""
+        return f"data: {json.dumps(self.body())}\n\n"
+
+
+def param_of(message: str) -> str | None:
+    """The request field a SamplingParams ValueError names (its first word), if any."""
+    head = message.split(" ", 1)[0].strip(":,.")
+    return head if head.isidentifier() else None
+
+
+class OpenAIServing:
+    """Base of the completion and chat handlers.
+
+    Args:
+        engine: the running AsyncLLMEngine.
+        served_model_names: names accepted in ``model``; the first is reported.
+    """
+
+    def __init__(self, engine: AsyncLLMEngine, served_model_names: list[str]):
+        self.engine = engine
+        self.served_model_names = served_model_names
+        self.max_model_len = engine.max_model_len
+        self.tokenizer = engine.tokenizer
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_names[0]
+
+    def check_model(self, model: str | None) -> None:
+        """Raises APIError 404 when ``model`` is given and not served."""
+        if model is not None and model not in self.served_model_names:
+            raise APIError(f"The model `{model}` does not exist.", 404, "model")
+
+    def check_length(self, prompt_len: int, max_tokens: int | None, kind: str) -> int:
+        """Validate a prompt's length and return the completion budget.
+
+        Args:
+            prompt_len: prompt tokens.
+            max_tokens: requested completion tokens, None for the rest of the context.
+            kind: "prompt" or "messages", for the message.
+        Raises:
+            APIError 400: the prompt plus max_tokens exceeds max_model_len (both named).
+        """
+        if max_tokens is None:
+            if prompt_len >= self.max_model_len:
+                raise APIError(
+                    f"This model's maximum context length is {self.max_model_len} tokens. "
+                    f"However, you requested {prompt_len} tokens in the {kind}, which leaves "
+                    "no room for a completion. Please reduce the length of the "
+                    f"{kind}.",
+                    400,
+                    kind,
+                )
+            return self.max_model_len - prompt_len
+        if prompt_len + max_tokens > self.max_model_len:
+            raise APIError(
+                f"This model's maximum context length is {self.max_model_len} tokens. "
+                f"However, you requested {prompt_len + max_tokens} tokens ({prompt_len} in "
+                f"the {kind}, {max_tokens} in the completion). Please reduce the length of "
+                f"the {kind} or the completion (max_tokens).",
+                400,
+                kind,
+            )
+        return max_tokens
+
+    @staticmethod
+    def check_max_tokens(max_tokens: int | None, echo: bool = False) -> None:
+        if max_tokens is None:
+            return
+        if max_tokens < 0:
+            raise APIError(f"max_tokens must be at least 0, got {max_tokens}.", 400, "max_tokens")
+        if max_tokens == 0 and not echo:
+            raise APIError(
+                "max_tokens must be at least 1 (0 is only allowed with echo=true), got 0.",
+                400,
+                "max_tokens",
+            )
+
+    @staticmethod
+    def sampling_params(
+        req: SamplingFields,
+        max_tokens: int,
+        logprobs: int | None,
+        prompt_logprobs: int | None = None,
+    ) -> SamplingParams:
+        """SamplingParams for a request; raises APIError 400 on a bad value (the
+        SamplingParams ValueError's message names the field and the limit)."""
+        kw = dict(
+            n=req.n,
+            presence_penalty=req.presence_penalty or 0.0,
+            frequency_penalty=req.frequency_penalty or 0.0,
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            top_k=-1 if req.top_k is None else req.top_k,
+            min_p=0.0 if req.min_p is None else req.min_p,
+            repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+            seed=req.seed,
+            stop=req.stop,
+            stop_token_ids=req.stop_token_ids,
+            include_stop_str_in_output=req.include_stop_str_in_output,
+            ignore_eos=req.ignore_eos,
+            max_tokens=max_tokens,
+            min_tokens=req.min_tokens,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
+            skip_special_tokens=req.skip_special_tokens,
+            spaces_between_special_tokens=req.spaces_between_special_tokens,
+        )
+        try:
+            return SamplingParams(**kw)
+        except (ValueError, TypeError) as e:
+            raise APIError(str(e), 400, param_of(str(e))) from e
+
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id]) if self.tokenizer is not None else str(token_id)
+
+
+async def collect_final(
+    gen: AsyncIterator[RequestOutput], raw_request: Request | None
+) -> RequestOutput | None:
+    """Drain ``gen`` and return its last output; None when the client went away (the
+    generator is closed, which aborts the request)."""
+
+    async def drain():
+        last = None
+        async for out in gen:
+            last = out
+        return last
+
+    task = asyncio.ensure_future(drain())
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=0.5)
+        if done:
+            return task.result()
+        if raw_request is not None and await raw_request.is_disconnected():
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+            await gen.aclose()
+            return None
+
+
+async def merge(gens: list[AsyncIterator]) -> AsyncIterator[tuple[int, object]]:
+    """Interleave several async iterators, yielding (index, item) as items arrive."""
+    queue: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def pump(i, g):
+        try:
+            async for item in g:
+                await queue.put((i, item))
+            await queue.put((i, done))
+        except BaseException as e:  # forwarded to the consumer
+            await queue.put((i, e))
+
+    tasks = [asyncio.ensure_future(pump(i, g)) for i, g in enumerate(gens)]
+    try:
+        remaining = len(gens)
+        while remaining:
+            i, item = await queue.get()
+            if item is done:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        # Cancelling a pump closes its generator, which aborts its request.
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def to_api_error(e: Exception) -> APIError:
+    """Map an exception raised while serving to an APIError: ValueError -> 400, a request
+    failed in the engine -> 500, a dead or stopping engine -> 503, anything else -> 500."""
+    from vllm.engine.async_llm_engine import EngineDeadError, RequestFailedError
+
+    if isinstance(e, APIError):
+        return e
+    if isinstance(e, RequestFailedError):
+        return APIError(f"The request failed inside the engine: {e}", 500)
+    if isinstance(e, EngineDeadError):
+        return APIError(str(e), 503)
+    if isinstance(e, ValueError):
+        return APIError(str(e), 400, param_of(str(e)))
+    return APIError(f"{type(e).__name__}: {e}", 500)
