@@ -11,6 +11,7 @@ import itertools
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
@@ -76,6 +77,11 @@ class LLMEngine:
         self.seq_counter = itertools.count()
         self._requests: dict[str, SequenceGroup] = {}
         self._next_ve = 0
+        # Pipelined stepping (executors with execute_model_async, e.g. mp): at most one
+        # step in flight per VE; (ve, future, scheduler outputs) in submission order.
+        self._pipelined = hasattr(self.executor, "execute_model_async")
+        self._in_flight: deque = deque()
+        self.max_steps_in_flight = 0  # the most steps ever in flight at once
         # request id -> the exception that failed it while its output was processed; the
         # request is finished as aborted and its blocks are freed (see process_outputs).
         self.failed_requests: dict[str, BaseException] = {}
@@ -212,14 +218,53 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Run one step of the next virtual engine that has work (round robin).
 
+        With a pipelining executor (one exposing ``execute_model_async``) see
+        :meth:`_step_pipelined` instead.
+
         Returns RequestOutputs of the groups scheduled (and ignored) in this step.
         """
+        if self._pipelined:
+            return self._step_pipelined()
         for _ in range(len(self.schedulers)):
             ve = self._next_ve
             self._next_ve = (self._next_ve + 1) % len(self.schedulers)
             if self.schedulers[ve].has_unfinished_seqs():
                 return self.step_virtual_engine(ve)
         return []
+
+    def _step_pipelined(self) -> list[RequestOutput]:
+        """Submit a step for every idle virtual engine with work, then wait for the oldest
+        step in flight and return its outputs.
+
+        A VE with a step in flight is never scheduled again until that step's output is
+        processed (its sequences have no new token yet), so at most ``num_virtual_engines``
+        steps are in flight, and outputs are processed in submission order (hence in
+        order per VE). While stage 0 runs VE 1's step, stage 1 runs VE 0's: the pipeline
+        stays busy when every VE has work.
+        """
+        results: list[RequestOutput] = []
+        busy = {ve for ve, _, _ in self._in_flight}
+        for _ in range(len(self.schedulers)):
+            ve = self._next_ve
+            self._next_ve = (self._next_ve + 1) % len(self.schedulers)
+            if ve in busy or not self.schedulers[ve].has_unfinished_seqs():
+                continue
+            req, sched_out = self.schedule_step(ve)
+            if not req.seq_group_metadata_list:
+                results.extend(self.process_outputs(ve, sched_out, None))
+                continue
+            self._in_flight.append((ve, self.executor.execute_model_async(req), sched_out))
+            busy.add(ve)
+        self.max_steps_in_flight = max(self.max_steps_in_flight, len(self._in_flight))
+        if self._in_flight:
+            ve, fut, sched_out = self._in_flight.popleft()
+            try:
+                output = fut.result()
+            except BaseException:
+                self._in_flight.clear()
+                raise
+            results.extend(self.process_outputs(ve, sched_out, output))
+        return results
 
     def schedule_step(self, ve: int) -> tuple[ExecuteModelRequest, SchedulerOutputs]:
         """Schedule one step of virtual engine ``ve``."""

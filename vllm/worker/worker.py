@@ -152,7 +152,44 @@ class Worker:
         batch = self.model_runner.prepare_model_input(
             request.seq_group_metadata_list, ve, ce.scratch_slot, request.num_lookahead_slots
         )
-        return self.model_runner.execute_model(batch, ce.kv_caches, intermediate_tensors)
+        if self.pp_size == 1:
+            return self.model_runner.execute_model(batch, ce.kv_caches, intermediate_tensors)
+        return self._execute_pipeline_stage(batch, ce.kv_caches)
+
+    def _execute_pipeline_stage(self, batch, kv_caches) -> SamplerOutput | None:
+        """One step of a stage of a multi-process pipeline (``pp_size > 1``).
+
+        A non-first stage receives ``IntermediateTensors`` [num_tokens, hidden] from the
+        previous rank (num_tokens = the batch's token rows, the same on every stage since
+        all build the batch from the same request); a non-last stage sends its output to
+        the next rank and returns None. Only the last stage returns the SamplerOutput.
+        """
+        from vllm.distributed.communication import (
+            recv_intermediate_tensors,
+            send_intermediate_tensors,
+        )
+        from vllm.distributed.parallel_state import get_pp_group
+
+        group = get_pp_group()
+        if group is None:
+            raise RuntimeError(
+                f"pipeline_parallel_size={self.pp_size} but this process has no pipeline "
+                "group (workers of a pipeline run under the mp executor)."
+            )
+        inter = None
+        if not group.is_first_rank:
+            inter = recv_intermediate_tensors(
+                batch.input_ids.shape[0],
+                self.config.model_config.hf_config.hidden_size,
+                self.config.model_config.torch_dtype,
+                self.device,
+                group.prev_rank,
+            )
+        out = self.model_runner.execute_model(batch, kv_caches, inter)
+        if group.is_last_rank:
+            return out
+        send_intermediate_tensors(out, group.next_rank)
+        return None
 
     def free_sequences(self, seq_ids: list[int]) -> None:
         """Forget per-sequence state of finished sequences."""

@@ -84,12 +84,17 @@ def _field_str(reader, key: str) -> str | None:
 
 
 def gguf_weights_iterator(
-    path: str, num_heads: int, num_kv_heads: int
+    path: str,
+    num_heads: int,
+    num_kv_heads: int,
+    layer_range: tuple[int, int] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield ``(hf_name, float32 tensor)`` for every tensor of the GGUF file at ``path``.
 
     Args:
         num_heads, num_kv_heads: the model's attention heads, for un-permuting Llama q/k.
+        layer_range: ``(start, end)``: decoder-layer tensors outside it are skipped before
+            dequantizing (a pipeline stage reads only its own layers).
 
     Raises:
         ValueError: an unmapped tensor name or an unexpected dequantized shape.
@@ -103,6 +108,9 @@ def gguf_weights_iterator(
         hf_name = gguf_to_hf_name(tensor.name)
         if hf_name is None:
             continue
+        if layer_range is not None and hf_name.startswith("model.layers."):
+            if not layer_range[0] <= int(hf_name.split(".")[2]) < layer_range[1]:
+                continue
         array = gguf.quants.dequantize(tensor.data, tensor.tensor_type)  # torch order
         expected = tuple(int(d) for d in reversed(tensor.shape))  # GGUF dims are reversed
         if tuple(array.shape) != expected:

@@ -75,7 +75,8 @@ def get_model(model_config, device, pp_rank: int = 0, pp_size: int = 1) -> nn.Mo
         if load_format == "gguf":
             num_heads = hf_config.num_attention_heads
             num_kv_heads = getattr(hf_config, "num_key_value_heads", None) or num_heads
-            weights = gguf_weights_iterator(model_config.model, num_heads, num_kv_heads)
+            layers = (getattr(model, "start_layer", 0), getattr(model, "end_layer", 1 << 30))
+            weights = gguf_weights_iterator(model_config.model, num_heads, num_kv_heads, layers)
         else:
             weights = safetensors_weights_iterator(model_config.model)
         with torch.no_grad():

@@ -1,0 +1,107 @@
+"""The multiprocessing executor: KV sizing over stages, dead workers, clean shutdown.
+
+Regressions guarded: an engine that hangs forever when a stage's process dies (it must
+fail with the stage's rank within 30 s); worker processes outliving shutdown().
+"""
+
+import os
+import signal
+import time
+
+import psutil
+import pytest
+
+from tests.distributed.test_pipeline_parallel_cpu import TINY_PROMPTS, deadline
+
+
+@pytest.fixture(autouse=True)
+def _small_kv_cache(monkeypatch):
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0.05")
+
+
+def _workers_left() -> list[psutil.Process]:
+    """Live children of this test process, multiprocessing's resource tracker aside (it
+    belongs to the interpreter, not to an engine, and exits with it)."""
+    left = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if "resource_tracker" in " ".join(child.cmdline()):
+                continue
+        except psutil.NoSuchProcess:
+            continue
+        left.append(child)
+    return left
+
+
+def _llm(model, **kw):
+    from vllm import LLM
+
+    return LLM(model=model, device="cpu", dtype="float32", pipeline_parallel_size=2, **kw)
+
+
+@pytest.mark.forked
+def test_num_gpu_blocks_override_is_per_stage(tiny_llama_dir):
+    """num_gpu_blocks_override=64 blocks per stage -> 64 // 2 VEs - 1 scratch = 31."""
+    llm = _llm(tiny_llama_dir, num_gpu_blocks_override=64)
+    try:
+        assert llm.llm_engine.config.cache_config.num_gpu_blocks == 31
+        assert llm.llm_engine.executor.collective_rpc("determine_num_available_blocks") == [
+            31,
+            31,
+        ]
+    finally:
+        llm.llm_engine.shutdown()
+
+
+@pytest.mark.forked
+@pytest.mark.parametrize("victim", [0, 1])
+def test_killed_worker_fails_with_its_rank(tiny_llama_dir, victim):
+    """SIGKILL one stage while steps are in flight: the engine raises an error naming the
+    stage's rank within 30 s (no hang); later calls raise it at once; shutdown leaves no
+    process behind."""
+    from vllm import SamplingParams
+
+    llm = _llm(tiny_llama_dir)
+    engine = llm.llm_engine
+    params = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
+    for i, p in enumerate(TINY_PROMPTS):
+        engine.add_request(f"req-{i}", p, params)
+    engine.step()  # both VEs submitted; the oldest step processed
+    os.kill(engine.executor.worker_pids[victim], signal.SIGKILL)
+    t0 = time.monotonic()
+    with deadline(30):
+        with pytest.raises(RuntimeError, match=f"rank {victim}") as info:
+            while engine.has_unfinished_requests():
+                engine.step()
+    assert time.monotonic() - t0 < 30
+    assert "died" in str(info.value)
+    with pytest.raises(RuntimeError, match=f"rank {victim}"):
+        llm.generate(["again"], params, use_tqdm=False)
+    engine.shutdown()
+    assert _workers_left() == []
+
+
+@pytest.mark.forked
+def test_shutdown_leaves_no_process(tiny_llama_dir):
+    """After generate + shutdown no worker process remains; shutdown is idempotent and
+    a later call fails with a clear message instead of hanging. Also: KV blocks are the
+    minimum over stages (stage 0 caches 2 layers, stage 1 one, so stage 1 fits more;
+    stage 0's count is allocated everywhere)."""
+    llm = _llm(tiny_llama_dir)
+    ex = llm.llm_engine.executor
+    per_stage = ex.collective_rpc("determine_num_available_blocks")
+    assert per_stage[1] > per_stage[0]
+    assert llm.llm_engine.config.cache_config.num_gpu_blocks == per_stage[0]
+    pids = list(ex.worker_pids)
+    assert len(pids) == 2
+    assert {p.pid for p in _workers_left()} >= set(pids)
+    out = llm.generate(TINY_PROMPTS[:3], use_tqdm=False)
+    assert all(o.finished for o in out)
+    llm.llm_engine.shutdown()
+    llm.llm_engine.shutdown()
+    assert _workers_left() == []
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids)
+    with pytest.raises(RuntimeError, match="shut down"):
+        llm.generate(["x"], use_tqdm=False)

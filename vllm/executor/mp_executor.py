@@ -1,0 +1,306 @@
+"""The multiprocessing executor: one spawned process per pipeline stage on this host.
+
+How a step flows: ``execute_model_async(request)`` pickles the request once and writes it
+to every stage's pipe (under one lock, so every stage sees the same order) and returns a
+``concurrent.futures.Future``. Each stage runs steps strictly in arrival order; stage r > 0
+receives IntermediateTensors from r - 1, stage r < P - 1 sends them to r + 1, and only the
+last stage replies with the SamplerOutput, which resolves the future. The executor itself
+does not bound the steps in flight; the engine keeps at most one per virtual engine.
+
+A background thread (the "watcher") reads every reply and waits on every process
+sentinel. When a worker process dies, or a stage reports an exception, the executor is
+failed: every pending future gets a RuntimeError naming the stage's rank, and every later
+call raises it, so the engine errors out instead of hanging.
+
+KV-cache sizing: each stage computes ``determine_num_available_blocks()`` (blocks per
+virtual engine); the minimum over stages is allocated on every stage, so block numbers
+chosen by a scheduler are valid on all of them.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import logging
+import multiprocessing
+import pickle
+import threading
+import weakref
+from concurrent.futures import Future
+from multiprocessing.connection import wait
+from typing import Any
+
+from vllm.distributed.parallel_state import get_free_port
+from vllm.executor.executor_base import ExecutorBase
+from vllm.sequence import ExecuteModelRequest, SamplerOutput
+from vllm.worker import worker_process as wp
+
+logger = logging.getLogger(__name__)
+
+# Seconds a worker may take to start (spawn, imports, weights).
+STARTUP_TIMEOUT_S = 600.0
+# Seconds shutdown waits for a clean exit before terminate(), then before kill().
+JOIN_TIMEOUT_S = 5.0
+
+
+class MultiprocessingExecutor(ExecutorBase):
+    """Runs one :class:`~vllm.worker.worker.Worker` per pipeline stage in its own process.
+
+    Attributes:
+        world_size: number of stages (processes).
+        worker_pids: pid of each stage's process, by rank.
+    """
+
+    def _init_executor(self) -> None:
+        self.world_size = self.config.parallel_config.world_size
+        self._lock = threading.Lock()  # guards futures, calls, error and pipe writes
+        self._step_ids = itertools.count()
+        self._call_ids = itertools.count()
+        self._steps: dict[int, Future] = {}
+        self._calls: dict[int, tuple[Future, dict[int, Any]]] = {}
+        self._error: RuntimeError | None = None
+        self._closing = False
+        self._closed = False
+        self.workers: list[multiprocessing.Process] = []
+        self._conns = []
+        self.worker_pids: list[int] = []
+        ctx = multiprocessing.get_context("spawn")
+        init_method = f"tcp://127.0.0.1:{get_free_port()}"
+        for rank in range(self.world_size):
+            parent, child = ctx.Pipe(duplex=True)
+            proc = ctx.Process(
+                target=wp.run_worker,
+                args=(self.config, rank, init_method, child),
+                name=f"vllm-pp-worker-{rank}",
+                daemon=True,
+            )
+            proc.start()
+            child.close()
+            self.workers.append(proc)
+            self._conns.append(parent)
+        # Registered before the first wait so an interrupted start-up still cleans up.
+        self_ref = weakref.ref(self)
+        self._atexit = lambda: (lambda ex: ex.shutdown() if ex is not None else None)(self_ref())
+        atexit.register(self._atexit)
+        try:
+            self._wait_ready()
+            self._watcher = threading.Thread(
+                target=self._watch, name="vllm-mp-executor-watcher", daemon=True
+            )
+            self._watcher.start()
+            blocks = self.collective_rpc("determine_num_available_blocks")
+            num_blocks = min(blocks)
+            logger.info("KV blocks per virtual engine by stage %s -> using %d", blocks, num_blocks)
+            self.config.cache_config.num_gpu_blocks = num_blocks
+            self.collective_rpc("initialize_cache", num_blocks)
+            self.collective_rpc("capture_graphs_if_any")
+        except BaseException:
+            self.shutdown()
+            raise
+
+    # ----------------------------------------------------------------- start-up
+    def _wait_ready(self) -> None:
+        """Wait for every stage's READY reply (or a failure / death, which raises)."""
+        pids: dict[int, int] = {}
+        pending = {conn: rank for rank, conn in enumerate(self._conns)}
+        sentinels = {p.sentinel: rank for rank, p in enumerate(self.workers)}
+        while pending:
+            ready = wait([*pending, *sentinels], timeout=STARTUP_TIMEOUT_S)
+            if not ready:
+                raise RuntimeError(
+                    f"pipeline workers of ranks {sorted(pending.values())} did not start "
+                    f"within {STARTUP_TIMEOUT_S:.0f} s."
+                )
+            for obj in sorted(ready, key=lambda o: o not in pending):  # replies first
+                if obj in pending:
+                    rank = pending.pop(obj)
+                    try:
+                        _, _, r, pid, err = pickle.loads(obj.recv_bytes())
+                    except (EOFError, OSError):
+                        err, pid = "its process exited during start-up", None
+                    if err is not None:
+                        raise RuntimeError(f"pipeline worker rank {rank} failed to start:\n{err}")
+                    pids[r] = pid
+                elif obj in sentinels:
+                    rank = sentinels[obj]
+                    code = self.workers[rank].exitcode
+                    raise RuntimeError(
+                        f"pipeline worker rank {rank} died during start-up (exit code {code})."
+                    )
+        self.worker_pids = [pids[r] for r in range(self.world_size)]
+
+    # ------------------------------------------------------------------ watcher
+    def _watch(self) -> None:
+        """Dispatch replies; fail the executor when a stage dies or reports an error."""
+        conns = {conn: rank for rank, conn in enumerate(self._conns)}
+        sentinels = {p.sentinel: rank for rank, p in enumerate(self.workers)}
+        while not self._closing:
+            ready = wait([*conns, *sentinels], timeout=0.5)
+            # Deaths first: a dead stage is the root cause of its neighbours' errors.
+            for obj in sorted(ready, key=lambda o: o in conns):
+                if self._closing:
+                    return
+                if obj in conns:
+                    rank = conns[obj]
+                    try:
+                        msg = pickle.loads(obj.recv_bytes())
+                    except (EOFError, OSError):
+                        self._fail(rank, "closed its pipe (the process died)")
+                        return
+                    self._dispatch(msg)
+                else:
+                    rank = sentinels[obj]
+                    self.workers[rank].join(0.1)
+                    code = self.workers[rank].exitcode
+                    self._fail(rank, f"died unexpectedly (exit code {code})")
+                    return
+
+    def _dispatch(self, msg: tuple) -> None:
+        kind, tag, rank, payload, err = msg
+        if err is not None:
+            dead = [r for r, p in enumerate(self.workers) if p.exitcode is not None]
+            if dead:  # a neighbour's death (the cause) surfaced as this stage's error
+                code = self.workers[dead[0]].exitcode
+                self._fail(dead[0], f"died unexpectedly (exit code {code})")
+            else:
+                self._fail(rank, f"raised an exception while running a {kind!r} message:\n{err}")
+            return
+        with self._lock:
+            if kind == wp.STEP:
+                fut = self._steps.pop(tag, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(payload)
+            elif kind == wp.CALL and tag in self._calls:
+                fut, results = self._calls[tag]
+                results[rank] = payload
+                if len(results) == self.world_size:
+                    del self._calls[tag]
+                    fut.set_result([results[r] for r in range(self.world_size)])
+
+    def _fail(self, rank: int, what: str) -> None:
+        """Mark the executor failed and fail every pending future with the rank's error."""
+        pid = self.worker_pids[rank] if rank < len(self.worker_pids) else None
+        with self._lock:
+            if self._error is None:
+                self._error = RuntimeError(
+                    f"pipeline worker rank {rank} (pid {pid}) {what}; the engine cannot continue."
+                )
+                logger.error("%s", self._error)
+            pending = [*self._steps.values(), *(f for f, _ in self._calls.values())]
+            self._steps.clear()
+            self._calls.clear()
+        for fut in pending:
+            if not fut.done():
+                fut.set_exception(self._error)
+
+    # ------------------------------------------------------------------ sending
+    def _broadcast(self, msg: tuple, ranks: range | list[int] | None = None) -> None:
+        """Pickle ``msg`` once and write it to the given stages (all by default); caller
+        holds ``self._lock`` so every stage receives messages in the same order."""
+        data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+        for rank in ranks if ranks is not None else range(self.world_size):
+            try:
+                self._conns[rank].send_bytes(data)
+            except (BrokenPipeError, OSError) as e:
+                raise RuntimeError(f"pipeline worker rank {rank} is unreachable: {e}") from e
+
+    def _check_alive(self) -> None:
+        if self._error is not None:
+            raise self._error
+        if self._closed or self._closing:
+            raise RuntimeError("the multiprocessing executor was shut down.")
+
+    def execute_model_async(self, request: ExecuteModelRequest) -> Future:
+        """Submit one step to every stage; the future resolves to the last stage's
+        SamplerOutput (None for an empty request) or fails with the failing rank's error.
+
+        Raises:
+            RuntimeError: the executor already failed or was shut down.
+        """
+        fut: Future = Future()
+        with self._lock:
+            self._check_alive()
+            step_id = next(self._step_ids)
+            self._steps[step_id] = fut
+            self._broadcast((wp.STEP, step_id, request))
+        return fut
+
+    def execute_model(self, request: ExecuteModelRequest) -> SamplerOutput | None:
+        return self.execute_model_async(request).result()
+
+    def collective_rpc(self, method: str, *args: Any, timeout: float | None = None) -> list:
+        """Call ``Worker.<method>(*args)`` on every stage, after the steps already sent.
+
+        Returns:
+            The results, indexed by rank.
+        Raises:
+            RuntimeError: a stage failed or died (naming its rank).
+        """
+        fut: Future = Future()
+        with self._lock:
+            self._check_alive()
+            call_id = next(self._call_ids)
+            self._calls[call_id] = (fut, {})
+            self._broadcast((wp.CALL, call_id, method, args))
+        return fut.result(timeout=timeout)
+
+    def free_sequences(self, seq_ids: list[int]) -> None:
+        if not seq_ids or self._error is not None or self._closing or self._closed:
+            return
+        with self._lock:  # only the last stage keeps per-sequence generators
+            self._broadcast((wp.FREE, list(seq_ids)), [self.world_size - 1])
+
+    def decode_step_counters(self) -> dict:
+        """Each stage's graph-runner counters (``{}`` for a stage without graphs), by rank."""
+        return dict(enumerate(self.collective_rpc("decode_step_counters")))
+
+    @property
+    def failed(self) -> bool:
+        return self._error is not None
+
+    # ----------------------------------------------------------------- shutdown
+    def shutdown(self) -> None:
+        """Stop every worker process (idempotent): ask, join, then terminate, then kill."""
+        if self._closed:
+            return
+        self._closing = True
+        self._closed = True
+        workers = getattr(self, "workers", [])
+        for conn in getattr(self, "_conns", []):
+            try:
+                conn.send_bytes(pickle.dumps((wp.SHUTDOWN,)))
+            except Exception:
+                pass
+        watcher = getattr(self, "_watcher", None)
+        if watcher is not None and watcher is not threading.current_thread():
+            watcher.join(2.0)
+        for proc in workers:
+            proc.join(JOIN_TIMEOUT_S)
+        for stop in ("terminate", "kill"):
+            alive = [p for p in workers if p.is_alive()]
+            for proc in alive:
+                getattr(proc, stop)()
+            for proc in alive:
+                proc.join(JOIN_TIMEOUT_S)
+        for conn in getattr(self, "_conns", []):
+            try:
+                conn.close()
+            except Exception:
+                pass
+        err = RuntimeError("the multiprocessing executor was shut down.")
+        with self._lock:
+            pending = [*self._steps.values(), *(f for f, _ in self._calls.values())]
+            self._steps.clear()
+            self._calls.clear()
+        for fut in pending:
+            if not fut.done():
+                fut.set_exception(self._error or err)
+        if getattr(self, "_atexit", None) is not None:
+            atexit.unregister(self._atexit)
+            self._atexit = None
+
+    def __del__(self):
+        try:
+            self.shutdown()
+        except Exception:
+            pass

@@ -1,0 +1,137 @@
+"""The main loop of one pipeline-stage worker process (started by the mp executor).
+
+Life of a worker process (started with multiprocessing "spawn"):
+
+1. Join the pipeline process group (gloo on CPU, NCCL on CUDA, device cuda:rank), build
+   the :class:`~vllm.worker.worker.Worker` of stage ``rank``, load its layers, reply
+   ``("ready", rank)``.
+2. Serve messages from the driver, strictly in the order they arrive on its pipe:
+   ``("step", step_id, request)`` runs ``Worker.execute_model`` (only the last stage replies,
+   with the SamplerOutput; any stage replies when it fails); ``("call", call_id, method,
+   args)`` runs a Worker method and every stage replies; ``("free", seq_ids)`` forgets
+   finished sequences; ``("shutdown",)`` leaves the group and exits.
+
+A reader thread drains the pipe into a local queue so the driver never blocks on a busy
+worker; when the driver's end closes (the engine process died) the worker exits at once,
+so no stage outlives its engine.
+
+Replies are ``(kind, id, rank, payload, error_text)`` tuples pickled onto the pipe.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import queue
+import threading
+import traceback
+from multiprocessing.connection import Connection
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+STEP = "step"
+CALL = "call"
+FREE = "free"
+SHUTDOWN = "shutdown"
+READY = "ready"
+
+
+def _capture_graphs_if_any(worker) -> None:
+    """Capture CUDA graphs when this Worker knows how (the graph runner may be absent)."""
+    if hasattr(worker, "capture_graphs"):
+        worker.capture_graphs()
+
+
+def _decode_step_counters(worker) -> dict:
+    """This stage's graph replay/eager counters, ``{}`` when it runs without graphs."""
+    gr = getattr(worker.model_runner, "graph_runner", None)
+    return gr.counters.snapshot() if gr is not None else {}
+
+
+# Calls the driver may make that are not Worker methods.
+_HELPERS = {
+    "capture_graphs_if_any": _capture_graphs_if_any,
+    "decode_step_counters": _decode_step_counters,
+}
+
+
+def _reader(conn: Connection, inbox: queue.Queue) -> None:
+    """Move pickled driver messages into ``inbox``; exit the process if the driver is gone."""
+    while True:
+        try:
+            data = conn.recv_bytes()
+        except (EOFError, OSError):
+            os._exit(0)  # the engine process closed its end or died: never linger
+        msg = pickle.loads(data)
+        inbox.put(msg)
+        if msg[0] == SHUTDOWN:
+            return
+
+
+def _reply(conn: Connection, lock: threading.Lock, msg: tuple[Any, ...]) -> None:
+    with lock:
+        conn.send_bytes(pickle.dumps(msg))
+
+
+def run_worker(config, rank: int, init_method: str, conn: Connection) -> None:
+    """Entry point of a worker process: set up stage ``rank``, then serve the driver.
+
+    Args:
+        config: the EngineConfig (pickled by spawn).
+        rank: this pipeline stage, in [0, pipeline_parallel_size).
+        init_method: the process group's rendezvous URL (``tcp://127.0.0.1:<port>``).
+        conn: this worker's end of its duplex pipe to the driver.
+    """
+    import torch
+
+    from vllm.distributed.parallel_state import (
+        destroy_distributed_environment,
+        init_distributed_environment,
+    )
+    from vllm.worker.worker import Worker
+
+    lock = threading.Lock()
+    world = config.parallel_config.world_size
+    try:
+        worker = Worker(config, rank=rank, local_rank=rank)
+        worker.init_device()
+        init_distributed_environment(rank, world, init_method, worker.device)
+        worker.load_model()
+    except BaseException:
+        _reply(conn, lock, (READY, None, rank, None, traceback.format_exc()))
+        return
+    _reply(conn, lock, (READY, None, rank, os.getpid(), None))
+
+    inbox: queue.Queue = queue.Queue()
+    threading.Thread(target=_reader, args=(conn, inbox), daemon=True).start()
+    is_last = rank == world - 1
+    while True:
+        msg = inbox.get()
+        kind = msg[0]
+        if kind == SHUTDOWN:
+            break
+        if kind == FREE:
+            worker.free_sequences(msg[1])
+            continue
+        tag = msg[1]
+        try:
+            if kind == STEP:
+                out = worker.execute_model(msg[2])
+                if is_last:
+                    _reply(conn, lock, (STEP, tag, rank, out, None))
+            elif kind == CALL:
+                fn = _HELPERS.get(msg[2])
+                result = fn(worker, *msg[3]) if fn else getattr(worker, msg[2])(*msg[3])
+                _reply(conn, lock, (CALL, tag, rank, result, None))
+            else:
+                raise ValueError(f"unknown message kind {kind!r}")
+        except BaseException:
+            _reply(conn, lock, (kind, tag, rank, None, traceback.format_exc()))
+    try:
+        if torch.cuda.is_available() and worker.device.type == "cuda":
+            torch.cuda.synchronize(worker.device)
+        destroy_distributed_environment()
+    finally:
+        conn.close()
