@@ -50,10 +50,16 @@ def _decode_step_counters(worker) -> dict:
     return gr.counters.snapshot() if gr is not None else {}
 
 
+def _attn_backend_name(worker) -> str:
+    """The attention backend this stage runs (tests assert the one they asked for)."""
+    return worker.model_runner.attn_backend_name
+
+
 # Calls the driver may make that are not Worker methods.
 _HELPERS = {
     "capture_graphs_if_any": _capture_graphs_if_any,
     "decode_step_counters": _decode_step_counters,
+    "attn_backend_name": _attn_backend_name,
 }
 
 
