@@ -1,0 +1,165 @@
+"""Serving benchmark against a running `vllm serve` (OpenAI /v1/completions, streaming).
+
+Sends ``--num-prompts`` requests of ``--input-len`` random-word prompts asking for exactly
+``--output-len`` tokens (ignore_eos), arriving as a Poisson process of ``--request-rate``
+requests/s (inf: all at once), with at most ``--max-concurrency`` in flight. Reports:
+
+- TTFT: time from sending a request to its first streamed token.
+- TPOT: (end - first token) / (output tokens - 1), per request.
+- ITL: gaps between consecutive streamed chunks.
+- output tokens/s = all completion tokens / wall-clock seconds of the run.
+
+Prints the conditions, a table, then one JSON line (prefix ``RESULT_JSON ``).
+
+    vllm serve --device cpu --max-model-len 512 --port 8000 &
+    python benchmarks/benchmark_serving.py --base-url http://127.0.0.1:8000 \\
+        --num-prompts 32 --request-rate inf --max-concurrency 8 --input-len 32 --output-len 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import time
+
+import httpx
+
+WORDS = "the of and to in is was for on that with as by at from his her it an are were".split()
+
+
+def percentiles(xs: list[float], ps=(50, 90, 99)) -> dict[str, float]:
+    """Nearest-rank percentiles of ``xs`` (milliseconds in the report), plus the mean."""
+    if not xs:
+        return {"mean": float("nan"), **{f"p{p}": float("nan") for p in ps}}
+    s = sorted(xs)
+    out = {"mean": sum(s) / len(s)}
+    for p in ps:
+        out[f"p{p}"] = s[min(len(s) - 1, max(0, int(round(p / 100 * len(s))) - 1))]
+    return out
+
+
+async def one_request(client, url, model, prompt, output_len, key) -> dict:
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": output_len,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    start = time.perf_counter()
+    stamps: list[float] = []
+    tokens = 0
+    async with client.stream("POST", url, json=body, headers=headers) as r:
+        if r.status_code != 200:
+            return {"ok": False, "error": (await r.aread()).decode()[:200]}
+        async for line in r.aiter_lines():
+            if not line.startswith("data:") or line.strip() == "data: [DONE]":
+                continue
+            data = json.loads(line[5:])
+            if "error" in data:
+                return {"ok": False, "error": data["error"]["message"]}
+            if data.get("choices"):
+                stamps.append(time.perf_counter())
+            if data.get("usage"):
+                tokens = data["usage"]["completion_tokens"]
+    end = time.perf_counter()
+    if not stamps:
+        return {"ok": False, "error": "no tokens"}
+    ttft = stamps[0] - start
+    tpot = (end - stamps[0]) / (tokens - 1) if tokens > 1 else 0.0
+    itl = [b - a for a, b in zip(stamps, stamps[1:])]
+    return {
+        "ok": True,
+        "ttft": ttft,
+        "tpot": tpot,
+        "itl": itl,
+        "tokens": tokens,
+        "e2e": end - start,
+    }
+
+
+async def run(args) -> dict:
+    rng = random.Random(args.seed)
+    base = args.base_url.rstrip("/")
+    async with httpx.AsyncClient(timeout=None, limits=httpx.Limits(max_connections=1000)) as c:
+        model = args.model
+        if model is None:
+            headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+            model = (await c.get(f"{base}/v1/models", headers=headers)).json()["data"][0]["id"]
+        prompts = [
+            " ".join(rng.choice(WORDS) for _ in range(args.input_len))
+            for _ in range(args.num_prompts)
+        ]
+        sem = asyncio.Semaphore(args.max_concurrency or args.num_prompts)
+
+        async def limited(p):
+            async with sem:
+                return await one_request(
+                    c, f"{base}/v1/completions", model, p, args.output_len, args.api_key
+                )
+
+        tasks = []
+        start = time.perf_counter()
+        for p in prompts:
+            tasks.append(asyncio.create_task(limited(p)))
+            if args.request_rate != float("inf"):
+                await asyncio.sleep(rng.expovariate(args.request_rate))
+        results = await asyncio.gather(*tasks)
+        duration = time.perf_counter() - start
+    ok = [r for r in results if r["ok"]]
+    out_tokens = sum(r["tokens"] for r in ok)
+    ms = lambda d: {k: round(v * 1000, 2) for k, v in d.items()}  # noqa: E731
+    return {
+        "model": model,
+        "num_prompts": args.num_prompts,
+        "completed": len(ok),
+        "failed": len(results) - len(ok),
+        "request_rate": "inf" if args.request_rate == float("inf") else args.request_rate,
+        "max_concurrency": args.max_concurrency,
+        "input_len_words": args.input_len,
+        "output_len": args.output_len,
+        "duration_s": round(duration, 3),
+        "request_throughput": round(len(ok) / duration, 3),
+        "output_tokens_per_s": round(out_tokens / duration, 2),
+        "ttft_ms": ms(percentiles([r["ttft"] for r in ok])),
+        "tpot_ms": ms(percentiles([r["tpot"] for r in ok])),
+        "itl_ms": ms(percentiles([x for r in ok for x in r["itl"]])),
+        "e2e_ms": ms(percentiles([r["e2e"] for r in ok])),
+        "errors": sorted({r["error"] for r in results if not r["ok"]})[:3],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--base-url", default="http://127.0.0.1:8000")
+    ap.add_argument("--model", default=None, help="default: the first of /v1/models")
+    ap.add_argument("--api-key", default=None)
+    ap.add_argument("--num-prompts", type=int, default=32)
+    ap.add_argument("--request-rate", type=float, default=float("inf"), help="requests/s")
+    ap.add_argument("--max-concurrency", type=int, default=None)
+    ap.add_argument("--input-len", type=int, default=32, help="words per random prompt")
+    ap.add_argument("--output-len", type=int, default=16, help="tokens per request")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    print(
+        f"benchmark_serving: {args.base_url} num_prompts={args.num_prompts} "
+        f"request_rate={args.request_rate} max_concurrency={args.max_concurrency} "
+        f"input_len={args.input_len} words output_len={args.output_len} tokens (ignore_eos)"
+    )
+    res = asyncio.run(run(args))
+    print(f"completed {res['completed']}/{res['num_prompts']} in {res['duration_s']} s")
+    print(f"output tokens/s {res['output_tokens_per_s']}  requests/s {res['request_throughput']}")
+    for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+        d = res[name]
+        print(f"{name:8s} mean {d['mean']:9.2f}  p50 {d['p50']:9.2f}  p90 {d['p90']:9.2f}  "
+              f"p99 {d['p99']:9.2f}")  # fmt: skip
+    print("RESULT_JSON " + json.dumps(res))
+
+
+if __name__ == "__main__":
+    main()
