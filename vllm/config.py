@@ -386,6 +386,10 @@ class EngineConfig:
             )
         if self.device_config.device == "cpu" and self.parallel_config.pipeline_parallel_size > 1:
             pass  # gloo on CPU is supported by the mp executor
+        from vllm.attention.selector import which_attn_backend
+
+        # An explicit VLLM_ATTENTION_BACKEND that cannot run fails here, before any load.
+        which_attn_backend(self.device_config.device, self.model_config.dtype)
         cc = self.compilation_config
         cc.max_seq_len_to_capture = min(cc.max_seq_len_to_capture, self.model_config.max_model_len)
         if self.device_config.device == "cpu":

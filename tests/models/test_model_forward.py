@@ -21,6 +21,14 @@ PROMPT = [1, 504, 3458, 282, 4649, 314, 1812, 30, 2, 17, 9000, 77]
 NEW_TOKENS = 8
 
 
+def _sdpa() -> TorchSDPABackend:
+    """A TORCH_SDPA backend instance; metadata building only uses block size and device."""
+    from vllm.attention.backends.abstract import AttentionSpec
+
+    spec = AttentionSpec(1, 1, 1, BLOCK_SIZE, torch.float32, torch.device("cpu"))
+    return TorchSDPABackend(spec)
+
+
 class Runner:
     """Drives one pipeline of stages (a list of models) over a single sequence."""
 
@@ -49,7 +57,7 @@ class Runner:
             slot_mapping=list(range(start, end)),
             num_real_rows=1,
         )
-        md = TorchSDPABackend.build_metadata(step, "cpu", BLOCK_SIZE, NUM_BLOCKS * BLOCK_SIZE)
+        md = _sdpa().build_metadata(step, NUM_BLOCKS * BLOCK_SIZE)
         ids = torch.tensor(token_ids, dtype=torch.long)
         positions = torch.arange(start, end, dtype=torch.long)
         out = None
@@ -115,7 +123,7 @@ def test_first_stage_returns_intermediate_tensors(tiny_qwen2_dir):
     first, last = load(tiny_qwen2_dir, pp_size=2)
     runner = Runner([first])
     step = StepInputs(ForwardMode.PREFILL, [3], [3], [[0]], [0, 1, 2], 1)
-    md = TorchSDPABackend.build_metadata(step, "cpu", BLOCK_SIZE, NUM_BLOCKS * BLOCK_SIZE)
+    md = _sdpa().build_metadata(step, NUM_BLOCKS * BLOCK_SIZE)
     with torch.no_grad():
         out = first(torch.tensor([5, 6, 7]), torch.arange(3), runner.caches[0], md)
     assert out["hidden_states"].shape == out["residual"].shape == (3, 64)

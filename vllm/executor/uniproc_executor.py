@@ -21,8 +21,7 @@ class UniProcExecutor(ExecutorBase):
         num_blocks = self.worker.determine_num_available_blocks()
         self.config.cache_config.num_gpu_blocks = num_blocks
         self.worker.initialize_cache(num_blocks)
-        if hasattr(self.worker, "capture_graphs"):
-            self.worker.capture_graphs()
+        self.worker.capture_graphs()
 
     def execute_model(self, request: ExecuteModelRequest) -> SamplerOutput | None:
         return self.worker.execute_model(request)
@@ -31,5 +30,4 @@ class UniProcExecutor(ExecutorBase):
         self.worker.free_sequences(seq_ids)
 
     def decode_step_counters(self) -> dict:
-        gr = self.worker.model_runner.graph_runner
-        return gr.counters.snapshot() if gr is not None else {}
+        return self.worker.model_runner.counters.snapshot()

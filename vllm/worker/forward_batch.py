@@ -34,18 +34,24 @@ class ForwardBatch:
         batch_size: rows including padded lanes (the captured size when padded).
         max_decode_seq_len: longest row context in a decode step, lookahead slots
             included (for the graph gate), 0 for prefill.
+        graph_size: the captured size this step replays, or None when it runs eagerly
+            (then ``attn_metadata`` is set).
+        eager_reason: why it runs eagerly ("prefill", "enforce_eager", "too_big",
+            "too_long"), None when it replays.
     """
 
     mode: ForwardMode
     input_ids: torch.Tensor
     positions: torch.Tensor
-    attn_metadata: AttentionMetadata
+    attn_metadata: AttentionMetadata | None
     step: StepInputs
     sampling_metadata: SamplingMetadata | None
     virtual_engine: int
     num_real_rows: int
     batch_size: int
     max_decode_seq_len: int = 0
+    graph_size: int | None = None
+    eager_reason: str | None = None
 
     @property
     def num_tokens(self) -> int:

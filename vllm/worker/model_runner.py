@@ -2,8 +2,9 @@
 
 Input preparation (``prepare_model_input``) is plain host work over the scheduled groups;
 padding a decode batch to a captured size is one step of it and works eagerly too
-(``pad_eager_batches``, a debug switch). Execution runs the model eagerly here; CUDA-graph
-capture and replay live in :mod:`vllm.worker.graph_runner`, which this class delegates to.
+(``pad_eager_batches``, a debug switch). Execution replays a captured graph when the
+graph runner's gate says so (decided during input preparation) and runs eagerly otherwise;
+capture and replay live in :mod:`vllm.worker.graph_runner`. Every step is counted.
 """
 
 from __future__ import annotations
@@ -13,13 +14,15 @@ import time
 
 import torch
 
-from vllm.attention.backends.abstract import ForwardMode, StepInputs
+from vllm.attention.backends.abstract import AttentionSpec, ForwardMode, StepInputs
 from vllm.attention.selector import get_attn_backend, which_attn_backend
 from vllm.config import EngineConfig
 from vllm.model_executor.layers.sampler import Sampler
 from vllm.model_executor.sampling_metadata import SamplingMetadata
 from vllm.sequence import IntermediateTensors, SamplerOutput, SequenceGroupMetadata
+from vllm.worker.cuda_graph_sizes import capture_sizes
 from vllm.worker.forward_batch import ForwardBatch
+from vllm.worker.step_counters import DecodeStepCounters
 
 logger = logging.getLogger(__name__)
 
@@ -46,13 +49,35 @@ class ModelRunner:
         self.block_size = config.cache_config.block_size
         self.dtype = self.model_config.torch_dtype
         self.attn_backend_name = which_attn_backend(device.type, self.dtype)
-        self.attn_backend = get_attn_backend(self.attn_backend_name)
+        cfg = self.model_config
+        self.attn_spec = AttentionSpec(
+            num_heads=cfg.num_attention_heads,
+            num_kv_heads=cfg.num_kv_heads,
+            head_size=cfg.head_size,
+            block_size=self.block_size,
+            dtype=self.dtype,
+            device=device,
+            max_seq_len_to_capture=config.compilation_config.max_seq_len_to_capture,
+        )
+        self.attn_backend = get_attn_backend(self.attn_backend_name)(self.attn_spec)
         self.sampler = Sampler()
         self.generators: dict[int, torch.Generator] = {}
         self.pad_eager_batches = False
         self.model = None
-        # Filled by the graph runner; empty means every step runs eagerly.
-        self.graph_runner = None
+        cc = config.compilation_config
+        spec = config.speculative_config
+        k = getattr(spec, "num_speculative_tokens", 0) if spec is not None else 0
+        # The rule's sizes (as if graphs were on): padding targets for graphs and for the
+        # eager debug switch. Graphs themselves exist only once capture_graphs ran.
+        self.capture_sizes = capture_sizes(
+            config.scheduler_config.max_num_seqs,
+            k,
+            cc.max_cudagraph_capture_size,
+            cc.cuda_graph_sizes,
+        )
+        self.use_cuda_graph = device.type == "cuda" and not cc.enforce_eager
+        self.counters = DecodeStepCounters()
+        self.graph_runner = None  # a GraphRunner after capture_graphs()
 
     @property
     def is_first_stage(self) -> bool:
@@ -81,15 +106,43 @@ class ModelRunner:
     def num_local_layers(self) -> int:
         return self.model.end_layer - self.model.start_layer
 
+    def capture_graphs(
+        self, kv_caches: list[list[torch.Tensor]], scratch_slots: list[int], capturer=None
+    ) -> None:
+        """Capture decode graphs for every virtual engine (see vllm/worker/graph_runner.py).
+
+        Args:
+            kv_caches: kv_caches[ve][local_layer].
+            scratch_slots: per VE, its scratch slot.
+            capturer: graph factory; torch.cuda graphs when None (tests inject a fake).
+        """
+        from vllm.worker.graph_runner import GraphRunner
+
+        runner = GraphRunner(
+            self,
+            self.capture_sizes,
+            len(kv_caches),
+            self.config.compilation_config.max_seq_len_to_capture,
+            capturer,
+        )
+        runner.capture_model(kv_caches, scratch_slots, show_progress=self.pp_rank == 0)
+        self.graph_runner = runner
+
     # ------------------------------------------------------------------ inputs
-    def padded_batch_size(self, batch_size: int, mode: ForwardMode) -> int:
-        """Rows after padding: the smallest captured size >= batch_size for a decode step
-        that may replay a graph, or batch_size itself (eager, or prefill)."""
+    def _plan_rows(
+        self, mode: ForwardMode, virtual_engine: int, rows: int, max_decode_len: int
+    ) -> tuple[int, int | None, str | None]:
+        """(padded rows, graph size or None, eager reason or None) for a step."""
         if mode != ForwardMode.DECODE:
-            return batch_size
-        if self.graph_runner is not None:
-            return self.graph_runner.padded_size(batch_size)
-        return batch_size
+            return rows, None, "prefill"
+        if self.graph_runner is None:
+            padded = self.capture_sizes.padded_size(rows) if self.pad_eager_batches else None
+            return padded or rows, None, "enforce_eager"
+        reason = self.graph_runner.eager_reason(virtual_engine, mode, rows, max_decode_len)
+        if reason is None:
+            size = self.graph_runner.padded_size(rows)
+            return size, size, None
+        return rows, None, reason
 
     def prepare_model_input(
         self,
@@ -136,9 +189,9 @@ class ModelRunner:
                 query_lens.append(len(toks))
                 tables.append(table)
         real_rows = len(seq_lens)
-        batch_size = self.padded_batch_size(real_rows, mode)
-        if mode == ForwardMode.DECODE and self.pad_eager_batches and self.graph_runner is None:
-            batch_size = self.debug_pad_size(real_rows)
+        batch_size, graph_size, eager_reason = self._plan_rows(
+            mode, virtual_engine, real_rows, max_decode_len
+        )
         for _ in range(batch_size - real_rows):  # padded lanes (decode only)
             input_ids.append(0)
             positions.append(0)
@@ -147,7 +200,9 @@ class ModelRunner:
             query_lens.append(1)
             tables.append([])
         step = StepInputs(mode, seq_lens, query_lens, tables, slots, real_rows)
-        attn_metadata = self.attn_backend.build_metadata(step, self.device, bs, scratch_slot)
+        attn_metadata = None  # a replayed graph refills its own captured metadata
+        if graph_size is None:
+            attn_metadata = self.attn_backend.build_metadata(step, scratch_slot)
         sm = None
         if self.is_last_stage:
             sm = SamplingMetadata.build(
@@ -168,15 +223,9 @@ class ModelRunner:
             num_real_rows=real_rows,
             batch_size=batch_size,
             max_decode_seq_len=max_decode_len,
+            graph_size=graph_size,
+            eager_reason=eager_reason,
         )
-
-    @staticmethod
-    def debug_pad_size(rows: int) -> int:
-        """Eager padding target used by the debug switch: the next power of two."""
-        size = 1
-        while size < rows:
-            size *= 2
-        return size
 
     def free_finished(self, request_seq_ids: list[int]) -> None:
         """Drop per-sequence state (seeded generators) of finished sequences."""
@@ -200,11 +249,19 @@ class ModelRunner:
         Returns:
             SamplerOutput on the last stage, else IntermediateTensors for the next stage.
         """
-        if self.graph_runner is not None and self.graph_runner.can_replay(batch):
-            hidden = self.graph_runner.replay(batch, kv_caches, intermediate_tensors)
+        ve = batch.virtual_engine
+        if batch.graph_size is not None:
+            hidden = self.graph_runner.replay(
+                ve,
+                batch.graph_size,
+                batch.input_ids,
+                batch.positions,
+                batch.step,
+                intermediate_tensors,
+            )
+            self.counters.count_replay(ve, batch.graph_size)
         else:
-            if self.graph_runner is not None:
-                self.graph_runner.count_eager(batch)
+            self.counters.count_eager(ve, batch.eager_reason)
             hidden = self.model(
                 batch.input_ids,
                 batch.positions,
@@ -229,7 +286,7 @@ class ModelRunner:
         step = StepInputs(
             ForwardMode.PREFILL, lens, lens, [[] for _ in lens], [0] * num_tokens, num_seqs
         )
-        md = self.attn_backend.build_metadata(step, self.device, self.block_size, 0)
+        md = self.attn_backend.build_metadata(step, 0)
         ids = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
         pos = torch.cat([torch.arange(n, device=self.device) for n in lens])
         empty = [torch.empty(0, device=self.device, dtype=self.dtype)] * self.num_local_layers

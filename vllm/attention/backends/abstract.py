@@ -100,10 +100,72 @@ class AttentionImpl(ABC):
         """
 
 
+@dataclass
+class AttentionSpec:
+    """What a backend instance needs to know about the model and the cache.
+
+    Attributes:
+        num_heads, num_kv_heads, head_size: attention shapes.
+        block_size: tokens per KV block.
+        dtype: the model dtype; device: where metadata and buffers live.
+        max_seq_len_to_capture: longest context a captured graph serves; block tables of
+            graphs are ceil(max_seq_len_to_capture / block_size) wide.
+    """
+
+    num_heads: int
+    num_kv_heads: int
+    head_size: int
+    block_size: int
+    dtype: torch.dtype
+    device: torch.device
+    max_seq_len_to_capture: int = 8192
+
+    @property
+    def max_blocks_per_seq(self) -> int:
+        return -(-self.max_seq_len_to_capture // self.block_size)
+
+
+class AttentionGraphState(ABC):
+    """The CUDA-graph state of one backend for ONE virtual engine (DESIGN.md guarantee 1).
+
+    Buffers are allocated once per VE at the maximum captured batch size; each captured
+    size gets metadata over its own views of them. A full-size buffer handle is never
+    rebound to a slice, so capturing size s of VE 1 cannot shrink what VE 0 (or another
+    size) captured against.
+    """
+
+    def __init__(self, spec: AttentionSpec, scratch_slot: int):
+        self.spec = spec
+        self.scratch_slot = scratch_slot
+        self.scratch_block = scratch_slot // spec.block_size
+        self.max_bs = 0
+
+    @abstractmethod
+    def allocate(self, max_bs: int) -> None:
+        """Allocate this VE's buffers for batches of up to ``max_bs`` decode rows."""
+
+    @abstractmethod
+    def metadata_for_capture(self, bs: int) -> AttentionMetadata:
+        """Decode metadata for capturing batch size ``bs``: views of the buffers, filled so
+        every lane reads and writes only the scratch block (context length 1)."""
+
+    @abstractmethod
+    def prepare_replay(self, bs: int, step: StepInputs, metadata: AttentionMetadata) -> None:
+        """Fill the buffers behind ``metadata`` (captured at size ``bs``) for ``step``
+        (already padded to ``bs`` rows); any planning happens here, outside the graph."""
+
+
 class AttentionBackend(ABC):
-    """A backend: name, cache layout, metadata builder, impl and graph state."""
+    """A backend instance (one per model runner): cache layout, metadata, impl, graph state.
+
+    Args:
+        spec: model/cache shapes, dtype and device.
+    """
 
     name: ClassVar[str]
+
+    def __init__(self, spec: AttentionSpec):
+        self.spec = spec
 
     @staticmethod
     @abstractmethod
@@ -112,14 +174,10 @@ class AttentionBackend(ABC):
     ) -> tuple[int, ...]:
         """Shape of one layer's cache holding ``num_blocks`` blocks."""
 
-    @staticmethod
     @abstractmethod
-    def build_metadata(
-        step: StepInputs, device: torch.device, block_size: int, scratch_slot: int
-    ) -> AttentionMetadata:
+    def build_metadata(self, step: StepInputs, scratch_slot: int) -> AttentionMetadata:
         """Turn host step information into device metadata (eager path)."""
 
-    @classmethod
-    def get_state_cls(cls) -> type:
-        """The backend's CUDA-graph state class (see vllm/attention/backends/graph_state.py)."""
-        raise NotImplementedError(f"{cls.name} does not support CUDA graphs")
+    @abstractmethod
+    def make_graph_state(self, scratch_slot: int) -> AttentionGraphState:
+        """A new graph state for one virtual engine whose scratch slot is ``scratch_slot``."""

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from vllm.attention.backends.abstract import (
     AttentionBackend,
+    AttentionGraphState,
     AttentionImpl,
     AttentionMetadata,
     ForwardMode,
@@ -140,14 +141,11 @@ class TorchSDPABackend(AttentionBackend):
     ) -> tuple[int, ...]:
         return (2, num_blocks, block_size, num_kv_heads, head_size)
 
-    @staticmethod
-    def build_metadata(
-        step: StepInputs, device: torch.device, block_size: int, scratch_slot: int
-    ) -> TorchSDPAMetadata:
+    def build_metadata(self, step: StepInputs, scratch_slot: int) -> TorchSDPAMetadata:
         """Build device metadata; padded lanes (slot -1) get the scratch slot and a block
         table pointing at the scratch block with length 1, so they read nothing real."""
-        slots = torch.tensor(step.slot_mapping, dtype=torch.long)
-        slots = torch.where(slots < 0, scratch_slot, slots)  # [num_tokens]
+        device, block_size = self.spec.device, self.spec.block_size
+        slots = _slots(step, scratch_slot)  # [num_tokens]
         md = TorchSDPAMetadata(
             mode=step.mode,
             num_rows=len(step.seq_lens),
@@ -162,16 +160,72 @@ class TorchSDPABackend(AttentionBackend):
                 starts.append(starts[-1] + n)
             md.query_start_loc = starts
         else:
-            scratch_block = scratch_slot // block_size
             width = max(1, max((len(b) for b in step.block_tables), default=1))
-            table = torch.full((len(step.seq_lens), width), scratch_block, dtype=torch.long)
-            for i, blocks in enumerate(step.block_tables):
-                if blocks:
-                    table[i, : len(blocks)] = torch.tensor(blocks, dtype=torch.long)
-            lens = [max(1, n) for n in step.seq_lens]  # padded lanes read the scratch slot
+            table, lens = decode_tables(step, width, scratch_slot // block_size)
             md.block_tables = table.to(device, non_blocking=True)  # [rows, width]
-            md.seq_lens = torch.tensor(lens, dtype=torch.long).to(device, non_blocking=True)
+            md.seq_lens = lens.to(device, non_blocking=True)  # [rows]
         return md
+
+    def make_graph_state(self, scratch_slot: int) -> TorchSDPAGraphState:
+        return TorchSDPAGraphState(self.spec, scratch_slot)
+
+
+def decode_tables(
+    step: StepInputs, width: int, scratch_block: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Host block tables [rows, width] int64 and lengths [rows] int64 of a decode step.
+
+    Padded lanes (and table tails) point at the scratch block with length 1, so they read
+    nothing real; tables wider than ``width`` are clipped (the graph gate guarantees the
+    clipped part lies beyond the row's context).
+    """
+    rows = len(step.seq_lens)
+    table = torch.full((rows, width), scratch_block, dtype=torch.long)
+    for i, blocks in enumerate(step.block_tables):
+        if blocks:
+            n = min(len(blocks), width)
+            table[i, :n] = torch.tensor(blocks[:n], dtype=torch.long)
+    lens = torch.tensor([max(1, n) for n in step.seq_lens], dtype=torch.long)
+    return table, lens
+
+
+def _slots(step: StepInputs, scratch_slot: int) -> torch.Tensor:
+    slots = torch.tensor(step.slot_mapping, dtype=torch.long)
+    return torch.where(slots < 0, scratch_slot, slots)  # [num_tokens]
+
+
+class TorchSDPAGraphState(AttentionGraphState):
+    """Per-VE graph buffers of TORCH_SDPA: slot mapping [max_bs], lengths [max_bs] and block
+    tables [max_bs, ceil(max_seq_len_to_capture / block_size)], all int64."""
+
+    def allocate(self, max_bs: int) -> None:
+        d = self.spec.device
+        self.max_bs = max_bs
+        self.slot_mapping = torch.full((max_bs,), self.scratch_slot, dtype=torch.long, device=d)
+        self.seq_lens = torch.ones(max_bs, dtype=torch.long, device=d)
+        shape = (max_bs, self.spec.max_blocks_per_seq)
+        self.block_tables = torch.full(shape, self.scratch_block, dtype=torch.long, device=d)
+
+    def metadata_for_capture(self, bs: int) -> TorchSDPAMetadata:
+        if bs > self.max_bs:
+            raise ValueError(f"capture size {bs} exceeds the allocated maximum {self.max_bs}.")
+        return TorchSDPAMetadata(
+            mode=ForwardMode.DECODE,
+            num_rows=bs,
+            num_tokens=bs,
+            slot_mapping=self.slot_mapping[:bs],
+            scratch_slot=self.scratch_slot,
+            seq_lens=self.seq_lens[:bs],
+            block_tables=self.block_tables[:bs],
+            max_seq_len=self.spec.max_seq_len_to_capture,
+        )
+
+    def prepare_replay(self, bs: int, step: StepInputs, metadata: AttentionMetadata) -> None:
+        md: TorchSDPAMetadata = metadata  # type: ignore[assignment]
+        table, lens = decode_tables(step, self.spec.max_blocks_per_seq, self.scratch_block)
+        md.slot_mapping.copy_(_slots(step, self.scratch_slot), non_blocking=True)
+        md.seq_lens.copy_(lens, non_blocking=True)
+        md.block_tables.copy_(table, non_blocking=True)
 
 
 TorchSDPAMetadata.impl = TorchSDPAImpl

@@ -1,0 +1,175 @@
+"""Fakes that let the production capture/replay code run on CPU (TESTING.md: only the graph
+object and the FlashInfer wrapper class are replaced).
+
+- :class:`FakeCapturer`: "captures" by running the function once and returns a graph whose
+  ``replay()`` re-runs it and copies the result into the captured output tensors, so a
+  replay reads the static input buffers exactly as a CUDA graph would.
+- :class:`FakeDecodeWrapper` / :class:`FakePrefillWrapper`: FlashInfer's constructor and
+  ``plan`` contract (a CUDA-graph wrapper fixes its batch size to the length of its
+  last_page_len buffer and raises FlashInfer's message on a mismatch; plan copies into the
+  buffers it was given) with a plain PyTorch paged-attention reference as ``run``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vllm.sequence import IntermediateTensors
+
+
+class FakeGraph:
+    def __init__(self, fn, output):
+        self.fn = fn
+        self.output = output
+        self.replays = 0
+
+    def replay(self) -> None:
+        new = self.fn()
+        if isinstance(self.output, IntermediateTensors):
+            for k, v in self.output.items():
+                v.copy_(new[k])
+        else:
+            self.output.copy_(new)
+        self.replays += 1
+
+
+class FakeCapturer:
+    def __init__(self):
+        self.captured: list[FakeGraph] = []
+
+    def new_pool(self):
+        return object()
+
+    def capture(self, fn, pool):
+        out = fn()
+        g = FakeGraph(fn, out)
+        self.captured.append(g)
+        return g, out
+
+    def synchronize(self) -> None:
+        pass
+
+
+def _attend(q, kv_cache, pages, kv_len, causal_from=None, scale=None):
+    """q [n, H, D] against the first kv_len tokens of ``pages``; causal_from: position of
+    q[0] in the sequence (prefill), else every query sees all kv_len tokens."""
+    bs = kv_cache.shape[2]
+    k = kv_cache[pages, 0].reshape(-1, *kv_cache.shape[3:])[:kv_len]  # [kv_len, H_kv, D]
+    v = kv_cache[pages, 1].reshape(-1, *kv_cache.shape[3:])[:kv_len]
+    del bs
+    n = q.shape[0]
+    mask = None
+    if causal_from is not None:
+        qpos = torch.arange(n)[:, None] + causal_from
+        mask = torch.arange(kv_len)[None, :] <= qpos  # [n, kv_len]
+        mask = mask[None]
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(0, 1),
+        k.transpose(0, 1),
+        v.transpose(0, 1),
+        attn_mask=mask,
+        scale=scale,
+        enable_gqa=True,
+    )
+    return out.transpose(0, 1)  # [n, H, D]
+
+
+class FakeDecodeWrapper:
+    instances: list[FakeDecodeWrapper] = []
+
+    def __init__(
+        self,
+        workspace,
+        kv_layout="NHD",
+        use_cuda_graph=False,
+        use_tensor_cores=False,
+        paged_kv_indptr_buffer=None,
+        paged_kv_indices_buffer=None,
+        paged_kv_last_page_len_buffer=None,
+    ):
+        self.use_cuda_graph = use_cuda_graph
+        if use_cuda_graph:
+            self._fixed_batch_size = len(paged_kv_last_page_len_buffer)
+            if len(paged_kv_indptr_buffer) != self._fixed_batch_size + 1:
+                raise ValueError("The size of paged_kv_indptr_buffer should be batch_size + 1")
+        self.indptr = paged_kv_indptr_buffer
+        self.indices = paged_kv_indices_buffer
+        self.last = paged_kv_last_page_len_buffer
+        self.runs = 0
+        FakeDecodeWrapper.instances.append(self)
+
+    def plan(
+        self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, **kw
+    ):
+        batch_size = len(last_page_len)
+        self.page_size, self.sm_scale = page_size, kw.get("sm_scale")
+        if self.use_cuda_graph:
+            if batch_size != self._fixed_batch_size:
+                raise ValueError(
+                    "The batch size should be fixed in cudagraph mode, the runtime batch size {} "
+                    " mismatches the batch size set during initialization {}".format(
+                        batch_size, self._fixed_batch_size
+                    )
+                )
+            if len(indices) > len(self.indices):
+                raise ValueError(
+                    "The size of indices should be less than or equal to the allocated buffer"
+                )
+            self.indptr.copy_(indptr)
+            self.last.copy_(last_page_len)
+            self.indices[: len(indices)].copy_(indices)
+        else:
+            self.indptr, self.indices, self.last = (
+                indptr.clone(),
+                indices.clone(),
+                last_page_len.clone(),
+            )
+
+    def run(self, q, kv_cache):
+        self.runs += 1
+        out = torch.empty_like(q)
+        indptr, last = self.indptr.tolist(), self.last.tolist()
+        for i in range(len(last)):
+            pages = self.indices[indptr[i] : indptr[i + 1]].long()
+            kv_len = (len(pages) - 1) * self.page_size + last[i]
+            out[i : i + 1] = _attend(q[i : i + 1], kv_cache, pages, kv_len, scale=self.sm_scale)
+        return out
+
+
+class FakePrefillWrapper:
+    def __init__(self, workspace, kv_layout="NHD"):
+        self.runs = 0
+
+    def plan(
+        self,
+        qo_indptr,
+        indptr,
+        indices,
+        last_page_len,
+        num_qo_heads,
+        num_kv_heads,
+        head_dim_qk,
+        page_size,
+        causal=True,
+        **kw,
+    ):
+        self.qo, self.indptr, self.indices, self.last = qo_indptr, indptr, indices, last_page_len
+        self.page_size, self.sm_scale = page_size, kw.get("sm_scale")
+
+    def run(self, q, kv_cache):
+        self.runs += 1
+        out = torch.empty_like(q)
+        qo, indptr, last = self.qo.tolist(), self.indptr.tolist(), self.last.tolist()
+        for i in range(len(last)):
+            pages = self.indices[indptr[i] : indptr[i + 1]].long()
+            kv_len = (len(pages) - 1) * self.page_size + last[i]
+            n = qo[i + 1] - qo[i]
+            out[qo[i] : qo[i + 1]] = _attend(
+                q[qo[i] : qo[i + 1]],
+                kv_cache,
+                pages,
+                kv_len,
+                causal_from=kv_len - n,
+                scale=self.sm_scale,
+            )
+        return out

@@ -1,0 +1,67 @@
+"""The capture-size rule of DESIGN.md, exactly, and that every runnable batch pads to a
+captured size or is eager by the rule."""
+
+import pytest
+
+from vllm.worker.cuda_graph_sizes import capture_sizes, warn_eager_sizes
+
+EXAMPLES = {
+    (1, 0, 512): [1],
+    (2, 0, 512): [1, 2],
+    (3, 0, 512): [1, 2, 3],
+    (5, 0, 512): [1, 2, 4, 5],
+    (7, 0, 512): [1, 2, 4, 7],
+    (8, 0, 512): [1, 2, 4, 8],
+    (12, 0, 512): [1, 2, 4, 8, 12],
+    (100, 0, 512): [1, 2, 4, *range(8, 100, 8), 100],
+    (256, 0, 512): [1, 2, 4, *range(8, 257, 8)],
+    (300, 0, 512): [1, 2, 4, *range(8, 297, 8), 300],
+    (8, 4, 512): [1, 2, 4, 8, 16, 24, 32, 40],
+    (3, 4, 512): [1, 2, 4, 8, 15],
+    (16, 1, 512): [1, 2, 4, 8, 16, 24, 32],
+    (64, 4, 512): [1, 2, 4, *range(8, 320, 8), 320],
+    (8, 4, 16): [1, 2, 4, 8, 16],
+    (300, 0, 256): [1, 2, 4, *range(8, 257, 8)],
+    (64, 4, 100): [1, 2, 4, *range(8, 100, 8), 100],
+    (3, 4, 10): [1, 2, 4, 8, 10],
+}
+
+
+@pytest.mark.parametrize("args,expected", list(EXAMPLES.items()), ids=str)
+def test_rule_examples(args, expected):
+    max_num_seqs, k, ceiling = args
+    cs = capture_sizes(max_num_seqs, k, ceiling)
+    assert list(cs.sizes) == expected
+    assert cs.max_batchsize_to_capture == expected[-1]
+    assert list(cs.sizes) == sorted(set(cs.sizes))
+    # every batch the scheduler can produce pads to a captured size, or is eager by the rule
+    for b in range(1, max_num_seqs * (k + 1) + 1):
+        padded = cs.padded_size(b)
+        if b <= cs.max_batchsize_to_capture:
+            assert padded == min(s for s in cs.sizes if s >= b)
+        else:
+            assert padded is None
+
+
+def test_enforce_eager_and_explicit_sizes():
+    cs = capture_sizes(8, 0, 512, enforce_eager=True)
+    assert cs.sizes == () and cs.max_batchsize_to_capture == 0 and cs.padded_size(1) is None
+    cs = capture_sizes(64, 0, 512, cuda_graph_sizes=[16, 4, 4, 1])
+    assert cs.sizes == (1, 4, 16) and cs.max_batchsize_to_capture == 16
+    assert cs.padded_size(5) == 16 and cs.padded_size(17) is None
+    msg = warn_eager_sizes(cs)
+    assert "17-64" in msg and "up to batch size 16" in msg
+
+
+def test_eager_warning_names_sizes():
+    assert warn_eager_sizes(capture_sizes(8, 4, 512)) is None
+    msg = warn_eager_sizes(capture_sizes(64, 0, 16))
+    assert "17-64" in msg
+
+
+@pytest.mark.parametrize("bad", [dict(max_num_seqs=0), dict(num_speculative_tokens=-1)])
+def test_rule_rejects_bad_values(bad):
+    kw = dict(max_num_seqs=8, num_speculative_tokens=0)
+    kw.update(bad)
+    with pytest.raises(ValueError):
+        capture_sizes(**kw)

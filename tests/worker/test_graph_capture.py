@@ -1,0 +1,204 @@
+"""The CUDA-graph capture contract on CPU: production capture_model / dispatch code with only
+the graph object and FlashInfer's wrapper classes replaced by fakes (tests/worker/fakes.py).
+
+Regression guards:
+- capture buffers shared across virtual engines (upstream: "The batch size should be fixed
+  in cudagraph mode, the runtime batch size 8 mismatches the batch size set during
+  initialization 1" at PP start-up with FlashInfer);
+- a decode batch larger than the largest captured graph (upstream: ``KeyError: 40`` in
+  ``graph_runners[virtual_engine][batch_size]`` under speculative decoding).
+"""
+
+import pytest
+import torch
+
+from tests.worker.fakes import FakeCapturer, FakeDecodeWrapper, FakePrefillWrapper
+from vllm.attention.backends.flashinfer import FlashInferBackend, FlashInferGraphState
+from vllm.sampling_params import SamplingParams
+from vllm.sequence import ExecuteModelRequest, SequenceData, SequenceGroupMetadata
+
+
+def make_worker(model, num_ves=1, backend="TORCH_SDPA", capture=True, **kw):
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.worker.worker import Worker
+
+    kw.setdefault("num_gpu_blocks_override", 64 * num_ves)
+    cfg = EngineArgs(model=model, device="cpu", **kw).create_engine_config()
+    cfg.num_virtual_engines_override = num_ves
+    w = Worker(cfg)
+    w.init_device()
+    if backend == "FLASHINFER":
+        w.model_runner.attn_backend = FlashInferBackend(
+            w.model_runner.attn_spec, FakePrefillWrapper, FakeDecodeWrapper
+        )
+    w.load_model()
+    w.initialize_cache(w.determine_num_available_blocks())
+    if capture:
+        w.capture_graphs(FakeCapturer())
+    return w
+
+
+def decode_request(num_rows, ve=0, ctx=5, block_size=16, first_block=0):
+    """A decode step of ``num_rows`` sequences with ``ctx`` tokens each, one block each."""
+    params = SamplingParams(temperature=0, max_tokens=4)
+    groups = []
+    for i in range(num_rows):
+        data = SequenceData([(7 * i + j) % 400 + 3 for j in range(ctx)])
+        blocks = [
+            first_block + i * (-(-ctx // block_size)) + b for b in range(-(-ctx // block_size))
+        ]
+        groups.append(SequenceGroupMetadata(f"r{i}", False, {i: data}, params, {i: blocks}))
+    return ExecuteModelRequest(groups, virtual_engine=ve)
+
+
+@pytest.mark.forked
+@pytest.mark.parametrize("num_ves", [2, 3, 4])
+def test_capture_every_virtual_engine_flashinfer(tiny_llama_dir, num_ves):
+    FakeDecodeWrapper.instances.clear()
+    w = make_worker(tiny_llama_dir, num_ves, "FLASHINFER", max_num_seqs=8)
+    gr = w.model_runner.graph_runner
+    assert gr.max_batchsize_to_capture == 8
+    for ve in range(num_ves):
+        assert sorted(gr.graph_runners[ve]) == [1, 2, 4, 8]
+        # each captured size keeps its own fixed batch size, on its own VE's buffers
+        for size, cg in gr.graph_runners[ve].items():
+            assert cg.attn_metadata.wrapper._fixed_batch_size == size
+            assert (
+                cg.attn_metadata.wrapper.last.data_ptr()
+                == gr.attn_states[ve].paged_kv_last_page_len.data_ptr()
+            )
+    ptrs = {gr.attn_states[ve].paged_kv_indptr.data_ptr() for ve in range(num_ves)}
+    assert len(ptrs) == num_ves, "virtual engines share graph buffers"
+    # every VE replays and agrees with the others (same inputs, separate caches)
+    outs = []
+    for ve in range(num_ves):
+        out = w.execute_model(decode_request(3, ve))
+        outs.append([s.output_token for g in out.outputs for s in g.samples])
+    assert all(o == outs[0] for o in outs)
+    snap = w.model_runner.counters.snapshot()
+    assert snap["graph"] == {ve: {4: 1} for ve in range(num_ves)}
+
+
+@pytest.mark.forked
+def test_shared_rebound_buffers_reproduce_upstream_error(tiny_llama_dir, monkeypatch):
+    """Reintroduce the upstream bug: one graph state shared by every VE whose full-size
+    handles get rebound to each captured slice. Capturing VE 1 must then fail exactly as
+    upstream did."""
+    shared = {}
+    real_make = FlashInferBackend.make_graph_state
+    real_allocate = FlashInferGraphState.allocate
+
+    def make_shared(self, scratch_slot):
+        if "state" not in shared:
+            shared["state"] = real_make(self, scratch_slot)
+        return shared["state"]
+
+    def allocate_once(self, max_bs):
+        if not getattr(self, "_allocated", False):
+            real_allocate(self, max_bs)
+            self._allocated = True
+
+    def rebinding_views(self, bs):
+        self.paged_kv_indptr = self.paged_kv_indptr[: bs + 1]
+        self.paged_kv_last_page_len = self.paged_kv_last_page_len[:bs]
+        return self.paged_kv_indptr, self.paged_kv_indices, self.paged_kv_last_page_len
+
+    monkeypatch.setattr(FlashInferBackend, "make_graph_state", make_shared)
+    monkeypatch.setattr(FlashInferGraphState, "allocate", allocate_once)
+    monkeypatch.setattr(FlashInferGraphState, "_views", rebinding_views)
+    with pytest.raises(
+        ValueError, match="The batch size should be fixed in cudagraph mode.*8.*initialization 1"
+    ):
+        make_worker(tiny_llama_dir, 2, "FLASHINFER", max_num_seqs=8)
+
+
+@pytest.mark.forked
+def test_use_captured_graph_gate(tiny_llama_dir):
+    w = make_worker(
+        tiny_llama_dir, 1, max_num_seqs=12, max_model_len=128, max_seq_len_to_capture=64
+    )
+    gr = w.model_runner.graph_runner
+    assert sorted(gr.graph_runners[0]) == [1, 2, 4, 8, 12]
+    limit, k = gr.max_seq_len_to_capture, 4
+    assert limit == 64
+    for b in range(1, 2 * gr.max_batchsize_to_capture + 1):
+        for ctx in (limit - 1, limit, limit + 1, limit + k):
+            expected = b <= 12 and ctx <= limit
+            assert gr._use_captured_graph(0, b, ctx) is expected, (b, ctx)
+    assert gr._use_captured_graph(1 if len(gr.graph_runners) > 1 else 0, 1, 1)
+
+
+@pytest.mark.forked
+def test_batches_beyond_the_maximum_run_eagerly(tiny_llama_dir, monkeypatch):
+    w = make_worker(
+        tiny_llama_dir,
+        1,
+        max_num_seqs=64,
+        max_cudagraph_capture_size=16,
+        num_gpu_blocks_override=128,
+    )
+    gr = w.model_runner.graph_runner
+    assert gr.max_batchsize_to_capture == 16
+    for b in (17, 24, 40):
+        w.execute_model(decode_request(b))
+    w.execute_model(decode_request(16))
+    snap = w.model_runner.counters.snapshot()
+    assert snap["eager"] == {0: {"too_big": 3}} and snap["graph"] == {0: {16: 1}}
+    # upstream's old gate (batch_size <= 256) asks for graphs that were never captured
+    from vllm.worker.graph_runner import GraphRunner
+
+    monkeypatch.setattr(GraphRunner, "_use_captured_graph", lambda self, ve, b, n: b <= 256)
+    with pytest.raises(KeyError, match="40"):
+        w.execute_model(decode_request(40))
+
+
+@pytest.mark.forked
+def test_block_table_wider_than_graph_buffer_is_clipped(tiny_llama_dir):
+    """Lookahead blocks at the capture limit (upstream "(513,) into (512,)") never crash."""
+    w = make_worker(tiny_llama_dir, 1, max_num_seqs=4, max_model_len=128, max_seq_len_to_capture=32)
+    req = decode_request(2, ctx=32)
+    for g in req.seq_group_metadata_list:  # one lookahead block past the 2-block limit
+        for sid in g.block_tables:
+            g.block_tables[sid] = g.block_tables[sid] + [60]
+    out = w.execute_model(req)
+    assert len(out.outputs) == 2
+    assert w.model_runner.counters.snapshot()["graph"] == {0: {2: 1}}
+
+
+@pytest.mark.forked
+@pytest.mark.parametrize("backend", ["TORCH_SDPA", "FLASHINFER"])
+def test_replay_equals_eager(tiny_llama_dir, backend):
+    """Graph (fake) replay vs eager on the same padded inputs: identical tokens; contexts
+    that differ per lane and cross block boundaries after capture at length 1."""
+    g = make_worker(tiny_llama_dir, 1, backend, max_num_seqs=8)
+    e = make_worker(tiny_llama_dir, 1, backend, capture=False, max_num_seqs=8)
+    e.model_runner.pad_eager_batches = True
+    for rows, ctx in ((1, 3), (3, 17), (5, 33), (7, 16)):
+        # prefill the caches identically, then decode
+        req = decode_request(rows, ctx=ctx)
+        for m in req.seq_group_metadata_list:
+            m.is_prompt = True
+        tok = []
+        for w in (g, e):
+            out = w.execute_model(req)
+            tok.append([s.output_token for o in out.outputs for s in o.samples])
+        assert tok[0] == tok[1]
+        for m, t in zip(req.seq_group_metadata_list, tok[0]):
+            m.is_prompt = False
+            for d in m.seq_data.values():
+                d.append_token_id(t, 0.0)
+                for sid in m.block_tables:
+                    need = -(-d.get_len() // 16)
+                    while len(m.block_tables[sid]) < need:
+                        m.block_tables[sid].append(50 + sid)
+        outs = [w.execute_model(req) for w in (g, e)]
+        ids = [[s.output_token for o in out.outputs for s in o.samples] for out in outs]
+        assert ids[0] == ids[1], (rows, ctx)
+        lp = [
+            [s.logprobs[s.output_token].logprob for o in out.outputs for s in o.samples]
+            for out in outs
+        ]
+        assert torch.allclose(torch.tensor(lp[0]), torch.tensor(lp[1]), atol=1e-5)
+    snap_g = g.model_runner.counters.snapshot()
+    assert snap_g["graph"] == {0: {1: 1, 4: 1, 8: 2}}
+    assert e.model_runner.counters.snapshot()["graph"] == {}

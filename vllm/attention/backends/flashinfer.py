@@ -1,0 +1,307 @@
+"""FLASHINFER: paged attention through FlashInfer's batch prefill and decode wrappers.
+
+KV-cache layout per layer: [num_blocks + 1, 2, block_size, num_kv_heads, head_size]
+("NHD", key at index 0 of dim 1); block ``num_blocks`` is the scratch block.
+
+Planning (``wrapper.plan``) takes host tensors: FlashInfer copies them to its device
+buffers with non-blocking copies from pinned memory, so no step waits on the device.
+flashinfer is imported lazily; the wrapper classes are parameters of the backend so the
+CUDA-graph state runs on CPU in tests with a fake decode wrapper (same constructor and
+``plan`` checks as FlashInfer's).
+
+Graph state per virtual engine (DESIGN.md guarantee 1): ``paged_kv_indptr`` [max_bs + 1],
+``paged_kv_indices`` [max_bs x max_blocks], ``paged_kv_last_page_len`` [max_bs] (int32) and
+a workspace, allocated once at ``max_batchsize_to_capture``; each captured size gets its
+own decode wrapper over views ``indptr[:bs + 1]`` and ``last_page_len[:bs]``, so its batch
+size is fixed to ``bs`` and no later capture can shrink it. Padded lanes read one token of
+the scratch block (a page of their own, last_page_len 1): nothing real, never an empty
+range.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from vllm.attention.backends.abstract import (
+    AttentionBackend,
+    AttentionGraphState,
+    AttentionImpl,
+    AttentionMetadata,
+    AttentionSpec,
+    ForwardMode,
+    StepInputs,
+)
+
+WORKSPACE_BYTES = 128 * 1024 * 1024
+
+
+def _wrapper_classes() -> tuple[type, type]:
+    import flashinfer
+
+    return (
+        flashinfer.BatchPrefillWithPagedKVCacheWrapper,
+        flashinfer.BatchDecodeWithPagedKVCacheWrapper,
+    )
+
+
+def use_tensor_cores(num_heads: int, num_kv_heads: int) -> bool:
+    """FlashInfer's CUDA-core decode kernels cover GQA group sizes 1, 2, 4 and 8 only."""
+    return (num_heads // num_kv_heads) not in (1, 2, 4, 8)
+
+
+@dataclass
+class FlashInferMetadata(AttentionMetadata):
+    """Metadata of FLASHINFER: the planned wrapper of this pass (prefill or decode)."""
+
+    wrapper: Any = None
+
+
+def write_kv(
+    kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slots: torch.Tensor
+) -> None:
+    """Scatter keys/values into the NHD paged cache.
+
+    kv_cache: [num_blocks + 1, 2, block_size, num_kv_heads, head_size];
+    key, value: [num_tokens, num_kv_heads, head_size]; slots: [num_tokens] int64 (padded
+    lanes already redirected to the scratch slot).
+    """
+    block_size = kv_cache.shape[2]
+    blocks, offsets = slots // block_size, slots % block_size  # [num_tokens] each
+    kv_cache[blocks, 0, offsets] = key
+    kv_cache[blocks, 1, offsets] = value
+
+
+class FlashInferImpl(AttentionImpl):
+    """Runs the planned wrapper of the pass."""
+
+    @staticmethod
+    def forward(
+        layer: Any,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        md: FlashInferMetadata = attn_metadata  # type: ignore[assignment]
+        h, h_kv, d = layer.num_heads, layer.num_kv_heads, layer.head_size
+        q = query.view(-1, h, d)  # [num_tokens, num_heads, head_size]
+        if kv_cache.numel() == 0:  # memory profiling: no cache, attend within the batch
+            return _profile_attention(
+                q, key.view(-1, h_kv, d), value.view(-1, h_kv, d), layer.scale
+            )
+        write_kv(kv_cache, key.view(-1, h_kv, d), value.view(-1, h_kv, d), md.slot_mapping)
+        out = md.wrapper.run(q, kv_cache)  # [num_tokens, num_heads, head_size]
+        return out.reshape(-1, h * d)
+
+
+def _profile_attention(q, k, v, scale):
+    """Plain causal attention over the whole batch (profiling only: shapes, not values)."""
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(0, 1)[None],
+        k.transpose(0, 1)[None],
+        v.transpose(0, 1)[None],
+        is_causal=True,
+        scale=scale,
+        enable_gqa=True,
+    )
+    return out[0].transpose(0, 1).reshape(q.shape[0], -1)
+
+
+def paged_kv_host(
+    step: StepInputs, block_size: int, scratch_block: int, width: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Host (pinned when CUDA is present) int32 ``indptr`` [rows + 1], ``indices`` [pages]
+    and ``last_page_len`` [rows] of a step.
+
+    Row i uses the first ceil(seq_len / block_size) blocks of its table (clipped to
+    ``width`` blocks); a padded lane (seq_len 0) uses the scratch block with length 1.
+    """
+    indptr, indices, last = [0], [], []
+    for n, table in zip(step.seq_lens, step.block_tables):
+        if n <= 0:
+            pages, tail = [scratch_block], 1
+        else:
+            need = -(-n // block_size)
+            pages = list(table[: min(need, width) if width else need])
+            tail = n - (len(pages) - 1) * block_size
+        indices.extend(pages)
+        indptr.append(len(indices))
+        last.append(tail)
+    return _host_i32(indptr), _host_i32(indices), _host_i32(last)
+
+
+def _host_i32(values: list[int]) -> torch.Tensor:
+    """int32 host tensor, pinned when CUDA is present (for non-blocking uploads)."""
+    t = torch.tensor(values, dtype=torch.int32)
+    return t.pin_memory() if torch.cuda.is_available() else t
+
+
+def _slots(step: StepInputs, scratch_slot: int, device: torch.device) -> torch.Tensor:
+    slots = torch.tensor(step.slot_mapping, dtype=torch.long)
+    slots = torch.where(slots < 0, scratch_slot, slots)  # [num_tokens]
+    return slots.to(device, non_blocking=True)
+
+
+class FlashInferBackend(AttentionBackend):
+    """The FLASHINFER backend (default on CUDA for float16/bfloat16).
+
+    Args:
+        spec: shapes, dtype, device.
+        prefill_wrapper_cls, decode_wrapper_cls: FlashInfer's wrapper classes (imported
+            lazily when None; tests pass fakes).
+    """
+
+    name = "FLASHINFER"
+
+    def __init__(
+        self,
+        spec: AttentionSpec,
+        prefill_wrapper_cls: type | None = None,
+        decode_wrapper_cls: type | None = None,
+    ):
+        super().__init__(spec)  # float32 is refused by the selector during validation
+        if prefill_wrapper_cls is None or decode_wrapper_cls is None:
+            p, d = _wrapper_classes()
+            prefill_wrapper_cls = prefill_wrapper_cls or p
+            decode_wrapper_cls = decode_wrapper_cls or d
+        self.prefill_wrapper_cls = prefill_wrapper_cls
+        self.decode_wrapper_cls = decode_wrapper_cls
+        self.tensor_cores = use_tensor_cores(spec.num_heads, spec.num_kv_heads)
+        self._workspace = None
+        self._prefill = None
+        self._decode = None
+        self.prefill_runs = 0
+        self.decode_runs = 0
+
+    @staticmethod
+    def get_kv_cache_shape(
+        num_blocks: int, block_size: int, num_kv_heads: int, head_size: int
+    ) -> tuple[int, ...]:
+        return (num_blocks, 2, block_size, num_kv_heads, head_size)
+
+    def _eager_wrappers(self):
+        if self._workspace is None:
+            self._workspace = torch.zeros(
+                WORKSPACE_BYTES, dtype=torch.uint8, device=self.spec.device
+            )
+            self._prefill = self.prefill_wrapper_cls(self._workspace, "NHD")
+            self._decode = self.decode_wrapper_cls(
+                self._workspace, "NHD", use_tensor_cores=self.tensor_cores
+            )
+        return self._prefill, self._decode
+
+    def plan_kwargs(self) -> dict[str, Any]:
+        s = self.spec
+        return dict(
+            num_qo_heads=s.num_heads,
+            num_kv_heads=s.num_kv_heads,
+            page_size=s.block_size,
+            q_data_type=s.dtype,
+            kv_data_type=s.dtype,
+            sm_scale=s.head_size**-0.5,
+        )
+
+    def build_metadata(self, step: StepInputs, scratch_slot: int) -> FlashInferMetadata:
+        prefill, decode = self._eager_wrappers()
+        indptr, indices, last = paged_kv_host(
+            step, self.spec.block_size, scratch_slot // self.spec.block_size
+        )
+        kw = self.plan_kwargs()
+        if step.mode == ForwardMode.PREFILL:
+            qo = torch.zeros(len(step.query_lens) + 1, dtype=torch.int32)
+            qo[1:] = torch.tensor(step.query_lens, dtype=torch.int32).cumsum(0)
+            prefill.plan(
+                qo, indptr, indices, last, head_dim_qk=self.spec.head_size, causal=True, **kw
+            )
+            wrapper = prefill
+            self.prefill_runs += 1
+        else:
+            decode.plan(indptr, indices, last, head_dim=self.spec.head_size, **kw)
+            wrapper = decode
+            self.decode_runs += 1
+        return FlashInferMetadata(
+            mode=step.mode,
+            num_rows=len(step.seq_lens),
+            num_tokens=len(step.slot_mapping),
+            slot_mapping=_slots(step, scratch_slot, self.spec.device),
+            scratch_slot=scratch_slot,
+            wrapper=wrapper,
+        )
+
+    def make_graph_state(self, scratch_slot: int) -> FlashInferGraphState:
+        return FlashInferGraphState(self, scratch_slot)
+
+
+class FlashInferGraphState(AttentionGraphState):
+    """One VE's FlashInfer CUDA-graph buffers and per-size decode wrappers."""
+
+    def __init__(self, backend: FlashInferBackend, scratch_slot: int):
+        super().__init__(backend.spec, scratch_slot)
+        self.backend = backend
+        self.wrappers: dict[int, Any] = {}
+
+    def allocate(self, max_bs: int) -> None:
+        d = self.spec.device
+        self.max_bs = max_bs
+        self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=d)
+        self.paged_kv_indptr = torch.zeros(max_bs + 1, dtype=torch.int32, device=d)
+        self.paged_kv_indices = torch.zeros(
+            max_bs * self.spec.max_blocks_per_seq, dtype=torch.int32, device=d
+        )
+        self.paged_kv_last_page_len = torch.zeros(max_bs, dtype=torch.int32, device=d)
+        self.slot_mapping = torch.full((max_bs,), self.scratch_slot, dtype=torch.long, device=d)
+
+    def _views(self, bs: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """This size's own views; the full-size handles are never rebound."""
+        return (
+            self.paged_kv_indptr[: bs + 1],
+            self.paged_kv_indices,
+            self.paged_kv_last_page_len[:bs],
+        )
+
+    def metadata_for_capture(self, bs: int) -> FlashInferMetadata:
+        if bs > self.max_bs:
+            raise ValueError(f"capture size {bs} exceeds the allocated maximum {self.max_bs}.")
+        indptr, indices, last = self._views(bs)
+        wrapper = self.backend.decode_wrapper_cls(
+            self.workspace,
+            "NHD",
+            use_cuda_graph=True,
+            use_tensor_cores=self.backend.tensor_cores,
+            paged_kv_indptr_buffer=indptr,
+            paged_kv_indices_buffer=indices,
+            paged_kv_last_page_len_buffer=last,
+        )
+        self.wrappers[bs] = wrapper
+        md = FlashInferMetadata(
+            mode=ForwardMode.DECODE,
+            num_rows=bs,
+            num_tokens=bs,
+            slot_mapping=self.slot_mapping[:bs],
+            scratch_slot=self.scratch_slot,
+            wrapper=wrapper,
+        )
+        padded = StepInputs(
+            ForwardMode.DECODE, [0] * bs, [1] * bs, [[] for _ in range(bs)], [-1] * bs, 0
+        )
+        self.prepare_replay(bs, padded, md)  # every lane reads one scratch token
+        return md
+
+    def prepare_replay(self, bs: int, step: StepInputs, metadata: AttentionMetadata) -> None:
+        md: FlashInferMetadata = metadata  # type: ignore[assignment]
+        indptr, indices, last = paged_kv_host(
+            step, self.spec.block_size, self.scratch_block, self.spec.max_blocks_per_seq
+        )
+        md.wrapper.plan(
+            indptr, indices, last, head_dim=self.spec.head_size, **self.backend.plan_kwargs()
+        )
+        slots = torch.tensor(step.slot_mapping, dtype=torch.long)
+        md.slot_mapping.copy_(torch.where(slots < 0, self.scratch_slot, slots), non_blocking=True)
+        self.backend.decode_runs += 1
+
+
+FlashInferMetadata.impl = FlashInferImpl

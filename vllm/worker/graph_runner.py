@@ -1,0 +1,261 @@
+"""CUDA-graph capture and replay of decode steps, per virtual engine.
+
+Why decode only: a decode step has one token per row, so its shapes depend on the batch
+size alone and a handful of bucketed sizes covers every step; prefill shapes depend on
+prompt lengths and gain little from graphs (their kernels are long).
+
+Recipe (DESIGN.md guarantees 1-3 and 5):
+- sizes come from :func:`vllm.worker.cuda_graph_sizes.capture_sizes` (k-aware);
+- for every virtual engine (VE): the attention backend allocates that VE's graph state
+  once at ``max_batchsize_to_capture``; the runner allocates that VE's static model inputs
+  (token ids, positions, and on later PP stages the received hidden states);
+- sizes are captured largest first into ONE memory pool shared by all VEs and sizes,
+  after warm-up runs; ``graph_runners[ve][size]`` holds each graph and its output;
+- a step replays only if ``_use_captured_graph`` finds its padded size in that VE's
+  ``graph_runners`` (membership, not a second copy of the rule) and its longest context,
+  lookahead slots included, fits ``max_seq_len_to_capture``; otherwise it runs eagerly;
+- every step is counted: replays per (VE, size), eager steps per (VE, reason).
+
+The graph object comes from an injectable :class:`GraphCapturer` (torch.cuda.CUDAGraph in
+production), so CI runs this exact code on CPU with a fake that re-runs the function.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from vllm.attention.backends.abstract import (
+    AttentionGraphState,
+    AttentionMetadata,
+    ForwardMode,
+)
+from vllm.sequence import IntermediateTensors
+from vllm.worker.cuda_graph_sizes import CaptureSizes, warn_eager_sizes
+from vllm.worker.step_counters import DecodeStepCounters
+
+logger = logging.getLogger(__name__)
+
+
+class GraphCapturer:
+    """Production graph factory: torch.cuda.CUDAGraph captured with torch.cuda.graph."""
+
+    def new_pool(self) -> Any:
+        return torch.cuda.graph_pool_handle()
+
+    def capture(self, fn: Callable[[], Any], pool: Any) -> tuple[Any, Any]:
+        """Capture ``fn`` into a new graph sharing ``pool``; returns (graph, fn's output)."""
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            out = fn()
+        return graph, out
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize()
+
+
+@dataclass
+class CapturedGraph:
+    """One captured decode graph of one VE.
+
+    Attributes:
+        size: batch rows it was captured for.
+        graph: the graph object (``replay()``).
+        output: its static output ([size, hidden] tensor or IntermediateTensors).
+        attn_metadata: metadata over the VE's graph buffers, refilled before each replay.
+    """
+
+    size: int
+    graph: Any
+    output: Any
+    attn_metadata: AttentionMetadata
+
+
+class _StaticInputs:
+    """A VE's static model inputs at the maximum size (views are taken per capture)."""
+
+    def __init__(
+        self, max_bs: int, hidden: int, dtype: torch.dtype, device: torch.device, first: bool
+    ):
+        self.input_ids = torch.zeros(max_bs, dtype=torch.long, device=device)  # [max_bs]
+        self.positions = torch.zeros(max_bs, dtype=torch.long, device=device)  # [max_bs]
+        self.intermediate = None
+        if not first:
+            z = torch.zeros(max_bs, hidden, dtype=dtype, device=device)  # [max_bs, hidden]
+            self.intermediate = IntermediateTensors({"hidden_states": z, "residual": z.clone()})
+
+    def views(self, bs: int) -> tuple[torch.Tensor, torch.Tensor, IntermediateTensors | None]:
+        inter = None
+        if self.intermediate is not None:
+            inter = IntermediateTensors({k: v[:bs] for k, v in self.intermediate.items()})
+        return self.input_ids[:bs], self.positions[:bs], inter
+
+
+class GraphRunner:
+    """Captures and replays decode graphs for every virtual engine of one model runner.
+
+    Args:
+        model_runner: the owning ModelRunner (model, backend, device, dtype, stage).
+        sizes: the capture sizes (from the one rule).
+        num_virtual_engines: how many VEs (each gets its own buffers and graphs).
+        max_seq_len_to_capture: longest context a graph serves.
+        capturer: graph factory (GraphCapturer in production; a fake in CPU tests).
+    """
+
+    def __init__(
+        self,
+        model_runner: Any,
+        sizes: CaptureSizes,
+        num_virtual_engines: int,
+        max_seq_len_to_capture: int,
+        capturer: Any = None,
+    ):
+        self.model_runner = model_runner
+        self.sizes = sizes
+        self.max_batchsize_to_capture = sizes.max_batchsize_to_capture
+        self.num_virtual_engines = num_virtual_engines
+        self.max_seq_len_to_capture = max_seq_len_to_capture
+        self.capturer = capturer or GraphCapturer()
+        self.graph_runners: list[dict[int, CapturedGraph]] = [
+            {} for _ in range(num_virtual_engines)
+        ]
+        self.attn_states: list[AttentionGraphState] = []
+        self.inputs: list[_StaticInputs] = []
+        self.pool = None
+        self.capture_seconds = 0.0
+        self.capture_bytes = 0
+        self.eager_warning = warn_eager_sizes(sizes)
+
+    # ----------------------------------------------------------------- capture
+    @torch.inference_mode()
+    def capture_model(
+        self,
+        kv_caches: list[list[torch.Tensor]],
+        scratch_slots: list[int],
+        show_progress: bool = True,
+    ) -> None:
+        """Capture every size for every VE (largest first, one shared pool).
+
+        Args:
+            kv_caches: kv_caches[ve][local_layer], the final caches (graphs bake in their
+                addresses, so capture happens after the KV cache exists).
+            scratch_slots: per VE, its scratch slot.
+        """
+        from tqdm.auto import tqdm
+
+        mr = self.model_runner
+        t0 = time.perf_counter()
+        mem0 = _device_memory(mr.device)
+        self.pool = self.capturer.new_pool()
+        hidden = mr.model_config.hf_config.hidden_size
+        total = self.num_virtual_engines * len(self.sizes.sizes)
+        bar = tqdm(total=total, desc="Capturing CUDA graphs", disable=not show_progress)
+        for ve in range(self.num_virtual_engines):
+            state = mr.attn_backend.make_graph_state(scratch_slots[ve])
+            state.allocate(self.max_batchsize_to_capture)
+            static = _StaticInputs(
+                self.max_batchsize_to_capture, hidden, mr.dtype, mr.device, mr.is_first_stage
+            )
+            self.attn_states.append(state)
+            self.inputs.append(static)
+            for size in sorted(self.sizes.sizes, reverse=True):
+                self.graph_runners[ve][size] = self._capture_one(ve, size, kv_caches[ve])
+                bar.update(1)
+        bar.close()
+        self.capturer.synchronize()
+        self.capture_seconds = time.perf_counter() - t0
+        self.capture_bytes = max(0, _device_memory(mr.device) - mem0)
+        logger.info(
+            "Captured %d CUDA graphs (sizes %s, %d virtual engines) in %.2f s using %.3f GiB",
+            total,
+            list(self.sizes.sizes),
+            self.num_virtual_engines,
+            self.capture_seconds,
+            self.capture_bytes / 2**30,
+        )
+
+    def _capture_one(self, ve: int, size: int, kv_caches: list[torch.Tensor]) -> CapturedGraph:
+        md = self.attn_states[ve].metadata_for_capture(size)
+        ids, pos, inter = self.inputs[ve].views(size)
+        model = self.model_runner.model
+
+        def forward():
+            return model(ids, pos, kv_caches, md, inter)
+
+        for _ in range(2):  # warm-up: lazy init, autotuning, allocator caching
+            forward()
+        self.capturer.synchronize()
+        graph, out = self.capturer.capture(forward, self.pool)
+        return CapturedGraph(size=size, graph=graph, output=out, attn_metadata=md)
+
+    # ---------------------------------------------------------------- dispatch
+    def _use_captured_graph(
+        self, virtual_engine: int, batch_size: int, max_decode_seq_len: int
+    ) -> bool:
+        """True when a decode batch of ``batch_size`` rows whose longest context (lookahead
+        slots included) is ``max_decode_seq_len`` can replay a graph of this VE: its padded
+        size was captured for this VE and the context fits ``max_seq_len_to_capture``."""
+        padded = self.sizes.padded_size(batch_size)
+        if padded is None or padded not in self.graph_runners[virtual_engine]:
+            return False
+        return max_decode_seq_len <= self.max_seq_len_to_capture
+
+    def eager_reason(
+        self, virtual_engine: int, mode: ForwardMode, batch_size: int, max_decode_seq_len: int
+    ) -> str | None:
+        """Why a step runs eagerly ("prefill", "too_big", "too_long"), or None to replay."""
+        if mode != ForwardMode.DECODE:
+            return "prefill"
+        if self._use_captured_graph(virtual_engine, batch_size, max_decode_seq_len):
+            return None
+        padded = self.sizes.padded_size(batch_size)
+        if padded is None or padded not in self.graph_runners[virtual_engine]:
+            return "too_big"
+        return "too_long"
+
+    def padded_size(self, batch_size: int) -> int:
+        padded = self.sizes.padded_size(batch_size)
+        return batch_size if padded is None else padded
+
+    def replay(
+        self,
+        virtual_engine: int,
+        size: int,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        step: Any,
+        intermediate_tensors: IntermediateTensors | None,
+    ) -> Any:
+        """Copy a padded batch into the VE's static inputs, prepare attention (planning
+        outside the graph) and replay ``graph_runners[virtual_engine][size]``.
+
+        Args:
+            input_ids, positions: [size] int64 (padded lanes included).
+            step: the host StepInputs (padded to ``size`` rows).
+        Returns:
+            The graph's static output for ``size`` rows (valid until the next replay).
+        """
+        cg = self.graph_runners[virtual_engine][size]
+        static = self.inputs[virtual_engine]
+        static.input_ids[:size].copy_(input_ids, non_blocking=True)
+        static.positions[:size].copy_(positions, non_blocking=True)
+        if intermediate_tensors is not None:
+            for k, v in intermediate_tensors.items():
+                static.intermediate[k][:size].copy_(v, non_blocking=True)
+        self.attn_states[virtual_engine].prepare_replay(size, step, cg.attn_metadata)
+        cg.graph.replay()
+        return cg.output
+
+
+def _device_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.memory_reserved(device)
+    return 0
+
+
+__all__ = ["CapturedGraph", "DecodeStepCounters", "GraphCapturer", "GraphRunner"]

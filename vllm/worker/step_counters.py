@@ -1,0 +1,48 @@
+"""Counters of steps that replayed a CUDA graph and steps that ran eagerly (DESIGN.md
+guarantee 5: tests assert them, so a test cannot pass with graphs silently off).
+
+Exposed to logs and to ``/metrics`` as ``vllm:decode_steps_total{mode,virtual_engine}``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+EAGER_REASONS = ("prefill", "enforce_eager", "too_big", "too_long")
+
+
+class DecodeStepCounters:
+    """Thread-safe counts of replayed steps per (VE, captured size) and eager steps per
+    (VE, reason), reason in ``EAGER_REASONS``."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.graph: Counter[tuple[int, int]] = Counter()
+        self.eager: Counter[tuple[int, str]] = Counter()
+
+    def count_replay(self, virtual_engine: int, size: int) -> None:
+        with self._lock:
+            self.graph[(virtual_engine, size)] += 1
+
+    def count_eager(self, virtual_engine: int, reason: str) -> None:
+        if reason not in EAGER_REASONS:
+            raise ValueError(f"unknown eager reason {reason!r}; expected one of {EAGER_REASONS}")
+        with self._lock:
+            self.eager[(virtual_engine, reason)] += 1
+
+    def snapshot(self) -> dict[str, dict[int, dict[int | str, int]]]:
+        """``{"graph": {ve: {size: n}}, "eager": {ve: {reason: n}}}`` (plain dicts)."""
+        out: dict[str, dict[int, dict[int | str, int]]] = {"graph": {}, "eager": {}}
+        with self._lock:
+            for (ve, size), n in sorted(self.graph.items()):
+                out["graph"].setdefault(ve, {})[size] = n
+            for (ve, reason), n in sorted(self.eager.items()):
+                out["eager"].setdefault(ve, {})[reason] = n
+        return out
+
+    def total(self, mode: str, virtual_engine: int | None = None) -> int:
+        """Steps of ``mode`` ("graph" or "eager"), optionally for one VE."""
+        counter = self.graph if mode == "graph" else self.eager
+        with self._lock:
+            return sum(n for (ve, _), n in counter.items() if virtual_engine in (None, ve))
