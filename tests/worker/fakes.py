@@ -106,10 +106,9 @@ class FakeDecodeWrapper:
         if self.use_cuda_graph:
             if batch_size != self._fixed_batch_size:
                 raise ValueError(
-                    "The batch size should be fixed in cudagraph mode, the runtime batch size {} "
-                    " mismatches the batch size set during initialization {}".format(
-                        batch_size, self._fixed_batch_size
-                    )
+                    "The batch size should be fixed in cudagraph mode, the runtime batch size "
+                    f"{batch_size}  mismatches the batch size set during initialization "
+                    f"{self._fixed_batch_size}"
                 )
             if len(indices) > len(self.indices):
                 raise ValueError(

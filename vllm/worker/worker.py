@@ -132,6 +132,15 @@ class Worker:
             self.num_virtual_engines * (num_blocks + 1) * self.get_cache_block_bytes() / 2**30,
         )
 
+    def capture_graphs(self, capturer=None) -> None:
+        """Capture decode CUDA graphs for every virtual engine after the KV caches exist
+        (graphs bake in the cache addresses). No-op on CPU or with enforce_eager unless a
+        test injects ``capturer`` (a fake graph factory)."""
+        if capturer is None and not self.model_runner.use_cuda_graph:
+            return
+        slots = [ce.scratch_slot for ce in self.cache_engines]
+        self.model_runner.capture_graphs(self.kv_caches, slots, capturer)
+
     @property
     def kv_caches(self) -> list[list[torch.Tensor]]:
         """kv_caches[virtual_engine][local_layer]."""
