@@ -158,8 +158,11 @@ class MultiprocessingExecutor(ExecutorBase):
     def _dispatch(self, msg: tuple) -> None:
         kind, tag, rank, payload, err = msg
         if err is not None:
+            # A neighbour's death (the cause) often surfaces first as this stage's
+            # communication error: give a dying process a moment to become reapable.
+            wait([p.sentinel for p in self.workers], timeout=1.0)
             dead = [r for r, p in enumerate(self.workers) if p.exitcode is not None]
-            if dead:  # a neighbour's death (the cause) surfaced as this stage's error
+            if dead:
                 code = self.workers[dead[0]].exitcode
                 self._fail(dead[0], f"died unexpectedly (exit code {code})")
             else:
