@@ -64,7 +64,9 @@ def flatten_decode_counters(counters: dict) -> dict[tuple[str, str], float]:
     Accepts flat keys (``(mode, ve)`` or ``(ve, mode)`` tuples) or nested dicts
     (``{ve: {mode: n}}``, ``{mode: {ve: n}}``, with optional extra levels such as the batch
     size, which are summed): the first string-valued level is the mode, the first int-like
-    level the virtual engine (0 when absent).
+    level the virtual engine (0 when absent). Eager steps whose reason is "prefill" are
+    left out. The runner's ``{"graph": {ve: {size: n}}, "eager": {ve: {reason: n}}}`` gives
+    modes "graph" and "eager".
     """
     flat: dict[tuple[str, str], float] = {}
 
@@ -73,8 +75,8 @@ def flatten_decode_counters(counters: dict) -> dict[tuple[str, str], float]:
             for k, v in node.items():
                 walk(v, path + (k if isinstance(k, tuple) else (k,)))
             return
-        if not isinstance(node, (int, float)):
-            return
+        if not isinstance(node, (int, float)) or "prefill" in path:
+            return  # prefill steps are not decode steps
         mode = next((str(p) for p in path if isinstance(p, str) and not p.isdigit()), "total")
         ve = next((str(p) for p in path if isinstance(p, int) or str(p).isdigit()), "0")
         flat[(mode, ve)] = flat.get((mode, ve), 0) + float(node)
