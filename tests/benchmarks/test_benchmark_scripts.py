@@ -1,0 +1,127 @@
+"""The benchmark scripts run end to end on CPU and report sane, self-consistent numbers."""
+
+import importlib
+import json
+import os
+import sys
+
+import pytest
+
+BENCH_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks")
+
+
+def _bench_module(name: str):
+    """Import a benchmarks/ script as a module (they import their helpers by bare name)."""
+    path = os.path.abspath(BENCH_DIR)
+    if path not in sys.path:
+        sys.path.insert(0, path)
+    return importlib.import_module(name)
+
+
+@pytest.mark.forked
+def test_latency_main_reports_positive_physics(tiny_llama_dir, capsys, monkeypatch):
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0.05")
+    lat = _bench_module("benchmark_latency")
+    physics = _bench_module("bench_physics")
+    argv = [
+        "--model",
+        tiny_llama_dir,
+        "--device",
+        "cpu",
+        "--max-model-len",
+        "64",
+        "--input-len",
+        "6",
+        "--output-len",
+        "5",
+        "--batch-size",
+        "3",
+        "--num-iters-warmup",
+        "1",
+        "--num-iters",
+        "2",
+        "--no-tqdm",
+    ]
+    record = lat.main(argv)
+
+    out = capsys.readouterr().out
+    assert out.index("benchmark_latency conditions") < out.index('{"bench"')
+    lines = [json.loads(x) for x in out.splitlines() if x.startswith('{"bench"')]
+    assert lines == [json.loads(json.dumps(record))]
+    assert record["bench"] == "latency"
+    assert (record["batch_size"], record["input_len"], record["output_len"]) == (3, 6, 5)
+    assert record["gpu"] == "cpu" and record["cuda_graphs"] is False
+    assert record["attn_backend"] == "TORCH_SDPA" and record["dtype"] == "float32"
+    for key in (
+        "avg_latency_s",
+        "p50_latency_s",
+        "p90_latency_s",
+        "prefill_latency_s",
+        "output_tokens_per_s",
+        "time_per_output_token_s",
+        "achieved_bandwidth_gb_s",
+        "bandwidth_floor_ratio",
+    ):
+        assert record[key] > 0, key
+    assert record["p50_latency_s"] <= record["p90_latency_s"]
+    assert record["peak_bandwidth_gb_s"] == 4800.0
+    # 2 timed runs x 4 decode steps each, all eager on CPU, plus one prefill step per run.
+    assert record["decode_steps"] == {"eager_enforce_eager": 8, "eager_prefill": 2}
+
+    # Bytes per step: the model's parameters agree with the config-only count; KV term exact.
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(tiny_llama_dir)
+    assert record["weight_bytes_per_step"] == physics.config_weight_bytes(cfg, 4, 3)
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    kv = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * 4 * (6 + 5 / 2) * 3
+    assert record["kv_bytes_per_step"] == int(kv)
+    bw = record["bytes_per_decode_step"] / record["time_per_output_token_s"] / 1e9
+    assert record["achieved_bandwidth_gb_s"] == pytest.approx(bw)
+    assert record["bandwidth_floor_ratio"] == pytest.approx(bw / 4800.0)
+
+
+def test_config_weight_bytes_of_real_shapes():
+    physics = _bench_module("bench_physics")
+    from transformers import AutoConfig
+
+    qwen = AutoConfig.from_pretrained(os.path.join(BENCH_DIR, "configs", "qwen2.5-0.5b"))
+    # Qwen2.5-0.5B has 494,032,768 parameters (tied); + one embedding row for batch 1.
+    assert physics.config_weight_bytes(qwen, 2, 1) == 2 * (494_032_768 + 896)
+    llama = AutoConfig.from_pretrained(os.path.join(BENCH_DIR, "configs", "llama-3.1-8b"))
+    # Llama-3.1-8B: 8,030,261,248 parameters, of which the 525,336,576-entry embedding table
+    # is only gathered (one row of 4096 at batch 1).
+    assert physics.config_weight_bytes(llama, 2, 1) == 2 * (8_030_261_248 - 525_336_576 + 4096)
+
+
+def test_counter_delta_and_plot(tmp_path):
+    common = _bench_module("bench_common")
+    before = {"graph": {0: {8: 2}}, "eager": {0: {"prefill": 1}}}
+    after = {"graph": {0: {8: 5, 1: 1}}, "eager": {0: {"prefill": 3, "too_big": 2}}}
+    assert common.counter_delta(before, after) == {
+        "eager_prefill": 2,
+        "eager_too_big": 2,
+        "graph": 4,
+    }
+    assert common.counter_delta({}, {0: after, 1: after})["graph"] == 12  # mp: per rank
+
+    pytest.importorskip("matplotlib")
+    plot = _bench_module("plot_throughput")
+    data = tmp_path / "sweep.jsonl"
+    rows = [
+        {
+            "bench": "throughput_sweep",
+            "batch_size": b,
+            "graphs_output_tokens_per_s": 10.0 * b,
+            "eager_output_tokens_per_s": 5.0 * b,
+            "hf_output_tokens_per_s": 2.0 * b,
+            "graphs_cuda_graphs": True,
+            "model": "m",
+            "gpu": "g",
+        }
+        for b in (4, 1)
+    ]
+    data.write_text("progress bar noise\n" + "\n".join(json.dumps(r) for r in rows) + "\n")
+    assert [r["batch_size"] for r in plot.read_sweep([str(data)])] == [1, 4]
+    out = plot.main([str(data), "--out", str(tmp_path / "p.png")])
+    assert os.path.getsize(out) > 1000
