@@ -23,10 +23,17 @@ import tiny_models  # noqa: E402
 
 
 def _cuda_device_count() -> int:
-    try:
-        import torch
+    """GPUs visible, counted in a subprocess: calling torch.cuda.device_count() here would
+    initialise CUDA in the pytest parent and poison every forked test ("Cannot
+    re-initialize CUDA in forked subprocess")."""
+    import subprocess
 
-        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    code = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+        )
+        return int(out.stdout.strip().splitlines()[-1])
     except Exception:  # a broken CUDA install counts as no GPU
         return 0
 

@@ -57,6 +57,9 @@ class EngineArgs:
     tensor_parallel_size: int = _f(1, "Only 1 is supported.")
     distributed_executor_backend: str | None = _f(None, "uni, mp or ray.")
     disable_log_stats: bool = _f(False, "Do not log engine statistics.")
+    num_virtual_engines_override: int | None = _f(
+        None, "Test-only: this many virtual engines without pipeline parallelism."
+    )
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -121,6 +124,7 @@ class EngineArgs:
             max_num_batched_tokens=self.max_num_batched_tokens,
         )
         return EngineConfig(
+            num_virtual_engines_override=self.num_virtual_engines_override,
             model_config=model_config,
             cache_config=cache_config,
             parallel_config=parallel_config,

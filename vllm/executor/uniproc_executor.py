@@ -30,4 +30,23 @@ class UniProcExecutor(ExecutorBase):
         self.worker.free_sequences(seq_ids)
 
     def decode_step_counters(self) -> dict:
+        if "worker" not in self.__dict__:
+            return {}
         return self.worker.model_runner.counters.snapshot()
+
+    def shutdown(self) -> None:
+        """Release the worker (model, KV caches, CUDA graphs) and return cached device
+        memory to the driver, so another engine can start in this process."""
+        worker = self.__dict__.pop("worker", None)
+        if worker is None:
+            return
+        device = worker.device
+        del worker
+        import gc
+
+        gc.collect()
+        if device.type == "cuda":
+            import torch
+
+            torch.cuda.synchronize(device)
+            torch.cuda.empty_cache()

@@ -14,6 +14,7 @@ import torch
 
 from vllm.sampling_params import SamplingParams
 from vllm.sequence import SequenceGroupMetadata
+from vllm.utils import to_device
 
 
 @dataclass
@@ -177,16 +178,16 @@ class SamplingMetadata:
         all_greedy = all(greedy)
         sm = SamplingMetadata(
             groups=groups,
-            selected_token_indices=torch.tensor(selected, dtype=torch.long).to(device),
-            sample_row_ids=torch.tensor(sample_rows, dtype=torch.long).to(device),
+            selected_token_indices=to_device(torch.tensor(selected, dtype=torch.long), device),
+            sample_row_ids=to_device(torch.tensor(sample_rows, dtype=torch.long), device),
             all_greedy=all_greedy,
             generators=gens,
             max_logprobs=max(g.params.logprobs or 0 for g in groups),
             max_prompt_logprobs=max(g.params.prompt_logprobs or 0 for g in groups),
         )
         if prompt_rows:
-            sm.prompt_row_ids = torch.tensor(prompt_rows, dtype=torch.long).to(device)
-            sm.prompt_targets = torch.tensor(prompt_targets, dtype=torch.long).to(device)
+            sm.prompt_row_ids = to_device(torch.tensor(prompt_rows, dtype=torch.long), device)
+            sm.prompt_targets = to_device(torch.tensor(prompt_targets, dtype=torch.long), device)
         need_pen = any(r != (0.0, 0.0, 1.0) for r in pen_rows)
         if need_pen or any(min_tok_rows):
             sm.penalties = _penalty_tensors(
@@ -199,11 +200,11 @@ class SamplingMetadata:
                 for g in groups
             )
             f32 = dict(dtype=torch.float32)
-            sm.greedy_mask = torch.tensor(greedy, dtype=torch.bool).to(device)
-            sm.temperature = torch.tensor(temps, **f32).to(device)
-            sm.top_p = torch.tensor(top_ps, **f32).to(device)
-            sm.top_k = torch.tensor(top_ks, **f32).to(device)
-            sm.min_p = torch.tensor(min_ps, **f32).to(device)
+            sm.greedy_mask = to_device(torch.tensor(greedy, dtype=torch.bool), device)
+            sm.temperature = to_device(torch.tensor(temps, **f32), device)
+            sm.top_p = to_device(torch.tensor(top_ps, **f32), device)
+            sm.top_k = to_device(torch.tensor(top_ks, **f32), device)
+            sm.min_p = to_device(torch.tensor(min_ps, **f32), device)
         return sm
 
 
@@ -228,12 +229,12 @@ def _penalty_tensors(
         for row, ids in enumerate(min_tok_rows):
             if ids:
                 mask[row, ids] = True
-        mask = mask.to(device)
+        mask = to_device(mask, device)
     return PenaltyTensors(
-        prompt_tokens=_padded(prompts, vocab_size).to(device),
-        output_tokens=_padded(outs, vocab_size).to(device),
-        presence=pen[:, 0].to(device),
-        frequency=pen[:, 1].to(device),
-        repetition=pen[:, 2].to(device),
+        prompt_tokens=to_device(_padded(prompts, vocab_size), device),
+        output_tokens=to_device(_padded(outs, vocab_size), device),
+        presence=to_device(pen[:, 0], device),
+        frequency=to_device(pen[:, 1], device),
+        repetition=to_device(pen[:, 2], device),
         min_tokens_mask=mask,
     )

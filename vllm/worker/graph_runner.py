@@ -129,6 +129,9 @@ class GraphRunner:
         self.pool = None
         self.capture_seconds = 0.0
         self.capture_bytes = 0
+        # (label, device bytes reserved since capture began): "state" after a VE's buffers,
+        # then one entry per captured size; used to extrapolate graph memory.
+        self.memory_trace: list[tuple[str | int, int]] = []
         self.eager_warning = warn_eager_sizes(sizes)
 
     # ----------------------------------------------------------------- capture
@@ -163,8 +166,10 @@ class GraphRunner:
             )
             self.attn_states.append(state)
             self.inputs.append(static)
+            self.memory_trace.append(("state", _device_memory(mr.device) - mem0))
             for size in sorted(self.sizes.sizes, reverse=True):
                 self.graph_runners[ve][size] = self._capture_one(ve, size, kv_caches[ve])
+                self.memory_trace.append((size, _device_memory(mr.device) - mem0))
                 bar.update(1)
         bar.close()
         self.capturer.synchronize()
@@ -250,6 +255,22 @@ class GraphRunner:
         self.attn_states[virtual_engine].prepare_replay(size, step, cg.attn_metadata)
         cg.graph.replay()
         return cg.output
+
+
+def extrapolate_graph_memory(
+    trace: list[tuple[str | int, int]], num_sizes: int, num_ves: int
+) -> int:
+    """Graph memory of a full capture from a trial capture of the largest and the smallest
+    size of one VE: ``trace`` = [("state", s), (largest, a), (smallest, b)] in bytes.
+
+    Estimate = a (state buffers + the shared pool after the largest graph) + (b - a) per
+    further graph (each keeps its own outputs and metadata) + s per further VE (its own
+    buffers). Documented as an estimate: the final capture's GiB are logged too.
+    """
+    state = trace[0][1]
+    first = trace[1][1]
+    per_graph = max(0, trace[2][1] - first) if len(trace) > 2 else 0
+    return first + per_graph * max(0, num_sizes * num_ves - 1) + state * max(0, num_ves - 1)
 
 
 def _device_memory(device: torch.device) -> int:

@@ -20,6 +20,7 @@ from vllm.config import EngineConfig
 from vllm.model_executor.layers.sampler import Sampler
 from vllm.model_executor.sampling_metadata import SamplingMetadata
 from vllm.sequence import IntermediateTensors, SamplerOutput, SequenceGroupMetadata
+from vllm.utils import to_device
 from vllm.worker.cuda_graph_sizes import capture_sizes
 from vllm.worker.forward_batch import ForwardBatch
 from vllm.worker.step_counters import DecodeStepCounters
@@ -128,6 +129,41 @@ class ModelRunner:
         runner.capture_model(kv_caches, scratch_slots, show_progress=self.pp_rank == 0)
         self.graph_runner = runner
 
+    @torch.inference_mode()
+    def estimate_graph_memory(self, num_virtual_engines: int) -> int:
+        """Bytes the CUDA graphs of every VE will take, measured before the KV cache is
+        sized: a trial capture of the largest and smallest sizes into a throwaway pool over
+        a one-block cache, extrapolated (graph_runner.extrapolate_graph_memory). 0 when
+        graphs are off."""
+        from vllm.worker.cache_engine import CacheEngine
+        from vllm.worker.cuda_graph_sizes import CaptureSizes
+        from vllm.worker.graph_runner import GraphRunner, extrapolate_graph_memory
+
+        sizes = self.capture_sizes.sizes
+        if not self.use_cuda_graph or not sizes:
+            return 0
+        probe = tuple(sorted({sizes[0], sizes[-1]}))
+        cache = CacheEngine(
+            self.model_config,
+            self.attn_backend,
+            1,
+            self.block_size,
+            self.num_local_layers,
+            self.device,
+        )
+        trial = GraphRunner(
+            self,
+            CaptureSizes(probe, probe[-1], probe[-1]),
+            1,
+            self.config.compilation_config.max_seq_len_to_capture,
+        )
+        trial.capture_model([cache.kv_caches], [cache.scratch_slot], show_progress=False)
+        trace = trial.memory_trace
+        del trial, cache
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
+        return extrapolate_graph_memory(trace, len(sizes), num_virtual_engines)
+
     # ------------------------------------------------------------------ inputs
     def _plan_rows(
         self, mode: ForwardMode, virtual_engine: int, rows: int, max_decode_len: int
@@ -214,8 +250,8 @@ class ModelRunner:
             )
         return ForwardBatch(
             mode=mode,
-            input_ids=torch.tensor(input_ids, dtype=torch.long).to(self.device),
-            positions=torch.tensor(positions, dtype=torch.long).to(self.device),
+            input_ids=to_device(torch.tensor(input_ids, dtype=torch.long), self.device),
+            positions=to_device(torch.tensor(positions, dtype=torch.long), self.device),
             attn_metadata=attn_metadata,
             step=step,
             sampling_metadata=sm,

@@ -91,23 +91,35 @@ class Worker:
         return per_ve
 
     def _profile_cuda_blocks(self, block_bytes: int) -> int:
+        """KV blocks that fit in total x gpu_memory_utilization - peak - graph memory.
+
+        The peak comes from one profiling forward of max_num_batched_tokens tokens (weights
+        included, as torch allocated them); memory used outside this process's torch
+        allocator counts against the budget; graph memory is measured by a trial capture
+        (ModelRunner.estimate_graph_memory) because the real capture needs the KV cache.
+        """
         sc = self.config.scheduler_config
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
-        self.model_runner.profile_run(
-            sc.max_num_batched_tokens, min(sc.max_num_seqs, sc.max_num_batched_tokens)
-        )
+        num_seqs = min(sc.max_num_seqs, sc.max_num_batched_tokens)
+        self.model_runner.profile_run(sc.max_num_batched_tokens, num_seqs)
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device)
-        free, total = torch.cuda.mem_get_info(self.device)
-        used_by_others = total - free - torch.cuda.memory_reserved(self.device)
-        budget = total * self.config.cache_config.gpu_memory_utilization - peak - used_by_others
-        budget -= (
-            self.model_runner.estimate_graph_memory()
-            if hasattr(self.model_runner, "estimate_graph_memory")
-            else 0
-        )
         torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info(self.device)
+        outside = total - free - torch.cuda.memory_reserved(self.device)
+        graphs = self.model_runner.estimate_graph_memory(self.num_virtual_engines)
+        budget = total * self.config.cache_config.gpu_memory_utilization - peak - outside - graphs
+        logger.info(
+            "Memory profile: total %.2f GiB, peak %.2f GiB, outside torch %.2f GiB, "
+            "graphs (estimated) %.3f GiB, KV budget %.2f GiB",
+            total / 2**30,
+            peak / 2**30,
+            outside / 2**30,
+            graphs / 2**30,
+            budget / 2**30,
+        )
+        self.estimated_graph_bytes = graphs
         return max(0, int(budget // block_bytes))
 
     def initialize_cache(self, num_blocks: int) -> None:
@@ -146,6 +158,7 @@ class Worker:
         """kv_caches[virtual_engine][local_layer]."""
         return [ce.kv_caches for ce in self.cache_engines]
 
+    @torch.inference_mode()
     def execute_model(
         self,
         request: ExecuteModelRequest,

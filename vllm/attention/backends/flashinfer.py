@@ -34,6 +34,7 @@ from vllm.attention.backends.abstract import (
     ForwardMode,
     StepInputs,
 )
+from vllm.utils import to_device
 
 WORKSPACE_BYTES = 128 * 1024 * 1024
 
@@ -126,7 +127,8 @@ def paged_kv_host(
             pages, tail = [scratch_block], 1
         else:
             need = -(-n // block_size)
-            pages = list(table[: min(need, width) if width else need])
+            # no table: memory profiling, planned over the scratch block and never run
+            pages = list(table[: min(need, width) if width else need]) or [scratch_block] * need
             tail = n - (len(pages) - 1) * block_size
         indices.extend(pages)
         indptr.append(len(indices))
@@ -143,7 +145,7 @@ def _host_i32(values: list[int]) -> torch.Tensor:
 def _slots(step: StepInputs, scratch_slot: int, device: torch.device) -> torch.Tensor:
     slots = torch.tensor(step.slot_mapping, dtype=torch.long)
     slots = torch.where(slots < 0, scratch_slot, slots)  # [num_tokens]
-    return slots.to(device, non_blocking=True)
+    return to_device(slots, device)
 
 
 class FlashInferBackend(AttentionBackend):

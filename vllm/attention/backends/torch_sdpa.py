@@ -25,6 +25,7 @@ from vllm.attention.backends.abstract import (
     ForwardMode,
     StepInputs,
 )
+from vllm.utils import to_device
 
 
 @dataclass
@@ -150,7 +151,7 @@ class TorchSDPABackend(AttentionBackend):
             mode=step.mode,
             num_rows=len(step.seq_lens),
             num_tokens=len(step.slot_mapping),
-            slot_mapping=slots.to(device, non_blocking=True),
+            slot_mapping=to_device(slots, device),
             scratch_slot=scratch_slot,
             max_seq_len=max(step.seq_lens) if step.seq_lens else 0,
         )
@@ -161,9 +162,13 @@ class TorchSDPABackend(AttentionBackend):
             md.query_start_loc = starts
         else:
             width = max(1, max((len(b) for b in step.block_tables), default=1))
+            if device.type == "cuda":
+                # The graph width: eager and replayed decode then reduce over the same
+                # masked span, so --enforce-eager and graphs give identical arithmetic.
+                width = max(width, self.spec.max_blocks_per_seq)
             table, lens = decode_tables(step, width, scratch_slot // block_size)
-            md.block_tables = table.to(device, non_blocking=True)  # [rows, width]
-            md.seq_lens = lens.to(device, non_blocking=True)  # [rows]
+            md.block_tables = to_device(table, device)  # [rows, width]
+            md.seq_lens = to_device(lens, device)  # [rows]
         return md
 
     def make_graph_state(self, scratch_slot: int) -> TorchSDPAGraphState:

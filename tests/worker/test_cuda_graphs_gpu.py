@@ -1,0 +1,239 @@
+"""The CUDA worker on a real GPU: FlashInfer and TORCH_SDPA, real CUDA graphs per virtual
+engine, memory profiling (marked ``gpu``; skipped without CUDA).
+
+Comparison rules (TESTING.md): vs transformers in bf16 -> check_logprobs_close; graphs vs
+--enforce-eager with the same backend, dtype and batch composition -> exact.
+"""
+
+import os
+
+import pytest
+
+from tests.utils import check_logprobs_close, check_outputs_equal, hf_greedy, vllm_greedy
+
+pytestmark = pytest.mark.gpu
+
+PROMPTS = [
+    "The capital of France is",
+    "Hello, my name is",
+    "The future of AI is",
+    "def fibonacci(n):",
+    "List three colors:",
+    "Water boils at",
+    "Once upon a time,",
+    "The quick brown fox",
+]
+
+
+def _llm(model, backend, **kw):
+    os.environ["VLLM_ATTENTION_BACKEND"] = backend
+    from vllm import LLM
+
+    kw.setdefault("device", "cuda")
+    kw.setdefault("dtype", "bfloat16")
+    kw.setdefault("gpu_memory_utilization", 0.3)
+    return LLM(model=model, **kw)
+
+
+def _counters(llm):
+    return llm.llm_engine.decode_step_counters()
+
+
+def _assert_backend_ran(llm):
+    """A FLASHINFER test fails unless FlashInfer's prefill and decode wrappers ran."""
+    runner = llm.llm_engine.executor.worker.model_runner
+    be = runner.attn_backend
+    if be.name == "FLASHINFER":
+        assert be.prefill_runs > 0 and be.decode_runs > 0, (be.prefill_runs, be.decode_runs)
+
+
+@pytest.mark.forked
+@pytest.mark.parametrize("backend", ["FLASHINFER", "TORCH_SDPA"])
+@pytest.mark.parametrize("enforce_eager", [False, True])
+def test_smollm2_vs_transformers(smollm2_gguf, backend, enforce_eager):
+    ref = hf_greedy(smollm2_gguf, PROMPTS, 32, dtype="bfloat16", device="cuda")
+    llm = _llm(smollm2_gguf, backend, enforce_eager=enforce_eager, max_num_seqs=16)
+    ours = vllm_greedy(llm, PROMPTS, 32, logprobs=5)
+    check_logprobs_close(ref, ours, "hf", f"vllm-{backend}-eager={enforce_eager}", PROMPTS)
+    assert ours[0][1].startswith(" Paris")
+    _assert_backend_ran(llm)
+    snap = _counters(llm)
+    if enforce_eager:
+        assert snap["graph"] == {} and snap["eager"][0]["enforce_eager"] > 0
+    else:
+        assert sum(snap["graph"][0].values()) > 0
+        assert set(snap["eager"][0]) == {"prefill"}
+
+
+def _drifting_run(llm, n):
+    """n requests whose max_tokens differ (8 + 2i), so the live batch shrinks n -> 1."""
+    from vllm import SamplingParams
+
+    prompts = [PROMPTS[i % len(PROMPTS)] + " " * (i // len(PROMPTS)) for i in range(n)]
+    params = [
+        SamplingParams(temperature=0, max_tokens=8 + 2 * i, ignore_eos=True) for i in range(n)
+    ]
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    return [(list(o.outputs[0].token_ids), o.outputs[0].text) for o in outs]
+
+
+@pytest.mark.forked
+@pytest.mark.parametrize("backend", ["FLASHINFER", "TORCH_SDPA"])
+def test_graph_equals_eager_as_batch_drifts(smollm2_gguf, backend):
+    sizes = [1, 3, 5, 7, 9, 17, 33]
+    graph = _llm(smollm2_gguf, backend, max_num_seqs=40)
+    g = {n: _drifting_run(graph, n) for n in sizes}
+    snap = _counters(graph)
+    _assert_backend_ran(graph)
+    runner = graph.llm_engine.executor.worker.model_runner
+    expected = {runner.capture_sizes.padded_size(b) for b in range(1, 34)}
+    assert set(snap["graph"][0]) == expected, snap
+    assert set(snap["eager"][0]) == {"prefill"}, snap
+    graph.llm_engine.shutdown()
+    del graph
+    eager = _llm(smollm2_gguf, backend, max_num_seqs=40, enforce_eager=True)
+    for n in sizes:
+        check_outputs_equal(g[n], _drifting_run(eager, n), f"graph-{n}", f"eager-{n}")
+
+
+@pytest.mark.forked
+def test_flashinfer_replay_past_capture_time():
+    """Graphs captured at context length 1, replayed at per-lane lengths that cross page
+    boundaries: FlashInfer's decode equals a plain PyTorch attention reference."""
+    import torch
+
+    from vllm.attention.backends.abstract import AttentionSpec, ForwardMode, StepInputs
+    from vllm.attention.backends.flashinfer import FlashInferBackend, FlashInferImpl
+
+    torch.manual_seed(0)
+    h, h_kv, d, bs, blocks = 9, 3, 64, 16, 64
+    spec = AttentionSpec(h, h_kv, d, bs, torch.bfloat16, torch.device("cuda"), 1024)
+    backend = FlashInferBackend(spec)
+    cache = torch.randn(blocks + 1, 2, bs, h_kv, d, dtype=torch.bfloat16, device="cuda")
+    state = backend.make_graph_state(blocks * bs)
+    state.allocate(8)
+    md = state.metadata_for_capture(4)
+
+    class Layer:
+        num_heads, num_kv_heads, head_size, scale = h, h_kv, d, d**-0.5
+
+    q = torch.zeros(4, h * d, dtype=torch.bfloat16, device="cuda")
+    k = torch.zeros(4, h_kv * d, dtype=torch.bfloat16, device="cuda")
+    v = torch.zeros_like(k)
+    FlashInferImpl.forward(Layer, q, k, v, cache, md)  # warm-up
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = FlashInferImpl.forward(Layer, q, k, v, cache, md)
+    lens = [1, 17, 33, 100]
+    tables = [list(range(i * 8, i * 8 + -(-n // bs))) for i, n in enumerate(lens)]
+    slots = [t[(n - 1) // bs] * bs + (n - 1) % bs for t, n in zip(tables, lens)]
+    step = StepInputs(ForwardMode.DECODE, lens, [1] * 4, tables, slots, 4)
+    q.copy_(torch.randn_like(q))
+    k.copy_(torch.randn_like(k))
+    v.copy_(torch.randn_like(v))
+    state.prepare_replay(4, step, md)
+    graph.replay()
+    torch.cuda.synchronize()
+    for i, (n, t) in enumerate(zip(lens, tables)):
+        kk = cache[t, 0].reshape(-1, h_kv, d)[:n].float()  # [n, h_kv, d]
+        vv = cache[t, 1].reshape(-1, h_kv, d)[:n].float()
+        qi = q[i].view(h, d).float()
+        kk = kk.repeat_interleave(h // h_kv, dim=1)
+        vv = vv.repeat_interleave(h // h_kv, dim=1)
+        att = torch.einsum("hd,nhd->hn", qi, kk) * d**-0.5
+        ref = torch.einsum("hn,nhd->hd", att.softmax(-1), vv)
+        got = out[i].view(h, d).float()
+        assert torch.allclose(got, ref, atol=2e-2, rtol=2e-2), (n, (got - ref).abs().max())
+
+
+@pytest.mark.forked
+def test_two_virtual_engines_one_gpu(smollm2_gguf):
+    """The upstream PP failure reproduced on one GPU: two VEs captured with the real
+    FlashInfer wrappers start and give the same tokens on both engines."""
+    llm = _llm(smollm2_gguf, "FLASHINFER", max_num_seqs=8, num_virtual_engines_override=2)
+    runner = llm.llm_engine.executor.worker.model_runner
+    assert sorted(runner.graph_runner.graph_runners[0]) == [1, 2, 4, 8]
+    assert sorted(runner.graph_runner.graph_runners[1]) == [1, 2, 4, 8]
+    outs = vllm_greedy(llm, [PROMPTS[0], PROMPTS[0], PROMPTS[1], PROMPTS[1]], 24)
+    assert outs[0][0] == outs[1][0] and outs[2][0] == outs[3][0]
+    snap = _counters(llm)
+    assert sum(snap["graph"][0].values()) > 0 and sum(snap["graph"][1].values()) > 0, snap
+
+
+@pytest.mark.forked
+def test_two_virtual_engines_shared_buffers_raise(smollm2_gguf, monkeypatch):
+    from vllm.attention.backends.flashinfer import FlashInferBackend, FlashInferGraphState
+
+    shared = {}
+    real_make, real_alloc = FlashInferBackend.make_graph_state, FlashInferGraphState.allocate
+
+    def make_shared(self, slot):
+        return shared.setdefault("s", real_make(self, slot))
+
+    def alloc_once(self, n):
+        if not getattr(self, "_done", False):
+            real_alloc(self, n)
+            self._done = True
+
+    def rebind(self, bs):
+        self.paged_kv_indptr = self.paged_kv_indptr[: bs + 1]
+        self.paged_kv_last_page_len = self.paged_kv_last_page_len[:bs]
+        return self.paged_kv_indptr, self.paged_kv_indices, self.paged_kv_last_page_len
+
+    monkeypatch.setattr(FlashInferBackend, "make_graph_state", make_shared)
+    monkeypatch.setattr(FlashInferGraphState, "allocate", alloc_once)
+    monkeypatch.setattr(FlashInferGraphState, "_views", rebind)
+    with pytest.raises(ValueError, match="The batch size should be fixed in cudagraph mode"):
+        _llm(smollm2_gguf, "FLASHINFER", max_num_seqs=8, num_virtual_engines_override=2)
+
+
+@pytest.mark.forked
+def test_eager_beyond_the_maximum(smollm2_gguf):
+    kw = dict(max_num_seqs=64, max_cudagraph_capture_size=16)
+    from vllm import SamplingParams
+
+    prompts = [f"{PROMPTS[i % 8]} ({i})" for i in range(40)]
+    # 40 live rows shrinking to 1: batches above 16 run eagerly, the rest replay
+    params = [SamplingParams(temperature=0, max_tokens=4 + i, ignore_eos=True) for i in range(40)]
+
+    def run(llm):
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        return [(list(o.outputs[0].token_ids), o.outputs[0].text) for o in outs]
+
+    llm = _llm(smollm2_gguf, "FLASHINFER", **kw)
+    g = run(llm)
+    snap = _counters(llm)
+    assert snap["eager"][0].get("too_big", 0) > 0 and sum(snap["graph"][0].values()) > 0, snap
+    llm.llm_engine.shutdown()
+    del llm
+    e = run(_llm(smollm2_gguf, "FLASHINFER", enforce_eager=True, **kw))
+    check_outputs_equal(g, e, "graphs<=16", "eager", prompts)
+
+
+@pytest.mark.forked
+@pytest.mark.parametrize("max_num_seqs", [8, 256, 512])
+def test_startup_sizes(smollm2_gguf, max_num_seqs):
+    llm = _llm(smollm2_gguf, "FLASHINFER", max_num_seqs=max_num_seqs)
+    gr = llm.llm_engine.executor.worker.model_runner.graph_runner
+    assert gr.max_batchsize_to_capture == min(max_num_seqs, 512)
+    assert vllm_greedy(llm, PROMPTS[:1], 8)[0][1].startswith(" Paris")
+    print(
+        f"max_num_seqs={max_num_seqs}: captured {len(gr.sizes.sizes)} sizes in "
+        f"{gr.capture_seconds:.2f} s, {gr.capture_bytes / 2**30:.3f} GiB; "
+        f"blocks={llm.llm_engine.config.cache_config.num_gpu_blocks}"
+    )
+
+
+@pytest.mark.forked
+def test_blocks_grow_with_memory_utilization(smollm2_gguf):
+    import gc
+
+    blocks = []
+    for util in (0.3, 0.6):
+        llm = _llm(smollm2_gguf, "FLASHINFER", max_num_seqs=8, gpu_memory_utilization=util)
+        blocks.append(llm.llm_engine.config.cache_config.num_gpu_blocks)
+        llm.llm_engine.shutdown()
+        del llm
+        gc.collect()
+    print(f"blocks at 0.3: {blocks[0]}, at 0.6: {blocks[1]}")
+    assert blocks[1] > blocks[0] * 1.5, blocks

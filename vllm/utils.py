@@ -1,0 +1,18 @@
+"""Small shared helpers."""
+
+from __future__ import annotations
+
+import torch
+
+
+def to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """Move a host tensor to ``device`` without waiting on the device.
+
+    A copy from pageable host memory makes the CUDA stream synchronize first; staging the
+    tensor in pinned memory (PyTorch caches pinned blocks) makes the upload asynchronous,
+    so input preparation never stalls the GPU's queue. On CPU the tensor is returned as is.
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
