@@ -56,7 +56,7 @@ setup(
     extras_require={
         "cpu": ["torch==2.13.0"],
         "cuda": ["flashinfer-python==0.7.2.post1"],
-        "ray": ["ray"],
+        "ray": read_requirements("requirements-ray.txt"),
         "test": read_requirements("requirements-test.txt"),
     },
     entry_points={"console_scripts": ["vllm = vllm.entrypoints.cli:main"]},

@@ -63,6 +63,50 @@ _HELPERS = {
 }
 
 
+def setup_stage_worker(config, rank: int, local_rank: int, init_method: str):
+    """Build stage ``rank``'s Worker, join the pipeline group, load its layers.
+
+    Shared by the mp executor's processes and the Ray executor's actors.
+
+    Args:
+        config: the EngineConfig.
+        rank: this pipeline stage, in [0, pipeline_parallel_size).
+        local_rank: CUDA device index in this process (0 under Ray, which sets
+            CUDA_VISIBLE_DEVICES per actor).
+        init_method: the process group's rendezvous URL (``tcp://<host>:<port>``).
+
+    Returns:
+        The ready :class:`~vllm.worker.worker.Worker`.
+    """
+    from vllm.distributed.parallel_state import init_distributed_environment
+    from vllm.worker.worker import Worker
+
+    worker = Worker(config, rank=rank, local_rank=local_rank)
+    worker.init_device()
+    init_distributed_environment(
+        rank, config.parallel_config.world_size, init_method, worker.device
+    )
+    worker.load_model()
+    return worker
+
+
+def run_call(worker, method: str, args: tuple) -> Any:
+    """Run a driver call on this stage: a helper of :data:`_HELPERS` or a Worker method."""
+    fn = _HELPERS.get(method)
+    return fn(worker, *args) if fn else getattr(worker, method)(*args)
+
+
+def teardown_stage_worker(worker) -> None:
+    """Finish queued CUDA work and leave the pipeline group (idempotent)."""
+    import torch
+
+    from vllm.distributed.parallel_state import destroy_distributed_environment
+
+    if torch.cuda.is_available() and worker.device.type == "cuda":
+        torch.cuda.synchronize(worker.device)
+    destroy_distributed_environment()
+
+
 def _reader(conn: Connection, inbox: queue.Queue) -> None:
     """Move pickled driver messages into ``inbox``; exit the process if the driver is gone."""
     while True:
@@ -90,21 +134,10 @@ def run_worker(config, rank: int, init_method: str, conn: Connection) -> None:
         init_method: the process group's rendezvous URL (``tcp://127.0.0.1:<port>``).
         conn: this worker's end of its duplex pipe to the driver.
     """
-    import torch
-
-    from vllm.distributed.parallel_state import (
-        destroy_distributed_environment,
-        init_distributed_environment,
-    )
-    from vllm.worker.worker import Worker
-
     lock = threading.Lock()
     world = config.parallel_config.world_size
     try:
-        worker = Worker(config, rank=rank, local_rank=rank)
-        worker.init_device()
-        init_distributed_environment(rank, world, init_method, worker.device)
-        worker.load_model()
+        worker = setup_stage_worker(config, rank, rank, init_method)
     except BaseException:
         _reply(conn, lock, (READY, None, rank, None, traceback.format_exc()))
         return
@@ -128,16 +161,13 @@ def run_worker(config, rank: int, init_method: str, conn: Connection) -> None:
                 if is_last:
                     _reply(conn, lock, (STEP, tag, rank, out, None))
             elif kind == CALL:
-                fn = _HELPERS.get(msg[2])
-                result = fn(worker, *msg[3]) if fn else getattr(worker, msg[2])(*msg[3])
+                result = run_call(worker, msg[2], msg[3])
                 _reply(conn, lock, (CALL, tag, rank, result, None))
             else:
                 raise ValueError(f"unknown message kind {kind!r}")
         except BaseException:
             _reply(conn, lock, (kind, tag, rank, None, traceback.format_exc()))
     try:
-        if torch.cuda.is_available() and worker.device.type == "cuda":
-            torch.cuda.synchronize(worker.device)
-        destroy_distributed_environment()
+        teardown_stage_worker(worker)
     finally:
         conn.close()
