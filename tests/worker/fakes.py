@@ -172,3 +172,35 @@ class FakePrefillWrapper:
                 scale=self.sm_scale,
             )
         return out
+
+
+def reintroduce_shared_rebound_buffers(monkeypatch) -> None:
+    """Monkeypatch the upstream PP bug back in: one FlashInfer graph state shared by every
+    virtual engine (allocated once), whose full-size buffer handles are rebound to each
+    captured slice. Capturing the second VE's largest size then sees a buffer of the first
+    VE's smallest size and FlashInfer raises "The batch size should be fixed in cudagraph
+    mode ...". Used by the CPU (fake wrapper) and GPU (real FlashInfer) regression tests."""
+    from vllm.attention.backends.flashinfer import FlashInferBackend, FlashInferGraphState
+
+    shared = {}
+    real_make = FlashInferBackend.make_graph_state
+    real_allocate = FlashInferGraphState.allocate
+
+    def make_shared(self, scratch_slot):
+        if "state" not in shared:
+            shared["state"] = real_make(self, scratch_slot)
+        return shared["state"]
+
+    def allocate_once(self, max_bs):
+        if not getattr(self, "_allocated", False):
+            real_allocate(self, max_bs)
+            self._allocated = True
+
+    def rebinding_views(self, bs):
+        self.paged_kv_indptr = self.paged_kv_indptr[: bs + 1]
+        self.paged_kv_last_page_len = self.paged_kv_last_page_len[:bs]
+        return self.paged_kv_indptr, self.paged_kv_indices, self.paged_kv_last_page_len
+
+    monkeypatch.setattr(FlashInferBackend, "make_graph_state", make_shared)
+    monkeypatch.setattr(FlashInferGraphState, "allocate", allocate_once)
+    monkeypatch.setattr(FlashInferGraphState, "_views", rebinding_views)

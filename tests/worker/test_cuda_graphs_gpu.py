@@ -165,27 +165,9 @@ def test_two_virtual_engines_one_gpu(smollm2_gguf):
 
 @pytest.mark.forked
 def test_two_virtual_engines_shared_buffers_raise(smollm2_gguf, monkeypatch):
-    from vllm.attention.backends.flashinfer import FlashInferBackend, FlashInferGraphState
+    from tests.worker.fakes import reintroduce_shared_rebound_buffers
 
-    shared = {}
-    real_make, real_alloc = FlashInferBackend.make_graph_state, FlashInferGraphState.allocate
-
-    def make_shared(self, slot):
-        return shared.setdefault("s", real_make(self, slot))
-
-    def alloc_once(self, n):
-        if not getattr(self, "_done", False):
-            real_alloc(self, n)
-            self._done = True
-
-    def rebind(self, bs):
-        self.paged_kv_indptr = self.paged_kv_indptr[: bs + 1]
-        self.paged_kv_last_page_len = self.paged_kv_last_page_len[:bs]
-        return self.paged_kv_indptr, self.paged_kv_indices, self.paged_kv_last_page_len
-
-    monkeypatch.setattr(FlashInferBackend, "make_graph_state", make_shared)
-    monkeypatch.setattr(FlashInferGraphState, "allocate", alloc_once)
-    monkeypatch.setattr(FlashInferGraphState, "_views", rebind)
+    reintroduce_shared_rebound_buffers(monkeypatch)
     with pytest.raises(ValueError, match="The batch size should be fixed in cudagraph mode"):
         _llm(smollm2_gguf, "FLASHINFER", max_num_seqs=8, num_virtual_engines_override=2)
 

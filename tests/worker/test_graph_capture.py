@@ -12,8 +12,13 @@ Regression guards:
 import pytest
 import torch
 
-from tests.worker.fakes import FakeCapturer, FakeDecodeWrapper, FakePrefillWrapper
-from vllm.attention.backends.flashinfer import FlashInferBackend, FlashInferGraphState
+from tests.worker.fakes import (
+    FakeCapturer,
+    FakeDecodeWrapper,
+    FakePrefillWrapper,
+    reintroduce_shared_rebound_buffers,
+)
+from vllm.attention.backends.flashinfer import FlashInferBackend
 from vllm.sampling_params import SamplingParams
 from vllm.sequence import ExecuteModelRequest, SequenceData, SequenceGroupMetadata
 
@@ -84,28 +89,7 @@ def test_shared_rebound_buffers_reproduce_upstream_error(tiny_llama_dir, monkeyp
     """Reintroduce the upstream bug: one graph state shared by every VE whose full-size
     handles get rebound to each captured slice. Capturing VE 1 must then fail exactly as
     upstream did."""
-    shared = {}
-    real_make = FlashInferBackend.make_graph_state
-    real_allocate = FlashInferGraphState.allocate
-
-    def make_shared(self, scratch_slot):
-        if "state" not in shared:
-            shared["state"] = real_make(self, scratch_slot)
-        return shared["state"]
-
-    def allocate_once(self, max_bs):
-        if not getattr(self, "_allocated", False):
-            real_allocate(self, max_bs)
-            self._allocated = True
-
-    def rebinding_views(self, bs):
-        self.paged_kv_indptr = self.paged_kv_indptr[: bs + 1]
-        self.paged_kv_last_page_len = self.paged_kv_last_page_len[:bs]
-        return self.paged_kv_indptr, self.paged_kv_indices, self.paged_kv_last_page_len
-
-    monkeypatch.setattr(FlashInferBackend, "make_graph_state", make_shared)
-    monkeypatch.setattr(FlashInferGraphState, "allocate", allocate_once)
-    monkeypatch.setattr(FlashInferGraphState, "_views", rebinding_views)
+    reintroduce_shared_rebound_buffers(monkeypatch)
     with pytest.raises(
         ValueError, match="The batch size should be fixed in cudagraph mode.*8.*initialization 1"
     ):
