@@ -123,22 +123,33 @@ def test_ray_pp2_equals_pp1_and_cleans_up(tiny_llama_dir):
 
 @pytest.mark.forked
 def test_killed_actor_error_names_rank(tiny_llama_dir):
-    """Killing stage 1's actor fails the next generate with an error naming rank 1 and
-    its node (no hang); shutdown afterwards is clean."""
+    """Killing stage 1's actor right after a step was submitted to it (so stage 0 may see
+    a gloo error first) fails generate with an error naming rank 1 and its node, without
+    hanging; later calls raise the same error; shutdown afterwards is clean."""
     with deadline(90), local_ray(2):
         llm = _llm(tiny_llama_dir, pipeline_parallel_size=2, distributed_executor_backend="ray")
         ex = llm.llm_engine.executor
+        submit = ex.execute_model_async
+        calls = []
+
+        def submit_then_kill(request):
+            fut = submit(request)
+            calls.append(1)
+            if len(calls) == 3:  # mid-generation, with a step in flight on both stages
+                ray.kill(ex.actors[1], no_restart=True)
+            return fut
+
         try:
             assert len(vllm_greedy(llm, PROMPTS[:1], 4)[0][0]) == 4
-            ray.kill(ex.actors[1], no_restart=True)
+            ex.execute_model_async = submit_then_kill
             t0 = time.perf_counter()
             with pytest.raises(RuntimeError) as err:
-                vllm_greedy(llm, PROMPTS, 8)
+                vllm_greedy(llm, PROMPTS, 32)
             msg = str(err.value)
             assert "rank 1" in msg and "died" in msg, msg
-            assert ex.node_infos[1]["node_ip"] in msg, msg
+            assert ex.node_infos[1]["node_ip"] in msg and str(ex.node_infos[1]["pid"]) in msg
             assert time.perf_counter() - t0 < 30
-            assert ex.failed
+            assert len(calls) >= 3 and ex.failed
             with pytest.raises(RuntimeError, match="rank 1"):
                 ex.collective_rpc("get_cache_block_bytes")
         finally:
