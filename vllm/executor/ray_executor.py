@@ -1,8 +1,8 @@
 """The Ray executor: one Ray actor per pipeline stage, on one host or across several.
 
-Start-up: connect to the Ray cluster this process already joined (``ray.is_initialized()``)
-or the one named by ``RAY_ADDRESS`` (e.g. after ``ray start --head``); otherwise start a
-small local one (``world_size`` CPUs, no dashboard, a small object store), which
+Start-up: connect to the Ray cluster this process already joined (``ray.is_initialized()``),
+the one named by ``RAY_ADDRESS``, or one ``ray start`` launched on this node; otherwise start
+a small private one (``world_size`` CPUs, no dashboard, a small object store), which
 :meth:`RayExecutor.shutdown` stops again. A placement group reserves one bundle per stage
 (``{"GPU": 1, "CPU": 1}`` on CUDA, ``{"CPU": 1}`` on CPU), STRICT_PACK when one node can hold
 every bundle, PACK otherwise (override: ``VLLM_RAY_PG_STRATEGY``). Stage ``r`` is an actor of
@@ -60,6 +60,17 @@ def import_ray():
     return ray
 
 
+def _ray_start_address() -> str | None:
+    """The address of a cluster started by ``ray start`` on this node, if any (Ray records
+    the last one; its reader is private, so any failure means "none")."""
+    try:
+        from ray._private.services import find_bootstrap_address
+
+        return find_bootstrap_address(None) or None
+    except Exception:
+        return None
+
+
 class RayExecutor(ExecutorBase):
     """Runs each pipeline stage in a Ray actor of one placement group.
 
@@ -109,10 +120,12 @@ class RayExecutor(ExecutorBase):
         """Join the running / addressed cluster, or start a local one; check resources."""
         ray = self._ray
         if not ray.is_initialized():
-            if os.environ.get("RAY_ADDRESS"):
-                ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)
+            address = os.environ.get("RAY_ADDRESS") or _ray_start_address()
+            if address:
+                ray.init(address=address, log_to_driver=False)
             else:
                 ray.init(
+                    address="local",
                     num_cpus=self.world_size,
                     include_dashboard=False,
                     object_store_memory=LOCAL_OBJECT_STORE_BYTES,
