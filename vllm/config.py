@@ -394,3 +394,148 @@ class EngineConfig:
         cc.max_seq_len_to_capture = min(cc.max_seq_len_to_capture, self.model_config.max_model_len)
         if self.device_config.device == "cpu":
             cc.enforce_eager = True
+
+
+NGRAM_MODEL = "[ngram]"
+
+
+@dataclass
+class SpeculativeConfig:
+    """Speculative decoding (upstream V0 names): a draft model or n-gram prompt lookup
+    proposes ``num_speculative_tokens`` (k) tokens per step, the target scores them by batch
+    expansion and a rejection sampler keeps a prefix (DESIGN.md, vllm/spec_decode/).
+
+    Args:
+        speculative_model: a draft checkpoint path (HF directory or .gguf) or "[ngram]".
+        num_speculative_tokens: k >= 1.
+        ngram_prompt_lookup_max / _min: longest / shortest suffix n-gram looked up ("[ngram]").
+        speculative_max_model_len: the draft's context limit in tokens (default: the smaller
+            of the draft's max_position_embeddings and the target's max_model_len).
+        speculative_disable_by_batch_size: speculation is skipped for steps with at least this
+            many running requests (None: never skipped).
+        draft_model_config: the draft's ModelConfig (built here; None for "[ngram]").
+
+    Raises:
+        ValueError: in :meth:`create` (see there).
+    """
+
+    speculative_model: str
+    num_speculative_tokens: int
+    ngram_prompt_lookup_max: int | None = None
+    ngram_prompt_lookup_min: int = 1
+    speculative_max_model_len: int | None = None
+    speculative_disable_by_batch_size: int | None = None
+    draft_model_config: Any = field(default=None, repr=False)
+
+    @property
+    def is_ngram(self) -> bool:
+        return self.speculative_model == NGRAM_MODEL
+
+    @staticmethod
+    def create(
+        target: ModelConfig,
+        parallel: ParallelConfig,
+        speculative_model: str | None,
+        num_speculative_tokens: int | None,
+        ngram_prompt_lookup_max: int | None = None,
+        ngram_prompt_lookup_min: int | None = None,
+        speculative_max_model_len: int | None = None,
+        speculative_disable_by_batch_size: int | None = None,
+    ) -> SpeculativeConfig | None:
+        """Validate the speculative flags (reading only configs, never weights).
+
+        Returns None when neither ``speculative_model`` nor ``num_speculative_tokens`` is set.
+
+        Raises:
+            ValueError: k without a model, a model without k, k < 1, bad n-gram bounds,
+                pipeline_parallel_size > 1, a draft whose vocab size differs from the
+                target's (naming both), speculative_max_model_len < 1.
+        """
+        if speculative_model is None and num_speculative_tokens is None:
+            return None
+        if speculative_model is None:
+            raise ValueError(
+                f"num_speculative_tokens={num_speculative_tokens} was given without "
+                "speculative_model (a draft model path or '[ngram]')."
+            )
+        if num_speculative_tokens is None:
+            raise ValueError(
+                f"speculative_model={speculative_model!r} needs num_speculative_tokens (k >= 1)."
+            )
+        if num_speculative_tokens < 1:
+            raise ValueError(
+                f"num_speculative_tokens must be at least 1, got {num_speculative_tokens}."
+            )
+        if parallel.pipeline_parallel_size > 1:
+            raise ValueError(
+                "speculative decoding is not supported with pipeline parallelism: "
+                f"pipeline_parallel_size={parallel.pipeline_parallel_size} (only 1 is allowed "
+                "with speculative_model)."
+            )
+        if parallel.distributed_executor_backend != "uni":
+            raise ValueError(
+                "speculative decoding runs only in the single-process executor: "
+                f"distributed_executor_backend={parallel.distributed_executor_backend!r} "
+                "(use 'uni')."
+            )
+        if speculative_disable_by_batch_size is not None and speculative_disable_by_batch_size < 2:
+            raise ValueError(
+                "speculative_disable_by_batch_size must be at least 2, got "
+                f"{speculative_disable_by_batch_size}."
+            )
+        lo = 1 if ngram_prompt_lookup_min is None else ngram_prompt_lookup_min
+        cfg = SpeculativeConfig(
+            speculative_model,
+            num_speculative_tokens,
+            ngram_prompt_lookup_max,
+            lo,
+            speculative_max_model_len,
+            speculative_disable_by_batch_size,
+        )
+        if cfg.is_ngram:
+            hi = ngram_prompt_lookup_max
+            if hi is None or hi < 1:
+                raise ValueError(
+                    f"speculative_model='[ngram]' needs ngram_prompt_lookup_max >= 1, got {hi}."
+                )
+            if not 1 <= lo <= hi:
+                raise ValueError(
+                    f"ngram_prompt_lookup_min must be in [1, ngram_prompt_lookup_max={hi}], "
+                    f"got {lo}."
+                )
+            limit = target.max_model_len
+        else:
+            draft = ModelConfig(
+                model=speculative_model,
+                dtype=_dtype_name(target.dtype),
+                seed=target.seed,
+                max_model_len=None,
+                skip_tokenizer_init=True,
+                device=target.device,
+            )
+            if draft.vocab_size != target.vocab_size:
+                raise ValueError(
+                    f"the draft model's vocab size {draft.vocab_size} ({speculative_model!r}) "
+                    f"differs from the target's vocab size {target.vocab_size} "
+                    f"({target.model!r}); they must be equal."
+                )
+            limit = min(draft.max_model_len, target.max_model_len)
+            cfg.draft_model_config = draft
+        if speculative_max_model_len is not None:
+            if not 1 <= speculative_max_model_len <= limit:
+                raise ValueError(
+                    f"speculative_max_model_len must be in [1, {limit}], got "
+                    f"{speculative_max_model_len}."
+                )
+            limit = speculative_max_model_len
+        cfg.speculative_max_model_len = limit
+        if cfg.draft_model_config is not None:
+            cfg.draft_model_config.max_model_len = limit
+        return cfg
+
+
+def _dtype_name(dtype) -> str:
+    """The dtype name ModelConfig accepts for a resolved torch.dtype."""
+    import torch
+
+    return {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}[dtype]

@@ -276,11 +276,17 @@ class ExecuteModelRequest:
 
 @dataclass
 class SequenceOutput:
-    """One sampled token of one sequence, with that position's logprobs."""
+    """One sampled token of one sequence, with that position's logprobs.
+
+    A speculative step may emit several tokens: then ``extra_tokens`` holds the
+    (token id, logprobs) pairs that follow ``output_token`` in order, and the engine appends
+    them one by one with stop checks after each (nothing after a stop is kept).
+    """
 
     parent_seq_id: int
     output_token: int
     logprobs: PositionLogprobs
+    extra_tokens: list[tuple[int, PositionLogprobs]] | None = None
 
 
 @dataclass

@@ -22,6 +22,7 @@ from vllm.config import (
     ModelConfig,
     ParallelConfig,
     SchedulerConfig,
+    SpeculativeConfig,
 )
 
 
@@ -57,6 +58,14 @@ class EngineArgs:
     tensor_parallel_size: int = _f(1, "Only 1 is supported.")
     distributed_executor_backend: str | None = _f(None, "uni, mp or ray.")
     disable_log_stats: bool = _f(False, "Do not log engine statistics.")
+    speculative_model: str | None = _f(None, "Draft model path, or '[ngram]' (prompt lookup).")
+    num_speculative_tokens: int | None = _f(None, "Tokens proposed per step (k >= 1).")
+    ngram_prompt_lookup_max: int | None = _f(None, "Longest n-gram looked up ('[ngram]').")
+    ngram_prompt_lookup_min: int | None = _f(None, "Shortest n-gram looked up (default 1).")
+    speculative_max_model_len: int | None = _f(None, "The draft model's context limit.")
+    speculative_disable_by_batch_size: int | None = _f(
+        None, "Skip speculation in steps with at least this many running requests."
+    )
     num_virtual_engines_override: int | None = _f(
         None, "Test-only: this many virtual engines without pipeline parallelism."
     )
@@ -118,12 +127,26 @@ class EngineArgs:
             skip_tokenizer_init=self.skip_tokenizer_init,
             device=device_config.device,
         )
+        speculative_config = SpeculativeConfig.create(
+            model_config,
+            parallel_config,
+            self.speculative_model,
+            self.num_speculative_tokens,
+            self.ngram_prompt_lookup_max,
+            self.ngram_prompt_lookup_min,
+            self.speculative_max_model_len,
+            self.speculative_disable_by_batch_size,
+        )
         scheduler_config = SchedulerConfig(
             max_model_len=model_config.max_model_len,
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
+            num_lookahead_slots=(
+                0 if speculative_config is None else speculative_config.num_speculative_tokens
+            ),
         )
         return EngineConfig(
+            speculative_config=speculative_config,
             num_virtual_engines_override=self.num_virtual_engines_override,
             model_config=model_config,
             cache_config=cache_config,

@@ -322,6 +322,11 @@ class LLMEngine:
                 continue
             seq.append_token_id(sample.output_token, sample.logprobs)
             self._after_token(seq, group.sampling_params)
+            for token, logprobs in sample.extra_tokens or ():  # speculative multi-token step
+                if seq.is_finished():
+                    break
+                seq.append_token_id(token, logprobs)
+                self._after_token(seq, group.sampling_params)
 
     def _after_token(self, seq: Sequence, params: SamplingParams) -> None:
         """Detokenize the new token, then apply the stop conditions (stop_checker.py)."""
@@ -355,6 +360,13 @@ class LLMEngine:
             finished=group.is_finished(),
             metrics=group.metrics,
         )
+
+    def spec_decode_metrics(self) -> dict | None:
+        """Speculative-decoding counters (vllm/spec_decode/metrics.py), None when off."""
+        if self.config.speculative_config is None:
+            return None
+        get = getattr(self.executor, "spec_decode_metrics", None)
+        return get() if get is not None else None
 
     def decode_step_counters(self) -> dict:
         """Graph-replay / eager decode-step counters from the workers."""

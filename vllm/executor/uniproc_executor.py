@@ -15,7 +15,12 @@ class UniProcExecutor(ExecutorBase):
     """Runs a single :class:`Worker` in-process (world size 1)."""
 
     def _init_executor(self) -> None:
-        self.worker = Worker(self.config)
+        if self.config.speculative_config is not None:
+            from vllm.spec_decode.spec_decode_worker import SpecDecodeWorker
+
+            self.worker = SpecDecodeWorker(self.config)
+        else:
+            self.worker = Worker(self.config)
         self.worker.init_device()
         self.worker.load_model()
         num_blocks = self.worker.determine_num_available_blocks()
@@ -28,6 +33,11 @@ class UniProcExecutor(ExecutorBase):
 
     def free_sequences(self, seq_ids: list[int]) -> None:
         self.worker.free_sequences(seq_ids)
+
+    def spec_decode_metrics(self) -> dict | None:
+        """The SpecDecodeWorker's counters (vllm/spec_decode/metrics.py), None without one."""
+        metrics = getattr(self.__dict__.get("worker"), "metrics", None)
+        return None if metrics is None else metrics.snapshot()
 
     def decode_step_counters(self) -> dict:
         if "worker" not in self.__dict__:

@@ -285,6 +285,25 @@ class ModelRunner:
         Returns:
             SamplerOutput on the last stage, else IntermediateTensors for the next stage.
         """
+        hidden = self.forward_hidden(batch, kv_caches, intermediate_tensors)
+        if not self.is_last_stage:
+            return hidden
+        return self.sampler(self.compute_logits(batch, hidden), batch.sampling_metadata)
+
+    def compute_logits(self, batch: ForwardBatch, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 logits [num_rows, vocab] of the rows ``batch.sampling_metadata`` selects
+        from ``hidden`` [num_tokens, hidden] (last stage only)."""
+        selected = hidden[batch.sampling_metadata.selected_token_indices]  # [num_rows, hidden]
+        return self.model.compute_logits(selected).float()  # [num_rows, vocab]
+
+    def forward_hidden(
+        self,
+        batch: ForwardBatch,
+        kv_caches: list[torch.Tensor],
+        intermediate_tensors: IntermediateTensors | None = None,
+    ) -> torch.Tensor | IntermediateTensors:
+        """The model forward of one step (graph replay or eager, counted), without sampling:
+        hidden states [num_tokens, hidden] on the last stage, else IntermediateTensors."""
         ve = batch.virtual_engine
         if batch.graph_size is not None:
             hidden = self.graph_runner.replay(
@@ -305,12 +324,7 @@ class ModelRunner:
                 batch.attn_metadata,
                 intermediate_tensors,
             )
-        if not self.is_last_stage:
-            return hidden
-        sm = batch.sampling_metadata
-        selected = hidden[sm.selected_token_indices]  # [num_rows, hidden]
-        logits = self.model.compute_logits(selected).float()  # [num_rows, vocab]
-        return self.sampler(logits, sm)
+        return hidden
 
     @torch.inference_mode()
     def profile_run(self, num_tokens: int, num_seqs: int) -> None:

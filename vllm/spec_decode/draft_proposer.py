@@ -1,0 +1,137 @@
+"""The draft-model proposer: k autoregressive steps of a smaller model with its own KV cache.
+
+The draft has its own Worker (ModelRunner + CacheEngine with the target's number of blocks)
+and uses the target's block tables, so one block manager serves both. Per sequence it keeps
+``draft_len``: how many leading positions of the draft cache hold the sequence's true
+tokens. A step first feeds the positions draft_len .. n-1 the draft has not seen (usually 1,
+2 after a fully accepted step, more after steps without speculation) as decode rows of one
+forward, then feeds one proposal per step. After the rejection sampler kept ``a`` of ``L``
+proposals, positions up to n - 1 + min(a, L - 1) hold true tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vllm.model_executor.layers.sampler import sample_exponential
+from vllm.sequence import SequenceGroupMetadata
+from vllm.spec_decode.batch_expansion import expanded_metadata, flat_seqs, row_distributions
+
+
+class DraftModelProposer:
+    """Proposes with a draft :class:`vllm.worker.worker.Worker`.
+
+    Args:
+        worker: the draft worker (its config's speculative_config is None: capture k = 0).
+        draft_limit: the draft's context limit (speculative_max_model_len).
+    """
+
+    def __init__(self, worker, draft_limit: int):
+        self.worker = worker
+        self.draft_limit = draft_limit
+        self.draft_len: dict[int, int] = {}
+
+    def prefill(self, metadata_list: list[SequenceGroupMetadata], virtual_engine: int) -> None:
+        """Run the draft over the prefill groups that fit its limit (no sampling)."""
+        fits = [
+            md
+            for md in metadata_list
+            if all(d.get_len() <= self.draft_limit for d in md.seq_data.values())
+        ]
+        if not fits:
+            return
+        runner = self.worker.model_runner
+        ce = self.worker.cache_engines[virtual_engine]
+        batch = runner.prepare_model_input(fits, virtual_engine, ce.scratch_slot, 0)
+        runner.forward_hidden(batch, ce.kv_caches)
+        for md in fits:
+            for sid, d in md.seq_data.items():
+                self.draft_len[sid] = d.get_len()
+
+    @torch.inference_mode()
+    def propose(
+        self,
+        metadata_list: list[SequenceGroupMetadata],
+        caps: list[int],
+        k: int,
+        virtual_engine: int,
+    ) -> tuple[list[list[int]], torch.Tensor | None]:
+        """Draft up to ``caps[i]`` tokens per sequence (row order of ``flat_seqs``).
+
+        Returns:
+            (proposals per sequence, probs [B, k, V] float32 draft distributions, or None when
+            every proposing row is greedy).
+        """
+        seqs = flat_seqs(metadata_list)
+        caps = [c if sid in self.draft_len else 0 for (_, sid, _), c in zip(seqs, caps)]
+        props: list[list[int]] = [[] for _ in seqs]
+        probs_out = None
+        runner = self.worker.model_runner
+        ce = self.worker.cache_engines[virtual_engine]
+        for step in range(max(caps, default=0)):
+            active = [i for i, c in enumerate(caps) if c > step]
+            rows = []
+            for i in active:
+                toks = seqs[i][2].get_token_ids() + props[i]
+                first = len(toks) - 1
+                if step == 0:  # catch up on the positions the draft cache lacks
+                    first = min(self.draft_len[seqs[i][1]], first)
+                rows.append([toks[: m + 1] for m in range(first, len(toks))])
+            sub = [metadata_list[seqs[i][0]] for i in active]
+            sub_md = _select(sub, [seqs[i][1] for i in active])
+            expanded = expanded_metadata(sub_md, rows)
+            batch = runner.prepare_model_input(expanded, virtual_engine, ce.scratch_slot, 0)
+            hidden = runner.forward_hidden(batch, ce.kv_caches)
+            sm = batch.sampling_metadata
+            last, ends = -1, []
+            for r in rows:
+                last += len(r)
+                ends.append(last)
+            argmax, probs, _ = row_distributions(runner.compute_logits(batch, hidden), sm)
+            ends_t = torch.tensor(ends, dtype=torch.long, device=argmax.device)
+            chosen = argmax[ends_t]  # [A]
+            if probs is not None:
+                p = probs[ends_t]  # [A, V]
+                greedy = torch.tensor(
+                    [sub[j].sampling_params.greedy for j in range(len(active))],
+                    device=argmax.device,
+                )
+                gens = [sm.generators[e] for e in ends]
+                chosen = torch.where(greedy, chosen, sample_exponential(p, gens))
+                if probs_out is None:
+                    probs_out = torch.zeros(len(seqs), k, p.shape[1], device=p.device)
+                probs_out[active, step] = p
+            for i, t in zip(active, chosen.tolist()):
+                props[i].append(t)
+        return props, probs_out
+
+    def accepted(self, seq_id: int, seq_len: int, num_proposed: int, num_accepted: int) -> None:
+        """Record the draft cache's valid prefix after a step that proposed for ``seq_id``
+        at length ``seq_len`` (before the step's tokens were appended)."""
+        if num_proposed > 0 and seq_id in self.draft_len:
+            self.draft_len[seq_id] = seq_len + min(num_accepted, num_proposed - 1)
+
+    def free(self, seq_ids: list[int]) -> None:
+        """Drop the state of finished sequences (and the draft runner's generators)."""
+        for sid in seq_ids:
+            self.draft_len.pop(sid, None)
+        self.worker.free_sequences(seq_ids)
+
+    def num_tracked(self) -> int:
+        return len(self.draft_len) + len(self.worker.model_runner.generators)
+
+
+def _select(
+    metadata: list[SequenceGroupMetadata], seq_ids: list[int]
+) -> list[SequenceGroupMetadata]:
+    """Single-sequence views of ``metadata[i]`` restricted to ``seq_ids[i]``."""
+    return [
+        SequenceGroupMetadata(
+            request_id=md.request_id,
+            is_prompt=False,
+            seq_data={sid: md.seq_data[sid]},
+            sampling_params=md.sampling_params,
+            block_tables={sid: md.block_tables[sid]},
+        )
+        for md, sid in zip(metadata, seq_ids)
+    ]

@@ -1,0 +1,201 @@
+"""SpecDecodeWorker: wraps the target Worker with a proposer, the batch-expansion scorer and
+the rejection sampler.
+
+Prefill steps run the target (and the draft model's prefill). A decode step: cap each
+sequence's proposal length (ngram_proposer.proposal_len), propose, score the expanded batch
+with one target forward, accept a prefix, and return one SequenceOutput per sequence whose
+``extra_tokens`` carry the tokens after the first; the engine applies them one by one with
+stop checks. A step with no proposals (or at least speculative_disable_by_batch_size
+sequences) is a normal target decode step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from vllm.config import EngineConfig
+from vllm.model_executor.layers.sampler import _pack_logprobs, _position
+from vllm.sequence import (
+    CompletionSequenceGroupOutput,
+    ExecuteModelRequest,
+    SamplerOutput,
+    SequenceOutput,
+)
+from vllm.spec_decode.batch_expansion import flat_seqs, score_proposals
+from vllm.spec_decode.draft_proposer import DraftModelProposer
+from vllm.spec_decode.metrics import SpecDecodeMetrics
+from vllm.spec_decode.ngram_proposer import NGramProposer, proposal_len
+from vllm.spec_decode.rejection_sampler import rejection_sample
+from vllm.worker.worker import Worker
+
+
+def draft_engine_config(config: EngineConfig) -> EngineConfig:
+    """The draft worker's config: the draft model, no speculation (capture rule k = 0)."""
+    spec = config.speculative_config
+    sched = dataclasses.replace(
+        config.scheduler_config,
+        max_model_len=spec.speculative_max_model_len,
+        num_lookahead_slots=0,
+    )
+    return dataclasses.replace(
+        config,
+        model_config=spec.draft_model_config,
+        scheduler_config=sched,
+        speculative_config=None,
+    )
+
+
+class SpecDecodeWorker:
+    """The Worker interface (init_device .. free_sequences) with speculative decoding.
+
+    Args:
+        config: an EngineConfig whose speculative_config is set (PP = 1).
+    """
+
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.spec = config.speculative_config
+        self.k = self.spec.num_speculative_tokens
+        self.target = Worker(config)
+        self.draft_worker = None
+        if self.spec.is_ngram:
+            self.proposer = NGramProposer(
+                self.spec.ngram_prompt_lookup_max, self.spec.ngram_prompt_lookup_min
+            )
+        else:
+            self.draft_worker = Worker(draft_engine_config(config))
+            self.proposer = DraftModelProposer(
+                self.draft_worker, self.spec.speculative_max_model_len
+            )
+        self.metrics = SpecDecodeMetrics(self.k)
+
+    # ------------------------------------------------------------ worker interface
+    @property
+    def device(self) -> torch.device:
+        return self.target.device
+
+    @property
+    def model_runner(self):
+        return self.target.model_runner
+
+    @property
+    def cache_engines(self):
+        return self.target.cache_engines
+
+    def _workers(self) -> list[Worker]:
+        return [self.target] + ([self.draft_worker] if self.draft_worker is not None else [])
+
+    def init_device(self) -> None:
+        for w in self._workers():
+            w.init_device()
+
+    def load_model(self) -> None:
+        for w in self._workers():
+            w.load_model()
+
+    def determine_num_available_blocks(self) -> int:
+        """Blocks per virtual engine for both caches: the target's count scaled by
+        target bytes / (target + draft bytes) per block (an override is used as is)."""
+        blocks = self.target.determine_num_available_blocks()
+        if self.draft_worker is None or self.config.cache_config.num_gpu_blocks_override:
+            return blocks
+        tb = self.target.get_cache_block_bytes()
+        db = self.draft_worker.get_cache_block_bytes()
+        shared = (blocks + 1) * tb // (tb + db) - 1
+        if shared < 1:
+            raise RuntimeError(
+                f"No KV-cache blocks fit for target and draft: {blocks + 1} target blocks of "
+                f"{tb} bytes shared with draft blocks of {db} bytes."
+            )
+        return shared
+
+    def initialize_cache(self, num_blocks: int) -> None:
+        for w in self._workers():
+            w.initialize_cache(num_blocks)
+
+    def capture_graphs(self, capturer=None) -> None:
+        for w in self._workers():
+            w.capture_graphs(capturer)
+
+    def free_sequences(self, seq_ids: list[int]) -> None:
+        self.target.free_sequences(seq_ids)
+        self.proposer.free(seq_ids)
+
+    def num_proposer_states(self) -> int:
+        """Per-sequence state held by the proposer and both runners (0 when idle)."""
+        return self.proposer.num_tracked() + len(self.target.model_runner.generators)
+
+    # ------------------------------------------------------------------- a step
+    @torch.inference_mode()
+    def execute_model(self, request: ExecuteModelRequest) -> SamplerOutput | None:
+        """One step; see the module docstring."""
+        mds = request.seq_group_metadata_list
+        if not mds:
+            return None
+        ve = request.virtual_engine
+        if mds[0].is_prompt:
+            out = self.target.execute_model(request)
+            if self.draft_worker is not None:
+                self.proposer.prefill(mds, ve)
+            return out
+        seqs = flat_seqs(mds)
+        limit = self.config.scheduler_config.max_model_len
+        draft_limit = self.spec.speculative_max_model_len
+        caps = [proposal_len(d.get_len(), self.k, limit, draft_limit) for _, _, d in seqs]
+        thr = self.spec.speculative_disable_by_batch_size
+        if thr is not None and len(seqs) >= thr:
+            caps = [0] * len(seqs)
+        if self.draft_worker is None:
+            proposals = self.proposer.propose([d.get_token_ids() for _, _, d in seqs], caps)
+            draft_probs = None
+        else:
+            proposals, draft_probs = self.proposer.propose(mds, caps, self.k, ve)
+        if not any(proposals):
+            return self.target.execute_model(request)
+        return self._score_and_accept(mds, seqs, proposals, draft_probs, ve)
+
+    def _score_and_accept(self, mds, seqs, proposals, draft_probs, ve) -> SamplerOutput:
+        scores, sm = score_proposals(self.target, mds, proposals, self.k, ve)
+        dev = scores.argmax.device
+        bsz = len(seqs)
+        tokens = torch.zeros(bsz, self.k, dtype=torch.long, device=dev)  # [B, k]
+        for b, props in enumerate(proposals):
+            if props:
+                tokens[b, : len(props)] = torch.tensor(props, dtype=torch.long)
+        lens = torch.tensor([len(p) for p in proposals], dtype=torch.long, device=dev)
+        out, num_acc = rejection_sample(
+            tokens,
+            draft_probs,
+            lens,
+            scores.argmax,
+            scores.probs,
+            scores.greedy,
+            scores.generators,
+        )
+        out_h = out.tolist()
+        acc_h = num_acc.tolist()
+        # Logprobs of every emitted token, packed as the normal sampler does.
+        pos = [(b, j) for b in range(bsz) for j in range(acc_h[b] + 1)]
+        bi = torch.tensor([b for b, _ in pos], dtype=torch.long, device=dev)
+        ji = torch.tensor([j for _, j in pos], dtype=torch.long, device=dev)
+        emitted = out[bi, ji]  # [E]
+        packed, kk = _pack_logprobs(scores.logprobs[bi, ji], emitted, sm.max_logprobs)
+        host = packed.tolist()
+        row = 0
+        groups: list[list[SequenceOutput]] = [[] for _ in mds]
+        for b, (gi, sid, data) in enumerate(seqs):
+            n_lp = mds[gi].sampling_params.logprobs or 0
+            toks = []
+            for _ in range(acc_h[b] + 1):
+                toks.append(_position(host[row], n_lp, kk))
+                row += 1
+            first_tok, first_lp = toks[0]
+            groups[gi].append(SequenceOutput(sid, first_tok, first_lp, toks[1:] or None))
+            if proposals[b]:
+                self.metrics.record(1, len(proposals[b]), acc_h[b], acc_h[b] + 1)
+            if self.draft_worker is not None:
+                self.proposer.accepted(sid, data.get_len(), len(proposals[b]), acc_h[b])
+        assert all(t >= 0 for b in range(bsz) for t in out_h[b][: acc_h[b] + 1])
+        return SamplerOutput([CompletionSequenceGroupOutput(g) for g in groups])
