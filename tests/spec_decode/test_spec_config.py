@@ -131,3 +131,36 @@ def test_cli_flags():
     assert (e.speculative_model, e.num_speculative_tokens, e.ngram_prompt_lookup_max) == (
         "[ngram]", 5, 3,
     )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "max_num_seqs, ceiling, sizes",
+    [
+        (8, 512, (1, 2, 4, 8, 16, 24, 32, 40)),
+        (3, 512, (1, 2, 4, 8, 15)),
+        (1, 512, (1, 2, 4, 5)),
+        (8, 16, (1, 2, 4, 8, 16)),
+    ],
+)
+def test_capture_sizes_follow_k(tiny_llama_dir, max_num_seqs, ceiling, sizes):
+    """The capture-size rule through the config: the target uses k (B x (k+1) scorer rows),
+    the draft worker's config uses k = 0."""
+    import torch
+
+    from vllm.spec_decode.spec_decode_worker import draft_engine_config
+    from vllm.worker.model_runner import ModelRunner
+
+    cfg = _args(
+        tiny_llama_dir,
+        max_num_seqs=max_num_seqs,
+        max_cudagraph_capture_size=ceiling,
+        speculative_model=tiny_llama_dir,
+        num_speculative_tokens=4,
+    ).create_engine_config()
+    target = ModelRunner(cfg, torch.device("cpu")).capture_sizes
+    assert target.sizes == sizes
+    assert target.scheduler_max_rows == max_num_seqs * 5
+    assert list(target.eager_batch_sizes()) == list(range(sizes[-1] + 1, max_num_seqs * 5 + 1))
+    draft = ModelRunner(draft_engine_config(cfg), torch.device("cpu")).capture_sizes
+    assert draft.scheduler_max_rows == max_num_seqs
+    assert draft.sizes[-1] == min(max_num_seqs, ceiling)

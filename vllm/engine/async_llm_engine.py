@@ -246,10 +246,18 @@ class AsyncLLMEngine:
     def _gauges(self) -> StepStats:
         """Running / waiting requests and KV-cache usage now (engine thread)."""
         schedulers = self.engine.schedulers
+        spec = None
+        now = time.monotonic()
+        # Spec-decode counters are collected at an interval (1 s), not every step.
+        if now - getattr(self, "_spec_collected", 0.0) >= 1.0:
+            self._spec_collected = now
+            get = getattr(self.engine, "spec_decode_metrics", None)
+            spec = get() if get is not None else None
         return StepStats(
             num_running=sum(s.num_running for s in schedulers),
             num_waiting=sum(s.num_waiting for s in schedulers),
             cache_usage=sum(s.block_manager.usage() for s in schedulers) / len(schedulers),
+            spec_decode=spec,
         )
 
     async def _step(self, ve: int) -> None:

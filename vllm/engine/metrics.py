@@ -56,6 +56,7 @@ class StepStats:
     tpot: list[float] = field(default_factory=list)
     finished: list[tuple[str, float]] = field(default_factory=list)
     decode_steps: dict | None = None
+    spec_decode: dict | None = None  # LLMEngine.spec_decode_metrics(), cumulative
 
 
 def flatten_decode_counters(counters: dict) -> dict[tuple[str, str], float]:
@@ -198,6 +199,23 @@ class EngineMetrics:
             self.e2e.observe(e2e)
         if stats.decode_steps is not None:
             self.decode_steps.set(stats.decode_steps)
+        if stats.spec_decode is not None:
+            self._record_spec(stats.spec_decode)
+
+    def _record_spec(self, spec: dict) -> None:
+        """Set the spec-decode gauges and advance the counters to the cumulative totals."""
+        self.spec_acceptance_rate.set(spec["draft_acceptance_rate"])
+        self.spec_efficiency.set(spec["system_efficiency"])
+        last = getattr(self, "_spec_last", {})
+        for counter, key in (
+            (self.spec_accepted, "num_accepted_tokens"),
+            (self.spec_draft, "num_draft_tokens"),
+            (self.spec_emitted, "num_emitted_tokens"),
+        ):
+            delta = spec[key] - last.get(key, 0)
+            if delta > 0:
+                counter.inc(delta)
+        self._spec_last = dict(spec)
 
     def render(self) -> bytes:
         """The registry in Prometheus text exposition format."""

@@ -1,0 +1,180 @@
+"""Speculative decoding end to end on CPU float32: outputs equal the run without
+speculation exactly (TESTING.md), and the counters prove the speculative path ran."""
+
+import json
+import shutil
+
+import pytest
+
+from tests.utils import check_outputs_equal
+
+COMBOS = [(1, 4), (3, 4), (8, 4)]
+PROMPTS = [[5, 6, 7, 8, 9, 5, 6, 7], [100, 200, 300, 400], [11, 12, 13], [42] * 5, [9, 99, 999]]
+NGRAM_PROMPTS = [
+    "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n\ndef add(",
+    "red green blue, red green blue, red green blue, red green",
+    "1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2,",
+]
+
+
+@pytest.fixture(autouse=True)
+def _small_cache(monkeypatch):
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0.05")
+
+
+@pytest.fixture(scope="module")
+def truncated_llama_dir(tiny_llama_dir, tmp_path_factory):
+    """tiny_llama_dir with num_hidden_layers = 1 (the loader skips the other layers)."""
+    d = tmp_path_factory.mktemp("trunc") / "llama_1layer"
+    shutil.copytree(tiny_llama_dir, d)
+    cfg = json.load(open(d / "config.json"))
+    cfg["num_hidden_layers"] = 1
+    json.dump(cfg, open(d / "config.json", "w"))
+    return str(d)
+
+
+def _run(model, prompts, max_tokens, **kw):
+    """(greedy (ids, text, None) per prompt, spec metrics, proposer-state count)."""
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(model=model, device="cpu", **kw)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    outs = llm.generate(list(prompts), params, use_tqdm=False)
+    res = [(list(o.outputs[0].token_ids), o.outputs[0].text, None) for o in outs]
+    eng = llm.llm_engine
+    metrics = eng.spec_decode_metrics()
+    worker = eng.executor.worker
+    states = worker.num_proposer_states() if hasattr(worker, "num_proposer_states") else 0
+    eng.shutdown()
+    return res, metrics, states
+
+
+def _distinct(outputs, minimum):
+    for ids, _, _ in outputs:
+        assert len(set(ids)) >= minimum, ids
+
+
+@pytest.mark.forked
+@pytest.mark.parametrize("max_num_seqs, k", COMBOS)
+def test_draft_model_exact(tiny_llama_dir, truncated_llama_dir, max_num_seqs, k):
+    base, none, _ = _run(tiny_llama_dir, PROMPTS, 16, max_num_seqs=max_num_seqs)
+    assert none is None
+    _distinct(base, 8)
+    same, m_same, st1 = _run(
+        tiny_llama_dir, PROMPTS, 16, max_num_seqs=max_num_seqs,
+        speculative_model=tiny_llama_dir, num_speculative_tokens=k,
+    )  # fmt: skip
+    check_outputs_equal(base, same, "no spec", "draft = target", PROMPTS)
+    assert m_same["num_draft_tokens"] > 0
+    assert m_same["num_accepted_tokens"] == m_same["num_draft_tokens"]
+    assert m_same["draft_acceptance_rate"] == 1.0
+    trunc, m_tr, st2 = _run(
+        tiny_llama_dir, PROMPTS, 16, max_num_seqs=max_num_seqs,
+        speculative_model=truncated_llama_dir, num_speculative_tokens=k,
+    )  # fmt: skip
+    check_outputs_equal(base, trunc, "no spec", "truncated draft", PROMPTS)
+    assert 0 < m_tr["num_accepted_tokens"] < m_tr["num_draft_tokens"], m_tr
+    assert 0 < m_tr["system_efficiency"] < 1
+    assert st1 == st2 == 0  # every request finished: no per-sequence state left
+
+
+@pytest.mark.forked
+def test_ngram_exact_smollm2(smollm2_gguf):
+    """N-gram prompt lookup on the real model (a random tiny model never repeats itself, so
+    lookup would find nothing): prompts repeat spans; one baseline (CPU float32 batched =
+    alone, exact) against each (max_num_seqs, k) combination, in one process to load the
+    GGUF fewer times."""
+    base, _, _ = _run(smollm2_gguf, NGRAM_PROMPTS, 12, max_num_seqs=8, max_model_len=256)
+    for max_num_seqs, k in COMBOS:
+        spec, m, st = _run(
+            smollm2_gguf, NGRAM_PROMPTS, 12, speculative_model="[ngram]",
+            num_speculative_tokens=k, ngram_prompt_lookup_max=3, max_num_seqs=max_num_seqs,
+            max_model_len=256,
+        )  # fmt: skip
+        check_outputs_equal(base, spec, "no spec", f"ngram {max_num_seqs, k}", NGRAM_PROMPTS)
+        assert m["num_draft_tokens"] > 0 and m["num_accepted_tokens"] > 0, m
+        assert st == 0
+
+
+@pytest.mark.forked
+@pytest.mark.parametrize("spec_model", ["target", "[ngram]"])
+def test_capping_near_max_model_len(tiny_llama_dir, spec_model):
+    """Sequences reach limit-k-1, limit-k, limit-2 and limit-1 tokens (prompts of those
+    lengths, so the proposal cap shrinks k, k-1, ..., 0 over the run): every request ends at
+    exactly max_model_len tokens, as without speculation. (A prompt of ``limit`` tokens
+    gets one token from the prefill alone, before any proposal.)"""
+    limit, k = 48, 4
+    prompts = [[(7 * i + 3) % 5000 + 10 for i in range(n)] for n in
+               (limit - k - 1, limit - k, limit - 2, limit - 1)]  # fmt: skip
+    kw = dict(max_num_seqs=4, max_model_len=limit)
+    base, _, _ = _run(tiny_llama_dir, prompts, 20, **kw)
+    model = tiny_llama_dir if spec_model == "target" else spec_model
+    spec, m, _ = _run(
+        tiny_llama_dir, prompts, 20, speculative_model=model, num_speculative_tokens=k,
+        ngram_prompt_lookup_max=2, **kw,
+    )  # fmt: skip
+    check_outputs_equal(base, spec, "no spec", spec_model, prompts)
+    for p, (ids, _, _) in zip(prompts, spec):
+        assert len(p) + len(ids) == limit  # exactly up to the limit, never past it
+    if spec_model == "target":
+        assert m["num_draft_tokens"] > 0
+
+
+@pytest.mark.forked
+def test_stop_conditions_inside_multi_token_steps(tiny_llama_dir):
+    """EOS-like stop tokens and max_tokens that fall inside an accepted run: nothing after
+    the stop is returned, same as without speculation."""
+    from vllm import LLM, SamplingParams
+
+    outs = {}
+    for spec in (False, True):
+        kw = dict(speculative_model=tiny_llama_dir, num_speculative_tokens=4) if spec else {}
+        llm = LLM(model=tiny_llama_dir, device="cpu", max_num_seqs=4, **kw)
+        free = llm.generate(PROMPTS[:2], SamplingParams(temperature=0, max_tokens=12),
+                            use_tqdm=False)  # fmt: skip
+        stop_tok = free[0].outputs[0].token_ids[6]
+        params = [
+            SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[stop_tok]),
+            SamplingParams(temperature=0, max_tokens=7),
+        ]
+        got = llm.generate(PROMPTS[:2], params, use_tqdm=False)
+        outs[spec] = [(list(o.outputs[0].token_ids), o.outputs[0].finish_reason,
+                       o.outputs[0].stop_reason) for o in got]  # fmt: skip
+        if spec:
+            assert llm.llm_engine.spec_decode_metrics()["num_accepted_tokens"] > 0
+        llm.llm_engine.shutdown()
+    assert outs[True] == outs[False]
+    assert outs[True][0][1] == "stop" and outs[True][0][0][-1] == outs[True][0][2]
+    assert len(outs[True][1][0]) == 7 and outs[True][1][1] == "length"
+
+
+@pytest.mark.forked
+def test_proposer_state_dropped_with_aborts(tiny_llama_dir):
+    """Many short requests, 10% aborted mid-flight: no per-sequence state remains."""
+    from vllm import SamplingParams
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.engine.llm_engine import LLMEngine
+
+    eng = LLMEngine.from_engine_args(
+        EngineArgs(model=tiny_llama_dir, device="cpu", max_num_seqs=8,
+                   speculative_model=tiny_llama_dir, num_speculative_tokens=2,
+                   disable_log_stats=True)
+    )  # fmt: skip
+    params = SamplingParams(temperature=0, max_tokens=3)
+    n, aborted = 200, 0
+    for i in range(n):
+        eng.add_request(str(i), [10 + i % 50, 20, 30 + i % 7], params)
+        if i % 10 == 9:
+            eng.step()
+            eng.abort_request(str(i - 1))
+            aborted += 1
+        if i % 8 == 7:
+            eng.step()
+    while eng.has_unfinished_requests():
+        eng.step()
+    worker = eng.executor.worker
+    assert aborted == n // 10
+    assert worker.num_proposer_states() == 0
+    assert worker.proposer.draft_len == {}
+    assert eng.spec_decode_metrics()["num_draft_tokens"] > 0
+    eng.shutdown()
