@@ -178,3 +178,99 @@ def test_proposer_state_dropped_with_aborts(tiny_llama_dir):
     assert worker.proposer.draft_len == {}
     assert eng.spec_decode_metrics()["num_draft_tokens"] > 0
     eng.shutdown()
+
+
+def _engine_run(model, prompts, params, **kw):
+    """Drive an LLMEngine directly; returns (outputs by request, preemptions, metrics)."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.engine.llm_engine import LLMEngine
+
+    eng = LLMEngine.from_engine_args(
+        EngineArgs(model=model, device="cpu", disable_log_stats=True, **kw)
+    )
+    for i, p in enumerate(prompts):
+        eng.add_request(str(i), p, params)
+    done = {}
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            if o.finished:
+                done[o.request_id] = (list(o.outputs[0].token_ids), o.outputs[0].text, None)
+    preempted = sum(s.num_cumulative_preemption for s in eng.schedulers)
+    metrics = eng.spec_decode_metrics()
+    states = eng.executor.worker.num_proposer_states() if metrics is not None else 0
+    eng.shutdown()
+    return [done[str(i)] for i in range(len(prompts))], preempted, metrics, states
+
+
+@pytest.mark.forked
+def test_preemption_under_speculation_equals_roomy_run(tiny_llama_dir, truncated_llama_dir):
+    """A cache too small for 8 sequences with k = 4 lookahead slots preempts (recompute;
+    the draft cache is refilled by its prefill) and still equals a roomy run."""
+    from vllm import SamplingParams
+
+    prompts = [[10 + i, 20 + 3 * i, 30, 40 + i, 50] for i in range(8)]
+    params = SamplingParams(temperature=0, max_tokens=24)
+    spec = dict(speculative_model=truncated_llama_dir, num_speculative_tokens=4, max_num_seqs=8)
+    roomy, p0, _, _ = _engine_run(tiny_llama_dir, prompts, params, max_num_seqs=8)
+    tight, p1, m, st = _engine_run(
+        tiny_llama_dir, prompts, params, num_gpu_blocks_override=12, **spec
+    )
+    assert p0 == 0 and p1 > 0, (p0, p1)
+    check_outputs_equal(roomy, tight, "roomy, no spec", "preempted, spec", prompts)
+    assert 0 < m["num_accepted_tokens"] < m["num_draft_tokens"] and st == 0
+
+
+@pytest.mark.forked
+def test_disable_by_batch_size_and_draft_catch_up(tiny_llama_dir, truncated_llama_dir):
+    """With speculative_disable_by_batch_size=3, steps with >= 3 running sequences decode
+    normally (the draft cache falls behind), later steps speculate after feeding the draft
+    the positions it missed; outputs stay exact."""
+    from vllm import SamplingParams
+
+    prompts = [[10 + i, 20 + 3 * i, 30, 40 + i] for i in range(4)]
+    lens = [4, 6, 20, 30]
+    base, spec = [], []
+    for p, n in zip(prompts, lens):
+        params = SamplingParams(temperature=0, max_tokens=n)
+        base.append(_engine_run(tiny_llama_dir, [p], params, max_num_seqs=4)[0][0])
+    params = [SamplingParams(temperature=0, max_tokens=n) for n in lens]
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.engine.llm_engine import LLMEngine
+
+    eng = LLMEngine.from_engine_args(
+        EngineArgs(model=tiny_llama_dir, device="cpu", max_num_seqs=4, disable_log_stats=True,
+                   speculative_model=tiny_llama_dir, num_speculative_tokens=3,
+                   speculative_disable_by_batch_size=3)
+    )  # fmt: skip
+    for i, (p, sp) in enumerate(zip(prompts, params)):
+        eng.add_request(str(i), p, sp)
+    done = {}
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            if o.finished:
+                done[o.request_id] = (list(o.outputs[0].token_ids), o.outputs[0].text, None)
+    m = eng.spec_decode_metrics()
+    spec = [done[str(i)] for i in range(4)]
+    eng.shutdown()
+    check_outputs_equal(base, spec, "alone, no spec", "spec, disabled by batch size", prompts)
+    # draft = target: every proposal is accepted, so the caught-up draft cache was right
+    assert m["num_draft_tokens"] > 0 and m["num_accepted_tokens"] == m["num_draft_tokens"]
+
+
+@pytest.mark.forked
+def test_seeded_sampling_reproducible(tiny_llama_dir, truncated_llama_dir):
+    """Sampling through the rejection sampler: a seeded request gives the same tokens in two
+    engines, whatever else is in the batch."""
+    from vllm import SamplingParams
+
+    outs = []
+    for extra in (0, 2):
+        prompts = [[10, 20, 30, 40]] + [[50 + j, 60] for j in range(extra)]
+        params = SamplingParams(temperature=0.8, top_p=0.9, seed=1234, max_tokens=16)
+        res, _, m, _ = _engine_run(
+            tiny_llama_dir, prompts, params, max_num_seqs=4,
+            speculative_model=truncated_llama_dir, num_speculative_tokens=3,
+        )  # fmt: skip
+        assert m["num_draft_tokens"] > 0
+        outs.append(res[0][0])
+    assert outs[0] == outs[1] and len(outs[0]) == 16
