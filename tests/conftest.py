@@ -19,6 +19,17 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "models"))
 
+# Fork safety of the pytest parent. Engine tests run in forked children (pytest-forked);
+# GNU OpenMP is not fork-safe: once the parent has run a parallel region, an OpenMP op in a
+# child waits forever for pool threads that were not copied. Unit tests that run in the
+# parent therefore use one intra-op thread (workers set their own count after the fork), and
+# tqdm's monitor thread, whose lock a fork could copy held, stays off.
+import torch  # noqa: E402
+import tqdm  # noqa: E402
+
+torch.set_num_threads(1)
+tqdm.tqdm.monitor_interval = 0
+
 import tiny_models  # noqa: E402
 
 
