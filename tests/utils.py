@@ -25,6 +25,18 @@ from typing import Any
 TokensText = tuple[list[int], str]
 TokensTextLogprobs = tuple[list[int], str, list[dict[int, float]] | None]
 
+# Eight short English prompts used wherever SmolLM2 is compared (CPU and GPU suites).
+SMOLLM2_PROMPTS = [
+    "The capital of France is",
+    "Hello, my name is",
+    "The future of AI is",
+    "def fibonacci(n):",
+    "List three colors:",
+    "Water boils at",
+    "Once upon a time,",
+    "The quick brown fox",
+]
+
 CACHE_DIR = os.environ.get(
     "VLLM_TEST_CACHE", os.path.join(os.path.dirname(os.path.dirname(__file__)), ".test_cache")
 )

@@ -7,18 +7,8 @@ mean anything.
 
 import pytest
 
-from tests.utils import check_outputs_equal, hf_greedy, vllm_greedy
+from tests.utils import SMOLLM2_PROMPTS, check_outputs_equal, hf_greedy, vllm_greedy
 
-SMOLLM2_PROMPTS = [
-    "The capital of France is",
-    "Hello, my name is",
-    "The future of AI is",
-    "def fibonacci(n):",
-    "List three colors:",
-    "Water boils at",
-    "Once upon a time,",
-    "The quick brown fox",
-]
 TINY_PROMPTS = ["Hello world", "The capital of France is", "a b c d e f", "Paris"]
 MAX_TOKENS = 32
 

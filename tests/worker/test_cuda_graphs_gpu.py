@@ -9,20 +9,17 @@ import os
 
 import pytest
 
-from tests.utils import check_logprobs_close, check_outputs_equal, hf_greedy, vllm_greedy
+from tests.utils import (
+    SMOLLM2_PROMPTS,
+    check_logprobs_close,
+    check_outputs_equal,
+    hf_greedy,
+    vllm_greedy,
+)
 
 pytestmark = pytest.mark.gpu
 
-PROMPTS = [
-    "The capital of France is",
-    "Hello, my name is",
-    "The future of AI is",
-    "def fibonacci(n):",
-    "List three colors:",
-    "Water boils at",
-    "Once upon a time,",
-    "The quick brown fox",
-]
+PROMPTS = SMOLLM2_PROMPTS
 
 
 def _llm(model, backend, **kw):
