@@ -11,11 +11,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import hashlib
 import json
 import os
+import signal
 import sys
 import traceback
 from collections.abc import Sequence
@@ -106,6 +108,22 @@ def check_logprobs_close(
             assert a in lp1[pos], msg
             assert b in lp0[pos], msg
             break
+
+
+@contextlib.contextmanager
+def deadline(seconds: int):
+    """Fail (instead of hanging) when the block runs longer than ``seconds``."""
+
+    def _raise(signum, frame):
+        raise TimeoutError(f"did not finish within {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, _raise)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
 
 
 def fork_new_process_for_each_test(fn):

@@ -11,7 +11,8 @@ import time
 import psutil
 import pytest
 
-from tests.distributed.test_pipeline_parallel_cpu import TINY_PROMPTS, deadline
+from tests.distributed.test_pipeline_parallel_cpu import TINY_PROMPTS
+from tests.utils import deadline
 
 
 @pytest.fixture(autouse=True)

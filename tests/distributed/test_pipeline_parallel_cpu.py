@@ -6,13 +6,11 @@ compositions differ from PP=1; float32 CPU arithmetic is still row-independent, 
 outputs must be identical.
 """
 
-import contextlib
-import signal
 import time
 
 import pytest
 
-from tests.utils import check_outputs_equal, vllm_greedy
+from tests.utils import check_outputs_equal, deadline, vllm_greedy
 
 SMOLLM2_PROMPTS = [
     "The capital of France is",
@@ -28,22 +26,6 @@ TINY_PROMPTS = [
     "one two three four five six seven",
     "x",
 ]
-
-
-@contextlib.contextmanager
-def deadline(seconds: int):
-    """Fail (instead of hanging) when the block runs longer than ``seconds``."""
-
-    def _raise(signum, frame):
-        raise TimeoutError(f"did not finish within {seconds} s")
-
-    old = signal.signal(signal.SIGALRM, _raise)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def _llm(model, **kw):

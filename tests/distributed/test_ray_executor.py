@@ -6,12 +6,11 @@ mp on SmolLM2 with CUDA graphs) is at the end, marked ``multi_gpu(2)``.
 """
 
 import contextlib
-import signal
 import time
 
 import pytest
 
-from tests.utils import check_logprobs_close, check_outputs_equal, vllm_greedy
+from tests.utils import check_logprobs_close, check_outputs_equal, deadline, vllm_greedy
 
 ray = pytest.importorskip("ray")
 
@@ -22,22 +21,6 @@ SMOLLM2_PROMPTS = [
     "def fibonacci(n):",
     "Once upon a time,",
 ]
-
-
-@contextlib.contextmanager
-def deadline(seconds: int):
-    """Fail (instead of hanging) when the block runs longer than ``seconds``."""
-
-    def _raise(signum, frame):
-        raise TimeoutError(f"did not finish within {seconds} s")
-
-    old = signal.signal(signal.SIGALRM, _raise)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
 
 
 @contextlib.contextmanager

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from concurrent.futures import Future
+from typing import Any
 
 from vllm.config import EngineConfig
 from vllm.sequence import ExecuteModelRequest, SamplerOutput
@@ -38,3 +40,34 @@ class ExecutorBase(ABC):
     def shutdown(self) -> None:
         """Stop workers; idempotent."""
         return None
+
+
+class PipelineExecutorBase(ExecutorBase):
+    """An executor whose stages run in other processes (mp) or actors (Ray).
+
+    Subclasses submit each step to every stage in order (``execute_model_async``, a
+    future of the last stage's output, so the engine can keep one step in flight per
+    virtual engine) and run calls on every stage (``collective_rpc``); ``_error`` holds the
+    first stage failure.
+    """
+
+    _error: BaseException | None = None
+
+    @abstractmethod
+    def execute_model_async(self, request: ExecuteModelRequest) -> Future:
+        """Submit one step to every stage; resolves to the last stage's SamplerOutput."""
+
+    @abstractmethod
+    def collective_rpc(self, method: str, *args: Any, timeout: float | None = None) -> list:
+        """Call ``Worker.<method>(*args)`` on every stage; results by rank."""
+
+    def execute_model(self, request: ExecuteModelRequest) -> SamplerOutput | None:
+        return self.execute_model_async(request).result()
+
+    def decode_step_counters(self) -> dict:
+        """Each stage's graph-runner counters (``{}`` for a stage without graphs), by rank."""
+        return dict(enumerate(self.collective_rpc("decode_step_counters")))
+
+    @property
+    def failed(self) -> bool:
+        return self._error is not None

@@ -31,8 +31,8 @@ from multiprocessing.connection import wait
 from typing import Any
 
 from vllm.distributed.parallel_state import get_free_port
-from vllm.executor.executor_base import ExecutorBase
-from vllm.sequence import ExecuteModelRequest, SamplerOutput
+from vllm.executor.executor_base import PipelineExecutorBase
+from vllm.sequence import ExecuteModelRequest
 from vllm.worker import worker_process as wp
 
 logger = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ STARTUP_TIMEOUT_S = 600.0
 JOIN_TIMEOUT_S = 5.0
 
 
-class MultiprocessingExecutor(ExecutorBase):
+class MultiprocessingExecutor(PipelineExecutorBase):
     """Runs one :class:`~vllm.worker.worker.Worker` per pipeline stage in its own process.
 
     Attributes:
@@ -228,9 +228,6 @@ class MultiprocessingExecutor(ExecutorBase):
             self._broadcast((wp.STEP, step_id, request))
         return fut
 
-    def execute_model(self, request: ExecuteModelRequest) -> SamplerOutput | None:
-        return self.execute_model_async(request).result()
-
     def collective_rpc(self, method: str, *args: Any, timeout: float | None = None) -> list:
         """Call ``Worker.<method>(*args)`` on every stage, after the steps already sent.
 
@@ -252,14 +249,6 @@ class MultiprocessingExecutor(ExecutorBase):
             return
         with self._lock:  # only the last stage keeps per-sequence generators
             self._broadcast((wp.FREE, list(seq_ids)), [self.world_size - 1])
-
-    def decode_step_counters(self) -> dict:
-        """Each stage's graph-runner counters (``{}`` for a stage without graphs), by rank."""
-        return dict(enumerate(self.collective_rpc("decode_step_counters")))
-
-    @property
-    def failed(self) -> bool:
-        return self._error is not None
 
     # ----------------------------------------------------------------- shutdown
     def shutdown(self) -> None:

@@ -30,8 +30,8 @@ import weakref
 from concurrent.futures import Future
 from typing import Any
 
-from vllm.executor.executor_base import ExecutorBase
-from vllm.sequence import ExecuteModelRequest, SamplerOutput
+from vllm.executor.executor_base import PipelineExecutorBase
+from vllm.sequence import ExecuteModelRequest
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ def _ray_start_address() -> str | None:
         return None
 
 
-class RayExecutor(ExecutorBase):
+class RayExecutor(PipelineExecutorBase):
     """Runs each pipeline stage in a Ray actor of one placement group.
 
     Attributes:
@@ -300,9 +300,6 @@ class RayExecutor(ExecutorBase):
             if not fut.done():
                 fut.set_result(stage_fut.result())
 
-    def execute_model(self, request: ExecuteModelRequest) -> SamplerOutput | None:
-        return self.execute_model_async(request).result()
-
     def collective_rpc(self, method: str, *args: Any, timeout: float | None = None) -> list:
         """Call ``Worker.<method>(*args)`` on every stage, after the steps already sent.
 
@@ -321,14 +318,6 @@ class RayExecutor(ExecutorBase):
             return
         with self._lock:  # only the last stage keeps per-sequence generators
             self.actors[-1].free_sequences.remote(list(seq_ids))
-
-    def decode_step_counters(self) -> dict:
-        """Each stage's graph-runner counters (``{}`` for a stage without graphs), by rank."""
-        return dict(enumerate(self.collective_rpc("decode_step_counters")))
-
-    @property
-    def failed(self) -> bool:
-        return self._error is not None
 
     # ----------------------------------------------------------------- shutdown
     def shutdown(self) -> None:
