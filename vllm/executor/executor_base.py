@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from concurrent.futures import Future
 from typing import Any
 
 from vllm.config import EngineConfig
 from vllm.sequence import ExecuteModelRequest, SamplerOutput
+
+logger = logging.getLogger(__name__)
 
 
 class ExecutorBase(ABC):
@@ -60,6 +63,16 @@ class PipelineExecutorBase(ExecutorBase):
     @abstractmethod
     def collective_rpc(self, method: str, *args: Any, timeout: float | None = None) -> list:
         """Call ``Worker.<method>(*args)`` on every stage; results by rank."""
+
+    def _init_stage_caches(self) -> None:
+        """Size the KV cache on every stage, keep the minimum (the same block count per
+        virtual engine everywhere), allocate it, then capture each stage's graphs."""
+        blocks = self.collective_rpc("determine_num_available_blocks")
+        num_blocks = min(blocks)
+        logger.info("KV blocks per virtual engine by stage %s -> using %d", blocks, num_blocks)
+        self.config.cache_config.num_gpu_blocks = num_blocks
+        self.collective_rpc("initialize_cache", num_blocks)
+        self.collective_rpc("capture_graphs")
 
     def execute_model(self, request: ExecuteModelRequest) -> SamplerOutput | None:
         return self.execute_model_async(request).result()

@@ -88,12 +88,7 @@ class MultiprocessingExecutor(PipelineExecutorBase):
                 target=self._watch, name="vllm-mp-executor-watcher", daemon=True
             )
             self._watcher.start()
-            blocks = self.collective_rpc("determine_num_available_blocks")
-            num_blocks = min(blocks)
-            logger.info("KV blocks per virtual engine by stage %s -> using %d", blocks, num_blocks)
-            self.config.cache_config.num_gpu_blocks = num_blocks
-            self.collective_rpc("initialize_cache", num_blocks)
-            self.collective_rpc("capture_graphs_if_any")
+            self._init_stage_caches()
         except BaseException:
             self.shutdown()
             raise

@@ -101,12 +101,7 @@ class RayExecutor(PipelineExecutorBase):
         try:
             self._connect()
             self._start_actors()
-            blocks = self.collective_rpc("determine_num_available_blocks")
-            num_blocks = min(blocks)
-            logger.info("KV blocks per virtual engine by stage %s -> using %d", blocks, num_blocks)
-            self.config.cache_config.num_gpu_blocks = num_blocks
-            self.collective_rpc("initialize_cache", num_blocks)
-            self.collective_rpc("capture_graphs_if_any")
+            self._init_stage_caches()
         except BaseException:
             self.shutdown()
             raise

@@ -38,16 +38,10 @@ SHUTDOWN = "shutdown"
 READY = "ready"
 
 
-def _capture_graphs_if_any(worker) -> None:
-    """Capture CUDA graphs when this Worker knows how (the graph runner may be absent)."""
-    if hasattr(worker, "capture_graphs"):
-        worker.capture_graphs()
-
-
 def _decode_step_counters(worker) -> dict:
-    """This stage's graph replay/eager counters, ``{}`` when it runs without graphs."""
-    gr = getattr(worker.model_runner, "graph_runner", None)
-    return gr.counters.snapshot() if gr is not None else {}
+    """This stage's graph-replay and eager step counters (the model runner keeps them,
+    with or without graphs)."""
+    return worker.model_runner.counters.snapshot()
 
 
 def _attn_backend_name(worker) -> str:
@@ -57,7 +51,6 @@ def _attn_backend_name(worker) -> str:
 
 # Calls the driver may make that are not Worker methods.
 _HELPERS = {
-    "capture_graphs_if_any": _capture_graphs_if_any,
     "decode_step_counters": _decode_step_counters,
     "attn_backend_name": _attn_backend_name,
 }
