@@ -125,3 +125,20 @@ def test_counter_delta_and_plot(tmp_path):
     assert [r["batch_size"] for r in plot.read_sweep([str(data)])] == [1, 4]
     out = plot.main([str(data), "--out", str(tmp_path / "p.png")])
     assert os.path.getsize(out) > 1000
+
+
+@pytest.mark.forked
+def test_spec_decode_benchmark_reports_speedup_and_acceptance(smollm2_gguf, monkeypatch):
+    """The n-gram setting on the repetitive workload proposes and accepts tokens, and the
+    speedup is the ratio of the two settings' tokens/s from the same run."""
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0.05")
+    spec = _bench_module("benchmark_spec_decode")
+    argv = ["--model", smollm2_gguf, "--device", "cpu", "--dtype", "float32",
+            "--output-len", "6", "--settings", "none,ngram", "--max-model-len", "256"]  # fmt: skip
+    none, ngram = spec.main(argv)
+    assert (none["setting"], ngram["setting"]) == ("none", "ngram")
+    assert none["speedup"] == 1.0 and none["num_speculative_tokens"] == 0
+    assert ngram["num_draft_tokens"] > 0 and 0 < ngram["num_accepted_tokens"]
+    assert ngram["num_accepted_tokens"] <= ngram["num_draft_tokens"]
+    expected = ngram["output_tokens_per_s"] / none["output_tokens_per_s"]
+    assert abs(ngram["speedup"] - expected) < 0.01
