@@ -1,0 +1,110 @@
+"""Pipeline-parallel throughput: PP=2 against PP=1 on the same GPUs, with each GPU's busy time.
+
+For each ``--pp`` size, ``benchmark_throughput.py`` runs in a fresh process (the fixed
+workload: ``--num-prompts`` requests of ``--input-len`` tokens generating ``--output-len``),
+while ``nvidia-smi`` samples every GPU's utilization (the fraction of the sample period in
+which a kernel ran) every ``--sample-ms``. Reported, one JSON line per PP size
+(``{"bench": "pipeline_parallel", ...}``): output tokens/s, ``speedup_vs_pp1`` and
+``gpu_busy`` (mean utilization per GPU index over the run, 0-1). Model load and graph
+capture are inside the sampled window, so busy fractions are a lower bound for the steady
+state. Example (2 x H200)::
+
+    python benchmarks/benchmark_pipeline_parallel.py --model benchmarks/configs/llama-3.1-8b
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def parse_util(lines: list[str]) -> dict[int, float]:
+    """Mean utilization (0-1) per GPU index from ``nvidia-smi --query-gpu=index,
+    utilization.gpu --format=csv,noheader,nounits`` lines ("0, 87")."""
+    acc: dict[int, list[float]] = {}
+    for line in lines:
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != 2 or not parts[0].isdigit():
+            continue
+        try:
+            acc.setdefault(int(parts[0]), []).append(float(parts[1]) / 100.0)
+        except ValueError:
+            continue
+    return {i: round(sum(v) / len(v), 3) for i, v in sorted(acc.items()) if v}
+
+
+def run_one(pp: int, args: argparse.Namespace) -> dict:
+    """One benchmark_throughput process at pipeline size ``pp``; its record plus busy."""
+    out = tempfile.NamedTemporaryFile("w+", suffix=".jsonl", delete=False).name
+    cmd = [
+        sys.executable, os.path.join(HERE, "benchmark_throughput.py"),
+        "--model", args.model, "--load-format", args.load_format, "--skip-tokenizer-init",
+        "--dtype", args.dtype, "--max-model-len", str(args.max_model_len),
+        "--num-prompts", str(args.num_prompts), "--input-len", str(args.input_len),
+        "--output-len", str(args.output_len), "--pipeline-parallel-size", str(pp),
+        "--gpu-memory-utilization", str(args.gpu_memory_utilization),
+        "--no-tqdm", "--output-json", out,
+    ]  # fmt: skip
+    smi = subprocess.Popen(
+        ["nvidia-smi", "--query-gpu=index,utilization.gpu", "--format=csv,noheader,nounits",
+         f"-lms={args.sample_ms}"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    t0 = time.perf_counter()
+    try:
+        subprocess.run(cmd, check=True)
+    finally:
+        smi.terminate()
+        util_out = smi.communicate(timeout=10)[0]
+    with open(out) as fh:
+        rec = json.loads(fh.read().strip().splitlines()[-1])
+    os.unlink(out)
+    rec.update(
+        bench="pipeline_parallel",
+        pipeline_parallel_size=pp,
+        wall_s_incl_startup=round(time.perf_counter() - t0, 2),
+        gpu_busy=parse_util(util_out.splitlines()),
+    )
+    return rec
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default=os.path.join(HERE, "configs", "qwen2.5-1.5b"))
+    p.add_argument("--load-format", default="dummy")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--num-prompts", type=int, default=256)
+    p.add_argument("--input-len", type=int, default=256)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.5)
+    p.add_argument("--pp", default="1,2", help="Pipeline sizes to run, comma-separated.")
+    p.add_argument("--sample-ms", type=int, default=100)
+    p.add_argument("--output-json", default=None)
+    args = p.parse_args(argv)
+    print(f"==== benchmark_pipeline_parallel: {vars(args)} ====", flush=True)
+    records, base = [], None
+    for pp in [int(x) for x in args.pp.split(",")]:
+        rec = run_one(pp, args)
+        if pp == 1:
+            base = rec["output_tokens_per_s"]
+        if base:
+            rec["speedup_vs_pp1"] = round(rec["output_tokens_per_s"] / base, 3)
+        line = json.dumps(rec)
+        print(line, flush=True)
+        if args.output_json:
+            with open(args.output_json, "a") as fh:
+                fh.write(line + "\n")
+        records.append(rec)
+    return records
+
+
+if __name__ == "__main__":
+    main()
