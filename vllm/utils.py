@@ -16,3 +16,9 @@ def to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     if device.type != "cuda":
         return t
     return t.pin_memory().to(device, non_blocking=True)
+
+
+def pin_for(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """``t`` in pinned host memory when ``device`` is CUDA (so a later ``copy_`` into a
+    device buffer can be non-blocking), else ``t`` itself."""
+    return t.pin_memory() if torch.device(device).type == "cuda" else t

@@ -24,8 +24,10 @@ class ForwardBatch:
 
     Attributes:
         mode: PREFILL or DECODE.
-        input_ids: [num_tokens] int64 (padded lanes included).
-        positions: [num_tokens] int64.
+        input_ids: [num_tokens] int64 (padded lanes included); on the device for an eager
+            step, in pinned host memory for a replayed one (the replay uploads it straight
+            into the graph's static input buffer).
+        positions: [num_tokens] int64, placed like ``input_ids``.
         attn_metadata: the backend's metadata.
         step: the host-side StepInputs the metadata was built from.
         sampling_metadata: rows to sample (None on pipeline stages that do not sample).

@@ -20,7 +20,7 @@ from vllm.config import EngineConfig
 from vllm.model_executor.layers.sampler import Sampler
 from vllm.model_executor.sampling_metadata import SamplingMetadata
 from vllm.sequence import IntermediateTensors, SamplerOutput, SequenceGroupMetadata
-from vllm.utils import to_device
+from vllm.utils import pin_for, to_device
 from vllm.worker.cuda_graph_sizes import capture_sizes
 from vllm.worker.forward_batch import ForwardBatch
 from vllm.worker.step_counters import DecodeStepCounters
@@ -248,10 +248,16 @@ class ModelRunner:
                 self.device,
                 self.generators,
             )
+        ids_host = torch.tensor(input_ids, dtype=torch.long)  # [batch_tokens]
+        pos_host = torch.tensor(positions, dtype=torch.long)  # [batch_tokens]
+        if graph_size is None:
+            ids, pos = to_device(ids_host, self.device), to_device(pos_host, self.device)
+        else:  # a replay uploads them straight into the graph's static inputs
+            ids, pos = pin_for(ids_host, self.device), pin_for(pos_host, self.device)
         return ForwardBatch(
             mode=mode,
-            input_ids=to_device(torch.tensor(input_ids, dtype=torch.long), self.device),
-            positions=to_device(torch.tensor(positions, dtype=torch.long), self.device),
+            input_ids=ids,
+            positions=pos,
             attn_metadata=attn_metadata,
             step=step,
             sampling_metadata=sm,

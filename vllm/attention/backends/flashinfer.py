@@ -34,7 +34,7 @@ from vllm.attention.backends.abstract import (
     ForwardMode,
     StepInputs,
 )
-from vllm.utils import to_device
+from vllm.utils import pin_for, to_device
 
 WORKSPACE_BYTES = 128 * 1024 * 1024
 
@@ -55,24 +55,41 @@ def use_tensor_cores(num_heads: int, num_kv_heads: int) -> bool:
 
 @dataclass
 class FlashInferMetadata(AttentionMetadata):
-    """Metadata of FLASHINFER: the planned wrapper of this pass (prefill or decode)."""
+    """Metadata of FLASHINFER: the planned wrapper of this pass (prefill or decode) and
+    ``kv_rows`` [2, num_tokens] int64, the rows of each new token's key (row 0) and value
+    (row 1) in the cache viewed as [(num_blocks + 1) * 2 * block_size, kv_heads, head_size]
+    (see :func:`slot_rows_host`), so a layer writes its cache with two index copies."""
 
     wrapper: Any = None
+    kv_rows: torch.Tensor | None = None
+
+
+def slot_rows_host(slots: list[int], scratch_slot: int, block_size: int) -> torch.Tensor:
+    """[3, num_tokens] int64 host tensor: the slot mapping with padded lanes (-1) sent to
+    ``scratch_slot``, then each slot's key row and value row in the flat cache view.
+
+    Layout [num_blocks + 1, 2, block_size, ...]: block b holds its keys at flat rows
+    ``2*b*block_size + [0, block_size)`` and its values right after, so slot
+    ``s = b*block_size + o`` has key row ``2*b*block_size + o = s + b*block_size`` and
+    value row ``key row + block_size``.
+    """
+    fixed = [scratch_slot if s < 0 else s for s in slots]
+    k_rows = [s + (s // block_size) * block_size for s in fixed]
+    return torch.tensor([fixed, k_rows, [r + block_size for r in k_rows]], dtype=torch.long)
 
 
 def write_kv(
-    kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slots: torch.Tensor
+    kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_rows: torch.Tensor
 ) -> None:
-    """Scatter keys/values into the NHD paged cache.
+    """Scatter keys/values into the NHD paged cache (two index copies, no index math).
 
     kv_cache: [num_blocks + 1, 2, block_size, num_kv_heads, head_size];
-    key, value: [num_tokens, num_kv_heads, head_size]; slots: [num_tokens] int64 (padded
-    lanes already redirected to the scratch slot).
+    key, value: [num_tokens, num_kv_heads, head_size]; kv_rows: [2, num_tokens] int64 rows
+    of the flat view (padded lanes already redirected to the scratch slot).
     """
-    block_size = kv_cache.shape[2]
-    blocks, offsets = slots // block_size, slots % block_size  # [num_tokens] each
-    kv_cache[blocks, 0, offsets] = key
-    kv_cache[blocks, 1, offsets] = value
+    flat = kv_cache.view(-1, kv_cache.shape[-2], kv_cache.shape[-1])  # [rows, kv_heads, D]
+    flat.index_copy_(0, kv_rows[0], key)
+    flat.index_copy_(0, kv_rows[1], value)
 
 
 class FlashInferImpl(AttentionImpl):
@@ -94,7 +111,7 @@ class FlashInferImpl(AttentionImpl):
             return _profile_attention(
                 q, key.view(-1, h_kv, d), value.view(-1, h_kv, d), layer.scale
             )
-        write_kv(kv_cache, key.view(-1, h_kv, d), value.view(-1, h_kv, d), md.slot_mapping)
+        write_kv(kv_cache, key.view(-1, h_kv, d), value.view(-1, h_kv, d), md.kv_rows)
         out = md.wrapper.run(q, kv_cache)  # [num_tokens, num_heads, head_size]
         return out.reshape(-1, h * d)
 
@@ -140,12 +157,6 @@ def _host_i32(values: list[int]) -> torch.Tensor:
     """int32 host tensor, pinned when CUDA is present (for non-blocking uploads)."""
     t = torch.tensor(values, dtype=torch.int32)
     return t.pin_memory() if torch.cuda.is_available() else t
-
-
-def _slots(step: StepInputs, scratch_slot: int, device: torch.device) -> torch.Tensor:
-    slots = torch.tensor(step.slot_mapping, dtype=torch.long)
-    slots = torch.where(slots < 0, scratch_slot, slots)  # [num_tokens]
-    return to_device(slots, device)
 
 
 class FlashInferBackend(AttentionBackend):
@@ -225,13 +236,18 @@ class FlashInferBackend(AttentionBackend):
             decode.plan(indptr, indices, last, head_dim=self.spec.head_size, **kw)
             wrapper = decode
             self.decode_runs += 1
+        rows = to_device(
+            slot_rows_host(step.slot_mapping, scratch_slot, self.spec.block_size),
+            self.spec.device,
+        )  # [3, num_tokens]
         return FlashInferMetadata(
             mode=step.mode,
             num_rows=len(step.seq_lens),
             num_tokens=len(step.slot_mapping),
-            slot_mapping=_slots(step, scratch_slot, self.spec.device),
+            slot_mapping=rows[0],
             scratch_slot=scratch_slot,
             wrapper=wrapper,
+            kv_rows=rows[1:],
         )
 
     def make_graph_state(self, scratch_slot: int) -> FlashInferGraphState:
@@ -255,7 +271,8 @@ class FlashInferGraphState(AttentionGraphState):
             max_bs * self.spec.max_blocks_per_seq, dtype=torch.int32, device=d
         )
         self.paged_kv_last_page_len = torch.zeros(max_bs, dtype=torch.int32, device=d)
-        self.slot_mapping = torch.full((max_bs,), self.scratch_slot, dtype=torch.long, device=d)
+        # [slot | key row | value row] per lane, filled per replay by one upload
+        self.slot_rows = torch.zeros(3, max_bs, dtype=torch.long, device=d)
 
     def _views(self, bs: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """This size's own views; the full-size handles are never rebound."""
@@ -283,9 +300,10 @@ class FlashInferGraphState(AttentionGraphState):
             mode=ForwardMode.DECODE,
             num_rows=bs,
             num_tokens=bs,
-            slot_mapping=self.slot_mapping[:bs],
+            slot_mapping=self.slot_rows[0, :bs],
             scratch_slot=self.scratch_slot,
             wrapper=wrapper,
+            kv_rows=self.slot_rows[1:, :bs],
         )
         padded = StepInputs(
             ForwardMode.DECODE, [0] * bs, [1] * bs, [[] for _ in range(bs)], [-1] * bs, 0
@@ -301,8 +319,8 @@ class FlashInferGraphState(AttentionGraphState):
         md.wrapper.plan(
             indptr, indices, last, head_dim=self.spec.head_size, **self.backend.plan_kwargs()
         )
-        slots = torch.tensor(step.slot_mapping, dtype=torch.long)
-        md.slot_mapping.copy_(torch.where(slots < 0, self.scratch_slot, slots), non_blocking=True)
+        rows = slot_rows_host(step.slot_mapping, self.scratch_slot, self.spec.block_size)
+        self.slot_rows[:, :bs].copy_(pin_for(rows, self.spec.device), non_blocking=True)
         self.backend.decode_runs += 1
 
 
