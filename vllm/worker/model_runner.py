@@ -299,7 +299,12 @@ class ModelRunner:
     def compute_logits(self, batch: ForwardBatch, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits [num_rows, vocab] of the rows ``batch.sampling_metadata`` selects
         from ``hidden`` [num_tokens, hidden] (last stage only)."""
-        selected = hidden[batch.sampling_metadata.selected_token_indices]  # [num_rows, hidden]
+        sm = batch.sampling_metadata
+        if batch.mode == ForwardMode.DECODE and sm.prompt_row_ids is None:
+            # one row per sequence, in order: a view of the real (unpadded) rows
+            selected = hidden[: batch.num_real_rows]  # [num_rows, hidden]
+        else:
+            selected = hidden[sm.selected_token_indices]  # [num_rows, hidden]
         return self.model.compute_logits(selected).float()  # [num_rows, vocab]
 
     def forward_hidden(
