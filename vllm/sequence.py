@@ -35,12 +35,18 @@ class SequenceStatus(enum.IntEnum):
 
         An ignored sequence (prompt longer than max_model_len) reports "length", as upstream.
         """
-        return {
-            SequenceStatus.FINISHED_STOPPED: "stop",
-            SequenceStatus.FINISHED_LENGTH_CAPPED: "length",
-            SequenceStatus.FINISHED_ABORTED: "abort",
-            SequenceStatus.FINISHED_IGNORED: "length",
-        }.get(status)
+        return _FINISH_REASONS.get(status)
+
+
+# Module constants for the hot paths (a global lookup is cheaper than an enum attribute).
+_WAITING = SequenceStatus.WAITING
+_FIRST_FINISHED = SequenceStatus.FINISHED_STOPPED
+_FINISH_REASONS = {
+    SequenceStatus.FINISHED_STOPPED: "stop",
+    SequenceStatus.FINISHED_LENGTH_CAPPED: "length",
+    SequenceStatus.FINISHED_ABORTED: "abort",
+    SequenceStatus.FINISHED_IGNORED: "length",
+}
 
 
 @dataclass
@@ -162,7 +168,7 @@ class Sequence:
         return self.data.get_last_token_id()
 
     def is_finished(self) -> bool:
-        return SequenceStatus.is_finished(self.status)
+        return self.status >= _FIRST_FINISHED
 
     def __repr__(self) -> str:
         return f"Sequence(seq_id={self.seq_id}, status={self.status.name}, len={self.get_len()})"
@@ -209,26 +215,49 @@ class SequenceGroup:
         return self.seqs[0].prompt_token_ids
 
     def get_seqs(self, status: SequenceStatus | None = None) -> list[Sequence]:
+        """A new list of the group's sequences, all of them or those with ``status``."""
+        seqs = self.seqs
         if status is None:
-            return list(self.seqs)
-        return [s for s in self.seqs if s.status == status]
+            return list(seqs)
+        if len(seqs) == 1:  # n == 1: no comprehension
+            return [seqs[0]] if seqs[0].status == status else []
+        return [s for s in seqs if s.status == status]
 
     def get_unfinished_seqs(self) -> list[Sequence]:
-        return [s for s in self.seqs if not s.is_finished()]
+        seqs = self.seqs
+        if len(seqs) == 1:
+            return [seqs[0]] if seqs[0].status < _FIRST_FINISHED else []
+        return [s for s in seqs if s.status < _FIRST_FINISHED]
 
     def num_seqs(self, status: SequenceStatus | None = None) -> int:
-        return len(self.get_seqs(status))
+        if status is None:
+            return len(self.seqs)
+        count = 0
+        for s in self.seqs:
+            if s.status == status:
+                count += 1
+        return count
 
     def get_max_num_running_seqs(self) -> int:
         """Rows this group may occupy in a batch from now on (its unfinished sequences)."""
-        return len(self.get_unfinished_seqs())
+        count = 0
+        for s in self.seqs:
+            if s.status < _FIRST_FINISHED:
+                count += 1
+        return count
 
     def is_finished(self) -> bool:
-        return all(s.is_finished() for s in self.seqs)
+        for s in self.seqs:
+            if s.status < _FIRST_FINISHED:
+                return False
+        return True
 
     def is_prefill(self) -> bool:
         """True while none of its sequences has a KV cache (waiting, or being recomputed)."""
-        return all(s.status == SequenceStatus.WAITING for s in self.get_unfinished_seqs())
+        for s in self.seqs:
+            if s.status < _FIRST_FINISHED and s.status != _WAITING:
+                return False
+        return True
 
     def __repr__(self) -> str:
         return f"SequenceGroup(request_id={self.request_id}, num_seqs={len(self.seqs)})"
@@ -243,7 +272,8 @@ class SequenceGroupMetadata:
         is_prompt: True for a prefill step (every token of the sequence is computed).
         seq_data: seq_id -> SequenceData (token ids) for each scheduled sequence.
         sampling_params: the request's params.
-        block_tables: seq_id -> physical block numbers of that sequence, in order.
+        block_tables: seq_id -> physical block numbers of that sequence, in order (the
+            block manager's own list: read-only, valid for the step it was made for).
         do_sample: False when no token is sampled this step (unused until chunked prefill).
     """
 

@@ -94,6 +94,18 @@ class BlockSpaceManager:
         """
         return list(self._table_of(seq))
 
+    def live_block_table(self, seq: Sequence) -> list[int]:
+        """``seq``'s block table itself, not a copy (the scheduler hands it to the worker).
+
+        Callers must not modify it. It grows in place when the sequence gets more slots
+        (:meth:`append_slots`), so it is read within the step it was scheduled for; a
+        freed sequence's list is dropped, never reused.
+
+        Raises:
+            KeyError: when ``seq`` has no table.
+        """
+        return self._table_of(seq)
+
     def _table_of(self, seq: Sequence) -> list[int]:
         table = self._tables.get(seq.seq_id)
         if table is None:
@@ -173,6 +185,45 @@ class BlockSpaceManager:
         if extra:
             self._check_free(extra, f"sequence {seq.seq_id}")
             table.extend(self._take(extra))
+
+    def try_append_slots(self, seqs: list[Sequence], num_lookahead_slots: int = 0) -> bool:
+        """All or nothing: grow every table of ``seqs`` as :meth:`append_slots` does when
+        :meth:`can_append_slots` would allow it for those sequences, else change nothing.
+
+        The scheduler's decode path: one call per group with its RUNNING sequences (the
+        same arithmetic as the two calls, without re-listing the group).
+
+        Returns:
+            True when the tables were grown (or needed nothing), False when fewer blocks are
+            free than the sequences need together.
+
+        Raises:
+            KeyError: when one of ``seqs`` has no table.
+        """
+        bs = self.block_size
+        tables = self._tables
+        if len(seqs) == 1:  # n == 1: the common case, no lists
+            seq = seqs[0]
+            table = tables.get(seq.seq_id)
+            if table is None:
+                table = self._table_of(seq)
+            extra = (seq.data.get_len() + num_lookahead_slots + bs - 1) // bs - len(table)
+            if extra <= 0:
+                return True
+            if extra > len(self._free):
+                return False
+            table.extend(self._take(extra))
+            return True
+        extras = []
+        for seq in seqs:
+            table = self._table_of(seq)
+            extras.append((seq.data.get_len() + num_lookahead_slots + bs - 1) // bs - len(table))
+        if sum(e for e in extras if e > 0) > len(self._free):
+            return False
+        for seq, extra in zip(seqs, extras):
+            if extra > 0:
+                tables[seq.seq_id].extend(self._take(extra))
+        return True
 
     # ------------------------------------------------------------------------------- free
     def free(self, seq: Sequence) -> None:

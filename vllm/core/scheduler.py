@@ -30,6 +30,8 @@ from typing import Any
 from vllm.core.block_manager import AllocStatus, BlockSpaceManager
 from vllm.sequence import Sequence, SequenceGroup, SequenceGroupMetadata, SequenceStatus
 
+_RUNNING = SequenceStatus.RUNNING
+
 logger = logging.getLogger(__name__)
 
 
@@ -88,7 +90,8 @@ class Scheduler:
         )
         self.waiting: deque[SequenceGroup] = deque()
         self.running: list[SequenceGroup] = []
-        # Requests aborted since the last free_finished_seq_groups() call.
+        # Requests that left the queues since the last free_finished_seq_groups() call
+        # without passing through it: aborted ones, and waiting groups found finished.
         self._aborted_ids: list[str] = []
         self.num_cumulative_preemption = 0
 
@@ -132,21 +135,35 @@ class Scheduler:
             self.block_manager.free(seq)
 
     def free_finished_seq_groups(self) -> list[str]:
-        """Free the blocks of finished sequences and drop finished groups from the queues.
+        """Free the blocks of finished sequences and drop finished groups from ``running``.
+
+        One pass over the running groups (O(running sequences); the waiting queue is not
+        scanned: only an abort, which removes the group itself, finishes a waiting group in
+        the engine; a waiting group finished some other way leaves the queue when
+        :meth:`schedule` reaches it).
 
         Returns:
             ids of the requests that left the scheduler since the previous call: finished
-            groups found now, then requests aborted in between.
+            running groups found now, then requests aborted (or waiting groups found
+            finished by :meth:`schedule`) in between.
         """
         finished: list[str] = []
+        keep: list[SequenceGroup] = []
+        bm = self.block_manager
         for group in self.running:
-            for seq in group.get_seqs():
+            done = True
+            for seq in group.seqs:
                 if seq.is_finished():
-                    self.free_seq(seq)
-        for queue in (self.running, self.waiting):
-            for group in [g for g in queue if g.is_finished()]:
-                queue.remove(group)
+                    if bm.has_table(seq):
+                        bm.free(seq)
+                else:
+                    done = False
+            if done:
                 finished.append(group.request_id)
+            else:
+                keep.append(group)
+        if finished:
+            self.running = keep
         finished.extend(self._aborted_ids)
         self._aborted_ids = []
         return finished
@@ -159,7 +176,7 @@ class Scheduler:
             (metadata, outputs): one SequenceGroupMetadata per scheduled group, in the order
             of ``outputs.scheduled_seq_groups``.
         """
-        out = self._schedule_prefills()
+        out = self._schedule_prefills() if self.waiting else SchedulerOutputs()
         if not out.scheduled_seq_groups:
             ignored = out.ignored_seq_groups
             out = self._schedule_decodes()
@@ -167,18 +184,26 @@ class Scheduler:
         out.running_queue_size = len(self.running)
 
         now = time.time()
+        is_prompt = out.num_prefill_groups > 0
+        # The block manager's own tables, not copies: read while this step runs (the VE
+        # schedules again only after its step was processed).
+        table_of = self.block_manager.live_block_table
         metadata = []
         for group in out.scheduled_seq_groups:
-            if group.metrics.first_scheduled_time is None:
-                group.metrics.first_scheduled_time = now
-            seqs = group.get_seqs(SequenceStatus.RUNNING)
+            metrics = group.metrics
+            if metrics.first_scheduled_time is None:
+                metrics.first_scheduled_time = now
+            seqs = group.get_seqs(_RUNNING)
+            if len(seqs) == 1:
+                seq = seqs[0]
+                seq_data = {seq.seq_id: seq.data}
+                tables = {seq.seq_id: table_of(seq)}
+            else:
+                seq_data = {s.seq_id: s.data for s in seqs}
+                tables = {s.seq_id: table_of(s) for s in seqs}
             metadata.append(
                 SequenceGroupMetadata(
-                    request_id=group.request_id,
-                    is_prompt=out.num_prefill_groups > 0,
-                    seq_data={s.seq_id: s.data for s in seqs},
-                    sampling_params=group.sampling_params,
-                    block_tables={s.seq_id: self.block_manager.get_block_table(s) for s in seqs},
+                    group.request_id, is_prompt, seq_data, group.sampling_params, tables
                 )
             )
         return metadata, out
@@ -210,13 +235,14 @@ class Scheduler:
     def _schedule_prefills(self) -> SchedulerOutputs:
         cfg = self.scheduler_config
         out = SchedulerOutputs()
-        num_seqs = sum(g.get_max_num_running_seqs() for g in self.running)
-        kept: deque[SequenceGroup] = deque()  # waiting groups passed over, in order
+        num_seqs = 0
+        for g in self.running:
+            num_seqs += g.get_max_num_running_seqs()
         while self.waiting:
             group = self.waiting.popleft()
             seqs = group.get_unfinished_seqs()
-            if not seqs:  # finished while waiting: free_finished_seq_groups() reports it
-                kept.append(group)
+            if not seqs:  # finished while waiting: leaves the queue, reported as it leaves
+                self._aborted_ids.append(group.request_id)
                 continue
             reason = self._never_fits(group)
             if reason is not None:
@@ -241,8 +267,6 @@ class Scheduler:
             out.scheduled_seq_groups.append(group)
             out.num_batched_tokens += tokens
             num_seqs += len(seqs)
-        kept.extend(self.waiting)
-        self.waiting = kept
         out.num_prefill_groups = len(out.scheduled_seq_groups)
         return out
 
@@ -250,26 +274,31 @@ class Scheduler:
         cfg = self.scheduler_config
         k = cfg.num_lookahead_slots
         out = SchedulerOutputs(num_lookahead_slots=k)
+        scheduled = out.scheduled_seq_groups
+        try_append = self.block_manager.try_append_slots
+        max_rows = cfg.max_num_seqs
+        num_rows = 0
         # Finished groups not yet freed stay in `running` but are neither run nor preempted.
         pending = deque(g for g in self.running if not g.is_finished())
         preempted: list[SequenceGroup] = []
         while pending:
             group = pending.popleft()
-            rows = group.num_seqs(SequenceStatus.RUNNING)
-            if out.num_batched_tokens + rows > cfg.max_num_seqs:
+            seqs = group.get_seqs(_RUNNING)
+            rows = len(seqs)
+            if num_rows + rows > max_rows:
                 break
-            while not self.block_manager.can_append_slots(group, k):
+            # Takes the blocks at once (all of the group's or none), so the next group's
+            # check sees what is left.
+            while not try_append(seqs, k):
                 victim = pending.pop() if pending else group
                 self._preempt(victim)
                 preempted.append(victim)
                 if victim is group:
                     break
             else:
-                # Take the blocks now, so the next group's check sees what is left.
-                for seq in group.get_seqs(SequenceStatus.RUNNING):
-                    self.block_manager.append_slots(seq, k)
-                out.scheduled_seq_groups.append(group)
-                out.num_batched_tokens += rows
+                scheduled.append(group)
+                num_rows += rows
+        out.num_batched_tokens = num_rows
         if preempted:
             gone = {id(g) for g in preempted}
             self.running = [g for g in self.running if id(g) not in gone]
