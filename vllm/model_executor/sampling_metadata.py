@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from vllm.sampling_params import SamplingParams
-from vllm.sequence import SequenceGroupMetadata
+from vllm.sequence import SequenceData, SequenceGroupMetadata
 from vllm.utils import to_device
 
 
@@ -113,6 +113,12 @@ class SamplingMetadata:
     ) -> SamplingMetadata:
         """Lay out rows for the scheduled groups.
 
+        Per row this does only the layout (logits row, sample row, generator); the
+        per-request values (temperature, filters, penalties, stop tokens) come from
+        :func:`_request_rows`, computed once per request, and per-row vectors are built
+        only when some row needs them (all-greedy rows without penalties, min_tokens or
+        logprobs need none).
+
         Args:
             metadata_list: scheduled groups; their sequences occupy consecutive token spans
                 of lengths ``query_lens`` (one entry per sequence, in order).
@@ -129,83 +135,181 @@ class SamplingMetadata:
         """
         groups: list[SeqGroupRows] = []
         selected: list[int] = []
-        temps, top_ps, top_ks, min_ps, greedy, gens = [], [], [], [], [], []
-        outs, prompts, pen_rows, min_tok_rows = [], [], [], []
+        row_reqs: list[_RequestRows] = []  # per sample row
+        row_data: list[SequenceData] = []  # per sample row
+        seeded: list[tuple[int, int, int, int]] = []  # (row, seq_id, index in group, seed)
         prompt_rows: list[int] = []
         prompt_targets: list[int] = []
+        all_greedy, any_pen, any_min_tokens, need_filter = True, False, False, False
+        max_logprobs = max_prompt_logprobs = 0
         token_pos = 0
         span = 0
         for md in metadata_list:
             p = md.sampling_params
-            rows = SeqGroupRows(seq_ids=list(md.seq_data), params=p, sample_rows=[])
-            for idx, (seq_id, data) in enumerate(md.seq_data.items()):
+            req = p.__dict__.get(_CACHE_ATTR)
+            if req is None or req.vocab_size != vocab_size:
+                req = _request_rows(p, vocab_size)
+            if not req.plain:
+                all_greedy = all_greedy and req.greedy
+                need_filter = need_filter or req.filtered
+                any_pen = any_pen or req.penalized
+                any_min_tokens = any_min_tokens or bool(req.min_tokens_stops)
+                max_logprobs = max(max_logprobs, req.logprobs)
+                max_prompt_logprobs = max(max_prompt_logprobs, req.prompt_logprobs)
+            seq_data = md.seq_data
+            rows = SeqGroupRows(list(seq_data), p, [])
+            want_prompt_rows = md.is_prompt and p.prompt_logprobs is not None
+            idx = 0
+            for seq_id, data in seq_data.items():
                 qlen = query_lens[span]
                 span += 1
-                first_prefill = md.is_prompt and data.get_output_len() == 0
-                if first_prefill and p.prompt_logprobs is not None and idx == 0:
+                if want_prompt_rows and idx == 0 and not data.output_token_ids:
                     rows.prompt_token_ids = data.prompt_token_ids
                     for t in range(qlen - 1):
                         rows.prompt_rows.append(len(selected))
                         prompt_rows.append(len(selected))
                         prompt_targets.append(data.prompt_token_ids[t + 1])
                         selected.append(token_pos + t)
-                rows.sample_rows.append(len(selected))
-                selected.append(token_pos + qlen - 1)
                 token_pos += qlen
-                temps.append(1.0 if p.greedy else p.temperature)
-                top_ps.append(p.top_p)
-                top_ks.append(float(p.top_k if p.top_k > 0 else vocab_size))
-                min_ps.append(p.min_p)
-                greedy.append(p.greedy)
-                if p.seed is not None and not p.greedy:
-                    if seq_id not in generators:
-                        g = torch.Generator(device=device)
-                        g.manual_seed(p.seed + idx)
-                        generators[seq_id] = g
-                    gens.append(generators[seq_id])
-                else:
-                    gens.append(None)
-                outs.append(data.output_token_ids)
-                prompts.append(data.prompt_token_ids)
-                pen_rows.append((p.presence_penalty, p.frequency_penalty, p.repetition_penalty))
-                stops = p.all_stop_token_ids
-                if stops and data.get_output_len() < p.min_tokens:
-                    min_tok_rows.append(sorted(t for t in stops if 0 <= t < vocab_size))
-                else:
-                    min_tok_rows.append([])
+                if req.seeded:
+                    seeded.append((len(row_reqs), seq_id, idx, p.seed))
+                rows.sample_rows.append(len(selected))
+                selected.append(token_pos - 1)
+                row_reqs.append(req)
+                row_data.append(data)
+                idx += 1
             groups.append(rows)
-        sample_rows = [r for g in groups for r in g.sample_rows]
-        all_greedy = all(greedy)
+        num_samples = len(row_reqs)
+        gens: list[torch.Generator | None] = [None] * num_samples
+        for row, seq_id, idx, seed in seeded:
+            g = generators.get(seq_id)
+            if g is None:
+                g = torch.Generator(device=device)
+                g.manual_seed(seed + idx)
+                generators[seq_id] = g
+            gens[row] = g
+        long = dict(dtype=torch.long)
+        if prompt_rows:
+            sample_rows = [r for g in groups for r in g.sample_rows]
+            sample_row_ids = torch.tensor(sample_rows, **long)
+            selected_ids = torch.tensor(selected, **long)
+        else:  # sample row i is logits row i
+            sample_row_ids = torch.arange(num_samples, **long)
+            # decode (one token per sequence): row i is token i
+            single = token_pos == num_samples
+            selected_ids = sample_row_ids.clone() if single else torch.tensor(selected, **long)
         sm = SamplingMetadata(
             groups=groups,
-            selected_token_indices=to_device(torch.tensor(selected, dtype=torch.long), device),
-            sample_row_ids=to_device(torch.tensor(sample_rows, dtype=torch.long), device),
+            selected_token_indices=to_device(selected_ids, device),
+            sample_row_ids=to_device(sample_row_ids, device),
             all_greedy=all_greedy,
             generators=gens,
-            max_logprobs=max(g.params.logprobs or 0 for g in groups),
-            max_prompt_logprobs=max(g.params.prompt_logprobs or 0 for g in groups),
+            max_logprobs=max_logprobs,
+            max_prompt_logprobs=max_prompt_logprobs,
         )
         if prompt_rows:
-            sm.prompt_row_ids = to_device(torch.tensor(prompt_rows, dtype=torch.long), device)
-            sm.prompt_targets = to_device(torch.tensor(prompt_targets, dtype=torch.long), device)
-        need_pen = any(r != (0.0, 0.0, 1.0) for r in pen_rows)
-        if need_pen or any(min_tok_rows):
+            sm.prompt_row_ids = to_device(torch.tensor(prompt_rows, **long), device)
+            sm.prompt_targets = to_device(torch.tensor(prompt_targets, **long), device)
+        min_tok_rows: list[list[int]] = []
+        if any_min_tokens:
+            min_tok_rows = [
+                r.min_tokens_stops if len(d.output_token_ids) < r.min_tokens else []
+                for r, d in zip(row_reqs, row_data)
+            ]
+        if any_pen or any(min_tok_rows):
             sm.penalties = _penalty_tensors(
-                prompts, outs, pen_rows, min_tok_rows, vocab_size, device
+                [d.prompt_token_ids for d in row_data],
+                [d.output_token_ids for d in row_data],
+                [r.penalties for r in row_reqs],
+                min_tok_rows or [[] for _ in row_reqs],
+                vocab_size,
+                device,
             )
         if not all_greedy:
-            sm.need_filter = any(
-                not g.params.greedy
-                and (g.params.top_k > 0 or g.params.top_p < 1.0 or g.params.min_p > 0.0)
-                for g in groups
-            )
+            sm.need_filter = need_filter
             f32 = dict(dtype=torch.float32)
-            sm.greedy_mask = to_device(torch.tensor(greedy, dtype=torch.bool), device)
-            sm.temperature = to_device(torch.tensor(temps, **f32), device)
-            sm.top_p = to_device(torch.tensor(top_ps, **f32), device)
-            sm.top_k = to_device(torch.tensor(top_ks, **f32), device)
-            sm.min_p = to_device(torch.tensor(min_ps, **f32), device)
+            sm.greedy_mask = to_device(
+                torch.tensor([r.greedy for r in row_reqs], dtype=torch.bool), device
+            )
+            sm.temperature = to_device(
+                torch.tensor([r.temperature for r in row_reqs], **f32), device
+            )
+            sm.top_p = to_device(torch.tensor([r.top_p for r in row_reqs], **f32), device)
+            sm.top_k = to_device(torch.tensor([r.top_k for r in row_reqs], **f32), device)
+            sm.min_p = to_device(torch.tensor([r.min_p for r in row_reqs], **f32), device)
         return sm
+
+
+@dataclass(frozen=True)
+class _RequestRows:
+    """What every sample row of one request gets, derived from its SamplingParams once.
+
+    ``temperature`` is 1 for greedy rows; ``top_k`` is a float, ``vocab_size`` for "off";
+    ``penalties`` is (presence, frequency, repetition); ``min_tokens_stops`` the sorted stop
+    ids (EOS and stop_token_ids) inside the vocabulary that min_tokens masks, empty when
+    min_tokens is 0 or there are none.
+    """
+
+    vocab_size: int
+    greedy: bool
+    temperature: float
+    top_p: float
+    top_k: float
+    min_p: float
+    filtered: bool  # a random row that uses top-k, top-p or min-p
+    seeded: bool  # a random row with its own generator
+    penalties: tuple[float, float, float]
+    penalized: bool
+    min_tokens: int
+    min_tokens_stops: list[int]
+    logprobs: int
+    prompt_logprobs: int
+    plain: bool  # greedy, and none of the above: its rows need nothing but the layout
+
+
+# Attribute of a SamplingParams holding its _RequestRows (see _request_rows).
+_CACHE_ATTR = "_sampling_rows"
+
+
+def _request_rows(p: SamplingParams, vocab_size: int) -> _RequestRows:
+    """``p``'s per-row values, computed on first use and kept on ``p``.
+
+    Sound because the engine clones the params of every request and never changes them
+    once the request is queued (``all_stop_token_ids`` gets EOS before that), so a cached
+    value cannot go stale; it is keyed by ``vocab_size`` as well. Nothing in it depends
+    on a sequence's progress: min_tokens is checked per row and step in ``build``.
+    """
+    cached = p.__dict__.get(_CACHE_ATTR)
+    if cached is not None and cached.vocab_size == vocab_size:
+        return cached
+    greedy = p.greedy
+    pen = (p.presence_penalty, p.frequency_penalty, p.repetition_penalty)
+    stops = p.all_stop_token_ids
+    min_tokens_stops = sorted(t for t in stops if 0 <= t < vocab_size) if p.min_tokens else []
+    logprobs, prompt_logprobs = p.logprobs or 0, p.prompt_logprobs or 0
+    rows = _RequestRows(
+        vocab_size=vocab_size,
+        greedy=greedy,
+        temperature=1.0 if greedy else p.temperature,
+        top_p=p.top_p,
+        top_k=float(p.top_k if p.top_k > 0 else vocab_size),
+        min_p=p.min_p,
+        filtered=not greedy and (p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0),
+        seeded=p.seed is not None and not greedy,
+        penalties=pen,
+        penalized=pen != (0.0, 0.0, 1.0),
+        min_tokens=p.min_tokens,
+        min_tokens_stops=min_tokens_stops,
+        logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs,
+        plain=greedy
+        and pen == (0.0, 0.0, 1.0)
+        and not min_tokens_stops
+        and not logprobs
+        and not prompt_logprobs,
+    )
+    p.__dict__[_CACHE_ATTR] = rows
+    return rows
 
 
 def _padded(rows: list, pad: int) -> torch.Tensor:
