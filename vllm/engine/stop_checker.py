@@ -46,11 +46,14 @@ def check_stop(
         max_model_len: the engine's context limit in tokens.
         tokenizer: the tokenizer when the request is detokenized, else None.
     """
-    out_len = seq.get_output_len()
+    data = seq.data  # read directly: this runs for every generated token
+    out_ids = data.output_token_ids
+    out_len = len(out_ids)
     can_stop = out_len >= params.min_tokens
-    last = seq.get_last_token_id()
+    last = out_ids[-1] if out_ids else data.prompt_token_ids[-1]
     if can_stop:
-        is_eos = seq.eos_token_id is not None and last == seq.eos_token_id
+        eos = seq.eos_token_id
+        is_eos = eos is not None and last == eos
         if (is_eos and not params.ignore_eos) or last in params.stop_token_ids:
             seq.status = SequenceStatus.FINISHED_STOPPED
             seq.stop_reason = None if is_eos and not params.ignore_eos else last
@@ -60,8 +63,9 @@ def check_stop(
             return
         if params.stop and _check_stop_strings(seq, new_chars, params, tokenizer):
             return
-    capped = seq.get_len() >= max_model_len or (
-        params.max_tokens is not None and out_len >= params.max_tokens
+    max_tokens = params.max_tokens
+    capped = out_len + len(data.prompt_token_ids) >= max_model_len or (
+        max_tokens is not None and out_len >= max_tokens
     )
     if not capped:
         return
