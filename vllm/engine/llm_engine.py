@@ -7,6 +7,7 @@ detokenize, check stop conditions -> free finished sequences -> RequestOutputs.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import logging
 import os
@@ -88,6 +89,16 @@ class LLMEngine:
         # Test-only fault injection: a request whose prompt text contains this string
         # raises inside output processing (tests/entrypoints/openai).
         self._fault_prompt = os.environ.get("VLLM_TEST_FAULT_PROMPT") or None
+        # True: every step returns a RequestOutput per scheduled group (streaming; the
+        # async engine relies on it). False: only finished requests' outputs, which is all
+        # the offline LLM.generate loop reads (it turns this off while it runs).
+        self.stream_outputs = True
+        # Move everything built so far (modules, weights' wrappers, tokenizer, imports) out
+        # of the cyclic collector's reach: otherwise each full collection, triggered by the
+        # objects a step allocates, walks millions of start-up objects (~100 ms on CPU, a
+        # few ms per step on average at batch 256). shutdown() unfreezes.
+        gc.collect()
+        gc.freeze()
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> LLMEngine:
@@ -286,13 +297,18 @@ class LLMEngine:
     def process_outputs(
         self, ve: int, sched_out: SchedulerOutputs, output: SamplerOutput | None
     ) -> list[RequestOutput]:
-        """Append sampled tokens, detokenize, apply stop conditions, free finished groups."""
+        """Append sampled tokens, detokenize, apply stop conditions, free finished groups.
+
+        Returns a RequestOutput per scheduled or ignored group, or only for the finished
+        ones when :attr:`stream_outputs` is False.
+        """
         now = time.time()
         results: list[RequestOutput] = []
         if output is not None:
+            process = self._process_group_output
             for group, group_out in zip(sched_out.scheduled_seq_groups, output.outputs):
                 try:
-                    self._process_group_output(group, group_out)
+                    process(group, group_out)
                 except Exception as e:  # fail this request only; the step goes on
                     logger.exception("Request %s failed in output processing.", group.request_id)
                     self.failed_requests[group.request_id] = e
@@ -301,12 +317,18 @@ class LLMEngine:
                 m = group.metrics
                 m.first_token_time = m.first_token_time or now
                 m.last_token_time = now
-        for group in [*sched_out.ignored_seq_groups, *sched_out.scheduled_seq_groups]:
+        freed: list[int] = []
+        stream = self.stream_outputs
+        for group in itertools.chain(sched_out.ignored_seq_groups, sched_out.scheduled_seq_groups):
             if group.is_finished():
                 group.metrics.finished_time = now
                 self._requests.pop(group.request_id, None)
-                self.executor.free_sequences([s.seq_id for s in group.seqs])
+                freed.extend(s.seq_id for s in group.seqs)
+            elif not stream:
+                continue
             results.append(self.make_request_output(group))
+        if freed:  # one call (one message for multi-process executors) per step
+            self.executor.free_sequences(freed)
         self.schedulers[ve].free_finished_seq_groups()
         return results
 
@@ -316,17 +338,24 @@ class LLMEngine:
             group.prompt_logprobs = group_out.prompt_logprobs
         if self._fault_prompt is not None and self._fault_prompt in (group.prompt or ""):
             raise RuntimeError(f"injected fault (VLLM_TEST_FAULT_PROMPT) in {group.request_id}")
+        params = group.sampling_params
+        seqs = group.seqs
+        tok = self.tokenizer if params.detokenize else None
+        max_len = self.scheduler_config.max_model_len
         for sample in group_out.samples:
-            seq = next(s for s in group.seqs if s.seq_id == sample.parent_seq_id)
+            seq = seqs[0]
+            if seq.seq_id != sample.parent_seq_id:  # n > 1
+                seq = next(s for s in seqs if s.seq_id == sample.parent_seq_id)
             if seq.is_finished():
                 continue
             seq.append_token_id(sample.output_token, sample.logprobs)
-            self._after_token(seq, group.sampling_params)
+            new_chars = decode_sequence_step(tok, seq, params) if tok is not None else 0
+            check_stop(seq, new_chars, params, max_len, tok)
             for token, logprobs in sample.extra_tokens or ():  # speculative multi-token step
                 if seq.is_finished():
                     break
                 seq.append_token_id(token, logprobs)
-                self._after_token(seq, group.sampling_params)
+                self._after_token(seq, params)
 
     def _after_token(self, seq: Sequence, params: SamplingParams) -> None:
         """Detokenize the new token, then apply the stop conditions (stop_checker.py)."""
@@ -373,6 +402,9 @@ class LLMEngine:
         return self.executor.decode_step_counters()
 
     def shutdown(self) -> None:
+        # Frozen objects are never collected: unfreeze so the executor's gc.collect() can
+        # free this engine's model and caches (and their device memory).
+        gc.unfreeze()
         self.executor.shutdown()
 
     def __del__(self):

@@ -133,6 +133,9 @@ class LLM:
         done: dict[str, RequestOutput] = {}
         bar = tqdm(total=len(request_ids), desc="Processed prompts", disable=not use_tqdm)
         out_tokens = 0
+        # Only finished outputs are read here: the engine need not snapshot every running
+        # request (token ids, logprobs) at every step.
+        streaming, engine.stream_outputs = engine.stream_outputs, False
         try:
             while engine.has_unfinished_requests():
                 for out in engine.step():
@@ -144,5 +147,6 @@ class LLM:
                             rate = out_tokens / max(bar.format_dict["elapsed"], 1e-9)
                             bar.set_postfix_str(f"output {rate:.1f} tok/s")
         finally:
+            engine.stream_outputs = streaming
             bar.close()
         return [done[r] for r in request_ids if r in done]
