@@ -4,15 +4,25 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vllm.model_executor.layers.triton_dispatch import get_triton_ops
+
 
 class SiluAndMul(nn.Module):
     """SwiGLU gate (Shazeer 2020): ``silu(x[..., :d]) * x[..., d:]`` with ``d = x.shape[-1] // 2``.
 
     Input [num_tokens, 2 * d] (the output of the fused gate_up projection, gate first);
-    output [num_tokens, d]. Matches HF ``act_fn(gate_proj(x)) * up_proj(x)``.
+    output [num_tokens, d]. Matches HF ``act_fn(gate_proj(x)) * up_proj(x)``. On CUDA one
+    fused Triton kernel (``triton_ops.silu_and_mul``); elsewhere ``forward_native``.
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ops = get_triton_ops(x)
+        if ops is None:
+            return self.forward_native(x)
+        return ops.silu_and_mul(x)  # [num_tokens, d]
+
+    def forward_native(self, x: torch.Tensor) -> torch.Tensor:
+        """The torch reference of :meth:`forward` (runs on any device)."""
         d = x.shape[-1] // 2
         return F.silu(x[..., :d]) * x[..., d:]  # [num_tokens, d]
 

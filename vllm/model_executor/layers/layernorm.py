@@ -3,6 +3,8 @@
 import torch
 from torch import nn
 
+from vllm.model_executor.layers.triton_dispatch import get_triton_ops
+
 
 class RMSNorm(nn.Module):
     """Root-mean-square norm (Zhang & Sennrich 2019), as Hugging Face ``LlamaRMSNorm``.
@@ -13,6 +15,10 @@ class RMSNorm(nn.Module):
 
     ``forward(x, residual)`` first adds ``residual`` to ``x`` (the decoder's skip connection)
     and returns ``(normed, x + residual)``: the sum is the next residual.
+
+    On CUDA the whole op is one fused Triton kernel (``triton_ops.rms_norm`` /
+    ``fused_add_rms_norm``, same rounding points; see ``triton_dispatch`` for the rule);
+    elsewhere ``forward_native`` (the torch code) runs.
     """
 
     def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
@@ -31,6 +37,17 @@ class RMSNorm(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Args: x, residual: [num_tokens, hidden]. Returns normed x, or (normed, new residual)."""
+        ops = get_triton_ops(x)
+        if ops is None:
+            return self.forward_native(x, residual)
+        if residual is None:
+            return ops.rms_norm(x, self.weight, self.variance_epsilon)
+        return ops.fused_add_rms_norm(x, residual, self.weight, self.variance_epsilon)
+
+    def forward_native(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """The torch reference of :meth:`forward` (runs on any device)."""
         if residual is None:
             return self._norm(x)
         x = residual + x  # [num_tokens, hidden]; same operand order as HF's skip add

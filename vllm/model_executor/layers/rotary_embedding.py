@@ -17,6 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from vllm.model_executor.layers.triton_dispatch import get_triton_ops
+
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -104,8 +106,21 @@ class RotaryEmbedding(nn.Module):
             key: [num_tokens, num_kv_heads * head_size].
 
         Returns:
-            (query, key) rotated, same shapes and dtype as the inputs.
+            (query, key) rotated, same shapes and dtype as the inputs. On CUDA (one fused
+            Triton kernel, ``triton_ops.rotary_embedding``) the rotation is written IN PLACE
+            into 2-D query/key views (the qkv split): the caller must use the returned
+            tensors and not expect the un-rotated values. Elsewhere ``forward_native`` runs.
         """
+        ops = get_triton_ops(query)
+        if ops is None:
+            return self.forward_native(positions, query, key)
+        return ops.rotary_embedding(positions, query, key, self.cos_sin_cache, self.head_size)
+
+    def forward_native(
+        self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The torch reference of :meth:`forward`: out of place, cos/sin rounded to the
+        activation dtype first as HF does (runs on any device)."""
         cos_sin = self.cos_sin_cache.index_select(0, positions)  # [T, rotary_dim]
         cos, sin = cos_sin.chunk(2, dim=-1)  # [T, rotary_dim // 2] each
         # HF casts cos/sin to the activation dtype before applying them.

@@ -1,0 +1,38 @@
+"""Whether a layer runs its fused Triton kernel or its torch code (``forward_native``).
+
+Rule: the Triton path (:mod:`vllm.model_executor.layers.triton_ops`) is used when the
+activation tensor is on CUDA, ``triton`` imports, and the environment variable
+``VLLM_USE_TRITON_OPS`` is not ``"0"`` (default on; read at every call, so a process can
+switch it). Everything else, CPU in particular, runs the unchanged torch code, so CPU
+results stay bit-identical to Hugging Face. ``triton`` is imported lazily, on the first
+CUDA tensor, so installs without it keep working.
+"""
+
+import functools
+import logging
+import os
+from types import ModuleType
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+ENV_USE_TRITON_OPS = "VLLM_USE_TRITON_OPS"
+
+
+@functools.cache
+def _load_triton_ops() -> ModuleType | None:
+    """The kernels module, or None (logged once) when triton cannot be imported."""
+    try:
+        from vllm.model_executor.layers import triton_ops
+    except ImportError as e:
+        logger.warning("Triton kernels unavailable (%s); using the torch layers", e)
+        return None
+    return triton_ops
+
+
+def get_triton_ops(x: torch.Tensor) -> ModuleType | None:
+    """The :mod:`triton_ops` module when ``x`` should take the Triton path, else None."""
+    if not x.is_cuda or os.environ.get(ENV_USE_TRITON_OPS, "1") == "0":
+        return None
+    return _load_triton_ops()
