@@ -180,7 +180,6 @@ class SpecDecodeWorker:
         bi = torch.tensor([b for b, _ in pos], dtype=torch.long, device=dev)
         ji = torch.tensor([j for _, j in pos], dtype=torch.long, device=dev)
         emitted = out[bi, ji]  # [E]
-        # already normalised: logsumexp of a log_softmax row is 0, so the values stay
         packed, kk = _pack_logprobs(scores.logprobs[bi, ji], emitted, sm.max_logprobs)
         host = packed.tolist()
         row = 0

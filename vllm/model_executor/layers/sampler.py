@@ -162,7 +162,8 @@ class Sampler(torch.nn.Module):
             else:  # temperature only: no sort needed
                 probs = (x / sm.temperature[:, None]).softmax(dim=-1)  # [num_samples, vocab]
             ids = torch.where(sm.greedy_mask, ids, sample_exponential(probs, sm.generators))
-        packed, k = _pack_logprobs(x, ids, sm.max_logprobs, ranks_are_one=sm.all_greedy)
+        lp = torch.log_softmax(x, dim=-1)  # [num_samples, vocab]
+        packed, k = _pack_logprobs(lp, ids, sm.max_logprobs, ranks_are_one=sm.all_greedy)
         host = packed.tolist()  # the step's one device-to-host transfer
         prompt_lp = _prompt_logprobs(logits, sm)
         outputs: list[CompletionSequenceGroupOutput] = []
@@ -178,30 +179,28 @@ class Sampler(torch.nn.Module):
 
 
 def _pack_logprobs(
-    logits: torch.Tensor, targets: torch.Tensor, k: int, ranks_are_one: bool = False
+    logprobs: torch.Tensor, targets: torch.Tensor, k: int, ranks_are_one: bool = False
 ) -> tuple[torch.Tensor, int]:
     """One float64 row per position: [target id, its logprob, its rank, top-k logprobs,
     top-k ids] (ids and ranks are exact in float64).
 
-    Logprobs are ``logits - logsumexp(logits)`` (log_softmax without materialising the
-    [rows, vocab] result); the rank is 1 + the number of logits above the target's (the
-    same order as the logprobs'). ``ranks_are_one``: every target is its row's argmax
-    (all-greedy), so the rank is 1 without a vocab-wide comparison.
+    The rank is 1 + the number of logprobs above the target's. ``ranks_are_one``: every
+    target is its row's argmax (all-greedy), so the rank is 1 without a vocab-wide compare.
 
     Args:
-        logits: [rows, vocab] float32; targets: [rows] int64.
+        logprobs: [rows, vocab] float32 (a log_softmax: one fused kernel on CUDA, where
+            torch.logsumexp would be several); targets: [rows] int64.
     """
-    lse = torch.logsumexp(logits, dim=-1, keepdim=True)  # [rows, 1]
-    chosen_logit = logits.gather(1, targets[:, None])  # [rows, 1]
+    chosen = logprobs.gather(1, targets[:, None])  # [rows, 1]
     tgt = targets[:, None].double()  # [rows, 1]
     if ranks_are_one:
         ranks = torch.ones_like(tgt)
     else:
-        ranks = ((logits > chosen_logit).sum(dim=-1, keepdim=True) + 1).double()
-    cols = [tgt, (chosen_logit - lse).double(), ranks]
+        ranks = ((logprobs > chosen).sum(dim=-1, keepdim=True) + 1).double()
+    cols = [tgt, chosen.double(), ranks]
     if k > 0:
-        top_logits, top_ids = logits.topk(k, dim=-1)  # [rows, k]
-        cols += [(top_logits - lse).double(), top_ids.double()]
+        top_lp, top_ids = logprobs.topk(k, dim=-1)  # [rows, k]
+        cols += [top_lp.double(), top_ids.double()]
     return torch.cat(cols, dim=1), k
 
 
@@ -225,8 +224,8 @@ def _prompt_logprobs(
     k = sm.max_prompt_logprobs
     host: list[list[float]] = []
     if sm.prompt_row_ids is not None:
-        rows = logits[sm.prompt_row_ids]  # [num_prompt_rows, vocab]
-        host = _pack_logprobs(rows, sm.prompt_targets, k)[0].tolist()
+        lp = torch.log_softmax(logits[sm.prompt_row_ids], dim=-1)  # [num_prompt_rows, vocab]
+        host = _pack_logprobs(lp, sm.prompt_targets, k)[0].tolist()
     result: dict[int, list[PositionLogprobs | None]] = {}
     row = 0
     for gi, g in enumerate(sm.groups):
