@@ -8,6 +8,7 @@ position when prompt_logprobs is asked for on a first prefill).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -282,12 +283,38 @@ def _request_rows(p: SamplingParams, vocab_size: int) -> _RequestRows:
     cached = p.__dict__.get(_CACHE_ATTR)
     if cached is not None and cached.vocab_size == vocab_size:
         return cached
+    if (  # the common case, checked first: a worker process gets new params every step
+        p.greedy
+        and not p.logprobs
+        and not p.prompt_logprobs
+        and not p.min_tokens
+        and p.presence_penalty == 0.0
+        and p.frequency_penalty == 0.0
+        and p.repetition_penalty == 1.0
+        and p.top_k == -1
+        and p.top_p == 1.0
+        and p.min_p == 0.0
+    ):
+        rows = _plain_rows(vocab_size)
+    else:
+        rows = _compute_rows(p, vocab_size)
+    p.__dict__[_CACHE_ATTR] = rows
+    return rows
+
+
+@functools.lru_cache(maxsize=8)
+def _plain_rows(vocab_size: int) -> _RequestRows:
+    """The values of a greedy request with every other option at its default."""
+    return _compute_rows(SamplingParams(temperature=0.0), vocab_size)
+
+
+def _compute_rows(p: SamplingParams, vocab_size: int) -> _RequestRows:
     greedy = p.greedy
     pen = (p.presence_penalty, p.frequency_penalty, p.repetition_penalty)
     stops = p.all_stop_token_ids
     min_tokens_stops = sorted(t for t in stops if 0 <= t < vocab_size) if p.min_tokens else []
     logprobs, prompt_logprobs = p.logprobs or 0, p.prompt_logprobs or 0
-    rows = _RequestRows(
+    return _RequestRows(
         vocab_size=vocab_size,
         greedy=greedy,
         temperature=1.0 if greedy else p.temperature,
@@ -308,8 +335,6 @@ def _request_rows(p: SamplingParams, vocab_size: int) -> _RequestRows:
         and not logprobs
         and not prompt_logprobs,
     )
-    p.__dict__[_CACHE_ATTR] = rows
-    return rows
 
 
 def _padded(rows: list, pad: int) -> torch.Tensor:
