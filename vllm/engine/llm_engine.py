@@ -18,10 +18,9 @@ from typing import Any
 
 from vllm.config import EngineConfig
 from vllm.core.scheduler import Scheduler, SchedulerOutputs
+from vllm.engine import output_processor
 from vllm.engine.arg_utils import EngineArgs
-from vllm.engine.detokenizer import decode_sequence_step
-from vllm.engine.stop_checker import check_stop
-from vllm.outputs import CompletionOutput, RequestOutput
+from vllm.outputs import RequestOutput
 from vllm.sampling_params import SamplingParams
 from vllm.sequence import (
     ExecuteModelRequest,
@@ -333,62 +332,19 @@ class LLMEngine:
         return results
 
     def _process_group_output(self, group: SequenceGroup, group_out) -> None:
-        """Append one step's samples of ``group`` (detokenize, check stops)."""
+        """Append one step's samples of ``group`` (output_processor.append_samples)."""
         if group.prompt_logprobs is None and group_out.prompt_logprobs is not None:
             group.prompt_logprobs = group_out.prompt_logprobs
         if self._fault_prompt is not None and self._fault_prompt in (group.prompt or ""):
             raise RuntimeError(f"injected fault (VLLM_TEST_FAULT_PROMPT) in {group.request_id}")
-        params = group.sampling_params
-        seqs = group.seqs
-        tok = self.tokenizer if params.detokenize else None
-        max_len = self.scheduler_config.max_model_len
-        for sample in group_out.samples:
-            seq = seqs[0]
-            if seq.seq_id != sample.parent_seq_id:  # n > 1
-                seq = next(s for s in seqs if s.seq_id == sample.parent_seq_id)
-            if seq.is_finished():
-                continue
-            seq.append_token_id(sample.output_token, sample.logprobs)
-            new_chars = decode_sequence_step(tok, seq, params) if tok is not None else 0
-            check_stop(seq, new_chars, params, max_len, tok)
-            for token, logprobs in sample.extra_tokens or ():  # speculative multi-token step
-                if seq.is_finished():
-                    break
-                seq.append_token_id(token, logprobs)
-                self._after_token(seq, params)
-
-    def _after_token(self, seq: Sequence, params: SamplingParams) -> None:
-        """Detokenize the new token, then apply the stop conditions (stop_checker.py)."""
-        tok = self.tokenizer if params.detokenize else None
-        new_chars = decode_sequence_step(tok, seq, params) if tok is not None else 0
-        check_stop(seq, new_chars, params, self.scheduler_config.max_model_len, tok)
+        output_processor.append_samples(
+            group, group_out, self.tokenizer, self.scheduler_config.max_model_len
+        )
 
     @staticmethod
     def make_request_output(group: SequenceGroup) -> RequestOutput:
-        """Snapshot a group as a RequestOutput (texts, ids, finish reasons)."""
-        p = group.sampling_params
-        outs = []
-        for i, seq in enumerate(group.seqs):
-            outs.append(
-                CompletionOutput(
-                    index=i,
-                    text=seq.output_text,
-                    token_ids=list(seq.output_token_ids),
-                    cumulative_logprob=seq.data.cumulative_logprob,
-                    logprobs=list(seq.output_logprobs) if p.logprobs is not None else None,
-                    finish_reason=SequenceStatus.get_finished_reason(seq.status),
-                    stop_reason=seq.stop_reason,
-                )
-            )
-        return RequestOutput(
-            request_id=group.request_id,
-            prompt=group.prompt,
-            prompt_token_ids=list(group.prompt_token_ids),
-            prompt_logprobs=group.prompt_logprobs if p.prompt_logprobs is not None else None,
-            outputs=outs,
-            finished=group.is_finished(),
-            metrics=group.metrics,
-        )
+        """Snapshot a group as a RequestOutput (see output_processor.py)."""
+        return output_processor.make_request_output(group)
 
     def spec_decode_metrics(self) -> dict | None:
         """Speculative-decoding counters (vllm/spec_decode/metrics.py), None when off."""

@@ -1,0 +1,78 @@
+"""One step's samples into sequence state, and sequence groups into RequestOutputs.
+
+This is the engine's per-token host loop (it runs for every sequence of every step):
+append the sampled token, detokenize it incrementally (detokenizer.py), apply the stop
+conditions (stop_checker.py). A speculative step may carry several tokens per sequence
+(``SequenceOutput.extra_tokens``): they are appended one by one with the same checks after
+each, and nothing after a stop is kept.
+"""
+
+from __future__ import annotations
+
+from vllm.engine.detokenizer import decode_sequence_step
+from vllm.engine.stop_checker import check_stop
+from vllm.outputs import CompletionOutput, RequestOutput
+from vllm.sequence import CompletionSequenceGroupOutput, SequenceGroup, SequenceStatus
+
+
+def append_samples(
+    group: SequenceGroup,
+    group_out: CompletionSequenceGroupOutput,
+    tokenizer,
+    max_model_len: int,
+) -> None:
+    """Append one step's samples of ``group`` (detokenize, check stops after each token).
+
+    Args:
+        group: the scheduled group; samples of its already finished sequences are skipped.
+        group_out: one SequenceOutput per scheduled sequence (``parent_seq_id`` names it).
+        tokenizer: the engine's tokenizer, or None (skip_tokenizer_init); used only when
+            the request's ``detokenize`` is set.
+        max_model_len: the context limit in tokens (prompt + output).
+    """
+    params = group.sampling_params
+    seqs = group.seqs
+    tok = tokenizer if params.detokenize else None
+    for sample in group_out.samples:
+        seq = seqs[0]
+        if seq.seq_id != sample.parent_seq_id:  # n > 1
+            seq = next(s for s in seqs if s.seq_id == sample.parent_seq_id)
+        if seq.is_finished():
+            continue
+        seq.append_token_id(sample.output_token, sample.logprobs)
+        new_chars = decode_sequence_step(tok, seq, params) if tok is not None else 0
+        check_stop(seq, new_chars, params, max_model_len, tok)
+        for token, logprobs in sample.extra_tokens or ():  # speculative multi-token step
+            if seq.is_finished():
+                break
+            seq.append_token_id(token, logprobs)
+            new_chars = decode_sequence_step(tok, seq, params) if tok is not None else 0
+            check_stop(seq, new_chars, params, max_model_len, tok)
+
+
+def make_request_output(group: SequenceGroup) -> RequestOutput:
+    """Snapshot a group as a RequestOutput (texts, copies of the token ids and logprobs
+    lists, finish reasons); ``finished`` when every sequence of the group is."""
+    p = group.sampling_params
+    outs = []
+    for i, seq in enumerate(group.seqs):
+        outs.append(
+            CompletionOutput(
+                index=i,
+                text=seq.output_text,
+                token_ids=list(seq.output_token_ids),
+                cumulative_logprob=seq.data.cumulative_logprob,
+                logprobs=list(seq.output_logprobs) if p.logprobs is not None else None,
+                finish_reason=SequenceStatus.get_finished_reason(seq.status),
+                stop_reason=seq.stop_reason,
+            )
+        )
+    return RequestOutput(
+        request_id=group.request_id,
+        prompt=group.prompt,
+        prompt_token_ids=list(group.prompt_token_ids),
+        prompt_logprobs=group.prompt_logprobs if p.prompt_logprobs is not None else None,
+        outputs=outs,
+        finished=group.is_finished(),
+        metrics=group.metrics,
+    )
