@@ -8,11 +8,11 @@ position when prompt_logprobs is asked for on a first prefill).
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 
 import torch
 
+from vllm.model_executor.request_rows import CACHE_ATTR, RequestRows, request_rows
 from vllm.sampling_params import SamplingParams
 from vllm.sequence import SequenceData, SequenceGroupMetadata
 from vllm.utils import to_device
@@ -116,9 +116,9 @@ class SamplingMetadata:
 
         Per row this does only the layout (logits row, sample row, generator); the
         per-request values (temperature, filters, penalties, stop tokens) come from
-        :func:`_request_rows`, computed once per request, and per-row vectors are built
-        only when some row needs them (all-greedy rows without penalties, min_tokens or
-        logprobs need none).
+        :func:`~vllm.model_executor.request_rows.request_rows`, computed once per request,
+        and per-row vectors are built only when some row needs them (all-greedy rows
+        without penalties, min_tokens or logprobs need none).
 
         Args:
             metadata_list: scheduled groups; their sequences occupy consecutive token spans
@@ -136,7 +136,7 @@ class SamplingMetadata:
         """
         groups: list[SeqGroupRows] = []
         selected: list[int] = []
-        row_reqs: list[_RequestRows] = []  # per sample row
+        row_reqs: list[RequestRows] = []  # per sample row
         row_data: list[SequenceData] = []  # per sample row
         seeded: list[tuple[int, int, int, int]] = []  # (row, seq_id, index in group, seed)
         prompt_rows: list[int] = []
@@ -147,9 +147,9 @@ class SamplingMetadata:
         span = 0
         for md in metadata_list:
             p = md.sampling_params
-            req = p.__dict__.get(_CACHE_ATTR)
+            req = p.__dict__.get(CACHE_ATTR)
             if req is None or req.vocab_size != vocab_size:
-                req = _request_rows(p, vocab_size)
+                req = request_rows(p, vocab_size)
             if not req.plain:
                 all_greedy = all_greedy and req.greedy
                 need_filter = need_filter or req.filtered
@@ -239,102 +239,6 @@ class SamplingMetadata:
             sm.top_k = to_device(torch.tensor([r.top_k for r in row_reqs], **f32), device)
             sm.min_p = to_device(torch.tensor([r.min_p for r in row_reqs], **f32), device)
         return sm
-
-
-@dataclass(frozen=True)
-class _RequestRows:
-    """What every sample row of one request gets, derived from its SamplingParams once.
-
-    ``temperature`` is 1 for greedy rows; ``top_k`` is a float, ``vocab_size`` for "off";
-    ``penalties`` is (presence, frequency, repetition); ``min_tokens_stops`` the sorted stop
-    ids (EOS and stop_token_ids) inside the vocabulary that min_tokens masks, empty when
-    min_tokens is 0 or there are none.
-    """
-
-    vocab_size: int
-    greedy: bool
-    temperature: float
-    top_p: float
-    top_k: float
-    min_p: float
-    filtered: bool  # a random row that uses top-k, top-p or min-p
-    seeded: bool  # a random row with its own generator
-    penalties: tuple[float, float, float]
-    penalized: bool
-    min_tokens: int
-    min_tokens_stops: list[int]
-    logprobs: int
-    prompt_logprobs: int
-    plain: bool  # greedy, and none of the above: its rows need nothing but the layout
-
-
-# Attribute of a SamplingParams holding its _RequestRows (see _request_rows).
-_CACHE_ATTR = "_sampling_rows"
-
-
-def _request_rows(p: SamplingParams, vocab_size: int) -> _RequestRows:
-    """``p``'s per-row values, computed on first use and kept on ``p``.
-
-    Sound because the engine clones the params of every request and never changes them
-    once the request is queued (``all_stop_token_ids`` gets EOS before that), so a cached
-    value cannot go stale; it is keyed by ``vocab_size`` as well. Nothing in it depends
-    on a sequence's progress: min_tokens is checked per row and step in ``build``.
-    """
-    cached = p.__dict__.get(_CACHE_ATTR)
-    if cached is not None and cached.vocab_size == vocab_size:
-        return cached
-    if (  # the common case, checked first: a worker process gets new params every step
-        p.greedy
-        and not p.logprobs
-        and not p.prompt_logprobs
-        and not p.min_tokens
-        and p.presence_penalty == 0.0
-        and p.frequency_penalty == 0.0
-        and p.repetition_penalty == 1.0
-        and p.top_k == -1
-        and p.top_p == 1.0
-        and p.min_p == 0.0
-    ):
-        rows = _plain_rows(vocab_size)
-    else:
-        rows = _compute_rows(p, vocab_size)
-    p.__dict__[_CACHE_ATTR] = rows
-    return rows
-
-
-@functools.lru_cache(maxsize=8)
-def _plain_rows(vocab_size: int) -> _RequestRows:
-    """The values of a greedy request with every other option at its default."""
-    return _compute_rows(SamplingParams(temperature=0.0), vocab_size)
-
-
-def _compute_rows(p: SamplingParams, vocab_size: int) -> _RequestRows:
-    greedy = p.greedy
-    pen = (p.presence_penalty, p.frequency_penalty, p.repetition_penalty)
-    stops = p.all_stop_token_ids
-    min_tokens_stops = sorted(t for t in stops if 0 <= t < vocab_size) if p.min_tokens else []
-    logprobs, prompt_logprobs = p.logprobs or 0, p.prompt_logprobs or 0
-    return _RequestRows(
-        vocab_size=vocab_size,
-        greedy=greedy,
-        temperature=1.0 if greedy else p.temperature,
-        top_p=p.top_p,
-        top_k=float(p.top_k if p.top_k > 0 else vocab_size),
-        min_p=p.min_p,
-        filtered=not greedy and (p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0),
-        seeded=p.seed is not None and not greedy,
-        penalties=pen,
-        penalized=pen != (0.0, 0.0, 1.0),
-        min_tokens=p.min_tokens,
-        min_tokens_stops=min_tokens_stops,
-        logprobs=logprobs,
-        prompt_logprobs=prompt_logprobs,
-        plain=greedy
-        and pen == (0.0, 0.0, 1.0)
-        and not min_tokens_stops
-        and not logprobs
-        and not prompt_logprobs,
-    )
 
 
 def _padded(rows: list, pad: int) -> torch.Tensor:
