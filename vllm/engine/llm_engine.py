@@ -59,6 +59,13 @@ class LLMEngine:
         config: a validated EngineConfig.
         executor_class: the executor to start (see :func:`get_executor_class`).
         log_stats: log throughput statistics.
+
+    Attributes:
+        stream_outputs: True (default): :meth:`step` returns a RequestOutput for every
+            scheduled request; False: only for requests that finished in that step.
+
+    Start-up objects are moved out of the cyclic garbage collector's reach when the engine
+    is built (``gc.freeze()``); :meth:`shutdown` undoes it.
     """
 
     def __init__(self, config: EngineConfig, executor_class: type, log_stats: bool = True):
