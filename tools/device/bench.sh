@@ -27,7 +27,10 @@ if [[ $what == all || $what == serve ]]; then
 python -m vllm.entrypoints.cli serve --dtype bfloat16 --port 8011 --max-model-len 2048 \
     --gpu-memory-utilization 0.3 --disable-log-requests > $O/serve.log 2>&1 &
 pid=$!
-for _ in $(seq 120); do curl -sf localhost:8011/health >/dev/null && break; sleep 1; done
+python -c "import time,urllib.request as u
+for _ in range(180):
+    try: u.urlopen('http://127.0.0.1:8011/health'); break
+    except Exception: time.sleep(1)"
 python $B/benchmark_serving.py --base-url http://127.0.0.1:8011 --num-prompts 256 \
     --request-rate inf --max-concurrency 64 --input-len 128 --output-len 128 | tee $O/serving.txt
 python $B/benchmark_serving.py --base-url http://127.0.0.1:8011 --num-prompts 64 \

@@ -4,8 +4,11 @@ O=${OUT:-/tmp/out}
 set -x
 what=${1:-all}
 if [[ $what == all || $what == tests ]]; then
-python -m pytest --forked -q -p no:cacheprovider tests/distributed/test_pipeline_parallel.py \
-    tests/distributed/test_ray_executor.py -k "pp2_matches_pp1 or gpu" 2>&1 | tee $O/pp_tests.log
+P=tests/distributed/test_pipeline_parallel.py::test_pp2_matches_pp1
+python -m pytest --forked -q -p no:cacheprovider -rs "$P[smollm2_gguf-FLASHINFER-False]" \
+    tests/distributed/test_ray_executor.py::test_gpu_ray_pp2_smollm2_graphs \
+    "$P[tiny_llama_dir-TORCH_SDPA-False]" "$P[smollm2_gguf-TORCH_SDPA-True]" \
+    "$P[tiny_llama_dir-FLASHINFER-True]" 2>&1 | tee $O/pp_tests.log
 fi
 if [[ $what == all || $what == bench ]]; then
 for m in qwen2.5-1.5b llama-3.1-8b; do
