@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 
 SERIES = (
@@ -76,7 +77,12 @@ def plot(records: list[dict], out: str) -> str:
     ax.set_yscale("log")
     plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
     ax.yaxis.set_major_formatter(plain)
-    ax.yaxis.set_minor_formatter(plain)
+    # label only the 2x and 5x minor ticks, so long decades do not overlap
+    ax.yaxis.set_minor_formatter(
+        matplotlib.ticker.FuncFormatter(
+            lambda v, _: f"{v:g}" if round(v / 10 ** math.floor(math.log10(v))) in (2, 5) else ""
+        )
+    )
     ax.set_xlabel("batch size (requests decoded together)")
     ax.set_ylabel("output tokens/s")
     ax.set_xticks([r["batch_size"] for r in records], [str(r["batch_size"]) for r in records])
