@@ -60,29 +60,24 @@ class StepStats:
 
 
 def flatten_decode_counters(counters: dict) -> dict[tuple[str, str], float]:
-    """Normalize ``decode_step_counters()`` into {(mode, virtual_engine): count}.
+    """``LLMEngine.decode_step_counters()`` as {(mode, virtual_engine): decode steps}.
 
-    Accepts flat keys (``(mode, ve)`` or ``(ve, mode)`` tuples) or nested dicts
-    (``{ve: {mode: n}}``, ``{mode: {ve: n}}``, with optional extra levels such as the batch
-    size, which are summed): the first string-valued level is the mode, the first int-like
-    level the virtual engine (0 when absent). Eager steps whose reason is "prefill" are
-    left out. The runner's ``{"graph": {ve: {size: n}}, "eager": {ve: {reason: n}}}`` gives
-    modes "graph" and "eager".
+    Input: the runner's snapshot ``{"graph": {ve: {size: n}}, "eager": {ve: {reason: n}}}``
+    (sizes and reasons are summed; eager "prefill" steps are not decode steps and are left
+    out), or under pipeline parallelism one such snapshot per stage rank, ``{rank: snapshot}``.
+    Every stage runs every step, so the first stage's snapshot is the engine's count (a sum
+    over stages would count each step once per stage, and reading the rank as the virtual
+    engine would mislabel it).
     """
+    counters = counters or {}
+    if counters and all(isinstance(k, int) for k in counters):
+        counters = counters[min(counters)] or {}  # per-stage form: {rank: snapshot}
     flat: dict[tuple[str, str], float] = {}
-
-    def walk(node, path: tuple):
-        if isinstance(node, dict):
-            for k, v in node.items():
-                walk(v, path + (k if isinstance(k, tuple) else (k,)))
-            return
-        if not isinstance(node, (int, float)) or "prefill" in path:
-            return  # prefill steps are not decode steps
-        mode = next((str(p) for p in path if isinstance(p, str) and not p.isdigit()), "total")
-        ve = next((str(p) for p in path if isinstance(p, int) or str(p).isdigit()), "0")
-        flat[(mode, ve)] = flat.get((mode, ve), 0) + float(node)
-
-    walk(counters or {}, ())
+    for mode in ("graph", "eager"):
+        for ve, per_key in (counters.get(mode) or {}).items():
+            n = sum(v for k, v in per_key.items() if not (mode == "eager" and k == "prefill"))
+            if n:
+                flat[(mode, str(ve))] = flat.get((mode, str(ve)), 0.0) + float(n)
     return flat
 
 
