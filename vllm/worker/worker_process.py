@@ -20,6 +20,7 @@ Replies are ``(kind, id, rank, payload, error_text)`` tuples pickled onto the pi
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import pickle
@@ -84,9 +85,19 @@ def setup_stage_worker(config, rank: int, local_rank: int, init_method: str):
 
 
 def run_call(worker, method: str, args: tuple) -> Any:
-    """Run a driver call on this stage: a helper of :data:`_HELPERS` or a Worker method."""
+    """Run a driver call on this stage: a helper of :data:`_HELPERS` or a Worker method.
+
+    ``capture_graphs`` is the last start-up call (the executor makes it on every stage,
+    graphs or not): after it the start-up objects are frozen out of the garbage collector
+    (``gc.freeze()``, as the engine does in its own process), so the full collections that
+    steps trigger stop walking them; :func:`teardown_stage_worker` unfreezes.
+    """
     fn = _HELPERS.get(method)
-    return fn(worker, *args) if fn else getattr(worker, method)(*args)
+    result = fn(worker, *args) if fn else getattr(worker, method)(*args)
+    if method == "capture_graphs":
+        gc.collect()
+        gc.freeze()
+    return result
 
 
 def teardown_stage_worker(worker) -> None:
@@ -95,6 +106,7 @@ def teardown_stage_worker(worker) -> None:
 
     from vllm.distributed.parallel_state import destroy_distributed_environment
 
+    gc.unfreeze()
     if torch.cuda.is_available() and worker.device.type == "cuda":
         torch.cuda.synchronize(worker.device)
     destroy_distributed_environment()
