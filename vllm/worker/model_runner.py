@@ -212,18 +212,22 @@ class ModelRunner:
                 table = md.block_tables[seq_id]
                 n = data.get_len()
                 if is_prompt:
-                    toks = data.get_token_ids()
-                    pos = list(range(n))
-                else:
-                    toks = [data.get_last_token_id()]
-                    pos = [n - 1]
-                    max_decode_len = max(max_decode_len, n + num_lookahead_slots)
-                input_ids.extend(toks)
-                positions.extend(pos)
-                slots.extend(table[p // bs] * bs + p % bs for p in pos)
+                    input_ids.extend(data.get_token_ids())
+                    positions.extend(range(n))
+                    slots.extend(table[p // bs] * bs + p % bs for p in range(n))
+                    query_lens.append(n)
+                else:  # one token per row: no per-token lists
+                    p = n - 1
+                    input_ids.append(data.get_last_token_id())
+                    positions.append(p)
+                    slots.append(table[p // bs] * bs + p % bs)
+                    if n > max_decode_len:
+                        max_decode_len = n
                 seq_lens.append(n)
-                query_lens.append(len(toks))
                 tables.append(table)
+        if not is_prompt:
+            query_lens = [1] * len(seq_lens)
+            max_decode_len += num_lookahead_slots
         real_rows = len(seq_lens)
         batch_size, graph_size, eager_reason = self._plan_rows(
             mode, virtual_engine, real_rows, max_decode_len
