@@ -280,7 +280,8 @@ class AsyncLLMEngine:
             return None
         executor = self.engine.executor
         if hasattr(executor, "execute_model_async"):
-            return await executor.execute_model_async(request)
+            # a concurrent.futures.Future (resolved by the executor's reader thread)
+            return await asyncio.wrap_future(executor.execute_model_async(request))
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._ve_threads[ve], executor.execute_model, request)
 

@@ -16,3 +16,33 @@ def test_batch_limit_and_block_size_do_not_change_outputs(smollm2_gguf):
     greedy, seeded, chat = results[0][0]
     assert greedy.startswith(" Paris")
     assert len(seeded) == 2 and chat
+
+
+def test_pipeline_parallel_server_equals_pp1(smollm2_gguf):
+    """`vllm serve --pipeline-parallel-size 2` (mp executor, 2 virtual engines) answers
+    exactly as PP=1 on CPU float32, greedy and seeded."""
+    results = compare_two_settings(
+        smollm2_gguf,
+        [],
+        ["--pipeline-parallel-size", "2"],
+        prompts=("The capital of France is",),
+        max_tokens=6,
+        env={"VLLM_CPU_KVCACHE_SPACE": "0.1"},
+    )
+    assert results[1][0][0].startswith(" Paris")
+
+
+def test_ngram_speculation_server_equals_no_speculation(smollm2_gguf):
+    """`vllm serve --speculative-model [ngram] --num-speculative-tokens 4`: greedy text
+    equal to the server without speculation (seeded sampling draws differently, by design)."""
+    prompt = "1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2,"
+    results = compare_two_settings(
+        smollm2_gguf,
+        [],
+        ["--speculative-model", "[ngram]", "--num-speculative-tokens", "4",
+         "--ngram-prompt-lookup-max", "3"],
+        prompts=(prompt,),
+        max_tokens=10,
+        seeded=False,
+    )  # fmt: skip
+    assert results[1][0][0].startswith(" 3, 4, 5"), results
