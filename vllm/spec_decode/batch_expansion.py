@@ -22,54 +22,59 @@ def flat_seqs(metadata_list: list[SequenceGroupMetadata]) -> list[tuple[int, int
     return [(gi, sid, d) for gi, md in enumerate(metadata_list) for sid, d in md.seq_data.items()]
 
 
-def expanded_metadata(
-    metadata_list: list[SequenceGroupMetadata], rows: list[list[list[int]]]
+def rows_metadata(
+    metadata_list: list[SequenceGroupMetadata], row_data: list[list[SequenceData]]
 ) -> list[SequenceGroupMetadata]:
     """Decode metadata with one single-sequence group per expanded row.
 
     Args:
         metadata_list: the scheduled (decode) groups.
-        rows: per scheduled sequence (row order of :func:`flat_seqs`), the full token lists
-            of its expanded rows; each becomes a decode row feeding its last token.
+        row_data: per scheduled sequence (row order of :func:`flat_seqs`), the token data of
+            its expanded rows; each becomes a decode row feeding its last token.
     Returns:
         one SequenceGroupMetadata per row, sequence by sequence; each keeps the original
         seq_id (so seeded generators are found), params and block table.
     """
     out: list[SequenceGroupMetadata] = []
-    for (gi, sid, data), seq_rows in zip(flat_seqs(metadata_list), rows):
+    for (gi, sid, _), datas in zip(flat_seqs(metadata_list), row_data):
         md = metadata_list[gi]
-        plen = data.get_prompt_len()
-        for toks in seq_rows:
-            row_data = SequenceData(list(toks[:plen]), list(toks[plen:]))
-            out.append(
-                SequenceGroupMetadata(
-                    request_id=md.request_id,
-                    is_prompt=False,
-                    seq_data={sid: row_data},
-                    sampling_params=md.sampling_params,
-                    block_tables={sid: md.block_tables[sid]},
-                )
-            )
+        params, table = md.sampling_params, {sid: md.block_tables[sid]}
+        for d in datas:
+            out.append(SequenceGroupMetadata(md.request_id, False, {sid: d}, params, table))
     return out
 
 
+def prefix_data(prompt: tuple[int, ...], tail: list[int], length: int) -> SequenceData:
+    """The first ``length`` tokens of ``prompt + tail`` as SequenceData (the prompt tuple is
+    shared, not copied, when ``length`` covers it)."""
+    plen = len(prompt)
+    if length >= plen:
+        return SequenceData(prompt, tail[: length - plen])
+    return SequenceData(prompt[:length])
+
+
 def row_distributions(
-    logits: torch.Tensor, sm: SamplingMetadata
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    logits: torch.Tensor, sm: SamplingMetadata, logprobs: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """What the normal sampler would sample from, per sample row.
 
     Same order as :class:`vllm.model_executor.layers.sampler.Sampler`: penalties, min_tokens
     masking, then argmax (greedy), log-softmax (reported logprobs) and, when some row is
-    random, the tempered and filtered probabilities.
+    random, the tempered and filtered probabilities. Like the sampler, a decode batch (every
+    row a sample row, in order) is used without a gather, copied only for penalties.
 
     Args:
         logits: [num_rows, V] float32 from the runner.
+        logprobs: compute the log-softmax (the draft proposer reports none).
     Returns:
         (argmax [S] int64, probs [S, V] float32 or None when all rows are greedy,
-        logprobs [S, V] float32).
+        logprobs [S, V] float32 or None when not asked for).
     """
-    x = logits[sm.sample_row_ids]  # [S, V]
     pen = sm.penalties
+    if sm.prompt_row_ids is None and sm.sample_row_ids.shape[0] == logits.shape[0]:
+        x = logits.clone() if pen is not None else logits  # [S, V]
+    else:
+        x = logits[sm.sample_row_ids]  # [S, V] (a copy)
     if pen is not None:
         apply_penalties(
             x, pen.prompt_tokens, pen.output_tokens, pen.presence, pen.frequency, pen.repetition
@@ -83,54 +88,39 @@ def row_distributions(
             probs = filter_probs(x, sm.temperature, sm.top_k, sm.top_p, sm.min_p)
         else:
             probs = (x / sm.temperature[:, None]).softmax(dim=-1)  # [S, V]
-    return argmax, probs, torch.log_softmax(x, dim=-1)
+    return argmax, probs, torch.log_softmax(x, dim=-1) if logprobs else None
 
 
 def score_proposals(
     worker,
     metadata_list: list[SequenceGroupMetadata],
     proposals: list[list[int]],
-    k: int,
     virtual_engine: int,
-) -> tuple[SpeculativeScores, SamplingMetadata]:
-    """Run the target on the expanded batch and lay the distributions out as [B, k+1].
+) -> SpeculativeScores:
+    """Run the target on the expanded batch: one forward, distributions of every row.
+
+    Host work is the expanded metadata only (a row's data shares the sequence's prompt
+    tuple); nothing is read back from the device here.
 
     Args:
         worker: the target :class:`vllm.worker.worker.Worker`.
         metadata_list: the scheduled decode groups.
         proposals: per sequence (row order of :func:`flat_seqs`), its proposals (L <= k).
-        k: num_speculative_tokens.
     Returns:
-        (scores, the expanded batch's SamplingMetadata). Rows past L + 1 are copies of row
-        L (never read).
+        the flat per-row scores (sequence b owns L_b + 1 rows).
     """
-    seqs = flat_seqs(metadata_list)
-    rows = []
-    for (_, _, data), props in zip(seqs, proposals):
-        toks = data.get_token_ids()
-        rows.append([toks + props[:j] for j in range(len(props) + 1)])
-    expanded = expanded_metadata(metadata_list, rows)
+    row_data = []
+    starts = [0]
+    for (_, _, data), props in zip(flat_seqs(metadata_list), proposals):
+        prompt, out = data.prompt_token_ids, data.output_token_ids
+        row_data.append([SequenceData(prompt, out + props[:j]) for j in range(len(props) + 1)])
+        starts.append(starts[-1] + len(props) + 1)
     runner = worker.model_runner
     ce = worker.cache_engines[virtual_engine]
-    batch = runner.prepare_model_input(expanded, virtual_engine, ce.scratch_slot, 0)
+    batch = runner.prepare_model_input(
+        rows_metadata(metadata_list, row_data), virtual_engine, ce.scratch_slot, 0
+    )
     hidden = runner.forward_hidden(batch, ce.kv_caches)
     sm = batch.sampling_metadata
     argmax, probs, logprobs = row_distributions(runner.compute_logits(batch, hidden), sm)
-    index = []  # [B, k+1] flat row ids
-    start = 0
-    gens = []
-    for props in proposals:
-        n = len(props) + 1
-        index.append([start + min(j, n - 1) for j in range(k + 1)])
-        gens.append(sm.generators[start] if sm.generators else None)
-        start += n
-    idx = torch.tensor(index, dtype=torch.long, device=argmax.device)  # [B, k+1]
-    greedy = [md.sampling_params.greedy for gi, _, _ in seqs for md in [metadata_list[gi]]]
-    scores = SpeculativeScores(
-        argmax=argmax[idx],  # [B, k+1]
-        probs=None if probs is None else probs[idx],  # [B, k+1, V]
-        logprobs=logprobs[idx],  # [B, k+1, V]
-        generators=gens,
-        greedy=torch.tensor(greedy, dtype=torch.bool, device=argmax.device),
-    )
-    return scores, sm
+    return SpeculativeScores(argmax, probs, logprobs, starts, sm)

@@ -15,7 +15,13 @@ import torch
 
 from vllm.model_executor.layers.sampler import sample_exponential
 from vllm.sequence import SequenceGroupMetadata
-from vllm.spec_decode.batch_expansion import expanded_metadata, flat_seqs, row_distributions
+from vllm.spec_decode.batch_expansion import (
+    flat_seqs,
+    prefix_data,
+    row_distributions,
+    rows_metadata,
+)
+from vllm.utils import to_device
 
 
 class DraftModelProposer:
@@ -72,14 +78,18 @@ class DraftModelProposer:
             active = [i for i, c in enumerate(caps) if c > step]
             rows = []
             for i in active:
-                toks = seqs[i][2].get_token_ids() + props[i]
-                first = len(toks) - 1
+                data = seqs[i][2]
+                tail = data.output_token_ids + props[i]
+                n = data.get_len() + len(props[i])
+                first = n - 1
                 if step == 0:  # catch up on the positions the draft cache lacks
                     first = min(self.draft_len[seqs[i][1]], first)
-                rows.append([toks[: m + 1] for m in range(first, len(toks))])
+                rows.append(
+                    [prefix_data(data.prompt_token_ids, tail, m + 1) for m in range(first, n)]
+                )
             sub = [metadata_list[seqs[i][0]] for i in active]
             sub_md = _select(sub, [seqs[i][1] for i in active])
-            expanded = expanded_metadata(sub_md, rows)
+            expanded = rows_metadata(sub_md, rows)
             batch = runner.prepare_model_input(expanded, virtual_engine, ce.scratch_slot, 0)
             hidden = runner.forward_hidden(batch, ce.kv_caches)
             sm = batch.sampling_metadata
@@ -87,21 +97,22 @@ class DraftModelProposer:
             for r in rows:
                 last += len(r)
                 ends.append(last)
-            argmax, probs, _ = row_distributions(runner.compute_logits(batch, hidden), sm)
-            ends_t = torch.tensor(ends, dtype=torch.long, device=argmax.device)
+            logits = runner.compute_logits(batch, hidden)
+            argmax, probs, _ = row_distributions(logits, sm, logprobs=False)
+            # one asynchronous upload: last row of each active sequence, greedy flags, the
+            # active sequences' indices
+            greedy = [int(sub[j].sampling_params.greedy) for j in range(len(active))]
+            host = torch.tensor(ends + greedy + active, dtype=torch.long)
+            ends_t, greedy_t, active_t = to_device(host, argmax.device).split(len(active))
             chosen = argmax[ends_t]  # [A]
             if probs is not None:
                 p = probs[ends_t]  # [A, V]
-                greedy = torch.tensor(
-                    [sub[j].sampling_params.greedy for j in range(len(active))],
-                    device=argmax.device,
-                )
                 gens = [sm.generators[e] for e in ends]
-                chosen = torch.where(greedy, chosen, sample_exponential(p, gens))
+                chosen = torch.where(greedy_t.bool(), chosen, sample_exponential(p, gens))
                 if probs_out is None:
                     probs_out = torch.zeros(len(seqs), k, p.shape[1], device=p.device)
-                probs_out[active, step] = p
-            for i, t in zip(active, chosen.tolist()):
+                probs_out[active_t, step] = p
+            for i, t in zip(active, chosen.tolist()):  # the draft step's one transfer
                 props[i].append(t)
         return props, probs_out
 

@@ -27,7 +27,7 @@ from vllm.spec_decode.batch_expansion import flat_seqs, score_proposals
 from vllm.spec_decode.draft_proposer import DraftModelProposer
 from vllm.spec_decode.metrics import SpecDecodeMetrics
 from vllm.spec_decode.ngram_proposer import NGramProposer, proposal_len
-from vllm.spec_decode.rejection_sampler import rejection_sample
+from vllm.spec_decode.rejection_sampler import greedy_num_accepted, sample_expanded
 from vllm.worker.worker import Worker
 
 
@@ -157,43 +157,41 @@ class SpecDecodeWorker:
         return self._score_and_accept(mds, seqs, proposals, draft_probs, ve)
 
     def _score_and_accept(self, mds, seqs, proposals, draft_probs, ve) -> SamplerOutput:
-        scores, sm = score_proposals(self.target, mds, proposals, self.k, ve)
-        dev = scores.argmax.device
-        bsz = len(seqs)
-        tokens = torch.zeros(bsz, self.k, dtype=torch.long, device=dev)  # [B, k]
-        for b, props in enumerate(proposals):
-            if props:
-                tokens[b, : len(props)] = torch.tensor(props, dtype=torch.long)
-        lens = torch.tensor([len(p) for p in proposals], dtype=torch.long, device=dev)
-        out, num_acc = rejection_sample(
-            tokens,
-            draft_probs,
-            lens,
-            scores.argmax,
-            scores.probs,
-            scores.greedy,
-            scores.generators,
-        )
-        acc_h = num_acc.tolist()
-        # Logprobs of every emitted token, packed as the normal sampler does.
-        pos = [(b, j) for b in range(bsz) for j in range(acc_h[b] + 1)]
-        bi = torch.tensor([b for b, _ in pos], dtype=torch.long, device=dev)
-        ji = torch.tensor([j for _, j in pos], dtype=torch.long, device=dev)
-        emitted = out[bi, ji]  # [E]
-        packed, kk = _pack_logprobs(scores.logprobs[bi, ji], emitted, sm.max_logprobs)
-        host = packed.tolist()
-        row = 0
+        """Score, accept and pack a speculative step with one device-to-host transfer.
+
+        All-greedy steps pack (argmax id, its logprob, rank 1, top-k) of every expanded row
+        and accept on the host (an accepted proposal equals its row's argmax, so every
+        emitted token is its row's argmax). Steps with sampled rows run the rejection
+        sampler on the device first and pack each row's emitted token (-1 past the last
+        one, packed as id 0 and skipped) with its logprob and rank.
+        """
+        scores = score_proposals(self.target, mds, proposals, ve)
+        sm = scores.sampling_metadata
+        starts = scores.starts
+        if sm.all_greedy:
+            packed, kk = _pack_logprobs(
+                scores.logprobs, scores.argmax, sm.max_logprobs, ranks_are_one=True
+            )  # [R, 3 + 2 * kk]
+            host = packed.tolist()  # the step's one device-to-host transfer
+            num_acc = greedy_num_accepted(proposals, [int(r[0]) for r in host], starts)
+        else:
+            greedy = [mds[gi].sampling_params.greedy for gi, _, _ in seqs]
+            emitted = sample_expanded(scores, proposals, draft_probs, greedy, self.k)  # [R]
+            packed, kk = _pack_logprobs(scores.logprobs, emitted.clamp(min=0), sm.max_logprobs)
+            host = torch.cat([packed, emitted[:, None].double()], dim=1).tolist()
+            num_acc = [
+                sum(1 for r in host[starts[b] : starts[b + 1]] if r[-1] >= 0) - 1
+                for b in range(len(seqs))
+            ]
         groups: list[list[SequenceOutput]] = [[] for _ in mds]
         for b, (gi, sid, data) in enumerate(seqs):
             n_lp = mds[gi].sampling_params.logprobs or 0
-            toks = []
-            for _ in range(acc_h[b] + 1):
-                toks.append(_position(host[row], n_lp, kk))
-                row += 1
+            first = starts[b]
+            toks = [_position(host[r], n_lp, kk) for r in range(first, first + num_acc[b] + 1)]
             first_tok, first_lp = toks[0]
             groups[gi].append(SequenceOutput(sid, first_tok, first_lp, toks[1:] or None))
             if proposals[b]:
-                self.metrics.record(1, len(proposals[b]), acc_h[b], acc_h[b] + 1)
+                self.metrics.record(1, len(proposals[b]), num_acc[b], num_acc[b] + 1)
             if self.draft_worker is not None:
-                self.proposer.accepted(sid, data.get_len(), len(proposals[b]), acc_h[b])
+                self.proposer.accepted(sid, data.get_len(), len(proposals[b]), num_acc[b])
         return SamplerOutput([CompletionSequenceGroupOutput(g) for g in groups])
