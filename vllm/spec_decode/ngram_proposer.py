@@ -21,23 +21,44 @@ def proposal_len(seq_len: int, k: int, max_model_len: int, draft_limit: int) -> 
 def ngram_lookup(tokens: list[int], max_n: int, min_n: int, num: int) -> list[int]:
     """Up to ``num`` tokens following the latest earlier match of the longest suffix n-gram.
 
+    The n-gram of length n ending at an earlier position e (e < len - 1) matches when
+    ``tokens[e - n + 1 : e + 1] == tokens[-n:]``; the longest n in [min_n, max_n] with any
+    match wins, then the latest e, and the result is ``tokens[e + 1 : e + 1 + num]``. Only
+    positions holding the last token can match: they are found by ``list.index`` on the
+    reversed list (C speed), each extended backwards at most ``max_n`` tokens, and the scan
+    stops at the first (latest) full-length match. Cost: O(len) for the reversed copy plus
+    O(max_n) per occurrence of the last token, instead of O(len x max_n) slice compares.
+
     Args:
         tokens: the sequence's ids (prompt + output).
-        max_n, min_n: n-gram lengths tried, longest first.
+        max_n, min_n: n-gram lengths tried, longest first (min_n >= 1).
         num: most tokens to return.
     Returns:
         the proposed ids (empty when no suffix n-gram recurs or num == 0).
     """
-    if num <= 0:
-        return []
     size = len(tokens)
-    for n in range(min(max_n, size - 1), min_n - 1, -1):
-        suffix = tokens[size - n :]
-        # latest start i < size - n with tokens[i:i+n] == suffix
-        for i in range(size - n - 1, -1, -1):
-            if tokens[i : i + n] == suffix:
-                return tokens[i + n : i + n + num]
-    return []
+    top = min(max_n, size - 1)
+    if num <= 0 or top < min_n:
+        return []
+    rev = tokens[::-1]  # rev[s] = tokens[size - 1 - s]; the suffix is rev[:n]
+    last = rev[0]
+    best_len, best_s = 0, 0
+    s = 0
+    while best_len < top:
+        try:
+            s = rev.index(last, s + 1)  # next earlier occurrence, ending at size - 1 - s
+        except ValueError:
+            break
+        length = 1
+        cap = min(top, size - s)  # the n-gram must start at or after position 0
+        while length < cap and rev[s + length] == rev[length]:
+            length += 1
+        if length > best_len:  # strictly longer: an equal length found later is older
+            best_len, best_s = length, s
+    if best_len < min_n:
+        return []
+    end = size - 1 - best_s
+    return tokens[end + 1 : end + 1 + num]
 
 
 class NGramProposer:
