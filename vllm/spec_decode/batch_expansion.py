@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from vllm.model_executor.layers.sampler import apply_penalties, filter_probs
+from vllm.model_executor.layers.sampler import processed_sample_logits, sampling_probs
 from vllm.model_executor.sampling_metadata import SamplingMetadata
 from vllm.sequence import SequenceData, SequenceGroupMetadata
 from vllm.spec_decode.interfaces import SpeculativeScores
@@ -60,8 +60,8 @@ def row_distributions(
 
     Same order as :class:`vllm.model_executor.layers.sampler.Sampler`: penalties, min_tokens
     masking, then argmax (greedy), log-softmax (reported logprobs) and, when some row is
-    random, the tempered and filtered probabilities. Like the sampler, a decode batch (every
-    row a sample row, in order) is used without a gather, copied only for penalties.
+    random, the tempered and filtered probabilities; the first and last stages are the
+    sampler's own functions.
 
     Args:
         logits: [num_rows, V] float32 from the runner.
@@ -70,25 +70,12 @@ def row_distributions(
         (argmax [S] int64, probs [S, V] float32 or None when all rows are greedy,
         logprobs [S, V] float32 or None when not asked for).
     """
-    pen = sm.penalties
-    if sm.prompt_row_ids is None and sm.sample_row_ids.shape[0] == logits.shape[0]:
-        x = logits.clone() if pen is not None else logits  # [S, V]
-    else:
-        x = logits[sm.sample_row_ids]  # [S, V] (a copy)
-    if pen is not None:
-        apply_penalties(
-            x, pen.prompt_tokens, pen.output_tokens, pen.presence, pen.frequency, pen.repetition
-        )
-        if pen.min_tokens_mask is not None:
-            x.masked_fill_(pen.min_tokens_mask, float("-inf"))
-    argmax = x.argmax(dim=-1)  # [S]
-    probs = None
-    if not sm.all_greedy:
-        if sm.need_filter:
-            probs = filter_probs(x, sm.temperature, sm.top_k, sm.top_p, sm.min_p)
-        else:
-            probs = (x / sm.temperature[:, None]).softmax(dim=-1)  # [S, V]
-    return argmax, probs, torch.log_softmax(x, dim=-1) if logprobs else None
+    x = processed_sample_logits(logits, sm)  # [S, V]
+    return (
+        x.argmax(dim=-1),
+        sampling_probs(x, sm),
+        torch.log_softmax(x, dim=-1) if logprobs else None,
+    )
 
 
 def score_proposals(

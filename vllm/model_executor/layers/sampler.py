@@ -126,6 +126,48 @@ def sample_exponential(
     return (probs / q).argmax(dim=-1)
 
 
+def processed_sample_logits(logits: torch.Tensor, sm: SamplingMetadata) -> torch.Tensor:
+    """The sample rows' logits after penalties and min_tokens masking (the sampler's first
+    stage; the speculative scorer and draft proposer reuse it).
+
+    When every row is a sample row, in order (decode, or prefill without prompt logprobs),
+    no gather is made, and ``logits`` is copied only when penalties will edit it in place.
+
+    Args:
+        logits: [num_rows, vocab] float32, rows laid out by ``sm``.
+    Returns:
+        [num_samples, vocab] float32 (``logits`` itself when nothing edits it).
+    """
+    pen = sm.penalties
+    if sm.prompt_row_ids is None and sm.sample_row_ids.shape[0] == logits.shape[0]:
+        x = logits.clone() if pen is not None else logits  # [num_samples, vocab]
+    else:
+        x = logits[sm.sample_row_ids]  # [num_samples, vocab] (a copy)
+    if pen is not None:
+        apply_penalties(
+            x, pen.prompt_tokens, pen.output_tokens, pen.presence, pen.frequency, pen.repetition
+        )
+        if pen.min_tokens_mask is not None:
+            x.masked_fill_(pen.min_tokens_mask, float("-inf"))
+    return x
+
+
+def sampling_probs(x: torch.Tensor, sm: SamplingMetadata) -> torch.Tensor | None:
+    """Probabilities the random rows sample from: temperature, then the top-k / top-p /
+    min-p filters when some row uses one (else a plain tempered softmax, no sort).
+
+    Args:
+        x: [num_samples, vocab] float32 from :func:`processed_sample_logits`.
+    Returns:
+        [num_samples, vocab] float32, or None when every row is greedy.
+    """
+    if sm.all_greedy:
+        return None
+    if sm.need_filter:
+        return filter_probs(x, sm.temperature, sm.top_k, sm.top_p, sm.min_p)
+    return (x / sm.temperature[:, None]).softmax(dim=-1)  # [num_samples, vocab]
+
+
 class Sampler(torch.nn.Module):
     """Turns the selected rows' logits into a :class:`SamplerOutput`."""
 
@@ -141,26 +183,10 @@ class Sampler(torch.nn.Module):
             ``logprobs`` entries (ranks 1..k); ``sampled_token_ids`` is the [num_samples]
             int64 device tensor.
         """
-        pen = sm.penalties
-        if sm.prompt_row_ids is None and sm.sample_row_ids.shape[0] == logits.shape[0]:
-            # every row is a sample row, in order (decode, or prefill without prompt
-            # logprobs): no gather; a copy only when penalties will edit it in place
-            x = logits.clone() if pen is not None else logits  # [num_samples, vocab]
-        else:
-            x = logits[sm.sample_row_ids]  # [num_samples, vocab] (a copy)
-        if pen is not None:
-            apply_penalties(
-                x, pen.prompt_tokens, pen.output_tokens, pen.presence, pen.frequency,
-                pen.repetition,
-            )  # fmt: skip
-            if pen.min_tokens_mask is not None:
-                x.masked_fill_(pen.min_tokens_mask, float("-inf"))
+        x = processed_sample_logits(logits, sm)  # [num_samples, vocab]
         ids = x.argmax(dim=-1)  # [num_samples]
-        if not sm.all_greedy:
-            if sm.need_filter:
-                probs = filter_probs(x, sm.temperature, sm.top_k, sm.top_p, sm.min_p)
-            else:  # temperature only: no sort needed
-                probs = (x / sm.temperature[:, None]).softmax(dim=-1)  # [num_samples, vocab]
+        probs = sampling_probs(x, sm)
+        if probs is not None:
             ids = torch.where(sm.greedy_mask, ids, sample_exponential(probs, sm.generators))
         lp = torch.log_softmax(x, dim=-1)  # [num_samples, vocab]
         packed, k = _pack_logprobs(lp, ids, sm.max_logprobs, ranks_are_one=sm.all_greedy)
