@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
+import weakref
 from abc import ABC, abstractmethod
 from concurrent.futures import Future
 from typing import Any
@@ -84,3 +86,28 @@ class PipelineExecutorBase(ExecutorBase):
     @property
     def failed(self) -> bool:
         return self._error is not None
+
+    # ------------------------------------------------------------ shutdown helpers
+    def _register_atexit(self) -> None:
+        """Shut down at interpreter exit (through a weak reference, so the hook never keeps
+        the executor alive); registered before start-up waits, so an interrupted start-up
+        still cleans up."""
+        self_ref = weakref.ref(self)
+        self._atexit = lambda: (lambda ex: ex.shutdown() if ex is not None else None)(self_ref())
+        atexit.register(self._atexit)
+
+    def _finish_shutdown(self, pending: list[Future], err: BaseException) -> None:
+        """Fail the futures no stage will resolve any more with ``err`` and drop the
+        interpreter-exit hook (the last steps of every subclass's ``shutdown``)."""
+        for fut in pending:
+            if not fut.done():
+                fut.set_exception(err)
+        if getattr(self, "_atexit", None) is not None:
+            atexit.unregister(self._atexit)
+            self._atexit = None
+
+    def __del__(self):
+        try:
+            self.shutdown()
+        except Exception:
+            pass

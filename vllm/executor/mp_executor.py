@@ -19,13 +19,11 @@ chosen by a scheduler are valid on all of them.
 
 from __future__ import annotations
 
-import atexit
 import itertools
 import logging
 import multiprocessing
 import pickle
 import threading
-import weakref
 from concurrent.futures import Future
 from multiprocessing.connection import wait
 from typing import Any
@@ -79,9 +77,7 @@ class MultiprocessingExecutor(PipelineExecutorBase):
             self.workers.append(proc)
             self._conns.append(parent)
         # Registered before the first wait so an interrupted start-up still cleans up.
-        self_ref = weakref.ref(self)
-        self._atexit = lambda: (lambda ex: ex.shutdown() if ex is not None else None)(self_ref())
-        atexit.register(self._atexit)
+        self._register_atexit()
         try:
             self._wait_ready()
             self._watcher = threading.Thread(
@@ -279,15 +275,4 @@ class MultiprocessingExecutor(PipelineExecutorBase):
             pending = [*self._steps.values(), *(f for f, _ in self._calls.values())]
             self._steps.clear()
             self._calls.clear()
-        for fut in pending:
-            if not fut.done():
-                fut.set_exception(self._error or err)
-        if getattr(self, "_atexit", None) is not None:
-            atexit.unregister(self._atexit)
-            self._atexit = None
-
-    def __del__(self):
-        try:
-            self.shutdown()
-        except Exception:
-            pass
+        self._finish_shutdown(pending, self._error or err)

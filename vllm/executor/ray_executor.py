@@ -21,12 +21,10 @@ fails every pending future and later call with a RuntimeError naming its rank an
 
 from __future__ import annotations
 
-import atexit
 import functools
 import logging
 import os
 import threading
-import weakref
 from concurrent.futures import Future
 from typing import Any
 
@@ -95,9 +93,7 @@ class RayExecutor(PipelineExecutorBase):
         self.node_infos: list[dict[str, Any]] = []
         self.placement_group = None
         self.started_ray = False
-        self_ref = weakref.ref(self)
-        self._atexit = lambda: (lambda ex: ex.shutdown() if ex is not None else None)(self_ref())
-        atexit.register(self._atexit)
+        self._register_atexit()
         try:
             self._connect()
             self._start_actors()
@@ -346,17 +342,6 @@ class RayExecutor(PipelineExecutorBase):
         with self._lock:
             pending = list(self._pending)
             self._pending.clear()
-        for fut in pending:
-            if not fut.done():
-                fut.set_exception(err)
+        self._finish_shutdown(pending, err)
         if self.started_ray and ray is not None and ray.is_initialized():
             ray.shutdown()
-        if getattr(self, "_atexit", None) is not None:
-            atexit.unregister(self._atexit)
-            self._atexit = None
-
-    def __del__(self):
-        try:
-            self.shutdown()
-        except Exception:
-            pass
