@@ -22,6 +22,8 @@ import sys
 import tempfile
 import time
 
+from bench_common import emit
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -97,11 +99,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             base = rec["output_tokens_per_s"]
         if base:
             rec["speedup_vs_pp1"] = round(rec["output_tokens_per_s"] / base, 3)
-        line = json.dumps(rec)
-        print(line, flush=True)
-        if args.output_json:
-            with open(args.output_json, "a") as fh:
-                fh.write(line + "\n")
+        emit(rec, args.output_json)
         records.append(rec)
     return records
 

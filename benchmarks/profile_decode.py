@@ -71,13 +71,11 @@ def main() -> None:
         llm.generate(prompts, sp, use_tqdm=False)
         sync(cond["device"])
     events = prof.key_averages()
-    cuda_us, kernels = 0.0, 0
-    for e in events:
-        t = getattr(e, "self_device_time_total", 0) or 0
-        if e.device_type == torch.autograd.DeviceType.CUDA or t > 0:
-            cuda_us += t
-            if e.device_type == torch.autograd.DeviceType.CUDA:
-                kernels += e.count
+    # Kernel events only: a CPU op's self_device_time_total repeats the time of the kernels
+    # it launched, so adding those too would count each kernel twice.
+    kernel_events = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    cuda_us = sum(getattr(e, "self_device_time_total", 0) or 0 for e in kernel_events)
+    kernels = sum(e.count for e in kernel_events)
     sort = "self_cuda_time_total" if cond["device"] == "cuda" else "self_cpu_time_total"
     print(events.table(sort_by=sort, row_limit=args.top, max_name_column_width=60))
 
