@@ -64,7 +64,8 @@ def engine_conditions(llm: Any) -> dict[str, Any]:
 
     Keys: device, gpu, model, load_format, dtype, attn_backend (None when the worker is
     in another process), cuda_graphs (on when the device is CUDA and enforce_eager is off),
-    max_num_seqs, graph_capture_s and graph_capture_gib (0 without graphs).
+    max_num_seqs, num_scheduler_steps, graph_capture_s and graph_capture_gib (0 without
+    graphs).
     """
     engine = llm.llm_engine
     cfg = engine.config
@@ -80,6 +81,7 @@ def engine_conditions(llm: Any) -> dict[str, Any]:
         "attn_backend": getattr(runner, "attn_backend_name", None),
         "cuda_graphs": device == "cuda" and not cfg.compilation_config.enforce_eager,
         "max_num_seqs": cfg.scheduler_config.max_num_seqs,
+        "num_scheduler_steps": cfg.scheduler_config.num_scheduler_steps,
         "graph_capture_s": round(getattr(graphs, "capture_seconds", 0.0), 3),
         "graph_capture_gib": round(getattr(graphs, "capture_bytes", 0) / 2**30, 3),
     }

@@ -287,7 +287,10 @@ class SchedulerConfig:
         max_num_seqs: most sequences in one step.
         max_num_batched_tokens: most tokens in one step; default max(max_model_len, 2048);
             below max_model_len is an error (chunked prefill is not supported).
-        num_lookahead_slots: KV slots reserved past each sequence (k of speculative decoding).
+        num_lookahead_slots: KV slots reserved past each sequence: k of speculative
+            decoding, or num_scheduler_steps - 1 of multi-step decoding.
+        num_scheduler_steps: decode forward passes per scheduler call (upstream V0's
+            multi-step scheduling, vllm/worker/multi_step.py); 1 = one token per step.
     """
 
     max_model_len: int
@@ -295,10 +298,15 @@ class SchedulerConfig:
     max_num_batched_tokens: int | None = None
     num_lookahead_slots: int = 0
     enable_chunked_prefill: bool = False
+    num_scheduler_steps: int = 1
 
     def __post_init__(self) -> None:
         if self.enable_chunked_prefill:
             raise ValueError("enable_chunked_prefill=True is not supported (only False).")
+        if self.num_scheduler_steps < 1:
+            raise ValueError(
+                f"num_scheduler_steps must be at least 1, got {self.num_scheduler_steps}."
+            )
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}.")
         if self.max_num_batched_tokens is None:

@@ -4,7 +4,17 @@ if [[ ! -d /tmp/site/flashinfer ]]; then
     bash .stage/p03/install.sh >/dev/null || return 1
 fi
 export PYTHONPATH=/tmp/site:$PWD
-export FLASHINFER_WORKSPACE_BASE=/tmp/fiws HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+export FLASHINFER_WORKSPACE_BASE=/tmp/fiws TRITON_CACHE_DIR=/tmp/fiws/triton
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+# A JIT cache saved by save_jit (below) on an earlier machine skips FlashInfer's compiles:
+# carry .stage/jit in a call of its own that runs `mkdir -p /tmp/jit && cp .stage/jit/* /tmp/jit/`.
+if [[ -f /tmp/jit/fiws.tgz.00 && ! -d /tmp/fiws ]]; then
+    mkdir -p /tmp/fiws && cat /tmp/jit/fiws.tgz.* | tar -xz -C /tmp/fiws
+fi
+save_jit() {  # $OUT takes files of at most 16 MiB: split the archive
+    tar -cz -C /tmp/fiws . | split -b 15M -d - "${OUT:-/tmp/out}/fiws.tgz."
+    ls -la "${OUT:-/tmp/out}"/fiws.tgz.*
+}
 mkdir -p "${OUT:-/tmp/out}"
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader

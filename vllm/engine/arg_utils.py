@@ -66,6 +66,9 @@ class EngineArgs:
     speculative_disable_by_batch_size: int | None = _f(
         None, "Skip speculation in steps with at least this many running requests."
     )
+    num_scheduler_steps: int = _f(
+        1, "Decode forward passes per scheduler call (multi-step decoding; 1 = off)."
+    )
     num_virtual_engines_override: int | None = _f(
         None, "Test-only: this many virtual engines without pipeline parallelism."
     )
@@ -137,13 +140,18 @@ class EngineArgs:
             self.speculative_max_model_len,
             self.speculative_disable_by_batch_size,
         )
+        if self.num_scheduler_steps > 1:
+            _check_multi_step(self.num_scheduler_steps, speculative_config, parallel_config)
         scheduler_config = SchedulerConfig(
             max_model_len=model_config.max_model_len,
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
             num_lookahead_slots=(
-                0 if speculative_config is None else speculative_config.num_speculative_tokens
+                self.num_scheduler_steps - 1
+                if speculative_config is None
+                else speculative_config.num_speculative_tokens
             ),
+            num_scheduler_steps=self.num_scheduler_steps,
         )
         return EngineConfig(
             speculative_config=speculative_config,
@@ -154,6 +162,24 @@ class EngineArgs:
             scheduler_config=scheduler_config,
             device_config=device_config,
             compilation_config=compilation_config,
+        )
+
+
+def _check_multi_step(steps: int, spec, parallel: ParallelConfig) -> None:
+    """Refuse combinations multi-step decoding does not support (before any weight load).
+
+    Raises:
+        ValueError: with speculative decoding, or with pipeline_parallel_size > 1.
+    """
+    if spec is not None:
+        raise ValueError(
+            f"num_scheduler_steps={steps} cannot be combined with speculative decoding "
+            f"(speculative_model={spec.speculative_model!r}); use one or the other."
+        )
+    if parallel.pipeline_parallel_size > 1:
+        raise ValueError(
+            f"num_scheduler_steps={steps} is not supported with pipeline_parallel_size="
+            f"{parallel.pipeline_parallel_size}; use num_scheduler_steps=1."
         )
 
 

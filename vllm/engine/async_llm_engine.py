@@ -322,7 +322,10 @@ class AsyncLLMEngine:
             err = self.engine.failed_requests.pop(out.request_id, None)
             if err is not None:
                 failed[out.request_id] = err
-        generated = sum(len(g.samples) for g in output.outputs) if output is not None else 0
+        generated = 0
+        if output is not None:  # a multi-token step (speculative, multi-step) counts each
+            for g in output.outputs:
+                generated += sum(1 + len(s.extra_tokens or ()) for s in g.samples)
         return outs, failed, self._stats(sched, outs, generated)
 
     def _fail_step(self, ve: int, sched: _Scheduled, err: Exception):

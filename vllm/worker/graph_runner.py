@@ -127,6 +127,8 @@ class GraphRunner:
         self.attn_states: list[AttentionGraphState] = []
         self.inputs: list[_StaticInputs] = []
         self.pool = None
+        # per VE, a CUDA event recorded once a replay's inputs are queued (None on CPU)
+        self._staged: list[Any] = [None] * num_virtual_engines
         self.capture_seconds = 0.0
         self.capture_bytes = 0
         # (label, device bytes reserved since capture began): "state" after a VE's buffers,
@@ -253,8 +255,18 @@ class GraphRunner:
             for k, v in intermediate_tensors.items():
                 static.intermediate[k][:size].copy_(v, non_blocking=True)
         self.attn_states[virtual_engine].prepare_replay(size, step, cg.attn_metadata)
+        if static.input_ids.is_cuda:
+            if self._staged[virtual_engine] is None:
+                self._staged[virtual_engine] = torch.cuda.Event()
+            self._staged[virtual_engine].record()
         cg.graph.replay()
         return cg.output
+
+    def staged_event(self, virtual_engine: int) -> Any:
+        """The CUDA event recorded after the last replay of ``virtual_engine`` queued its
+        input uploads (None before any CUDA replay): once it completes, the host may reuse
+        staging buffers (multi-step decoding waits on it before planning the next step)."""
+        return self._staged[virtual_engine]
 
 
 def extrapolate_graph_memory(

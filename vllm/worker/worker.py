@@ -164,13 +164,29 @@ class Worker:
         request: ExecuteModelRequest,
         intermediate_tensors: IntermediateTensors | None = None,
     ) -> SamplerOutput | IntermediateTensors | None:
-        """Run one step of ``request.virtual_engine``; None for an empty request."""
+        """Run one step of ``request.virtual_engine``; None for an empty request.
+
+        With ``num_scheduler_steps`` > 1 a decode request runs up to that many decode
+        passes (vllm/worker/multi_step.py; validation keeps it to PP = 1).
+        """
         if request.finished_requests_ids:
             pass  # proposer state lives elsewhere; generators are dropped per sequence
         if not request.seq_group_metadata_list:
             return None
         ve = request.virtual_engine
         ce = self.cache_engines[ve]
+        steps = self.config.scheduler_config.num_scheduler_steps
+        if steps > 1 and not request.seq_group_metadata_list[0].is_prompt:
+            from vllm.worker.multi_step import execute_multi_step
+
+            return execute_multi_step(
+                self.model_runner,
+                request.seq_group_metadata_list,
+                ve,
+                ce.scratch_slot,
+                ce.kv_caches,
+                steps,
+            )
         batch = self.model_runner.prepare_model_input(
             request.seq_group_metadata_list, ve, ce.scratch_slot, request.num_lookahead_slots
         )

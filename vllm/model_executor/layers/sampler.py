@@ -183,6 +183,21 @@ class Sampler(torch.nn.Module):
             ``logprobs`` entries (ranks 1..k); ``sampled_token_ids`` is the [num_samples]
             int64 device tensor.
         """
+        ids, packed, k = self.sample_on_device(logits, sm)
+        host = packed.tolist()  # the step's one device-to-host transfer
+        return sampler_output(sm, [host], k, _prompt_logprobs(logits, sm), ids)
+
+    @staticmethod
+    def sample_on_device(
+        logits: torch.Tensor, sm: SamplingMetadata
+    ) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """The sampling of :meth:`forward` without any device-to-host transfer (the
+        multi-step decode loop reads several steps' results at once).
+
+        Returns:
+            (ids [num_samples] int64, packed [num_samples, 3 + 2k] float64 rows as
+            :func:`_pack_logprobs` lays them out, k), all on ``logits``' device.
+        """
         x = processed_sample_logits(logits, sm)  # [num_samples, vocab]
         ids = x.argmax(dim=-1)  # [num_samples]
         probs = sampling_probs(x, sm)
@@ -190,18 +205,40 @@ class Sampler(torch.nn.Module):
             ids = torch.where(sm.greedy_mask, ids, sample_exponential(probs, sm.generators))
         lp = torch.log_softmax(x, dim=-1)  # [num_samples, vocab]
         packed, k = _pack_logprobs(lp, ids, sm.max_logprobs, ranks_are_one=sm.all_greedy)
-        host = packed.tolist()  # the step's one device-to-host transfer
-        prompt_lp = _prompt_logprobs(logits, sm)
-        outputs: list[CompletionSequenceGroupOutput] = []
-        row = 0
-        for gi, g in enumerate(sm.groups):
-            samples = []
-            n = g.params.logprobs or 0
-            for seq_id in g.seq_ids:
-                samples.append(SequenceOutput(seq_id, *_position(host[row], n, k)))
-                row += 1
-            outputs.append(CompletionSequenceGroupOutput(samples, prompt_lp.get(gi)))
-        return SamplerOutput(outputs=outputs, sampled_token_ids=ids)
+        return ids, packed, k
+
+
+def sampler_output(
+    sm: SamplingMetadata,
+    steps: list[list[list[float]]],
+    k: int,
+    prompt_lp: dict[int, list[PositionLogprobs | None]],
+    ids: torch.Tensor | None = None,
+) -> SamplerOutput:
+    """Unpack host rows into a SamplerOutput.
+
+    Args:
+        steps: per decode step, the packed rows [num_samples][3 + 2k] of that step (one
+            step normally; several from a multi-step decode, whose later tokens become
+            each sequence's ``extra_tokens``, applied by the engine with stop checks).
+        k: top-logprobs width of the packed rows.
+        prompt_lp: prompt logprobs per group index (:func:`_prompt_logprobs`).
+        ids: the last step's sampled ids [num_samples] (device), kept for proposers.
+    """
+    outputs: list[CompletionSequenceGroupOutput] = []
+    first, later = steps[0], steps[1:]
+    row = 0
+    for gi, g in enumerate(sm.groups):
+        samples = []
+        n = g.params.logprobs or 0
+        for seq_id in g.seq_ids:
+            out = SequenceOutput(seq_id, *_position(first[row], n, k))
+            if later:
+                out.extra_tokens = [_position(s[row], n, k) for s in later]
+            samples.append(out)
+            row += 1
+        outputs.append(CompletionSequenceGroupOutput(samples, prompt_lp.get(gi)))
+    return SamplerOutput(outputs=outputs, sampled_token_ids=ids)
 
 
 def _pack_logprobs(

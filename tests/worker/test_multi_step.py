@@ -1,0 +1,202 @@
+"""Multi-step decoding (num_scheduler_steps) on CPU float32: the same greedy and seeded tokens
+as one-token steps (TESTING.md: exact), logprobs within 1e-5 (a sequence that finished
+mid-call keeps its row until the call ends, so batch shapes differ), stops honoured token
+by token, the step cap, fake-graph replays through the multi-step loop, and validation."""
+
+import pytest
+
+from tests.utils import check_outputs_equal
+from tests.worker.test_graph_capture import decode_request, make_worker
+from vllm.engine.arg_utils import EngineArgs
+from vllm.sampling_params import SamplingParams
+from vllm.sequence import SequenceData, SequenceGroupMetadata
+from vllm.worker.multi_step import decode_steps
+
+PROMPTS = [[5, 6, 7, 8, 9, 5, 6, 7], [100, 200, 300, 400], [11, 12, 13], [42] * 5, [9, 99, 999]]
+
+
+@pytest.fixture(autouse=True)
+def _small_cache(monkeypatch):
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0.05")
+
+
+def _generate(model, params, steps, **kw):
+    """(outputs as (ids, text, logprobs), worker execute_model calls) for one LLM run."""
+    from vllm import LLM
+
+    llm = LLM(model=model, device="cpu", num_scheduler_steps=steps, **kw)
+    worker = llm.llm_engine.executor.worker
+    calls = []
+    real = worker.execute_model
+    worker.execute_model = lambda req, *a: calls.append(req) or real(req, *a)
+    outs = llm.generate(PROMPTS, params, use_tqdm=False)
+    res = []
+    for o in outs:
+        c = o.outputs[0]
+        lps = None
+        if c.logprobs is not None:
+            lps = [{t: lp.logprob for t, lp in pos.items()} for pos in c.logprobs]
+        res.append((list(c.token_ids), c.text, lps, c.finish_reason))
+    llm.llm_engine.shutdown()
+    return res, calls
+
+
+def _assert_same(base, multi):
+    check_outputs_equal(base, multi, "1 step", "multi-step", PROMPTS)
+    for b, m in zip(base, multi):
+        assert b[3] == m[3]  # finish reasons
+        if b[2] is not None:
+            for pb, pm in zip(b[2], m[2]):
+                assert pb.keys() == pm.keys()
+                for t in pb:
+                    assert abs(pb[t] - pm[t]) < 1e-5, (t, pb[t], pm[t])
+
+
+@pytest.mark.forked
+@pytest.mark.parametrize("steps, max_num_seqs", [(4, 3), (8, 8)])
+def test_greedy_equals_one_token_steps(tiny_llama_dir, steps, max_num_seqs):
+    """Different max_tokens per prompt: sequences finish inside a call."""
+    params = [
+        SamplingParams(temperature=0, max_tokens=5 + 3 * i, logprobs=2) for i in range(len(PROMPTS))
+    ]
+    base, calls1 = _generate(tiny_llama_dir, params, 1, max_num_seqs=max_num_seqs)
+    multi, calls = _generate(tiny_llama_dir, params, steps, max_num_seqs=max_num_seqs)
+    _assert_same(base, multi)
+    assert [len(o[0]) for o in multi] == [5 + 3 * i for i in range(len(PROMPTS))]
+    assert len(calls) < len(calls1) / 2, (len(calls), len(calls1))
+    decode = [r for r in calls if not r.seq_group_metadata_list[0].is_prompt]
+    assert decode and all(r.num_lookahead_slots == steps - 1 for r in decode)
+
+
+@pytest.mark.forked
+def test_seeded_sampling_and_stops_equal(tiny_llama_dir):
+    """Seeded random rows draw from their own generators in the same order; a stop token
+    in the middle of a call cuts the output there; penalties fall back to one step."""
+    base_params = [
+        SamplingParams(temperature=0.9, top_p=0.9, seed=11 + i, max_tokens=12)
+        for i in range(len(PROMPTS))
+    ]
+    base, _ = _generate(tiny_llama_dir, base_params, 1)
+    multi, _ = _generate(tiny_llama_dir, base_params, 4)
+    _assert_same(base, multi)
+    # stop on a token the first prompt produces at position 5 (inside the second call)
+    stop_tok = base[0][0][5]
+    stop_params = [
+        SamplingParams(
+            temperature=0.9, top_p=0.9, seed=11 + i, max_tokens=12, stop_token_ids=[stop_tok]
+        )
+        for i in range(len(PROMPTS))
+    ]
+    base_s, _ = _generate(tiny_llama_dir, stop_params, 1)
+    multi_s, _ = _generate(tiny_llama_dir, stop_params, 4)
+    _assert_same(base_s, multi_s)
+    assert multi_s[0][0][-1] == stop_tok and multi_s[0][3] == "stop"
+    assert len(multi_s[0][0]) <= 6
+    pen = [SamplingParams(temperature=0, max_tokens=9, repetition_penalty=1.3) for _ in PROMPTS]
+    base_p, _ = _generate(tiny_llama_dir, pen, 1)
+    multi_p, calls = _generate(tiny_llama_dir, pen, 4)
+    _assert_same(base_p, multi_p)
+
+
+@pytest.mark.forked
+def test_max_model_len_boundary(tiny_llama_dir):
+    """Sequences run into max_model_len inside a call: same tokens, finish reason length."""
+    params = SamplingParams(temperature=0, max_tokens=None)
+    base, _ = _generate(tiny_llama_dir, params, 1, max_model_len=19)
+    multi, _ = _generate(tiny_llama_dir, params, 8, max_model_len=19)
+    _assert_same(base, multi)
+    assert [len(p) + len(o[0]) for p, o in zip(PROMPTS, multi)] == [19] * len(PROMPTS)
+    assert {o[3] for o in multi} == {"length"}
+
+
+def _md(lens, max_tokens, outputs=0):
+    groups = []
+    for i, n in enumerate(lens):
+        data = SequenceData(list(range(3, 3 + n - outputs)))
+        for _ in range(outputs):
+            data.append_token_id(5, 0.0)
+        params = SamplingParams(max_tokens=max_tokens)
+        groups.append(SequenceGroupMetadata(f"r{i}", False, {i: data}, params, {i: [0]}))
+    return groups
+
+
+def test_decode_steps_caps():
+    assert decode_steps(_md([10, 20], 100), 8, 2048) == 8
+    # the sequence closest to max_model_len caps the whole batch
+    assert decode_steps(_md([10, 2045], 100), 8, 2048) == 3
+    # no more steps than the most tokens any sequence still wants (outputs so far: 2)
+    assert decode_steps(_md([10, 20], 5, outputs=2), 8, 2048) == 3
+    assert decode_steps(_md([10], 1, outputs=1), 8, 2048) == 1
+    assert decode_steps(_md([10], None), 8, 12) == 2
+
+
+@pytest.mark.forked
+@pytest.mark.parametrize("backend", ["TORCH_SDPA", "FLASHINFER"])
+def test_multi_step_replays_fake_graphs(tiny_llama_dir, backend):
+    """The replay path of the loop (fake graphs, production capture/replay code): 4 replays
+    per call at the padded size, tokens equal to 4 one-token eager steps, contexts that
+    cross a block boundary inside the call."""
+    g = make_worker(tiny_llama_dir, 1, backend, max_num_seqs=8, num_scheduler_steps=4)
+    e = make_worker(tiny_llama_dir, 1, backend, capture=False, max_num_seqs=8)
+    for rows, ctx in ((1, 3), (3, 14), (5, 33)):
+        req = decode_request(rows, ctx=ctx)
+        for m in req.seq_group_metadata_list:
+            for sid, d in m.seq_data.items():  # lookahead blocks for 3 more tokens
+                while len(m.block_tables[sid]) * 16 < d.get_len() + 3:
+                    m.block_tables[sid].append(40 + 3 * sid + len(m.block_tables[sid]))
+            m.sampling_params = SamplingParams(temperature=0, max_tokens=50)
+        for m in req.seq_group_metadata_list:
+            m.is_prompt = True
+        for w in (g, e):
+            first = w.execute_model(req)
+        for m, o in zip(req.seq_group_metadata_list, first.outputs):
+            m.is_prompt = False
+            for d in m.seq_data.values():
+                d.append_token_id(o.samples[0].output_token, 0.0)
+        before = g.model_runner.counters.snapshot()["graph"].get(0, {})
+        multi = g.execute_model(req)
+        after = g.model_runner.counters.snapshot()["graph"][0]
+        size = g.model_runner.capture_sizes.padded_size(rows)
+        assert after.get(size, 0) - before.get(size, 0) == 4
+        got = [[s.output_token] + [t for t, _ in s.extra_tokens] for o in multi.outputs
+               for s in o.samples]  # fmt: skip
+        want = [[] for _ in range(rows)]
+        for _ in range(4):  # four eager one-token steps on the reference worker
+            out = e.execute_model(req)
+            for r, (m, o) in enumerate(zip(req.seq_group_metadata_list, out.outputs)):
+                tok = o.samples[0].output_token
+                want[r].append(tok)
+                for d in m.seq_data.values():
+                    d.append_token_id(tok, 0.0)
+        assert got == want, (rows, ctx)
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(num_scheduler_steps=0), "num_scheduler_steps must be at least 1"),
+        (
+            dict(
+                num_scheduler_steps=4,
+                speculative_model="[ngram]",
+                num_speculative_tokens=3,
+                ngram_prompt_lookup_max=3,
+            ),
+            "cannot be combined with speculative decoding",
+        ),
+        (
+            dict(num_scheduler_steps=4, pipeline_parallel_size=2),
+            "not supported with pipeline_parallel_size=2",
+        ),
+    ],
+)
+def test_validation(tiny_llama_dir, kw, match):
+    with pytest.raises(ValueError, match=match):
+        EngineArgs(model=tiny_llama_dir, device="cpu", **kw).create_engine_config()
+
+
+def test_lookahead_slots_follow_steps(tiny_llama_dir):
+    cfg = EngineArgs(
+        model=tiny_llama_dir, device="cpu", num_scheduler_steps=6
+    ).create_engine_config()
+    assert cfg.scheduler_config.num_lookahead_slots == 5

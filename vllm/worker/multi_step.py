@@ -1,0 +1,157 @@
+"""Multi-step decoding (upstream V0's ``--num-scheduler-steps N``): up to N decode forward
+passes per scheduler call, with one device-to-host read at the end instead of one per step.
+
+Why: a small model's decode step is short on the GPU (SmolLM2-135M: about a millisecond),
+and a one-token step spends as long again on the host (scheduling, input preparation,
+waiting for the sampled ids, detokenizing, stop checks) while the GPU idles. Here the
+sampled ids of step i feed step i + 1 on the device, and the host prepares step i + 1 while
+the device runs step i, so the host's per-token work leaves the GPU's critical path.
+
+One call (:func:`execute_multi_step`):
+
+1. ``n`` = :func:`decode_steps`: at most N, no more than the largest number of tokens any
+   sequence of the batch still wants (``max_tokens``), never past ``max_model_len`` for any
+   sequence; 1 when the batch uses penalties or an active ``min_tokens`` (their inputs are
+   the tokens just sampled, which stay on the device here).
+2. Step 0's inputs come from ``ModelRunner.prepare_model_input`` with ``n - 1`` lookahead
+   slots, so the graph gate sees the longest context the call reaches and every step of the
+   call takes the same path (the same captured size, or eager). The scheduler reserved
+   ``N - 1`` lookahead KV slots per sequence, so the block tables already cover all steps.
+3. Each step: forward (replayed or eager, counted as usual), logits of the real rows,
+   sampling on the device (``Sampler.sample_on_device``); the ids are copied, on the device,
+   into the next step's input ids; the host builds the next step's positions, slots
+   (``seq_len + 1``, slot from the block table) and attention metadata.
+4. Before it builds step i + 1, the host waits until the device has consumed step i's
+   uploads (an event recorded right after they were queued): attention backends may reuse
+   pinned staging buffers between plans (FlashInfer's planner does). The device is then
+   already running step i, so host and device overlap.
+5. One read of every step's packed sample rows; each sequence's tokens after the first go
+   to ``SequenceOutput.extra_tokens``, which the engine appends one by one with stop checks
+   (nothing after a stop is kept; the extra device work of a finished sequence is wasted).
+
+Greedy results equal N one-token steps exactly (tests/worker/test_multi_step.py); seeded
+sampling draws from the same per-sequence generators in the same order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from vllm.attention.backends.abstract import ForwardMode, StepInputs
+from vllm.model_executor.layers.sampler import sampler_output
+from vllm.sequence import SamplerOutput, SequenceGroupMetadata
+from vllm.utils import pin_for, to_device
+from vllm.worker.forward_batch import ForwardBatch
+
+
+def decode_steps(
+    metadata_list: list[SequenceGroupMetadata], max_steps: int, max_model_len: int
+) -> int:
+    """Decode steps one call runs for this batch (before the sampling-feature check).
+
+    ``min(max_steps, min over sequences of (max_model_len - len), max over sequences of
+    tokens still wanted)``, at least 1. Lengths count prompt and output tokens.
+    """
+    room = max_steps
+    wanted = 1
+    for md in metadata_list:
+        max_tokens = md.sampling_params.max_tokens
+        for data in md.seq_data.values():
+            n = data.get_len()
+            room = min(room, max_model_len - n)
+            left = (max_model_len - n) if max_tokens is None else max_tokens - data.get_output_len()
+            wanted = max(wanted, left)
+    return max(1, min(room, wanted))
+
+
+def _next_step(step: StepInputs, block_size: int) -> tuple[StepInputs, list[int]]:
+    """The decode StepInputs one token later, and its positions [batch rows].
+
+    Real rows grow by one token; the new token's slot comes from the (lookahead-covered)
+    block table. Padded lanes keep length 0, slot -1 and position 0.
+    """
+    seq_lens = list(step.seq_lens)
+    slots = list(step.slot_mapping)
+    positions = [0] * len(seq_lens)
+    for r in range(step.num_real_rows):
+        p = seq_lens[r]  # the new token's position = the old length
+        seq_lens[r] = p + 1
+        table = step.block_tables[r]
+        slots[r] = table[p // block_size] * block_size + p % block_size
+        positions[r] = p
+    nxt = StepInputs(
+        ForwardMode.DECODE, seq_lens, step.query_lens, step.block_tables, slots,
+        step.num_real_rows,
+    )  # fmt: skip
+    return nxt, positions
+
+
+def _advance(
+    runner, batch: ForwardBatch, next_ids: torch.Tensor, scratch_slot: int
+) -> ForwardBatch:
+    """``batch`` one token later, fed by ``next_ids`` [batch_size] int64 (device)."""
+    step, positions = _next_step(batch.step, runner.block_size)
+    pos_host = torch.tensor(positions, dtype=torch.long)  # [batch_size]
+    md = None
+    if batch.graph_size is None:
+        md = runner.attn_backend.build_metadata(step, scratch_slot)
+        pos = to_device(pos_host, runner.device)
+    else:  # the replay uploads it into the graph's static positions
+        pos = pin_for(pos_host, runner.device)
+    return dataclasses.replace(
+        batch, input_ids=next_ids, positions=pos, attn_metadata=md, step=step
+    )
+
+
+def execute_multi_step(
+    runner,
+    metadata_list: list[SequenceGroupMetadata],
+    virtual_engine: int,
+    scratch_slot: int,
+    kv_caches: list[torch.Tensor],
+    max_steps: int,
+) -> SamplerOutput:
+    """Run up to ``max_steps`` decode steps of one scheduled decode batch (PP = 1).
+
+    Args:
+        runner: the ModelRunner (last and only stage).
+        metadata_list: the scheduled decode groups (lookahead slots already reserved).
+        virtual_engine, scratch_slot, kv_caches: as for a one-token step.
+        max_steps: num_scheduler_steps.
+    Returns:
+        A SamplerOutput whose samples carry the first token and, in ``extra_tokens``, the
+        tokens of the later steps.
+    """
+    n = decode_steps(metadata_list, max_steps, runner.model_config.max_model_len)
+    batch = runner.prepare_model_input(metadata_list, virtual_engine, scratch_slot, n - 1)
+    sm = batch.sampling_metadata
+    if sm.penalties is not None:
+        n = 1  # penalties / min_tokens read the tokens sampled so far
+    cuda = runner.device.type == "cuda"
+    staged = torch.cuda.Event() if cuda else None
+    if cuda and batch.graph_size is None:
+        staged.record()  # step 0's uploads are queued
+    next_ids = torch.zeros(batch.batch_size, dtype=torch.long, device=runner.device)
+    packed_steps: list[torch.Tensor] = []
+    k = 0
+    ids = None
+    for i in range(n):
+        if i > 0:
+            ev = staged
+            if batch.graph_size is not None:
+                ev = runner.graph_runner.staged_event(virtual_engine)
+            if ev is not None:
+                ev.synchronize()  # step i-1's uploads were consumed: staging buffers are free
+            batch = _advance(runner, batch, next_ids, scratch_slot)
+            if cuda and batch.graph_size is None:
+                staged.record()
+        hidden = runner.forward_hidden(batch, kv_caches)
+        logits = runner.compute_logits(batch, hidden)  # [num_real_rows, vocab]
+        ids, packed, k = runner.sampler.sample_on_device(logits, sm)
+        packed_steps.append(packed)  # [num_real_rows, 3 + 2k] float64
+        if i + 1 < n:
+            next_ids[: batch.num_real_rows].copy_(ids)
+    host = torch.stack(packed_steps).tolist()  # [n][rows][3 + 2k]: the one read
+    return sampler_output(sm, host, k, {}, ids)
