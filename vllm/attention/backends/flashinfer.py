@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from vllm.attention.backends.abstract import (
@@ -33,6 +34,11 @@ from vllm.attention.backends.abstract import (
     AttentionSpec,
     ForwardMode,
     StepInputs,
+)
+from vllm.attention.backends.host_tables import (
+    exclusive_cumsum,
+    flatten_tables,
+    ragged_positions,
 )
 from vllm.utils import pin_for, to_device
 
@@ -73,9 +79,12 @@ def slot_rows_host(slots: list[int], scratch_slot: int, block_size: int) -> torc
     ``s = b*block_size + o`` has key row ``2*b*block_size + o = s + b*block_size`` and
     value row ``key row + block_size``.
     """
-    fixed = [scratch_slot if s < 0 else s for s in slots]
-    k_rows = [s + (s // block_size) * block_size for s in fixed]
-    return torch.tensor([fixed, k_rows, [r + block_size for r in k_rows]], dtype=torch.long)
+    s = np.fromiter(slots, dtype=np.int64, count=len(slots))  # [num_tokens]
+    rows = np.empty((3, len(s)), dtype=np.int64)  # [3, num_tokens]
+    np.copyto(rows[0], np.where(s < 0, scratch_slot, s))
+    np.add(rows[0], (rows[0] // block_size) * block_size, out=rows[1])
+    np.add(rows[1], block_size, out=rows[2])
+    return torch.from_numpy(rows)
 
 
 def write_kv(
@@ -136,27 +145,53 @@ def paged_kv_host(
     and ``last_page_len`` [rows] of a step.
 
     Row i uses the first ceil(seq_len / block_size) blocks of its table (clipped to
-    ``width`` blocks); a padded lane (seq_len 0) uses the scratch block with length 1.
+    ``width`` blocks when ``width`` is a positive count; None or 0 clips nothing); a padded
+    lane (seq_len 0) uses the scratch block with length 1. A row with seq_len > 0 and an
+    empty table (memory profiling: planned over the scratch block and never run) uses the
+    scratch block ceil(seq_len / block_size) times. ``last_page_len`` is the row's length
+    minus the tokens of all its pages but the last (so a clipped or short table gives a
+    value above ``block_size``, as the list-based builder did).
+
+    Whole-array work: the tables are flattened once (see ``host_tables``), each row's page
+    count and tail are computed for all rows at once, and the pages are the rows' table
+    prefixes selected by a mask, with scratch pages where a row has no table.
     """
-    indptr, indices, last = [0], [], []
-    for n, table in zip(step.seq_lens, step.block_tables):
-        if n <= 0:
-            pages, tail = [scratch_block], 1
-        else:
-            need = -(-n // block_size)
-            # no table: memory profiling, planned over the scratch block and never run
-            pages = list(table[: min(need, width) if width else need]) or [scratch_block] * need
-            tail = n - (len(pages) - 1) * block_size
-        indices.extend(pages)
-        indptr.append(len(indices))
-        last.append(tail)
-    return _host_i32(indptr), _host_i32(indices), _host_i32(last)
+    rows = min(len(step.seq_lens), len(step.block_tables))  # zip() of the two lists
+    tables = step.block_tables if rows == len(step.block_tables) else step.block_tables[:rows]
+    seq = np.fromiter(step.seq_lens, dtype=np.int64, count=rows)  # [rows]
+    flat, tlen = flatten_tables(tables, np.int32)  # [table entries] int32, [rows] int64
+    real = seq > 0  # [rows] False on padded lanes
+    # A padded lane is then a one-token row without a table: one scratch page, length 1.
+    n = np.maximum(seq, 1)  # [rows]
+    need = (n + (block_size - 1)) // block_size  # [rows] pages that cover the row
+    take = np.minimum(need, tlen * real)  # [rows] table prefix used; 0: scratch pages
+    if width:
+        np.minimum(take, width, out=take)
+    from_table = take > 0  # [rows]
+    count = np.where(from_table, take, need)  # [rows] pages per row
+    last = n - (count - 1) * block_size  # [rows]
+    indptr = exclusive_cumsum(count)  # [rows + 1]
+    # take <= tlen, so equal totals with every row on its table mean whole tables
+    if int(indptr[-1]) == len(flat) and from_table.all():
+        indices = flat  # every row uses its whole table: nothing to select
+    else:
+        # each row's first `take` table entries, in row order
+        keep = ragged_positions(tlen, exclusive_cumsum(tlen)) < np.repeat(take, tlen)
+        indices = np.full(int(indptr[-1]), scratch_block, dtype=np.int32)  # [pages]
+        indices[np.repeat(from_table, count)] = flat[keep]
+    indptr_t, indices_t, last_t = _host_i32(indptr, indices, last)
+    return indptr_t, indices_t, last_t
 
 
-def _host_i32(values: list[int]) -> torch.Tensor:
-    """int32 host tensor, pinned when CUDA is present (for non-blocking uploads)."""
-    t = torch.tensor(values, dtype=torch.int32)
-    return t.pin_memory() if torch.cuda.is_available() else t
+def _host_i32(*arrays: np.ndarray) -> tuple[torch.Tensor, ...]:
+    """int32 host tensors of ``arrays`` (1-D each), pinned when CUDA is present (for
+    non-blocking uploads): one buffer holds them back to back, converted and pinned once,
+    and each returned tensor is a contiguous view of its part."""
+    buf = np.concatenate(arrays, dtype=np.int32, casting="same_kind")  # [sum of lengths]
+    t = torch.from_numpy(buf)
+    if torch.cuda.is_available():
+        t = t.pin_memory()
+    return tuple(t.split_with_sizes([len(a) for a in arrays]))
 
 
 class FlashInferBackend(AttentionBackend):

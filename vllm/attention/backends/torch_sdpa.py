@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -24,6 +25,11 @@ from vllm.attention.backends.abstract import (
     AttentionMetadata,
     ForwardMode,
     StepInputs,
+)
+from vllm.attention.backends.host_tables import (
+    exclusive_cumsum,
+    flatten_tables,
+    ragged_positions,
 )
 from vllm.utils import to_device
 
@@ -183,20 +189,31 @@ def decode_tables(
     Padded lanes (and table tails) point at the scratch block with length 1, so they read
     nothing real; tables wider than ``width`` are clipped (the graph gate guarantees the
     clipped part lies beyond the row's context).
+
+    The tables are flattened once (see ``host_tables``) and scattered into the scratch-
+    filled array by one indexed assignment.
     """
     rows = len(step.seq_lens)
-    table = torch.full((rows, width), scratch_block, dtype=torch.long)
-    for i, blocks in enumerate(step.block_tables):
-        if blocks:
-            n = min(len(blocks), width)
-            table[i, :n] = torch.tensor(blocks[:n], dtype=torch.long)
-    lens = torch.tensor([max(1, n) for n in step.seq_lens], dtype=torch.long)
-    return table, lens
+    table = np.full((rows, width), scratch_block, dtype=np.int64)  # [rows, width]
+    flat, tlen = flatten_tables(step.block_tables)  # [table entries], [len(tables)]
+    if len(flat):
+        col = ragged_positions(tlen, exclusive_cumsum(tlen))  # [table entries]
+        # position of each entry in the flattened table: its row's start plus its column
+        dest = col + np.repeat(np.arange(len(tlen), dtype=np.int64) * width, tlen)
+        if int(tlen.max()) > width:  # clip: keep the first `width` blocks of each row
+            keep = col < width
+            flat, dest = flat[keep], dest[keep]
+        table.reshape(-1)[dest] = flat
+    lens = np.fromiter(step.seq_lens, dtype=np.int64, count=rows)  # [rows]
+    np.maximum(lens, 1, out=lens)
+    return torch.from_numpy(table), torch.from_numpy(lens)
 
 
 def _slots(step: StepInputs, scratch_slot: int) -> torch.Tensor:
-    slots = torch.tensor(step.slot_mapping, dtype=torch.long)
-    return torch.where(slots < 0, scratch_slot, slots)  # [num_tokens]
+    """[num_tokens] int64 host slot mapping with padded lanes (-1) sent to the scratch
+    slot."""
+    slots = np.fromiter(step.slot_mapping, dtype=np.int64, count=len(step.slot_mapping))
+    return torch.from_numpy(np.where(slots < 0, scratch_slot, slots))  # [num_tokens]
 
 
 class TorchSDPAGraphState(AttentionGraphState):
