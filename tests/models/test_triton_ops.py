@@ -177,6 +177,58 @@ def _rotary_cases(ops: ModuleType, dtype: torch.dtype, device: str, rne: bool) -
                     assert ((got.float() - want.float()).abs() <= bound).all(), ctx
 
 
+@torch.no_grad()
+def _rotary_cache_write_cases(ops: ModuleType, dtype: torch.dtype, device: str) -> None:
+    """The fused cache write: rows of a FlashInfer-layout cache hold exactly the rotated
+    key and the value (same kernel arithmetic as the in-place rotation), other rows stay
+    zero; ``kv_rows`` may be a strided view (the graph state's [3, max_bs] buffer)."""
+    from vllm.attention.backends.flashinfer import slot_rows_host, write_kv
+
+    gen = torch.Generator().manual_seed(5)
+    block_size, num_blocks = 16, 6
+    for num_heads, num_kv_heads, head_dim in HEADS:
+        rope = RotaryEmbedding(head_dim, head_dim, MAX_POS, ROPE).to(device)
+        q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+        for t in TOKENS:
+            ctx = f"dtype={dtype} heads={num_heads}/{num_kv_heads} T={t}"
+            positions = torch.randint(0, MAX_POS, (t,), generator=gen).to(device)
+            qkv = torch.randn(t, q_size + 2 * kv_size, generator=gen).to(device=device, dtype=dtype)
+            slots = torch.randperm(num_blocks * block_size, generator=gen)[:t].tolist()
+            slots[0] = -1  # a padded lane: the scratch slot
+            rows3 = torch.zeros(3, t + 5, dtype=torch.long)
+            rows3[:, :t] = slot_rows_host(slots, num_blocks * block_size, block_size)
+            kv_rows = rows3.to(device)[1:, :t]  # [2, t], row stride t + 5
+            shape = (num_blocks + 1, 2, block_size, num_kv_heads, head_dim)
+            cache = torch.zeros(shape, dtype=dtype, device=device)
+            want_cache = torch.zeros_like(cache)
+            ref = qkv.clone()
+            rq, rk, rv = ref.split([q_size, kv_size, kv_size], dim=-1)
+            rq, rk = ops.rotary_embedding(positions, rq, rk, rope.cos_sin_cache, head_dim)
+            write_kv(want_cache, rk.view(t, -1, head_dim), rv.view(t, -1, head_dim), kv_rows)
+            q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+            flat = cache.view(-1, kv_size)
+            got_q, got_k = ops.rotary_embedding(
+                positions, q, k, rope.cos_sin_cache, head_dim, v, flat, kv_rows
+            )
+            assert torch.equal(got_q, rq) and torch.equal(got_k, rk), ctx
+            assert torch.equal(cache, want_cache), ctx
+            assert cache.abs().sum() > 0, ctx
+    rope = RotaryEmbedding(16, 16, 32, ROPE).to(device)
+    pos = torch.zeros(2, dtype=torch.long, device=device)
+    q, k = torch.randn(2, 64, device=device), torch.randn(2, 32, device=device)
+    rows = torch.zeros(2, 2, dtype=torch.long, device=device)
+    with pytest.raises(ValueError, match="must be given together"):
+        ops.rotary_embedding(pos, q, k, rope.cos_sin_cache, 16, k.clone(), None, rows)
+    with pytest.raises(ValueError, match="differs from key dtype"):
+        flat16 = torch.zeros(8, 32, dtype=torch.float16, device=device)
+        ops.rotary_embedding(pos, q, k, rope.cos_sin_cache, 16, k.clone(), flat16, rows)
+
+
+def _check_rotary_cache_write() -> None:
+    for dtype in DTYPES:
+        _rotary_cache_write_cases(_interpreted_ops(), dtype, "cpu")
+
+
 def _check_rms_norm() -> None:
     for dtype in DTYPES:
         _rms_cases(_interpreted_ops(), dtype, "cpu", rne=False)
@@ -245,6 +297,7 @@ def _check_wrong_formulas_are_caught() -> None:
         "_check_rms_norm",
         "_check_silu_and_mul",
         "_check_rotary",
+        "_check_rotary_cache_write",
         "_check_empty_inputs_and_errors",
         "_check_wrong_formulas_are_caught",
     ],
@@ -284,6 +337,7 @@ def test_kernels_on_cuda(dtype, monkeypatch):
     _rms_cases(ops, dtype, "cuda", rne=True)
     _silu_cases(ops, dtype, "cuda", rne=True)
     _rotary_cases(ops, dtype, "cuda", rne=True)
+    _rotary_cache_write_cases(ops, dtype, "cuda")
 
     # Dispatch: the Triton rotary writes in place, the torch one does not.
     rope = RotaryEmbedding(64, 64, MAX_POS, ROPE).cuda()

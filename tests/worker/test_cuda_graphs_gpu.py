@@ -97,6 +97,28 @@ def test_graph_equals_eager_as_batch_drifts(smollm2_gguf, backend):
 
 
 @pytest.mark.forked
+@pytest.mark.parametrize("backend", ["FLASHINFER", "TORCH_SDPA"])
+def test_multi_step_graphs(smollm2_gguf, backend):
+    """--num-scheduler-steps 8 on graphs: close to transformers; exact vs the same
+    multi-step run eager on padded batches as the batch drifts; 8 replays per call."""
+    ref = hf_greedy(smollm2_gguf, PROMPTS, 32, dtype="bfloat16", device="cuda")
+    llm = _llm(smollm2_gguf, backend, max_num_seqs=40, num_scheduler_steps=8)
+    ours = vllm_greedy(llm, PROMPTS, 32, logprobs=5)
+    check_logprobs_close(ref, ours, "hf", f"vllm-{backend}-multi-step", PROMPTS)
+    sizes = [1, 5, 17]
+    g = {n: _drifting_run(llm, n) for n in sizes}
+    snap = _counters(llm)
+    _assert_backend_ran(llm)
+    assert sum(snap["graph"][0].values()) > 0 and set(snap["eager"][0]) == {"prefill"}, snap
+    llm.llm_engine.shutdown()
+    del llm
+    eager = _llm(smollm2_gguf, backend, max_num_seqs=40, enforce_eager=True, num_scheduler_steps=8)
+    eager.llm_engine.executor.worker.model_runner.pad_eager_batches = True
+    for n in sizes:
+        check_outputs_equal(g[n], _drifting_run(eager, n), f"graph-ms8-{n}", f"eager-ms8-{n}")
+
+
+@pytest.mark.forked
 def test_flashinfer_replay_past_capture_time():
     """Graphs captured at context length 1, replayed at per-lane lengths that cross page
     boundaries: FlashInfer's decode equals a plain PyTorch attention reference."""

@@ -43,7 +43,15 @@ class Attention(nn.Module):
         value: torch.Tensor,
         kv_cache: torch.Tensor,
         attn_metadata: AttentionMetadata,
+        positions: torch.Tensor | None = None,
+        rotary_emb: nn.Module | None = None,
     ) -> torch.Tensor:
         """query [T, num_heads*head_size], key/value [T, num_kv_heads*head_size]
-        -> [T, num_heads*head_size]; writes key/value into ``kv_cache``."""
-        return attn_metadata.impl.forward(self, query, key, value, kv_cache, attn_metadata)
+        -> [T, num_heads*head_size]; writes key/value into ``kv_cache``.
+
+        With ``rotary_emb`` (a RotaryEmbedding) and ``positions`` [T] int64, query and key
+        are rotated first, by the backend, which may fuse the rotation with its cache write.
+        """
+        return attn_metadata.impl.forward(
+            self, query, key, value, kv_cache, attn_metadata, positions, rotary_emb
+        )

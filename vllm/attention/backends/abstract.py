@@ -85,8 +85,11 @@ class AttentionImpl(ABC):
         value: torch.Tensor,
         kv_cache: torch.Tensor,
         attn_metadata: AttentionMetadata,
+        positions: torch.Tensor | None = None,
+        rotary_emb: Any = None,
     ) -> torch.Tensor:
-        """Write key/value into ``kv_cache`` and attend.
+        """Rotate query/key (when ``rotary_emb`` is given), write key/value into
+        ``kv_cache`` and attend.
 
         Args:
             layer: the :class:`vllm.attention.Attention` module (num_heads, num_kv_heads,
@@ -95,6 +98,8 @@ class AttentionImpl(ABC):
             key, value: [num_tokens, num_kv_heads * head_size]
             kv_cache: the layer's cache in the backend's layout (possibly empty during
                 memory profiling, then nothing is written).
+            positions: [num_tokens] int64, with ``rotary_emb`` (a RotaryEmbedding); the
+                cached key is the rotated one.
         Returns:
             [num_tokens, num_heads * head_size]
         """

@@ -112,15 +112,26 @@ class FlashInferImpl(AttentionImpl):
         value: torch.Tensor,
         kv_cache: torch.Tensor,
         attn_metadata: AttentionMetadata,
+        positions: torch.Tensor | None = None,
+        rotary_emb: Any = None,
     ) -> torch.Tensor:
         md: FlashInferMetadata = attn_metadata  # type: ignore[assignment]
         h, h_kv, d = layer.num_heads, layer.num_kv_heads, layer.head_size
-        q = query.view(-1, h, d)  # [num_tokens, num_heads, head_size]
         if kv_cache.numel() == 0:  # memory profiling: no cache, attend within the batch
+            if rotary_emb is not None:
+                query, key = rotary_emb(positions, query, key)
             return _profile_attention(
-                q, key.view(-1, h_kv, d), value.view(-1, h_kv, d), layer.scale
+                query.view(-1, h, d), key.view(-1, h_kv, d), value.view(-1, h_kv, d), layer.scale
             )
-        write_kv(kv_cache, key.view(-1, h_kv, d), value.view(-1, h_kv, d), md.kv_rows)
+        written = False
+        if rotary_emb is not None:  # on CUDA one kernel rotates and writes the cache rows
+            flat = kv_cache.view(-1, h_kv * d)  # [(num_blocks + 1) * 2 * block_size, ...]
+            query, key, written = rotary_emb.forward_and_cache(
+                positions, query, key, value, flat, md.kv_rows
+            )
+        if not written:
+            write_kv(kv_cache, key.view(-1, h_kv, d), value.view(-1, h_kv, d), md.kv_rows)
+        q = query.view(-1, h, d)  # [num_tokens, num_heads, head_size]
         out = md.wrapper.run(q, kv_cache)  # [num_tokens, num_heads, head_size]
         return out.reshape(-1, h * d)
 
@@ -351,6 +362,11 @@ class FlashInferGraphState(AttentionGraphState):
         indptr, indices, last = paged_kv_host(
             step, self.spec.block_size, self.scratch_block, self.spec.max_blocks_per_seq
         )
+        # Indices go up here, asynchronously: FlashInfer copies a HOST indices tensor into
+        # its graph buffer with a blocking copy (a stream sync per plan, which would stop
+        # multi-step decoding from running ahead of the GPU); from a device tensor the
+        # copy is asynchronous. indptr / last_page_len must stay on the host (planning).
+        indices = indices.to(self.spec.device, non_blocking=True)  # [pages] int32
         md.wrapper.plan(
             indptr, indices, last, head_dim=self.spec.head_size, **self.backend.plan_kwargs()
         )

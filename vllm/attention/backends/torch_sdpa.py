@@ -81,8 +81,12 @@ class TorchSDPAImpl(AttentionImpl):
         value: torch.Tensor,
         kv_cache: torch.Tensor,
         attn_metadata: AttentionMetadata,
+        positions: torch.Tensor | None = None,
+        rotary_emb: Any = None,
     ) -> torch.Tensor:
         md: TorchSDPAMetadata = attn_metadata  # type: ignore[assignment]
+        if rotary_emb is not None:
+            query, key = rotary_emb(positions, query, key)
         h, h_kv, d = layer.num_heads, layer.num_kv_heads, layer.head_size
         q = query.view(-1, h, d)  # [num_tokens, num_heads, head_size]
         k = key.view(-1, h_kv, d)  # [num_tokens, num_kv_heads, head_size]

@@ -116,6 +116,35 @@ class RotaryEmbedding(nn.Module):
             return self.forward_native(positions, query, key)
         return ops.rotary_embedding(positions, query, key, self.cos_sin_cache, self.head_size)
 
+    def forward_and_cache(
+        self,
+        positions: torch.Tensor,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        kv_rows: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        """:meth:`forward`, and on the Triton path also the cache write of the rotated key
+        and the value in the same launch (saves an attention backend its write kernels).
+
+        Args:
+            value: [num_tokens, num_kv_heads * head_size].
+            kv_cache: [cache rows, num_kv_heads * head_size], a flat view of the paged cache.
+            kv_rows: [2, num_tokens] int64, each token's key row and value row.
+        Returns:
+            (query, key, written): rotated tensors, and whether the cache was written (False
+            off the Triton path: the caller writes it).
+        """
+        ops = get_triton_ops(query)
+        if ops is None:
+            q, k = self.forward_native(positions, query, key)
+            return q, k, False
+        q, k = ops.rotary_embedding(
+            positions, query, key, self.cos_sin_cache, self.head_size, value, kv_cache, kv_rows
+        )
+        return q, k, True
+
     def forward_native(
         self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:

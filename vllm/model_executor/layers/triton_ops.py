@@ -173,8 +173,12 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _rotate_heads(ptr, row, stride, num_heads, cos, sin, head_size, half, offs_h, offs_d):
-    """Rotate the ``num_heads`` heads of one token row in place (NeoX halves).
+def _rotate_heads(
+    ptr, row, stride, num_heads, cos, sin, head_size, half, offs_h, offs_d,
+    dst_ptr, dst_off, WRITE_DST: tl.constexpr,
+):  # fmt: skip
+    """Rotate the ``num_heads`` heads of one token row in place (NeoX halves); with
+    ``WRITE_DST`` also store the rotated heads at ``dst_ptr + dst_off`` (a KV-cache row).
 
     Rounds like torch's elementwise ops on the storage dtype: each product and each sum is
     computed in float32 (exact for bf16 operands) and rounded to the dtype (no-ops for
@@ -182,27 +186,36 @@ def _rotate_heads(ptr, row, stride, num_heads, cos, sin, head_size, half, offs_h
     """
     dt = ptr.dtype.element_ty
     mask = (offs_h[:, None] < num_heads) & (offs_d[None, :] < half)  # [HEADS, HALF]
-    first = ptr + row * stride + offs_h[:, None] * head_size + offs_d[None, :]  # [HEADS, HALF]
+    cols = offs_h[:, None] * head_size + offs_d[None, :]  # [HEADS, HALF]
+    first = ptr + row * stride + cols  # [HEADS, HALF]
     x1 = tl.load(first, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(first + half, mask=mask, other=0.0).to(tl.float32)
     c, s = cos[None, :], sin[None, :]  # [1, HALF]
     x1c, x2s = (x1 * c).to(dt).to(tl.float32), (x2 * s).to(dt).to(tl.float32)
     x2c, x1s = (x2 * c).to(dt).to(tl.float32), (x1 * s).to(dt).to(tl.float32)
-    tl.store(first, (x1c - x2s).to(dt), mask=mask)
-    tl.store(first + half, (x2c + x1s).to(dt), mask=mask)
+    y1, y2 = (x1c - x2s).to(dt), (x2c + x1s).to(dt)
+    tl.store(first, y1, mask=mask)
+    tl.store(first + half, y2, mask=mask)
+    if WRITE_DST:
+        tl.store(dst_ptr + dst_off + cols, y1, mask=mask)
+        tl.store(dst_ptr + dst_off + cols + half, y2, mask=mask)
 
 
 @triton.jit
 def _rotary_kernel(
-    pos_ptr, q_ptr, k_ptr, cache_ptr,
-    q_stride, k_stride, cache_stride,
+    pos_ptr, q_ptr, k_ptr, cache_ptr, v_ptr, kv_ptr, rows_ptr,
+    q_stride, k_stride, cache_stride, v_stride, kv_stride, rows_stride,
     num_q_heads, num_kv_heads, head_size,
     Q_HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HALF: tl.constexpr,
+    WRITE_KV: tl.constexpr,
 ):  # fmt: skip
-    """One program per token: rotates all its query heads and key heads."""
+    """One program per token: rotates all its query heads and key heads; with
+    ``WRITE_KV`` also stores the rotated key and the value into their KV-cache rows
+    (``rows_ptr``: [2, T] int64, key rows then value rows, of the flat cache)."""
     row = tl.program_id(0).to(tl.int64)
     half = head_size // 2
     offs_d = tl.arange(0, HALF)  # [HALF]
+    offs_kv = tl.arange(0, KV_HEADS)  # [KV_HEADS]
     pos = tl.load(pos_ptr + row).to(tl.int64)
     cs = cache_ptr + pos * cache_stride + offs_d  # cos half then sin half
     cos = tl.load(cs, mask=offs_d < half, other=0.0)  # [HALF]
@@ -211,12 +224,23 @@ def _rotary_kernel(
     cos = cos.to(q_ptr.dtype.element_ty).to(tl.float32)
     sin = sin.to(q_ptr.dtype.element_ty).to(tl.float32)
     _rotate_heads(
-        q_ptr, row, q_stride, num_q_heads, cos, sin, head_size, half, tl.arange(0, Q_HEADS), offs_d
-    )
-    _rotate_heads(
-        k_ptr, row, k_stride, num_kv_heads, cos, sin, head_size, half, tl.arange(0, KV_HEADS),
-        offs_d,
+        q_ptr, row, q_stride, num_q_heads, cos, sin, head_size, half, tl.arange(0, Q_HEADS),
+        offs_d, q_ptr, 0, False,
     )  # fmt: skip
+    k_off = 0
+    if WRITE_KV:
+        k_off = tl.load(rows_ptr + row) * kv_stride
+    _rotate_heads(
+        k_ptr, row, k_stride, num_kv_heads, cos, sin, head_size, half, offs_kv, offs_d,
+        kv_ptr, k_off, WRITE_KV,
+    )  # fmt: skip
+    if WRITE_KV:  # the value row is copied as is, in two halves like the key
+        v_off = tl.load(rows_ptr + rows_stride + row) * kv_stride
+        mask = (offs_kv[:, None] < num_kv_heads) & (offs_d[None, :] < half)  # [KV, HALF]
+        cols = offs_kv[:, None] * head_size + offs_d[None, :]  # [KV_HEADS, HALF]
+        src = v_ptr + row * v_stride + cols
+        tl.store(kv_ptr + v_off + cols, tl.load(src, mask=mask), mask=mask)
+        tl.store(kv_ptr + v_off + cols + half, tl.load(src + half, mask=mask), mask=mask)
 
 
 def _as_head_rows(x: torch.Tensor, num_tokens: int) -> torch.Tensor:
@@ -233,8 +257,12 @@ def rotary_embedding(
     key: torch.Tensor,
     cos_sin_cache: torch.Tensor,
     head_size: int,
+    value: torch.Tensor | None = None,
+    kv_cache: torch.Tensor | None = None,
+    kv_rows: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """NeoX-style RoPE (Su et al. 2021; HF ``rotate_half``) on query AND key, one launch.
+    """NeoX-style RoPE (Su et al. 2021; HF ``rotate_half``) on query AND key, one launch;
+    optionally also the KV-cache write of the rotated key and the value (same launch).
 
     Per head, ``x1 = x[:D/2]``, ``x2 = x[D/2:]``, ``cos, sin = cache[pos]`` halves::
 
@@ -258,12 +286,19 @@ def rotary_embedding(
         query: [T, num_heads * head_size]; key: [T, num_kv_heads * head_size]; on CUDA.
         cos_sin_cache: [max_position, head_size], cos half then sin half (float32).
         head_size: D, even; rotary_dim must equal it.
+        value: [T, num_kv_heads * head_size] (unit column stride), with ``kv_cache`` and
+            ``kv_rows``: token t's rotated key goes to ``kv_cache[kv_rows[0, t]]`` and its
+            value to ``kv_cache[kv_rows[1, t]]``.
+        kv_cache: [cache rows, num_kv_heads * head_size] contiguous, key's dtype (a flat
+            view of a paged cache, e.g. FlashInfer's NHD layout, see its ``slot_rows_host``).
+        kv_rows: [2, T] int64 rows of ``kv_cache`` (not bound-checked, as positions).
 
     Returns:
         (query, key) rotated, same shapes and dtypes as the inputs.
 
     Raises:
-        ValueError: mismatched token counts, or a width that is not a multiple of D.
+        ValueError: mismatched token counts, a width that is not a multiple of D, or cache
+            arguments that do not fit (shape, dtype, only some of the three given).
     """
     num_tokens = positions.shape[0]
     if query.shape[0] != num_tokens or key.shape[0] != num_tokens:
@@ -287,12 +322,37 @@ def rotary_embedding(
     cache = cos_sin_cache if cos_sin_cache.stride(-1) == 1 else cos_sin_cache.contiguous()
     half_block = triton.next_power_of_2(head_size // 2)
     q_block = triton.next_power_of_2(num_q_heads)
+    write = _check_kv_write(value, kv_cache, kv_rows, k, num_tokens)
+    v, kv, rows = (value, kv_cache, kv_rows) if write else (k, k, positions)
     _rotary_kernel[(num_tokens,)](
-        positions, q, k, cache,
-        q.stride(0), k.stride(0), cache.stride(0),
+        positions, q, k, cache, v, kv, rows,
+        q.stride(0), k.stride(0), cache.stride(0), v.stride(0), kv.stride(0),
+        rows.stride(0) if write else 0,
         num_q_heads, num_kv_heads, head_size,
         Q_HEADS=q_block, KV_HEADS=triton.next_power_of_2(num_kv_heads), HALF=half_block,
-        num_warps=_num_warps(q_block * half_block),
+        WRITE_KV=write, num_warps=_num_warps(q_block * half_block),
         enable_fp_fusion=False,  # else mul + sub contract to an FMA: torch rounds the product
     )  # fmt: skip
     return q.view(query.shape), k.view(key.shape)
+
+
+def _check_kv_write(value, kv_cache, kv_rows, k: torch.Tensor, num_tokens: int) -> bool:
+    """Whether rotary_embedding also writes the cache; raises ValueError on bad arguments."""
+    given = [x is not None for x in (value, kv_cache, kv_rows)]
+    if not any(given):
+        return False
+    if not all(given):
+        raise ValueError("value, kv_cache and kv_rows must be given together (or none)")
+    if value.shape != k.shape or value.stride(1) != 1:
+        raise ValueError(
+            f"value {tuple(value.shape)} must match key {tuple(k.shape)} with unit column stride"
+        )
+    if kv_cache.dim() != 2 or kv_cache.shape[1] != k.shape[1] or not kv_cache.is_contiguous():
+        raise ValueError(
+            f"kv_cache {tuple(kv_cache.shape)} must be contiguous [rows, {k.shape[1]}]"
+        )
+    if kv_cache.dtype != k.dtype:
+        raise ValueError(f"kv_cache dtype {kv_cache.dtype} differs from key dtype {k.dtype}")
+    if tuple(kv_rows.shape) != (2, num_tokens) or kv_rows.stride(1) != 1:
+        raise ValueError(f"kv_rows {tuple(kv_rows.shape)} must be [2, {num_tokens}]")
+    return True

@@ -87,8 +87,8 @@ class LlamaAttention(nn.Module):
     ) -> torch.Tensor:
         qkv = self.qkv_proj(hidden_states)  # [T, q_size + 2 * kv_size]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q, k = self.rotary_emb(positions, q, k)  # [T, q_size], [T, kv_size]
-        out = self.attn(q, k, v, kv_cache, attn_metadata)  # [T, q_size]
+        # rotary inside the attention call: the backend may fuse it with its cache write
+        out = self.attn(q, k, v, kv_cache, attn_metadata, positions, self.rotary_emb)
         return self.o_proj(out)  # [T, hidden]
 
 
