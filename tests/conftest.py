@@ -140,6 +140,19 @@ def tiny_llama_dir(tiny_models_dir) -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_llama_hd64_dir(tiny_models_dir) -> str:
+    """Like ``tiny_llama_dir`` but with head_dim 64 (hidden 128, 2 heads / 1 KV head), a
+    head size FlashInfer's kernels support (16 is not: FLASHINFER_HEAD_SIZES)."""
+    config = tiny_models.tiny_llama_config(
+        hidden_size=128, num_attention_heads=2, num_key_value_heads=1
+    )
+    return _built(
+        tiny_models_dir / "llama_hd64",
+        lambda p: tiny_models.save_tiny_hf_checkpoint(config, p, seed=0),
+    )
+
+
+@pytest.fixture(scope="session")
 def tiny_llama_tied_dir(tiny_models_dir) -> str:
     """Like ``tiny_llama_dir`` but with tied embeddings and 4 layers (an even count)."""
     config = tiny_models.tiny_llama_config(tie_word_embeddings=True, num_hidden_layers=4)

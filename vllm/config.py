@@ -397,7 +397,8 @@ class EngineConfig:
         from vllm.attention.selector import which_attn_backend
 
         # An explicit VLLM_ATTENTION_BACKEND that cannot run fails here, before any load.
-        which_attn_backend(self.device_config.device, self.model_config.dtype)
+        mc = self.model_config
+        which_attn_backend(self.device_config.device, mc.dtype, mc.head_size)
         cc = self.compilation_config
         cc.max_seq_len_to_capture = min(cc.max_seq_len_to_capture, self.model_config.max_model_len)
         if self.device_config.device == "cpu":

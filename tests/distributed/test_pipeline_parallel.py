@@ -24,11 +24,12 @@ PROMPTS = [
 BATCH_SIZES = (1, 2, 3, 5, 8, 16)
 MAX_TOKENS = 32
 # Pairwise over model x backend x {graphs, eager} (issue: pairwise, not the full product):
-# every pair of values of two factors appears in some case.
+# every pair of values of two factors appears in some case. The tiny model under FlashInfer
+# has head_dim 64: FlashInfer has no kernels for tiny_llama_dir's 16 (the selector refuses it).
 CASES = [
     ("smollm2_gguf", "FLASHINFER", False),
     ("smollm2_gguf", "TORCH_SDPA", True),
-    ("tiny_llama_dir", "FLASHINFER", True),
+    ("tiny_llama_hd64_dir", "FLASHINFER", True),
     ("tiny_llama_dir", "TORCH_SDPA", False),
 ]
 

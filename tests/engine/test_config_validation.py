@@ -111,3 +111,17 @@ def test_cli_flags_come_from_fields():
         [1, 2],
         "half",
     )
+
+
+def test_flashinfer_head_size(monkeypatch):
+    """FlashInfer has kernels for head sizes 64/128/256 only: an explicit choice with
+    another fails with the size named; the default choice falls back to TORCH_SDPA."""
+    import torch
+
+    from vllm.attention.selector import which_attn_backend
+
+    monkeypatch.delenv("VLLM_ATTENTION_BACKEND", raising=False)
+    assert which_attn_backend("cuda", torch.bfloat16, 16) == "TORCH_SDPA"
+    monkeypatch.setenv("VLLM_ATTENTION_BACKEND", "FLASHINFER")
+    with pytest.raises(ValueError, match=r"head_size=16 \(supported: \[64, 128, 256\]\)"):
+        which_attn_backend("cuda", torch.bfloat16, 16)

@@ -18,18 +18,23 @@ from vllm.attention.backends.abstract import AttentionBackend
 logger = logging.getLogger(__name__)
 
 BACKENDS = ("FLASHINFER", "TORCH_SDPA")
+# Head sizes FlashInfer's prefill/decode kernels are built for; others fail inside the
+# kernel dispatch ("Invalid configuration : NUM_MMA_Q=1 NUM_MMA_D_QK=1 ..." for 16).
+FLASHINFER_HEAD_SIZES = (64, 128, 256)
 
 
 def _flashinfer_available() -> bool:
     return importlib.util.find_spec("flashinfer") is not None
 
 
-def which_attn_backend(device: str, dtype: torch.dtype) -> str:
-    """Name of the backend to use for ``device`` ("cuda"/"cpu") and ``dtype``.
+def which_attn_backend(device: str, dtype: torch.dtype, head_size: int | None = None) -> str:
+    """Name of the backend to use for ``device`` ("cuda"/"cpu"), ``dtype`` and the model's
+    ``head_size`` (None: not checked).
 
     Raises:
         ValueError: unknown VLLM_ATTENTION_BACKEND, or an explicit choice that cannot run
-            (FLASHINFER on CPU, with float32, or without the flashinfer package).
+            (FLASHINFER on CPU, with float32, with a head size outside
+            FLASHINFER_HEAD_SIZES, or without the flashinfer package).
     """
     explicit = os.environ.get("VLLM_ATTENTION_BACKEND")
     if explicit:
@@ -43,6 +48,11 @@ def which_attn_backend(device: str, dtype: torch.dtype) -> str:
                     "VLLM_ATTENTION_BACKEND=FLASHINFER does not support dtype float32; "
                     "use float16/bfloat16 or TORCH_SDPA."
                 )
+            if head_size is not None and head_size not in FLASHINFER_HEAD_SIZES:
+                raise ValueError(
+                    f"VLLM_ATTENTION_BACKEND=FLASHINFER does not support head_size={head_size} "
+                    f"(supported: {list(FLASHINFER_HEAD_SIZES)}); use TORCH_SDPA."
+                )
             if not _flashinfer_available():
                 raise ValueError(
                     "VLLM_ATTENTION_BACKEND=FLASHINFER but flashinfer is not installed "
@@ -50,9 +60,14 @@ def which_attn_backend(device: str, dtype: torch.dtype) -> str:
                 )
         return explicit
     if device == "cuda" and dtype != torch.float32:
-        if _flashinfer_available():
+        if head_size is not None and head_size not in FLASHINFER_HEAD_SIZES:
+            logger.warning(
+                "head_size %d is not one FlashInfer supports; using TORCH_SDPA.", head_size
+            )
+        elif _flashinfer_available():
             return "FLASHINFER"
-        logger.warning("flashinfer is not installed; falling back to TORCH_SDPA.")
+        else:
+            logger.warning("flashinfer is not installed; falling back to TORCH_SDPA.")
     return "TORCH_SDPA"
 
 

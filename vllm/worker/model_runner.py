@@ -49,7 +49,9 @@ class ModelRunner:
         self.pp_size = pp_size
         self.block_size = config.cache_config.block_size
         self.dtype = self.model_config.torch_dtype
-        self.attn_backend_name = which_attn_backend(device.type, self.dtype)
+        self.attn_backend_name = which_attn_backend(
+            device.type, self.dtype, self.model_config.head_size
+        )
         cfg = self.model_config
         self.attn_spec = AttentionSpec(
             num_heads=cfg.num_attention_heads,
