@@ -5,9 +5,10 @@ workload: ``--num-prompts`` requests of ``--input-len`` tokens generating ``--ou
 while ``nvidia-smi`` samples every GPU's utilization (the fraction of the sample period in
 which a kernel ran) every ``--sample-ms``. Reported, one JSON line per PP size
 (``{"bench": "pipeline_parallel", ...}``): output tokens/s, ``speedup_vs_pp1`` and
-``gpu_busy`` (mean utilization per GPU index over the run, 0-1). Model load and graph
-capture are inside the sampled window, so busy fractions are a lower bound for the steady
-state. Example (2 x H200)::
+``gpu_busy`` (mean utilization per GPU index, 0-1, over the samples taken inside the timed
+runs' window, which benchmark_throughput reports as ``timed_window_epoch_s``; start-up,
+model load and graph capture are outside it). Keep ``--sample-ms`` well below the timed
+run's length (a run of ~1 s gets ~10 samples at the default 100 ms). Example (2 x H200)::
 
     python benchmarks/benchmark_pipeline_parallel.py --model benchmarks/configs/llama-3.1-8b
 """
@@ -27,18 +28,24 @@ from bench_common import emit
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def parse_util(lines: list[str]) -> dict[int, float]:
-    """Mean utilization (0-1) per GPU index from ``nvidia-smi --query-gpu=index,
-    utilization.gpu --format=csv,noheader,nounits`` lines ("0, 87")."""
+def parse_util(lines: list[str], window: tuple[float, float] | None = None) -> dict[int, float]:
+    """Mean utilization (0-1) per GPU index from ``nvidia-smi --query-gpu=timestamp,index,
+    utilization.gpu --format=csv,noheader,nounits`` lines ("2026/11/29 23:00:01.123, 0, 87");
+    with ``window`` (epoch seconds, local time), only the samples inside it count."""
     acc: dict[int, list[float]] = {}
     for line in lines:
         parts = [p.strip() for p in line.split(",")]
-        if len(parts) != 2 or not parts[0].isdigit():
+        if len(parts) != 3 or not parts[1].isdigit():
             continue
         try:
-            acc.setdefault(int(parts[0]), []).append(float(parts[1]) / 100.0)
+            stamp = time.mktime(time.strptime(parts[0].split(".")[0], "%Y/%m/%d %H:%M:%S"))
+            frac = float(parts[0].split(".")[1]) / 1000 if "." in parts[0] else 0.0
+            util = float(parts[2]) / 100.0
         except ValueError:
             continue
+        if window is not None and not window[0] <= stamp + frac <= window[1]:
+            continue
+        acc.setdefault(int(parts[1]), []).append(util)
     return {i: round(sum(v) / len(v), 3) for i, v in sorted(acc.items()) if v}
 
 
@@ -55,8 +62,8 @@ def run_one(pp: int, args: argparse.Namespace) -> dict:
         "--no-tqdm", "--output-json", out,
     ]  # fmt: skip
     smi = subprocess.Popen(
-        ["nvidia-smi", "--query-gpu=index,utilization.gpu", "--format=csv,noheader,nounits",
-         f"-lms={args.sample_ms}"],
+        ["nvidia-smi", "--query-gpu=timestamp,index,utilization.gpu",
+         "--format=csv,noheader,nounits", f"-lms={args.sample_ms}"],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     t0 = time.perf_counter()
@@ -72,7 +79,7 @@ def run_one(pp: int, args: argparse.Namespace) -> dict:
         bench="pipeline_parallel",
         pipeline_parallel_size=pp,
         wall_s_incl_startup=round(time.perf_counter() - t0, 2),
-        gpu_busy=parse_util(util_out.splitlines()),
+        gpu_busy=parse_util(util_out.splitlines(), rec.get("timed_window_epoch_s")),
     )
     return rec
 

@@ -118,8 +118,8 @@ def start_engine(args: argparse.Namespace, max_seqs: int, enforce_eager: bool) -
 
 
 def time_engine(llm: LLM, prompts, out_lens, iters: int, quiet: bool) -> dict:
-    """Average elapsed seconds of ``iters`` timed runs (after one short warm-up run) and
-    the decode-step counters of the timed runs."""
+    """Average elapsed seconds of ``iters`` timed runs (after one short warm-up run), the
+    decode-step counters of the timed runs and their wall window (epoch seconds)."""
     device = llm.llm_engine.config.device_config.device
     params = [SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=n) for n in out_lens]
     warm = [
@@ -128,6 +128,7 @@ def time_engine(llm: LLM, prompts, out_lens, iters: int, quiet: bool) -> dict:
     llm.generate(prompts, warm, use_tqdm=False)
     before = llm.llm_engine.decode_step_counters()
     times, produced = [], 0
+    window_start = time.time()  # epoch seconds (benchmark_pipeline_parallel's busy window)
     for _ in tqdm(range(iters), desc="Timed runs", disable=quiet or iters == 1):
         sync(device)
         t0 = time.perf_counter()
@@ -138,7 +139,11 @@ def time_engine(llm: LLM, prompts, out_lens, iters: int, quiet: bool) -> dict:
     if produced != sum(out_lens):
         raise RuntimeError(f"engine produced {produced} tokens, expected {sum(out_lens)}.")
     steps = counter_delta(before, llm.llm_engine.decode_step_counters())
-    return {"elapsed_s": sum(times) / len(times), "decode_steps": steps}
+    return {
+        "elapsed_s": sum(times) / len(times),
+        "decode_steps": steps,
+        "timed_window_epoch_s": [round(window_start, 3), round(time.time(), 3)],
+    }
 
 
 def rates(elapsed: float, prompts, out_lens) -> dict:

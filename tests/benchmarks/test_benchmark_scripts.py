@@ -142,3 +142,22 @@ def test_spec_decode_benchmark_reports_speedup_and_acceptance(smollm2_gguf, monk
     assert ngram["num_accepted_tokens"] <= ngram["num_draft_tokens"]
     expected = ngram["output_tokens_per_s"] / none["output_tokens_per_s"]
     assert abs(ngram["speedup"] - expected) < 0.01
+
+
+def test_pipeline_busy_counts_only_the_timed_window():
+    """gpu_busy averages the nvidia-smi samples inside the timed runs' window only."""
+    import time
+
+    pp = _bench_module("benchmark_pipeline_parallel")
+    base = time.mktime(time.strptime("2026/11/29 23:00:00", "%Y/%m/%d %H:%M:%S"))
+    lines = [
+        "2026/11/29 23:00:00.000, 0, 5",  # start-up: outside the window
+        "2026/11/29 23:00:10.500, 0, 90",
+        "2026/11/29 23:00:10.500, 1, 70",
+        "2026/11/29 23:00:11.000, 0, 80",
+        "2026/11/29 23:00:11.000, 1, 50",
+        "2026/11/29 23:00:30.000, 1, 0",  # shutdown: outside
+        "garbage line",
+    ]
+    assert pp.parse_util(lines, (base + 10.2, base + 11.5)) == {0: 0.85, 1: 0.6}
+    assert pp.parse_util(lines) == {0: round((5 + 90 + 80) / 300, 3), 1: 0.4}
