@@ -8,16 +8,18 @@ O=${OUT:-/tmp/out}
 set -x
 what=${1:-all}
 B=benchmarks
+M="--num-scheduler-steps 8"  # the README table's setting (multi-step decoding)
 if [[ $what == all || $what == core ]]; then
 python $B/benchmark_throughput.py --dtype bfloat16 --batch-sizes 1,8,64 --input-len 128 \
-    --output-len 128 --num-iters 1 --hf-peer --no-tqdm --output-json $O/sweep.jsonl
+    --output-len 128 --num-iters 1 --hf-peer --no-tqdm $M --output-json $O/sweep.jsonl
 python $B/plot_throughput.py $O/sweep.jsonl --out $O/throughput_vs_batch.png || true
 python $B/benchmark_latency.py --model $B/configs/llama-3.1-8b --load-format dummy \
     --skip-tokenizer-init --max-model-len 2048 --dtype bfloat16 --batch-size 1 --input-len 128 \
-    --output-len 128 --max-num-seqs 8 --num-iters 2 --num-iters-warmup 1 --no-tqdm --output-json $O/llama8b.jsonl
+    --output-len 128 --max-num-seqs 8 --num-iters 2 --num-iters-warmup 1 --no-tqdm $M \
+    --output-json $O/llama8b.jsonl
 python $B/benchmark_throughput.py --model $B/configs/qwen2.5-0.5b --load-format dummy \
     --skip-tokenizer-init --max-model-len 4096 --dtype bfloat16 --dataset random-range \
-    --num-prompts 256 --no-tqdm --output-json $O/nano.jsonl
+    --num-prompts 256 --no-tqdm $M --output-json $O/nano.jsonl
 fi
 if [[ $what == all || $what == spec ]]; then
 python $B/benchmark_spec_decode.py --dtype bfloat16 --num-speculative-tokens 4 \
