@@ -46,3 +46,32 @@ def test_ngram_speculation_server_equals_no_speculation(smollm2_gguf):
         seeded=False,
     )  # fmt: skip
     assert results[1][0][0].startswith(" 3, 4, 5"), results
+
+
+def test_multi_step_server_equals_one_step(smollm2_gguf):
+    """`vllm serve --num-scheduler-steps 4`: greedy, seeded (n=2) and chat outputs equal the
+    one-token-step server; a streamed completion (several tokens per engine step) joins to
+    the same text; the generation-token counter counts every token."""
+    import re
+    import urllib.request
+
+    from tests.utils import RemoteOpenAIServer
+
+    results = compare_two_settings(smollm2_gguf, [], ["--num-scheduler-steps", "4"])
+    assert results[1][0][0].startswith(" Paris")
+    args = ["--device", "cpu", "--max-model-len", "512", "--num-scheduler-steps", "4"]
+    with RemoteOpenAIServer(smollm2_gguf, args) as server:
+        client = server.get_client()
+        prompt = "Hello, my name is"
+        whole = client.completions.create(
+            model=smollm2_gguf, prompt=prompt, max_tokens=9, temperature=0.0
+        )
+        stream = client.completions.create(
+            model=smollm2_gguf, prompt=prompt, max_tokens=9, temperature=0.0, stream=True
+        )
+        pieces = [c.choices[0].text for c in stream if c.choices]
+        assert "".join(pieces) == whole.choices[0].text
+        assert whole.usage.completion_tokens == 9
+        metrics = urllib.request.urlopen(server.url_for("metrics")).read().decode()
+        counted = re.search(r"^vllm:generation_tokens_total\{[^}]*\} (\S+)", metrics, re.M)
+        assert counted and float(counted.group(1)) == 18.0, counted
