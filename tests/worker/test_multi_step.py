@@ -71,7 +71,7 @@ def test_greedy_equals_one_token_steps(tiny_llama_dir, steps, max_num_seqs):
 @pytest.mark.forked
 def test_seeded_sampling_and_stops_equal(tiny_llama_dir):
     """Seeded random rows draw from their own generators in the same order; a stop token
-    in the middle of a call cuts the output there; penalties fall back to one step."""
+    in the middle of a call cuts the output there."""
     base_params = [
         SamplingParams(temperature=0.9, top_p=0.9, seed=11 + i, max_tokens=12)
         for i in range(len(PROMPTS))
@@ -92,10 +92,35 @@ def test_seeded_sampling_and_stops_equal(tiny_llama_dir):
     _assert_same(base_s, multi_s)
     assert multi_s[0][0][-1] == stop_tok and multi_s[0][3] == "stop"
     assert len(multi_s[0][0]) <= 6
-    pen = [SamplingParams(temperature=0, max_tokens=9, repetition_penalty=1.3) for _ in PROMPTS]
-    base_p, _ = _generate(tiny_llama_dir, pen, 1)
-    multi_p, calls = _generate(tiny_llama_dir, pen, 4)
-    _assert_same(base_p, multi_p)
+
+
+@pytest.mark.forked
+def test_penalties_and_min_tokens_inside_a_call(tiny_llama_dir):
+    """Penalties see the tokens sampled earlier in the same call, and a min_tokens mask
+    ends at the right step inside a call: equal to one-token steps, in fewer calls."""
+    greedy, _ = _generate(tiny_llama_dir, SamplingParams(temperature=0, max_tokens=12), 1)
+    pen = [
+        # the random tiny model never repeats a token: penalties that REWARD repeats make
+        # each step depend on the tokens sampled earlier in the call
+        SamplingParams(temperature=0, max_tokens=12, repetition_penalty=0.2),
+        SamplingParams(
+            temperature=0, max_tokens=12, repetition_penalty=0.5, frequency_penalty=-2.0
+        ),
+        SamplingParams(temperature=0, max_tokens=12, repetition_penalty=0.3, presence_penalty=-2.0),
+        # stop on the token greedy decoding emits 7th, min_tokens 6: masked (but never the
+        # argmax) for the first 6 tokens, allowed at the 7th, the 2nd step of a call
+        SamplingParams(
+            temperature=0, max_tokens=12, min_tokens=6, stop_token_ids=[greedy[3][0][6]]
+        ),
+        SamplingParams(temperature=0.8, seed=3, max_tokens=12, repetition_penalty=0.5),
+    ]
+    base, calls1 = _generate(tiny_llama_dir, pen, 1)
+    multi, calls = _generate(tiny_llama_dir, pen, 4)
+    _assert_same(base, multi)
+    assert len(calls) < len(calls1) / 2, (len(calls), len(calls1))
+    for i in range(3):  # the penalties changed the output: tokens repeat
+        assert base[i][0] != greedy[i][0] and len(set(base[i][0])) < 12, base[i][0]
+    assert multi[3][0] == greedy[3][0][:7] and multi[3][3] == "stop"
 
 
 @pytest.mark.forked

@@ -11,8 +11,7 @@ One call (:func:`execute_multi_step`):
 
 1. ``n`` = :func:`decode_steps`: at most N, no more than the largest number of tokens any
    sequence of the batch still wants (``max_tokens``), never past ``max_model_len`` for any
-   sequence; 1 when the batch uses penalties or an active ``min_tokens`` (their inputs are
-   the tokens just sampled, which stay on the device here).
+   sequence.
 2. Step 0's inputs come from ``ModelRunner.prepare_model_input`` with ``n - 1`` lookahead
    slots, so the graph gate sees the longest context the call reaches and every step of the
    call takes the same path (the same captured size, or eager). The scheduler reserved
@@ -20,7 +19,10 @@ One call (:func:`execute_multi_step`):
 3. Each step: forward (replayed or eager, counted as usual), logits of the real rows,
    sampling on the device (``Sampler.sample_on_device``); the ids are copied, on the device,
    into the next step's input ids; the host builds the next step's positions, slots
-   (``seq_len + 1``, slot from the block table) and attention metadata.
+   (``seq_len + 1``, slot from the block table) and attention metadata. Penalties read the
+   output tokens so far: each step's ids are appended on the device to the penalty inputs
+   (:class:`_PenaltyState`), and a ``min_tokens`` mask row is cleared at the step where its
+   sequence reaches ``min_tokens``, exactly as one-token steps rebuild them.
 4. Before it builds step i + 1, the host waits until the device has consumed step i's
    uploads (an event recorded right after they were queued): attention backends may reuse
    pinned staging buffers between plans (FlashInfer's planner does). The device is then
@@ -88,6 +90,39 @@ def _next_step(step: StepInputs, block_size: int) -> tuple[StepInputs, list[int]
     return nxt, positions
 
 
+class _PenaltyState:
+    """Keeps a multi-step call's penalty inputs (SamplingMetadata.penalties) current.
+
+    Args:
+        pen: the PenaltyTensors built for step 0 (modified in place between steps).
+        metadata_list: the scheduled groups, whose sequences are the sample rows in order.
+        device: where the rows to clear are uploaded.
+    """
+
+    def __init__(self, pen, metadata_list: list[SequenceGroupMetadata], device):
+        self.pen = pen
+        self.device = device
+        # per step i >= 1, the rows whose min_tokens mask ends there (out_len + i == min)
+        self.clear_at: dict[int, list[int]] = {}
+        row = 0
+        for md in metadata_list:
+            min_tokens = md.sampling_params.min_tokens
+            for data in md.seq_data.values():
+                step = min_tokens - data.get_output_len()
+                if pen.min_tokens_mask is not None and step >= 1:
+                    self.clear_at.setdefault(step, []).append(row)
+                row += 1
+
+    def after_step(self, i: int, ids: torch.Tensor) -> None:
+        """Step ``i``'s ids [rows] int64 (device) are output tokens from step i + 1 on."""
+        pen = self.pen
+        pen.output_tokens = torch.cat([pen.output_tokens, ids[:, None]], dim=1)
+        rows = self.clear_at.get(i + 1)
+        if rows:
+            idx = to_device(torch.tensor(rows, dtype=torch.long), self.device)  # [k]
+            pen.min_tokens_mask[idx] = False
+
+
 def _advance(
     runner, batch: ForwardBatch, next_ids: torch.Tensor, scratch_slot: int
 ) -> ForwardBatch:
@@ -127,8 +162,9 @@ def execute_multi_step(
     n = decode_steps(metadata_list, max_steps, runner.model_config.max_model_len)
     batch = runner.prepare_model_input(metadata_list, virtual_engine, scratch_slot, n - 1)
     sm = batch.sampling_metadata
-    if sm.penalties is not None:
-        n = 1  # penalties / min_tokens read the tokens sampled so far
+    pen = None
+    if sm.penalties is not None and n > 1:
+        pen = _PenaltyState(sm.penalties, metadata_list, runner.device)
     cuda = runner.device.type == "cuda"
     staged = torch.cuda.Event() if cuda else None
     if cuda and batch.graph_size is None:
@@ -153,5 +189,7 @@ def execute_multi_step(
         packed_steps.append(packed)  # [num_real_rows, 3 + 2k] float64
         if i + 1 < n:
             next_ids[: batch.num_real_rows].copy_(ids)
+            if pen is not None:
+                pen.after_step(i, ids)
     host = torch.stack(packed_steps).tolist()  # [n][rows][3 + 2k]: the one read
     return sampler_output(sm, host, k, {}, ids)
