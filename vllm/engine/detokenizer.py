@@ -42,6 +42,10 @@ def decode_ids(tokenizer, ids: list[int], params: SamplingParams) -> str:
     )
 
 
+# Text the clean-up of tokenization spaces would change (" ." -> ".", " 's" -> "'s", ...).
+_CLEANUP_PROBE = "a . b , c ! d ? e 's f n't g 'm h 've i 're"
+
+
 @functools.lru_cache(maxsize=16)
 def _backend_decode(tokenizer):
     """The Rust tokenizer's ``decode`` when calling it equals ``tokenizer.decode``, else None.
@@ -49,7 +53,11 @@ def _backend_decode(tokenizer):
     True for a transformers fast tokenizer whose ``decode`` and ``_decode`` are the
     library's own and that does not clean up tokenization spaces: its ``decode(ids,
     skip_special_tokens=s)`` is then ``backend_tokenizer.decode(ids, skip_special_tokens=s)``
-    (``spaces_between_special_tokens`` only affects slow tokenizers).
+    (``spaces_between_special_tokens`` only affects slow tokenizers). Whether the clean-up
+    is in effect is not read from ``clean_up_tokenization_spaces`` alone: some transformers
+    versions skip it for BPE models although the attribute is True (the SmolLM2 GGUF
+    tokenizer on the GPU host), so a probe text that the clean-up would change is decoded
+    both ways and must come out the same.
     """
     try:
         from transformers import PreTrainedTokenizerFast
@@ -57,14 +65,21 @@ def _backend_decode(tokenizer):
     except ImportError:
         return None
     cls = type(tokenizer)
-    if (
+    if not (
         isinstance(tokenizer, PreTrainedTokenizerFast)
         and cls.decode is PreTrainedTokenizerBase.decode
         and cls._decode is PreTrainedTokenizerFast._decode
-        and not tokenizer.clean_up_tokenization_spaces
     ):
-        return tokenizer.backend_tokenizer.decode
-    return None
+        return None
+    backend = tokenizer.backend_tokenizer.decode
+    if tokenizer.clean_up_tokenization_spaces:
+        ids = tokenizer.encode(_CLEANUP_PROBE, add_special_tokens=False)
+        for skip in (False, True):
+            if tokenizer.decode(ids, skip_special_tokens=skip) != backend(
+                ids, skip_special_tokens=skip
+            ):
+                return None
+    return backend
 
 
 def stable_text(tokenizer, ids: list[int], params: SamplingParams) -> str:
