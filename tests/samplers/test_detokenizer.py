@@ -165,3 +165,47 @@ def test_stop_tokens_eos_min_tokens_and_length(tok):
     # max_model_len: prompt (1) + 3 outputs
     seq = _run(tok, ids, SamplingParams(max_tokens=None), max_model_len=4)
     assert seq.status == SequenceStatus.FINISHED_LENGTH_CAPPED and seq.get_output_len() == 3
+
+
+@pytest.mark.parametrize("chunk", [2, 3, 8])
+def test_multi_token_chunks_detokenize_like_single_tokens(tok, partial_ids, chunk):
+    """append_samples with several tokens per sample (multi-step / speculative), no stop
+    strings: one detokenization per chunk. After every chunk the text is a prefix of the
+    full decode, all of it when the chunk ends on a complete character (a chunk ending
+    inside one holds its text back until a later chunk completes it); a finished
+    sequence's text is the full decode; EOS inside a chunk stops there, nothing after it
+    is kept."""
+    from vllm.engine.output_processor import append_samples
+    from vllm.sequence import (
+        CompletionSequenceGroupOutput,
+        SequenceGroup,
+        SequenceOutput,
+    )
+
+    rng = random.Random(chunk)
+    pieces, texts = partial_ids
+    for trial in range(30):
+        ids = tok.encode(rng.choice(texts) + " and " + rng.choice(texts))
+        ids += [rng.choice(pieces) for _ in range(rng.randint(0, 3))]
+        eos_at = rng.randrange(len(ids) + 3) if trial % 3 == 0 else None
+        stream = ids if eos_at is None else ids[:eos_at] + [2] + ids[eos_at:]
+        params = SamplingParams(max_tokens=len(ids) if eos_at is None else 100)
+        seq = _seq()
+        group = SequenceGroup("r", [seq], params, 0.0)
+        for start in range(0, len(stream), chunk):
+            part = [(t, {t: Logprob(-1.0)}) for t in stream[start : start + chunk]]
+            out = SequenceOutput(seq.seq_id, part[0][0], part[0][1], part[1:])
+            append_samples(group, CompletionSequenceGroupOutput([out]), tok, 4096)
+            done = stream[: start + chunk]
+            if eos_at is not None and len(done) > eos_at:
+                done = stream[: eos_at + 1]
+            full = tok.decode(done)
+            if not seq.is_finished():  # a prefix, and all of it once characters complete
+                assert full.rstrip(REPL).startswith(seq.output_text), (done, seq.output_text)
+                if not full.endswith(REPL):
+                    assert seq.output_text == full, (done, seq.output_text)
+        assert seq.is_finished()
+        kept = stream[: eos_at + 1] if eos_at is not None else stream
+        assert seq.output_token_ids == kept
+        want = tok.decode(kept[:-1] if eos_at is not None else kept)
+        assert seq.output_text == want, (kept, seq.output_text, want)
