@@ -74,20 +74,17 @@ def _next_step(step: StepInputs, block_size: int) -> tuple[StepInputs, list[int]
     Real rows grow by one token; the new token's slot comes from the (lookahead-covered)
     block table. Padded lanes keep length 0, slot -1 and position 0.
     """
-    seq_lens = list(step.seq_lens)
-    slots = list(step.slot_mapping)
-    positions = [0] * len(seq_lens)
-    for r in range(step.num_real_rows):
-        p = seq_lens[r]  # the new token's position = the old length
-        seq_lens[r] = p + 1
-        table = step.block_tables[r]
-        slots[r] = table[p // block_size] * block_size + p % block_size
-        positions[r] = p
+    real = step.num_real_rows
+    pad = len(step.seq_lens) - real
+    old = step.seq_lens[:real]  # the new tokens' positions = the old lengths
+    tables = step.block_tables
+    bs = block_size
+    slots = [tables[r][p // bs] * bs + p % bs for r, p in enumerate(old)]
     nxt = StepInputs(
-        ForwardMode.DECODE, seq_lens, step.query_lens, step.block_tables, slots,
-        step.num_real_rows,
+        ForwardMode.DECODE, [p + 1 for p in old] + [0] * pad, step.query_lens, tables,
+        slots + [-1] * pad, real,
     )  # fmt: skip
-    return nxt, positions
+    return nxt, old + [0] * pad
 
 
 class _PenaltyState:
