@@ -88,6 +88,7 @@ class FakeDecodeWrapper:
         paged_kv_last_page_len_buffer=None,
     ):
         self.use_cuda_graph = use_cuda_graph
+        self.workspace = workspace
         if use_cuda_graph:
             self._fixed_batch_size = len(paged_kv_last_page_len_buffer)
             if len(paged_kv_indptr_buffer) != self._fixed_batch_size + 1:

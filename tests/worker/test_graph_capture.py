@@ -74,6 +74,15 @@ def test_capture_every_virtual_engine_flashinfer(tiny_llama_dir, num_ves):
             )
     ptrs = {gr.attn_states[ve].paged_kv_indptr.data_ptr() for ve in range(num_ves)}
     assert len(ptrs) == num_ves, "virtual engines share graph buffers"
+    # ...but one float workspace (split-KV scratch) serves every wrapper, eager included
+    backend = w.model_runner.attn_backend
+    shared = backend.workspace()
+    assert all(
+        cg.attn_metadata.wrapper.workspace is shared
+        for ve in range(num_ves)
+        for cg in gr.graph_runners[ve].values()
+    )
+    assert backend._eager_wrappers()[1].workspace is shared
     # every VE replays and agrees with the others (same inputs, separate caches)
     outs = []
     for ve in range(num_ves):

@@ -10,10 +10,11 @@ CUDA-graph state runs on CPU in tests with a fake decode wrapper (same construct
 ``plan`` checks as FlashInfer's).
 
 Graph state per virtual engine (DESIGN.md guarantee 1): ``paged_kv_indptr`` [max_bs + 1],
-``paged_kv_indices`` [max_bs x max_blocks], ``paged_kv_last_page_len`` [max_bs] (int32) and
-a workspace, allocated once at ``max_batchsize_to_capture``; each captured size gets its
-own decode wrapper over views ``indptr[:bs + 1]`` and ``last_page_len[:bs]``, so its batch
-size is fixed to ``bs`` and no later capture can shrink it. Padded lanes read one token of
+``paged_kv_indices`` [max_bs x max_blocks], ``paged_kv_last_page_len`` [max_bs] (int32),
+allocated once at ``max_batchsize_to_capture`` (the float workspace is the backend's
+one); each captured size gets its own decode wrapper over views ``indptr[:bs + 1]`` and
+``last_page_len[:bs]``, so its batch size is fixed to ``bs`` and no later capture can
+shrink it. Padded lanes read one token of
 the scratch block (a page of their own, last_page_len 1): nothing real, never an empty
 range.
 """
@@ -242,11 +243,20 @@ class FlashInferBackend(AttentionBackend):
     ) -> tuple[int, ...]:
         return (num_blocks, 2, block_size, num_kv_heads, head_size)
 
-    def _eager_wrappers(self):
+    def workspace(self) -> torch.Tensor:
+        """FlashInfer's float workspace [WORKSPACE_BYTES] uint8 (scratch of split-KV runs),
+        allocated once and shared by the eager wrappers and every VE's graph wrappers, as
+        upstream vLLM shares it: a worker runs all its attention on one CUDA stream, one
+        pass at a time, and plan information lives in each wrapper's own int workspace."""
         if self._workspace is None:
             self._workspace = torch.zeros(
                 WORKSPACE_BYTES, dtype=torch.uint8, device=self.spec.device
             )
+        return self._workspace
+
+    def _eager_wrappers(self):
+        if self._prefill is None:
+            self.workspace()
             self._prefill = self.prefill_wrapper_cls(self._workspace, "NHD")
             self._decode = self.decode_wrapper_cls(
                 self._workspace, "NHD", use_tensor_cores=self.tensor_cores
@@ -311,7 +321,7 @@ class FlashInferGraphState(AttentionGraphState):
     def allocate(self, max_bs: int) -> None:
         d = self.spec.device
         self.max_bs = max_bs
-        self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=d)
+        self.workspace = self.backend.workspace()  # shared, see FlashInferBackend.workspace
         self.paged_kv_indptr = torch.zeros(max_bs + 1, dtype=torch.int32, device=d)
         self.paged_kv_indices = torch.zeros(
             max_bs * self.spec.max_blocks_per_seq, dtype=torch.int32, device=d
