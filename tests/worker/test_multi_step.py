@@ -225,3 +225,20 @@ def test_lookahead_slots_follow_steps(tiny_llama_dir):
         model=tiny_llama_dir, device="cpu", num_scheduler_steps=6
     ).create_engine_config()
     assert cfg.scheduler_config.num_lookahead_slots == 5
+
+
+@pytest.mark.forked
+def test_preemption_under_multi_step_equals_roomy_run(tiny_llama_dir):
+    """A cache too small for 8 sequences with 7 lookahead slots each preempts (recompute)
+    and still gives the tokens of a roomy one-token-step run."""
+    from tests.spec_decode.test_spec_e2e import _engine_run
+
+    prompts = [[10 + i, 20 + 3 * i, 30, 40 + i, 50] for i in range(8)]
+    params = SamplingParams(temperature=0, max_tokens=30)
+    roomy, p0, _, _ = _engine_run(tiny_llama_dir, prompts, params, max_num_seqs=8)
+    tight, p1, _, _ = _engine_run(
+        tiny_llama_dir, prompts, params, max_num_seqs=8, num_gpu_blocks_override=14,
+        num_scheduler_steps=8,
+    )  # fmt: skip
+    assert p0 == 0 and p1 > 0, (p0, p1)
+    check_outputs_equal(roomy, tight, "roomy, 1 step", "preempted, 8 steps", prompts)
