@@ -181,7 +181,8 @@ def reintroduce_shared_rebound_buffers(monkeypatch) -> None:
     captured slice. Capturing the second VE's largest size then sees a buffer of the first
     VE's smallest size and FlashInfer raises "The batch size should be fixed in cudagraph
     mode ...". Used by the CPU (fake wrapper) and GPU (real FlashInfer) regression tests."""
-    from vllm.attention.backends.flashinfer import FlashInferBackend, FlashInferGraphState
+    from vllm.attention.backends.flashinfer import FlashInferBackend
+    from vllm.attention.backends.flashinfer_graph import FlashInferGraphState
 
     shared = {}
     real_make = FlashInferBackend.make_graph_state

@@ -3,20 +3,16 @@
 KV-cache layout per layer: [num_blocks + 1, 2, block_size, num_kv_heads, head_size]
 ("NHD", key at index 0 of dim 1); block ``num_blocks`` is the scratch block.
 
-Planning (``wrapper.plan``) takes host tensors: FlashInfer copies them to its device
-buffers with non-blocking copies from pinned memory, so no step waits on the device.
+Planning (``wrapper.plan``) takes pinned host tensors (FlashInfer plans on the host and
+copies them to its device buffers without blocking), except a graph replay's page indices,
+which are uploaded first (FlashInfer copies host indices into a graph buffer with a
+blocking copy); so no step waits on the device.
 flashinfer is imported lazily; the wrapper classes are parameters of the backend so the
 CUDA-graph state runs on CPU in tests with a fake decode wrapper (same constructor and
 ``plan`` checks as FlashInfer's).
 
-Graph state per virtual engine (DESIGN.md guarantee 1): ``paged_kv_indptr`` [max_bs + 1],
-``paged_kv_indices`` [max_bs x max_blocks], ``paged_kv_last_page_len`` [max_bs] (int32),
-allocated once at ``max_batchsize_to_capture`` (the float workspace is the backend's
-one); each captured size gets its own decode wrapper over views ``indptr[:bs + 1]`` and
-``last_page_len[:bs]``, so its batch size is fixed to ``bs`` and no later capture can
-shrink it. Padded lanes read one token of
-the scratch block (a page of their own, last_page_len 1): nothing real, never an empty
-range.
+CUDA-graph state (per virtual engine buffers and per-size decode wrappers) lives in
+:mod:`vllm.attention.backends.flashinfer_graph`.
 """
 
 from __future__ import annotations
@@ -29,7 +25,6 @@ import torch
 
 from vllm.attention.backends.abstract import (
     AttentionBackend,
-    AttentionGraphState,
     AttentionImpl,
     AttentionMetadata,
     AttentionSpec,
@@ -41,7 +36,7 @@ from vllm.attention.backends.host_tables import (
     flatten_tables,
     ragged_positions,
 )
-from vllm.utils import pin_for, to_device
+from vllm.utils import to_device
 
 WORKSPACE_BYTES = 128 * 1024 * 1024
 
@@ -306,83 +301,11 @@ class FlashInferBackend(AttentionBackend):
             kv_rows=rows[1:],
         )
 
-    def make_graph_state(self, scratch_slot: int) -> FlashInferGraphState:
+    def make_graph_state(self, scratch_slot: int) -> Any:
+        """A :class:`~vllm.attention.backends.flashinfer_graph.FlashInferGraphState`."""
+        from vllm.attention.backends.flashinfer_graph import FlashInferGraphState
+
         return FlashInferGraphState(self, scratch_slot)
-
-
-class FlashInferGraphState(AttentionGraphState):
-    """One VE's FlashInfer CUDA-graph buffers and per-size decode wrappers."""
-
-    def __init__(self, backend: FlashInferBackend, scratch_slot: int):
-        super().__init__(backend.spec, scratch_slot)
-        self.backend = backend
-        self.wrappers: dict[int, Any] = {}
-
-    def allocate(self, max_bs: int) -> None:
-        d = self.spec.device
-        self.max_bs = max_bs
-        self.workspace = self.backend.workspace()  # shared, see FlashInferBackend.workspace
-        self.paged_kv_indptr = torch.zeros(max_bs + 1, dtype=torch.int32, device=d)
-        self.paged_kv_indices = torch.zeros(
-            max_bs * self.spec.max_blocks_per_seq, dtype=torch.int32, device=d
-        )
-        self.paged_kv_last_page_len = torch.zeros(max_bs, dtype=torch.int32, device=d)
-        # [slot | key row | value row] per lane, filled per replay by one upload
-        self.slot_rows = torch.zeros(3, max_bs, dtype=torch.long, device=d)
-
-    def _views(self, bs: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """This size's own views; the full-size handles are never rebound."""
-        return (
-            self.paged_kv_indptr[: bs + 1],
-            self.paged_kv_indices,
-            self.paged_kv_last_page_len[:bs],
-        )
-
-    def metadata_for_capture(self, bs: int) -> FlashInferMetadata:
-        if bs > self.max_bs:
-            raise ValueError(f"capture size {bs} exceeds the allocated maximum {self.max_bs}.")
-        indptr, indices, last = self._views(bs)
-        wrapper = self.backend.decode_wrapper_cls(
-            self.workspace,
-            "NHD",
-            use_cuda_graph=True,
-            use_tensor_cores=self.backend.tensor_cores,
-            paged_kv_indptr_buffer=indptr,
-            paged_kv_indices_buffer=indices,
-            paged_kv_last_page_len_buffer=last,
-        )
-        self.wrappers[bs] = wrapper
-        md = FlashInferMetadata(
-            mode=ForwardMode.DECODE,
-            num_rows=bs,
-            num_tokens=bs,
-            slot_mapping=self.slot_rows[0, :bs],
-            scratch_slot=self.scratch_slot,
-            wrapper=wrapper,
-            kv_rows=self.slot_rows[1:, :bs],
-        )
-        padded = StepInputs(
-            ForwardMode.DECODE, [0] * bs, [1] * bs, [[] for _ in range(bs)], [-1] * bs, 0
-        )
-        self.prepare_replay(bs, padded, md)  # every lane reads one scratch token
-        return md
-
-    def prepare_replay(self, bs: int, step: StepInputs, metadata: AttentionMetadata) -> None:
-        md: FlashInferMetadata = metadata  # type: ignore[assignment]
-        indptr, indices, last = paged_kv_host(
-            step, self.spec.block_size, self.scratch_block, self.spec.max_blocks_per_seq
-        )
-        # Indices go up here, asynchronously: FlashInfer copies a HOST indices tensor into
-        # its graph buffer with a blocking copy (a stream sync per plan, which would stop
-        # multi-step decoding from running ahead of the GPU); from a device tensor the
-        # copy is asynchronous. indptr / last_page_len must stay on the host (planning).
-        indices = indices.to(self.spec.device, non_blocking=True)  # [pages] int32
-        md.wrapper.plan(
-            indptr, indices, last, head_dim=self.spec.head_size, **self.backend.plan_kwargs()
-        )
-        rows = slot_rows_host(step.slot_mapping, self.scratch_slot, self.spec.block_size)
-        self.slot_rows[:, :bs].copy_(pin_for(rows, self.spec.device), non_blocking=True)
-        self.backend.decode_runs += 1
 
 
 FlashInferMetadata.impl = FlashInferImpl
