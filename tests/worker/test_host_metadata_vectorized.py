@@ -3,15 +3,18 @@
 Guards a silent change of attention metadata when the builders were vectorized: FLASHINFER's
 ``paged_kv_host`` (indptr / indices / last_page_len) and ``slot_rows_host`` (slot, key row,
 value row), TORCH_SDPA's ``decode_tables`` (block table and lengths) and ``_slots``. The
-references below are the loops the builders ran before, written out element by element;
-every case must match them exactly, dtype included (int32 for FlashInfer's plan tensors,
-int64 for slots, rows and SDPA tables). The graph states' ``prepare_replay`` is checked
-through the buffers it fills.
+references are the loops the builders ran before, written out element by element (kept
+once, in benchmarks/profile_host_metadata.py); every case must match them exactly, dtype
+included (int32 for FlashInfer's plan tensors, int64 for slots, rows and SDPA tables). The
+graph states' ``prepare_replay`` is checked through the buffers it fills.
 """
 
 from __future__ import annotations
 
+import importlib
+import os
 import random
+import sys
 
 import pytest
 import torch
@@ -21,43 +24,22 @@ from vllm.attention.backends.abstract import AttentionSpec, ForwardMode, StepInp
 from vllm.attention.backends.flashinfer import FlashInferBackend, paged_kv_host, slot_rows_host
 from vllm.attention.backends.torch_sdpa import TorchSDPABackend, _slots, decode_tables
 
-# ---- references: the element-by-element loops the builders used to run ----------------
+# ---- references: the element-by-element loops the builders used to run, kept once, in
+# benchmarks/profile_host_metadata.py (its "before" timings) --------------------------------
 
 
-def ref_paged_kv(step, block_size, scratch_block, width=None):
-    indptr, indices, last = [0], [], []
-    for n, table in zip(step.seq_lens, step.block_tables):
-        if n <= 0:
-            pages, tail = [scratch_block], 1
-        else:
-            need = -(-n // block_size)
-            pages = list(table[: min(need, width) if width else need]) or [scratch_block] * need
-            tail = n - (len(pages) - 1) * block_size
-        indices.extend(pages)
-        indptr.append(len(indices))
-        last.append(tail)
-    return tuple(torch.tensor(v, dtype=torch.int32) for v in (indptr, indices, last))
+def _reference_module():
+    bench = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
+    return importlib.import_module("profile_host_metadata")
 
 
-def ref_slot_rows(slots, scratch_slot, block_size):
-    fixed = [scratch_slot if s < 0 else s for s in slots]
-    k_rows = [s + (s // block_size) * block_size for s in fixed]
-    return torch.tensor([fixed, k_rows, [r + block_size for r in k_rows]], dtype=torch.long)
-
-
-def ref_decode_tables(step, width, scratch_block):
-    table = torch.full((len(step.seq_lens), width), scratch_block, dtype=torch.long)
-    for i, blocks in enumerate(step.block_tables):
-        if blocks:
-            n = min(len(blocks), width)
-            table[i, :n] = torch.tensor(blocks[:n], dtype=torch.long)
-    lens = torch.tensor([max(1, n) for n in step.seq_lens], dtype=torch.long)
-    return table, lens
-
-
-def ref_slots(step, scratch_slot):
-    slots = torch.tensor(step.slot_mapping, dtype=torch.long)
-    return torch.where(slots < 0, scratch_slot, slots)
+_REF = _reference_module()
+ref_paged_kv = _REF.old_paged_kv_host
+ref_slot_rows = _REF.old_slot_rows_host
+ref_decode_tables = _REF.old_decode_tables
+ref_slots = _REF.old_slots
 
 
 # ---- random steps -----------------------------------------------------------------------
