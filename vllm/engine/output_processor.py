@@ -2,10 +2,10 @@
 
 This is the engine's per-token host loop (it runs for every sequence of every step):
 append the sampled token, detokenize it incrementally (detokenizer.py), apply the stop
-conditions (stop_checker.py). A speculative or multi-step step may carry several tokens per sequence
-(``SequenceOutput.extra_tokens``): they are appended one by one with the same checks after
-each, and nothing after a stop is kept; without stop strings the chunk is detokenized once
-at its end (the token-based checks do not read the text).
+conditions (stop_checker.py). A speculative or multi-step step may carry several tokens per
+sequence (``SequenceOutput.extra_tokens``): they are appended one by one with the same
+checks after each, and nothing after a stop is kept; without stop strings the chunk is
+detokenized once at its end (the token-based checks do not read the text).
 """
 
 from __future__ import annotations
@@ -40,34 +40,21 @@ def append_samples(
             seq = next(s for s in seqs if s.seq_id == sample.parent_seq_id)
         if seq.is_finished():
             continue
-        if sample.extra_tokens and tok is not None and not params.stop:
-            _append_chunk(seq, sample, params, tok, max_model_len)
-            continue
-        seq.append_token_id(sample.output_token, sample.logprobs)
-        new_chars = decode_sequence_step(tok, seq, params) if tok is not None else 0
-        check_stop(seq, new_chars, params, max_model_len, tok)
-        for token, logprobs in sample.extra_tokens or ():  # speculative multi-token step
+        extra = sample.extra_tokens
+        # A multi-token chunk without stop strings is detokenized once, after its last
+        # token: the token-based checks (EOS, stop_token_ids, min_tokens, lengths) do not
+        # read the text, and a sequence that stops inside the chunk gets its text from
+        # check_stop's one-shot decode (finish_text). When the chunk ends inside a
+        # multi-byte character its text is held back until a later step completes it.
+        detok_each = tok is not None and not (extra and not params.stop)
+        for token, logprobs in ((sample.output_token, sample.logprobs), *(extra or ())):
             if seq.is_finished():
                 break
             seq.append_token_id(token, logprobs)
-            new_chars = decode_sequence_step(tok, seq, params) if tok is not None else 0
+            new_chars = decode_sequence_step(tok, seq, params) if detok_each else 0
             check_stop(seq, new_chars, params, max_model_len, tok)
-
-
-def _append_chunk(seq, sample, params, tok, max_model_len: int) -> None:
-    """A multi-token sample of a request without stop strings: the token-based stop checks
-    (EOS, stop_token_ids, min_tokens, lengths) after every token, and ONE incremental
-    detokenization at the end, since no stop string reads the text in between. A sequence
-    that finishes inside the chunk gets its text from the one-shot decode of check_stop
-    (finish_text), as on the token-by-token path. An unfinished one gets the full decode;
-    when the chunk ends inside a multi-byte character, the chunk's text is held back until
-    a later step completes it (the text stays a prefix of the final text)."""
-    for token, logprobs in ((sample.output_token, sample.logprobs), *sample.extra_tokens):
-        seq.append_token_id(token, logprobs)
-        check_stop(seq, 0, params, max_model_len, tok)
-        if seq.is_finished():
-            return
-    decode_sequence_step(tok, seq, params)
+        if tok is not None and not detok_each and not seq.is_finished():
+            decode_sequence_step(tok, seq, params)
 
 
 def make_request_output(group: SequenceGroup) -> RequestOutput:
