@@ -254,16 +254,10 @@ class ModelRunner:
                 self.device,
                 self.generators,
             )
-        ids_host = torch.tensor(input_ids, dtype=torch.long)  # [batch_tokens]
-        pos_host = torch.tensor(positions, dtype=torch.long)  # [batch_tokens]
-        if graph_size is None:
-            ids, pos = to_device(ids_host, self.device), to_device(pos_host, self.device)
-        else:  # a replay uploads them straight into the graph's static inputs
-            ids, pos = pin_for(ids_host, self.device), pin_for(pos_host, self.device)
         return ForwardBatch(
             mode=mode,
-            input_ids=ids,
-            positions=pos,
+            input_ids=self.place_input(input_ids, graph_size),  # [batch_tokens]
+            positions=self.place_input(positions, graph_size),  # [batch_tokens]
             attn_metadata=attn_metadata,
             step=step,
             sampling_metadata=sm,
@@ -274,6 +268,15 @@ class ModelRunner:
             graph_size=graph_size,
             eager_reason=eager_reason,
         )
+
+    def place_input(self, values: list[int], graph_size: int | None) -> torch.Tensor:
+        """An int64 model input (token ids or positions) where the step reads it: on the
+        device for an eager step, in pinned host memory for a replay (which uploads it
+        straight into the graph's static input buffer)."""
+        host = torch.tensor(values, dtype=torch.long)
+        if graph_size is None:
+            return to_device(host, self.device)
+        return pin_for(host, self.device)
 
     def free_finished(self, request_seq_ids: list[int]) -> None:
         """Drop per-sequence state (seeded generators) of finished sequences."""

@@ -44,14 +44,14 @@ import torch
 from vllm.attention.backends.abstract import ForwardMode, StepInputs
 from vllm.model_executor.layers.sampler import sampler_output
 from vllm.sequence import SamplerOutput, SequenceGroupMetadata
-from vllm.utils import pin_for, to_device
+from vllm.utils import to_device
 from vllm.worker.forward_batch import ForwardBatch
 
 
 def decode_steps(
     metadata_list: list[SequenceGroupMetadata], max_steps: int, max_model_len: int
 ) -> int:
-    """Decode steps one call runs for this batch (before the sampling-feature check).
+    """Decode steps one call runs for this batch.
 
     ``min(max_steps, min over sequences of (max_model_len - len), max over sequences of
     tokens still wanted)``, at least 1. Lengths count prompt and output tokens.
@@ -101,12 +101,14 @@ class _PenaltyState:
         self.device = device
         # per step i >= 1, the rows whose min_tokens mask ends there (out_len + i == min)
         self.clear_at: dict[int, list[int]] = {}
+        if pen.min_tokens_mask is None:
+            return
         row = 0
         for md in metadata_list:
             min_tokens = md.sampling_params.min_tokens
             for data in md.seq_data.values():
                 step = min_tokens - data.get_output_len()
-                if pen.min_tokens_mask is not None and step >= 1:
+                if step >= 1:
                     self.clear_at.setdefault(step, []).append(row)
                 row += 1
 
@@ -125,13 +127,10 @@ def _advance(
 ) -> ForwardBatch:
     """``batch`` one token later, fed by ``next_ids`` [batch_size] int64 (device)."""
     step, positions = _next_step(batch.step, runner.block_size)
-    pos_host = torch.tensor(positions, dtype=torch.long)  # [batch_size]
     md = None
     if batch.graph_size is None:
         md = runner.attn_backend.build_metadata(step, scratch_slot)
-        pos = to_device(pos_host, runner.device)
-    else:  # the replay uploads it into the graph's static positions
-        pos = pin_for(pos_host, runner.device)
+    pos = runner.place_input(positions, batch.graph_size)  # [batch_size]
     return dataclasses.replace(
         batch, input_ids=next_ids, positions=pos, attn_metadata=md, step=step
     )
