@@ -35,6 +35,7 @@ from vllm.attention.backends.host_tables import (
     exclusive_cumsum,
     flatten_tables,
     ragged_positions,
+    scratch_slots,
 )
 from vllm.utils import to_device
 
@@ -75,9 +76,8 @@ def slot_rows_host(slots: list[int], scratch_slot: int, block_size: int) -> torc
     ``s = b*block_size + o`` has key row ``2*b*block_size + o = s + b*block_size`` and
     value row ``key row + block_size``.
     """
-    s = np.fromiter(slots, dtype=np.int64, count=len(slots))  # [num_tokens]
-    rows = np.empty((3, len(s)), dtype=np.int64)  # [3, num_tokens]
-    np.copyto(rows[0], np.where(s < 0, scratch_slot, s))
+    rows = np.empty((3, len(slots)), dtype=np.int64)  # [3, num_tokens]
+    rows[0] = scratch_slots(slots, scratch_slot)
     np.add(rows[0], (rows[0] // block_size) * block_size, out=rows[1])
     np.add(rows[1], block_size, out=rows[2])
     return torch.from_numpy(rows)
@@ -251,11 +251,9 @@ class FlashInferBackend(AttentionBackend):
 
     def _eager_wrappers(self):
         if self._prefill is None:
-            self.workspace()
-            self._prefill = self.prefill_wrapper_cls(self._workspace, "NHD")
-            self._decode = self.decode_wrapper_cls(
-                self._workspace, "NHD", use_tensor_cores=self.tensor_cores
-            )
+            ws = self.workspace()
+            self._prefill = self.prefill_wrapper_cls(ws, "NHD")
+            self._decode = self.decode_wrapper_cls(ws, "NHD", use_tensor_cores=self.tensor_cores)
         return self._prefill, self._decode
 
     def plan_kwargs(self) -> dict[str, Any]:

@@ -40,7 +40,6 @@ class FlashInferGraphState(AttentionGraphState):
     def allocate(self, max_bs: int) -> None:
         d = self.spec.device
         self.max_bs = max_bs
-        self.workspace = self.backend.workspace()  # shared, see FlashInferBackend.workspace
         self.paged_kv_indptr = torch.zeros(max_bs + 1, dtype=torch.int32, device=d)
         self.paged_kv_indices = torch.zeros(
             max_bs * self.spec.max_blocks_per_seq, dtype=torch.int32, device=d
@@ -62,7 +61,7 @@ class FlashInferGraphState(AttentionGraphState):
             raise ValueError(f"capture size {bs} exceeds the allocated maximum {self.max_bs}.")
         indptr, indices, last = self._views(bs)
         wrapper = self.backend.decode_wrapper_cls(
-            self.workspace,
+            self.backend.workspace(),  # shared, see FlashInferBackend.workspace
             "NHD",
             use_cuda_graph=True,
             use_tensor_cores=self.backend.tensor_cores,

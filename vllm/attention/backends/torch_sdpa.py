@@ -30,6 +30,7 @@ from vllm.attention.backends.host_tables import (
     exclusive_cumsum,
     flatten_tables,
     ragged_positions,
+    scratch_slots,
 )
 from vllm.utils import to_device
 
@@ -216,8 +217,7 @@ def decode_tables(
 def _slots(step: StepInputs, scratch_slot: int) -> torch.Tensor:
     """[num_tokens] int64 host slot mapping with padded lanes (-1) sent to the scratch
     slot."""
-    slots = np.fromiter(step.slot_mapping, dtype=np.int64, count=len(step.slot_mapping))
-    return torch.from_numpy(np.where(slots < 0, scratch_slot, slots))  # [num_tokens]
+    return torch.from_numpy(scratch_slots(step.slot_mapping, scratch_slot))  # [num_tokens]
 
 
 class TorchSDPAGraphState(AttentionGraphState):
