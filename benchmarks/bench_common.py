@@ -142,6 +142,24 @@ def emit(record: dict[str, Any], json_path: str | None = None) -> None:
             fh.write(line + "\n")
 
 
+def run_against_baseline(
+    settings: list, run: Any, baseline: Any, field: str, json_path: str | None
+) -> list[dict[str, Any]]:
+    """Run ``run(setting)`` for each setting in order and emit each record as it ends; once
+    the ``baseline`` setting has run, every record (its own included) gets ``field`` = its
+    ``output_tokens_per_s`` over the baseline's, rounded to 3 places."""
+    records, base = [], None
+    for setting in settings:
+        rec = run(setting)
+        if setting == baseline:
+            base = rec["output_tokens_per_s"]
+        if base:
+            rec[field] = round(rec["output_tokens_per_s"] / base, 3)
+        emit(rec, json_path)
+        records.append(rec)
+    return records
+
+
 def release(llm: Any) -> None:
     """Shut an engine down and return its device memory, so another engine or the
     transformers peer can start in this process."""

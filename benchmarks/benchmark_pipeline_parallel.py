@@ -16,6 +16,7 @@ run's length (a run of ~1 s gets ~10 samples at the default 100 ms). Example (2 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -23,7 +24,7 @@ import sys
 import tempfile
 import time
 
-from bench_common import emit
+from bench_common import run_against_baseline
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -99,16 +100,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--output-json", default=None)
     args = p.parse_args(argv)
     print(f"==== benchmark_pipeline_parallel: {vars(args)} ====", flush=True)
-    records, base = [], None
-    for pp in [int(x) for x in args.pp.split(",")]:
-        rec = run_one(pp, args)
-        if pp == 1:
-            base = rec["output_tokens_per_s"]
-        if base:
-            rec["speedup_vs_pp1"] = round(rec["output_tokens_per_s"] / base, 3)
-        emit(rec, args.output_json)
-        records.append(rec)
-    return records
+    sizes = [int(x) for x in args.pp.split(",")]
+    run = functools.partial(run_one, args=args)
+    return run_against_baseline(sizes, run, 1, "speedup_vs_pp1", args.output_json)
 
 
 if __name__ == "__main__":

@@ -17,9 +17,17 @@ Example (H200)::
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 
-from bench_common import default_model, emit, engine_conditions, print_conditions, release, sync
+from bench_common import (
+    default_model,
+    engine_conditions,
+    print_conditions,
+    release,
+    run_against_baseline,
+    sync,
+)
 
 from vllm import LLM, SamplingParams
 
@@ -140,17 +148,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
             "warm-up": "1 prompt per setting",
         },
     )
-    base = None
-    records = []
-    for name in args.settings.split(","):
-        rec = run_setting(name.strip(), args, prompts)
-        if name == "none":
-            base = rec["output_tokens_per_s"]
-        if base:
-            rec["speedup"] = round(rec["output_tokens_per_s"] / base, 3)
-        emit(rec, args.output_json)
-        records.append(rec)
-    return records
+    names = [name.strip() for name in args.settings.split(",")]
+    run = functools.partial(run_setting, args=args, prompts=prompts)
+    return run_against_baseline(names, run, "none", "speedup", args.output_json)
 
 
 if __name__ == "__main__":
