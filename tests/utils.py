@@ -155,14 +155,17 @@ def vllm_greedy(llm, prompts: Sequence[Any], max_tokens: int, logprobs: int | No
 
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=logprobs)
     outs = llm.generate(list(prompts), params, use_tqdm=False)
-    result = []
-    for o in outs:
-        c = o.outputs[0]
-        lps = None
-        if c.logprobs is not None:
-            lps = [{t: lp.logprob for t, lp in pos.items()} for pos in c.logprobs]
-        result.append((list(c.token_ids), c.text, lps))
-    return result
+    return [completion_tuple(o) for o in outs]
+
+
+def completion_tuple(output) -> tuple[list[int], str, list[dict[int, float]] | None]:
+    """A RequestOutput's first completion as (token_ids, text, logprobs-as-floats or None),
+    the form check_outputs_equal / check_logprobs_close compare."""
+    c = output.outputs[0]
+    lps = None
+    if c.logprobs is not None:
+        lps = [{t: lp.logprob for t, lp in pos.items()} for pos in c.logprobs]
+    return list(c.token_ids), c.text, lps
 
 
 def compare_llm_settings(

@@ -5,7 +5,7 @@ by token, the step cap, fake-graph replays through the multi-step loop, and vali
 
 import pytest
 
-from tests.utils import check_outputs_equal
+from tests.utils import check_outputs_equal, completion_tuple
 from tests.worker.test_graph_capture import decode_request, make_worker
 from vllm.engine.arg_utils import EngineArgs
 from vllm.sampling_params import SamplingParams
@@ -30,13 +30,7 @@ def _generate(model, params, steps, **kw):
     real = worker.execute_model
     worker.execute_model = lambda req, *a: calls.append(req) or real(req, *a)
     outs = llm.generate(PROMPTS, params, use_tqdm=False)
-    res = []
-    for o in outs:
-        c = o.outputs[0]
-        lps = None
-        if c.logprobs is not None:
-            lps = [{t: lp.logprob for t, lp in pos.items()} for pos in c.logprobs]
-        res.append((list(c.token_ids), c.text, lps, c.finish_reason))
+    res = [(*completion_tuple(o), o.outputs[0].finish_reason) for o in outs]
     llm.llm_engine.shutdown()
     return res, calls
 
