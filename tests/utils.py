@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import signal
+import subprocess
 import sys
 import traceback
 from collections.abc import Sequence
@@ -124,6 +125,32 @@ def deadline(seconds: int):
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
+
+
+def run_interpreted(test_file: str, case: str) -> None:
+    """Run function ``case`` of ``test_file`` in a fresh Python under ``TRITON_INTERPRET=1``.
+
+    Triton's CPU interpreter then executes the kernels. A subprocess, not a fork or a
+    reload: the flag must be set before ``triton`` is FIRST imported, since
+    ``triton.language``'s own jitted helpers (``tl.sum``) are wrapped at that import; a
+    reload fails ("Cannot call @triton.jit'd outside of the scope of a kernel"), and a fork
+    inherits whatever triton the parent imported. Fails with the child's stderr.
+    """
+    code = (
+        "import importlib.util, sys\n"
+        f"spec = importlib.util.spec_from_file_location('interpreted_checks', {test_file!r})\n"
+        "mod = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(mod)\n"
+        f"mod.{case}()\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, f"{case} failed under TRITON_INTERPRET=1:\n{proc.stderr[-6000:]}"
 
 
 def fork_new_process_for_each_test(fn):

@@ -1,11 +1,8 @@
 """The fused Triton kernels (vllm/model_executor/layers/triton_ops.py) vs the torch layers.
 
 CPU: each ``*_interpreted`` test runs its checks in a fresh Python with
-``TRITON_INTERPRET=1``, where Triton's CPU interpreter executes the kernels. A subprocess,
-not a fork or a reload: the flag must be set before ``triton`` is FIRST imported, since
-``triton.language``'s own jitted helpers (``tl.sum``) are wrapped at that import; a
-reload of ``triton_ops`` under the flag fails ("Cannot call @triton.jit'd outside of the
-scope of a kernel"), and a fork inherits whatever triton the parent imported. Reference:
+``TRITON_INTERPRET=1`` (``tests.utils.run_interpreted`` says why a subprocess), where
+Triton's CPU interpreter executes the kernels. Reference:
 the modules' ``forward_native`` (the torch code that runs on CPU); every kernel rounds at
 torch's rounding points, so on the GPU bf16 results are (almost all) bit-identical.
 
@@ -17,14 +14,12 @@ Skipped with a reason when triton is not installed (requirements-test.txt pins i
 """
 
 import importlib.util
-import os
-import subprocess
-import sys
 from types import ModuleType
 
 import pytest
 import torch
 
+from tests.utils import run_interpreted
 from vllm.model_executor.layers.activation import SiluAndMul
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
@@ -44,26 +39,8 @@ ROPE = {"rope_theta": 10000.0, "rope_type": "default"}
 HEADS = ((9, 3, 64), (4, 2, 16))
 
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
 def _run_interpreted(case: str) -> None:
-    """Run this module's function ``case`` in a fresh Python under the Triton interpreter;
-    fails with the child's output when the child fails."""
-    code = (
-        "import importlib.util, sys\n"
-        f"spec = importlib.util.spec_from_file_location('triton_ops_checks', {__file__!r})\n"
-        "mod = importlib.util.module_from_spec(spec)\n"
-        "spec.loader.exec_module(mod)\n"
-        f"mod.{case}()\n"
-    )
-    path = os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p)
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-c", code], env=env, cwd=REPO_ROOT, capture_output=True, text=True,
-        timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == 0, f"{case} failed under TRITON_INTERPRET=1:\n{proc.stderr[-6000:]}"
+    run_interpreted(__file__, case)
 
 
 def _interpreted_ops() -> ModuleType:

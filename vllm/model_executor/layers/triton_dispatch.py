@@ -6,6 +6,10 @@ activation tensor is on CUDA, ``triton`` imports, and the environment variable
 switch it). Everything else, CPU in particular, runs the unchanged torch code, so CPU
 results stay bit-identical to Hugging Face. ``triton`` is imported lazily, on the first
 CUDA tensor, so installs without it keep working.
+
+The small-batch projection kernels (:mod:`triton_gemv`) follow the same rule, plus their
+own switch ``VLLM_USE_TRITON_GEMV`` (default on) and a row limit
+(``triton_gemv.MAX_ROWS``); above it cuBLAS runs the projections.
 """
 
 import functools
@@ -18,6 +22,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 ENV_USE_TRITON_OPS = "VLLM_USE_TRITON_OPS"
+ENV_USE_TRITON_GEMV = "VLLM_USE_TRITON_GEMV"
 
 
 @functools.cache
@@ -36,3 +41,22 @@ def get_triton_ops(x: torch.Tensor) -> ModuleType | None:
     if not x.is_cuda or os.environ.get(ENV_USE_TRITON_OPS, "1") == "0":
         return None
     return _load_triton_ops()
+
+
+@functools.cache
+def _load_triton_gemv() -> ModuleType | None:
+    """The small-batch projection kernels, or None when triton cannot be imported."""
+    if _load_triton_ops() is None:
+        return None
+    from vllm.model_executor.layers import triton_gemv
+
+    return triton_gemv
+
+
+def get_triton_gemv(x: torch.Tensor) -> ModuleType | None:
+    """:mod:`triton_gemv` when ``x`` [T, ...] takes the Triton path with ``T`` at most
+    ``triton_gemv.MAX_ROWS`` and ``VLLM_USE_TRITON_GEMV`` is not ``"0"``, else None."""
+    if get_triton_ops(x) is None or os.environ.get(ENV_USE_TRITON_GEMV, "1") == "0":
+        return None
+    gemv = _load_triton_gemv()
+    return gemv if gemv is not None and x.shape[0] <= gemv.MAX_ROWS else None

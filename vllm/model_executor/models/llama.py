@@ -22,6 +22,7 @@ from vllm.model_executor.layers.linear import (
     RowParallelLinear,
 )
 from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding, get_rope_parameters
+from vllm.model_executor.layers.triton_dispatch import get_triton_gemv
 from vllm.model_executor.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 
@@ -86,10 +87,13 @@ class LlamaAttention(nn.Module):
         self, positions: torch.Tensor, hidden_states: torch.Tensor, kv_cache, attn_metadata
     ) -> torch.Tensor:
         qkv = self.qkv_proj(hidden_states)  # [T, q_size + 2 * kv_size]
+        return self.o_proj(self.attend(positions, qkv, kv_cache, attn_metadata))  # [T, hidden]
+
+    def attend(self, positions: torch.Tensor, qkv: torch.Tensor, kv_cache, attn_metadata):
+        """qkv [T, q_size + 2 * kv_size] -> attention output [T, q_size] (before o_proj)."""
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         # rotary inside the attention call: the backend may fuse it with its cache write
-        out = self.attn(q, k, v, kv_cache, attn_metadata, positions, self.rotary_emb)
-        return self.o_proj(out)  # [T, hidden]
+        return self.attn(q, k, v, kv_cache, attn_metadata, positions, self.rotary_emb)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -119,6 +123,11 @@ class LlamaDecoderLayer(nn.Module):
         residual: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """hidden_states, residual: [T, hidden] -> (mlp output, residual before it)."""
+        gemv = get_triton_gemv(hidden_states)
+        if gemv is not None:
+            return self.forward_small_batch(
+                gemv, positions, hidden_states, kv_cache, attn_metadata, residual
+            )
         if residual is None:
             residual = hidden_states
             hidden_states = self.input_layernorm(hidden_states)
@@ -127,6 +136,29 @@ class LlamaDecoderLayer(nn.Module):
         hidden_states = self.self_attn(positions, hidden_states, kv_cache, attn_metadata)
         hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
         return self.mlp(hidden_states), residual
+
+    def forward_small_batch(
+        self, gemv, positions, hidden_states, kv_cache, attn_metadata, residual
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`forward` for few tokens, with the projections as :mod:`triton_gemv` kernels.
+
+        Four projection launches instead of seven: each RMSNorm (and its residual add) runs
+        inside the projection after it, and SiLU-and-mul inside gate_up. Same rounding points
+        as :meth:`forward`; ``gemv`` is the module from ``get_triton_gemv``.
+        """
+        attn, mlp = self.self_attn, self.mlp
+        ln1, ln2 = self.input_layernorm, self.post_attention_layernorm
+        qkv, residual = gemv.norm_linear(
+            hidden_states, residual, ln1.weight, ln1.variance_epsilon,
+            attn.qkv_proj.weight, attn.qkv_proj.bias,
+        )  # fmt: skip
+        out = attn.attend(positions, qkv, kv_cache, attn_metadata)  # [T, q_size]
+        out = gemv.linear(out, attn.o_proj.weight, attn.o_proj.bias)  # [T, hidden]
+        act, residual = gemv.norm_linear(
+            out, residual, ln2.weight, ln2.variance_epsilon,
+            mlp.gate_up_proj.weight, mlp.gate_up_proj.bias, silu_mul=True,
+        )  # fmt: skip
+        return gemv.linear(act, mlp.down_proj.weight, mlp.down_proj.bias), residual
 
 
 class LlamaModel(nn.Module):

@@ -1,0 +1,163 @@
+"""The small-batch projection kernels (triton_gemv) against what they replace, per shape.
+
+For each projection of a decoder layer (qkv with its RMSNorm, o, gate_up with its RMSNorm
+and SiLU-and-mul, down) of the chosen model shapes and each row count, times:
+
+- ``unfused``: the layers the model ran before (Triton RMSNorm, cuBLAS ``F.linear``,
+  Triton SiLU-and-mul);
+- ``fused``: :mod:`vllm.model_executor.layers.triton_gemv` with its default launch config;
+- with ``--sweep``, every config of a small grid, printing the best.
+
+Timing: one CUDA graph runs the op over ``--layers`` distinct weight copies (so the
+weights come from HBM, as in a model, not from L2), replayed ``--iters`` times after a
+warm-up; the time per op is the replay time divided by layers x iters, which includes the
+gaps between kernels in a graph. Bandwidth = weight bytes / time. Prints conditions, a
+table and one JSON line per (shape, rows). GPU only. Example::
+
+    python benchmarks/kernel_gemv.py --models smollm2,llama-3.1-8b --rows 1,8 --sweep
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+
+import torch
+import torch.nn.functional as F
+
+# (hidden, intermediate, q heads, kv heads, head_dim) of the shipped benchmark shapes
+SHAPES = {
+    "smollm2": (576, 1536, 9, 3, 64),
+    "qwen2.5-0.5b": (896, 4864, 14, 2, 64),
+    "llama-3.1-8b": (4096, 14336, 32, 8, 128),
+}
+
+
+def _graph_time_us(fn, layers: int, iters: int) -> float:
+    """Microseconds per call of fn(i) for i in range(layers), replayed in one CUDA graph."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for i in range(layers):
+            fn(i)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(layers):
+            fn(i)
+    for _ in range(3):
+        g.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        g.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / (iters * layers)
+
+
+def _ops(name: str, m: int, shape, layers: int, dtype):
+    """(op name, n_out, k, weight bytes, unfused fn(i), fused fn(i, cfg), reference check)."""
+    from vllm.model_executor.layers import triton_gemv, triton_ops
+
+    hidden, inter, hq, hkv, d = shape
+    dev = "cuda"
+    gen = torch.Generator(device=dev).manual_seed(0)
+
+    def w(n, k):
+        return [(torch.randn(n, k, device=dev, generator=gen) / k**0.5).to(dtype)
+                for _ in range(layers)]  # fmt: skip
+
+    x = torch.randn(m, hidden, device=dev, generator=gen).to(dtype)
+    res = torch.randn(m, hidden, device=dev, generator=gen).to(dtype)
+    nw = (torch.rand(hidden, device=dev, generator=gen) + 0.5).to(dtype)
+    xi = torch.randn(m, inter, device=dev, generator=gen).to(dtype)
+    xo = torch.randn(m, hq * d, device=dev, generator=gen).to(dtype)
+    qkv_n = (hq + 2 * hkv) * d
+    wq, wo, wgu, wd = w(qkv_n, hidden), w(hidden, hq * d), w(2 * inter, hidden), w(hidden, inter)
+    eps = 1e-5
+
+    def qkv_unfused(i):
+        h, _ = triton_ops.fused_add_rms_norm(x, res, nw, eps)
+        return F.linear(h, wq[i])
+
+    def gu_unfused(i):
+        h, _ = triton_ops.fused_add_rms_norm(x, res, nw, eps)
+        return triton_ops.silu_and_mul(F.linear(h, wgu[i]))
+
+    def launch(xx, r, nn, ww, silu, cfg):
+        return triton_gemv._launch(xx, r, nn, eps, ww, None, silu, cfg)[0]
+
+    b = torch.finfo(dtype).bits // 8
+    return [
+        ("norm+qkv", qkv_n, hidden, qkv_n * hidden * b, qkv_unfused,
+         lambda i, c: launch(x, res, nw, wq[i], False, c)),
+        ("o", hidden, hq * d, hidden * hq * d * b, lambda i: F.linear(xo, wo[i]),
+         lambda i, c: launch(xo, None, None, wo[i], False, c)),
+        ("norm+gate_up+silu", inter, hidden, 2 * inter * hidden * b, gu_unfused,
+         lambda i, c: launch(x, res, nw, wgu[i], True, c)),
+        ("down", hidden, inter, hidden * inter * b, lambda i: F.linear(xi, wd[i]),
+         lambda i, c: launch(xi, None, None, wd[i], False, c)),
+    ]  # fmt: skip
+
+
+def _grid(m: int):
+    from vllm.model_executor.layers.triton_gemv import _DOT_MIN_ROWS
+
+    use_dot = m >= _DOT_MIN_ROWS
+    bm = 16 if use_dot else max(1, 1 << (m - 1).bit_length())
+    for bn, bk, warps, stages in itertools.product((8, 16, 32, 64), (128, 256, 512),
+                                                   (4, 8), (2, 4)):  # fmt: skip
+        if use_dot and bn < 16:
+            continue
+        if bm * bn * bk > 16 * 64 * 256:  # register budget of the FMA / dot tile
+            continue
+        yield dict(USE_DOT=use_dot, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps,
+                   num_stages=stages)  # fmt: skip
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--models", default="smollm2,llama-3.1-8b")
+    p.add_argument("--rows", default="1,2,4,8,16")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--sweep", action="store_true", help="Also time a grid of launch configs.")
+    args = p.parse_args()
+    from vllm.model_executor.layers.triton_gemv import launch_config
+
+    dtype = getattr(torch, args.dtype)
+    print(f"# GPU {torch.cuda.get_device_name()} torch {torch.__version__} dtype {args.dtype} "
+          f"iters {args.iters} (graph replays, after 3 warm-up replays)")  # fmt: skip
+    for name in args.models.split(","):
+        shape = SHAPES[name]
+        layers = 30 if shape[0] < 2048 else 2  # enough distinct weights to overflow L2
+        for m in (int(r) for r in args.rows.split(",")):
+            for op, n, k, nbytes, unfused, fused in _ops(name, m, shape, layers, dtype):
+                ref, got = unfused(0), fused(0, None)
+                err = (ref.float() - got.float()).abs().max().item()
+                t_un = _graph_time_us(unfused, layers, args.iters)
+                cfg = launch_config(m, n, k)
+                t_fu = _graph_time_us(lambda i, c=cfg, f=fused: f(i, c), layers, args.iters)
+                best = (t_fu, cfg)
+                if args.sweep:
+                    for c in _grid(m):
+                        try:
+                            t = _graph_time_us(lambda i, c=c, f=fused: f(i, c), layers, args.iters)
+                        except Exception as e:  # out of resources for this tile: skip it
+                            print(f"#   skip {c}: {type(e).__name__}")
+                            continue
+                        if t < best[0]:
+                            best = (t, c)
+                row = dict(bench="kernel_gemv", model=name, op=op, rows=m, n=n, k=k,
+                           unfused_us=round(t_un, 2), fused_us=round(t_fu, 2),
+                           fused_gb_s=round(nbytes / t_fu / 1e3, 1),
+                           best_us=round(best[0], 2), best_gb_s=round(nbytes / best[0] / 1e3, 1),
+                           best_config=best[1], max_abs_err=err)  # fmt: skip
+                print(json.dumps(row))
+
+
+if __name__ == "__main__":
+    main()

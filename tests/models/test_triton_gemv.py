@@ -1,0 +1,204 @@
+"""The small-batch projection kernels (vllm/model_executor/layers/triton_gemv.py).
+
+Reference: the unfused torch layers they replace (``RMSNorm.forward_native``,
+``F.linear``, ``SiluAndMul.forward_native``) and, one level up, ``LlamaDecoderLayer.forward``
+vs ``forward_small_batch`` with the attention stubbed out (the kernels are the only
+difference). CPU: run under ``TRITON_INTERPRET=1`` (tests.utils.run_interpreted); float32
+must match to float32 summation-order noise, bfloat16 (truncating interpreter) to about one
+ulp of the output scale. GPU (``gpu`` marker): the compiled kernels, bfloat16 and float32,
+and the dispatch rule (``get_triton_gemv``: CUDA, T <= MAX_ROWS, VLLM_USE_TRITON_GEMV).
+"""
+
+import importlib.util
+import os
+from types import ModuleType
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import LlamaConfig
+
+from tests.utils import run_interpreted
+from vllm.model_executor.layers.activation import SiluAndMul
+from vllm.model_executor.layers.layernorm import RMSNorm
+from vllm.model_executor.layers.triton_dispatch import ENV_USE_TRITON_GEMV, get_triton_gemv
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None,
+    reason="triton is not installed (pip install -r requirements-test.txt)",
+)
+
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+ROWS = (1, 2, 3, 5, 16)  # FMA paths (BLOCK_M 1, 2, 4) and the tl.dot path
+# (N, K): N not a multiple of BLOCK_N 16, K not a multiple of BLOCK_K 128 (SmolLM2 hidden 576)
+SIZES = ((40, 300), (200, 576))
+EPS = 1e-5
+
+
+def _tol(dtype: torch.dtype, scale: float) -> dict:
+    """float32: summation order. bfloat16: the interpreter TRUNCATES each rounding (gate,
+    up, silu, product: one ulp = 0.8% each, compounding), the GPU rounds to nearest; so
+    5% on CPU (still far below the errors of a wrong formula, see _check_errors) and 2%
+    on CUDA, relative to the output scale."""
+    if dtype == torch.float32:
+        return dict(rtol=1e-5, atol=1e-5 * scale)
+    rel = 5e-2 if _INTERPRETED else 2e-2
+    return dict(rtol=rel, atol=rel * scale)
+
+
+@torch.no_grad()
+def _kernel_cases(gemv: ModuleType, dtype: torch.dtype, device: str) -> None:
+    gen = torch.Generator().manual_seed(0)
+    act = SiluAndMul()
+    for n, k in SIZES:
+        norm = RMSNorm(k, eps=EPS)
+        norm.weight.copy_(torch.rand(k, generator=gen) + 0.5)
+        norm = norm.to(device=device, dtype=dtype)
+        w = (torch.randn(2 * n, k, generator=gen) / k**0.5).to(device=device, dtype=dtype)
+        b = torch.randn(2 * n, generator=gen).to(device=device, dtype=dtype)
+        for m in ROWS:
+            ctx = f"dtype={dtype} N={n} K={k} M={m}"
+            wide = torch.randn(m, k + 8, generator=gen).to(device=device, dtype=dtype)
+            x = wide[:, :k]  # [M, K], row stride K + 8
+            r = torch.randn(m, k, generator=gen).to(device=device, dtype=dtype)
+
+            got = gemv.linear(x, w, b)
+            want = F.linear(x, w, b)
+            assert got.shape == (m, 2 * n) and got.dtype == dtype, ctx
+            torch.testing.assert_close(got, want, **_tol(dtype, 3.0), msg=lambda e, c=ctx: c + e)
+
+            normed, s_want = norm.forward_native(x, r)
+            got, s = gemv.norm_linear(x, r, norm.weight, EPS, w, b)
+            assert s.dtype == dtype and s.shape == (m, k), ctx
+            # one add rounded once in both (the interpreter truncates: one ulp)
+            torch.testing.assert_close(s, s_want, rtol=8e-3 if dtype != torch.float32 else 0,
+                                       atol=0)  # fmt: skip
+            want = F.linear(normed, w, b)
+            torch.testing.assert_close(got, want, **_tol(dtype, 3.0), msg=lambda e, c=ctx: c + e)
+
+            got, s = gemv.norm_linear(x, None, norm.weight, EPS, w, None, silu_mul=True)
+            assert s is x, ctx
+            want = act.forward_native(F.linear(norm.forward_native(x), w))
+            assert got.shape == (m, n), ctx
+            torch.testing.assert_close(got, want, **_tol(dtype, 3.0), msg=lambda e, c=ctx: c + e)
+        # a row's value does not depend on the other rows of the launch (same BLOCK_M)
+        x = torch.randn(16, k, generator=gen).to(device=device, dtype=dtype)
+        assert torch.equal(gemv.linear(x[:7], w), gemv.linear(x, w)[:7]), f"{dtype} N={n}"
+
+
+def _interpreted_gemv() -> ModuleType:
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from vllm.model_executor.layers import triton_gemv
+
+    assert isinstance(triton_gemv._gemv_kernel, InterpretedFunction), "not interpreted"
+    return triton_gemv
+
+
+def _check_kernels() -> None:
+    for dtype in (torch.float32, torch.bfloat16):
+        _kernel_cases(_interpreted_gemv(), dtype, "cpu")
+
+
+def _tiny_layer(dtype: torch.dtype, device: str, bias: bool):
+    from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
+    from vllm.model_executor.models.llama import LlamaDecoderLayer
+
+    cfg = LlamaConfig(
+        hidden_size=96, intermediate_size=200, num_attention_heads=6, num_key_value_heads=2,
+        rms_norm_eps=EPS, max_position_embeddings=64,
+    )  # fmt: skip
+    rope = RotaryEmbedding(16, 16, 64, {"rope_theta": 10000.0, "rope_type": "default"})
+    layer = LlamaDecoderLayer(cfg, rope, bias, False, False, "model.layers.0")
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.2 + (1.0 if p.dim() == 1 else 0.0))
+    layer = layer.to(device=device, dtype=dtype)
+    q_size = layer.self_attn.q_size
+    # stand-in for paged attention: any fixed function of qkv [T, q+2kv] -> [T, q_size]
+    layer.self_attn.attend = lambda pos, qkv, kv, md: qkv[:, :q_size] * 0.5 + qkv[:, -1:]
+    return layer
+
+
+def _unfused(layer, pos, h, res):
+    """The layer's plain forward (VLLM_USE_TRITON_GEMV=0 keeps a GPU off the fused path)."""
+    old = os.environ.get(ENV_USE_TRITON_GEMV)
+    os.environ[ENV_USE_TRITON_GEMV] = "0"
+    try:
+        return layer(pos, h, None, None, res)
+    finally:
+        if old is None:
+            del os.environ[ENV_USE_TRITON_GEMV]
+        else:
+            os.environ[ENV_USE_TRITON_GEMV] = old
+
+
+@torch.no_grad()
+def _layer_cases(gemv: ModuleType, dtype: torch.dtype, device: str) -> None:
+    """forward_small_batch == the unfused forward (residual None and given, with biases)."""
+    gen = torch.Generator().manual_seed(2)
+    for bias in (False, True):
+        layer = _tiny_layer(dtype, device, bias)
+        for t in (1, 4, 9):
+            h = torch.randn(t, 96, generator=gen).to(device=device, dtype=dtype)
+            r = torch.randn(t, 96, generator=gen).to(device=device, dtype=dtype)
+            pos = torch.arange(t, device=device)
+            for res in (None, r):
+                want_h, want_r = _unfused(layer, pos, h, res)
+                got_h, got_r = layer.forward_small_batch(gemv, pos, h, None, None, res)
+                ctx = f"dtype={dtype} bias={bias} T={t} residual={res is not None}"
+                torch.testing.assert_close(got_r, want_r, **_tol(dtype, 4.0),
+                                           msg=lambda e, c=ctx: c + e)  # fmt: skip
+                torch.testing.assert_close(got_h, want_h, **_tol(dtype, 4.0),
+                                           msg=lambda e, c=ctx: c + e)  # fmt: skip
+
+
+def _check_layer() -> None:
+    # float32 only: four truncating bf16 projections in a row compound past any fair bound
+    _layer_cases(_interpreted_gemv(), torch.float32, "cpu")
+
+
+def _check_errors() -> None:
+    gemv = _interpreted_gemv()
+    w = torch.randn(8, 32)
+    assert gemv.linear(torch.empty(0, 32), w).shape == (0, 8)
+    with pytest.raises(ValueError, match="17 rows > MAX_ROWS=16"):
+        gemv.linear(torch.randn(17, 32), w)
+    with pytest.raises(ValueError, match=r"x must be \[rows, 32\], got \(2, 31\)"):
+        gemv.linear(torch.randn(2, 31), w)
+    with pytest.raises(ValueError, match="even weight height, got 7"):
+        gemv.norm_linear(torch.randn(2, 32), None, torch.ones(32), EPS, w[:7], silu_mul=True)
+    # the checks can fail: a missing norm weight multiply is caught
+    x = torch.randn(3, 32)
+    norm = RMSNorm(32, EPS)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(32) + 0.5)
+    bad, _ = gemv.norm_linear(x, None, torch.ones(32), EPS, w)
+    assert not torch.allclose(bad, F.linear(norm.forward_native(x), w), **_tol(torch.float32, 3))
+
+
+@pytest.mark.parametrize("case", ["_check_kernels", "_check_layer", "_check_errors"])
+def test_interpreted(case):
+    """float32 and bfloat16 under the interpreter vs the unfused torch layers."""
+    run_interpreted(__file__, case)
+
+
+def test_cpu_dispatch_is_off():
+    """On CPU the decoder never takes the small-batch path."""
+    assert get_triton_gemv(torch.randn(1, 64)) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_kernels_and_dispatch(monkeypatch):
+    """Compiled kernels (RNE bf16, IEEE float32) and the dispatch rule on a GPU."""
+    from vllm.model_executor.layers import triton_gemv
+
+    for dtype in (torch.float32, torch.bfloat16):
+        _kernel_cases(triton_gemv, dtype, "cuda")
+        _layer_cases(triton_gemv, dtype, "cuda")  # bf16: 2% of 4.0 after four projections
+    assert get_triton_gemv(torch.empty(16, 8, device="cuda")) is triton_gemv
+    assert get_triton_gemv(torch.empty(17, 8, device="cuda")) is None
+    monkeypatch.setenv("VLLM_USE_TRITON_GEMV", "0")
+    assert get_triton_gemv(torch.empty(1, 8, device="cuda")) is None

@@ -1,0 +1,247 @@
+"""Small-batch projections as Triton GEMV kernels, with the decoder's neighbours fused in.
+
+Why: at decode with few sequences every projection of a decoder layer is a matrix-vector
+product bound by launch latency (SmolLM2-135M) or by weight bytes (Llama-3.1-8B), and each
+RMSNorm / SiLU-and-mul between two projections is one more launch and one more round trip
+of the activations. For ``T <= MAX_ROWS`` rows one kernel here does:
+
+- :func:`norm_linear`: ``[s = residual + x]`` -> RMSNorm -> ``@ W.T (+ bias)``, i.e. a
+  layer's ``input_layernorm`` + ``qkv_proj``;
+- :func:`norm_linear` with ``silu_mul=True``: the same, then ``silu(gate) * up`` on the two
+  halves of ``W`` (``post_attention_layernorm`` + ``gate_up_proj`` + the activation);
+- :func:`linear`: ``x @ W.T (+ bias)`` (``o_proj``, ``down_proj``).
+
+A decoder layer then takes 4 kernels for its projections instead of 7 (norm, qkv, o,
+norm, gate_up, act, down). Layout: one program per ``BLOCK_N`` output features, all rows
+in it, so each weight element is read once per step. Every program recomputes the row
+norms from ``x`` (``K`` elements per row: a few KiB read from L2, against ``BLOCK_N * K``
+weight elements); program 0 alone writes the residual sum.
+
+Rounding follows the unfused torch layers (``RMSNorm.forward_native``, ``F.linear``,
+``SiluAndMul.forward_native``): the residual sum, the normed row, the norm-weight product,
+each projection output and the SiLU are rounded to the activation dtype where torch rounds
+them; products accumulate in float32. float32 models use IEEE float32 products (no TF32),
+so a float32 run keeps TF32 off as the exact GPU comparisons require (TESTING.md).
+The accumulation order differs from cuBLAS: bf16 results differ from the unfused layers in
+the last bit now and then (GPU bf16 comparisons use ``check_logprobs_close``). A row's
+result does not depend on how many rows share the launch, so a captured graph padded to 8
+rows and an eager step of 5 rows compute the same values.
+
+This module imports ``triton`` at the top: reach it through
+:func:`vllm.model_executor.layers.triton_dispatch.get_triton_gemv`.
+"""
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_ROWS = 16  # larger batches go to cuBLAS, which is at its best there
+_DOT_MIN_ROWS = 5  # rows from which tensor-core tl.dot (16-row tiles) replaces FMA sums
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # read once, as triton does
+
+
+@triton.jit
+def _row_products(a, w, USE_DOT: tl.constexpr, IEEE: tl.constexpr):
+    """a [BM, BK] @ w [BN, BK].T -> [BM, BN] float32.
+
+    USE_DOT: a tensor-core ``tl.dot`` (16-row tiles); else FMA products summed over BK.
+    IEEE: float32 products without TF32. Under ``TRITON_INTERPRET=1`` (CPU tests) the dot
+    takes float32 copies, since the interpreter's bfloat16 ``tl.dot`` returns garbage
+    (triton 3.9); a bf16 x bf16 product is exact in float32, so only the summation order
+    can differ from the GPU's.
+    """
+    if USE_DOT:
+        if IEEE:
+            return tl.dot(a, tl.trans(w), input_precision="ieee")
+        return tl.dot(a, tl.trans(w))
+    prod = a.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]  # [BM, BN, BK]
+    return tl.sum(prod, axis=2)
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr, res_ptr, nw_ptr, w_ptr, b_ptr, out_ptr, res_out_ptr,
+    M, N, K, x_stride, res_stride, w_stride, out_stride, res_out_stride, up_offset, eps,
+    NORM: tl.constexpr, ADD_RES: tl.constexpr, SILU_MUL: tl.constexpr, HAS_BIAS: tl.constexpr,
+    USE_DOT: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """Program n: out[:, n * BLOCK_N : (n + 1) * BLOCK_N] for all M (<= BLOCK_M) rows."""
+    pid = tl.program_id(0)
+    rows = tl.arange(0, BLOCK_M)  # [BM]
+    row_ok = rows < M
+    cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN] output features
+    col_ok = cols < N
+    ks = tl.arange(0, BLOCK_K)  # [BK]
+    act_ty = out_ptr.dtype.element_ty
+    x_rows = x_ptr + rows[:, None].to(tl.int64) * x_stride  # [BM, 1]
+    r_rows = res_ptr + rows[:, None].to(tl.int64) * res_stride
+    w_rows = w_ptr + cols[:, None].to(tl.int64) * w_stride  # [BN, 1]
+
+    rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if NORM:  # pass 1: mean square of each row of s = residual + x
+        sumsq = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + ks
+            m2 = row_ok[:, None] & (kk < K)[None, :]  # [BM, BK]
+            a = tl.load(x_rows + kk[None, :], mask=m2, other=0.0).to(tl.float32)
+            if ADD_RES:
+                r = tl.load(r_rows + kk[None, :], mask=m2, other=0.0).to(tl.float32)
+                s = (r + a).to(res_out_ptr.dtype.element_ty)  # torch's `residual + x`
+                dst = res_out_ptr + rows[:, None].to(tl.int64) * res_out_stride + kk[None, :]
+                if pid == 0:  # program 0 alone stores the residual sum
+                    tl.store(dst, s, mask=m2)
+                a = s.to(tl.float32)
+            sumsq += tl.sum(a * a, axis=1)
+        rstd = tl.rsqrt(sumsq / K + eps)  # [BM]
+
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):  # pass 2: the products
+        kk = k0 + ks
+        k_ok = kk < K
+        m2 = row_ok[:, None] & k_ok[None, :]
+        a = tl.load(x_rows + kk[None, :], mask=m2, other=0.0)  # [BM, BK]
+        if NORM:
+            a = a.to(tl.float32)
+            if ADD_RES:
+                r = tl.load(r_rows + kk[None, :], mask=m2, other=0.0).to(tl.float32)
+                a = (r + a).to(res_out_ptr.dtype.element_ty).to(tl.float32)
+            # HF LlamaRMSNorm: normalise in float32, round, then the weight multiply
+            a = (a * rstd[:, None]).to(act_ty).to(tl.float32)
+            nw = tl.load(nw_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)  # [BK]
+            a = (nw[None, :] * a).to(act_ty)
+        a = a.to(w_ptr.dtype.element_ty)
+        w_ok = col_ok[:, None] & k_ok[None, :]  # [BN, BK]
+        w = tl.load(w_rows + kk[None, :], mask=w_ok, other=0.0)  # [BN, BK]
+        acc += _row_products(a, w, USE_DOT, IEEE)
+        if SILU_MUL:
+            wu = tl.load(w_rows + up_offset * w_stride + kk[None, :], mask=w_ok, other=0.0)
+            acc_up += _row_products(a, wu, USE_DOT, IEEE)
+
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        if SILU_MUL:
+            up_b = tl.load(b_ptr + up_offset + cols, mask=col_ok, other=0.0)
+            acc_up += up_b.to(tl.float32)[None, :]
+    if SILU_MUL:  # gate and up rounded as the projection's output, then F.silu, then *
+        gate = acc.to(act_ty).to(tl.float32)
+        silu = (gate / (1.0 + tl.exp(-gate))).to(act_ty).to(tl.float32)
+        y = (silu * acc_up.to(act_ty).to(tl.float32)).to(act_ty)
+    else:
+        y = acc.to(act_ty)
+    dst = out_ptr + rows[:, None].to(tl.int64) * out_stride + cols[None, :]
+    tl.store(dst, y, mask=row_ok[:, None] & col_ok[None, :])
+
+
+def launch_config(rows: int, n: int, k: int) -> dict:
+    """Block sizes and launch options for ``rows`` x ``k`` @ ``k`` x ``n``.
+
+    ``BLOCK_N`` 16 output features per program keeps enough programs in flight to cover
+    an H200's 132 SMs for every projection of the shipped configs (fewest: SmolLM2's
+    o_proj, 576 / 16 = 36); ``BLOCK_K`` 128 bf16 is one 256-byte row segment per load.
+    """
+    use_dot = rows >= _DOT_MIN_ROWS
+    return dict(
+        USE_DOT=use_dot,
+        BLOCK_M=16 if use_dot else triton.next_power_of_2(max(rows, 1)),
+        BLOCK_N=16,
+        BLOCK_K=128,
+        num_warps=4,
+        num_stages=3,
+    )
+
+
+def _check(x: torch.Tensor, weight: torch.Tensor, k: int) -> None:
+    if x.dim() != 2 or x.shape[1] != k:
+        raise ValueError(f"x must be [rows, {k}], got {tuple(x.shape)}")
+    if x.shape[0] > MAX_ROWS:
+        raise ValueError(f"{x.shape[0]} rows > MAX_ROWS={MAX_ROWS}; use F.linear")
+    if weight.stride(1) != 1:
+        raise ValueError(f"weight must have unit column stride, got {weight.stride()}")
+
+
+def _launch(
+    x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor | None,
+    eps: float, weight: torch.Tensor, bias: torch.Tensor | None, silu_mul: bool,
+    config: dict | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Shared launcher; returns (out [M, N_out], residual sum [M, K] or x)."""
+    m, k = x.shape
+    n = weight.shape[0] // 2 if silu_mul else weight.shape[0]
+    _check(x, weight, weight.shape[1])
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    act_dtype = torch.promote_types(x.dtype, weight.dtype)
+    if norm_weight is not None:
+        act_dtype = torch.promote_types(act_dtype, norm_weight.dtype)
+    res_out = x
+    if residual is not None:
+        if residual.shape != x.shape:
+            raise ValueError(f"residual {tuple(residual.shape)} != x {tuple(x.shape)}")
+        residual = residual if residual.stride(1) == 1 else residual.contiguous()
+        res_out = torch.empty(x.shape, dtype=torch.promote_types(residual.dtype, x.dtype),
+                              device=x.device)  # fmt: skip
+    out = torch.empty((m, n), dtype=act_dtype, device=x.device)  # [M, N_out]
+    if m == 0:
+        return out, res_out
+    cfg = dict(config or launch_config(m, n, k))
+    ieee = weight.dtype == torch.float32
+    if _INTERPRETED and cfg["USE_DOT"]:  # see _row_products
+        x, weight, ieee = x.float(), weight.float(), True
+    grid = (triton.cdiv(n, cfg["BLOCK_N"]),)
+    _gemv_kernel[grid](
+        x, residual if residual is not None else x,
+        norm_weight if norm_weight is not None else weight, weight,
+        bias if bias is not None else weight, out, res_out,
+        m, n, k, x.stride(0), residual.stride(0) if residual is not None else 0,
+        weight.stride(0), out.stride(0), res_out.stride(0), n, float(eps),
+        NORM=norm_weight is not None, ADD_RES=residual is not None, SILU_MUL=silu_mul,
+        HAS_BIAS=bias is not None, IEEE=ieee, **cfg,
+    )  # fmt: skip
+    return out, res_out
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for few rows, in one launch.
+
+    Args:
+        x: [M, K] on CUDA, M <= MAX_ROWS, unit column stride (else copied).
+        weight: [N, K] (nn.Linear layout); bias: [N] or None.
+
+    Returns:
+        [M, N] in ``promote_types(x.dtype, weight.dtype)``.
+
+    Raises:
+        ValueError: M > MAX_ROWS or K mismatch.
+    """
+    return _launch(x, None, None, 0.0, weight, bias, False)[0]
+
+
+def norm_linear(
+    x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+    weight: torch.Tensor, bias: torch.Tensor | None = None, silu_mul: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """``RMSNorm(x [+ residual]) @ weight.T (+ bias)`` [then SiLU-and-mul], in one launch.
+
+    Args:
+        x, residual: [M, K] on CUDA (M <= MAX_ROWS); ``residual`` None for a decoder's
+            first layer (no skip add).
+        norm_weight: [K], the RMSNorm weight; ``eps`` its epsilon (HF ``LlamaRMSNorm``).
+        weight: [N, K]; with ``silu_mul`` the fused [gate | up] matrix [2 * N, K].
+        bias: [N] (or [2 * N] with ``silu_mul``) or None.
+
+    Returns:
+        (out, s): out [M, N] (``silu(gate) * up`` with ``silu_mul``) in the activation
+        dtype; s = residual + x [M, K] (the next residual), or ``x`` itself when
+        ``residual`` is None. Same values as ``RMSNorm.forward_native`` then ``F.linear``
+        (then ``SiluAndMul``) up to float32 summation order.
+
+    Raises:
+        ValueError: M > MAX_ROWS, shape mismatches, or an odd weight height with silu_mul.
+    """
+    if silu_mul and weight.shape[0] % 2:
+        raise ValueError(f"silu_mul needs an even weight height, got {weight.shape[0]}")
+    return _launch(x, residual, norm_weight, eps, weight, bias, silu_mul)
