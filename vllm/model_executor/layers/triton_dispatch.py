@@ -8,8 +8,8 @@ results stay bit-identical to Hugging Face. ``triton`` is imported lazily, on th
 CUDA tensor, so installs without it keep working.
 
 The small-batch projection kernels (:mod:`triton_gemv`) follow the same rule, plus their
-own switch ``VLLM_USE_TRITON_GEMV`` (default on) and a row limit
-(``triton_gemv.MAX_ROWS``); above it cuBLAS runs the projections.
+own switch ``VLLM_USE_TRITON_GEMV`` (default on) and a measured rule
+(``triton_gemv.worthwhile``: one row, small weights); otherwise cuBLAS runs them.
 """
 
 import functools
@@ -53,10 +53,11 @@ def _load_triton_gemv() -> ModuleType | None:
     return triton_gemv
 
 
-def get_triton_gemv(x: torch.Tensor) -> ModuleType | None:
-    """:mod:`triton_gemv` when ``x`` [T, ...] takes the Triton path with ``T`` at most
-    ``triton_gemv.MAX_ROWS`` and ``VLLM_USE_TRITON_GEMV`` is not ``"0"``, else None."""
+def get_triton_gemv(x: torch.Tensor, weight: torch.Tensor) -> ModuleType | None:
+    """:mod:`triton_gemv` when ``x`` [T, ...] takes the Triton path,
+    ``VLLM_USE_TRITON_GEMV`` is not ``"0"`` and ``triton_gemv.worthwhile(T, weight)``
+    (few rows, small weights: ``weight`` is the layer's largest projection), else None."""
     if get_triton_ops(x) is None or os.environ.get(ENV_USE_TRITON_GEMV, "1") == "0":
         return None
     gemv = _load_triton_gemv()
-    return gemv if gemv is not None and x.shape[0] <= gemv.MAX_ROWS else None
+    return gemv if gemv is not None and gemv.worthwhile(x.shape[0], weight) else None

@@ -37,8 +37,15 @@ import torch
 import triton
 import triton.language as tl
 
-MAX_ROWS = 16  # larger batches go to cuBLAS, which is at its best there
+MAX_ROWS = 16  # the most rows the kernels accept (one 16-row tl.dot tile)
 _DOT_MIN_ROWS = 5  # rows from which tensor-core tl.dot (16-row tiles) replaces FMA sums
+# When the decoder uses them (benchmarks/kernel_gemv.py on an H200, bf16, graph replays):
+# at 1 row SmolLM2's four projections take 17.3 us per layer against 20.6 us for cuBLAS
+# plus the separate norm and SiLU kernels; at 8 rows 18.8 against 20.3 us (not worth a
+# second code path); for the Llama-3.1-8B shapes, which are bandwidth-bound, cuBLAS is
+# 1.1-1.5x faster at every row count. Hence: one row, layers whose gate_up fits 8 MiB.
+FUSED_MAX_ROWS = 1
+FUSED_MAX_WEIGHT_BYTES = 8 << 20
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # read once, as triton does
 
 
@@ -136,22 +143,28 @@ def _gemv_kernel(
     tl.store(dst, y, mask=row_ok[:, None] & col_ok[None, :])
 
 
+def worthwhile(rows: int, weight: torch.Tensor) -> bool:
+    """Whether a decoder layer should run its projections here: ``rows`` tokens, and
+    ``weight`` its largest projection (gate_up); see FUSED_MAX_ROWS for the measurements."""
+    nbytes = weight.numel() * weight.element_size()
+    return rows <= FUSED_MAX_ROWS and nbytes <= FUSED_MAX_WEIGHT_BYTES
+
+
 def launch_config(rows: int, n: int, k: int) -> dict:
     """Block sizes and launch options for ``rows`` x ``k`` @ ``k`` x ``n``.
 
-    ``BLOCK_N`` 16 output features per program keeps enough programs in flight to cover
-    an H200's 132 SMs for every projection of the shipped configs (fewest: SmolLM2's
-    o_proj, 576 / 16 = 36); ``BLOCK_K`` 128 bf16 is one 256-byte row segment per load.
+    Chosen by the grid sweep of benchmarks/kernel_gemv.py on an H200 (bf16): at 1 row the
+    fastest for all four SmolLM2 projections was 8 output features x 512 of K per program
+    iteration, 4 warps, 4 stages (2.5-6.9 us; the first guess, 16 x 128 x 3 stages, took
+    5.2-15.5 us); at 8 rows (tl.dot) 16-32 x 256-512. ``n`` and ``k`` do not change the
+    choice yet.
     """
-    use_dot = rows >= _DOT_MIN_ROWS
-    return dict(
-        USE_DOT=use_dot,
-        BLOCK_M=16 if use_dot else triton.next_power_of_2(max(rows, 1)),
-        BLOCK_N=16,
-        BLOCK_K=128,
-        num_warps=4,
-        num_stages=3,
-    )
+    if rows >= _DOT_MIN_ROWS:
+        return dict(USE_DOT=True, BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, num_warps=4,
+                    num_stages=4)  # fmt: skip
+    block_m = triton.next_power_of_2(max(rows, 1))
+    return dict(USE_DOT=False, BLOCK_M=block_m, BLOCK_N=8, BLOCK_K=512 // block_m,
+                num_warps=4, num_stages=4)  # fmt: skip
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor, k: int) -> None:

@@ -123,7 +123,7 @@ class LlamaDecoderLayer(nn.Module):
         residual: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """hidden_states, residual: [T, hidden] -> (mlp output, residual before it)."""
-        gemv = get_triton_gemv(hidden_states)
+        gemv = get_triton_gemv(hidden_states, self.mlp.gate_up_proj.weight)
         if gemv is not None:
             return self.forward_small_batch(
                 gemv, positions, hidden_states, kv_cache, attn_metadata, residual
@@ -140,7 +140,7 @@ class LlamaDecoderLayer(nn.Module):
     def forward_small_batch(
         self, gemv, positions, hidden_states, kv_cache, attn_metadata, residual
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`forward` for few tokens, with the projections as :mod:`triton_gemv` kernels.
+        """:meth:`forward` for one token, with the projections as :mod:`triton_gemv` kernels.
 
         Four projection launches instead of seven: each RMSNorm (and its residual add) runs
         inside the projection after it, and SiLU-and-mul inside gate_up. Same rounding points
