@@ -62,17 +62,22 @@ def run_one(pp: int, args: argparse.Namespace) -> dict:
         "--gpu-memory-utilization", str(args.gpu_memory_utilization),
         "--no-tqdm", "--output-json", out,
     ]  # fmt: skip
-    smi = subprocess.Popen(
-        ["nvidia-smi", "--query-gpu=timestamp,index,utilization.gpu",
-         "--format=csv,noheader,nounits", f"-lms={args.sample_ms}"],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    t0 = time.perf_counter()
-    try:
-        subprocess.run(cmd, check=True)
-    finally:
-        smi.terminate()
-        util_out = smi.communicate(timeout=10)[0]
+    # nvidia-smi writes to a file, not a pipe: a pipe nobody reads fills up (64 KiB, about
+    # 100 s of samples) and blocks nvidia-smi before the timed window of a slow start-up.
+    with tempfile.TemporaryFile("w+") as samples:
+        smi = subprocess.Popen(
+            ["nvidia-smi", "--query-gpu=timestamp,index,utilization.gpu",
+             "--format=csv,noheader,nounits", f"-lms={args.sample_ms}"],
+            stdout=samples, text=True,
+        )  # fmt: skip
+        t0 = time.perf_counter()
+        try:
+            subprocess.run(cmd, check=True)
+        finally:
+            smi.terminate()
+            smi.wait(timeout=10)
+        samples.seek(0)
+        util_lines = samples.read().splitlines()
     with open(out) as fh:
         rec = json.loads(fh.read().strip().splitlines()[-1])
     os.unlink(out)
@@ -80,7 +85,7 @@ def run_one(pp: int, args: argparse.Namespace) -> dict:
         bench="pipeline_parallel",
         pipeline_parallel_size=pp,
         wall_s_incl_startup=round(time.perf_counter() - t0, 2),
-        gpu_busy=parse_util(util_out.splitlines(), rec.get("timed_window_epoch_s")),
+        gpu_busy=parse_util(util_lines, rec.get("timed_window_epoch_s")),
     )
     return rec
 

@@ -161,3 +161,47 @@ def test_pipeline_busy_counts_only_the_timed_window():
     ]
     assert pp.parse_util(lines, (base + 10.2, base + 11.5)) == {0: 0.85, 1: 0.6}
     assert pp.parse_util(lines) == {0: round((5 + 90 + 80) / 300, 3), 1: 0.4}
+
+
+_FAKE_SMI = """#!{python}
+import sys, time
+# a long start-up's worth of samples first: more than a pipe holds (64 KiB)
+sys.stdout.write("2020/01/01 00:00:00.000, 0, 1\\n" * 8000)
+sys.stdout.flush()
+while True:
+    t = time.time()
+    stamp = time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(t))
+    print(f"{{stamp}}.{{int(t % 1 * 1000):03d}}, 0, 75", flush=True)
+    time.sleep(0.02)
+"""
+
+
+def test_pipeline_busy_survives_a_long_startup(tmp_path, monkeypatch):
+    """Regression: nvidia-smi wrote into a pipe read only at the end; after ~100 s of
+    start-up (the Llama-8B shape's FlashInfer JIT) the pipe was full, nvidia-smi blocked,
+    and the timed window had no samples (gpu_busy {}). A fake nvidia-smi that writes 240 KB
+    before its live samples must still yield the window's busy fraction."""
+    import argparse
+    import time
+
+    pp = _bench_module("benchmark_pipeline_parallel")
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(_FAKE_SMI.format(python=sys.executable))
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+
+    def fake_benchmark(cmd, check):  # stands in for the benchmark_throughput process
+        time.sleep(1.0)
+        start = time.time()
+        time.sleep(0.6)
+        record = {"output_tokens_per_s": 1.0, "timed_window_epoch_s": [start, time.time()]}
+        with open(cmd[cmd.index("--output-json") + 1], "w") as fh:
+            fh.write(json.dumps(record) + "\n")
+
+    monkeypatch.setattr(pp.subprocess, "run", fake_benchmark)
+    args = argparse.Namespace(
+        model="m", load_format="dummy", dtype="bfloat16", max_model_len=64, num_prompts=1,
+        input_len=4, output_len=4, gpu_memory_utilization=0.5, sample_ms=20,
+    )  # fmt: skip
+    rec = pp.run_one(1, args)
+    assert rec["gpu_busy"] == {0: 0.75}, rec["gpu_busy"]
