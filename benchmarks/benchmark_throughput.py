@@ -229,6 +229,9 @@ def run_sweep(args: argparse.Namespace, sizes: list[int]) -> list[dict]:
                         f"{mode}_decode_steps": res["decode_steps"],
                     }
                 )
+                if not eager:  # the shared conditions below are the eager engine's
+                    rows[b].update(graph_capture_s=cond["graph_capture_s"],
+                                   graph_capture_gib=cond["graph_capture_gib"])  # fmt: skip
         finally:
             release(llm)
     for b in sizes:
@@ -239,7 +242,8 @@ def run_sweep(args: argparse.Namespace, sizes: list[int]) -> list[dict]:
                 hf_elapsed_s=hf["elapsed_s"],
                 speedup_vs_hf=rows[b]["graphs_output_tokens_per_s"] / hf["output_tokens_per_s"],
             )
-        shared = {k: v for k, v in cond.items() if k not in ("cuda_graphs", "batch_sizes")}
+        skip = ("cuda_graphs", "batch_sizes", "graph_capture_s", "graph_capture_gib")
+        shared = {k: v for k, v in cond.items() if k not in skip}
         rows[b] = {**rows[b], **shared}
         emit(rows[b], args.output_json)
     return [rows[b] for b in sizes]

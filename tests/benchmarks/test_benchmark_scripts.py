@@ -205,3 +205,31 @@ def test_pipeline_busy_survives_a_long_startup(tmp_path, monkeypatch):
     )  # fmt: skip
     rec = pp.run_one(1, args)
     assert rec["gpu_busy"] == {0: 0.75}, rec["gpu_busy"]
+
+
+@pytest.mark.forked
+def test_throughput_sweep_rows(tiny_llama_dir, monkeypatch):
+    """--batch-sizes: one row per size with both modes' tokens/s and step counters, and the
+    capture figures of the graphs engine (they used to come from the eager engine: 0.0)."""
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0.05")
+    tp = _bench_module("benchmark_throughput")
+    calls = []
+
+    def fake_conditions(llm):  # the real conditions, capture figures tagged per engine
+        cond = real_conditions(llm)
+        eager = bool(calls)  # the graphs engine starts first (CPU is eager either way)
+        calls.append(eager)
+        cond.update(graph_capture_s=0.0 if eager else 1.5, graph_capture_gib=0.0 if eager else 0.25)
+        return cond
+
+    real_conditions = tp.engine_conditions
+    monkeypatch.setattr(tp, "engine_conditions", fake_conditions)
+    argv = ["--model", tiny_llama_dir, "--device", "cpu", "--max-model-len", "64", "--input-len",
+            "6", "--output-len", "4", "--batch-sizes", "1,2", "--no-tqdm"]  # fmt: skip
+    rows = tp.main(argv)
+    assert calls == [False, True]
+    assert [r["batch_size"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["graphs_output_tokens_per_s"] > 0 and r["eager_output_tokens_per_s"] > 0
+        assert r["eager_decode_steps"]["eager_enforce_eager"] == 3  # 4 tokens: 1 prefill + 3
+        assert (r["graph_capture_s"], r["graph_capture_gib"]) == (1.5, 0.25)
