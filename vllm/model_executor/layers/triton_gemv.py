@@ -3,7 +3,8 @@
 Why: at decode with few sequences every projection of a decoder layer is a matrix-vector
 product bound by launch latency (SmolLM2-135M) or by weight bytes (Llama-3.1-8B), and each
 RMSNorm / SiLU-and-mul between two projections is one more launch and one more round trip
-of the activations. For ``T <= MAX_ROWS`` rows one kernel here does:
+of the activations. For ``T <= MAX_ROWS`` rows one kernel here does (the decoder uses them
+where they measured faster than cuBLAS: one row and small weights, see FUSED_MAX_ROWS):
 
 - :func:`norm_linear`: ``[s = residual + x]`` -> RMSNorm -> ``@ W.T (+ bias)``, i.e. a
   layer's ``input_layernorm`` + ``qkv_proj``;
@@ -24,8 +25,9 @@ them; products accumulate in float32. float32 models use IEEE float32 products (
 so a float32 run keeps TF32 off as the exact GPU comparisons require (TESTING.md).
 The accumulation order differs from cuBLAS: bf16 results differ from the unfused layers in
 the last bit now and then (GPU bf16 comparisons use ``check_logprobs_close``). A row's
-result does not depend on how many rows share the launch, so a captured graph padded to 8
-rows and an eager step of 5 rows compute the same values.
+result does not depend on the other rows of a launch with the same ``BLOCK_M`` (tested),
+and a replayed graph runs the same kernel as an eager step of the same size, so graphs
+and --enforce-eager stay exact.
 
 This module imports ``triton`` at the top: reach it through
 :func:`vllm.model_executor.layers.triton_dispatch.get_triton_gemv`.
