@@ -169,7 +169,8 @@ def launch_config(rows: int, n: int, k: int) -> dict:
                 num_warps=4, num_stages=4)  # fmt: skip
 
 
-def _check(x: torch.Tensor, weight: torch.Tensor, k: int) -> None:
+def _check(x: torch.Tensor, weight: torch.Tensor) -> None:
+    k = weight.shape[1]
     if x.dim() != 2 or x.shape[1] != k:
         raise ValueError(f"x must be [rows, {k}], got {tuple(x.shape)}")
     if x.shape[0] > MAX_ROWS:
@@ -184,11 +185,11 @@ def _launch(
     config: dict | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Shared launcher; returns (out [M, N_out], residual sum [M, K] or x)."""
-    m, k = x.shape
-    n = weight.shape[0] // 2 if silu_mul else weight.shape[0]
-    _check(x, weight, weight.shape[1])
+    _check(x, weight)
     if x.stride(1) != 1:
         x = x.contiguous()
+    m, k = x.shape
+    n = weight.shape[0] // 2 if silu_mul else weight.shape[0]
     act_dtype = torch.promote_types(x.dtype, weight.dtype)
     if norm_weight is not None:
         act_dtype = torch.promote_types(act_dtype, norm_weight.dtype)
