@@ -104,10 +104,10 @@ def _ops(name: str, m: int, shape, layers: int, dtype):
 
 
 def _grid(m: int):
-    from vllm.model_executor.layers.triton_gemv import _DOT_MIN_ROWS
+    from vllm.model_executor.layers.triton_gemv import launch_config
 
-    use_dot = m >= _DOT_MIN_ROWS
-    bm = 16 if use_dot else max(1, 1 << (m - 1).bit_length())
+    base = launch_config(m, 0, 0)  # the kernel path (FMA or tl.dot) and its row tile
+    use_dot, bm = base["USE_DOT"], base["BLOCK_M"]
     for bn, bk, warps, stages in itertools.product((8, 16, 32, 64), (128, 256, 512),
                                                    (4, 8), (2, 4)):  # fmt: skip
         if use_dot and bn < 16:
