@@ -7,9 +7,7 @@
 source tools/device/env.sh || exit 1
 O=${OUT:-/tmp/out}
 B=benchmarks
-CAP=${CAP:-540}
-(sleep $CAP; pkill -f benchmarks/; pkill -f pytest) >/dev/null 2>&1 &
-k=$!
+cap_runtime ${CAP:-540}
 (export CUDA_VISIBLE_DEVICES=0
  T="python -m pytest --forked -q -p no:cacheprovider -rs"
  $T tests/models/test_triton_gemv.py tests/models/test_triton_ops.py -k cuda 2>&1 | tail -n 15 > $O/t_kern.log
@@ -33,6 +31,6 @@ a=$!
 ) > $O/bench.log 2>&1 &
 b=$!
 wait $a $b
-kill $k 2>/dev/null
+kill $CAP_PID 2>/dev/null
 grep -h '^{"bench"' $O/bench.log $O/nano.log | cut -c1-500
 cat $O/t_kern.log $O/t_graphs.log | grep -v "^$" | tail -n 40

@@ -4,12 +4,10 @@
 source tools/device/env.sh || exit 1
 O=${OUT:-/tmp/out}
 B=benchmarks
-CAP=${CAP:-330}
-(sleep $CAP; pkill -f benchmarks/) >/dev/null 2>&1 &
-k=$!
+cap_runtime ${CAP:-330}
 python $B/benchmark_pipeline_parallel.py --model $B/configs/qwen2.5-1.5b --num-prompts 256 \
     > $O/pp.log 2>&1
 CUDA_VISIBLE_DEVICES=0 python $B/profile_decode.py --batch-size 1 --output-len 64 \
     --num-scheduler-steps 8 --top 30 > $O/profile.log 2>&1
-kill $k 2>/dev/null
+kill $CAP_PID 2>/dev/null
 grep -h '^{"bench"' $O/pp.log $O/profile.log | cut -c1-900

@@ -16,5 +16,9 @@ save_jit() {  # $OUT takes files of at most 16 MiB: split the archive
     tar -cz -C /tmp/fiws . | split -b 15M -d - "${OUT:-/tmp/out}/fiws.tgz."
     ls -la "${OUT:-/tmp/out}"/fiws.tgz.*
 }
+cap_runtime() {  # kill the benchmark and pytest processes after $1 seconds (the call's cap)
+    (sleep "$1"; pkill -f benchmarks/; pkill -f pytest) >/dev/null 2>&1 &
+    CAP_PID=$!
+}
 mkdir -p "${OUT:-/tmp/out}"
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
