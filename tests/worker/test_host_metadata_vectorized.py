@@ -220,6 +220,7 @@ def test_prepare_replay_fills_buffers_like_reference():
     _assert_same(md.slot_mapping, ref_slots(step, scratch_slot))
 
     fi = FlashInferBackend(spec, FakePrefillWrapper, FakeDecodeWrapper)
+    fi.small_max_rows = 0  # the FlashInfer wrapper path (the small path has its own test)
     state = fi.make_graph_state(scratch_slot)
     state.allocate(bs)
     md = state.metadata_for_capture(bs)

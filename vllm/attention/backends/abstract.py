@@ -159,6 +159,23 @@ class AttentionGraphState(ABC):
         """Fill the buffers behind ``metadata`` (captured at size ``bs``) for ``step``
         (already padded to ``bs`` rows); any planning happens here, outside the graph."""
 
+    def advances_on_device(self, metadata: AttentionMetadata) -> bool:
+        """Whether :meth:`advance` can move ``metadata`` one token on with device ops alone
+        (a backend that plans on the host cannot). Default: False."""
+        return False
+
+    def advance(self, metadata: AttentionMetadata, positions: torch.Tensor) -> None:
+        """Inside a decode-loop graph (vllm/worker/decode_loop.py), after a step: every real
+        row is one token longer and ``positions`` [bs] int64 already hold the next tokens'
+        positions (padded lanes' too); update the buffers behind ``metadata`` (lengths,
+        slots) with capturable device ops so the next replay writes and attends one token
+        further on real rows, while padded lanes keep touching only the scratch block.
+
+        Raises:
+            NotImplementedError: when :meth:`advances_on_device` is False.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot advance on the device")
+
 
 class AttentionBackend(ABC):
     """A backend instance (one per model runner): cache layout, metadata, impl, graph state.

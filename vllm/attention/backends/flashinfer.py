@@ -37,6 +37,7 @@ from vllm.attention.backends.host_tables import (
     ragged_positions,
     scratch_slots,
 )
+from vllm.attention.backends.small_decode import SmallDecodeBuffers, small_decode_max_rows
 from vllm.utils import to_device
 
 WORKSPACE_BYTES = 128 * 1024 * 1024
@@ -231,6 +232,9 @@ class FlashInferBackend(AttentionBackend):
         self._decode = None
         self.prefill_runs = 0
         self.decode_runs = 0
+        self.small_decode_runs = 0  # decode steps on the Triton small-batch path
+        self.small_max_rows = small_decode_max_rows()
+        self._small: SmallDecodeBuffers | None = None
 
     @staticmethod
     def get_kv_cache_shape(
@@ -267,7 +271,21 @@ class FlashInferBackend(AttentionBackend):
             sm_scale=s.head_size**-0.5,
         )
 
-    def build_metadata(self, step: StepInputs, scratch_slot: int) -> FlashInferMetadata:
+    def small(self) -> SmallDecodeBuffers:
+        """The small-batch decode path's buffers (created on first use)."""
+        if self._small is None:
+            self._small = SmallDecodeBuffers(self.spec, self.small_max_rows)
+        return self._small
+
+    def takes_small_path(self, mode: ForwardMode, rows: int) -> bool:
+        """Whether a step of ``rows`` rows (padded ones included) runs the Triton small
+        decode kernel (vllm/attention/backends/small_decode.py) instead of FlashInfer."""
+        return mode == ForwardMode.DECODE and 0 < rows <= self.small_max_rows
+
+    def build_metadata(self, step: StepInputs, scratch_slot: int) -> AttentionMetadata:
+        if self.takes_small_path(step.mode, len(step.seq_lens)):
+            self.small_decode_runs += 1
+            return self.small().build_metadata(step, scratch_slot)
         prefill, decode = self._eager_wrappers()
         indptr, indices, last = paged_kv_host(
             step, self.spec.block_size, scratch_slot // self.spec.block_size

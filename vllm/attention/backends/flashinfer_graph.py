@@ -6,6 +6,9 @@ Graph state per virtual engine (DESIGN.md guarantee 1): ``paged_kv_indptr`` [max
 workspace is the backend's shared one). Each captured size gets its own decode wrapper over
 views ``indptr[:bs + 1]`` and ``last_page_len[:bs]``, so its batch size is fixed to ``bs``
 and no later capture can shrink it. Padded lanes read one token of the scratch block.
+Sizes up to the small-decode limit run the Triton kernel instead (no wrapper, no plan): they
+take views of :class:`~vllm.attention.backends.small_decode.SmallDecodeGraphBuffers`, which
+a decode-loop graph can advance on the device.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from vllm.attention.backends.flashinfer import (
     paged_kv_host,
     slot_rows_host,
 )
+from vllm.attention.backends.small_decode import SmallDecodeGraphBuffers, SmallDecodeMetadata
 from vllm.utils import pin_for
 
 
@@ -47,6 +51,17 @@ class FlashInferGraphState(AttentionGraphState):
         self.paged_kv_last_page_len = torch.zeros(max_bs, dtype=torch.int32, device=d)
         # [slot | key row | value row] per lane, filled per replay by one upload
         self.slot_rows = torch.zeros(3, max_bs, dtype=torch.long, device=d)
+        small_rows = min(max_bs, self.backend.small_max_rows)
+        self.small = None
+        if small_rows > 0:
+            self.small = SmallDecodeGraphBuffers(self.backend.small(), small_rows,
+                                                 self.scratch_slot)  # fmt: skip
+
+    def advances_on_device(self, metadata: AttentionMetadata) -> bool:
+        return isinstance(metadata, SmallDecodeMetadata)  # FlashInfer plans on the host
+
+    def advance(self, metadata: AttentionMetadata, positions: torch.Tensor) -> None:
+        SmallDecodeGraphBuffers.advance(metadata)  # type: ignore[arg-type]
 
     def _views(self, bs: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """This size's own views; the full-size handles are never rebound."""
@@ -56,9 +71,11 @@ class FlashInferGraphState(AttentionGraphState):
             self.paged_kv_last_page_len[:bs],
         )
 
-    def metadata_for_capture(self, bs: int) -> FlashInferMetadata:
+    def metadata_for_capture(self, bs: int) -> AttentionMetadata:
         if bs > self.max_bs:
             raise ValueError(f"capture size {bs} exceeds the allocated maximum {self.max_bs}.")
+        if self.backend.takes_small_path(ForwardMode.DECODE, bs):
+            return self.small.metadata(bs)
         indptr, indices, last = self._views(bs)
         wrapper = self.backend.decode_wrapper_cls(
             self.backend.workspace(),  # shared, see FlashInferBackend.workspace
@@ -86,6 +103,10 @@ class FlashInferGraphState(AttentionGraphState):
         return md
 
     def prepare_replay(self, bs: int, step: StepInputs, metadata: AttentionMetadata) -> None:
+        if isinstance(metadata, SmallDecodeMetadata):
+            self.small.prepare(bs, step)
+            self.backend.small_decode_runs += 1
+            return
         md: FlashInferMetadata = metadata  # type: ignore[assignment]
         indptr, indices, last = paged_kv_host(
             step, self.spec.block_size, self.scratch_block, self.spec.max_blocks_per_seq

@@ -246,6 +246,17 @@ class TorchSDPAGraphState(AttentionGraphState):
             max_seq_len=self.spec.max_seq_len_to_capture,
         )
 
+    def advances_on_device(self, metadata: AttentionMetadata) -> bool:
+        return True
+
+    def advance(self, metadata: AttentionMetadata, positions: torch.Tensor) -> None:
+        md: TorchSDPAMetadata = metadata  # type: ignore[assignment]
+        bs = self.spec.block_size
+        real = md.slot_mapping != self.scratch_slot  # [rows] padded lanes stay as they are
+        md.seq_lens.copy_(torch.where(real, positions + 1, md.seq_lens))  # [rows]
+        blocks = md.block_tables.gather(1, (positions // bs)[:, None])[:, 0]  # [rows]
+        md.slot_mapping.copy_(torch.where(real, blocks * bs + positions % bs, md.slot_mapping))
+
     def prepare_replay(self, bs: int, step: StepInputs, metadata: AttentionMetadata) -> None:
         md: TorchSDPAMetadata = metadata  # type: ignore[assignment]
         table, lens = decode_tables(step, self.spec.max_blocks_per_seq, self.scratch_block)

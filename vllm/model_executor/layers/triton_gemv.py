@@ -39,6 +39,8 @@ import torch
 import triton
 import triton.language as tl
 
+from vllm.model_executor.layers.triton_pdl import launch_options, pdl_enabled, pdl_wait
+
 MAX_ROWS = 16  # the most rows the kernels accept (one 16-row tl.dot tile)
 _DOT_MIN_ROWS = 5  # rows from which tensor-core tl.dot (16-row tiles) replaces FMA sums
 # When the decoder uses them (benchmarks/kernel_gemv.py on an H200, bf16, graph replays):
@@ -75,9 +77,12 @@ def _gemv_kernel(
     M, N, K, x_stride, res_stride, w_stride, out_stride, res_out_stride, up_offset, eps,
     NORM: tl.constexpr, ADD_RES: tl.constexpr, SILU_MUL: tl.constexpr, HAS_BIAS: tl.constexpr,
     USE_DOT: tl.constexpr, IEEE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    """Program n: out[:, n * BLOCK_N : (n + 1) * BLOCK_N] for all M (<= BLOCK_M) rows."""
+    """Program n: out[:, n * BLOCK_N : (n + 1) * BLOCK_N] for all M (<= BLOCK_M) rows.
+
+    The first weight tile is loaded before ``pdl_wait`` (weights are never written during a
+    step), each later one an iteration ahead of its use."""
     pid = tl.program_id(0)
     rows = tl.arange(0, BLOCK_M)  # [BM]
     row_ok = rows < M
@@ -88,6 +93,12 @@ def _gemv_kernel(
     x_rows = x_ptr + rows[:, None].to(tl.int64) * x_stride  # [BM, 1]
     r_rows = res_ptr + rows[:, None].to(tl.int64) * res_stride
     w_rows = w_ptr + cols[:, None].to(tl.int64) * w_stride  # [BN, 1]
+    w_ok = col_ok[:, None] & (ks < K)[None, :]  # [BN, BK]
+    w_next = tl.load(w_rows + ks[None, :], mask=w_ok, other=0.0)  # [BN, BK] first tile
+    wu_next = w_next
+    if SILU_MUL:
+        wu_next = tl.load(w_rows + up_offset * w_stride + ks[None, :], mask=w_ok, other=0.0)
+    pdl_wait(PDL)  # everything below may read what earlier kernels wrote
 
     rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
     if NORM:  # pass 1: mean square of each row of s = residual + x
@@ -123,11 +134,14 @@ def _gemv_kernel(
             nw = tl.load(nw_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)  # [BK]
             a = (nw[None, :] * a).to(act_ty)
         a = a.to(w_ptr.dtype.element_ty)
-        w_ok = col_ok[:, None] & k_ok[None, :]  # [BN, BK]
-        w = tl.load(w_rows + kk[None, :], mask=w_ok, other=0.0)  # [BN, BK]
+        w, wu = w_next, wu_next  # [BN, BK] this tile; load the next one now
+        kn = kk + BLOCK_K
+        wn_ok = col_ok[:, None] & (kn < K)[None, :]  # all False after the last tile
+        w_next = tl.load(w_rows + kn[None, :], mask=wn_ok, other=0.0)
+        if SILU_MUL:
+            wu_next = tl.load(w_rows + up_offset * w_stride + kn[None, :], mask=wn_ok, other=0.0)
         acc += _row_products(a, w, USE_DOT, IEEE)
         if SILU_MUL:
-            wu = tl.load(w_rows + up_offset * w_stride + kk[None, :], mask=w_ok, other=0.0)
             acc_up += _row_products(a, wu, USE_DOT, IEEE)
 
     if HAS_BIAS:
@@ -208,6 +222,7 @@ def _launch(
     if _INTERPRETED and cfg["USE_DOT"]:  # see _row_products
         x, weight, ieee = x.float(), weight.float(), True
     grid = (triton.cdiv(n, cfg["BLOCK_N"]),)
+    pdl = pdl_enabled(x)
     _gemv_kernel[grid](
         x, residual if residual is not None else x,
         norm_weight if norm_weight is not None else weight, weight,
@@ -215,7 +230,7 @@ def _launch(
         m, n, k, x.stride(0), residual.stride(0) if residual is not None else 0,
         weight.stride(0), out.stride(0), res_out.stride(0), n, float(eps),
         NORM=norm_weight is not None, ADD_RES=residual is not None, SILU_MUL=silu_mul,
-        HAS_BIAS=bias is not None, IEEE=ieee, **cfg,
+        HAS_BIAS=bias is not None, IEEE=ieee, PDL=pdl, **cfg, **launch_options(x),
     )  # fmt: skip
     return out, res_out
 

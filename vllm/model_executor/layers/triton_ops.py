@@ -173,6 +173,17 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
+def rope_halves(x1, x2, c, s, dt: tl.constexpr):
+    """NeoX rotation of float32 halves ``x1``, ``x2`` by ``c`` = cos, ``s`` = sin
+    (broadcastable, already rounded to ``dt``): returns ``(x1 c - x2 s, x2 c + x1 s)`` in
+    ``dt``, each product and each sum rounded to ``dt`` as torch's elementwise ops on ``dt``
+    do (no FMA contraction: launch with ``enable_fp_fusion=False``)."""
+    x1c, x2s = (x1 * c).to(dt).to(tl.float32), (x2 * s).to(dt).to(tl.float32)
+    x2c, x1s = (x2 * c).to(dt).to(tl.float32), (x1 * s).to(dt).to(tl.float32)
+    return (x1c - x2s).to(dt), (x2c + x1s).to(dt)
+
+
+@triton.jit
 def _rotate_heads(
     ptr, row, stride, num_heads, cos, sin, head_size, half, offs_h, offs_d,
     dst_ptr, dst_off, WRITE_DST: tl.constexpr,
@@ -190,10 +201,7 @@ def _rotate_heads(
     first = ptr + row * stride + cols  # [HEADS, HALF]
     x1 = tl.load(first, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(first + half, mask=mask, other=0.0).to(tl.float32)
-    c, s = cos[None, :], sin[None, :]  # [1, HALF]
-    x1c, x2s = (x1 * c).to(dt).to(tl.float32), (x2 * s).to(dt).to(tl.float32)
-    x2c, x1s = (x2 * c).to(dt).to(tl.float32), (x1 * s).to(dt).to(tl.float32)
-    y1, y2 = (x1c - x2s).to(dt), (x2c + x1s).to(dt)
+    y1, y2 = rope_halves(x1, x2, cos[None, :], sin[None, :], dt)
     tl.store(first, y1, mask=mask)
     tl.store(first + half, y2, mask=mask)
     if WRITE_DST:

@@ -1,0 +1,293 @@
+"""Small-batch paged decode attention in ONE Triton launch per layer: RoPE on the new
+query and key, the cache write of the new key and value, and attention over the context.
+
+Why: at one to a few decode rows a layer's attention is a chain of tiny launches
+(FlashInfer: a rotary + cache-write kernel, the split-KV decode kernel and its merge, after
+a host-side ``plan`` every step). This kernel does all of it in one launch and reads its
+lengths and block tables from device buffers, so a captured graph can advance itself by a
+token without the host (:mod:`vllm.worker.decode_loop`).
+
+Layout: program ``(b, h, s)`` handles row ``b``, KV head ``h`` (its ``G = H / H_kv``
+query heads together, GQA) and context split ``s``. A row of context length ``L`` (the new
+token included) is cut into splits of ``chunk(L) = max(T, ceil(L / MAX_SPLITS))`` tokens
+(rounded up to the tile ``T``, :func:`tile_tokens`, a function of the model's head shapes),
+so a short context is a few one-tile splits that run side by side instead of a loop in one
+program (a decode step's attention is bound by dependent memory round trips, not bytes).
+The split count depends on the row's own length only, so a row's result never depends on
+the other rows, the grid size or whether a graph runs it. Programs past a row's split
+count exit at once. With one split the program writes the output; otherwise each split
+stores its partial ``(max, sum, acc)`` and the last split to finish (an atomic counter per
+row and head) merges all of them in one vectorised pass (a fixed reduction, so the result
+is deterministic) and resets the counter for the next launch.
+
+The new token is never read back from the cache: the last split takes its rotated key and
+value from registers (rounded to the cache dtype, as the cache holds them) and writes them
+to the cache slot ``block_tables[b, p // block_size] * block_size + p % block_size`` at
+``p = positions[b]``. A padded lane (length 0) writes the scratch block's first slot and
+attends to its own token only.
+
+Arithmetic: scores and softmax in float32 (base-2 exponentials with the scale folded into
+``log2(e) * scale``, as FlashAttention-style kernels do), probabilities times values in
+float32, the output rounded once to the query dtype. RoPE rounds like
+``RotaryEmbedding.forward_native`` (:func:`triton_ops.rope_halves`).
+
+This module imports ``triton`` at the top: reach it through the FLASHINFER backend, which
+loads it on CUDA only (CPU tests run it under ``TRITON_INTERPRET=1``).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from vllm.model_executor.layers.triton_ops import rope_halves
+from vllm.model_executor.layers.triton_pdl import launch_options, pdl_enabled, pdl_wait
+
+MAX_SPLITS = 32  # the most splits of one row (and the grid's third dimension at most)
+LOG2E = 1.4426950408889634
+
+
+def tile_tokens(group: int, head_size: int) -> int:
+    """Context tokens per tile (and per split of a short row) for a GQA group of ``group``
+    query heads of size ``head_size``: the [group_pad, T, D / 2] products stay near 8K
+    floats (64 registers a thread at 4 warps), 16 <= T <= 128."""
+    group_pad = triton.next_power_of_2(group)
+    return max(16, min(128, triton.next_power_of_2(max(1, 8192 // (group_pad * head_size // 2)))))
+
+
+def num_splits(max_seq_len: int, tile: int) -> int:
+    """Grid programs per (row, KV head) that cover contexts up to ``max_seq_len`` tokens."""
+    return max(1, min(MAX_SPLITS, -(-max_seq_len // tile)))
+
+
+class DecodeWorkspace:
+    """Scratch of multi-split rows, shared by every layer, graph and virtual engine of one
+    worker (they run one launch at a time on one stream).
+
+    Attributes:
+        partials: [max_rows * kv_heads * MAX_SPLITS * group_pad * (2 + head_size)] float32,
+            per split its running max, sum and unnormalised output.
+        counters: [max_rows * kv_heads] int32 arrivals per (row, head); every launch leaves
+            them at zero.
+    """
+
+    def __init__(self, max_rows: int, num_heads: int, num_kv_heads: int, head_size: int,
+                 device: torch.device):  # fmt: skip
+        self.max_rows = max_rows
+        group_pad = triton.next_power_of_2(num_heads // num_kv_heads)
+        n = max_rows * num_kv_heads * MAX_SPLITS * group_pad * (2 + head_size)
+        self.partials = torch.empty(n, dtype=torch.float32, device=device)
+        self.counters = torch.zeros(max_rows * num_kv_heads, dtype=torch.int32, device=device)
+
+
+@triton.jit
+def _tile_scores(q1, q2, base, t_mask, cache_ptr, offs_d, HALF: tl.constexpr):
+    """Scores [GP, BLOCK_T] of the queries against the cached keys at ``base`` [BLOCK_T]."""
+    k_ptrs = cache_ptr + base[:, None] + offs_d[None, :]  # [BLOCK_T, HALF]
+    k1 = tl.load(k_ptrs, mask=t_mask[:, None], other=0.0).to(tl.float32)
+    k2 = tl.load(k_ptrs + HALF, mask=t_mask[:, None], other=0.0).to(tl.float32)
+    sc = tl.sum(q1[:, None, :] * k1[None, :, :], axis=2)  # [GP, BLOCK_T]
+    sc += tl.sum(q2[:, None, :] * k2[None, :, :], axis=2)
+    return tl.where(t_mask[None, :], sc, float("-inf"))
+
+
+@triton.jit
+def _paged_decode_kernel(
+    q_ptr, k_ptr, v_ptr, pos_ptr, cs_ptr, cache_ptr, bt_ptr, len_ptr, out_ptr,
+    part_ptr, cnt_ptr,
+    q_stride, k_stride, v_stride, cs_stride, bt_stride, out_stride,
+    block_stride, value_offset, token_stride, scratch_block, qk_scale, num_kv_heads,
+    GROUP: tl.constexpr, GP: tl.constexpr, HALF: tl.constexpr, BS: tl.constexpr,
+    BLOCK_T: tl.constexpr, ROTATE: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    """See the module docstring. ``qk_scale`` = softmax scale * log2(e)."""
+    pdl_wait(PDL)  # every input here may come from an earlier kernel of the step
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    s = tl.program_id(2)
+    dt = q_ptr.dtype.element_ty
+    HEAD: tl.constexpr = 2 * HALF
+    seq_len = tl.load(len_ptr + b)
+    n_ctx = tl.maximum(seq_len, 1)
+    chunk = tl.cdiv(tl.cdiv(n_ctx, SPLITS), BLOCK_T) * BLOCK_T  # >= BLOCK_T
+    n_split = tl.cdiv(n_ctx, chunk)
+    if s < n_split:
+        offs_g = tl.arange(0, GP)  # [GP]
+        offs_d = tl.arange(0, HALF)  # [HALF]
+        g_mask = offs_g < GROUP
+        q_cols = (h * GROUP + offs_g)[:, None] * HEAD + offs_d[None, :]  # [GP, HALF]
+        q_row = q_ptr + b.to(tl.int64) * q_stride + q_cols
+        q1 = tl.load(q_row, mask=g_mask[:, None], other=0.0).to(tl.float32)
+        q2 = tl.load(q_row + HALF, mask=g_mask[:, None], other=0.0).to(tl.float32)
+        k_row = k_ptr + b.to(tl.int64) * k_stride + h * HEAD + offs_d  # [HALF]
+        k1 = tl.load(k_row).to(tl.float32)
+        k2 = tl.load(k_row + HALF).to(tl.float32)
+        pos = tl.load(pos_ptr + b).to(tl.int64)
+        if ROTATE:
+            cs = cs_ptr + pos * cs_stride + offs_d
+            cos = tl.load(cs).to(dt).to(tl.float32)  # HF rounds cos/sin to the dtype first
+            sin = tl.load(cs + HALF).to(dt).to(tl.float32)
+            q1r, q2r = rope_halves(q1, q2, cos[None, :], sin[None, :], dt)
+            k1n, k2n = rope_halves(k1, k2, cos, sin, dt)
+        else:
+            q1r, q2r, k1n, k2n = q1.to(dt), q2.to(dt), k1.to(dt), k2.to(dt)
+        q1 = q1r.to(tl.float32) * qk_scale
+        q2 = q2r.to(tl.float32) * qk_scale
+        m_i = tl.full([GP], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([GP], dtype=tl.float32)
+        acc1 = tl.zeros([GP, HALF], dtype=tl.float32)
+        acc2 = tl.zeros([GP, HALF], dtype=tl.float32)
+        start = s * chunk
+        end = tl.minimum(start + chunk, n_ctx - 1)  # cached tokens; the new one comes last
+        head_off = h * HEAD
+        for t0 in range(start, end, BLOCK_T):
+            t = t0 + tl.arange(0, BLOCK_T)  # [BLOCK_T]
+            t_mask = t < end
+            blk = tl.load(bt_ptr + b.to(tl.int64) * bt_stride + t // BS, mask=t_mask, other=0)
+            base = blk.to(tl.int64) * block_stride + (t % BS) * token_stride + head_off
+            sc = _tile_scores(q1, q2, base, t_mask, cache_ptr, offs_d, HALF)  # [GP, BLOCK_T]
+            m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+            alpha = tl.exp2(m_i - m_new)  # [GP]
+            p = tl.exp2(sc - m_new[:, None])  # [GP, BLOCK_T]
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            v_ptrs = cache_ptr + value_offset + base[:, None] + offs_d[None, :]
+            v1 = tl.load(v_ptrs, mask=t_mask[:, None], other=0.0).to(tl.float32)
+            v2 = tl.load(v_ptrs + HALF, mask=t_mask[:, None], other=0.0).to(tl.float32)
+            acc1 = acc1 * alpha[:, None] + tl.sum(p[:, :, None] * v1[None, :, :], axis=1)
+            acc2 = acc2 * alpha[:, None] + tl.sum(p[:, :, None] * v2[None, :, :], axis=1)
+            m_i = m_new
+        if s == n_split - 1:  # the new token: from registers, and into the cache
+            v_row = v_ptr + b.to(tl.int64) * v_stride + h * HEAD + offs_d
+            v1n = tl.load(v_row)
+            v2n = tl.load(v_row + HALF)
+            blk_new = pos * 0 + scratch_block  # an int arg of 1 arrives as a constexpr
+            off_new = pos * 0
+            if seq_len > 0:
+                blk_new = tl.load(bt_ptr + b.to(tl.int64) * bt_stride + pos // BS).to(tl.int64)
+                off_new = pos % BS
+            slot = cache_ptr + blk_new * block_stride + off_new * token_stride + head_off
+            tl.store(slot + offs_d, k1n)
+            tl.store(slot + HALF + offs_d, k2n)
+            tl.store(slot + value_offset + offs_d, v1n)
+            tl.store(slot + value_offset + HALF + offs_d, v2n)
+            sc_new = tl.sum(q1 * k1n.to(tl.float32)[None, :], axis=1)  # [GP]
+            sc_new += tl.sum(q2 * k2n.to(tl.float32)[None, :], axis=1)
+            m_new = tl.maximum(m_i, sc_new)
+            alpha = tl.exp2(m_i - m_new)
+            p_new = tl.exp2(sc_new - m_new)
+            l_i = l_i * alpha + p_new
+            acc1 = acc1 * alpha[:, None] + p_new[:, None] * v1n.to(tl.float32)[None, :]
+            acc2 = acc2 * alpha[:, None] + p_new[:, None] * v2n.to(tl.float32)[None, :]
+            m_i = m_new
+        out_row = out_ptr + b.to(tl.int64) * out_stride + q_cols
+        if n_split == 1:
+            tl.store(out_row, (acc1 / l_i[:, None]).to(dt), mask=g_mask[:, None])
+            tl.store(out_row + HALF, (acc2 / l_i[:, None]).to(dt), mask=g_mask[:, None])
+        else:
+            rec: tl.constexpr = GP * (2 + HEAD)
+            pair = b * num_kv_heads + h
+            part = part_ptr + (pair * SPLITS).to(tl.int64) * rec
+            mine = part + s * rec
+            tl.store(mine + offs_g, m_i)
+            tl.store(mine + GP + offs_g, l_i)
+            acc_cols = 2 * GP + offs_g[:, None] * HEAD + offs_d[None, :]  # [GP, HALF]
+            tl.store(mine + acc_cols, acc1)
+            tl.store(mine + acc_cols + HALF, acc2)
+            tl.debug_barrier()  # every thread's partial is written before the arrival
+            arrived = tl.atomic_add(cnt_ptr + pair, 1, sem="acq_rel")
+            if arrived == n_split - 1:  # the last split merges every split at once
+                offs_s = tl.arange(0, SPLITS)  # [SPLITS]
+                s_mask = offs_s < n_split
+                rows_s = part + offs_s * rec  # [SPLITS]
+                m_s = tl.load(
+                    rows_s[:, None] + offs_g[None, :],
+                    mask=s_mask[:, None],
+                    other=float("-inf"),
+                    volatile=True,
+                )  # [SPLITS, GP]
+                l_s = tl.load(rows_s[:, None] + GP + offs_g[None, :], mask=s_mask[:, None],
+                              other=0.0, volatile=True)  # fmt: skip
+                m_all = tl.max(m_s, axis=0)  # [GP]
+                w = tl.exp2(m_s - m_all[None, :])  # [SPLITS, GP], 0 on unused splits
+                l_all = tl.sum(l_s * w, axis=0)  # [GP]
+                a_ptrs = rows_s[:, None, None] + acc_cols[None, :, :]  # [SPLITS, GP, HALF]
+                a1 = tl.load(a_ptrs, mask=s_mask[:, None, None], other=0.0, volatile=True)
+                a2 = tl.load(a_ptrs + HALF, mask=s_mask[:, None, None], other=0.0, volatile=True)
+                o1 = tl.sum(a1 * w[:, :, None], axis=0)  # [GP, HALF]
+                o2 = tl.sum(a2 * w[:, :, None], axis=0)
+                tl.store(out_row, (o1 / l_all[:, None]).to(dt), mask=g_mask[:, None])
+                tl.store(out_row + HALF, (o2 / l_all[:, None]).to(dt), mask=g_mask[:, None])
+                tl.atomic_xchg(cnt_ptr + pair, 0)  # ready for the next launch
+
+
+def paged_decode_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor | None,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    workspace: DecodeWorkspace,
+    num_heads: int,
+    scale: float,
+    scratch_block: int,
+    max_seq_len: int,
+) -> torch.Tensor:
+    """One decode token per row: rotate, write the cache, attend (see the module docstring).
+
+    Args:
+        query: [B, num_heads * D]; key, value: [B, num_kv_heads * D] (row-strided views of
+            a fused qkv tensor are fine: unit column stride is required).
+        positions: [B] int64, the new token's position (``seq_lens - 1`` on real rows).
+        cos_sin_cache: [max_position, D] float32 (cos half then sin half) to apply NeoX
+            RoPE to query and key, or None (no rotation).
+        kv_cache: [num_blocks + 1, 2, block_size, num_kv_heads, D] (FLASHINFER's NHD
+            layout, key at index 0 of dim 1), query's dtype.
+        block_tables: [B, width] int32, each row's blocks (covering position p).
+        seq_lens: [B] int32 context length with the new token; 0 marks a padded lane.
+        workspace: from :class:`DecodeWorkspace` with ``max_rows >= B``.
+        scale: softmax scale; scratch_block: where padded lanes write.
+        max_seq_len: a bound on every row's length (it sizes the grid; programs past a
+            row's need exit, so the result does not depend on it).
+    Returns:
+        [B, num_heads * D] in query's dtype.
+    Raises:
+        ValueError: shapes that disagree, D odd or not a power of two, or B above the
+            workspace's rows.
+    """
+    rows = query.shape[0]
+    _, _, block_size, num_kv_heads, head_size = kv_cache.shape
+    if query.shape[1] != num_heads * head_size or key.shape[1] != num_kv_heads * head_size:
+        raise ValueError(
+            f"query {tuple(query.shape)} / key {tuple(key.shape)} do not match {num_heads} "
+            f"heads, {num_kv_heads} KV heads of size {head_size}"
+        )
+    if head_size % 2 or triton.next_power_of_2(head_size) != head_size:
+        raise ValueError(f"head_size {head_size} must be a power of two")
+    if rows > workspace.max_rows:
+        raise ValueError(f"{rows} rows exceed the workspace's {workspace.max_rows}")
+    if min(query.stride(1), key.stride(1), value.stride(1)) != 1:
+        raise ValueError("query, key and value need unit column stride")
+    out = torch.empty(rows, num_heads * head_size, dtype=query.dtype, device=query.device)
+    if rows == 0:
+        return out
+    group = num_heads // num_kv_heads
+    gp, half = triton.next_power_of_2(group), head_size // 2
+    rotate = cos_sin_cache is not None
+    cs = cos_sin_cache if rotate else kv_cache
+    st = kv_cache.stride()
+    tile = tile_tokens(group, head_size)
+    _paged_decode_kernel[(rows, num_kv_heads, num_splits(max_seq_len, tile))](
+        query, key, value, positions, cs, kv_cache, block_tables, seq_lens, out,
+        workspace.partials, workspace.counters,
+        query.stride(0), key.stride(0), value.stride(0), cs.stride(0) if rotate else 0,
+        block_tables.stride(0), out.stride(0),
+        st[0], st[1], st[2], scratch_block, scale * LOG2E, num_kv_heads,
+        GROUP=group, GP=gp, HALF=half, BS=block_size, BLOCK_T=tile,
+        ROTATE=rotate, SPLITS=MAX_SPLITS, PDL=pdl_enabled(query),
+        num_warps=4, enable_fp_fusion=False, **launch_options(query),
+    )  # fmt: skip
+    return out

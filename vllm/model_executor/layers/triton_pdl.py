@@ -1,0 +1,64 @@
+"""Programmatic dependent launch (PDL, Hopper and later) for the decode-path Triton kernels.
+
+Why: a one-token decode step of a small model is a chain of ~150 short kernels (projection
+GEMVs and attention), each a few microseconds, and in a CUDA graph each still pays about
+two microseconds of launch and ramp before its first load. Launched with PDL, a kernel's
+programs start while the kernel before it drains: they load what no earlier kernel writes
+(the projection weights) and then wait (``griddepcontrol.wait``) until every earlier kernel
+has finished and its writes are visible, so the chain's gaps overlap useful loads.
+
+Contract for a kernel that takes ``PDL``: before :func:`pdl_wait` it reads only memory no
+kernel of the step writes (weights, norm weights) and writes nothing; every other access
+comes after. ``pdl_wait`` also lets the next PDL kernel launch (``launch_dependents``), since
+that kernel waits for this one in turn. Results are identical with and without PDL.
+
+Used when :func:`pdl_enabled`: a CUDA device of compute capability >= 9.0, a Triton with
+``launch_pdl`` and ``gdc_wait``, not the interpreter, and ``VLLM_TRITON_PDL`` not "0".
+"""
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+try:  # Triton >= 3.4
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover - older Triton: PDL stays off
+    gdc_launch_dependents = gdc_wait = None
+
+ENV_TRITON_PDL = "VLLM_TRITON_PDL"
+
+
+@functools.cache
+def _supported(device_index: int) -> bool:
+    if gdc_wait is None or os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+    except ImportError:
+        return False
+    if "launch_pdl" not in getattr(CUDAOptions, "__dataclass_fields__", {}):
+        return False
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
+def pdl_enabled(x: torch.Tensor) -> bool:
+    """Whether kernels on ``x``'s device launch with PDL (see the module docstring)."""
+    if not x.is_cuda or os.environ.get(ENV_TRITON_PDL, "1") == "0":
+        return False
+    return _supported(x.device.index if x.device.index is not None else 0)
+
+
+def launch_options(x: torch.Tensor) -> dict:
+    """Launch keyword arguments: ``{"launch_pdl": True}`` when PDL is on, else none."""
+    return {"launch_pdl": True} if pdl_enabled(x) else {}
+
+
+@triton.jit
+def pdl_wait(PDL: tl.constexpr):
+    """Let the next kernel launch, then wait for the previous ones (no-op without PDL)."""
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
