@@ -36,24 +36,44 @@ def _counters(llm):
     return llm.llm_engine.decode_step_counters()
 
 
-def _assert_backend_ran(llm):
-    """A FLASHINFER test fails unless FlashInfer's prefill and decode wrappers ran."""
+def _backend(backend, monkeypatch):
+    """("FLASHINFER" or "TORCH_SDPA", small path on): "FLASHINFER-small" is FLASHINFER with
+    its Triton small-decode path turned on (VLLM_SMALL_DECODE_MAX_ROWS=8; off by default),
+    which also gives it decode-loop graphs under multi-step decoding."""
+    if backend == "FLASHINFER-small":
+        monkeypatch.setenv("VLLM_SMALL_DECODE_MAX_ROWS", "8")
+        return "FLASHINFER", True
+    monkeypatch.setenv("VLLM_SMALL_DECODE_MAX_ROWS", "0")
+    return backend, False
+
+
+def _assert_backend_ran(llm, wrapper_decode=True, small_decode=False):
+    """A FLASHINFER test fails unless FlashInfer's prefill wrapper ran and, as asked, its
+    decode wrapper (batches above VLLM_SMALL_DECODE_MAX_ROWS) and the Triton small-decode
+    path (batches up to it)."""
     runner = llm.llm_engine.executor.worker.model_runner
     be = runner.attn_backend
     if be.name == "FLASHINFER":
-        assert be.prefill_runs > 0 and be.decode_runs > 0, (be.prefill_runs, be.decode_runs)
+        runs = (be.prefill_runs, be.decode_runs, be.small_decode_runs)
+        assert be.prefill_runs > 0, runs
+        if wrapper_decode:  # (capturing sizes above the limit plans the wrapper too)
+            assert be.decode_runs > 0, runs
+        assert (be.small_decode_runs > 0) == small_decode, runs
 
 
 @pytest.mark.forked
-@pytest.mark.parametrize("backend", ["FLASHINFER", "TORCH_SDPA"])
+@pytest.mark.parametrize("backend", ["FLASHINFER", "FLASHINFER-small", "TORCH_SDPA"])
 @pytest.mark.parametrize("enforce_eager", [False, True])
-def test_smollm2_vs_transformers(smollm2_gguf, backend, enforce_eager):
+def test_smollm2_vs_transformers(smollm2_gguf, backend, enforce_eager, monkeypatch):
+    """8 prompts: every decode batch has at most 8 rows, so "FLASHINFER-small" decodes on
+    the Triton small path only and FLASHINFER on FlashInfer's decode wrapper only."""
+    backend, small = _backend(backend, monkeypatch)
     ref = hf_greedy(smollm2_gguf, PROMPTS, 32, dtype="bfloat16", device="cuda")
     llm = _llm(smollm2_gguf, backend, enforce_eager=enforce_eager, max_num_seqs=16)
     ours = vllm_greedy(llm, PROMPTS, 32, logprobs=5)
     check_logprobs_close(ref, ours, "hf", f"vllm-{backend}-eager={enforce_eager}", PROMPTS)
     assert ours[0][1].startswith(" Paris")
-    _assert_backend_ran(llm)
+    _assert_backend_ran(llm, wrapper_decode=not small, small_decode=small)
     snap = _counters(llm)
     if enforce_eager:
         assert snap["graph"] == {} and snap["eager"][0]["enforce_eager"] > 0
@@ -63,12 +83,17 @@ def test_smollm2_vs_transformers(smollm2_gguf, backend, enforce_eager):
 
 
 @pytest.mark.forked
-@pytest.mark.parametrize("backend", ["FLASHINFER", "TORCH_SDPA"])
-def test_single_sequence_vs_transformers(smollm2_gguf, backend, monkeypatch):
+@pytest.mark.parametrize("steps", [1, 8])
+@pytest.mark.parametrize("backend", ["FLASHINFER", "FLASHINFER-small", "TORCH_SDPA"])
+def test_single_sequence_vs_transformers(smollm2_gguf, backend, steps, monkeypatch):
     """Batch 1 decodes through the triton_gemv projections (one row, SmolLM2's small
     weights): each prompt alone, graphs, logprobs-close to transformers. The size-1 graph
-    must have been captured through the fused kernels (counted) and replayed."""
+    must have been captured through the fused kernels (counted) and replayed. With 8
+    scheduler steps and a backend that advances on the device (TORCH_SDPA, the FLASHINFER
+    small path) the greedy calls without logprobs run the size-1 decode-loop graph
+    (counted), and give the tokens of the calls with logprobs (the per-step path)."""
     from vllm.model_executor.layers import triton_gemv
+    from vllm.worker import multi_step
 
     calls = {"n": 0}
     real = triton_gemv.norm_linear
@@ -77,15 +102,29 @@ def test_single_sequence_vs_transformers(smollm2_gguf, backend, monkeypatch):
         calls["n"] += 1
         return real(*args, **kwargs)
 
+    loops = {"n": 0}
+    real_loop = multi_step.run_loop_graph
+
+    def counted_loop(*args, **kwargs):
+        loops["n"] += 1
+        return real_loop(*args, **kwargs)
+
     monkeypatch.setattr(triton_gemv, "norm_linear", counted)
+    monkeypatch.setattr(multi_step, "run_loop_graph", counted_loop)
+    backend, small = _backend(backend, monkeypatch)
     ref = hf_greedy(smollm2_gguf, PROMPTS[:3], 24, dtype="bfloat16", device="cuda")
-    llm = _llm(smollm2_gguf, backend, max_num_seqs=8)
+    llm = _llm(smollm2_gguf, backend, max_num_seqs=8, num_scheduler_steps=steps)
     ours = [vllm_greedy(llm, [p], 24, logprobs=5)[0] for p in PROMPTS[:3]]
     check_logprobs_close(ref, ours, "hf", f"vllm-{backend}-batch1", PROMPTS[:3])
     assert ours[0][1].startswith(" Paris")
     assert calls["n"] > 0  # Python runs it while capturing size 1; replays run its kernels
     assert _counters(llm)["graph"][0].get(1, 0) > 0
-    _assert_backend_ran(llm)
+    assert loops["n"] == 0  # logprobs: never the loop graph
+    if steps > 1:
+        plain = [vllm_greedy(llm, [p], 24)[0] for p in PROMPTS[:3]]
+        assert (loops["n"] > 0) == (small or backend == "TORCH_SDPA")
+        check_outputs_equal(ours, plain, "per-step path", "decode-loop graph", PROMPTS[:3])
+    _assert_backend_ran(llm, wrapper_decode=not small, small_decode=small)
 
 
 def _drifting_run(llm, n):
@@ -101,13 +140,14 @@ def _drifting_run(llm, n):
 
 
 @pytest.mark.forked
-@pytest.mark.parametrize("backend", ["FLASHINFER", "TORCH_SDPA"])
-def test_graph_equals_eager_as_batch_drifts(smollm2_gguf, backend):
+@pytest.mark.parametrize("backend", ["FLASHINFER", "FLASHINFER-small", "TORCH_SDPA"])
+def test_graph_equals_eager_as_batch_drifts(smollm2_gguf, backend, monkeypatch):
+    backend, small = _backend(backend, monkeypatch)
     sizes = [1, 3, 5, 7, 9, 17, 33]
     graph = _llm(smollm2_gguf, backend, max_num_seqs=40)
     g = {n: _drifting_run(graph, n) for n in sizes}
     snap = _counters(graph)
-    _assert_backend_ran(graph)
+    _assert_backend_ran(graph, small_decode=small)  # small path: up to 8 rows only
     runner = graph.llm_engine.executor.worker.model_runner
     expected = {runner.capture_sizes.padded_size(b) for b in range(1, 34)}
     assert set(snap["graph"][0]) == expected, snap
@@ -123,10 +163,23 @@ def test_graph_equals_eager_as_batch_drifts(smollm2_gguf, backend):
 
 
 @pytest.mark.forked
-@pytest.mark.parametrize("backend", ["FLASHINFER", "TORCH_SDPA"])
-def test_multi_step_graphs(smollm2_gguf, backend):
+@pytest.mark.parametrize("backend", ["FLASHINFER", "FLASHINFER-small", "TORCH_SDPA"])
+def test_multi_step_graphs(smollm2_gguf, backend, monkeypatch):
     """--num-scheduler-steps 8 on graphs: close to transformers; exact vs the same
-    multi-step run eager on padded batches as the batch drifts; 8 replays per call."""
+    multi-step run eager on padded batches as the batch drifts (batches padded to at most 8
+    rows run decode-loop graphs where the backend advances on the device, larger ones plain
+    graphs step by step)."""
+    from vllm.worker import multi_step
+
+    backend, small = _backend(backend, monkeypatch)
+    loops = {"n": 0}
+    real_loop = multi_step.run_loop_graph
+
+    def counted_loop(*args, **kwargs):
+        loops["n"] += 1
+        return real_loop(*args, **kwargs)
+
+    monkeypatch.setattr(multi_step, "run_loop_graph", counted_loop)
     ref = hf_greedy(smollm2_gguf, PROMPTS, 32, dtype="bfloat16", device="cuda")
     llm = _llm(smollm2_gguf, backend, max_num_seqs=40, num_scheduler_steps=8)
     ours = vllm_greedy(llm, PROMPTS, 32, logprobs=5)
@@ -134,8 +187,9 @@ def test_multi_step_graphs(smollm2_gguf, backend):
     sizes = [1, 5, 17]
     g = {n: _drifting_run(llm, n) for n in sizes}
     snap = _counters(llm)
-    _assert_backend_ran(llm)
+    _assert_backend_ran(llm, small_decode=small)
     assert sum(snap["graph"][0].values()) > 0 and set(snap["eager"][0]) == {"prefill"}, snap
+    assert (loops["n"] > 0) == (small or backend == "TORCH_SDPA")
     llm.llm_engine.shutdown()
     del llm
     eager = _llm(smollm2_gguf, backend, max_num_seqs=40, enforce_eager=True, num_scheduler_steps=8)
@@ -157,6 +211,7 @@ def test_flashinfer_replay_past_capture_time():
     h, h_kv, d, bs, blocks = 9, 3, 64, 16, 64
     spec = AttentionSpec(h, h_kv, d, bs, torch.bfloat16, torch.device("cuda"), 1024)
     backend = FlashInferBackend(spec)
+    backend.small_max_rows = 0  # FlashInfer's own decode (the small path: test_triton_decode)
     cache = torch.randn(blocks + 1, 2, bs, h_kv, d, dtype=torch.bfloat16, device="cuda")
     state = backend.make_graph_state(blocks * bs)
     state.allocate(8)

@@ -23,7 +23,11 @@ from vllm.sampling_params import SamplingParams
 from vllm.sequence import ExecuteModelRequest, SequenceData, SequenceGroupMetadata
 
 
-def make_worker(model, num_ves=1, backend="TORCH_SDPA", capture=True, **kw):
+def make_worker(model, num_ves=1, backend="TORCH_SDPA", capture=True, small_rows=0, **kw):
+    """A CPU Worker whose graphs are fakes; FLASHINFER runs its production code with fake
+    wrappers, and its Triton small-decode path only up to ``small_rows`` rows (default 0:
+    every decode goes through the FlashInfer wrappers; the kernel needs a GPU or
+    TRITON_INTERPRET=1)."""
     from vllm.engine.arg_utils import EngineArgs
     from vllm.worker.worker import Worker
 
@@ -36,6 +40,7 @@ def make_worker(model, num_ves=1, backend="TORCH_SDPA", capture=True, **kw):
         w.model_runner.attn_backend = FlashInferBackend(
             w.model_runner.attn_spec, FakePrefillWrapper, FakeDecodeWrapper
         )
+        w.model_runner.attn_backend.small_max_rows = small_rows
     w.load_model()
     w.initialize_cache(w.determine_num_available_blocks())
     if capture:

@@ -150,12 +150,20 @@ def test_decode_steps_caps():
 
 
 @pytest.mark.forked
+@pytest.mark.parametrize("loop_graphs", ["1", "0"])
 @pytest.mark.parametrize("backend", ["TORCH_SDPA", "FLASHINFER"])
-def test_multi_step_replays_fake_graphs(tiny_llama_dir, backend):
+def test_multi_step_replays_fake_graphs(tiny_llama_dir, backend, loop_graphs, monkeypatch):
     """The replay path of the loop (fake graphs, production capture/replay code): 4 replays
-    per call at the padded size, tokens equal to 4 one-token eager steps, contexts that
-    cross a block boundary inside the call."""
+    per call, tokens equal to 4 one-token eager steps, contexts that cross a block boundary
+    inside the call. With decode-loop graphs (vllm/worker/decode_loop.py) every call is
+    the loop graph of the padded size replayed 4 times (it advances positions, lengths and
+    slots itself); without them the plain graph of that size is."""
+    monkeypatch.setenv("VLLM_DECODE_LOOP_GRAPHS", loop_graphs)
     g = make_worker(tiny_llama_dir, 1, backend, max_num_seqs=8, num_scheduler_steps=4)
+    loops = g.model_runner.graph_runner.loops[0]
+    # FLASHINFER's wrapper path plans on the host: no loop graphs (small path off here)
+    can_loop = loop_graphs == "1" and backend == "TORCH_SDPA"
+    assert sorted(loops) == ([1, 2, 4, 8] if can_loop else [])
     e = make_worker(tiny_llama_dir, 1, backend, capture=False, max_num_seqs=8)
     for rows, ctx in ((1, 3), (3, 14), (5, 33)):
         req = decode_request(rows, ctx=ctx)
@@ -173,10 +181,13 @@ def test_multi_step_replays_fake_graphs(tiny_llama_dir, backend):
             for d in m.seq_data.values():
                 d.append_token_id(o.samples[0].output_token, 0.0)
         before = g.model_runner.counters.snapshot()["graph"].get(0, {})
+        replays_before = {s: lg.graph.replays for s, lg in loops.items()}
         multi = g.execute_model(req)
         after = g.model_runner.counters.snapshot()["graph"][0]
         size = g.model_runner.capture_sizes.padded_size(rows)
         assert after.get(size, 0) - before.get(size, 0) == 4
+        if loops:
+            assert loops[size].graph.replays - replays_before[size] == 4
         got = [[s.output_token] + [t for t, _ in s.extra_tokens] for o in multi.outputs
                for s in o.samples]  # fmt: skip
         want = [[] for _ in range(rows)]

@@ -37,6 +37,7 @@ from vllm.attention.backends.abstract import (
 )
 from vllm.sequence import IntermediateTensors
 from vllm.worker.cuda_graph_sizes import CaptureSizes, warn_eager_sizes
+from vllm.worker.decode_loop import LoopGraph, capture_loop_graph
 from vllm.worker.step_counters import DecodeStepCounters
 
 logger = logging.getLogger(__name__)
@@ -114,6 +115,8 @@ class GraphRunner:
         num_virtual_engines: int,
         max_seq_len_to_capture: int,
         capturer: Any = None,
+        loop_sizes: tuple[int, ...] = (),
+        loop_steps: int = 0,
     ):
         self.model_runner = model_runner
         self.sizes = sizes
@@ -124,6 +127,10 @@ class GraphRunner:
         self.graph_runners: list[dict[int, CapturedGraph]] = [
             {} for _ in range(num_virtual_engines)
         ]
+        # decode-loop graphs (vllm/worker/decode_loop.py): loops[ve][size]
+        self.loop_sizes = tuple(loop_sizes)
+        self.loop_steps = loop_steps
+        self.loops: list[dict[int, LoopGraph]] = [{} for _ in range(num_virtual_engines)]
         self.attn_states: list[AttentionGraphState] = []
         self.inputs: list[_StaticInputs] = []
         self.pool = None
@@ -158,7 +165,7 @@ class GraphRunner:
         mem0 = _device_memory(mr.device)
         self.pool = self.capturer.new_pool()
         hidden = mr.model_config.hf_config.hidden_size
-        total = self.num_virtual_engines * len(self.sizes.sizes)
+        total = self.num_virtual_engines * (len(self.sizes.sizes) + len(self.loop_sizes))
         bar = tqdm(total=total, desc="Capturing CUDA graphs", disable=not show_progress)
         for ve in range(self.num_virtual_engines):
             state = mr.attn_backend.make_graph_state(scratch_slots[ve])
@@ -173,14 +180,21 @@ class GraphRunner:
                 self.graph_runners[ve][size] = self._capture_one(ve, size, kv_caches[ve])
                 self.memory_trace.append((size, _device_memory(mr.device) - mem0))
                 bar.update(1)
+            for size in self.loop_sizes:  # small, so after the largest plain graphs
+                loop = capture_loop_graph(self, ve, size, kv_caches[ve], self.loop_steps)
+                if loop is not None:
+                    self.loops[ve][size] = loop
+                bar.update(1)
         bar.close()
         self.capturer.synchronize()
         self.capture_seconds = time.perf_counter() - t0
         self.capture_bytes = max(0, _device_memory(mr.device) - mem0)
         logger.info(
-            "Captured %d CUDA graphs (sizes %s, %d virtual engines) in %.2f s using %.3f GiB",
+            "Captured %d CUDA graphs (sizes %s, decode-loop sizes %s, %d virtual engines) in "
+            "%.2f s using %.3f GiB",
             total,
             list(self.sizes.sizes),
+            sorted(self.loops[0]) if self.loops else [],
             self.num_virtual_engines,
             self.capture_seconds,
             self.capture_bytes / 2**30,
@@ -261,6 +275,10 @@ class GraphRunner:
             self._staged[virtual_engine].record()
         cg.graph.replay()
         return cg.output
+
+    def loop_graph(self, virtual_engine: int, size: int) -> LoopGraph | None:
+        """The decode-loop graph of ``virtual_engine`` for captured size ``size``, or None."""
+        return self.loops[virtual_engine].get(size)
 
     def staged_event(self, virtual_engine: int) -> Any:
         """The CUDA event recorded after the last replay of ``virtual_engine`` queued its

@@ -22,6 +22,7 @@ from vllm.model_executor.sampling_metadata import SamplingMetadata
 from vllm.sequence import IntermediateTensors, SamplerOutput, SequenceGroupMetadata
 from vllm.utils import pin_for, to_device
 from vllm.worker.cuda_graph_sizes import capture_sizes
+from vllm.worker.decode_loop import loop_sizes
 from vllm.worker.forward_batch import ForwardBatch
 from vllm.worker.step_counters import DecodeStepCounters
 
@@ -121,15 +122,25 @@ class ModelRunner:
         """
         from vllm.worker.graph_runner import GraphRunner
 
+        steps = self.loop_steps()
         runner = GraphRunner(
             self,
             self.capture_sizes,
             len(kv_caches),
             self.config.compilation_config.max_seq_len_to_capture,
             capturer,
+            loop_sizes=tuple(loop_sizes(self.capture_sizes.sizes, steps)),
+            loop_steps=steps,
         )
         runner.capture_model(kv_caches, scratch_slots, show_progress=self.pp_rank == 0)
         self.graph_runner = runner
+
+    def loop_steps(self) -> int:
+        """Steps a decode-loop graph's ring holds: num_scheduler_steps on a single-stage
+        runner (multi-step decoding is PP = 1 only), else 0 (no loop graphs)."""
+        if self.pp_size > 1:
+            return 0
+        return self.config.scheduler_config.num_scheduler_steps
 
     @torch.inference_mode()
     def estimate_graph_memory(self, num_virtual_engines: int) -> int:
@@ -164,7 +175,8 @@ class ModelRunner:
         del trial, cache
         torch.cuda.synchronize(self.device)
         torch.cuda.empty_cache()
-        return extrapolate_graph_memory(trace, len(sizes), num_virtual_engines)
+        loops = len(loop_sizes(sizes, self.loop_steps()))
+        return extrapolate_graph_memory(trace, len(sizes) + loops, num_virtual_engines)
 
     # ------------------------------------------------------------------ inputs
     def _plan_rows(
@@ -310,10 +322,13 @@ class ModelRunner:
         from ``hidden`` [num_tokens, hidden] (last stage only)."""
         sm = batch.sampling_metadata
         if batch.mode == ForwardMode.DECODE and sm.prompt_row_ids is None:
-            # one row per sequence, in order: a view of the real (unpadded) rows
-            selected = hidden[: batch.num_real_rows]  # [num_rows, hidden]
-        else:
-            selected = hidden[sm.selected_token_indices]  # [num_rows, hidden]
+            # One row per sequence, in order. Padded lanes go through lm_head too (their
+            # rows are dropped after): the matmul then has the batch's padded row count
+            # whether a graph, a decode-loop graph or a padded eager step runs it, so the
+            # three agree exactly (a GEMM's kernel choice may depend on the row count).
+            logits = self.model.compute_logits(hidden).float()  # [batch_size, vocab]
+            return logits[: batch.num_real_rows]  # [num_rows, vocab]
+        selected = hidden[sm.selected_token_indices]  # [num_rows, hidden]
         return self.model.compute_logits(selected).float()  # [num_rows, vocab]
 
     def forward_hidden(

@@ -33,6 +33,9 @@ One call (:func:`execute_multi_step`):
 
 Greedy results equal N one-token steps exactly (tests/worker/test_multi_step.py); seeded
 sampling draws from the same per-sequence generators in the same order.
+
+A greedy call padded to a size of at most 8 with a decode-loop graph skips steps 3-4:
+the graph advances itself on the device (vllm/worker/decode_loop.py).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from vllm.attention.backends.abstract import ForwardMode, StepInputs
 from vllm.model_executor.layers.sampler import sampler_output
 from vllm.sequence import SamplerOutput, SequenceGroupMetadata
 from vllm.utils import to_device
+from vllm.worker.decode_loop import eligible, run_loop_graph
 from vllm.worker.forward_batch import ForwardBatch
 
 
@@ -158,6 +162,12 @@ def execute_multi_step(
     n = decode_steps(metadata_list, max_steps, runner.model_config.max_model_len)
     batch = runner.prepare_model_input(metadata_list, virtual_engine, scratch_slot, n - 1)
     sm = batch.sampling_metadata
+    loop = None
+    if batch.graph_size is not None and eligible(sm):
+        loop = runner.graph_runner.loop_graph(virtual_engine, batch.graph_size)
+    if loop is not None:  # the whole call in one graph per step (vllm/worker/decode_loop.py)
+        ring = run_loop_graph(runner.graph_runner, virtual_engine, loop, batch, n)
+        return sampler_output(sm, ring.tolist(), 0, {}, ring[-1, :, 0].long())
     pen = None
     if sm.penalties is not None and n > 1:
         pen = _PenaltyState(sm.penalties, metadata_list, runner.device)

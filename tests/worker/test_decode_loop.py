@@ -1,0 +1,137 @@
+"""Decode-loop graphs (vllm/worker/decode_loop.py) on CPU: fake graphs (re-run the captured
+function, reading the static buffers as a replay does), float32, so every comparison with
+one-token eager steps is exact (TESTING.md).
+
+- FLASHINFER's small-decode path (its Triton kernel under ``TRITON_INTERPRET=1``, in a
+  subprocess; FlashInfer's wrappers are fakes) advancing itself inside the loop graph;
+- batches that do not fit a loop graph (logprobs, penalties, seeds, more than 8 rows) take
+  the per-step path, with the same tokens;
+- the eligibility rule and the sizes that get a loop graph.
+The TORCH_SDPA loop path is in test_multi_step.py::test_multi_step_replays_fake_graphs.
+"""
+
+import os
+
+import pytest
+import torch
+
+from tests.utils import run_interpreted
+from tests.worker.test_graph_capture import decode_request, make_worker
+from vllm.sampling_params import SamplingParams
+from vllm.worker.decode_loop import eligible, greedy_metadata, loop_sizes
+
+STEPS = 4
+
+
+@pytest.fixture(autouse=True)
+def _small_cache(monkeypatch):
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0.05")
+
+
+def _call(g, e, rows, ctx, params):
+    """One multi-step call of ``g`` after a prefill; returns (tokens per row from the call,
+    the same from STEPS one-token steps of the eager worker ``e``, graph counter delta)."""
+    req = decode_request(rows, ctx=ctx)
+    for m in req.seq_group_metadata_list:
+        for sid, d in m.seq_data.items():  # lookahead blocks for STEPS - 1 more tokens
+            while len(m.block_tables[sid]) * 16 < d.get_len() + STEPS - 1:
+                m.block_tables[sid].append(40 + 3 * sid + len(m.block_tables[sid]))
+        m.sampling_params = params
+        m.is_prompt = True
+    for w in (g, e):
+        first = w.execute_model(req)
+    for m, o in zip(req.seq_group_metadata_list, first.outputs):
+        m.is_prompt = False
+        for d in m.seq_data.values():
+            d.append_token_id(o.samples[0].output_token, 0.0)
+    before = g.model_runner.counters.snapshot()["graph"].get(0, {})
+    multi = g.execute_model(req)
+    after = g.model_runner.counters.snapshot()["graph"][0]
+    delta = {s: n - before.get(s, 0) for s, n in after.items() if n != before.get(s, 0)}
+    got = [[s.output_token] + [t for t, _ in s.extra_tokens] for o in multi.outputs
+           for s in o.samples]  # fmt: skip
+    want = [[] for _ in range(rows)]
+    for _ in range(STEPS):
+        out = e.execute_model(req)
+        for r, (m, o) in enumerate(zip(req.seq_group_metadata_list, out.outputs)):
+            want[r].append(o.samples[0].output_token)
+            for d in m.seq_data.values():
+                d.append_token_id(o.samples[0].output_token, 0.0)
+    return got, want, delta
+
+
+def interpreted_flashinfer_small_loop():
+    """FLASHINFER with the small-decode path: loop graphs for sizes 1, 2, 4, 8, advancing the
+    kernel's lengths on the device; tokens equal one-token eager steps on the same path."""
+    model = os.environ["TINY_LLAMA_DIR"]
+    g = make_worker(model, 1, "FLASHINFER", small_rows=8, max_num_seqs=8,
+                    num_scheduler_steps=STEPS)  # fmt: skip
+    e = make_worker(model, 1, "FLASHINFER", capture=False, small_rows=8, max_num_seqs=8)
+    loops = g.model_runner.graph_runner.loops[0]
+    assert sorted(loops) == [1, 2, 4, 8]
+    greedy = SamplingParams(temperature=0, max_tokens=50)
+    for rows, ctx in ((1, 3), (3, 14), (5, 33)):  # contexts cross blocks inside the call
+        got, want, delta = _call(g, e, rows, ctx, greedy)
+        size = g.model_runner.capture_sizes.padded_size(rows)
+        assert delta == {size: STEPS}, delta
+        assert got == want, (rows, ctx, got, want)
+        assert len({t for row in got for t in row}) > 2  # not one repeated token
+    be = g.model_runner.attn_backend
+    assert be.small_decode_runs > 0 and be.decode_runs == 0
+
+
+def test_flashinfer_small_loop_interpreted(tiny_llama_dir, monkeypatch):
+    monkeypatch.setenv("TINY_LLAMA_DIR", tiny_llama_dir)
+    run_interpreted(__file__, "interpreted_flashinfer_small_loop")
+
+
+@pytest.mark.forked
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0, max_tokens=50, logprobs=2),
+        SamplingParams(temperature=0, max_tokens=50, repetition_penalty=0.5),
+        SamplingParams(temperature=0.8, seed=5, max_tokens=50),
+    ],
+    ids=["logprobs", "penalty", "seeded"],
+)
+def test_ineligible_batches_take_the_step_path(tiny_llama_dir, params):
+    """Sampling a loop graph cannot do: the per-step path runs (no loop replay), same tokens."""
+    g = make_worker(tiny_llama_dir, 1, max_num_seqs=8, num_scheduler_steps=STEPS)
+    e = make_worker(tiny_llama_dir, 1, capture=False, max_num_seqs=8)
+    loops = g.model_runner.graph_runner.loops[0]
+    replays = {s: lg.graph.replays for s, lg in loops.items()}
+    got, want, delta = _call(g, e, 3, 14, params)
+    assert got == want
+    assert delta == {4: STEPS}  # the plain graph of size 4, once per step
+    assert {s: lg.graph.replays for s, lg in loops.items()} == replays
+
+
+@pytest.mark.forked
+def test_batches_above_the_loop_sizes_take_the_step_path(tiny_llama_dir):
+    g = make_worker(tiny_llama_dir, 1, max_num_seqs=16, num_scheduler_steps=STEPS)
+    e = make_worker(tiny_llama_dir, 1, capture=False, max_num_seqs=16)
+    assert sorted(g.model_runner.graph_runner.loops[0]) == [1, 2, 4, 8]
+    got, want, delta = _call(g, e, 11, 9, SamplingParams(temperature=0, max_tokens=50))
+    assert got == want and delta == {16: STEPS}
+
+
+def test_eligibility_and_sizes(monkeypatch):
+    sm = greedy_metadata(3, torch.device("cpu"))
+    assert eligible(sm)
+    for change in (
+        dict(all_greedy=False),
+        dict(max_logprobs=1),
+        dict(penalties=object()),
+        dict(prompt_row_ids=torch.zeros(1)),
+        dict(generators=[None, torch.Generator(), None]),
+    ):
+        other = greedy_metadata(3, torch.device("cpu"))
+        for k, v in change.items():
+            setattr(other, k, v)
+        assert not eligible(other), change
+    assert loop_sizes((1, 2, 4, 8, 16, 24), 8) == [1, 2, 4, 8]
+    assert loop_sizes((1, 2, 4), 8) == [1, 2, 4]
+    assert loop_sizes((1, 2, 4, 8), 1) == []  # no multi-step decoding, no loop graphs
+    monkeypatch.setenv("VLLM_DECODE_LOOP_GRAPHS", "0")
+    assert loop_sizes((1, 2, 4, 8), 8) == []

@@ -1,0 +1,154 @@
+"""Decode-loop graphs: multi-step decoding with the host out of the per-token loop.
+
+Why: at one to a few sequences a decode step of a small model takes under a millisecond
+on the GPU, and multi-step decoding (vllm/worker/multi_step.py) still spends about as long
+on the host per token: building the next step's metadata, planning attention, launching
+the logits and sampler kernels one by one. A decode-loop graph captures one *whole* step:
+the forward pass, the logits, greedy sampling, writing the step's packed sample rows into
+a ring buffer, feeding the sampled ids back as the next input ids, and advancing the
+positions and the attention metadata by one token (``AttentionGraphState.advance``). The
+host uploads a call's step-0 inputs once, replays the graph ``n`` times back to back and
+reads the ring once.
+
+Scope (everything else takes the per-step multi-step path, same results):
+- decode batches whose padded size is a captured size of at most ``LOOP_MAX_ROWS`` rows
+  (one loop graph per such size, padded lanes as in plain graphs: they write only the
+  scratch block and their samples are dropped);
+- greedy sampling without penalties, seeds or logprobs (``eligible``); the packed rows are
+  those of ``Sampler.sample_on_device`` (token id, logprob, rank 1), computed from the
+  logits of every lane as ``ModelRunner.compute_logits`` does for a graph's padded batch,
+  so a loop graph, a plain graph and an eager step on the same padded batch agree exactly;
+- attention backends whose graph state ``advances_on_device`` at that size (TORCH_SDPA;
+  FLASHINFER's small-decode sizes), PP = 1, graphs on and ``num_scheduler_steps > 1``;
+- the step's context, lookahead slots included, fits ``max_seq_len_to_capture`` (the same
+  gate as plain graphs), and the scheduler reserved the lookahead blocks, so the slots the
+  graph derives from the block table exist.
+``VLLM_DECODE_LOOP_GRAPHS=0`` turns them off (the plain multi-step path then runs).
+Each replay counts as one replayed step of its size (DESIGN.md guarantee 5).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from vllm.model_executor.sampling_metadata import SamplingMetadata
+
+LOOP_MAX_ROWS = 8
+ENV_DECODE_LOOP_GRAPHS = "VLLM_DECODE_LOOP_GRAPHS"
+PACKED_WIDTH = 3  # token id, logprob, rank (Sampler._pack_logprobs with k = 0)
+
+
+def loop_sizes(capture_sizes: tuple[int, ...], num_scheduler_steps: int) -> list[int]:
+    """Captured sizes that also get a decode-loop graph: those up to LOOP_MAX_ROWS when
+    multi-step decoding is on and ``VLLM_DECODE_LOOP_GRAPHS`` is not "0", else none."""
+    if num_scheduler_steps <= 1 or os.environ.get(ENV_DECODE_LOOP_GRAPHS, "1") == "0":
+        return []
+    return sorted(s for s in capture_sizes if s <= LOOP_MAX_ROWS)
+
+
+def eligible(sm: SamplingMetadata) -> bool:
+    """Whether a decode batch's sampling fits a loop graph: greedy, no penalties or
+    min_tokens, no logprobs, one sample row per sequence."""
+    return (
+        sm.all_greedy
+        and sm.penalties is None
+        and sm.max_logprobs == 0
+        and sm.prompt_row_ids is None
+        and not any(g is not None for g in sm.generators)
+    )
+
+
+def greedy_metadata(rows: int, device: torch.device) -> SamplingMetadata:
+    """The static SamplingMetadata a loop graph samples with: ``rows`` greedy rows in order
+    (padded lanes included; their samples are dropped)."""
+    return SamplingMetadata(
+        groups=[],
+        selected_token_indices=torch.arange(rows, device=device),
+        sample_row_ids=torch.arange(rows, device=device),
+        all_greedy=True,
+    )
+
+
+@dataclass
+class LoopGraph:
+    """One captured decode-loop graph of one virtual engine.
+
+    Attributes:
+        rows: the captured size (padded lanes included).
+        graph: the graph object (``replay()`` runs one step).
+        ring: [max_steps, rows, PACKED_WIDTH] float64, step i's packed sample rows.
+        counter: [1] int64, the ring row the next replay writes (zeroed per call).
+        attn_metadata: the metadata it was captured with (its buffers are the VE's).
+    """
+
+    rows: int
+    graph: Any
+    ring: torch.Tensor
+    counter: torch.Tensor
+    attn_metadata: Any
+
+
+def capture_loop_graph(
+    graph_runner: Any, ve: int, rows: int, kv_caches: list[torch.Tensor], max_steps: int
+) -> LoopGraph | None:
+    """Capture the loop graph of ``rows`` sequences for ``ve`` (None when the attention
+    backend cannot advance that size on the device). Warm-up and capture run with every
+    lane on the scratch block, as plain captures do."""
+    from vllm.attention.backends.abstract import ForwardMode, StepInputs
+
+    mr = graph_runner.model_runner
+    state = graph_runner.attn_states[ve]
+    md = state.metadata_for_capture(rows)
+    if not state.advances_on_device(md):
+        return None
+    ids, pos, _ = graph_runner.inputs[ve].views(rows)  # [rows] int64 each
+    model, sampler = mr.model, mr.sampler
+    ring = torch.zeros(max_steps, rows, PACKED_WIDTH, dtype=torch.float64, device=mr.device)
+    counter = torch.zeros(1, dtype=torch.long, device=mr.device)
+    sm = greedy_metadata(rows, mr.device)
+    idle = StepInputs(
+        ForwardMode.DECODE, [0] * rows, [1] * rows, [[] for _ in range(rows)], [-1] * rows, 0
+    )
+
+    def step():
+        hidden = model(ids, pos, kv_caches, md, None)  # [rows, hidden]
+        logits = model.compute_logits(hidden).float()  # [rows, vocab]
+        nxt, packed, _ = sampler.sample_on_device(logits, sm)  # [rows], [rows, 3]
+        ring.index_copy_(0, counter, packed[None])  # ring[counter] = packed
+        counter.add_(1)
+        ids.copy_(nxt)
+        pos.add_(1)
+        state.advance(md, pos)
+
+    for _ in range(2):  # warm-up, from the idle state each time (scratch block only)
+        pos.zero_()
+        counter.zero_()
+        state.prepare_replay(rows, idle, md)
+        step()
+    pos.zero_()
+    counter.zero_()
+    state.prepare_replay(rows, idle, md)
+    graph_runner.capturer.synchronize()
+    graph, _ = graph_runner.capturer.capture(step, graph_runner.pool)
+    return LoopGraph(rows=rows, graph=graph, ring=ring, counter=counter, attn_metadata=md)
+
+
+def run_loop_graph(graph_runner: Any, ve: int, loop: LoopGraph, batch: Any, n: int) -> torch.Tensor:
+    """Upload step 0 of ``batch`` (padded to ``loop.rows``) and replay the loop graph ``n``
+    times; returns the real rows of the ring's first ``n`` steps [n, real rows,
+    PACKED_WIDTH] float64 (device; the caller makes the one read)."""
+    r = loop.rows
+    static = graph_runner.inputs[ve]
+    static.input_ids[:r].copy_(batch.input_ids, non_blocking=True)
+    static.positions[:r].copy_(batch.positions, non_blocking=True)
+    graph_runner.attn_states[ve].prepare_replay(r, batch.step, loop.attn_metadata)
+    loop.counter.zero_()
+    counters = graph_runner.model_runner.counters
+    for _ in range(n):
+        loop.graph.replay()
+        counters.count_replay(ve, r)
+    return loop.ring[:n, : batch.num_real_rows]
