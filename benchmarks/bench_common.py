@@ -65,7 +65,9 @@ def engine_conditions(llm: Any) -> dict[str, Any]:
     Keys: device, gpu, model, load_format, dtype, attn_backend (None when the worker is
     in another process), cuda_graphs (on when the device is CUDA and enforce_eager is off),
     max_num_seqs, num_scheduler_steps, graph_capture_s and graph_capture_gib (0 without
-    graphs).
+    graphs), small_decode_max_rows (FLASHINFER's Triton small-decode path, 0 = off, None
+    for other backends), decode_loop_sizes (captured decode-loop graphs of virtual engine 0)
+    and triton_pdl (VLLM_TRITON_PDL is not "0"; used only on compute capability >= 9).
     """
     engine = llm.llm_engine
     cfg = engine.config
@@ -84,6 +86,11 @@ def engine_conditions(llm: Any) -> dict[str, Any]:
         "num_scheduler_steps": cfg.scheduler_config.num_scheduler_steps,
         "graph_capture_s": round(getattr(graphs, "capture_seconds", 0.0), 3),
         "graph_capture_gib": round(getattr(graphs, "capture_bytes", 0) / 2**30, 3),
+        "small_decode_max_rows": getattr(
+            getattr(runner, "attn_backend", None), "small_max_rows", None
+        ),  # fmt: skip
+        "decode_loop_sizes": sorted(graphs.loops[0]) if getattr(graphs, "loops", None) else [],
+        "triton_pdl": os.environ.get("VLLM_TRITON_PDL", "1") != "0",
     }
 
 
