@@ -186,3 +186,31 @@ def sync(device: str) -> None:
         import torch
 
         torch.cuda.synchronize()
+
+
+def graph_time_us(fn, layers: int, iters: int) -> float:
+    """Microseconds per call of fn(i) for i in range(layers), replayed in one CUDA graph
+    (warm-up on a side stream, capture, 3 replays, then ``iters`` timed replays between
+    CUDA events); includes the gaps between the graph's kernels. CUDA only."""
+    import torch
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for i in range(layers):
+            fn(i)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(layers):
+            fn(i)
+    for _ in range(3):
+        g.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        g.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / (iters * layers)

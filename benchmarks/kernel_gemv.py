@@ -25,6 +25,7 @@ import json
 
 import torch
 import torch.nn.functional as F
+from bench_common import graph_time_us
 
 # (hidden, intermediate, q heads, kv heads, head_dim) of the shipped benchmark shapes
 SHAPES = {
@@ -32,30 +33,6 @@ SHAPES = {
     "qwen2.5-0.5b": (896, 4864, 14, 2, 64),
     "llama-3.1-8b": (4096, 14336, 32, 8, 128),
 }
-
-
-def _graph_time_us(fn, layers: int, iters: int) -> float:
-    """Microseconds per call of fn(i) for i in range(layers), replayed in one CUDA graph."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for i in range(layers):
-            fn(i)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(layers):
-            fn(i)
-    for _ in range(3):
-        g.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        g.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / (iters * layers)
 
 
 def _ops(name: str, m: int, shape, layers: int, dtype):
@@ -138,14 +115,14 @@ def main() -> None:
             for op, n, k, nbytes, unfused, fused in _ops(name, m, shape, layers, dtype):
                 ref, got = unfused(0), fused(0, None)
                 err = (ref.float() - got.float()).abs().max().item()
-                t_un = _graph_time_us(unfused, layers, args.iters)
+                t_un = graph_time_us(unfused, layers, args.iters)
                 cfg = launch_config(m, n, k)
-                t_fu = _graph_time_us(lambda i, c=cfg, f=fused: f(i, c), layers, args.iters)
+                t_fu = graph_time_us(lambda i, c=cfg, f=fused: f(i, c), layers, args.iters)
                 best = (t_fu, cfg)
                 if args.sweep:
                     for c in _grid(m):
                         try:
-                            t = _graph_time_us(lambda i, c=c, f=fused: f(i, c), layers, args.iters)
+                            t = graph_time_us(lambda i, c=c, f=fused: f(i, c), layers, args.iters)
                         except Exception as e:  # out of resources for this tile: skip it
                             print(f"#   skip {c}: {type(e).__name__}")
                             continue

@@ -235,6 +235,7 @@ def paged_decode_attention(
     scale: float,
     scratch_block: int,
     max_seq_len: int,
+    tile: int | None = None,
 ) -> torch.Tensor:
     """One decode token per row: rotate, write the cache, attend (see the module docstring).
 
@@ -252,6 +253,8 @@ def paged_decode_attention(
         scale: softmax scale; scratch_block: where padded lanes write.
         max_seq_len: a bound on every row's length (it sizes the grid; programs past a
             row's need exit, so the result does not depend on it).
+        tile: context tokens per tile (a power of two >= 16); default
+            :func:`tile_tokens` (benchmarks/kernel_decode_attention.py sweeps it).
     Returns:
         [B, num_heads * D] in query's dtype.
     Raises:
@@ -279,7 +282,7 @@ def paged_decode_attention(
     rotate = cos_sin_cache is not None
     cs = cos_sin_cache if rotate else kv_cache
     st = kv_cache.stride()
-    tile = tile_tokens(group, head_size)
+    tile = tile or tile_tokens(group, head_size)
     _paged_decode_kernel[(rows, num_kv_heads, num_splits(max_seq_len, tile))](
         query, key, value, positions, cs, kv_cache, block_tables, seq_lens, out,
         workspace.partials, workspace.counters,

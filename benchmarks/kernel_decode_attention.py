@@ -1,0 +1,117 @@
+"""One layer's decode attention at small batches: FlashInfer's path against the Triton
+small-decode kernel (vllm/attention/triton_decode.py), per shape, batch and context.
+
+- ``flashinfer``: what FLASHINFER runs per layer in a replayed graph (the Triton rotary
+  kernel with the cache write, FlashInfer's decode, and its merge when it splits the KV),
+  planned outside the graph as the engine plans it;
+- ``triton``: ``paged_decode_attention`` (RoPE, cache write and split-KV attention in one
+  launch), at its default tile and, with ``--tiles``, at each tile given (registers and
+  splits trade against each other: the default tile of the SmolLM2 shape compiles to 255
+  registers a thread for sm_90, a tile of 32 to 137).
+
+Timing: one CUDA graph runs the op over ``--layers`` distinct caches (so the context comes
+from HBM), replayed ``--iters`` times; microseconds per op include the gaps between
+kernels (bench_common.graph_time_us). Every Triton variant is checked against FlashInfer's
+output first (bf16, 2e-2). Prints conditions and one JSON line per (shape, batch,
+context). GPU only, FlashInfer installed. Example::
+
+    python benchmarks/kernel_decode_attention.py --shapes smollm2,qwen2.5-0.5b \\
+        --batch-sizes 1,4,8 --contexts 64,256,1024,4096 --tiles 16,32,64
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+from bench_common import device_name, graph_time_us, print_conditions
+
+# (query heads, kv heads, head_dim) of the shipped benchmark shapes
+SHAPES = {"smollm2": (9, 3, 64), "qwen2.5-0.5b": (14, 2, 64), "llama-3.1-8b": (32, 8, 128)}
+BLOCK = 16
+
+
+class _Layer:
+    def __init__(self, h, h_kv, d):
+        self.num_heads, self.num_kv_heads, self.head_size, self.scale = h, h_kv, d, d**-0.5
+
+
+def _case(shape: str, batch: int, ctx: int, layers: int, args) -> dict:
+    from vllm.attention.backends.abstract import AttentionSpec, ForwardMode, StepInputs
+    from vllm.attention.backends.flashinfer import FlashInferBackend, FlashInferImpl
+    from vllm.attention.triton_decode import DecodeWorkspace, paged_decode_attention, tile_tokens
+    from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
+
+    h, h_kv, d = SHAPES[shape]
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    per_row = -(-ctx // BLOCK)
+    blocks = batch * per_row
+    spec = AttentionSpec(h, h_kv, d, BLOCK, dt, dev, max(ctx, 1024))
+    backend = FlashInferBackend(spec)
+    backend.small_max_rows = 0  # FlashInfer's own decode
+    scratch_slot = blocks * BLOCK
+    state = backend.make_graph_state(scratch_slot)
+    state.allocate(batch)
+    md = state.metadata_for_capture(batch)
+    tables = [list(range(r * per_row, (r + 1) * per_row)) for r in range(batch)]
+    lens = [ctx] * batch
+    slots = [t[(ctx - 1) // BLOCK] * BLOCK + (ctx - 1) % BLOCK for t in tables]
+    state.prepare_replay(batch, StepInputs(ForwardMode.DECODE, lens, [1] * batch, tables,
+                                           slots, batch), md)  # fmt: skip
+    caches = [
+        torch.randn(blocks + 1, 2, BLOCK, h_kv, d, dtype=dt, device=dev) for _ in range(layers)
+    ]
+    qkv = torch.randn(batch, (h + 2 * h_kv) * d, dtype=dt, device=dev)
+    q, k, v = qkv.split([h * d, h_kv * d, h_kv * d], dim=-1)
+    pos = torch.full((batch,), ctx - 1, dtype=torch.long, device=dev)
+    rope = RotaryEmbedding(d, d, 131072, {"rope_theta": 500000.0, "rope_type": "default"}).to(dev)
+    layer = _Layer(h, h_kv, d)
+    bt = torch.tensor(tables, dtype=torch.int32, device=dev)  # [batch, per_row]
+    sl = torch.tensor(lens, dtype=torch.int32, device=dev)
+    ws = DecodeWorkspace(batch, h, h_kv, d, dev)
+
+    def flashinfer(i):  # the rotary kernel rotates in place: rotate copies, as layers do
+        return FlashInferImpl.forward(layer, q.clone(), k.clone(), v, caches[i], md, pos, rope)
+
+    def triton(i, tile=None):
+        return paged_decode_attention(q, k, v, pos, rope.cos_sin_cache, caches[i], bt, sl, ws,
+                                      h, layer.scale, blocks, ctx, tile)  # fmt: skip
+
+    ref = flashinfer(0).float()
+    rec = {"bench": "kernel_decode_attention", "shape": shape, "batch": batch, "context": ctx,
+           "flashinfer_us": round(graph_time_us(flashinfer, layers, args.iters), 2)}  # fmt: skip
+    for tile in [None] + args.tiles:
+        got = triton(0, tile).float()
+        err = ((got - ref).norm() / ref.norm()).item()
+        if err > 2e-2:
+            raise AssertionError(f"{shape} b{batch} ctx{ctx} tile {tile}: rel err {err:.3g}")
+        us = graph_time_us(lambda i, t=tile: triton(i, t), layers, args.iters)
+        rec[f"triton_tile{tile}_us" if tile else "triton_us"] = round(us, 2)
+    rec["triton_default_tile"] = tile_tokens(h // h_kv, d)
+    return rec
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--shapes", default="smollm2,qwen2.5-0.5b,llama-3.1-8b")
+    p.add_argument("--batch-sizes", default="1,4,8")
+    p.add_argument("--contexts", default="64,256,1024,4096")
+    p.add_argument("--tiles", default="", help="Extra Triton tiles to time, e.g. 16,32,64.")
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--iters", type=int, default=50)
+    args = p.parse_args()
+    args.tiles = [int(t) for t in args.tiles.split(",") if t]
+    print_conditions(
+        "kernel_decode_attention",
+        {"gpu": device_name("cuda"), "dtype": "bfloat16", "block_size": BLOCK,
+         "layers": args.layers, "iters": args.iters, "warmup": "3 replays"},
+    )  # fmt: skip
+    for shape in args.shapes.split(","):
+        for batch in (int(b) for b in args.batch_sizes.split(",")):
+            for ctx in (int(c) for c in args.contexts.split(",")):
+                print(json.dumps(_case(shape, batch, ctx, args.layers, args)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
