@@ -47,6 +47,21 @@ def _backend(backend, monkeypatch):
     return backend, False
 
 
+def _count_loop_calls(monkeypatch) -> dict:
+    """Count decode-loop graph calls (``{"n": calls}``) of this in-process engine."""
+    from vllm.worker import multi_step
+
+    loops = {"n": 0}
+    real = multi_step.run_loop_graph
+
+    def counted(*args, **kwargs):
+        loops["n"] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(multi_step, "run_loop_graph", counted)
+    return loops
+
+
 def _assert_backend_ran(llm, wrapper_decode=True, small_decode=False):
     """A FLASHINFER test fails unless FlashInfer's prefill wrapper ran and, as asked, its
     decode wrapper (batches above VLLM_SMALL_DECODE_MAX_ROWS) and the Triton small-decode
@@ -93,7 +108,6 @@ def test_single_sequence_vs_transformers(smollm2_gguf, backend, steps, monkeypat
     small path) the greedy calls without logprobs run the size-1 decode-loop graph
     (counted), and give the tokens of the calls with logprobs (the per-step path)."""
     from vllm.model_executor.layers import triton_gemv
-    from vllm.worker import multi_step
 
     calls = {"n": 0}
     real = triton_gemv.norm_linear
@@ -102,15 +116,8 @@ def test_single_sequence_vs_transformers(smollm2_gguf, backend, steps, monkeypat
         calls["n"] += 1
         return real(*args, **kwargs)
 
-    loops = {"n": 0}
-    real_loop = multi_step.run_loop_graph
-
-    def counted_loop(*args, **kwargs):
-        loops["n"] += 1
-        return real_loop(*args, **kwargs)
-
+    loops = _count_loop_calls(monkeypatch)
     monkeypatch.setattr(triton_gemv, "norm_linear", counted)
-    monkeypatch.setattr(multi_step, "run_loop_graph", counted_loop)
     backend, small = _backend(backend, monkeypatch)
     ref = hf_greedy(smollm2_gguf, PROMPTS[:3], 24, dtype="bfloat16", device="cuda")
     llm = _llm(smollm2_gguf, backend, max_num_seqs=8, num_scheduler_steps=steps)
@@ -169,17 +176,8 @@ def test_multi_step_graphs(smollm2_gguf, backend, monkeypatch):
     multi-step run eager on padded batches as the batch drifts (batches padded to at most 8
     rows run decode-loop graphs where the backend advances on the device, larger ones plain
     graphs step by step)."""
-    from vllm.worker import multi_step
-
     backend, small = _backend(backend, monkeypatch)
-    loops = {"n": 0}
-    real_loop = multi_step.run_loop_graph
-
-    def counted_loop(*args, **kwargs):
-        loops["n"] += 1
-        return real_loop(*args, **kwargs)
-
-    monkeypatch.setattr(multi_step, "run_loop_graph", counted_loop)
+    loops = _count_loop_calls(monkeypatch)
     ref = hf_greedy(smollm2_gguf, PROMPTS, 32, dtype="bfloat16", device="cuda")
     llm = _llm(smollm2_gguf, backend, max_num_seqs=40, num_scheduler_steps=8)
     ours = vllm_greedy(llm, PROMPTS, 32, logprobs=5)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tests.utils import run_interpreted
-from tests.worker.test_graph_capture import decode_request, make_worker
+from tests.worker.test_graph_capture import make_worker, multi_step_call
 from vllm.sampling_params import SamplingParams
 from vllm.worker.decode_loop import eligible, greedy_metadata, loop_sizes
 
@@ -26,38 +26,6 @@ STEPS = 4
 @pytest.fixture(autouse=True)
 def _small_cache(monkeypatch):
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0.05")
-
-
-def _call(g, e, rows, ctx, params):
-    """One multi-step call of ``g`` after a prefill; returns (tokens per row from the call,
-    the same from STEPS one-token steps of the eager worker ``e``, graph counter delta)."""
-    req = decode_request(rows, ctx=ctx)
-    for m in req.seq_group_metadata_list:
-        for sid, d in m.seq_data.items():  # lookahead blocks for STEPS - 1 more tokens
-            while len(m.block_tables[sid]) * 16 < d.get_len() + STEPS - 1:
-                m.block_tables[sid].append(40 + 3 * sid + len(m.block_tables[sid]))
-        m.sampling_params = params
-        m.is_prompt = True
-    for w in (g, e):
-        first = w.execute_model(req)
-    for m, o in zip(req.seq_group_metadata_list, first.outputs):
-        m.is_prompt = False
-        for d in m.seq_data.values():
-            d.append_token_id(o.samples[0].output_token, 0.0)
-    before = g.model_runner.counters.snapshot()["graph"].get(0, {})
-    multi = g.execute_model(req)
-    after = g.model_runner.counters.snapshot()["graph"][0]
-    delta = {s: n - before.get(s, 0) for s, n in after.items() if n != before.get(s, 0)}
-    got = [[s.output_token] + [t for t, _ in s.extra_tokens] for o in multi.outputs
-           for s in o.samples]  # fmt: skip
-    want = [[] for _ in range(rows)]
-    for _ in range(STEPS):
-        out = e.execute_model(req)
-        for r, (m, o) in enumerate(zip(req.seq_group_metadata_list, out.outputs)):
-            want[r].append(o.samples[0].output_token)
-            for d in m.seq_data.values():
-                d.append_token_id(o.samples[0].output_token, 0.0)
-    return got, want, delta
 
 
 def interpreted_flashinfer_small_loop():
@@ -71,7 +39,7 @@ def interpreted_flashinfer_small_loop():
     assert sorted(loops) == [1, 2, 4, 8]
     greedy = SamplingParams(temperature=0, max_tokens=50)
     for rows, ctx in ((1, 3), (3, 14), (5, 33)):  # contexts cross blocks inside the call
-        got, want, delta = _call(g, e, rows, ctx, greedy)
+        got, want, delta = multi_step_call(g, e, rows, ctx, greedy, STEPS)
         size = g.model_runner.capture_sizes.padded_size(rows)
         assert delta == {size: STEPS}, delta
         assert got == want, (rows, ctx, got, want)
@@ -101,7 +69,7 @@ def test_ineligible_batches_take_the_step_path(tiny_llama_dir, params):
     e = make_worker(tiny_llama_dir, 1, capture=False, max_num_seqs=8)
     loops = g.model_runner.graph_runner.loops[0]
     replays = {s: lg.graph.replays for s, lg in loops.items()}
-    got, want, delta = _call(g, e, 3, 14, params)
+    got, want, delta = multi_step_call(g, e, 3, 14, params, STEPS)
     assert got == want
     assert delta == {4: STEPS}  # the plain graph of size 4, once per step
     assert {s: lg.graph.replays for s, lg in loops.items()} == replays
@@ -112,7 +80,9 @@ def test_batches_above_the_loop_sizes_take_the_step_path(tiny_llama_dir):
     g = make_worker(tiny_llama_dir, 1, max_num_seqs=16, num_scheduler_steps=STEPS)
     e = make_worker(tiny_llama_dir, 1, capture=False, max_num_seqs=16)
     assert sorted(g.model_runner.graph_runner.loops[0]) == [1, 2, 4, 8]
-    got, want, delta = _call(g, e, 11, 9, SamplingParams(temperature=0, max_tokens=50))
+    got, want, delta = multi_step_call(
+        g, e, 11, 9, SamplingParams(temperature=0, max_tokens=50), STEPS
+    )
     assert got == want and delta == {16: STEPS}
 
 

@@ -61,6 +61,40 @@ def decode_request(num_rows, ve=0, ctx=5, block_size=16, first_block=0):
     return ExecuteModelRequest(groups, virtual_engine=ve)
 
 
+def multi_step_call(g, e, rows, ctx, params, steps):
+    """A prefill of ``rows`` sequences of ``ctx`` tokens on both workers, then one decode
+    call of the multi-step worker ``g`` (``steps`` scheduler steps; lookahead blocks
+    reserved) against ``steps`` one-token steps of the eager worker ``e``. Returns (tokens
+    per row from the call, the same from ``e``, ``g``'s graph replay counts of the call)."""
+    req = decode_request(rows, ctx=ctx)
+    for m in req.seq_group_metadata_list:
+        for sid, d in m.seq_data.items():  # lookahead blocks for steps - 1 more tokens
+            while len(m.block_tables[sid]) * 16 < d.get_len() + steps - 1:
+                m.block_tables[sid].append(40 + 3 * sid + len(m.block_tables[sid]))
+        m.sampling_params = params
+        m.is_prompt = True
+    for w in (g, e):
+        first = w.execute_model(req)
+    for m, o in zip(req.seq_group_metadata_list, first.outputs):
+        m.is_prompt = False
+        for d in m.seq_data.values():
+            d.append_token_id(o.samples[0].output_token, 0.0)
+    before = g.model_runner.counters.snapshot()["graph"].get(0, {})
+    multi = g.execute_model(req)
+    after = g.model_runner.counters.snapshot()["graph"][0]
+    delta = {s: n - before.get(s, 0) for s, n in after.items() if n != before.get(s, 0)}
+    got = [[s.output_token] + [t for t, _ in s.extra_tokens] for o in multi.outputs
+           for s in o.samples]  # fmt: skip
+    want = [[] for _ in range(rows)]
+    for _ in range(steps):
+        out = e.execute_model(req)
+        for r, (m, o) in enumerate(zip(req.seq_group_metadata_list, out.outputs)):
+            want[r].append(o.samples[0].output_token)
+            for d in m.seq_data.values():
+                d.append_token_id(o.samples[0].output_token, 0.0)
+    return got, want, delta
+
+
 @pytest.mark.forked
 @pytest.mark.parametrize("num_ves", [2, 3, 4])
 def test_capture_every_virtual_engine_flashinfer(tiny_llama_dir, num_ves):

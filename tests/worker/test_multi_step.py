@@ -6,7 +6,7 @@ by token, the step cap, fake-graph replays through the multi-step loop, and vali
 import pytest
 
 from tests.utils import check_outputs_equal, completion_tuple
-from tests.worker.test_graph_capture import decode_request, make_worker
+from tests.worker.test_graph_capture import make_worker, multi_step_call
 from vllm.engine.arg_utils import EngineArgs
 from vllm.sampling_params import SamplingParams
 from vllm.sequence import SequenceData, SequenceGroupMetadata
@@ -165,39 +165,14 @@ def test_multi_step_replays_fake_graphs(tiny_llama_dir, backend, loop_graphs, mo
     can_loop = loop_graphs == "1" and backend == "TORCH_SDPA"
     assert sorted(loops) == ([1, 2, 4, 8] if can_loop else [])
     e = make_worker(tiny_llama_dir, 1, backend, capture=False, max_num_seqs=8)
+    greedy = SamplingParams(temperature=0, max_tokens=50)
     for rows, ctx in ((1, 3), (3, 14), (5, 33)):
-        req = decode_request(rows, ctx=ctx)
-        for m in req.seq_group_metadata_list:
-            for sid, d in m.seq_data.items():  # lookahead blocks for 3 more tokens
-                while len(m.block_tables[sid]) * 16 < d.get_len() + 3:
-                    m.block_tables[sid].append(40 + 3 * sid + len(m.block_tables[sid]))
-            m.sampling_params = SamplingParams(temperature=0, max_tokens=50)
-        for m in req.seq_group_metadata_list:
-            m.is_prompt = True
-        for w in (g, e):
-            first = w.execute_model(req)
-        for m, o in zip(req.seq_group_metadata_list, first.outputs):
-            m.is_prompt = False
-            for d in m.seq_data.values():
-                d.append_token_id(o.samples[0].output_token, 0.0)
-        before = g.model_runner.counters.snapshot()["graph"].get(0, {})
         replays_before = {s: lg.graph.replays for s, lg in loops.items()}
-        multi = g.execute_model(req)
-        after = g.model_runner.counters.snapshot()["graph"][0]
+        got, want, delta = multi_step_call(g, e, rows, ctx, greedy, 4)
         size = g.model_runner.capture_sizes.padded_size(rows)
-        assert after.get(size, 0) - before.get(size, 0) == 4
+        assert delta == {size: 4}, delta
         if loops:
             assert loops[size].graph.replays - replays_before[size] == 4
-        got = [[s.output_token] + [t for t, _ in s.extra_tokens] for o in multi.outputs
-               for s in o.samples]  # fmt: skip
-        want = [[] for _ in range(rows)]
-        for _ in range(4):  # four eager one-token steps on the reference worker
-            out = e.execute_model(req)
-            for r, (m, o) in enumerate(zip(req.seq_group_metadata_list, out.outputs)):
-                tok = o.samples[0].output_token
-                want[r].append(tok)
-                for d in m.seq_data.values():
-                    d.append_token_id(tok, 0.0)
         assert got == want, (rows, ctx)
 
 
