@@ -98,7 +98,7 @@ def capture_loop_graph(
     """Capture the loop graph of ``rows`` sequences for ``ve`` (None when the attention
     backend cannot advance that size on the device). Warm-up and capture run with every
     lane on the scratch block, as plain captures do."""
-    from vllm.attention.backends.abstract import ForwardMode, StepInputs
+    from vllm.attention.backends.abstract import StepInputs
 
     mr = graph_runner.model_runner
     state = graph_runner.attn_states[ve]
@@ -110,9 +110,12 @@ def capture_loop_graph(
     ring = torch.zeros(max_steps, rows, PACKED_WIDTH, dtype=torch.float64, device=mr.device)
     counter = torch.zeros(1, dtype=torch.long, device=mr.device)
     sm = greedy_metadata(rows, mr.device)
-    idle = StepInputs(
-        ForwardMode.DECODE, [0] * rows, [1] * rows, [[] for _ in range(rows)], [-1] * rows, 0
-    )
+    idle = StepInputs.padded_decode(rows)
+
+    def reset():  # every lane idle on the scratch block, the ring at row 0
+        pos.zero_()
+        counter.zero_()
+        state.prepare_replay(rows, idle, md)
 
     def step():
         hidden = model(ids, pos, kv_caches, md, None)  # [rows, hidden]
@@ -125,13 +128,9 @@ def capture_loop_graph(
         state.advance(md, pos)
 
     for _ in range(2):  # warm-up, from the idle state each time (scratch block only)
-        pos.zero_()
-        counter.zero_()
-        state.prepare_replay(rows, idle, md)
+        reset()
         step()
-    pos.zero_()
-    counter.zero_()
-    state.prepare_replay(rows, idle, md)
+    reset()
     graph_runner.capturer.synchronize()
     graph, _ = graph_runner.capturer.capture(step, graph_runner.pool)
     return LoopGraph(rows=rows, graph=graph, ring=ring, counter=counter, attn_metadata=md)
@@ -142,10 +141,9 @@ def run_loop_graph(graph_runner: Any, ve: int, loop: LoopGraph, batch: Any, n: i
     times; returns the real rows of the ring's first ``n`` steps [n, real rows,
     PACKED_WIDTH] float64 (device; the caller makes the one read)."""
     r = loop.rows
-    static = graph_runner.inputs[ve]
-    static.input_ids[:r].copy_(batch.input_ids, non_blocking=True)
-    static.positions[:r].copy_(batch.positions, non_blocking=True)
-    graph_runner.attn_states[ve].prepare_replay(r, batch.step, loop.attn_metadata)
+    graph_runner.stage_inputs(
+        ve, r, batch.input_ids, batch.positions, batch.step, loop.attn_metadata
+    )
     loop.counter.zero_()
     counters = graph_runner.model_runner.counters
     for _ in range(n):

@@ -262,19 +262,38 @@ class GraphRunner:
             The graph's static output for ``size`` rows (valid until the next replay).
         """
         cg = self.graph_runners[virtual_engine][size]
+        self.stage_inputs(
+            virtual_engine, size, input_ids, positions, step, cg.attn_metadata,
+            intermediate_tensors,
+        )  # fmt: skip
+        cg.graph.replay()
+        return cg.output
+
+    def stage_inputs(
+        self,
+        virtual_engine: int,
+        size: int,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        step: Any,
+        attn_metadata: AttentionMetadata,
+        intermediate_tensors: IntermediateTensors | None = None,
+    ) -> None:
+        """Before replaying a graph of ``size`` rows (plain or decode-loop): upload the
+        padded batch into the VE's static inputs, fill the attention buffers behind
+        ``attn_metadata`` for ``step`` and record the staged event (see
+        :meth:`staged_event`). Shapes as in :meth:`replay`."""
         static = self.inputs[virtual_engine]
         static.input_ids[:size].copy_(input_ids, non_blocking=True)
         static.positions[:size].copy_(positions, non_blocking=True)
         if intermediate_tensors is not None:
             for k, v in intermediate_tensors.items():
                 static.intermediate[k][:size].copy_(v, non_blocking=True)
-        self.attn_states[virtual_engine].prepare_replay(size, step, cg.attn_metadata)
+        self.attn_states[virtual_engine].prepare_replay(size, step, attn_metadata)
         if static.input_ids.is_cuda:
             if self._staged[virtual_engine] is None:
                 self._staged[virtual_engine] = torch.cuda.Event()
             self._staged[virtual_engine].record()
-        cg.graph.replay()
-        return cg.output
 
     def loop_graph(self, virtual_engine: int, size: int) -> LoopGraph | None:
         """The decode-loop graph of ``virtual_engine`` for captured size ``size``, or None."""

@@ -50,6 +50,13 @@ class StepInputs:
     slot_mapping: list[int]
     num_real_rows: int
 
+    @classmethod
+    def padded_decode(cls, rows: int) -> StepInputs:
+        """A decode step of ``rows`` padded lanes only (length 0, no table, slot -1): what
+        graph capture runs, so every lane reads and writes only the scratch block."""
+        return cls(ForwardMode.DECODE, [0] * rows, [1] * rows, [[] for _ in range(rows)],
+                   [-1] * rows, 0)  # fmt: skip
+
 
 @dataclass
 class AttentionMetadata:

@@ -96,10 +96,9 @@ class FlashInferGraphState(AttentionGraphState):
             wrapper=wrapper,
             kv_rows=self.slot_rows[1:, :bs],
         )
-        padded = StepInputs(
-            ForwardMode.DECODE, [0] * bs, [1] * bs, [[] for _ in range(bs)], [-1] * bs, 0
-        )
-        self.prepare_replay(bs, padded, md)  # every lane reads one scratch token
+        self.prepare_replay(
+            bs, StepInputs.padded_decode(bs), md
+        )  # every lane reads one scratch token
         return md
 
     def prepare_replay(self, bs: int, step: StepInputs, metadata: AttentionMetadata) -> None:
