@@ -45,6 +45,7 @@ def test_pdl_only_on_cuda(monkeypatch):
     from vllm.model_executor.layers.triton_pdl import launch_options, pdl_enabled
 
     x = torch.zeros(2)
-    assert not pdl_enabled(x) and launch_options(x) == {}
+    assert not pdl_enabled(x) and launch_options(pdl_enabled(x)) == {}
+    assert launch_options(True) == {"launch_pdl": True}
     monkeypatch.setenv("VLLM_TRITON_PDL", "0")
     assert not pdl_enabled(x)

@@ -283,6 +283,7 @@ def paged_decode_attention(
     cs = cos_sin_cache if rotate else kv_cache
     st = kv_cache.stride()
     tile = tile or tile_tokens(group, head_size)
+    pdl = pdl_enabled(query)
     _paged_decode_kernel[(rows, num_kv_heads, num_splits(max_seq_len, tile))](
         query, key, value, positions, cs, kv_cache, block_tables, seq_lens, out,
         workspace.partials, workspace.counters,
@@ -290,7 +291,7 @@ def paged_decode_attention(
         block_tables.stride(0), out.stride(0),
         st[0], st[1], st[2], scratch_block, scale * LOG2E, num_kv_heads,
         GROUP=group, GP=gp, HALF=half, BS=block_size, BLOCK_T=tile,
-        ROTATE=rotate, SPLITS=MAX_SPLITS, PDL=pdl_enabled(query),
-        num_warps=4, enable_fp_fusion=False, **launch_options(query),
+        ROTATE=rotate, SPLITS=MAX_SPLITS, PDL=pdl,
+        num_warps=4, enable_fp_fusion=False, **launch_options(pdl),
     )  # fmt: skip
     return out

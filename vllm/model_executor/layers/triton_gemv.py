@@ -230,7 +230,7 @@ def _launch(
         m, n, k, x.stride(0), residual.stride(0) if residual is not None else 0,
         weight.stride(0), out.stride(0), res_out.stride(0), n, float(eps),
         NORM=norm_weight is not None, ADD_RES=residual is not None, SILU_MUL=silu_mul,
-        HAS_BIAS=bias is not None, IEEE=ieee, PDL=pdl, **cfg, **launch_options(x),
+        HAS_BIAS=bias is not None, IEEE=ieee, PDL=pdl, **cfg, **launch_options(pdl),
     )  # fmt: skip
     return out, res_out
 

@@ -51,9 +51,10 @@ def pdl_enabled(x: torch.Tensor) -> bool:
     return _supported(x.device.index if x.device.index is not None else 0)
 
 
-def launch_options(x: torch.Tensor) -> dict:
-    """Launch keyword arguments: ``{"launch_pdl": True}`` when PDL is on, else none."""
-    return {"launch_pdl": True} if pdl_enabled(x) else {}
+def launch_options(pdl: bool) -> dict:
+    """Launch keyword arguments for a kernel whose ``PDL`` constexpr is ``pdl`` (from one
+    :func:`pdl_enabled` call per launch): ``{"launch_pdl": True}``, or none."""
+    return {"launch_pdl": True} if pdl else {}
 
 
 @triton.jit
