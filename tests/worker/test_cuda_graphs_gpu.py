@@ -106,25 +106,33 @@ def test_single_sequence_vs_transformers(smollm2_gguf, backend, steps, monkeypat
     must have been captured through the fused kernels (counted) and replayed. With 8
     scheduler steps and a backend that advances on the device (TORCH_SDPA, the FLASHINFER
     small path) the greedy calls without logprobs run the size-1 decode-loop graph
-    (counted), and give the tokens of the calls with logprobs (the per-step path)."""
-    from vllm.model_executor.layers import triton_gemv
+    (counted), and give the tokens of the calls with logprobs (the per-step path). On the
+    FLASHINFER small path each layer is the fused one-launch kernel (triton_layer, counted)
+    instead of the four projections."""
+    from vllm.model_executor.layers import triton_gemv, triton_layer
 
-    calls = {"n": 0}
-    real = triton_gemv.norm_linear
+    calls = {"norm_linear": 0, "decoder_layer": 0}
 
-    def counted(*args, **kwargs):
-        calls["n"] += 1
-        return real(*args, **kwargs)
+    def counting(module, name):
+        real = getattr(module, name)
+
+        def counted(*args, **kwargs):
+            calls[name] += 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, counted)
 
     loops = _count_loop_calls(monkeypatch)
-    monkeypatch.setattr(triton_gemv, "norm_linear", counted)
+    counting(triton_gemv, "norm_linear")
+    counting(triton_layer, "decoder_layer")
     backend, small = _backend(backend, monkeypatch)
     ref = hf_greedy(smollm2_gguf, PROMPTS[:3], 24, dtype="bfloat16", device="cuda")
     llm = _llm(smollm2_gguf, backend, max_num_seqs=8, num_scheduler_steps=steps)
     ours = [vllm_greedy(llm, [p], 24, logprobs=5)[0] for p in PROMPTS[:3]]
     check_logprobs_close(ref, ours, "hf", f"vllm-{backend}-batch1", PROMPTS[:3])
     assert ours[0][1].startswith(" Paris")
-    assert calls["n"] > 0  # Python runs it while capturing size 1; replays run its kernels
+    # Python runs them while capturing size 1; replays run their kernels
+    assert (calls["decoder_layer"] > 0) == small and (calls["norm_linear"] > 0) != small, calls
     assert _counters(llm)["graph"][0].get(1, 0) > 0
     assert loops["n"] == 0  # logprobs: never the loop graph
     if steps > 1:

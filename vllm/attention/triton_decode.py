@@ -70,6 +70,8 @@ class DecodeWorkspace:
             per split its running max, sum and unnormalised output.
         counters: [max_rows * kv_heads] int32 arrivals per (row, head); every launch leaves
             them at zero.
+        layer_sync: [8] int32 barrier counters of the fused decoder layer
+            (vllm/model_executor/layers/triton_layer.py), zero between launches too.
     """
 
     def __init__(self, max_rows: int, num_heads: int, num_kv_heads: int, head_size: int,
@@ -79,6 +81,7 @@ class DecodeWorkspace:
         n = max_rows * num_kv_heads * MAX_SPLITS * group_pad * (2 + head_size)
         self.partials = torch.empty(n, dtype=torch.float32, device=device)
         self.counters = torch.zeros(max_rows * num_kv_heads, dtype=torch.int32, device=device)
+        self.layer_sync = torch.zeros(8, dtype=torch.int32, device=device)
 
 
 @triton.jit
@@ -103,9 +106,26 @@ def _paged_decode_kernel(
 ):  # fmt: skip
     """See the module docstring. ``qk_scale`` = softmax scale * log2(e)."""
     pdl_wait(PDL)  # every input here may come from an earlier kernel of the step
-    b = tl.program_id(0)
-    h = tl.program_id(1)
-    s = tl.program_id(2)
+    decode_program(
+        tl.program_id(0), tl.program_id(1), tl.program_id(2),
+        q_ptr, k_ptr, v_ptr, pos_ptr, cs_ptr, cache_ptr, bt_ptr, len_ptr, out_ptr,
+        part_ptr, cnt_ptr, q_stride, k_stride, v_stride, cs_stride, bt_stride, out_stride,
+        block_stride, value_offset, token_stride, scratch_block, qk_scale, num_kv_heads,
+        GROUP, GP, HALF, BS, BLOCK_T, ROTATE, SPLITS, "",
+    )  # fmt: skip
+
+
+@triton.jit
+def decode_program(
+    b, h, s, q_ptr, k_ptr, v_ptr, pos_ptr, cs_ptr, cache_ptr, bt_ptr, len_ptr, out_ptr,
+    part_ptr, cnt_ptr, q_stride, k_stride, v_stride, cs_stride, bt_stride, out_stride,
+    block_stride, value_offset, token_stride, scratch_block, qk_scale, num_kv_heads,
+    GROUP: tl.constexpr, GP: tl.constexpr, HALF: tl.constexpr, BS: tl.constexpr,
+    BLOCK_T: tl.constexpr, ROTATE: tl.constexpr, SPLITS: tl.constexpr, CACHE: tl.constexpr,
+):  # fmt: skip
+    """The work of program ``(b, h, s)`` (module docstring); nothing when ``s`` is past row
+    ``b``'s split count. ``CACHE``: the load cache modifier of q, k and v ("", or ".cg" when
+    another program of the same launch wrote them: vllm/model_executor/layers/triton_layer)."""
     dt = q_ptr.dtype.element_ty
     HEAD: tl.constexpr = 2 * HALF
     seq_len = tl.load(len_ptr + b)
@@ -118,11 +138,12 @@ def _paged_decode_kernel(
         g_mask = offs_g < GROUP
         q_cols = (h * GROUP + offs_g)[:, None] * HEAD + offs_d[None, :]  # [GP, HALF]
         q_row = q_ptr + b.to(tl.int64) * q_stride + q_cols
-        q1 = tl.load(q_row, mask=g_mask[:, None], other=0.0).to(tl.float32)
-        q2 = tl.load(q_row + HALF, mask=g_mask[:, None], other=0.0).to(tl.float32)
+        q1 = tl.load(q_row, mask=g_mask[:, None], other=0.0, cache_modifier=CACHE)
+        q2 = tl.load(q_row + HALF, mask=g_mask[:, None], other=0.0, cache_modifier=CACHE)
+        q1, q2 = q1.to(tl.float32), q2.to(tl.float32)
         k_row = k_ptr + b.to(tl.int64) * k_stride + h * HEAD + offs_d  # [HALF]
-        k1 = tl.load(k_row).to(tl.float32)
-        k2 = tl.load(k_row + HALF).to(tl.float32)
+        k1 = tl.load(k_row, cache_modifier=CACHE).to(tl.float32)
+        k2 = tl.load(k_row + HALF, cache_modifier=CACHE).to(tl.float32)
         pos = tl.load(pos_ptr + b).to(tl.int64)
         if ROTATE:
             cs = cs_ptr + pos * cs_stride + offs_d
@@ -159,8 +180,8 @@ def _paged_decode_kernel(
             m_i = m_new
         if s == n_split - 1:  # the new token: from registers, and into the cache
             v_row = v_ptr + b.to(tl.int64) * v_stride + h * HEAD + offs_d
-            v1n = tl.load(v_row)
-            v2n = tl.load(v_row + HALF)
+            v1n = tl.load(v_row, cache_modifier=CACHE)
+            v2n = tl.load(v_row + HALF, cache_modifier=CACHE)
             blk_new = pos * 0 + scratch_block  # an int arg of 1 arrives as a constexpr
             off_new = pos * 0
             if seq_len > 0:

@@ -79,6 +79,31 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor
     scratch_slot: int
 
+    def paged_decode_tables(self) -> PagedDecodeTables | None:
+        """The step's tables in :mod:`vllm.attention.triton_decode`'s form, for a kernel that
+        does a layer's attention itself (vllm/model_executor/layers/triton_layer.py), or
+        None (the default) when this backend's step cannot be run that way."""
+        return None
+
+
+@dataclass
+class PagedDecodeTables:
+    """A decode step as :func:`vllm.attention.triton_decode.decode_program` reads it, over a
+    FLASHINFER-layout cache ``[num_blocks + 1, 2, block_size, num_kv_heads, head_size]``.
+
+    Attributes:
+        seq_lens: [rows] int32 context length with the new token; 0 on padded lanes.
+        block_tables: [rows, width] int32 blocks of each row.
+        block_size: tokens per block; scratch_block: where padded lanes write.
+        workspace: the backend's ``triton_decode.DecodeWorkspace`` (partials, counters).
+    """
+
+    seq_lens: torch.Tensor
+    block_tables: torch.Tensor
+    block_size: int
+    scratch_block: int
+    workspace: Any
+
 
 class AttentionImpl(ABC):
     """The attention computation of one backend (stateless; layer params come from ``layer``)."""

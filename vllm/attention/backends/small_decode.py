@@ -35,6 +35,7 @@ from vllm.attention.backends.abstract import (
     AttentionMetadata,
     AttentionSpec,
     ForwardMode,
+    PagedDecodeTables,
     StepInputs,
 )
 from vllm.attention.backends.host_tables import exclusive_cumsum, flatten_tables, ragged_positions
@@ -86,6 +87,11 @@ class SmallDecodeMetadata(AttentionMetadata):
     block_size: int = 16
     max_seq_len: int = 1
     workspace: Any = None
+
+    def paged_decode_tables(self) -> PagedDecodeTables:
+        """This step's tables (the fused decoder layer runs its attention from them)."""
+        return PagedDecodeTables(self.seq_lens, self.block_tables, self.block_size,
+                                 self.scratch_slot // self.block_size, self.workspace)  # fmt: skip
 
 
 class SmallDecodeImpl(AttentionImpl):

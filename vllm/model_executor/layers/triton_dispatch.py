@@ -9,7 +9,9 @@ CUDA tensor, so installs without it keep working.
 
 The small-batch projection kernels (:mod:`triton_gemv`) follow the same rule, plus their
 own switch ``VLLM_USE_TRITON_GEMV`` (default on) and a measured rule
-(``triton_gemv.worthwhile``: one row, small weights); otherwise cuBLAS runs them.
+(``triton_gemv.worthwhile``: one row, small weights); otherwise cuBLAS runs them. Where
+they run and the step's attention offers ``PagedDecodeTables``, the fused decoder layer
+(:mod:`triton_layer`, switch ``VLLM_FUSED_DECODER_LAYER``) runs the whole layer at once.
 """
 
 import functools
@@ -61,3 +63,25 @@ def get_triton_gemv(x: torch.Tensor, weight: torch.Tensor) -> ModuleType | None:
         return None
     gemv = _load_triton_gemv()
     return gemv if gemv is not None and gemv.worthwhile(x.shape[0], weight) else None
+
+
+@functools.cache
+def _load_triton_layer() -> ModuleType | None:
+    """The fused decoder-layer kernel, or None when triton cannot be imported."""
+    if _load_triton_gemv() is None:
+        return None
+    from vllm.model_executor.layers import triton_layer
+
+    return triton_layer
+
+
+def get_triton_layer(x: torch.Tensor, attn_metadata) -> ModuleType | None:
+    """:mod:`triton_layer` when a decoder layer whose projections take :mod:`triton_gemv`
+    should run as one launch: ``x`` [1, hidden] (one row), ``attn_metadata`` offers
+    ``paged_decode_tables()``, and ``VLLM_FUSED_DECODER_LAYER`` is not "0"; else None."""
+    if x.shape[0] != 1 or attn_metadata is None:
+        return None
+    if attn_metadata.paged_decode_tables() is None:
+        return None
+    layer = _load_triton_layer()
+    return layer if layer is not None and layer.enabled() else None

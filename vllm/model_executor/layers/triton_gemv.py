@@ -72,33 +72,44 @@ def _row_products(a, w, USE_DOT: tl.constexpr, IEEE: tl.constexpr):
 
 
 @triton.jit
-def _gemv_kernel(
-    x_ptr, res_ptr, nw_ptr, w_ptr, b_ptr, out_ptr, res_out_ptr,
+def _w_tile(w_ptr, tile, N, K, w_stride, up_offset, SILU_MUL: tl.constexpr,
+            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+    """The first [BLOCK_N, BLOCK_K] weight tile of output tile ``tile`` (and of its ``up``
+    half with SILU_MUL); all-masked past N. Weights are never written during a step, so a
+    caller may load this before waiting for earlier kernels (PDL) or programs."""
+    cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN] output features
+    ks = tl.arange(0, BLOCK_K)  # [BK]
+    w_rows = w_ptr + cols[:, None].to(tl.int64) * w_stride  # [BN, 1]
+    w_ok = (cols < N)[:, None] & (ks < K)[None, :]  # [BN, BK]
+    w = tl.load(w_rows + ks[None, :], mask=w_ok, other=0.0)  # [BN, BK]
+    wu = w
+    if SILU_MUL:
+        wu = tl.load(w_rows + up_offset * w_stride + ks[None, :], mask=w_ok, other=0.0)
+    return w, wu
+
+
+@triton.jit
+def _gemv_tile(
+    tile, w_next, wu_next, x_ptr, res_ptr, nw_ptr, w_ptr, b_ptr, out_ptr, res_out_ptr,
     M, N, K, x_stride, res_stride, w_stride, out_stride, res_out_stride, up_offset, eps,
     NORM: tl.constexpr, ADD_RES: tl.constexpr, SILU_MUL: tl.constexpr, HAS_BIAS: tl.constexpr,
     USE_DOT: tl.constexpr, IEEE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CACHE: tl.constexpr,
 ):  # fmt: skip
-    """Program n: out[:, n * BLOCK_N : (n + 1) * BLOCK_N] for all M (<= BLOCK_M) rows.
-
-    The first weight tile is loaded before ``pdl_wait`` (weights are never written during a
-    step), each later one an iteration ahead of its use."""
-    pid = tl.program_id(0)
+    """out[:, tile * BLOCK_N : (tile + 1) * BLOCK_N] for all M (<= BLOCK_M) rows, given the
+    tile's first weight tile(s) from :func:`_w_tile`; each later weight tile is loaded an
+    iteration ahead of its use. The program of tile 0 alone stores the residual sum.
+    ``CACHE``: the load cache modifier of x and residual ("" or ".cg" when another program
+    of the same launch wrote them, see triton_layer)."""
     rows = tl.arange(0, BLOCK_M)  # [BM]
     row_ok = rows < M
-    cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN] output features
+    cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN] output features
     col_ok = cols < N
     ks = tl.arange(0, BLOCK_K)  # [BK]
     act_ty = out_ptr.dtype.element_ty
     x_rows = x_ptr + rows[:, None].to(tl.int64) * x_stride  # [BM, 1]
     r_rows = res_ptr + rows[:, None].to(tl.int64) * res_stride
     w_rows = w_ptr + cols[:, None].to(tl.int64) * w_stride  # [BN, 1]
-    w_ok = col_ok[:, None] & (ks < K)[None, :]  # [BN, BK]
-    w_next = tl.load(w_rows + ks[None, :], mask=w_ok, other=0.0)  # [BN, BK] first tile
-    wu_next = w_next
-    if SILU_MUL:
-        wu_next = tl.load(w_rows + up_offset * w_stride + ks[None, :], mask=w_ok, other=0.0)
-    pdl_wait(PDL)  # everything below may read what earlier kernels wrote
 
     rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
     if NORM:  # pass 1: mean square of each row of s = residual + x
@@ -106,12 +117,13 @@ def _gemv_kernel(
         for k0 in range(0, K, BLOCK_K):
             kk = k0 + ks
             m2 = row_ok[:, None] & (kk < K)[None, :]  # [BM, BK]
-            a = tl.load(x_rows + kk[None, :], mask=m2, other=0.0).to(tl.float32)
+            a = tl.load(x_rows + kk[None, :], mask=m2, other=0.0, cache_modifier=CACHE)
+            a = a.to(tl.float32)
             if ADD_RES:
-                r = tl.load(r_rows + kk[None, :], mask=m2, other=0.0).to(tl.float32)
-                s = (r + a).to(res_out_ptr.dtype.element_ty)  # torch's `residual + x`
+                r = tl.load(r_rows + kk[None, :], mask=m2, other=0.0, cache_modifier=CACHE)
+                s = (r.to(tl.float32) + a).to(res_out_ptr.dtype.element_ty)  # `residual + x`
                 dst = res_out_ptr + rows[:, None].to(tl.int64) * res_out_stride + kk[None, :]
-                if pid == 0:  # program 0 alone stores the residual sum
+                if tile == 0:  # one program stores the residual sum
                     tl.store(dst, s, mask=m2)
                 a = s.to(tl.float32)
             sumsq += tl.sum(a * a, axis=1)
@@ -123,12 +135,12 @@ def _gemv_kernel(
         kk = k0 + ks
         k_ok = kk < K
         m2 = row_ok[:, None] & k_ok[None, :]
-        a = tl.load(x_rows + kk[None, :], mask=m2, other=0.0)  # [BM, BK]
+        a = tl.load(x_rows + kk[None, :], mask=m2, other=0.0, cache_modifier=CACHE)  # [BM, BK]
         if NORM:
             a = a.to(tl.float32)
             if ADD_RES:
-                r = tl.load(r_rows + kk[None, :], mask=m2, other=0.0).to(tl.float32)
-                a = (r + a).to(res_out_ptr.dtype.element_ty).to(tl.float32)
+                r = tl.load(r_rows + kk[None, :], mask=m2, other=0.0, cache_modifier=CACHE)
+                a = (r.to(tl.float32) + a).to(res_out_ptr.dtype.element_ty).to(tl.float32)
             # HF LlamaRMSNorm: normalise in float32, round, then the weight multiply
             a = (a * rstd[:, None]).to(act_ty).to(tl.float32)
             nw = tl.load(nw_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)  # [BK]
@@ -157,6 +169,26 @@ def _gemv_kernel(
         y = acc.to(act_ty)
     dst = out_ptr + rows[:, None].to(tl.int64) * out_stride + cols[None, :]
     tl.store(dst, y, mask=row_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr, res_ptr, nw_ptr, w_ptr, b_ptr, out_ptr, res_out_ptr,
+    M, N, K, x_stride, res_stride, w_stride, out_stride, res_out_stride, up_offset, eps,
+    NORM: tl.constexpr, ADD_RES: tl.constexpr, SILU_MUL: tl.constexpr, HAS_BIAS: tl.constexpr,
+    USE_DOT: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    """Program n: output tile n (:func:`_gemv_tile`). The first weight tile is loaded before
+    ``pdl_wait`` (weights are never written during a step)."""
+    pid = tl.program_id(0)
+    w, wu = _w_tile(w_ptr, pid, N, K, w_stride, up_offset, SILU_MUL, BLOCK_N, BLOCK_K)
+    pdl_wait(PDL)  # everything below may read what earlier kernels wrote
+    _gemv_tile(
+        pid, w, wu, x_ptr, res_ptr, nw_ptr, w_ptr, b_ptr, out_ptr, res_out_ptr,
+        M, N, K, x_stride, res_stride, w_stride, out_stride, res_out_stride, up_offset, eps,
+        NORM, ADD_RES, SILU_MUL, HAS_BIAS, USE_DOT, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, "",
+    )  # fmt: skip
 
 
 def worthwhile(rows: int, weight: torch.Tensor) -> bool:
