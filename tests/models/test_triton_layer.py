@@ -11,9 +11,9 @@ the layer's torch forward too (so a bug shared by both paths fails). The barrier
 and the merge counters must be back at zero after each launch.
 
 GPU (``gpu`` marker): the compiled kernel with one program per SM (the grid barriers for
-real), bf16 and float32, same comparisons: the attention and cache are the same programs
-(equal bits); the projections differ from the separate kernels only by FMA contraction
-(this kernel compiles without it, as the attention needs), so those use a tolerance.
+real), bf16 and float32, same comparisons with a tolerance: the projections differ from the
+separate kernels by FMA contraction (this kernel compiles without it, as the attention
+needs), and so, through the key's projection, does the cached key.
 """
 
 import importlib.util
@@ -112,12 +112,13 @@ def _cases(dtype, device, exact_proj: bool) -> int:
                     triton_layer.decoder_layer = real
                 ctx = f"{dtype} bias={bias} L={length} residual={res is not None}"
                 assert calls == [1], f"{ctx}: the fused kernel did not run"
-                assert torch.equal(cache, ref_cache), f"{ctx}: cache differs"
                 if exact_proj:
+                    assert torch.equal(cache, ref_cache), f"{ctx}: cache differs"
                     assert torch.equal(got_r, want_r), f"{ctx}: residual differs"
                     assert torch.equal(got_h, want_h), f"{ctx}: output differs"
                 else:
                     tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else {}
+                    torch.testing.assert_close(cache, ref_cache, **tol)  # k from the qkv GEMV
                     torch.testing.assert_close(got_r, want_r, **tol)
                     torch.testing.assert_close(got_h, want_h, **tol)
                 ws = md.workspace

@@ -70,7 +70,7 @@ class DecodeWorkspace:
             per split its running max, sum and unnormalised output.
         counters: [max_rows * kv_heads] int32 arrivals per (row, head); every launch leaves
             them at zero.
-        layer_sync: [8] int32 barrier counters of the fused decoder layer
+        layer_sync: [512] int32 barrier counters and flags of the fused decoder layer
             (vllm/model_executor/layers/triton_layer.py), zero between launches too.
     """
 
@@ -81,7 +81,7 @@ class DecodeWorkspace:
         n = max_rows * num_kv_heads * MAX_SPLITS * group_pad * (2 + head_size)
         self.partials = torch.empty(n, dtype=torch.float32, device=device)
         self.counters = torch.zeros(max_rows * num_kv_heads, dtype=torch.int32, device=device)
-        self.layer_sync = torch.zeros(8, dtype=torch.int32, device=device)
+        self.layer_sync = torch.zeros(512, dtype=torch.int32, device=device)
 
 
 @triton.jit

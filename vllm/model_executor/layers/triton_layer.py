@@ -52,7 +52,10 @@ from vllm.model_executor.layers.triton_gemv import _gemv_tile, _w_tile, launch_c
 from vllm.model_executor.layers.triton_pdl import launch_options, pdl_enabled, pdl_wait
 
 ENV_FUSED_DECODER_LAYER = "VLLM_FUSED_DECODER_LAYER"
-NUM_SYNC = 5  # four phase barriers and the exit count
+SYNC_STRIDE = 64  # ints between two barriers' counters (a counter and its flag per 256 B)
+NUM_SYNC_INTS = 5 * SYNC_STRIDE  # four barriers, then the exit count
+SYNC: tl.constexpr = tl.constexpr(SYNC_STRIDE)
+FLAG: tl.constexpr = tl.constexpr(32)
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # read once, as triton does
 
 
@@ -77,28 +80,44 @@ def grid_size(x: torch.Tensor, max_tiles: int) -> int:
 
 @triton.jit
 def _grid_sync(sync_ptr, nprog):
-    """Wait until all ``nprog`` programs reached this barrier (counter ``sync_ptr``); every
-    store before it, by any program, is visible after it."""
+    """Wait until all ``nprog`` programs reached this barrier; every store before it, by any
+    program, is visible after it. ``sync_ptr``: the barrier's arrival counter; its release
+    flag is ``FLAG`` ints further (another 128-byte line, so the spinning loads and the
+    arrivals do not queue on one line). The last program to arrive raises the flag; the
+    others spin on it with one acquire load per program (Triton issues a scalar atomic from
+    one thread and broadcasts it), not one per thread."""
     tl.debug_barrier()  # this program's threads have all stored
-    tl.atomic_add(sync_ptr, 1, sem="release", scope="gpu")
-    seen = tl.load(sync_ptr, volatile=True)
-    while seen < nprog:
-        seen = tl.load(sync_ptr, volatile=True)
-    tl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu")
+    arrived = tl.atomic_add(sync_ptr, 1, sem="acq_rel", scope="gpu")
+    if arrived == nprog - 1:
+        tl.atomic_xchg(sync_ptr + FLAG, 1, sem="release", scope="gpu")
+    seen = tl.atomic_add(sync_ptr + FLAG, 0, sem="acquire", scope="gpu")
+    while seen == 0:
+        seen = tl.atomic_add(sync_ptr + FLAG, 0, sem="acquire", scope="gpu")
     tl.debug_barrier()
+
+
+@triton.jit
+def _stamp(t_ptr, pid, i: tl.constexpr, TIMING: tl.constexpr):
+    """With TIMING, store the GPU's global nanosecond timer at ``t_ptr[pid, i]`` (phase
+    timings for benchmarks/kernel_decoder_layer.py); nothing otherwise."""
+    if TIMING:
+        now = tl.inline_asm_elementwise(
+            "mov.u64 $0, %globaltimer;", "=l,r", [pid], dtype=tl.int64, is_pure=False, pack=1
+        )
+        tl.store(t_ptr + pid * 16 + i, now)
 
 
 @triton.jit
 def _decoder_layer_kernel(
     h_ptr, res_ptr, ln1_ptr, wqkv_ptr, bqkv_ptr, wo_ptr, ln2_ptr, wgu_ptr, wd_ptr,
     pos_ptr, cs_ptr, cache_ptr, bt_ptr, len_ptr, part_ptr, cnt_ptr, sync_ptr,
-    qkv_ptr, attn_ptr, o_ptr, s1_ptr, act_ptr, out_ptr, res_out_ptr,
+    qkv_ptr, attn_ptr, o_ptr, s1_ptr, act_ptr, out_ptr, res_out_ptr, t_ptr,
     hidden, q_size, kv_size, inter, eps1, eps2, qk_scale, cs_stride, bt_stride,
     block_stride, value_offset, token_stride, scratch_block, num_kv_heads, nprog,
     ADD_RES: tl.constexpr, QKV_BIAS: tl.constexpr, ROTATE: tl.constexpr, IEEE: tl.constexpr,
     GROUP: tl.constexpr, GP: tl.constexpr, HALF: tl.constexpr, BS: tl.constexpr,
     BLOCK_T: tl.constexpr, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, TIMING: tl.constexpr,
 ):  # fmt: skip
     """Phases A-E of the module docstring; program ``pid`` takes tiles pid, pid + nprog, ..."""
     pid = tl.program_id(0)
@@ -106,6 +125,7 @@ def _decoder_layer_kernel(
     # A: norm + qkv (the first weight tile before waiting for the previous kernel)
     w, wu = _w_tile(wqkv_ptr, pid, nqkv, hidden, hidden, 0, False, BLOCK_N, BLOCK_K)
     pdl_wait(PDL)
+    _stamp(t_ptr, pid, 0, TIMING)
     for tile in range(pid, tl.cdiv(nqkv, BLOCK_N), nprog):
         _gemv_tile(
             tile, w, wu, h_ptr, res_ptr, ln1_ptr, wqkv_ptr, bqkv_ptr, qkv_ptr, s1_ptr,
@@ -114,7 +134,9 @@ def _decoder_layer_kernel(
         )  # fmt: skip
         w, wu = _w_tile(wqkv_ptr, tile + nprog, nqkv, hidden, hidden, 0, False, BLOCK_N, BLOCK_K)
     w, wu = _w_tile(wo_ptr, pid, hidden, q_size, q_size, 0, False, BLOCK_N, BLOCK_K)  # for C
+    _stamp(t_ptr, pid, 1, TIMING)
     _grid_sync(sync_ptr, nprog)
+    _stamp(t_ptr, pid, 2, TIMING)
     # B: attention, (kv head, split) pairs; splits past the row's count do nothing
     zero = pid * 0  # row 0, as a tensor
     for pair in range(pid, num_kv_heads * SPLITS, nprog):
@@ -126,7 +148,9 @@ def _decoder_layer_kernel(
             scratch_block, qk_scale, num_kv_heads,
             GROUP, GP, HALF, BS, BLOCK_T, ROTATE, SPLITS, ".cg",
         )  # fmt: skip
-    _grid_sync(sync_ptr + 1, nprog)
+    _stamp(t_ptr, pid, 3, TIMING)
+    _grid_sync(sync_ptr + SYNC, nprog)
+    _stamp(t_ptr, pid, 4, TIMING)
     # C: o_proj
     for tile in range(pid, tl.cdiv(hidden, BLOCK_N), nprog):
         _gemv_tile(
@@ -136,7 +160,9 @@ def _decoder_layer_kernel(
         )  # fmt: skip
         w, wu = _w_tile(wo_ptr, tile + nprog, hidden, q_size, q_size, 0, False, BLOCK_N, BLOCK_K)
     w, wu = _w_tile(wgu_ptr, pid, inter, hidden, hidden, inter, True, BLOCK_N, BLOCK_K)  # D
-    _grid_sync(sync_ptr + 2, nprog)
+    _stamp(t_ptr, pid, 5, TIMING)
+    _grid_sync(sync_ptr + 2 * SYNC, nprog)
+    _stamp(t_ptr, pid, 6, TIMING)
     # D: s2 = s1 + o, norm, gate_up, SiLU-and-mul
     for tile in range(pid, tl.cdiv(inter, BLOCK_N), nprog):
         _gemv_tile(
@@ -147,7 +173,9 @@ def _decoder_layer_kernel(
         w, wu = _w_tile(wgu_ptr, tile + nprog, inter, hidden, hidden, inter, True, BLOCK_N,
                         BLOCK_K)  # fmt: skip
     w, wu = _w_tile(wd_ptr, pid, hidden, inter, inter, 0, False, BLOCK_N, BLOCK_K)  # for E
-    _grid_sync(sync_ptr + 3, nprog)
+    _stamp(t_ptr, pid, 7, TIMING)
+    _grid_sync(sync_ptr + 3 * SYNC, nprog)
+    _stamp(t_ptr, pid, 8, TIMING)
     # E: down_proj
     for tile in range(pid, tl.cdiv(hidden, BLOCK_N), nprog):
         _gemv_tile(
@@ -156,16 +184,20 @@ def _decoder_layer_kernel(
             False, False, False, False, False, IEEE, 1, BLOCK_N, BLOCK_K, ".cg",
         )  # fmt: skip
         w, wu = _w_tile(wd_ptr, tile + nprog, hidden, inter, inter, 0, False, BLOCK_N, BLOCK_K)
+    _stamp(t_ptr, pid, 9, TIMING)
     # the last program out resets the counters for the next launch (all passed every spin)
-    left = tl.atomic_add(sync_ptr + 4, 1, sem="acq_rel", scope="gpu")
+    left = tl.atomic_add(sync_ptr + 4 * SYNC, 1, sem="acq_rel", scope="gpu")
     if left == nprog - 1:
-        for i in tl.static_range(5):
-            tl.atomic_xchg(sync_ptr + i, 0)
+        for i in tl.static_range(4):
+            tl.atomic_xchg(sync_ptr + i * SYNC, 0)
+            tl.atomic_xchg(sync_ptr + i * SYNC + FLAG, 0)
+        tl.atomic_xchg(sync_ptr + 4 * SYNC, 0)
 
 
 def decoder_layer(layer, positions: torch.Tensor, hidden_states: torch.Tensor,
-                  residual: torch.Tensor | None, kv_cache: torch.Tensor,
-                  tables) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+                  residual: torch.Tensor | None, kv_cache: torch.Tensor, tables,
+                  nprog: int | None = None, block_n: int | None = None,
+                  timings: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """``layer.forward`` for one decode token in one launch (module docstring).
 
     Args:
@@ -177,6 +209,9 @@ def decoder_layer(layer, positions: torch.Tensor, hidden_states: torch.Tensor,
         kv_cache: [num_blocks + 1, 2, block_size, num_kv_heads, head_size] (FLASHINFER NHD).
         tables: :class:`~vllm.attention.backends.abstract.PagedDecodeTables` of the step
             (its workspace holds the barrier counters and the attention partials).
+        nprog, block_n: programs and output features per tile, default :func:`grid_size`
+            and ``launch_config``'s (benchmarks/kernel_decoder_layer.py sweeps them).
+        timings: [nprog, 16] int64 to receive each program's phase timestamps (ns), or None.
 
     Returns:
         (mlp output [1, hidden], the residual before it [1, hidden]), in the activation dtype.
@@ -213,7 +248,9 @@ def decoder_layer(layer, positions: torch.Tensor, hidden_states: torch.Tensor,
         s1 = x  # the layer's input is its residual
     elif residual.stride(1) != 1:
         residual = residual.contiguous()
-    cfg = launch_config(1, inter, hidden)
+    cfg = dict(launch_config(1, inter, hidden))
+    if block_n is not None:
+        cfg["BLOCK_N"] = block_n
     group = heads // num_kv_heads
     ws = tables.workspace
     rotate = attn.rotary_emb is not None
@@ -221,7 +258,11 @@ def decoder_layer(layer, positions: torch.Tensor, hidden_states: torch.Tensor,
     st = kv_cache.stride()
     w_qkv = attn.qkv_proj.weight
     tiles = max(triton.cdiv(n, cfg["BLOCK_N"]) for n in (q_size + 2 * kv_size, inter, hidden))
-    nprog = grid_size(x, max(tiles, num_kv_heads * MAX_SPLITS))
+    nprog = nprog or grid_size(x, max(tiles, num_kv_heads * MAX_SPLITS))
+    if ws.layer_sync.numel() < NUM_SYNC_INTS:
+        raise ValueError(f"workspace.layer_sync holds {ws.layer_sync.numel()} < {NUM_SYNC_INTS}")
+    if timings is not None and tuple(timings.shape) != (nprog, 16):
+        raise ValueError(f"timings must be [{nprog}, 16], got {tuple(timings.shape)}")
     pdl = pdl_enabled(x)
     _decoder_layer_kernel[(nprog,)](
         x, residual if residual is not None else x, ln1.weight, w_qkv,
@@ -229,6 +270,7 @@ def decoder_layer(layer, positions: torch.Tensor, hidden_states: torch.Tensor,
         attn.o_proj.weight, ln2.weight, mlp.gate_up_proj.weight, mlp.down_proj.weight,
         positions, cs, kv_cache, tables.block_tables, tables.seq_lens, ws.partials,
         ws.counters, ws.layer_sync, qkv, att, o, s1, act, out, res_out,
+        timings if timings is not None else ws.layer_sync,
         hidden, q_size, kv_size, inter, float(ln1.variance_epsilon),
         float(ln2.variance_epsilon), attn.attn.scale * LOG2E, cs.stride(0) if rotate else 0,
         tables.block_tables.stride(0), st[0], st[1], st[2], tables.scratch_block,
@@ -237,6 +279,7 @@ def decoder_layer(layer, positions: torch.Tensor, hidden_states: torch.Tensor,
         IEEE=w_qkv.dtype == torch.float32, GROUP=group, GP=triton.next_power_of_2(group),
         HALF=head_size // 2, BS=block_size, BLOCK_T=tile_tokens(group, head_size),
         SPLITS=MAX_SPLITS, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], PDL=pdl,
+        TIMING=timings is not None,
         num_warps=cfg["num_warps"], enable_fp_fusion=False, **launch_options(pdl),
     )  # fmt: skip
     return out.view(1, hidden), res_out
