@@ -39,8 +39,10 @@ def _layers(shape, n, ctx, dt):
     from vllm.model_executor.models.llama import LlamaDecoderLayer
 
     hid, inter, h, kvh, d = SHAPES[shape]
-    cfg = LlamaConfig(hidden_size=hid, intermediate_size=inter, num_attention_heads=h,
-                      num_key_value_heads=kvh, head_dim=d, max_position_embeddings=8192)  # fmt: skip
+    cfg = LlamaConfig(
+        hidden_size=hid, intermediate_size=inter, num_attention_heads=h,
+        num_key_value_heads=kvh, head_dim=d, max_position_embeddings=8192,
+    )  # fmt: skip
     rope = RotaryEmbedding(d, d, 8192, {"rope_theta": 10000.0, "rope_type": "default"})
     dev = torch.device("cuda")
     layers, caches = [], []
@@ -61,6 +63,15 @@ def _layers(shape, n, ctx, dt):
     )  # fmt: skip
     pos = torch.tensor([ctx - 1], device=dev)
     return layers, caches, md, pos
+
+
+def _default_grid(triton_layer, layer, block_n, x) -> int:
+    """The grid decoder_layer picks by default (one program per SM, at most the tiles)."""
+    inter, hid = layer.mlp.down_proj.weight.shape[1], x.shape[1]
+    nqkv = layer.self_attn.qkv_proj.weight.shape[0]
+    tiles = max(-(-n // block_n) for n in (nqkv, inter, hid))
+    kv = layer.self_attn.attn.num_kv_heads
+    return triton_layer.grid_size(x, max(tiles, kv * triton_layer.MAX_SPLITS))
 
 
 def main() -> None:
@@ -94,7 +105,8 @@ def main() -> None:
     os.environ["VLLM_FUSED_DECODER_LAYER"] = "0"
     sep = graph_time_us(
         lambda i: layers[i].forward_small_batch(triton_gemv, pos, h, caches[i], md, r),
-        args.layers, args.iters,
+        args.layers,
+        args.iters,
     )
     emit({"variant": "separate", "us_per_layer": round(sep, 2)})
     for nprog in (int(v) for v in args.nprogs.split(",")):
@@ -107,7 +119,7 @@ def main() -> None:
             )  # fmt: skip
             row = {"variant": "fused", "nprog": nprog, "block_n": bn, "us_per_layer": round(us, 2)}
             if args.phase_times:
-                n = nprog or triton_layer.grid_size(h, 1 << 30)
+                n = nprog or _default_grid(triton_layer, layers[0], bn, h)
                 t = torch.zeros(args.layers, n, 16, dtype=torch.int64, device="cuda")
                 for i in range(args.layers):
                     triton_layer.decoder_layer(layers[i], pos, h, r, caches[i], tables,
@@ -115,7 +127,9 @@ def main() -> None:
                 torch.cuda.synchronize()
                 d = (t[:, :, 1:10] - t[:, :, 0:9]).double() / 1e3  # [layers, n, 9] us
                 row["phase_us"] = dict(zip(PHASES, [round(v, 2) for v in d.mean((0, 1)).tolist()]))
-                row["phase_max_us"] = dict(zip(PHASES, [round(v, 2) for v in d.amax(1).mean(0).tolist()]))
+                row["phase_max_us"] = dict(
+                    zip(PHASES, [round(v, 2) for v in d.amax(1).mean(0).tolist()])
+                )
             emit(row)
 
 

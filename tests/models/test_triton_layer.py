@@ -1,14 +1,15 @@
 """The fused one-token decoder layer (vllm/model_executor/layers/triton_layer.py).
 
 Reference: the same layer run as separate kernels, ``LlamaDecoderLayer.forward_small_batch``
-with ``VLLM_FUSED_DECODER_LAYER=0``: the four :mod:`triton_gemv` projections and FLASHINFER's
-small-decode attention (:func:`triton_decode.paged_decode_attention`) over the same cache.
-The fused kernel runs the same per-program arithmetic, so under ``TRITON_INTERPRET=1`` (CPU,
-one program that loops over every tile) the layer output, the residual and the written
-cache must be equal bit for bit, in float32 and bfloat16, with and without the residual
-and a qkv bias, for one-split and multi-split (merged) contexts. Both are checked against
-the layer's torch forward too (so a bug shared by both paths fails). The barrier counters
-and the merge counters must be back at zero after each launch.
+with ``VLLM_FUSED_DECODER_LAYER=0`` (the default; the fused runs set it to 1): the four
+:mod:`triton_gemv` projections and FLASHINFER's small-decode attention
+(:func:`triton_decode.paged_decode_attention`) over the same cache. The fused kernel runs
+the same per-program arithmetic, so under ``TRITON_INTERPRET=1`` (CPU, one program that
+loops over every tile) the layer output, the residual and the written cache must be equal
+bit for bit, in float32 and bfloat16, with and without the residual and a qkv bias, for one-
+split and multi-split (merged) contexts. Both are checked against the layer's torch forward
+too (so a bug shared by both paths fails). The barrier counters and the merge counters must
+be back at zero after each launch.
 
 GPU (``gpu`` marker): the compiled kernel with one program per SM (the grid barriers for
 real), bf16 and float32, same comparisons with a tolerance: the projections differ from the

@@ -39,9 +39,11 @@ def _counters(llm):
 def _backend(backend, monkeypatch):
     """("FLASHINFER" or "TORCH_SDPA", small path on): "FLASHINFER-small" is FLASHINFER with
     its Triton small-decode path turned on (VLLM_SMALL_DECODE_MAX_ROWS=8; off by default),
-    which also gives it decode-loop graphs under multi-step decoding."""
-    if backend == "FLASHINFER-small":
+    which also gives it decode-loop graphs under multi-step decoding; "FLASHINFER-fused" adds
+    the opt-in one-launch decoder layer at batch 1 (VLLM_FUSED_DECODER_LAYER=1)."""
+    if backend in ("FLASHINFER-small", "FLASHINFER-fused"):
         monkeypatch.setenv("VLLM_SMALL_DECODE_MAX_ROWS", "8")
+        monkeypatch.setenv("VLLM_FUSED_DECODER_LAYER", "1" if backend.endswith("fused") else "0")
         return "FLASHINFER", True
     monkeypatch.setenv("VLLM_SMALL_DECODE_MAX_ROWS", "0")
     return backend, False
@@ -99,16 +101,18 @@ def test_smollm2_vs_transformers(smollm2_gguf, backend, enforce_eager, monkeypat
 
 @pytest.mark.forked
 @pytest.mark.parametrize("steps", [1, 8])
-@pytest.mark.parametrize("backend", ["FLASHINFER", "FLASHINFER-small", "TORCH_SDPA"])
+@pytest.mark.parametrize(
+    "backend", ["FLASHINFER", "FLASHINFER-small", "FLASHINFER-fused", "TORCH_SDPA"]
+)
 def test_single_sequence_vs_transformers(smollm2_gguf, backend, steps, monkeypatch):
     """Batch 1 decodes through the triton_gemv projections (one row, SmolLM2's small
     weights): each prompt alone, graphs, logprobs-close to transformers. The size-1 graph
     must have been captured through the fused kernels (counted) and replayed. With 8
     scheduler steps and a backend that advances on the device (TORCH_SDPA, the FLASHINFER
     small path) the greedy calls without logprobs run the size-1 decode-loop graph
-    (counted), and give the tokens of the calls with logprobs (the per-step path). On the
-    FLASHINFER small path each layer is the fused one-launch kernel (triton_layer, counted)
-    instead of the four projections."""
+    (counted), and give the tokens of the calls with logprobs (the per-step path). With
+    "FLASHINFER-fused" each layer is the one-launch kernel (triton_layer, counted) instead of
+    the four projections."""
     from vllm.model_executor.layers import triton_gemv, triton_layer
 
     calls = {"norm_linear": 0, "decoder_layer": 0}
@@ -125,6 +129,7 @@ def test_single_sequence_vs_transformers(smollm2_gguf, backend, steps, monkeypat
     loops = _count_loop_calls(monkeypatch)
     counting(triton_gemv, "norm_linear")
     counting(triton_layer, "decoder_layer")
+    fused = backend == "FLASHINFER-fused"
     backend, small = _backend(backend, monkeypatch)
     ref = hf_greedy(smollm2_gguf, PROMPTS[:3], 24, dtype="bfloat16", device="cuda")
     llm = _llm(smollm2_gguf, backend, max_num_seqs=8, num_scheduler_steps=steps)
@@ -132,7 +137,7 @@ def test_single_sequence_vs_transformers(smollm2_gguf, backend, steps, monkeypat
     check_logprobs_close(ref, ours, "hf", f"vllm-{backend}-batch1", PROMPTS[:3])
     assert ours[0][1].startswith(" Paris")
     # Python runs them while capturing size 1; replays run their kernels
-    assert (calls["decoder_layer"] > 0) == small and (calls["norm_linear"] > 0) != small, calls
+    assert (calls["decoder_layer"] > 0) == fused and (calls["norm_linear"] > 0) != fused, calls
     assert _counters(llm)["graph"][0].get(1, 0) > 0
     assert loops["n"] == 0  # logprobs: never the loop graph
     if steps > 1:

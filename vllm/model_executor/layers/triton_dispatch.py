@@ -11,7 +11,7 @@ The small-batch projection kernels (:mod:`triton_gemv`) follow the same rule, pl
 own switch ``VLLM_USE_TRITON_GEMV`` (default on) and a measured rule
 (``triton_gemv.worthwhile``: one row, small weights); otherwise cuBLAS runs them. Where
 they run and the step's attention offers ``PagedDecodeTables``, the fused decoder layer
-(:mod:`triton_layer`, switch ``VLLM_FUSED_DECODER_LAYER``) runs the whole layer at once.
+(:mod:`triton_layer`, opt-in with ``VLLM_FUSED_DECODER_LAYER=1``) runs the whole layer.
 """
 
 import functools
@@ -25,6 +25,7 @@ logger = logging.getLogger(__name__)
 
 ENV_USE_TRITON_OPS = "VLLM_USE_TRITON_OPS"
 ENV_USE_TRITON_GEMV = "VLLM_USE_TRITON_GEMV"
+ENV_FUSED_DECODER_LAYER = "VLLM_FUSED_DECODER_LAYER"
 
 
 @functools.cache
@@ -78,10 +79,11 @@ def _load_triton_layer() -> ModuleType | None:
 def get_triton_layer(x: torch.Tensor, attn_metadata) -> ModuleType | None:
     """:mod:`triton_layer` when a decoder layer whose projections take :mod:`triton_gemv`
     should run as one launch: ``x`` [1, hidden] (one row), ``attn_metadata`` offers
-    ``paged_decode_tables()``, and ``VLLM_FUSED_DECODER_LAYER`` is not "0"; else None."""
+    ``paged_decode_tables()``, and ``VLLM_FUSED_DECODER_LAYER=1`` (default off); else None."""
     if x.shape[0] != 1 or attn_metadata is None:
+        return None
+    if os.environ.get(ENV_FUSED_DECODER_LAYER, "0") != "1":
         return None
     if attn_metadata.paged_decode_tables() is None:
         return None
-    layer = _load_triton_layer()
-    return layer if layer is not None and layer.enabled() else None
+    return _load_triton_layer()

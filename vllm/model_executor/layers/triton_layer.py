@@ -31,10 +31,23 @@ launch is read with the ``.cg`` cache modifier (L2, never a stale L1 line). Unde
 ``TRITON_INTERPRET=1`` (CPU tests) programs run one after another, so the grid is one
 program, which then loops over every tile.
 
-Used by the decoder (``LlamaDecoderLayer.forward_small_batch``) when the step's attention
-metadata offers :class:`~vllm.attention.backends.abstract.PagedDecodeTables` (FLASHINFER's
-small-decode path), the row count is 1, the projections run on :mod:`triton_gemv`, o_proj
-and the MLP have no bias, and ``VLLM_FUSED_DECODER_LAYER`` is not "0" (read at each call).
+Used by the decoder (``LlamaDecoderLayer.forward_small_batch``) when
+``VLLM_FUSED_DECODER_LAYER=1`` (read at each call), the step's attention metadata offers
+:class:`~vllm.attention.backends.abstract.PagedDecodeTables` (FLASHINFER's small-decode
+path), the row count is 1, the projections run on :mod:`triton_gemv`, and o_proj and the
+MLP have no bias.
+
+Off by default, because it measured SLOWER (H200, bf16, SmolLM2 shape, context 192, 30
+layers in a CUDA graph, benchmarks/kernel_decoder_layer.py): 41.0 us per layer against
+30.9 us for the same layer as separate PDL-chained kernels, and 699 against 798 tok/s at
+batch 1 in the engine. The phase stamps show why: the attention phase's slowest program
+takes 12 us (its chain of dependent loads: lengths, q/k, cos/sin, block table, keys, values,
+then the split merge), and every other program waits for it at the barrier; gate_up's 192
+tiles over 132 programs take two rounds (8.8 us); and each barrier adds ~2-2.5 us beyond
+its slowest arrival, about what a kernel boundary costs with PDL. A barrier is not cheaper
+than a PDL kernel boundary here, so fusing only pays once the phases' own critical paths
+shrink (the attention's loads of cached keys and values do not depend on phase A and could
+be issued before the first barrier).
 
 This module imports ``triton`` at the top: reach it through
 :func:`vllm.model_executor.layers.triton_dispatch.get_triton_layer`.
@@ -51,17 +64,11 @@ from vllm.attention.triton_decode import LOG2E, MAX_SPLITS, decode_program, tile
 from vllm.model_executor.layers.triton_gemv import _gemv_tile, _w_tile, launch_config
 from vllm.model_executor.layers.triton_pdl import launch_options, pdl_enabled, pdl_wait
 
-ENV_FUSED_DECODER_LAYER = "VLLM_FUSED_DECODER_LAYER"
 SYNC_STRIDE = 64  # ints between two barriers' counters (a counter and its flag per 256 B)
 NUM_SYNC_INTS = 5 * SYNC_STRIDE  # four barriers, then the exit count
 SYNC: tl.constexpr = tl.constexpr(SYNC_STRIDE)
 FLAG: tl.constexpr = tl.constexpr(32)
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # read once, as triton does
-
-
-def enabled() -> bool:
-    """``VLLM_FUSED_DECODER_LAYER`` is not "0" (default on; read at each call)."""
-    return os.environ.get(ENV_FUSED_DECODER_LAYER, "1") != "0"
 
 
 @functools.cache
@@ -194,10 +201,11 @@ def _decoder_layer_kernel(
         tl.atomic_xchg(sync_ptr + 4 * SYNC, 0)
 
 
-def decoder_layer(layer, positions: torch.Tensor, hidden_states: torch.Tensor,
-                  residual: torch.Tensor | None, kv_cache: torch.Tensor, tables,
-                  nprog: int | None = None, block_n: int | None = None,
-                  timings: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def decoder_layer(
+    layer, positions: torch.Tensor, hidden_states: torch.Tensor,
+    residual: torch.Tensor | None, kv_cache: torch.Tensor, tables,
+    nprog: int | None = None, block_n: int | None = None, timings: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """``layer.forward`` for one decode token in one launch (module docstring).
 
     Args:
