@@ -18,7 +18,10 @@ batch 1 ran 789 tok/s with this path and decode-loop graphs against 814 on Flash
 wrappers in an earlier run, i.e. no gain, and the nano workload (Qwen2.5-0.5B shape, whose
 last few long requests decode on this path) fell from 34.5k to 27.6k tok/s with the
 split-per-tile version of the kernel. Its per-layer time at batch 1 (13 us for the first
-version, against 8 us for FlashInfer's decode + merge) is the thing to fix first.
+version, against 8 us for FlashInfer's decode + merge) is the thing to fix first. Session 6
+(docs/benchmarks.md) measured it at one row against the wrappers twice, on a host shared
+with tests: 798 vs 755 and 812 vs 934 tok/s, i.e. no settled gain; the nano workload with
+it at one row gave 37.6k.
 """
 
 from __future__ import annotations
