@@ -30,8 +30,4 @@ a=$!
 ) &
 b=$!
 wait $a $b
-python -m pytest --forked -q -p no:cacheprovider tests/distributed/test_pipeline_parallel.py \
-    -k pp2_matches_pp1 2>&1 | tail -n 15 > $O/t_pp.log
-kill $CAP_PID 2>/dev/null
-grep -h '^{"bench"' $O/bench.log | cut -c1-420
-cat $O/t_gpu1.log $O/t_pp.log | grep -E "passed|failed|FAILED|Error" | tail -n 20
+pp_and_report $O/t_gpu1.log

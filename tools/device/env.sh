@@ -22,3 +22,11 @@ cap_runtime() {  # kill the benchmark and pytest processes after $1 seconds (the
 }
 mkdir -p "${OUT:-/tmp/out}"
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+pp_and_report() {  # after a call's GPU jobs: the PP pairwise suite, stop the cap, print results
+    local o="${OUT:-/tmp/out}"  # args: the test logs to summarise besides the PP one
+    python -m pytest --forked -q -p no:cacheprovider tests/distributed/test_pipeline_parallel.py \
+        -k pp2_matches_pp1 2>&1 | tail -n 15 > "$o/t_pp.log"
+    kill "$CAP_PID" 2>/dev/null
+    grep -h '^{"bench"' "$o/bench.log" | cut -c1-400
+    cat "$@" "$o/t_pp.log" | grep -E "passed|failed|FAILED|Error|assert" | tail -n 20
+}

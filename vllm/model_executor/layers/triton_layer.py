@@ -115,6 +115,20 @@ def _stamp(t_ptr, pid, i: tl.constexpr, TIMING: tl.constexpr):
 
 
 @triton.jit
+def _projection(pid, nprog, w, wu, x_ptr, w_ptr, out_ptr, N, K, IEEE: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+    """``out = x @ W.T`` (one row, no norm or bias; x written by this launch) over output
+    tiles pid, pid + nprog, ...; ``w, wu``: the program's first weight tile, prefetched."""
+    for tile in range(pid, tl.cdiv(N, BLOCK_N), nprog):
+        _gemv_tile(
+            tile, w, wu, x_ptr, x_ptr, w_ptr, w_ptr, w_ptr, out_ptr, out_ptr,
+            1, N, K, 0, 0, K, 0, 0, 0, 0.0,
+            False, False, False, False, False, IEEE, 1, BLOCK_N, BLOCK_K, ".cg",
+        )  # fmt: skip
+        w, wu = _w_tile(w_ptr, tile + nprog, N, K, K, 0, False, BLOCK_N, BLOCK_K)
+
+
+@triton.jit
 def _decoder_layer_kernel(
     h_ptr, res_ptr, ln1_ptr, wqkv_ptr, bqkv_ptr, wo_ptr, ln2_ptr, wgu_ptr, wd_ptr,
     pos_ptr, cs_ptr, cache_ptr, bt_ptr, len_ptr, part_ptr, cnt_ptr, sync_ptr,
@@ -159,13 +173,8 @@ def _decoder_layer_kernel(
     _grid_sync(sync_ptr + SYNC, nprog)
     _stamp(t_ptr, pid, 4, TIMING)
     # C: o_proj
-    for tile in range(pid, tl.cdiv(hidden, BLOCK_N), nprog):
-        _gemv_tile(
-            tile, w, wu, attn_ptr, attn_ptr, ln1_ptr, wo_ptr, wo_ptr, o_ptr, o_ptr,
-            1, hidden, q_size, 0, 0, q_size, 0, 0, 0, eps1,
-            False, False, False, False, False, IEEE, 1, BLOCK_N, BLOCK_K, ".cg",
-        )  # fmt: skip
-        w, wu = _w_tile(wo_ptr, tile + nprog, hidden, q_size, q_size, 0, False, BLOCK_N, BLOCK_K)
+    _projection(pid, nprog, w, wu, attn_ptr, wo_ptr, o_ptr, hidden, q_size, IEEE, BLOCK_N,
+                BLOCK_K)  # fmt: skip
     w, wu = _w_tile(wgu_ptr, pid, inter, hidden, hidden, inter, True, BLOCK_N, BLOCK_K)  # D
     _stamp(t_ptr, pid, 5, TIMING)
     _grid_sync(sync_ptr + 2 * SYNC, nprog)
@@ -184,13 +193,8 @@ def _decoder_layer_kernel(
     _grid_sync(sync_ptr + 3 * SYNC, nprog)
     _stamp(t_ptr, pid, 8, TIMING)
     # E: down_proj
-    for tile in range(pid, tl.cdiv(hidden, BLOCK_N), nprog):
-        _gemv_tile(
-            tile, w, wu, act_ptr, act_ptr, ln2_ptr, wd_ptr, wd_ptr, out_ptr, out_ptr,
-            1, hidden, inter, 0, 0, inter, 0, 0, 0, eps2,
-            False, False, False, False, False, IEEE, 1, BLOCK_N, BLOCK_K, ".cg",
-        )  # fmt: skip
-        w, wu = _w_tile(wd_ptr, tile + nprog, hidden, inter, inter, 0, False, BLOCK_N, BLOCK_K)
+    _projection(pid, nprog, w, wu, act_ptr, wd_ptr, out_ptr, hidden, inter, IEEE, BLOCK_N,
+                BLOCK_K)  # fmt: skip
     _stamp(t_ptr, pid, 9, TIMING)
     # the last program out resets the counters for the next launch (all passed every spin)
     left = tl.atomic_add(sync_ptr + 4 * SYNC, 1, sem="acq_rel", scope="gpu")
