@@ -186,3 +186,22 @@ def test_cuda():
     """The compiled kernel, one program per SM: barriers, the merge and the cache write."""
     for dtype in (torch.float32, torch.bfloat16):
         assert _cases(dtype, "cuda", exact_proj=False) == 16
+
+
+def test_dispatch_rule(monkeypatch):
+    """Off by default; on with VLLM_FUSED_DECODER_LAYER=1 for one row of a step that offers
+    PagedDecodeTables (the small-decode path), never for two rows or other metadata."""
+    from vllm.attention.backends.abstract import AttentionMetadata, ForwardMode
+    from vllm.model_executor.layers.triton_dispatch import get_triton_layer
+
+    _, md, _ = _step(5, torch.float32, "cpu", seed=0)
+    plain = AttentionMetadata(ForwardMode.DECODE, 1, 1, md.slot_mapping, 0)
+    one, two = torch.zeros(1, HIDDEN), torch.zeros(2, HIDDEN)
+    monkeypatch.delenv("VLLM_FUSED_DECODER_LAYER", raising=False)
+    assert get_triton_layer(one, md) is None
+    monkeypatch.setenv("VLLM_FUSED_DECODER_LAYER", "1")
+    layer = get_triton_layer(one, md)
+    assert layer is not None and hasattr(layer, "decoder_layer")
+    assert get_triton_layer(two, md) is None
+    assert get_triton_layer(one, plain) is None
+    assert get_triton_layer(one, None) is None
