@@ -49,19 +49,24 @@ def _backend(backend, monkeypatch):
     return backend, False
 
 
+def _count_calls(monkeypatch, module, name: str) -> dict:
+    """Count calls (``{"n": calls}``) of ``module.name`` in this in-process engine."""
+    calls = {"n": 0}
+    real = getattr(module, name)
+
+    def counted(*args, **kwargs):
+        calls["n"] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, counted)
+    return calls
+
+
 def _count_loop_calls(monkeypatch) -> dict:
     """Count decode-loop graph calls (``{"n": calls}``) of this in-process engine."""
     from vllm.worker import multi_step
 
-    loops = {"n": 0}
-    real = multi_step.run_loop_graph
-
-    def counted(*args, **kwargs):
-        loops["n"] += 1
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(multi_step, "run_loop_graph", counted)
-    return loops
+    return _count_calls(monkeypatch, multi_step, "run_loop_graph")
 
 
 def _assert_backend_ran(llm, wrapper_decode=True, small_decode=False):
@@ -115,20 +120,9 @@ def test_single_sequence_vs_transformers(smollm2_gguf, backend, steps, monkeypat
     the four projections."""
     from vllm.model_executor.layers import triton_gemv, triton_layer
 
-    calls = {"norm_linear": 0, "decoder_layer": 0}
-
-    def counting(module, name):
-        real = getattr(module, name)
-
-        def counted(*args, **kwargs):
-            calls[name] += 1
-            return real(*args, **kwargs)
-
-        monkeypatch.setattr(module, name, counted)
-
     loops = _count_loop_calls(monkeypatch)
-    counting(triton_gemv, "norm_linear")
-    counting(triton_layer, "decoder_layer")
+    gemv_calls = _count_calls(monkeypatch, triton_gemv, "norm_linear")
+    layer_calls = _count_calls(monkeypatch, triton_layer, "decoder_layer")
     fused = backend == "FLASHINFER-fused"
     backend, small = _backend(backend, monkeypatch)
     ref = hf_greedy(smollm2_gguf, PROMPTS[:3], 24, dtype="bfloat16", device="cuda")
@@ -137,7 +131,8 @@ def test_single_sequence_vs_transformers(smollm2_gguf, backend, steps, monkeypat
     check_logprobs_close(ref, ours, "hf", f"vllm-{backend}-batch1", PROMPTS[:3])
     assert ours[0][1].startswith(" Paris")
     # Python runs them while capturing size 1; replays run their kernels
-    assert (calls["decoder_layer"] > 0) == fused and (calls["norm_linear"] > 0) != fused, calls
+    assert (layer_calls["n"] > 0) == fused, (layer_calls, gemv_calls)
+    assert (gemv_calls["n"] > 0) != fused, (layer_calls, gemv_calls)
     assert _counters(llm)["graph"][0].get(1, 0) > 0
     assert loops["n"] == 0  # logprobs: never the loop graph
     if steps > 1:
