@@ -65,15 +65,6 @@ def _layers(shape, n, ctx, dt):
     return layers, caches, md, pos
 
 
-def _default_grid(triton_layer, layer, block_n, x) -> int:
-    """The grid decoder_layer picks by default (one program per SM, at most the tiles)."""
-    inter, hid = layer.mlp.down_proj.weight.shape[1], x.shape[1]
-    nqkv = layer.self_attn.qkv_proj.weight.shape[0]
-    tiles = max(-(-n // block_n) for n in (nqkv, inter, hid))
-    kv = layer.self_attn.attn.num_kv_heads
-    return triton_layer.grid_size(x, max(tiles, kv * triton_layer.MAX_SPLITS))
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--shape", default="smollm2", choices=sorted(SHAPES))
@@ -119,7 +110,7 @@ def main() -> None:
             )  # fmt: skip
             row = {"variant": "fused", "nprog": nprog, "block_n": bn, "us_per_layer": round(us, 2)}
             if args.phase_times:
-                n = nprog or _default_grid(triton_layer, layers[0], bn, h)
+                n = nprog or triton_layer.grid_size(layers[0], h, bn)
                 t = torch.zeros(args.layers, n, 16, dtype=torch.int64, device="cuda")
                 for i in range(args.layers):
                     triton_layer.decoder_layer(layers[i], pos, h, r, caches[i], tables,

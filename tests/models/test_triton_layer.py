@@ -200,8 +200,9 @@ def test_dispatch_rule(monkeypatch):
     monkeypatch.delenv("VLLM_FUSED_DECODER_LAYER", raising=False)
     assert get_triton_layer(one, md) is None
     monkeypatch.setenv("VLLM_FUSED_DECODER_LAYER", "1")
-    layer = get_triton_layer(one, md)
-    assert layer is not None and hasattr(layer, "decoder_layer")
+    layer, tables = get_triton_layer(one, md)
+    assert hasattr(layer, "decoder_layer") and tables.seq_lens is md.seq_lens
+    assert tables.scratch_block == md.scratch_slot // BLOCK
     assert get_triton_layer(two, md) is None
     assert get_triton_layer(one, plain) is None
     assert get_triton_layer(one, None) is None

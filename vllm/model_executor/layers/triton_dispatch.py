@@ -18,6 +18,7 @@ import functools
 import logging
 import os
 from types import ModuleType
+from typing import Any
 
 import torch
 
@@ -76,14 +77,15 @@ def _load_triton_layer() -> ModuleType | None:
     return triton_layer
 
 
-def get_triton_layer(x: torch.Tensor, attn_metadata) -> ModuleType | None:
-    """:mod:`triton_layer` when a decoder layer whose projections take :mod:`triton_gemv`
-    should run as one launch: ``x`` [1, hidden] (one row), ``attn_metadata`` offers
-    ``paged_decode_tables()``, and ``VLLM_FUSED_DECODER_LAYER=1`` (default off); else None."""
+def get_triton_layer(x: torch.Tensor, attn_metadata) -> tuple[ModuleType, Any] | None:
+    """``(triton_layer, tables)`` when a decoder layer whose projections take
+    :mod:`triton_gemv` should run as one launch: ``x`` [1, hidden] (one row),
+    ``VLLM_FUSED_DECODER_LAYER=1`` (default off) and ``attn_metadata`` offers ``tables =
+    paged_decode_tables()`` (fetched once here, for the launch); else None."""
     if x.shape[0] != 1 or attn_metadata is None:
         return None
     if os.environ.get(ENV_FUSED_DECODER_LAYER, "0") != "1":
         return None
-    if attn_metadata.paged_decode_tables() is None:
-        return None
-    return _load_triton_layer()
+    tables = attn_metadata.paged_decode_tables()
+    layer = None if tables is None else _load_triton_layer()
+    return None if layer is None else (layer, tables)

@@ -76,13 +76,18 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def grid_size(x: torch.Tensor, max_tiles: int) -> int:
-    """Programs of a launch on ``x``'s device: one per SM (every program must be resident
-    for the barriers), at most ``max_tiles``; 1 under the interpreter."""
+def grid_size(layer, x: torch.Tensor, block_n: int) -> int:
+    """Programs of a launch of ``layer`` (a ``LlamaDecoderLayer``) on ``x``'s device with
+    ``block_n`` output features per tile: one per SM (every program must be resident for
+    the barriers), at most the largest phase's work items (projection tiles, attention
+    (kv head, split) pairs); 1 under the interpreter."""
     if _INTERPRETED or not x.is_cuda:
         return 1
+    attn = layer.self_attn
+    outputs = (attn.qkv_proj.weight.shape[0], layer.mlp.down_proj.weight.shape[1], x.shape[1])
+    work = max(max(triton.cdiv(n, block_n) for n in outputs), attn.num_kv_heads * MAX_SPLITS)
     index = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    return max(1, min(_num_sms(index), max_tiles))
+    return max(1, min(_num_sms(index), work))
 
 
 @triton.jit
@@ -269,8 +274,7 @@ def decoder_layer(
     cs = attn.rotary_emb.cos_sin_cache if rotate else kv_cache
     st = kv_cache.stride()
     w_qkv = attn.qkv_proj.weight
-    tiles = max(triton.cdiv(n, cfg["BLOCK_N"]) for n in (q_size + 2 * kv_size, inter, hidden))
-    nprog = nprog or grid_size(x, max(tiles, num_kv_heads * MAX_SPLITS))
+    nprog = nprog or grid_size(layer, x, cfg["BLOCK_N"])
     if ws.layer_sync.numel() < NUM_SYNC_INTS:
         raise ValueError(f"workspace.layer_sync holds {ws.layer_sync.numel()} < {NUM_SYNC_INTS}")
     if timings is not None and tuple(timings.shape) != (nprog, 16):

@@ -152,8 +152,8 @@ class LlamaDecoderLayer(nn.Module):
         if self.fused_layer_ok:
             fused = get_triton_layer(hidden_states, attn_metadata)
             if fused is not None:
-                tables = attn_metadata.paged_decode_tables()
-                return fused.decoder_layer(
+                kernel, tables = fused
+                return kernel.decoder_layer(
                     self, positions, hidden_states, residual, kv_cache, tables
                 )
         attn, mlp = self.self_attn, self.mlp
