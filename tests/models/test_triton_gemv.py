@@ -81,9 +81,42 @@ def _kernel_cases(gemv: ModuleType, dtype: torch.dtype, device: str) -> None:
             want = act.forward_native(F.linear(norm.forward_native(x), w))
             assert got.shape == (m, n), ctx
             torch.testing.assert_close(got, want, **_tol(dtype, 3.0), msg=lambda e, c=ctx: c + e)
+        _wide_cases(gemv, dtype, norm, w, b, gen, device)
         # a row's value does not depend on the other rows of the launch (same BLOCK_M)
         x = torch.randn(16, k, generator=gen).to(device=device, dtype=dtype)
         assert torch.equal(gemv.linear(x[:7], w), gemv.linear(x, w)[:7]), f"{dtype} N={n}"
+
+
+def _wide_cases(gemv: ModuleType, dtype, norm, w, b, gen, device) -> None:
+    """One row through the persistent whole-row kernel (triton_gemv_rows: the config of
+    large weights) vs the torch layers; 1 and 4 outputs per tile, 2 "SMs" on CPU, so
+    programs take several tiles and prefetch past the last one."""
+    cfg = gemv.launch_config(1, 1 << 12, 1 << 12)
+    assert cfg == dict(PERSIST=4, BLOCK_N=gemv.ROWS_BLOCK_N, num_warps=8), cfg
+    assert gemv.launch_config(1, 4096, 14336)["num_warps"] == 16  # 16384-wide tiles
+    assert "PERSIST" not in gemv.launch_config(1, 1 << 12, 1000)  # K < ROWS_MIN_K
+    for bn in (1, 4):
+        _rows_cases(gemv, dtype, norm, w, b, gen, device, dict(cfg, BLOCK_N=bn))
+
+
+def _rows_cases(gemv: ModuleType, dtype, norm, w, b, gen, device, cfg: dict) -> None:
+    k = w.shape[1]
+    act = SiluAndMul()
+    x = torch.randn(1, k, generator=gen).to(device=device, dtype=dtype)
+    r = torch.randn(1, k, generator=gen).to(device=device, dtype=dtype)
+    ctx = f"rows dtype={dtype} K={k} {cfg}"
+    got, _ = gemv._launch(x, None, None, 0.0, w, b, False, cfg)
+    torch.testing.assert_close(got, F.linear(x, w, b), **_tol(dtype, 3.0), msg=lambda e: ctx + e)
+    normed, s_want = norm.forward_native(x, r)
+    got, s = gemv._launch(x, r, norm.weight, EPS, w, b, False, cfg)
+    # one add rounded once in both (the interpreter truncates: one ulp)
+    torch.testing.assert_close(s, s_want, rtol=8e-3 if dtype != torch.float32 else 0, atol=0)
+    torch.testing.assert_close(got, F.linear(normed, w, b), **_tol(dtype, 3.0),
+                               msg=lambda e: ctx + e)  # fmt: skip
+    got, s = gemv._launch(x, None, norm.weight, EPS, w, None, True, cfg)
+    want = act.forward_native(F.linear(norm.forward_native(x), w))
+    assert s is x, ctx
+    torch.testing.assert_close(got, want, **_tol(dtype, 3.0), msg=lambda e: ctx + e)
 
 
 def _interpreted_gemv() -> ModuleType:
@@ -100,20 +133,23 @@ def _check_kernels() -> None:
         _kernel_cases(_interpreted_gemv(), dtype, "cpu")
 
 
-def _tiny_layer(dtype: torch.dtype, device: str, bias: bool):
+def _tiny_layer(dtype: torch.dtype, device: str, bias: bool, hidden: int = 96,
+                inter: int = 200, heads: int = 6, kv_heads: int = 2):  # fmt: skip
     from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
     from vllm.model_executor.models.llama import LlamaDecoderLayer
 
     cfg = LlamaConfig(
-        hidden_size=96, intermediate_size=200, num_attention_heads=6, num_key_value_heads=2,
-        rms_norm_eps=EPS, max_position_embeddings=64,
+        hidden_size=hidden, intermediate_size=inter, num_attention_heads=heads,
+        num_key_value_heads=kv_heads, rms_norm_eps=EPS, max_position_embeddings=64,
     )  # fmt: skip
-    rope = RotaryEmbedding(16, 16, 64, {"rope_theta": 10000.0, "rope_type": "default"})
+    d = hidden // heads
+    rope = RotaryEmbedding(d, d, 64, {"rope_theta": 10000.0, "rope_type": "default"})
     layer = LlamaDecoderLayer(cfg, rope, bias, False, False, "model.layers.0")
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
-        for p in layer.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.2 + (1.0 if p.dim() == 1 else 0.0))
+        for p in layer.parameters():  # weights ~ 0.2 at K = 96 (the tiny layer's scale)
+            w = torch.randn(p.shape, generator=gen) * (0.2 * (96 / p.shape[-1]) ** 0.5)
+            p.copy_(w + (1.0 if p.dim() == 1 else 0.0))
     layer = layer.to(device=device, dtype=dtype)
     q_size = layer.self_attn.q_size
     # stand-in for paged attention: any fixed function of qkv [T, q+2kv] -> [T, q_size]
@@ -152,6 +188,30 @@ def _layer_cases(gemv: ModuleType, dtype: torch.dtype, device: str) -> None:
                                            msg=lambda e, c=ctx: c + e)  # fmt: skip
                 torch.testing.assert_close(got_h, want_h, **_tol(dtype, 4.0),
                                            msg=lambda e, c=ctx: c + e)  # fmt: skip
+
+
+@torch.no_grad()
+def _wide_layer_case(gemv: ModuleType) -> None:
+    """A layer whose projections all take the whole-row kernel (Llama-3.1-8B's hidden and
+    heads, intermediate 4096: every weight >= 16M elements), one token, bf16, CUDA:
+    forward_small_batch == the unfused forward (cuBLAS) within bf16 noise; and the dispatch
+    rule picks the kernel for it."""
+    layer = _tiny_layer(torch.bfloat16, "cuda", False, 4096, 4096, 32, 8)
+    mlp, attn = layer.mlp, layer.self_attn
+    assert gemv.worthwhile(1, mlp.gate_up_proj.weight, attn.o_proj.weight)
+    assert all(gemv.launch_config(1, *w.shape).get("PERSIST") for w in
+               (attn.qkv_proj.weight, attn.o_proj.weight, mlp.gate_up_proj.weight,
+                mlp.down_proj.weight))  # fmt: skip
+    gen = torch.Generator().manual_seed(3)
+    h = torch.randn(1, 4096, generator=gen).to("cuda", torch.bfloat16)
+    r = torch.randn(1, 4096, generator=gen).to("cuda", torch.bfloat16)
+    pos = torch.zeros(1, dtype=torch.long, device="cuda")
+    for res in (None, r):
+        want_h, want_r = _unfused(layer, pos, h, res)
+        got_h, got_r = layer.forward_small_batch(gemv, pos, h, None, None, res)
+        torch.testing.assert_close(got_r, want_r, **_tol(torch.bfloat16, 4.0))
+        scale = want_h.abs().max().item()
+        torch.testing.assert_close(got_h, want_h, **_tol(torch.bfloat16, scale))
 
 
 def _check_layer() -> None:
@@ -197,10 +257,22 @@ def test_cuda_kernels_and_dispatch(monkeypatch):
     for dtype in (torch.float32, torch.bfloat16):
         _kernel_cases(triton_gemv, dtype, "cuda")
         _layer_cases(triton_gemv, dtype, "cuda")  # bf16: 2% of 4.0 after four projections
+    _wide_layer_case(triton_gemv)
     small = torch.empty(2 * 1536, 576, dtype=torch.bfloat16, device="cuda")  # SmolLM2 gate_up
     big = torch.empty(2 * 4864, 896, dtype=torch.bfloat16, device="cuda")  # Qwen2.5-0.5B's
     assert get_triton_gemv(torch.empty(1, 576, device="cuda"), small) is triton_gemv
     assert get_triton_gemv(torch.empty(2, 576, device="cuda"), small) is None
     assert get_triton_gemv(torch.empty(1, 896, device="cuda"), big) is None
+    # Llama-3.1-8B: gate_up and o_proj both take the whole-row kernel, so the layer does;
+    # a large gate_up beside a small o_proj (never measured) stays on cuBLAS
+    x8 = torch.empty(1, 4096, dtype=torch.bfloat16, device="cuda")
+    gu8 = torch.empty(2 * 14336, 4096, dtype=torch.bfloat16, device="cuda")
+    o8 = torch.empty(4096, 4096, dtype=torch.bfloat16, device="cuda")
+    assert get_triton_gemv(x8, gu8, o8) is triton_gemv
+    assert get_triton_gemv(x8, gu8, o8[:1024]) is None
+    assert get_triton_gemv(x8.expand(2, 4096), gu8, o8) is None
+    # lm_heads: 8B's (K = 4096) takes it, SmolLM2's (K = 576 < ROWS_MIN_K) does not
+    assert get_triton_gemv(x8, torch.empty(128256, 4096, device="cuda")) is triton_gemv
+    assert get_triton_gemv(x8[:, :576], torch.empty(49152, 576, device="cuda")) is None
     monkeypatch.setenv("VLLM_USE_TRITON_GEMV", "0")
     assert get_triton_gemv(torch.empty(1, 576, device="cuda"), small) is None

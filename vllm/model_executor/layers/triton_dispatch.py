@@ -9,9 +9,10 @@ CUDA tensor, so installs without it keep working.
 
 The small-batch projection kernels (:mod:`triton_gemv`) follow the same rule, plus their
 own switch ``VLLM_USE_TRITON_GEMV`` (default on) and a measured rule
-(``triton_gemv.worthwhile``: one row, small weights); otherwise cuBLAS runs them. Where
-they run and the step's attention offers ``PagedDecodeTables``, the fused decoder layer
-(:mod:`triton_layer`, opt-in with ``VLLM_FUSED_DECODER_LAYER=1``) runs the whole layer.
+(``triton_gemv.worthwhile``: one row, all weights small or all large); otherwise cuBLAS
+runs them. Where they run and the step's attention offers ``PagedDecodeTables``, the fused
+decoder layer (:mod:`triton_layer`, opt-in with ``VLLM_FUSED_DECODER_LAYER=1``) runs the
+whole layer.
 """
 
 import functools
@@ -57,14 +58,15 @@ def _load_triton_gemv() -> ModuleType | None:
     return triton_gemv
 
 
-def get_triton_gemv(x: torch.Tensor, weight: torch.Tensor) -> ModuleType | None:
+def get_triton_gemv(x: torch.Tensor, *weights: torch.Tensor) -> ModuleType | None:
     """:mod:`triton_gemv` when ``x`` [T, ...] takes the Triton path,
-    ``VLLM_USE_TRITON_GEMV`` is not ``"0"`` and ``triton_gemv.worthwhile(T, weight)``
-    (few rows, small weights: ``weight`` is the layer's largest projection), else None."""
+    ``VLLM_USE_TRITON_GEMV`` is not ``"0"`` and ``triton_gemv.worthwhile(T, *weights)``
+    (one row; ``weights``: a layer's largest and smallest projections, or an lm_head, all
+    small or all large), else None."""
     if get_triton_ops(x) is None or os.environ.get(ENV_USE_TRITON_GEMV, "1") == "0":
         return None
     gemv = _load_triton_gemv()
-    return gemv if gemv is not None and gemv.worthwhile(x.shape[0], weight) else None
+    return gemv if gemv is not None and gemv.worthwhile(x.shape[0], *weights) else None
 
 
 @functools.cache

@@ -50,6 +50,16 @@ _DOT_MIN_ROWS = 5  # rows from which tensor-core tl.dot (16-row tiles) replaces 
 # 1.2-1.5x faster at one row and within 15% at 8. Hence: one row, gate_up <= 8 MiB.
 FUSED_MAX_ROWS = 1
 FUSED_MAX_WEIGHT_BYTES = 8 << 20
+# One row of a large weight (>= 16M elements, K >= 1024: every Llama-3.1-8B projection
+# and lm_head) is bandwidth-bound: the persistent whole-row kernel of triton_gemv_rows.
+# benchmarks/kernel_gemv.py --grid rows on an H200 (bf16, 8B shapes, one row, graph
+# replays; cuBLAS with the separate norm / SiLU kernels in brackets): qkv 13.7 us (17.7),
+# o 8.6 (13.3), gate_up 54.7 (60.6), down 29.6 (32.3), lm_head 233 (248); 3.7-4.5 TB/s
+# against a 4.59 TB/s read ceiling. Best: 2 outputs a tile, 8 warps, 4 programs an SM
+# (K = 4096); 16 warps, 2 an SM for K = 14336.
+ROWS_MIN_ELEMENTS = 1 << 24
+ROWS_MIN_K = 1024
+ROWS_BLOCK_N = 2
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # read once, as triton does
 
 
@@ -191,11 +201,23 @@ def _gemv_kernel(
     )  # fmt: skip
 
 
-def worthwhile(rows: int, weight: torch.Tensor) -> bool:
-    """Whether a decoder layer should run its projections here: ``rows`` tokens, and
-    ``weight`` its largest projection (gate_up); see FUSED_MAX_ROWS for the measurements."""
-    nbytes = weight.numel() * weight.element_size()
-    return rows <= FUSED_MAX_ROWS and nbytes <= FUSED_MAX_WEIGHT_BYTES
+def rows_kernel_fits(weight: torch.Tensor) -> bool:
+    """Whether one row through ``weight`` [N, K] takes the persistent whole-row kernel
+    (:mod:`triton_gemv_rows`): >= ROWS_MIN_ELEMENTS elements and K >= ROWS_MIN_K."""
+    return weight.numel() >= ROWS_MIN_ELEMENTS and weight.shape[1] >= ROWS_MIN_K
+
+
+def worthwhile(rows: int, *weights: torch.Tensor) -> bool:
+    """Whether ``rows`` tokens through projections ``weights`` (a decoder layer's largest
+    and smallest, or one lm_head) should run here rather than cuBLAS: one row, and either
+    every weight <= FUSED_MAX_WEIGHT_BYTES (latency-bound, the tiled kernel) or every one
+    large enough for the whole-row kernel (bandwidth-bound); a mix, never measured, stays
+    on cuBLAS. Measurements: FUSED_MAX_ROWS and ROWS_CONFIG."""
+    if rows > FUSED_MAX_ROWS:
+        return False
+    if all(w.numel() * w.element_size() <= FUSED_MAX_WEIGHT_BYTES for w in weights):
+        return True
+    return all(rows_kernel_fits(w) for w in weights)
 
 
 def launch_config(rows: int, n: int, k: int) -> dict:
@@ -210,6 +232,11 @@ def launch_config(rows: int, n: int, k: int) -> dict:
     if rows >= _DOT_MIN_ROWS:
         return dict(USE_DOT=True, BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, num_warps=4,
                     num_stages=4)  # fmt: skip
+    if rows == 1 and n * k >= ROWS_MIN_ELEMENTS and k >= ROWS_MIN_K:
+        # <= 32 weight elements a thread per tile (next_power_of_2(k) * BLOCK_N of them),
+        # 4 to 16 warps, and 32 warps of programs per SM
+        warps = max(4, min(16, triton.next_power_of_2(k) * ROWS_BLOCK_N // (32 * 32)))
+        return dict(PERSIST=32 // warps, BLOCK_N=ROWS_BLOCK_N, num_warps=warps)
     block_m = triton.next_power_of_2(max(rows, 1))
     return dict(USE_DOT=False, BLOCK_M=block_m, BLOCK_N=8, BLOCK_K=512 // block_m,
                 num_warps=4, num_stages=4)  # fmt: skip
@@ -250,6 +277,14 @@ def _launch(
     if m == 0:
         return out, res_out
     cfg = dict(config or launch_config(m, n, k))
+    if "PERSIST" in cfg:  # one row of a large weight
+        if m != 1:
+            raise ValueError(f"the whole-row config {cfg} takes one row, got {m}")
+        from vllm.model_executor.layers import triton_gemv_rows
+
+        triton_gemv_rows.launch(x, residual, norm_weight, eps, weight, bias, silu_mul, out,
+                                res_out, cfg)  # fmt: skip
+        return out, res_out
     ieee = weight.dtype == torch.float32
     if _INTERPRETED and cfg["USE_DOT"]:  # see _row_products
         x, weight, ieee = x.float(), weight.float(), True

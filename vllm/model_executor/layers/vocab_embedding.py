@@ -4,6 +4,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vllm.model_executor.layers.triton_dispatch import get_triton_gemv
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 
 
@@ -37,5 +38,10 @@ class ParallelLMHead(VocabParallelEmbedding):
         raise RuntimeError("ParallelLMHead is applied by compute_logits, not called directly")
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """hidden_states [N, hidden] -> logits [N, vocab_size] in float32."""
+        """hidden_states [N, hidden] -> logits [N, vocab_size] in float32. One row of a
+        large head (Llama-3.1-8B's 1 GB) runs the bandwidth-bound Triton GEMV when
+        ``get_triton_gemv`` allows it (vllm/model_executor/layers/triton_gemv.py)."""
+        gemv = get_triton_gemv(hidden_states, self.weight)
+        if gemv is not None:
+            return gemv.linear(hidden_states, self.weight).float()  # [1, vocab_size]
         return F.linear(hidden_states, self.weight).float()  # [N, vocab_size]

@@ -125,7 +125,10 @@ class LlamaDecoderLayer(nn.Module):
         residual: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """hidden_states, residual: [T, hidden] -> (mlp output, residual before it)."""
-        gemv = get_triton_gemv(hidden_states, self.mlp.gate_up_proj.weight)
+        # gate_up is the layer's largest projection, o_proj its smallest
+        gemv = get_triton_gemv(
+            hidden_states, self.mlp.gate_up_proj.weight, self.self_attn.o_proj.weight
+        )
         if gemv is not None:
             return self.forward_small_batch(
                 gemv, positions, hidden_states, kv_cache, attn_metadata, residual

@@ -1,0 +1,129 @@
+"""One-row projections of large weights as a persistent Triton kernel over whole rows of K.
+
+Why: at one decode token a Llama-3.1-8B projection streams 33-235 MB of weights and is
+bound by memory bandwidth. :mod:`triton_gemv`'s tiled kernel runs one short program per
+``BLOCK_N`` outputs; with the RMSNorm fused in, each program re-reads x, the residual and
+the norm weight from L2 (about as many bytes as its weights) and waits a norm pass before
+its products, and between two programs of an SM nothing is in flight. Here (one row only):
+
+- a program covers ALL of K at once (``BLOCK_K = next_power_of_2(K)``, so K fits one tile);
+- the grid is persistent (``PERSIST`` programs per SM, each taking output tiles ``pid``,
+  ``pid + nprog``, ...), and a program loads its next tile's weights before it computes on
+  the current one, so weight loads stay in flight across tiles;
+- the norm runs once per program: x (+ residual) is read once, normed in registers and
+  kept there for every tile.
+
+Arithmetic and rounding points are those of :func:`triton_gemv._gemv_tile`'s two-pass norm
+(``RMSNorm.forward_native``: residual sum, normed row and norm-weight product rounded to
+the activation dtype; float32 products; gate, up and SiLU rounded as torch does), so this
+kernel and :mod:`triton_gemv` agree up to float32 summation order.
+
+PDL contract (:mod:`triton_pdl`): the first weight tile is loaded before ``pdl_wait``.
+Imports ``triton`` at the top: reach it through :mod:`triton_gemv`, which imports it when
+a launch config asks for it (``PERSIST`` in the config).
+"""
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from vllm.model_executor.layers.triton_pdl import launch_options, pdl_enabled, pdl_wait
+
+
+@triton.jit
+def _rows_tile(w_ptr, tile, N, K, w_stride, up_offset, SILU_MUL: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+    """Weights [BLOCK_N, BLOCK_K] of output tile ``tile`` (and its ``up`` half with
+    SILU_MUL); all-masked past N (a prefetch past the program's last tile)."""
+    cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
+    ks = tl.arange(0, BLOCK_K)  # [BK]
+    rows = w_ptr + cols[:, None].to(tl.int64) * w_stride + ks[None, :]  # [BN, BK]
+    ok = (cols < N)[:, None] & (ks < K)[None, :]
+    w = tl.load(rows, mask=ok, other=0.0)
+    wu = w
+    if SILU_MUL:
+        wu = tl.load(rows + up_offset * w_stride, mask=ok, other=0.0)
+    return w, wu
+
+
+@triton.jit
+def _rows_kernel(
+    x_ptr, res_ptr, nw_ptr, w_ptr, b_ptr, out_ptr, res_out_ptr, N, K, w_stride, up_offset,
+    eps, NORM: tl.constexpr, ADD_RES: tl.constexpr, SILU_MUL: tl.constexpr,
+    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    """See the module docstring. x, residual, res_out: [K] (one row); out: [N]."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    act_ty = out_ptr.dtype.element_ty
+    w, wu = _rows_tile(w_ptr, pid, N, K, w_stride, up_offset, SILU_MUL, BLOCK_N, BLOCK_K)
+    pdl_wait(PDL)  # below: reads of what earlier kernels wrote
+    ks = tl.arange(0, BLOCK_K)[None, :]  # [1, BK]: the weight tile's layout, broadcast
+    k_ok = ks < K
+    a = tl.load(x_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)  # [1, BK]
+    if NORM:
+        if ADD_RES:
+            r = tl.load(res_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
+            s = (r + a).to(res_out_ptr.dtype.element_ty)  # `residual + x`, rounded
+            if pid == 0:  # one program stores the residual sum
+                tl.store(res_out_ptr + ks, s, mask=k_ok)
+            a = s.to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(a * a, axis=1) / K + eps)  # [1]
+        a = (a * rstd[:, None]).to(act_ty).to(tl.float32)  # HF LlamaRMSNorm: round, weight
+        nw = tl.load(nw_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
+        a = (nw * a).to(act_ty)
+    a = a.to(w_ptr.dtype.element_ty)  # [1, BK], held for every tile (16-bit: half the regs)
+    for tile in range(pid, tl.cdiv(N, BLOCK_N), nprog):
+        w_cur, wu_cur = w, wu  # this tile; the next one's loads go out first
+        w, wu = _rows_tile(w_ptr, tile + nprog, N, K, w_stride, up_offset, SILU_MUL,
+                           BLOCK_N, BLOCK_K)  # fmt: skip
+        cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
+        col_ok = cols < N
+        acc = tl.sum(a.to(tl.float32) * w_cur.to(tl.float32), axis=1)  # [BN]
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+        if SILU_MUL:
+            up = tl.sum(a.to(tl.float32) * wu_cur.to(tl.float32), axis=1)
+            if HAS_BIAS:
+                up += tl.load(b_ptr + up_offset + cols, mask=col_ok, other=0.0).to(tl.float32)
+            gate = acc.to(act_ty).to(tl.float32)
+            silu = (gate / (1.0 + tl.exp(-gate))).to(act_ty).to(tl.float32)
+            y = (silu * up.to(act_ty).to(tl.float32)).to(act_ty)
+        else:
+            y = acc.to(act_ty)
+        tl.store(out_ptr + cols, y, mask=col_ok)
+
+
+@functools.cache
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def launch(
+    x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor | None,
+    eps: float, weight: torch.Tensor, bias: torch.Tensor | None, silu_mul: bool,
+    out: torch.Tensor, res_out: torch.Tensor, cfg: dict,
+) -> None:  # fmt: skip
+    """Fill ``out`` [1, N_out] (and ``res_out`` [1, K] when ``residual`` is given) for one
+    row ``x`` [1, K] (unit strides, checked by the caller :func:`triton_gemv._launch`).
+
+    ``cfg``: ``BLOCK_N`` outputs per tile, ``num_warps``, ``PERSIST`` programs per SM
+    (the grid is ``min(tiles, PERSIST * SMs)``; on CPU, under the interpreter, 2 "SMs").
+    """
+    n = out.shape[1]
+    k = x.shape[1]
+    tiles = triton.cdiv(n, cfg["BLOCK_N"])
+    sms = _num_sms(x.device.index or 0) if x.is_cuda else 2
+    pdl = pdl_enabled(x)
+    _rows_kernel[(min(tiles, cfg["PERSIST"] * sms),)](
+        x, residual if residual is not None else x,
+        norm_weight if norm_weight is not None else weight, weight,
+        bias if bias is not None else weight, out, res_out,
+        n, k, weight.stride(0), n, float(eps),
+        NORM=norm_weight is not None, ADD_RES=residual is not None, SILU_MUL=silu_mul,
+        HAS_BIAS=bias is not None, BLOCK_N=cfg["BLOCK_N"],
+        BLOCK_K=triton.next_power_of_2(k), PDL=pdl, num_warps=cfg["num_warps"],
+        **launch_options(pdl),
+    )  # fmt: skip
