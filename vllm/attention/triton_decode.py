@@ -51,9 +51,13 @@ LOG2E = 1.4426950408889634
 def tile_tokens(group: int, head_size: int) -> int:
     """Context tokens per tile (and per split of a short row) for a GQA group of ``group``
     query heads of size ``head_size``: the [group_pad, T, D / 2] products stay near 8K
-    floats (64 registers a thread at 4 warps), 16 <= T <= 128."""
+    floats (64 registers a thread at 4 warps), 16 <= T <= 32. The cap of 32:
+    benchmarks/kernel_decode_attention.py on an H200 (bf16, one row) timed SmolLM2's
+    shape at 8.5 / 9.1 us per layer with T = 32 against 10.3 / 10.5 with the 64 this rule
+    gave before (contexts 192 / 1024); the Llama-3.1-8B shape's 32 was already the best at
+    1024 tokens (14.1 us; 16 tokens: 18.4)."""
     group_pad = triton.next_power_of_2(group)
-    return max(16, min(128, triton.next_power_of_2(max(1, 8192 // (group_pad * head_size // 2)))))
+    return max(16, min(32, triton.next_power_of_2(max(1, 8192 // (group_pad * head_size // 2)))))
 
 
 def num_splits(max_seq_len: int, tile: int) -> int:

@@ -13,7 +13,12 @@ where they measured faster than cuBLAS: one row and small weights, see FUSED_MAX
 - :func:`linear`: ``x @ W.T (+ bias)`` (``o_proj``, ``down_proj``).
 
 A decoder layer then takes 4 kernels for its projections instead of 7 (norm, qkv, o,
-norm, gate_up, act, down). Layout: one program per ``BLOCK_N`` output features, all rows
+norm, gate_up, act, down). One row through a large weight (ROWS_MIN_ELEMENTS, ROWS_MIN_K:
+the Llama-3.1-8B projections and lm_head) takes the persistent whole-row kernel of
+:mod:`triton_gemv_rows` instead (same functions, same rounding points; ``launch_config``
+picks it), which reads weights at 3.7-4.5 TB/s where cuBLAS GEMV reaches 2.5-4.2.
+
+Layout: one program per ``BLOCK_N`` output features, all rows
 in it, so each weight element is read once per step. Every program recomputes the row
 norms from ``x`` (``K`` elements per row: a few KiB read from L2, against ``BLOCK_N * K``
 weight elements); program 0 alone writes the residual sum.
@@ -226,8 +231,8 @@ def launch_config(rows: int, n: int, k: int) -> dict:
     Chosen by the grid sweep of benchmarks/kernel_gemv.py on an H200 (bf16): at 1 row the
     fastest for all four SmolLM2 projections was 8 output features x 512 of K per program
     iteration, 4 warps, 4 stages (2.5-6.9 us; the first guess, 16 x 128 x 3 stages, took
-    5.2-15.5 us); at 8 rows (tl.dot) 16-32 x 256-512. ``n`` and ``k`` do not change the
-    choice yet.
+    5.2-15.5 us); at 8 rows (tl.dot) 16-32 x 256-512. One row of a large weight gets the
+    whole-row kernel's config (a dict with ``PERSIST``; see ROWS_BLOCK_N).
     """
     if rows >= _DOT_MIN_ROWS:
         return dict(USE_DOT=True, BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, num_warps=4,
