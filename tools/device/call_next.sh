@@ -1,33 +1,31 @@
 #!/usr/bin/env bash
-# Prepared for the next 2-GPU session (not yet run). Session 6 ran the TORCH_SDPA loop-graph,
-# spec-decoding and small-path / fused-layer GPU tests (passed) but not the PP pairwise
-# suite, which has not run since session 5's changes (decode-loop graphs, PDL, the small
-# path). GPU 0, alone: the decode-attention kernel study (FlashInfer vs the Triton kernel at
-# its tiles), batch 1 per switch, nano per small-path setting. GPU 1: the FLASHINFER-small
-# drift test. Then the PP suite on both GPUs.
+# Prepared for the next 2-GPU session (not yet run). Session 7 capped the Triton decode
+# tile at 32 tokens from the kernel study alone (SmolLM2's shape: 8.5 against 10.3 us per
+# layer at context 192) and could not run the engine on it. GPU 0, alone: SmolLM2 batch 1
+# on the small path (now tile 32) against FlashInfer's wrappers, twice in alternation; the
+# Llama-3.1-8B shape on both paths (the floor ratio was 0.742 / 0.736 on the small path,
+# 0.722 / 0.711 on the wrappers); the nano workload per path. GPU 1: the decode-attention,
+# fused-layer and FLASHINFER-small engine GPU tests on the new tile. Then the PP suite.
 source tools/device/env.sh || exit 1
 O=${OUT:-/tmp/out}
 B=benchmarks
 cap_runtime ${CAP:-570}
-S="--dtype bfloat16 --input-len 128 --output-len 128 --num-iters 1 --no-tqdm --batch-sizes 1 --num-scheduler-steps 8"
+S="--dtype bfloat16 --input-len 128 --output-len 128 --num-iters 2 --no-tqdm --batch-sizes 1 --num-scheduler-steps 8"
+L8="--model $B/configs/llama-3.1-8b --load-format dummy --skip-tokenizer-init --max-model-len 2048 --dtype bfloat16 --batch-size 1 --input-len 128 --output-len 128 --max-num-seqs 8 --num-iters 3 --num-iters-warmup 1 --no-tqdm --num-scheduler-steps 8"
 N="--model $B/configs/qwen2.5-0.5b --load-format dummy --skip-tokenizer-init --max-model-len 4096 --dtype bfloat16 --dataset random-range --num-prompts 256 --no-tqdm --num-scheduler-steps 8"
 (export CUDA_VISIBLE_DEVICES=0
- python $B/kernel_decode_attention.py --shapes smollm2,qwen2.5-0.5b --batch-sizes 1,8 \
-    --contexts 64,256,1024,2048 --tiles 16,32
- python $B/benchmark_throughput.py $S
- VLLM_SMALL_DECODE_MAX_ROWS=8 python $B/benchmark_throughput.py $S
- VLLM_SMALL_DECODE_MAX_ROWS=8 VLLM_DECODE_LOOP_GRAPHS=0 python $B/benchmark_throughput.py $S
- VLLM_TRITON_PDL=0 python $B/benchmark_throughput.py $S
- python $B/benchmark_throughput.py $N
- VLLM_SMALL_DECODE_MAX_ROWS=8 python $B/benchmark_throughput.py $N
+ for r in 1 0 1 0; do VLLM_SMALL_DECODE_MAX_ROWS=$r python $B/benchmark_throughput.py $S; done
+ for r in 1 0; do VLLM_SMALL_DECODE_MAX_ROWS=$r python $B/benchmark_latency.py $L8; done
+ for r in 0 1; do VLLM_SMALL_DECODE_MAX_ROWS=$r python $B/benchmark_throughput.py $N; done
 ) > $O/bench.log 2>&1 &
 a=$!
 (export CUDA_VISIBLE_DEVICES=1
  T="python -m pytest --forked -q -p no:cacheprovider -rs"
- $T tests/worker/test_cuda_graphs_gpu.py \
-    -k "FLASHINFER-small and drifts" \
+ $T tests/attention/test_triton_decode.py tests/models/test_triton_layer.py -k cuda \
+    2>&1 | tail -n 5 > $O/t_kern.log
+ $T tests/worker/test_cuda_graphs_gpu.py -k "FLASHINFER-small or FLASHINFER-fused" \
     2>&1 | tail -n 25 > $O/t_gpu1.log
 ) &
 b=$!
 wait $a $b
-pp_and_report $O/t_gpu1.log
+pp_and_report $O/t_kern.log $O/t_gpu1.log
