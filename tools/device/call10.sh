@@ -5,11 +5,9 @@
 # transformers peer. GPU 1: the GEMV kernel / dispatch GPU tests (the whole-row kernel in
 # a layer of 8B widths) and the FLASHINFER batch-1 engine tests vs transformers.
 source tools/device/env.sh || exit 1
-O=${OUT:-/tmp/out}
-B=benchmarks
 cap_runtime ${CAP:-560}
-S="--dtype bfloat16 --input-len 128 --output-len 128 --num-iters 1 --no-tqdm --batch-sizes 1 --num-scheduler-steps 8"
-L8="--model $B/configs/llama-3.1-8b --load-format dummy --skip-tokenizer-init --max-model-len 2048 --dtype bfloat16 --batch-size 1 --input-len 128 --output-len 128 --max-num-seqs 8 --num-iters 2 --num-iters-warmup 1 --no-tqdm --num-scheduler-steps 8"
+S="$SMOL_B1 --num-iters 1"
+L8="$LLAMA8B_B1 --num-iters 2"
 (export CUDA_VISIBLE_DEVICES=0
  python $B/benchmark_latency.py $L8
  VLLM_USE_TRITON_GEMV=0 python $B/benchmark_latency.py $L8

@@ -4,11 +4,9 @@
 # and on FlashInfer's wrappers (=0), 3 timed runs each; SmolLM2 batch 1 on both paths;
 # then the decode-attention kernel study (FlashInfer vs the Triton kernel at its tiles).
 source tools/device/env.sh || exit 1
-O=${OUT:-/tmp/out}
-B=benchmarks
 cap_runtime ${CAP:-500}
-S="--dtype bfloat16 --input-len 128 --output-len 128 --num-iters 2 --no-tqdm --batch-sizes 1 --num-scheduler-steps 8"
-L8="--model $B/configs/llama-3.1-8b --load-format dummy --skip-tokenizer-init --max-model-len 2048 --dtype bfloat16 --batch-size 1 --input-len 128 --output-len 128 --max-num-seqs 8 --num-iters 3 --num-iters-warmup 1 --no-tqdm --num-scheduler-steps 8"
+S="$SMOL_B1 --num-iters 2"
+L8="$LLAMA8B_B1 --num-iters 3"
 (VLLM_SMALL_DECODE_MAX_ROWS=1 python $B/benchmark_latency.py $L8
  VLLM_SMALL_DECODE_MAX_ROWS=0 python $B/benchmark_latency.py $L8
  VLLM_SMALL_DECODE_MAX_ROWS=0 python $B/benchmark_throughput.py $S

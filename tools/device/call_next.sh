@@ -7,12 +7,10 @@
 # 0.722 / 0.711 on the wrappers); the nano workload per path. GPU 1: the decode-attention,
 # fused-layer and FLASHINFER-small engine GPU tests on the new tile. Then the PP suite.
 source tools/device/env.sh || exit 1
-O=${OUT:-/tmp/out}
-B=benchmarks
 cap_runtime ${CAP:-570}
-S="--dtype bfloat16 --input-len 128 --output-len 128 --num-iters 2 --no-tqdm --batch-sizes 1 --num-scheduler-steps 8"
-L8="--model $B/configs/llama-3.1-8b --load-format dummy --skip-tokenizer-init --max-model-len 2048 --dtype bfloat16 --batch-size 1 --input-len 128 --output-len 128 --max-num-seqs 8 --num-iters 3 --num-iters-warmup 1 --no-tqdm --num-scheduler-steps 8"
-N="--model $B/configs/qwen2.5-0.5b --load-format dummy --skip-tokenizer-init --max-model-len 4096 --dtype bfloat16 --dataset random-range --num-prompts 256 --no-tqdm --num-scheduler-steps 8"
+S="$SMOL_B1 --num-iters 2"
+L8="$LLAMA8B_B1 --num-iters 3"
+N="$NANO"
 (export CUDA_VISIBLE_DEVICES=0
  for r in 1 0 1 0; do VLLM_SMALL_DECODE_MAX_ROWS=$r python $B/benchmark_throughput.py $S; done
  for r in 1 0; do VLLM_SMALL_DECODE_MAX_ROWS=$r python $B/benchmark_latency.py $L8; done

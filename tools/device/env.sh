@@ -21,6 +21,14 @@ cap_runtime() {  # kill the benchmark and pytest processes after $1 seconds (the
     CAP_PID=$!
 }
 mkdir -p "${OUT:-/tmp/out}"
+O=${OUT:-/tmp/out}
+B=benchmarks
+# The call scripts' shared benchmark arguments (each adds its --num-iters): SmolLM2 batch 1
+# x 128 (benchmark_throughput), the Llama-3.1-8B shape at batch 1 (benchmark_latency) and
+# the Qwen2.5-0.5B shape on nano-vllm's workload (benchmark_throughput).
+SMOL_B1="--dtype bfloat16 --input-len 128 --output-len 128 --no-tqdm --batch-sizes 1 --num-scheduler-steps 8"
+LLAMA8B_B1="--model $B/configs/llama-3.1-8b --load-format dummy --skip-tokenizer-init --max-model-len 2048 --dtype bfloat16 --batch-size 1 --input-len 128 --output-len 128 --max-num-seqs 8 --num-iters-warmup 1 --no-tqdm --num-scheduler-steps 8"
+NANO="--model $B/configs/qwen2.5-0.5b --load-format dummy --skip-tokenizer-init --max-model-len 4096 --dtype bfloat16 --dataset random-range --num-prompts 256 --no-tqdm --num-scheduler-steps 8"
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 pp_and_report() {  # after a call's GPU jobs: the PP pairwise suite, stop the cap, print results
     local o="${OUT:-/tmp/out}"  # args: the test logs to summarise besides the PP one
