@@ -217,7 +217,7 @@ def worthwhile(rows: int, *weights: torch.Tensor) -> bool:
     and smallest, or one lm_head) should run here rather than cuBLAS: one row, and either
     every weight <= FUSED_MAX_WEIGHT_BYTES (latency-bound, the tiled kernel) or every one
     large enough for the whole-row kernel (bandwidth-bound); a mix, never measured, stays
-    on cuBLAS. Measurements: FUSED_MAX_ROWS and ROWS_CONFIG."""
+    on cuBLAS. Measurements: the comments at FUSED_MAX_ROWS and ROWS_MIN_ELEMENTS."""
     if rows > FUSED_MAX_ROWS:
         return False
     if all(w.numel() * w.element_size() <= FUSED_MAX_WEIGHT_BYTES for w in weights):

@@ -39,9 +39,11 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """hidden_states [N, hidden] -> logits [N, vocab_size] in float32. One row of a
-        large head (Llama-3.1-8B's 1 GB) runs the bandwidth-bound Triton GEMV when
-        ``get_triton_gemv`` allows it (vllm/model_executor/layers/triton_gemv.py)."""
+        large head (Llama-3.1-8B's 1 GB) runs the whole-row Triton GEMV when
+        ``get_triton_gemv`` allows it and the head fits that kernel (``rows_kernel_fits``,
+        the case measured faster than cuBLAS: vllm/model_executor/layers/triton_gemv.py);
+        every other head stays on cuBLAS."""
         gemv = get_triton_gemv(hidden_states, self.weight)
-        if gemv is not None:
+        if gemv is not None and gemv.rows_kernel_fits(self.weight):
             return gemv.linear(hidden_states, self.weight).float()  # [1, vocab_size]
         return F.linear(hidden_states, self.weight).float()  # [N, vocab_size]
