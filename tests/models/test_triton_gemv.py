@@ -274,6 +274,6 @@ def test_cuda_kernels_and_dispatch(monkeypatch):
     # lm_heads: 8B's (K = 4096) takes it, SmolLM2's (K = 576 < ROWS_MIN_K) does not
     assert get_triton_gemv(x8, torch.empty(128256, 4096, device="cuda")) is triton_gemv
     assert get_triton_gemv(x8[:, :576], torch.empty(49152, 576, device="cuda")) is None
-    assert not triton_gemv.rows_kernel_fits(torch.empty(1000, 64))  # a tiny test head
+    assert not triton_gemv.rows_kernel_fits(1000, 64)  # a tiny test head
     monkeypatch.setenv("VLLM_USE_TRITON_GEMV", "0")
     assert get_triton_gemv(torch.empty(1, 576, device="cuda"), small) is None

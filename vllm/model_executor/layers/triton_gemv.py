@@ -206,10 +206,16 @@ def _gemv_kernel(
     )  # fmt: skip
 
 
-def rows_kernel_fits(weight: torch.Tensor) -> bool:
-    """Whether one row through ``weight`` [N, K] takes the persistent whole-row kernel
-    (:mod:`triton_gemv_rows`): >= ROWS_MIN_ELEMENTS elements and K >= ROWS_MIN_K."""
-    return weight.numel() >= ROWS_MIN_ELEMENTS and weight.shape[1] >= ROWS_MIN_K
+def rows_kernel_fits(n: int, k: int) -> bool:
+    """Whether one row through an [n, k] weight takes the persistent whole-row kernel
+    (:mod:`triton_gemv_rows`): >= ROWS_MIN_ELEMENTS elements and k >= ROWS_MIN_K."""
+    return n * k >= ROWS_MIN_ELEMENTS and k >= ROWS_MIN_K
+
+
+def small_weights(*weights: torch.Tensor) -> bool:
+    """Whether every weight is <= FUSED_MAX_WEIGHT_BYTES: one row through them runs the
+    tiled kernel (latency-bound), as does the fused decoder layer (triton_layer)."""
+    return all(w.numel() * w.element_size() <= FUSED_MAX_WEIGHT_BYTES for w in weights)
 
 
 def worthwhile(rows: int, *weights: torch.Tensor) -> bool:
@@ -220,9 +226,7 @@ def worthwhile(rows: int, *weights: torch.Tensor) -> bool:
     on cuBLAS. Measurements: the comments at FUSED_MAX_ROWS and ROWS_MIN_ELEMENTS."""
     if rows > FUSED_MAX_ROWS:
         return False
-    if all(w.numel() * w.element_size() <= FUSED_MAX_WEIGHT_BYTES for w in weights):
-        return True
-    return all(rows_kernel_fits(w) for w in weights)
+    return small_weights(*weights) or all(rows_kernel_fits(*w.shape) for w in weights)
 
 
 def launch_config(rows: int, n: int, k: int) -> dict:
@@ -237,7 +241,7 @@ def launch_config(rows: int, n: int, k: int) -> dict:
     if rows >= _DOT_MIN_ROWS:
         return dict(USE_DOT=True, BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, num_warps=4,
                     num_stages=4)  # fmt: skip
-    if rows == 1 and n * k >= ROWS_MIN_ELEMENTS and k >= ROWS_MIN_K:
+    if rows == 1 and rows_kernel_fits(n, k):
         # <= 32 weight elements a thread per tile (next_power_of_2(k) * BLOCK_N of them),
         # 4 to 16 warps, and 32 warps of programs per SM
         warps = max(4, min(16, triton.next_power_of_2(k) * ROWS_BLOCK_N // (32 * 32)))

@@ -44,6 +44,6 @@ class ParallelLMHead(VocabParallelEmbedding):
         the case measured faster than cuBLAS: vllm/model_executor/layers/triton_gemv.py);
         every other head stays on cuBLAS."""
         gemv = get_triton_gemv(hidden_states, self.weight)
-        if gemv is not None and gemv.rows_kernel_fits(self.weight):
+        if gemv is not None and gemv.rows_kernel_fits(*self.weight.shape):
             return gemv.linear(hidden_states, self.weight).float()  # [1, vocab_size]
         return F.linear(hidden_states, self.weight).float()  # [N, vocab_size]
