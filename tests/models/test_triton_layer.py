@@ -190,19 +190,23 @@ def test_cuda():
 
 def test_dispatch_rule(monkeypatch):
     """Off by default; on with VLLM_FUSED_DECODER_LAYER=1 for one row of a step that offers
-    PagedDecodeTables (the small-decode path), never for two rows or other metadata."""
+    PagedDecodeTables (the small-decode path) and a layer small enough for the tiled GEMV
+    tiles the fused layer runs; never for two rows, other metadata or a large layer."""
     from vllm.attention.backends.abstract import AttentionMetadata, ForwardMode
     from vllm.model_executor.layers.triton_dispatch import get_triton_layer
 
     _, md, _ = _step(5, torch.float32, "cpu", seed=0)
     plain = AttentionMetadata(ForwardMode.DECODE, 1, 1, md.slot_mapping, 0)
     one, two = torch.zeros(1, HIDDEN), torch.zeros(2, HIDDEN)
+    small = torch.empty(2 * 1536, 576, dtype=torch.bfloat16)  # SmolLM2's gate_up, 3.4 MiB
+    large = torch.empty(2 * 14336, 4096, dtype=torch.bfloat16)  # Llama-3.1-8B's, 224 MiB
     monkeypatch.delenv("VLLM_FUSED_DECODER_LAYER", raising=False)
-    assert get_triton_layer(one, md) is None
+    assert get_triton_layer(one, md, small) is None
     monkeypatch.setenv("VLLM_FUSED_DECODER_LAYER", "1")
-    layer, tables = get_triton_layer(one, md)
+    layer, tables = get_triton_layer(one, md, small)
     assert hasattr(layer, "decoder_layer") and tables.seq_lens is md.seq_lens
     assert tables.scratch_block == md.scratch_slot // BLOCK
-    assert get_triton_layer(two, md) is None
-    assert get_triton_layer(one, plain) is None
-    assert get_triton_layer(one, None) is None
+    assert get_triton_layer(two, md, small) is None
+    assert get_triton_layer(one, plain, small) is None
+    assert get_triton_layer(one, None, small) is None
+    assert get_triton_layer(one, md, large) is None  # it takes the whole-row kernel

@@ -79,14 +79,22 @@ def _load_triton_layer() -> ModuleType | None:
     return triton_layer
 
 
-def get_triton_layer(x: torch.Tensor, attn_metadata) -> tuple[ModuleType, Any] | None:
+def get_triton_layer(
+    x: torch.Tensor, attn_metadata, weight: torch.Tensor
+) -> tuple[ModuleType, Any] | None:
     """``(triton_layer, tables)`` when a decoder layer whose projections take
     :mod:`triton_gemv` should run as one launch: ``x`` [1, hidden] (one row),
-    ``VLLM_FUSED_DECODER_LAYER=1`` (default off) and ``attn_metadata`` offers ``tables =
-    paged_decode_tables()`` (fetched once here, for the launch); else None."""
+    ``VLLM_FUSED_DECODER_LAYER=1`` (default off), ``weight`` (the layer's largest
+    projection) small enough for the tiled kernel whose tiles the fused layer runs
+    (``triton_gemv.small_weights``; large layers take the whole-row kernel instead) and
+    ``attn_metadata`` offers ``tables = paged_decode_tables()`` (fetched once here, for the
+    launch); else None."""
     if x.shape[0] != 1 or attn_metadata is None:
         return None
     if os.environ.get(ENV_FUSED_DECODER_LAYER, "0") != "1":
+        return None
+    gemv = _load_triton_gemv()
+    if gemv is None or not gemv.small_weights(weight):
         return None
     tables = attn_metadata.paged_decode_tables()
     layer = None if tables is None else _load_triton_layer()

@@ -153,7 +153,7 @@ class LlamaDecoderLayer(nn.Module):
         attention allows it (``get_triton_layer``), the whole layer is one launch instead.
         """
         if self.fused_layer_ok:
-            fused = get_triton_layer(hidden_states, attn_metadata)
+            fused = get_triton_layer(hidden_states, attn_metadata, self.mlp.gate_up_proj.weight)
             if fused is not None:
                 kernel, tables = fused
                 return kernel.decoder_layer(
