@@ -47,11 +47,15 @@ SHAPES = {
 L2_BYTES = 60e6  # an H200's L2; each op's distinct weights should be several times this
 
 
+def _copies(nbytes: float, most: int) -> int:
+    """Distinct copies of an ``nbytes`` weight that fill 4 L2s: at least 2, at most ``most``."""
+    return max(2, min(most, math.ceil(4 * L2_BYTES / nbytes)))
+
+
 def _layers(shape) -> int:
-    """Distinct weight copies: enough that the smallest op's copies fill 4 L2s, <= 30."""
+    """Distinct weight copies of every layer op: enough for the smallest one (bf16), <= 30."""
     hidden, _, hq, hkv, d, _ = shape
-    smallest = min(hidden * hq * d, hidden * (hq + 2 * hkv) * d) * 2
-    return max(2, min(30, math.ceil(4 * L2_BYTES / smallest)))
+    return _copies(min(hidden * hq * d, hidden * (hq + 2 * hkv) * d) * 2, 30)
 
 
 def _ops(name: str, m: int, shape, layers: int, dtype, lm_head: bool):
@@ -91,7 +95,7 @@ def _ops(name: str, m: int, shape, layers: int, dtype, lm_head: bool):
     if lm_head:  # one copy per 4 L2s is plenty: it is 57 MB (SmolLM2) to 1 GB (8B)
         wl = [
             (torch.randn(vocab, hidden, device=dev, generator=gen) / hidden**0.5).to(dtype)
-            for _ in range(max(2, min(layers, math.ceil(4 * L2_BYTES / (vocab * hidden * b)))))
+            for _ in range(_copies(vocab * hidden * b, layers))
         ]
         extra = [("lm_head", vocab, hidden, vocab * hidden * b,
                   lambda i: F.linear(x, wl[i % len(wl)]),
