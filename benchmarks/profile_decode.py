@@ -7,8 +7,12 @@ greedy tokens (one warm-up batch first), then a second batch under ``torch.profi
 - the run conditions and the wall time per decode step of the plain timed batch;
 - the top kernels by total CUDA time, and kernels launched per engine step;
 - the top host functions by own time (cProfile), which shows Python overhead;
+- the GPU timeline of the profiled batch: the union of kernel intervals (busy), the idle
+  time between kernels, and the idle gaps of at least ``--gap-us`` (the host between
+  multi-step windows shows up there: one gap per window);
 - one JSON line ``{"bench": "profile_decode", ...}`` with ms per step, CUDA-busy ms per
-  step (sum of kernel times / steps) and kernels per step.
+  step (sum of kernel times / steps), kernels per step, and the timeline's busy / idle ms
+  per step and long gaps.
 
 A step whose CUDA-busy time is far below its wall time is host-bound. Example (H200)::
 
@@ -36,6 +40,7 @@ def main() -> None:
     p.add_argument("--input-len", type=int, default=32)
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--top", type=int, default=25, help="Rows per printed table.")
+    p.add_argument("--gap-us", type=float, default=50.0, help="Idle gaps counted as long.")
     EngineArgs.add_cli_args(p)
     args = p.parse_args()
     import torch
@@ -70,6 +75,7 @@ def main() -> None:
     with torch.profiler.profile(activities=acts) as prof:
         llm.generate(prompts, sp, use_tqdm=False)
         sync(cond["device"])
+    timeline = _timeline(prof, args.gap_us) if cond["device"] == "cuda" else {}
     events = prof.key_averages()
     # Kernel events only: a CPU op's self_device_time_total repeats the time of the kernels
     # it launched, so adding those too would count each kernel twice.
@@ -95,8 +101,48 @@ def main() -> None:
             "ms_per_step": round(ms_per_step, 4),
             "cuda_busy_ms_per_step": round(cuda_us / 1e3 / steps, 4),
             "kernels_per_step": round(kernels / steps, 1),
+            **{k: round(v / steps, 4) if k.endswith("_ms") else v for k, v in timeline.items()},
         }
     )
+
+
+def _timeline(prof, gap_us: float) -> dict:
+    """The profiled run's GPU timeline from its kernel intervals (microseconds).
+
+    PDL kernels overlap their predecessor, so busy time is the union of the intervals, not
+    their sum. Returns busy_ms and idle_ms (first kernel start to last kernel end), and the
+    count / total ms / largest us of the idle gaps of at least ``gap_us``.
+    """
+    import torch
+
+    spans = sorted(
+        (e.time_range.start, e.time_range.end)
+        for e in prof.events()
+        if e.device_type == torch.autograd.DeviceType.CUDA
+    )
+    if not spans:
+        return {}
+    busy = 0.0
+    gaps: list[float] = []
+    cur_start, cur_end = spans[0]
+    for start, end in spans[1:]:
+        if start > cur_end:
+            busy += cur_end - cur_start
+            gaps.append(start - cur_end)
+            cur_start = start
+        cur_end = max(cur_end, end)
+    busy += cur_end - cur_start
+    long_gaps = [g for g in gaps if g >= gap_us]
+    out = {
+        "busy_ms": busy / 1e3,
+        "idle_ms": sum(gaps) / 1e3,
+        "long_gaps": len(long_gaps),
+        "long_gap_ms": sum(long_gaps) / 1e3,
+        "largest_gap_us": round(max(gaps, default=0.0), 1),
+    }
+    print(f"GPU timeline: {out['busy_ms']:.3f} ms busy, {out['idle_ms']:.3f} ms idle; "
+          f"{len(long_gaps)} gaps >= {gap_us:g} us, {out['long_gap_ms']:.3f} ms")  # fmt: skip
+    return out
 
 
 if __name__ == "__main__":

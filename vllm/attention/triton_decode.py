@@ -89,14 +89,38 @@ class DecodeWorkspace:
 
 
 @triton.jit
-def _tile_scores(q1, q2, base, t_mask, cache_ptr, offs_d, HALF: tl.constexpr):
-    """Scores [GP, BLOCK_T] of the queries against the cached keys at ``base`` [BLOCK_T]."""
+def _tile_kv(bt_row, t, t_mask, cache_ptr, block_stride, value_offset, token_stride, head_off,
+             offs_d, HALF: tl.constexpr, BS: tl.constexpr):  # fmt: skip
+    """The cached keys and values of context tokens ``t`` [BLOCK_T] (masked by ``t_mask``)
+    through the row's block table ``bt_row``: k1, k2, v1, v2 [BLOCK_T, HALF] in the cache
+    dtype (first and second halves of each head)."""
+    blk = tl.load(bt_row + t // BS, mask=t_mask, other=0)
+    base = blk.to(tl.int64) * block_stride + (t % BS) * token_stride + head_off  # [BLOCK_T]
     k_ptrs = cache_ptr + base[:, None] + offs_d[None, :]  # [BLOCK_T, HALF]
-    k1 = tl.load(k_ptrs, mask=t_mask[:, None], other=0.0).to(tl.float32)
-    k2 = tl.load(k_ptrs + HALF, mask=t_mask[:, None], other=0.0).to(tl.float32)
+    m2 = t_mask[:, None]
+    k1 = tl.load(k_ptrs, mask=m2, other=0.0)
+    k2 = tl.load(k_ptrs + HALF, mask=m2, other=0.0)
+    v1 = tl.load(k_ptrs + value_offset, mask=m2, other=0.0)
+    v2 = tl.load(k_ptrs + value_offset + HALF, mask=m2, other=0.0)
+    return k1, k2, v1, v2
+
+
+@triton.jit
+def _tile_attend(q1, q2, k1, k2, v1, v2, t_mask, m_i, l_i, acc1, acc2):
+    """One tile's online-softmax update: scores of the scaled queries q1, q2 [GP, HALF]
+    against k1, k2 [BLOCK_T, HALF], then the running max m_i [GP], sum l_i [GP] and
+    unnormalised outputs acc1, acc2 [GP, HALF] (all float32) rescaled and advanced."""
+    k1, k2 = k1.to(tl.float32), k2.to(tl.float32)
     sc = tl.sum(q1[:, None, :] * k1[None, :, :], axis=2)  # [GP, BLOCK_T]
     sc += tl.sum(q2[:, None, :] * k2[None, :, :], axis=2)
-    return tl.where(t_mask[None, :], sc, float("-inf"))
+    sc = tl.where(t_mask[None, :], sc, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+    alpha = tl.exp2(m_i - m_new)  # [GP]
+    p = tl.exp2(sc - m_new[:, None])  # [GP, BLOCK_T]
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc1 = acc1 * alpha[:, None] + tl.sum(p[:, :, None] * v1.to(tl.float32)[None, :, :], axis=1)
+    acc2 = acc2 * alpha[:, None] + tl.sum(p[:, :, None] * v2.to(tl.float32)[None, :, :], axis=1)
+    return m_new, l_i, acc1, acc2
 
 
 @triton.jit
@@ -108,13 +132,18 @@ def _paged_decode_kernel(
     GROUP: tl.constexpr, GP: tl.constexpr, HALF: tl.constexpr, BS: tl.constexpr,
     BLOCK_T: tl.constexpr, ROTATE: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    """See the module docstring. ``qk_scale`` = softmax scale * log2(e)."""
-    pdl_wait(PDL)  # every input here may come from an earlier kernel of the step
-    decode_program(
-        tl.program_id(0), tl.program_id(1), tl.program_id(2),
-        q_ptr, k_ptr, v_ptr, pos_ptr, cs_ptr, cache_ptr, bt_ptr, len_ptr, out_ptr,
-        part_ptr, cnt_ptr, q_stride, k_stride, v_stride, cs_stride, bt_stride, out_stride,
-        block_stride, value_offset, token_stride, scratch_block, qk_scale, num_kv_heads,
+    """See the module docstring. ``qk_scale`` = softmax scale * log2(e). With PDL the
+    first tile's cache reads (:func:`decode_prefetch`) overlap the kernel before."""
+    b, h, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    pre = decode_prefetch(
+        b, h, s, pos_ptr, cs_ptr, cache_ptr, bt_ptr, len_ptr, cs_stride, bt_stride,
+        block_stride, value_offset, token_stride, HALF, BS, BLOCK_T, ROTATE, SPLITS,
+    )  # fmt: skip
+    pdl_wait(PDL)  # q, k, v come from the kernel before
+    decode_attend(
+        b, h, s, pre, q_ptr, k_ptr, v_ptr, cache_ptr, bt_ptr, out_ptr, part_ptr, cnt_ptr,
+        q_stride, k_stride, v_stride, bt_stride, out_stride, block_stride, value_offset,
+        token_stride, scratch_block, qk_scale, num_kv_heads,
         GROUP, GP, HALF, BS, BLOCK_T, ROTATE, SPLITS, "",
     )  # fmt: skip
 
@@ -128,11 +157,74 @@ def decode_program(
     BLOCK_T: tl.constexpr, ROTATE: tl.constexpr, SPLITS: tl.constexpr, CACHE: tl.constexpr,
 ):  # fmt: skip
     """The work of program ``(b, h, s)`` (module docstring); nothing when ``s`` is past row
-    ``b``'s split count. ``CACHE``: the load cache modifier of q, k and v ("", or ".cg" when
-    another program of the same launch wrote them: vllm/model_executor/layers/triton_layer)."""
+    ``b``'s split count: :func:`decode_prefetch` then :func:`decode_attend`. ``CACHE``: the
+    load cache modifier of q, k and v ("", or ".cg" when another program of the same launch
+    wrote them: vllm/model_executor/layers/triton_layer)."""
+    pre = decode_prefetch(
+        b, h, s, pos_ptr, cs_ptr, cache_ptr, bt_ptr, len_ptr, cs_stride, bt_stride,
+        block_stride, value_offset, token_stride, HALF, BS, BLOCK_T, ROTATE, SPLITS,
+    )  # fmt: skip
+    decode_attend(
+        b, h, s, pre, q_ptr, k_ptr, v_ptr, cache_ptr, bt_ptr, out_ptr, part_ptr, cnt_ptr,
+        q_stride, k_stride, v_stride, bt_stride, out_stride, block_stride, value_offset,
+        token_stride, scratch_block, qk_scale, num_kv_heads,
+        GROUP, GP, HALF, BS, BLOCK_T, ROTATE, SPLITS, CACHE,
+    )  # fmt: skip
+
+
+@triton.jit
+def decode_prefetch(
+    b, h, s, pos_ptr, cs_ptr, cache_ptr, bt_ptr, len_ptr, cs_stride, bt_stride,
+    block_stride, value_offset, token_stride,
+    HALF: tl.constexpr, BS: tl.constexpr, BLOCK_T: tl.constexpr, ROTATE: tl.constexpr,
+    SPLITS: tl.constexpr,
+):  # fmt: skip
+    """Program ``(b, h, s)``'s reads that no kernel of the step writes, so that with PDL
+    they may run before ``pdl_wait``: the row's length and position, the RoPE cos / sin of
+    that position, and its split's first tile of cached keys and values (older tokens
+    only: the new token's slot is written by this launch and never read back).
+
+    Returns ``(seq_len, pos, cos, sin, k1, k2, v1, v2)``: scalars int32 / int64, cos and
+    sin [HALF] float32 (rounded to the cache dtype first, as HF rounds them; ones and zeros
+    without ROTATE), the tile [BLOCK_T, HALF] x 4 in the cache dtype (zeros past the
+    split's cached tokens)."""
+    seq_len = tl.load(len_ptr + b)
+    n_ctx = tl.maximum(seq_len, 1)
+    chunk = tl.cdiv(tl.cdiv(n_ctx, SPLITS), BLOCK_T) * BLOCK_T  # >= BLOCK_T
+    start = s * chunk
+    end = tl.minimum(start + chunk, n_ctx - 1)  # cached tokens; the new one comes last
+    offs_d = tl.arange(0, HALF)  # [HALF]
+    t = start + tl.arange(0, BLOCK_T)  # [BLOCK_T]
+    bt_row = bt_ptr + b.to(tl.int64) * bt_stride
+    k1, k2, v1, v2 = _tile_kv(bt_row, t, t < end, cache_ptr, block_stride, value_offset,
+                              token_stride, h * 2 * HALF, offs_d, HALF, BS)  # fmt: skip
+    pos = tl.load(pos_ptr + b).to(tl.int64)
+    dt = cache_ptr.dtype.element_ty
+    if ROTATE:
+        cs = cs_ptr + pos * cs_stride + offs_d
+        cos = tl.load(cs).to(dt).to(tl.float32)  # HF rounds cos/sin to the dtype first
+        sin = tl.load(cs + HALF).to(dt).to(tl.float32)
+    else:
+        cos = tl.full([HALF], 1.0, dtype=tl.float32)
+        sin = tl.zeros([HALF], dtype=tl.float32)
+    return seq_len, pos, cos, sin, k1, k2, v1, v2
+
+
+@triton.jit
+def decode_attend(
+    b, h, s, pre, q_ptr, k_ptr, v_ptr, cache_ptr, bt_ptr, out_ptr, part_ptr, cnt_ptr,
+    q_stride, k_stride, v_stride, bt_stride, out_stride, block_stride, value_offset,
+    token_stride, scratch_block, qk_scale, num_kv_heads,
+    GROUP: tl.constexpr, GP: tl.constexpr, HALF: tl.constexpr, BS: tl.constexpr,
+    BLOCK_T: tl.constexpr, ROTATE: tl.constexpr, SPLITS: tl.constexpr, CACHE: tl.constexpr,
+):  # fmt: skip
+    """The rest of program ``(b, h, s)`` after :func:`decode_prefetch` (whose result is
+    ``pre``): rotate the new query and key, attend over the split's tiles (the first one
+    prefetched), write the new key and value (last split) and the output or the split's
+    partial, and merge the partials (last split to arrive)."""
+    seq_len, pos, cos, sin, k1t, k2t, v1t, v2t = pre
     dt = q_ptr.dtype.element_ty
     HEAD: tl.constexpr = 2 * HALF
-    seq_len = tl.load(len_ptr + b)
     n_ctx = tl.maximum(seq_len, 1)
     chunk = tl.cdiv(tl.cdiv(n_ctx, SPLITS), BLOCK_T) * BLOCK_T  # >= BLOCK_T
     n_split = tl.cdiv(n_ctx, chunk)
@@ -148,11 +240,7 @@ def decode_program(
         k_row = k_ptr + b.to(tl.int64) * k_stride + h * HEAD + offs_d  # [HALF]
         k1 = tl.load(k_row, cache_modifier=CACHE).to(tl.float32)
         k2 = tl.load(k_row + HALF, cache_modifier=CACHE).to(tl.float32)
-        pos = tl.load(pos_ptr + b).to(tl.int64)
         if ROTATE:
-            cs = cs_ptr + pos * cs_stride + offs_d
-            cos = tl.load(cs).to(dt).to(tl.float32)  # HF rounds cos/sin to the dtype first
-            sin = tl.load(cs + HALF).to(dt).to(tl.float32)
             q1r, q2r = rope_halves(q1, q2, cos[None, :], sin[None, :], dt)
             k1n, k2n = rope_halves(k1, k2, cos, sin, dt)
         else:
@@ -166,22 +254,21 @@ def decode_program(
         start = s * chunk
         end = tl.minimum(start + chunk, n_ctx - 1)  # cached tokens; the new one comes last
         head_off = h * HEAD
-        for t0 in range(start, end, BLOCK_T):
+        t = start + tl.arange(0, BLOCK_T)  # [BLOCK_T]
+        if start < end:  # the prefetched first tile
+            m_i, l_i, acc1, acc2 = _tile_attend(
+                q1, q2, k1t, k2t, v1t, v2t, t < end, m_i, l_i, acc1, acc2
+            )
+        bt_row = bt_ptr + b.to(tl.int64) * bt_stride
+        for t0 in range(start + BLOCK_T, end, BLOCK_T):
             t = t0 + tl.arange(0, BLOCK_T)  # [BLOCK_T]
             t_mask = t < end
-            blk = tl.load(bt_ptr + b.to(tl.int64) * bt_stride + t // BS, mask=t_mask, other=0)
-            base = blk.to(tl.int64) * block_stride + (t % BS) * token_stride + head_off
-            sc = _tile_scores(q1, q2, base, t_mask, cache_ptr, offs_d, HALF)  # [GP, BLOCK_T]
-            m_new = tl.maximum(m_i, tl.max(sc, axis=1))
-            alpha = tl.exp2(m_i - m_new)  # [GP]
-            p = tl.exp2(sc - m_new[:, None])  # [GP, BLOCK_T]
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            v_ptrs = cache_ptr + value_offset + base[:, None] + offs_d[None, :]
-            v1 = tl.load(v_ptrs, mask=t_mask[:, None], other=0.0).to(tl.float32)
-            v2 = tl.load(v_ptrs + HALF, mask=t_mask[:, None], other=0.0).to(tl.float32)
-            acc1 = acc1 * alpha[:, None] + tl.sum(p[:, :, None] * v1[None, :, :], axis=1)
-            acc2 = acc2 * alpha[:, None] + tl.sum(p[:, :, None] * v2[None, :, :], axis=1)
-            m_i = m_new
+            k1c, k2c, v1c, v2c = _tile_kv(bt_row, t, t_mask, cache_ptr, block_stride,
+                                          value_offset, token_stride, head_off, offs_d,
+                                          HALF, BS)  # fmt: skip
+            m_i, l_i, acc1, acc2 = _tile_attend(
+                q1, q2, k1c, k2c, v1c, v2c, t_mask, m_i, l_i, acc1, acc2
+            )
         if s == n_split - 1:  # the new token: from registers, and into the cache
             v_row = v_ptr + b.to(tl.int64) * v_stride + h * HEAD + offs_d
             v1n = tl.load(v_row, cache_modifier=CACHE)
