@@ -29,6 +29,9 @@ except ImportError:  # pragma: no cover - older Triton: PDL stays off
     gdc_launch_dependents = gdc_wait = None
 
 ENV_TRITON_PDL = "VLLM_TRITON_PDL"
+# Experiment (session 8): "late" lets the next kernel launch only after this one's wait,
+# so at most one kernel runs ahead of the one computing; "early" (default) triggers first.
+TRIGGER_EARLY = tl.constexpr(os.environ.get("VLLM_PDL_TRIGGER", "early") != "late")
 
 
 @functools.cache
@@ -61,5 +64,9 @@ def launch_options(pdl: bool) -> dict:
 def pdl_wait(PDL: tl.constexpr):
     """Let the next kernel launch, then wait for the previous ones (no-op without PDL)."""
     if PDL:
-        gdc_launch_dependents()
-        gdc_wait()
+        if TRIGGER_EARLY:
+            gdc_launch_dependents()
+            gdc_wait()
+        else:
+            gdc_wait()
+            gdc_launch_dependents()
