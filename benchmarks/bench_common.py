@@ -69,9 +69,7 @@ def engine_conditions(llm: Any) -> dict[str, Any]:
     for other backends), decode_loop_sizes (captured decode-loop graphs of virtual engine 0)
     triton_pdl (VLLM_TRITON_PDL is not "0"; used only on compute capability >= 9) and
     triton_gemv (VLLM_USE_TRITON_GEMV is not "0": one-row projections may take the Triton
-    GEMVs, vllm/model_executor/layers/triton_gemv.py) and gemv_l2_prefetch
-    (VLLM_GEMV_L2_PREFETCH is not "0": the whole-row GEMV prefetches L2-sized weights into
-    L2 before its PDL wait, vllm/model_executor/layers/triton_gemv_rows.py).
+    GEMVs, vllm/model_executor/layers/triton_gemv.py).
     """
     engine = llm.llm_engine
     cfg = engine.config
@@ -96,7 +94,6 @@ def engine_conditions(llm: Any) -> dict[str, Any]:
         "decode_loop_sizes": sorted(graphs.loops[0]) if getattr(graphs, "loops", None) else [],
         "triton_pdl": os.environ.get("VLLM_TRITON_PDL", "1") != "0",
         "triton_gemv": os.environ.get("VLLM_USE_TRITON_GEMV", "1") != "0",
-        "gemv_l2_prefetch": os.environ.get("VLLM_GEMV_L2_PREFETCH", "1") != "0",
     }
 
 

@@ -194,23 +194,14 @@ def _layer_cases(gemv: ModuleType, dtype: torch.dtype, device: str) -> None:
 def _wide_layer_case(gemv: ModuleType) -> None:
     """A layer whose projections all take the whole-row kernel (Llama-3.1-8B's hidden and
     heads, intermediate 4096: every weight >= 16M elements), one token, bf16, CUDA:
-    forward_small_batch == the unfused forward (cuBLAS) within bf16 noise, and bit for bit
-    the same without the L2 prefetch (o_proj's 33.5 MB fit an H200's L2; gate_up's 67 MB
-    do not); and the dispatch rule picks the kernel for it."""
-    import os
-
-    from vllm.model_executor.layers import triton_gemv_rows as rows_mod
-
+    forward_small_batch == the unfused forward (cuBLAS) within bf16 noise; and the dispatch
+    rule picks the kernel for it."""
     layer = _tiny_layer(torch.bfloat16, "cuda", False, 4096, 4096, 32, 8)
     mlp, attn = layer.mlp, layer.self_attn
     assert gemv.worthwhile(1, mlp.gate_up_proj.weight, attn.o_proj.weight)
     assert all(gemv.launch_config(1, *w.shape).get("PERSIST") for w in
                (attn.qkv_proj.weight, attn.o_proj.weight, mlp.gate_up_proj.weight,
                 mlp.down_proj.weight))  # fmt: skip
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    if l2 >= 48 * 2**20:  # H100 / H200: 50 MB
-        assert rows_mod.l2_prefetch_tiles(attn.o_proj.weight, 2048, 264) == 7
-        assert rows_mod.l2_prefetch_tiles(mlp.gate_up_proj.weight, 2048, 264) == 0
     gen = torch.Generator().manual_seed(3)
     h = torch.randn(1, 4096, generator=gen).to("cuda", torch.bfloat16)
     r = torch.randn(1, 4096, generator=gen).to("cuda", torch.bfloat16)
@@ -221,12 +212,6 @@ def _wide_layer_case(gemv: ModuleType) -> None:
         torch.testing.assert_close(got_r, want_r, **_tol(torch.bfloat16, 4.0))
         scale = want_h.abs().max().item()
         torch.testing.assert_close(got_h, want_h, **_tol(torch.bfloat16, scale))
-        os.environ[rows_mod.ENV_L2_PREFETCH] = "0"
-        try:
-            off_h, off_r = layer.forward_small_batch(gemv, pos, h, None, None, res)
-        finally:
-            del os.environ[rows_mod.ENV_L2_PREFETCH]
-        assert torch.equal(off_h, got_h) and torch.equal(off_r, got_r)
 
 
 def _check_layer() -> None:

@@ -19,17 +19,11 @@ the activation dtype; float32 products; gate, up and SiLU rounded as torch does)
 kernel and :mod:`triton_gemv` agree up to float32 summation order.
 
 PDL contract (:mod:`triton_pdl`): the first weight tile is loaded before ``pdl_wait``.
-A weight that fits well in L2 (:func:`l2_prefetch_tiles`) also has the rest of each
-program's tiles prefetched into L2 there (``prefetch.global.L2``, a hint: results do not
-change). That is for a projection behind a latency-bound kernel: o_proj after the decode
-attention (vllm/attention/triton_decode.py), which reads ~1 MB in ~10 us on the
-Llama-3.1-8B shape while HBM idles; o_proj's 33.5 MB then stream in during it.
 Imports ``triton`` at the top: reach it through :mod:`triton_gemv`, which imports it when
 a launch config asks for it (``PERSIST`` in the config).
 """
 
 import functools
-import os
 
 import torch
 import triton
@@ -55,44 +49,16 @@ def _rows_tile(w_ptr, tile, N, K, w_stride, up_offset, SILU_MUL: tl.constexpr,
 
 
 @triton.jit
-def _prefetch_l2(ptrs):
-    """``prefetch.global.L2::evict_last`` of the line at each pointer (any shape)."""
-    tl.inline_asm_elementwise(
-        "prefetch.global.L2::evict_last [$1];\n\tmov.u32 $0, 0;",
-        "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1,
-    )  # fmt: skip
-
-
-@triton.jit
-def _rows_tile_l2(w_ptr, tile, N, K, w_stride, up_offset, SILU_MUL: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, LINE: tl.constexpr):  # fmt: skip
-    """L2 prefetch of output tile ``tile``'s weight rows (and their ``up`` half), one
-    instruction per ``LINE`` elements (128 bytes); nothing past N or K."""
-    cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
-    ks = tl.arange(0, BLOCK_K // LINE) * LINE  # [BK / LINE]
-    rows = w_ptr + cols[:, None].to(tl.int64) * w_stride + ks[None, :]  # [BN, BK / LINE]
-    ok = (cols < N)[:, None] & (ks < K)[None, :]
-    _prefetch_l2(tl.where(ok, rows, w_ptr))  # masked lanes: the weight's first line again
-    if SILU_MUL:
-        _prefetch_l2(tl.where(ok, rows + up_offset * w_stride, w_ptr))
-
-
-@triton.jit
 def _rows_kernel(
     x_ptr, res_ptr, nw_ptr, w_ptr, b_ptr, out_ptr, res_out_ptr, N, K, w_stride, up_offset,
     eps, NORM: tl.constexpr, ADD_RES: tl.constexpr, SILU_MUL: tl.constexpr,
     HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
-    L2_TILES: tl.constexpr, LINE: tl.constexpr,
 ):  # fmt: skip
-    """See the module docstring. x, residual, res_out: [K] (one row); out: [N].
-    ``L2_TILES``: the program's tiles after its first prefetched into L2 before the wait."""
+    """See the module docstring. x, residual, res_out: [K] (one row); out: [N]."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     act_ty = out_ptr.dtype.element_ty
     w, wu = _rows_tile(w_ptr, pid, N, K, w_stride, up_offset, SILU_MUL, BLOCK_N, BLOCK_K)
-    for j in tl.static_range(1, L2_TILES + 1):
-        _rows_tile_l2(w_ptr, pid + j * nprog, N, K, w_stride, up_offset, SILU_MUL,
-                      BLOCK_N, BLOCK_K, LINE)  # fmt: skip
     pdl_wait(PDL)  # below: reads of what earlier kernels wrote
     ks = tl.arange(0, BLOCK_K)[None, :]  # [1, BK]: the weight tile's layout, broadcast
     k_ok = ks < K
@@ -130,27 +96,9 @@ def _rows_kernel(
         tl.store(out_ptr + cols, y, mask=col_ok)
 
 
-ENV_L2_PREFETCH = "VLLM_GEMV_L2_PREFETCH"
-L2_PREFETCH_FRACTION = 0.75  # of the device's L2: the largest weight prefetched whole
-
-
 @functools.cache
-def _device_props(device_index: int):
-    return torch.cuda.get_device_properties(device_index)
-
-
-def l2_prefetch_tiles(weight: torch.Tensor, tiles: int, grid: int) -> int:
-    """Tiles per program to prefetch into L2 before the wait: all of a program's tiles
-    after its first (``ceil(tiles / grid) - 1``) when the weight takes at most
-    ``L2_PREFETCH_FRACTION`` of the device's L2 (H200: 50 MB, so the Llama-3.1-8B o_proj's
-    33.5 MB, not its 50 MB qkv), else 0; 0 off CUDA (the interpreter has no inline PTX)
-    or with ``VLLM_GEMV_L2_PREFETCH=0``."""
-    if not weight.is_cuda or os.environ.get(ENV_L2_PREFETCH, "1") == "0":
-        return 0
-    l2 = getattr(_device_props(weight.device.index or 0), "L2_cache_size", 0)
-    if weight.numel() * weight.element_size() > L2_PREFETCH_FRACTION * l2:
-        return 0
-    return triton.cdiv(tiles, grid) - 1
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def launch(
@@ -167,18 +115,15 @@ def launch(
     n = out.shape[1]
     k = x.shape[1]
     tiles = triton.cdiv(n, cfg["BLOCK_N"])
-    sms = _device_props(x.device.index or 0).multi_processor_count if x.is_cuda else 2
-    grid = min(tiles, cfg["PERSIST"] * sms)
+    sms = _num_sms(x.device.index or 0) if x.is_cuda else 2
     pdl = pdl_enabled(x)
-    _rows_kernel[(grid,)](
+    _rows_kernel[(min(tiles, cfg["PERSIST"] * sms),)](
         x, residual if residual is not None else x,
         norm_weight if norm_weight is not None else weight, weight,
         bias if bias is not None else weight, out, res_out,
         n, k, weight.stride(0), n, float(eps),
         NORM=norm_weight is not None, ADD_RES=residual is not None, SILU_MUL=silu_mul,
         HAS_BIAS=bias is not None, BLOCK_N=cfg["BLOCK_N"],
-        BLOCK_K=triton.next_power_of_2(k), PDL=pdl,
-        L2_TILES=l2_prefetch_tiles(weight, tiles, grid), LINE=128 // weight.element_size(),
-        num_warps=cfg["num_warps"],
+        BLOCK_K=triton.next_power_of_2(k), PDL=pdl, num_warps=cfg["num_warps"],
         **launch_options(pdl),
     )  # fmt: skip
