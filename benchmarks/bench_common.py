@@ -67,7 +67,8 @@ def engine_conditions(llm: Any) -> dict[str, Any]:
     max_num_seqs, num_scheduler_steps, graph_capture_s and graph_capture_gib (0 without
     graphs), small_decode_max_rows (FLASHINFER's Triton small-decode path, 0 = off, None
     for other backends), decode_loop_sizes (captured decode-loop graphs of virtual engine 0)
-    triton_pdl (VLLM_TRITON_PDL is not "0"; used only on compute capability >= 9) and
+    triton_pdl (VLLM_TRITON_PDL is not "0"; used only on compute capability >= 9),
+    pdl_trigger (VLLM_PDL_TRIGGER, "late" by default: vllm/model_executor/layers/triton_pdl.py) and
     triton_gemv (VLLM_USE_TRITON_GEMV is not "0": one-row projections may take the Triton
     GEMVs, vllm/model_executor/layers/triton_gemv.py).
     """
@@ -93,6 +94,7 @@ def engine_conditions(llm: Any) -> dict[str, Any]:
         ),  # fmt: skip
         "decode_loop_sizes": sorted(graphs.loops[0]) if getattr(graphs, "loops", None) else [],
         "triton_pdl": os.environ.get("VLLM_TRITON_PDL", "1") != "0",
+        "pdl_trigger": os.environ.get("VLLM_PDL_TRIGGER", "late"),
         "triton_gemv": os.environ.get("VLLM_USE_TRITON_GEMV", "1") != "0",
     }
 

@@ -31,7 +31,9 @@ def test_host_layout_pads_with_the_scratch_block():
 
 def test_row_limit_switch(monkeypatch):
     monkeypatch.delenv("VLLM_SMALL_DECODE_MAX_ROWS", raising=False)
-    assert small_decode_max_rows() == 0  # off by default (see the module docstring)
+    assert small_decode_max_rows() == 1  # one row by default (see the module docstring)
+    monkeypatch.setenv("VLLM_SMALL_DECODE_MAX_ROWS", "0")
+    assert small_decode_max_rows() == 0
     monkeypatch.setenv("VLLM_SMALL_DECODE_MAX_ROWS", "8")
     assert small_decode_max_rows() == 8
     for bad in ("-1", "65", "eight"):
@@ -49,3 +51,18 @@ def test_pdl_only_on_cuda(monkeypatch):
     assert launch_options(True) == {"launch_pdl": True}
     monkeypatch.setenv("VLLM_TRITON_PDL", "0")
     assert not pdl_enabled(x)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
+def test_pdl_trigger_setting(monkeypatch):
+    """VLLM_PDL_TRIGGER: "late" by default, "early" on request, anything else refused."""
+    from vllm.model_executor.layers import triton_pdl
+
+    monkeypatch.delenv("VLLM_PDL_TRIGGER", raising=False)
+    assert triton_pdl.pdl_trigger() == "late"
+    assert not triton_pdl.TRIGGER_EARLY.value  # this process imported it with the default
+    monkeypatch.setenv("VLLM_PDL_TRIGGER", "early")
+    assert triton_pdl.pdl_trigger() == "early"
+    monkeypatch.setenv("VLLM_PDL_TRIGGER", "sooner")
+    with pytest.raises(ValueError, match="VLLM_PDL_TRIGGER='sooner' must be 'late' or 'early'"):
+        triton_pdl.pdl_trigger()

@@ -38,9 +38,10 @@ def _counters(llm):
 
 def _backend(backend, monkeypatch):
     """("FLASHINFER" or "TORCH_SDPA", small path on): "FLASHINFER-small" is FLASHINFER with
-    its Triton small-decode path turned on (VLLM_SMALL_DECODE_MAX_ROWS=8; off by default),
-    which also gives it decode-loop graphs under multi-step decoding; "FLASHINFER-fused" adds
-    the opt-in one-launch decoder layer at batch 1 (VLLM_FUSED_DECODER_LAYER=1)."""
+    its Triton small-decode path at up to 8 rows (VLLM_SMALL_DECODE_MAX_ROWS=8), which also
+    gives it decode-loop graphs under multi-step decoding; "FLASHINFER-fused" adds the
+    opt-in one-launch decoder layer at batch 1 (VLLM_FUSED_DECODER_LAYER=1); "FLASHINFER"
+    pins the path off (the default takes one-row steps) so only the wrappers decode."""
     if backend in ("FLASHINFER-small", "FLASHINFER-fused"):
         monkeypatch.setenv("VLLM_SMALL_DECODE_MAX_ROWS", "8")
         monkeypatch.setenv("VLLM_FUSED_DECODER_LAYER", "1" if backend.endswith("fused") else "0")

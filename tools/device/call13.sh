@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Session 8, second 2-GPU call. The whole-row GEMV now prefetches the rest of an L2-sized
+# Session 8, second 2-GPU call (the L2 prefetch it measured gave no gain and was reverted:
+# VLLM_GEMV_L2_PREFETCH no longer exists). The whole-row GEMV now prefetches the rest of an L2-sized
 # weight into L2 before pdl_wait (VLLM_GEMV_L2_PREFETCH, default on): on the small-decode
 # path o_proj streams in while the decode attention runs. GPU 0, alone: the Llama-3.1-8B
 # shape on the small path with and without the prefetch, on the wrappers, and again with

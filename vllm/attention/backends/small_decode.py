@@ -11,17 +11,17 @@ layer, and its metadata lives in device buffers that a captured graph advances b
 The choice depends on the row count only (padded rows included), the same for eager steps
 and graph replays, so graphs and --enforce-eager run the same kernel. Prefill and larger
 decode batches stay on FlashInfer. ``VLLM_SMALL_DECODE_MAX_ROWS`` sets the limit (default
-0: off, every decode step goes to FlashInfer; 8 turns it on for up to 8 rows).
+1: one-row decode steps take this path; 0 turns it off, 8 takes up to 8 rows).
 
-Why off by default (H200, bf16, session-5 measurements in docs/benchmarks.md): SmolLM2 at
-batch 1 ran 789 tok/s with this path and decode-loop graphs against 814 on FlashInfer's
-wrappers in an earlier run, i.e. no gain, and the nano workload (Qwen2.5-0.5B shape, whose
-last few long requests decode on this path) fell from 34.5k to 27.6k tok/s with the
-split-per-tile version of the kernel. Its per-layer time at batch 1 (13 us for the first
-version, against 8 us for FlashInfer's decode + merge) is the thing to fix first. Session 6
-(docs/benchmarks.md) measured it at one row against the wrappers twice, on a host shared
-with tests: 798 vs 755 and 812 vs 934 tok/s, i.e. no settled gain; the nano workload with
-it at one row gave 37.6k.
+Why one row by default (H200, bf16, docs/benchmarks.md): on the Llama-3.1-8B shape at
+batch 1 every run on this path beat every run on FlashInfer's wrappers (floor ratios
+0.729-0.745 in sessions 7-8, against 0.710-0.722), since its one PDL launch a layer
+overlaps the projections around it. On SmolLM2 at batch 1 the two were within 2% (888 /
+893 against 905 / 902 tok/s, session 8, before the PDL trigger moved after the wait, which
+made this path's layer chain 21% faster in benchmarks/kernel_decoder_layer.py). Above one
+row the wrappers stay the default: earlier sessions measured no settled gain there, and
+the nano workload (Qwen2.5-0.5B shape) fell from 34.5k to 27.6k tok/s with the first
+version of the kernel at up to 8 rows.
 """
 
 from __future__ import annotations
@@ -45,12 +45,12 @@ from vllm.attention.backends.host_tables import exclusive_cumsum, flatten_tables
 from vllm.utils import to_device
 
 ENV_SMALL_DECODE_MAX_ROWS = "VLLM_SMALL_DECODE_MAX_ROWS"
-DEFAULT_SMALL_DECODE_MAX_ROWS = 0
+DEFAULT_SMALL_DECODE_MAX_ROWS = 1
 
 
 def small_decode_max_rows() -> int:
-    """The most decode rows the Triton path takes (``VLLM_SMALL_DECODE_MAX_ROWS``, default 0
-    = off, read at each call).
+    """The most decode rows the Triton path takes (``VLLM_SMALL_DECODE_MAX_ROWS``, default 1;
+    0 = off; read at each call).
 
     Raises:
         ValueError: a value that is not an integer in [0, 64].

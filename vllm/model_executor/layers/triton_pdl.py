@@ -7,10 +7,24 @@ programs start while the kernel before it drains: they load what no earlier kern
 (the projection weights) and then wait (``griddepcontrol.wait``) until every earlier kernel
 has finished and its writes are visible, so the chain's gaps overlap useful loads.
 
-Contract for a kernel that takes ``PDL``: before :func:`pdl_wait` it reads only memory no
-kernel of the step writes (weights, norm weights) and writes nothing; every other access
-comes after. ``pdl_wait`` also lets the next PDL kernel launch (``launch_dependents``), since
-that kernel waits for this one in turn. Results are identical with and without PDL.
+Contract for a kernel that takes ``PDL``: before :func:`pdl_wait` it reads only memory that
+no kernel of the PDL chain it is part of writes (weights, norm weights; the decode
+attention's older cache slots, lengths, positions and block tables, written before the
+step's first, non-PDL kernel) and writes nothing; every other access comes after.
+``pdl_wait`` also lets the next PDL kernel launch (``launch_dependents``), since that kernel
+waits for this one in turn. Results are identical with and without PDL.
+
+When the next kernel may launch (``VLLM_PDL_TRIGGER``, read once at import):
+
+- ``late`` (default): after this kernel's wait, i.e. once the kernel before it finished.
+  The next kernel's pre-wait loads still overlap this kernel's work, and at most one
+  kernel is launched ahead of the one computing.
+- ``early``: before the wait. Then a chain of small kernels (SmolLM2's tiled GEMVs and
+  decode attention, whose grids are resident at once) launches many kernels ahead, each
+  holding SM slots while it waits, and runs slower: benchmarks/kernel_decoder_layer.py
+  (an H200, bf16, 30 layers in one graph, the small path's five kernels a layer) timed the
+  SmolLM2 shape at 26.3 us a layer early against 20.9 late (context 192; 32.5 against
+  21.4 at 1024), the Qwen2.5-0.5B shape at 45.0 against 45.5.
 
 Used when :func:`pdl_enabled`: a CUDA device of compute capability >= 9.0, a Triton with
 ``launch_pdl`` and ``gdc_wait``, not the interpreter, and ``VLLM_TRITON_PDL`` not "0".
@@ -29,9 +43,22 @@ except ImportError:  # pragma: no cover - older Triton: PDL stays off
     gdc_launch_dependents = gdc_wait = None
 
 ENV_TRITON_PDL = "VLLM_TRITON_PDL"
-# Experiment (session 8): "late" lets the next kernel launch only after this one's wait,
-# so at most one kernel runs ahead of the one computing; "early" (default) triggers first.
-TRIGGER_EARLY = tl.constexpr(os.environ.get("VLLM_PDL_TRIGGER", "early") != "late")
+ENV_PDL_TRIGGER = "VLLM_PDL_TRIGGER"
+
+
+def pdl_trigger() -> str:
+    """``VLLM_PDL_TRIGGER``: "late" (default) or "early" (module docstring).
+
+    Raises:
+        ValueError: any other value.
+    """
+    value = os.environ.get(ENV_PDL_TRIGGER, "late")
+    if value not in ("late", "early"):
+        raise ValueError(f"{ENV_PDL_TRIGGER}={value!r} must be 'late' or 'early'")
+    return value
+
+
+TRIGGER_EARLY = tl.constexpr(pdl_trigger() == "early")  # fixed for the process
 
 
 @functools.cache
