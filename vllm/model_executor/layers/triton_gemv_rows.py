@@ -23,13 +23,12 @@ Imports ``triton`` at the top: reach it through :mod:`triton_gemv`, which import
 a launch config asks for it (``PERSIST`` in the config).
 """
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
 from vllm.model_executor.layers.triton_pdl import launch_options, pdl_enabled, pdl_wait
+from vllm.utils import cuda_sm_count
 
 
 @triton.jit
@@ -96,11 +95,6 @@ def _rows_kernel(
         tl.store(out_ptr + cols, y, mask=col_ok)
 
 
-@functools.cache
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def launch(
     x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor | None,
     eps: float, weight: torch.Tensor, bias: torch.Tensor | None, silu_mul: bool,
@@ -115,7 +109,7 @@ def launch(
     n = out.shape[1]
     k = x.shape[1]
     tiles = triton.cdiv(n, cfg["BLOCK_N"])
-    sms = _num_sms(x.device.index or 0) if x.is_cuda else 2
+    sms = cuda_sm_count(x.device.index or 0) if x.is_cuda else 2
     pdl = pdl_enabled(x)
     _rows_kernel[(min(tiles, cfg["PERSIST"] * sms),)](
         x, residual if residual is not None else x,

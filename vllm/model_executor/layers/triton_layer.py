@@ -53,7 +53,6 @@ This module imports ``triton`` at the top: reach it through
 :func:`vllm.model_executor.layers.triton_dispatch.get_triton_layer`.
 """
 
-import functools
 import os
 
 import torch
@@ -63,17 +62,13 @@ import triton.language as tl
 from vllm.attention.triton_decode import LOG2E, MAX_SPLITS, decode_program, tile_tokens
 from vllm.model_executor.layers.triton_gemv import _gemv_tile, _w_tile, launch_config
 from vllm.model_executor.layers.triton_pdl import launch_options, pdl_enabled, pdl_wait
+from vllm.utils import cuda_sm_count
 
 SYNC_STRIDE = 64  # ints between two barriers' counters (a counter and its flag per 256 B)
 NUM_SYNC_INTS = 5 * SYNC_STRIDE  # four barriers, then the exit count
 SYNC: tl.constexpr = tl.constexpr(SYNC_STRIDE)
 FLAG: tl.constexpr = tl.constexpr(32)
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # read once, as triton does
-
-
-@functools.cache
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def grid_size(layer, x: torch.Tensor, block_n: int) -> int:
@@ -87,7 +82,7 @@ def grid_size(layer, x: torch.Tensor, block_n: int) -> int:
     outputs = (attn.qkv_proj.weight.shape[0], layer.mlp.down_proj.weight.shape[1], x.shape[1])
     work = max(max(triton.cdiv(n, block_n) for n in outputs), attn.num_kv_heads * MAX_SPLITS)
     index = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    return max(1, min(_num_sms(index), work))
+    return max(1, min(cuda_sm_count(index), work))
 
 
 @triton.jit
