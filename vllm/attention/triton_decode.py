@@ -96,6 +96,17 @@ class DecodeWorkspace:
 
 
 @triton.jit
+def _split_bounds(seq_len, s, SPLITS: tl.constexpr, BLOCK_T: tl.constexpr):
+    """Split ``s`` of a row of ``seq_len`` tokens (the new one included; 0 on a padded
+    lane, treated as 1): ``(n_split, start, end)``, the row's split count and the split's
+    cached tokens ``[start, end)`` (the new token, position ``seq_len - 1``, is in none)."""
+    n_ctx = tl.maximum(seq_len, 1)
+    chunk = tl.cdiv(tl.cdiv(n_ctx, SPLITS), BLOCK_T) * BLOCK_T  # >= BLOCK_T
+    start = s * chunk
+    return tl.cdiv(n_ctx, chunk), start, tl.minimum(start + chunk, n_ctx - 1)
+
+
+@triton.jit
 def _tile_kv(bt_row, t, t_mask, cache_ptr, block_stride, value_offset, token_stride, head_off,
              offs_d, HALF: tl.constexpr, BS: tl.constexpr):  # fmt: skip
     """The cached keys and values of context tokens ``t`` [BLOCK_T] (masked by ``t_mask``)
@@ -196,10 +207,7 @@ def decode_prefetch(
     without ROTATE), the tile [BLOCK_T, HALF] x 4 in the cache dtype (zeros past the
     split's cached tokens)."""
     seq_len = tl.load(len_ptr + b)
-    n_ctx = tl.maximum(seq_len, 1)
-    chunk = tl.cdiv(tl.cdiv(n_ctx, SPLITS), BLOCK_T) * BLOCK_T  # >= BLOCK_T
-    start = s * chunk
-    end = tl.minimum(start + chunk, n_ctx - 1)  # cached tokens; the new one comes last
+    _, start, end = _split_bounds(seq_len, s, SPLITS, BLOCK_T)
     offs_d = tl.arange(0, HALF)  # [HALF]
     t = start + tl.arange(0, BLOCK_T)  # [BLOCK_T]
     bt_row = bt_ptr + b.to(tl.int64) * bt_stride
@@ -232,9 +240,7 @@ def decode_attend(
     seq_len, pos, cos, sin, k1t, k2t, v1t, v2t = pre
     dt = q_ptr.dtype.element_ty
     HEAD: tl.constexpr = 2 * HALF
-    n_ctx = tl.maximum(seq_len, 1)
-    chunk = tl.cdiv(tl.cdiv(n_ctx, SPLITS), BLOCK_T) * BLOCK_T  # >= BLOCK_T
-    n_split = tl.cdiv(n_ctx, chunk)
+    n_split, start, end = _split_bounds(seq_len, s, SPLITS, BLOCK_T)
     if s < n_split:
         offs_g = tl.arange(0, GP)  # [GP]
         offs_d = tl.arange(0, HALF)  # [HALF]
@@ -258,8 +264,6 @@ def decode_attend(
         l_i = tl.zeros([GP], dtype=tl.float32)
         acc1 = tl.zeros([GP, HALF], dtype=tl.float32)
         acc2 = tl.zeros([GP, HALF], dtype=tl.float32)
-        start = s * chunk
-        end = tl.minimum(start + chunk, n_ctx - 1)  # cached tokens; the new one comes last
         head_off = h * HEAD
         t = start + tl.arange(0, BLOCK_T)  # [BLOCK_T]
         if start < end:  # the prefetched first tile
