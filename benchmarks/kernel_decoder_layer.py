@@ -8,8 +8,10 @@ include the gaps between kernels (bench_common.graph_time_us). ``--phase-times``
 the fused kernel once per layer with its TIMING stamps and prints, per phase (A qkv,
 barrier, B attention, barrier, C o_proj, barrier, D gate_up, barrier, E down), the mean
 over programs and layers of the phase's duration in microseconds. Sweeps ``--nprogs`` (grid
-sizes; 0 = one per SM) and ``--block-ns``. Random weights in the SmolLM2-135M shape by
-default. Prints conditions and one JSON line per variant. GPU only. Example::
+sizes; 0 = one per SM) and ``--block-ns``; ``--gemv-configs`` / ``--tiles`` time the separate
+chain with other one-row GEMV tiles (``BLOCK_NxBLOCK_K[xWARPS]``, BLOCK_K 0 = all of K in
+one tile) and decode-attention tiles (0 = the default rule). Random weights in the
+SmolLM2-135M shape by default. Prints conditions and one JSON line per variant. GPU only. Example::
 
     python benchmarks/kernel_decoder_layer.py --context 192 --nprogs 0,64 --phase-times
 """
@@ -17,6 +19,7 @@ default. Prints conditions and one JSON line per variant. GPU only. Example::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 
@@ -65,6 +68,35 @@ def _layers(shape, n, ctx, dt):
     return layers, caches, md, pos
 
 
+@contextlib.contextmanager
+def _overrides(gemv: str, tile: int):
+    """Within: one-row small-weight GEMVs take the tile ``gemv`` ("BNxBK[xWARPS]", BK 0 =
+    next_power_of_2(K), i.e. the whole weight row in one tile) and decode attention the
+    context tile ``tile`` (0: unchanged)."""
+    import triton
+
+    from vllm.attention import triton_decode
+    from vllm.model_executor.layers import triton_gemv
+
+    orig_cfg, orig_tile = triton_gemv.launch_config, triton_decode.tile_tokens
+
+    def cfg(rows, n, k):
+        c = orig_cfg(rows, n, k)
+        if gemv and rows == 1 and "PERSIST" not in c:
+            bn, bk, *w = (int(v) for v in gemv.split("x"))
+            c.update(BLOCK_N=bn, BLOCK_K=bk or triton.next_power_of_2(k),
+                     num_warps=w[0] if w else c["num_warps"])  # fmt: skip
+        return c
+
+    triton_gemv.launch_config = cfg
+    if tile:
+        triton_decode.tile_tokens = lambda group, head_size: tile
+    try:
+        yield
+    finally:
+        triton_gemv.launch_config, triton_decode.tile_tokens = orig_cfg, orig_tile
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--shape", default="smollm2", choices=sorted(SHAPES))
@@ -74,6 +106,8 @@ def main() -> None:
     p.add_argument("--nprogs", default="0", help="Grid sizes, comma-separated; 0 = per SM.")
     p.add_argument("--block-ns", default="8", help="Output features per tile, comma-separated.")
     p.add_argument("--phase-times", action="store_true")
+    p.add_argument("--gemv-configs", default="", help="One-row GEMV tiles, e.g. 8x512,4x0x8.")
+    p.add_argument("--tiles", default="0", help="Decode-attention tiles; 0 = the default rule.")
     args = p.parse_args()
     from vllm.model_executor.layers import triton_gemv, triton_layer
 
@@ -100,6 +134,17 @@ def main() -> None:
         args.iters,
     )
     emit({"variant": "separate", "us_per_layer": round(sep, 2)})
+    for gemv in [c for c in args.gemv_configs.split(",") if c] or [""]:
+        for tile in (int(v) for v in args.tiles.split(",")):
+            if not gemv and not tile:
+                continue
+            with _overrides(gemv, tile):
+                us = graph_time_us(
+                    lambda i: layers[i].forward_small_batch(triton_gemv, pos, h, caches[i], md, r),
+                    args.layers, args.iters,
+                )  # fmt: skip
+            emit({"variant": "separate", "gemv": gemv or "default", "tile": tile or "default",
+                  "us_per_layer": round(us, 2)})  # fmt: skip
     for nprog in (int(v) for v in args.nprogs.split(",")):
         for bn in (int(v) for v in args.block_ns.split(",")):
             kw = dict(nprog=nprog or None, block_n=bn)

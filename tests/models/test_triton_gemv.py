@@ -85,6 +85,7 @@ def _kernel_cases(gemv: ModuleType, dtype: torch.dtype, device: str) -> None:
         # a row's value does not depend on the other rows of the launch (same BLOCK_M)
         x = torch.randn(16, k, generator=gen).to(device=device, dtype=dtype)
         assert torch.equal(gemv.linear(x[:7], w), gemv.linear(x, w)[:7]), f"{dtype} N={n}"
+    _one_row_cases(gemv, dtype, gen, device)
 
 
 def _wide_cases(gemv: ModuleType, dtype, norm, w, b, gen, device) -> None:
@@ -97,6 +98,23 @@ def _wide_cases(gemv: ModuleType, dtype, norm, w, b, gen, device) -> None:
     assert "PERSIST" not in gemv.launch_config(1, 1 << 12, 1000)  # K < ROWS_MIN_K
     for bn in (1, 4):
         _rows_cases(gemv, dtype, norm, w, b, gen, device, dict(cfg, BLOCK_N=bn))
+
+
+def _one_row_cases(gemv: ModuleType, dtype, gen, device) -> None:
+    """One row of a small weight: the whole row of K in one tile up to
+    ONE_ROW_MAX_BLOCK_K (K = 576 -> 1024, masked past K), beyond it several tiles
+    (K = 2500: 2048 + a masked 2048)."""
+    cfg = gemv.launch_config(1, 200, 576)
+    assert (cfg["BLOCK_N"], cfg["BLOCK_K"]) == (gemv.ONE_ROW_BLOCK_N, 1024), cfg
+    k = 2500
+    cfg = gemv.launch_config(1, 40, k)
+    assert cfg["BLOCK_K"] == gemv.ONE_ROW_MAX_BLOCK_K == 2048, cfg
+    norm = RMSNorm(k, eps=EPS)
+    norm.weight.copy_(torch.rand(k, generator=gen) + 0.5)
+    norm = norm.to(device=device, dtype=dtype)
+    w = (torch.randn(80, k, generator=gen) / k**0.5).to(device=device, dtype=dtype)
+    b = torch.randn(80, generator=gen).to(device=device, dtype=dtype)
+    _rows_cases(gemv, dtype, norm, w, b, gen, device, cfg)
 
 
 def _rows_cases(gemv: ModuleType, dtype, norm, w, b, gen, device, cfg: dict) -> None:

@@ -62,6 +62,14 @@ FUSED_MAX_WEIGHT_BYTES = 8 << 20
 # o 8.6 (13.3), gate_up 54.7 (60.6), down 29.6 (32.3), lm_head 233 (248); 3.7-4.5 TB/s
 # against a 4.59 TB/s read ceiling. Best: 2 outputs a tile, 8 warps, 4 programs an SM
 # (K = 4096); 16 warps, 2 an SM for K = 14336.
+# One row of a small weight: 4 output features x the whole row (K <= 2048) per program.
+# The small path's layer chain (benchmarks/kernel_decoder_layer.py --gemv-configs, 30
+# SmolLM2 layers in a graph, one H200, bf16, us per layer at contexts 192 / 1024):
+# 8 x 512 (the earlier rule; K = 576 took a second tile, read after the wait) 20.82 /
+# 21.34; 8 x whole K 17.08; 4 x whole K 16.57 / 17.97; 2 x whole K 16.73 / 18.27; 8 warps
+# instead of 4: 18.2-18.6.
+ONE_ROW_BLOCK_N = 4
+ONE_ROW_MAX_BLOCK_K = 2048
 ROWS_MIN_ELEMENTS = 1 << 24
 ROWS_MIN_K = 1024
 ROWS_BLOCK_N = 2
@@ -232,11 +240,12 @@ def worthwhile(rows: int, *weights: torch.Tensor) -> bool:
 def launch_config(rows: int, n: int, k: int) -> dict:
     """Block sizes and launch options for ``rows`` x ``k`` @ ``k`` x ``n``.
 
-    Chosen by the grid sweep of benchmarks/kernel_gemv.py on an H200 (bf16): at 1 row the
-    fastest for all four SmolLM2 projections was 8 output features x 512 of K per program
-    iteration, 4 warps, 4 stages (2.5-6.9 us; the first guess, 16 x 128 x 3 stages, took
-    5.2-15.5 us); at 8 rows (tl.dot) 16-32 x 256-512. One row of a large weight gets the
-    whole-row kernel's config (a dict with ``PERSIST``; see ROWS_BLOCK_N).
+    Chosen by sweeps on an H200 (bf16). One row of a small weight: ONE_ROW_BLOCK_N output
+    features x all of K (up to ONE_ROW_MAX_BLOCK_K) per program, 4 warps, so a program's
+    whole weight tile is read before its PDL wait and nothing but the activations is read
+    after it (see ONE_ROW_BLOCK_N). At 2-4 rows 8 x 512 / rows, at 5+ (tl.dot) 16 x 256
+    (benchmarks/kernel_gemv.py). One row of a large weight gets the whole-row kernel's
+    config (a dict with ``PERSIST``; see ROWS_BLOCK_N).
     """
     if rows >= _DOT_MIN_ROWS:
         return dict(USE_DOT=True, BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, num_warps=4,
@@ -246,7 +255,11 @@ def launch_config(rows: int, n: int, k: int) -> dict:
         # 4 to 16 warps, and 32 warps of programs per SM
         warps = max(4, min(16, triton.next_power_of_2(k) * ROWS_BLOCK_N // (32 * 32)))
         return dict(PERSIST=32 // warps, BLOCK_N=ROWS_BLOCK_N, num_warps=warps)
-    block_m = triton.next_power_of_2(max(rows, 1))
+    if rows == 1:  # the whole weight row in one tile, loaded before the PDL wait
+        return dict(USE_DOT=False, BLOCK_M=1, BLOCK_N=ONE_ROW_BLOCK_N,
+                    BLOCK_K=min(triton.next_power_of_2(k), ONE_ROW_MAX_BLOCK_K), num_warps=4,
+                    num_stages=4)  # fmt: skip
+    block_m = triton.next_power_of_2(rows)
     return dict(USE_DOT=False, BLOCK_M=block_m, BLOCK_N=8, BLOCK_K=512 // block_m,
                 num_warps=4, num_stages=4)  # fmt: skip
 
