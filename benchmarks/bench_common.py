@@ -68,9 +68,10 @@ def engine_conditions(llm: Any) -> dict[str, Any]:
     graphs), small_decode_max_rows (FLASHINFER's Triton small-decode path, 0 = off, None
     for other backends), decode_loop_sizes (captured decode-loop graphs of virtual engine 0)
     triton_pdl (VLLM_TRITON_PDL is not "0"; used only on compute capability >= 9),
-    pdl_trigger (VLLM_PDL_TRIGGER, "late" by default: vllm/model_executor/layers/triton_pdl.py) and
+    pdl_trigger (VLLM_PDL_TRIGGER, "late" by default: vllm/model_executor/layers/triton_pdl.py),
     triton_gemv (VLLM_USE_TRITON_GEMV is not "0": one-row projections may take the Triton
-    GEMVs, vllm/model_executor/layers/triton_gemv.py).
+    GEMVs, vllm/model_executor/layers/triton_gemv.py) and triton_greedy (VLLM_USE_TRITON_GREEDY
+    is not "0": all-greedy sampling without logprobs takes triton_greedy.py).
     """
     engine = llm.llm_engine
     cfg = engine.config
@@ -96,6 +97,7 @@ def engine_conditions(llm: Any) -> dict[str, Any]:
         "triton_pdl": os.environ.get("VLLM_TRITON_PDL", "1") != "0",
         "pdl_trigger": os.environ.get("VLLM_PDL_TRIGGER", "late"),
         "triton_gemv": os.environ.get("VLLM_USE_TRITON_GEMV", "1") != "0",
+        "triton_greedy": os.environ.get("VLLM_USE_TRITON_GREEDY", "1") != "0",
     }
 
 

@@ -12,7 +12,8 @@ own switch ``VLLM_USE_TRITON_GEMV`` (default on) and a measured rule
 (``triton_gemv.worthwhile``: one row, all weights small or all large); otherwise cuBLAS
 runs them. Where they run and the step's attention offers ``PagedDecodeTables``, the fused
 decoder layer (:mod:`triton_layer`, opt-in with ``VLLM_FUSED_DECODER_LAYER=1``) runs the
-whole layer.
+whole layer. All-greedy sampling without logprobs takes :mod:`triton_greedy` on the same
+rule, with its own switch ``VLLM_USE_TRITON_GREEDY`` (default on).
 """
 
 import functools
@@ -28,6 +29,7 @@ logger = logging.getLogger(__name__)
 ENV_USE_TRITON_OPS = "VLLM_USE_TRITON_OPS"
 ENV_USE_TRITON_GEMV = "VLLM_USE_TRITON_GEMV"
 ENV_FUSED_DECODER_LAYER = "VLLM_FUSED_DECODER_LAYER"
+ENV_USE_TRITON_GREEDY = "VLLM_USE_TRITON_GREEDY"
 
 
 @functools.cache
@@ -99,3 +101,21 @@ def get_triton_layer(
     tables = attn_metadata.paged_decode_tables()
     layer = None if tables is None else _load_triton_layer()
     return None if layer is None else (layer, tables)
+
+
+@functools.cache
+def _load_triton_greedy() -> ModuleType | None:
+    """The greedy-sampling kernels, or None when triton cannot be imported."""
+    if _load_triton_ops() is None:
+        return None
+    from vllm.model_executor.layers import triton_greedy
+
+    return triton_greedy
+
+
+def get_triton_greedy(x: torch.Tensor) -> ModuleType | None:
+    """:mod:`triton_greedy` when the logits ``x`` [rows, vocab] take the Triton path
+    (:func:`get_triton_ops`) and ``VLLM_USE_TRITON_GREEDY`` is not ``"0"``, else None."""
+    if get_triton_ops(x) is None or os.environ.get(ENV_USE_TRITON_GREEDY, "1") == "0":
+        return None
+    return _load_triton_greedy()

@@ -1,0 +1,115 @@
+"""Greedy sampling's Triton kernels (vllm/model_executor/layers/triton_greedy.py).
+
+Reference: ``torch.argmax`` (exact: the first maximal index) and ``torch.log_softmax`` at
+that token (float32 rounding), and ``Sampler.sample_on_device``'s torch path (the packed
+rows). CPU: under ``TRITON_INTERPRET=1`` (tests.utils.run_interpreted). GPU (``gpu``
+marker): the compiled kernels and the sampler's dispatch (CUDA, all greedy, no logprobs,
+the env switch).
+"""
+
+import importlib.util
+
+import pytest
+import torch
+
+from tests.utils import run_interpreted
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None,
+    reason="triton is not installed (pip install -r requirements-test.txt)",
+)
+
+# vocab sizes: one partial chunk, several chunks with a partial last one (SmolLM2's 49152
+# is 12 full chunks of 4096), and the Llama-3.1 vocabulary
+VOCABS = (1000, 9000, 49152, 128256)
+
+
+def _logits(rows: int, vocab: int, device: str) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(vocab + rows)
+    x = torch.randn(rows, vocab, generator=gen) * 4  # [rows, vocab]
+    x[0, vocab // 3] = 50.0  # a clear winner in a middle chunk
+    if rows > 1:  # ties: the max at two indexes of different chunks, the first wins
+        x[1, vocab - 1] = x[1, 17] = 60.0
+    if rows > 2:
+        x[2, : vocab // 2] = -float("inf")  # masked tokens (min_tokens / penalties)
+    return x.to(device)
+
+
+def _cases(device: str) -> None:
+    from vllm.model_executor.layers import triton_greedy
+
+    for vocab in VOCABS:
+        for rows in (1, 3, 8):
+            x = _logits(rows, vocab, device)
+            ids, packed = triton_greedy.greedy_pack(x)
+            want = x.argmax(dim=-1)
+            ctx = f"vocab={vocab} rows={rows}"
+            assert ids.dtype == torch.long and packed.dtype == torch.float64, ctx
+            assert torch.equal(ids, want), (ctx, ids.tolist(), want.tolist())
+            lp = torch.log_softmax(x, dim=-1).gather(1, want[:, None])[:, 0]  # [rows]
+            assert torch.equal(packed[:, 0], want.double()), ctx
+            torch.testing.assert_close(packed[:, 1], lp.double(), rtol=1e-5, atol=1e-5)
+            assert torch.all(packed[:, 2] == 1.0), ctx
+            if rows > 1:
+                assert ids[1].item() == 17, ctx  # the first of two equal maxima
+    # a row of only -inf: token 0 and a NaN logprob, as torch.argmax / log_softmax give
+    ids, packed = triton_greedy.greedy_pack(torch.full((1, 5000), -float("inf"), device=device))
+    assert ids.item() == 0 and torch.isnan(packed[0, 1])
+    ids, packed = triton_greedy.greedy_pack(torch.empty(0, 100, device=device))
+    assert ids.shape == (0,) and packed.shape == (0, 3)
+    with pytest.raises(ValueError, match="float32"):
+        triton_greedy.greedy_pack(torch.zeros(2, 10, dtype=torch.float16, device=device))
+    # the checks can fail: a wrong logprob (a missing chunk term) is caught
+    x = (torch.randn(1, 9000, generator=torch.Generator().manual_seed(1)) * 4).to(device)
+    bad = torch.log_softmax(x[:, :8192], dim=-1).amax(dim=-1).double()
+    _, packed = triton_greedy.greedy_pack(x)
+    assert not torch.allclose(packed[:, 1], bad, rtol=1e-5, atol=1e-5)
+
+
+def _check_interpreted() -> None:
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from vllm.model_executor.layers import triton_greedy
+
+    assert isinstance(triton_greedy._chunk_kernel, InterpretedFunction), "not interpreted"
+    _cases("cpu")
+
+
+def test_interpreted():
+    run_interpreted(__file__, "_check_interpreted")
+
+
+def test_cpu_sampler_keeps_torch(monkeypatch):
+    """On CPU the sampler keeps its torch path (no Triton dispatch)."""
+    from vllm.model_executor.layers.triton_dispatch import get_triton_greedy
+
+    assert get_triton_greedy(torch.zeros(1, 10)) is None
+
+
+@pytest.mark.gpu
+def test_cuda_kernels_and_sampler(monkeypatch):
+    """Compiled kernels, and ``Sampler.sample_on_device`` on an all-greedy batch without
+    logprobs: the Triton path's packed rows equal the torch path's ids exactly and its
+    logprobs to float32 rounding; with logprobs asked, or the switch off, torch runs."""
+    from vllm.model_executor.layers import triton_greedy
+    from vllm.model_executor.layers.sampler import Sampler
+    from vllm.model_executor.layers.triton_dispatch import get_triton_greedy
+    from vllm.model_executor.sampling_metadata import SamplingMetadata
+
+    _cases("cuda")
+    x = _logits(4, 49152, "cuda")
+    assert get_triton_greedy(x) is triton_greedy
+    sm = SamplingMetadata(
+        groups=[], selected_token_indices=torch.arange(4, device="cuda"),
+        sample_row_ids=torch.arange(4, device="cuda"), all_greedy=True,
+    )  # fmt: skip
+    calls = []
+    orig = triton_greedy.greedy_pack
+    monkeypatch.setattr(triton_greedy, "greedy_pack", lambda t: calls.append(1) or orig(t))
+    ids, packed, k = Sampler.sample_on_device(x, sm)
+    assert calls and k == 0
+    monkeypatch.setenv("VLLM_USE_TRITON_GREEDY", "0")
+    ids_t, packed_t, k_t = Sampler.sample_on_device(x, sm)
+    assert len(calls) == 1 and k_t == 0
+    assert torch.equal(ids, ids_t) and torch.equal(packed[:, 0], packed_t[:, 0])
+    torch.testing.assert_close(packed, packed_t, rtol=1e-5, atol=1e-5)
