@@ -72,13 +72,14 @@ def _layers(shape, n, ctx, dt):
 def _overrides(gemv: str, tile: int):
     """Within: one-row small-weight GEMVs take the tile ``gemv`` ("BNxBK[xWARPS]", BK 0 =
     next_power_of_2(K), i.e. the whole weight row in one tile) and decode attention the
-    context tile ``tile`` (0: unchanged)."""
+    context tile ``tile`` for rows of every length (0: unchanged)."""
     import triton
 
     from vllm.attention import triton_decode
     from vllm.model_executor.layers import triton_gemv
 
     orig_cfg, orig_tile = triton_gemv.launch_config, triton_decode.tile_tokens
+    orig_short = triton_decode.SHORT_TILE
 
     def cfg(rows, n, k):
         c = orig_cfg(rows, n, k)
@@ -91,10 +92,12 @@ def _overrides(gemv: str, tile: int):
     triton_gemv.launch_config = cfg
     if tile:
         triton_decode.tile_tokens = lambda group, head_size: tile
+        triton_decode.SHORT_TILE = tile  # every row, whatever its length
     try:
         yield
     finally:
         triton_gemv.launch_config, triton_decode.tile_tokens = orig_cfg, orig_tile
+        triton_decode.SHORT_TILE = orig_short
 
 
 def main() -> None:

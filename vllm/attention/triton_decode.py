@@ -10,7 +10,8 @@ token without the host (:mod:`vllm.worker.decode_loop`).
 Layout: program ``(b, h, s)`` handles row ``b``, KV head ``h`` (its ``G = H / H_kv``
 query heads together, GQA) and context split ``s``. A row of context length ``L`` (the new
 token included) is cut into splits of ``chunk(L) = max(T, ceil(L / MAX_SPLITS))`` tokens
-(rounded up to the tile ``T``, :func:`tile_tokens`, a function of the model's head shapes),
+(rounded up to the tile ``T``: 16 tokens for rows of at most 512, else :func:`tile_tokens`,
+a function of the model's head shapes),
 so a short context is a few one-tile splits that run side by side instead of a loop in one
 program (a decode step's attention is bound by dependent memory round trips, not bytes).
 The split count depends on the row's own length only, so a row's result never depends on
@@ -52,6 +53,14 @@ from vllm.model_executor.layers.triton_ops import rope_halves
 from vllm.model_executor.layers.triton_pdl import launch_options, pdl_enabled, pdl_wait
 
 MAX_SPLITS = 32  # the most splits of one row (and the grid's third dimension at most)
+# Rows of at most MAX_SPLITS * SHORT_TILE = 512 tokens take 16-token tiles whatever
+# tile_tokens gives (a runtime branch of the one kernel). The small path's layer chain
+# (benchmarks/kernel_decoder_layer.py, 30 SmolLM2 layers, H200, bf16) at context 192:
+# 16.57 us a layer with 32-token tiles, 15.62 with 16; at 1024, 16-token tiles lost
+# (17.97 -> 20.2: two tiles a split), so longer rows keep tile_tokens'. Decode attention
+# alone (kernel_decode_attention.py, session 8) agreed for the Llama-3.1-8B shape: 10.62
+# -> 9.11 us at 192, 13.34 -> 17.51 at 1024.
+SHORT_TILE = 16
 LOG2E = 1.4426950408889634
 
 
@@ -148,11 +157,50 @@ def _paged_decode_kernel(
     q_stride, k_stride, v_stride, cs_stride, bt_stride, out_stride,
     block_stride, value_offset, token_stride, scratch_block, qk_scale, num_kv_heads,
     GROUP: tl.constexpr, GP: tl.constexpr, HALF: tl.constexpr, BS: tl.constexpr,
+    BLOCK_T: tl.constexpr, SHORT_T: tl.constexpr, ROTATE: tl.constexpr,
+    SPLITS: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    """See the module docstring. ``qk_scale`` = softmax scale * log2(e). A row of at most
+    ``SPLITS * SHORT_T`` tokens takes tiles of ``SHORT_T`` tokens, a longer one of
+    ``BLOCK_T`` (the row's own length decides, so results never depend on other rows)."""
+    b, h, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    if SHORT_T < BLOCK_T:
+        if tl.load(len_ptr + b) <= SPLITS * SHORT_T:
+            _decode_tiles(
+                b, h, s, q_ptr, k_ptr, v_ptr, pos_ptr, cs_ptr, cache_ptr, bt_ptr, len_ptr,
+                out_ptr, part_ptr, cnt_ptr, q_stride, k_stride, v_stride, cs_stride,
+                bt_stride, out_stride, block_stride, value_offset, token_stride,
+                scratch_block, qk_scale, num_kv_heads,
+                GROUP, GP, HALF, BS, SHORT_T, ROTATE, SPLITS, PDL,
+            )  # fmt: skip
+        else:
+            _decode_tiles(
+                b, h, s, q_ptr, k_ptr, v_ptr, pos_ptr, cs_ptr, cache_ptr, bt_ptr, len_ptr,
+                out_ptr, part_ptr, cnt_ptr, q_stride, k_stride, v_stride, cs_stride,
+                bt_stride, out_stride, block_stride, value_offset, token_stride,
+                scratch_block, qk_scale, num_kv_heads,
+                GROUP, GP, HALF, BS, BLOCK_T, ROTATE, SPLITS, PDL,
+            )  # fmt: skip
+    else:
+        _decode_tiles(
+            b, h, s, q_ptr, k_ptr, v_ptr, pos_ptr, cs_ptr, cache_ptr, bt_ptr, len_ptr,
+            out_ptr, part_ptr, cnt_ptr, q_stride, k_stride, v_stride, cs_stride,
+            bt_stride, out_stride, block_stride, value_offset, token_stride,
+            scratch_block, qk_scale, num_kv_heads,
+            GROUP, GP, HALF, BS, BLOCK_T, ROTATE, SPLITS, PDL,
+        )  # fmt: skip
+
+
+@triton.jit
+def _decode_tiles(
+    b, h, s, q_ptr, k_ptr, v_ptr, pos_ptr, cs_ptr, cache_ptr, bt_ptr, len_ptr, out_ptr,
+    part_ptr, cnt_ptr, q_stride, k_stride, v_stride, cs_stride, bt_stride, out_stride,
+    block_stride, value_offset, token_stride, scratch_block, qk_scale, num_kv_heads,
+    GROUP: tl.constexpr, GP: tl.constexpr, HALF: tl.constexpr, BS: tl.constexpr,
     BLOCK_T: tl.constexpr, ROTATE: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    """See the module docstring. ``qk_scale`` = softmax scale * log2(e). With PDL the
-    first tile's cache reads (:func:`decode_prefetch`) overlap the kernel before."""
-    b, h, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    """Program ``(b, h, s)`` with tiles of ``BLOCK_T`` tokens. With PDL the first tile's
+    cache reads (:func:`decode_prefetch`) overlap the kernel before."""
     pre = decode_prefetch(
         b, h, s, pos_ptr, cs_ptr, cache_ptr, bt_ptr, len_ptr, cs_stride, bt_stride,
         block_stride, value_offset, token_stride, HALF, BS, BLOCK_T, ROTATE, SPLITS,
@@ -376,8 +424,10 @@ def paged_decode_attention(
         scale: softmax scale; scratch_block: where padded lanes write.
         max_seq_len: a bound on every row's length (it sizes the grid; programs past a
             row's need exit, so the result does not depend on it).
-        tile: context tokens per tile (a power of two >= 16); default
-            :func:`tile_tokens` (benchmarks/kernel_decode_attention.py sweeps it).
+        tile: context tokens per tile for every row (a power of two >= 16); default
+            SHORT_TILE for rows of at most ``MAX_SPLITS * SHORT_TILE`` tokens and
+            :func:`tile_tokens` for longer ones (benchmarks/kernel_decode_attention.py
+            sweeps it).
     Returns:
         [B, num_heads * D] in query's dtype.
     Raises:
@@ -405,15 +455,17 @@ def paged_decode_attention(
     rotate = cos_sin_cache is not None
     cs = cos_sin_cache if rotate else kv_cache
     st = kv_cache.stride()
+    short = tile or SHORT_TILE
     tile = tile or tile_tokens(group, head_size)
+    short = min(short, tile)
     pdl = pdl_enabled(query)
-    _paged_decode_kernel[(rows, num_kv_heads, num_splits(max_seq_len, tile))](
+    _paged_decode_kernel[(rows, num_kv_heads, num_splits(max_seq_len, short))](
         query, key, value, positions, cs, kv_cache, block_tables, seq_lens, out,
         workspace.partials, workspace.counters,
         query.stride(0), key.stride(0), value.stride(0), cs.stride(0) if rotate else 0,
         block_tables.stride(0), out.stride(0),
         st[0], st[1], st[2], scratch_block, scale * LOG2E, num_kv_heads,
-        GROUP=group, GP=gp, HALF=half, BS=block_size, BLOCK_T=tile,
+        GROUP=group, GP=gp, HALF=half, BS=block_size, BLOCK_T=tile, SHORT_T=short,
         ROTATE=rotate, SPLITS=MAX_SPLITS, PDL=pdl,
         num_warps=4, enable_fp_fusion=False, **launch_options(pdl),
     )  # fmt: skip
