@@ -66,3 +66,14 @@ def test_pdl_trigger_setting(monkeypatch):
     monkeypatch.setenv("VLLM_PDL_TRIGGER", "sooner")
     with pytest.raises(ValueError, match="VLLM_PDL_TRIGGER='sooner' must be 'late' or 'early'"):
         triton_pdl.pdl_trigger()
+
+
+def test_advance_grows_real_rows_only():
+    """A decode-loop graph's advance: real rows one token longer, padded lanes (0) idle."""
+    from types import SimpleNamespace
+
+    from vllm.attention.backends.small_decode import SmallDecodeGraphBuffers
+
+    lens = torch.tensor([0, 5, 1, 0, 130], dtype=torch.int32)
+    SmallDecodeGraphBuffers.advance(SimpleNamespace(seq_lens=lens))
+    assert lens.tolist() == [0, 6, 2, 0, 131] and lens.dtype == torch.int32

@@ -218,5 +218,5 @@ class SmallDecodeGraphBuffers:
     def advance(metadata: SmallDecodeMetadata) -> None:
         """One token later on every real row; padded lanes (length 0) stay idle (inside a
         decode-loop graph: device ops only)."""
-        lens = metadata.seq_lens  # [rows] int32
-        lens.add_((lens > 0).to(lens.dtype))
+        lens = metadata.seq_lens  # [rows] int32, >= 0
+        lens.add_(lens.clamp(max=1))  # +1 where > 0: two kernels (a compare and a cast: three)
