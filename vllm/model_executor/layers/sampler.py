@@ -195,6 +195,9 @@ class Sampler(torch.nn.Module):
         """The sampling of :meth:`forward` without any device-to-host transfer (the
         multi-step decode loop reads several steps' results at once).
 
+        An all-greedy batch without logprobs on CUDA takes :mod:`triton_greedy` (the same
+        ids; logprobs equal to float32 rounding, see there).
+
         Returns:
             (ids [num_samples] int64, packed [num_samples, 3 + 2k] float64 rows as
             :func:`_pack_logprobs` lays them out, k), all on ``logits``' device.

@@ -259,7 +259,7 @@ def launch_config(rows: int, n: int, k: int) -> dict:
         return dict(USE_DOT=False, BLOCK_M=1, BLOCK_N=ONE_ROW_BLOCK_N,
                     BLOCK_K=min(triton.next_power_of_2(k), ONE_ROW_MAX_BLOCK_K), num_warps=4,
                     num_stages=4)  # fmt: skip
-    block_m = triton.next_power_of_2(rows)
+    block_m = triton.next_power_of_2(max(rows, 1))
     return dict(USE_DOT=False, BLOCK_M=block_m, BLOCK_N=8, BLOCK_K=512 // block_m,
                 num_warps=4, num_stages=4)  # fmt: skip
 
