@@ -59,7 +59,13 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm.attention.triton_decode import LOG2E, MAX_SPLITS, decode_program, tile_tokens
+from vllm.attention.triton_decode import (
+    LOG2E,
+    MAX_SPLITS,
+    SHORT_TILE,
+    decode_program,
+    tile_tokens,
+)
 from vllm.model_executor.layers.triton_gemv import _gemv_tile, _w_tile, launch_config
 from vllm.model_executor.layers.triton_pdl import launch_options, pdl_enabled, pdl_wait
 from vllm.utils import cuda_sm_count
@@ -137,10 +143,14 @@ def _decoder_layer_kernel(
     block_stride, value_offset, token_stride, scratch_block, num_kv_heads, nprog,
     ADD_RES: tl.constexpr, QKV_BIAS: tl.constexpr, ROTATE: tl.constexpr, IEEE: tl.constexpr,
     GROUP: tl.constexpr, GP: tl.constexpr, HALF: tl.constexpr, BS: tl.constexpr,
-    BLOCK_T: tl.constexpr, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_T: tl.constexpr, SHORT_T: tl.constexpr, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_K_O: tl.constexpr, BLOCK_K_DOWN: tl.constexpr,
     PDL: tl.constexpr, TIMING: tl.constexpr,
 ):  # fmt: skip
-    """Phases A-E of the module docstring; program ``pid`` takes tiles pid, pid + nprog, ..."""
+    """Phases A-E of the module docstring; program ``pid`` takes tiles pid, pid + nprog, ...
+    Tiles as the separate kernels take them: ``BLOCK_K`` of K for qkv and gate_up,
+    ``BLOCK_K_O`` for o_proj, ``BLOCK_K_DOWN`` for down_proj; attention tiles of
+    ``SHORT_T`` tokens for a row of at most ``SPLITS * SHORT_T``, else ``BLOCK_T``."""
     pid = tl.program_id(0)
     nqkv = q_size + 2 * kv_size
     # A: norm + qkv (the first weight tile before waiting for the previous kernel)
@@ -154,27 +164,38 @@ def _decoder_layer_kernel(
             True, ADD_RES, False, QKV_BIAS, False, IEEE, 1, BLOCK_N, BLOCK_K, "",
         )  # fmt: skip
         w, wu = _w_tile(wqkv_ptr, tile + nprog, nqkv, hidden, hidden, 0, False, BLOCK_N, BLOCK_K)
-    w, wu = _w_tile(wo_ptr, pid, hidden, q_size, q_size, 0, False, BLOCK_N, BLOCK_K)  # for C
+    w, wu = _w_tile(wo_ptr, pid, hidden, q_size, q_size, 0, False, BLOCK_N, BLOCK_K_O)  # C
     _stamp(t_ptr, pid, 1, TIMING)
     _grid_sync(sync_ptr, nprog)
     _stamp(t_ptr, pid, 2, TIMING)
     # B: attention, (kv head, split) pairs; splits past the row's count do nothing
     zero = pid * 0  # row 0, as a tensor
+    short = tl.load(len_ptr) <= SPLITS * SHORT_T  # the tile triton_decode picks for the row
     for pair in range(pid, num_kv_heads * SPLITS, nprog):
-        decode_program(
-            zero, pair % num_kv_heads, pair // num_kv_heads,
-            qkv_ptr, qkv_ptr + q_size, qkv_ptr + q_size + kv_size, pos_ptr, cs_ptr,
-            cache_ptr, bt_ptr, len_ptr, attn_ptr, part_ptr, cnt_ptr,
-            0, 0, 0, cs_stride, bt_stride, 0, block_stride, value_offset, token_stride,
-            scratch_block, qk_scale, num_kv_heads,
-            GROUP, GP, HALF, BS, BLOCK_T, ROTATE, SPLITS, ".cg",
-        )  # fmt: skip
+        if short:
+            decode_program(
+                zero, pair % num_kv_heads, pair // num_kv_heads,
+                qkv_ptr, qkv_ptr + q_size, qkv_ptr + q_size + kv_size, pos_ptr, cs_ptr,
+                cache_ptr, bt_ptr, len_ptr, attn_ptr, part_ptr, cnt_ptr,
+                0, 0, 0, cs_stride, bt_stride, 0, block_stride, value_offset, token_stride,
+                scratch_block, qk_scale, num_kv_heads,
+                GROUP, GP, HALF, BS, SHORT_T, ROTATE, SPLITS, ".cg",
+            )  # fmt: skip
+        else:
+            decode_program(
+                zero, pair % num_kv_heads, pair // num_kv_heads,
+                qkv_ptr, qkv_ptr + q_size, qkv_ptr + q_size + kv_size, pos_ptr, cs_ptr,
+                cache_ptr, bt_ptr, len_ptr, attn_ptr, part_ptr, cnt_ptr,
+                0, 0, 0, cs_stride, bt_stride, 0, block_stride, value_offset, token_stride,
+                scratch_block, qk_scale, num_kv_heads,
+                GROUP, GP, HALF, BS, BLOCK_T, ROTATE, SPLITS, ".cg",
+            )  # fmt: skip
     _stamp(t_ptr, pid, 3, TIMING)
     _grid_sync(sync_ptr + SYNC, nprog)
     _stamp(t_ptr, pid, 4, TIMING)
     # C: o_proj
     _projection(pid, nprog, w, wu, attn_ptr, wo_ptr, o_ptr, hidden, q_size, IEEE, BLOCK_N,
-                BLOCK_K)  # fmt: skip
+                BLOCK_K_O)  # fmt: skip
     w, wu = _w_tile(wgu_ptr, pid, inter, hidden, hidden, inter, True, BLOCK_N, BLOCK_K)  # D
     _stamp(t_ptr, pid, 5, TIMING)
     _grid_sync(sync_ptr + 2 * SYNC, nprog)
@@ -188,13 +209,13 @@ def _decoder_layer_kernel(
         )  # fmt: skip
         w, wu = _w_tile(wgu_ptr, tile + nprog, inter, hidden, hidden, inter, True, BLOCK_N,
                         BLOCK_K)  # fmt: skip
-    w, wu = _w_tile(wd_ptr, pid, hidden, inter, inter, 0, False, BLOCK_N, BLOCK_K)  # for E
+    w, wu = _w_tile(wd_ptr, pid, hidden, inter, inter, 0, False, BLOCK_N, BLOCK_K_DOWN)  # E
     _stamp(t_ptr, pid, 7, TIMING)
     _grid_sync(sync_ptr + 3 * SYNC, nprog)
     _stamp(t_ptr, pid, 8, TIMING)
     # E: down_proj
     _projection(pid, nprog, w, wu, act_ptr, wd_ptr, out_ptr, hidden, inter, IEEE, BLOCK_N,
-                BLOCK_K)  # fmt: skip
+                BLOCK_K_DOWN)  # fmt: skip
     _stamp(t_ptr, pid, 9, TIMING)
     # the last program out resets the counters for the next launch (all passed every spin)
     left = tl.atomic_add(sync_ptr + 4 * SYNC, 1, sem="acq_rel", scope="gpu")
@@ -264,6 +285,7 @@ def decoder_layer(
     if block_n is not None:
         cfg["BLOCK_N"] = block_n
     group = heads // num_kv_heads
+    tile = tile_tokens(group, head_size)
     ws = tables.workspace
     rotate = attn.rotary_emb is not None
     cs = attn.rotary_emb.cos_sin_cache if rotate else kv_cache
@@ -288,8 +310,10 @@ def decoder_layer(
         num_kv_heads, nprog,
         ADD_RES=residual is not None, QKV_BIAS=attn.qkv_proj.bias is not None, ROTATE=rotate,
         IEEE=w_qkv.dtype == torch.float32, GROUP=group, GP=triton.next_power_of_2(group),
-        HALF=head_size // 2, BS=block_size, BLOCK_T=tile_tokens(group, head_size),
-        SPLITS=MAX_SPLITS, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], PDL=pdl,
+        HALF=head_size // 2, BS=block_size, BLOCK_T=tile, SHORT_T=min(SHORT_TILE, tile),
+        SPLITS=MAX_SPLITS, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
+        BLOCK_K_O=launch_config(1, hidden, q_size)["BLOCK_K"],
+        BLOCK_K_DOWN=launch_config(1, hidden, inter)["BLOCK_K"], PDL=pdl,
         TIMING=timings is not None,
         num_warps=cfg["num_warps"], enable_fp_fusion=False, **launch_options(pdl),
     )  # fmt: skip
