@@ -42,10 +42,9 @@ def _case(shape: str, batch: int, ctx: int, layers: int, args) -> dict:
     from vllm.attention.backends.flashinfer import FlashInferBackend, FlashInferImpl
     from vllm.attention.triton_decode import (
         MAX_SPLITS,
-        SHORT_TILE,
         DecodeWorkspace,
+        decode_tiles,
         paged_decode_attention,
-        tile_tokens,
     )
     from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
 
@@ -94,9 +93,8 @@ def _case(shape: str, batch: int, ctx: int, layers: int, args) -> dict:
             raise AssertionError(f"{shape} b{batch} ctx{ctx} tile {tile}: rel err {err:.3g}")
         us = graph_time_us(lambda i, t=tile: triton(i, t), layers, args.iters)
         rec[f"triton_tile{tile}_us" if tile else "triton_us"] = round(us, 2)
-    # the default: SHORT_TILE up to MAX_SPLITS * SHORT_TILE tokens, tile_tokens beyond
-    short = min(SHORT_TILE, tile_tokens(h // h_kv, d))
-    rec["triton_default_tile"] = short if ctx <= MAX_SPLITS * short else tile_tokens(h // h_kv, d)
+    long, short = decode_tiles(h // h_kv, d)  # the default: short up to MAX_SPLITS * short
+    rec["triton_default_tile"] = short if ctx <= MAX_SPLITS * short else long
     return rec
 
 

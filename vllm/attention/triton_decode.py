@@ -76,6 +76,16 @@ def tile_tokens(group: int, head_size: int) -> int:
     return max(16, min(32, triton.next_power_of_2(max(1, 8192 // (group_pad * head_size // 2)))))
 
 
+def decode_tiles(group: int, head_size: int, tile: int | None = None) -> tuple[int, int]:
+    """``(BLOCK_T, SHORT_T)`` of :func:`decode_program`: tokens per tile of a long row and
+    of a row of at most ``MAX_SPLITS * SHORT_T`` tokens. Default ``(tile_tokens(...),
+    min(SHORT_TILE, tile_tokens(...)))``; a given ``tile`` serves every row."""
+    if tile:
+        return tile, tile
+    long = tile_tokens(group, head_size)
+    return long, min(SHORT_TILE, long)
+
+
 def num_splits(max_seq_len: int, tile: int) -> int:
     """Grid programs per (row, KV head) that cover contexts up to ``max_seq_len`` tokens."""
     return max(1, min(MAX_SPLITS, -(-max_seq_len // tile)))
@@ -160,57 +170,13 @@ def _paged_decode_kernel(
     BLOCK_T: tl.constexpr, SHORT_T: tl.constexpr, ROTATE: tl.constexpr,
     SPLITS: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    """See the module docstring. ``qk_scale`` = softmax scale * log2(e). A row of at most
-    ``SPLITS * SHORT_T`` tokens takes tiles of ``SHORT_T`` tokens, a longer one of
-    ``BLOCK_T`` (the row's own length decides, so results never depend on other rows)."""
-    b, h, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    if SHORT_T < BLOCK_T:
-        if tl.load(len_ptr + b) <= SPLITS * SHORT_T:
-            _decode_tiles(
-                b, h, s, q_ptr, k_ptr, v_ptr, pos_ptr, cs_ptr, cache_ptr, bt_ptr, len_ptr,
-                out_ptr, part_ptr, cnt_ptr, q_stride, k_stride, v_stride, cs_stride,
-                bt_stride, out_stride, block_stride, value_offset, token_stride,
-                scratch_block, qk_scale, num_kv_heads,
-                GROUP, GP, HALF, BS, SHORT_T, ROTATE, SPLITS, PDL,
-            )  # fmt: skip
-        else:
-            _decode_tiles(
-                b, h, s, q_ptr, k_ptr, v_ptr, pos_ptr, cs_ptr, cache_ptr, bt_ptr, len_ptr,
-                out_ptr, part_ptr, cnt_ptr, q_stride, k_stride, v_stride, cs_stride,
-                bt_stride, out_stride, block_stride, value_offset, token_stride,
-                scratch_block, qk_scale, num_kv_heads,
-                GROUP, GP, HALF, BS, BLOCK_T, ROTATE, SPLITS, PDL,
-            )  # fmt: skip
-    else:
-        _decode_tiles(
-            b, h, s, q_ptr, k_ptr, v_ptr, pos_ptr, cs_ptr, cache_ptr, bt_ptr, len_ptr,
-            out_ptr, part_ptr, cnt_ptr, q_stride, k_stride, v_stride, cs_stride,
-            bt_stride, out_stride, block_stride, value_offset, token_stride,
-            scratch_block, qk_scale, num_kv_heads,
-            GROUP, GP, HALF, BS, BLOCK_T, ROTATE, SPLITS, PDL,
-        )  # fmt: skip
-
-
-@triton.jit
-def _decode_tiles(
-    b, h, s, q_ptr, k_ptr, v_ptr, pos_ptr, cs_ptr, cache_ptr, bt_ptr, len_ptr, out_ptr,
-    part_ptr, cnt_ptr, q_stride, k_stride, v_stride, cs_stride, bt_stride, out_stride,
-    block_stride, value_offset, token_stride, scratch_block, qk_scale, num_kv_heads,
-    GROUP: tl.constexpr, GP: tl.constexpr, HALF: tl.constexpr, BS: tl.constexpr,
-    BLOCK_T: tl.constexpr, ROTATE: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr,
-):  # fmt: skip
-    """Program ``(b, h, s)`` with tiles of ``BLOCK_T`` tokens. With PDL the first tile's
-    cache reads (:func:`decode_prefetch`) overlap the kernel before."""
-    pre = decode_prefetch(
-        b, h, s, pos_ptr, cs_ptr, cache_ptr, bt_ptr, len_ptr, cs_stride, bt_stride,
-        block_stride, value_offset, token_stride, HALF, BS, BLOCK_T, ROTATE, SPLITS,
-    )  # fmt: skip
-    pdl_wait(PDL)  # q, k, v come from the kernel before
-    decode_attend(
-        b, h, s, pre, q_ptr, k_ptr, v_ptr, cache_ptr, bt_ptr, out_ptr, part_ptr, cnt_ptr,
-        q_stride, k_stride, v_stride, bt_stride, out_stride, block_stride, value_offset,
-        token_stride, scratch_block, qk_scale, num_kv_heads,
-        GROUP, GP, HALF, BS, BLOCK_T, ROTATE, SPLITS, "",
+    """See the module docstring. ``qk_scale`` = softmax scale * log2(e)."""
+    decode_program(
+        tl.program_id(0), tl.program_id(1), tl.program_id(2),
+        q_ptr, k_ptr, v_ptr, pos_ptr, cs_ptr, cache_ptr, bt_ptr, len_ptr, out_ptr,
+        part_ptr, cnt_ptr, q_stride, k_stride, v_stride, cs_stride, bt_stride, out_stride,
+        block_stride, value_offset, token_stride, scratch_block, qk_scale, num_kv_heads,
+        GROUP, GP, HALF, BS, BLOCK_T, SHORT_T, ROTATE, SPLITS, "", PDL,
     )  # fmt: skip
 
 
@@ -220,16 +186,48 @@ def decode_program(
     part_ptr, cnt_ptr, q_stride, k_stride, v_stride, cs_stride, bt_stride, out_stride,
     block_stride, value_offset, token_stride, scratch_block, qk_scale, num_kv_heads,
     GROUP: tl.constexpr, GP: tl.constexpr, HALF: tl.constexpr, BS: tl.constexpr,
-    BLOCK_T: tl.constexpr, ROTATE: tl.constexpr, SPLITS: tl.constexpr, CACHE: tl.constexpr,
+    BLOCK_T: tl.constexpr, SHORT_T: tl.constexpr, ROTATE: tl.constexpr,
+    SPLITS: tl.constexpr, CACHE: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """The work of program ``(b, h, s)`` (module docstring); nothing when ``s`` is past row
-    ``b``'s split count: :func:`decode_prefetch` then :func:`decode_attend`. ``CACHE``: the
-    load cache modifier of q, k and v ("", or ".cg" when another program of the same launch
-    wrote them: vllm/model_executor/layers/triton_layer)."""
+    ``b``'s split count. A row of at most ``SPLITS * SHORT_T`` tokens takes tiles of
+    ``SHORT_T`` tokens, a longer one of ``BLOCK_T`` (the row's own length decides, so a
+    result never depends on other rows; :func:`decode_tiles` gives the pair). ``CACHE``:
+    the load cache modifier of q, k and v ("", or ".cg" when another program of the same
+    launch wrote them: vllm/model_executor/layers/triton_layer). ``PDL``: wait for the
+    kernel before between :func:`decode_prefetch` and :func:`decode_attend`."""
+    if tl.load(len_ptr + b) <= SPLITS * SHORT_T:
+        _decode_tiles(
+            b, h, s, q_ptr, k_ptr, v_ptr, pos_ptr, cs_ptr, cache_ptr, bt_ptr, len_ptr,
+            out_ptr, part_ptr, cnt_ptr, q_stride, k_stride, v_stride, cs_stride, bt_stride,
+            out_stride, block_stride, value_offset, token_stride, scratch_block, qk_scale,
+            num_kv_heads, GROUP, GP, HALF, BS, SHORT_T, ROTATE, SPLITS, CACHE, PDL,
+        )  # fmt: skip
+    else:
+        _decode_tiles(
+            b, h, s, q_ptr, k_ptr, v_ptr, pos_ptr, cs_ptr, cache_ptr, bt_ptr, len_ptr,
+            out_ptr, part_ptr, cnt_ptr, q_stride, k_stride, v_stride, cs_stride, bt_stride,
+            out_stride, block_stride, value_offset, token_stride, scratch_block, qk_scale,
+            num_kv_heads, GROUP, GP, HALF, BS, BLOCK_T, ROTATE, SPLITS, CACHE, PDL,
+        )  # fmt: skip
+
+
+@triton.jit
+def _decode_tiles(
+    b, h, s, q_ptr, k_ptr, v_ptr, pos_ptr, cs_ptr, cache_ptr, bt_ptr, len_ptr, out_ptr,
+    part_ptr, cnt_ptr, q_stride, k_stride, v_stride, cs_stride, bt_stride, out_stride,
+    block_stride, value_offset, token_stride, scratch_block, qk_scale, num_kv_heads,
+    GROUP: tl.constexpr, GP: tl.constexpr, HALF: tl.constexpr, BS: tl.constexpr,
+    BLOCK_T: tl.constexpr, ROTATE: tl.constexpr, SPLITS: tl.constexpr, CACHE: tl.constexpr,
+    PDL: tl.constexpr,
+):  # fmt: skip
+    """:func:`decode_program` with tiles of ``BLOCK_T`` tokens: the reads no kernel of the
+    step writes (:func:`decode_prefetch`), the PDL wait, then the rest."""
     pre = decode_prefetch(
         b, h, s, pos_ptr, cs_ptr, cache_ptr, bt_ptr, len_ptr, cs_stride, bt_stride,
         block_stride, value_offset, token_stride, HALF, BS, BLOCK_T, ROTATE, SPLITS,
     )  # fmt: skip
+    pdl_wait(PDL)  # q, k, v come from the kernel before
     decode_attend(
         b, h, s, pre, q_ptr, k_ptr, v_ptr, cache_ptr, bt_ptr, out_ptr, part_ptr, cnt_ptr,
         q_stride, k_stride, v_stride, bt_stride, out_stride, block_stride, value_offset,
@@ -455,9 +453,7 @@ def paged_decode_attention(
     rotate = cos_sin_cache is not None
     cs = cos_sin_cache if rotate else kv_cache
     st = kv_cache.stride()
-    short = tile or SHORT_TILE
-    tile = tile or tile_tokens(group, head_size)
-    short = min(short, tile)
+    tile, short = decode_tiles(group, head_size, tile)
     pdl = pdl_enabled(query)
     _paged_decode_kernel[(rows, num_kv_heads, num_splits(max_seq_len, short))](
         query, key, value, positions, cs, kv_cache, block_tables, seq_lens, out,

@@ -59,13 +59,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm.attention.triton_decode import (
-    LOG2E,
-    MAX_SPLITS,
-    SHORT_TILE,
-    decode_program,
-    tile_tokens,
-)
+from vllm.attention.triton_decode import LOG2E, MAX_SPLITS, decode_program, decode_tiles
 from vllm.model_executor.layers.triton_gemv import _gemv_tile, _w_tile, launch_config
 from vllm.model_executor.layers.triton_pdl import launch_options, pdl_enabled, pdl_wait
 from vllm.utils import cuda_sm_count
@@ -149,8 +143,8 @@ def _decoder_layer_kernel(
 ):  # fmt: skip
     """Phases A-E of the module docstring; program ``pid`` takes tiles pid, pid + nprog, ...
     Tiles as the separate kernels take them: ``BLOCK_K`` of K for qkv and gate_up,
-    ``BLOCK_K_O`` for o_proj, ``BLOCK_K_DOWN`` for down_proj; attention tiles of
-    ``SHORT_T`` tokens for a row of at most ``SPLITS * SHORT_T``, else ``BLOCK_T``."""
+    ``BLOCK_K_O`` for o_proj, ``BLOCK_K_DOWN`` for down_proj; attention tiles
+    ``BLOCK_T`` / ``SHORT_T`` as :func:`decode_program` picks them."""
     pid = tl.program_id(0)
     nqkv = q_size + 2 * kv_size
     # A: norm + qkv (the first weight tile before waiting for the previous kernel)
@@ -170,26 +164,15 @@ def _decoder_layer_kernel(
     _stamp(t_ptr, pid, 2, TIMING)
     # B: attention, (kv head, split) pairs; splits past the row's count do nothing
     zero = pid * 0  # row 0, as a tensor
-    short = tl.load(len_ptr) <= SPLITS * SHORT_T  # the tile triton_decode picks for the row
     for pair in range(pid, num_kv_heads * SPLITS, nprog):
-        if short:
-            decode_program(
-                zero, pair % num_kv_heads, pair // num_kv_heads,
-                qkv_ptr, qkv_ptr + q_size, qkv_ptr + q_size + kv_size, pos_ptr, cs_ptr,
-                cache_ptr, bt_ptr, len_ptr, attn_ptr, part_ptr, cnt_ptr,
-                0, 0, 0, cs_stride, bt_stride, 0, block_stride, value_offset, token_stride,
-                scratch_block, qk_scale, num_kv_heads,
-                GROUP, GP, HALF, BS, SHORT_T, ROTATE, SPLITS, ".cg",
-            )  # fmt: skip
-        else:
-            decode_program(
-                zero, pair % num_kv_heads, pair // num_kv_heads,
-                qkv_ptr, qkv_ptr + q_size, qkv_ptr + q_size + kv_size, pos_ptr, cs_ptr,
-                cache_ptr, bt_ptr, len_ptr, attn_ptr, part_ptr, cnt_ptr,
-                0, 0, 0, cs_stride, bt_stride, 0, block_stride, value_offset, token_stride,
-                scratch_block, qk_scale, num_kv_heads,
-                GROUP, GP, HALF, BS, BLOCK_T, ROTATE, SPLITS, ".cg",
-            )  # fmt: skip
+        decode_program(
+            zero, pair % num_kv_heads, pair // num_kv_heads,
+            qkv_ptr, qkv_ptr + q_size, qkv_ptr + q_size + kv_size, pos_ptr, cs_ptr,
+            cache_ptr, bt_ptr, len_ptr, attn_ptr, part_ptr, cnt_ptr,
+            0, 0, 0, cs_stride, bt_stride, 0, block_stride, value_offset, token_stride,
+            scratch_block, qk_scale, num_kv_heads,
+            GROUP, GP, HALF, BS, BLOCK_T, SHORT_T, ROTATE, SPLITS, ".cg", False,
+        )  # fmt: skip
     _stamp(t_ptr, pid, 3, TIMING)
     _grid_sync(sync_ptr + SYNC, nprog)
     _stamp(t_ptr, pid, 4, TIMING)
@@ -285,7 +268,7 @@ def decoder_layer(
     if block_n is not None:
         cfg["BLOCK_N"] = block_n
     group = heads // num_kv_heads
-    tile = tile_tokens(group, head_size)
+    tile, short = decode_tiles(group, head_size)
     ws = tables.workspace
     rotate = attn.rotary_emb is not None
     cs = attn.rotary_emb.cos_sin_cache if rotate else kv_cache
@@ -310,7 +293,7 @@ def decoder_layer(
         num_kv_heads, nprog,
         ADD_RES=residual is not None, QKV_BIAS=attn.qkv_proj.bias is not None, ROTATE=rotate,
         IEEE=w_qkv.dtype == torch.float32, GROUP=group, GP=triton.next_power_of_2(group),
-        HALF=head_size // 2, BS=block_size, BLOCK_T=tile, SHORT_T=min(SHORT_TILE, tile),
+        HALF=head_size // 2, BS=block_size, BLOCK_T=tile, SHORT_T=short,
         SPLITS=MAX_SPLITS, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
         BLOCK_K_O=launch_config(1, hidden, q_size)["BLOCK_K"],
         BLOCK_K_DOWN=launch_config(1, hidden, inter)["BLOCK_K"], PDL=pdl,
