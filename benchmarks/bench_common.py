@@ -123,9 +123,11 @@ def print_conditions(title: str, conditions: dict[str, Any]) -> None:
 
 def counter_delta(before: dict, after: dict) -> dict[str, int]:
     """Decode steps between two ``LLMEngine.decode_step_counters()`` snapshots, summed over
-    virtual engines: ``{"graph": n, "eager_<reason>": n, ...}`` (zero entries dropped).
+    virtual engines: ``{"graph": n, "eager_<reason>": n, "prefill_graph": n}`` (zero
+    entries dropped).
 
-    A snapshot is ``{"graph": {ve: {size: n}}, "eager": {ve: {reason: n}}}``; the mp
+    A snapshot is ``{"graph": {ve: {size: n}}, "eager": {ve: {reason: n}}, "prefill_graph":
+    {ve: {tokens: n}}}``; the mp
     executor nests one snapshot per worker rank (``{rank: snapshot}``), which is summed too.
     """
     out: dict[str, int] = {}
@@ -142,6 +144,8 @@ def _flatten(snap: dict):
         return
     for ve_counts in snap.get("graph", {}).values():
         yield "graph", sum(ve_counts.values())
+    for ve_counts in snap.get("prefill_graph", {}).values():
+        yield "prefill_graph", sum(ve_counts.values())
     for ve_counts in snap.get("eager", {}).values():
         for reason, n in ve_counts.items():
             yield f"eager_{reason}", n

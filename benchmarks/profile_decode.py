@@ -41,6 +41,16 @@ def main() -> None:
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--top", type=int, default=25, help="Rows per printed table.")
     p.add_argument("--gap-us", type=float, default=50.0, help="Idle gaps counted as long.")
+    p.add_argument(
+        "--cprofile-sort",
+        default="tottime",
+        help="Comma-separated pstats sort keys; one cProfile table per key (e.g. tottime,cumtime).",
+    )
+    p.add_argument(
+        "--table-sort",
+        default=None,
+        help="torch.profiler table sort key (default: self CUDA time on CUDA, else self CPU).",
+    )
     EngineArgs.add_cli_args(p)
     args = p.parse_args()
     import torch
@@ -82,7 +92,9 @@ def main() -> None:
     kernel_events = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
     cuda_us = sum(getattr(e, "self_device_time_total", 0) or 0 for e in kernel_events)
     kernels = sum(e.count for e in kernel_events)
-    sort = "self_cuda_time_total" if cond["device"] == "cuda" else "self_cpu_time_total"
+    sort = args.table_sort or (
+        "self_cuda_time_total" if cond["device"] == "cuda" else "self_cpu_time_total"
+    )
     print(events.table(sort_by=sort, row_limit=args.top, max_name_column_width=60))
 
     pr = cProfile.Profile()
@@ -90,9 +102,10 @@ def main() -> None:
     llm.generate(prompts, sp, use_tqdm=False)
     sync(cond["device"])
     pr.disable()
-    buf = io.StringIO()
-    pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(args.top)
-    print(buf.getvalue())
+    for key in args.cprofile_sort.split(","):
+        buf = io.StringIO()
+        pstats.Stats(pr, stream=buf).sort_stats(key).print_stats(args.top)
+        print(buf.getvalue())
     steps = args.output_len
     emit(
         {

@@ -3,7 +3,12 @@ captured size or is eager by the rule."""
 
 import pytest
 
-from vllm.worker.cuda_graph_sizes import capture_sizes, warn_eager_sizes
+from vllm.worker.cuda_graph_sizes import (
+    capture_sizes,
+    prefill_capture_sizes,
+    prefill_graph_max_tokens,
+    warn_eager_sizes,
+)
 
 EXAMPLES = {
     (1, 0, 512): [1],
@@ -65,3 +70,37 @@ def test_rule_rejects_bad_values(bad):
     kw.update(bad)
     with pytest.raises(ValueError):
         capture_sizes(**kw)
+
+
+PREFILL_EXAMPLES = {
+    0: [],
+    1: [1],
+    16: [16],
+    17: [16, 17],
+    100: [16, 24, 32, 48, 64, 96, 100],
+    1024: [16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024],
+    2000: [16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2000],
+}
+
+
+@pytest.mark.parametrize("max_tokens,expected", list(PREFILL_EXAMPLES.items()), ids=str)
+def test_prefill_rule_examples(max_tokens, expected):
+    sizes = prefill_capture_sizes(max_tokens)
+    assert list(sizes) == expected
+    # every prompt up to the maximum pads by less than half its length (16 at least)
+    for n in range(1, max_tokens + 1):
+        padded = next(s for s in sizes if s >= n)
+        assert padded - n < max(16, n / 2), (n, padded)
+
+
+def test_prefill_maximum_from_the_environment(monkeypatch):
+    monkeypatch.delenv("VLLM_PREFILL_GRAPH_MAX_TOKENS", raising=False)
+    assert prefill_graph_max_tokens() == 1024
+    monkeypatch.setenv("VLLM_PREFILL_GRAPH_MAX_TOKENS", "0")
+    assert prefill_graph_max_tokens() == 0 and prefill_capture_sizes(0) == ()
+    for bad in ("-1", "many"):
+        monkeypatch.setenv("VLLM_PREFILL_GRAPH_MAX_TOKENS", bad)
+        with pytest.raises(ValueError, match=f"VLLM_PREFILL_GRAPH_MAX_TOKENS='{bad}'"):
+            prefill_graph_max_tokens()
+    with pytest.raises(ValueError, match="got -3"):
+        prefill_capture_sizes(-3)

@@ -143,6 +143,48 @@ def test_single_sequence_vs_transformers(smollm2_gguf, backend, steps, monkeypat
     _assert_backend_ran(llm, wrapper_decode=not small, small_decode=small)
 
 
+@pytest.mark.forked
+@pytest.mark.parametrize("backend", ["FLASHINFER", "TORCH_SDPA"])
+def test_prefill_graphs(smollm2_gguf, backend, monkeypatch):
+    """Each prompt alone: its prefill replays the prefill graph of the next token count up
+    (counted per count), close to transformers, and exactly equal to an --enforce-eager
+    engine whose one-sequence prefills are padded alike (pad_eager_batches: the same
+    kernels on the same shapes). A prompt above the largest prefill graph (64 tokens here)
+    runs eagerly."""
+    from vllm import SamplingParams
+    from vllm.worker.cuda_graph_sizes import prefill_capture_sizes
+
+    monkeypatch.setenv("VLLM_PREFILL_GRAPH_MAX_TOKENS", "64")
+    backend, _ = _backend(backend, monkeypatch)
+    prompts = PROMPTS[:3] + [" ".join(PROMPTS), " ".join(PROMPTS * 3)]
+    ref = hf_greedy(smollm2_gguf, prompts, 16, dtype="bfloat16", device="cuda")
+    llm = _llm(smollm2_gguf, backend, max_num_seqs=8)
+    ours = [vllm_greedy(llm, [p], 16, logprobs=5)[0] for p in prompts]
+    check_logprobs_close(ref, ours, "hf", f"vllm-{backend}-prefill-graphs", prompts)
+    assert ours[0][1].startswith(" Paris")
+    snap = _counters(llm)
+    one = SamplingParams(max_tokens=1)
+    lens = [len(llm.generate([p], one, use_tqdm=False)[0].prompt_token_ids) for p in prompts]
+    sizes = prefill_capture_sizes(64)
+    want: dict[int, int] = {}
+    for n in lens:
+        if n <= 64:
+            size = next(s for s in sizes if s >= n)
+            want[size] = want.get(size, 0) + 1
+    assert lens[-1] > 64 and len(want) >= 2, lens  # two graph sizes and one eager prompt
+    assert snap["prefill_graph"][0] == want, (lens, snap)
+    assert snap["eager"][0] == {"prefill": 1}, (lens, snap)
+    be = llm.llm_engine.executor.worker.model_runner.attn_backend
+    if be.name == "FLASHINFER":
+        assert be.graph_prefill_runs > 0 and be.prefill_runs > 0
+    llm.llm_engine.shutdown()
+    del llm
+    eager = _llm(smollm2_gguf, backend, max_num_seqs=8, enforce_eager=True)
+    eager.llm_engine.executor.worker.model_runner.pad_eager_batches = True
+    e = [vllm_greedy(eager, [p], 16, logprobs=5)[0] for p in prompts]
+    check_outputs_equal(ours, e, "prefill graphs", "eager padded alike", prompts)
+
+
 def _drifting_run(llm, n):
     """n requests whose max_tokens differ (8 + 2i), so the live batch shrinks n -> 1."""
     from vllm import SamplingParams

@@ -234,3 +234,52 @@ def test_replay_equals_eager(tiny_llama_dir, backend):
     snap_g = g.model_runner.counters.snapshot()
     assert snap_g["graph"] == {0: {1: 1, 4: 1, 8: 2}}
     assert e.model_runner.counters.snapshot()["graph"] == {}
+
+
+def _tokens(out):
+    return [(s.output_token, s.logprobs[s.output_token].logprob) for o in out.outputs
+            for s in o.samples]  # fmt: skip
+
+
+@pytest.mark.forked
+@pytest.mark.parametrize("backend", ["TORCH_SDPA", "FLASHINFER"])
+def test_prefill_graphs(tiny_llama_dir, backend, monkeypatch):
+    """One-sequence prefills replay the prefill graph of the next token count up (counted),
+    each VE on its own buffers; they equal an eager run padded alike exactly and an
+    unpadded eager run in tokens; the cache they write serves the next decode step as the
+    unpadded run's does (padded tokens wrote only the scratch slot). Prompts over the
+    largest size and prefills of two sequences run eagerly."""
+    monkeypatch.setenv("VLLM_PREFILL_GRAPH_MAX_TOKENS", "64")
+    g = make_worker(tiny_llama_dir, 2, backend, max_num_seqs=8)
+    padded = make_worker(tiny_llama_dir, 2, backend, capture=False, max_num_seqs=8)
+    padded.model_runner.pad_eager_batches = True
+    plain = make_worker(tiny_llama_dir, 2, backend, capture=False, max_num_seqs=8)
+    gr = g.model_runner.graph_runner
+    assert g.model_runner.prefill_sizes == (16, 24, 32, 48, 64)
+    assert all(sorted(gr.prefill_graphs[ve]) == [16, 24, 32, 48, 64] for ve in (0, 1))
+    buffers = {id(gr.prefill_graphs[ve][16].attn_metadata.slot_mapping.untyped_storage())
+               for ve in (0, 1)}  # fmt: skip
+    assert len(buffers) == 2, "virtual engines share prefill graph buffers"
+    cases = [(1, 3, 1), (1, 17, 0), (1, 40, 0), (1, 70, 0), (2, 5, 1)]
+    for rows, ctx, ve in cases:
+        req = decode_request(rows, ve=ve, ctx=ctx)
+        for m in req.seq_group_metadata_list:
+            m.is_prompt = True
+        got, want, ref = (_tokens(w.execute_model(req)) for w in (g, padded, plain))
+        assert got == want, (rows, ctx)  # same kernels, same shapes: bit-exact
+        assert [t for t, _ in got] == [t for t, _ in ref], (rows, ctx)
+        assert torch.allclose(torch.tensor(got)[:, 1], torch.tensor(ref)[:, 1], atol=1e-4)
+        for m, (t, _) in zip(req.seq_group_metadata_list, got):
+            m.is_prompt = False
+            for d in m.seq_data.values():
+                d.append_token_id(t, 0.0)
+        nxt = [_tokens(w.execute_model(req)) for w in (g, plain)]
+        assert [t for t, _ in nxt[0]] == [t for t, _ in nxt[1]], (rows, ctx)
+    snap = g.model_runner.counters.snapshot()
+    assert snap["prefill_graph"] == {0: {24: 1, 48: 1}, 1: {16: 1}}, snap
+    assert snap["eager"] == {0: {"prefill": 1}, 1: {"prefill": 1}}, snap
+    assert padded.model_runner.counters.snapshot()["prefill_graph"] == {}
+    if backend == "FLASHINFER":  # only the two eager prefills planned FlashInfer's wrapper
+        be = g.model_runner.attn_backend  # graph prefills: 2 VEs x 5 captures + 3 replays
+        assert be.graph_prefill_runs == 2 * 5 + 3 and be.prefill_runs == 2, (
+            be.graph_prefill_runs, be.prefill_runs)  # fmt: skip

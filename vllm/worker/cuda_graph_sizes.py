@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import os
 from dataclasses import dataclass
 
 logger = logging.getLogger(__name__)
@@ -95,3 +96,45 @@ def warn_eager_sizes(cs: CaptureSizes) -> str | None:
     )
     logger.warning(msg)
     return msg
+
+
+ENV_PREFILL_GRAPH_MAX_TOKENS = "VLLM_PREFILL_GRAPH_MAX_TOKENS"
+DEFAULT_PREFILL_GRAPH_MAX_TOKENS = 1024
+
+
+def prefill_graph_max_tokens() -> int:
+    """The longest prompt (tokens) a prefill graph serves: ``VLLM_PREFILL_GRAPH_MAX_TOKENS``
+    (default 1024; 0 captures no prefill graphs).
+
+    Raises:
+        ValueError: a value that is not an integer >= 0.
+    """
+    raw = os.environ.get(ENV_PREFILL_GRAPH_MAX_TOKENS, str(DEFAULT_PREFILL_GRAPH_MAX_TOKENS))
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(f"{ENV_PREFILL_GRAPH_MAX_TOKENS}={raw!r} must be an integer >= 0.")
+    return value
+
+
+def prefill_capture_sizes(max_tokens: int) -> tuple[int, ...]:
+    """Token counts of the single-sequence prefill graphs (sorted; () when ``max_tokens``
+    is 0).
+
+    Rule: 16 x 2^i and 24 x 2^i (16, 24, 32, 48, 64, 96, 128, 192, ...) below
+    ``max_tokens``, then ``max_tokens`` itself, so a prompt is padded by less than half its
+    length (at least 16 tokens for short ones) and every prompt up to the maximum has a size.
+    The caller passes min(VLLM_PREFILL_GRAPH_MAX_TOKENS, max_num_batched_tokens,
+    max_model_len). Example: 100 -> (16, 24, 32, 48, 64, 96, 100).
+
+    Raises:
+        ValueError: ``max_tokens`` < 0.
+    """
+    if max_tokens < 0:
+        raise ValueError(f"the prefill graph maximum must be >= 0 tokens, got {max_tokens}.")
+    if max_tokens == 0:
+        return ()
+    ladder = sorted({b << i for b in (16, 24) for i in range(max_tokens.bit_length())})
+    return tuple([s for s in ladder if s < max_tokens] + [max_tokens])

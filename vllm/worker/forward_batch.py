@@ -3,7 +3,8 @@
 Life of a batch: the scheduler picks sequence groups (all prefill or all decode) ->
 ``ModelRunner.prepare_model_input`` flattens their new tokens into ``input_ids`` and
 ``positions``, computes each token's KV slot from the block tables, optionally pads a decode
-batch to a captured size (padded lanes: token 0, position 0, slot -1 -> scratch slot), asks
+batch to a captured size (padded lanes: token 0, position 0, slot -1 -> scratch slot) or a
+one-sequence prefill to a prefill-graph size (padded tokens alike), asks
 the attention backend to build device metadata, and lays out sampling rows -> the runner
 replays a CUDA graph or runs the model eagerly -> logits of the selected rows -> sampler.
 """
@@ -36,8 +37,9 @@ class ForwardBatch:
         batch_size: rows including padded lanes (the captured size when padded).
         max_decode_seq_len: longest row context in a decode step, lookahead slots
             included (for the graph gate), 0 for prefill.
-        graph_size: the captured size this step replays, or None when it runs eagerly
-            (then ``attn_metadata`` is set).
+        graph_size: the captured size this step replays (decode: rows; prefill: the
+            token count of a prefill graph), or None when it runs eagerly (then
+            ``attn_metadata`` is set).
         eager_reason: why it runs eagerly ("prefill", "enforce_eager", "too_big",
             "too_long"), None when it replays.
     """

@@ -1,8 +1,12 @@
-"""CUDA-graph capture and replay of decode steps, per virtual engine.
+"""CUDA-graph capture and replay of decode steps and single-sequence prefills, per VE.
 
-Why decode only: a decode step has one token per row, so its shapes depend on the batch
-size alone and a handful of bucketed sizes covers every step; prefill shapes depend on
-prompt lengths and gain little from graphs (their kernels are long).
+Decode: a decode step has one token per row, so its shapes depend on the batch size alone
+and a handful of bucketed sizes covers every step. Prefill: a batch of prompts has shapes
+that depend on every prompt length, but ONE prompt's depend on its length alone, so
+prompts padded to a ladder of token counts (``cuda_graph_sizes.prefill_capture_sizes``)
+replay prefill graphs when the backend supports them (``supports_prefill_graphs``; the
+runner asks for them at PP = 1). That matters when a prefill is host-bound: SmolLM2's
+128-token prefill is ~30 us of GPU work per layer under ~0.5 ms of launches.
 
 Recipe (DESIGN.md guarantees 1-3 and 5):
 - sizes come from :func:`vllm.worker.cuda_graph_sizes.capture_sizes` (k-aware);
@@ -10,7 +14,9 @@ Recipe (DESIGN.md guarantees 1-3 and 5):
   once at ``max_batchsize_to_capture``; the runner allocates that VE's static model inputs
   (token ids, positions, and on later PP stages the received hidden states);
 - sizes are captured largest first into ONE memory pool shared by all VEs and sizes,
-  after warm-up runs; ``graph_runners[ve][size]`` holds each graph and its output;
+  after warm-up runs (prefill sizes, the largest activations, before decode sizes);
+  ``graph_runners[ve][size]`` holds each decode graph and its output,
+  ``prefill_graphs[ve][tokens]`` each prefill graph;
 - a step replays only if ``_use_captured_graph`` finds its padded size in that VE's
   ``graph_runners`` (membership, not a second copy of the rule) and its longest context,
   lookahead slots included, fits ``max_seq_len_to_capture``; otherwise it runs eagerly;
@@ -22,6 +28,7 @@ production), so CI runs this exact code on CPU with a fake that re-runs the func
 
 from __future__ import annotations
 
+import bisect
 import logging
 import time
 from collections.abc import Callable
@@ -117,6 +124,7 @@ class GraphRunner:
         capturer: Any = None,
         loop_sizes: tuple[int, ...] = (),
         loop_steps: int = 0,
+        prefill_sizes: tuple[int, ...] = (),
     ):
         self.model_runner = model_runner
         self.sizes = sizes
@@ -131,6 +139,11 @@ class GraphRunner:
         self.loop_sizes = tuple(loop_sizes)
         self.loop_steps = loop_steps
         self.loops: list[dict[int, LoopGraph]] = [{} for _ in range(num_virtual_engines)]
+        # single-sequence prefill graphs: prefill_graphs[ve][tokens]
+        self.prefill_sizes = tuple(sorted(prefill_sizes))
+        self.prefill_graphs: list[dict[int, CapturedGraph]] = [
+            {} for _ in range(num_virtual_engines)
+        ]
         self.attn_states: list[AttentionGraphState] = []
         self.inputs: list[_StaticInputs] = []
         self.pool = None
@@ -165,17 +178,25 @@ class GraphRunner:
         mem0 = _device_memory(mr.device)
         self.pool = self.capturer.new_pool()
         hidden = mr.model_config.hf_config.hidden_size
-        total = self.num_virtual_engines * (len(self.sizes.sizes) + len(self.loop_sizes))
+        per_ve = len(self.sizes.sizes) + len(self.loop_sizes) + len(self.prefill_sizes)
+        total = self.num_virtual_engines * per_ve
+        inputs_len = max(self.max_batchsize_to_capture, *self.prefill_sizes, 1)
         bar = tqdm(total=total, desc="Capturing CUDA graphs", disable=not show_progress)
         for ve in range(self.num_virtual_engines):
             state = mr.attn_backend.make_graph_state(scratch_slots[ve])
             state.allocate(self.max_batchsize_to_capture)
-            static = _StaticInputs(
-                self.max_batchsize_to_capture, hidden, mr.dtype, mr.device, mr.is_first_stage
-            )
+            if self.prefill_sizes:
+                state.allocate_prefill(self.prefill_sizes[-1])
+            static = _StaticInputs(inputs_len, hidden, mr.dtype, mr.device, mr.is_first_stage)
             self.attn_states.append(state)
             self.inputs.append(static)
             self.memory_trace.append(("state", _device_memory(mr.device) - mem0))
+            for tokens in reversed(self.prefill_sizes):  # the largest activations first
+                self.prefill_graphs[ve][tokens] = self._capture_one(
+                    ve, tokens, kv_caches[ve], prefill=True
+                )
+                self.memory_trace.append((f"prefill-{tokens}", _device_memory(mr.device) - mem0))
+                bar.update(1)
             for size in sorted(self.sizes.sizes, reverse=True):
                 self.graph_runners[ve][size] = self._capture_one(ve, size, kv_caches[ve])
                 self.memory_trace.append((size, _device_memory(mr.device) - mem0))
@@ -190,18 +211,27 @@ class GraphRunner:
         self.capture_seconds = time.perf_counter() - t0
         self.capture_bytes = max(0, _device_memory(mr.device) - mem0)
         logger.info(
-            "Captured %d CUDA graphs (sizes %s, decode-loop sizes %s, %d virtual engines) in "
-            "%.2f s using %.3f GiB",
+            "Captured %d CUDA graphs (sizes %s, decode-loop sizes %s, prefill token counts "
+            "%s, %d virtual engines) in %.2f s using %.3f GiB",
             total,
             list(self.sizes.sizes),
             sorted(self.loops[0]) if self.loops else [],
+            list(self.prefill_sizes),
             self.num_virtual_engines,
             self.capture_seconds,
             self.capture_bytes / 2**30,
         )
 
-    def _capture_one(self, ve: int, size: int, kv_caches: list[torch.Tensor]) -> CapturedGraph:
-        md = self.attn_states[ve].metadata_for_capture(size)
+    def _capture_one(
+        self, ve: int, size: int, kv_caches: list[torch.Tensor], prefill: bool = False
+    ) -> CapturedGraph:
+        """Capture one graph of VE ``ve``: a decode batch of ``size`` rows, or with
+        ``prefill`` one prompt of ``size`` tokens (every token on the scratch slot)."""
+        state = self.attn_states[ve]
+        if prefill:
+            md = state.prefill_metadata_for_capture(size)
+        else:
+            md = state.metadata_for_capture(size)
         ids, pos, inter = self.inputs[ve].views(size)
         model = self.model_runner.model
 
@@ -225,6 +255,18 @@ class GraphRunner:
         if padded is None or padded not in self.graph_runners[virtual_engine]:
             return False
         return max_decode_seq_len <= self.max_seq_len_to_capture
+
+    def prefill_graph_size(self, virtual_engine: int, num_rows: int, num_tokens: int) -> int | None:
+        """The captured prefill size (tokens) a prefill of ``num_rows`` sequences and
+        ``num_tokens`` tokens pads to, or None (eager): one sequence and a token count up to
+        the largest size captured for this VE."""
+        if num_rows != 1 or not self.prefill_sizes:
+            return None
+        i = bisect.bisect_left(self.prefill_sizes, num_tokens)
+        if i == len(self.prefill_sizes):
+            return None
+        size = self.prefill_sizes[i]
+        return size if size in self.prefill_graphs[virtual_engine] else None
 
     def eager_reason(
         self, virtual_engine: int, mode: ForwardMode, batch_size: int, max_decode_seq_len: int
@@ -253,15 +295,21 @@ class GraphRunner:
         intermediate_tensors: IntermediateTensors | None,
     ) -> Any:
         """Copy a padded batch into the VE's static inputs, prepare attention (planning
-        outside the graph) and replay ``graph_runners[virtual_engine][size]``.
+        outside the graph) and replay ``graph_runners[virtual_engine][size]``, or for a
+        prefill step ``prefill_graphs[virtual_engine][size]``.
 
         Args:
-            input_ids, positions: [size] int64 (padded lanes included).
-            step: the host StepInputs (padded to ``size`` rows).
+            input_ids, positions: [size] int64 (padded lanes or tokens included).
+            step: the host StepInputs (padded to ``size`` rows, or for a prefill to
+                ``size`` tokens of its one row).
         Returns:
-            The graph's static output for ``size`` rows (valid until the next replay).
+            The graph's static output for ``size`` rows or tokens (valid until the next
+            replay).
         """
-        cg = self.graph_runners[virtual_engine][size]
+        if step.mode == ForwardMode.PREFILL:
+            cg = self.prefill_graphs[virtual_engine][size]
+        else:
+            cg = self.graph_runners[virtual_engine][size]
         self.stage_inputs(
             virtual_engine, size, input_ids, positions, step, cg.attn_metadata,
             intermediate_tensors,
@@ -289,7 +337,11 @@ class GraphRunner:
         if intermediate_tensors is not None:
             for k, v in intermediate_tensors.items():
                 static.intermediate[k][:size].copy_(v, non_blocking=True)
-        self.attn_states[virtual_engine].prepare_replay(size, step, attn_metadata)
+        state = self.attn_states[virtual_engine]
+        if step.mode == ForwardMode.PREFILL:
+            state.prepare_prefill_replay(size, step, attn_metadata)
+        else:
+            state.prepare_replay(size, step, attn_metadata)
         if static.input_ids.is_cuda:
             if self._staged[virtual_engine] is None:
                 self._staged[virtual_engine] = torch.cuda.Event()
@@ -309,16 +361,19 @@ class GraphRunner:
 def extrapolate_graph_memory(
     trace: list[tuple[str | int, int]], num_sizes: int, num_ves: int
 ) -> int:
-    """Graph memory of a full capture from a trial capture of the largest and the smallest
-    size of one VE: ``trace`` = [("state", s), (largest, a), (smallest, b)] in bytes.
+    """Graph memory of a full capture from a trial capture of one VE: ``trace`` =
+    [("state", s), optionally ("prefill-<tokens>", p) for the largest prefill graph,
+    (largest decode size, a), (smallest decode size, b)] in bytes since capture began.
 
-    Estimate = a (state buffers + the shared pool after the largest graph) + (b - a) per
-    further graph (each keeps its own outputs and metadata) + s per further VE (its own
-    buffers). Documented as an estimate: the final capture's GiB are logged too.
+    Estimate = a (state buffers + the shared pool after the largest graphs) + (b - a) per
+    further decode graph (each keeps its own outputs and metadata) + s per further VE (its
+    own buffers); the caller adds the outputs of further prefill graphs. Documented as an
+    estimate: the final capture's GiB are logged too.
     """
     state = trace[0][1]
-    first = trace[1][1]
-    per_graph = max(0, trace[2][1] - first) if len(trace) > 2 else 0
+    decode = [mem for label, mem in trace if isinstance(label, int)]
+    first = decode[0] if decode else trace[-1][1]
+    per_graph = max(0, decode[1] - decode[0]) if len(decode) > 1 else 0
     return first + per_graph * max(0, num_sizes * num_ves - 1) + state * max(0, num_ves - 1)
 
 

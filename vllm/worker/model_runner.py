@@ -9,6 +9,7 @@ capture and replay live in :mod:`vllm.worker.graph_runner`. Every step is counte
 
 from __future__ import annotations
 
+import bisect
 import logging
 import time
 
@@ -21,7 +22,11 @@ from vllm.model_executor.layers.sampler import Sampler
 from vllm.model_executor.sampling_metadata import SamplingMetadata
 from vllm.sequence import IntermediateTensors, SamplerOutput, SequenceGroupMetadata
 from vllm.utils import pin_for, to_device
-from vllm.worker.cuda_graph_sizes import capture_sizes
+from vllm.worker.cuda_graph_sizes import (
+    capture_sizes,
+    prefill_capture_sizes,
+    prefill_graph_max_tokens,
+)
 from vllm.worker.decode_loop import loop_sizes
 from vllm.worker.forward_batch import ForwardBatch
 from vllm.worker.step_counters import DecodeStepCounters
@@ -79,9 +84,24 @@ class ModelRunner:
             cc.max_cudagraph_capture_size,
             cc.cuda_graph_sizes,
         )
+        self.prefill_sizes = self._prefill_sizes()
         self.use_cuda_graph = device.type == "cuda" and not cc.enforce_eager
         self.counters = DecodeStepCounters()
         self.graph_runner = None  # a GraphRunner after capture_graphs()
+
+    def _prefill_sizes(self) -> tuple[int, ...]:
+        """Token counts of the single-sequence prefill graphs (the rule in
+        ``cuda_graph_sizes.prefill_capture_sizes``, up to min(VLLM_PREFILL_GRAPH_MAX_TOKENS,
+        max_num_batched_tokens, max_model_len)); also the padding targets of the eager
+        debug switch. None (``()``) at PP > 1 or on a backend without prefill graphs."""
+        if self.pp_size > 1 or not self.attn_backend.supports_prefill_graphs:
+            return ()
+        cap = min(
+            prefill_graph_max_tokens(),
+            self.config.scheduler_config.max_num_batched_tokens,
+            self.model_config.max_model_len,
+        )
+        return prefill_capture_sizes(cap)
 
     @property
     def is_first_stage(self) -> bool:
@@ -131,6 +151,7 @@ class ModelRunner:
             capturer,
             loop_sizes=tuple(loop_sizes(self.capture_sizes.sizes, steps)),
             loop_steps=steps,
+            prefill_sizes=self.prefill_sizes,
         )
         runner.capture_model(kv_caches, scratch_slots, show_progress=self.pp_rank == 0)
         self.graph_runner = runner
@@ -169,6 +190,7 @@ class ModelRunner:
             CaptureSizes(probe, probe[-1], probe[-1]),
             1,
             self.config.compilation_config.max_seq_len_to_capture,
+            prefill_sizes=self.prefill_sizes[-1:],  # the largest prefill's activations
         )
         trial.capture_model([cache.kv_caches], [cache.scratch_slot], show_progress=False)
         trace = trial.memory_trace
@@ -176,7 +198,12 @@ class ModelRunner:
         torch.cuda.synchronize(self.device)
         torch.cuda.empty_cache()
         loops = len(loop_sizes(sizes, self.loop_steps()))
-        return extrapolate_graph_memory(trace, len(sizes) + loops, num_virtual_engines)
+        # the other prefill graphs each keep their output, [tokens, hidden]
+        hidden = self.model_config.hf_config.hidden_size
+        row = hidden * torch.empty((), dtype=self.dtype).element_size()
+        outputs = sum(self.prefill_sizes[:-1]) * row * num_virtual_engines
+        graphs = len(sizes) + loops
+        return extrapolate_graph_memory(trace, graphs, num_virtual_engines) + outputs
 
     # ------------------------------------------------------------------ inputs
     def _plan_rows(
@@ -194,6 +221,23 @@ class ModelRunner:
             return size, size, None
         return rows, None, reason
 
+    def _plan_prefill(
+        self, virtual_engine: int, rows: int, tokens: int
+    ) -> tuple[int | None, str | None, int]:
+        """(graph size or None, eager reason or None, tokens to pad to or 0) of a prefill
+        of ``rows`` sequences and ``tokens`` tokens: a prefill graph when one was captured
+        for it (one sequence, see ``GraphRunner.prefill_graph_size``), else eager, padded
+        like a graph only under the eager debug switch ``pad_eager_batches``."""
+        if self.graph_runner is not None:
+            size = self.graph_runner.prefill_graph_size(virtual_engine, rows, tokens)
+            if size is not None:
+                return size, None, size
+        elif self.pad_eager_batches and rows == 1 and self.prefill_sizes:
+            i = bisect.bisect_left(self.prefill_sizes, tokens)
+            if i < len(self.prefill_sizes):
+                return None, "prefill", self.prefill_sizes[i]
+        return None, "prefill", 0
+
     def prepare_model_input(
         self,
         seq_group_metadata_list: list[SequenceGroupMetadata],
@@ -205,7 +249,10 @@ class ModelRunner:
 
         Prefill rows feed every token of the sequence (prompt, plus outputs when a
         preempted sequence is recomputed); decode rows feed the last token at position
-        len - 1. Raises ValueError on a mixed prefill/decode list (never scheduled).
+        len - 1. A decode batch may be padded with lanes up to a captured size; a prefill
+        of one sequence with tokens (id 0, position 0, slot -1) up to a prefill-graph size
+        (``StepInputs.graph_prefill``; sampling still reads its last real token). Raises
+        ValueError on a mixed prefill/decode list (never scheduled).
         """
         if not seq_group_metadata_list:
             raise ValueError("prepare_model_input needs at least one scheduled group.")
@@ -243,9 +290,23 @@ class ModelRunner:
             query_lens = [1] * len(seq_lens)
             max_decode_len += num_lookahead_slots
         real_rows = len(seq_lens)
-        batch_size, graph_size, eager_reason = self._plan_rows(
-            mode, virtual_engine, real_rows, max_decode_len
-        )
+        real_query_lens = list(query_lens)
+        if is_prompt:
+            batch_size = real_rows
+            graph_size, eager_reason, pad_to = self._plan_prefill(
+                virtual_engine, real_rows, len(input_ids)
+            )
+            if pad_to:  # one row: padded tokens at its end, attending only among the row
+                extra = pad_to - len(input_ids)
+                input_ids.extend([0] * extra)
+                positions.extend([0] * extra)
+                slots.extend([PAD_SLOT_ID] * extra)
+                seq_lens[0] = query_lens[0] = pad_to
+        else:
+            pad_to = 0
+            batch_size, graph_size, eager_reason = self._plan_rows(
+                mode, virtual_engine, real_rows, max_decode_len
+            )
         for _ in range(batch_size - real_rows):  # padded lanes (decode only)
             input_ids.append(0)
             positions.append(0)
@@ -253,7 +314,7 @@ class ModelRunner:
             seq_lens.append(0)
             query_lens.append(1)
             tables.append([])
-        step = StepInputs(mode, seq_lens, query_lens, tables, slots, real_rows)
+        step = StepInputs(mode, seq_lens, query_lens, tables, slots, real_rows, bool(pad_to))
         attn_metadata = None  # a replayed graph refills its own captured metadata
         if graph_size is None:
             attn_metadata = self.attn_backend.build_metadata(step, scratch_slot)
@@ -261,7 +322,7 @@ class ModelRunner:
         if self.is_last_stage:
             sm = SamplingMetadata.build(
                 seq_group_metadata_list,
-                query_lens[:real_rows],
+                real_query_lens,
                 self.model_config.vocab_size,
                 self.device,
                 self.generators,
@@ -349,7 +410,10 @@ class ModelRunner:
                 batch.step,
                 intermediate_tensors,
             )
-            self.counters.count_replay(ve, batch.graph_size)
+            if batch.mode == ForwardMode.PREFILL:
+                self.counters.count_prefill_replay(ve, batch.graph_size)
+            else:
+                self.counters.count_replay(ve, batch.graph_size)
         else:
             self.counters.count_eager(ve, batch.eager_reason)
             hidden = self.model(

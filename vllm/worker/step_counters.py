@@ -13,17 +13,23 @@ EAGER_REASONS = ("prefill", "enforce_eager", "too_big", "too_long")
 
 
 class DecodeStepCounters:
-    """Thread-safe counts of replayed steps per (VE, captured size) and eager steps per
-    (VE, reason), reason in ``EAGER_REASONS``."""
+    """Thread-safe counts of replayed decode steps per (VE, captured size), eager steps per
+    (VE, reason), reason in ``EAGER_REASONS``, and replayed prefill graphs per (VE, captured
+    token count)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.graph: Counter[tuple[int, int]] = Counter()
         self.eager: Counter[tuple[int, str]] = Counter()
+        self.prefill_graph: Counter[tuple[int, int]] = Counter()
 
     def count_replay(self, virtual_engine: int, size: int) -> None:
         with self._lock:
             self.graph[(virtual_engine, size)] += 1
+
+    def count_prefill_replay(self, virtual_engine: int, tokens: int) -> None:
+        with self._lock:
+            self.prefill_graph[(virtual_engine, tokens)] += 1
 
     def count_eager(self, virtual_engine: int, reason: str) -> None:
         if reason not in EAGER_REASONS:
@@ -32,9 +38,15 @@ class DecodeStepCounters:
             self.eager[(virtual_engine, reason)] += 1
 
     def snapshot(self) -> dict[str, dict[int, dict[int | str, int]]]:
-        """``{"graph": {ve: {size: n}}, "eager": {ve: {reason: n}}}`` (plain dicts)."""
-        out: dict[str, dict[int, dict[int | str, int]]] = {"graph": {}, "eager": {}}
+        """``{"graph": {ve: {size: n}}, "eager": {ve: {reason: n}}, "prefill_graph":
+        {ve: {tokens: n}}}`` (plain dicts; a prefill replayed from a graph is in
+        "prefill_graph", an eager one in "eager" under "prefill")."""
+        out: dict[str, dict[int, dict[int | str, int]]] = {
+            "graph": {}, "eager": {}, "prefill_graph": {}
+        }  # fmt: skip
         with self._lock:
+            for (ve, tokens), n in sorted(self.prefill_graph.items()):
+                out["prefill_graph"].setdefault(ve, {})[tokens] = n
             for (ve, size), n in sorted(self.graph.items()):
                 out["graph"].setdefault(ve, {})[size] = n
             for (ve, reason), n in sorted(self.eager.items()):

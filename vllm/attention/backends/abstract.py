@@ -41,6 +41,11 @@ class StepInputs:
         slot_mapping: per new token, flat KV slot (block * block_size + offset); -1 for
             padded lanes (written to the scratch slot, see DESIGN.md "Padded lanes").
         num_real_rows: rows that belong to requests; rows after them are padding.
+        graph_prefill: prefill only: ONE row whose tokens were padded at the end to a
+            prefill-graph size (padded tokens: slot -1). Its tokens attend causally among
+            themselves only, so the real ones never see the padding; the backend runs its
+            capturable prefill (the same kernels for a graph replay and for an eager step
+            padded alike, so the two agree exactly).
     """
 
     mode: ForwardMode
@@ -49,6 +54,7 @@ class StepInputs:
     block_tables: list[list[int]]
     slot_mapping: list[int]
     num_real_rows: int
+    graph_prefill: bool = False
 
     @classmethod
     def padded_decode(cls, rows: int) -> StepInputs:
@@ -56,6 +62,13 @@ class StepInputs:
         graph capture runs, so every lane reads and writes only the scratch block."""
         return cls(ForwardMode.DECODE, [0] * rows, [1] * rows, [[] for _ in range(rows)],
                    [-1] * rows, 0)  # fmt: skip
+
+    @classmethod
+    def padded_prefill(cls, tokens: int) -> StepInputs:
+        """A graph prefill of one row of ``tokens`` padded tokens (slot -1 each): what a
+        prefill graph's capture runs, writing only the scratch block."""
+        return cls(ForwardMode.PREFILL, [tokens], [tokens], [[]], [-1] * tokens, 0,
+                   graph_prefill=True)  # fmt: skip
 
 
 @dataclass
@@ -191,6 +204,23 @@ class AttentionGraphState(ABC):
         """Fill the buffers behind ``metadata`` (captured at size ``bs``) for ``step``
         (already padded to ``bs`` rows); any planning happens here, outside the graph."""
 
+    def allocate_prefill(self, max_tokens: int) -> None:
+        """Allocate this VE's prefill-graph buffers for prompts of up to ``max_tokens``
+        tokens (only on a backend whose ``supports_prefill_graphs`` is True)."""
+        raise NotImplementedError(f"{type(self).__name__} has no prefill graphs")
+
+    def prefill_metadata_for_capture(self, tokens: int) -> AttentionMetadata:
+        """Metadata of a graph prefill (``StepInputs.graph_prefill``) of ``tokens`` tokens
+        over views of the prefill buffers, every token writing the scratch slot."""
+        raise NotImplementedError(f"{type(self).__name__} has no prefill graphs")
+
+    def prepare_prefill_replay(
+        self, tokens: int, step: StepInputs, metadata: AttentionMetadata
+    ) -> None:
+        """Fill the prefill buffers behind ``metadata`` (captured at ``tokens`` tokens) for
+        ``step``, a graph prefill already padded to ``tokens`` tokens."""
+        raise NotImplementedError(f"{type(self).__name__} has no prefill graphs")
+
     def advances_on_device(self, metadata: AttentionMetadata) -> bool:
         """Whether :meth:`advance` can move ``metadata`` one token on with device ops alone
         (a backend that plans on the host cannot). Default: False."""
@@ -217,6 +247,10 @@ class AttentionBackend(ABC):
     """
 
     name: ClassVar[str]
+    # Whether the graph state captures single-sequence prefills (AttentionGraphState's
+    # allocate_prefill / prefill_metadata_for_capture / prepare_prefill_replay) and
+    # build_metadata accepts StepInputs.graph_prefill steps.
+    supports_prefill_graphs: ClassVar[bool] = False
 
     def __init__(self, spec: AttentionSpec):
         self.spec = spec

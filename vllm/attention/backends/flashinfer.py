@@ -212,6 +212,7 @@ class FlashInferBackend(AttentionBackend):
     """
 
     name = "FLASHINFER"
+    supports_prefill_graphs = True  # vllm/attention/backends/flashinfer_prefill.py
 
     def __init__(
         self,
@@ -233,6 +234,7 @@ class FlashInferBackend(AttentionBackend):
         self.prefill_runs = 0
         self.decode_runs = 0
         self.small_decode_runs = 0  # decode steps on the Triton small-batch path
+        self.graph_prefill_runs = 0  # graph prefills (replayed or padded eager), no wrapper
         self.small_max_rows = small_decode_max_rows()
         self._small: SmallDecodeBuffers | None = None
 
@@ -286,6 +288,12 @@ class FlashInferBackend(AttentionBackend):
         if self.takes_small_path(step.mode, len(step.seq_lens)):
             self.small_decode_runs += 1
             return self.small().build_metadata(step, scratch_slot)
+        if step.graph_prefill:  # an eager step padded like a prefill graph: same kernels
+            from vllm.attention.backends.flashinfer_prefill import graph_prefill_metadata
+
+            self.graph_prefill_runs += 1
+            rows = slot_rows_host(step.slot_mapping, scratch_slot, self.spec.block_size)
+            return graph_prefill_metadata(to_device(rows, self.spec.device), scratch_slot)
         prefill, decode = self._eager_wrappers()
         indptr, indices, last = paged_kv_host(
             step, self.spec.block_size, scratch_slot // self.spec.block_size

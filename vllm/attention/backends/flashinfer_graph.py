@@ -8,7 +8,9 @@ views ``indptr[:bs + 1]`` and ``last_page_len[:bs]``, so its batch size is fixed
 and no later capture can shrink it. Padded lanes read one token of the scratch block.
 Sizes up to the small-decode limit run the Triton kernel instead (no wrapper, no plan): they
 take views of :class:`~vllm.attention.backends.small_decode.SmallDecodeGraphBuffers`, which
-a decode-loop graph can advance on the device.
+a decode-loop graph can advance on the device. Prefill graphs (one sequence,
+:mod:`~vllm.attention.backends.flashinfer_prefill`) take views ``prefill_rows[:, :tokens]``
+of a [3, max prefill tokens] int64 buffer of their own.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from vllm.attention.backends.flashinfer import (
     paged_kv_host,
     slot_rows_host,
 )
+from vllm.attention.backends.flashinfer_prefill import graph_prefill_metadata
 from vllm.attention.backends.small_decode import SmallDecodeGraphBuffers, SmallDecodeMetadata
 from vllm.utils import pin_for
 
@@ -56,6 +59,27 @@ class FlashInferGraphState(AttentionGraphState):
         if small_rows > 0:
             self.small = SmallDecodeGraphBuffers(self.backend.small(), small_rows,
                                                  self.scratch_slot)  # fmt: skip
+
+    def allocate_prefill(self, max_tokens: int) -> None:
+        # [slot | key row | value row] per token of a graph prefill, one upload per replay
+        self.prefill_rows = torch.zeros(3, max_tokens, dtype=torch.long, device=self.spec.device)
+
+    def prefill_metadata_for_capture(self, tokens: int) -> AttentionMetadata:
+        if tokens > self.prefill_rows.shape[1]:
+            raise ValueError(
+                f"prefill capture size {tokens} exceeds the allocated maximum "
+                f"{self.prefill_rows.shape[1]}."
+            )
+        md = graph_prefill_metadata(self.prefill_rows[:, :tokens], self.scratch_slot)
+        self.prepare_prefill_replay(tokens, StepInputs.padded_prefill(tokens), md)
+        return md
+
+    def prepare_prefill_replay(
+        self, tokens: int, step: StepInputs, metadata: AttentionMetadata
+    ) -> None:
+        rows = slot_rows_host(step.slot_mapping, self.scratch_slot, self.spec.block_size)
+        self.prefill_rows[:, :tokens].copy_(pin_for(rows, self.spec.device), non_blocking=True)
+        self.backend.graph_prefill_runs += 1
 
     def advances_on_device(self, metadata: AttentionMetadata) -> bool:
         return isinstance(metadata, SmallDecodeMetadata)  # FlashInfer plans on the host

@@ -95,18 +95,20 @@ class TorchSDPAImpl(AttentionImpl):
         if kv_cache.numel() > 0:
             write_kv(kv_cache, k, v, md)
         if md.mode == ForwardMode.PREFILL:
-            out = _prefill(q, k, v, md.query_start_loc, layer.scale)
+            out = causal_prefill(q, k, v, md.query_start_loc, layer.scale)
         else:
             out = _decode(q, kv_cache, md, layer.scale)
         return out.reshape(-1, h * d)  # [num_tokens, num_heads * head_size]
 
 
-def _prefill(
+def causal_prefill(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, starts: list[int], scale: float
 ) -> torch.Tensor:
-    """Causal attention per sequence over its own new tokens.
+    """Causal attention per sequence over its own new tokens (one SDPA call per sequence;
+    with one sequence it is CUDA-graph capturable, which graph prefills rely on).
 
-    q: [num_tokens, num_heads, head_size]; k, v: [num_tokens, num_kv_heads, head_size].
+    q: [num_tokens, num_heads, head_size]; k, v: [num_tokens, num_kv_heads, head_size];
+    ``starts``: host token offsets of the sequences, num_seqs + 1 entries.
     Returns [num_tokens, num_heads, head_size].
     """
     out = torch.empty_like(q)
@@ -146,6 +148,7 @@ class TorchSDPABackend(AttentionBackend):
     """The TORCH_SDPA backend (reference; default on CPU and for float32 on CUDA)."""
 
     name = "TORCH_SDPA"
+    supports_prefill_graphs = True  # a graph prefill is its plain one-sequence prefill
 
     @staticmethod
     def get_kv_cache_shape(
@@ -222,7 +225,8 @@ def _slots(step: StepInputs, scratch_slot: int) -> torch.Tensor:
 
 class TorchSDPAGraphState(AttentionGraphState):
     """Per-VE graph buffers of TORCH_SDPA: slot mapping [max_bs], lengths [max_bs] and block
-    tables [max_bs, ceil(max_seq_len_to_capture / block_size)], all int64."""
+    tables [max_bs, ceil(max_seq_len_to_capture / block_size)], all int64; for prefill
+    graphs a slot mapping [max prefill tokens] int64."""
 
     def allocate(self, max_bs: int) -> None:
         d = self.spec.device
@@ -245,6 +249,33 @@ class TorchSDPAGraphState(AttentionGraphState):
             block_tables=self.block_tables[:bs],
             max_seq_len=self.spec.max_seq_len_to_capture,
         )
+
+    def allocate_prefill(self, max_tokens: int) -> None:
+        d = self.spec.device
+        self.prefill_slots = torch.full(
+            (max_tokens,), self.scratch_slot, dtype=torch.long, device=d
+        )  # [max_tokens]
+
+    def prefill_metadata_for_capture(self, tokens: int) -> TorchSDPAMetadata:
+        if tokens > self.prefill_slots.shape[0]:
+            raise ValueError(
+                f"prefill capture size {tokens} exceeds the allocated maximum "
+                f"{self.prefill_slots.shape[0]}."
+            )
+        return TorchSDPAMetadata(
+            mode=ForwardMode.PREFILL,
+            num_rows=1,
+            num_tokens=tokens,
+            slot_mapping=self.prefill_slots[:tokens],
+            scratch_slot=self.scratch_slot,
+            query_start_loc=[0, tokens],
+            max_seq_len=tokens,
+        )
+
+    def prepare_prefill_replay(
+        self, tokens: int, step: StepInputs, metadata: AttentionMetadata
+    ) -> None:
+        metadata.slot_mapping.copy_(_slots(step, self.scratch_slot), non_blocking=True)
 
     def advances_on_device(self, metadata: AttentionMetadata) -> bool:
         return True

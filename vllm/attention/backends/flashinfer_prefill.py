@@ -1,0 +1,86 @@
+"""FLASHINFER's graph prefill: one sequence, padded to a prefill-graph size, in a CUDA graph.
+
+A batch-1 prefill of a small model is host-bound when run eagerly: about 10 launches per
+layer, FlashInfer's planned ``run`` among them, cost ~0.5 ms of host time per layer against
+~30 us of GPU work (SmolLM2, 128 tokens: 14-19 ms per prompt on an H200). A graph replays
+the whole forward in one launch. FlashInfer's prefill wrapper plans on the host per step,
+so the graph prefill attends without it: a prefill reads no earlier KV cache (``ForwardMode``),
+so the row's own new keys and values are all it needs, and one causal SDPA call over them
+(:func:`vllm.attention.backends.torch_sdpa.causal_prefill`) is capturable. The cache write
+is the backend's usual one (the fused rotary + write kernel over ``kv_rows``); padded
+tokens write the scratch slot, and, being after the real tokens, are never attended to by
+them (causal).
+
+Eager steps padded the same way (``ModelRunner.pad_eager_batches``) build this metadata
+too, so graph and eager run the same kernels on the same shapes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from vllm.attention.backends.abstract import AttentionImpl, AttentionMetadata, ForwardMode
+from vllm.attention.backends.torch_sdpa import causal_prefill
+
+
+@dataclass
+class GraphPrefillMetadata(AttentionMetadata):
+    """Metadata of a FLASHINFER graph prefill (``StepInputs.graph_prefill``): one row of
+    ``num_tokens`` tokens, padding included; ``kv_rows`` [2, num_tokens] int64 key and
+    value rows of each token in the flat cache view (padded tokens: the scratch slot's),
+    as ``FlashInferMetadata.kv_rows``."""
+
+    kv_rows: torch.Tensor | None = None
+
+
+def graph_prefill_metadata(rows: torch.Tensor, scratch_slot: int) -> GraphPrefillMetadata:
+    """Metadata over ``rows`` [3, tokens] int64 (slot, key row, value row per token; see
+    ``flashinfer.slot_rows_host``), a device tensor or a view of a graph buffer."""
+    tokens = int(rows.shape[1])
+    return GraphPrefillMetadata(
+        mode=ForwardMode.PREFILL,
+        num_rows=1,
+        num_tokens=tokens,
+        slot_mapping=rows[0],
+        scratch_slot=scratch_slot,
+        kv_rows=rows[1:],
+    )
+
+
+class GraphPrefillImpl(AttentionImpl):
+    """Rotate, write the cache rows, then causal attention among the row's own tokens."""
+
+    @staticmethod
+    def forward(
+        layer: Any,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+        positions: torch.Tensor | None = None,
+        rotary_emb: Any = None,
+    ) -> torch.Tensor:
+        from vllm.attention.backends.flashinfer import write_kv
+
+        md: GraphPrefillMetadata = attn_metadata  # type: ignore[assignment]
+        h, h_kv, d = layer.num_heads, layer.num_kv_heads, layer.head_size
+        written = False
+        if rotary_emb is not None:  # on CUDA one kernel rotates and writes the cache rows
+            flat = kv_cache.view(-1, h_kv * d)  # [(num_blocks + 1) * 2 * block_size, ...]
+            query, key, written = rotary_emb.forward_and_cache(
+                positions, query, key, value, flat, md.kv_rows
+            )
+        k = key.view(-1, h_kv, d)  # [num_tokens, num_kv_heads, head_size]
+        v = value.view(-1, h_kv, d)  # [num_tokens, num_kv_heads, head_size]
+        if not written:
+            write_kv(kv_cache, k, v, md.kv_rows)
+        q = query.view(-1, h, d)  # [num_tokens, num_heads, head_size]
+        out = causal_prefill(q, k, v, [0, md.num_tokens], layer.scale)
+        return out.reshape(-1, h * d)  # [num_tokens, num_heads * head_size]
+
+
+GraphPrefillMetadata.impl = GraphPrefillImpl
