@@ -95,7 +95,7 @@ def test_prefill_rule_examples(max_tokens, expected):
 
 def test_prefill_maximum_from_the_environment(monkeypatch):
     monkeypatch.delenv("VLLM_PREFILL_GRAPH_MAX_TOKENS", raising=False)
-    assert prefill_graph_max_tokens() == 1024
+    assert prefill_graph_max_tokens() == 512
     monkeypatch.setenv("VLLM_PREFILL_GRAPH_MAX_TOKENS", "0")
     assert prefill_graph_max_tokens() == 0 and prefill_capture_sizes(0) == ()
     for bad in ("-1", "many"):

@@ -238,7 +238,9 @@ class GraphRunner:
         def forward():
             return model(ids, pos, kv_caches, md, inter)
 
-        for _ in range(2):  # warm-up: lazy init, autotuning, allocator caching
+        # warm-up: lazy init, autotuning, allocator caching; a prefill graph comes after the
+        # profiling prefill, so once is enough (it keeps the ladder's capture time down)
+        for _ in range(1 if prefill else 2):
             forward()
         self.capturer.synchronize()
         graph, out = self.capturer.capture(forward, self.pool)
