@@ -98,6 +98,35 @@ def write_kv(
     flat.index_copy_(0, kv_rows[1], value)
 
 
+def rotate_and_write(
+    layer: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    kv_cache: torch.Tensor,
+    kv_rows: torch.Tensor,
+    positions: torch.Tensor | None,
+    rotary_emb: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate query / key (when ``rotary_emb`` is given) and write key / value into the NHD
+    cache at ``kv_rows`` [2, num_tokens] (see :func:`write_kv`): on CUDA one fused kernel
+    does both; elsewhere the rotation, then two index copies.
+
+    query: [num_tokens, num_heads * head_size]; key, value: [num_tokens, num_kv_heads *
+    head_size]. Returns (query, key) rotated, same shapes (the cached key is the rotated one).
+    """
+    h_kv, d = layer.num_kv_heads, layer.head_size
+    written = False
+    if rotary_emb is not None:  # on CUDA one kernel rotates and writes the cache rows
+        flat = kv_cache.view(-1, h_kv * d)  # [(num_blocks + 1) * 2 * block_size, ...]
+        query, key, written = rotary_emb.forward_and_cache(
+            positions, query, key, value, flat, kv_rows
+        )
+    if not written:
+        write_kv(kv_cache, key.view(-1, h_kv, d), value.view(-1, h_kv, d), kv_rows)
+    return query, key
+
+
 class FlashInferImpl(AttentionImpl):
     """Runs the planned wrapper of the pass."""
 
@@ -120,14 +149,8 @@ class FlashInferImpl(AttentionImpl):
             return _profile_attention(
                 query.view(-1, h, d), key.view(-1, h_kv, d), value.view(-1, h_kv, d), layer.scale
             )
-        written = False
-        if rotary_emb is not None:  # on CUDA one kernel rotates and writes the cache rows
-            flat = kv_cache.view(-1, h_kv * d)  # [(num_blocks + 1) * 2 * block_size, ...]
-            query, key, written = rotary_emb.forward_and_cache(
-                positions, query, key, value, flat, md.kv_rows
-            )
-        if not written:
-            write_kv(kv_cache, key.view(-1, h_kv, d), value.view(-1, h_kv, d), md.kv_rows)
+        query, key = rotate_and_write(layer, query, key, value, kv_cache, md.kv_rows, positions,
+                                      rotary_emb)  # fmt: skip
         q = query.view(-1, h, d)  # [num_tokens, num_heads, head_size]
         out = md.wrapper.run(q, kv_cache)  # [num_tokens, num_heads, head_size]
         return out.reshape(-1, h * d)

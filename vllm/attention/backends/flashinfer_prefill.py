@@ -64,21 +64,15 @@ class GraphPrefillImpl(AttentionImpl):
         positions: torch.Tensor | None = None,
         rotary_emb: Any = None,
     ) -> torch.Tensor:
-        from vllm.attention.backends.flashinfer import write_kv
+        from vllm.attention.backends.flashinfer import rotate_and_write
 
         md: GraphPrefillMetadata = attn_metadata  # type: ignore[assignment]
         h, h_kv, d = layer.num_heads, layer.num_kv_heads, layer.head_size
-        written = False
-        if rotary_emb is not None:  # on CUDA one kernel rotates and writes the cache rows
-            flat = kv_cache.view(-1, h_kv * d)  # [(num_blocks + 1) * 2 * block_size, ...]
-            query, key, written = rotary_emb.forward_and_cache(
-                positions, query, key, value, flat, md.kv_rows
-            )
+        query, key = rotate_and_write(layer, query, key, value, kv_cache, md.kv_rows, positions,
+                                      rotary_emb)  # fmt: skip
+        q = query.view(-1, h, d)  # [num_tokens, num_heads, head_size]
         k = key.view(-1, h_kv, d)  # [num_tokens, num_kv_heads, head_size]
         v = value.view(-1, h_kv, d)  # [num_tokens, num_kv_heads, head_size]
-        if not written:
-            write_kv(kv_cache, k, v, md.kv_rows)
-        q = query.view(-1, h, d)  # [num_tokens, num_heads, head_size]
         out = causal_prefill(q, k, v, [0, md.num_tokens], layer.scale)
         return out.reshape(-1, h * d)  # [num_tokens, num_heads * head_size]
 
