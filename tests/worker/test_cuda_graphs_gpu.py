@@ -29,7 +29,20 @@ def _llm(model, backend, **kw):
     kw.setdefault("device", "cuda")
     kw.setdefault("dtype", "bfloat16")
     kw.setdefault("gpu_memory_utilization", 0.3)
-    return LLM(model=model, **kw)
+    llm = LLM(model=model, **kw)
+    # start-up (memory profiling, capture) builds metadata too: _assert_backend_ran counts
+    # the runs after it
+    llm.runs_at_start = _backend_runs(llm)
+    return llm
+
+
+_RUNS = ("prefill_runs", "decode_runs", "small_decode_runs", "graph_prefill_runs")
+
+
+def _backend_runs(llm) -> dict[str, int]:
+    """The attention backend's run counters (FLASHINFER; 0 for a backend without them)."""
+    be = llm.llm_engine.executor.worker.model_runner.attn_backend
+    return {k: getattr(be, k, 0) for k in _RUNS}
 
 
 def _counters(llm):
@@ -70,18 +83,22 @@ def _count_loop_calls(monkeypatch) -> dict:
     return _count_calls(monkeypatch, multi_step, "run_loop_graph")
 
 
-def _assert_backend_ran(llm, wrapper_decode=True, small_decode=False):
-    """A FLASHINFER test fails unless FlashInfer's prefill wrapper ran and, as asked, its
-    decode wrapper (batches above VLLM_SMALL_DECODE_MAX_ROWS) and the Triton small-decode
-    path (batches up to it)."""
+def _assert_backend_ran(llm, wrapper_decode=True, small_decode=False, wrapper_prefill=True):
+    """A FLASHINFER test fails unless, after start-up, FlashInfer's prefill wrapper ran (or,
+    with ``wrapper_prefill`` False, for one-prompt prefills, the prefill graphs did) and, as
+    asked, its decode wrapper (batches above VLLM_SMALL_DECODE_MAX_ROWS) and the Triton
+    small-decode path (batches up to it)."""
     runner = llm.llm_engine.executor.worker.model_runner
-    be = runner.attn_backend
-    if be.name == "FLASHINFER":
-        runs = (be.prefill_runs, be.decode_runs, be.small_decode_runs)
-        assert be.prefill_runs > 0, runs
-        if wrapper_decode:  # (capturing sizes above the limit plans the wrapper too)
-            assert be.decode_runs > 0, runs
-        assert (be.small_decode_runs > 0) == small_decode, runs
+    if runner.attn_backend.name == "FLASHINFER":
+        now = _backend_runs(llm)
+        runs = {k: now[k] - llm.runs_at_start[k] for k in _RUNS}
+        if wrapper_prefill:
+            assert runs["prefill_runs"] > 0, runs
+        else:
+            assert runs["graph_prefill_runs"] > 0 and runs["prefill_runs"] == 0, runs
+        if wrapper_decode:
+            assert runs["decode_runs"] > 0, runs
+        assert (runs["small_decode_runs"] > 0) == small_decode, runs
 
 
 @pytest.mark.forked
@@ -140,7 +157,8 @@ def test_single_sequence_vs_transformers(smollm2_gguf, backend, steps, monkeypat
         plain = [vllm_greedy(llm, [p], 24)[0] for p in PROMPTS[:3]]
         assert (loops["n"] > 0) == (small or backend == "TORCH_SDPA")
         check_outputs_equal(ours, plain, "per-step path", "decode-loop graph", PROMPTS[:3])
-    _assert_backend_ran(llm, wrapper_decode=not small, small_decode=small)
+    # each prompt alone: its prefill replays a prefill graph, never the planned wrapper
+    _assert_backend_ran(llm, wrapper_decode=not small, small_decode=small, wrapper_prefill=False)
 
 
 @pytest.mark.forked
@@ -163,6 +181,8 @@ def test_prefill_graphs(smollm2_gguf, backend, monkeypatch):
     check_logprobs_close(ref, ours, "hf", f"vllm-{backend}-prefill-graphs", prompts)
     assert ours[0][1].startswith(" Paris")
     snap = _counters(llm)
+    now = _backend_runs(llm)
+    runs = {k: now[k] - llm.runs_at_start[k] for k in _RUNS}
     one = SamplingParams(max_tokens=1)
     lens = [len(llm.generate([p], one, use_tqdm=False)[0].prompt_token_ids) for p in prompts]
     sizes = prefill_capture_sizes(64)
@@ -174,9 +194,10 @@ def test_prefill_graphs(smollm2_gguf, backend, monkeypatch):
     assert lens[-1] > 64 and len(want) >= 2, lens  # two graph sizes and one eager prompt
     assert snap["prefill_graph"][0] == want, (lens, snap)
     assert snap["eager"][0] == {"prefill": 1}, (lens, snap)
-    be = llm.llm_engine.executor.worker.model_runner.attn_backend
-    if be.name == "FLASHINFER":
-        assert be.graph_prefill_runs > 0 and be.prefill_runs > 0
+    if llm.llm_engine.executor.worker.model_runner.attn_backend.name == "FLASHINFER":
+        # one graph prefill per replay; the planned wrapper for the long prompt alone
+        assert runs["graph_prefill_runs"] == sum(want.values()), (runs, want)
+        assert runs["prefill_runs"] == 1, runs
     llm.llm_engine.shutdown()
     del llm
     eager = _llm(smollm2_gguf, backend, max_num_seqs=8, enforce_eager=True)

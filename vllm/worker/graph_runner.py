@@ -238,8 +238,8 @@ class GraphRunner:
         def forward():
             return model(ids, pos, kv_caches, md, inter)
 
-        # warm-up: lazy init, autotuning, allocator caching; a prefill graph comes after the
-        # profiling prefill, so once is enough (it keeps the ladder's capture time down)
+        # warm-up: lazy init, autotuning, allocator caching, all done by the first eager run;
+        # prefill graphs (eleven by default, each a full prompt's forward) take one
         for _ in range(1 if prefill else 2):
             forward()
         self.capturer.synchronize()

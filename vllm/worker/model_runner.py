@@ -198,10 +198,12 @@ class ModelRunner:
         torch.cuda.synchronize(self.device)
         torch.cuda.empty_cache()
         loops = len(loop_sizes(sizes, self.loop_steps()))
-        # the other prefill graphs each keep their output, [tokens, hidden]
+        # every other prefill graph keeps its output, [tokens, hidden] (the trial captured
+        # the largest of one VE)
         hidden = self.model_config.hf_config.hidden_size
         row = hidden * torch.empty((), dtype=self.dtype).element_size()
-        outputs = sum(self.prefill_sizes[:-1]) * row * num_virtual_engines
+        tokens = sum(self.prefill_sizes) * num_virtual_engines - sum(self.prefill_sizes[-1:])
+        outputs = tokens * row
         graphs = len(sizes) + loops
         return extrapolate_graph_memory(trace, graphs, num_virtual_engines) + outputs
 
