@@ -283,3 +283,19 @@ def test_prefill_graphs(tiny_llama_dir, backend, monkeypatch):
         be = g.model_runner.attn_backend  # graph prefills: 2 VEs x 5 captures + 3 replays
         assert be.graph_prefill_runs == 2 * 5 + 3 and be.prefill_runs == 2, (
             be.graph_prefill_runs, be.prefill_runs)  # fmt: skip
+
+
+def test_graph_memory_extrapolation_with_a_prefill_graph():
+    """The trial trace: state buffers, then the largest prefill graph (its pool), then the
+    largest and smallest decode sizes. Estimate = memory after the largest decode graph +
+    one smallest-graph increment per further decode graph + the state per further VE."""
+    from vllm.worker.graph_runner import extrapolate_graph_memory
+
+    mib = 2**20
+    trace = [("state", 2 * mib), ("prefill-512", 40 * mib), (256, 50 * mib), (1, 51 * mib)]
+    # 36 decode graphs on one VE: 50 + 35 x 1 MiB
+    assert extrapolate_graph_memory(trace, 36, 1) == 85 * mib
+    # two VEs: 72 graphs and a second VE's state buffers
+    assert extrapolate_graph_memory(trace, 36, 2) == (50 + 71 + 2) * mib
+    # without a prefill graph the same rule holds
+    assert extrapolate_graph_memory([trace[0], *trace[2:]], 36, 1) == 85 * mib
