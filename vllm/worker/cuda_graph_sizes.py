@@ -15,6 +15,13 @@ from dataclasses import dataclass
 logger = logging.getLogger(__name__)
 
 
+def next_size(sizes: tuple[int, ...], n: int) -> int | None:
+    """The smallest of ``sizes`` (sorted ascending) that is >= ``n``, or None: the size a
+    batch of ``n`` rows (decode) or a prompt of ``n`` tokens (prefill) is padded to."""
+    i = bisect.bisect_left(sizes, n)
+    return sizes[i] if i < len(sizes) else None
+
+
 @dataclass(frozen=True)
 class CaptureSizes:
     """The captured decode batch sizes and the maximum.
@@ -32,8 +39,7 @@ class CaptureSizes:
 
     def padded_size(self, batch_size: int) -> int | None:
         """The smallest captured size >= ``batch_size``, or None (run eagerly)."""
-        i = bisect.bisect_left(self.sizes, batch_size)
-        return self.sizes[i] if i < len(self.sizes) else None
+        return next_size(self.sizes, batch_size)
 
     def eager_batch_sizes(self) -> range:
         """Decode batch sizes the scheduler can produce that will run eagerly."""

@@ -28,7 +28,6 @@ production), so CI runs this exact code on CPU with a fake that re-runs the func
 
 from __future__ import annotations
 
-import bisect
 import logging
 import time
 from collections.abc import Callable
@@ -43,7 +42,7 @@ from vllm.attention.backends.abstract import (
     ForwardMode,
 )
 from vllm.sequence import IntermediateTensors
-from vllm.worker.cuda_graph_sizes import CaptureSizes, warn_eager_sizes
+from vllm.worker.cuda_graph_sizes import CaptureSizes, next_size, warn_eager_sizes
 from vllm.worker.decode_loop import LoopGraph, capture_loop_graph
 from vllm.worker.step_counters import DecodeStepCounters
 
@@ -262,12 +261,9 @@ class GraphRunner:
         """The captured prefill size (tokens) a prefill of ``num_rows`` sequences and
         ``num_tokens`` tokens pads to, or None (eager): one sequence and a token count up to
         the largest size captured for this VE."""
-        if num_rows != 1 or not self.prefill_sizes:
+        if num_rows != 1:
             return None
-        i = bisect.bisect_left(self.prefill_sizes, num_tokens)
-        if i == len(self.prefill_sizes):
-            return None
-        size = self.prefill_sizes[i]
+        size = next_size(self.prefill_sizes, num_tokens)
         return size if size in self.prefill_graphs[virtual_engine] else None
 
     def eager_reason(

@@ -10,29 +10,27 @@ here (the graph runner's gates) and recorded in the batch.
 
 from __future__ import annotations
 
-import bisect
-
 from vllm.attention.backends.abstract import ForwardMode, StepInputs
 from vllm.model_executor.sampling_metadata import SamplingMetadata
 from vllm.sequence import SequenceGroupMetadata
+from vllm.worker.cuda_graph_sizes import next_size
 from vllm.worker.forward_batch import ForwardBatch
 
 PAD_SLOT_ID = -1
 
 
 def plan_rows(
-    runner, mode: ForwardMode, virtual_engine: int, rows: int, max_decode_len: int
+    runner, virtual_engine: int, rows: int, max_decode_len: int
 ) -> tuple[int, int | None, str | None]:
-    """(padded rows, graph size or None, eager reason or None) for a step of ``runner``
-    (a ModelRunner)."""
-    if mode != ForwardMode.DECODE:
-        return rows, None, "prefill"
+    """(padded rows, graph size or None, eager reason or None) for a decode step of
+    ``runner`` (a ModelRunner)."""
     if runner.graph_runner is None:
         padded = runner.capture_sizes.padded_size(rows) if runner.pad_eager_batches else None
         return padded or rows, None, "enforce_eager"
-    reason = runner.graph_runner.eager_reason(virtual_engine, mode, rows, max_decode_len)
+    gate = runner.graph_runner
+    reason = gate.eager_reason(virtual_engine, ForwardMode.DECODE, rows, max_decode_len)
     if reason is None:
-        size = runner.graph_runner.padded_size(rows)
+        size = gate.padded_size(rows)
         return size, size, None
     return rows, None, reason
 
@@ -48,10 +46,10 @@ def plan_prefill(
         size = runner.graph_runner.prefill_graph_size(virtual_engine, rows, tokens)
         if size is not None:
             return size, None, size
-    elif runner.pad_eager_batches and rows == 1 and runner.prefill_sizes:
-        i = bisect.bisect_left(runner.prefill_sizes, tokens)
-        if i < len(runner.prefill_sizes):
-            return None, "prefill", runner.prefill_sizes[i]
+    elif runner.pad_eager_batches and rows == 1:
+        size = next_size(runner.prefill_sizes, tokens)
+        if size is not None:
+            return None, "prefill", size
     return None, "prefill", 0
 
 
@@ -122,7 +120,7 @@ def prepare_model_input(
     else:
         pad_to = 0
         batch_size, graph_size, eager_reason = plan_rows(
-            runner, mode, virtual_engine, real_rows, max_decode_len
+            runner, virtual_engine, real_rows, max_decode_len
         )
     for _ in range(batch_size - real_rows):  # padded lanes (decode only)
         input_ids.append(0)
