@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepared for the next 2-GPU session (not yet run): every #6 target on the final code, in
+# Session 11 (2-GPU machine): every #6 target on the final code, in
 # the runs bench.sh makes (each ratio from one run: the SmolLM2 sweep at batch 1, 8 and 64
 # with transformers in the same run and the plot, the Llama-3.1-8B shape, the nano
 # workload), on GPU 0; the engine graph tests not run in session 10 on GPU 1. Then, in a
