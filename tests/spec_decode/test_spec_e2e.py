@@ -274,3 +274,29 @@ def test_seeded_sampling_reproducible(tiny_llama_dir, truncated_llama_dir):
         assert m["num_draft_tokens"] > 0
         outs.append(res[0][0])
     assert outs[0] == outs[1] and len(outs[0]) == 16
+
+
+@pytest.mark.forked
+def test_draft_graph_memory_comes_off_the_kv_budget(tiny_llama_dir, truncated_llama_dir):
+    """The draft's CUDA graph memory (its runner's estimate) is taken off the blocks both
+    caches share: with the estimate forced to 3 target blocks + 1 byte, 4 target blocks
+    come off before the target / draft split, and a budget the draft's graphs exhaust
+    raises naming the bytes (CPU: the estimate is otherwise 0)."""
+    from vllm import LLM
+
+    llm = LLM(
+        model=tiny_llama_dir, device="cpu", max_num_seqs=2,
+        speculative_model=truncated_llama_dir, num_speculative_tokens=2,
+    )  # fmt: skip
+    worker = llm.llm_engine.executor.worker
+    target = worker.target.determine_num_available_blocks()
+    tb = worker.target.get_cache_block_bytes()
+    db = worker.draft_worker.get_cache_block_bytes()
+    assert worker.determine_num_available_blocks() == (target + 1) * tb // (tb + db) - 1
+    runner = worker.draft_worker.model_runner
+    runner.estimate_graph_memory = lambda num_virtual_engines: 3 * tb + 1
+    assert worker.determine_num_available_blocks() == (target + 1 - 4) * tb // (tb + db) - 1
+    runner.estimate_graph_memory = lambda num_virtual_engines: (target + 1) * tb
+    with pytest.raises(RuntimeError, match=f"less {(target + 1) * tb} bytes of draft CUDA"):
+        worker.determine_num_available_blocks()
+    llm.llm_engine.shutdown()

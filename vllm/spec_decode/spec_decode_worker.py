@@ -12,6 +12,7 @@ sequences) is a normal target decode step.
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import torch
 
@@ -29,6 +30,8 @@ from vllm.spec_decode.metrics import SpecDecodeMetrics
 from vllm.spec_decode.ngram_proposer import NGramProposer, proposal_len
 from vllm.spec_decode.rejection_sampler import greedy_num_accepted, sample_expanded
 from vllm.worker.worker import Worker
+
+logger = logging.getLogger(__name__)
 
 
 def draft_engine_config(config: EngineConfig) -> EngineConfig:
@@ -96,18 +99,38 @@ class SpecDecodeWorker:
             w.load_model()
 
     def determine_num_available_blocks(self) -> int:
-        """Blocks per virtual engine for both caches: the target's count scaled by
-        target bytes / (target + draft bytes) per block (an override is used as is)."""
+        """Blocks per virtual engine for both caches (an override is used as is).
+
+        The target's count already has the target's own CUDA graphs taken off. The draft's
+        graphs, measured the same way (ModelRunner.estimate_graph_memory; 0 on CPU or with
+        graphs off), come off next, rounded up to whole target blocks; what is left is
+        split by target bytes / (target + draft bytes) per block, as each sequence holds
+        the same number of blocks in both caches.
+
+        Raises:
+            RuntimeError: when no block fits for both models.
+        """
         blocks = self.target.determine_num_available_blocks()
         if self.draft_worker is None or self.config.cache_config.num_gpu_blocks_override:
             return blocks
         tb = self.target.get_cache_block_bytes()
         db = self.draft_worker.get_cache_block_bytes()
-        shared = (blocks + 1) * tb // (tb + db) - 1
+        draft_graphs = self.draft_worker.model_runner.estimate_graph_memory(
+            self.target.num_virtual_engines
+        )
+        budget = blocks + 1 - -(-draft_graphs // tb)  # target blocks left for both caches
+        shared = budget * tb // (tb + db) - 1
+        logger.info(
+            "Speculative KV cache: draft graphs (estimated) %.3f GiB; %d blocks each for "
+            "target and draft",
+            draft_graphs / 2**30,
+            shared,
+        )
         if shared < 1:
             raise RuntimeError(
                 f"No KV-cache blocks fit for target and draft: {blocks + 1} target blocks of "
-                f"{tb} bytes shared with draft blocks of {db} bytes."
+                f"{tb} bytes, less {draft_graphs} bytes of draft CUDA graphs, shared with "
+                f"draft blocks of {db} bytes."
             )
         return shared
 
