@@ -361,12 +361,13 @@ def extrapolate_graph_memory(
 ) -> int:
     """Graph memory of a full capture from a trial capture of one VE: ``trace`` =
     [("state", s), optionally ("prefill-<tokens>", p) for the largest prefill graph,
-    (largest decode size, a), (smallest decode size, b)] in bytes since capture began.
+    (largest decode size, a), (the next size down, b)] in bytes since capture began.
 
     Estimate = a (state buffers + the shared pool after the largest graphs) + (b - a) per
-    further decode graph (each keeps its own outputs and metadata) + s per further VE (its
-    own buffers); the caller adds the outputs of further prefill graphs. Documented as an
-    estimate: the final capture's GiB are logged too.
+    further decode graph (each keeps its own outputs and metadata, e.g. a FlashInfer
+    wrapper's int workspace) + s per further VE (its own buffers); the caller adds the
+    outputs of further prefill graphs. Documented as an estimate: the final capture's GiB
+    are logged too.
     """
     state = trace[0][1]
     decode = [mem for label, mem in trace if isinstance(label, int)]
