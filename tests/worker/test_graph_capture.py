@@ -314,6 +314,7 @@ class _NoForward:
         return torch.zeros(ids.shape[0], self._hidden)
 
 
+@pytest.mark.forked
 def test_graph_memory_estimate_covers_per_size_wrappers(tiny_llama_dir, monkeypatch):
     """FLASHINFER builds one decode wrapper per captured size above the small path's rows,
     each with its own int workspace (8 MiB in FlashInfer). With device memory counted as
