@@ -45,6 +45,12 @@ def _backend_runs(llm) -> dict[str, int]:
     return {k: getattr(be, k, 0) for k in _RUNS}
 
 
+def _runs_since_start(llm) -> dict[str, int]:
+    """The backend's run counters since ``_llm`` returned (start-up's runs left out)."""
+    now = _backend_runs(llm)
+    return {k: now[k] - llm.runs_at_start[k] for k in _RUNS}
+
+
 def _counters(llm):
     return llm.llm_engine.decode_step_counters()
 
@@ -90,8 +96,7 @@ def _assert_backend_ran(llm, wrapper_decode=True, small_decode=False, wrapper_pr
     small-decode path (batches up to it)."""
     runner = llm.llm_engine.executor.worker.model_runner
     if runner.attn_backend.name == "FLASHINFER":
-        now = _backend_runs(llm)
-        runs = {k: now[k] - llm.runs_at_start[k] for k in _RUNS}
+        runs = _runs_since_start(llm)
         if wrapper_prefill:
             assert runs["prefill_runs"] > 0, runs
         else:
@@ -181,8 +186,7 @@ def test_prefill_graphs(smollm2_gguf, backend, monkeypatch):
     check_logprobs_close(ref, ours, "hf", f"vllm-{backend}-prefill-graphs", prompts)
     assert ours[0][1].startswith(" Paris")
     snap = _counters(llm)
-    now = _backend_runs(llm)
-    runs = {k: now[k] - llm.runs_at_start[k] for k in _RUNS}
+    runs = _runs_since_start(llm)
     one = SamplingParams(max_tokens=1)
     lens = [len(llm.generate([p], one, use_tqdm=False)[0].prompt_token_ids) for p in prompts]
     sizes = prefill_capture_sizes(64)
