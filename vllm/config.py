@@ -334,14 +334,33 @@ class CompilationConfig:
         cuda_graph_sizes: explicit list of sizes replacing the rule's list.
         max_seq_len_to_capture: longest context a captured graph serves (default 8192,
             capped at max_model_len); longer decode batches run eagerly.
+        prefill_graph_max_tokens: longest one-prompt prefill (tokens) served by a prefill
+            graph (default 512: eleven graphs, 16 ... 512; 0 captures none).
+        disable_decode_loop_graphs: with multi-step decoding, do not capture the graphs that
+            replay one decode step N times (default False: captured for rows <= 8).
+        small_decode_max_rows: the most decode rows the FLASHINFER backend's Triton
+            small-decode path takes (default 1; 0 = off; at most 64).
     """
 
     enforce_eager: bool = False
     max_cudagraph_capture_size: int = 512
     cuda_graph_sizes: list[int] | None = None
     max_seq_len_to_capture: int = 8192
+    prefill_graph_max_tokens: int = 512
+    disable_decode_loop_graphs: bool = False
+    small_decode_max_rows: int = 1
 
     def __post_init__(self) -> None:
+        if self.prefill_graph_max_tokens < 0:
+            raise ValueError(
+                f"prefill_graph_max_tokens must be >= 0 (0 = no prefill graphs), got "
+                f"{self.prefill_graph_max_tokens}."
+            )
+        if not 0 <= self.small_decode_max_rows <= 64:
+            raise ValueError(
+                f"small_decode_max_rows must be in [0, 64] (0 = off), got "
+                f"{self.small_decode_max_rows}."
+            )
         if self.max_cudagraph_capture_size < 1:
             raise ValueError(
                 "max_cudagraph_capture_size must be at least 1, got "

@@ -54,6 +54,15 @@ class EngineArgs:
     max_cudagraph_capture_size: int = _f(512, "Largest captured CUDA-graph batch size.")
     cuda_graph_sizes: list[int] | None = _f(None, "Explicit CUDA-graph batch sizes.")
     max_seq_len_to_capture: int = _f(8192, "Longest context served by a captured graph.")
+    prefill_graph_max_tokens: int = _f(
+        512, "Longest one-prompt prefill (tokens) replayed from a CUDA graph; 0 = none."
+    )
+    disable_decode_loop_graphs: bool = _f(
+        False, "With --num-scheduler-steps > 1, do not capture decode-loop graphs."
+    )
+    small_decode_max_rows: int = _f(
+        1, "Most decode rows on FLASHINFER's Triton small-decode path; 0 = off, max 64."
+    )
     pipeline_parallel_size: int = _f(1, "Pipeline stages.")
     tensor_parallel_size: int = _f(1, "Only 1 is supported.")
     distributed_executor_backend: str | None = _f(None, "uni, mp or ray.")
@@ -117,6 +126,9 @@ class EngineArgs:
             max_cudagraph_capture_size=self.max_cudagraph_capture_size,
             cuda_graph_sizes=self.cuda_graph_sizes,
             max_seq_len_to_capture=self.max_seq_len_to_capture,
+            prefill_graph_max_tokens=self.prefill_graph_max_tokens,
+            disable_decode_loop_graphs=self.disable_decode_loop_graphs,
+            small_decode_max_rows=self.small_decode_max_rows,
         )
         if self.enable_chunked_prefill:
             raise ValueError("enable_chunked_prefill=True is not supported (only False).")

@@ -1,0 +1,170 @@
+"""Every environment variable the engine reads, declared once.
+
+Each entry names the variable, its type and default, and says in one line what it does. A
+variable is parsed by its entry's parser on each access (``vllm.envs.VLLM_USE_TRITON_OPS``),
+so a test that sets it with ``monkeypatch.setenv`` sees the new value, and a value that does
+not parse raises a ValueError naming the variable and the value. Nothing else in ``vllm/``
+reads ``os.environ``; the README lists these variables (``python -m vllm.envs`` prints them).
+
+Switches that change what is captured or how the KV budget is computed are config fields with
+CLI flags instead (``--prefill-graph-max-tokens``, ``--disable-decode-loop-graphs``,
+``--small-decode-max-rows``): see :class:`vllm.config.CompilationConfig`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+def _flag(raw: str) -> bool:
+    """ "1"/"true"/"yes"/"on" -> True, "0"/"false"/"no"/"off" -> False (case-insensitive)."""
+    low = raw.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("expected 1/0 (or true/false)")
+
+
+def _positive_float(raw: str) -> float:
+    value = float(raw)
+    if not value > 0:
+        raise ValueError("expected a number > 0")
+    return value
+
+
+def _str(raw: str) -> str:
+    return raw
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    """One declared environment variable.
+
+    Args:
+        name: the variable's name.
+        parse: str -> value; raises ValueError on a bad value.
+        default: the value when the variable is unset or empty (None: no value).
+        doc: one line for the README and ``python -m vllm.envs``.
+    """
+
+    name: str
+    parse: Callable[[str], Any]
+    default: Any
+    doc: str
+
+    def read(self) -> Any:
+        """The variable's current value.
+
+        Raises:
+            ValueError: naming the variable and the value it could not parse.
+        """
+        raw = os.environ.get(self.name)
+        if raw is None or raw == "":
+            return self.default
+        try:
+            return self.parse(raw)
+        except ValueError as e:
+            raise ValueError(f"{self.name}={raw!r} is invalid: {e}.") from None
+
+
+_DECLARED = (
+    EnvVar(
+        "VLLM_ATTENTION_BACKEND",
+        _str,
+        None,
+        "Attention backend: FLASHINFER or TORCH_SDPA (default: FLASHINFER on CUDA if installed).",
+    ),
+    EnvVar(
+        "VLLM_CPU_KVCACHE_SPACE",
+        _positive_float,
+        4.0,
+        "KV-cache size on CPU in GiB (default 4, as upstream).",
+    ),
+    EnvVar("VLLM_API_KEY", _str, None, "API key `vllm serve` requires when --api-key is unset."),
+    EnvVar(
+        "VLLM_USE_TRITON_OPS",
+        _flag,
+        True,
+        "0 replaces the fused Triton norm / rotary / SiLU kernels by torch ops on CUDA.",
+    ),
+    EnvVar(
+        "VLLM_USE_TRITON_GEMV",
+        _flag,
+        True,
+        "0 replaces the Triton GEMV kernels of small decode batches by cuBLAS matmuls.",
+    ),
+    EnvVar(
+        "VLLM_USE_TRITON_GREEDY",
+        _flag,
+        True,
+        "0 replaces the Triton greedy-sampling kernel by torch.argmax.",
+    ),
+    EnvVar(
+        "VLLM_TRITON_PDL",
+        _flag,
+        True,
+        "0 launches Triton kernels without programmatic dependent launch (Hopper and later).",
+    ),
+    EnvVar(
+        "VLLM_PP_LAYER_PARTITION",
+        _str,
+        None,
+        "Comma-separated layer counts per pipeline stage, e.g. '10,20' (default: even split).",
+    ),
+    EnvVar(
+        "VLLM_RAY_STARTUP_TIMEOUT_S",
+        _positive_float,
+        600.0,
+        "Seconds the Ray executor waits for its workers to start.",
+    ),
+    EnvVar(
+        "VLLM_RAY_PG_TIMEOUT_S",
+        _positive_float,
+        60.0,
+        "Seconds the Ray executor waits for its placement group.",
+    ),
+    EnvVar(
+        "VLLM_RAY_PG_STRATEGY",
+        _str,
+        None,
+        "Ray placement-group strategy (default STRICT_PACK when one node fits, else PACK).",
+    ),
+    EnvVar("RAY_ADDRESS", _str, None, "Ray's own: the cluster the Ray executor joins."),
+    EnvVar(
+        "TRITON_INTERPRET",
+        _flag,
+        False,
+        "Triton's own: 1 runs Triton kernels under its CPU interpreter (tests).",
+    ),
+)
+
+ENV_VARS: dict[str, EnvVar] = {v.name: v for v in _DECLARED}
+
+
+def __getattr__(name: str) -> Any:
+    """``vllm.envs.NAME``: the declared variable's current value."""
+    var = ENV_VARS.get(name)
+    if var is None:
+        raise AttributeError(f"module 'vllm.envs' has no attribute {name!r}")
+    return var.read()
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *ENV_VARS])
+
+
+def describe() -> str:
+    """A Markdown table of every variable (name, default, doc), as the README lists them."""
+    rows = ["| variable | default | what it does |", "|---|---|---|"]
+    for v in _DECLARED:
+        default = "unset" if v.default is None else repr(v.default)
+        rows.append(f"| `{v.name}` | {default} | {v.doc} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(describe())
