@@ -2,7 +2,7 @@
 
 TESTING.md rules: float32 on TORCH_SDPA (TF32 off) is exact, PP vs not; 16-bit FLASHINFER
 with several virtual engines changes batch shapes, so bfloat16 runs are compared with
-check_logprobs_close. With CUDA graphs on, both stages must have replayed graphs (DESIGN.md
+check_logprobs_close. With CUDA graphs on, both stages must have replayed graphs (docs/design.md
 guarantee 5), counted by each stage's graph runner. Skipped without 2 GPUs.
 """
 
@@ -23,7 +23,7 @@ PROMPTS = [
 ]
 BATCH_SIZES = (1, 2, 3, 5, 8, 16)
 MAX_TOKENS = 32
-# Pairwise over model x backend x {graphs, eager} (issue: pairwise, not the full product):
+# Pairwise over model x backend x {graphs, eager} (pairwise, not the full product):
 # every pair of values of two factors appears in some case. The tiny model under FlashInfer
 # has head_dim 64: FlashInfer has no kernels for tiny_llama_dir's 16 (the selector refuses it).
 CASES = [
