@@ -1,6 +1,6 @@
 """Pipeline parallelism on two GPUs (mp executor, NCCL): PP=2 vs PP=1.
 
-TESTING.md rules: float32 on TORCH_SDPA (TF32 off) is exact, PP vs not; 16-bit FLASHINFER
+docs/design.md rules: float32 on TORCH_SDPA (TF32 off) is exact, PP vs not; 16-bit FLASHINFER
 with several virtual engines changes batch shapes, so bfloat16 runs are compared with
 check_logprobs_close. With CUDA graphs on, both stages must have replayed graphs (docs/design.md
 guarantee 5), counted by each stage's graph runner. Skipped without 2 GPUs.
@@ -78,7 +78,7 @@ def test_pp2_matches_pp1(model_fixture, backend, enforce_eager, request, monkeyp
     monkeypatch.setenv("VLLM_ATTENTION_BACKEND", backend)
     # Prefill graphs are PP = 1 only: with them, PP = 1 would pad one-prompt prefills to a
     # graph size and PP = 2 would not, a different batch composition on one side
-    # (TESTING.md). Graph vs padded eager is proven by test_cuda_graphs_gpu's
+    # (docs/design.md). Graph vs padded eager is proven by test_cuda_graphs_gpu's
     # test_prefill_graphs; here both sides prefill unpadded.
     monkeypatch.setenv("VLLM_PREFILL_GRAPH_MAX_TOKENS", "0")
     exact = backend == "TORCH_SDPA"  # float32; FLASHINFER has no float32 kernels

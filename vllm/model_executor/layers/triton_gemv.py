@@ -27,7 +27,7 @@ Rounding follows the unfused torch layers (``RMSNorm.forward_native``, ``F.linea
 ``SiluAndMul.forward_native``): the residual sum, the normed row, the norm-weight product,
 each projection output and the SiLU are rounded to the activation dtype where torch rounds
 them; products accumulate in float32. float32 models use IEEE float32 products (no TF32),
-so a float32 run keeps TF32 off as the exact GPU comparisons require (TESTING.md).
+so a float32 run keeps TF32 off as the exact GPU comparisons require (docs/design.md).
 The accumulation order differs from cuBLAS: bf16 results differ from the unfused layers in
 the last bit now and then (GPU bf16 comparisons use ``check_logprobs_close``). A row's
 result does not depend on the other rows of a launch with the same ``BLOCK_M`` (tested),
