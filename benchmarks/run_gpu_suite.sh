@@ -192,7 +192,7 @@ PY
     step serving "$PY" $B/benchmark_serving.py --base-url "$url" --num-prompts 64 \
         --request-rate 16 --input-len 128 --output-len 128
     sed -n 's/^RESULT_JSON //p' "$O/serving.log" > "$O/serving.jsonl"
-    kill -INT "$pid"
+    kill -INT "$pid" 2>/dev/null
     wait "$pid"
 }
 
