@@ -2,15 +2,15 @@
 
 Times, per decode step, FLASHINFER's ``paged_kv_host`` (eager plan, no width clip) and
 ``slot_rows_host`` plus TORCH_SDPA's ``decode_tables`` (graph width
-``ceil(max_seq_len_to_capture / block_size)``) and ``_slots``, against the list-based
-builders they replaced (kept below as ``old_*``, element-by-element loops). Every case
+``ceil(max_seq_len_to_capture / block_size)``) and ``_slots``, against the
+list-based reference builders (``old_*`` below, element-by-element loops). Every case
 checks first that both give identical tensors. Contexts are uniform in
 ``[--min-len, --max-len]``, tables are distinct random blocks, and a quarter of the rows
 past the first carry lookahead blocks (speculative decoding), so the builders take their
-general (selecting) path. Only one backend runs in a real step; the sum is what the task
+general (selecting) path. Only one backend runs in a real step; the sum is what the host
 budget (well under a ~1-2 ms GPU decode step) is measured against, and each part is also
 reported. On a host with CUDA both FlashInfer builders pin their int32 tensors, as in
-production (the new one pins one buffer, the old one three). Example::
+production (the vectorised one pins one buffer, the reference three). Example::
 
     python benchmarks/profile_host_metadata.py --batch-sizes 1 64 256
 

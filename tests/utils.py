@@ -92,7 +92,7 @@ def check_logprobs_close(
     prompts: Sequence[Any] | None = None,
 ) -> None:
     """Assert two greedy runs agree up to their first divergence, where each run's token
-    must be among the other's returned top logprobs (TESTING.md: top-5)."""
+    must be among the other's returned top logprobs (docs/design.md: top-5)."""
     assert len(outputs_0_lst) == len(outputs_1_lst)
     for i, (o0, o1) in enumerate(zip(outputs_0_lst, outputs_1_lst)):
         ids0, _, lp0 = o0

@@ -326,7 +326,7 @@ class SchedulerConfig:
 
 @dataclass
 class CompilationConfig:
-    """CUDA-graph settings (see DESIGN.md "The capture-size rule").
+    """CUDA-graph settings (see docs/design.md "The capture-size rule").
 
     Args:
         enforce_eager: never capture graphs.
@@ -387,7 +387,7 @@ class EngineConfig:
     device_config: DeviceConfig
     compilation_config: CompilationConfig = field(default_factory=CompilationConfig)
     speculative_config: Any = None
-    # Test-only: several virtual engines without PP (DESIGN.md guarantee 1 on one device).
+    # Test-only: several virtual engines without PP (docs/design.md guarantee 1 on one device).
     num_virtual_engines_override: int | None = None
 
     def __post_init__(self) -> None:
@@ -431,7 +431,7 @@ NGRAM_MODEL = "[ngram]"
 class SpeculativeConfig:
     """Speculative decoding (upstream V0 names): a draft model or n-gram prompt lookup
     proposes ``num_speculative_tokens`` (k) tokens per step, the target scores them by batch
-    expansion and a rejection sampler keeps a prefix (DESIGN.md, vllm/spec_decode/).
+    expansion and a rejection sampler keeps a prefix (docs/design.md "Speculative decoding").
 
     Args:
         speculative_model: a draft checkpoint path (HF directory or .gguf) or "[ngram]".

@@ -210,7 +210,7 @@ def test_pipeline_busy_survives_a_long_startup(tmp_path, monkeypatch):
 @pytest.mark.forked
 def test_throughput_sweep_rows(tiny_llama_dir, monkeypatch):
     """--batch-sizes: one row per size with both modes' tokens/s and step counters, and the
-    capture figures of the graphs engine (they used to come from the eager engine: 0.0)."""
+    capture figures of the graphs engine (not the eager engine's, which are 0.0)."""
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0.05")
     tp = _bench_module("benchmark_throughput")
     calls = []

@@ -1,8 +1,8 @@
 """Pipeline parallelism on two GPUs (mp executor, NCCL): PP=2 vs PP=1.
 
-TESTING.md rules: float32 on TORCH_SDPA (TF32 off) is exact, PP vs not; 16-bit FLASHINFER
+docs/design.md rules: float32 on TORCH_SDPA (TF32 off) is exact, PP vs not; 16-bit FLASHINFER
 with several virtual engines changes batch shapes, so bfloat16 runs are compared with
-check_logprobs_close. With CUDA graphs on, both stages must have replayed graphs (DESIGN.md
+check_logprobs_close. With CUDA graphs on, both stages must have replayed graphs (docs/design.md
 guarantee 5), counted by each stage's graph runner. Skipped without 2 GPUs.
 """
 
@@ -23,7 +23,7 @@ PROMPTS = [
 ]
 BATCH_SIZES = (1, 2, 3, 5, 8, 16)
 MAX_TOKENS = 32
-# Pairwise over model x backend x {graphs, eager} (issue: pairwise, not the full product):
+# Pairwise over model x backend x {graphs, eager} (pairwise, not the full product):
 # every pair of values of two factors appears in some case. The tiny model under FlashInfer
 # has head_dim 64: FlashInfer has no kernels for tiny_llama_dir's 16 (the selector refuses it).
 CASES = [
@@ -78,7 +78,7 @@ def test_pp2_matches_pp1(model_fixture, backend, enforce_eager, request, monkeyp
     monkeypatch.setenv("VLLM_ATTENTION_BACKEND", backend)
     # Prefill graphs are PP = 1 only: with them, PP = 1 would pad one-prompt prefills to a
     # graph size and PP = 2 would not, a different batch composition on one side
-    # (TESTING.md). Graph vs padded eager is proven by test_cuda_graphs_gpu's
+    # (docs/design.md). Graph vs padded eager is proven by test_cuda_graphs_gpu's
     # test_prefill_graphs; here both sides prefill unpadded.
     monkeypatch.setenv("VLLM_PREFILL_GRAPH_MAX_TOKENS", "0")
     exact = backend == "TORCH_SDPA"  # float32; FLASHINFER has no float32 kernels

@@ -1,6 +1,6 @@
 """Pipeline parallelism on CPU (gloo, mp executor, float32): exact vs PP=1.
 
-TESTING.md: anything on CPU in float32 is compared exactly, PP vs not included. With P
+docs/design.md: anything on CPU in float32 is compared exactly, PP vs not included. With P
 stages there are P virtual engines, so requests are split across schedulers and batch
 compositions differ from PP=1; float32 CPU arithmetic is still row-independent, so greedy
 outputs must be identical.

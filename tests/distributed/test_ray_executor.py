@@ -1,4 +1,4 @@
-"""The Ray executor (issue 8) on CPU: PP=2 over Ray actors, exact vs PP=1 (float32, gloo).
+"""The Ray executor on CPU: PP=2 over Ray actors, exact vs PP=1 (float32, gloo).
 
 Each test starts its own small Ray cluster (2 CPUs, no dashboard, ~80 MB object store) in a
 forked child and shuts it down in ``finally``. The GPU test (PP=2 Ray vs PP=1 and vs PP=2

@@ -1,6 +1,6 @@
 """Greedy equality with Hugging Face transformers on the same weights (CPU, float32, exact).
 
-TESTING.md: on CPU in float32 the comparison is exact, batched and one prompt at a time;
+docs/design.md: on CPU in float32 the comparison is exact, batched and one prompt at a time;
 random tiny models must produce several distinct tokens per prompt for the comparison to
 mean anything.
 """
@@ -40,7 +40,7 @@ def test_smollm2_gguf_matches_transformers(smollm2_gguf):
 def test_tiny_models_match_transformers(fixture, request):
     model = request.getfixturevalue(fixture)
     ref = hf_greedy(model, TINY_PROMPTS, MAX_TOKENS)
-    for ids, _, _ in ref:  # distinct-token guard (TESTING.md)
+    for ids, _, _ in ref:  # distinct-token guard (docs/design.md)
         assert len(set(ids)) >= 4, f"{fixture} degenerate output {ids}"
     llm = _engine(model)
     check_outputs_equal(ref, vllm_greedy(llm, TINY_PROMPTS, MAX_TOKENS), "hf", fixture)

@@ -3,7 +3,7 @@
 The model runs through the TORCH_SDPA attention backend with a paged KV cache: a prefill
 over the prompt, then one decode step per new token, exactly as the engine drives it.
 Random tiny models use a large init std, and the tests assert that greedy outputs contain
-several distinct tokens (TESTING.md), so equality is meaningful.
+several distinct tokens (docs/design.md), so equality is meaningful.
 """
 
 import pytest

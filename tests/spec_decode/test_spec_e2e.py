@@ -1,5 +1,5 @@
 """Speculative decoding end to end on CPU float32: outputs equal the run without
-speculation exactly (TESTING.md), and the counters prove the speculative path ran."""
+speculation exactly (docs/design.md), and the counters prove the speculative path ran."""
 
 import json
 import shutil

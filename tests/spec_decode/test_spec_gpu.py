@@ -5,7 +5,7 @@ turns B sequences into B x (k + 1) scorer rows, so (max_num_seqs 8, k 4) looked 
 ``graph_runners[ve][40]`` and crashed with ``KeyError: 40``. Here the rule captures up to 40
 and replays it; with the ceiling lowered to 16 the 40-row steps run eagerly and are counted.
 
-Comparison rules (TESTING.md): graphs vs --enforce-eager with the same batch composition ->
+Comparisons (docs/design.md): graphs vs --enforce-eager with the same batch composition ->
 exact (bf16); TORCH_SDPA float32 (TF32 off) spec vs no spec -> exact; FLASHINFER bf16 spec
 vs no spec (the scorer's expanded batch changes shapes) -> check_logprobs_close.
 """
@@ -18,7 +18,7 @@ from tests.utils import check_logprobs_close, check_outputs_equal, vllm_greedy
 
 pytestmark = pytest.mark.gpu
 
-# Prompts that repeat spans, so n-gram lookup proposes (TESTING.md), and plain ones.
+# Prompts that repeat spans, so n-gram lookup proposes (docs/design.md), and plain ones.
 PROMPTS = [
     "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n\ndef add(",
     "red green blue, red green blue, red green blue, red green",

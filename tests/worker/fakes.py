@@ -1,4 +1,4 @@
-"""Fakes that let the production capture/replay code run on CPU (TESTING.md: only the graph
+"""Fakes that let the production capture/replay code run on CPU (docs/design.md: only the graph
 object and the FlashInfer wrapper class are replaced).
 
 - :class:`FakeCapturer`: "captures" by running the function once and returns a graph whose

@@ -1,4 +1,4 @@
-"""The capture-size rule of DESIGN.md, exactly, and that every runnable batch pads to a
+"""The capture-size rule of docs/design.md, exactly, and that every runnable batch pads to a
 captured size or is eager by the rule."""
 
 import pytest

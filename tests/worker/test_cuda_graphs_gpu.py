@@ -1,7 +1,7 @@
 """The CUDA worker on a real GPU: FlashInfer and TORCH_SDPA, real CUDA graphs per virtual
 engine, memory profiling (marked ``gpu``; skipped without CUDA).
 
-Comparison rules (TESTING.md): vs transformers in bf16 -> check_logprobs_close; graphs vs
+Comparisons (docs/design.md): vs transformers in bf16 -> check_logprobs_close; graphs vs
 --enforce-eager with the same backend, dtype and batch composition -> exact.
 """
 
@@ -238,7 +238,7 @@ def test_graph_equals_eager_as_batch_drifts(smollm2_gguf, backend, monkeypatch):
     graph.llm_engine.shutdown()
     del graph
     eager = _llm(smollm2_gguf, backend, max_num_seqs=40, enforce_eager=True)
-    # Same batch composition (TESTING.md): eager decode batches padded to the captured
+    # Same batch composition (docs/design.md): eager decode batches padded to the captured
     # sizes, so both runs multiply the same shapes and only graph replay differs.
     eager.llm_engine.executor.worker.model_runner.pad_eager_batches = True
     for n in sizes:

@@ -1,6 +1,6 @@
 """Decode-loop graphs (vllm/worker/decode_loop.py) on CPU: fake graphs (re-run the captured
 function, reading the static buffers as a replay does), float32, so every comparison with
-one-token eager steps is exact (TESTING.md).
+one-token eager steps is exact (docs/design.md).
 
 - FLASHINFER's small-decode path (its Triton kernel under ``TRITON_INTERPRET=1``, in a
   subprocess; FlashInfer's wrappers are fakes) advancing itself inside the loop graph;

@@ -24,7 +24,7 @@ from vllm.attention.backends.abstract import AttentionSpec, ForwardMode, StepInp
 from vllm.attention.backends.flashinfer import FlashInferBackend, paged_kv_host, slot_rows_host
 from vllm.attention.backends.torch_sdpa import TorchSDPABackend, _slots, decode_tables
 
-# ---- references: the element-by-element loops the builders used to run, kept once, in
+# ---- references: plain element-by-element loops, kept once, in
 # benchmarks/profile_host_metadata.py (its "before" timings) --------------------------------
 
 

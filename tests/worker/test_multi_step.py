@@ -1,5 +1,5 @@
 """Multi-step decoding (num_scheduler_steps) on CPU float32: the same greedy and seeded tokens
-as one-token steps (TESTING.md: exact), logprobs within 1e-5 (a sequence that finished
+as one-token steps (docs/design.md: exact), logprobs within 1e-5 (a sequence that finished
 mid-call keeps its row until the call ends, so batch shapes differ), stops honoured token
 by token, the step cap, fake-graph replays through the multi-step loop, and validation."""
 

@@ -1,6 +1,6 @@
 """A padded lane (a batch row with no request) never writes a block a request owns.
 
-Guards DESIGN.md "Padded lanes": padded rows carry slot -1, which must be redirected to the
+Guards docs/design.md "Padded lanes": padded rows carry slot -1, which must be redirected to the
 per-VE scratch slot; indexing the cache with -1 directly would wrap to the last slot.
 """
 

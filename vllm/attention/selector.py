@@ -1,4 +1,4 @@
-"""Choose the attention backend (DESIGN.md "Devices and backends").
+"""Choose the attention backend (docs/design.md "Devices and backends").
 
 CUDA: FLASHINFER for float16/bfloat16 when flashinfer imports, TORCH_SDPA otherwise and for
 float32. CPU: TORCH_SDPA. ``VLLM_ATTENTION_BACKEND`` picks one explicitly; an explicit choice

@@ -32,7 +32,7 @@ row's length and position, the RoPE cos / sin, its split's first tile of cached 
 values: :func:`decode_prefetch`), then waits for the qkv projection and reads the new
 query, key and value: the cache reads overlap the projection. H200, one row, context 192:
 8.5 -> 7.5 us a layer for SmolLM2's shape, 10.8 -> 10.6 for Llama-3.1-8B's
-(benchmarks/kernel_decode_attention.py, docs/benchmarks.md session 8).
+(benchmarks/kernel_decode_attention.py, without the prefetch -> with it).
 
 Arithmetic: scores and softmax in float32 (base-2 exponentials with the scale folded into
 ``log2(e) * scale``, as FlashAttention-style kernels do), probabilities times values in
@@ -58,7 +58,7 @@ MAX_SPLITS = 32  # the most splits of one row (and the grid's third dimension at
 # (benchmarks/kernel_decoder_layer.py, 30 SmolLM2 layers, H200, bf16) at context 192:
 # 16.57 us a layer with 32-token tiles, 15.62 with 16; at 1024, 16-token tiles lost
 # (17.97 -> 20.2: two tiles a split), so longer rows keep tile_tokens'. Decode attention
-# alone (kernel_decode_attention.py, session 8) agreed for the Llama-3.1-8B shape: 10.62
+# alone (kernel_decode_attention.py) agreed for the Llama-3.1-8B shape: 10.62
 # -> 9.11 us at 192, 13.34 -> 17.51 at 1024.
 SHORT_TILE = 16
 LOG2E = 1.4426950408889634
@@ -69,8 +69,8 @@ def tile_tokens(group: int, head_size: int) -> int:
     query heads of size ``head_size``: the [group_pad, T, D / 2] products stay near 8K
     floats (64 registers a thread at 4 warps), 16 <= T <= 32. The cap of 32:
     benchmarks/kernel_decode_attention.py on an H200 (bf16, one row) timed SmolLM2's
-    shape at 8.5 / 9.1 us per layer with T = 32 against 10.3 / 10.5 with the 64 this rule
-    gave before (contexts 192 / 1024); the Llama-3.1-8B shape's 32 was already the best at
+    shape at 8.5 / 9.1 us per layer with T = 32 against 10.3 / 10.5 with T = 64
+    (contexts 192 / 1024); the Llama-3.1-8B shape's 32 was already the best at
     1024 tokens (14.1 us; 16 tokens: 18.4)."""
     group_pad = triton.next_power_of_2(group)
     return max(16, min(32, triton.next_power_of_2(max(1, 8192 // (group_pad * head_size // 2)))))

@@ -2,7 +2,7 @@
 
 Each local layer gets one tensor in the backend's layout holding ``num_blocks + 1`` blocks:
 blocks 0..num_blocks-1 belong to the block manager, block ``num_blocks`` is the scratch block
-that padded lanes write to (DESIGN.md "Padded lanes"), so a padded write never lands in a
+that padded lanes write to (docs/design.md "Padded lanes"), so a padded write never lands in a
 block a request owns.
 """
 

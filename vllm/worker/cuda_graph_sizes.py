@@ -1,4 +1,4 @@
-"""The capture-size rule (DESIGN.md): one function, used by capture and by nothing else.
+"""The capture-size rule (docs/design.md): one function, used by capture and by nothing else.
 
 Dispatch never re-derives sizes: it asks which sizes were captured (membership in the
 virtual engine's ``graph_runners``), so the rule and the gate cannot drift apart — the

@@ -24,7 +24,7 @@ Scope (everything else takes the per-step multi-step path, same results):
   gate as plain graphs), and the scheduler reserved the lookahead blocks, so the slots the
   graph derives from the block table exist.
 ``VLLM_DECODE_LOOP_GRAPHS=0`` turns them off (the plain multi-step path then runs).
-Each replay counts as one replayed step of its size (DESIGN.md guarantee 5).
+Each replay counts as one replayed step of its size (docs/design.md guarantee 5).
 """
 
 from __future__ import annotations

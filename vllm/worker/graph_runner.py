@@ -8,7 +8,7 @@ replay prefill graphs when the backend supports them (``supports_prefill_graphs`
 runner asks for them at PP = 1). That matters when a prefill is host-bound: SmolLM2's
 128-token prefill is ~30 us of GPU work per layer under ~0.5 ms of launches.
 
-Recipe (DESIGN.md guarantees 1-3 and 5):
+Recipe (docs/design.md, guarantees 1-3 and 5):
 - sizes come from :func:`vllm.worker.cuda_graph_sizes.capture_sizes` (k-aware);
 - for every virtual engine (VE): the attention backend allocates that VE's graph state
   once at ``max_batchsize_to_capture``; the runner allocates that VE's static model inputs

@@ -1,4 +1,4 @@
-"""Counters of steps that replayed a CUDA graph and steps that ran eagerly (DESIGN.md
+"""Counters of steps that replayed a CUDA graph and steps that ran eagerly (docs/design.md
 guarantee 5: tests assert them, so a test cannot pass with graphs silently off).
 
 Exposed to logs and to ``/metrics`` as ``vllm:decode_steps_total{mode,virtual_engine}``.

@@ -1,5 +1,5 @@
 """compare_two_settings: the server started with two CLI settings gives the same greedy
-and seeded results (CPU float32: exact, TESTING.md), here for a different batch limit and
+and seeded results (CPU float32: exact, docs/design.md), here for a different batch limit and
 block size (batch composition and KV layout change, outputs must not)."""
 
 from tests.utils import compare_two_settings

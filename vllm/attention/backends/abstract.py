@@ -39,7 +39,7 @@ class StepInputs:
         block_tables: per row, the physical block numbers (decode) — may be empty lists for
             padded lanes.
         slot_mapping: per new token, flat KV slot (block * block_size + offset); -1 for
-            padded lanes (written to the scratch slot, see DESIGN.md "Padded lanes").
+            padded lanes (written to the scratch slot, see docs/design.md "Padded lanes").
         num_real_rows: rows that belong to requests; rows after them are padding.
         graph_prefill: prefill only: ONE row whose tokens were padded at the end to a
             prefill-graph size (padded tokens: slot -1). Its tokens attend causally among
@@ -176,7 +176,7 @@ class AttentionSpec:
 
 
 class AttentionGraphState(ABC):
-    """The CUDA-graph state of one backend for ONE virtual engine (DESIGN.md guarantee 1).
+    """The CUDA-graph state of one backend for ONE virtual engine (docs/design.md guarantee 1).
 
     Buffers are allocated once per VE at the maximum captured batch size; each captured
     size gets metadata over its own views of them. A full-size buffer handle is never

@@ -1,6 +1,6 @@
 """FLASHINFER's CUDA-graph state: one virtual engine's buffers and per-size decode wrappers.
 
-Graph state per virtual engine (DESIGN.md guarantee 1): ``paged_kv_indptr`` [max_bs + 1],
+Graph state per virtual engine (docs/design.md guarantee 1): ``paged_kv_indptr`` [max_bs + 1],
 ``paged_kv_indices`` [max_bs x max_blocks], ``paged_kv_last_page_len`` [max_bs] (int32) and
 ``slot_rows`` [3, max_bs] (int64), allocated once at ``max_batchsize_to_capture`` (the float
 workspace is the backend's shared one). Each captured size gets its own decode wrapper over

@@ -48,6 +48,6 @@ def ragged_positions(counts: np.ndarray, offsets: np.ndarray) -> np.ndarray:
 
 def scratch_slots(slots: list[int], scratch_slot: int) -> np.ndarray:
     """[num_tokens] int64 slot mapping with padded lanes (slot -1) sent to ``scratch_slot``
-    (DESIGN.md "Padded lanes": they write the scratch block, never a real one)."""
+    (docs/design.md "Padded lanes": they write the scratch block, never a real one)."""
     s = np.fromiter(slots, dtype=np.int64, count=len(slots))  # [num_tokens]
     return np.where(s < 0, scratch_slot, s)

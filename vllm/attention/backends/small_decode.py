@@ -13,14 +13,14 @@ and graph replays, so graphs and --enforce-eager run the same kernel. Prefill an
 decode batches stay on FlashInfer. ``VLLM_SMALL_DECODE_MAX_ROWS`` sets the limit (default
 1: one-row decode steps take this path; 0 turns it off, 8 takes up to 8 rows).
 
-Why one row by default (H200, bf16, docs/benchmarks.md): on the Llama-3.1-8B shape at
+Why one row by default (H200, bf16): on the Llama-3.1-8B shape at
 batch 1 every run on this path beat every run on FlashInfer's wrappers (floor ratios
-0.729-0.745 in sessions 7-8, against 0.710-0.722), since its one PDL launch a layer
+0.729-0.745 over six runs, against 0.710-0.722), since its one PDL launch a layer
 overlaps the projections around it. On SmolLM2 at batch 1 the two were within 2% (888 /
-893 against 905 / 902 tok/s, session 8, before the PDL trigger moved after the wait, which
-made this path's layer chain 21% faster in benchmarks/kernel_decoder_layer.py). Above one
-row the wrappers stay the default: earlier sessions measured no settled gain there, and
-the nano workload (Qwen2.5-0.5B shape) fell from 34.5k to 27.6k tok/s with the first
+893 against 905 / 902 tok/s, measured with the PDL trigger before the wait; triggering after
+the wait, the kernels' rule, makes this path's layer chain 21% faster). Above one
+row the wrappers stay the default: no settled gain was measured there, and
+the nano workload (Qwen2.5-0.5B shape) fell from 34.5k to 27.6k tok/s with an untuned
 version of the kernel at up to 8 rows.
 """
 

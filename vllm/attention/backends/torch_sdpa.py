@@ -6,7 +6,7 @@ holds keys, 1 values, and block ``num_blocks`` is the scratch block padded lanes
 Prefill attends causally among each sequence's new tokens (no earlier context exists
 without prefix caching or chunked prefill). Decode gathers each row's blocks through a
 block table of fixed width and masks positions at or beyond the row's length, which keeps
-every shape static and so is CUDA-graph capturable (DESIGN.md "Devices and backends").
+every shape static and so is CUDA-graph capturable (docs/design.md "Devices and backends").
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Linear layers with fused projections and per-parameter weight loaders.
 
-Tensor parallelism is out of scope (DESIGN.md), so every layer holds the full matrix; the
+Tensor parallelism is out of scope (docs/design.md "Scope"): every layer holds the full matrix; the
 names follow upstream vLLM so that model code reads the same. Each parameter carries a
 ``weight_loader(param, loaded_weight, shard_id=None)`` attribute that knows where a
 checkpoint tensor goes inside it:

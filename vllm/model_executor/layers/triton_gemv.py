@@ -27,7 +27,7 @@ Rounding follows the unfused torch layers (``RMSNorm.forward_native``, ``F.linea
 ``SiluAndMul.forward_native``): the residual sum, the normed row, the norm-weight product,
 each projection output and the SiLU are rounded to the activation dtype where torch rounds
 them; products accumulate in float32. float32 models use IEEE float32 products (no TF32),
-so a float32 run keeps TF32 off as the exact GPU comparisons require (TESTING.md).
+so a float32 run keeps TF32 off as the exact GPU comparisons require (docs/design.md).
 The accumulation order differs from cuBLAS: bf16 results differ from the unfused layers in
 the last bit now and then (GPU bf16 comparisons use ``check_logprobs_close``). A row's
 result does not depend on the other rows of a launch with the same ``BLOCK_M`` (tested),
@@ -65,7 +65,7 @@ FUSED_MAX_WEIGHT_BYTES = 8 << 20
 # One row of a small weight: 4 output features x the whole row (K <= 2048) per program.
 # The small path's layer chain (benchmarks/kernel_decoder_layer.py --gemv-configs, 30
 # SmolLM2 layers in a graph, one H200, bf16, us per layer at contexts 192 / 1024):
-# 8 x 512 (the earlier rule; K = 576 took a second tile, read after the wait) 20.82 /
+# 8 x 512 (K = 576 then takes a second tile, read after the wait) 20.82 /
 # 21.34; 8 x whole K 17.08; 4 x whole K 16.57 / 17.97; 2 x whole K 16.73 / 18.27; 8 warps
 # instead of 4: 18.2-18.6.
 ONE_ROW_BLOCK_N = 4
