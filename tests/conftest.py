@@ -2,7 +2,9 @@
 
 Markers (registered in pyproject.toml):
 - ``gpu``: needs CUDA; skipped with a reason when there is none.
-- ``multi_gpu(n)``: needs n CUDA GPUs; skipped with a reason when fewer are present.
+- ``multi_gpu(n)``: needs n CUDA GPUs; skipped with a reason when fewer are present. Each
+  such test also gets the marker ``multi_gpu_<n>`` so that ``-m`` can select by GPU count
+  (the CI steps of ``.buildkite/test-pipeline.yaml`` do).
 - ``forked``: provided by pytest-forked (runs the test in its own process).
 
 Tiny-model fixtures are session-scoped and saved under one ``tmp_path_factory`` directory;
@@ -65,19 +67,36 @@ def pytest_collection_finish(session):
     import vllm.entrypoints.llm  # noqa: F401  (and the engine modules it imports)
 
 
+def _gpus_needed(item) -> int:
+    """CUDA GPUs ``item`` needs: n for ``multi_gpu(n)`` (``multi_gpu`` alone means 2), 1 for
+    ``gpu``, 0 otherwise. Raises ValueError when n is not an integer of at least 2."""
+    multi = item.get_closest_marker("multi_gpu")
+    if multi is not None:
+        n = multi.args[0] if multi.args else multi.kwargs.get("n", 2)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 2:
+            raise ValueError(f"{item.nodeid}: multi_gpu(n) needs an integer n >= 2, got {n!r}")
+        return n
+    return 1 if item.get_closest_marker("gpu") is not None else 0
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Skip ``gpu`` / ``multi_gpu(n)`` tests when the GPUs they need are absent."""
+    """Mark each ``multi_gpu(n)`` test ``multi_gpu_<n>`` and skip GPU tests whose GPUs are absent.
+
+    ``-m`` matches marker names, not a marker's positional arguments, so the derived name
+    (``multi_gpu_2``, ``multi_gpu_4``) is what lets a CI step select the tests of one GPU
+    count: ``-m multi_gpu_2``. ``tryfirst`` adds it before pytest's own ``-m`` deselection.
+    ``gpu`` / ``multi_gpu(n)`` tests are skipped with a reason when fewer GPUs are present.
+    """
     num_gpus = None
     for item in items:
-        gpu = item.get_closest_marker("gpu")
-        multi = item.get_closest_marker("multi_gpu")
-        if gpu is None and multi is None:
+        needed = _gpus_needed(item)
+        if needed == 0:
             continue
+        if item.get_closest_marker("multi_gpu") is not None:
+            item.add_marker(f"multi_gpu_{needed}")
         if num_gpus is None:
             num_gpus = _cuda_device_count()
-        needed = 1
-        if multi is not None:
-            needed = int(multi.args[0]) if multi.args else int(multi.kwargs.get("n", 2))
         if num_gpus < needed:
             item.add_marker(
                 pytest.mark.skip(reason=f"needs {needed} CUDA GPU(s), found {num_gpus}")
