@@ -2,13 +2,21 @@
 
 Endpoints: /v1/models, /v1/completions, /v1/chat/completions, /health, /version, /metrics
 (Prometheus text, this server's own registry). Errors use OpenAI's body
-``{"error": {"message", "type", "param", "code"}}``: 400 for bad requests (pydantic
-validation errors and ValueErrors included), 401 for a missing or wrong key when
-``--api-key`` is set, 404 for an unknown model, 500 when a request fails in the engine.
+``{"error": {"message", "type", "param", "code"}}``: 400 for bad requests (malformed JSON,
+pydantic validation errors and ValueErrors included), 401 for a missing or wrong key when
+``--api-key`` is set, 404 for an unknown model, 413 for a body above
+``--max-request-body-bytes``, 500 when a request fails in the engine, 503 once the engine
+is dead.
 
-Shutdown: uvicorn turns SIGINT/SIGTERM into a graceful exit: it stops accepting, lets the
-requests in flight finish (at most ``--shutdown-timeout`` seconds), then the app's lifespan
-stops the engine (``AsyncLLMEngine.shutdown`` -> ``LLMEngine.shutdown``).
+Shutdown: SIGINT/SIGTERM start a graceful exit: the server stops accepting and the requests
+in flight may finish for ``--shutdown-timeout`` seconds; those still running then are
+aborted (streams get a final chunk with finish_reason "abort" and ``[DONE]``, other
+requests their outputs so far), then the app's lifespan stops the engine
+(``AsyncLLMEngine.shutdown`` -> ``LLMEngine.shutdown``) and the process exits with 0.
+
+Engine death: when the engine loop dies (e.g. a pipeline worker process was killed),
+/health answers 503, the requests in flight fail, and the server exits with status 1 so
+that a supervisor restarts it.
 """
 
 from __future__ import annotations
@@ -21,10 +29,12 @@ import os
 import signal
 import socket
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.async_llm_engine import AsyncLLMEngine
@@ -42,9 +52,71 @@ from vllm.version import __version__
 
 logger = logging.getLogger("vllm.entrypoints.openai.api_server")
 
+# Default of --max-request-body-bytes: far above any prompt that fits a context window as
+# text or token ids, far below what would take the server seconds to parse.
+DEFAULT_MAX_REQUEST_BODY_BYTES = 16 * 1024 * 1024
+# Seconds uvicorn still waits after --shutdown-timeout, once the remaining requests were
+# aborted, for their final chunks to be written.
+_ABORT_GRACE_S = 2.0
 
-def build_app(engine: AsyncLLMEngine, served_model_names: list[str], api_key: str | None):
-    """The FastAPI app serving ``engine`` (the engine loop starts with the app)."""
+
+class BodySizeLimit:
+    """ASGI middleware answering 413 for a request body above ``limit`` bytes: at once from
+    Content-Length, else (chunked bodies) as soon as the bytes received pass the limit."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    def _message(self, size: str) -> str:
+        return (
+            f"The request body ({size}) is larger than the limit of {self.limit} bytes "
+            "(--max-request-body-bytes)."
+        )
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            resp = APIError(self._message(f"{int(length)} bytes"), 413).response()
+            return await resp(scope, receive, send)
+        received = 0
+
+        async def limited_receive():
+            nonlocal received
+            msg = await receive()
+            if msg["type"] == "http.request":
+                received += len(msg.get("body", b""))
+                if received > self.limit:
+                    # FastAPI re-raises HTTPExceptions from body reading; answered below.
+                    raise StarletteHTTPException(413, self._message(f"over {received} bytes"))
+            return msg
+
+        await self.app(scope, limited_receive, send)
+
+
+def _validation_message(errs: list[dict]) -> tuple[str, str | None]:
+    """OpenAI-style (message, param) for pydantic / JSON errors of a request body."""
+    if errs and errs[0].get("type") == "json_invalid":
+        where = errs[0]["loc"][-1]
+        why = (errs[0].get("ctx") or {}).get("error", "malformed JSON")
+        return f"The request body is not valid JSON: {why} at character {where}.", None
+    param = ".".join(str(p) for p in errs[0]["loc"][1:]) if errs else None
+    msg = "; ".join(f"{'.'.join(str(p) for p in e['loc'][1:]) or 'body'}: {e['msg']}" for e in errs)
+    return msg, param or None
+
+
+def build_app(
+    engine: AsyncLLMEngine,
+    served_model_names: list[str],
+    api_key: str | None,
+    max_request_body_bytes: int | None = DEFAULT_MAX_REQUEST_BODY_BYTES,
+):
+    """The FastAPI app serving ``engine`` (the engine loop starts with the app).
+
+    Args:
+        max_request_body_bytes: bodies above this get 413 (None: no limit).
+    """
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -52,10 +124,14 @@ def build_app(engine: AsyncLLMEngine, served_model_names: list[str], api_key: st
         yield
         logger.info("Shutting down the engine.")
         await engine.shutdown()
+        tokenize_pool.shutdown(wait=False)
 
     app = FastAPI(lifespan=lifespan)
-    completion = OpenAIServingCompletion(engine, served_model_names)
-    chat = OpenAIServingChat(engine, served_model_names)
+    tokenize_pool = ThreadPoolExecutor(1, "vllm-tokenize")
+    completion = OpenAIServingCompletion(engine, served_model_names, tokenize_pool)
+    chat = OpenAIServingChat(engine, served_model_names, tokenize_pool)
+    if max_request_body_bytes is not None:
+        app.add_middleware(BodySizeLimit, limit=max_request_body_bytes)
 
     @app.middleware("http")
     async def authenticate(request: Request, call_next):
@@ -66,12 +142,17 @@ def build_app(engine: AsyncLLMEngine, served_model_names: list[str], api_key: st
 
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(request: Request, exc: RequestValidationError):
-        errs = exc.errors()
-        param = ".".join(str(p) for p in errs[0]["loc"][1:]) if errs else None
-        msg = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'][1:]) or 'body'}: {e['msg']}" for e in errs
-        )
-        return APIError(msg or str(exc), 400, param or None).response()
+        msg, param = _validation_message(list(exc.errors()))
+        return APIError(msg or str(exc), 400, param).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(request: Request, exc: StarletteHTTPException):
+        msg = str(exc.detail)
+        if isinstance(exc.__cause__, RecursionError):
+            msg = "The request body could not be parsed: its JSON is nested too deeply."
+        elif exc.__cause__ is not None:
+            msg = f"The request body could not be parsed: {exc.__cause__!r}."
+        return APIError(msg, exc.status_code).response()
 
     @app.exception_handler(APIError)
     async def on_api_error(request: Request, exc: APIError):
@@ -142,7 +223,18 @@ def make_server_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     parser.add_argument("--max-log-len", type=int, default=None, help="Prompt chars logged.")
     parser.add_argument("--disable-log-requests", action="store_true", help="No request logs.")
     parser.add_argument(
-        "--shutdown-timeout", type=float, default=30.0, help="Seconds to let requests finish."
+        "--shutdown-timeout",
+        type=float,
+        default=30.0,
+        help="On SIGINT/SIGTERM, seconds requests in flight may take to finish before they "
+        "are aborted (default 30).",
+    )
+    parser.add_argument(
+        "--max-request-body-bytes",
+        type=int,
+        default=DEFAULT_MAX_REQUEST_BODY_BYTES,
+        help="Largest request body in bytes; larger ones get HTTP 413 "
+        f"(default {DEFAULT_MAX_REQUEST_BODY_BYTES} = 16 MiB; 0: no limit).",
     )
     parser.add_argument("--uvicorn-log-level", default="warning", help="uvicorn log level.")
     EngineArgs.add_cli_args(parser)
@@ -166,7 +258,39 @@ def _graceful_server_class():
 
     class GracefulServer(uvicorn.Server):
         """uvicorn.Server whose SIGINT/SIGTERM only start the graceful exit (uvicorn would
-        re-raise the signal after serving, so the process would not exit with 0)."""
+        re-raise the signal after serving, so the process would not exit with 0), and whose
+        shutdown aborts the requests still running after ``drain_timeout`` seconds.
+
+        Args:
+            config: uvicorn's config.
+            engine: aborted with :meth:`AsyncLLMEngine.abort_all` at the drain timeout.
+            drain_timeout: seconds the requests in flight may take to finish.
+        """
+
+        def __init__(self, config, engine: AsyncLLMEngine, drain_timeout: float):
+            super().__init__(config)
+            self.engine, self.drain_timeout = engine, drain_timeout
+            self.exit_code = 0
+
+        def engine_died(self, err: BaseException) -> None:
+            logger.error("The engine died (%s); stopping the server with exit status 1.", err)
+            self.exit_code = 1
+            self.should_exit = True
+
+        async def shutdown(self, sockets=None):
+            async def abort_late():
+                await asyncio.sleep(self.drain_timeout)
+                await self.engine.abort_all(
+                    f"the server is shutting down and --shutdown-timeout={self.drain_timeout} "
+                    "s has passed"
+                )
+
+            late = asyncio.ensure_future(abort_late())
+            try:
+                await super().shutdown(sockets)
+            finally:
+                late.cancel()
+                await asyncio.gather(late, return_exceptions=True)
 
         @contextlib.contextmanager
         def capture_signals(self):
@@ -185,7 +309,8 @@ def _graceful_server_class():
 
 
 def run_server(args: argparse.Namespace) -> int:
-    """Build the engine, bind the socket, serve until SIGINT/SIGTERM; returns 0."""
+    """Build the engine, bind the socket, serve until SIGINT/SIGTERM (returns 0) or until
+    the engine dies (returns 1)."""
     import uvicorn
 
     _GracefulServer = _graceful_server_class()
@@ -207,7 +332,8 @@ def run_server(args: argparse.Namespace) -> int:
         log_requests=not args.disable_log_requests,
         max_log_len=args.max_log_len,
     )
-    app = build_app(engine, names, args.api_key)
+    limit = args.max_request_body_bytes or None
+    app = build_app(engine, names, args.api_key, limit)
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((args.host, args.port))
@@ -215,13 +341,14 @@ def run_server(args: argparse.Namespace) -> int:
     config = uvicorn.Config(
         app,
         log_level=args.uvicorn_log_level,
-        timeout_graceful_shutdown=args.shutdown_timeout,
+        timeout_graceful_shutdown=args.shutdown_timeout + _ABORT_GRACE_S,
         timeout_keep_alive=5,
     )
-    server = _GracefulServer(config)
+    server = _GracefulServer(config, engine, args.shutdown_timeout)
+    engine.on_dead = server.engine_died
     logger.info(
         "vLLM API server version %s listening on http://%s:%d", __version__, args.host, port
     )
     asyncio.run(server.serve(sockets=[sock]))
-    logger.info("Server stopped.")
-    return 0
+    logger.info("Server stopped (exit status %d).", server.exit_code)
+    return server.exit_code
