@@ -58,6 +58,9 @@ DEFAULT_MAX_REQUEST_BODY_BYTES = 16 * 1024 * 1024
 # Seconds uvicorn still waits after --shutdown-timeout, once the remaining requests were
 # aborted, for their final chunks to be written.
 _ABORT_GRACE_S = 2.0
+# Seconds /health keeps answering 503 after the engine died before the server stops, so a
+# monitor polling it sees the failure (the exit status then tells the supervisor).
+_DEAD_EXIT_DELAY_S = 2.0
 
 
 class BodySizeLimit:
@@ -273,9 +276,17 @@ def _graceful_server_class():
             self.exit_code = 0
 
         def engine_died(self, err: BaseException) -> None:
-            logger.error("The engine died (%s); stopping the server with exit status 1.", err)
+            """Called on the event loop once the engine is dead: /health answers 503 for
+            a moment, then the server stops and exits with status 1."""
+            logger.error(
+                "The engine died (%s); the server stops in %.0f s with exit status 1.",
+                err,
+                _DEAD_EXIT_DELAY_S,
+            )
             self.exit_code = 1
-            self.should_exit = True
+            asyncio.get_running_loop().call_later(
+                _DEAD_EXIT_DELAY_S, lambda: setattr(self, "should_exit", True)
+            )
 
         async def shutdown(self, sockets=None):
             async def abort_late():
