@@ -46,7 +46,8 @@ def _metrics(server) -> dict[str, float]:
     for line in httpx.get(server.url_for("metrics"), timeout=10).text.splitlines():
         if line and not line.startswith("#"):
             name, value = line.rsplit(" ", 1)
-            out[re.sub(r'model_name="[^"]*",?', "", name).replace("{}", "")] = float(value)
+            name = re.sub(r',?model_name="[^"]*"', "", name).replace("{,", "{")
+            out[name.replace("{}", "")] = float(value)
     return out
 
 
