@@ -216,9 +216,11 @@ class Scheduler:
 
         Refused when: a sequence is longer than ``max_model_len``; the prefill (sum of the
         lengths) is longer than ``max_num_batched_tokens``; there are more sequences than
-        ``max_num_seqs``; the prefill needs more blocks than an empty cache minus the
-        watermark (``AllocStatus.NEVER``); or the first decode step (each sequence one token
-        longer, plus ``num_lookahead_slots``) needs more blocks than the whole cache.
+        ``max_num_seqs``; or the prefill needs more blocks than an empty cache minus the
+        watermark (``AllocStatus.NEVER``). Lookahead slots are reserved on decode steps only,
+        and a request that outgrows the cache while decoding may still finish first (EOS,
+        max_tokens), so neither is part of this rule (such a request is preempted, then
+        ignored here once its recompute no longer fits).
         """
         cfg = self.scheduler_config
         bm = self.block_manager
@@ -235,13 +237,11 @@ class Scheduler:
             return f"{n} sequences are more than max_num_seqs={cfg.max_num_seqs}"
         total, bs = bm.get_num_total_gpu_blocks(), bm.block_size
         needed = sum(-(-length_ // bs) for length_ in seq_lens)
-        decode = sum(-(-(length_ + 1 + cfg.num_lookahead_slots) // bs) for length_ in seq_lens)
-        if total - needed < bm.watermark_blocks or decode > total:
+        if total - needed < bm.watermark_blocks:
             return (
                 f"prompt of {length} tokens ({n} sequences) needs more KV-cache blocks "
-                f"({needed} for the prefill, {decode} for the first decode step with "
-                f"{cfg.num_lookahead_slots} lookahead slots) than the {total} blocks of {bs} "
-                f"tokens (watermark {bm.watermark_blocks} blocks)"
+                f"({needed}) than the {total} blocks of {bs} tokens (watermark "
+                f"{bm.watermark_blocks} blocks)"
             )
         return None
 

@@ -184,12 +184,17 @@ class LLMEngine:
         """Refuse a request the scheduler could never run (the scheduler's own rule,
         :meth:`Scheduler.never_fits_reason`; every virtual engine has the same limits).
 
-        Thread-safe: reads only configuration and cache sizes.
+        A prompt longer than ``max_model_len`` is not refused here: as upstream, it is
+        queued and finished as ignored (finish_reason "length", no tokens), which the
+        offline API reports in place. Thread-safe: reads only configuration and cache sizes.
 
         Raises:
             ValueError: naming the limit, e.g. ``n`` x prompt tokens above
-                ``max_num_batched_tokens``, or ``n`` above ``max_num_seqs``.
+                ``max_num_batched_tokens``, ``n`` above ``max_num_seqs``, or more KV-cache
+                blocks than the cache has.
         """
+        if prompt_len > self.scheduler_config.max_model_len:
+            return
         reason = self.schedulers[0].never_fits_reason([prompt_len] * n)
         if reason is not None:
             raise ValueError(

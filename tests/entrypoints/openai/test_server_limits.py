@@ -79,9 +79,9 @@ def test_offline_add_request_refuses_unschedulable(tiny_llama_dir):
         llm.generate({"prompt_token_ids": [28] * 200}, SamplingParams(n=3, max_tokens=2))
     with pytest.raises(ValueError, match=r"9 sequences are more than max_num_seqs=8"):
         llm.llm_engine.add_request("a", [28] * 4, SamplingParams(n=9, max_tokens=2))
-    # 2 x 160 tokens: 20 blocks for the prefill, 22 for the first decode > 21 usable
-    with pytest.raises(ValueError, match=r"20 for the prefill, 22 for the first decode .* 21 bl"):
-        llm.llm_engine.add_request("b", [28] * 160, SamplingParams(n=2, max_tokens=2))
+    # 2 x 170 tokens: 22 blocks of 16 for the prefill > the 21 the cache has
+    with pytest.raises(ValueError, match=r"blocks \(22\) than the 21 blocks of 16"):
+        llm.llm_engine.add_request("b", [28] * 170, SamplingParams(n=2, max_tokens=2))
     assert not llm.llm_engine.has_unfinished_requests()
     out = llm.generate([[28] * 150], SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) == 3
