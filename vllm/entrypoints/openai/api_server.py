@@ -26,9 +26,7 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
 import socket
-import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import FastAPI, Request
@@ -45,68 +43,18 @@ from vllm.entrypoints.openai.protocol import (
     ModelCard,
     ModelList,
 )
+from vllm.entrypoints.openai.request_guards import (
+    DEFAULT_MAX_REQUEST_BODY_BYTES,
+    BodySizeLimit,
+    validation_message,
+)
+from vllm.entrypoints.openai.server_lifecycle import ABORT_GRACE_S, graceful_server_class
 from vllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from vllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from vllm.entrypoints.openai.serving_engine import APIError, to_api_error
 from vllm.version import __version__
 
 logger = logging.getLogger("vllm.entrypoints.openai.api_server")
-
-# Default of --max-request-body-bytes: far above any prompt that fits a context window as
-# text or token ids, far below what would take the server seconds to parse.
-DEFAULT_MAX_REQUEST_BODY_BYTES = 16 * 1024 * 1024
-# Seconds uvicorn still waits after --shutdown-timeout, once the remaining requests were
-# aborted, for their final chunks to be written.
-_ABORT_GRACE_S = 2.0
-# Seconds /health keeps answering 503 after the engine died before the server stops, so a
-# monitor polling it sees the failure (the exit status then tells the supervisor).
-_DEAD_EXIT_DELAY_S = 2.0
-
-
-class BodySizeLimit:
-    """ASGI middleware answering 413 for a request body above ``limit`` bytes: at once from
-    Content-Length, else (chunked bodies) as soon as the bytes received pass the limit."""
-
-    def __init__(self, app, limit: int):
-        self.app, self.limit = app, limit
-
-    def _message(self, size: str) -> str:
-        return (
-            f"The request body ({size}) is larger than the limit of {self.limit} bytes "
-            "(--max-request-body-bytes)."
-        )
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        length = dict(scope["headers"]).get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.limit:
-            resp = APIError(self._message(f"{int(length)} bytes"), 413).response()
-            return await resp(scope, receive, send)
-        received = 0
-
-        async def limited_receive():
-            nonlocal received
-            msg = await receive()
-            if msg["type"] == "http.request":
-                received += len(msg.get("body", b""))
-                if received > self.limit:
-                    # FastAPI re-raises HTTPExceptions from body reading; answered below.
-                    raise StarletteHTTPException(413, self._message(f"over {received} bytes"))
-            return msg
-
-        await self.app(scope, limited_receive, send)
-
-
-def _validation_message(errs: list[dict]) -> tuple[str, str | None]:
-    """OpenAI-style (message, param) for pydantic / JSON errors of a request body."""
-    if errs and errs[0].get("type") == "json_invalid":
-        where = errs[0]["loc"][-1]
-        why = (errs[0].get("ctx") or {}).get("error", "malformed JSON")
-        return f"The request body is not valid JSON: {why} at character {where}.", None
-    param = ".".join(str(p) for p in errs[0]["loc"][1:]) if errs else None
-    msg = "; ".join(f"{'.'.join(str(p) for p in e['loc'][1:]) or 'body'}: {e['msg']}" for e in errs)
-    return msg, param or None
 
 
 def build_app(
@@ -145,7 +93,7 @@ def build_app(
 
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(request: Request, exc: RequestValidationError):
-        msg, param = _validation_message(list(exc.errors()))
+        msg, param = validation_message(list(exc.errors()))
         return APIError(msg or str(exc), 400, param).response()
 
     @app.exception_handler(StarletteHTTPException)
@@ -256,75 +204,12 @@ def default_model() -> str | None:
     return path if os.path.isfile(path) else None
 
 
-def _graceful_server_class():
-    import uvicorn
-
-    class GracefulServer(uvicorn.Server):
-        """uvicorn.Server whose SIGINT/SIGTERM only start the graceful exit (uvicorn would
-        re-raise the signal after serving, so the process would not exit with 0), and whose
-        shutdown aborts the requests still running after ``drain_timeout`` seconds.
-
-        Args:
-            config: uvicorn's config.
-            engine: aborted with :meth:`AsyncLLMEngine.abort_all` at the drain timeout.
-            drain_timeout: seconds the requests in flight may take to finish.
-        """
-
-        def __init__(self, config, engine: AsyncLLMEngine, drain_timeout: float):
-            super().__init__(config)
-            self.engine, self.drain_timeout = engine, drain_timeout
-            self.exit_code = 0
-
-        def engine_died(self, err: BaseException) -> None:
-            """Called on the event loop once the engine is dead: /health answers 503 for
-            a moment, then the server stops and exits with status 1."""
-            logger.error(
-                "The engine died (%s); the server stops in %.0f s with exit status 1.",
-                err,
-                _DEAD_EXIT_DELAY_S,
-            )
-            self.exit_code = 1
-            asyncio.get_running_loop().call_later(
-                _DEAD_EXIT_DELAY_S, lambda: setattr(self, "should_exit", True)
-            )
-
-        async def shutdown(self, sockets=None):
-            async def abort_late():
-                await asyncio.sleep(self.drain_timeout)
-                await self.engine.abort_all(
-                    f"the server is shutting down and --shutdown-timeout={self.drain_timeout} "
-                    "s has passed"
-                )
-
-            late = asyncio.ensure_future(abort_late())
-            try:
-                await super().shutdown(sockets)
-            finally:
-                late.cancel()
-                await asyncio.gather(late, return_exceptions=True)
-
-        @contextlib.contextmanager
-        def capture_signals(self):
-            if threading.current_thread() is not threading.main_thread():
-                yield
-                return
-            sigs = (signal.SIGINT, signal.SIGTERM)
-            saved = {sig: signal.signal(sig, self.handle_exit) for sig in sigs}
-            try:
-                yield
-            finally:
-                for sig, handler in saved.items():
-                    signal.signal(sig, handler)
-
-    return GracefulServer
-
-
 def run_server(args: argparse.Namespace) -> int:
     """Build the engine, bind the socket, serve until SIGINT/SIGTERM (returns 0) or until
     the engine dies (returns 1)."""
     import uvicorn
 
-    _GracefulServer = _graceful_server_class()
+    _GracefulServer = graceful_server_class()
     model = args.model or args.model_flag
     if model is None:
         model = default_model()
@@ -352,7 +237,7 @@ def run_server(args: argparse.Namespace) -> int:
     config = uvicorn.Config(
         app,
         log_level=args.uvicorn_log_level,
-        timeout_graceful_shutdown=args.shutdown_timeout + _ABORT_GRACE_S,
+        timeout_graceful_shutdown=args.shutdown_timeout + ABORT_GRACE_S,
         timeout_keep_alive=5,
     )
     server = _GracefulServer(config, engine, args.shutdown_timeout)
