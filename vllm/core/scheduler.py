@@ -208,29 +208,46 @@ class Scheduler:
             )
         return metadata, out
 
-    def _never_fits(self, group: SequenceGroup) -> str | None:
-        """Why the waiting group can never be scheduled, or None if it may be."""
+    def never_fits_reason(self, seq_lens: list[int]) -> str | None:
+        """Why a request whose unfinished sequences have ``seq_lens`` tokens can never be
+        scheduled, or None if it may be. Reads only the configuration and the cache size,
+        so the engine (and the HTTP server, from another thread) can refuse such a request
+        before it is queued with the same rule the scheduler applies when it reaches it.
+
+        Refused when: a sequence is longer than ``max_model_len``; the prefill (sum of the
+        lengths) is longer than ``max_num_batched_tokens``; there are more sequences than
+        ``max_num_seqs``; or the prefill needs more blocks than an empty cache minus the
+        watermark (``AllocStatus.NEVER``). Lookahead slots are reserved on decode steps only,
+        and a request that outgrows the cache while decoding may still finish first (EOS,
+        max_tokens), so neither is part of this rule (such a request is preempted, then
+        ignored here once its recompute no longer fits).
+        """
         cfg = self.scheduler_config
-        seqs = group.get_unfinished_seqs()
-        length = max(s.get_len() for s in seqs)
+        bm = self.block_manager
+        length, n = max(seq_lens), len(seq_lens)
         if length > cfg.max_model_len:
             return f"prompt of {length} tokens is longer than max_model_len={cfg.max_model_len}"
-        tokens = sum(s.get_len() for s in seqs)
+        tokens = sum(seq_lens)
         if tokens > cfg.max_num_batched_tokens:
             return (
-                f"prefill of {tokens} tokens ({len(seqs)} sequences) is longer than "
-                f"max_num_batched_tokens={cfg.max_num_batched_tokens}"
+                f"prefill of {tokens} tokens ({n} sequences of up to {length} tokens) is "
+                f"longer than max_num_batched_tokens={cfg.max_num_batched_tokens}"
             )
-        if len(seqs) > cfg.max_num_seqs:
-            return f"{len(seqs)} sequences are more than max_num_seqs={cfg.max_num_seqs}"
-        if self.block_manager.can_allocate(group) == AllocStatus.NEVER:
-            bm = self.block_manager
+        if n > cfg.max_num_seqs:
+            return f"{n} sequences are more than max_num_seqs={cfg.max_num_seqs}"
+        total, bs = bm.get_num_total_gpu_blocks(), bm.block_size
+        needed = sum(-(-length_ // bs) for length_ in seq_lens)
+        if total - needed < bm.watermark_blocks:
             return (
-                f"prompt of {length} tokens ({len(seqs)} sequences) needs more KV-cache blocks "
-                f"than the {bm.get_num_total_gpu_blocks()} blocks of {bm.block_size} tokens "
-                f"(watermark {bm.watermark_blocks} blocks)"
+                f"prompt of {length} tokens ({n} sequences) needs more KV-cache blocks "
+                f"({needed}) than the {total} blocks of {bs} tokens (watermark "
+                f"{bm.watermark_blocks} blocks)"
             )
         return None
+
+    def _never_fits(self, group: SequenceGroup) -> str | None:
+        """Why the waiting group can never be scheduled (see :meth:`never_fits_reason`)."""
+        return self.never_fits_reason([s.get_len() for s in group.get_unfinished_seqs()])
 
     def _schedule_prefills(self) -> SchedulerOutputs:
         cfg = self.scheduler_config

@@ -15,16 +15,20 @@ thread, so VE 0's step can run while VE 1's is scheduled or processed.
 Failures. An exception while one request's output is processed fails that request only
 (``LLMEngine.failed_requests``); its stream raises :class:`RequestFailedError` and the loop
 goes on. An exception in a whole step fails the requests scheduled in it. Anything else
-that escapes the loop marks the engine dead (``errored``) and fails every open stream.
+that escapes the loop marks the engine dead (``errored``) and fails every open stream; so
+does a failed executor (a pipeline worker process died), which the loop checks after every
+step and at least once a second while idle. ``on_dead`` (set by the HTTP server) is then
+called once with the error, so the server can exit and be restarted by its supervisor.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -103,6 +107,8 @@ class AsyncLLMEngine:
         self._loop_task: asyncio.Task | None = None
         self._stopping = False
         self.errored: BaseException | None = None
+        # Called once (on the event loop) with the error when the engine dies.
+        self.on_dead: Callable[[BaseException], None] | None = None
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs, **kwargs) -> AsyncLLMEngine:
@@ -120,9 +126,11 @@ class AsyncLLMEngine:
             self._loop_task = asyncio.get_running_loop().create_task(self._run_loop())
 
     async def check_health(self) -> None:
-        """Raises EngineDeadError when the background loop has died."""
+        """Raises EngineDeadError when the background loop has died or the executor failed
+        (e.g. a pipeline worker process was killed)."""
         if self.errored is not None:
             raise EngineDeadError(f"the engine loop died: {self.errored!r}")
+        self._check_executor()
         if self._stopping:
             raise EngineDeadError("the engine is shutting down.")
 
@@ -165,6 +173,42 @@ class AsyncLLMEngine:
             if not finished:
                 self.abort(request_id)
 
+    def _check_executor(self) -> None:
+        executor = self.engine.executor
+        if getattr(executor, "failed", False):
+            err = getattr(executor, "_error", None)
+            raise EngineDeadError(f"the executor failed: {err}")
+
+    def check_schedulable(self, prompt_len: int, n: int) -> None:
+        """Raises ValueError for a request the scheduler could never run (see
+        :meth:`LLMEngine.check_schedulable`; safe to call from the event loop)."""
+        self.engine.check_schedulable(prompt_len, n)
+
+    async def abort_all(self, reason: str) -> int:
+        """Abort every queued and running request; each open stream gets a final output
+        whose sequences finish with finish_reason "abort" (used when a graceful shutdown
+        runs out of time). Returns how many requests were aborted."""
+        pending, self._pending = self._pending, []
+        for rid, *_ in pending:
+            self._deliver(rid, EngineDeadError(reason))
+        outs, stats = await self._on_engine(self._abort_all)
+        self.metrics.record(stats)
+        for out in outs:
+            self._deliver(out.request_id, out)
+        if outs or pending:
+            logger.warning("Aborted %d request(s): %s", len(outs) + len(pending), reason)
+        return len(outs) + len(pending)
+
+    def _abort_all(self):
+        """Engine thread: abort every request and snapshot each as a finished output."""
+        groups = list(self.engine._requests.values())
+        self.engine.abort_request([g.request_id for g in groups])
+        outs = [self.engine.make_request_output(g) for g in groups]
+        stats = self._gauges()
+        now = time.time()
+        stats.finished = [("abort", now - g.metrics.arrival_time) for g in groups]
+        return outs, stats
+
     def abort(self, request_id: str) -> None:
         """Abort a request (applied on the engine thread before the next step)."""
         if self._wakeup is None:
@@ -203,6 +247,7 @@ class AsyncLLMEngine:
                 pending, self._pending = self._pending, []
                 aborts, self._aborts = self._aborts, []
                 idle = [v for v in range(self.num_virtual_engines) if v not in in_flight]
+                self._check_executor()
                 ready, refused, gauges = await self._on_engine(self._admit, pending, aborts, idle)
                 self.metrics.record(gauges)
                 for rid, err in refused:
@@ -214,7 +259,9 @@ class AsyncLLMEngine:
                     if self._stopping:
                         return
                     if not self._pending and not self._aborts:
-                        await self._wakeup.wait()
+                        # Wake at least once a second to notice a failed executor.
+                        with contextlib.suppress(asyncio.TimeoutError):
+                            await asyncio.wait_for(self._wakeup.wait(), 1.0)
                     continue
                 wake = asyncio.create_task(self._wakeup.wait())
                 await asyncio.wait([*in_flight.values(), wake], return_when="FIRST_COMPLETED")
@@ -228,6 +275,8 @@ class AsyncLLMEngine:
                 logger.exception("The engine loop died.")
             self.errored = e
             self._fail_all(EngineDeadError(f"the engine loop died: {e!r}"))
+            if self.on_dead is not None and not isinstance(e, asyncio.CancelledError):
+                self.on_dead(e)
             raise
 
     def _admit(self, pending, aborts, idle):
@@ -238,10 +287,15 @@ class AsyncLLMEngine:
                 self.engine.add_request(rid, prompt, params, arrival_time=arrival)
             except Exception as e:
                 refused.append((rid, e))
+        now = time.time()
+        gone = [self.engine._requests.get(rid) for rid in aborts]
         if aborts:
             self.engine.abort_request(aborts)
         ready = [v for v in idle if self.engine.schedulers[v].has_unfinished_seqs()]
-        return ready, refused, self._gauges()
+        gauges = self._gauges()
+        # Aborted requests count as finished with reason "abort" (request_success_total).
+        gauges.finished = [("abort", now - g.metrics.arrival_time) for g in gone if g]
+        return ready, refused, gauges
 
     def _gauges(self) -> StepStats:
         """Running / waiting requests and KV-cache usage now (engine thread)."""

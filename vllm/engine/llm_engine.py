@@ -124,15 +124,18 @@ class LLMEngine:
     def process_prompt(self, prompt: PromptType) -> tuple[str | None, list[int]]:
         """Validate and tokenize one prompt.
 
-        Accepts text, ``{"prompt": text}``, ``{"prompt_token_ids": [...]}`` or a list of ids.
+        Accepts text, ``{"prompt": text}``, ``{"prompt_token_ids": [...]}`` (optionally with
+        its ``"prompt"`` text, then not tokenized again) or a list of ids.
 
         Raises:
             ValueError: empty prompt, ids outside [0, vocab_size), text without a tokenizer.
         """
         text: str | None = None
+        ids = None
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:
                 ids = list(prompt["prompt_token_ids"])
+                text = prompt.get("prompt")
             elif "prompt" in prompt:
                 text = prompt["prompt"]
             else:
@@ -145,7 +148,7 @@ class LLMEngine:
             ids = list(prompt)
         else:
             raise ValueError(f"unsupported prompt type {type(prompt).__name__}.")
-        if text is not None:
+        if ids is None:
             if self.tokenizer is None:
                 raise ValueError("text prompts need a tokenizer (skip_tokenizer_init=True).")
             ids = self.tokenizer.encode(text)
@@ -177,6 +180,28 @@ class LLMEngine:
                     f"stop token id {t} is out of vocabulary (valid ids: 0..{vocab - 1})."
                 )
 
+    def check_schedulable(self, prompt_len: int, n: int) -> None:
+        """Refuse a request the scheduler could never run (the scheduler's own rule,
+        :meth:`Scheduler.never_fits_reason`; every virtual engine has the same limits).
+
+        A prompt longer than ``max_model_len`` is not refused here: as upstream, it is
+        queued and finished as ignored (finish_reason "length", no tokens), which the
+        offline API reports in place. Thread-safe: reads only configuration and cache sizes.
+
+        Raises:
+            ValueError: naming the limit, e.g. ``n`` x prompt tokens above
+                ``max_num_batched_tokens``, ``n`` above ``max_num_seqs``, or more KV-cache
+                blocks than the cache has.
+        """
+        if prompt_len > self.scheduler_config.max_model_len:
+            return
+        reason = self.schedulers[0].never_fits_reason([prompt_len] * n)
+        if reason is not None:
+            raise ValueError(
+                f"This request can never be scheduled: {reason} (prompt of {prompt_len} "
+                f"tokens, n={n})."
+            )
+
     def add_request(
         self,
         request_id: str,
@@ -188,12 +213,14 @@ class LLMEngine:
 
         Raises:
             ValueError: a duplicate request id, a bad prompt (see :meth:`process_prompt`),
-                or params that do not fit the model (see :meth:`verify_params`).
+                params that do not fit the model (see :meth:`verify_params`), or a request
+                the scheduler could never run (see :meth:`check_schedulable`).
         """
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already running.")
         text, ids = self.process_prompt(prompt)
         self.verify_params(params)
+        self.check_schedulable(len(ids), params.n)
         params = params.clone()
         if self.eos_token_id is not None and not params.ignore_eos:
             params.all_stop_token_ids.add(self.eos_token_id)

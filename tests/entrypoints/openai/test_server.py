@@ -29,12 +29,15 @@ FAULT = "FAULT-INJECT-7f3a"
 PROMPTS = ["The capital of France is", "Hello, my name is", "def fibonacci(n):"]
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 MAX_LEN = 512
+SHUTDOWN_TIMEOUT = 600
 
 
 @pytest.fixture(scope="module")
 def server(smollm2_gguf):
     args = ["--device", "cpu", "--max-model-len", str(MAX_LEN)]
     args += ["--served-model-name", MODEL, "--api-key", KEY, "--max-log-len", "40"]
+    # generous: the SIGTERM test's drain must not depend on how fast this machine generates
+    args += ["--shutdown-timeout", str(SHUTDOWN_TIMEOUT)]
     srv = RemoteOpenAIServer(smollm2_gguf, args, env={"VLLM_TEST_FAULT_PROMPT": FAULT})
     try:
         yield srv
@@ -370,7 +373,7 @@ def test_sigterm_finishes_in_flight_request_then_exits(server, client):
     t = threading.Thread(target=consume)
     t.start()
     assert first.wait(60)
-    assert server.stop() == 0, server.log_tail()
+    assert server.stop(timeout=SHUTDOWN_TIMEOUT + 30) == 0, server.log_tail()
     t.join(60)
     assert len(chunks) == 24 and chunks[-1].choices[0].finish_reason == "length"
     assert "Shutting down the engine" in server.read_log()

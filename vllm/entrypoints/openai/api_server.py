@@ -2,13 +2,21 @@
 
 Endpoints: /v1/models, /v1/completions, /v1/chat/completions, /health, /version, /metrics
 (Prometheus text, this server's own registry). Errors use OpenAI's body
-``{"error": {"message", "type", "param", "code"}}``: 400 for bad requests (pydantic
-validation errors and ValueErrors included), 401 for a missing or wrong key when
-``--api-key`` is set, 404 for an unknown model, 500 when a request fails in the engine.
+``{"error": {"message", "type", "param", "code"}}``: 400 for bad requests (malformed JSON,
+pydantic validation errors and ValueErrors included), 401 for a missing or wrong key when
+``--api-key`` is set, 404 for an unknown model, 413 for a body above
+``--max-request-body-bytes``, 500 when a request fails in the engine, 503 once the engine
+is dead.
 
-Shutdown: uvicorn turns SIGINT/SIGTERM into a graceful exit: it stops accepting, lets the
-requests in flight finish (at most ``--shutdown-timeout`` seconds), then the app's lifespan
-stops the engine (``AsyncLLMEngine.shutdown`` -> ``LLMEngine.shutdown``).
+Shutdown: SIGINT/SIGTERM start a graceful exit: the server stops accepting and the requests
+in flight may finish for ``--shutdown-timeout`` seconds; those still running then are
+aborted (streams get a final chunk with finish_reason "abort" and ``[DONE]``, other
+requests their outputs so far), then the app's lifespan stops the engine
+(``AsyncLLMEngine.shutdown`` -> ``LLMEngine.shutdown``) and the process exits with 0.
+
+Engine death: when the engine loop dies (e.g. a pipeline worker process was killed),
+/health answers 503, the requests in flight fail, and the server exits with status 1 so
+that a supervisor restarts it.
 """
 
 from __future__ import annotations
@@ -18,13 +26,13 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
 import socket
-import threading
+from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.async_llm_engine import AsyncLLMEngine
@@ -35,6 +43,12 @@ from vllm.entrypoints.openai.protocol import (
     ModelCard,
     ModelList,
 )
+from vllm.entrypoints.openai.request_guards import (
+    DEFAULT_MAX_REQUEST_BODY_BYTES,
+    BodySizeLimit,
+    validation_message,
+)
+from vllm.entrypoints.openai.server_lifecycle import ABORT_GRACE_S, graceful_server_class
 from vllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from vllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from vllm.entrypoints.openai.serving_engine import APIError, to_api_error
@@ -43,8 +57,17 @@ from vllm.version import __version__
 logger = logging.getLogger("vllm.entrypoints.openai.api_server")
 
 
-def build_app(engine: AsyncLLMEngine, served_model_names: list[str], api_key: str | None):
-    """The FastAPI app serving ``engine`` (the engine loop starts with the app)."""
+def build_app(
+    engine: AsyncLLMEngine,
+    served_model_names: list[str],
+    api_key: str | None,
+    max_request_body_bytes: int | None = DEFAULT_MAX_REQUEST_BODY_BYTES,
+):
+    """The FastAPI app serving ``engine`` (the engine loop starts with the app).
+
+    Args:
+        max_request_body_bytes: bodies above this get 413 (None: no limit).
+    """
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -52,10 +75,14 @@ def build_app(engine: AsyncLLMEngine, served_model_names: list[str], api_key: st
         yield
         logger.info("Shutting down the engine.")
         await engine.shutdown()
+        tokenize_pool.shutdown(wait=False)
 
     app = FastAPI(lifespan=lifespan)
-    completion = OpenAIServingCompletion(engine, served_model_names)
-    chat = OpenAIServingChat(engine, served_model_names)
+    tokenize_pool = ThreadPoolExecutor(1, "vllm-tokenize")
+    completion = OpenAIServingCompletion(engine, served_model_names, tokenize_pool)
+    chat = OpenAIServingChat(engine, served_model_names, tokenize_pool)
+    if max_request_body_bytes is not None:
+        app.add_middleware(BodySizeLimit, limit=max_request_body_bytes)
 
     @app.middleware("http")
     async def authenticate(request: Request, call_next):
@@ -66,12 +93,17 @@ def build_app(engine: AsyncLLMEngine, served_model_names: list[str], api_key: st
 
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(request: Request, exc: RequestValidationError):
-        errs = exc.errors()
-        param = ".".join(str(p) for p in errs[0]["loc"][1:]) if errs else None
-        msg = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'][1:]) or 'body'}: {e['msg']}" for e in errs
-        )
-        return APIError(msg or str(exc), 400, param or None).response()
+        msg, param = validation_message(list(exc.errors()))
+        return APIError(msg or str(exc), 400, param).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(request: Request, exc: StarletteHTTPException):
+        msg = str(exc.detail)
+        if isinstance(exc.__cause__, RecursionError):
+            msg = "The request body could not be parsed: its JSON is nested too deeply."
+        elif exc.__cause__ is not None:
+            msg = f"The request body could not be parsed: {exc.__cause__!r}."
+        return APIError(msg, exc.status_code).response()
 
     @app.exception_handler(APIError)
     async def on_api_error(request: Request, exc: APIError):
@@ -142,7 +174,18 @@ def make_server_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     parser.add_argument("--max-log-len", type=int, default=None, help="Prompt chars logged.")
     parser.add_argument("--disable-log-requests", action="store_true", help="No request logs.")
     parser.add_argument(
-        "--shutdown-timeout", type=float, default=30.0, help="Seconds to let requests finish."
+        "--shutdown-timeout",
+        type=float,
+        default=30.0,
+        help="On SIGINT/SIGTERM, seconds requests in flight may take to finish before they "
+        "are aborted (default 30).",
+    )
+    parser.add_argument(
+        "--max-request-body-bytes",
+        type=int,
+        default=DEFAULT_MAX_REQUEST_BODY_BYTES,
+        help="Largest request body in bytes; larger ones get HTTP 413 "
+        f"(default {DEFAULT_MAX_REQUEST_BODY_BYTES} = 16 MiB; 0: no limit).",
     )
     parser.add_argument("--uvicorn-log-level", default="warning", help="uvicorn log level.")
     EngineArgs.add_cli_args(parser)
@@ -161,34 +204,12 @@ def default_model() -> str | None:
     return path if os.path.isfile(path) else None
 
 
-def _graceful_server_class():
-    import uvicorn
-
-    class GracefulServer(uvicorn.Server):
-        """uvicorn.Server whose SIGINT/SIGTERM only start the graceful exit (uvicorn would
-        re-raise the signal after serving, so the process would not exit with 0)."""
-
-        @contextlib.contextmanager
-        def capture_signals(self):
-            if threading.current_thread() is not threading.main_thread():
-                yield
-                return
-            sigs = (signal.SIGINT, signal.SIGTERM)
-            saved = {sig: signal.signal(sig, self.handle_exit) for sig in sigs}
-            try:
-                yield
-            finally:
-                for sig, handler in saved.items():
-                    signal.signal(sig, handler)
-
-    return GracefulServer
-
-
 def run_server(args: argparse.Namespace) -> int:
-    """Build the engine, bind the socket, serve until SIGINT/SIGTERM; returns 0."""
+    """Build the engine, bind the socket, serve until SIGINT/SIGTERM (returns 0) or until
+    the engine dies (returns 1)."""
     import uvicorn
 
-    _GracefulServer = _graceful_server_class()
+    _GracefulServer = graceful_server_class()
     model = args.model or args.model_flag
     if model is None:
         model = default_model()
@@ -207,7 +228,8 @@ def run_server(args: argparse.Namespace) -> int:
         log_requests=not args.disable_log_requests,
         max_log_len=args.max_log_len,
     )
-    app = build_app(engine, names, args.api_key)
+    limit = args.max_request_body_bytes or None
+    app = build_app(engine, names, args.api_key, limit)
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((args.host, args.port))
@@ -215,13 +237,14 @@ def run_server(args: argparse.Namespace) -> int:
     config = uvicorn.Config(
         app,
         log_level=args.uvicorn_log_level,
-        timeout_graceful_shutdown=args.shutdown_timeout,
+        timeout_graceful_shutdown=args.shutdown_timeout + ABORT_GRACE_S,
         timeout_keep_alive=5,
     )
-    server = _GracefulServer(config)
+    server = _GracefulServer(config, engine, args.shutdown_timeout)
+    engine.on_dead = server.engine_died
     logger.info(
         "vLLM API server version %s listening on http://%s:%d", __version__, args.host, port
     )
     asyncio.run(server.serve(sockets=[sock]))
-    logger.info("Server stopped.")
-    return 0
+    logger.info("Server stopped (exit status %d).", server.exit_code)
+    return server.exit_code

@@ -32,35 +32,62 @@ from vllm.entrypoints.openai.serving_engine import (
 from vllm.sequence import PositionLogprobs
 
 
-def _content_text(content) -> str:
+def _content_text(content, i: int) -> str:
+    """A message's text; a content part other than text is refused (this engine is
+    text-only), never silently dropped.
+
+    Raises:
+        APIError 400: naming the part's type and where it is.
+    """
     if content is None:
         return ""
     if isinstance(content, str):
         return content
-    return "".join(p.get("text", "") for p in content if p.get("type", "text") == "text")
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type", "text")
+        if kind != "text":
+            raise APIError(
+                f"messages[{i}].content[{j}] has type {kind!r}: this model takes text only "
+                "(content parts of type 'text').",
+                400,
+                f"messages.{i}.content.{j}.type",
+            )
+        texts.append(str(part.get("text", "")))
+    return "".join(texts)
 
 
 class OpenAIServingChat(OpenAIServing):
     """Handler of /v1/chat/completions."""
 
-    def _prompt_ids(self, req: ChatCompletionRequest) -> list[int]:
+    async def _prompt_ids(self, req: ChatCompletionRequest) -> list[int]:
+        """Check the messages, then apply the chat template on the tokenizer thread."""
         if not req.messages:
             raise APIError("messages must not be empty (got an empty list).", 400, "messages")
         if self.tokenizer is None:
             raise APIError("chat needs a tokenizer (skip_tokenizer_init is set).", 400)
-        conv = [{"role": m.role, "content": _content_text(m.content)} for m in req.messages]
+        conv = [
+            {"role": m.role, "content": _content_text(m.content, i)}
+            for i, m in enumerate(req.messages)
+        ]
+        for i, m in enumerate(conv):
+            self.check_text(m["content"], f"messages[{i}].content")
+        self.check_text("".join(m["content"] for m in conv), "messages")
         try:
-            ids = self.tokenizer.apply_chat_template(
-                conv,
-                chat_template=req.chat_template,
-                add_generation_prompt=req.add_generation_prompt,
-                tokenize=True,
-            )
+            ids = await self.off_loop(self._apply_template, conv, req)
         except Exception as e:  # jinja / template errors are the request's fault
             raise APIError(f"could not apply the chat template: {e}", 400, "messages") from e
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):
             ids = ids["input_ids"]
         return list(ids)
+
+    def _apply_template(self, conv: list[dict], req: ChatCompletionRequest):
+        return self.tokenizer.apply_chat_template(
+            conv,
+            chat_template=req.chat_template,
+            add_generation_prompt=req.add_generation_prompt,
+            tokenize=True,
+        )
 
     async def create_chat_completion(self, req: ChatCompletionRequest, raw: Request | None):
         """Returns a ChatCompletionResponse, or an async iterator of SSE strings.
@@ -73,12 +100,13 @@ class OpenAIServingChat(OpenAIServing):
         if max_tokens is None:
             max_tokens = req.max_tokens
         self.check_max_tokens(max_tokens)
-        ids = self._prompt_ids(req)
+        ids = await self._prompt_ids(req)
         budget = self.check_length(len(ids), max_tokens, "messages")
         k = None
         if req.logprobs:
             k = req.top_logprobs or 0
         params = self.sampling_params(req, budget, k)
+        self.check_schedulable(len(ids), req.n)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         gen = self.engine.generate({"prompt_token_ids": ids}, params, rid)
         created = int(time.time())

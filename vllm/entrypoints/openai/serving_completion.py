@@ -35,7 +35,7 @@ from vllm.sequence import PositionLogprobs
 class OpenAIServingCompletion(OpenAIServing):
     """Handler of /v1/completions."""
 
-    def _prompts(self, req: CompletionRequest) -> list[tuple[str | None, list[int]]]:
+    async def _prompts(self, req: CompletionRequest) -> list[tuple[str | None, list[int]]]:
         p = req.prompt
         if isinstance(p, list) and p and any(isinstance(t, int) for t in p):
             if not all(isinstance(t, int) for t in p):
@@ -53,7 +53,7 @@ class OpenAIServingCompletion(OpenAIServing):
                     raise APIError("prompt must not be empty (got '').", 400, "prompt")
                 if self.tokenizer is None:
                     raise APIError("text prompts need a tokenizer.", 400, "prompt")
-                out.append((item, list(self.tokenizer.encode(item))))
+                out.append((item, await self.encode(item, "prompt")))
             else:
                 ids = list(item)
                 if not ids:
@@ -76,18 +76,20 @@ class OpenAIServingCompletion(OpenAIServing):
         """
         self.check_model(req.model)
         self.check_max_tokens(req.max_tokens, req.echo)
-        prompts = self._prompts(req)
+        prompts = await self._prompts(req)
         echo_only = req.echo and req.max_tokens == 0
         prompt_lp = req.prompt_logprobs
         if req.echo and req.logprobs is not None:
             prompt_lp = req.logprobs
         params = []
+        # Every prompt is checked before any is queued.
         for _, ids in prompts:
             budget = self.check_length(len(ids), 1 if echo_only else req.max_tokens, "prompt")
             params.append(self.sampling_params(req, budget, req.logprobs, prompt_lp))
+            self.check_schedulable(len(ids), req.n)
         base = f"cmpl-{uuid.uuid4().hex}"
         gens = [
-            self.engine.generate(text if text is not None else ids, sp, f"{base}-{i}")
+            self.engine.generate({"prompt": text, "prompt_token_ids": ids}, sp, f"{base}-{i}")
             for i, ((text, ids), sp) in enumerate(zip(prompts, params))
         ]
         created = int(time.time())

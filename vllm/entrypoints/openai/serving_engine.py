@@ -1,12 +1,22 @@
 """What the completion and chat handlers share: model-name checks, OpenAI-style errors,
-context-length checks, SamplingParams from a request, and draining a request's outputs
-while watching for a client disconnect."""
+context-length and schedulability checks, tokenization off the event loop, SamplingParams
+from a request, and draining a request's outputs while watching for a client disconnect.
+
+Large inputs. Tokenizing a long text takes seconds; done on the event loop it would stall
+/health and every other client's stream. So texts are tokenized (and chat templates
+applied) on one tokenizer thread, and a text that cannot fit the context is refused before
+tokenization: with no normalizer, a token covers at most ``max_chars_per_token`` characters
+(the longest vocabulary entry; byte-level entries count bytes, never fewer than the
+characters they cover), so a text longer than ``max_model_len x max_chars_per_token``
+characters has more than ``max_model_len`` tokens whatever the tokenizer does with it.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
 
 from fastapi import Request
@@ -21,6 +31,7 @@ _ERROR_TYPES = {
     400: "BadRequestError",
     401: "AuthenticationError",
     404: "NotFoundError",
+    413: "RequestTooLargeError",
     500: "InternalServerError",
     503: "ServiceUnavailableError",
 }
@@ -50,6 +61,19 @@ class APIError(Exception):
         return f"data: {json.dumps(self.body())}\n\n"
 
 
+def max_chars_per_token(tokenizer) -> int | None:
+    """Most characters one token can cover (the longest vocabulary entry), or None when
+    no safe bound is known: no tokenizer, not a fast tokenizer, or a normalizer that may
+    remove characters before the model sees them."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or backend.normalizer is not None:
+        return None
+    try:
+        return max(1, max(len(t) for t in tokenizer.get_vocab()))
+    except Exception:
+        return None
+
+
 def param_of(message: str) -> str | None:
     """The request field a SamplingParams ValueError names (its first word), if any."""
     head = message.split(" ", 1)[0].strip(":,.")
@@ -62,13 +86,70 @@ class OpenAIServing:
     Args:
         engine: the running AsyncLLMEngine.
         served_model_names: names accepted in ``model``; the first is reported.
+        tokenize_pool: the one thread that tokenizes (shared by the handlers, so the
+            tokenizer object is never used by two threads at once); a new one when None.
     """
 
-    def __init__(self, engine: AsyncLLMEngine, served_model_names: list[str]):
+    def __init__(
+        self,
+        engine: AsyncLLMEngine,
+        served_model_names: list[str],
+        tokenize_pool: ThreadPoolExecutor | None = None,
+    ):
         self.engine = engine
         self.served_model_names = served_model_names
         self.max_model_len = engine.max_model_len
         self.tokenizer = engine.tokenizer
+        self.tokenize_pool = tokenize_pool or ThreadPoolExecutor(1, "vllm-tokenize")
+        self.max_chars_per_token = max_chars_per_token(self.tokenizer)
+
+    async def off_loop(self, fn, *args):
+        """Run ``fn(*args)`` on the tokenizer thread."""
+        return await asyncio.get_running_loop().run_in_executor(self.tokenize_pool, fn, *args)
+
+    def check_text(self, text: str, field: str) -> None:
+        """Refuse text that is not valid Unicode (a lone surrogate such as "\\ud800" from a
+        JSON escape) or that is certainly longer than the context (see the module docstring).
+
+        Raises:
+            APIError 400: naming ``field``, the position of the bad character, or the
+                length, ``max_model_len`` and the characters-per-token bound.
+        """
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise APIError(
+                f"{field} is not valid Unicode: lone surrogate {text[e.start]!r} "
+                f"(U+{ord(text[e.start]):04X}) at character {e.start}; surrogates must come "
+                "in high/low pairs.",
+                400,
+                field,
+            ) from None
+        bound = self.max_chars_per_token
+        if bound is not None and len(text) > self.max_model_len * bound:
+            raise APIError(
+                f"This model's maximum context length is {self.max_model_len} tokens. "
+                f"However, the {field} has {len(text)} characters, more than "
+                f"{self.max_model_len} tokens of at most {bound} characters each can hold. "
+                f"Please reduce the length of the {field}.",
+                400,
+                field,
+            )
+
+    async def encode(self, text: str, field: str) -> list[int]:
+        """Check (:meth:`check_text`) and tokenize ``text`` on the tokenizer thread."""
+        self.check_text(text, field)
+        return list(await self.off_loop(self.tokenizer.encode, text))
+
+    def check_schedulable(self, prompt_len: int, n: int) -> None:
+        """Raises APIError 400 when the scheduler could never run ``n`` sequences of
+        ``prompt_len`` tokens (n x prompt tokens above max_num_batched_tokens, n above
+        max_num_seqs, more KV blocks than the cache has)."""
+        try:
+            self.engine.check_schedulable(prompt_len, n)
+        except ValueError as e:
+            param = "n" if "max_num_seqs" in str(e) else "prompt"
+            raise APIError(str(e), 400, param) from None
 
     @property
     def model_name(self) -> str:
@@ -107,7 +188,8 @@ class OpenAIServing:
                 f"the {kind}, {max_tokens} in the completion). Please reduce the length of "
                 f"the {kind} or the completion (max_tokens).",
                 400,
-                kind,
+                # the prompt alone fits: max_tokens is what is too large
+                kind if prompt_len >= self.max_model_len else "max_tokens",
             )
         return max_tokens
 

@@ -1,0 +1,148 @@
+"""`vllm serve` stops cleanly (tiny Llama on CPU, one server per test, loopback only).
+
+Guards: /health answered 200 after a pipeline worker was killed, and the server kept
+running (now 503, the request in flight fails with an error event, and the process exits
+with status 1 so a supervisor restarts it); a graceful stop whose --shutdown-timeout ran
+out cut streams without a final chunk or ``[DONE]``; a drain test that depended on how
+fast the machine generates (the drain test below gives the timeout 300 s, the cut-off test
+gives 0.5 s against 500-token streams).
+"""
+
+import json
+import os
+import signal
+import threading
+import time
+
+import httpx
+import psutil
+import pytest
+
+from tests.utils import RemoteOpenAIServer
+
+
+def _descendants(server) -> list[psutil.Process]:
+    return psutil.Process(server.proc.pid).children(recursive=True)
+
+
+def _assert_gone(procs: list[psutil.Process], timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    alive = procs
+    while time.monotonic() < deadline:
+        alive = [p for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        if not alive:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"processes left behind: {[p.pid for p in alive]}")
+
+
+class _Stream(threading.Thread):
+    """Reads one streaming completion; ``events`` holds each decoded data event."""
+
+    def __init__(self, server, max_tokens: int):
+        super().__init__(daemon=True)
+        self.url = server.url_for("v1", "completions")
+        self.body = {"prompt": "Once upon a time", "max_tokens": max_tokens, "stream": True}
+        self.body |= {"ignore_eos": True, "temperature": 0}
+        self.events: list = []
+        self.first = threading.Event()
+
+    def run(self):
+        try:
+            with httpx.stream("POST", self.url, json=self.body, timeout=600) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: "):
+                        data = line[len("data: ") :]
+                        self.events.append(data if data == "[DONE]" else json.loads(data))
+                        self.first.set()
+        except httpx.HTTPError as e:  # recorded; the assertions say what was expected
+            self.events.append(e)
+        finally:
+            self.first.set()
+
+    def chunks(self) -> list[dict]:
+        return [e for e in self.events if isinstance(e, dict) and e.get("choices")]
+
+
+@pytest.mark.forked
+def test_dead_pipeline_worker_fails_health_and_exits_nonzero(tiny_llama_dir):
+    args = ["--device", "cpu", "--max-model-len", "256", "--pipeline-parallel-size", "2"]
+    server = RemoteOpenAIServer(tiny_llama_dir, args, env={"VLLM_CPU_KVCACHE_SPACE": "0.1"})
+    try:
+        procs = _descendants(server)
+        workers = [p for p in procs if "spawn_main" in " ".join(p.cmdline())]
+        assert len(workers) == 2, [p.cmdline() for p in procs]
+        stream = _Stream(server, 240)
+        stream.start()
+        assert stream.first.wait(120)
+        os.kill(workers[1].pid, signal.SIGKILL)
+        codes, deadline = [], time.monotonic() + 30
+        while time.monotonic() < deadline and 503 not in codes:
+            try:
+                codes.append(httpx.get(server.url_for("health"), timeout=10).status_code)
+            except httpx.HTTPError as e:
+                codes.append(repr(e))
+            time.sleep(0.05)
+        assert 503 in codes, codes
+        assert server.proc.wait(60) == 1, server.log_tail()
+        stream.join(30)
+        assert not stream.is_alive()
+        errors = [e for e in stream.events if isinstance(e, dict) and "error" in e]
+        assert errors and "pipeline worker rank 1" in errors[0]["error"]["message"], errors
+        assert stream.events[-1] == "[DONE]"
+        assert len(stream.chunks()) < 240
+        _assert_gone(procs)
+    finally:
+        server.stop()
+
+
+@pytest.mark.forked
+def test_sigterm_drains_streams_within_shutdown_timeout(tiny_llama_dir):
+    """A generous --shutdown-timeout: every stream in flight finishes all its tokens."""
+    args = ["--device", "cpu", "--max-model-len", "256", "--shutdown-timeout", "300"]
+    server = RemoteOpenAIServer(tiny_llama_dir, args)
+    try:
+        procs = _descendants(server)
+        streams = [_Stream(server, 100) for _ in range(3)]
+        for s in streams:
+            s.start()
+        assert all(s.first.wait(120) for s in streams)
+        assert server.stop(signal.SIGTERM, timeout=320) == 0, server.log_tail()
+        for s in streams:
+            s.join(30)
+            chunks = s.chunks()
+            assert len(chunks) == 100 and s.events[-1] == "[DONE]", s.events[-3:]
+            assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+        assert "Traceback" not in server.read_log(), server.log_tail()
+        _assert_gone(procs)
+    finally:
+        server.stop()
+
+
+@pytest.mark.forked
+def test_sigterm_aborts_what_outlives_shutdown_timeout(tiny_llama_dir):
+    """--shutdown-timeout 0.5 against 500-token streams: each gets a final chunk with
+    finish_reason "abort" and [DONE]; the process exits 0 within the timeout + 5 s."""
+    args = ["--device", "cpu", "--max-model-len", "512", "--shutdown-timeout", "0.5"]
+    server = RemoteOpenAIServer(tiny_llama_dir, args)
+    try:
+        procs = _descendants(server)
+        streams = [_Stream(server, 500) for _ in range(3)]
+        for s in streams:
+            s.start()
+        assert all(s.first.wait(120) for s in streams)
+        t0 = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(30) == 0, server.log_tail()
+        assert time.monotonic() - t0 < 0.5 + 5
+        for s in streams:
+            s.join(30)
+            chunks = s.chunks()
+            assert s.events[-1] == "[DONE]", s.events[-3:]
+            assert chunks[-1]["choices"][0]["finish_reason"] == "abort"
+            assert 1 <= len(chunks) < 500
+        log = server.read_log()
+        assert "Traceback" not in log and "Aborted 3 request(s)" in log, server.log_tail()
+        _assert_gone(procs)
+    finally:
+        server.stop()

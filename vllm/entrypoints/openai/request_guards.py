@@ -1,0 +1,59 @@
+"""What the OpenAI server refuses before a handler runs: request bodies above
+``--max-request-body-bytes`` (413) and bodies that are not valid JSON or do not match the
+request model (400, with a message that says what is wrong and where)."""
+
+from __future__ import annotations
+
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from vllm.entrypoints.openai.serving_engine import APIError
+
+# Default of --max-request-body-bytes: far above any prompt that fits a context window as
+# text or token ids, far below what would take the server seconds to parse.
+DEFAULT_MAX_REQUEST_BODY_BYTES = 16 * 1024 * 1024
+
+
+class BodySizeLimit:
+    """ASGI middleware answering 413 for a request body above ``limit`` bytes: at once from
+    Content-Length, else (chunked bodies) as soon as the bytes received pass the limit."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    def _message(self, size: str) -> str:
+        return (
+            f"The request body ({size}) is larger than the limit of {self.limit} bytes "
+            "(--max-request-body-bytes)."
+        )
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            resp = APIError(self._message(f"{int(length)} bytes"), 413).response()
+            return await resp(scope, receive, send)
+        received = 0
+
+        async def limited_receive():
+            nonlocal received
+            msg = await receive()
+            if msg["type"] == "http.request":
+                received += len(msg.get("body", b""))
+                if received > self.limit:
+                    # FastAPI re-raises HTTPExceptions from body reading; answered below.
+                    raise StarletteHTTPException(413, self._message(f"over {received} bytes"))
+            return msg
+
+        await self.app(scope, limited_receive, send)
+
+
+def validation_message(errs: list[dict]) -> tuple[str, str | None]:
+    """OpenAI-style (message, param) for pydantic / JSON errors of a request body."""
+    if errs and errs[0].get("type") == "json_invalid":
+        where = errs[0]["loc"][-1]
+        why = (errs[0].get("ctx") or {}).get("error", "malformed JSON")
+        return f"The request body is not valid JSON: {why} at character {where}.", None
+    param = ".".join(str(p) for p in errs[0]["loc"][1:]) if errs else None
+    msg = "; ".join(f"{'.'.join(str(p) for p in e['loc'][1:]) or 'body'}: {e['msg']}" for e in errs)
+    return msg, param or None
