@@ -65,14 +65,16 @@ def engine_conditions(llm: Any) -> dict[str, Any]:
     Keys: device, gpu, model, load_format, dtype, attn_backend (None when the worker is
     in another process), cuda_graphs (on when the device is CUDA and enforce_eager is off),
     max_num_seqs, num_scheduler_steps, graph_capture_s and graph_capture_gib (0 without
-    graphs), small_decode_max_rows (FLASHINFER's Triton small-decode path, 0 = off, None
-    for other backends), decode_loop_sizes (captured decode-loop graphs of virtual engine 0)
-    triton_pdl (VLLM_TRITON_PDL is not "0"; used only on compute capability >= 9),
-    pdl_trigger (VLLM_PDL_TRIGGER, "late" by default: vllm/model_executor/layers/triton_pdl.py),
-    triton_gemv (VLLM_USE_TRITON_GEMV is not "0": one-row projections may take the Triton
-    GEMVs, vllm/model_executor/layers/triton_gemv.py) and triton_greedy (VLLM_USE_TRITON_GREEDY
-    is not "0": all-greedy sampling without logprobs takes triton_greedy.py).
+    graphs), small_decode_max_rows (FLASHINFER's Triton small-decode path, set by
+    --small-decode-max-rows, 0 = off, None for other backends), decode_loop_sizes (captured
+    decode-loop graphs of virtual engine 0), triton_pdl (VLLM_TRITON_PDL, on by default;
+    used only on compute capability >= 9: vllm/kernels/pdl.py), triton_gemv
+    (VLLM_USE_TRITON_GEMV: one-row projections may take the Triton GEMVs,
+    vllm/kernels/gemv.py) and triton_greedy (VLLM_USE_TRITON_GREEDY: all-greedy sampling
+    without logprobs takes vllm/kernels/greedy.py).
     """
+    from vllm import envs
+
     engine = llm.llm_engine
     cfg = engine.config
     device = cfg.device_config.device
@@ -94,10 +96,9 @@ def engine_conditions(llm: Any) -> dict[str, Any]:
             getattr(runner, "attn_backend", None), "small_max_rows", None
         ),  # fmt: skip
         "decode_loop_sizes": sorted(graphs.loops[0]) if getattr(graphs, "loops", None) else [],
-        "triton_pdl": os.environ.get("VLLM_TRITON_PDL", "1") != "0",
-        "pdl_trigger": os.environ.get("VLLM_PDL_TRIGGER", "late"),
-        "triton_gemv": os.environ.get("VLLM_USE_TRITON_GEMV", "1") != "0",
-        "triton_greedy": os.environ.get("VLLM_USE_TRITON_GREEDY", "1") != "0",
+        "triton_pdl": envs.VLLM_TRITON_PDL,
+        "triton_gemv": envs.VLLM_USE_TRITON_GEMV,
+        "triton_greedy": envs.VLLM_USE_TRITON_GREEDY,
     }
 
 

@@ -1,5 +1,5 @@
 """One layer's decode attention at small batches: FlashInfer's path against the Triton
-small-decode kernel (vllm/attention/triton_decode.py), per shape, batch and context.
+small-decode kernel (vllm/kernels/decode_attention.py), per shape, batch and context.
 
 - ``flashinfer``: what FLASHINFER runs per layer in a replayed graph (the Triton rotary
   kernel with the cache write, FlashInfer's decode, and its merge when it splits the KV),
@@ -39,8 +39,9 @@ class _Layer:
 
 def _case(shape: str, batch: int, ctx: int, layers: int, args) -> dict:
     from vllm.attention.backends.abstract import AttentionSpec, ForwardMode, StepInputs
-    from vllm.attention.backends.flashinfer import FlashInferBackend, FlashInferImpl
-    from vllm.attention.triton_decode import (
+    from vllm.attention.backends.flashinfer import FlashInferBackend
+    from vllm.attention.backends.flashinfer.metadata import FlashInferImpl
+    from vllm.kernels.decode_attention import (
         MAX_SPLITS,
         DecodeWorkspace,
         decode_tiles,
@@ -52,9 +53,9 @@ def _case(shape: str, batch: int, ctx: int, layers: int, args) -> dict:
     dev, dt = torch.device("cuda"), torch.bfloat16
     per_row = -(-ctx // BLOCK)
     blocks = batch * per_row
-    spec = AttentionSpec(h, h_kv, d, BLOCK, dt, dev, max(ctx, 1024))
+    # small_decode_max_rows=0: FlashInfer's own decode
+    spec = AttentionSpec(h, h_kv, d, BLOCK, dt, dev, max(ctx, 1024), small_decode_max_rows=0)
     backend = FlashInferBackend(spec)
-    backend.small_max_rows = 0  # FlashInfer's own decode
     scratch_slot = blocks * BLOCK
     state = backend.make_graph_state(scratch_slot)
     state.allocate(batch)

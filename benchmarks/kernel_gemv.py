@@ -1,14 +1,14 @@
-"""The small-batch projection kernels (triton_gemv) against what they replace, per shape.
+"""The small-batch projection kernels (vllm.kernels.gemv) against what they replace, per shape.
 
 For each projection of a decoder layer (qkv with its RMSNorm, o, gate_up with its RMSNorm
 and SiLU-and-mul, down) of the chosen model shapes and each row count, times:
 
 - ``unfused``: the layers the model ran before (Triton RMSNorm, cuBLAS ``F.linear``,
   Triton SiLU-and-mul);
-- ``fused``: :mod:`vllm.model_executor.layers.triton_gemv` with its default launch config;
+- ``fused``: :mod:`vllm.kernels.gemv` with its default launch config;
 - ``lm_head`` (``--lm-head``): the vocabulary projection, cuBLAS vs the plain kernel;
 - with ``--sweep``, every config of a grid (``--grid narrow``: the tiled kernel's
-  latency-bound tiles; ``rows``: the persistent whole-row kernel of ``triton_gemv_rows``
+  latency-bound tiles; ``rows``: the persistent whole-row kernel of ``vllm.kernels.gemv_rows``
   for bandwidth-bound shapes at one row), printing the best.
 
 First it measures the read ceiling: a Triton kernel that sums a 2 GiB buffer (bytes read /
@@ -60,7 +60,7 @@ def _layers(shape) -> int:
 
 def _ops(name: str, m: int, shape, layers: int, dtype, lm_head: bool):
     """(op name, n_out, k, weight bytes, unfused fn(i), fused fn(i, cfg))."""
-    from vllm.model_executor.layers import triton_gemv, triton_ops
+    from vllm.kernels import gemv, norm_rotary
 
     hidden, inter, hq, hkv, d, vocab = shape
     dev = "cuda"
@@ -80,15 +80,15 @@ def _ops(name: str, m: int, shape, layers: int, dtype, lm_head: bool):
     eps = 1e-5
 
     def qkv_unfused(i):
-        h, _ = triton_ops.fused_add_rms_norm(x, res, nw, eps)
+        h, _ = norm_rotary.fused_add_rms_norm(x, res, nw, eps)
         return F.linear(h, wq[i])
 
     def gu_unfused(i):
-        h, _ = triton_ops.fused_add_rms_norm(x, res, nw, eps)
-        return triton_ops.silu_and_mul(F.linear(h, wgu[i]))
+        h, _ = norm_rotary.fused_add_rms_norm(x, res, nw, eps)
+        return norm_rotary.silu_and_mul(F.linear(h, wgu[i]))
 
     def launch(xx, r, nn, ww, silu, cfg):
-        return triton_gemv._launch(xx, r, nn, eps, ww, None, silu, cfg)[0]
+        return gemv._launch(xx, r, nn, eps, ww, None, silu, cfg)[0]
 
     b = torch.finfo(dtype).bits // 8
     extra = []
@@ -113,11 +113,11 @@ def _ops(name: str, m: int, shape, layers: int, dtype, lm_head: bool):
 
 
 def _grid(m: int, kind: str, k: int):
-    from vllm.model_executor.layers.triton_gemv import launch_config
+    from vllm.kernels.gemv import launch_config
 
     base = launch_config(m, 0, 0)  # the kernel path (FMA or tl.dot) and its row tile
     use_dot, bm = base["USE_DOT"], base["BLOCK_M"]
-    if kind == "rows":  # triton_gemv_rows: whole rows of K, persistent, one row only
+    if kind == "rows":  # gemv_rows: whole rows of K, persistent, one row only
         bk = triton.next_power_of_2(k)
         for bn, warps, persist in itertools.product((1, 2, 4, 8), (4, 8, 16), (1, 2, 3, 4)):
             if m == 1 and bn * bk // (32 * warps) <= 64:  # weight elements a thread
@@ -166,7 +166,7 @@ def main() -> None:
     p.add_argument("--lm-head", action="store_true", help="Also time the vocabulary projection.")
     p.add_argument("--ops", default="", help="Comma-separated op names to time (default all).")
     args = p.parse_args()
-    from vllm.model_executor.layers.triton_gemv import launch_config
+    from vllm.kernels.gemv import launch_config
 
     dtype = getattr(torch, args.dtype)
     print(f"# GPU {torch.cuda.get_device_name()} torch {torch.__version__} dtype {args.dtype} "

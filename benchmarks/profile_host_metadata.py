@@ -31,7 +31,7 @@ import torch
 from bench_common import emit, print_conditions
 
 from vllm.attention.backends.abstract import ForwardMode, StepInputs
-from vllm.attention.backends.flashinfer import paged_kv_host, slot_rows_host
+from vllm.attention.backends.flashinfer.paged_cache import paged_kv_host, slot_rows_host
 from vllm.attention.backends.torch_sdpa import _slots, decode_tables
 
 # ---- the list-based builders before vectorization (reference and "before" timing) ------

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 
@@ -24,10 +22,3 @@ def pin_for(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     """``t`` in pinned host memory when ``device`` is CUDA (so a later ``copy_`` into a
     device buffer can be non-blocking), else ``t`` itself."""
     return t.pin_memory() if torch.device(device).type == "cuda" else t
-
-
-@functools.cache
-def cuda_sm_count(device_index: int) -> int:
-    """Streaming multiprocessors of CUDA device ``device_index`` (cached): the unit of the
-    persistent Triton kernels' grids (triton_gemv_rows, triton_layer)."""
-    return torch.cuda.get_device_properties(device_index).multi_processor_count

@@ -1,15 +1,16 @@
-"""FLASHINFER's small-decode path on the host side (vllm/attention/backends/small_decode.py):
-the one-upload layout of lengths and block tables, the row limit switch, and the PDL rule
-its kernel launches by (vllm/model_executor/layers/triton_pdl.py)."""
-
-import importlib.util
+"""FLASHINFER's small-decode path on the host side
+(vllm/attention/backends/flashinfer/small_decode.py): the one-upload layout of lengths and
+block tables, and the row limit, which comes from the engine config
+(``--small-decode-max-rows``) through the model runner's AttentionSpec."""
 
 import numpy as np
 import pytest
 import torch
 
-from vllm.attention.backends.abstract import ForwardMode, StepInputs
-from vllm.attention.backends.small_decode import small_decode_host, small_decode_max_rows
+from tests.worker.fakes import FakeDecodeWrapper, FakePrefillWrapper
+from vllm.attention.backends.abstract import AttentionSpec, ForwardMode, StepInputs
+from vllm.attention.backends.flashinfer import FlashInferBackend
+from vllm.attention.backends.flashinfer.small_decode import small_decode_host
 
 
 def _step(lens, tables):
@@ -29,50 +30,49 @@ def test_host_layout_pads_with_the_scratch_block():
     ]  # fmt: skip
 
 
-def test_row_limit_switch(monkeypatch):
-    monkeypatch.delenv("VLLM_SMALL_DECODE_MAX_ROWS", raising=False)
-    assert small_decode_max_rows() == 1  # one row by default (see the module docstring)
-    monkeypatch.setenv("VLLM_SMALL_DECODE_MAX_ROWS", "0")
-    assert small_decode_max_rows() == 0
-    monkeypatch.setenv("VLLM_SMALL_DECODE_MAX_ROWS", "8")
-    assert small_decode_max_rows() == 8
-    for bad in ("-1", "65", "eight"):
-        monkeypatch.setenv("VLLM_SMALL_DECODE_MAX_ROWS", bad)
-        with pytest.raises(ValueError, match=f"VLLM_SMALL_DECODE_MAX_ROWS='{bad}'"):
-            small_decode_max_rows()
+def _backend(max_rows: int) -> FlashInferBackend:
+    spec = AttentionSpec(4, 2, 16, 16, torch.float16, torch.device("cpu"),
+                         small_decode_max_rows=max_rows)  # fmt: skip
+    return FlashInferBackend(spec, FakePrefillWrapper, FakeDecodeWrapper)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
-def test_pdl_only_on_cuda(monkeypatch):
-    from vllm.model_executor.layers.triton_pdl import launch_options, pdl_enabled
+def test_row_limit_from_the_spec():
+    """Decode steps of at most ``spec.small_decode_max_rows`` rows take the small path
+    (default 1; 0 = off); prefill never does; a limit outside [0, 64] is refused."""
+    spec = AttentionSpec(4, 2, 16, 16, torch.float16, torch.device("cpu"))
+    assert spec.small_decode_max_rows == 1
+    for limit, small_rows in ((0, []), (1, [1]), (8, [1, 2, 3, 4, 5, 6, 7, 8])):
+        be = _backend(limit)
+        got = [r for r in range(1, 12) if be.takes_small_path(ForwardMode.DECODE, r)]
+        assert got == small_rows, (limit, got)
+        assert not be.takes_small_path(ForwardMode.PREFILL, 1)
+    for bad in (-1, 65):
+        with pytest.raises(ValueError, match=rf"small_decode_max_rows={bad} must be in \[0, 64\]"):
+            _backend(bad)
 
-    x = torch.zeros(2)
-    assert not pdl_enabled(x) and launch_options(pdl_enabled(x)) == {}
-    assert launch_options(True) == {"launch_pdl": True}
-    monkeypatch.setenv("VLLM_TRITON_PDL", "0")
-    assert not pdl_enabled(x)
 
+def test_row_limit_comes_from_the_engine_config(tiny_llama_dir, monkeypatch):
+    """``--small-decode-max-rows`` (EngineArgs.small_decode_max_rows) reaches the backend
+    through the model runner's AttentionSpec; the environment plays no part."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.worker.model_runner import ModelRunner
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
-def test_pdl_trigger_setting(monkeypatch):
-    """VLLM_PDL_TRIGGER: "late" by default, "early" on request, anything else refused."""
-    from vllm.model_executor.layers import triton_pdl
-
-    monkeypatch.delenv("VLLM_PDL_TRIGGER", raising=False)
-    assert triton_pdl.pdl_trigger() == "late"
-    assert not triton_pdl.TRIGGER_EARLY.value  # this process imported it with the default
-    monkeypatch.setenv("VLLM_PDL_TRIGGER", "early")
-    assert triton_pdl.pdl_trigger() == "early"
-    monkeypatch.setenv("VLLM_PDL_TRIGGER", "sooner")
-    with pytest.raises(ValueError, match="VLLM_PDL_TRIGGER='sooner' must be 'late' or 'early'"):
-        triton_pdl.pdl_trigger()
+    monkeypatch.setenv("VLLM_SMALL_DECODE_MAX_ROWS", "0")  # not read by the engine
+    for rows in (None, 0, 8):
+        kw = {} if rows is None else {"small_decode_max_rows": rows}
+        cfg = EngineArgs(model=tiny_llama_dir, device="cpu", **kw).create_engine_config()
+        runner = ModelRunner(cfg, torch.device("cpu"))
+        want = 1 if rows is None else rows
+        assert runner.attn_spec.small_decode_max_rows == want
+        assert FlashInferBackend(runner.attn_spec, FakePrefillWrapper,
+                                 FakeDecodeWrapper).small_max_rows == want  # fmt: skip
 
 
 def test_advance_grows_real_rows_only():
     """A decode-loop graph's advance: real rows one token longer, padded lanes (0) idle."""
     from types import SimpleNamespace
 
-    from vllm.attention.backends.small_decode import SmallDecodeGraphBuffers
+    from vllm.attention.backends.flashinfer.small_decode import SmallDecodeGraphBuffers
 
     lens = torch.tensor([0, 5, 1, 0, 130], dtype=torch.int32)
     SmallDecodeGraphBuffers.advance(SimpleNamespace(seq_lens=lens))

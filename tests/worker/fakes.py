@@ -184,7 +184,7 @@ def reintroduce_shared_rebound_buffers(monkeypatch) -> None:
     VE's smallest size and FlashInfer raises "The batch size should be fixed in cudagraph
     mode ...". Used by the CPU (fake wrapper) and GPU (real FlashInfer) regression tests."""
     from vllm.attention.backends.flashinfer import FlashInferBackend
-    from vllm.attention.backends.flashinfer_graph import FlashInferGraphState
+    from vllm.attention.backends.flashinfer.flashinfer_graph import FlashInferGraphState
 
     shared = {}
     real_make = FlashInferBackend.make_graph_state

@@ -55,18 +55,15 @@ def _counters(llm):
     return llm.llm_engine.decode_step_counters()
 
 
-def _backend(backend, monkeypatch):
-    """("FLASHINFER" or "TORCH_SDPA", small path on): "FLASHINFER-small" is FLASHINFER with
-    its Triton small-decode path at up to 8 rows (VLLM_SMALL_DECODE_MAX_ROWS=8), which also
-    gives it decode-loop graphs under multi-step decoding; "FLASHINFER-fused" adds the
-    opt-in one-launch decoder layer at batch 1 (VLLM_FUSED_DECODER_LAYER=1); "FLASHINFER"
-    pins the path off (the default takes one-row steps) so only the wrappers decode."""
-    if backend in ("FLASHINFER-small", "FLASHINFER-fused"):
-        monkeypatch.setenv("VLLM_SMALL_DECODE_MAX_ROWS", "8")
-        monkeypatch.setenv("VLLM_FUSED_DECODER_LAYER", "1" if backend.endswith("fused") else "0")
-        return "FLASHINFER", True
-    monkeypatch.setenv("VLLM_SMALL_DECODE_MAX_ROWS", "0")
-    return backend, False
+def _backend(backend):
+    """("FLASHINFER" or "TORCH_SDPA", small path on, engine kwargs): "FLASHINFER-small" is
+    FLASHINFER with its Triton small-decode path at up to 8 rows (small_decode_max_rows=8),
+    which also gives it decode-loop graphs under multi-step decoding; "FLASHINFER" pins the
+    path off (small_decode_max_rows=0; the default takes one-row steps) so only the
+    wrappers decode."""
+    if backend == "FLASHINFER-small":
+        return "FLASHINFER", True, {"small_decode_max_rows": 8}
+    return backend, False, {"small_decode_max_rows": 0}
 
 
 def _count_calls(monkeypatch, module, name: str) -> dict:
@@ -92,7 +89,7 @@ def _count_loop_calls(monkeypatch) -> dict:
 def _assert_backend_ran(llm, wrapper_decode=True, small_decode=False, wrapper_prefill=True):
     """A FLASHINFER test fails unless, after start-up, FlashInfer's prefill wrapper ran (or,
     with ``wrapper_prefill`` False, for one-prompt prefills, the prefill graphs did) and, as
-    asked, its decode wrapper (batches above VLLM_SMALL_DECODE_MAX_ROWS) and the Triton
+    asked, its decode wrapper (batches above small_decode_max_rows) and the Triton
     small-decode path (batches up to it)."""
     runner = llm.llm_engine.executor.worker.model_runner
     if runner.attn_backend.name == "FLASHINFER":
@@ -109,12 +106,12 @@ def _assert_backend_ran(llm, wrapper_decode=True, small_decode=False, wrapper_pr
 @pytest.mark.forked
 @pytest.mark.parametrize("backend", ["FLASHINFER", "FLASHINFER-small", "TORCH_SDPA"])
 @pytest.mark.parametrize("enforce_eager", [False, True])
-def test_smollm2_vs_transformers(smollm2_gguf, backend, enforce_eager, monkeypatch):
+def test_smollm2_vs_transformers(smollm2_gguf, backend, enforce_eager):
     """8 prompts: every decode batch has at most 8 rows, so "FLASHINFER-small" decodes on
     the Triton small path only and FLASHINFER on FlashInfer's decode wrapper only."""
-    backend, small = _backend(backend, monkeypatch)
+    backend, small, rows = _backend(backend)
     ref = hf_greedy(smollm2_gguf, PROMPTS, 32, dtype="bfloat16", device="cuda")
-    llm = _llm(smollm2_gguf, backend, enforce_eager=enforce_eager, max_num_seqs=16)
+    llm = _llm(smollm2_gguf, backend, enforce_eager=enforce_eager, max_num_seqs=16, **rows)
     ours = vllm_greedy(llm, PROMPTS, 32, logprobs=5)
     check_logprobs_close(ref, ours, "hf", f"vllm-{backend}-eager={enforce_eager}", PROMPTS)
     assert ours[0][1].startswith(" Paris")
@@ -129,33 +126,26 @@ def test_smollm2_vs_transformers(smollm2_gguf, backend, enforce_eager, monkeypat
 
 @pytest.mark.forked
 @pytest.mark.parametrize("steps", [1, 8])
-@pytest.mark.parametrize(
-    "backend", ["FLASHINFER", "FLASHINFER-small", "FLASHINFER-fused", "TORCH_SDPA"]
-)
+@pytest.mark.parametrize("backend", ["FLASHINFER", "FLASHINFER-small", "TORCH_SDPA"])
 def test_single_sequence_vs_transformers(smollm2_gguf, backend, steps, monkeypatch):
-    """Batch 1 decodes through the triton_gemv projections (one row, SmolLM2's small
+    """Batch 1 decodes through the vllm.kernels.gemv projections (one row, SmolLM2's small
     weights): each prompt alone, graphs, logprobs-close to transformers. The size-1 graph
     must have been captured through the fused kernels (counted) and replayed. With 8
     scheduler steps and a backend that advances on the device (TORCH_SDPA, the FLASHINFER
     small path) the greedy calls without logprobs run the size-1 decode-loop graph
-    (counted), and give the tokens of the calls with logprobs (the per-step path). With
-    "FLASHINFER-fused" each layer is the one-launch kernel (triton_layer, counted) instead of
-    the four projections."""
-    from vllm.model_executor.layers import triton_gemv, triton_layer
+    (counted), and give the tokens of the calls with logprobs (the per-step path)."""
+    from vllm.kernels import gemv
 
     loops = _count_loop_calls(monkeypatch)
-    gemv_calls = _count_calls(monkeypatch, triton_gemv, "norm_linear")
-    layer_calls = _count_calls(monkeypatch, triton_layer, "decoder_layer")
-    fused = backend == "FLASHINFER-fused"
-    backend, small = _backend(backend, monkeypatch)
+    gemv_calls = _count_calls(monkeypatch, gemv, "norm_linear")
+    backend, small, rows = _backend(backend)
     ref = hf_greedy(smollm2_gguf, PROMPTS[:3], 24, dtype="bfloat16", device="cuda")
-    llm = _llm(smollm2_gguf, backend, max_num_seqs=8, num_scheduler_steps=steps)
+    llm = _llm(smollm2_gguf, backend, max_num_seqs=8, num_scheduler_steps=steps, **rows)
     ours = [vllm_greedy(llm, [p], 24, logprobs=5)[0] for p in PROMPTS[:3]]
     check_logprobs_close(ref, ours, "hf", f"vllm-{backend}-batch1", PROMPTS[:3])
     assert ours[0][1].startswith(" Paris")
     # Python runs them while capturing size 1; replays run their kernels
-    assert (layer_calls["n"] > 0) == fused, (layer_calls, gemv_calls)
-    assert (gemv_calls["n"] > 0) != fused, (layer_calls, gemv_calls)
+    assert gemv_calls["n"] > 0, gemv_calls
     assert _counters(llm)["graph"][0].get(1, 0) > 0
     assert loops["n"] == 0  # logprobs: never the loop graph
     if steps > 1:
@@ -178,10 +168,10 @@ def test_prefill_graphs(smollm2_gguf, backend, monkeypatch):
     from vllm.worker.cuda_graph_sizes import prefill_capture_sizes
 
     monkeypatch.setenv("VLLM_PREFILL_GRAPH_MAX_TOKENS", "64")
-    backend, _ = _backend(backend, monkeypatch)
+    backend, _, rows = _backend(backend)
     prompts = PROMPTS[:3] + [" ".join(PROMPTS), " ".join(PROMPTS * 3)]
     ref = hf_greedy(smollm2_gguf, prompts, 16, dtype="bfloat16", device="cuda")
-    llm = _llm(smollm2_gguf, backend, max_num_seqs=8)
+    llm = _llm(smollm2_gguf, backend, max_num_seqs=8, **rows)
     ours = [vllm_greedy(llm, [p], 16, logprobs=5)[0] for p in prompts]
     check_logprobs_close(ref, ours, "hf", f"vllm-{backend}-prefill-graphs", prompts)
     assert ours[0][1].startswith(" Paris")
@@ -204,7 +194,7 @@ def test_prefill_graphs(smollm2_gguf, backend, monkeypatch):
         assert runs["prefill_runs"] == 1, runs
     llm.llm_engine.shutdown()
     del llm
-    eager = _llm(smollm2_gguf, backend, max_num_seqs=8, enforce_eager=True)
+    eager = _llm(smollm2_gguf, backend, max_num_seqs=8, enforce_eager=True, **rows)
     eager.llm_engine.executor.worker.model_runner.pad_eager_batches = True
     e = [vllm_greedy(eager, [p], 16, logprobs=5)[0] for p in prompts]
     check_outputs_equal(ours, e, "prefill graphs", "eager padded alike", prompts)
@@ -224,10 +214,10 @@ def _drifting_run(llm, n):
 
 @pytest.mark.forked
 @pytest.mark.parametrize("backend", ["FLASHINFER", "FLASHINFER-small", "TORCH_SDPA"])
-def test_graph_equals_eager_as_batch_drifts(smollm2_gguf, backend, monkeypatch):
-    backend, small = _backend(backend, monkeypatch)
+def test_graph_equals_eager_as_batch_drifts(smollm2_gguf, backend):
+    backend, small, rows = _backend(backend)
     sizes = [1, 3, 5, 7, 9, 17, 33]
-    graph = _llm(smollm2_gguf, backend, max_num_seqs=40)
+    graph = _llm(smollm2_gguf, backend, max_num_seqs=40, **rows)
     g = {n: _drifting_run(graph, n) for n in sizes}
     snap = _counters(graph)
     _assert_backend_ran(graph, small_decode=small)  # small path: up to 8 rows only
@@ -237,7 +227,7 @@ def test_graph_equals_eager_as_batch_drifts(smollm2_gguf, backend, monkeypatch):
     assert set(snap["eager"][0]) == {"prefill"}, snap
     graph.llm_engine.shutdown()
     del graph
-    eager = _llm(smollm2_gguf, backend, max_num_seqs=40, enforce_eager=True)
+    eager = _llm(smollm2_gguf, backend, max_num_seqs=40, enforce_eager=True, **rows)
     # Same batch composition (docs/design.md): eager decode batches padded to the captured
     # sizes, so both runs multiply the same shapes and only graph replay differs.
     eager.llm_engine.executor.worker.model_runner.pad_eager_batches = True
@@ -252,10 +242,10 @@ def test_multi_step_graphs(smollm2_gguf, backend, monkeypatch):
     multi-step run eager on padded batches as the batch drifts (batches padded to at most 8
     rows run decode-loop graphs where the backend advances on the device, larger ones plain
     graphs step by step)."""
-    backend, small = _backend(backend, monkeypatch)
+    backend, small, rows = _backend(backend)
     loops = _count_loop_calls(monkeypatch)
     ref = hf_greedy(smollm2_gguf, PROMPTS, 32, dtype="bfloat16", device="cuda")
-    llm = _llm(smollm2_gguf, backend, max_num_seqs=40, num_scheduler_steps=8)
+    llm = _llm(smollm2_gguf, backend, max_num_seqs=40, num_scheduler_steps=8, **rows)
     ours = vllm_greedy(llm, PROMPTS, 32, logprobs=5)
     check_logprobs_close(ref, ours, "hf", f"vllm-{backend}-multi-step", PROMPTS)
     sizes = [1, 5, 17]
@@ -266,7 +256,8 @@ def test_multi_step_graphs(smollm2_gguf, backend, monkeypatch):
     assert (loops["n"] > 0) == (small or backend == "TORCH_SDPA")
     llm.llm_engine.shutdown()
     del llm
-    eager = _llm(smollm2_gguf, backend, max_num_seqs=40, enforce_eager=True, num_scheduler_steps=8)
+    eager = _llm(smollm2_gguf, backend, max_num_seqs=40, enforce_eager=True, num_scheduler_steps=8,
+                 **rows)  # fmt: skip
     eager.llm_engine.executor.worker.model_runner.pad_eager_batches = True
     for n in sizes:
         check_outputs_equal(g[n], _drifting_run(eager, n), f"graph-ms8-{n}", f"eager-ms8-{n}")
@@ -279,13 +270,14 @@ def test_flashinfer_replay_past_capture_time():
     import torch
 
     from vllm.attention.backends.abstract import AttentionSpec, ForwardMode, StepInputs
-    from vllm.attention.backends.flashinfer import FlashInferBackend, FlashInferImpl
+    from vllm.attention.backends.flashinfer import FlashInferBackend
+    from vllm.attention.backends.flashinfer.metadata import FlashInferImpl
 
     torch.manual_seed(0)
     h, h_kv, d, bs, blocks = 9, 3, 64, 16, 64
-    spec = AttentionSpec(h, h_kv, d, bs, torch.bfloat16, torch.device("cuda"), 1024)
+    # small_decode_max_rows=0: FlashInfer's own decode (the small path: test_decode_attention)
+    spec = AttentionSpec(h, h_kv, d, bs, torch.bfloat16, torch.device("cuda"), 1024, 0)
     backend = FlashInferBackend(spec)
-    backend.small_max_rows = 0  # FlashInfer's own decode (the small path: test_triton_decode)
     cache = torch.randn(blocks + 1, 2, bs, h_kv, d, dtype=torch.bfloat16, device="cuda")
     state = backend.make_graph_state(blocks * bs)
     state.allocate(8)

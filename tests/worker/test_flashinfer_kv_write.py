@@ -4,7 +4,7 @@ says, and padded lanes (-1) land in the scratch slot only."""
 
 import torch
 
-from vllm.attention.backends.flashinfer import slot_rows_host, write_kv
+from vllm.attention.backends.flashinfer.paged_cache import slot_rows_host, write_kv
 
 
 def test_write_kv_matches_block_offset_indexing():

@@ -25,14 +25,16 @@ from vllm.sequence import ExecuteModelRequest, SequenceData, SequenceGroupMetada
 
 def make_worker(model, num_ves=1, backend="TORCH_SDPA", capture=True, small_rows=0, **kw):
     """A CPU Worker whose graphs are fakes; FLASHINFER runs its production code with fake
-    wrappers, and its Triton small-decode path only up to ``small_rows`` rows (default 0:
-    every decode goes through the FlashInfer wrappers; the kernel needs a GPU or
-    TRITON_INTERPRET=1)."""
+    wrappers, and its Triton small-decode path only up to ``small_rows`` rows (the engine's
+    ``small_decode_max_rows``; default 0: every decode goes through the FlashInfer
+    wrappers; the kernel needs a GPU or TRITON_INTERPRET=1)."""
     from vllm.engine.arg_utils import EngineArgs
     from vllm.worker.worker import Worker
 
     kw.setdefault("num_gpu_blocks_override", 64 * num_ves)
-    cfg = EngineArgs(model=model, device="cpu", **kw).create_engine_config()
+    cfg = EngineArgs(
+        model=model, device="cpu", small_decode_max_rows=small_rows, **kw
+    ).create_engine_config()
     cfg.num_virtual_engines_override = num_ves
     w = Worker(cfg)
     w.init_device()
@@ -40,7 +42,6 @@ def make_worker(model, num_ves=1, backend="TORCH_SDPA", capture=True, small_rows
         w.model_runner.attn_backend = FlashInferBackend(
             w.model_runner.attn_spec, FakePrefillWrapper, FakeDecodeWrapper
         )
-        w.model_runner.attn_backend.small_max_rows = small_rows
     w.load_model()
     w.initialize_cache(w.determine_num_available_blocks())
     if capture:

@@ -11,6 +11,7 @@ graph states' ``prepare_replay`` is checked through the buffers it fills.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import random
@@ -21,7 +22,8 @@ import torch
 
 from tests.worker.fakes import FakeDecodeWrapper, FakePrefillWrapper
 from vllm.attention.backends.abstract import AttentionSpec, ForwardMode, StepInputs
-from vllm.attention.backends.flashinfer import FlashInferBackend, paged_kv_host, slot_rows_host
+from vllm.attention.backends.flashinfer import FlashInferBackend
+from vllm.attention.backends.flashinfer.paged_cache import paged_kv_host, slot_rows_host
 from vllm.attention.backends.torch_sdpa import TorchSDPABackend, _slots, decode_tables
 
 # ---- references: plain element-by-element loops, kept once, in
@@ -219,8 +221,9 @@ def test_prepare_replay_fills_buffers_like_reference():
     _assert_same(md.seq_lens, lens)
     _assert_same(md.slot_mapping, ref_slots(step, scratch_slot))
 
-    fi = FlashInferBackend(spec, FakePrefillWrapper, FakeDecodeWrapper)
-    fi.small_max_rows = 0  # the FlashInfer wrapper path (the small path has its own test)
+    # the FlashInfer wrapper path (the small path has its own test)
+    fi_spec = dataclasses.replace(spec, small_decode_max_rows=0)
+    fi = FlashInferBackend(fi_spec, FakePrefillWrapper, FakeDecodeWrapper)
     state = fi.make_graph_state(scratch_slot)
     state.allocate(bs)
     md = state.metadata_for_capture(bs)

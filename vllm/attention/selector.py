@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import os
 
 import torch
 
+from vllm import envs
 from vllm.attention.backends.abstract import AttentionBackend
+from vllm.attention.backends.flashinfer import FlashInferBackend
+from vllm.attention.backends.torch_sdpa import TorchSDPABackend
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +38,7 @@ def which_attn_backend(device: str, dtype: torch.dtype, head_size: int | None = 
             (FLASHINFER on CPU, with float32, with a head size outside
             FLASHINFER_HEAD_SIZES, or without the flashinfer package).
     """
-    explicit = os.environ.get("VLLM_ATTENTION_BACKEND")
+    explicit = envs.VLLM_ATTENTION_BACKEND
     if explicit:
         if explicit not in BACKENDS:
             raise ValueError(f"VLLM_ATTENTION_BACKEND={explicit!r} is not one of {list(BACKENDS)}.")
@@ -73,10 +75,4 @@ def which_attn_backend(device: str, dtype: torch.dtype, head_size: int | None = 
 
 def get_attn_backend(name: str) -> type[AttentionBackend]:
     """The backend class for a name returned by :func:`which_attn_backend`."""
-    if name == "FLASHINFER":
-        from vllm.attention.backends.flashinfer import FlashInferBackend
-
-        return FlashInferBackend
-    from vllm.attention.backends.torch_sdpa import TorchSDPABackend
-
-    return TorchSDPABackend
+    return FlashInferBackend if name == "FLASHINFER" else TorchSDPABackend

@@ -65,6 +65,7 @@ class ModelRunner:
             dtype=self.dtype,
             device=device,
             max_seq_len_to_capture=config.compilation_config.max_seq_len_to_capture,
+            small_decode_max_rows=config.compilation_config.small_decode_max_rows,
         )
         self.attn_backend = get_attn_backend(self.attn_backend_name)(self.attn_spec)
         self.sampler = Sampler()

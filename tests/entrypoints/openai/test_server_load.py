@@ -2,7 +2,7 @@
 requests from 64 concurrent clients, a quarter of them dropped by their client midway.
 
 Guards: a completed stream must equal its non-streamed greedy result (CPU float32: exact,
-TESTING.md), aborted requests must free everything (running, waiting and KV usage back to
+docs/design.md "Comparisons"), aborted requests must free everything (running, waiting and KV usage back to
 zero), and no request may be lost: length-finished + aborted = sent, counted by the
 server's own /metrics (request_success_total by finished_reason).
 """

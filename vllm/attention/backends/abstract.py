@@ -92,31 +92,6 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor
     scratch_slot: int
 
-    def paged_decode_tables(self) -> PagedDecodeTables | None:
-        """The step's tables in :mod:`vllm.attention.triton_decode`'s form, for a kernel that
-        does a layer's attention itself (vllm/model_executor/layers/triton_layer.py), or
-        None (the default) when this backend's step cannot be run that way."""
-        return None
-
-
-@dataclass
-class PagedDecodeTables:
-    """A decode step as :func:`vllm.attention.triton_decode.decode_program` reads it, over a
-    FLASHINFER-layout cache ``[num_blocks + 1, 2, block_size, num_kv_heads, head_size]``.
-
-    Attributes:
-        seq_lens: [rows] int32 context length with the new token; 0 on padded lanes.
-        block_tables: [rows, width] int32 blocks of each row.
-        block_size: tokens per block; scratch_block: where padded lanes write.
-        workspace: the backend's ``triton_decode.DecodeWorkspace`` (partials, counters).
-    """
-
-    seq_lens: torch.Tensor
-    block_tables: torch.Tensor
-    block_size: int
-    scratch_block: int
-    workspace: Any
-
 
 class AttentionImpl(ABC):
     """The attention computation of one backend (stateless; layer params come from ``layer``)."""
@@ -160,6 +135,8 @@ class AttentionSpec:
         dtype: the model dtype; device: where metadata and buffers live.
         max_seq_len_to_capture: longest context a captured graph serves; block tables of
             graphs are ceil(max_seq_len_to_capture / block_size) wide.
+        small_decode_max_rows: FLASHINFER only: the most decode rows its Triton
+            small-decode path takes (``CompilationConfig.small_decode_max_rows``; 0 = off).
     """
 
     num_heads: int
@@ -169,6 +146,7 @@ class AttentionSpec:
     dtype: torch.dtype
     device: torch.device
     max_seq_len_to_capture: int = 8192
+    small_decode_max_rows: int = 1
 
     @property
     def max_blocks_per_seq(self) -> int:

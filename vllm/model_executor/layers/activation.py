@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vllm.model_executor.layers.triton_dispatch import get_triton_ops
+from vllm.kernels.dispatch import get_triton_ops
 
 
 class SiluAndMul(nn.Module):
@@ -12,7 +12,7 @@ class SiluAndMul(nn.Module):
 
     Input [num_tokens, 2 * d] (the output of the fused gate_up projection, gate first);
     output [num_tokens, d]. Matches HF ``act_fn(gate_proj(x)) * up_proj(x)``. On CUDA one
-    fused Triton kernel (``triton_ops.silu_and_mul``); elsewhere ``forward_native``.
+    fused Triton kernel (``norm_rotary.silu_and_mul``); elsewhere ``forward_native``.
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,7 @@
 import torch
 from torch import nn
 
-from vllm.model_executor.layers.triton_dispatch import get_triton_ops
+from vllm.kernels.dispatch import get_triton_ops
 
 
 class RMSNorm(nn.Module):
@@ -16,8 +16,8 @@ class RMSNorm(nn.Module):
     ``forward(x, residual)`` first adds ``residual`` to ``x`` (the decoder's skip connection)
     and returns ``(normed, x + residual)``: the sum is the next residual.
 
-    On CUDA the whole op is one fused Triton kernel (``triton_ops.rms_norm`` /
-    ``fused_add_rms_norm``, same rounding points; see ``triton_dispatch`` for the rule);
+    On CUDA the whole op is one fused Triton kernel (``norm_rotary.rms_norm`` /
+    ``fused_add_rms_norm``, same rounding points; see ``vllm.kernels.dispatch`` for the rule);
     elsewhere ``forward_native`` (the torch code) runs.
     """
 

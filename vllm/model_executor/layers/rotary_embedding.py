@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from vllm.model_executor.layers.triton_dispatch import get_triton_ops
+from vllm.kernels.dispatch import get_triton_ops
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -107,7 +107,7 @@ class RotaryEmbedding(nn.Module):
 
         Returns:
             (query, key) rotated, same shapes and dtype as the inputs. On CUDA (one fused
-            Triton kernel, ``triton_ops.rotary_embedding``) the rotation is written IN PLACE
+            Triton kernel, ``norm_rotary.rotary_embedding``) the rotation is written IN PLACE
             into 2-D query/key views (the qkv split): the caller must use the returned
             tensors and not expect the un-rotated values. Elsewhere ``forward_native`` runs.
         """

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from vllm.model_executor.layers.triton_dispatch import get_triton_greedy
+from vllm.kernels.dispatch import get_triton_greedy
 from vllm.model_executor.sampling_metadata import SamplingMetadata
 from vllm.sequence import (
     CompletionSequenceGroupOutput,
@@ -195,8 +195,8 @@ class Sampler(torch.nn.Module):
         """The sampling of :meth:`forward` without any device-to-host transfer (the
         multi-step decode loop reads several steps' results at once).
 
-        An all-greedy batch without logprobs on CUDA takes :mod:`triton_greedy` (the same
-        ids; logprobs equal to float32 rounding, see there).
+        An all-greedy batch without logprobs on CUDA takes :mod:`vllm.kernels.greedy` (the
+        same ids; logprobs equal to float32 rounding, see there).
 
         Returns:
             (ids [num_samples] int64, packed [num_samples, 3 + 2k] float64 rows as
@@ -204,7 +204,7 @@ class Sampler(torch.nn.Module):
         """
         x = processed_sample_logits(logits, sm)  # [num_samples, vocab]
         if sm.all_greedy and sm.max_logprobs == 0 and x.stride(-1) == 1:
-            greedy = get_triton_greedy(x)  # CUDA: two launches instead of ~8 (triton_greedy)
+            greedy = get_triton_greedy(x)  # CUDA: two launches instead of ~8
             if greedy is not None:
                 ids, packed = greedy.greedy_pack(x)  # [num_samples], [num_samples, 3]
                 return ids, packed, 0

@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vllm.model_executor.layers.triton_dispatch import get_triton_gemv
+from vllm.kernels.dispatch import get_triton_gemv
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 
 
@@ -41,7 +41,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         """hidden_states [N, hidden] -> logits [N, vocab_size] in float32. One row of a
         large head (Llama-3.1-8B's 1 GB) runs the whole-row Triton GEMV when
         ``get_triton_gemv`` allows it and the head fits that kernel (``rows_kernel_fits``,
-        the case measured faster than cuBLAS: vllm/model_executor/layers/triton_gemv.py);
+        the case measured faster than cuBLAS: vllm/kernels/gemv.py);
         every other head stays on cuBLAS."""
         gemv = get_triton_gemv(hidden_states, self.weight)
         if gemv is not None and gemv.rows_kernel_fits(*self.weight.shape):

@@ -14,6 +14,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from vllm.distributed.utils import get_pp_indices
+from vllm.kernels.dispatch import get_triton_gemv
 from vllm.model_executor.layers.activation import get_act_and_mul_fn
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import (
@@ -22,7 +23,6 @@ from vllm.model_executor.layers.linear import (
     RowParallelLinear,
 )
 from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding, get_rope_parameters
-from vllm.model_executor.layers.triton_dispatch import get_triton_gemv, get_triton_layer
 from vllm.model_executor.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 
@@ -113,8 +113,6 @@ class LlamaDecoderLayer(nn.Module):
         eps = config.rms_norm_eps
         self.input_layernorm = RMSNorm(config.hidden_size, eps=eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=eps)
-        # triton_layer fuses a qkv bias only (Qwen2); biased o_proj / MLP keep the 4 kernels
-        self.fused_layer_ok = not (o_bias or mlp_bias)
 
     def forward(
         self,
@@ -145,20 +143,12 @@ class LlamaDecoderLayer(nn.Module):
     def forward_small_batch(
         self, gemv, positions, hidden_states, kv_cache, attn_metadata, residual
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`forward` for one token, with the projections as :mod:`triton_gemv` kernels.
+        """:meth:`forward` for one token, the projections as :mod:`vllm.kernels.gemv` kernels.
 
         Four projection launches instead of seven: each RMSNorm (and its residual add) runs
         inside the projection after it, and SiLU-and-mul inside gate_up. Same rounding points
-        as :meth:`forward`; ``gemv`` is the module from ``get_triton_gemv``. When the step's
-        attention allows it (``get_triton_layer``), the whole layer is one launch instead.
+        as :meth:`forward`; ``gemv`` is the module from ``get_triton_gemv``.
         """
-        if self.fused_layer_ok:
-            fused = get_triton_layer(hidden_states, attn_metadata, self.mlp.gate_up_proj.weight)
-            if fused is not None:
-                kernel, tables = fused
-                return kernel.decoder_layer(
-                    self, positions, hidden_states, residual, kv_cache, tables
-                )
         attn, mlp = self.self_attn, self.mlp
         ln1, ln2 = self.input_layernorm, self.post_attention_layernorm
         qkv, residual = gemv.norm_linear(

@@ -1,4 +1,4 @@
-"""The fused Triton kernels (vllm/model_executor/layers/triton_ops.py) vs the torch layers.
+"""The fused Triton kernels (vllm/kernels/norm_rotary.py) vs the torch layers.
 
 CPU: each ``*_interpreted`` test runs its checks in a fresh Python with
 ``TRITON_INTERPRET=1`` (``tests.utils.run_interpreted`` says why a subprocess), where
@@ -20,10 +20,10 @@ import pytest
 import torch
 
 from tests.utils import run_interpreted
+from vllm.kernels.dispatch import get_triton_ops
 from vllm.model_executor.layers.activation import SiluAndMul
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
-from vllm.model_executor.layers.triton_dispatch import get_triton_ops
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("triton") is None,
@@ -44,13 +44,13 @@ def _run_interpreted(case: str) -> None:
 
 
 def _interpreted_ops() -> ModuleType:
-    """triton_ops in a process started with TRITON_INTERPRET=1 (checked: not compiled)."""
+    """norm_rotary in a process started with TRITON_INTERPRET=1 (checked: not compiled)."""
     from triton.runtime.interpreter import InterpretedFunction
 
-    from vllm.model_executor.layers import triton_ops
+    from vllm.kernels import norm_rotary
 
-    assert isinstance(triton_ops._rms_norm_kernel, InterpretedFunction), "not interpreted"
-    return triton_ops
+    assert isinstance(norm_rotary._rms_norm_kernel, InterpretedFunction), "not interpreted"
+    return norm_rotary
 
 
 def _tol(dtype: torch.dtype) -> dict:
@@ -159,7 +159,7 @@ def _rotary_cache_write_cases(ops: ModuleType, dtype: torch.dtype, device: str) 
     """The fused cache write: rows of a FlashInfer-layout cache hold exactly the rotated
     key and the value (same kernel arithmetic as the in-place rotation), other rows stay
     zero; ``kv_rows`` may be a strided view (the graph state's [3, max_bs] buffer)."""
-    from vllm.attention.backends.flashinfer import slot_rows_host, write_kv
+    from vllm.attention.backends.flashinfer.paged_cache import slot_rows_host, write_kv
 
     gen = torch.Generator().manual_seed(5)
     block_size, num_blocks = 16, 6

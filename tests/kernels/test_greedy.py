@@ -1,4 +1,4 @@
-"""Greedy sampling's Triton kernels (vllm/model_executor/layers/triton_greedy.py).
+"""Greedy sampling's Triton kernels (vllm/kernels/greedy.py).
 
 Reference: ``torch.argmax`` (exact: the first maximal index) and ``torch.log_softmax`` at
 that token (float32 rounding), and ``Sampler.sample_on_device``'s torch path (the packed
@@ -36,12 +36,12 @@ def _logits(rows: int, vocab: int, device: str) -> torch.Tensor:
 
 
 def _cases(device: str) -> None:
-    from vllm.model_executor.layers import triton_greedy
+    from vllm.kernels import greedy
 
     for vocab in VOCABS:
         for rows in (1, 3, 8):
             x = _logits(rows, vocab, device)
-            ids, packed = triton_greedy.greedy_pack(x)
+            ids, packed = greedy.greedy_pack(x)
             want = x.argmax(dim=-1)
             ctx = f"vocab={vocab} rows={rows}"
             assert ids.dtype == torch.long and packed.dtype == torch.float64, ctx
@@ -53,25 +53,25 @@ def _cases(device: str) -> None:
             if rows > 1:
                 assert ids[1].item() == 17, ctx  # the first of two equal maxima
     # a row of only -inf: token 0 and a NaN logprob, as torch.argmax / log_softmax give
-    ids, packed = triton_greedy.greedy_pack(torch.full((1, 5000), -float("inf"), device=device))
+    ids, packed = greedy.greedy_pack(torch.full((1, 5000), -float("inf"), device=device))
     assert ids.item() == 0 and torch.isnan(packed[0, 1])
-    ids, packed = triton_greedy.greedy_pack(torch.empty(0, 100, device=device))
+    ids, packed = greedy.greedy_pack(torch.empty(0, 100, device=device))
     assert ids.shape == (0,) and packed.shape == (0, 3)
     with pytest.raises(ValueError, match="float32"):
-        triton_greedy.greedy_pack(torch.zeros(2, 10, dtype=torch.float16, device=device))
+        greedy.greedy_pack(torch.zeros(2, 10, dtype=torch.float16, device=device))
     # the checks can fail: a wrong logprob (a missing chunk term) is caught
     x = (torch.randn(1, 9000, generator=torch.Generator().manual_seed(1)) * 4).to(device)
     bad = torch.log_softmax(x[:, :8192], dim=-1).amax(dim=-1).double()
-    _, packed = triton_greedy.greedy_pack(x)
+    _, packed = greedy.greedy_pack(x)
     assert not torch.allclose(packed[:, 1], bad, rtol=1e-5, atol=1e-5)
 
 
 def _check_interpreted() -> None:
     from triton.runtime.interpreter import InterpretedFunction
 
-    from vllm.model_executor.layers import triton_greedy
+    from vllm.kernels import greedy
 
-    assert isinstance(triton_greedy._chunk_kernel, InterpretedFunction), "not interpreted"
+    assert isinstance(greedy._chunk_kernel, InterpretedFunction), "not interpreted"
     _cases("cpu")
 
 
@@ -81,7 +81,7 @@ def test_interpreted():
 
 def test_cpu_sampler_keeps_torch(monkeypatch):
     """On CPU the sampler keeps its torch path (no Triton dispatch)."""
-    from vllm.model_executor.layers.triton_dispatch import get_triton_greedy
+    from vllm.kernels.dispatch import get_triton_greedy
 
     assert get_triton_greedy(torch.zeros(1, 10)) is None
 
@@ -91,21 +91,21 @@ def test_cuda_kernels_and_sampler(monkeypatch):
     """Compiled kernels, and ``Sampler.sample_on_device`` on an all-greedy batch without
     logprobs: the Triton path's packed rows equal the torch path's ids exactly and its
     logprobs to float32 rounding; with logprobs asked, or the switch off, torch runs."""
-    from vllm.model_executor.layers import triton_greedy
+    from vllm.kernels import greedy
+    from vllm.kernels.dispatch import get_triton_greedy
     from vllm.model_executor.layers.sampler import Sampler
-    from vllm.model_executor.layers.triton_dispatch import get_triton_greedy
     from vllm.model_executor.sampling_metadata import SamplingMetadata
 
     _cases("cuda")
     x = _logits(4, 49152, "cuda")
-    assert get_triton_greedy(x) is triton_greedy
+    assert get_triton_greedy(x) is greedy
     sm = SamplingMetadata(
         groups=[], selected_token_indices=torch.arange(4, device="cuda"),
         sample_row_ids=torch.arange(4, device="cuda"), all_greedy=True,
     )  # fmt: skip
     calls = []
-    orig = triton_greedy.greedy_pack
-    monkeypatch.setattr(triton_greedy, "greedy_pack", lambda t: calls.append(1) or orig(t))
+    orig = greedy.greedy_pack
+    monkeypatch.setattr(greedy, "greedy_pack", lambda t: calls.append(1) or orig(t))
     ids, packed, k = Sampler.sample_on_device(x, sm)
     assert calls and k == 0
     monkeypatch.setenv("VLLM_USE_TRITON_GREEDY", "0")

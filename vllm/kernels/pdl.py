@@ -14,56 +14,36 @@ step's first, non-PDL kernel) and writes nothing; every other access comes after
 ``pdl_wait`` also lets the next PDL kernel launch (``launch_dependents``), since that kernel
 waits for this one in turn. Results are identical with and without PDL.
 
-When the next kernel may launch (``VLLM_PDL_TRIGGER``, read once at import):
-
-- ``late`` (default): after this kernel's wait, i.e. once the kernel before it finished.
-  The next kernel's pre-wait loads still overlap this kernel's work, and at most one
-  kernel is launched ahead of the one computing.
-- ``early``: before the wait. Then a chain of small kernels (SmolLM2's tiled GEMVs and
-  decode attention, whose grids are resident at once) launches many kernels ahead, each
-  holding SM slots while it waits, and runs slower: benchmarks/kernel_decoder_layer.py
-  (an H200, bf16, 30 layers in one graph, the small path's five kernels a layer) timed the
-  SmolLM2 shape at 26.3 us a layer early against 20.9 late (context 192; 32.5 against
-  21.4 at 1024), the Qwen2.5-0.5B shape at 45.0 against 45.5.
+When the next kernel may launch: after this kernel's wait, i.e. once the kernel before it
+finished. The next kernel's pre-wait loads still overlap this kernel's work, and at most one
+kernel is launched ahead of the one computing. Triggering before the wait instead lets a
+chain of small kernels (SmolLM2's tiled GEMVs and decode attention, whose grids are resident
+at once) launch many kernels ahead, each holding SM slots while it waits, and measured
+slower (an H200, bf16, 30 layers in one graph, the small path's five kernels a layer: the
+SmolLM2 shape 26.3 us a layer against 20.9 at context 192, 32.5 against 21.4 at 1024; the
+Qwen2.5-0.5B shape 45.0 against 45.5).
 
 Used when :func:`pdl_enabled`: a CUDA device of compute capability >= 9.0, a Triton with
-``launch_pdl`` and ``gdc_wait``, not the interpreter, and ``VLLM_TRITON_PDL`` not "0".
+``launch_pdl`` and ``gdc_wait``, not the interpreter, and ``VLLM_TRITON_PDL`` on (default).
 """
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
+
+from vllm import envs
 
 try:  # Triton >= 3.4
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:  # pragma: no cover - older Triton: PDL stays off
     gdc_launch_dependents = gdc_wait = None
 
-ENV_TRITON_PDL = "VLLM_TRITON_PDL"
-ENV_PDL_TRIGGER = "VLLM_PDL_TRIGGER"
-
-
-def pdl_trigger() -> str:
-    """``VLLM_PDL_TRIGGER``: "late" (default) or "early" (module docstring).
-
-    Raises:
-        ValueError: any other value.
-    """
-    value = os.environ.get(ENV_PDL_TRIGGER, "late")
-    if value not in ("late", "early"):
-        raise ValueError(f"{ENV_PDL_TRIGGER}={value!r} must be 'late' or 'early'")
-    return value
-
-
-TRIGGER_EARLY = tl.constexpr(pdl_trigger() == "early")  # fixed for the process
-
 
 @functools.cache
 def _supported(device_index: int) -> bool:
-    if gdc_wait is None or os.environ.get("TRITON_INTERPRET") == "1":
+    if gdc_wait is None or envs.TRITON_INTERPRET:
         return False
     try:
         from triton.backends.nvidia.compiler import CUDAOptions
@@ -76,7 +56,7 @@ def _supported(device_index: int) -> bool:
 
 def pdl_enabled(x: torch.Tensor) -> bool:
     """Whether kernels on ``x``'s device launch with PDL (see the module docstring)."""
-    if not x.is_cuda or os.environ.get(ENV_TRITON_PDL, "1") == "0":
+    if not x.is_cuda or not envs.VLLM_TRITON_PDL:
         return False
     return _supported(x.device.index if x.device.index is not None else 0)
 
@@ -89,11 +69,7 @@ def launch_options(pdl: bool) -> dict:
 
 @triton.jit
 def pdl_wait(PDL: tl.constexpr):
-    """Let the next kernel launch, then wait for the previous ones (no-op without PDL)."""
+    """Wait for the previous kernels, then let the next one launch (no-op without PDL)."""
     if PDL:
-        if TRIGGER_EARLY:
-            gdc_launch_dependents()
-            gdc_wait()
-        else:
-            gdc_wait()
-            gdc_launch_dependents()
+        gdc_wait()
+        gdc_launch_dependents()

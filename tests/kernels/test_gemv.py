@@ -1,4 +1,4 @@
-"""The small-batch projection kernels (vllm/model_executor/layers/triton_gemv.py).
+"""The small-batch projection kernels (vllm/kernels/gemv.py).
 
 Reference: the unfused torch layers they replace (``RMSNorm.forward_native``,
 ``F.linear``, ``SiluAndMul.forward_native``) and, one level up, ``LlamaDecoderLayer.forward``
@@ -19,9 +19,9 @@ import torch.nn.functional as F
 from transformers import LlamaConfig
 
 from tests.utils import run_interpreted
+from vllm.kernels.dispatch import get_triton_gemv
 from vllm.model_executor.layers.activation import SiluAndMul
 from vllm.model_executor.layers.layernorm import RMSNorm
-from vllm.model_executor.layers.triton_dispatch import ENV_USE_TRITON_GEMV, get_triton_gemv
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("triton") is None,
@@ -29,6 +29,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+ENV_USE_TRITON_GEMV = "VLLM_USE_TRITON_GEMV"
 ROWS = (1, 2, 3, 5, 16)  # FMA paths (BLOCK_M 1, 2, 4) and the tl.dot path
 # (N, K): N not a multiple of BLOCK_N 16, K not a multiple of BLOCK_K 128 (SmolLM2 hidden 576)
 SIZES = ((40, 300), (200, 576))
@@ -89,7 +90,7 @@ def _kernel_cases(gemv: ModuleType, dtype: torch.dtype, device: str) -> None:
 
 
 def _wide_cases(gemv: ModuleType, dtype, norm, w, b, gen, device) -> None:
-    """One row through the persistent whole-row kernel (triton_gemv_rows: the config of
+    """One row through the persistent whole-row kernel (gemv_rows: the config of
     large weights) vs the torch layers; 1 and 4 outputs per tile, 2 "SMs" on CPU, so
     programs take several tiles and prefetch past the last one."""
     cfg = gemv.launch_config(1, 1 << 12, 1 << 12)
@@ -140,10 +141,10 @@ def _rows_cases(gemv: ModuleType, dtype, norm, w, b, gen, device, cfg: dict) -> 
 def _interpreted_gemv() -> ModuleType:
     from triton.runtime.interpreter import InterpretedFunction
 
-    from vllm.model_executor.layers import triton_gemv
+    from vllm.kernels import gemv
 
-    assert isinstance(triton_gemv._gemv_kernel, InterpretedFunction), "not interpreted"
-    return triton_gemv
+    assert isinstance(gemv._gemv_kernel, InterpretedFunction), "not interpreted"
+    return gemv
 
 
 def _check_kernels() -> None:
@@ -270,15 +271,15 @@ def test_cpu_dispatch_is_off():
 @pytest.mark.gpu  # conftest skips it without a GPU (and never touches CUDA in the parent)
 def test_cuda_kernels_and_dispatch(monkeypatch):
     """Compiled kernels (RNE bf16, IEEE float32) and the dispatch rule on a GPU."""
-    from vllm.model_executor.layers import triton_gemv
+    from vllm.kernels import gemv
 
     for dtype in (torch.float32, torch.bfloat16):
-        _kernel_cases(triton_gemv, dtype, "cuda")
-        _layer_cases(triton_gemv, dtype, "cuda")  # bf16: 2% of 4.0 after four projections
-    _wide_layer_case(triton_gemv)
+        _kernel_cases(gemv, dtype, "cuda")
+        _layer_cases(gemv, dtype, "cuda")  # bf16: 2% of 4.0 after four projections
+    _wide_layer_case(gemv)
     small = torch.empty(2 * 1536, 576, dtype=torch.bfloat16, device="cuda")  # SmolLM2 gate_up
     big = torch.empty(2 * 4864, 896, dtype=torch.bfloat16, device="cuda")  # Qwen2.5-0.5B's
-    assert get_triton_gemv(torch.empty(1, 576, device="cuda"), small) is triton_gemv
+    assert get_triton_gemv(torch.empty(1, 576, device="cuda"), small) is gemv
     assert get_triton_gemv(torch.empty(2, 576, device="cuda"), small) is None
     assert get_triton_gemv(torch.empty(1, 896, device="cuda"), big) is None
     # Llama-3.1-8B: gate_up and o_proj both take the whole-row kernel, so the layer does;
@@ -286,12 +287,12 @@ def test_cuda_kernels_and_dispatch(monkeypatch):
     x8 = torch.empty(1, 4096, dtype=torch.bfloat16, device="cuda")
     gu8 = torch.empty(2 * 14336, 4096, dtype=torch.bfloat16, device="cuda")
     o8 = torch.empty(4096, 4096, dtype=torch.bfloat16, device="cuda")
-    assert get_triton_gemv(x8, gu8, o8) is triton_gemv
+    assert get_triton_gemv(x8, gu8, o8) is gemv
     assert get_triton_gemv(x8, gu8, o8[:1024]) is None
     assert get_triton_gemv(x8.expand(2, 4096), gu8, o8) is None
     # lm_heads: 8B's (K = 4096) takes it, SmolLM2's (K = 576 < ROWS_MIN_K) does not
-    assert get_triton_gemv(x8, torch.empty(128256, 4096, device="cuda")) is triton_gemv
+    assert get_triton_gemv(x8, torch.empty(128256, 4096, device="cuda")) is gemv
     assert get_triton_gemv(x8[:, :576], torch.empty(49152, 576, device="cuda")) is None
-    assert not triton_gemv.rows_kernel_fits(1000, 64)  # a tiny test head
+    assert not gemv.rows_kernel_fits(1000, 64)  # a tiny test head
     monkeypatch.setenv("VLLM_USE_TRITON_GEMV", "0")
     assert get_triton_gemv(torch.empty(1, 576, device="cuda"), small) is None

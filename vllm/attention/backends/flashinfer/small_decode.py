@@ -1,17 +1,19 @@
-"""FLASHINFER's small-batch decode path: decode steps of at most ``small_decode_max_rows()``
-rows run the one-launch Triton kernel of :mod:`vllm.attention.triton_decode` instead of
+"""FLASHINFER's small-batch decode path: decode steps of at most ``small_decode_max_rows``
+rows run the one-launch Triton kernel of :mod:`vllm.kernels.decode_attention` instead of
 FlashInfer's rotary + decode + merge kernels.
 
 Why: at one to a few rows a step is bound by launches and host work, not by bytes.
 FlashInfer plans every decode step on the host (~0.16 ms) and runs three kernels per layer;
 this path uploads the lengths and block tables (one copy, no plan) and runs one kernel per
 layer, and its metadata lives in device buffers that a captured graph advances by itself
-(``advance``), which the decode-loop graphs need (vllm/worker/decode_loop.py).
+(``advance``), which the decode-loop graphs need.
 
 The choice depends on the row count only (padded rows included), the same for eager steps
 and graph replays, so graphs and --enforce-eager run the same kernel. Prefill and larger
-decode batches stay on FlashInfer. ``VLLM_SMALL_DECODE_MAX_ROWS`` sets the limit (default
-1: one-row decode steps take this path; 0 turns it off, 8 takes up to 8 rows).
+decode batches stay on FlashInfer. ``CompilationConfig.small_decode_max_rows``
+(``--small-decode-max-rows``, reaching the backend as ``AttentionSpec.small_decode_max_rows``)
+sets the limit (default 1: one-row decode steps take this path; 0 turns it off, 8 takes up
+to 8 rows).
 
 Why one row by default (H200, bf16): on the Llama-3.1-8B shape at
 batch 1 every run on this path beat every run on FlashInfer's wrappers (floor ratios
@@ -26,7 +28,6 @@ version of the kernel at up to 8 rows.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,37 +39,13 @@ from vllm.attention.backends.abstract import (
     AttentionMetadata,
     AttentionSpec,
     ForwardMode,
-    PagedDecodeTables,
     StepInputs,
 )
 from vllm.attention.backends.host_tables import exclusive_cumsum, flatten_tables, ragged_positions
+from vllm.kernels import dispatch
 from vllm.utils import to_device
 
-ENV_SMALL_DECODE_MAX_ROWS = "VLLM_SMALL_DECODE_MAX_ROWS"
-DEFAULT_SMALL_DECODE_MAX_ROWS = 1
-
-
-def small_decode_max_rows() -> int:
-    """The most decode rows the Triton path takes (``VLLM_SMALL_DECODE_MAX_ROWS``, default 1;
-    0 = off; read at each call).
-
-    Raises:
-        ValueError: a value that is not an integer in [0, 64].
-    """
-    raw = os.environ.get(ENV_SMALL_DECODE_MAX_ROWS, str(DEFAULT_SMALL_DECODE_MAX_ROWS))
-    try:
-        rows = int(raw)
-    except ValueError:
-        rows = -1
-    if not 0 <= rows <= 64:
-        raise ValueError(f"{ENV_SMALL_DECODE_MAX_ROWS}={raw!r} must be an integer in [0, 64]")
-    return rows
-
-
-def _kernels():
-    from vllm.attention import triton_decode
-
-    return triton_decode
+SMALL_DECODE_MAX_ROWS_LIMIT = 64  # as CompilationConfig.small_decode_max_rows allows
 
 
 @dataclass
@@ -81,7 +58,7 @@ class SmallDecodeMetadata(AttentionMetadata):
         block_size: tokens per block.
         max_seq_len: a bound on every row's length, which sizes the kernel's grid (the
             graph's max_seq_len_to_capture, or the step's longest row).
-        workspace: the backend's ``triton_decode.DecodeWorkspace``.
+        workspace: the backend's ``decode_attention.DecodeWorkspace``.
     ``slot_mapping`` is unused (the kernel derives each slot from the table and position).
     """
 
@@ -91,14 +68,9 @@ class SmallDecodeMetadata(AttentionMetadata):
     max_seq_len: int = 1
     workspace: Any = None
 
-    def paged_decode_tables(self) -> PagedDecodeTables:
-        """This step's tables (the fused decoder layer runs its attention from them)."""
-        return PagedDecodeTables(self.seq_lens, self.block_tables, self.block_size,
-                                 self.scratch_slot // self.block_size, self.workspace)  # fmt: skip
-
 
 class SmallDecodeImpl(AttentionImpl):
-    """One kernel: rotate q/k, write the new key/value, attend (triton_decode)."""
+    """One kernel: rotate q/k, write the new key/value, attend (decode_attention)."""
 
     @staticmethod
     def forward(
@@ -113,7 +85,7 @@ class SmallDecodeImpl(AttentionImpl):
     ) -> torch.Tensor:
         md: SmallDecodeMetadata = attn_metadata  # type: ignore[assignment]
         cos_sin = None if rotary_emb is None else rotary_emb.cos_sin_cache
-        return _kernels().paged_decode_attention(
+        return dispatch.decode_attention().paged_decode_attention(
             query, key, value, positions, cos_sin, kv_cache, md.block_tables, md.seq_lens,
             md.workspace, layer.num_heads, layer.scale, md.scratch_slot // md.block_size,
             md.max_seq_len,
@@ -147,13 +119,13 @@ class SmallDecodeBuffers:
 
     Args:
         spec: model/cache shapes.
-        max_rows: the most rows (small_decode_max_rows() at start-up).
+        max_rows: the most rows (``AttentionSpec.small_decode_max_rows``).
     """
 
     def __init__(self, spec: AttentionSpec, max_rows: int):
         self.spec = spec
         self.max_rows = max_rows
-        self.workspace = _kernels().DecodeWorkspace(
+        self.workspace = dispatch.decode_attention().DecodeWorkspace(
             max_rows, spec.num_heads, spec.num_kv_heads, spec.head_size, spec.device
         )
 

@@ -1,4 +1,4 @@
-"""The small-batch paged decode kernel (vllm/attention/triton_decode.py).
+"""The small-batch paged decode kernel (vllm/kernels/decode_attention.py).
 
 Reference: ``RotaryEmbedding.forward_native`` for the rotation (the cache must hold the
 rotated key bit for bit in float32) and plain float64 softmax attention over each row's
@@ -58,7 +58,7 @@ def _split(s):
 
 
 def _run(s, bound=None, rows=None):
-    from vllm.attention import triton_decode as td
+    from vllm.kernels import decode_attention as td
 
     q, k, v = _split(s)
     ws = td.DecodeWorkspace(8, s["heads"], s["kv_heads"], s["d"], q.device)
@@ -129,7 +129,7 @@ def interpreted_float32_cases():
 
 def interpreted_long_row():
     """A row longer than MAX_SPLITS tiles: the chunk grows, 32 splits merge."""
-    from vllm.attention import triton_decode as td
+    from vllm.kernels import decode_attention as td
 
     n = td.MAX_SPLITS * td.tile_tokens(2, 8) + 300
     s = _setup([n], heads=2, kv_heads=1, d=8, dtype=torch.float32, device="cpu", seed=2)
@@ -138,7 +138,7 @@ def interpreted_long_row():
 
 
 def interpreted_errors():
-    from vllm.attention import triton_decode as td
+    from vllm.kernels import decode_attention as td
 
     s = _setup([3, 4], heads=4, kv_heads=2, d=16, dtype=torch.float32, device="cpu")
     q, k, v = _split(s)

@@ -15,7 +15,7 @@ where they measured faster than cuBLAS: one row and small weights, see FUSED_MAX
 A decoder layer then takes 4 kernels for its projections instead of 7 (norm, qkv, o,
 norm, gate_up, act, down). One row through a large weight (ROWS_MIN_ELEMENTS, ROWS_MIN_K:
 the Llama-3.1-8B projections and lm_head) takes the persistent whole-row kernel of
-:mod:`triton_gemv_rows` instead (same functions, same rounding points; ``launch_config``
+:mod:`gemv_rows` instead (same functions, same rounding points; ``launch_config``
 picks it), which reads weights at 3.7-4.5 TB/s where cuBLAS GEMV reaches 2.5-4.2.
 
 Layout: one program per ``BLOCK_N`` output features, all rows
@@ -35,16 +35,16 @@ and a replayed graph runs the same kernel as an eager step of the same size, so 
 and --enforce-eager stay exact.
 
 This module imports ``triton`` at the top: reach it through
-:func:`vllm.model_executor.layers.triton_dispatch.get_triton_gemv`.
+:func:`vllm.kernels.dispatch.get_triton_gemv`.
 """
-
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-from vllm.model_executor.layers.triton_pdl import launch_options, pdl_enabled, pdl_wait
+from vllm import envs
+from vllm.kernels import gemv_rows
+from vllm.kernels.pdl import launch_options, pdl_enabled, pdl_wait
 
 MAX_ROWS = 16  # the most rows the kernels accept (one 16-row tl.dot tile)
 _DOT_MIN_ROWS = 5  # rows from which tensor-core tl.dot (16-row tiles) replaces FMA sums
@@ -56,14 +56,14 @@ _DOT_MIN_ROWS = 5  # rows from which tensor-core tl.dot (16-row tiles) replaces 
 FUSED_MAX_ROWS = 1
 FUSED_MAX_WEIGHT_BYTES = 8 << 20
 # One row of a large weight (>= 16M elements, K >= 1024: every Llama-3.1-8B projection
-# and lm_head) is bandwidth-bound: the persistent whole-row kernel of triton_gemv_rows.
+# and lm_head) is bandwidth-bound: the persistent whole-row kernel of gemv_rows.
 # benchmarks/kernel_gemv.py --grid rows on an H200 (bf16, 8B shapes, one row, graph
 # replays; cuBLAS with the separate norm / SiLU kernels in brackets): qkv 13.7 us (17.7),
 # o 8.6 (13.3), gate_up 54.7 (60.6), down 29.6 (32.3), lm_head 233 (248); 3.7-4.5 TB/s
 # against a 4.59 TB/s read ceiling. Best: 2 outputs a tile, 8 warps, 4 programs an SM
 # (K = 4096); 16 warps, 2 an SM for K = 14336.
 # One row of a small weight: 4 output features x the whole row (K <= 2048) per program.
-# The small path's layer chain (benchmarks/kernel_decoder_layer.py --gemv-configs, 30
+# The small path's layer chain (the decoder layer as separate kernels, 30
 # SmolLM2 layers in a graph, one H200, bf16, us per layer at contexts 192 / 1024):
 # 8 x 512 (K = 576 then takes a second tile, read after the wait) 20.82 /
 # 21.34; 8 x whole K 17.08; 4 x whole K 16.57 / 17.97; 2 x whole K 16.73 / 18.27; 8 warps
@@ -73,7 +73,7 @@ ONE_ROW_MAX_BLOCK_K = 2048
 ROWS_MIN_ELEMENTS = 1 << 24
 ROWS_MIN_K = 1024
 ROWS_BLOCK_N = 2
-_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # read once, as triton does
+_INTERPRETED = envs.TRITON_INTERPRET  # read once, as triton does
 
 
 @triton.jit
@@ -117,13 +117,11 @@ def _gemv_tile(
     M, N, K, x_stride, res_stride, w_stride, out_stride, res_out_stride, up_offset, eps,
     NORM: tl.constexpr, ADD_RES: tl.constexpr, SILU_MUL: tl.constexpr, HAS_BIAS: tl.constexpr,
     USE_DOT: tl.constexpr, IEEE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CACHE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """out[:, tile * BLOCK_N : (tile + 1) * BLOCK_N] for all M (<= BLOCK_M) rows, given the
     tile's first weight tile(s) from :func:`_w_tile`; each later weight tile is loaded an
-    iteration ahead of its use. The program of tile 0 alone stores the residual sum.
-    ``CACHE``: the load cache modifier of x and residual ("" or ".cg" when another program
-    of the same launch wrote them, see triton_layer)."""
+    iteration ahead of its use. The program of tile 0 alone stores the residual sum."""
     rows = tl.arange(0, BLOCK_M)  # [BM]
     row_ok = rows < M
     cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN] output features
@@ -140,10 +138,10 @@ def _gemv_tile(
         for k0 in range(0, K, BLOCK_K):
             kk = k0 + ks
             m2 = row_ok[:, None] & (kk < K)[None, :]  # [BM, BK]
-            a = tl.load(x_rows + kk[None, :], mask=m2, other=0.0, cache_modifier=CACHE)
+            a = tl.load(x_rows + kk[None, :], mask=m2, other=0.0)
             a = a.to(tl.float32)
             if ADD_RES:
-                r = tl.load(r_rows + kk[None, :], mask=m2, other=0.0, cache_modifier=CACHE)
+                r = tl.load(r_rows + kk[None, :], mask=m2, other=0.0)
                 s = (r.to(tl.float32) + a).to(res_out_ptr.dtype.element_ty)  # `residual + x`
                 dst = res_out_ptr + rows[:, None].to(tl.int64) * res_out_stride + kk[None, :]
                 if tile == 0:  # one program stores the residual sum
@@ -158,11 +156,11 @@ def _gemv_tile(
         kk = k0 + ks
         k_ok = kk < K
         m2 = row_ok[:, None] & k_ok[None, :]
-        a = tl.load(x_rows + kk[None, :], mask=m2, other=0.0, cache_modifier=CACHE)  # [BM, BK]
+        a = tl.load(x_rows + kk[None, :], mask=m2, other=0.0)  # [BM, BK]
         if NORM:
             a = a.to(tl.float32)
             if ADD_RES:
-                r = tl.load(r_rows + kk[None, :], mask=m2, other=0.0, cache_modifier=CACHE)
+                r = tl.load(r_rows + kk[None, :], mask=m2, other=0.0)
                 a = (r.to(tl.float32) + a).to(res_out_ptr.dtype.element_ty).to(tl.float32)
             # HF LlamaRMSNorm: normalise in float32, round, then the weight multiply
             a = (a * rstd[:, None]).to(act_ty).to(tl.float32)
@@ -210,19 +208,19 @@ def _gemv_kernel(
     _gemv_tile(
         pid, w, wu, x_ptr, res_ptr, nw_ptr, w_ptr, b_ptr, out_ptr, res_out_ptr,
         M, N, K, x_stride, res_stride, w_stride, out_stride, res_out_stride, up_offset, eps,
-        NORM, ADD_RES, SILU_MUL, HAS_BIAS, USE_DOT, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, "",
+        NORM, ADD_RES, SILU_MUL, HAS_BIAS, USE_DOT, IEEE, BLOCK_M, BLOCK_N, BLOCK_K,
     )  # fmt: skip
 
 
 def rows_kernel_fits(n: int, k: int) -> bool:
     """Whether one row through an [n, k] weight takes the persistent whole-row kernel
-    (:mod:`triton_gemv_rows`): >= ROWS_MIN_ELEMENTS elements and k >= ROWS_MIN_K."""
+    (:mod:`gemv_rows`): >= ROWS_MIN_ELEMENTS elements and k >= ROWS_MIN_K."""
     return n * k >= ROWS_MIN_ELEMENTS and k >= ROWS_MIN_K
 
 
 def small_weights(*weights: torch.Tensor) -> bool:
     """Whether every weight is <= FUSED_MAX_WEIGHT_BYTES: one row through them runs the
-    tiled kernel (latency-bound), as does the fused decoder layer (triton_layer)."""
+    tiled kernel (latency-bound)."""
     return all(w.numel() * w.element_size() <= FUSED_MAX_WEIGHT_BYTES for w in weights)
 
 
@@ -302,9 +300,7 @@ def _launch(
     if "PERSIST" in cfg:  # one row of a large weight
         if m != 1:
             raise ValueError(f"the whole-row config {cfg} takes one row, got {m}")
-        from vllm.model_executor.layers import triton_gemv_rows
-
-        triton_gemv_rows.launch(x, residual, norm_weight, eps, weight, bias, silu_mul, out,
+        gemv_rows.launch(x, residual, norm_weight, eps, weight, bias, silu_mul, out,
                                 res_out, cfg)  # fmt: skip
         return out, res_out
     ieee = weight.dtype == torch.float32

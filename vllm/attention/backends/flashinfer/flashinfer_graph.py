@@ -7,10 +7,12 @@ workspace is the backend's shared one). Each captured size gets its own decode w
 views ``indptr[:bs + 1]`` and ``last_page_len[:bs]``, so its batch size is fixed to ``bs``
 and no later capture can shrink it. Padded lanes read one token of the scratch block.
 Sizes up to the small-decode limit run the Triton kernel instead (no wrapper, no plan): they
-take views of :class:`~vllm.attention.backends.small_decode.SmallDecodeGraphBuffers`, which
-a decode-loop graph can advance on the device. Prefill graphs (one sequence,
-:mod:`~vllm.attention.backends.flashinfer_prefill`) take views ``prefill_rows[:, :tokens]``
-of a [3, max prefill tokens] int64 buffer of their own.
+take views of :class:`~.small_decode.SmallDecodeGraphBuffers`, which a decode-loop graph
+can advance on the device. Prefill graphs (one sequence, :mod:`.flashinfer_prefill`) take
+views ``prefill_rows[:, :tokens]`` of a [3, max prefill tokens] int64 buffer of their own.
+
+The state is created by the backend (``FlashInferBackend.make_graph_state``) and reaches it
+through the instance it is given, so this module does not import the backend module.
 """
 
 from __future__ import annotations
@@ -20,26 +22,32 @@ from typing import Any
 import torch
 
 from vllm.attention.backends.abstract import (
+    AttentionBackend,
     AttentionGraphState,
     AttentionMetadata,
     ForwardMode,
     StepInputs,
 )
-from vllm.attention.backends.flashinfer import (
-    FlashInferBackend,
-    FlashInferMetadata,
-    paged_kv_host,
-    slot_rows_host,
+from vllm.attention.backends.flashinfer.flashinfer_prefill import graph_prefill_metadata
+from vllm.attention.backends.flashinfer.metadata import FlashInferMetadata
+from vllm.attention.backends.flashinfer.paged_cache import paged_kv_host, slot_rows_host
+from vllm.attention.backends.flashinfer.small_decode import (
+    SmallDecodeGraphBuffers,
+    SmallDecodeMetadata,
 )
-from vllm.attention.backends.flashinfer_prefill import graph_prefill_metadata
-from vllm.attention.backends.small_decode import SmallDecodeGraphBuffers, SmallDecodeMetadata
 from vllm.utils import pin_for
 
 
 class FlashInferGraphState(AttentionGraphState):
-    """One VE's FlashInfer CUDA-graph buffers and per-size decode wrappers."""
+    """One VE's FlashInfer CUDA-graph buffers and per-size decode wrappers.
 
-    def __init__(self, backend: FlashInferBackend, scratch_slot: int):
+    Args:
+        backend: the ``FlashInferBackend`` that owns this state (its wrapper classes,
+            workspace, plan arguments, small-decode buffers and run counters are used).
+        scratch_slot: this VE's scratch slot.
+    """
+
+    def __init__(self, backend: AttentionBackend, scratch_slot: int):
         super().__init__(backend.spec, scratch_slot)
         self.backend = backend
         self.wrappers: dict[int, Any] = {}

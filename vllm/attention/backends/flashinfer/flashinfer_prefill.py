@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from vllm.attention.backends.abstract import AttentionImpl, AttentionMetadata, ForwardMode
+from vllm.attention.backends.flashinfer.paged_cache import rotate_and_write
 from vllm.attention.backends.torch_sdpa import causal_prefill
 
 
@@ -38,7 +39,7 @@ class GraphPrefillMetadata(AttentionMetadata):
 
 def graph_prefill_metadata(rows: torch.Tensor, scratch_slot: int) -> GraphPrefillMetadata:
     """Metadata over ``rows`` [3, tokens] int64 (slot, key row, value row per token; see
-    ``flashinfer.slot_rows_host``), a device tensor or a view of a graph buffer."""
+    ``paged_cache.slot_rows_host``), a device tensor or a view of a graph buffer."""
     tokens = int(rows.shape[1])
     return GraphPrefillMetadata(
         mode=ForwardMode.PREFILL,
@@ -64,8 +65,6 @@ class GraphPrefillImpl(AttentionImpl):
         positions: torch.Tensor | None = None,
         rotary_emb: Any = None,
     ) -> torch.Tensor:
-        from vllm.attention.backends.flashinfer import rotate_and_write
-
         md: GraphPrefillMetadata = attn_metadata  # type: ignore[assignment]
         h, h_kv, d = layer.num_heads, layer.num_kv_heads, layer.head_size
         query, key = rotate_and_write(layer, query, key, value, kv_cache, md.kv_rows, positions,

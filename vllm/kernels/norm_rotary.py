@@ -10,7 +10,7 @@ except where a float32 sum or ``rsqrt`` / ``exp`` differs in its last bit and fl
 rounding (rare in bf16; ~1e-6 relative in float32).
 
 This module imports ``triton`` at the top: import it only through
-:func:`vllm.model_executor.layers.triton_dispatch.get_triton_ops`, which keeps installs
+:func:`vllm.kernels.dispatch.get_triton_ops`, which keeps installs
 without Triton working. Rows / tokens may be any count; 0 returns empties with no launch.
 The only ``triton.language`` features used: ``program_id``, ``arange``, ``load`` / ``store``
 with masks, ``sum``, ``exp``, ``rsqrt``, ``.to`` casts, ``constexpr`` block sizes (from

@@ -1,7 +1,7 @@
 """One-row projections of large weights as a persistent Triton kernel over whole rows of K.
 
 Why: at one decode token a Llama-3.1-8B projection streams 33-235 MB of weights and is
-bound by memory bandwidth. :mod:`triton_gemv`'s tiled kernel runs one short program per
+bound by memory bandwidth. :mod:`gemv`'s tiled kernel runs one short program per
 ``BLOCK_N`` outputs; with the RMSNorm fused in, each program re-reads x, the residual and
 the norm weight from L2 (about as many bytes as its weights) and waits a norm pass before
 its products, and between two programs of an SM nothing is in flight. Here (one row only):
@@ -13,22 +13,30 @@ its products, and between two programs of an SM nothing is in flight. Here (one 
 - the norm runs once per program: x (+ residual) is read once, normed in registers and
   kept there for every tile.
 
-Arithmetic and rounding points are those of :func:`triton_gemv._gemv_tile`'s two-pass norm
+Arithmetic and rounding points are those of :func:`gemv._gemv_tile`'s two-pass norm
 (``RMSNorm.forward_native``: residual sum, normed row and norm-weight product rounded to
 the activation dtype; float32 products; gate, up and SiLU rounded as torch does), so this
-kernel and :mod:`triton_gemv` agree up to float32 summation order.
+kernel and :mod:`gemv` agree up to float32 summation order.
 
-PDL contract (:mod:`triton_pdl`): the first weight tile is loaded before ``pdl_wait``.
-Imports ``triton`` at the top: reach it through :mod:`triton_gemv`, which imports it when
-a launch config asks for it (``PERSIST`` in the config).
+PDL contract (:mod:`pdl`): the first weight tile is loaded before ``pdl_wait``.
+Imports ``triton`` at the top; :mod:`gemv` launches it when a launch config asks for it
+(``PERSIST`` in the config).
 """
+
+import functools
 
 import torch
 import triton
 import triton.language as tl
 
-from vllm.model_executor.layers.triton_pdl import launch_options, pdl_enabled, pdl_wait
-from vllm.utils import cuda_sm_count
+from vllm.kernels.pdl import launch_options, pdl_enabled, pdl_wait
+
+
+@functools.cache
+def cuda_sm_count(device_index: int) -> int:
+    """Streaming multiprocessors of CUDA device ``device_index`` (cached): the unit of the
+    persistent grid."""
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 @triton.jit
@@ -101,7 +109,7 @@ def launch(
     out: torch.Tensor, res_out: torch.Tensor, cfg: dict,
 ) -> None:  # fmt: skip
     """Fill ``out`` [1, N_out] (and ``res_out`` [1, K] when ``residual`` is given) for one
-    row ``x`` [1, K] (unit strides, checked by the caller :func:`triton_gemv._launch`).
+    row ``x`` [1, K] (unit strides, checked by the caller :func:`gemv._launch`).
 
     ``cfg``: ``BLOCK_N`` outputs per tile, ``num_warps``, ``PERSIST`` programs per SM
     (the grid is ``min(tiles, PERSIST * SMs)``; on CPU, under the interpreter, 2 "SMs").

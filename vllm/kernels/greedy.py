@@ -22,7 +22,7 @@ logits are all ``-inf`` gives token 0 and a NaN logprob, as torch does.
 
 Used by ``Sampler.sample_on_device`` for all-greedy batches without logprobs on CUDA, in
 eager steps, graphs and decode-loop graphs alike. This module imports ``triton`` at the
-top: reach it through :func:`vllm.model_executor.layers.triton_dispatch.get_triton_greedy`.
+top: reach it through :func:`vllm.kernels.dispatch.get_triton_greedy`.
 """
 
 import torch

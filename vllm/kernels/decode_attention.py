@@ -5,7 +5,7 @@ Why: at one to a few decode rows a layer's attention is a chain of tiny launches
 (FlashInfer: a rotary + cache-write kernel, the split-KV decode kernel and its merge, after
 a host-side ``plan`` every step). This kernel does all of it in one launch and reads its
 lengths and block tables from device buffers, so a captured graph can advance itself by a
-token without the host (:mod:`vllm.worker.decode_loop`).
+token without the host (the decode-loop graphs).
 
 Layout: program ``(b, h, s)`` handles row ``b``, KV head ``h`` (its ``G = H / H_kv``
 query heads together, GQA) and context split ``s``. A row of context length ``L`` (the new
@@ -27,7 +27,7 @@ to the cache slot ``block_tables[b, p // block_size] * block_size + p % block_si
 ``p = positions[b]``. A padded lane (length 0) writes the scratch block's first slot and
 attends to its own token only.
 
-With PDL (:mod:`triton_pdl`) a program first reads what no kernel of the step writes (its
+With PDL (:mod:`pdl`) a program first reads what no kernel of the step writes (its
 row's length and position, the RoPE cos / sin, its split's first tile of cached keys and
 values: :func:`decode_prefetch`), then waits for the qkv projection and reads the new
 query, key and value: the cache reads overlap the projection. H200, one row, context 192:
@@ -37,10 +37,11 @@ query, key and value: the cache reads overlap the projection. H200, one row, con
 Arithmetic: scores and softmax in float32 (base-2 exponentials with the scale folded into
 ``log2(e) * scale``, as FlashAttention-style kernels do), probabilities times values in
 float32, the output rounded once to the query dtype. RoPE rounds like
-``RotaryEmbedding.forward_native`` (:func:`triton_ops.rope_halves`).
+``RotaryEmbedding.forward_native`` (:func:`norm_rotary.rope_halves`).
 
-This module imports ``triton`` at the top: reach it through the FLASHINFER backend, which
-loads it on CUDA only (CPU tests run it under ``TRITON_INTERPRET=1``).
+This module imports ``triton`` at the top: reach it through
+:func:`vllm.kernels.dispatch.decode_attention` (FLASHINFER's small-decode path, CUDA
+only; CPU tests run it under ``TRITON_INTERPRET=1``).
 """
 
 from __future__ import annotations
@@ -49,16 +50,16 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm.model_executor.layers.triton_ops import rope_halves
-from vllm.model_executor.layers.triton_pdl import launch_options, pdl_enabled, pdl_wait
+from vllm.kernels.norm_rotary import rope_halves
+from vllm.kernels.pdl import launch_options, pdl_enabled, pdl_wait
 
 MAX_SPLITS = 32  # the most splits of one row (and the grid's third dimension at most)
 # Rows of at most MAX_SPLITS * SHORT_TILE = 512 tokens take 16-token tiles whatever
 # tile_tokens gives (a runtime branch of the one kernel). The small path's layer chain
-# (benchmarks/kernel_decoder_layer.py, 30 SmolLM2 layers, H200, bf16) at context 192:
+# (30 SmolLM2 layers in one graph, H200, bf16, as separate kernels) at context 192:
 # 16.57 us a layer with 32-token tiles, 15.62 with 16; at 1024, 16-token tiles lost
 # (17.97 -> 20.2: two tiles a split), so longer rows keep tile_tokens'. Decode attention
-# alone (kernel_decode_attention.py) agreed for the Llama-3.1-8B shape: 10.62
+# alone (benchmarks/kernel_decode_attention.py) agreed for the Llama-3.1-8B shape: 10.62
 # -> 9.11 us at 192, 13.34 -> 17.51 at 1024.
 SHORT_TILE = 16
 LOG2E = 1.4426950408889634
@@ -100,8 +101,6 @@ class DecodeWorkspace:
             per split its running max, sum and unnormalised output.
         counters: [max_rows * kv_heads] int32 arrivals per (row, head); every launch leaves
             them at zero.
-        layer_sync: [512] int32 barrier counters and flags of the fused decoder layer
-            (vllm/model_executor/layers/triton_layer.py), zero between launches too.
     """
 
     def __init__(self, max_rows: int, num_heads: int, num_kv_heads: int, head_size: int,
@@ -111,7 +110,6 @@ class DecodeWorkspace:
         n = max_rows * num_kv_heads * MAX_SPLITS * group_pad * (2 + head_size)
         self.partials = torch.empty(n, dtype=torch.float32, device=device)
         self.counters = torch.zeros(max_rows * num_kv_heads, dtype=torch.int32, device=device)
-        self.layer_sync = torch.zeros(512, dtype=torch.int32, device=device)
 
 
 @triton.jit
@@ -176,7 +174,7 @@ def _paged_decode_kernel(
         q_ptr, k_ptr, v_ptr, pos_ptr, cs_ptr, cache_ptr, bt_ptr, len_ptr, out_ptr,
         part_ptr, cnt_ptr, q_stride, k_stride, v_stride, cs_stride, bt_stride, out_stride,
         block_stride, value_offset, token_stride, scratch_block, qk_scale, num_kv_heads,
-        GROUP, GP, HALF, BS, BLOCK_T, SHORT_T, ROTATE, SPLITS, "", PDL,
+        GROUP, GP, HALF, BS, BLOCK_T, SHORT_T, ROTATE, SPLITS, PDL,
     )  # fmt: skip
 
 
@@ -187,28 +185,26 @@ def decode_program(
     block_stride, value_offset, token_stride, scratch_block, qk_scale, num_kv_heads,
     GROUP: tl.constexpr, GP: tl.constexpr, HALF: tl.constexpr, BS: tl.constexpr,
     BLOCK_T: tl.constexpr, SHORT_T: tl.constexpr, ROTATE: tl.constexpr,
-    SPLITS: tl.constexpr, CACHE: tl.constexpr, PDL: tl.constexpr,
+    SPLITS: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """The work of program ``(b, h, s)`` (module docstring); nothing when ``s`` is past row
     ``b``'s split count. A row of at most ``SPLITS * SHORT_T`` tokens takes tiles of
     ``SHORT_T`` tokens, a longer one of ``BLOCK_T`` (the row's own length decides, so a
-    result never depends on other rows; :func:`decode_tiles` gives the pair). ``CACHE``:
-    the load cache modifier of q, k and v ("", or ".cg" when another program of the same
-    launch wrote them: vllm/model_executor/layers/triton_layer). ``PDL``: wait for the
-    kernel before between :func:`decode_prefetch` and :func:`decode_attend`."""
+    result never depends on other rows; :func:`decode_tiles` gives the pair). ``PDL``:
+    wait for the kernel before between :func:`decode_prefetch` and :func:`decode_attend`."""
     if tl.load(len_ptr + b) <= SPLITS * SHORT_T:
         _decode_tiles(
             b, h, s, q_ptr, k_ptr, v_ptr, pos_ptr, cs_ptr, cache_ptr, bt_ptr, len_ptr,
             out_ptr, part_ptr, cnt_ptr, q_stride, k_stride, v_stride, cs_stride, bt_stride,
             out_stride, block_stride, value_offset, token_stride, scratch_block, qk_scale,
-            num_kv_heads, GROUP, GP, HALF, BS, SHORT_T, ROTATE, SPLITS, CACHE, PDL,
+            num_kv_heads, GROUP, GP, HALF, BS, SHORT_T, ROTATE, SPLITS, PDL,
         )  # fmt: skip
     else:
         _decode_tiles(
             b, h, s, q_ptr, k_ptr, v_ptr, pos_ptr, cs_ptr, cache_ptr, bt_ptr, len_ptr,
             out_ptr, part_ptr, cnt_ptr, q_stride, k_stride, v_stride, cs_stride, bt_stride,
             out_stride, block_stride, value_offset, token_stride, scratch_block, qk_scale,
-            num_kv_heads, GROUP, GP, HALF, BS, BLOCK_T, ROTATE, SPLITS, CACHE, PDL,
+            num_kv_heads, GROUP, GP, HALF, BS, BLOCK_T, ROTATE, SPLITS, PDL,
         )  # fmt: skip
 
 
@@ -218,7 +214,7 @@ def _decode_tiles(
     part_ptr, cnt_ptr, q_stride, k_stride, v_stride, cs_stride, bt_stride, out_stride,
     block_stride, value_offset, token_stride, scratch_block, qk_scale, num_kv_heads,
     GROUP: tl.constexpr, GP: tl.constexpr, HALF: tl.constexpr, BS: tl.constexpr,
-    BLOCK_T: tl.constexpr, ROTATE: tl.constexpr, SPLITS: tl.constexpr, CACHE: tl.constexpr,
+    BLOCK_T: tl.constexpr, ROTATE: tl.constexpr, SPLITS: tl.constexpr,
     PDL: tl.constexpr,
 ):  # fmt: skip
     """:func:`decode_program` with tiles of ``BLOCK_T`` tokens: the reads no kernel of the
@@ -232,7 +228,7 @@ def _decode_tiles(
         b, h, s, pre, q_ptr, k_ptr, v_ptr, cache_ptr, bt_ptr, out_ptr, part_ptr, cnt_ptr,
         q_stride, k_stride, v_stride, bt_stride, out_stride, block_stride, value_offset,
         token_stride, scratch_block, qk_scale, num_kv_heads,
-        GROUP, GP, HALF, BS, BLOCK_T, ROTATE, SPLITS, CACHE,
+        GROUP, GP, HALF, BS, BLOCK_T, ROTATE, SPLITS,
     )  # fmt: skip
 
 
@@ -277,7 +273,7 @@ def decode_attend(
     q_stride, k_stride, v_stride, bt_stride, out_stride, block_stride, value_offset,
     token_stride, scratch_block, qk_scale, num_kv_heads,
     GROUP: tl.constexpr, GP: tl.constexpr, HALF: tl.constexpr, BS: tl.constexpr,
-    BLOCK_T: tl.constexpr, ROTATE: tl.constexpr, SPLITS: tl.constexpr, CACHE: tl.constexpr,
+    BLOCK_T: tl.constexpr, ROTATE: tl.constexpr, SPLITS: tl.constexpr,
 ):  # fmt: skip
     """The rest of program ``(b, h, s)`` after :func:`decode_prefetch` (whose result is
     ``pre``): rotate the new query and key, attend over the split's tiles (the first one
@@ -293,12 +289,12 @@ def decode_attend(
         g_mask = offs_g < GROUP
         q_cols = (h * GROUP + offs_g)[:, None] * HEAD + offs_d[None, :]  # [GP, HALF]
         q_row = q_ptr + b.to(tl.int64) * q_stride + q_cols
-        q1 = tl.load(q_row, mask=g_mask[:, None], other=0.0, cache_modifier=CACHE)
-        q2 = tl.load(q_row + HALF, mask=g_mask[:, None], other=0.0, cache_modifier=CACHE)
+        q1 = tl.load(q_row, mask=g_mask[:, None], other=0.0)
+        q2 = tl.load(q_row + HALF, mask=g_mask[:, None], other=0.0)
         q1, q2 = q1.to(tl.float32), q2.to(tl.float32)
         k_row = k_ptr + b.to(tl.int64) * k_stride + h * HEAD + offs_d  # [HALF]
-        k1 = tl.load(k_row, cache_modifier=CACHE).to(tl.float32)
-        k2 = tl.load(k_row + HALF, cache_modifier=CACHE).to(tl.float32)
+        k1 = tl.load(k_row).to(tl.float32)
+        k2 = tl.load(k_row + HALF).to(tl.float32)
         if ROTATE:
             q1r, q2r = rope_halves(q1, q2, cos[None, :], sin[None, :], dt)
             k1n, k2n = rope_halves(k1, k2, cos, sin, dt)
@@ -328,8 +324,8 @@ def decode_attend(
             )
         if s == n_split - 1:  # the new token: from registers, and into the cache
             v_row = v_ptr + b.to(tl.int64) * v_stride + h * HEAD + offs_d
-            v1n = tl.load(v_row, cache_modifier=CACHE)
-            v2n = tl.load(v_row + HALF, cache_modifier=CACHE)
+            v1n = tl.load(v_row)
+            v2n = tl.load(v_row + HALF)
             blk_new = pos * 0 + scratch_block  # an int arg of 1 arrives as a constexpr
             off_new = pos * 0
             if seq_len > 0:

@@ -1,0 +1,194 @@
+"""FLASHINFER: paged attention through FlashInfer's batch prefill and decode wrappers.
+
+KV-cache layout per layer: [num_blocks + 1, 2, block_size, num_kv_heads, head_size]
+("NHD", key at index 0 of dim 1); block ``num_blocks`` is the scratch block.
+
+Planning (``wrapper.plan``) takes pinned host tensors (FlashInfer plans on the host and
+copies them to its device buffers without blocking), except a graph replay's page indices,
+which are uploaded first (FlashInfer copies host indices into a graph buffer with a
+blocking copy); so no step waits on the device.
+flashinfer is imported lazily; the wrapper classes are parameters of the backend so the
+CUDA-graph state runs on CPU in tests with a fake decode wrapper (same constructor and
+``plan`` checks as FlashInfer's).
+
+A step takes one of three paths: decode steps of at most ``spec.small_decode_max_rows``
+rows run the Triton small-decode kernel (:mod:`.small_decode`), a graph prefill (or an eager
+step padded like one) the capturable prefill (:mod:`.flashinfer_prefill`), every other step
+a planned wrapper (:mod:`.metadata`). CUDA-graph state (per virtual engine buffers and
+per-size decode wrappers) lives in :mod:`.flashinfer_graph`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from vllm.attention.backends.abstract import (
+    AttentionBackend,
+    AttentionMetadata,
+    AttentionSpec,
+    ForwardMode,
+    StepInputs,
+)
+from vllm.attention.backends.flashinfer.flashinfer_graph import FlashInferGraphState
+from vllm.attention.backends.flashinfer.flashinfer_prefill import graph_prefill_metadata
+from vllm.attention.backends.flashinfer.metadata import FlashInferMetadata
+from vllm.attention.backends.flashinfer.paged_cache import paged_kv_host, slot_rows_host
+from vllm.attention.backends.flashinfer.small_decode import (
+    SMALL_DECODE_MAX_ROWS_LIMIT,
+    SmallDecodeBuffers,
+)
+from vllm.utils import to_device
+
+WORKSPACE_BYTES = 128 * 1024 * 1024
+
+
+def _wrapper_classes() -> tuple[type, type]:
+    import flashinfer
+
+    return (
+        flashinfer.BatchPrefillWithPagedKVCacheWrapper,
+        flashinfer.BatchDecodeWithPagedKVCacheWrapper,
+    )
+
+
+def use_tensor_cores(num_heads: int, num_kv_heads: int) -> bool:
+    """FlashInfer's CUDA-core decode kernels cover GQA group sizes 1, 2, 4 and 8 only."""
+    return (num_heads // num_kv_heads) not in (1, 2, 4, 8)
+
+
+class FlashInferBackend(AttentionBackend):
+    """The FLASHINFER backend (default on CUDA for float16/bfloat16).
+
+    Args:
+        spec: shapes, dtype, device, and ``small_decode_max_rows`` (the engine's
+            ``CompilationConfig.small_decode_max_rows``: the most decode rows the Triton
+            small-decode path takes; 0 = off).
+        prefill_wrapper_cls, decode_wrapper_cls: FlashInfer's wrapper classes (imported
+            lazily when None; tests pass fakes).
+
+    Raises:
+        ValueError: ``spec.small_decode_max_rows`` outside [0, SMALL_DECODE_MAX_ROWS_LIMIT].
+    """
+
+    name = "FLASHINFER"
+    supports_prefill_graphs = True  # flashinfer_prefill.py
+
+    def __init__(
+        self,
+        spec: AttentionSpec,
+        prefill_wrapper_cls: type | None = None,
+        decode_wrapper_cls: type | None = None,
+    ):
+        super().__init__(spec)  # float32 is refused by the selector during validation
+        if prefill_wrapper_cls is None or decode_wrapper_cls is None:
+            p, d = _wrapper_classes()
+            prefill_wrapper_cls = prefill_wrapper_cls or p
+            decode_wrapper_cls = decode_wrapper_cls or d
+        self.prefill_wrapper_cls = prefill_wrapper_cls
+        self.decode_wrapper_cls = decode_wrapper_cls
+        self.tensor_cores = use_tensor_cores(spec.num_heads, spec.num_kv_heads)
+        self._workspace = None
+        self._prefill = None
+        self._decode = None
+        self.prefill_runs = 0
+        self.decode_runs = 0
+        self.small_decode_runs = 0  # decode steps on the Triton small-batch path
+        self.graph_prefill_runs = 0  # graph prefills (replayed or padded eager), no wrapper
+        if not 0 <= spec.small_decode_max_rows <= SMALL_DECODE_MAX_ROWS_LIMIT:
+            raise ValueError(
+                f"small_decode_max_rows={spec.small_decode_max_rows} must be in "
+                f"[0, {SMALL_DECODE_MAX_ROWS_LIMIT}] (0 = off)."
+            )
+        self.small_max_rows = spec.small_decode_max_rows
+        self._small: SmallDecodeBuffers | None = None
+
+    @staticmethod
+    def get_kv_cache_shape(
+        num_blocks: int, block_size: int, num_kv_heads: int, head_size: int
+    ) -> tuple[int, ...]:
+        return (num_blocks, 2, block_size, num_kv_heads, head_size)
+
+    def workspace(self) -> torch.Tensor:
+        """FlashInfer's float workspace [WORKSPACE_BYTES] uint8 (scratch of split-KV runs),
+        allocated once and shared by the eager wrappers and every VE's graph wrappers, as
+        upstream vLLM shares it: a worker runs all its attention on one CUDA stream, one
+        pass at a time, and plan information lives in each wrapper's own int workspace."""
+        if self._workspace is None:
+            self._workspace = torch.zeros(
+                WORKSPACE_BYTES, dtype=torch.uint8, device=self.spec.device
+            )
+        return self._workspace
+
+    def _eager_wrappers(self):
+        if self._prefill is None:
+            ws = self.workspace()
+            self._prefill = self.prefill_wrapper_cls(ws, "NHD")
+            self._decode = self.decode_wrapper_cls(ws, "NHD", use_tensor_cores=self.tensor_cores)
+        return self._prefill, self._decode
+
+    def plan_kwargs(self) -> dict[str, Any]:
+        s = self.spec
+        return dict(
+            num_qo_heads=s.num_heads,
+            num_kv_heads=s.num_kv_heads,
+            page_size=s.block_size,
+            q_data_type=s.dtype,
+            kv_data_type=s.dtype,
+            sm_scale=s.head_size**-0.5,
+        )
+
+    def small(self) -> SmallDecodeBuffers:
+        """The small-batch decode path's buffers (created on first use)."""
+        if self._small is None:
+            self._small = SmallDecodeBuffers(self.spec, self.small_max_rows)
+        return self._small
+
+    def takes_small_path(self, mode: ForwardMode, rows: int) -> bool:
+        """Whether a step of ``rows`` rows (padded ones included) runs the Triton small
+        decode kernel (:mod:`.small_decode`) instead of FlashInfer."""
+        return mode == ForwardMode.DECODE and 0 < rows <= self.small_max_rows
+
+    def build_metadata(self, step: StepInputs, scratch_slot: int) -> AttentionMetadata:
+        if self.takes_small_path(step.mode, len(step.seq_lens)):
+            self.small_decode_runs += 1
+            return self.small().build_metadata(step, scratch_slot)
+        if step.graph_prefill:  # an eager step padded like a prefill graph: same kernels
+            self.graph_prefill_runs += 1
+            rows = slot_rows_host(step.slot_mapping, scratch_slot, self.spec.block_size)
+            return graph_prefill_metadata(to_device(rows, self.spec.device), scratch_slot)
+        prefill, decode = self._eager_wrappers()
+        indptr, indices, last = paged_kv_host(
+            step, self.spec.block_size, scratch_slot // self.spec.block_size
+        )
+        kw = self.plan_kwargs()
+        if step.mode == ForwardMode.PREFILL:
+            qo = torch.zeros(len(step.query_lens) + 1, dtype=torch.int32)
+            qo[1:] = torch.tensor(step.query_lens, dtype=torch.int32).cumsum(0)
+            prefill.plan(
+                qo, indptr, indices, last, head_dim_qk=self.spec.head_size, causal=True, **kw
+            )
+            wrapper = prefill
+            self.prefill_runs += 1
+        else:
+            decode.plan(indptr, indices, last, head_dim=self.spec.head_size, **kw)
+            wrapper = decode
+            self.decode_runs += 1
+        rows = to_device(
+            slot_rows_host(step.slot_mapping, scratch_slot, self.spec.block_size),
+            self.spec.device,
+        )  # [3, num_tokens]
+        return FlashInferMetadata(
+            mode=step.mode,
+            num_rows=len(step.seq_lens),
+            num_tokens=len(step.slot_mapping),
+            slot_mapping=rows[0],
+            scratch_slot=scratch_slot,
+            wrapper=wrapper,
+            kv_rows=rows[1:],
+        )
+
+    def make_graph_state(self, scratch_slot: int) -> Any:
+        """A :class:`~.flashinfer_graph.FlashInferGraphState`."""
+        return FlashInferGraphState(self, scratch_slot)

@@ -1,0 +1,68 @@
+"""FLASHINFER's wrapper path: the metadata of a step planned on FlashInfer's prefill or
+decode wrapper (eager, or a captured decode size) and the attention that runs it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from vllm.attention.backends.abstract import AttentionImpl, AttentionMetadata
+from vllm.attention.backends.flashinfer.paged_cache import rotate_and_write
+
+
+@dataclass
+class FlashInferMetadata(AttentionMetadata):
+    """Metadata of FLASHINFER: the planned wrapper of this pass (prefill or decode) and
+    ``kv_rows`` [2, num_tokens] int64, the rows of each new token's key (row 0) and value
+    (row 1) in the cache viewed as [(num_blocks + 1) * 2 * block_size, kv_heads, head_size]
+    (see :func:`.paged_cache.slot_rows_host`), so a layer writes its cache with two index copies."""
+
+    wrapper: Any = None
+    kv_rows: torch.Tensor | None = None
+
+
+class FlashInferImpl(AttentionImpl):
+    """Runs the planned wrapper of the pass."""
+
+    @staticmethod
+    def forward(
+        layer: Any,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+        positions: torch.Tensor | None = None,
+        rotary_emb: Any = None,
+    ) -> torch.Tensor:
+        md: FlashInferMetadata = attn_metadata  # type: ignore[assignment]
+        h, h_kv, d = layer.num_heads, layer.num_kv_heads, layer.head_size
+        if kv_cache.numel() == 0:  # memory profiling: no cache, attend within the batch
+            if rotary_emb is not None:
+                query, key = rotary_emb(positions, query, key)
+            return _profile_attention(
+                query.view(-1, h, d), key.view(-1, h_kv, d), value.view(-1, h_kv, d), layer.scale
+            )
+        query, key = rotate_and_write(layer, query, key, value, kv_cache, md.kv_rows, positions,
+                                      rotary_emb)  # fmt: skip
+        q = query.view(-1, h, d)  # [num_tokens, num_heads, head_size]
+        out = md.wrapper.run(q, kv_cache)  # [num_tokens, num_heads, head_size]
+        return out.reshape(-1, h * d)
+
+
+def _profile_attention(q, k, v, scale):
+    """Plain causal attention over the whole batch (profiling only: shapes, not values)."""
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(0, 1)[None],
+        k.transpose(0, 1)[None],
+        v.transpose(0, 1)[None],
+        is_causal=True,
+        scale=scale,
+        enable_gqa=True,
+    )
+    return out[0].transpose(0, 1).reshape(q.shape[0], -1)
+
+
+FlashInferMetadata.impl = FlashInferImpl

@@ -1,0 +1,138 @@
+"""FLASHINFER's paged-cache helpers, shared by its eager, graph and prefill paths.
+
+Cache layout per layer: [num_blocks + 1, 2, block_size, num_kv_heads, head_size] ("NHD",
+key at index 0 of dim 1); block ``num_blocks`` is the scratch block. Here: a step's page
+tables in FlashInfer's form (:func:`paged_kv_host`), each new token's slot and its key /
+value rows in the flat cache view (:func:`slot_rows_host`), and the cache write
+(:func:`write_kv`, :func:`rotate_and_write`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from vllm.attention.backends.abstract import StepInputs
+from vllm.attention.backends.host_tables import (
+    exclusive_cumsum,
+    flatten_tables,
+    ragged_positions,
+    scratch_slots,
+)
+
+
+def slot_rows_host(slots: list[int], scratch_slot: int, block_size: int) -> torch.Tensor:
+    """[3, num_tokens] int64 host tensor: the slot mapping with padded lanes (-1) sent to
+    ``scratch_slot``, then each slot's key row and value row in the flat cache view.
+
+    Layout [num_blocks + 1, 2, block_size, ...]: block b holds its keys at flat rows
+    ``2*b*block_size + [0, block_size)`` and its values right after, so slot
+    ``s = b*block_size + o`` has key row ``2*b*block_size + o = s + b*block_size`` and
+    value row ``key row + block_size``.
+    """
+    rows = np.empty((3, len(slots)), dtype=np.int64)  # [3, num_tokens]
+    rows[0] = scratch_slots(slots, scratch_slot)
+    np.add(rows[0], (rows[0] // block_size) * block_size, out=rows[1])
+    np.add(rows[1], block_size, out=rows[2])
+    return torch.from_numpy(rows)
+
+
+def write_kv(
+    kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_rows: torch.Tensor
+) -> None:
+    """Scatter keys/values into the NHD paged cache (two index copies, no index math).
+
+    kv_cache: [num_blocks + 1, 2, block_size, num_kv_heads, head_size];
+    key, value: [num_tokens, num_kv_heads, head_size]; kv_rows: [2, num_tokens] int64 rows
+    of the flat view (padded lanes already redirected to the scratch slot).
+    """
+    flat = kv_cache.view(-1, kv_cache.shape[-2], kv_cache.shape[-1])  # [rows, kv_heads, D]
+    flat.index_copy_(0, kv_rows[0], key)
+    flat.index_copy_(0, kv_rows[1], value)
+
+
+def rotate_and_write(
+    layer: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    kv_cache: torch.Tensor,
+    kv_rows: torch.Tensor,
+    positions: torch.Tensor | None,
+    rotary_emb: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate query / key (when ``rotary_emb`` is given) and write key / value into the NHD
+    cache at ``kv_rows`` [2, num_tokens] (see :func:`write_kv`): on CUDA one fused kernel
+    does both; elsewhere the rotation, then two index copies.
+
+    query: [num_tokens, num_heads * head_size]; key, value: [num_tokens, num_kv_heads *
+    head_size]. Returns (query, key) rotated, same shapes (the cached key is the rotated one).
+    """
+    h_kv, d = layer.num_kv_heads, layer.head_size
+    written = False
+    if rotary_emb is not None:  # on CUDA one kernel rotates and writes the cache rows
+        flat = kv_cache.view(-1, h_kv * d)  # [(num_blocks + 1) * 2 * block_size, ...]
+        query, key, written = rotary_emb.forward_and_cache(
+            positions, query, key, value, flat, kv_rows
+        )
+    if not written:
+        write_kv(kv_cache, key.view(-1, h_kv, d), value.view(-1, h_kv, d), kv_rows)
+    return query, key
+
+
+def paged_kv_host(
+    step: StepInputs, block_size: int, scratch_block: int, width: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Host (pinned when CUDA is present) int32 ``indptr`` [rows + 1], ``indices`` [pages]
+    and ``last_page_len`` [rows] of a step.
+
+    Row i uses the first ceil(seq_len / block_size) blocks of its table (clipped to
+    ``width`` blocks when ``width`` is a positive count; None or 0 clips nothing); a padded
+    lane (seq_len 0) uses the scratch block with length 1. A row with seq_len > 0 and an
+    empty table (memory profiling: planned over the scratch block and never run) uses the
+    scratch block ceil(seq_len / block_size) times. ``last_page_len`` is the row's length
+    minus the tokens of all its pages but the last (so a clipped or short table gives a
+    value above ``block_size``, as the list-based builder did).
+
+    Whole-array work: the tables are flattened once (see ``host_tables``), each row's page
+    count and tail are computed for all rows at once, and the pages are the rows' table
+    prefixes selected by a mask, with scratch pages where a row has no table.
+    """
+    rows = min(len(step.seq_lens), len(step.block_tables))  # zip() of the two lists
+    tables = step.block_tables if rows == len(step.block_tables) else step.block_tables[:rows]
+    seq = np.fromiter(step.seq_lens, dtype=np.int64, count=rows)  # [rows]
+    flat, tlen = flatten_tables(tables, np.int32)  # [table entries] int32, [rows] int64
+    real = seq > 0  # [rows] False on padded lanes
+    # A padded lane is then a one-token row without a table: one scratch page, length 1.
+    n = np.maximum(seq, 1)  # [rows]
+    need = (n + (block_size - 1)) // block_size  # [rows] pages that cover the row
+    take = np.minimum(need, tlen * real)  # [rows] table prefix used; 0: scratch pages
+    if width:
+        np.minimum(take, width, out=take)
+    from_table = take > 0  # [rows]
+    count = np.where(from_table, take, need)  # [rows] pages per row
+    last = n - (count - 1) * block_size  # [rows]
+    indptr = exclusive_cumsum(count)  # [rows + 1]
+    # take <= tlen, so equal totals with every row on its table mean whole tables
+    if int(indptr[-1]) == len(flat) and from_table.all():
+        indices = flat  # every row uses its whole table: nothing to select
+    else:
+        # each row's first `take` table entries, in row order
+        keep = ragged_positions(tlen, exclusive_cumsum(tlen)) < np.repeat(take, tlen)
+        indices = np.full(int(indptr[-1]), scratch_block, dtype=np.int32)  # [pages]
+        indices[np.repeat(from_table, count)] = flat[keep]
+    indptr_t, indices_t, last_t = _host_i32(indptr, indices, last)
+    return indptr_t, indices_t, last_t
+
+
+def _host_i32(*arrays: np.ndarray) -> tuple[torch.Tensor, ...]:
+    """int32 host tensors of ``arrays`` (1-D each), pinned when CUDA is present (for
+    non-blocking uploads): one buffer holds them back to back, converted and pinned once,
+    and each returned tensor is a contiguous view of its part."""
+    buf = np.concatenate(arrays, dtype=np.int32, casting="same_kind")  # [sum of lengths]
+    t = torch.from_numpy(buf)
+    if torch.cuda.is_available():
+        t = t.pin_memory()
+    return tuple(t.split_with_sizes([len(a) for a in arrays]))
