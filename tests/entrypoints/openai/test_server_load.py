@@ -2,8 +2,8 @@
 requests from 64 concurrent clients, a quarter of them dropped by their client midway.
 
 Guards: a completed stream must equal its non-streamed greedy result (CPU float32: exact,
-docs/design.md "Comparisons"), aborted requests must free everything (running, waiting and KV usage back to
-zero), and no request may be lost: length-finished + aborted = sent, counted by the
+docs/design.md "Comparisons"), aborted requests must free everything (running, waiting and
+KV usage back to zero), and no request may be lost: length-finished + aborted = sent, counted by the
 server's own /metrics (request_success_total by finished_reason).
 """
 
