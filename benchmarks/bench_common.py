@@ -93,7 +93,7 @@ def engine_conditions(llm: Any) -> dict[str, Any]:
         "small_decode_max_rows": getattr(
             getattr(runner, "attn_backend", None), "small_max_rows", None
         ),  # fmt: skip
-        "decode_loop_sizes": sorted(graphs.loops[0]) if getattr(graphs, "loops", None) else [],
+        "decode_loop_sizes": graphs.captured_sizes(0, "loop") if graphs is not None else [],
         "triton_pdl": os.environ.get("VLLM_TRITON_PDL", "1") != "0",
         "pdl_trigger": os.environ.get("VLLM_PDL_TRIGGER", "late"),
         "triton_gemv": os.environ.get("VLLM_USE_TRITON_GEMV", "1") != "0",
