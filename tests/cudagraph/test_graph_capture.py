@@ -284,3 +284,34 @@ def test_prefill_graphs(tiny_llama_dir, backend):
         be = g.model_runner.attn_backend  # graph prefills: 2 VEs x 5 captures + 3 replays
         assert be.graph_prefill_runs == 2 * 5 + 3 and be.prefill_runs == 2, (
             be.graph_prefill_runs, be.prefill_runs)  # fmt: skip
+
+
+@pytest.mark.forked
+def test_plan_with_and_without_graphs(tiny_llama_dir):
+    """One planner whether graphs exist or not: before capture every step is eager
+    ("enforce_eager" for decode, "prefill"), padded like a graph only under the eager debug
+    switch; after capture a step replays exactly when its padded size was captured and its
+    context fits, else it names why it runs eagerly."""
+    from vllm.attention.backends.abstract import ForwardMode
+    from vllm.cudagraph import Plan
+
+    kw = dict(max_num_seqs=8, prefill_graph_max_tokens=64, max_model_len=128,
+              max_seq_len_to_capture=64)  # fmt: skip
+    dec, pre = ForwardMode.DECODE, ForwardMode.PREFILL
+    eager = make_worker(tiny_llama_dir, 1, capture=False, **kw).model_runner.graph_runner
+    assert eager.captured_sizes(0) == []
+    assert eager.plan(0, dec, 3, 3, 10) == Plan(0, None, "enforce_eager")
+    assert eager.plan(0, dec, 3, 3, 10, pad_eager=True) == Plan(4, None, "enforce_eager")
+    assert eager.plan(0, dec, 9, 9, 10, pad_eager=True) == Plan(0, None, "enforce_eager")
+    assert eager.plan(0, pre, 1, 17) == Plan(0, None, "prefill")
+    assert eager.plan(0, pre, 1, 17, pad_eager=True) == Plan(24, None, "prefill")
+    assert eager.plan(0, pre, 2, 17, pad_eager=True) == Plan(0, None, "prefill")
+    graphs = make_worker(tiny_llama_dir, 1, **kw).model_runner.graph_runner
+    assert graphs.captured_sizes(0) == [1, 2, 4, 8]
+    assert graphs.plan(0, dec, 3, 3, 64) == Plan(4, 4, None)
+    assert graphs.plan(0, dec, 8, 8, 10, pad_eager=True) == Plan(8, 8, None)
+    assert graphs.plan(0, dec, 9, 9, 10) == Plan(0, None, "too_big")
+    assert graphs.plan(0, dec, 3, 3, 65) == Plan(0, None, "too_long")
+    assert graphs.plan(0, pre, 1, 17) == Plan(24, 24, None)
+    assert graphs.plan(0, pre, 1, 65) == Plan(0, None, "prefill")
+    assert graphs.plan(0, pre, 2, 17) == Plan(0, None, "prefill")

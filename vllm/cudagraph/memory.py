@@ -14,10 +14,11 @@ the safe side.
 
 Every virtual engine (VE) is counted as a whole first VE: its own state buffers, wrappers
 and outputs, and the pool memory of its largest graphs. The pool is shared, so a further
-VE often reuses that memory, but not always: with two VEs on one GPU the old rule (the pool
-counted once, a further VE as its state buffers plus its graphs' increments) logged 0.081
-GiB estimated against 0.107 GiB captured. A further VE never costs more than the first
-(the same graphs over the same-size buffers), so VEs x one VE bounds the capture.
+VE often reuses that memory, but not always: counting the pool once (a further VE as its
+state buffers plus its graphs' increments) fell short with two VEs on one GPU, 0.081 GiB
+estimated against 0.107 GiB captured. A further VE never costs more than the first (the
+same graphs over same-size buffers), so VEs x one VE bounds the capture; the price is an
+over-estimate of up to one pool per further VE when the pool is reused.
 """
 
 from __future__ import annotations
