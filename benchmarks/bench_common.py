@@ -95,7 +95,7 @@ def engine_conditions(llm: Any) -> dict[str, Any]:
         "small_decode_max_rows": getattr(
             getattr(runner, "attn_backend", None), "small_max_rows", None
         ),  # fmt: skip
-        "decode_loop_sizes": sorted(graphs.loops[0]) if getattr(graphs, "loops", None) else [],
+        "decode_loop_sizes": graphs.captured_sizes(0, "loop") if graphs is not None else [],
         "triton_pdl": envs.VLLM_TRITON_PDL,
         "triton_gemv": envs.VLLM_USE_TRITON_GEMV,
         "triton_greedy": envs.VLLM_USE_TRITON_GREEDY,

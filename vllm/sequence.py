@@ -39,7 +39,6 @@ class SequenceStatus(enum.IntEnum):
 
 
 # Module constants for the hot paths (a global lookup is cheaper than an enum attribute).
-_WAITING = SequenceStatus.WAITING
 _FIRST_FINISHED = SequenceStatus.FINISHED_STOPPED
 _FINISH_REASONS = {
     SequenceStatus.FINISHED_STOPPED: "stop",
@@ -141,10 +140,6 @@ class Sequence:
     @property
     def output_token_ids(self) -> list[int]:
         return self.data.output_token_ids
-
-    @property
-    def n_blocks(self) -> int:
-        return (self.get_len() + self.block_size - 1) // self.block_size
 
     def append_token_id(self, token_id: int, logprobs: PositionLogprobs) -> None:
         """Append one generated token; ``logprobs`` must contain ``token_id``."""
@@ -249,13 +244,6 @@ class SequenceGroup:
     def is_finished(self) -> bool:
         for s in self.seqs:
             if s.status < _FIRST_FINISHED:
-                return False
-        return True
-
-    def is_prefill(self) -> bool:
-        """True while none of its sequences has a KV cache (waiting, or being recomputed)."""
-        for s in self.seqs:
-            if s.status < _FIRST_FINISHED and s.status != _WAITING:
                 return False
         return True
 

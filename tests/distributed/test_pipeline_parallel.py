@@ -52,6 +52,11 @@ def _run(model, pp, backend, enforce_eager, logprobs):
         pipeline_parallel_size=pp,
         enforce_eager=enforce_eager,
         gpu_memory_utilization=0.4,
+        # Prefill graphs are PP = 1 only: with them, PP = 1 would pad one-prompt prefills to
+        # a graph size and PP = 2 would not, a different batch composition on one side
+        # (TESTING.md). Graph vs padded eager is proven by test_cuda_graphs_gpu's
+        # test_prefill_graphs; here both sides prefill unpadded.
+        prefill_graph_max_tokens=0,
     )
     engine = llm.llm_engine
     try:
@@ -76,11 +81,6 @@ def _run(model, pp, backend, enforce_eager, logprobs):
 def test_pp2_matches_pp1(model_fixture, backend, enforce_eager, request, monkeypatch):
     model = request.getfixturevalue(model_fixture)
     monkeypatch.setenv("VLLM_ATTENTION_BACKEND", backend)
-    # Prefill graphs are PP = 1 only: with them, PP = 1 would pad one-prompt prefills to a
-    # graph size and PP = 2 would not, a different batch composition on one side
-    # (docs/design.md). Graph vs padded eager is proven by test_cuda_graphs_gpu's
-    # test_prefill_graphs; here both sides prefill unpadded.
-    monkeypatch.setenv("VLLM_PREFILL_GRAPH_MAX_TOKENS", "0")
     exact = backend == "TORCH_SDPA"  # float32; FLASHINFER has no float32 kernels
     logprobs = None if exact else 5
     ref = _run(model, 1, backend, enforce_eager, logprobs)

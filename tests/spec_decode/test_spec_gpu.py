@@ -68,7 +68,7 @@ def test_expanded_batch_of_40_is_captured_and_replayed(smollm2_gguf):
     )  # fmt: skip
     target, draft = _runners(llm)
     assert target.capture_sizes.sizes[-1] == 40, target.capture_sizes
-    assert 40 in target.graph_runner.graph_runners[0]
+    assert 40 in target.graph_runner.captured_sizes(0)
     assert draft.capture_sizes.sizes[-1] == 8  # the draft's rule has k = 0
     outs = vllm_greedy(llm, PROMPTS, 24)
     snap = llm.llm_engine.decode_step_counters()

@@ -51,6 +51,10 @@ class FakeCapturer:
     def synchronize(self) -> None:
         pass
 
+    def memory_reserved(self, device) -> int:
+        """Device memory the capture sees (nothing is counted on CPU)."""
+        return 0
+
 
 def _attend(q, kv_cache, pages, kv_len, causal_from=None, scale=None):
     """q [n, H, D] against the first kv_len tokens of ``pages``; causal_from: position of

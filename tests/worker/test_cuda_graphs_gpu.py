@@ -165,13 +165,12 @@ def test_prefill_graphs(smollm2_gguf, backend, monkeypatch):
     kernels on the same shapes). A prompt above the largest prefill graph (64 tokens here)
     runs eagerly."""
     from vllm import SamplingParams
-    from vllm.worker.cuda_graph_sizes import prefill_capture_sizes
+    from vllm.cudagraph.sizes import prefill_capture_sizes
 
-    monkeypatch.setenv("VLLM_PREFILL_GRAPH_MAX_TOKENS", "64")
     backend, _, rows = _backend(backend)
     prompts = PROMPTS[:3] + [" ".join(PROMPTS), " ".join(PROMPTS * 3)]
     ref = hf_greedy(smollm2_gguf, prompts, 16, dtype="bfloat16", device="cuda")
-    llm = _llm(smollm2_gguf, backend, max_num_seqs=8, **rows)
+    llm = _llm(smollm2_gguf, backend, max_num_seqs=8, prefill_graph_max_tokens=64, **rows)
     ours = [vllm_greedy(llm, [p], 16, logprobs=5)[0] for p in prompts]
     check_logprobs_close(ref, ours, "hf", f"vllm-{backend}-prefill-graphs", prompts)
     assert ours[0][1].startswith(" Paris")
@@ -194,7 +193,8 @@ def test_prefill_graphs(smollm2_gguf, backend, monkeypatch):
         assert runs["prefill_runs"] == 1, runs
     llm.llm_engine.shutdown()
     del llm
-    eager = _llm(smollm2_gguf, backend, max_num_seqs=8, enforce_eager=True, **rows)
+    eager = _llm(smollm2_gguf, backend, max_num_seqs=8, enforce_eager=True,
+                 prefill_graph_max_tokens=64, **rows)  # fmt: skip
     eager.llm_engine.executor.worker.model_runner.pad_eager_batches = True
     e = [vllm_greedy(eager, [p], 16, logprobs=5)[0] for p in prompts]
     check_outputs_equal(ours, e, "prefill graphs", "eager padded alike", prompts)
@@ -321,8 +321,8 @@ def test_two_virtual_engines_one_gpu(smollm2_gguf):
     FlashInfer wrappers start and give the same tokens on both engines."""
     llm = _llm(smollm2_gguf, "FLASHINFER", max_num_seqs=8, num_virtual_engines_override=2)
     runner = llm.llm_engine.executor.worker.model_runner
-    assert sorted(runner.graph_runner.graph_runners[0]) == [1, 2, 4, 8]
-    assert sorted(runner.graph_runner.graph_runners[1]) == [1, 2, 4, 8]
+    assert runner.graph_runner.captured_sizes(0) == [1, 2, 4, 8]
+    assert runner.graph_runner.captured_sizes(1) == [1, 2, 4, 8]
     outs = vllm_greedy(llm, [PROMPTS[0], PROMPTS[0], PROMPTS[1], PROMPTS[1]], 24)
     assert outs[0][0] == outs[1][0] and outs[2][0] == outs[3][0]
     snap = _counters(llm)

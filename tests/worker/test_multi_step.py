@@ -5,8 +5,8 @@ by token, the step cap, fake-graph replays through the multi-step loop, and vali
 
 import pytest
 
+from tests.cudagraph.test_graph_capture import make_worker, multi_step_call
 from tests.utils import check_outputs_equal, completion_tuple
-from tests.worker.test_graph_capture import make_worker, multi_step_call
 from vllm.engine.arg_utils import EngineArgs
 from vllm.sampling_params import SamplingParams
 from vllm.sequence import SequenceData, SequenceGroupMetadata
@@ -152,15 +152,15 @@ def test_decode_steps_caps():
 @pytest.mark.forked
 @pytest.mark.parametrize("loop_graphs", ["1", "0"])
 @pytest.mark.parametrize("backend", ["TORCH_SDPA", "FLASHINFER"])
-def test_multi_step_replays_fake_graphs(tiny_llama_dir, backend, loop_graphs, monkeypatch):
+def test_multi_step_replays_fake_graphs(tiny_llama_dir, backend, loop_graphs):
     """The replay path of the loop (fake graphs, production capture/replay code): 4 replays
     per call, tokens equal to 4 one-token eager steps, contexts that cross a block boundary
-    inside the call. With decode-loop graphs (vllm/worker/decode_loop.py) every call is
+    inside the call. With decode-loop graphs (vllm/cudagraph/decode_loop.py) every call is
     the loop graph of the padded size replayed 4 times (it advances positions, lengths and
     slots itself); without them the plain graph of that size is."""
-    monkeypatch.setenv("VLLM_DECODE_LOOP_GRAPHS", loop_graphs)
-    g = make_worker(tiny_llama_dir, 1, backend, max_num_seqs=8, num_scheduler_steps=4)
-    loops = g.model_runner.graph_runner.loops[0]
+    g = make_worker(tiny_llama_dir, 1, backend, max_num_seqs=8, num_scheduler_steps=4,
+                    disable_decode_loop_graphs=loop_graphs == "0")  # fmt: skip
+    loops = g.model_runner.graph_runner.graphs.loops[0]
     # FLASHINFER's wrapper path plans on the host: no loop graphs (small path off here)
     can_loop = loop_graphs == "1" and backend == "TORCH_SDPA"
     assert sorted(loops) == ([1, 2, 4, 8] if can_loop else [])

@@ -39,7 +39,7 @@ class ExecutorBase(ABC):
         return None
 
     def decode_step_counters(self) -> dict:
-        """Counters of graph-replayed and eager decode steps (see graph_runner)."""
+        """Counters of graph-replayed and eager decode steps (see vllm/cudagraph/counters.py)."""
         return {}
 
     def shutdown(self) -> None:

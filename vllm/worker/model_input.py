@@ -4,63 +4,69 @@ Prefill rows feed every token of the sequence, decode rows their last token. Pad
 captured size is one step of it and works eagerly too (``ModelRunner.pad_eager_batches``,
 a debug switch): a decode batch gets padded lanes up to a captured batch size, a prefill of
 one sequence padded tokens up to a prefill-graph size. Padded lanes and tokens have token
-0, position 0 and slot -1 (the scratch slot). Whether the step replays a graph is decided
-here (the graph runner's gates) and recorded in the batch.
+0, position 0 and slot -1 (the scratch slot). Whether the step replays a graph is the graph
+runner's :class:`~vllm.cudagraph.runner.Plan`, recorded in the batch.
 """
 
 from __future__ import annotations
 
-from vllm.attention.backends.abstract import ForwardMode, StepInputs
+from dataclasses import dataclass
+
+import torch
+
+from vllm.attention.backends.abstract import AttentionBackend, ForwardMode, StepInputs
+from vllm.cudagraph.runner import GraphRunner
 from vllm.model_executor.sampling_metadata import SamplingMetadata
 from vllm.sequence import SequenceGroupMetadata
-from vllm.worker.cuda_graph_sizes import next_size
+from vllm.utils import pin_for, to_device
 from vllm.worker.forward_batch import ForwardBatch
 
 PAD_SLOT_ID = -1
 
 
-def plan_rows(
-    runner, virtual_engine: int, rows: int, max_decode_len: int
-) -> tuple[int, int | None, str | None]:
-    """(padded rows, graph size or None, eager reason or None) for a decode step of
-    ``runner`` (a ModelRunner)."""
-    if runner.graph_runner is None:
-        padded = runner.capture_sizes.padded_size(rows) if runner.pad_eager_batches else None
-        return padded or rows, None, "enforce_eager"
-    gate = runner.graph_runner
-    reason = gate.eager_reason(virtual_engine, ForwardMode.DECODE, rows, max_decode_len)
-    if reason is None:
-        size = gate.padded_size(rows)
-        return size, size, None
-    return rows, None, reason
+@dataclass
+class InputContext:
+    """What input preparation needs from its ModelRunner.
+
+    Attributes:
+        block_size: tokens per KV block.
+        device: where eager inputs go.
+        attn_backend: builds an eager step's attention metadata.
+        graph_runner: plans the step (pad, replay or eager).
+        vocab_size: the model's vocabulary (sampling metadata).
+        samples: this stage samples (the last PP stage).
+        generators: per sequence id, its seeded generator (sampling metadata).
+        pad_eager: pad eager steps like graphs (debug switch).
+    """
+
+    block_size: int
+    device: torch.device
+    attn_backend: AttentionBackend
+    graph_runner: GraphRunner
+    vocab_size: int
+    samples: bool
+    generators: dict[int, torch.Generator]
+    pad_eager: bool = False
 
 
-def plan_prefill(
-    runner, virtual_engine: int, rows: int, tokens: int
-) -> tuple[int | None, str | None, int]:
-    """(graph size or None, eager reason or None, tokens to pad to or 0) of a prefill
-    of ``rows`` sequences and ``tokens`` tokens: a prefill graph when one was captured
-    for it (one sequence, see ``GraphRunner.prefill_graph_size``), else eager, padded
-    like a graph only under the eager debug switch ``pad_eager_batches``."""
-    if runner.graph_runner is not None:
-        size = runner.graph_runner.prefill_graph_size(virtual_engine, rows, tokens)
-        if size is not None:
-            return size, None, size
-    elif runner.pad_eager_batches and rows == 1:
-        size = next_size(runner.prefill_sizes, tokens)
-        if size is not None:
-            return None, "prefill", size
-    return None, "prefill", 0
+def place_input(values: list[int], graph_size: int | None, device: torch.device) -> torch.Tensor:
+    """An int64 model input [len(values)] (token ids or positions) where the step reads it:
+    on ``device`` for an eager step (``graph_size`` None), in pinned host memory for a
+    replay (which uploads it straight into the graph's static input buffer)."""
+    host = torch.tensor(values, dtype=torch.long)
+    if graph_size is None:
+        return to_device(host, device)
+    return pin_for(host, device)
 
 
 def prepare_model_input(
-    runner,
+    ctx: InputContext,
     seq_group_metadata_list: list[SequenceGroupMetadata],
     virtual_engine: int,
     scratch_slot: int,
     num_lookahead_slots: int = 0,
 ) -> ForwardBatch:
-    """Flatten the scheduled groups into one :class:`ForwardBatch`.
+    """Flatten the scheduled groups into one :class:`ForwardBatch` for ``ctx``'s runner.
 
     Prefill rows feed every token of the sequence (prompt, plus outputs when a
     preempted sequence is recomputed); decode rows feed the last token at position
@@ -75,7 +81,7 @@ def prepare_model_input(
     if any(m.is_prompt != is_prompt for m in seq_group_metadata_list):
         raise ValueError("a step mixes prefill and decode groups (chunked prefill is off).")
     mode = ForwardMode.PREFILL if is_prompt else ForwardMode.DECODE
-    bs = runner.block_size
+    bs = ctx.block_size
     input_ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
@@ -108,9 +114,10 @@ def prepare_model_input(
     real_query_lens = list(query_lens)
     if is_prompt:
         batch_size = real_rows
-        graph_size, eager_reason, pad_to = plan_prefill(
-            runner, virtual_engine, real_rows, len(input_ids)
+        plan = ctx.graph_runner.plan(
+            virtual_engine, mode, real_rows, len(input_ids), 0, ctx.pad_eager
         )
+        pad_to = plan.pad_to
         if pad_to:  # one row: padded tokens at its end, attending only among the row
             extra = pad_to - len(input_ids)
             input_ids.extend([0] * extra)
@@ -118,10 +125,12 @@ def prepare_model_input(
             slots.extend([PAD_SLOT_ID] * extra)
             seq_lens[0] = query_lens[0] = pad_to
     else:
-        pad_to = 0
-        batch_size, graph_size, eager_reason = plan_rows(
-            runner, virtual_engine, real_rows, max_decode_len
+        plan = ctx.graph_runner.plan(
+            virtual_engine, mode, real_rows, real_rows, max_decode_len, ctx.pad_eager
         )
+        pad_to = 0  # a padded decode batch has lanes, not padded tokens
+        batch_size = plan.pad_to or real_rows
+    graph_size = plan.graph_size
     for _ in range(batch_size - real_rows):  # padded lanes (decode only)
         input_ids.append(0)
         positions.append(0)
@@ -132,20 +141,16 @@ def prepare_model_input(
     step = StepInputs(mode, seq_lens, query_lens, tables, slots, real_rows, bool(pad_to))
     attn_metadata = None  # a replayed graph refills its own captured metadata
     if graph_size is None:
-        attn_metadata = runner.attn_backend.build_metadata(step, scratch_slot)
+        attn_metadata = ctx.attn_backend.build_metadata(step, scratch_slot)
     sm = None
-    if runner.is_last_stage:
+    if ctx.samples:
         sm = SamplingMetadata.build(
-            seq_group_metadata_list,
-            real_query_lens,
-            runner.model_config.vocab_size,
-            runner.device,
-            runner.generators,
+            seq_group_metadata_list, real_query_lens, ctx.vocab_size, ctx.device, ctx.generators
         )
     return ForwardBatch(
         mode=mode,
-        input_ids=runner.place_input(input_ids, graph_size),  # [batch_tokens]
-        positions=runner.place_input(positions, graph_size),  # [batch_tokens]
+        input_ids=place_input(input_ids, graph_size, ctx.device),  # [batch_tokens]
+        positions=place_input(positions, graph_size, ctx.device),  # [batch_tokens]
         attn_metadata=attn_metadata,
         step=step,
         sampling_metadata=sm,
@@ -154,5 +159,5 @@ def prepare_model_input(
         batch_size=batch_size,
         max_decode_seq_len=max_decode_len,
         graph_size=graph_size,
-        eager_reason=eager_reason,
+        eager_reason=plan.eager_reason,
     )

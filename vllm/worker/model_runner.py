@@ -3,9 +3,9 @@
 Input preparation (``prepare_model_input``, in :mod:`vllm.worker.model_input`) is plain
 host work over the scheduled groups; padding a decode batch or a one-sequence prefill to a
 captured size is one step of it and works eagerly too (``pad_eager_batches``, a debug
-switch). Execution replays a captured graph when the graph runner's gate says so (decided
-during input preparation) and runs eagerly otherwise; capture and replay live in
-:mod:`vllm.worker.graph_runner`. Every step is counted.
+switch). The :class:`~vllm.cudagraph.runner.GraphRunner` (built with the model) plans each
+step during input preparation and runs it (graph replay or eager, counted); with graphs off
+it plans every step eagerly. Everything about CUDA graphs lives in :mod:`vllm.cudagraph`.
 """
 
 from __future__ import annotations
@@ -18,18 +18,11 @@ import torch
 from vllm.attention.backends.abstract import AttentionSpec, ForwardMode, StepInputs
 from vllm.attention.selector import get_attn_backend, which_attn_backend
 from vllm.config import EngineConfig
+from vllm.cudagraph import DecodeStepCounters, GraphCapturer, GraphRunner, graph_spec
 from vllm.model_executor.layers.sampler import Sampler
 from vllm.sequence import IntermediateTensors, SamplerOutput, SequenceGroupMetadata
-from vllm.utils import pin_for, to_device
 from vllm.worker import model_input
-from vllm.worker.cuda_graph_sizes import (
-    capture_sizes,
-    prefill_capture_sizes,
-    prefill_graph_max_tokens,
-)
-from vllm.worker.decode_loop import loop_sizes
 from vllm.worker.forward_batch import ForwardBatch
-from vllm.worker.step_counters import DecodeStepCounters
 
 logger = logging.getLogger(__name__)
 
@@ -72,35 +65,13 @@ class ModelRunner:
         self.generators: dict[int, torch.Generator] = {}
         self.pad_eager_batches = False
         self.model = None
-        cc = config.compilation_config
-        spec = config.speculative_config
-        k = getattr(spec, "num_speculative_tokens", 0) if spec is not None else 0
-        # The rule's sizes (as if graphs were on): padding targets for graphs and for the
-        # eager debug switch. Graphs themselves exist only once capture_graphs ran.
-        self.capture_sizes = capture_sizes(
-            config.scheduler_config.max_num_seqs,
-            k,
-            cc.max_cudagraph_capture_size,
-            cc.cuda_graph_sizes,
-        )
-        self.prefill_sizes = self._prefill_sizes()
-        self.use_cuda_graph = device.type == "cuda" and not cc.enforce_eager
+        # The sizes to capture (as if graphs were on: they are also the padding targets of
+        # the eager debug switch). Graphs themselves exist only once capture_graphs ran.
+        self.graph_spec = graph_spec(config, pp_size, self.attn_backend.supports_prefill_graphs)
+        self.capture_sizes = self.graph_spec.sizes
+        self.use_cuda_graph = device.type == "cuda" and not config.compilation_config.enforce_eager
         self.counters = DecodeStepCounters()
-        self.graph_runner = None  # a GraphRunner after capture_graphs()
-
-    def _prefill_sizes(self) -> tuple[int, ...]:
-        """Token counts of the single-sequence prefill graphs (the rule in
-        ``cuda_graph_sizes.prefill_capture_sizes``, up to min(VLLM_PREFILL_GRAPH_MAX_TOKENS,
-        max_num_batched_tokens, max_model_len)); also the padding targets of the eager
-        debug switch. None (``()``) at PP > 1 or on a backend without prefill graphs."""
-        if self.pp_size > 1 or not self.attn_backend.supports_prefill_graphs:
-            return ()
-        cap = min(
-            prefill_graph_max_tokens(),
-            self.config.scheduler_config.max_num_batched_tokens,
-            self.model_config.max_model_len,
-        )
-        return prefill_capture_sizes(cap)
+        self.graph_runner: GraphRunner | None = None  # built with the model (load_model)
 
     @property
     def is_first_stage(self) -> bool:
@@ -124,66 +95,53 @@ class ModelRunner:
             time.perf_counter() - t0,
             self.attn_backend_name,
         )
+        self.graph_runner = GraphRunner(
+            self.model,
+            self.attn_backend,
+            self.graph_spec,
+            self.device,
+            self.dtype,
+            self.model_config.hf_config.hidden_size,
+            first_stage=self.is_first_stage,
+            sampler=self.sampler,
+            counters=self.counters,
+        )
 
     @property
     def num_local_layers(self) -> int:
         return self.model.end_layer - self.model.start_layer
 
     def capture_graphs(
-        self, kv_caches: list[list[torch.Tensor]], scratch_slots: list[int], capturer=None
+        self,
+        kv_caches: list[list[torch.Tensor]],
+        scratch_slots: list[int],
+        capturer: GraphCapturer | None = None,
     ) -> None:
-        """Capture decode graphs for every virtual engine (see vllm/worker/graph_runner.py).
+        """Capture the CUDA graphs of every virtual engine (see :mod:`vllm.cudagraph`).
 
         Args:
             kv_caches: kv_caches[ve][local_layer].
             scratch_slots: per VE, its scratch slot.
             capturer: graph factory; torch.cuda graphs when None (tests inject a fake).
         """
-        from vllm.worker.graph_runner import GraphRunner
-
-        steps = self.loop_steps()
-        runner = GraphRunner(
-            self,
-            self.capture_sizes,
-            len(kv_caches),
-            self.config.compilation_config.max_seq_len_to_capture,
-            capturer,
-            loop_sizes=tuple(loop_sizes(self.capture_sizes.sizes, steps)),
-            loop_steps=steps,
-            prefill_sizes=self.prefill_sizes,
-        )
-        runner.capture_model(kv_caches, scratch_slots, show_progress=self.pp_rank == 0)
-        self.graph_runner = runner
-
-    def loop_steps(self) -> int:
-        """Steps a decode-loop graph's ring holds: num_scheduler_steps on a single-stage
-        runner (multi-step decoding is PP = 1 only), else 0 (no loop graphs)."""
-        if self.pp_size > 1:
-            return 0
-        return self.config.scheduler_config.num_scheduler_steps
+        self.graph_runner.capture(kv_caches, scratch_slots, capturer, self.pp_rank == 0)
 
     @torch.inference_mode()
-    def estimate_graph_memory(self, num_virtual_engines: int) -> int:
+    def estimate_graph_memory(
+        self, num_virtual_engines: int, capturer: GraphCapturer | None = None
+    ) -> int:
         """Bytes the CUDA graphs of every VE will take, measured before the KV cache is
-        sized: a trial capture of the two largest decode sizes (and the largest prefill)
-        into a throwaway pool over a one-block cache, extrapolated
-        (graph_runner.extrapolate_graph_memory). 0 when graphs are off.
+        sized by a trial capture over a one-block cache
+        (:func:`vllm.cudagraph.memory.estimate_graph_memory`). 0 when graphs are off.
 
-        The two largest, not the largest and the smallest: the second graph's increment is
-        what each further graph costs, and the smallest size may take a path that
-        allocates nothing per size (FLASHINFER's one-row small-decode kernel) where the
-        others each build a wrapper with its own 8 MiB int workspace (measured on an H200:
-        0.079 GiB estimated against 0.363 GiB captured for SmolLM2's 46 graphs with the
-        largest / smallest probe). Sizes on such a cheaper path are over-counted by that
-        difference, which errs on the safe side."""
+        Args:
+            num_virtual_engines: VEs the real capture will cover.
+            capturer: graph factory of the trial (tests inject a fake).
+        """
         from vllm.worker.cache_engine import CacheEngine
-        from vllm.worker.cuda_graph_sizes import CaptureSizes
-        from vllm.worker.graph_runner import GraphRunner, extrapolate_graph_memory
 
-        sizes = self.capture_sizes.sizes
-        if not self.use_cuda_graph or not sizes:
+        if not self.use_cuda_graph:
             return 0
-        probe = tuple(sorted(sizes)[-2:])
         cache = CacheEngine(
             self.model_config,
             self.attn_backend,
@@ -192,27 +150,14 @@ class ModelRunner:
             self.num_local_layers,
             self.device,
         )
-        trial = GraphRunner(
-            self,
-            CaptureSizes(probe, probe[-1], probe[-1]),
-            1,
-            self.config.compilation_config.max_seq_len_to_capture,
-            prefill_sizes=self.prefill_sizes[-1:],  # the largest prefill's activations
+        estimate = self.graph_runner.estimate_memory(
+            cache.kv_caches, cache.scratch_slot, num_virtual_engines, capturer
         )
-        trial.capture_model([cache.kv_caches], [cache.scratch_slot], show_progress=False)
-        trace = trial.memory_trace
-        del trial, cache
-        torch.cuda.synchronize(self.device)
-        torch.cuda.empty_cache()
-        loops = len(loop_sizes(sizes, self.loop_steps()))
-        # every other prefill graph keeps its output, [tokens, hidden] (the trial captured
-        # the largest of one VE)
-        hidden = self.model_config.hf_config.hidden_size
-        row = hidden * torch.empty((), dtype=self.dtype).element_size()
-        tokens = sum(self.prefill_sizes) * num_virtual_engines - sum(self.prefill_sizes[-1:])
-        outputs = tokens * row
-        graphs = len(sizes) + loops
-        return extrapolate_graph_memory(trace, graphs, num_virtual_engines) + outputs
+        del cache
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
+        return estimate
 
     # ------------------------------------------------------------------ inputs
     def prepare_model_input(
@@ -222,20 +167,21 @@ class ModelRunner:
         scratch_slot: int,
         num_lookahead_slots: int = 0,
     ) -> ForwardBatch:
-        """Flatten the scheduled groups into one :class:`ForwardBatch` (see
-        :func:`vllm.worker.model_input.prepare_model_input`)."""
-        return model_input.prepare_model_input(
-            self, seq_group_metadata_list, virtual_engine, scratch_slot, num_lookahead_slots
+        """Flatten the scheduled groups into one :class:`ForwardBatch`, planned by the
+        graph runner (see :func:`vllm.worker.model_input.prepare_model_input`)."""
+        ctx = model_input.InputContext(
+            block_size=self.block_size,
+            device=self.device,
+            attn_backend=self.attn_backend,
+            graph_runner=self.graph_runner,
+            vocab_size=self.model_config.vocab_size,
+            samples=self.is_last_stage,
+            generators=self.generators,
+            pad_eager=self.pad_eager_batches,
         )
-
-    def place_input(self, values: list[int], graph_size: int | None) -> torch.Tensor:
-        """An int64 model input (token ids or positions) where the step reads it: on the
-        device for an eager step, in pinned host memory for a replay (which uploads it
-        straight into the graph's static input buffer)."""
-        host = torch.tensor(values, dtype=torch.long)
-        if graph_size is None:
-            return to_device(host, self.device)
-        return pin_for(host, self.device)
+        return model_input.prepare_model_input(
+            ctx, seq_group_metadata_list, virtual_engine, scratch_slot, num_lookahead_slots
+        )
 
     def free_finished(self, request_seq_ids: list[int]) -> None:
         """Drop per-sequence state (seeded generators) of finished sequences."""
@@ -284,32 +230,10 @@ class ModelRunner:
         kv_caches: list[torch.Tensor],
         intermediate_tensors: IntermediateTensors | None = None,
     ) -> torch.Tensor | IntermediateTensors:
-        """The model forward of one step (graph replay or eager, counted), without sampling:
-        hidden states [num_tokens, hidden] on the last stage, else IntermediateTensors."""
-        ve = batch.virtual_engine
-        if batch.graph_size is not None:
-            hidden = self.graph_runner.replay(
-                ve,
-                batch.graph_size,
-                batch.input_ids,
-                batch.positions,
-                batch.step,
-                intermediate_tensors,
-            )
-            if batch.mode == ForwardMode.PREFILL:
-                self.counters.count_prefill_replay(ve, batch.graph_size)
-            else:
-                self.counters.count_replay(ve, batch.graph_size)
-        else:
-            self.counters.count_eager(ve, batch.eager_reason)
-            hidden = self.model(
-                batch.input_ids,
-                batch.positions,
-                kv_caches,
-                batch.attn_metadata,
-                intermediate_tensors,
-            )
-        return hidden
+        """The model forward of one step as the graph runner planned it (replay or eager,
+        counted), without sampling: hidden states [num_tokens, hidden] on the last stage,
+        else IntermediateTensors."""
+        return self.graph_runner.run(batch, kv_caches, intermediate_tensors)
 
     @torch.inference_mode()
     def profile_run(self, num_tokens: int, num_seqs: int) -> None:

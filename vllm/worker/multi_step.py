@@ -35,12 +35,13 @@ Greedy results equal N one-token steps exactly (tests/worker/test_multi_step.py)
 sampling draws from the same per-sequence generators in the same order.
 
 A greedy call padded to a size of at most 8 with a decode-loop graph skips steps 3-4:
-the graph advances itself on the device (vllm/worker/decode_loop.py).
+the graph advances itself on the device (vllm/cudagraph/decode_loop.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -48,8 +49,12 @@ from vllm.attention.backends.abstract import ForwardMode, StepInputs
 from vllm.model_executor.layers.sampler import sampler_output
 from vllm.sequence import SamplerOutput, SequenceGroupMetadata
 from vllm.utils import to_device
-from vllm.worker.decode_loop import eligible, run_loop_graph
 from vllm.worker.forward_batch import ForwardBatch
+from vllm.worker.model_input import place_input
+
+if TYPE_CHECKING:
+    from vllm.model_executor.sampling_metadata import PenaltyTensors
+    from vllm.worker.model_runner import ModelRunner
 
 
 def decode_steps(
@@ -100,7 +105,9 @@ class _PenaltyState:
         device: where the rows to clear are uploaded.
     """
 
-    def __init__(self, pen, metadata_list: list[SequenceGroupMetadata], device):
+    def __init__(
+        self, pen: PenaltyTensors, metadata_list: list[SequenceGroupMetadata], device: torch.device
+    ):
         self.pen = pen
         self.device = device
         # per step i >= 1, the rows whose min_tokens mask ends there (out_len + i == min)
@@ -127,21 +134,21 @@ class _PenaltyState:
 
 
 def _advance(
-    runner, batch: ForwardBatch, next_ids: torch.Tensor, scratch_slot: int
+    runner: ModelRunner, batch: ForwardBatch, next_ids: torch.Tensor, scratch_slot: int
 ) -> ForwardBatch:
     """``batch`` one token later, fed by ``next_ids`` [batch_size] int64 (device)."""
     step, positions = _next_step(batch.step, runner.block_size)
     md = None
     if batch.graph_size is None:
         md = runner.attn_backend.build_metadata(step, scratch_slot)
-    pos = runner.place_input(positions, batch.graph_size)  # [batch_size]
+    pos = place_input(positions, batch.graph_size, runner.device)  # [batch_size]
     return dataclasses.replace(
         batch, input_ids=next_ids, positions=pos, attn_metadata=md, step=step
     )
 
 
 def execute_multi_step(
-    runner,
+    runner: ModelRunner,
     metadata_list: list[SequenceGroupMetadata],
     virtual_engine: int,
     scratch_slot: int,
@@ -162,11 +169,9 @@ def execute_multi_step(
     n = decode_steps(metadata_list, max_steps, runner.model_config.max_model_len)
     batch = runner.prepare_model_input(metadata_list, virtual_engine, scratch_slot, n - 1)
     sm = batch.sampling_metadata
-    loop = None
-    if batch.graph_size is not None and eligible(sm):
-        loop = runner.graph_runner.loop_graph(virtual_engine, batch.graph_size)
-    if loop is not None:  # the whole call in one graph per step (vllm/worker/decode_loop.py)
-        ring = run_loop_graph(runner.graph_runner, virtual_engine, loop, batch, n)
+    # the whole call in one decode-loop graph when one serves it (vllm/cudagraph/decode_loop.py)
+    ring = runner.graph_runner.run_loop(batch, n)
+    if ring is not None:
         return sampler_output(sm, ring.tolist(), 0, {}, ring[-1, :, 0].long())
     pen = None
     if sm.penalties is not None and n > 1:

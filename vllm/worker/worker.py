@@ -11,6 +11,7 @@ import os
 import torch
 
 from vllm.config import EngineConfig
+from vllm.cudagraph import GraphCapturer
 from vllm.sequence import ExecuteModelRequest, IntermediateTensors, SamplerOutput
 from vllm.worker.cache_engine import CacheEngine, cache_block_bytes
 from vllm.worker.model_runner import ModelRunner
@@ -144,7 +145,7 @@ class Worker:
             self.num_virtual_engines * (num_blocks + 1) * self.get_cache_block_bytes() / 2**30,
         )
 
-    def capture_graphs(self, capturer=None) -> None:
+    def capture_graphs(self, capturer: GraphCapturer | None = None) -> None:
         """Capture decode CUDA graphs for every virtual engine after the KV caches exist
         (graphs bake in the cache addresses). No-op on CPU or with enforce_eager unless a
         test injects ``capturer`` (a fake graph factory)."""

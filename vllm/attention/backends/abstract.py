@@ -205,7 +205,7 @@ class AttentionGraphState(ABC):
         return False
 
     def advance(self, metadata: AttentionMetadata, positions: torch.Tensor) -> None:
-        """Inside a decode-loop graph (vllm/worker/decode_loop.py), after a step: every real
+        """Inside a decode-loop graph (vllm/cudagraph/decode_loop.py), after a step: every real
         row is one token longer and ``positions`` [bs] int64 already hold the next tokens'
         positions (padded lanes' too); update the buffers behind ``metadata`` (lengths,
         slots) with capturable device ops so the next replay writes and attends one token

@@ -23,31 +23,24 @@ Scope (everything else takes the per-step multi-step path, same results):
 - the step's context, lookahead slots included, fits ``max_seq_len_to_capture`` (the same
   gate as plain graphs), and the scheduler reserved the lookahead blocks, so the slots the
   graph derives from the block table exist.
-``VLLM_DECODE_LOOP_GRAPHS=0`` turns them off (the plain multi-step path then runs).
-Each replay counts as one replayed step of its size (docs/design.md guarantee 5).
+``CompilationConfig.disable_decode_loop_graphs`` (``--disable-decode-loop-graphs``) turns
+them off (the plain multi-step path then runs). Each replay counts as one replayed step of
+its size (docs/design.md, guarantee 5).
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from vllm.attention.backends.abstract import AttentionGraphState, StepInputs
+from vllm.cudagraph.capture import GraphCapturer
+from vllm.model_executor.layers.sampler import Sampler
 from vllm.model_executor.sampling_metadata import SamplingMetadata
 
-LOOP_MAX_ROWS = 8
-ENV_DECODE_LOOP_GRAPHS = "VLLM_DECODE_LOOP_GRAPHS"
 PACKED_WIDTH = 3  # token id, logprob, rank (Sampler._pack_logprobs with k = 0)
-
-
-def loop_sizes(capture_sizes: tuple[int, ...], num_scheduler_steps: int) -> list[int]:
-    """Captured sizes that also get a decode-loop graph: those up to LOOP_MAX_ROWS when
-    multi-step decoding is on and ``VLLM_DECODE_LOOP_GRAPHS`` is not "0", else none."""
-    if num_scheduler_steps <= 1 or os.environ.get(ENV_DECODE_LOOP_GRAPHS, "1") == "0":
-        return []
-    return sorted(s for s in capture_sizes if s <= LOOP_MAX_ROWS)
 
 
 def eligible(sm: SamplingMetadata) -> bool:
@@ -93,23 +86,28 @@ class LoopGraph:
 
 
 def capture_loop_graph(
-    graph_runner: Any, ve: int, rows: int, kv_caches: list[torch.Tensor], max_steps: int
+    model: torch.nn.Module,
+    sampler: Sampler,
+    state: AttentionGraphState,
+    ids: torch.Tensor,
+    pos: torch.Tensor,
+    kv_caches: list[torch.Tensor],
+    max_steps: int,
+    capturer: GraphCapturer,
+    pool: Any,
 ) -> LoopGraph | None:
-    """Capture the loop graph of ``rows`` sequences for ``ve`` (None when the attention
-    backend cannot advance that size on the device). Warm-up and capture run with every
-    lane on the scratch block, as plain captures do."""
-    from vllm.attention.backends.abstract import StepInputs
-
-    mr = graph_runner.model_runner
-    state = graph_runner.attn_states[ve]
+    """Capture the loop graph of ``ids.shape[0]`` rows over one VE's graph ``state`` and
+    static inputs ``ids`` / ``pos`` ([rows] int64 views); None when the attention backend
+    cannot advance that size on the device. Warm-up and capture run with every lane on the
+    scratch block, as plain captures do."""
+    rows = int(ids.shape[0])
+    device = ids.device
     md = state.metadata_for_capture(rows)
     if not state.advances_on_device(md):
         return None
-    ids, pos, _ = graph_runner.inputs[ve].views(rows)  # [rows] int64 each
-    model, sampler = mr.model, mr.sampler
-    ring = torch.zeros(max_steps, rows, PACKED_WIDTH, dtype=torch.float64, device=mr.device)
-    counter = torch.zeros(1, dtype=torch.long, device=mr.device)
-    sm = greedy_metadata(rows, mr.device)
+    ring = torch.zeros(max_steps, rows, PACKED_WIDTH, dtype=torch.float64, device=device)
+    counter = torch.zeros(1, dtype=torch.long, device=device)
+    sm = greedy_metadata(rows, device)
     idle = StepInputs.padded_decode(rows)
 
     def reset():  # every lane idle on the scratch block, the ring at row 0
@@ -131,22 +129,6 @@ def capture_loop_graph(
         reset()
         step()
     reset()
-    graph_runner.capturer.synchronize()
-    graph, _ = graph_runner.capturer.capture(step, graph_runner.pool)
+    capturer.synchronize()
+    graph, _ = capturer.capture(step, pool)
     return LoopGraph(rows=rows, graph=graph, ring=ring, counter=counter, attn_metadata=md)
-
-
-def run_loop_graph(graph_runner: Any, ve: int, loop: LoopGraph, batch: Any, n: int) -> torch.Tensor:
-    """Upload step 0 of ``batch`` (padded to ``loop.rows``) and replay the loop graph ``n``
-    times; returns the real rows of the ring's first ``n`` steps [n, real rows,
-    PACKED_WIDTH] float64 (device; the caller makes the one read)."""
-    r = loop.rows
-    graph_runner.stage_inputs(
-        ve, r, batch.input_ids, batch.positions, batch.step, loop.attn_metadata
-    )
-    loop.counter.zero_()
-    counters = graph_runner.model_runner.counters
-    for _ in range(n):
-        loop.graph.replay()
-        counters.count_replay(ve, r)
-    return loop.ring[:n, : batch.num_real_rows]

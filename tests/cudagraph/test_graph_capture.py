@@ -104,15 +104,15 @@ def test_capture_every_virtual_engine_flashinfer(tiny_llama_dir, num_ves):
     gr = w.model_runner.graph_runner
     assert gr.max_batchsize_to_capture == 8
     for ve in range(num_ves):
-        assert sorted(gr.graph_runners[ve]) == [1, 2, 4, 8]
+        assert sorted(gr.graphs.graph_runners[ve]) == [1, 2, 4, 8]
         # each captured size keeps its own fixed batch size, on its own VE's buffers
-        for size, cg in gr.graph_runners[ve].items():
+        for size, cg in gr.graphs.graph_runners[ve].items():
             assert cg.attn_metadata.wrapper._fixed_batch_size == size
             assert (
                 cg.attn_metadata.wrapper.last.data_ptr()
-                == gr.attn_states[ve].paged_kv_last_page_len.data_ptr()
+                == gr.graphs.attn_states[ve].paged_kv_last_page_len.data_ptr()
             )
-    ptrs = {gr.attn_states[ve].paged_kv_indptr.data_ptr() for ve in range(num_ves)}
+    ptrs = {gr.graphs.attn_states[ve].paged_kv_indptr.data_ptr() for ve in range(num_ves)}
     assert len(ptrs) == num_ves, "virtual engines share graph buffers"
     # ...but one float workspace (split-KV scratch) serves every wrapper, eager included
     backend = w.model_runner.attn_backend
@@ -120,7 +120,7 @@ def test_capture_every_virtual_engine_flashinfer(tiny_llama_dir, num_ves):
     assert all(
         cg.attn_metadata.wrapper.workspace is shared
         for ve in range(num_ves)
-        for cg in gr.graph_runners[ve].values()
+        for cg in gr.graphs.graph_runners[ve].values()
     )
     assert backend._eager_wrappers()[1].workspace is shared
     # every VE replays and agrees with the others (same inputs, separate caches)
@@ -151,14 +151,14 @@ def test_use_captured_graph_gate(tiny_llama_dir):
         tiny_llama_dir, 1, max_num_seqs=12, max_model_len=128, max_seq_len_to_capture=64
     )
     gr = w.model_runner.graph_runner
-    assert sorted(gr.graph_runners[0]) == [1, 2, 4, 8, 12]
+    assert sorted(gr.graphs.graph_runners[0]) == [1, 2, 4, 8, 12]
     limit, k = gr.max_seq_len_to_capture, 4
     assert limit == 64
     for b in range(1, 2 * gr.max_batchsize_to_capture + 1):
         for ctx in (limit - 1, limit, limit + 1, limit + k):
             expected = b <= 12 and ctx <= limit
             assert gr._use_captured_graph(0, b, ctx) is expected, (b, ctx)
-    assert gr._use_captured_graph(1 if len(gr.graph_runners) > 1 else 0, 1, 1)
+    assert gr._use_captured_graph(1 if len(gr.graphs.graph_runners) > 1 else 0, 1, 1)
 
 
 @pytest.mark.forked
@@ -178,7 +178,7 @@ def test_batches_beyond_the_maximum_run_eagerly(tiny_llama_dir, monkeypatch):
     snap = w.model_runner.counters.snapshot()
     assert snap["eager"] == {0: {"too_big": 3}} and snap["graph"] == {0: {16: 1}}
     # upstream's old gate (batch_size <= 256) asks for graphs that were never captured
-    from vllm.worker.graph_runner import GraphRunner
+    from vllm.cudagraph.runner import GraphRunner
 
     monkeypatch.setattr(GraphRunner, "_use_captured_graph", lambda self, ve, b, n: b <= 256)
     with pytest.raises(KeyError, match="40"):
@@ -244,21 +244,22 @@ def _tokens(out):
 
 @pytest.mark.forked
 @pytest.mark.parametrize("backend", ["TORCH_SDPA", "FLASHINFER"])
-def test_prefill_graphs(tiny_llama_dir, backend, monkeypatch):
+def test_prefill_graphs(tiny_llama_dir, backend):
     """One-sequence prefills replay the prefill graph of the next token count up (counted),
     each VE on its own buffers; they equal an eager run padded alike exactly and an
     unpadded eager run in tokens; the cache they write serves the next decode step as the
     unpadded run's does (padded tokens wrote only the scratch slot). Prompts over the
     largest size and prefills of two sequences run eagerly."""
-    monkeypatch.setenv("VLLM_PREFILL_GRAPH_MAX_TOKENS", "64")
-    g = make_worker(tiny_llama_dir, 2, backend, max_num_seqs=8)
-    padded = make_worker(tiny_llama_dir, 2, backend, capture=False, max_num_seqs=8)
+    kw = dict(max_num_seqs=8, prefill_graph_max_tokens=64)
+    g = make_worker(tiny_llama_dir, 2, backend, **kw)
+    padded = make_worker(tiny_llama_dir, 2, backend, capture=False, **kw)
     padded.model_runner.pad_eager_batches = True
-    plain = make_worker(tiny_llama_dir, 2, backend, capture=False, max_num_seqs=8)
+    plain = make_worker(tiny_llama_dir, 2, backend, capture=False, **kw)
     gr = g.model_runner.graph_runner
-    assert g.model_runner.prefill_sizes == (16, 24, 32, 48, 64)
-    assert all(sorted(gr.prefill_graphs[ve]) == [16, 24, 32, 48, 64] for ve in (0, 1))
-    buffers = {id(gr.prefill_graphs[ve][16].attn_metadata.slot_mapping.untyped_storage())
+    assert g.model_runner.graph_spec.prefill_sizes == (16, 24, 32, 48, 64)
+    assert all(gr.captured_sizes(ve, "prefill") == [16, 24, 32, 48, 64] for ve in (0, 1))
+    assert all(sorted(gr.graphs.prefill_graphs[ve]) == [16, 24, 32, 48, 64] for ve in (0, 1))
+    buffers = {id(gr.graphs.prefill_graphs[ve][16].attn_metadata.slot_mapping.untyped_storage())
                for ve in (0, 1)}  # fmt: skip
     assert len(buffers) == 2, "virtual engines share prefill graph buffers"
     cases = [(1, 3, 1), (1, 17, 0), (1, 40, 0), (1, 70, 0), (2, 5, 1)]
@@ -286,68 +287,32 @@ def test_prefill_graphs(tiny_llama_dir, backend, monkeypatch):
             be.graph_prefill_runs, be.prefill_runs)  # fmt: skip
 
 
-def test_graph_memory_extrapolation_with_a_prefill_graph():
-    """The trial trace: state buffers, then the largest prefill graph (its pool), then the
-    two largest decode sizes. Estimate = memory after the largest decode graph + the second
-    graph's increment per further decode graph + the state per further VE."""
-    from vllm.worker.graph_runner import extrapolate_graph_memory
-
-    mib = 2**20
-    trace = [("state", 2 * mib), ("prefill-512", 40 * mib), (256, 50 * mib), (248, 51 * mib)]
-    # 36 decode graphs on one VE: 50 + 35 x 1 MiB
-    assert extrapolate_graph_memory(trace, 36, 1) == 85 * mib
-    # two VEs: 72 graphs and a second VE's state buffers
-    assert extrapolate_graph_memory(trace, 36, 2) == (50 + 71 + 2) * mib
-    # without a prefill graph the same rule holds
-    assert extrapolate_graph_memory([trace[0], *trace[2:]], 36, 1) == 85 * mib
-
-
-class _NoForward:
-    """The model's attributes, but a call returns zeros [tokens, hidden]: no kernel runs."""
-
-    def __init__(self, model, hidden):
-        self._model, self._hidden = model, hidden
-
-    def __getattr__(self, name):
-        return getattr(self._model, name)
-
-    def __call__(self, ids, *args):
-        return torch.zeros(ids.shape[0], self._hidden)
-
-
 @pytest.mark.forked
-def test_graph_memory_estimate_covers_per_size_wrappers(tiny_llama_dir, monkeypatch):
-    """FLASHINFER builds one decode wrapper per captured size above the small path's rows,
-    each with its own int workspace (8 MiB in FlashInfer). With device memory counted as
-    those workspaces, the estimate taken before the KV cache (a trial of the two largest
-    sizes, extrapolated) covers what the full capture then takes, and exceeds it by at
-    most one wrapper plus the prefill graphs' outputs. (The old largest / smallest probe
-    saw one wrapper: 8 MiB against 32.) The model is a stub: only the attention metadata
-    built per size is under test, and the small path's kernel needs a GPU."""
-    import vllm.worker.graph_runner as graph_runner
+def test_plan_with_and_without_graphs(tiny_llama_dir):
+    """One planner whether graphs exist or not: before capture every step is eager
+    ("enforce_eager" for decode, "prefill"), padded like a graph only under the eager debug
+    switch; after capture a step replays exactly when its padded size was captured and its
+    context fits, else it names why it runs eagerly."""
+    from vllm.attention.backends.abstract import ForwardMode
+    from vllm.cudagraph import Plan
 
-    mib = 2**20
-    reserved = [0]
-    monkeypatch.setattr(graph_runner, "_device_memory", lambda device: reserved[0])
-    wrapper_init = FakeDecodeWrapper.__init__
-
-    def init(self, *a, **kw):
-        wrapper_init(self, *a, **kw)
-        reserved[0] += 8 * mib
-
-    monkeypatch.setattr(FakeDecodeWrapper, "__init__", init)
-    w = make_worker(
-        tiny_llama_dir, backend="FLASHINFER", small_rows=1, capture=False, max_num_seqs=16
-    )
-    mr = w.model_runner
-    assert mr.capture_sizes.sizes == (1, 2, 4, 8, 16)
-    monkeypatch.setattr(graph_runner, "GraphCapturer", FakeCapturer)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
-    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
-    mr.use_cuda_graph = True  # estimate_graph_memory measures on CUDA only
-    mr.model = _NoForward(mr.model, mr.model_config.hf_config.hidden_size)
-    estimate = mr.estimate_graph_memory(1)
-    w.capture_graphs(FakeCapturer())
-    captured = mr.graph_runner.capture_bytes
-    assert captured == 4 * 8 * mib  # sizes 2, 4, 8, 16; size 1 takes the small path
-    assert captured <= estimate <= captured + 8 * mib + mib, (estimate, captured)
+    kw = dict(max_num_seqs=8, prefill_graph_max_tokens=64, max_model_len=128,
+              max_seq_len_to_capture=64)  # fmt: skip
+    dec, pre = ForwardMode.DECODE, ForwardMode.PREFILL
+    eager = make_worker(tiny_llama_dir, 1, capture=False, **kw).model_runner.graph_runner
+    assert eager.captured_sizes(0) == []
+    assert eager.plan(0, dec, 3, 3, 10) == Plan(0, None, "enforce_eager")
+    assert eager.plan(0, dec, 3, 3, 10, pad_eager=True) == Plan(4, None, "enforce_eager")
+    assert eager.plan(0, dec, 9, 9, 10, pad_eager=True) == Plan(0, None, "enforce_eager")
+    assert eager.plan(0, pre, 1, 17) == Plan(0, None, "prefill")
+    assert eager.plan(0, pre, 1, 17, pad_eager=True) == Plan(24, None, "prefill")
+    assert eager.plan(0, pre, 2, 17, pad_eager=True) == Plan(0, None, "prefill")
+    graphs = make_worker(tiny_llama_dir, 1, **kw).model_runner.graph_runner
+    assert graphs.captured_sizes(0) == [1, 2, 4, 8]
+    assert graphs.plan(0, dec, 3, 3, 64) == Plan(4, 4, None)
+    assert graphs.plan(0, dec, 8, 8, 10, pad_eager=True) == Plan(8, 8, None)
+    assert graphs.plan(0, dec, 9, 9, 10) == Plan(0, None, "too_big")
+    assert graphs.plan(0, dec, 3, 3, 65) == Plan(0, None, "too_long")
+    assert graphs.plan(0, pre, 1, 17) == Plan(24, 24, None)
+    assert graphs.plan(0, pre, 1, 65) == Plan(0, None, "prefill")
+    assert graphs.plan(0, pre, 2, 17) == Plan(0, None, "prefill")

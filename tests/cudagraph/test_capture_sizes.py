@@ -3,12 +3,8 @@ captured size or is eager by the rule."""
 
 import pytest
 
-from vllm.worker.cuda_graph_sizes import (
-    capture_sizes,
-    prefill_capture_sizes,
-    prefill_graph_max_tokens,
-    warn_eager_sizes,
-)
+from vllm.config import CompilationConfig
+from vllm.cudagraph.sizes import capture_sizes, prefill_capture_sizes, warn_eager_sizes
 
 EXAMPLES = {
     (1, 0, 512): [1],
@@ -93,14 +89,12 @@ def test_prefill_rule_examples(max_tokens, expected):
         assert padded - n < max(16, n / 2), (n, padded)
 
 
-def test_prefill_maximum_from_the_environment(monkeypatch):
-    monkeypatch.delenv("VLLM_PREFILL_GRAPH_MAX_TOKENS", raising=False)
-    assert prefill_graph_max_tokens() == 512
-    monkeypatch.setenv("VLLM_PREFILL_GRAPH_MAX_TOKENS", "0")
-    assert prefill_graph_max_tokens() == 0 and prefill_capture_sizes(0) == ()
-    for bad in ("-1", "many"):
-        monkeypatch.setenv("VLLM_PREFILL_GRAPH_MAX_TOKENS", bad)
-        with pytest.raises(ValueError, match=f"VLLM_PREFILL_GRAPH_MAX_TOKENS='{bad}'"):
-            prefill_graph_max_tokens()
+def test_prefill_maximum_from_the_config():
+    assert CompilationConfig().prefill_graph_max_tokens == 512
+    cc = CompilationConfig(prefill_graph_max_tokens=0)
+    assert cc.prefill_graph_max_tokens == 0 and prefill_capture_sizes(0) == ()
+    for bad in (-1, -7):
+        with pytest.raises(ValueError, match=f"prefill_graph_max_tokens must be >= 0.*got {bad}"):
+            CompilationConfig(prefill_graph_max_tokens=bad)
     with pytest.raises(ValueError, match="got -3"):
         prefill_capture_sizes(-3)

@@ -1,16 +1,19 @@
-"""The capture-size rule (docs/design.md): one function, used by capture and by nothing else.
+"""The capture-size rules (docs/design.md): decode batch sizes and prefill token counts.
 
-Dispatch never re-derives sizes: it asks which sizes were captured (membership in the
-virtual engine's ``graph_runners``), so the rule and the gate cannot drift apart — the
-upstream ``KeyError: 40`` came from a gate that assumed sizes up to 256 existed.
+Dispatch never re-derives sizes: the planner asks which sizes were captured (membership in
+the virtual engine's graphs), so the rule and the gate cannot drift apart — the upstream
+``KeyError: 40`` came from a gate that assumed sizes up to 256 existed.
 """
 
 from __future__ import annotations
 
 import bisect
 import logging
-import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from vllm.config import EngineConfig
 
 logger = logging.getLogger(__name__)
 
@@ -104,29 +107,6 @@ def warn_eager_sizes(cs: CaptureSizes) -> str | None:
     return msg
 
 
-ENV_PREFILL_GRAPH_MAX_TOKENS = "VLLM_PREFILL_GRAPH_MAX_TOKENS"
-# 512: eleven graphs (16 ... 512). The 13 of 1024, two warm-ups each, added 1.9 s to
-# SmolLM2's capture on an H200 (4.4 s in all at max_num_seqs 256, near the 5 s budget)
-DEFAULT_PREFILL_GRAPH_MAX_TOKENS = 512
-
-
-def prefill_graph_max_tokens() -> int:
-    """The longest prompt (tokens) a prefill graph serves: ``VLLM_PREFILL_GRAPH_MAX_TOKENS``
-    (default 512; 0 captures no prefill graphs).
-
-    Raises:
-        ValueError: a value that is not an integer >= 0.
-    """
-    raw = os.environ.get(ENV_PREFILL_GRAPH_MAX_TOKENS, str(DEFAULT_PREFILL_GRAPH_MAX_TOKENS))
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ValueError(f"{ENV_PREFILL_GRAPH_MAX_TOKENS}={raw!r} must be an integer >= 0.")
-    return value
-
-
 def prefill_capture_sizes(max_tokens: int) -> tuple[int, ...]:
     """Token counts of the single-sequence prefill graphs (sorted; () when ``max_tokens``
     is 0).
@@ -134,8 +114,8 @@ def prefill_capture_sizes(max_tokens: int) -> tuple[int, ...]:
     Rule: 16 x 2^i and 24 x 2^i (16, 24, 32, 48, 64, 96, 128, 192, ...) below
     ``max_tokens``, then ``max_tokens`` itself, so a prompt is padded by less than half its
     length (at least 16 tokens for short ones) and every prompt up to the maximum has a size.
-    The caller passes min(VLLM_PREFILL_GRAPH_MAX_TOKENS, max_num_batched_tokens,
-    max_model_len). Example: 100 -> (16, 24, 32, 48, 64, 96, 100).
+    The caller passes min(``CompilationConfig.prefill_graph_max_tokens``,
+    max_num_batched_tokens, max_model_len). Example: 100 -> (16, 24, 32, 48, 64, 96, 100).
 
     Raises:
         ValueError: ``max_tokens`` < 0.
@@ -146,3 +126,64 @@ def prefill_capture_sizes(max_tokens: int) -> tuple[int, ...]:
         return ()
     ladder = sorted({b << i for b in (16, 24) for i in range(max_tokens.bit_length())})
     return tuple([s for s in ladder if s < max_tokens] + [max_tokens])
+
+
+# decode-loop graphs exist for captured sizes up to this many rows (vllm/cudagraph/decode_loop.py)
+LOOP_MAX_ROWS = 8
+
+
+def loop_capture_sizes(
+    capture: tuple[int, ...], num_scheduler_steps: int, disabled: bool = False
+) -> tuple[int, ...]:
+    """Captured decode sizes that also get a decode-loop graph: those up to LOOP_MAX_ROWS
+    when multi-step decoding is on (``num_scheduler_steps`` > 1) and
+    ``CompilationConfig.disable_decode_loop_graphs`` is off, else ()."""
+    if num_scheduler_steps <= 1 or disabled:
+        return ()
+    return tuple(sorted(s for s in capture if s <= LOOP_MAX_ROWS))
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    """Everything one stage's graph runner captures, decided once from the engine config.
+
+    Attributes:
+        sizes: the decode batch sizes (the rule's sizes as if graphs were on: they are
+            also the padding targets of the eager debug switch).
+        prefill_sizes: token counts of the one-sequence prefill graphs (sorted; () at
+            PP > 1, on a backend without prefill graphs, or with the maximum at 0).
+        loop_sizes: decode sizes with a decode-loop graph (sorted).
+        loop_steps: steps a decode-loop graph's ring holds (num_scheduler_steps; 0 when
+            there are no loop graphs).
+        max_seq_len_to_capture: longest context (tokens) a decode graph serves.
+    """
+
+    sizes: CaptureSizes
+    prefill_sizes: tuple[int, ...] = ()
+    loop_sizes: tuple[int, ...] = ()
+    loop_steps: int = 0
+    max_seq_len_to_capture: int = 8192
+
+
+def graph_spec(config: EngineConfig, pp_size: int, supports_prefill_graphs: bool) -> GraphSpec:
+    """The :class:`GraphSpec` of one pipeline stage of an engine ``config``
+    (the draft model of speculative decoding passes its own).
+
+    Decode sizes: :func:`capture_sizes` with k = num_speculative_tokens. Prefill sizes:
+    :func:`prefill_capture_sizes` up to min(prefill_graph_max_tokens,
+    max_num_batched_tokens, max_model_len) at PP = 1 on a backend that supports them.
+    Loop sizes: :func:`loop_capture_sizes` (PP = 1 only, as multi-step decoding).
+    """
+    cc = config.compilation_config
+    sc = config.scheduler_config
+    spec = config.speculative_config
+    k = getattr(spec, "num_speculative_tokens", 0) if spec is not None else 0
+    sizes = capture_sizes(sc.max_num_seqs, k, cc.max_cudagraph_capture_size, cc.cuda_graph_sizes)
+    prefill: tuple[int, ...] = ()
+    if pp_size == 1 and supports_prefill_graphs:
+        cap = min(cc.prefill_graph_max_tokens, sc.max_num_batched_tokens,
+                  config.model_config.max_model_len)  # fmt: skip
+        prefill = prefill_capture_sizes(cap)
+    steps = sc.num_scheduler_steps if pp_size == 1 else 0
+    loops = loop_capture_sizes(sizes.sizes, steps, cc.disable_decode_loop_graphs)
+    return GraphSpec(sizes, prefill, loops, steps if loops else 0, cc.max_seq_len_to_capture)

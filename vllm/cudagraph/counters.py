@@ -52,9 +52,3 @@ class DecodeStepCounters:
             for (ve, reason), n in sorted(self.eager.items()):
                 out["eager"].setdefault(ve, {})[reason] = n
         return out
-
-    def total(self, mode: str, virtual_engine: int | None = None) -> int:
-        """Steps of ``mode`` ("graph" or "eager"), optionally for one VE."""
-        counter = self.graph if mode == "graph" else self.eager
-        with self._lock:
-            return sum(n for (ve, _), n in counter.items() if virtual_engine in (None, ve))

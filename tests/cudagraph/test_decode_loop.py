@@ -1,4 +1,4 @@
-"""Decode-loop graphs (vllm/worker/decode_loop.py) on CPU: fake graphs (re-run the captured
+"""Decode-loop graphs (vllm/cudagraph/decode_loop.py) on CPU: fake graphs (re-run the captured
 function, reading the static buffers as a replay does), float32, so every comparison with
 one-token eager steps is exact (docs/design.md).
 
@@ -15,10 +15,11 @@ import os
 import pytest
 import torch
 
+from tests.cudagraph.test_graph_capture import make_worker, multi_step_call
 from tests.utils import run_interpreted
-from tests.worker.test_graph_capture import make_worker, multi_step_call
+from vllm.cudagraph.decode_loop import eligible, greedy_metadata
+from vllm.cudagraph.sizes import loop_capture_sizes
 from vllm.sampling_params import SamplingParams
-from vllm.worker.decode_loop import eligible, greedy_metadata, loop_sizes
 
 STEPS = 4
 
@@ -35,7 +36,7 @@ def interpreted_flashinfer_small_loop():
     g = make_worker(model, 1, "FLASHINFER", small_rows=8, max_num_seqs=8,
                     num_scheduler_steps=STEPS)  # fmt: skip
     e = make_worker(model, 1, "FLASHINFER", capture=False, small_rows=8, max_num_seqs=8)
-    loops = g.model_runner.graph_runner.loops[0]
+    loops = g.model_runner.graph_runner.graphs.loops[0]
     assert sorted(loops) == [1, 2, 4, 8]
     greedy = SamplingParams(temperature=0, max_tokens=50)
     for rows, ctx in ((1, 3), (3, 14), (5, 33)):  # contexts cross blocks inside the call
@@ -67,7 +68,7 @@ def test_ineligible_batches_take_the_step_path(tiny_llama_dir, params):
     """Sampling a loop graph cannot do: the per-step path runs (no loop replay), same tokens."""
     g = make_worker(tiny_llama_dir, 1, max_num_seqs=8, num_scheduler_steps=STEPS)
     e = make_worker(tiny_llama_dir, 1, capture=False, max_num_seqs=8)
-    loops = g.model_runner.graph_runner.loops[0]
+    loops = g.model_runner.graph_runner.graphs.loops[0]
     replays = {s: lg.graph.replays for s, lg in loops.items()}
     got, want, delta = multi_step_call(g, e, 3, 14, params, STEPS)
     assert got == want
@@ -79,14 +80,14 @@ def test_ineligible_batches_take_the_step_path(tiny_llama_dir, params):
 def test_batches_above_the_loop_sizes_take_the_step_path(tiny_llama_dir):
     g = make_worker(tiny_llama_dir, 1, max_num_seqs=16, num_scheduler_steps=STEPS)
     e = make_worker(tiny_llama_dir, 1, capture=False, max_num_seqs=16)
-    assert sorted(g.model_runner.graph_runner.loops[0]) == [1, 2, 4, 8]
+    assert sorted(g.model_runner.graph_runner.graphs.loops[0]) == [1, 2, 4, 8]
     got, want, delta = multi_step_call(
         g, e, 11, 9, SamplingParams(temperature=0, max_tokens=50), STEPS
     )
     assert got == want and delta == {16: STEPS}
 
 
-def test_eligibility_and_sizes(monkeypatch):
+def test_eligibility_and_sizes():
     sm = greedy_metadata(3, torch.device("cpu"))
     assert eligible(sm)
     for change in (
@@ -100,8 +101,8 @@ def test_eligibility_and_sizes(monkeypatch):
         for k, v in change.items():
             setattr(other, k, v)
         assert not eligible(other), change
-    assert loop_sizes((1, 2, 4, 8, 16, 24), 8) == [1, 2, 4, 8]
-    assert loop_sizes((1, 2, 4), 8) == [1, 2, 4]
-    assert loop_sizes((1, 2, 4, 8), 1) == []  # no multi-step decoding, no loop graphs
-    monkeypatch.setenv("VLLM_DECODE_LOOP_GRAPHS", "0")
-    assert loop_sizes((1, 2, 4, 8), 8) == []
+    assert loop_capture_sizes((1, 2, 4, 8, 16, 24), 8) == (1, 2, 4, 8)
+    assert loop_capture_sizes((1, 2, 4), 8) == (1, 2, 4)
+    assert loop_capture_sizes((1, 2, 4, 8), 1) == ()  # no multi-step decoding, no loop graphs
+    # CompilationConfig.disable_decode_loop_graphs (--disable-decode-loop-graphs)
+    assert loop_capture_sizes((1, 2, 4, 8), 8, disabled=True) == ()
