@@ -44,8 +44,8 @@ from vllm.cudagraph.sizes import GraphSpec, next_size
 from vllm.sequence import IntermediateTensors
 
 if TYPE_CHECKING:
+    from vllm.model_executor.forward_batch import ForwardBatch
     from vllm.model_executor.layers.sampler import Sampler
-    from vllm.worker.forward_batch import ForwardBatch
 
 
 @dataclass(frozen=True)
@@ -135,21 +135,6 @@ class GraphRunner:
                           capturer or GraphCapturer())  # fmt: skip
         graphs.capture(kv_caches, scratch_slots, show_progress)
         self.graphs = graphs
-
-    def estimate_memory(
-        self,
-        kv_caches: list[torch.Tensor],
-        scratch_slot: int,
-        num_virtual_engines: int,
-        capturer: GraphCapturer | None = None,
-    ) -> int:
-        """Bytes :meth:`capture` will take for ``num_virtual_engines`` VEs, measured by a
-        trial capture over a small cache (``kv_caches`` [local_layer], ``scratch_slot``);
-        see :func:`vllm.cudagraph.memory.estimate_graph_memory`."""
-        from vllm.cudagraph.memory import estimate_graph_memory
-
-        return estimate_graph_memory(self, kv_caches, scratch_slot, num_virtual_engines,
-                                     capturer)  # fmt: skip
 
     @property
     def capture_seconds(self) -> float:

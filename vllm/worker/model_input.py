@@ -16,10 +16,10 @@ import torch
 
 from vllm.attention.backends.abstract import AttentionBackend, ForwardMode, StepInputs
 from vllm.cudagraph.runner import GraphRunner
+from vllm.model_executor.forward_batch import ForwardBatch
 from vllm.model_executor.sampling_metadata import SamplingMetadata
 from vllm.sequence import SequenceGroupMetadata
 from vllm.utils import pin_for, to_device
-from vllm.worker.forward_batch import ForwardBatch
 
 PAD_SLOT_ID = -1
 

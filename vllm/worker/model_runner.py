@@ -19,10 +19,11 @@ from vllm.attention.backends.abstract import AttentionSpec, ForwardMode, StepInp
 from vllm.attention.selector import get_attn_backend, which_attn_backend
 from vllm.config import EngineConfig
 from vllm.cudagraph import DecodeStepCounters, GraphCapturer, GraphRunner, graph_spec
+from vllm.cudagraph.memory import estimate_graph_memory
+from vllm.model_executor.forward_batch import ForwardBatch
 from vllm.model_executor.layers.sampler import Sampler
 from vllm.sequence import IntermediateTensors, SamplerOutput, SequenceGroupMetadata
 from vllm.worker import model_input
-from vllm.worker.forward_batch import ForwardBatch
 
 logger = logging.getLogger(__name__)
 
@@ -150,8 +151,8 @@ class ModelRunner:
             self.num_local_layers,
             self.device,
         )
-        estimate = self.graph_runner.estimate_memory(
-            cache.kv_caches, cache.scratch_slot, num_virtual_engines, capturer
+        estimate = estimate_graph_memory(
+            self.graph_runner, cache.kv_caches, cache.scratch_slot, num_virtual_engines, capturer
         )
         del cache
         if self.device.type == "cuda":

@@ -46,10 +46,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from vllm.attention.backends.abstract import ForwardMode, StepInputs
+from vllm.model_executor.forward_batch import ForwardBatch
 from vllm.model_executor.layers.sampler import sampler_output
 from vllm.sequence import SamplerOutput, SequenceGroupMetadata
 from vllm.utils import to_device
-from vllm.worker.forward_batch import ForwardBatch
 from vllm.worker.model_input import place_input
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+from vllm.model_executor.weight_utils import default_weight_loader
 
 
 class LinearBase(nn.Module):

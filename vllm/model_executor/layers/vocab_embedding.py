@@ -5,7 +5,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vllm.kernels.dispatch import get_triton_gemv
-from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+from vllm.model_executor.weight_utils import default_weight_loader
 
 
 class VocabParallelEmbedding(nn.Module):

@@ -14,11 +14,11 @@ import torch
 from torch import nn
 
 from vllm.model_executor.model_loader.gguf_loader import gguf_weights_iterator
-from vllm.model_executor.model_loader.weight_utils import (
+from vllm.model_executor.models import architectures_of, get_model_class
+from vllm.model_executor.weight_utils import (
     fill_dummy_weights,
     safetensors_weights_iterator,
 )
-from vllm.model_executor.models import architectures_of, get_model_class
 
 logger = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from vllm.model_executor.layers.linear import (
 )
 from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding, get_rope_parameters
 from vllm.model_executor.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
-from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+from vllm.model_executor.weight_utils import default_weight_loader
 
 _LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
