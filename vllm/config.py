@@ -381,7 +381,9 @@ class EngineConfig:
     device_config: DeviceConfig
     compilation_config: CompilationConfig = field(default_factory=CompilationConfig)
     speculative_config: Any = None
-    # Test-only: several virtual engines without PP (DESIGN.md guarantee 1 on one device).
+    # Several virtual engines without PP (DESIGN.md guarantee 1 on one device). Not an
+    # EngineArgs field or CLI flag: tests set it on the built config (tests/utils.py,
+    # virtual_engines_override).
     num_virtual_engines_override: int | None = None
 
     def __post_init__(self) -> None:
