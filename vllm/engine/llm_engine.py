@@ -160,7 +160,8 @@ class LLMEngine:
 
         Raises:
             ValueError: logprobs / prompt_logprobs above the vocabulary size, or a
-                stop_token_ids entry outside [0, vocab_size).
+                stop_token_ids, logit_bias or allowed_token_ids entry outside
+                [0, vocab_size).
         """
         vocab = self.model_config.vocab_size
         for name in ("logprobs", "prompt_logprobs"):
@@ -171,6 +172,15 @@ class LLMEngine:
             if t >= vocab:
                 raise ValueError(
                     f"stop token id {t} is out of vocabulary (valid ids: 0..{vocab - 1})."
+                )
+        for name, ids in (
+            ("logit_bias", params.logit_bias or ()),
+            ("allowed_token_ids", params.allowed_token_ids or ()),
+        ):
+            bad = sorted(t for t in ids if t >= vocab)
+            if bad:
+                raise ValueError(
+                    f"{name} token ids {bad} are out of vocabulary (valid ids: 0..{vocab - 1})."
                 )
 
     def add_request(
