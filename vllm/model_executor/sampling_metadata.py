@@ -233,7 +233,7 @@ class SamplingMetadata:
                 device,
             )
         if any_bias:
-            sm.logit_bias = to_device(_bias_rows(row_reqs, vocab_size), device)
+            sm.logit_bias = _bias_rows(row_reqs, vocab_size, device)
         if not all_greedy:
             sm.need_filter = need_filter
             f32 = dict(dtype=torch.float32)
@@ -249,20 +249,36 @@ class SamplingMetadata:
         return sm
 
 
-def _bias_rows(row_reqs: list[RequestRows], vocab_size: int) -> torch.Tensor:
-    """[num_samples, vocab_size] float32 additive rows: -inf outside a row's
-    allowed_token_ids (when set), plus its logit_bias values; zeros for other rows."""
-    bias = torch.zeros(len(row_reqs), vocab_size, dtype=torch.float32)
+def _bias_rows(row_reqs: list[RequestRows], vocab_size: int, device: torch.device) -> torch.Tensor:
+    """[num_samples, vocab_size] float32 additive rows on ``device``: -inf outside a row's
+    allowed_token_ids (when set), plus its logit_bias values; zeros for other rows.
+
+    Built on the device from the (row, token) entries, so only those small index lists
+    are uploaded, never a vocab-wide host tensor."""
+    masked: list[int] = []  # rows with allowed_token_ids
+    allowed: tuple[list[int], list[int]] = ([], [])  # (row, token) allowed
+    biased: tuple[list[int], list[int], list[float]] = ([], [], [])  # (row, token, bias)
     for row, req in enumerate(row_reqs):
-        if not req.biased:
-            continue
         if req.allowed_token_ids is not None:
-            bias[row] = float("-inf")
-            bias[row, list(req.allowed_token_ids)] = 0.0
-        if req.logit_bias:
-            ids, values = zip(*req.logit_bias)
-            bias[row, list(ids)] += torch.tensor(values, dtype=torch.float32)
-    return bias
+            masked.append(row)
+            allowed[0].extend([row] * len(req.allowed_token_ids))
+            allowed[1].extend(req.allowed_token_ids)
+        for tok, value in req.logit_bias:
+            biased[0].append(row)
+            biased[1].append(tok)
+            biased[2].append(value)
+
+    def upload(values, dtype=torch.long):
+        return to_device(torch.tensor(values, dtype=dtype), device)
+
+    bias = torch.zeros(len(row_reqs), vocab_size, dtype=torch.float32, device=device)
+    if masked:
+        bias[upload(masked)] = float("-inf")
+        bias[upload(allowed[0]), upload(allowed[1])] = 0.0
+    if biased[0]:
+        index = (upload(biased[0]), upload(biased[1]))
+        bias.index_put_(index, upload(biased[2], torch.float32), accumulate=True)
+    return bias  # [num_samples, vocab_size]
 
 
 def _padded(rows: list, pad: int) -> torch.Tensor:
