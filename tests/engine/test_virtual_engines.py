@@ -212,3 +212,66 @@ def test_failed_step_logs_its_traceback(tiny_llama_dir, monkeypatch, caplog, pat
     assert "Traceback (most recent call last)" in text
     assert "in _injected_step_error" in text
     assert "RuntimeError: injected step failure 5be1" in text
+
+
+MP_SCRIPT = """
+import asyncio, logging, sys
+from vllm.worker.worker import Worker
+
+logging.basicConfig(level=logging.ERROR, stream=sys.stderr)
+real = Worker.execute_model
+
+def _stage_fault(self, request, *args):
+    if self.rank == 1 and any(md.request_id == "doomed" for md in request.seq_group_metadata_list):
+        raise RuntimeError("injected stage failure 9c2d")
+    return real(self, request, *args)
+
+Worker.execute_model = _stage_fault  # forked stage processes inherit it
+
+from vllm import SamplingParams
+from vllm.engine.arg_utils import EngineArgs
+from vllm.engine.async_llm_engine import AsyncLLMEngine
+
+async def main():
+    args = EngineArgs(model=sys.argv[1], device="cpu", pipeline_parallel_size=2)
+    engine = AsyncLLMEngine(args, log_requests=False)
+    sp = SamplingParams(temperature=0.0, max_tokens=3)
+    try:
+        async for _ in engine.generate({"prompt_token_ids": [5, 6]}, sp, "doomed"):
+            pass
+    except Exception as e:
+        print("REQUEST FAILED", type(e).__name__)
+    await engine.shutdown()
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.forked
+def test_failed_mp_step_logs_the_workers_traceback(tiny_llama_dir, tmp_path):
+    """PP = 2 under the mp executor (forked stages): a stage's exception reaches the log of
+    the failed step with the worker's own traceback (the executor's error carries it)."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "0.05", "HF_HUB_OFFLINE": "1"}
+    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
+    env.pop("VLLM_WORKER_MULTIPROC_METHOD", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", MP_SCRIPT, tiny_llama_dir],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert "REQUEST FAILED RequestFailedError" in proc.stdout, proc.stderr[-3000:]
+    err = proc.stderr
+    start = err.index("Step of virtual engine 0 failed; failing its requests.")
+    logged = err[start:]
+    assert "NoneType: None" not in logged
+    assert "Traceback (most recent call last)" in logged
+    assert "in _stage_fault" in logged  # the worker's frame, from the stage process
+    assert "RuntimeError: injected stage failure 9c2d" in logged
