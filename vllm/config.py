@@ -381,9 +381,7 @@ class EngineConfig:
     device_config: DeviceConfig
     compilation_config: CompilationConfig = field(default_factory=CompilationConfig)
     speculative_config: Any = None
-    # Several virtual engines without PP (DESIGN.md guarantee 1 on one device). Not an
-    # EngineArgs field or CLI flag: tests set it on the built config (tests/utils.py,
-    # virtual_engines_override).
+    # Test-only: several virtual engines without PP (DESIGN.md guarantee 1 on one device).
     num_virtual_engines_override: int | None = None
 
     def __post_init__(self) -> None:
@@ -391,6 +389,9 @@ class EngineConfig:
 
     @property
     def num_virtual_engines(self) -> int:
+        """Pipeline stages, or ``num_virtual_engines_override`` when set (not an EngineArgs
+        field or CLI flag: tests set it on the built config, see tests/utils.py
+        ``virtual_engines_override``)."""
         if self.num_virtual_engines_override:
             return self.num_virtual_engines_override
         return self.parallel_config.pipeline_parallel_size
