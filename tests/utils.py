@@ -315,6 +315,32 @@ def hf_greedy(
     return results
 
 
+@contextlib.contextmanager
+def virtual_engines_override(num_ves: int):
+    """Inside the block, every engine built from EngineArgs (``LLM``, ``LLMEngine``,
+    ``AsyncLLMEngine``) gets ``EngineConfig.num_virtual_engines_override = num_ves``: several
+    virtual engines without pipeline parallelism (a test-only setting with no CLI flag).
+
+    The config is edited after ``EngineArgs.create_engine_config`` built it, then verified
+    again; the original method is restored on exit.
+    """
+    from vllm.engine.arg_utils import EngineArgs
+
+    original = EngineArgs.create_engine_config
+
+    def create(self, *args, **kwargs):
+        config = original(self, *args, **kwargs)
+        config.num_virtual_engines_override = num_ves
+        config.verify()
+        return config
+
+    EngineArgs.create_engine_config = create
+    try:
+        yield
+    finally:
+        EngineArgs.create_engine_config = original
+
+
 # ------------------------------------------------------------------ OpenAI server helpers
 class RemoteOpenAIServer:
     """``python -m vllm.entrypoints.cli serve MODEL --port 0 ...`` as a subprocess on a free
@@ -325,9 +351,19 @@ class RemoteOpenAIServer:
         args: extra CLI flags (``["--device", "cpu", ...]``).
         env: extra environment; VLLM_CPU_KVCACHE_SPACE defaults to 0.25 GiB.
         timeout: seconds to wait for /health.
+        launcher: a Python script run instead of ``-m vllm.entrypoints.cli`` with the same
+            arguments (a test's own entry point, e.g. one that patches the engine to inject
+            faults before it calls ``vllm.entrypoints.cli.main``).
     """
 
-    def __init__(self, model: str, args: Sequence[str], env: dict | None = None, timeout=300):
+    def __init__(
+        self,
+        model: str,
+        args: Sequence[str],
+        env: dict | None = None,
+        timeout=300,
+        launcher: str | None = None,
+    ):
         import re
         import subprocess
         import tempfile
@@ -338,7 +374,8 @@ class RemoteOpenAIServer:
         full_env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "0.25", "HF_HUB_OFFLINE": "1"}
         full_env.update(env or {})
         self.log = tempfile.NamedTemporaryFile("w+", prefix="vllm_serve_", suffix=".log")
-        cmd = [sys.executable, "-m", "vllm.entrypoints.cli", "serve", model]
+        entry = [launcher] if launcher else ["-m", "vllm.entrypoints.cli"]
+        cmd = [sys.executable, *entry, "serve", model]
         cmd += ["--host", "127.0.0.1", "--port", "0", *args]
         self.proc = subprocess.Popen(
             cmd, env=full_env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True

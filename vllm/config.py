@@ -232,15 +232,9 @@ class CacheConfig:
                 f"num_gpu_blocks_override must be at least 1, got {self.num_gpu_blocks_override}."
             )
         if self.cpu_kvcache_space_bytes is None:
-            gib = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "4")
-            try:
-                value = float(gib)
-            except ValueError as e:
-                raise ValueError(
-                    f"VLLM_CPU_KVCACHE_SPACE must be a number of GiB, got {gib!r}."
-                ) from e
-            if value <= 0:
-                raise ValueError(f"VLLM_CPU_KVCACHE_SPACE must be positive GiB, got {gib!r}.")
+            from vllm import envs
+
+            value = envs.VLLM_CPU_KVCACHE_SPACE  # GiB; a ValueError names a bad value
             self.cpu_kvcache_space_bytes = int(value * (1 << 30))
 
 
@@ -395,6 +389,9 @@ class EngineConfig:
 
     @property
     def num_virtual_engines(self) -> int:
+        """Pipeline stages, or ``num_virtual_engines_override`` when set (not an EngineArgs
+        field or CLI flag: tests set it on the built config, see tests/utils.py
+        ``virtual_engines_override``)."""
         if self.num_virtual_engines_override:
             return self.num_virtual_engines_override
         return self.parallel_config.pipeline_parallel_size
@@ -411,8 +408,6 @@ class EngineConfig:
             raise ValueError(
                 f"pipeline_parallel_size={pp} is larger than the model's {layers} layers."
             )
-        if self.device_config.device == "cpu" and self.parallel_config.pipeline_parallel_size > 1:
-            pass  # gloo on CPU is supported by the mp executor
         from vllm.attention.selector import which_attn_backend
 
         # An explicit VLLM_ATTENTION_BACKEND that cannot run fails here, before any load.

@@ -133,6 +133,12 @@ _DECLARED = (
         None,
         "Ray placement-group strategy (default STRICT_PACK when one node fits, else PACK).",
     ),
+    EnvVar(
+        "VLLM_WORKER_MULTIPROC_METHOD",
+        _str,
+        None,
+        "fork or spawn for pipeline worker processes (default: fork unless CUDA is initialised).",
+    ),
     EnvVar("RAY_ADDRESS", _str, None, "Ray's own: the cluster the Ray executor joins."),
     EnvVar(
         "TRITON_INTERPRET",

@@ -30,6 +30,12 @@ class SamplingParams:
       many tokens were generated; stop strings are not checked before it either.
     - Stop handling (EOS, stop_token_ids, stop strings) is described in
       ``vllm/engine/stop_checker.py``.
+    - ``logit_bias`` (OpenAI API): token id -> bias in [-100, 100], added to that token's
+      logit before anything else (penalties, temperature, filters; the reported logprobs
+      include it). Keys may be ints or strings of ints (JSON object keys are strings).
+    - ``allowed_token_ids`` (vLLM's name): only these tokens can be generated; every other
+      token's logit is set to -inf (before ``logit_bias`` is added).
+    Both are checked against the vocabulary when the engine adds the request.
 
     Raises:
         ValueError: on any out-of-range value; the message names the field, the value and
@@ -56,6 +62,8 @@ class SamplingParams:
     detokenize: bool = True
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
     # Filled by the engine: the tokens that end the request besides stop_token_ids.
     all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
 
@@ -70,6 +78,9 @@ class SamplingParams:
         self.all_stop_token_ids = set(self.stop_token_ids)
         if self.seed is not None:
             self.seed = int(self.seed)
+        self.logit_bias = _token_bias(self.logit_bias) or None
+        if self.allowed_token_ids is not None:
+            self.allowed_token_ids = list(self.allowed_token_ids)
         self.verify()
 
     @property
@@ -136,6 +147,16 @@ class SamplingParams:
             _check(
                 isinstance(t, int) and t >= 0, f"stop_token_ids must be >= 0 integers, got {t!r}."
             )
+        if self.allowed_token_ids is not None:
+            _check(
+                len(self.allowed_token_ids) > 0,
+                "allowed_token_ids must list at least one token id, got [].",
+            )
+            for t in self.allowed_token_ids:
+                _check(
+                    _is_int(t) and t >= 0,
+                    f"allowed_token_ids must be integers >= 0, got {t!r}.",
+                )
         if self.stop and not self.detokenize:
             raise ValueError("stop strings are only supported when detokenize is True.")
 
@@ -149,6 +170,40 @@ class SamplingParams:
 def _check(ok: bool, message: str) -> None:
     if not ok:
         raise ValueError(message)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _token_bias(bias) -> dict[int, float]:
+    """``logit_bias`` with int keys and float values, checked (OpenAI's limits).
+
+    Raises:
+        ValueError: not a dict; a key that is not a token id (an int >= 0, or a string
+            of one); a value that is not a number in [-100, 100]. The message names the
+            key or value.
+    """
+    if bias is None:
+        return {}
+    if not isinstance(bias, dict):
+        raise ValueError(
+            f"logit_bias must be a dict of token id -> bias, got {type(bias).__name__}."
+        )
+    out: dict[int, float] = {}
+    for key, value in bias.items():
+        tok = key
+        if isinstance(key, str) and key.strip().isdigit():
+            tok = int(key)
+        if not _is_int(tok) or tok < 0:
+            raise ValueError(f"logit_bias keys must be token ids (integers >= 0), got {key!r}.")
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not ok or not -100.0 <= value <= 100.0:
+            raise ValueError(
+                f"logit_bias value for token {tok} must be a number in [-100, 100], got {value!r}."
+            )
+        out[tok] = float(value)
+    return out
 
 
 _INIT_FIELDS = [f for f in SamplingParams.__dataclass_fields__ if f != "all_stop_token_ids"]

@@ -18,6 +18,10 @@ from tests.utils import deadline
 @pytest.fixture(autouse=True)
 def _small_kv_cache(monkeypatch):
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0.05")
+    # These tests run torch CPU ops (tiny-model fixtures, PP = 1 references) in the process
+    # that starts the workers, and GNU OpenMP's pool does not survive fork: spawn them.
+    # (tests/distributed/test_mp_start_method.py covers the fork default.)
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
 
 
 def _workers_left() -> list[psutil.Process]:

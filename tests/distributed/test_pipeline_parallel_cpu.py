@@ -47,6 +47,10 @@ def _run(model, prompt_sets, max_tokens, **kw):
 @pytest.fixture(autouse=True)
 def _small_kv_cache(monkeypatch):
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0.1")
+    # These tests run torch CPU ops (tiny-model fixtures, PP = 1 references) in the process
+    # that starts the workers, and GNU OpenMP's pool does not survive fork: spawn them.
+    # (tests/distributed/test_mp_start_method.py covers the fork default.)
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
 
 
 @pytest.mark.forked

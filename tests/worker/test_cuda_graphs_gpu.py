@@ -14,6 +14,7 @@ from tests.utils import (
     check_logprobs_close,
     check_outputs_equal,
     hf_greedy,
+    virtual_engines_override,
     vllm_greedy,
 )
 
@@ -319,7 +320,8 @@ def test_flashinfer_replay_past_capture_time():
 def test_two_virtual_engines_one_gpu(smollm2_gguf):
     """The upstream PP failure reproduced on one GPU: two VEs captured with the real
     FlashInfer wrappers start and give the same tokens on both engines."""
-    llm = _llm(smollm2_gguf, "FLASHINFER", max_num_seqs=8, num_virtual_engines_override=2)
+    with virtual_engines_override(2):
+        llm = _llm(smollm2_gguf, "FLASHINFER", max_num_seqs=8)
     runner = llm.llm_engine.executor.worker.model_runner
     assert runner.graph_runner.captured_sizes(0) == [1, 2, 4, 8]
     assert runner.graph_runner.captured_sizes(1) == [1, 2, 4, 8]
@@ -335,7 +337,8 @@ def test_two_virtual_engines_shared_buffers_raise(smollm2_gguf, monkeypatch):
 
     reintroduce_shared_rebound_buffers(monkeypatch)
     with pytest.raises(ValueError, match="The batch size should be fixed in cudagraph mode"):
-        _llm(smollm2_gguf, "FLASHINFER", max_num_seqs=8, num_virtual_engines_override=2)
+        with virtual_engines_override(2):
+            _llm(smollm2_gguf, "FLASHINFER", max_num_seqs=8)
 
 
 @pytest.mark.forked

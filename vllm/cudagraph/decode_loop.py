@@ -44,11 +44,12 @@ PACKED_WIDTH = 3  # token id, logprob, rank (Sampler._pack_logprobs with k = 0)
 
 
 def eligible(sm: SamplingMetadata) -> bool:
-    """Whether a decode batch's sampling fits a loop graph: greedy, no penalties or
-    min_tokens, no logprobs, one sample row per sequence."""
+    """Whether a decode batch's sampling fits a loop graph: greedy, no penalties,
+    min_tokens, logit_bias or allowed_token_ids, no logprobs, one sample row per sequence."""
     return (
         sm.all_greedy
         and sm.penalties is None
+        and sm.logit_bias is None
         and sm.max_logprobs == 0
         and sm.prompt_row_ids is None
         and not any(g is not None for g in sm.generators)

@@ -6,7 +6,7 @@ one extra layer (61 layers on 8 stages -> 8,8,8,8,8,7,7,7). The environment vari
 ``VLLM_PP_LAYER_PARTITION="4,3,3"`` overrides the sizes (same convention as upstream vLLM).
 """
 
-import os
+from vllm import envs
 
 PP_PARTITION_ENV = "VLLM_PP_LAYER_PARTITION"
 
@@ -33,7 +33,7 @@ def get_pp_partition(num_layers: int, pp_size: int) -> list[int]:
             f"cannot split {num_layers} layers over {pp_size} pipeline stages: "
             f"every stage needs at least one layer (num_layers >= pp_size)"
         )
-    override = os.environ.get(PP_PARTITION_ENV)
+    override = envs.VLLM_PP_LAYER_PARTITION
     if override:
         try:
             sizes = [int(part) for part in override.split(",")]

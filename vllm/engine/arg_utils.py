@@ -78,9 +78,6 @@ class EngineArgs:
     num_scheduler_steps: int = _f(
         1, "Decode forward passes per scheduler call (multi-step decoding; 1 = off)."
     )
-    num_virtual_engines_override: int | None = _f(
-        None, "Test-only: this many virtual engines without pipeline parallelism."
-    )
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -167,7 +164,6 @@ class EngineArgs:
         )
         return EngineConfig(
             speculative_config=speculative_config,
-            num_virtual_engines_override=self.num_virtual_engines_override,
             model_config=model_config,
             cache_config=cache_config,
             parallel_config=parallel_config,

@@ -11,6 +11,9 @@ v is idle and its scheduler has work, a step of v starts. With one VE the whole 
 parallel) only scheduling and output processing run on the engine thread; the model call
 runs through ``executor.execute_model_async`` when the executor has it, else on a per-VE
 thread, so VE 0's step can run while VE 1's is scheduled or processed.
+Model calls of different VEs on ONE device never overlap: the single-process executor
+serialises them with a lock (vllm/executor/uniproc_executor.py says why), and each stage
+of the mp and Ray executors runs its steps one at a time.
 
 Failures. An exception while one request's output is processed fails that request only
 (``LLMEngine.failed_requests``); its stream raises :class:`RequestFailedError` and the loop
@@ -383,7 +386,9 @@ class AsyncLLMEngine:
         return outs, failed, self._stats(sched, outs, generated)
 
     def _fail_step(self, ve: int, sched: _Scheduled, err: Exception):
-        logger.exception("Step of virtual engine %d failed; failing its requests.", ve)
+        # Runs on the engine thread, outside the except block that caught ``err`` (on a
+        # VE thread or in the executor), so the traceback is passed explicitly.
+        logger.error("Step of virtual engine %d failed; failing its requests.", ve, exc_info=err)
         ids = [g.request_id for g in sched.sched_out.scheduled_seq_groups]
         self.engine.abort_request(ids)
         outs = self.engine.process_outputs(ve, sched.sched_out, None)

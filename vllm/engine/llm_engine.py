@@ -10,7 +10,6 @@ from __future__ import annotations
 import gc
 import itertools
 import logging
-import os
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -92,9 +91,6 @@ class LLMEngine:
         # request id -> the exception that failed it while its output was processed; the
         # request is finished as aborted and its blocks are freed (see process_outputs).
         self.failed_requests: dict[str, BaseException] = {}
-        # Test-only fault injection: a request whose prompt text contains this string
-        # raises inside output processing (tests/entrypoints/openai).
-        self._fault_prompt = os.environ.get("VLLM_TEST_FAULT_PROMPT") or None
         # True: every step returns a RequestOutput per scheduled group (streaming; the
         # async engine relies on it). False: only finished requests' outputs, which is all
         # the offline LLM.generate loop reads (it turns this off while it runs).
@@ -167,7 +163,8 @@ class LLMEngine:
 
         Raises:
             ValueError: logprobs / prompt_logprobs above the vocabulary size, or a
-                stop_token_ids entry outside [0, vocab_size).
+                stop_token_ids, logit_bias or allowed_token_ids entry outside
+                [0, vocab_size).
         """
         vocab = self.model_config.vocab_size
         for name in ("logprobs", "prompt_logprobs"):
@@ -178,6 +175,15 @@ class LLMEngine:
             if t >= vocab:
                 raise ValueError(
                     f"stop token id {t} is out of vocabulary (valid ids: 0..{vocab - 1})."
+                )
+        for name, ids in (
+            ("logit_bias", params.logit_bias or ()),
+            ("allowed_token_ids", params.allowed_token_ids or ()),
+        ):
+            bad = sorted(t for t in ids if t >= vocab)
+            if bad:
+                raise ValueError(
+                    f"{name} token ids {bad} are out of vocabulary (valid ids: 0..{vocab - 1})."
                 )
 
     def check_schedulable(self, prompt_len: int, n: int) -> None:
@@ -369,8 +375,6 @@ class LLMEngine:
         """Append one step's samples of ``group`` (output_processor.append_samples)."""
         if group.prompt_logprobs is None and group_out.prompt_logprobs is not None:
             group.prompt_logprobs = group_out.prompt_logprobs
-        if self._fault_prompt is not None and self._fault_prompt in (group.prompt or ""):
-            raise RuntimeError(f"injected fault (VLLM_TEST_FAULT_PROMPT) in {group.request_id}")
         output_processor.append_samples(
             group, group_out, self.tokenizer, self.scheduler_config.max_model_len
         )

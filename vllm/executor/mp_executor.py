@@ -1,4 +1,15 @@
-"""The multiprocessing executor: one spawned process per pipeline stage on this host.
+"""The multiprocessing executor: one process per pipeline stage on this host.
+
+Start method (:func:`worker_start_method`): "fork" when CUDA is not initialised in this
+process, else "spawn" (a forked child cannot use CUDA its parent initialised);
+``VLLM_WORKER_MULTIPROC_METHOD`` chooses explicitly. Fork is what lets a script create the
+engine at its top level, or come from stdin (``python -``): a spawned child re-imports the
+main module, so a guard-less script starts a second engine inside the child, which
+multiprocessing refuses; the start-up error then says the script needs an
+``if __name__ == "__main__":`` guard. Fork has its own precondition: GNU OpenMP's thread
+pool does not survive it, so a child of a process that already ran multi-threaded torch
+CPU ops hangs in its first parallel region; such a process (a test that ran a PP = 1
+engine first) sets ``VLLM_WORKER_MULTIPROC_METHOD=spawn``.
 
 How a step flows: ``execute_model_async(request)`` pickles the request once and writes it
 to every stage's pipe (under one lock, so every stage sees the same order) and returns a
@@ -28,6 +39,7 @@ from concurrent.futures import Future
 from multiprocessing.connection import wait
 from typing import Any
 
+from vllm import envs
 from vllm.distributed.parallel_state import get_free_port
 from vllm.executor.executor_base import PipelineExecutorBase
 from vllm.sequence import ExecuteModelRequest
@@ -35,7 +47,7 @@ from vllm.worker import worker_process as wp
 
 logger = logging.getLogger(__name__)
 
-# Seconds a worker may take to start (spawn, imports, weights).
+# Seconds a worker may take to start (process start, imports, weights).
 STARTUP_TIMEOUT_S = 600.0
 # Seconds shutdown waits for a clean exit before terminate(), then before kill().
 JOIN_TIMEOUT_S = 5.0
@@ -62,16 +74,15 @@ class MultiprocessingExecutor(PipelineExecutorBase):
         self.workers: list[multiprocessing.Process] = []
         self._conns = []
         self.worker_pids: list[int] = []
-        ctx = multiprocessing.get_context("spawn")
+        self.start_method = worker_start_method()
+        ctx = multiprocessing.get_context(self.start_method)
         init_method = f"tcp://127.0.0.1:{get_free_port()}"
         for rank in range(self.world_size):
             parent, child = ctx.Pipe(duplex=True)
-            proc = ctx.Process(
-                target=wp.run_worker,
-                args=(self.config, rank, init_method, child),
-                name=f"vllm-pp-worker-{rank}",
-                daemon=True,
-            )
+            target, args = wp.run_worker, (self.config, rank, init_method, child)
+            if self.start_method == "fork":  # the child must not hold the driver's ends
+                target, args = _run_forked_worker, ([*self._conns, parent], *args)
+            proc = ctx.Process(target=target, args=args, name=f"vllm-pp-worker-{rank}", daemon=True)
             proc.start()
             child.close()
             self.workers.append(proc)
@@ -108,17 +119,20 @@ class MultiprocessingExecutor(PipelineExecutorBase):
                     try:
                         _, _, r, pid, err = pickle.loads(obj.recv_bytes())
                     except (EOFError, OSError):
-                        err, pid = "its process exited during start-up", None
+                        raise self._exited_during_start_up(rank) from None
                     if err is not None:
                         raise RuntimeError(f"pipeline worker rank {rank} failed to start:\n{err}")
                     pids[r] = pid
                 elif obj in sentinels:
-                    rank = sentinels[obj]
-                    code = self.workers[rank].exitcode
-                    raise RuntimeError(
-                        f"pipeline worker rank {rank} died during start-up (exit code {code})."
-                    )
+                    raise self._exited_during_start_up(sentinels[obj])
         self.worker_pids = [pids[r] for r in range(self.world_size)]
+
+    def _exited_during_start_up(self, rank: int) -> RuntimeError:
+        """The error for a stage whose process ended before it was ready (reaped first, so
+        the exit code is the real one)."""
+        proc = self.workers[rank]
+        proc.join(JOIN_TIMEOUT_S)
+        return RuntimeError(start_up_exit_message(rank, proc.exitcode, self.start_method))
 
     # ------------------------------------------------------------------ watcher
     def _watch(self) -> None:
@@ -276,3 +290,54 @@ class MultiprocessingExecutor(PipelineExecutorBase):
             self._steps.clear()
             self._calls.clear()
         self._finish_shutdown(pending, self._error or err)
+
+
+def worker_start_method() -> str:
+    """How stage processes start: ``VLLM_WORKER_MULTIPROC_METHOD`` ("fork" or "spawn") when
+    set, else "fork" unless CUDA is initialised in this process; "spawn" whenever CUDA is
+    initialised (a forked child cannot use it; an explicit "fork" is overridden, with a
+    warning).
+
+    Raises:
+        ValueError: the variable is set to another method (naming it and the choices).
+    """
+    import torch
+
+    method = envs.VLLM_WORKER_MULTIPROC_METHOD
+    if method not in (None, "fork", "spawn"):
+        raise ValueError(f"VLLM_WORKER_MULTIPROC_METHOD must be 'fork' or 'spawn', got {method!r}.")
+    if torch.cuda.is_initialized():
+        if method == "fork":
+            logger.warning("CUDA is initialised in this process: starting workers with spawn.")
+        return "spawn"
+    return method or "fork"
+
+
+def start_up_exit_message(rank: int, exit_code: int | None, start_method: str) -> str:
+    """What to say when stage ``rank``'s process ended before it was ready.
+
+    Under spawn the usual cause is a main module without an ``if __name__ == "__main__":``
+    guard: the child re-imports it, reaches the engine's construction again and
+    multiprocessing stops it (its own explanation is in the child's stderr), so the message
+    says so.
+    """
+    msg = (
+        f"pipeline worker rank {rank} failed to start: its process exited during start-up "
+        f"(exit code {exit_code})."
+    )
+    if start_method == "spawn":
+        msg += (
+            " Workers were started with the 'spawn' method, which re-imports the main "
+            "module in every worker: a script that creates the engine at its top level "
+            'needs an `if __name__ == "__main__":` guard around that code (see the '
+            "worker's own error above in stderr)."
+        )
+    return msg
+
+
+def _run_forked_worker(driver_conns: list, *args) -> None:
+    """A forked stage: close the inherited driver ends of every pipe (so the stage sees EOF
+    when the driver goes away), then :func:`~vllm.worker.worker_process.run_worker`."""
+    for conn in driver_conns:
+        conn.close()
+    wp.run_worker(*args)

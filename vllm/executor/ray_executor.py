@@ -23,19 +23,16 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import threading
 from concurrent.futures import Future
 from typing import Any
 
+from vllm import envs
 from vllm.executor.executor_base import PipelineExecutorBase
 from vllm.sequence import ExecuteModelRequest
 
 logger = logging.getLogger(__name__)
 
-# Seconds for actors to start, join the group and load weights; for the placement group.
-STARTUP_TIMEOUT_S = float(os.environ.get("VLLM_RAY_STARTUP_TIMEOUT_S", "600"))
-PG_TIMEOUT_S = float(os.environ.get("VLLM_RAY_PG_TIMEOUT_S", "60"))
 # Object store of a local cluster the executor starts (Ray's minimum is about 75 MiB).
 LOCAL_OBJECT_STORE_BYTES = 128 * 1024**2
 # A stage's exception may be the echo of a neighbour's death: wait this long for the death.
@@ -111,7 +108,7 @@ class RayExecutor(PipelineExecutorBase):
         """Join the running / addressed cluster, or start a local one; check resources."""
         ray = self._ray
         if not ray.is_initialized():
-            address = os.environ.get("RAY_ADDRESS") or _ray_start_address()
+            address = envs.RAY_ADDRESS or _ray_start_address()
             if address:
                 ray.init(address=address, log_to_driver=False)
             else:
@@ -143,17 +140,18 @@ class RayExecutor(PipelineExecutorBase):
         bundle = {"GPU": 1, "CPU": 1} if self._on_cuda else {"CPU": 1}
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         fits_one = any(n["Resources"].get(kind, 0) >= self.world_size for n in nodes)
-        strategy = os.environ.get("VLLM_RAY_PG_STRATEGY") or ("STRICT_PACK" if fits_one else "PACK")
+        strategy = envs.VLLM_RAY_PG_STRATEGY or ("STRICT_PACK" if fits_one else "PACK")
         pg = placement_group([dict(bundle) for _ in range(self.world_size)], strategy=strategy)
         self.placement_group = pg
+        pg_timeout = envs.VLLM_RAY_PG_TIMEOUT_S
         try:
-            ray.get(pg.ready(), timeout=PG_TIMEOUT_S)
+            ray.get(pg.ready(), timeout=pg_timeout)
         except ray.exceptions.GetTimeoutError:
             remove_placement_group(pg)
             self.placement_group = None
             raise RuntimeError(
                 f"Ray could not reserve {self.world_size} bundles of {bundle} ({strategy}) "
-                f"within {PG_TIMEOUT_S:.0f} s; available now: {ray.available_resources()}."
+                f"within {pg_timeout:.0f} s; available now: {ray.available_resources()}."
             ) from None
         cls = ray.remote(RayStageWorker)
         for rank in range(self.world_size):
@@ -180,7 +178,7 @@ class RayExecutor(PipelineExecutorBase):
         )
         config_ref = ray.put(self.config)  # shipped once; each actor builds its layers
         refs = [a.setup.remote(config_ref, r, init_method) for r, a in enumerate(self.actors)]
-        self._gather(refs, "start", STARTUP_TIMEOUT_S)
+        self._gather(refs, "start", envs.VLLM_RAY_STARTUP_TIMEOUT_S)
 
     # ------------------------------------------------------------------- errors
     def _where(self, rank: int) -> str:

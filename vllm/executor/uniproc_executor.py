@@ -1,8 +1,20 @@
-"""The executor for one device in the engine's own process."""
+"""The executor for one device in the engine's own process.
+
+One worker, one step at a time. With several virtual engines the async engine calls
+:meth:`UniProcExecutor.execute_model` from one thread per virtual engine, but the single
+Worker / ModelRunner is not safe to enter twice: its attention backend keeps shared eager
+state (FlashInfer's prefill and decode wrappers are planned in input preparation and run in
+the forward, so a second VE planning in between makes the first run the other's plan), and
+the sampler's generator store, the step counters and the staging buffers are shared too.
+So every call into the worker (steps, freeing sequences) holds one lock: steps of
+different VEs on one device run one after the other, never overlapped. (Multi-process and
+Ray stages run their steps one by one in arrival order already.)
+"""
 
 from __future__ import annotations
 
 import logging
+import threading
 
 from vllm.executor.executor_base import ExecutorBase
 from vllm.sequence import ExecuteModelRequest, SamplerOutput
@@ -15,6 +27,7 @@ class UniProcExecutor(ExecutorBase):
     """Runs a single :class:`Worker` in-process (world size 1)."""
 
     def _init_executor(self) -> None:
+        self._lock = threading.Lock()  # serialises every call into the worker (see above)
         if self.config.speculative_config is not None:
             from vllm.spec_decode.spec_decode_worker import SpecDecodeWorker
 
@@ -29,10 +42,13 @@ class UniProcExecutor(ExecutorBase):
         self.worker.capture_graphs()
 
     def execute_model(self, request: ExecuteModelRequest) -> SamplerOutput | None:
-        return self.worker.execute_model(request)
+        """Run one step of ``request.virtual_engine``; blocks while another VE's step runs."""
+        with self._lock:
+            return self.worker.execute_model(request)
 
     def free_sequences(self, seq_ids: list[int]) -> None:
-        self.worker.free_sequences(seq_ids)
+        with self._lock:
+            self.worker.free_sequences(seq_ids)
 
     def spec_decode_metrics(self) -> dict | None:
         """The SpecDecodeWorker's counters (vllm/spec_decode/metrics.py), None without one."""

@@ -21,7 +21,8 @@ class RequestRows:
     ``temperature`` is 1 for greedy rows; ``top_k`` is a float, ``vocab_size`` for "off";
     ``penalties`` is (presence, frequency, repetition); ``min_tokens_stops`` the sorted stop
     ids (EOS and stop_token_ids) inside the vocabulary that min_tokens masks, empty when
-    min_tokens is 0 or there are none.
+    min_tokens is 0 or there are none; ``logit_bias`` the (token id, bias) pairs and
+    ``allowed_token_ids`` the allowed ids (None: all), both inside the vocabulary.
     """
 
     vocab_size: int
@@ -38,6 +39,9 @@ class RequestRows:
     min_tokens_stops: list[int]
     logprobs: int
     prompt_logprobs: int
+    logit_bias: tuple[tuple[int, float], ...]
+    allowed_token_ids: tuple[int, ...] | None
+    biased: bool  # logit_bias or allowed_token_ids set: the row gets a bias row
     plain: bool  # greedy, and none of the above: its rows need nothing but the layout
 
 
@@ -67,6 +71,8 @@ def request_rows(p: SamplingParams, vocab_size: int) -> RequestRows:
         and p.top_k == -1
         and p.top_p == 1.0
         and p.min_p == 0.0
+        and p.logit_bias is None
+        and p.allowed_token_ids is None
     ):
         rows = _plain_rows(vocab_size)
     else:
@@ -87,6 +93,11 @@ def _compute_rows(p: SamplingParams, vocab_size: int) -> RequestRows:
     stops = p.all_stop_token_ids
     min_tokens_stops = sorted(t for t in stops if 0 <= t < vocab_size) if p.min_tokens else []
     logprobs, prompt_logprobs = p.logprobs or 0, p.prompt_logprobs or 0
+    bias = tuple((t, b) for t, b in (p.logit_bias or {}).items() if t < vocab_size)
+    allowed = None
+    if p.allowed_token_ids is not None:
+        allowed = tuple(sorted({t for t in p.allowed_token_ids if t < vocab_size}))
+    biased = bool(bias) or allowed is not None
     return RequestRows(
         vocab_size=vocab_size,
         greedy=greedy,
@@ -102,9 +113,13 @@ def _compute_rows(p: SamplingParams, vocab_size: int) -> RequestRows:
         min_tokens_stops=min_tokens_stops,
         logprobs=logprobs,
         prompt_logprobs=prompt_logprobs,
+        logit_bias=bias,
+        allowed_token_ids=allowed,
+        biased=biased,
         plain=greedy
         and pen == (0.0, 0.0, 1.0)
         and not min_tokens_stops
         and not logprobs
-        and not prompt_logprobs,
+        and not prompt_logprobs
+        and not biased,
     )

@@ -77,6 +77,9 @@ class SamplingMetadata:
         generators: per sample row, the row's own torch.Generator (seeded requests) or None
             (the row draws from the global generator).
         penalties: present when some row has a penalty or an active min_tokens.
+        logit_bias: [num_samples, vocab] float32 added to the sample rows' logits before
+            penalties: each row's ``logit_bias`` values, -inf outside its
+            ``allowed_token_ids``, 0 elsewhere; present when some row has either.
         max_logprobs: largest ``logprobs`` k of any group (0 when none).
         prompt_row_ids: [num_prompt_rows] int64 rows of all groups' prompt positions.
         prompt_targets: [num_prompt_rows] int64 the token each prompt row predicts.
@@ -95,6 +98,7 @@ class SamplingMetadata:
     need_filter: bool = False
     generators: list[torch.Generator | None] = field(default_factory=list)
     penalties: PenaltyTensors | None = None
+    logit_bias: torch.Tensor | None = None
     max_logprobs: int = 0
     prompt_row_ids: torch.Tensor | None = None
     prompt_targets: torch.Tensor | None = None
@@ -142,6 +146,7 @@ class SamplingMetadata:
         prompt_rows: list[int] = []
         prompt_targets: list[int] = []
         all_greedy, any_pen, any_min_tokens, need_filter = True, False, False, False
+        any_bias = False
         max_logprobs = max_prompt_logprobs = 0
         token_pos = 0
         span = 0
@@ -155,6 +160,7 @@ class SamplingMetadata:
                 need_filter = need_filter or req.filtered
                 any_pen = any_pen or req.penalized
                 any_min_tokens = any_min_tokens or bool(req.min_tokens_stops)
+                any_bias = any_bias or req.biased
                 max_logprobs = max(max_logprobs, req.logprobs)
                 max_prompt_logprobs = max(max_prompt_logprobs, req.prompt_logprobs)
             seq_data = md.seq_data
@@ -226,6 +232,8 @@ class SamplingMetadata:
                 vocab_size,
                 device,
             )
+        if any_bias:
+            sm.logit_bias = _bias_rows(row_reqs, vocab_size, device)
         if not all_greedy:
             sm.need_filter = need_filter
             f32 = dict(dtype=torch.float32)
@@ -239,6 +247,38 @@ class SamplingMetadata:
             sm.top_k = to_device(torch.tensor([r.top_k for r in row_reqs], **f32), device)
             sm.min_p = to_device(torch.tensor([r.min_p for r in row_reqs], **f32), device)
         return sm
+
+
+def _bias_rows(row_reqs: list[RequestRows], vocab_size: int, device: torch.device) -> torch.Tensor:
+    """[num_samples, vocab_size] float32 additive rows on ``device``: -inf outside a row's
+    allowed_token_ids (when set), plus its logit_bias values; zeros for other rows.
+
+    Built on the device from the (row, token) entries, so only those small index lists
+    are uploaded, never a vocab-wide host tensor."""
+    masked: list[int] = []  # rows with allowed_token_ids
+    allowed: tuple[list[int], list[int]] = ([], [])  # (row, token) allowed
+    biased: tuple[list[int], list[int], list[float]] = ([], [], [])  # (row, token, bias)
+    for row, req in enumerate(row_reqs):
+        if req.allowed_token_ids is not None:
+            masked.append(row)
+            allowed[0].extend([row] * len(req.allowed_token_ids))
+            allowed[1].extend(req.allowed_token_ids)
+        for tok, value in req.logit_bias:
+            biased[0].append(row)
+            biased[1].append(tok)
+            biased[2].append(value)
+
+    def upload(values, dtype=torch.long):
+        return to_device(torch.tensor(values, dtype=dtype), device)
+
+    bias = torch.zeros(len(row_reqs), vocab_size, dtype=torch.float32, device=device)
+    if masked:
+        bias[upload(masked)] = float("-inf")
+        bias[upload(allowed[0]), upload(allowed[1])] = 0.0
+    if biased[0]:
+        index = (upload(biased[0]), upload(biased[1]))
+        bias.index_put_(index, upload(biased[2], torch.float32), accumulate=True)
+    return bias  # [num_samples, vocab_size]
 
 
 def _padded(rows: list, pad: int) -> torch.Tensor:

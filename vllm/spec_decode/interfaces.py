@@ -1,4 +1,4 @@
-"""The data passed between proposer, scorer and rejection sampler."""
+"""The data the scorer passes to the rejection sampler."""
 
 from __future__ import annotations
 
@@ -7,26 +7,6 @@ from dataclasses import dataclass
 import torch
 
 from vllm.model_executor.sampling_metadata import SamplingMetadata
-
-
-@dataclass
-class SpeculativeProposals:
-    """Proposed tokens of one decode step, one row per scheduled sequence.
-
-    Attributes:
-        token_ids: [B, k] int64; entries at and after ``lens[b]`` are padding (0).
-        probs: [B, k, V] float32 draft distributions the tokens were drawn from, or None for
-            deterministic proposals (n-gram): the rejection sampler then treats q as one-hot.
-        lens: [B] int64 proposal length per sequence (0..k; 0 = decode normally).
-    """
-
-    token_ids: torch.Tensor
-    probs: torch.Tensor | None
-    lens: torch.Tensor
-
-    @property
-    def num_proposed(self) -> int:
-        return int(self.lens.sum())
 
 
 @dataclass

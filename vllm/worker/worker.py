@@ -170,8 +170,6 @@ class Worker:
         With ``num_scheduler_steps`` > 1 a decode request runs up to that many decode
         passes (vllm/worker/multi_step.py; validation keeps it to PP = 1).
         """
-        if request.finished_requests_ids:
-            pass  # proposer state lives elsewhere; generators are dropped per sequence
         if not request.seq_group_metadata_list:
             return None
         ve = request.virtual_engine

@@ -1,6 +1,7 @@
 """The main loop of one pipeline-stage worker process (started by the mp executor).
 
-Life of a worker process (started with multiprocessing "spawn"):
+Life of a worker process (started with multiprocessing "fork" or "spawn", see
+vllm/executor/mp_executor.py):
 
 1. Join the pipeline process group (gloo on CPU, NCCL on CUDA, device cuda:rank), build
    the :class:`~vllm.worker.worker.Worker` of stage ``rank``, load its layers, reply
@@ -134,7 +135,7 @@ def run_worker(config, rank: int, init_method: str, conn: Connection) -> None:
     """Entry point of a worker process: set up stage ``rank``, then serve the driver.
 
     Args:
-        config: the EngineConfig (pickled by spawn).
+        config: the EngineConfig (pickled under spawn, inherited under fork).
         rank: this pipeline stage, in [0, pipeline_parallel_size).
         init_method: the process group's rendezvous URL (``tcp://127.0.0.1:<port>``).
         conn: this worker's end of its duplex pipe to the driver.

@@ -4,9 +4,9 @@ at the end), driven by the official openai client and raw httpx.
 Covers: greedy completions/chat equal to LLM.generate / LLM.chat (run in a forked child),
 usage, n=2, seeds, streaming (one chunk per token, the first before the end), echo and
 logprobs, max_tokens null, every bad request -> 400/401/404 with the engine healthy after,
-64 concurrent streams counted by /metrics, client disconnect -> abort + blocks freed, the
-fault hook -> 500 while the server survives, and SIGTERM -> in-flight request finishes and
-the process exits 0 (the last test).
+64 concurrent streams counted by /metrics, client disconnect -> abort + blocks freed, a
+fault injected by the test's launcher (fault_server.py) -> 500 while the server survives,
+and SIGTERM -> in-flight request finishes and the process exits 0 (the last test).
 """
 
 import asyncio
@@ -25,7 +25,8 @@ from tests.utils import RemoteOpenAIServer
 
 MODEL = "smollm2"
 KEY = "test-key"
-FAULT = "FAULT-INJECT-7f3a"
+FAULT_SERVER = os.path.join(os.path.dirname(__file__), "fault_server.py")
+FAULT = "FAULT-INJECT-7f3a"  # fault_server.py fails the requests whose prompt contains it
 PROMPTS = ["The capital of France is", "Hello, my name is", "def fibonacci(n):"]
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 MAX_LEN = 512
@@ -38,7 +39,7 @@ def server(smollm2_gguf):
     args += ["--served-model-name", MODEL, "--api-key", KEY, "--max-log-len", "40"]
     # generous: the SIGTERM test's drain must not depend on how fast this machine generates
     args += ["--shutdown-timeout", str(SHUTDOWN_TIMEOUT)]
-    srv = RemoteOpenAIServer(smollm2_gguf, args, env={"VLLM_TEST_FAULT_PROMPT": FAULT})
+    srv = RemoteOpenAIServer(smollm2_gguf, args, launcher=FAULT_SERVER)
     try:
         yield srv
     finally:

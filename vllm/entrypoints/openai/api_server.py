@@ -34,6 +34,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from vllm import envs
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.async_llm_engine import AsyncLLMEngine
 from vllm.engine.metrics import EngineMetrics
@@ -167,7 +168,7 @@ def make_server_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     parser.add_argument("--model", dest="model_flag", default=None, help="Same as MODEL.")
     parser.add_argument("--host", default="127.0.0.1", help="Host to bind.")
     parser.add_argument("--port", type=int, default=8000, help="Port (0: a free one).")
-    parser.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY"), help="API key.")
+    parser.add_argument("--api-key", default=envs.VLLM_API_KEY, help="API key.")
     parser.add_argument(
         "--served-model-name", nargs="+", default=None, help="Model names (default: MODEL)."
     )

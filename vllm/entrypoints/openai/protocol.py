@@ -78,6 +78,9 @@ class SamplingFields(OpenAIBaseModel):
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    # token id (a string: JSON object keys are strings) -> bias in [-100, 100]
+    logit_bias: dict[str, float] | None = None
+    allowed_token_ids: list[int] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None

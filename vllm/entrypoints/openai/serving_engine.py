@@ -235,6 +235,8 @@ class OpenAIServing:
             prompt_logprobs=prompt_logprobs,
             skip_special_tokens=req.skip_special_tokens,
             spaces_between_special_tokens=req.spaces_between_special_tokens,
+            logit_bias=req.logit_bias,
+            allowed_token_ids=req.allowed_token_ids,
         )
         try:
             return SamplingParams(**kw)

@@ -52,14 +52,6 @@ class LinearBase(nn.Module):
         )
 
 
-class ReplicatedLinear(LinearBase):
-    """A plain linear layer, whole on every rank."""
-
-
-class ColumnParallelLinear(LinearBase):
-    """Linear layer split by output rows under TP (here: whole)."""
-
-
 class RowParallelLinear(LinearBase):
     """Linear layer split by input columns under TP (here: whole): o_proj, down_proj."""
 

@@ -1,7 +1,8 @@
 """The sampler: logits -> next tokens and logprobs, with one host transfer per step.
 
-Order of operations (upstream vLLM V0's): penalties on the raw logits (repetition, then
-frequency, then presence), min_tokens masking of stop tokens, then logprobs from those
+Order of operations (upstream vLLM V0's): ``logit_bias`` / ``allowed_token_ids`` added to
+the raw logits (upstream's logits processors), penalties (repetition, then frequency, then
+presence), min_tokens masking of stop tokens, then logprobs from those
 logits (log_softmax, float32: the *model's* distribution after penalties, before
 temperature and the top-k/top-p/min-p filters), then for random rows temperature, top-k,
 top-p and min-p filtering and sampling by the exponential race: ``argmax(probs / q)`` with
@@ -128,11 +129,13 @@ def sample_exponential(
 
 
 def processed_sample_logits(logits: torch.Tensor, sm: SamplingMetadata) -> torch.Tensor:
-    """The sample rows' logits after penalties and min_tokens masking (the sampler's first
-    stage; the speculative scorer and draft proposer reuse it).
+    """The sample rows' logits after logit_bias / allowed_token_ids, penalties and
+    min_tokens masking (the sampler's first stage; every sampling path goes through it:
+    plain and Triton greedy, multi-step, the speculative scorer, hence the rejection
+    sampler's target probabilities, and the draft proposer).
 
     When every row is a sample row, in order (decode, or prefill without prompt logprobs),
-    no gather is made, and ``logits`` is copied only when penalties will edit it in place.
+    no gather is made, and ``logits`` is copied only when the bias or penalties edit it.
 
     Args:
         logits: [num_rows, vocab] float32, rows laid out by ``sm``.
@@ -140,10 +143,14 @@ def processed_sample_logits(logits: torch.Tensor, sm: SamplingMetadata) -> torch
         [num_samples, vocab] float32 (``logits`` itself when nothing edits it).
     """
     pen = sm.penalties
+    bias = sm.logit_bias  # [num_samples, vocab] or None
     if sm.prompt_row_ids is None and sm.sample_row_ids.shape[0] == logits.shape[0]:
-        x = logits.clone() if pen is not None else logits  # [num_samples, vocab]
+        copy = pen is not None and bias is None  # adding the bias makes a new tensor
+        x = logits.clone() if copy else logits  # [num_samples, vocab]
     else:
         x = logits[sm.sample_row_ids]  # [num_samples, vocab] (a copy)
+    if bias is not None:
+        x = x + bias  # [num_samples, vocab]
     if pen is not None:
         apply_penalties(
             x, pen.prompt_tokens, pen.output_tokens, pen.presence, pen.frequency, pen.repetition
