@@ -81,10 +81,20 @@ def _count_calls(monkeypatch, module, name: str) -> dict:
 
 
 def _count_loop_calls(monkeypatch) -> dict:
-    """Count decode-loop graph calls (``{"n": calls}``) of this in-process engine."""
-    from vllm.worker import multi_step
+    """Count multi-step calls served by a decode-loop graph (``{"n": calls}``) in this
+    in-process engine: GraphRunner.run_loop calls that did not decline (None)."""
+    from vllm.cudagraph.runner import GraphRunner
 
-    return _count_calls(monkeypatch, multi_step, "run_loop_graph")
+    calls = {"n": 0}
+    real = GraphRunner.run_loop
+
+    def counted(self, batch, n):
+        ring = real(self, batch, n)
+        calls["n"] += ring is not None
+        return ring
+
+    monkeypatch.setattr(GraphRunner, "run_loop", counted)
+    return calls
 
 
 def _assert_backend_ran(llm, wrapper_decode=True, small_decode=False, wrapper_prefill=True):
