@@ -95,16 +95,17 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.DEBUG if args.debug else logging.INFO, format=LOG_FORMAT, stream=sys.stderr
     )
-    from vllm.entrypoints.openai.api_server import run_server, validate_server_args
+    from vllm.entrypoints.openai.api_server import bind_socket, run_server, validate_server_args
 
     try:
         engine_args = validate_server_args(args)
+        sock = bind_socket(args.host, args.port)
     except ValueError as e:
         if args.debug:
             traceback.print_exc()
         sys.stderr.write(f"error: {e}\n")
         return 2
-    return run_server(args, engine_args)
+    return run_server(args, engine_args, sock)
 
 
 if __name__ == "__main__":

@@ -254,10 +254,25 @@ def validate_server_args(args: argparse.Namespace) -> EngineArgs:
     return engine_args
 
 
-def run_server(args: argparse.Namespace, engine_args: EngineArgs) -> int:
-    """Build the engine, bind the socket, serve until SIGINT/SIGTERM (returns 0) or until
+def bind_socket(host: str, port: int) -> socket.socket:
+    """Bind ``host:port`` before the engine is built, so a busy port fails at once.
+
+    Raises:
+        ValueError: the address cannot be bound (in use, not an address of this host).
+    """
+    try:
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as e:
+        raise ValueError(f"cannot listen on {host}:{port}: {e.strerror or e}.") from e
+    return sock
+
+
+def run_server(args: argparse.Namespace, engine_args: EngineArgs, sock: socket.socket) -> int:
+    """Build the engine and serve on ``sock`` until SIGINT/SIGTERM (returns 0) or until
     the engine dies (returns 1). ``args`` and ``engine_args`` come from
-    :func:`validate_server_args`."""
+    :func:`validate_server_args`, ``sock`` from :func:`bind_socket`."""
     import uvicorn
 
     _GracefulServer = graceful_server_class()
@@ -273,9 +288,6 @@ def run_server(args: argparse.Namespace, engine_args: EngineArgs) -> int:
     limit = args.max_request_body_bytes or None
     api_key = args.api_key or envs.VLLM_API_KEY
     app = build_app(engine, names, api_key, limit, args.chat_template)
-    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((args.host, args.port))
     port = sock.getsockname()[1]
     config = uvicorn.Config(
         app,
