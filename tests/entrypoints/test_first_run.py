@@ -109,3 +109,45 @@ def test_request_log_shows_text_cut_to_max_log_len(caplog):
         f"Received request r2: prompt_token_ids: [0, 1, 2, 3, 4], params: {params}.",
         f"Received request r3: prompt: 'plain', params: {params}.",
     ]
+
+
+def test_summary_counts_captured_graphs():
+    """The graphs field on a CUDA engine: every VE's decode, prefill and loop graphs, the
+    longest stage's capture seconds and the stages' capture GiB (fake runner, no GPU)."""
+    from types import SimpleNamespace as NS
+
+    from vllm.worker.startup_summary import _graph_count, format_summary
+
+    sizes = {"decode": [1, 2, 4, 8], "prefill": [16, 24], "loop": [1]}
+
+    class _Runner:
+        def captured_sizes(self, ve, kind):
+            return sizes[kind]
+
+    assert _graph_count(_Runner(), 2) == 14
+    config = NS(
+        device_config=NS(device="cuda"),
+        compilation_config=NS(enforce_eager=False),
+        cache_config=NS(num_gpu_blocks=100, block_size=16),
+        parallel_config=NS(
+            pipeline_parallel_size=2, tensor_parallel_size=1, distributed_executor_backend="mp"
+        ),
+        num_virtual_engines=2,
+    )
+    stage = dict(device="cuda:0 (H)", dtype="bfloat16", attention="FLASHINFER", kv_bytes=2**30)
+    stages = [
+        {**stage, "rank": 0, "layers": (0, 15), "graphs": 14, "graph_seconds": 1.5,
+         "graph_bytes": 2**29},
+        {**stage, "rank": 1, "device": "cuda:1 (H)", "layers": (15, 30), "graphs": 14,
+         "graph_seconds": 2.25, "graph_bytes": 2**29},
+    ]  # fmt: skip
+    assert format_summary(config, stages) == (
+        "Start-up summary: device=cuda:0 (H), cuda:1 (H), dtype=bfloat16, attention=FLASHINFER, "
+        "kv_cache=100 blocks x 16 tokens per virtual engine (2.00 GiB), graphs=28 captured in "
+        "2.25 s (1.00 GiB), parallel=pp 2 x tp 1 (mp executor, 2 virtual engines; stage 0 "
+        "layers 0-14, stage 1 layers 15-29)"
+    )
+    config.compilation_config.enforce_eager = True
+    for s in stages:
+        s["graphs"] = 0
+    assert "graphs=eager (--enforce-eager)," in format_summary(config, stages)

@@ -17,10 +17,14 @@ from __future__ import annotations
 from typing import Any
 
 
-def _graph_count(graph_runner: Any) -> int:
-    """Graphs a graph runner holds: decode, prefill and decode-loop graphs of every VE."""
-    tables = (graph_runner.graph_runners, graph_runner.prefill_graphs, graph_runner.loops)
-    return sum(len(per_ve) for table in tables for per_ve in table)
+def _graph_count(graph_runner: Any, num_virtual_engines: int) -> int:
+    """Graphs a graph runner captured: decode, prefill and decode-loop graphs of every VE."""
+    kinds = ("decode", "prefill", "loop")
+    return sum(
+        len(graph_runner.captured_sizes(ve, kind))
+        for ve in range(num_virtual_engines)
+        for kind in kinds
+    )
 
 
 def stage_summary(worker: Any) -> dict[str, Any]:
@@ -53,7 +57,7 @@ def stage_summary(worker: Any) -> dict[str, Any]:
         "attention": runner.attn_backend_name,
         "layers": (runner.model.start_layer, runner.model.end_layer),
         "kv_bytes": kv_bytes,
-        "graphs": _graph_count(graphs) if graphs is not None else 0,
+        "graphs": _graph_count(graphs, len(worker.cache_engines)) if graphs is not None else 0,
         "graph_seconds": graphs.capture_seconds if graphs is not None else 0.0,
         "graph_bytes": graphs.capture_bytes if graphs is not None else 0,
     }
