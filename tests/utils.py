@@ -457,18 +457,19 @@ def compare_two_settings(
     for args in (args1, args2):
         with RemoteOpenAIServer(model, [*base_args, *args], env=env) as server:
             client = server.get_client()
+            name = client.models.list().data[0].id  # the served name, not the path
             out = []
             for p in prompts:
                 greedy = client.completions.create(
-                    model=model, prompt=p, max_tokens=max_tokens, temperature=0.0
+                    model=name, prompt=p, max_tokens=max_tokens, temperature=0.0
                 )
                 sampled = None
                 if seeded:
                     sampled = client.completions.create(
-                        model=model, prompt=p, max_tokens=max_tokens, temperature=1.0, seed=0, n=2
+                        model=name, prompt=p, max_tokens=max_tokens, temperature=1.0, seed=0, n=2
                     )
                 chat = client.chat.completions.create(
-                    model=model,
+                    model=name,
                     messages=[{"role": "user", "content": p}],
                     max_tokens=max_tokens,
                     temperature=0.0,

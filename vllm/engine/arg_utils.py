@@ -26,63 +26,162 @@ from vllm.config import (
 )
 
 
-def _f(default, help: str, **kw):
+def _f(default, help: str, group: str | None = None):
+    """A field whose flag has ``help`` and sits in ``--help`` group ``group`` (None: the
+    general options)."""
+    meta = {"help": help, "group": group}
     if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata={"help": help, **kw})
-    return field(default=default, metadata={"help": help, **kw})
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+# The flag groups of ``--help``, in order (upstream groups flags by the config they fill).
+GROUPS = {
+    "model": "The model, its weights, dtype, device and context length.",
+    "cache": "The paged KV cache.",
+    "scheduler": "Batching limits of each scheduler step.",
+    "parallel": "Pipeline stages and the executor that runs them.",
+    "speculative": "Speculative decoding (a draft model or n-gram prompt lookup).",
+    "compilation": "CUDA graphs and the Triton decode paths (no effect on CPU).",
+}
 
 
 @dataclass
 class EngineArgs:
     """Arguments of an engine, with upstream vLLM's names and defaults."""
 
-    model: str = _f("", "Hugging Face directory or .gguf file of the model.")
-    tokenizer: str | None = _f(None, "Tokenizer path (default: the model).")
-    skip_tokenizer_init: bool = _f(False, "Do not load a tokenizer; prompts must be token ids.")
-    dtype: str = _f("auto", "auto (bf16 on CUDA, fp32 on CPU), float32, float16, bfloat16.")
-    seed: int = _f(0, "Random seed.")
-    max_model_len: int | None = _f(None, "Context length; default from the model config.")
-    load_format: str = _f("auto", "auto, safetensors, gguf or dummy.")
-    device: str = _f("auto", "auto, cuda or cpu.")
-    block_size: int = _f(16, "Tokens per KV-cache block.")
-    gpu_memory_utilization: float = _f(0.9, "Fraction of GPU memory the engine may use.")
-    num_gpu_blocks_override: int | None = _f(None, "Fixed KV-cache block count (testing).")
-    max_num_seqs: int = _f(256, "Maximum sequences per step.")
-    max_num_batched_tokens: int | None = _f(None, "Maximum tokens per step.")
-    enable_chunked_prefill: bool = _f(False, "Not supported; refused.")
-    enforce_eager: bool = _f(False, "Never capture CUDA graphs.")
-    max_cudagraph_capture_size: int = _f(512, "Largest captured CUDA-graph batch size.")
-    cuda_graph_sizes: list[int] | None = _f(None, "Explicit CUDA-graph batch sizes.")
-    max_seq_len_to_capture: int = _f(8192, "Longest context served by a captured graph.")
-    prefill_graph_max_tokens: int = _f(
-        512, "Longest one-prompt prefill (tokens) replayed from a CUDA graph; 0 = none."
+    model: str = _f("", "Hugging Face directory or .gguf file of the model.", group="model")
+    tokenizer: str | None = _f(None, "Tokenizer path (default: the model's own).", group="model")
+    skip_tokenizer_init: bool = _f(
+        False, "Do not load a tokenizer; prompts must be token ids.", group="model"
     )
-    disable_decode_loop_graphs: bool = _f(
-        False, "With --num-scheduler-steps > 1, do not capture decode-loop graphs."
+    dtype: str = _f(
+        "auto",
+        "Weights and activations: auto (bfloat16 on CUDA, float32 on CPU), float32, "
+        "float16, bfloat16.",
+        group="model",
     )
-    small_decode_max_rows: int = _f(
-        1, "Most decode rows on FLASHINFER's Triton small-decode path; 0 = off, max 64."
+    seed: int = _f(
+        0, "Random seed of weights init (dummy) and of unseeded sampling.", group="model"
     )
-    pipeline_parallel_size: int = _f(1, "Pipeline stages.")
-    tensor_parallel_size: int = _f(1, "Only 1 is supported.")
-    distributed_executor_backend: str | None = _f(None, "uni, mp or ray.")
-    disable_log_stats: bool = _f(False, "Do not log engine statistics.")
-    speculative_model: str | None = _f(None, "Draft model path, or '[ngram]' (prompt lookup).")
-    num_speculative_tokens: int | None = _f(None, "Tokens proposed per step (k >= 1).")
-    ngram_prompt_lookup_max: int | None = _f(None, "Longest n-gram looked up ('[ngram]').")
-    ngram_prompt_lookup_min: int | None = _f(None, "Shortest n-gram looked up (default 1).")
-    speculative_max_model_len: int | None = _f(None, "The draft model's context limit.")
-    speculative_disable_by_batch_size: int | None = _f(
-        None, "Skip speculation in steps with at least this many running requests."
+    max_model_len: int | None = _f(
+        None,
+        "Context length (prompt + output tokens); default: the model's max_position_embeddings.",
+        group="model",
+    )
+    load_format: str = _f(
+        "auto",
+        "auto (gguf for a .gguf file, else safetensors), safetensors, gguf, or dummy "
+        "(random weights, for benchmarks).",
+        group="model",
+    )
+    device: str = _f("auto", "auto (cuda when available, else cpu), cuda or cpu.", group="model")
+    enforce_eager: bool = _f(False, "Never capture CUDA graphs.", group="model")
+    max_seq_len_to_capture: int = _f(
+        8192,
+        "Longest context a captured graph serves (capped at --max-model-len); longer "
+        "decode batches run eagerly.",
+        group="model",
+    )
+    block_size: int = _f(16, "Tokens per KV-cache block.", group="cache")
+    gpu_memory_utilization: float = _f(
+        0.9,
+        "Fraction of GPU memory the engine may use (weights, activations, KV cache).",
+        group="cache",
+    )
+    num_gpu_blocks_override: int | None = _f(
+        None,
+        "Fixed KV-cache block count per stage (testing; default: sized by profiling on "
+        "CUDA, by VLLM_CPU_KVCACHE_SPACE on CPU).",
+        group="cache",
+    )
+    max_num_seqs: int = _f(256, "Most sequences in one step.", group="scheduler")
+    max_num_batched_tokens: int | None = _f(
+        None, "Most tokens in one step (default: max(max_model_len, 2048)).", group="scheduler"
+    )
+    enable_chunked_prefill: bool = _f(
+        False, "Chunked prefill: not supported, refused.", group="scheduler"
     )
     num_scheduler_steps: int = _f(
-        1, "Decode forward passes per scheduler call (multi-step decoding; 1 = off)."
+        1,
+        "Decode forward passes per scheduler call (multi-step decoding; 1 = off).",
+        group="scheduler",
     )
+    pipeline_parallel_size: int = _f(1, "Pipeline stages (one device each).", group="parallel")
+    tensor_parallel_size: int = _f(
+        1, "Tensor-parallel size: only 1 is supported.", group="parallel"
+    )
+    distributed_executor_backend: str | None = _f(
+        None,
+        "uni, mp or ray (default: uni for one stage, mp for several).",
+        group="parallel",
+    )
+    speculative_model: str | None = _f(
+        None,
+        "Draft model path, or '[ngram]' for prompt lookup (default: none, no speculation).",
+        group="speculative",
+    )
+    num_speculative_tokens: int | None = _f(
+        None,
+        "Tokens proposed per step, k >= 1 (default: none; needed with --speculative-model).",
+        group="speculative",
+    )
+    ngram_prompt_lookup_max: int | None = _f(
+        None,
+        "Longest n-gram looked up (default: none; needed with '[ngram]').",
+        group="speculative",
+    )
+    ngram_prompt_lookup_min: int | None = _f(
+        None, "Shortest n-gram looked up (default: 1).", group="speculative"
+    )
+    speculative_max_model_len: int | None = _f(
+        None,
+        "The draft's context limit (default: the smaller of the draft's and the target's).",
+        group="speculative",
+    )
+    speculative_disable_by_batch_size: int | None = _f(
+        None,
+        "Skip speculation in steps with at least this many running requests (default: "
+        "never skipped).",
+        group="speculative",
+    )
+    max_cudagraph_capture_size: int = _f(
+        512, "Largest captured CUDA-graph decode batch size.", group="compilation"
+    )
+    cuda_graph_sizes: list[int] | None = _f(
+        None,
+        "Explicit CUDA-graph decode batch sizes (default: the capture-size rule's list up "
+        "to --max-cudagraph-capture-size).",
+        group="compilation",
+    )
+    prefill_graph_max_tokens: int = _f(
+        512,
+        "Longest one-prompt prefill (tokens) replayed from a CUDA graph; 0 = none.",
+        group="compilation",
+    )
+    disable_decode_loop_graphs: bool = _f(
+        False,
+        "With --num-scheduler-steps > 1, do not capture decode-loop graphs.",
+        group="compilation",
+    )
+    small_decode_max_rows: int = _f(
+        1,
+        "Most decode rows on FLASHINFER's Triton small-decode path; 0 = off, max 64.",
+        group="compilation",
+    )
+    disable_log_stats: bool = _f(False, "Do not log engine statistics.")
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        """Add one flag per field to ``parser`` (``--max-num-seqs`` for ``max_num_seqs``)."""
+        """Add one flag per field to ``parser`` (``--max-num-seqs`` for ``max_num_seqs``),
+        each in its :data:`GROUPS` argument group (``parser.flag_groups`` maps a group
+        name to its argparse group, so callers can add flags to them)."""
         hints = typing.get_type_hints(cls)
+        groups = getattr(parser, "flag_groups", None)
+        if groups is None:
+            groups = {name: parser.add_argument_group(f"{name} options", desc)
+                      for name, desc in GROUPS.items()}  # fmt: skip
+            parser.flag_groups = groups
         for f in dataclasses.fields(cls):
             if f.name == "model":
                 continue  # positional for `vllm serve`, --model for others (see cli.py)
@@ -90,12 +189,13 @@ class EngineArgs:
             kind, optional = _base_type(hints[f.name])
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
             help_text = f.metadata.get("help", "")
+            target = groups.get(f.metadata.get("group"), parser)
             if kind is bool:
-                parser.add_argument(flag, action="store_true", default=default, help=help_text)
+                target.add_argument(flag, action="store_true", default=default, help=help_text)
             elif kind is list:
-                parser.add_argument(flag, type=int, nargs="+", default=default, help=help_text)
+                target.add_argument(flag, type=int, nargs="+", default=default, help=help_text)
             else:
-                parser.add_argument(flag, type=kind, default=default, help=help_text)
+                target.add_argument(flag, type=kind, default=default, help=help_text)
         return parser
 
     @classmethod

@@ -72,7 +72,8 @@ class AsyncLLMEngine:
         engine_args: arguments of the engine to build (on the engine thread).
         metrics: where step statistics go (a fresh :class:`EngineMetrics` when None).
         log_requests: log each request's prompt and params.
-        max_log_len: characters / token ids of a prompt shown in the log (None: all).
+        max_log_len: characters (or token ids, for a prompt without text) of a prompt shown
+            in the log (None: all).
     """
 
     def __init__(
@@ -419,10 +420,24 @@ class AsyncLLMEngine:
         return stats
 
     def _log_request(self, request_id: str, prompt: PromptType, params: SamplingParams) -> None:
-        shown = prompt
-        if self.max_log_len is not None:
-            if isinstance(prompt, str):
-                shown = prompt[: self.max_log_len]
-            elif isinstance(prompt, dict) and "prompt_token_ids" in prompt:
-                shown = {"prompt_token_ids": list(prompt["prompt_token_ids"])[: self.max_log_len]}
-        logger.info("Received request %s: prompt: %r, params: %s.", request_id, shown, params)
+        """Log a request: its prompt as text (chat prompts rendered by their template)
+        when the text is known, else its token ids; either cut to ``max_log_len``
+        characters / ids."""
+        text, ids = None, None
+        if isinstance(prompt, str):
+            text = prompt
+        elif isinstance(prompt, dict):
+            text = prompt.get("prompt")
+            ids = prompt.get("prompt_token_ids")
+        else:
+            ids = prompt
+        n = self.max_log_len
+        if text is not None:
+            logger.info(
+                "Received request %s: prompt: %r, params: %s.", request_id, text[:n], params
+            )
+        else:
+            shown = list(ids or [])[:n]
+            logger.info(
+                "Received request %s: prompt_token_ids: %s, params: %s.", request_id, shown, params
+            )

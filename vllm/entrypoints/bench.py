@@ -1,0 +1,49 @@
+"""``vllm bench NAME [flags]``: runs ``benchmarks/benchmark_NAME.py`` of the source tree
+with those flags, exactly as ``python benchmarks/benchmark_NAME.py [flags]`` would (the
+scripts print their conditions and one JSON line each; ``--help`` lists their flags).
+
+The scripts live next to the ``vllm`` package in a checkout (an editable install), not
+inside it: this wrapper only finds and runs them.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+
+BENCHMARKS = {
+    "latency": "benchmark_latency.py",
+    "throughput": "benchmark_throughput.py",
+    "serving": "benchmark_serving.py",
+}
+
+
+def benchmarks_dir() -> str:
+    """The ``benchmarks/`` directory beside the ``vllm`` package."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return os.path.join(os.path.dirname(package), "benchmarks")
+
+
+def run_benchmark(name: str, argv: list[str]) -> int:
+    """Run benchmark ``name`` ("latency", "throughput" or "serving") with ``argv``.
+
+    Returns:
+        0 when the script finished, 2 when it is missing; a script's own ``SystemExit``
+        status (argparse errors, ``--help``) passes through.
+    """
+    script = os.path.join(benchmarks_dir(), BENCHMARKS[name])
+    if not os.path.isfile(script):
+        sys.stderr.write(
+            f"error: `vllm bench {name}` runs {script}, which does not exist: it needs a "
+            "source checkout installed with `pip install -e .`.\n"
+        )
+        return 2
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    sys.argv = [script, *argv]
+    sys.path.insert(0, os.path.dirname(script))  # the scripts import bench_common by name
+    try:
+        runpy.run_path(script, run_name="__main__")
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+    return 0

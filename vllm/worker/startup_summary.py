@@ -1,0 +1,108 @@
+"""The one start-up summary line that the offline ``LLM`` and ``vllm serve`` both log.
+
+Each stage reports what it chose (:func:`stage_summary`, a plain dict so it can cross a
+process boundary from mp or Ray workers); :func:`format_summary` joins the stages into one
+line with the fields a user checks first::
+
+    Start-up summary: device=cuda:0 (NVIDIA H200), dtype=bfloat16, attention=FLASHINFER,
+    kv_cache=21504 blocks x 16 tokens per virtual engine (10.51 GiB),
+    graphs=46 captured in 2.94 s (0.40 GiB), parallel=pp 1 x tp 1 (uni executor,
+    1 virtual engine)
+
+(one line in the log). Without graphs, ``graphs=eager (<why>)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _graph_count(graph_runner: Any, num_virtual_engines: int) -> int:
+    """Graphs a graph runner captured: decode, prefill and decode-loop graphs of every VE."""
+    kinds = ("decode", "prefill", "loop")
+    return sum(
+        len(graph_runner.captured_sizes(ve, kind))
+        for ve in range(num_virtual_engines)
+        for kind in kinds
+    )
+
+
+def stage_summary(worker: Any) -> dict[str, Any]:
+    """What one stage's worker chose, after its KV cache and graphs exist.
+
+    Args:
+        worker: a Worker (or SpecDecodeWorker: its target's runner and caches are read).
+
+    Returns:
+        rank, device (with the GPU name or CPU thread count), dtype, attention backend,
+        layers [start, end), KV bytes over every virtual engine's cache, and the graphs:
+        count, capture seconds, capture bytes (0, 0.0, 0 when none were captured).
+    """
+    import torch
+
+    device: torch.device = worker.device
+    runner = worker.model_runner
+    if device.type == "cuda":
+        where = f"{device} ({torch.cuda.get_device_name(device)})"
+    else:
+        where = f"cpu ({torch.get_num_threads()} threads)"
+    graphs = runner.graph_runner
+    kv_bytes = sum(
+        t.numel() * t.element_size() for ce in worker.cache_engines for t in ce.kv_caches
+    )
+    return {
+        "rank": runner.pp_rank,
+        "device": where,
+        "dtype": str(runner.dtype).removeprefix("torch."),
+        "attention": runner.attn_backend_name,
+        "layers": (runner.model.start_layer, runner.model.end_layer),
+        "kv_bytes": kv_bytes,
+        "graphs": _graph_count(graphs, len(worker.cache_engines)) if graphs is not None else 0,
+        "graph_seconds": graphs.capture_seconds if graphs is not None else 0.0,
+        "graph_bytes": graphs.capture_bytes if graphs is not None else 0,
+    }
+
+
+def _eager_reason(config: Any) -> str:
+    if config.device_config.device != "cuda":
+        return "CUDA graphs need a CUDA device"
+    if config.compilation_config.enforce_eager:
+        return "--enforce-eager"
+    return "no capture sizes"
+
+
+def format_summary(config: Any, stages: list[dict[str, Any]]) -> str:
+    """One line from the engine config and every stage's :func:`stage_summary` (rank order).
+
+    Fields: device, dtype, attention, kv_cache (blocks per virtual engine, tokens per
+    block, GiB over all stages), graphs (count, seconds, GiB; or eager and why), parallel
+    (pipeline x tensor parallel sizes, executor, virtual engines, and each stage's device
+    and layers when there are several).
+    """
+    first = stages[0]
+    devices = sorted({s["device"] for s in stages})
+    cc = config.cache_config
+    kv_gib = sum(s["kv_bytes"] for s in stages) / 2**30
+    count = sum(s["graphs"] for s in stages)
+    if count:
+        seconds = max(s["graph_seconds"] for s in stages)
+        gib = sum(s["graph_bytes"] for s in stages) / 2**30
+        graphs = f"{count} captured in {seconds:.2f} s ({gib:.2f} GiB)"
+    else:
+        graphs = f"eager ({_eager_reason(config)})"
+    pc = config.parallel_config
+    ves = config.num_virtual_engines
+    parallel = (
+        f"pp {pc.pipeline_parallel_size} x tp {pc.tensor_parallel_size} "
+        f"({pc.distributed_executor_backend} executor, {ves} virtual engine{'s' * (ves > 1)}"
+    )
+    if len(stages) > 1:
+        parts = [f"stage {s['rank']} layers {s['layers'][0]}-{s['layers'][1] - 1}" for s in stages]
+        parallel += "; " + ", ".join(parts)
+    parallel += ")"
+    return (
+        f"Start-up summary: device={', '.join(devices)}, dtype={first['dtype']}, "
+        f"attention={first['attention']}, kv_cache={cc.num_gpu_blocks} blocks x "
+        f"{cc.block_size} tokens per virtual engine ({kv_gib:.2f} GiB), graphs={graphs}, "
+        f"parallel={parallel}"
+    )
