@@ -209,12 +209,16 @@ class CacheConfig:
         num_gpu_blocks_override: fixed block count per virtual engine... per stage (testing).
         cpu_kvcache_space_bytes: KV cache bytes on CPU (env VLLM_CPU_KVCACHE_SPACE, in GiB;
             default 4 GiB as upstream).
+        enable_prefix_caching: reuse the KV blocks of prompt prefixes seen before
+            (vllm/core/block_manager.py). Off by default, as vLLM V0: the on/off throughput
+            at a 0% hit rate is measured by benchmarks/benchmark_prefix_caching.py.
     """
 
     block_size: int = 16
     gpu_memory_utilization: float = 0.9
     num_gpu_blocks_override: int | None = None
     cpu_kvcache_space_bytes: int | None = None
+    enable_prefix_caching: bool = False
     # Filled after profiling: blocks per virtual engine.
     num_gpu_blocks: int | None = None
 

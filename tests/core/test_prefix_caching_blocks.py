@@ -105,6 +105,7 @@ def test_free_cached_blocks_are_reused_then_evicted_lru_deepest_first():
     g = group([20, 21, 22, 23, 24, 25, 26, 27, 28], bs, rid="g")
     run(bm, g)
     assert bm.get_block_table(g.seqs[0]) == [3, 4, 5, 1, 0]
+    assert bm.pool.num_evictions == 2
     assert bm.pool.lookup(hash_full_blocks([7, 8], bs)[0]) == 2
     assert bm.pool.lookup(hash_full_blocks([1, 2], bs)[0]) is None
 

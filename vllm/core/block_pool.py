@@ -73,6 +73,7 @@ class BlockPool:
         self._evictable: dict[int, int] = {}
         self._evict_heap: list[tuple[int, int, int]] = []
         self._clock = 0
+        self.num_evictions = 0  # cached blocks handed out again since the start
 
     # ----------------------------------------------------------------------------- queries
     def num_free(self) -> int:
@@ -171,4 +172,5 @@ class BlockPool:
         del self._evictable[block]
         del self._by_hash[self._hash_of.pop(block)]
         del self._depth[block]
+        self.num_evictions += 1
         return block

@@ -47,6 +47,9 @@ class EngineArgs:
     block_size: int = _f(16, "Tokens per KV-cache block.")
     gpu_memory_utilization: float = _f(0.9, "Fraction of GPU memory the engine may use.")
     num_gpu_blocks_override: int | None = _f(None, "Fixed KV-cache block count (testing).")
+    enable_prefix_caching: bool = _f(
+        False, "Reuse cached KV blocks of shared prompt prefixes (automatic prefix caching)."
+    )
     max_num_seqs: int = _f(256, "Maximum sequences per step.")
     max_num_batched_tokens: int | None = _f(None, "Maximum tokens per step.")
     enable_chunked_prefill: bool = _f(False, "Not supported; refused.")
@@ -120,6 +123,7 @@ class EngineArgs:
             block_size=self.block_size,
             gpu_memory_utilization=self.gpu_memory_utilization,
             num_gpu_blocks_override=self.num_gpu_blocks_override,
+            enable_prefix_caching=self.enable_prefix_caching,
         )
         compilation_config = CompilationConfig(
             enforce_eager=self.enforce_eager,

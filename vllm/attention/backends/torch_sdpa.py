@@ -3,10 +3,13 @@
 KV-cache layout per layer: [2, num_blocks + 1, block_size, num_kv_heads, head_size]; index 0
 holds keys, 1 values, and block ``num_blocks`` is the scratch block padded lanes write to.
 
-Prefill attends causally among each sequence's new tokens (no earlier context exists
-without prefix caching or chunked prefill). Decode gathers each row's blocks through a
-block table of fixed width and masks positions at or beyond the row's length, which keeps
-every shape static and so is CUDA-graph capturable (docs/design.md "Devices and backends").
+Prefill attends causally among each sequence's new tokens; a row whose first tokens are
+already in the cache (prefix caching: its seq_len exceeds its query_len) gathers its whole
+context through its block table after the step's keys were written, and each new token
+attends to every cached token and causally among the new ones. Decode gathers each row's
+blocks through a block table of fixed width and masks positions at or beyond the row's
+length, which keeps every shape static and so is CUDA-graph capturable (docs/design.md
+"Devices and backends").
 """
 
 from __future__ import annotations
@@ -41,16 +44,19 @@ class TorchSDPAMetadata(AttentionMetadata):
 
     Attributes:
         seq_lens: [num_rows] int64 context length per row (decode: the mask length).
-        block_tables: [num_rows, max_blocks] int64 (decode only; padded lanes point at the
-            scratch block).
+        block_tables: [num_rows, max_blocks] int64 (decode, and a prefill with cached
+            context; padded lanes point at the scratch block).
         query_start_loc: host list of num_rows + 1 token offsets (prefill only).
         max_seq_len: longest row context in tokens.
+        context_lens: prefill with cached context only: host list, per row, tokens already
+            in the cache before this step (seq_len - query_len); None when no row has any.
     """
 
     seq_lens: torch.Tensor | None = None
     block_tables: torch.Tensor | None = None
     query_start_loc: list[int] | None = None
     max_seq_len: int = 0
+    context_lens: list[int] | None = None
 
 
 def write_kv(
@@ -94,7 +100,9 @@ class TorchSDPAImpl(AttentionImpl):
         v = value.view(-1, h_kv, d)  # [num_tokens, num_kv_heads, head_size]
         if kv_cache.numel() > 0:
             write_kv(kv_cache, k, v, md)
-        if md.mode == ForwardMode.PREFILL:
+        if md.mode == ForwardMode.PREFILL and md.context_lens is not None:
+            out = context_prefill(q, k, v, kv_cache, md, layer.scale)
+        elif md.mode == ForwardMode.PREFILL:
             out = causal_prefill(q, k, v, md.query_start_loc, layer.scale)
         else:
             out = _decode(q, kv_cache, md, layer.scale)
@@ -120,6 +128,50 @@ def causal_prefill(
         oi = F.scaled_dot_product_attention(
             qi, ki, vi, is_causal=True, scale=scale, enable_gqa=True
         )
+        out[s:e] = oi[0].transpose(0, 1)
+    return out
+
+
+def context_prefill(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_cache: torch.Tensor,
+    md: TorchSDPAMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """Prefill where some rows start after ``md.context_lens[i]`` cached tokens.
+
+    A row without context runs :func:`causal_prefill` on its new keys. A row with context
+    ``c`` and ``m`` new tokens reads keys/values of positions ``0 .. c + m - 1`` from the
+    cache (the step's keys were written there just before) and new token ``j`` attends to
+    positions ``0 .. c + j``.
+
+    q: [num_tokens, num_heads, head_size]; k, v: [num_tokens, num_kv_heads, head_size];
+    kv_cache: [2, num_blocks + 1, block_size, num_kv_heads, head_size].
+    Returns [num_tokens, num_heads, head_size].
+    """
+    out = torch.empty_like(q)
+    starts = md.query_start_loc
+    block_size, n_kv, d = kv_cache.shape[2], kv_cache.shape[3], kv_cache.shape[4]
+    for i, c in enumerate(md.context_lens):
+        s, e = starts[i], starts[i + 1]
+        if c == 0:
+            out[s:e] = causal_prefill(q[s:e], k[s:e], v[s:e], [0, e - s], scale)
+            continue
+        n = c + e - s
+        blocks = md.block_tables[i, : -(-n // block_size)]  # [row blocks]
+        kc = kv_cache[0][blocks].reshape(-1, n_kv, d)[:n]  # [n, num_kv_heads, head_size]
+        vc = kv_cache[1][blocks].reshape(-1, n_kv, d)[:n]  # [n, num_kv_heads, head_size]
+        qpos = torch.arange(c, n, device=q.device)  # [m]
+        kpos = torch.arange(n, device=q.device)  # [n]
+        mask = kpos[None, :] <= qpos[:, None]  # [m, n]
+        qi = q[s:e].transpose(0, 1).unsqueeze(0)  # [1, num_heads, m, head_size]
+        ki = kc.transpose(0, 1).unsqueeze(0)  # [1, num_kv_heads, n, head_size]
+        vi = vc.transpose(0, 1).unsqueeze(0)  # [1, num_kv_heads, n, head_size]
+        oi = F.scaled_dot_product_attention(
+            qi, ki, vi, attn_mask=mask, scale=scale, enable_gqa=True
+        )  # [1, num_heads, m, head_size]
         out[s:e] = oi[0].transpose(0, 1)
     return out
 
@@ -174,6 +226,12 @@ class TorchSDPABackend(AttentionBackend):
             for n in step.query_lens:
                 starts.append(starts[-1] + n)
             md.query_start_loc = starts
+            context = [n - q for n, q in zip(step.seq_lens, step.query_lens)]
+            if any(context):  # prefix caching: these rows read cached context
+                md.context_lens = context
+                width = max(len(b) for b in step.block_tables)
+                table, _ = decode_tables(step, width, scratch_slot // block_size)
+                md.block_tables = to_device(table, device)  # [rows, width]
         else:
             width = max(1, max((len(b) for b in step.block_tables), default=1))
             if device.type == "cuda":
