@@ -139,6 +139,20 @@ class BlockSpaceManager:
         caching is off, or for a sequence never allocated); a multiple of block_size."""
         return self._cached_tokens.get(seq.seq_id, 0)
 
+    def num_cached_prefix_tokens(self, token_ids: list[int]) -> int:
+        """Tokens of a prompt ``token_ids`` that an allocation now would find cached: the
+        leading full blocks present in the cache, capped as :meth:`allocate` caps them
+        (0 with caching off). Reads only; used to route requests between virtual engines."""
+        if not self.enable_caching or not token_ids:
+            return 0
+        hits = 0
+        bs = self.block_size
+        for h in hash_full_blocks(token_ids[: (len(token_ids) - 1) // bs * bs], bs):
+            if self.pool.lookup(h) is None:
+                break
+            hits += 1
+        return hits * bs
+
     def hit_rate(self) -> float:
         """Cached prompt tokens / looked-up prompt tokens since the start (0.0 before any)."""
         return self.num_hit_tokens / self.num_queried_tokens if self.num_queried_tokens else 0.0

@@ -50,6 +50,12 @@ class EngineArgs:
     enable_prefix_caching: bool = _f(
         False, "Reuse cached KV blocks of shared prompt prefixes (automatic prefix caching)."
     )
+    prefix_routing_margin: int = _f(
+        4,
+        "Pipeline parallel with prefix caching: the most extra unfinished requests a "
+        "virtual engine may have over the least loaded one and still get a request whose "
+        "prefix it caches.",
+    )
     max_num_seqs: int = _f(256, "Maximum sequences per step.")
     max_num_batched_tokens: int | None = _f(None, "Maximum tokens per step.")
     enable_chunked_prefill: bool = _f(False, "Not supported; refused.")
@@ -124,6 +130,7 @@ class EngineArgs:
             gpu_memory_utilization=self.gpu_memory_utilization,
             num_gpu_blocks_override=self.num_gpu_blocks_override,
             enable_prefix_caching=self.enable_prefix_caching,
+            prefix_routing_margin=self.prefix_routing_margin,
         )
         compilation_config = CompilationConfig(
             enforce_eager=self.enforce_eager,
