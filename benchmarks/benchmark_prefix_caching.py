@@ -20,7 +20,11 @@ throughput at a 0% hit rate, each with caching off and on in the same run.
 
 Each part prints one JSON line. The default model is the SmolLM2 GGUF (bench_common).
 
-    python benchmarks/benchmark_prefix_caching.py --device cuda
+    python benchmarks/benchmark_prefix_caching.py --device cuda \
+        --offline-model benchmarks/configs/qwen2.5-0.5b --offline-load-format dummy \
+        --server-args "--gpu-memory-utilization 0.3"
+
+(``benchmarks/run_gpu_suite.sh bench apc`` runs exactly this.)
 """
 
 from __future__ import annotations
@@ -60,6 +64,10 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-input-len", type=int, default=1024)
     p.add_argument("--min-output-len", type=int, default=100)
     p.add_argument("--max-output-len", type=int, default=1024)
+    p.add_argument("--offline-model", default=None, help="offline part's model (--model).")
+    p.add_argument(
+        "--offline-load-format", default="auto", help="dummy: random weights, no tokenizer."
+    )
     p.add_argument("--skip-serving", action="store_true")
     p.add_argument("--skip-offline", action="store_true")
     p.add_argument("--server-args", default="", help="extra `vllm serve` flags, one string.")
@@ -201,13 +209,15 @@ def run_offline(args) -> dict:
                for k in in_lens]  # fmt: skip
     params = [SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=k) for k in out_lens]
     rec = {"bench": "prefix_caching_throughput", "gpu": device_name(_device(args)),
-           "model": os.path.basename(args.model), "num_prompts": n,
+           "model": os.path.basename(args.offline_model or args.model), "num_prompts": n,
            "input_len_range": [args.min_input_len, args.max_input_len],
            "output_len_range": [args.min_output_len, args.max_output_len]}  # fmt: skip
     for caching in (False, True):
-        llm = LLM(model=args.model, device=args.device, block_size=args.block_size,
-                  max_model_len=args.max_model_len, enable_prefix_caching=caching,
-                  disable_log_stats=True)  # fmt: skip
+        dummy = args.offline_load_format == "dummy"
+        llm = LLM(model=args.offline_model or args.model, device=args.device,
+                  block_size=args.block_size, max_model_len=args.max_model_len,
+                  enable_prefix_caching=caching, disable_log_stats=True,
+                  load_format=args.offline_load_format, skip_tokenizer_init=dummy)  # fmt: skip
         try:
             llm.generate(prompts[:8], params[:8], use_tqdm=False)  # warm-up
             llm.reset_prefix_cache()  # the timed run must not find the warm-up's blocks
