@@ -35,6 +35,7 @@ from vllm.attention.backends.host_tables import (
     ragged_positions,
     scratch_slots,
 )
+from vllm.attention.backends.sdpa_context import context_prefill
 from vllm.utils import to_device
 
 
@@ -128,50 +129,6 @@ def causal_prefill(
         oi = F.scaled_dot_product_attention(
             qi, ki, vi, is_causal=True, scale=scale, enable_gqa=True
         )
-        out[s:e] = oi[0].transpose(0, 1)
-    return out
-
-
-def context_prefill(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    kv_cache: torch.Tensor,
-    md: TorchSDPAMetadata,
-    scale: float,
-) -> torch.Tensor:
-    """Prefill where some rows start after ``md.context_lens[i]`` cached tokens.
-
-    A row without context runs :func:`causal_prefill` on its new keys. A row with context
-    ``c`` and ``m`` new tokens reads keys/values of positions ``0 .. c + m - 1`` from the
-    cache (the step's keys were written there just before) and new token ``j`` attends to
-    positions ``0 .. c + j``.
-
-    q: [num_tokens, num_heads, head_size]; k, v: [num_tokens, num_kv_heads, head_size];
-    kv_cache: [2, num_blocks + 1, block_size, num_kv_heads, head_size].
-    Returns [num_tokens, num_heads, head_size].
-    """
-    out = torch.empty_like(q)
-    starts = md.query_start_loc
-    block_size, n_kv, d = kv_cache.shape[2], kv_cache.shape[3], kv_cache.shape[4]
-    for i, c in enumerate(md.context_lens):
-        s, e = starts[i], starts[i + 1]
-        if c == 0:
-            out[s:e] = causal_prefill(q[s:e], k[s:e], v[s:e], [0, e - s], scale)
-            continue
-        n = c + e - s
-        blocks = md.block_tables[i, : -(-n // block_size)]  # [row blocks]
-        kc = kv_cache[0][blocks].reshape(-1, n_kv, d)[:n]  # [n, num_kv_heads, head_size]
-        vc = kv_cache[1][blocks].reshape(-1, n_kv, d)[:n]  # [n, num_kv_heads, head_size]
-        qpos = torch.arange(c, n, device=q.device)  # [m]
-        kpos = torch.arange(n, device=q.device)  # [n]
-        mask = kpos[None, :] <= qpos[:, None]  # [m, n]
-        qi = q[s:e].transpose(0, 1).unsqueeze(0)  # [1, num_heads, m, head_size]
-        ki = kc.transpose(0, 1).unsqueeze(0)  # [1, num_kv_heads, n, head_size]
-        vi = vc.transpose(0, 1).unsqueeze(0)  # [1, num_kv_heads, n, head_size]
-        oi = F.scaled_dot_product_attention(
-            qi, ki, vi, attn_mask=mask, scale=scale, enable_gqa=True
-        )  # [1, num_heads, m, head_size]
         out[s:e] = oi[0].transpose(0, 1)
     return out
 
