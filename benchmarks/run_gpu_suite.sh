@@ -18,8 +18,11 @@
 #   bench spec    batch-1 speculative decoding: none vs [ngram] vs a draft model (k = 4)
 #   bench serve   `vllm serve` SmolLM2 + benchmark_serving (256 requests at concurrency 64,
 #                 then 64 requests at 16 req/s)
+#   bench apc     prefix caching off vs on: multi-turn chat TTFT through `vllm serve` (64
+#                 conversations x 4 turns, 1,024-token system prompt) and nano-vllm's
+#                 workload at a 0% hit rate (Qwen2.5-0.5B shape); apc.jsonl
 #   bench pp      PP=2 vs PP=1 (Qwen2.5-1.5B and Llama-3.1-8B shapes; needs 2 GPUs)
-#   bench all     core, spec, serve, and pp when 2 GPUs are visible
+#   bench all     core, spec, serve, apc, and pp when 2 GPUs are visible
 #   all           env, tests, bench all
 #
 # Output, in DIR (--out, else $OUT, else gpu-suite-<UTC date and time>/ in the repository
@@ -48,7 +51,7 @@ done
 set -- "${args[@]:-all}"
 case "$1 ${2:-all}" in
     "env all" | "tests all" | "all all" | "bench core" | "bench spec" | "bench serve" | \
-        "bench pp" | "bench all") ;;
+        "bench apc" | "bench pp" | "bench all") ;;
     *) usage >&2; exit 2 ;;
 esac
 
@@ -196,6 +199,12 @@ PY
     wait "$pid"
 }
 
+bench_apc() {
+    step apc "$PY" $B/benchmark_prefix_caching.py --device cuda \
+        --offline-model $B/configs/qwen2.5-0.5b --offline-load-format dummy \
+        --server-args "--gpu-memory-utilization 0.3" --output-json "$O/apc.jsonl"
+}
+
 bench_pp() {
     if [[ $(num_gpus) -lt 2 ]]; then
         echo "bench pp: needs 2 GPUs, found $(num_gpus); skipped" | tee -a "$O/pp.log"
@@ -212,8 +221,9 @@ bench() {
         core) bench_core ;;
         spec) bench_spec ;;
         serve) bench_serve ;;
+        apc) bench_apc ;;
         pp) bench_pp ;;
-        all) bench_core; bench_spec; bench_serve; bench_pp ;;
+        all) bench_core; bench_spec; bench_serve; bench_apc; bench_pp ;;
         esac
 }
 

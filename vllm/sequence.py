@@ -200,6 +200,8 @@ class SequenceGroup:
         self.prompt_logprobs: list[PositionLogprobs | None] | None = None
         # Index into virtual engines; set by the engine.
         self.virtual_engine = 0
+        # Prompt tokens found in the prefix cache at the first prefill (None before it).
+        self.num_cached_tokens: int | None = None
 
     @property
     def prompt(self) -> str | None:
@@ -263,6 +265,9 @@ class SequenceGroupMetadata:
         block_tables: seq_id -> physical block numbers of that sequence, in order (the
             block manager's own list: read-only, valid for the step it was made for).
         do_sample: False when no token is sampled this step (unused until chunked prefill).
+        computed_lens: prefill with prefix caching: seq_id -> leading tokens whose KV is
+            already in the cache (a multiple of the block size, below the length); the
+            step computes only the rest. None: nothing is cached.
     """
 
     request_id: str
@@ -271,6 +276,7 @@ class SequenceGroupMetadata:
     sampling_params: SamplingParams
     block_tables: dict[int, list[int]]
     do_sample: bool = True
+    computed_lens: dict[int, int] | None = None
 
 
 @dataclass

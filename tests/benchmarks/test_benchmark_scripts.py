@@ -233,3 +233,32 @@ def test_throughput_sweep_rows(tiny_llama_dir, monkeypatch):
         assert r["graphs_output_tokens_per_s"] > 0 and r["eager_output_tokens_per_s"] > 0
         assert r["eager_decode_steps"]["eager_enforce_eager"] == 3  # 4 tokens: 1 prefill + 3
         assert (r["graph_capture_s"], r["graph_capture_gib"]) == (1.5, 0.25)
+
+
+@pytest.mark.forked
+def test_prefix_caching_benchmark_reports_hits_only_with_caching(
+    tiny_llama_dir, capsys, monkeypatch
+):
+    """Both parts on CPU at toy sizes: the multi-turn run hits the cache only with caching
+    on (turns 2+ share the system prompt and history), the random offline run never hits."""
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0.05")
+    bench = _bench_module("benchmark_prefix_caching")
+    argv = ["--model", tiny_llama_dir, "--device", "cpu", "--block-size", "4",
+            "--max-model-len", "128", "--vocab", "400", "--conversations", "2", "--turns", "2",
+            "--system-len", "16", "--user-len", "4", "--reply-len", "4", "--output-len", "3",
+            "--num-prompts", "4", "--min-input-len", "8", "--max-input-len", "16",
+            "--min-output-len", "2", "--max-output-len", "4"]  # fmt: skip
+    serving, offline = bench.main(argv)
+    lines = [
+        json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith('{"bench"')
+    ]
+    assert lines == [serving, offline]
+    assert serving["off_hit_rate"] == 0.0
+    # Turn 2's prompts (28 tokens) find turn 1's blocks; no run finds everything.
+    assert 0.0 < serving["on_hit_rate"] < 1.0
+    for tag in ("off", "on"):
+        for key in ("turn1_ttft_p50_ms", "turn2plus_ttft_p99_ms"):
+            assert serving[f"{tag}_{key}"] > 0
+    assert serving["turn2plus_ttft_p50_off_over_on"] > 0
+    assert offline["off_hit_tokens"] == offline["on_hit_tokens"] == 0
+    assert offline["on_over_off"] > 0

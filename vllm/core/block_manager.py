@@ -7,20 +7,35 @@ manager never hands it out.) Every sequence owns one *block table*: the ordered 
 blocks whose slots hold its tokens, token ``i`` living in block ``table[i // block_size]`` at
 offset ``i % block_size``.
 
-Simplifications against upstream vLLM V0 (``BlockSpaceManagerV1``): no block sharing between the
-``n`` sequences of a request (each gets its own table, the prompt is computed once per
-sequence), no prefix caching, no swapping to CPU (preemption is by recompute only).
+Blocks live in a :class:`~vllm.core.block_pool.BlockPool`: reference counted, with empty
+blocks handed out lowest number first, so allocation order is deterministic and a test can
+steer a sequence onto any block, including the last one, ``num_gpu_blocks - 1``.
 
-Free blocks are kept in a min-heap, so the lowest-numbered free block is always handed out
-first: allocation order is deterministic and a test can steer a sequence onto any block,
-including the last one, ``num_gpu_blocks - 1``.
+Prefix caching (``enable_caching``): when a sequence is allocated for a prefill, each of its
+full blocks is looked up by hash (see ``block_pool``). The leading run of hits is shared (one
+more reference each) and its tokens are the sequence's *cached* tokens: the prefill computes
+only the rest, attending to them through the paged cache. The other full blocks are fresh
+and registered under their hash, so the next request (or a sibling of the same request, in
+the same step: every layer writes the step's keys before it attends) finds them; the last
+partial block is always private. At most ``(len - 1) // block_size`` blocks are taken from
+the cache, so the prefill always computes at least the last token (it needs its logits) and
+only ever writes into fresh blocks, never into a shared one. Blocks that fill up while
+decoding are not hashed (a preempted sequence's recompute hashes them). A request that asks
+for prompt logprobs reads nothing from the cache (those need every prompt position) but
+still registers its blocks.
+
+Admission (``can_allocate``) counts every block of the request as if nothing were cached,
+so scheduling decisions are the same with caching on and off; cached blocks that are free
+still count as free.
+
+No swapping to CPU (preemption is by recompute only).
 """
 
 from __future__ import annotations
 
 import enum
-import heapq
 
+from vllm.core.block_pool import BlockPool, hash_full_blocks
 from vllm.sequence import Sequence, SequenceGroup, SequenceStatus
 
 
@@ -50,13 +65,20 @@ class BlockSpaceManager:
         watermark: fraction of all blocks kept free when admitting a new request, so running
             requests have room to grow (upstream default 0.01). ``watermark_blocks`` =
             ``int(watermark * num_gpu_blocks)``.
+        enable_caching: automatic prefix caching (see the module docstring).
 
     Raises:
         ValueError: when block_size or num_gpu_blocks is below 1, or watermark is outside
             [0, 1); the message names the value.
     """
 
-    def __init__(self, block_size: int, num_gpu_blocks: int, watermark: float = 0.01):
+    def __init__(
+        self,
+        block_size: int,
+        num_gpu_blocks: int,
+        watermark: float = 0.01,
+        enable_caching: bool = False,
+    ):
         if block_size < 1:
             raise ValueError(f"block_size must be at least 1, got {block_size}.")
         if num_gpu_blocks < 1:
@@ -67,21 +89,27 @@ class BlockSpaceManager:
         self.num_total_gpu_blocks = num_gpu_blocks
         self.watermark = watermark
         self.watermark_blocks = int(watermark * num_gpu_blocks)
-        # Min-heap of free physical block numbers; range() is already a valid heap.
-        self._free: list[int] = list(range(num_gpu_blocks))
+        self.enable_caching = enable_caching
+        self.pool = BlockPool(num_gpu_blocks, enable_caching)
         # seq_id -> physical block numbers, in token order.
         self._tables: dict[int, list[int]] = {}
+        # seq_id -> tokens found in the prefix cache at its last allocation.
+        self._cached_tokens: dict[int, int] = {}
+        # Prefix-cache counters in prompt tokens (prefills that may read the cache only).
+        self.num_queried_tokens = 0
+        self.num_hit_tokens = 0
 
     # ----------------------------------------------------------------------------- queries
     def get_num_free_gpu_blocks(self) -> int:
-        return len(self._free)
+        """Blocks that can be handed out: empty ones plus free cached ones."""
+        return self.pool.num_free()
 
     def get_num_total_gpu_blocks(self) -> int:
         return self.num_total_gpu_blocks
 
     def usage(self) -> float:
         """Fraction of blocks held by sequences, in [0, 1]."""
-        return 1.0 - len(self._free) / self.num_total_gpu_blocks
+        return 1.0 - self.pool.num_free() / self.num_total_gpu_blocks
 
     def has_table(self, seq: Sequence) -> bool:
         return seq.seq_id in self._tables
@@ -105,6 +133,34 @@ class BlockSpaceManager:
             KeyError: when ``seq`` has no table.
         """
         return self._table_of(seq)
+
+    def get_num_cached_tokens(self, seq: Sequence) -> int:
+        """Tokens of ``seq`` found in the prefix cache when it was last allocated (0 when
+        caching is off, or for a sequence never allocated); a multiple of block_size."""
+        return self._cached_tokens.get(seq.seq_id, 0)
+
+    def num_cached_prefix_tokens(self, token_ids: list[int]) -> int:
+        """Tokens of a prompt ``token_ids`` that an allocation now would find cached: the
+        leading full blocks present in the cache, capped as :meth:`allocate` caps them
+        (0 with caching off). Reads only; used to route requests between virtual engines."""
+        if not self.enable_caching or not token_ids:
+            return 0
+        hits = 0
+        bs = self.block_size
+        for h in hash_full_blocks(token_ids[: (len(token_ids) - 1) // bs * bs], bs):
+            if self.pool.lookup(h) is None:
+                break
+            hits += 1
+        return hits * bs
+
+    def hit_rate(self) -> float:
+        """Cached prompt tokens / looked-up prompt tokens since the start (0.0 before any)."""
+        return self.num_hit_tokens / self.num_queried_tokens if self.num_queried_tokens else 0.0
+
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached block (see :meth:`BlockPool.reset`); tables in use keep their
+        blocks. Returns how many hashes were dropped."""
+        return self.pool.reset()
 
     def _table_of(self, seq: Sequence) -> list[int]:
         table = self._tables.get(seq.seq_id)
@@ -133,17 +189,20 @@ class BlockSpaceManager:
         needed = sum(_cdiv(s.get_len(), self.block_size) for s in seq_group.get_unfinished_seqs())
         if self.num_total_gpu_blocks - needed < self.watermark_blocks:
             return AllocStatus.NEVER
-        if len(self._free) - needed < self.watermark_blocks:
+        if self.pool.num_free() - needed < self.watermark_blocks:
             return AllocStatus.LATER
         return AllocStatus.OK
 
     def allocate(self, seq_group: SequenceGroup) -> None:
         """Give each WAITING sequence of the group a table covering ``seq.get_len()`` tokens.
 
+        With caching on, full blocks already cached are shared (see the module docstring)
+        and :meth:`get_num_cached_tokens` tells how many tokens the prefill may skip.
+
         Raises:
             ValueError: when one of those sequences already has a table.
-            RuntimeError: when fewer blocks are free than needed (names both counts); nothing
-                is allocated in that case.
+            RuntimeError: when fewer blocks are free than the group would need with nothing
+                cached (names both counts); nothing is allocated in that case.
         """
         seqs = seq_group.get_seqs(SequenceStatus.WAITING)
         for seq in seqs:
@@ -154,8 +213,37 @@ class BlockSpaceManager:
                 )
         needed = sum(_cdiv(s.get_len(), self.block_size) for s in seqs)
         self._check_free(needed, seq_group.request_id)
+        reads_cache = seq_group.sampling_params.prompt_logprobs is None
         for seq in seqs:
-            self._tables[seq.seq_id] = self._take(_cdiv(seq.get_len(), self.block_size))
+            self._tables[seq.seq_id] = self._allocate_seq(seq, reads_cache)
+
+    def _allocate_seq(self, seq: Sequence, reads_cache: bool) -> list[int]:
+        """A new table for ``seq`` covering ``seq.get_len()`` tokens (caller checked room)."""
+        bs, pool, n = self.block_size, self.pool, seq.get_len()
+        total = _cdiv(n, bs)
+        if not self.enable_caching:
+            self._cached_tokens[seq.seq_id] = 0
+            return pool.take(total)
+        hashes = hash_full_blocks(seq.get_token_ids(), bs)
+        max_hits = (n - 1) // bs if reads_cache else 0
+        table: list[int] = []
+        for h in hashes[:max_hits]:
+            block = pool.lookup(h)
+            if block is None:
+                break
+            pool.acquire(block)
+            table.append(block)
+        hits = len(table)
+        for i in range(hits, len(hashes)):
+            block = pool.take(1)[0]
+            pool.register(block, hashes[i], (i + 1) * bs)
+            table.append(block)
+        table.extend(pool.take(total - len(table)))
+        self._cached_tokens[seq.seq_id] = hits * bs
+        if reads_cache:
+            self.num_queried_tokens += n
+            self.num_hit_tokens += hits * bs
+        return table
 
     # ----------------------------------------------------------------------------- decode
     def can_append_slots(self, seq_group: SequenceGroup, num_lookahead_slots: int = 0) -> bool:
@@ -169,7 +257,7 @@ class BlockSpaceManager:
             self._blocks_to_cover(s, s.get_len() + num_lookahead_slots)
             for s in seq_group.get_seqs(SequenceStatus.RUNNING)
         )
-        return needed <= len(self._free)
+        return needed <= self.pool.num_free()
 
     def append_slots(self, seq: Sequence, num_lookahead_slots: int = 0) -> None:
         """Grow ``seq``'s table to cover ``seq.get_len() + num_lookahead_slots`` tokens.
@@ -184,7 +272,7 @@ class BlockSpaceManager:
         extra = self._blocks_to_cover(seq, seq.get_len() + num_lookahead_slots)
         if extra:
             self._check_free(extra, f"sequence {seq.seq_id}")
-            table.extend(self._take(extra))
+            table.extend(self.pool.take(extra))
 
     def try_append_slots(self, seqs: list[Sequence], num_lookahead_slots: int = 0) -> bool:
         """All or nothing: grow every table of ``seqs`` as :meth:`append_slots` does when
@@ -210,24 +298,25 @@ class BlockSpaceManager:
             extra = (seq.data.get_len() + num_lookahead_slots + bs - 1) // bs - len(table)
             if extra <= 0:
                 return True
-            if extra > len(self._free):
+            if extra > self.pool.num_free():
                 return False
-            table.extend(self._take(extra))
+            table.extend(self.pool.take(extra))
             return True
         extras = []
         for seq in seqs:
             table = self._table_of(seq)
             extras.append((seq.data.get_len() + num_lookahead_slots + bs - 1) // bs - len(table))
-        if sum(e for e in extras if e > 0) > len(self._free):
+        if sum(e for e in extras if e > 0) > self.pool.num_free():
             return False
         for seq, extra in zip(seqs, extras):
             if extra > 0:
-                tables[seq.seq_id].extend(self._take(extra))
+                tables[seq.seq_id].extend(self.pool.take(extra))
         return True
 
     # ------------------------------------------------------------------------------- free
     def free(self, seq: Sequence) -> None:
-        """Return ``seq``'s blocks to the free list and drop its table.
+        """Drop ``seq``'s table and one reference to each of its blocks: unshared blocks
+        become free (cached ones stay findable until evicted).
 
         Raises:
             KeyError: when ``seq`` has no table (freed twice, or never allocated).
@@ -238,16 +327,14 @@ class BlockSpaceManager:
                 f"cannot free sequence {seq.seq_id}: it has no block table "
                 "(already freed, or never allocated)."
             )
-        for block in table:
-            heapq.heappush(self._free, block)
+        self._cached_tokens.pop(seq.seq_id, None)
+        self.pool.release(table)
 
     # ---------------------------------------------------------------------------- helpers
     def _check_free(self, needed: int, who: str) -> None:
-        if needed > len(self._free):
+        free = self.pool.num_free()
+        if needed > free:
             raise RuntimeError(
-                f"out of KV-cache blocks for {who}: need {needed}, {len(self._free)} free of "
+                f"out of KV-cache blocks for {who}: need {needed}, {free} free of "
                 f"{self.num_total_gpu_blocks}."
             )
-
-    def _take(self, n: int) -> list[int]:
-        return [heapq.heappop(self._free) for _ in range(n)]

@@ -70,8 +70,8 @@ class Scheduler:
     Args:
         scheduler_config: uses ``max_num_seqs``, ``max_num_batched_tokens``,
             ``max_model_len`` and ``num_lookahead_slots`` only.
-        cache_config: uses ``block_size`` and ``num_gpu_blocks`` (blocks of this virtual
-            engine, known once the KV cache was sized).
+        cache_config: uses ``block_size``, ``num_gpu_blocks`` (blocks of this virtual
+            engine, known once the KV cache was sized) and ``enable_prefix_caching``.
 
     Raises:
         ValueError: when ``cache_config.num_gpu_blocks`` is unset or below 1.
@@ -86,7 +86,9 @@ class Scheduler:
         self.scheduler_config = scheduler_config
         self.cache_config = cache_config
         self.block_manager = BlockSpaceManager(
-            block_size=cache_config.block_size, num_gpu_blocks=cache_config.num_gpu_blocks
+            block_size=cache_config.block_size,
+            num_gpu_blocks=cache_config.num_gpu_blocks,
+            enable_caching=getattr(cache_config, "enable_prefix_caching", False),
         )
         self.waiting: deque[SequenceGroup] = deque()
         self.running: list[SequenceGroup] = []
@@ -188,6 +190,8 @@ class Scheduler:
         # The block manager's own tables, not copies: read while this step runs (the VE
         # schedules again only after its step was processed).
         table_of = self.block_manager.live_block_table
+        cached_of = self.block_manager.get_num_cached_tokens
+        caching = self.block_manager.enable_caching
         metadata = []
         for group in out.scheduled_seq_groups:
             metrics = group.metrics
@@ -201,12 +205,18 @@ class Scheduler:
             else:
                 seq_data = {s.seq_id: s.data for s in seqs}
                 tables = {s.seq_id: table_of(s) for s in seqs}
-            metadata.append(
-                SequenceGroupMetadata(
-                    group.request_id, is_prompt, seq_data, group.sampling_params, tables
-                )
+            md = SequenceGroupMetadata(
+                group.request_id, is_prompt, seq_data, group.sampling_params, tables
             )
+            if is_prompt and caching:
+                md.computed_lens = {s.seq_id: cached_of(s) for s in seqs}
+            metadata.append(md)
         return metadata, out
+
+    def reset_prefix_cache(self) -> int:
+        """Forget this virtual engine's cached prefix blocks (blocks in use stay with their
+        sequences). Returns how many cached blocks were forgotten."""
+        return self.block_manager.reset_prefix_cache()
 
     def never_fits_reason(self, seq_lens: list[int]) -> str | None:
         """Why a request whose unfinished sequences have ``seq_lens`` tokens can never be
@@ -253,6 +263,7 @@ class Scheduler:
         cfg = self.scheduler_config
         out = SchedulerOutputs()
         num_seqs = 0
+        budget_used = 0  # tokens as if nothing were cached
         for g in self.running:
             num_seqs += g.get_max_num_running_seqs()
         while self.waiting:
@@ -271,7 +282,7 @@ class Scheduler:
             tokens = sum(s.get_len() for s in seqs)
             if (
                 self.block_manager.can_allocate(group) != AllocStatus.OK
-                or out.num_batched_tokens + tokens > cfg.max_num_batched_tokens
+                or budget_used + tokens > cfg.max_num_batched_tokens
                 or num_seqs + len(seqs) > cfg.max_num_seqs
             ):
                 # FIFO: nobody behind the first request that does not fit goes first.
@@ -280,9 +291,16 @@ class Scheduler:
             self.block_manager.allocate(group)
             for seq in seqs:
                 seq.status = SequenceStatus.RUNNING
+            if group.num_cached_tokens is None:  # the first prefill (not a recompute)
+                group.num_cached_tokens = self.block_manager.get_num_cached_tokens(seqs[0])
             self.running.append(group)
             out.scheduled_seq_groups.append(group)
-            out.num_batched_tokens += tokens
+            # Budgeted as if nothing were cached (the same admissions with caching on and
+            # off); counted as the tokens actually computed.
+            budget_used += tokens
+            out.num_batched_tokens += tokens - sum(
+                self.block_manager.get_num_cached_tokens(s) for s in seqs
+            )
             num_seqs += len(seqs)
         out.num_prefill_groups = len(out.scheduled_seq_groups)
         return out

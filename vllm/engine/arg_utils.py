@@ -95,6 +95,19 @@ class EngineArgs:
         "CUDA, by VLLM_CPU_KVCACHE_SPACE on CPU).",
         group="cache",
     )
+    enable_prefix_caching: bool = _f(
+        False,
+        "Reuse the cached KV blocks of shared prompt prefixes (automatic prefix caching; "
+        "default off).",
+        group="cache",
+    )
+    prefix_routing_margin: int = _f(
+        4,
+        "With several virtual engines and prefix caching: the most extra unfinished "
+        "requests a virtual engine may have over the least loaded one and still get a "
+        "request whose prefix it caches.",
+        group="cache",
+    )
     max_num_seqs: int = _f(256, "Most sequences in one step.", group="scheduler")
     max_num_batched_tokens: int | None = _f(
         None, "Most tokens in one step (default: max(max_model_len, 2048)).", group="scheduler"
@@ -217,6 +230,8 @@ class EngineArgs:
             block_size=self.block_size,
             gpu_memory_utilization=self.gpu_memory_utilization,
             num_gpu_blocks_override=self.num_gpu_blocks_override,
+            enable_prefix_caching=self.enable_prefix_caching,
+            prefix_routing_margin=self.prefix_routing_margin,
         )
         compilation_config = CompilationConfig(
             enforce_eager=self.enforce_eager,

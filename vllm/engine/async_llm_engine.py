@@ -239,6 +239,10 @@ class AsyncLLMEngine:
         for t in self._ve_threads:
             t.shutdown(wait=True)
 
+    async def reset_prefix_cache(self) -> bool:
+        """:meth:`LLMEngine.reset_prefix_cache` on the engine thread (between schedules)."""
+        return await self._on_engine(self.engine.reset_prefix_cache)
+
     # -------------------------------------------------------------------- the loop
     async def _on_engine(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
@@ -316,6 +320,8 @@ class AsyncLLMEngine:
             num_waiting=sum(s.num_waiting for s in schedulers),
             cache_usage=sum(s.block_manager.usage() for s in schedulers) / len(schedulers),
             spec_decode=spec,
+            prefix_queries=sum(s.block_manager.num_queried_tokens for s in schedulers),
+            prefix_hits=sum(s.block_manager.num_hit_tokens for s in schedulers),
         )
 
     async def _step(self, ve: int) -> None:

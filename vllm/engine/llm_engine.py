@@ -217,7 +217,7 @@ class LLMEngine:
         params: SamplingParams,
         arrival_time: float | None = None,
     ) -> None:
-        """Queue one request on the virtual engine with the fewest unfinished requests.
+        """Queue one request on the virtual engine :meth:`choose_virtual_engine` picks.
 
         Raises:
             ValueError: a duplicate request id, a bad prompt (see :meth:`process_prompt`),
@@ -243,13 +243,32 @@ class LLMEngine:
             for _ in range(params.n)
         ]
         group = SequenceGroup(request_id, seqs, params, arrival_time or time.time())
-        ve = min(
-            range(len(self.schedulers)),
-            key=lambda v: self.schedulers[v].get_num_unfinished_seq_groups(),
-        )
+        ve = self.choose_virtual_engine(ids)
         group.virtual_engine = ve
         self.schedulers[ve].add_seq_group(group)
         self._requests[request_id] = group
+
+    def choose_virtual_engine(self, token_ids: list[int]) -> int:
+        """The virtual engine a new request with prompt ``token_ids`` goes to.
+
+        The least loaded one (fewest unfinished requests, lowest index on ties), unless
+        prefix caching is on and another engine caches a longer prefix of the prompt: the
+        engine with the longest cached prefix (least loaded among equals) wins when its load
+        exceeds the least load by at most ``cache_config.prefix_routing_margin``. The margin
+        bounds the imbalance that a popular prefix can cause (once exceeded, the least
+        loaded engine gets the request and caches the prefix too, after which both qualify).
+        """
+        schedulers = self.schedulers
+        loads = [s.get_num_unfinished_seq_groups() for s in schedulers]
+        least = min(range(len(loads)), key=loads.__getitem__)
+        if len(schedulers) == 1 or not self.config.cache_config.enable_prefix_caching:
+            return least
+        cached = [s.block_manager.num_cached_prefix_tokens(token_ids) for s in schedulers]
+        best = min(range(len(loads)), key=lambda v: (-cached[v], loads[v], v))
+        margin = self.config.cache_config.prefix_routing_margin
+        if cached[best] > cached[least] and loads[best] - loads[least] <= margin:
+            return best
+        return least
 
     def abort_request(self, request_id: str | Iterable[str]) -> None:
         """Abort requests by id (unknown ids are ignored) and free their blocks."""
@@ -259,6 +278,13 @@ class LLMEngine:
             if group is not None:
                 self.schedulers[group.virtual_engine].abort_seq_group(rid)
                 self.executor.free_sequences([s.seq_id for s in group.seqs])
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every virtual engine's cached prefix blocks (blocks held by running
+        requests stay theirs). Returns True (upstream's signature; nothing can refuse)."""
+        for s in self.schedulers:
+            s.reset_prefix_cache()
+        return True
 
     def has_unfinished_requests(self) -> bool:
         return any(s.has_unfinished_seqs() for s in self.schedulers)

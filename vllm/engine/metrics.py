@@ -11,6 +11,10 @@ Definitions (all times in seconds, from ``time.time()`` stamps of RequestMetrics
   request counts again, as upstream); ``vllm:generation_tokens_total``: sampled tokens.
 - ``vllm:gpu_cache_usage_perc``: fraction (0..1) of KV blocks in use, mean over virtual
   engines (``BlockSpaceManager.usage()``).
+- ``vllm:gpu_prefix_cache_queries_total`` / ``vllm:gpu_prefix_cache_hits_total``: prompt
+  tokens looked up in the prefix cache / found there (prefills that may read it, recomputes
+  included), summed over virtual engines; ``vllm:gpu_prefix_cache_hit_rate``: hits /
+  queries since the start (0 before any query, and always 0 with caching off).
 - ``vllm:spec_decode_*``: zero until speculative decoding reports (acceptance rate =
   accepted / proposed; efficiency = emitted / (steps x (k + 1))).
 - ``vllm:decode_steps_total{mode,virtual_engine}``: the runner's replay/eager decode
@@ -19,7 +23,9 @@ Definitions (all times in seconds, from ``time.time()`` stamps of RequestMetrics
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -57,6 +63,14 @@ class StepStats:
     finished: list[tuple[str, float]] = field(default_factory=list)
     decode_steps: dict | None = None
     spec_decode: dict | None = None  # LLMEngine.spec_decode_metrics(), cumulative
+    # Prefix cache, cumulative over the engine's life: prompt tokens looked up / found.
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+
+
+logger = logging.getLogger(__name__)
+# Seconds between two stats log lines.
+_LOG_INTERVAL_S = 10.0
 
 
 def flatten_decode_counters(counters: dict) -> dict[tuple[str, str], float]:
@@ -172,6 +186,23 @@ class EngineMetrics:
         self.spec_emitted = Counter(
             "vllm:spec_decode_num_emitted_tokens", "Emitted tokens.", lbl, registry=r
         ).labels(m)
+        self.prefix_hit_rate = Gauge(
+            "vllm:gpu_prefix_cache_hit_rate",
+            "Prefix-cache hit rate: cached prompt tokens / looked-up prompt tokens.",
+            lbl,
+            registry=r,
+        ).labels(m)
+        self.prefix_queries = Counter(
+            "vllm:gpu_prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+            lbl, registry=r,
+        ).labels(m)  # fmt: skip
+        self.prefix_hits = Counter(
+            "vllm:gpu_prefix_cache_hits", "Prompt tokens found in the prefix cache.",
+            lbl, registry=r,
+        ).labels(m)  # fmt: skip
+        self._prefix_last = (0, 0)
+        self._hit_rate = 0.0
+        self._last_log = time.monotonic()
         self.decode_steps = _DecodeStepsCollector()
         r.register(self.decode_steps)
         self._model_name = model_name
@@ -196,6 +227,32 @@ class EngineMetrics:
             self.decode_steps.set(stats.decode_steps)
         if stats.spec_decode is not None:
             self._record_spec(stats.spec_decode)
+        self._record_prefix(stats)
+        now = time.monotonic()
+        if now - self._last_log >= _LOG_INTERVAL_S:
+            self._last_log = now
+            logger.info(
+                "Running: %d reqs, Waiting: %d reqs, GPU KV cache usage: %.1f%%, "
+                "Prefix cache hit rate: GPU: %.2f%%",
+                stats.num_running,
+                stats.num_waiting,
+                100.0 * stats.cache_usage,
+                100.0 * self._hit_rate,
+            )
+
+    def _record_prefix(self, stats: StepStats) -> None:
+        """Advance the prefix-cache counters to the cumulative totals; set the rate."""
+        queries, hits = self._prefix_last
+        if stats.prefix_queries > queries:
+            self.prefix_queries.inc(stats.prefix_queries - queries)
+        if stats.prefix_hits > hits:
+            self.prefix_hits.inc(stats.prefix_hits - hits)
+        self._prefix_last = (
+            max(queries, stats.prefix_queries), max(hits, stats.prefix_hits)
+        )  # fmt: skip
+        q, h = self._prefix_last
+        self._hit_rate = h / q if q else 0.0
+        self.prefix_hit_rate.set(self._hit_rate)
 
     def _record_spec(self, spec: dict) -> None:
         """Set the spec-decode gauges and advance the counters to the cumulative totals."""

@@ -82,4 +82,5 @@ def make_request_output(group: SequenceGroup) -> RequestOutput:
         outputs=outs,
         finished=group.is_finished(),
         metrics=group.metrics,
+        num_cached_tokens=group.num_cached_tokens or 0,
     )

@@ -147,6 +147,10 @@ class LLM:
             prompts.append({"prompt_token_ids": list(ids)})
         return self.generate(prompts, sampling_params, use_tqdm)
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget the cached prefix blocks (see ``LLMEngine.reset_prefix_cache``)."""
+        return self.llm_engine.reset_prefix_cache()
+
     def _run_engine(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         engine = self.llm_engine
         done: dict[str, RequestOutput] = {}

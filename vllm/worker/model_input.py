@@ -1,6 +1,9 @@
 """Input preparation of one step: the scheduled groups flattened into a ForwardBatch.
 
-Prefill rows feed every token of the sequence, decode rows their last token. Padding to a
+Prefill rows feed every token of the sequence not already in the prefix cache (a row whose
+first ``c`` tokens are cached feeds tokens ``c ..`` at positions ``c ..``; its seq_len stays
+the full length, so the backend attends to the cached context through the block table), decode
+rows their last token. Padding to a
 captured size is one step of it and works eagerly too (``ModelRunner.pad_eager_batches``,
 a debug switch): a decode batch gets padded lanes up to a captured batch size, a prefill of
 one sequence padded tokens up to a prefill-graph size. Padded lanes and tokens have token
@@ -15,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from vllm.attention.backends.abstract import AttentionBackend, ForwardMode, StepInputs
-from vllm.cudagraph.runner import GraphRunner
+from vllm.cudagraph.runner import GraphRunner, Plan
 from vllm.model_executor.forward_batch import ForwardBatch
 from vllm.model_executor.sampling_metadata import SamplingMetadata
 from vllm.sequence import SequenceGroupMetadata
@@ -69,8 +72,10 @@ def prepare_model_input(
     """Flatten the scheduled groups into one :class:`ForwardBatch` for ``ctx``'s runner.
 
     Prefill rows feed every token of the sequence (prompt, plus outputs when a
-    preempted sequence is recomputed); decode rows feed the last token at position
-    len - 1. A decode batch may be padded with lanes up to a captured size; a prefill
+    preempted sequence is recomputed) past its cached tokens (``computed_lens``); decode
+    rows feed the last token at position len - 1. A prefill with cached context always
+    runs eagerly: prefill graphs are captured for context-free prompts only. A decode
+    batch may be padded with lanes up to a captured size; a prefill
     of one sequence with tokens (id 0, position 0, slot -1) up to a prefill-graph size
     (``StepInputs.graph_prefill``; sampling still reads its last real token). Raises
     ValueError on a mixed prefill/decode list (never scheduled).
@@ -89,15 +94,24 @@ def prepare_model_input(
     query_lens: list[int] = []
     tables: list[list[int]] = []
     max_decode_len = 0
+    has_context = False
     for md in seq_group_metadata_list:
+        computed = md.computed_lens
         for seq_id, data in md.seq_data.items():
             table = md.block_tables[seq_id]
             n = data.get_len()
             if is_prompt:
-                input_ids.extend(data.get_token_ids())
-                positions.extend(range(n))
-                slots.extend(table[p // bs] * bs + p % bs for p in range(n))
-                query_lens.append(n)
+                c = computed.get(seq_id, 0) if computed else 0
+                if not 0 <= c < n:
+                    raise ValueError(
+                        f"sequence {seq_id}: {c} cached tokens of {n}; at least the last "
+                        "token must be computed."
+                    )
+                has_context = has_context or c > 0
+                input_ids.extend(data.get_token_ids()[c:])
+                positions.extend(range(c, n))
+                slots.extend(table[p // bs] * bs + p % bs for p in range(c, n))
+                query_lens.append(n - c)
             else:  # one token per row: no per-token lists
                 p = n - 1
                 input_ids.append(data.get_last_token_id())
@@ -114,9 +128,12 @@ def prepare_model_input(
     real_query_lens = list(query_lens)
     if is_prompt:
         batch_size = real_rows
-        plan = ctx.graph_runner.plan(
-            virtual_engine, mode, real_rows, len(input_ids), 0, ctx.pad_eager
-        )
+        if has_context:  # prefill graphs attend among new tokens only
+            plan = Plan(0, None, "prefill")
+        else:
+            plan = ctx.graph_runner.plan(
+                virtual_engine, mode, real_rows, len(input_ids), 0, ctx.pad_eager
+            )
         pad_to = plan.pad_to
         if pad_to:  # one row: padded tokens at its end, attending only among the row
             extra = pad_to - len(input_ids)

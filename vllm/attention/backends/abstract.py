@@ -20,7 +20,8 @@ class ForwardMode(enum.Enum):
     """What one forward pass computes (SGLang-style mode instead of booleans).
 
     PREFILL: every token of each sequence (prompt, or prompt + outputs when recomputing),
-    causal attention among them; no earlier KV cache is read.
+    causal attention among them; with prefix caching a row may start after tokens already
+    in the cache (seq_len > query_len), which its new tokens also attend to.
     DECODE: one new token per row, attending to the row's cached context plus itself.
     """
 
@@ -35,9 +36,10 @@ class StepInputs:
     Attributes:
         mode: prefill or decode.
         seq_lens: per row, context length after this step (tokens, including new ones).
-        query_lens: per row, number of new tokens (1 for decode).
-        block_tables: per row, the physical block numbers (decode) — may be empty lists for
-            padded lanes.
+        query_lens: per row, number of new tokens (1 for decode; on prefill, below seq_len
+            when the row's first seq_len - query_len tokens are cached).
+        block_tables: per row, the physical block numbers (decode, and a prefill over a cached
+            context) — may be empty lists for padded lanes.
         slot_mapping: per new token, flat KV slot (block * block_size + offset); -1 for
             padded lanes (written to the scratch slot, see docs/design.md "Padded lanes").
         num_real_rows: rows that belong to requests; rows after them are padding.

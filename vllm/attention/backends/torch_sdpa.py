@@ -3,10 +3,13 @@
 KV-cache layout per layer: [2, num_blocks + 1, block_size, num_kv_heads, head_size]; index 0
 holds keys, 1 values, and block ``num_blocks`` is the scratch block padded lanes write to.
 
-Prefill attends causally among each sequence's new tokens (no earlier context exists
-without prefix caching or chunked prefill). Decode gathers each row's blocks through a
-block table of fixed width and masks positions at or beyond the row's length, which keeps
-every shape static and so is CUDA-graph capturable (docs/design.md "Devices and backends").
+Prefill attends causally among each sequence's new tokens; a row whose first tokens are
+already in the cache (prefix caching: its seq_len exceeds its query_len) gathers its whole
+context through its block table after the step's keys were written, and each new token
+attends to every cached token and causally among the new ones. Decode gathers each row's
+blocks through a block table of fixed width and masks positions at or beyond the row's
+length, which keeps every shape static and so is CUDA-graph capturable (docs/design.md
+"Devices and backends").
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from vllm.attention.backends.host_tables import (
     ragged_positions,
     scratch_slots,
 )
+from vllm.attention.backends.sdpa_context import context_prefill
 from vllm.utils import to_device
 
 
@@ -41,16 +45,19 @@ class TorchSDPAMetadata(AttentionMetadata):
 
     Attributes:
         seq_lens: [num_rows] int64 context length per row (decode: the mask length).
-        block_tables: [num_rows, max_blocks] int64 (decode only; padded lanes point at the
-            scratch block).
+        block_tables: [num_rows, max_blocks] int64 (decode, and a prefill with cached
+            context; padded lanes point at the scratch block).
         query_start_loc: host list of num_rows + 1 token offsets (prefill only).
         max_seq_len: longest row context in tokens.
+        context_lens: prefill with cached context only: host list, per row, tokens already
+            in the cache before this step (seq_len - query_len); None when no row has any.
     """
 
     seq_lens: torch.Tensor | None = None
     block_tables: torch.Tensor | None = None
     query_start_loc: list[int] | None = None
     max_seq_len: int = 0
+    context_lens: list[int] | None = None
 
 
 def write_kv(
@@ -94,7 +101,9 @@ class TorchSDPAImpl(AttentionImpl):
         v = value.view(-1, h_kv, d)  # [num_tokens, num_kv_heads, head_size]
         if kv_cache.numel() > 0:
             write_kv(kv_cache, k, v, md)
-        if md.mode == ForwardMode.PREFILL:
+        if md.mode == ForwardMode.PREFILL and md.context_lens is not None:
+            out = context_prefill(q, k, v, kv_cache, md, layer.scale)
+        elif md.mode == ForwardMode.PREFILL:
             out = causal_prefill(q, k, v, md.query_start_loc, layer.scale)
         else:
             out = _decode(q, kv_cache, md, layer.scale)
@@ -174,6 +183,12 @@ class TorchSDPABackend(AttentionBackend):
             for n in step.query_lens:
                 starts.append(starts[-1] + n)
             md.query_start_loc = starts
+            context = [n - q for n, q in zip(step.seq_lens, step.query_lens)]
+            if any(context):  # prefix caching: these rows read cached context
+                md.context_lens = context
+                width = max(len(b) for b in step.block_tables)
+                table, _ = decode_tables(step, width, scratch_slot // block_size)
+                md.block_tables = to_device(table, device)  # [rows, width]
         else:
             width = max(1, max((len(b) for b in step.block_tables), default=1))
             if device.type == "cuda":

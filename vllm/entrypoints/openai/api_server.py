@@ -133,6 +133,11 @@ def build_app(
     async def metrics():
         return Response(engine.metrics.render(), media_type="text/plain; version=0.0.4")
 
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache():
+        await engine.reset_prefix_cache()
+        return Response(status_code=200)
+
     @app.get("/v1/models")
     async def models():
         cards = [
