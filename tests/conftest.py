@@ -248,3 +248,23 @@ def tiny_phi3_dir(tiny_models_dir) -> str:
         tiny_models_dir / "phi3",
         lambda p: tiny_models.save_tiny_hf_checkpoint(config, p, seed=5),
     )
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_moe_dir(tiny_models_dir) -> str:
+    """HF Qwen3-MoE checkpoint directory: 2 sparse layers, 8 experts, top-2 renormalised."""
+    config = tiny_models.tiny_qwen3_moe_config()
+    return _built(
+        tiny_models_dir / "qwen3_moe",
+        lambda p: tiny_models.save_tiny_hf_checkpoint(config, p, seed=6),
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_mixtral_dir(tiny_models_dir) -> str:
+    """HF Mixtral checkpoint directory: 2 layers, 8 experts, top-2, tied embeddings."""
+    config = tiny_models.tiny_mixtral_config()
+    return _built(
+        tiny_models_dir / "mixtral",
+        lambda p: tiny_models.save_tiny_hf_checkpoint(config, p, seed=7),
+    )

@@ -18,7 +18,13 @@ NGRAM_PROMPTS = [
 MAX_TOKENS = 32
 LOGPROB_TOL = 1e-4
 
-HF_DIRS = ["tiny_qwen3_dir", "tiny_mistral_dir", "tiny_phi3_dir"]
+HF_DIRS = [
+    "tiny_qwen3_dir",
+    "tiny_mistral_dir",
+    "tiny_phi3_dir",
+    "tiny_qwen3_moe_dir",
+    "tiny_mixtral_dir",
+]
 GGUF_FILES = ["tiny_qwen3_gguf"]
 
 

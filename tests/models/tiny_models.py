@@ -181,6 +181,68 @@ def tiny_phi3_config(**overrides):
     return config
 
 
+def tiny_qwen3_moe_config(**overrides):
+    """Qwen3MoeConfig: 2 sparse layers, hidden 64, 4 heads / 2 KV heads of 16, 8 experts of
+    width 32, top-2 renormalised, tied."""
+    from transformers import Qwen3MoeConfig
+
+    kwargs = dict(
+        vocab_size=tiny_vocab_size(),
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_experts=8,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
+    kwargs.update(overrides)
+    config = Qwen3MoeConfig(**kwargs)
+    config.architectures = ["Qwen3MoeForCausalLM"]
+    return config
+
+
+def tiny_mixtral_config(**overrides):
+    """MixtralConfig: 2 layers, hidden 64, 4 heads / 2 KV heads, 8 experts of width 32,
+    top-2, tied, no sliding window."""
+    from transformers import MixtralConfig
+
+    kwargs = dict(
+        vocab_size=tiny_vocab_size(),
+        hidden_size=64,
+        intermediate_size=32,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        sliding_window=None,
+        rms_norm_eps=1e-5,
+        rope_theta=1000000.0,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
+    kwargs.update(overrides)
+    config = MixtralConfig(**kwargs)
+    config.architectures = ["MixtralForCausalLM"]
+    return config
+
+
 def randomize_(model: torch.nn.Module, seed: int, std: float = WEIGHT_STD) -> None:
     """Overwrite every parameter in place from a generator seeded with ``seed``."""
     gen = torch.Generator().manual_seed(seed)

@@ -14,6 +14,8 @@ _MODELS: dict[str, tuple[str, str]] = {
     "Qwen3ForCausalLM": ("qwen3", "Qwen3ForCausalLM"),
     "MistralForCausalLM": ("mistral", "MistralForCausalLM"),
     "Phi3ForCausalLM": ("phi3", "Phi3ForCausalLM"),
+    "Qwen3MoeForCausalLM": ("qwen3_moe", "Qwen3MoeForCausalLM"),
+    "MixtralForCausalLM": ("mixtral", "MixtralForCausalLM"),
 }
 
 # config.model_type -> architecture, for configs without `architectures` (GGUF-derived ones)
@@ -23,10 +25,12 @@ _MODEL_TYPE_TO_ARCH = {
     "qwen3": "Qwen3ForCausalLM",
     "mistral": "MistralForCausalLM",
     "phi3": "Phi3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "mixtral": "MixtralForCausalLM",
 }
 
 # model types whose every layer attends over a window of ``config.sliding_window`` tokens
-_UNIFORM_WINDOW_TYPES = ("mistral", "phi3")
+_UNIFORM_WINDOW_TYPES = ("mistral", "phi3", "mixtral")
 
 
 class ModelRegistry:
