@@ -13,15 +13,18 @@ up rows) and ``w2_weight`` [E, H, I], loaded from per-expert checkpoint tensors.
 matmul per expert over the tokens routed to it, accumulated in increasing expert order with
 ``index_add_`` exactly as transformers does, so float32 results are bit-identical to it.
 It reads the chosen experts back to the host (``torch.unique``), so it cannot be captured in
-a CUDA graph. :meth:`FusedMoE.forward_dense`, used on CUDA, runs every expert over every
-token with the weight of an unchosen expert set to 0 (adding ``+-0.0`` changes no sum, so the
-result is the same) and has no host synchronisation: graph-capturable at any batch size, at
-E / top_k times the expert FLOPs and every expert's weights read each step.
+a CUDA graph. On CUDA the experts run as Triton grouped GEMMs over tokens sorted by expert
+(:mod:`vllm.kernels.fused_moe`, chosen by ``vllm.kernels.dispatch.get_triton_moe``; no host
+synchronisation, graph-capturable at every batch size). Where that path is off
+(``VLLM_USE_TRITON_OPS=0``, no triton), :meth:`FusedMoE.forward_dense` runs every expert
+over every token with the weight of an unchosen expert set to 0 (adding ``+-0.0`` changes no
+sum, so the result is the same): also capturable, at E / top_k times the expert FLOPs.
 """
 
 import torch
 from torch import nn
 
+from vllm.kernels.dispatch import get_triton_moe
 from vllm.model_executor.layers.activation import get_act_and_mul_fn
 
 
@@ -98,10 +101,18 @@ class FusedMoE(nn.Module):
         dest.copy_(tensor)
 
     def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
-        """hidden_states [T, H], router_logits [T, E] -> [T, H] (dense path on CUDA)."""
-        if hidden_states.is_cuda:
+        """hidden_states [T, H], router_logits [T, E] -> [T, H] (see module docstring)."""
+        if not hidden_states.is_cuda:
+            return self.forward_native(hidden_states, router_logits)
+        kernels = get_triton_moe(hidden_states)
+        if kernels is None:  # the kernel's activation is SiLU, the only one get_act_and_mul_fn has
             return self.forward_dense(hidden_states, router_logits)
-        return self.forward_native(hidden_states, router_logits)
+        weights, ids = route_topk(
+            router_logits, self.top_k, self.renormalize, hidden_states.dtype
+        )  # [T, top_k] each
+        return kernels.fused_experts(
+            hidden_states.contiguous(), self.w13_weight, self.w2_weight, weights, ids
+        )
 
     def forward_dense(
         self, hidden_states: torch.Tensor, router_logits: torch.Tensor
