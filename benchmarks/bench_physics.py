@@ -4,7 +4,11 @@ A decode step (every sequence of the batch appends one token) is memory-bound at
 batch: its time is bounded below by (bytes read) / (peak memory bandwidth). This module
 counts those bytes the way gpt-fast's ``generate.py`` reports "achieved bandwidth":
 
-- weights: every parameter a forward touches, once. The embedding table is only gathered:
+- weights: every parameter a forward touches, once. Mixture-of-experts layers read only the
+  experts their tokens chose: with E experts, top-k routing and a batch of B tokens, the
+  expected number of distinct experts under uniform routing, ``E * (1 - (1 - k/E) ** B)``
+  (exactly k at B = 1), times one expert's bytes (the active parameters).
+  The embedding table is only gathered:
   ``batch * hidden * dtype_bytes`` are read from it, not the whole table. The lm_head is a
   full matmul: its whole ``vocab * hidden`` matrix is read, once, even when it is tied to
   the embedding (then the table counts as lm_head and its gathered rows are added).
@@ -37,8 +41,13 @@ def model_weight_bytes(model: Any, hidden_size: int, vocab_size: int, batch: int
     seen: set[int] = set()
     total = 0
     head_elem = None
+    active = _active_expert_fraction(model, batch)
     for name, p in model.named_parameters(remove_duplicate=False):
         key = p.data_ptr()
+        if name.endswith(("experts.w13_weight", "experts.w2_weight")) and key not in seen:
+            seen.add(key)
+            total += int(p.numel() * p.element_size() * active[name.rsplit(".", 1)[0]])
+            continue
         if "embed_tokens" in name or name.startswith("lm_head"):
             head_elem = p.element_size()
             seen.add(key)
@@ -49,6 +58,16 @@ def model_weight_bytes(model: Any, hidden_size: int, vocab_size: int, batch: int
         total += p.numel() * p.element_size()
     head_elem = head_elem or _first_elem_size(model)
     return total + vocab_size * hidden_size * head_elem + batch * hidden_size * head_elem
+
+
+def _active_expert_fraction(model: Any, batch: int) -> dict[str, float]:
+    """Per MoE experts module name: expected fraction of its experts a batch of ``batch``
+    tokens reads, ``1 - (1 - k/E) ** batch`` (uniform routing)."""
+    fractions = {}
+    for name, module in model.named_modules():
+        if hasattr(module, "num_experts") and hasattr(module, "top_k"):
+            fractions[name] = 1.0 - (1.0 - module.top_k / module.num_experts) ** batch
+    return fractions
 
 
 def _first_elem_size(model: Any) -> int:

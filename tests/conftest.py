@@ -208,3 +208,63 @@ def tiny_qwen2_gguf(tiny_qwen2_dir, tiny_models_dir) -> str:
         tiny_models_dir / "tiny-qwen2-f32.gguf",
         lambda p: tiny_models.write_tiny_gguf(tiny_qwen2_dir, p, "qwen2"),
     )
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_dir(tiny_models_dir) -> str:
+    """HF Qwen3 checkpoint directory: 2 layers, per-head q/k norms, tied embeddings."""
+    config = tiny_models.tiny_qwen3_config()
+    return _built(
+        tiny_models_dir / "qwen3",
+        lambda p: tiny_models.save_tiny_hf_checkpoint(config, p, seed=3),
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_gguf(tiny_qwen3_dir, tiny_models_dir) -> str:
+    """F32 GGUF of ``tiny_qwen3_dir``'s weights (no permutation, attn_q_norm/attn_k_norm)."""
+    return _built(
+        tiny_models_dir / "tiny-qwen3-f32.gguf",
+        lambda p: tiny_models.write_tiny_gguf(tiny_qwen3_dir, p, "qwen3"),
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_mistral_dir(tiny_models_dir) -> str:
+    """HF Mistral checkpoint directory: 2 layers, 1 KV head, tied, sliding_window 256."""
+    config = tiny_models.tiny_mistral_config()
+    return _built(
+        tiny_models_dir / "mistral",
+        lambda p: tiny_models.save_tiny_hf_checkpoint(config, p, seed=4),
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_phi3_dir(tiny_models_dir) -> str:
+    """HF Phi-3 checkpoint directory: 2 layers, fused qkv / gate_up tensors, LongRoPE
+    (original context 128)."""
+    config = tiny_models.tiny_phi3_config()
+    return _built(
+        tiny_models_dir / "phi3",
+        lambda p: tiny_models.save_tiny_hf_checkpoint(config, p, seed=5),
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_moe_dir(tiny_models_dir) -> str:
+    """HF Qwen3-MoE checkpoint directory: 2 sparse layers, 8 experts, top-2 renormalised."""
+    config = tiny_models.tiny_qwen3_moe_config()
+    return _built(
+        tiny_models_dir / "qwen3_moe",
+        lambda p: tiny_models.save_tiny_hf_checkpoint(config, p, seed=6),
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_mixtral_dir(tiny_models_dir) -> str:
+    """HF Mixtral checkpoint directory: 2 layers, 8 experts, top-2, tied embeddings."""
+    config = tiny_models.tiny_mixtral_config()
+    return _built(
+        tiny_models_dir / "mixtral",
+        lambda p: tiny_models.save_tiny_hf_checkpoint(config, p, seed=7),
+    )

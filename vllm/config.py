@@ -59,7 +59,7 @@ class ModelConfig:
 
     Raises:
         ValueError: missing path, unknown dtype or load format, max_model_len above
-            max_position_embeddings.
+            max_position_embeddings or above a uniform sliding window (Mistral v0.1).
     """
 
     model: str
@@ -112,11 +112,20 @@ class ModelConfig:
         get_model_class(archs)  # raises ValueError listing the supported ones
 
     def _verify_max_model_len(self) -> None:
+        from vllm.model_executor.models import full_attention_limit
+
         limit = getattr(self.hf_config, "max_position_embeddings", None)
+        window = full_attention_limit(self.hf_config)
         if self.max_model_len is None:
             if limit is None:
                 raise ValueError("max_model_len is not set and the config has no limit.")
-            self.max_model_len = int(limit)
+            self.max_model_len = int(limit) if window is None else min(int(limit), window)
+        if window is not None and self.max_model_len > window:
+            raise ValueError(
+                f"max_model_len={self.max_model_len} is greater than the model's "
+                f"sliding_window={window}: every layer of this model uses sliding-window "
+                "attention, which runs here only while the sequence fits in the window."
+            )
         if self.max_model_len < 1:
             raise ValueError(f"max_model_len must be at least 1, got {self.max_model_len}.")
         if limit is not None and self.max_model_len > limit:
@@ -191,8 +200,9 @@ def _load_hf_config_cached(model: str, mtime: float):
             os.path.dirname(os.path.abspath(model)), gguf_file=os.path.basename(model)
         )
         if not getattr(cfg, "architectures", None):
-            arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}.get(cfg.model_type)
-            cfg.architectures = [arch or f"<{cfg.model_type}>"]
+            from vllm.model_executor.models import architectures_of
+
+            cfg.architectures = architectures_of(cfg) or [f"<{cfg.model_type}>"]
         return cfg
     if not os.path.isfile(os.path.join(model, "config.json")):
         raise ValueError(f"{model!r} has no config.json (expected a Hugging Face directory).")

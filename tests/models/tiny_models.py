@@ -88,6 +88,161 @@ def tiny_qwen2_config(**overrides):
     return config
 
 
+def tiny_qwen3_config(**overrides):
+    """Qwen3Config: 2 layers, hidden 64, 4 heads / 2 KV heads, intermediate 128, tied.
+
+    head_dim 128 (Qwen3's own, larger than hidden / heads): transformers' GGUF reader does not
+    map ``attention.key_length`` for qwen3 and falls back to Qwen3Config's default 128."""
+    from transformers import Qwen3Config
+
+    kwargs = dict(
+        vocab_size=tiny_vocab_size(),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=128,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
+    kwargs.update(overrides)
+    config = Qwen3Config(**kwargs)
+    config.architectures = ["Qwen3ForCausalLM"]
+    return config
+
+
+def tiny_mistral_config(**overrides):
+    """MistralConfig: 2 layers, hidden 64, 4 heads / 1 KV head, intermediate 96, tied (a
+    tied random model repeats tokens, which n-gram speculation needs), sliding_window 256
+    (the engine then caps max_model_len at 256)."""
+    from transformers import MistralConfig
+
+    kwargs = dict(
+        vocab_size=tiny_vocab_size(),
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        max_position_embeddings=512,
+        sliding_window=256,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
+    kwargs.update(overrides)
+    config = MistralConfig(**kwargs)
+    config.architectures = ["MistralForCausalLM"]
+    return config
+
+
+def tiny_phi3_config(**overrides):
+    """Phi3Config: 2 layers, hidden 64, 4 heads / 2 KV heads, intermediate 128, untied,
+    LongRoPE with original_max_position_embeddings 128 (the test sequences stay below it:
+    transformers recomputes the whole cache with the long factors when a sequence crosses
+    it, the engine rotates only the positions past it with them)."""
+    from transformers import Phi3Config
+
+    half_head = 64 // 4 // 2
+    kwargs = dict(
+        vocab_size=tiny_vocab_size(),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        original_max_position_embeddings=128,
+        rope_parameters={
+            "rope_type": "longrope",
+            "rope_theta": 10000.0,
+            "original_max_position_embeddings": 128,
+            "short_factor": [1.0 + 0.1 * i for i in range(half_head)],
+            "long_factor": [1.0 + 0.5 * i for i in range(half_head)],
+        },
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
+    kwargs.update(overrides)
+    config = Phi3Config(**kwargs)
+    config.architectures = ["Phi3ForCausalLM"]
+    return config
+
+
+def tiny_qwen3_moe_config(**overrides):
+    """Qwen3MoeConfig: 2 sparse layers, hidden 64, 4 heads / 2 KV heads of 16, 8 experts of
+    width 32, top-2 renormalised, tied."""
+    from transformers import Qwen3MoeConfig
+
+    kwargs = dict(
+        vocab_size=tiny_vocab_size(),
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_experts=8,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
+    kwargs.update(overrides)
+    config = Qwen3MoeConfig(**kwargs)
+    config.architectures = ["Qwen3MoeForCausalLM"]
+    return config
+
+
+def tiny_mixtral_config(**overrides):
+    """MixtralConfig: 2 layers, hidden 64, 4 heads / 2 KV heads, 8 experts of width 32,
+    top-2, tied, no sliding window."""
+    from transformers import MixtralConfig
+
+    kwargs = dict(
+        vocab_size=tiny_vocab_size(),
+        hidden_size=64,
+        intermediate_size=32,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        sliding_window=None,
+        rms_norm_eps=1e-5,
+        rope_theta=1000000.0,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
+    kwargs.update(overrides)
+    config = MixtralConfig(**kwargs)
+    config.architectures = ["MixtralForCausalLM"]
+    return config
+
+
 def randomize_(model: torch.nn.Module, seed: int, std: float = WEIGHT_STD) -> None:
     """Overwrite every parameter in place from a generator seeded with ``seed``."""
     gen = torch.Generator().manual_seed(seed)
@@ -134,7 +289,7 @@ def _hf_to_gguf_name(name: str) -> str | None:
         inverse = {}
         for block_sub in (
             "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down",
-            "attn_norm", "ffn_norm",
+            "attn_norm", "ffn_norm", "attn_q_norm", "attn_k_norm",
         ):  # fmt: skip
             for kind in ("weight", "bias"):
                 gname = f"blk.{{}}.{block_sub}.{kind}"
@@ -152,7 +307,7 @@ def _hf_to_gguf_name(name: str) -> str | None:
 def write_tiny_gguf(hf_dir: str, out_path: str, arch: str) -> str:
     """Write the weights of the HF checkpoint at ``hf_dir`` as an F32 GGUF file.
 
-    ``arch`` is ``"llama"`` or ``"qwen2"``. Llama q/k rows are permuted as llama.cpp's
+    ``arch`` is ``"llama"``, ``"qwen2"`` or ``"qwen3"``. Llama q/k rows are permuted as llama.cpp's
     ``convert_hf_to_gguf.py`` does; the metadata transformers needs to rebuild the config is
     written, and the SmolLM2 ``tokenizer.ggml.*`` metadata is copied when available. A tied
     model gets no ``output.weight`` (transformers then infers tie_word_embeddings=True).
@@ -177,7 +332,10 @@ def write_tiny_gguf(hf_dir: str, out_path: str, arch: str) -> str:
     writer.add_rope_freq_base(float(get_rope_parameters(config)["rope_theta"]))
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_vocab_size(config.vocab_size)
-    writer.add_rope_dimension_count(config.hidden_size // config.num_attention_heads)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     _copy_tokenizer_metadata(writer)
     for name, tensor in tensors.items():

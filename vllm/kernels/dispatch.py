@@ -13,6 +13,8 @@ their own switch ``VLLM_USE_TRITON_GEMV`` (default on) and a measured rule
 them. All-greedy sampling without logprobs takes :mod:`vllm.kernels.greedy` on the same
 rule, with its own switch ``VLLM_USE_TRITON_GREEDY`` (default on). FLASHINFER's
 small-decode path runs :mod:`vllm.kernels.decode_attention` (:func:`decode_attention`).
+Mixture-of-experts layers run :mod:`vllm.kernels.fused_moe` on the same rule as the fused
+norm / rotary kernels (:func:`get_triton_moe`).
 
 Every kernel module imports ``triton`` at its top, so they are imported by name here on
 first use (:func:`_import`): installs without ``triton`` and CPU-only processes never
@@ -75,6 +77,14 @@ def get_triton_greedy(x: torch.Tensor) -> ModuleType | None:
     if get_triton_ops(x) is None or not envs.VLLM_USE_TRITON_GREEDY:
         return None
     return _load("greedy")
+
+
+def get_triton_moe(x: torch.Tensor) -> ModuleType | None:
+    """:mod:`vllm.kernels.fused_moe` when the activations ``x`` [T, H] take the Triton path
+    (:func:`get_triton_ops`), else None."""
+    if get_triton_ops(x) is None:
+        return None
+    return _load("fused_moe")
 
 
 def decode_attention() -> ModuleType:

@@ -7,8 +7,9 @@ split into halves ``x1 = x[:D/2]``, ``x2 = x[D/2:]`` and rotated by the angles
     out = [x1 * cos - x2 * sin, x2 * cos + x1 * sin]
 
 The inverse frequencies follow transformers' ``modeling_rope_utils`` for the rope types
-``default``, ``linear`` (inv_freq / factor) and ``llama3`` (wavelength-banded scaling), so
-float32 results are bit-identical to the reference.
+``default``, ``linear`` (inv_freq / factor), ``llama3`` (wavelength-banded scaling) and
+``longrope`` (Phi-3: per-frequency short / long factors, cos and sin scaled by an attention
+factor), so float32 results are bit-identical to the reference.
 """
 
 import math
@@ -19,15 +20,18 @@ from torch import nn
 
 from vllm.kernels.dispatch import get_triton_ops
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope")
 
 
-def compute_inv_freq(rotary_dim: int, rope_parameters: dict[str, Any]) -> torch.Tensor:
+def compute_inv_freq(
+    rotary_dim: int, rope_parameters: dict[str, Any], long: bool = False
+) -> torch.Tensor:
     """Inverse frequencies [rotary_dim // 2] in float32 for ``rope_parameters``.
 
     ``rope_parameters`` holds ``rope_theta`` and ``rope_type`` (plus ``factor``,
     ``low_freq_factor``, ``high_freq_factor``, ``original_max_position_embeddings`` for
-    llama3). Formula: ``1 / theta ** (arange(0, D, 2) / D)`` (RoFormer / transformers).
+    llama3; ``short_factor`` and ``long_factor`` for longrope, ``long`` picking the second).
+    Formula: ``1 / theta ** (arange(0, D, 2) / D)`` (RoFormer / transformers).
 
     Raises:
         ValueError: a rope type outside ``SUPPORTED_ROPE_TYPES``.
@@ -39,6 +43,15 @@ def compute_inv_freq(rotary_dim: int, rope_parameters: dict[str, Any]) -> torch.
         )
     base = rope_parameters["rope_theta"]
     exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64).to(torch.float) / rotary_dim
+    if rope_type == "longrope":
+        factors = rope_parameters["long_factor" if long else "short_factor"]
+        if len(factors) != rotary_dim // 2:
+            raise ValueError(
+                f"longrope factors have {len(factors)} entries, expected rotary_dim // 2 = "
+                f"{rotary_dim // 2}"
+            )
+        ext = torch.tensor(factors, dtype=torch.float32)  # [rotary_dim // 2]
+        return 1.0 / (ext * base**exponents)
     inv_freq = 1.0 / (base**exponents)  # [rotary_dim // 2]
     if rope_type == "linear":
         inv_freq = inv_freq / rope_parameters["factor"]
@@ -64,12 +77,30 @@ def _llama3_scale(inv_freq: torch.Tensor, params: dict[str, Any]) -> torch.Tenso
     return torch.where(is_medium, smoothed, scaled)
 
 
+def longrope_attention_factor(rope_parameters: dict[str, Any], max_position: int) -> float:
+    """LongRoPE's cos/sin scale: ``attention_factor`` if given, else
+    ``sqrt(1 + ln(s) / ln(original_max))`` with ``s = factor`` or, without it,
+    ``max_position / original_max`` (1.0 when ``s <= 1``), as transformers."""
+    if rope_parameters.get("attention_factor") is not None:
+        return float(rope_parameters["attention_factor"])
+    original = rope_parameters["original_max_position_embeddings"]
+    factor = rope_parameters.get("factor") or max_position / original
+    return 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+
+
 class RotaryEmbedding(nn.Module):
     """Applies RoPE to flattened query/key tensors, looking angles up by position.
 
     ``cos_sin_cache`` [max_position, rotary_dim] (float32, non-persistent buffer) holds
     ``cat(cos(pos * inv_freq), sin(pos * inv_freq))`` for every position below
     ``max_position``.
+
+    longrope: rows below ``original_max_position_embeddings`` use the short factors, rows
+    at or above it the long ones, both times the attention factor. transformers' Phi-3
+    instead rotates the whole sequence with the long factors once it is longer than
+    ``original_max_position_embeddings`` (its generate recomputes the cache at the switch);
+    a paged cache keeps the keys already written, so the two agree exactly while the
+    sequence fits in the original context and differ in the first rows' keys beyond it.
     """
 
     def __init__(
@@ -88,12 +119,22 @@ class RotaryEmbedding(nn.Module):
         self.head_size = head_size
         self.rotary_dim = rotary_dim
         self.max_position = max_position
-        inv_freq = compute_inv_freq(rotary_dim, rope_parameters)  # [rotary_dim // 2]
         positions = torch.arange(max_position, dtype=torch.float32)  # [max_position]
-        # Elementwise product as transformers computes it (position.float() * inv_freq).
-        freqs = positions[:, None] * inv_freq[None, :]  # [max_position, rotary_dim // 2]
-        cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1)  # [max_position, rotary_dim]
+        cache = self._cos_sin(positions, compute_inv_freq(rotary_dim, rope_parameters))
+        rope_type = rope_parameters.get("rope_type", rope_parameters.get("type", "default"))
+        if rope_type == "longrope":
+            original = int(rope_parameters["original_max_position_embeddings"])
+            long_inv_freq = compute_inv_freq(rotary_dim, rope_parameters, long=True)
+            cache[original:] = self._cos_sin(positions[original:], long_inv_freq)
+            cache = cache * longrope_attention_factor(rope_parameters, max_position)
         self.register_buffer("cos_sin_cache", cache, persistent=False)
+
+    @staticmethod
+    def _cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+        """positions [P] float32, inv_freq [D/2] -> cat(cos, sin) [P, D] float32."""
+        # Elementwise product as transformers computes it (position.float() * inv_freq).
+        freqs = positions[:, None] * inv_freq[None, :]  # [P, rotary_dim // 2]
+        return torch.cat((freqs.cos(), freqs.sin()), dim=-1)  # [P, rotary_dim]
 
     def forward(
         self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor

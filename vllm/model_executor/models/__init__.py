@@ -11,10 +11,26 @@ from torch import nn
 _MODELS: dict[str, tuple[str, str]] = {
     "LlamaForCausalLM": ("llama", "LlamaForCausalLM"),
     "Qwen2ForCausalLM": ("qwen2", "Qwen2ForCausalLM"),
+    "Qwen3ForCausalLM": ("qwen3", "Qwen3ForCausalLM"),
+    "MistralForCausalLM": ("mistral", "MistralForCausalLM"),
+    "Phi3ForCausalLM": ("phi3", "Phi3ForCausalLM"),
+    "Qwen3MoeForCausalLM": ("qwen3_moe", "Qwen3MoeForCausalLM"),
+    "MixtralForCausalLM": ("mixtral", "MixtralForCausalLM"),
 }
 
 # config.model_type -> architecture, for configs without `architectures` (GGUF-derived ones)
-_MODEL_TYPE_TO_ARCH = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+_MODEL_TYPE_TO_ARCH = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+}
+
+# model types whose every layer attends over a window of ``config.sliding_window`` tokens
+_UNIFORM_WINDOW_TYPES = ("mistral", "phi3", "mixtral")
 
 
 class ModelRegistry:
@@ -55,4 +71,17 @@ def architectures_of(config) -> list[str]:
     return archs
 
 
-__all__ = ["ModelRegistry", "architectures_of", "get_model_class"]
+def full_attention_limit(config) -> int | None:
+    """Longest context (tokens) over which the model's attention is plain causal attention.
+
+    A model whose every layer has a sliding window of W tokens (Mistral v0.1, Phi-3 4k)
+    attends to the whole sequence as long as it holds at most W tokens; ``ModelConfig`` caps
+    ``max_model_len`` there. None: no such limit.
+    """
+    if getattr(config, "model_type", None) in _UNIFORM_WINDOW_TYPES:
+        window = getattr(config, "sliding_window", None)
+        return int(window) if window else None
+    return None
+
+
+__all__ = ["ModelRegistry", "architectures_of", "full_attention_limit", "get_model_class"]

@@ -97,22 +97,34 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    """Pre-norm decoder layer; the residual add is fused into the following RMSNorm."""
+    """Pre-norm decoder layer; the residual add is fused into the following RMSNorm.
+
+    Families that differ only in their attention or MLP subclass this and set
+    ``attention_cls`` or override :meth:`make_mlp`; ``small_batch_gemv`` is False for an MLP
+    without ``gate_up_proj`` (mixture of experts).
+    """
+
+    attention_cls: type[LlamaAttention] = LlamaAttention
+    small_batch_gemv = True
 
     def __init__(
         self, config: PretrainedConfig, rotary_emb: RotaryEmbedding, qkv_bias: bool, o_bias: bool,
         mlp_bias: bool, prefix: str,
     ) -> None:  # fmt: skip
         super().__init__()
-        self.self_attn = LlamaAttention(
+        self.self_attn = self.attention_cls(
             config, rotary_emb, qkv_bias, o_bias, prefix=f"{prefix}.self_attn"
         )
-        self.mlp = LlamaMLP(
-            config.hidden_size, config.intermediate_size, config.hidden_act, bias=mlp_bias
-        )
+        self.mlp = self.make_mlp(config, mlp_bias, prefix)
         eps = config.rms_norm_eps
         self.input_layernorm = RMSNorm(config.hidden_size, eps=eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=eps)
+
+    def make_mlp(self, config: PretrainedConfig, mlp_bias: bool, prefix: str) -> nn.Module:
+        """The feed-forward block of layer ``prefix`` (a SwiGLU :class:`LlamaMLP` here)."""
+        return LlamaMLP(
+            config.hidden_size, config.intermediate_size, config.hidden_act, bias=mlp_bias
+        )
 
     def forward(
         self,
@@ -123,10 +135,12 @@ class LlamaDecoderLayer(nn.Module):
         residual: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """hidden_states, residual: [T, hidden] -> (mlp output, residual before it)."""
-        # gate_up is the layer's largest projection, o_proj its smallest
-        gemv = get_triton_gemv(
-            hidden_states, self.mlp.gate_up_proj.weight, self.self_attn.o_proj.weight
-        )
+        gemv = None
+        if self.small_batch_gemv:
+            # gate_up is the layer's largest projection, o_proj its smallest
+            gemv = get_triton_gemv(
+                hidden_states, self.mlp.gate_up_proj.weight, self.self_attn.o_proj.weight
+            )
         if gemv is not None:
             return self.forward_small_batch(
                 gemv, positions, hidden_states, kv_cache, attn_metadata, residual
@@ -168,7 +182,8 @@ class LlamaModel(nn.Module):
     """Embedding (first stage), the local decoder layers, final norm (last stage)."""
 
     def __init__(self, config: PretrainedConfig, pp_rank: int, pp_size: int, qkv_bias: bool,
-                 o_bias: bool, mlp_bias: bool) -> None:  # fmt: skip
+                 o_bias: bool, mlp_bias: bool,
+                 layer_cls: type[LlamaDecoderLayer] = LlamaDecoderLayer) -> None:  # fmt: skip
         super().__init__()
         self.config = config
         self.is_first_rank = pp_rank == 0
@@ -187,7 +202,7 @@ class LlamaModel(nn.Module):
             head_dim, head_dim, config.max_position_embeddings, get_rope_parameters(config)
         )
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, rotary_emb, qkv_bias, o_bias, mlp_bias, f"model.layers.{i}")
+            layer_cls(config, rotary_emb, qkv_bias, o_bias, mlp_bias, f"model.layers.{i}")
             if self.start_layer <= i < self.end_layer
             else PPMissingLayer()
             for i in range(num_layers)
@@ -237,13 +252,16 @@ class LlamaForCausalLM(nn.Module):
         "up_proj": ("gate_up_proj", 1),
     }
     packed_shards = {"qkv_proj": {"q", "k", "v"}, "gate_up_proj": {0, 1}}
+    decoder_layer_cls: type[LlamaDecoderLayer] = LlamaDecoderLayer
 
     def __init__(self, config: PretrainedConfig, pp_rank: int = 0, pp_size: int = 1) -> None:
         super().__init__()
         self.config = config
         self.pp_rank, self.pp_size = pp_rank, pp_size
         qkv_bias, o_bias, mlp_bias = self._biases(config)
-        self.model = LlamaModel(config, pp_rank, pp_size, qkv_bias, o_bias, mlp_bias)
+        self.model = LlamaModel(
+            config, pp_rank, pp_size, qkv_bias, o_bias, mlp_bias, self.decoder_layer_cls
+        )
         self.start_layer, self.end_layer = self.model.start_layer, self.model.end_layer
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         self.lm_head = None

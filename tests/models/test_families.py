@@ -1,0 +1,131 @@
+"""Every supported family against Hugging Face transformers on tiny random checkpoints.
+
+CPU float32, so every comparison is exact (docs/design.md): greedy tokens of 4 prompts x 32
+tokens equal transformers' ``generate`` batched and one prompt at a time, logprobs agree
+within 1e-4, PP=2 and n-gram speculation give the same tokens. Each tiny model must produce
+several distinct tokens per prompt for the comparison to mean anything.
+"""
+
+import pytest
+
+from tests.utils import check_outputs_equal, hf_greedy, vllm_greedy
+
+PROMPTS = ["Hello world", "The capital of France is", "a b c d e f", "Paris"]
+NGRAM_PROMPTS = [
+    "red green blue, red green blue, red green blue, red green",
+    "1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2,",
+]
+MAX_TOKENS = 32
+LOGPROB_TOL = 1e-4
+
+HF_DIRS = [
+    "tiny_qwen3_dir",
+    "tiny_mistral_dir",
+    "tiny_phi3_dir",
+    "tiny_qwen3_moe_dir",
+    "tiny_mixtral_dir",
+]
+GGUF_FILES = ["tiny_qwen3_gguf"]
+
+
+@pytest.fixture(autouse=True)
+def _small_kv_cache(monkeypatch):
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0.05")
+
+
+def _engine(model, **kw):
+    from vllm import LLM
+
+    return LLM(model=model, device="cpu", dtype="float32", **kw)
+
+
+def _check_logprobs(ref, out, name):
+    """Each position's logprob of every token in both top-5 lists agrees within 1e-4."""
+    for p, ((_, _, ref_lps), (_, _, lps)) in enumerate(zip(ref, out)):
+        for pos, (a, b) in enumerate(zip(ref_lps, lps)):
+            common = set(a) & set(b)
+            assert len(common) >= 4, f"{name} prompt {p} pos {pos}: top-5 differ {a} {b}"
+            for tok in common:
+                diff = abs(a[tok] - b[tok])
+                assert diff <= LOGPROB_TOL, f"{name} prompt {p} pos {pos} token {tok}: {diff}"
+
+
+@pytest.mark.forked
+@pytest.mark.parametrize("fixture", HF_DIRS + GGUF_FILES)
+def test_family_matches_transformers(fixture, request):
+    """Greedy tokens batched and alone equal transformers'; logprobs within 1e-4."""
+    model = request.getfixturevalue(fixture)
+    ref = hf_greedy(model, PROMPTS, MAX_TOKENS)
+    for ids, _, _ in ref:  # distinct-token guard (docs/design.md)
+        assert len(set(ids)) >= 8, f"{fixture} degenerate output {ids}"
+    llm = _engine(model)
+    batched = vllm_greedy(llm, PROMPTS, MAX_TOKENS, logprobs=5)
+    check_outputs_equal(ref, batched, "hf", fixture, PROMPTS)
+    _check_logprobs(ref, batched, fixture)
+    alone = [vllm_greedy(llm, [p], MAX_TOKENS)[0] for p in PROMPTS]
+    check_outputs_equal(ref, alone, "hf", fixture + "-alone", PROMPTS)
+    llm.llm_engine.shutdown()
+
+
+@pytest.mark.forked
+@pytest.mark.parametrize("fixture", HF_DIRS)
+def test_family_pp2_and_ngram_equal_plain(fixture, request):
+    """PP=2 (one layer per stage), n-gram speculation and the family as its own draft give the
+    plain run's tokens; the plain run is transformers' (equal to PP=1, test above), so each
+    engine starts once."""
+    model = request.getfixturevalue(fixture)
+    ref = hf_greedy(model, PROMPTS, MAX_TOKENS)
+    llm = _engine(model, pipeline_parallel_size=2)
+    check_outputs_equal(ref, vllm_greedy(llm, PROMPTS, MAX_TOKENS), "hf", "pp2", PROMPTS)
+    llm.llm_engine.shutdown()
+    del llm
+    # a random model seldom continues the prompt's spans; its own repeats give proposals too
+    prompts = PROMPTS + NGRAM_PROMPTS
+    ref = hf_greedy(model, prompts, MAX_TOKENS)
+    llm = _engine(
+        model, speculative_model="[ngram]", num_speculative_tokens=3, ngram_prompt_lookup_max=3
+    )
+    spec = vllm_greedy(llm, prompts, MAX_TOKENS)
+    check_outputs_equal(ref, spec, "hf", "ngram", prompts)
+    assert llm.llm_engine.spec_decode_metrics()["num_draft_tokens"] > 0
+    llm.llm_engine.shutdown()
+    del llm
+    # the family as the draft model: draft = target in float32 accepts every proposal
+    llm = _engine(model, speculative_model=model, num_speculative_tokens=3)
+    spec = vllm_greedy(llm, PROMPTS, MAX_TOKENS)
+    check_outputs_equal(ref[: len(PROMPTS)], spec, "hf", "draft = target", PROMPTS)
+    metrics = llm.llm_engine.spec_decode_metrics()
+    assert metrics["num_draft_tokens"] > 0
+    assert metrics["num_accepted_tokens"] == metrics["num_draft_tokens"], metrics
+    llm.llm_engine.shutdown()
+
+
+def test_uniform_window_caps_max_model_len(tiny_mistral_dir):
+    """Mistral's sliding window (256) caps the default max_model_len; asking for more is a
+    clear error (windowed attention equals full attention only inside the window)."""
+    from vllm.config import ModelConfig
+
+    assert ModelConfig(model=tiny_mistral_dir).max_model_len == 256
+    with pytest.raises(ValueError, match="max_model_len=300 is greater than .*sliding_window=256"):
+        ModelConfig(model=tiny_mistral_dir, max_model_len=300)
+
+
+def test_longrope_cache_rows_equal_transformers():
+    """Each cos/sin row equals transformers' Phi-3 rotary for a forward whose longest
+    position is that row: short factors below the original context (128), long ones from it,
+    times the attention factor."""
+    import torch
+    from tiny_models import tiny_phi3_config
+    from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
+
+    from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding, get_rope_parameters
+
+    config = tiny_phi3_config()
+    ours = RotaryEmbedding(16, 16, 512, get_rope_parameters(config)).cos_sin_cache
+    hf = Phi3RotaryEmbedding(config)
+    assert hf.attention_scaling > 1.0
+    for pos in (0, 5, 127, 128, 300, 511):
+        cos, sin = hf(torch.zeros(1), torch.arange(pos + 1)[None])  # [1, pos + 1, 16]
+        torch.testing.assert_close(
+            ours[pos], torch.cat((cos[0, -1, :8], sin[0, -1, :8])), rtol=0, atol=0
+        )

@@ -1,0 +1,154 @@
+"""Mixture-of-experts feed-forward block: top-k routing and the experts, stored once.
+
+Shared by Qwen3-MoE and Mixtral. Each token's router logits ``x @ gate.T`` go through a
+float32 softmax; the ``top_k`` largest probabilities pick the experts and, renormalised to
+sum to 1 when the config asks (``norm_topk_prob`` for Qwen3-MoE, always for Mixtral), weight
+their outputs::
+
+    y[t] = sum_j  w[t, j] * down_e(act(gate_e(x[t])) * up_e(x[t])),  e = expert[t, j]
+
+The expert weights are two stacked parameters, ``w13_weight`` [E, 2 * I, H] (gate rows, then
+up rows) and ``w2_weight`` [E, H, I], loaded from per-expert checkpoint tensors.
+:meth:`FusedMoE.forward_native` is the plain torch path (CPU, and the reference): one
+matmul per expert over the tokens routed to it, accumulated in increasing expert order with
+``index_add_`` exactly as transformers does, so float32 results are bit-identical to it.
+It reads the chosen experts back to the host (``torch.unique``), so it cannot be captured in
+a CUDA graph. On CUDA the experts run as Triton grouped GEMMs over tokens sorted by expert
+(:mod:`vllm.kernels.fused_moe`, chosen by ``vllm.kernels.dispatch.get_triton_moe``; no host
+synchronisation, graph-capturable at every batch size). Where that path is off
+(``VLLM_USE_TRITON_OPS=0``, no triton), :meth:`FusedMoE.forward_dense` runs every expert
+over every token with the weight of an unchosen expert set to 0 (adding ``+-0.0`` changes no
+sum, so the result is the same): also capturable, at E / top_k times the expert FLOPs.
+"""
+
+import torch
+from torch import nn
+
+from vllm.kernels.dispatch import get_triton_moe
+from vllm.model_executor.layers.activation import get_act_and_mul_fn
+
+
+def route_topk(
+    router_logits: torch.Tensor, top_k: int, renormalize: bool, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """router_logits [T, E] -> (weights [T, top_k] in ``dtype``, expert ids [T, top_k] int64).
+
+    Softmax in float32, ``torch.topk`` (ties to the lower index, as transformers), then
+    ``weights / weights.sum(-1)`` when ``renormalize``.
+    """
+    probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)  # [T, E]
+    weights, ids = torch.topk(probs, top_k, dim=-1)  # [T, top_k] each
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights.to(dtype), ids
+
+
+class FusedMoE(nn.Module):
+    """The experts of one MoE layer (see module docstring).
+
+    Args:
+        num_experts: E, the number of experts (more than ``top_k``).
+        top_k: experts per token.
+        hidden_size: H.
+        intermediate_size: I, each expert's feed-forward width.
+        renormalize: renormalise the top-k weights to sum to 1.
+        hidden_act: the gated activation (``silu``).
+
+    Raises:
+        ValueError: ``top_k`` not in [1, num_experts].
+    """
+
+    # checkpoint projection name -> (stacked parameter, shard): Qwen3-MoE and Mixtral names
+    expert_shards = {
+        "gate_proj": ("w13_weight", 0),
+        "up_proj": ("w13_weight", 1),
+        "down_proj": ("w2_weight", None),
+        "w1": ("w13_weight", 0),
+        "w3": ("w13_weight", 1),
+        "w2": ("w2_weight", None),
+    }
+
+    def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int,
+                 renormalize: bool, hidden_act: str = "silu") -> None:  # fmt: skip
+        super().__init__()
+        if not 1 <= top_k <= num_experts:
+            raise ValueError(f"top_k={top_k} must be in [1, num_experts={num_experts}]")
+        self.num_experts, self.top_k = num_experts, top_k
+        self.intermediate_size = intermediate_size
+        self.renormalize = renormalize
+        self.w13_weight = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size))
+        self.w2_weight = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
+        self.act_fn = get_act_and_mul_fn(hidden_act)
+
+    def load_expert(self, param_name: str, tensor: torch.Tensor, expert: int, shard) -> None:
+        """Copy one expert's checkpoint tensor into ``w13_weight`` (``shard`` 0 gate, 1 up) or
+        ``w2_weight`` (``shard`` None).
+
+        Raises:
+            ValueError: expert out of range or a shape that does not fit.
+        """
+        if not 0 <= expert < self.num_experts:
+            raise ValueError(f"expert {expert} out of range [0, {self.num_experts})")
+        dest = getattr(self, param_name).data[expert]  # [2I, H] or [H, I]
+        if shard is not None:
+            size = self.intermediate_size
+            dest = dest[shard * size : (shard + 1) * size]
+        if tuple(dest.shape) != tuple(tensor.shape):
+            raise ValueError(
+                f"expert {expert} {param_name} shard {shard}: checkpoint shape "
+                f"{tuple(tensor.shape)}, expected {tuple(dest.shape)}"
+            )
+        dest.copy_(tensor)
+
+    def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        """hidden_states [T, H], router_logits [T, E] -> [T, H] (see module docstring)."""
+        if not hidden_states.is_cuda:
+            return self.forward_native(hidden_states, router_logits)
+        kernels = get_triton_moe(hidden_states)
+        if kernels is None:  # the kernel's activation is SiLU, the only one get_act_and_mul_fn has
+            return self.forward_dense(hidden_states, router_logits)
+        weights, ids = route_topk(
+            router_logits, self.top_k, self.renormalize, hidden_states.dtype
+        )  # [T, top_k] each
+        return kernels.fused_experts(
+            hidden_states.contiguous(), self.w13_weight, self.w2_weight, weights, ids
+        )
+
+    def forward_dense(
+        self, hidden_states: torch.Tensor, router_logits: torch.Tensor
+    ) -> torch.Tensor:
+        """Every expert over every token, unchosen ones weighted 0; no host synchronisation."""
+        weights, ids = route_topk(
+            router_logits, self.top_k, self.renormalize, hidden_states.dtype
+        )  # [T, top_k] each
+        experts = torch.arange(self.num_experts, device=ids.device)  # [E]
+        chosen = ids[:, :, None] == experts  # [T, top_k, E]
+        dense = (weights[:, :, None] * chosen).sum(dim=1)  # [T, E]: one non-zero term each
+        out = torch.zeros_like(hidden_states)  # [T, H]
+        for expert in range(self.num_experts):
+            act = self.act_fn(torch.nn.functional.linear(hidden_states, self.w13_weight[expert]))
+            y = torch.nn.functional.linear(act, self.w2_weight[expert])  # [T, H]
+            out += y * dense[:, expert, None]
+        return out
+
+    def forward_native(
+        self, hidden_states: torch.Tensor, router_logits: torch.Tensor
+    ) -> torch.Tensor:
+        """The plain torch path: per expert, its tokens' SwiGLU, weighted and index-added."""
+        weights, ids = route_topk(
+            router_logits, self.top_k, self.renormalize, hidden_states.dtype
+        )  # [T, top_k] each
+        out = torch.zeros_like(hidden_states)  # [T, H]
+        for expert in torch.unique(ids).tolist():  # sorted: increasing expert order
+            token_idx, slot = torch.where(ids == expert)  # [n] each, token order
+            x = hidden_states[token_idx]  # [n, H]
+            act = self.act_fn(torch.nn.functional.linear(x, self.w13_weight[expert]))  # [n, I]
+            y = torch.nn.functional.linear(act, self.w2_weight[expert])  # [n, H]
+            out.index_add_(0, token_idx, y * weights[token_idx, slot, None])
+        return out
+
+    def extra_repr(self) -> str:
+        return (
+            f"num_experts={self.num_experts}, top_k={self.top_k}, "
+            f"intermediate_size={self.intermediate_size}, renormalize={self.renormalize}"
+        )
