@@ -10,6 +10,7 @@ worker's real exit code.
 
 import ast
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -92,7 +93,8 @@ def test_guardless_script_under_spawn_names_the_guard(tiny_llama_dir, tmp_path):
         tmp_path, tiny_llama_dir, "file", {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
     )
     assert rc != 0
-    assert "pipeline worker rank 0 failed to start" in err
+    # whichever stage's process exits first is reported: both re-import the guard-less script
+    assert re.search(r"pipeline worker rank [01] failed to start", err), err[-3000:]
     assert "exit code 1)" in err  # the worker's real exit code, not None
     assert 'if __name__ == "__main__":' in err
     # multiprocessing's own explanation, from the worker, is still there
