@@ -1,6 +1,7 @@
 """`vllm serve --enable-prefix-caching`: /metrics shows the prefix-cache hit rate after two
 requests sharing a prefix, and POST /reset_prefix_cache empties the cache (tiny Llama, CPU)."""
 
+import os
 import re
 
 import httpx
@@ -21,7 +22,10 @@ def _metrics(server) -> dict[str, float]:
 
 
 def _complete(server, model, tokens):
-    body = {"model": model, "prompt": tokens, "max_tokens": 4, "temperature": 0}
+    """One greedy completion of ``tokens``; ``model`` is the checkpoint path, served under
+    its short name (the directory's last component)."""
+    name = os.path.basename(model.rstrip("/"))
+    body = {"model": name, "prompt": tokens, "max_tokens": 4, "temperature": 0}
     r = httpx.post(server.url_for("v1", "completions"), json=body, timeout=120)
     assert r.status_code == 200, r.text
 
