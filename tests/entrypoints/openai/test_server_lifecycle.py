@@ -67,7 +67,9 @@ class _Stream(threading.Thread):
 @pytest.mark.forked
 def test_dead_pipeline_worker_fails_health_and_exits_nonzero(tiny_llama_dir):
     args = ["--device", "cpu", "--max-model-len", "256", "--pipeline-parallel-size", "2"]
-    server = RemoteOpenAIServer(tiny_llama_dir, args, env={"VLLM_CPU_KVCACHE_SPACE": "0.1"})
+    # spawned stages are found by their command line (forked ones would look like the server)
+    env = {"VLLM_CPU_KVCACHE_SPACE": "0.1", "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
+    server = RemoteOpenAIServer(tiny_llama_dir, args, env=env)
     try:
         procs = _descendants(server)
         workers = [p for p in procs if "spawn_main" in " ".join(p.cmdline())]
