@@ -104,7 +104,7 @@ def _metadata(params_list, vocab=64):
 
 def test_bias_rows_and_decode_loop_eligibility():
     from vllm import SamplingParams
-    from vllm.worker.decode_loop import eligible
+    from vllm.cudagraph.decode_loop import eligible
 
     plain = SamplingParams(temperature=0.0)
     sm = _metadata([plain, plain])
