@@ -7,8 +7,8 @@ Policy (upstream vLLM V0's default without chunked prefill):
    ``max_num_seqs`` allow; with prefix caching, a prompt's cached prefix does not count
    against the token budget (it is not computed). A request that can never run -- longer
    than ``max_model_len`` or than the token budget, more sequences than ``max_num_seqs``,
-   or more blocks than the cache has -- is finished as FINISHED_IGNORED and reported, so it cannot block the queue. A step
-   that admits any prefill runs prefills only.
+   or more blocks than the cache has -- is finished as FINISHED_IGNORED and reported, so
+   it cannot block the queue. A step that admits any prefill runs prefills only.
 2. **Otherwise decode** every running request in order. When the cache cannot give a request
    its next slots, the *last* running request is preempted by recompute (blocks freed, its
    sequences back to WAITING with their outputs kept, the request pushed to the front of the
