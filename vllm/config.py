@@ -220,8 +220,8 @@ class CacheConfig:
         cpu_kvcache_space_bytes: KV cache bytes on CPU (env VLLM_CPU_KVCACHE_SPACE, in GiB;
             default 4 GiB as upstream).
         enable_prefix_caching: reuse the KV blocks of prompt prefixes seen before
-            (vllm/core/block_manager.py). Off by default, as vLLM V0: the on/off throughput
-            at a 0% hit rate is measured by benchmarks/benchmark_prefix_caching.py.
+            (vllm/core/block_manager.py). On by default: at a 0% hit rate it costs no
+            measurable throughput (benchmarks/benchmark_prefix_caching.py, README).
         prefix_routing_margin: with several virtual engines and prefix caching, a new request
             goes to the engine holding its longest cached prefix unless that engine has more
             than this many unfinished requests above the least loaded one (>= 0; see
@@ -232,7 +232,7 @@ class CacheConfig:
     gpu_memory_utilization: float = 0.9
     num_gpu_blocks_override: int | None = None
     cpu_kvcache_space_bytes: int | None = None
-    enable_prefix_caching: bool = False
+    enable_prefix_caching: bool = True
     prefix_routing_margin: int = 4
     # Filled after profiling: blocks per virtual engine.
     num_gpu_blocks: int | None = None

@@ -96,9 +96,9 @@ class EngineArgs:
         group="cache",
     )
     enable_prefix_caching: bool = _f(
-        False,
+        True,
         "Reuse the cached KV blocks of shared prompt prefixes (automatic prefix caching; "
-        "default off).",
+        "default on, --no-enable-prefix-caching turns it off).",
         group="cache",
     )
     prefix_routing_margin: int = _f(
@@ -203,7 +203,10 @@ class EngineArgs:
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
             help_text = f.metadata.get("help", "")
             target = groups.get(f.metadata.get("group"), parser)
-            if kind is bool:
+            if kind is bool and default:  # on by default: --no-<flag> turns it off
+                target.add_argument(flag, action=argparse.BooleanOptionalAction,
+                                    default=default, help=help_text)  # fmt: skip
+            elif kind is bool:
                 target.add_argument(flag, action="store_true", default=default, help=help_text)
             elif kind is list:
                 target.add_argument(flag, type=int, nargs="+", default=default, help=help_text)
