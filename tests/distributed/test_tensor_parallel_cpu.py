@@ -5,6 +5,10 @@ bit-exact: greedy tokens must be equal and every returned logprob within 1e-4 of
 rank's (docs/design.md "Tensor parallelism"). Outputs of random tiny models are only
 meaningful when not one repeated token, so each reference completion must hold at least
 ``MIN_DISTINCT`` distinct ids.
+
+Coverage with three multi-rank engines (CI time): Qwen2 with fewer ranks than KV heads at
+TP = 2; Llama with more ranks than KV heads at TP = 2 x PP = 2, which then also loses a rank;
+the Ray executor at TP = 2 with one KV head per rank.
 """
 
 import os
@@ -37,11 +41,10 @@ def _llm(model, **kw):
 
 
 def _greedy(model, **kw):
-    """Greedy outputs with top-5 logprobs, and the engine's per-rank block facts."""
+    """Greedy outputs with top-5 logprobs of a fresh engine (shut down after)."""
     llm = _llm(model, **kw)
     try:
-        out = vllm_greedy(llm, PROMPTS, MAX_TOKENS, logprobs=5)
-        return out, llm
+        return vllm_greedy(llm, PROMPTS, MAX_TOKENS, logprobs=5)
     finally:
         llm.llm_engine.shutdown()
 
@@ -59,8 +62,16 @@ def _check_close(ref, out, name: str) -> None:
             assert len(set(a) & set(b)) >= 4, (prompt, pos, a, b)  # same top-5, ties aside
 
 
+@pytest.mark.forked
+def test_qwen2_tp2_fewer_ranks_than_kv_heads(tiny_qwen2_kv4_dir):
+    """Qwen2 (q/k/v biases, tied embeddings), 8 heads / 4 KV heads: 2 KV heads per rank,
+    so each rank's KV block is half of one rank's; every rank allocates the minimum."""
+    with deadline(240):
+        _tp2_case(tiny_qwen2_kv4_dir, kv_heads=4)
+
+
 def _tp2_case(model_dir: str, kv_heads: int) -> None:
-    ref, _ = _greedy(model_dir)
+    ref = _greedy(model_dir)
     llm = _llm(model_dir, tensor_parallel_size=2)
     ex = llm.llm_engine.executor
     try:
@@ -82,35 +93,30 @@ def _tp2_case(model_dir: str, kv_heads: int) -> None:
 
 
 @pytest.mark.forked
-def test_llama_tp2_more_ranks_than_kv_heads(tiny_llama_hd64_dir):
-    """Llama, 2 heads / 1 KV head: the KV head replicated on both ranks."""
-    with deadline(240):
-        _tp2_case(tiny_llama_hd64_dir, kv_heads=1)
-
-
-@pytest.mark.forked
-def test_qwen2_tp2_fewer_ranks_than_kv_heads(tiny_qwen2_kv4_dir):
-    """Qwen2 (q/k/v biases, tied embeddings), 8 heads / 4 KV heads: 2 KV heads per rank."""
-    with deadline(240):
-        _tp2_case(tiny_qwen2_kv4_dir, kv_heads=4)
-
-
-@pytest.mark.forked
-def test_tp2_pp2_equals_tp1_then_killed_rank_is_named(tiny_llama_dir):
-    """TP = 2 x PP = 2 (4 processes; 3 layers split 2 + 1; 2 KV heads, one per rank) gives
-    one rank's greedy tokens and logprobs. Then SIGKILL rank 1 (stage 0, TP rank 1, not the
-    sampling rank): the next step fails within 30 s with an error naming rank 1, no hang,
-    and shutdown leaves no worker behind."""
+def test_llama_tp2_pp2_more_ranks_than_kv_heads_then_killed_rank(tiny_llama_hd64_dir):
+    """Llama, 2 heads / 1 KV head (replicated on both TP ranks), TP = 2 x PP = 2 (4
+    processes; 3 layers split 2 + 1) gives one rank's greedy tokens and logprobs; each
+    rank's KV block holds its stage's layers of the one KV head. Then SIGKILL rank 1
+    (stage 0, TP rank 1, not the sampling rank): the next step fails within 30 s with an
+    error naming rank 1, no hang, and shutdown leaves no worker behind."""
     import psutil
 
     from vllm import SamplingParams
+    from vllm.worker.cache_engine import cache_block_bytes
 
+    model = tiny_llama_hd64_dir
     with deadline(300):
-        ref, _ = _greedy(tiny_llama_dir)
-        llm = _llm(tiny_llama_dir, tensor_parallel_size=2, pipeline_parallel_size=2)
+        ref = _greedy(model)
+        llm = _llm(model, tensor_parallel_size=2, pipeline_parallel_size=2)
         engine = llm.llm_engine
         try:
-            assert len(engine.executor.worker_pids) == 4
+            ex = engine.executor
+            assert len(ex.worker_pids) == 4
+            cfg = engine.config
+            layer = cache_block_bytes(cfg.model_config, cfg.cache_config.block_size, 1)
+            assert ex.collective_rpc("get_cache_block_bytes") == [2 * layer] * 2 + [layer] * 2
+            blocks = ex.collective_rpc("determine_num_available_blocks")
+            assert blocks[2] > blocks[0] and cfg.cache_config.num_gpu_blocks == min(blocks)
             out = vllm_greedy(llm, PROMPTS, MAX_TOKENS, logprobs=5)
             _check_close(ref, out, "tp2xpp2")
             pids = list(engine.executor.worker_pids)
@@ -132,7 +138,7 @@ def test_ray_tp2_equals_tp1(tiny_llama_dir):
     """TP = 2 on the Ray executor: two actors of one placement group, one's tokens."""
     ray = pytest.importorskip("ray")
     with deadline(240):
-        ref, _ = _greedy(tiny_llama_dir)
+        ref = _greedy(tiny_llama_dir)
         ray.init(num_cpus=2, include_dashboard=False, object_store_memory=80 * 1024**2,
                  log_to_driver=False)  # fmt: skip
         try:

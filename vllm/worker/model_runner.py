@@ -151,6 +151,7 @@ class ModelRunner:
             self.block_size,
             self.num_local_layers,
             self.device,
+            self.config.parallel_config.tensor_parallel_size,  # this rank's KV heads
         )
         estimate = estimate_graph_memory(
             self.graph_runner, cache.kv_caches, cache.scratch_slot, num_virtual_engines, capturer
