@@ -122,7 +122,7 @@ class EngineArgs:
     )
     pipeline_parallel_size: int = _f(1, "Pipeline stages (one device each).", group="parallel")
     tensor_parallel_size: int = _f(
-        1, "Tensor-parallel size: only 1 is supported.", group="parallel"
+        1, "Tensor-parallel ranks per pipeline stage (one device each).", group="parallel"
     )
     distributed_executor_backend: str | None = _f(
         None,
@@ -295,7 +295,8 @@ def _check_multi_step(steps: int, spec, parallel: ParallelConfig) -> None:
     """Refuse combinations multi-step decoding does not support (before any weight load).
 
     Raises:
-        ValueError: with speculative decoding, or with pipeline_parallel_size > 1.
+        ValueError: with speculative decoding, pipeline_parallel_size > 1 or
+            tensor_parallel_size > 1.
     """
     if spec is not None:
         raise ValueError(
@@ -306,6 +307,11 @@ def _check_multi_step(steps: int, spec, parallel: ParallelConfig) -> None:
         raise ValueError(
             f"num_scheduler_steps={steps} is not supported with pipeline_parallel_size="
             f"{parallel.pipeline_parallel_size}; use num_scheduler_steps=1."
+        )
+    if parallel.tensor_parallel_size > 1:
+        raise ValueError(
+            f"num_scheduler_steps={steps} is not supported with tensor_parallel_size="
+            f"{parallel.tensor_parallel_size}; use num_scheduler_steps=1."
         )
 
 
