@@ -268,3 +268,16 @@ def tiny_mixtral_dir(tiny_models_dir) -> str:
         tiny_models_dir / "mixtral",
         lambda p: tiny_models.save_tiny_hf_checkpoint(config, p, seed=7),
     )
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma3_dir(tiny_models_dir) -> str:
+    """HF Gemma 3 text checkpoint directory: 3 layers (sliding window 8, sliding, global),
+    head_dim 64, per-type RoPE bases, final logit soft-cap, tied embeddings of small std."""
+    config = tiny_models.tiny_gemma3_config()
+    return _built(
+        tiny_models_dir / "gemma3",
+        lambda p: tiny_models.save_tiny_hf_checkpoint(
+            config, p, seed=12, embed_std=tiny_models.GEMMA3_EMBED_STD
+        ),
+    )

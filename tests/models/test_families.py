@@ -18,13 +18,23 @@ NGRAM_PROMPTS = [
 MAX_TOKENS = 32
 LOGPROB_TOL = 1e-4
 
+# Gemma 3's sliding layers attend over 8 tokens: prompts longer than the window, so the
+# windowed prefill (not only decode) differs from full attention
+WINDOW_PROMPTS = [
+    "Hello world",
+    "The capital of France is a city on the river Seine, and its most famous tower is",
+    "a b c d e f g h i j k l m n o p",
+    "Paris",
+]
 HF_DIRS = [
     "tiny_qwen3_dir",
     "tiny_mistral_dir",
     "tiny_phi3_dir",
     "tiny_qwen3_moe_dir",
     "tiny_mixtral_dir",
+    "tiny_gemma3_dir",
 ]
+PROMPTS_OF = {"tiny_gemma3_dir": WINDOW_PROMPTS}
 GGUF_FILES = ["tiny_qwen3_gguf"]
 
 
@@ -55,15 +65,16 @@ def _check_logprobs(ref, out, name):
 def test_family_matches_transformers(fixture, request):
     """Greedy tokens batched and alone equal transformers'; logprobs within 1e-4."""
     model = request.getfixturevalue(fixture)
-    ref = hf_greedy(model, PROMPTS, MAX_TOKENS)
+    prompts = PROMPTS_OF.get(fixture, PROMPTS)
+    ref = hf_greedy(model, prompts, MAX_TOKENS)
     for ids, _, _ in ref:  # distinct-token guard (docs/design.md)
         assert len(set(ids)) >= 8, f"{fixture} degenerate output {ids}"
     llm = _engine(model)
-    batched = vllm_greedy(llm, PROMPTS, MAX_TOKENS, logprobs=5)
-    check_outputs_equal(ref, batched, "hf", fixture, PROMPTS)
+    batched = vllm_greedy(llm, prompts, MAX_TOKENS, logprobs=5)
+    check_outputs_equal(ref, batched, "hf", fixture, prompts)
     _check_logprobs(ref, batched, fixture)
-    alone = [vllm_greedy(llm, [p], MAX_TOKENS)[0] for p in PROMPTS]
-    check_outputs_equal(ref, alone, "hf", fixture + "-alone", PROMPTS)
+    alone = [vllm_greedy(llm, [p], MAX_TOKENS)[0] for p in prompts]
+    check_outputs_equal(ref, alone, "hf", fixture + "-alone", prompts)
     llm.llm_engine.shutdown()
 
 
@@ -74,13 +85,14 @@ def test_family_pp2_and_ngram_equal_plain(fixture, request):
     plain run's tokens; the plain run is transformers' (equal to PP=1, test above), so each
     engine starts once."""
     model = request.getfixturevalue(fixture)
-    ref = hf_greedy(model, PROMPTS, MAX_TOKENS)
+    base = PROMPTS_OF.get(fixture, PROMPTS)
+    ref = hf_greedy(model, base, MAX_TOKENS)
     llm = _engine(model, pipeline_parallel_size=2)
-    check_outputs_equal(ref, vllm_greedy(llm, PROMPTS, MAX_TOKENS), "hf", "pp2", PROMPTS)
+    check_outputs_equal(ref, vllm_greedy(llm, base, MAX_TOKENS), "hf", "pp2", base)
     llm.llm_engine.shutdown()
     del llm
     # a random model seldom continues the prompt's spans; its own repeats give proposals too
-    prompts = PROMPTS + NGRAM_PROMPTS
+    prompts = base + NGRAM_PROMPTS
     ref = hf_greedy(model, prompts, MAX_TOKENS)
     llm = _engine(
         model, speculative_model="[ngram]", num_speculative_tokens=3, ngram_prompt_lookup_max=3
@@ -92,8 +104,8 @@ def test_family_pp2_and_ngram_equal_plain(fixture, request):
     del llm
     # the family as the draft model: draft = target in float32 accepts every proposal
     llm = _engine(model, speculative_model=model, num_speculative_tokens=3)
-    spec = vllm_greedy(llm, PROMPTS, MAX_TOKENS)
-    check_outputs_equal(ref[: len(PROMPTS)], spec, "hf", "draft = target", PROMPTS)
+    spec = vllm_greedy(llm, base, MAX_TOKENS)
+    check_outputs_equal(ref[: len(base)], spec, "hf", "draft = target", base)
     metrics = llm.llm_engine.spec_decode_metrics()
     assert metrics["num_draft_tokens"] > 0
     assert metrics["num_accepted_tokens"] == metrics["num_draft_tokens"], metrics
