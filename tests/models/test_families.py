@@ -141,3 +141,45 @@ def test_longrope_cache_rows_equal_transformers():
         torch.testing.assert_close(
             ours[pos], torch.cat((cos[0, -1, :8], sin[0, -1, :8])), rtol=0, atol=0
         )
+
+
+def test_unsupported_combinations_are_refused(tmp_path, tiny_gemma3_dir):
+    """Validation refuses what the README's model table marks "no": a GGUF file of an
+    architecture without GGUF support (Gemma 3 here), and an architecture outside the
+    registry (Gemma 3's multimodal class), naming the supported ones."""
+    import tiny_models
+
+    from vllm.config import ModelConfig
+
+    gguf = tmp_path / "gemma3.gguf"
+    gguf.write_bytes(b"")  # the config is given: the file is only recognised by its name
+    with pytest.raises(ValueError, match=r"Gemma3ForCausalLM is not supported from a GGUF file"):
+        ModelConfig(model=str(gguf), hf_config=tiny_models.tiny_gemma3_config())
+    config = tiny_models.tiny_gemma3_config()
+    config.architectures = ["Gemma3ForConditionalGeneration"]
+    with pytest.raises(ValueError, match=r"Supported architectures: .*'Gemma3ForCausalLM'"):
+        ModelConfig(model=tiny_gemma3_dir, hf_config=config)
+    assert ModelConfig(model=tiny_gemma3_dir).max_model_len == 512  # no uniform-window cap
+
+
+@pytest.mark.forked
+def test_gemma3_cached_prefix_longer_than_window(tiny_gemma3_dir):
+    """Prefix caching with sliding layers: a prompt whose first 12 tokens (three 4-token
+    blocks, longer than the 8-token window) are cached by an earlier request attends through
+    the paged cache with the window and gives transformers' tokens and logprobs."""
+    prefix = [17 + 7 * i for i in range(14)]
+    first = {"prompt_token_ids": prefix + [401, 402, 403, 404, 405]}
+    second = {"prompt_token_ids": prefix + [611, 612, 613]}
+    ref = hf_greedy(tiny_gemma3_dir, [second], MAX_TOKENS)
+    assert len(set(ref[0][0])) >= 8, ref[0][0]
+    llm = _engine(tiny_gemma3_dir, block_size=4, enable_prefix_caching=True)
+    vllm_greedy(llm, [first], MAX_TOKENS)
+    from vllm import SamplingParams
+
+    (out,) = llm.generate([second], SamplingParams(temperature=0.0, max_tokens=1),
+                          use_tqdm=False)  # fmt: skip
+    assert out.num_cached_tokens == 12
+    got = vllm_greedy(llm, [second], MAX_TOKENS, logprobs=5)
+    check_outputs_equal(ref, got, "hf", "gemma3-prefix-cached", [second])
+    _check_logprobs(ref, got, "gemma3-prefix-cached")
+    llm.llm_engine.shutdown()

@@ -31,6 +31,10 @@ _MODEL_TYPE_TO_ARCH = {
     "gemma3_text": "Gemma3ForCausalLM",
 }
 
+# architectures whose GGUF files load (gguf_loader's tensor names; checked against
+# transformers on tiny files); other architectures load from Hugging Face directories only
+GGUF_ARCHS = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+
 # model types whose every layer attends over a window of ``config.sliding_window`` tokens
 _UNIFORM_WINDOW_TYPES = ("mistral", "phi3", "mixtral")
 
@@ -100,6 +104,7 @@ def attention_fields(config) -> dict:
 
 
 __all__ = [
+    "GGUF_ARCHS",
     "ModelRegistry",
     "architectures_of",
     "attention_fields",
