@@ -34,8 +34,8 @@ HF_DIRS = [
     "tiny_mixtral_dir",
     "tiny_gemma3_dir",
 ]
-PROMPTS_OF = {"tiny_gemma3_dir": WINDOW_PROMPTS}
-GGUF_FILES = ["tiny_qwen3_gguf"]
+PROMPTS_OF = {"tiny_gemma3_dir": WINDOW_PROMPTS, "tiny_gemma3_gguf": WINDOW_PROMPTS}
+GGUF_FILES = ["tiny_qwen3_gguf", "tiny_gemma3_gguf"]
 
 
 @pytest.fixture(autouse=True)
@@ -145,16 +145,16 @@ def test_longrope_cache_rows_equal_transformers():
 
 def test_unsupported_combinations_are_refused(tmp_path, tiny_gemma3_dir):
     """Validation refuses what the README's model table marks "no": a GGUF file of an
-    architecture without GGUF support (Gemma 3 here), and an architecture outside the
+    architecture without GGUF support (Mistral here), and an architecture outside the
     registry (Gemma 3's multimodal class), naming the supported ones."""
     import tiny_models
 
     from vllm.config import ModelConfig
 
-    gguf = tmp_path / "gemma3.gguf"
+    gguf = tmp_path / "mistral.gguf"
     gguf.write_bytes(b"")  # the config is given: the file is only recognised by its name
-    with pytest.raises(ValueError, match=r"Gemma3ForCausalLM is not supported from a GGUF file"):
-        ModelConfig(model=str(gguf), hf_config=tiny_models.tiny_gemma3_config())
+    with pytest.raises(ValueError, match=r"MistralForCausalLM is not supported from a GGUF"):
+        ModelConfig(model=str(gguf), hf_config=tiny_models.tiny_mistral_config())
     config = tiny_models.tiny_gemma3_config()
     config.architectures = ["Gemma3ForConditionalGeneration"]
     with pytest.raises(ValueError, match=r"Supported architectures: .*'Gemma3ForCausalLM'"):

@@ -181,6 +181,25 @@ def tiny_gemma3_config(**overrides):
     return _config("Gemma3TextConfig", "Gemma3ForCausalLM", family, overrides)
 
 
+def tiny_gemma3_gguf_config(**overrides):
+    """The Gemma 3 config a GGUF file can carry: transformers' GGUF reader maps neither
+    ``query_pre_attn_scalar``, the local RoPE base, the layer pattern nor the soft-caps, so
+    they keep Gemma3TextConfig's defaults (256, 10000, every 6th layer global, none): 6
+    layers (5 sliding, 1 global), global RoPE base 1e6 without scaling."""
+    family = dict(
+        num_hidden_layers=6,
+        layer_types=None,
+        rope_parameters={
+            "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        },
+        query_pre_attn_scalar=256,
+        final_logit_softcapping=None,
+    )
+    family.update(overrides)
+    return tiny_gemma3_config(**family)
+
+
 def randomize_(
     model: torch.nn.Module, seed: int, std: float = WEIGHT_STD, embed_std: float | None = None
 ) -> None:
@@ -227,22 +246,24 @@ def load_smollm2_tokenizer():
     return AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
 
 
-def _hf_to_gguf_name(name: str) -> str | None:
+def _hf_to_gguf_name(name: str, arch: str) -> str | None:
     from vllm.model_executor.model_loader.gguf_loader import gguf_to_hf_name
 
-    inverse = getattr(_hf_to_gguf_name, "_cache", None)
+    cache = _hf_to_gguf_name.__dict__.setdefault("_cache", {})
+    inverse = cache.get(arch)
     if inverse is None:
         inverse = {}
-        for block_sub in (
-            "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down",
-            "attn_norm", "ffn_norm", "attn_q_norm", "attn_k_norm",
-        ):  # fmt: skip
+        subs = ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down",
+                "attn_norm", "ffn_norm", "attn_q_norm", "attn_k_norm"]  # fmt: skip
+        if arch == "gemma3":
+            subs += ["post_attention_norm", "post_ffw_norm"]
+        for block_sub in subs:
             for kind in ("weight", "bias"):
                 gname = f"blk.{{}}.{block_sub}.{kind}"
-                inverse[gguf_to_hf_name(gname.format(0)).replace(".0.", ".{}.")] = gname
+                inverse[gguf_to_hf_name(gname.format(0), arch).replace(".0.", ".{}.")] = gname
         for glob_name in ("token_embd", "output_norm", "output"):
-            inverse[gguf_to_hf_name(f"{glob_name}.weight")] = f"{glob_name}.weight"
-        _hf_to_gguf_name._cache = inverse
+            inverse[gguf_to_hf_name(f"{glob_name}.weight", arch)] = f"{glob_name}.weight"
+        cache[arch] = inverse
     parts = name.split(".")
     if len(parts) > 3 and parts[1] == "layers":
         key = ".".join(parts[:2] + ["{}"] + parts[3:])
@@ -253,7 +274,8 @@ def _hf_to_gguf_name(name: str) -> str | None:
 def write_tiny_gguf(hf_dir: str, out_path: str, arch: str) -> str:
     """Write the weights of the HF checkpoint at ``hf_dir`` as an F32 GGUF file.
 
-    ``arch`` is ``"llama"``, ``"qwen2"`` or ``"qwen3"``. Llama q/k rows are permuted as llama.cpp's
+    ``arch`` is ``"llama"``, ``"qwen2"``, ``"qwen3"`` or ``"gemma3"``. Llama q/k rows are
+    permuted and Gemma 3 norm weights stored as ``1 + w``, as llama.cpp's
     ``convert_hf_to_gguf.py`` does; the metadata transformers needs to rebuild the config is
     written, and the SmolLM2 ``tokenizer.ggml.*`` metadata is copied when available. A tied
     model gets no ``output.weight`` (transformers then infers tie_word_embeddings=True).
@@ -275,7 +297,14 @@ def write_tiny_gguf(hf_dir: str, out_path: str, arch: str) -> str:
     writer.add_feed_forward_length(config.intermediate_size)
     writer.add_head_count(config.num_attention_heads)
     writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_rope_freq_base(float(get_rope_parameters(config)["rope_theta"]))
+    if arch == "gemma3":  # the global layers' base; the local one is transformers' default
+        from vllm.model_executor.models.gemma3 import gemma3_rope_parameters
+
+        theta = gemma3_rope_parameters(config, "full_attention")["rope_theta"]
+        writer.add_sliding_window(config.sliding_window)
+    else:
+        theta = get_rope_parameters(config)["rope_theta"]
+    writer.add_rope_freq_base(float(theta))
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_vocab_size(config.vocab_size)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -287,10 +316,12 @@ def write_tiny_gguf(hf_dir: str, out_path: str, arch: str) -> str:
     for name, tensor in tensors.items():
         if name == "lm_head.weight" and config.tie_word_embeddings:
             continue
-        gguf_name = _hf_to_gguf_name(name)
+        gguf_name = _hf_to_gguf_name(name, arch)
         if gguf_name is None:
             raise ValueError(f"no GGUF name for HF tensor {name!r}")
         array = tensor.to(torch.float32).numpy()
+        if arch == "gemma3" and name.endswith("norm.weight"):
+            array = array + 1.0
         if arch == "llama" and ".attn_q." in gguf_name:
             array = permute_rows(array, config.num_attention_heads)
         elif arch == "llama" and ".attn_k." in gguf_name:

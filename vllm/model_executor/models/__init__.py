@@ -33,7 +33,7 @@ _MODEL_TYPE_TO_ARCH = {
 
 # architectures whose GGUF files load (gguf_loader's tensor names; checked against
 # transformers on tiny files); other architectures load from Hugging Face directories only
-GGUF_ARCHS = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+GGUF_ARCHS = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM")
 
 # model types whose every layer attends over a window of ``config.sliding_window`` tokens
 _UNIFORM_WINDOW_TYPES = ("mistral", "phi3", "mixtral")
