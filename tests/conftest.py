@@ -279,3 +279,33 @@ def tiny_mixtral_dir(tiny_models_dir) -> str:
         tiny_models_dir / "mixtral",
         lambda p: tiny_models.save_tiny_hf_checkpoint(config, p, seed=7),
     )
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma3_dir(tiny_models_dir) -> str:
+    """HF Gemma 3 text checkpoint directory: 3 layers (sliding window 8, sliding, global),
+    head_dim 64, per-type RoPE bases, final logit soft-cap, tied embeddings of small std."""
+    config = tiny_models.tiny_gemma3_config()
+    return _built(
+        tiny_models_dir / "gemma3",
+        lambda p: tiny_models.save_tiny_hf_checkpoint(
+            config, p, seed=12, embed_std=tiny_models.GEMMA3_EMBED_STD
+        ),
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma3_gguf(tiny_models_dir) -> str:
+    """F32 GGUF of a 6-layer tiny Gemma 3 (5 sliding layers, window 8, then a global one; the
+    settings a GGUF carries, see ``tiny_gemma3_gguf_config``), norms stored as 1 + w."""
+    config = tiny_models.tiny_gemma3_gguf_config()
+    hf_dir = _built(
+        tiny_models_dir / "gemma3_for_gguf",
+        lambda p: tiny_models.save_tiny_hf_checkpoint(
+            config, p, seed=13, embed_std=tiny_models.GEMMA3_EMBED_STD
+        ),
+    )
+    return _built(
+        tiny_models_dir / "tiny-gemma3-f32.gguf",
+        lambda p: tiny_models.write_tiny_gguf(hf_dir, p, "gemma3"),
+    )

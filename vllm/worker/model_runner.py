@@ -22,6 +22,7 @@ from vllm.cudagraph import DecodeStepCounters, GraphCapturer, GraphRunner, graph
 from vllm.cudagraph.memory import estimate_graph_memory
 from vllm.model_executor.forward_batch import ForwardBatch
 from vllm.model_executor.layers.sampler import Sampler
+from vllm.model_executor.models import attention_fields
 from vllm.sequence import IntermediateTensors, SamplerOutput, SequenceGroupMetadata
 from vllm.worker import model_input
 
@@ -61,6 +62,7 @@ class ModelRunner:
             device=device,
             max_seq_len_to_capture=config.compilation_config.max_seq_len_to_capture,
             small_decode_max_rows=config.compilation_config.small_decode_max_rows,
+            **attention_fields(cfg.hf_config),
         )
         self.attn_backend = get_attn_backend(self.attn_backend_name)(self.attn_spec)
         self.sampler = Sampler()

@@ -139,6 +139,12 @@ class AttentionSpec:
             graphs are ceil(max_seq_len_to_capture / block_size) wide.
         small_decode_max_rows: FLASHINFER only: the most decode rows its Triton
             small-decode path takes (``CompilationConfig.small_decode_max_rows``; 0 = off).
+        sliding_windows: the distinct sliding windows (tokens) of the model's windowed
+            layers (each :class:`vllm.attention.Attention` carries its own, or None);
+            empty when every layer attends to its whole context.
+        scale: the layers' softmax scale when it is not ``head_size ** -0.5`` (Gemma 3's
+            ``query_pre_attn_scalar ** -0.5``); None: ``head_size ** -0.5``.
+        logits_soft_cap: the layers' attention score cap (Gemma), or None.
     """
 
     num_heads: int
@@ -149,6 +155,9 @@ class AttentionSpec:
     device: torch.device
     max_seq_len_to_capture: int = 8192
     small_decode_max_rows: int = 1
+    sliding_windows: tuple[int, ...] = ()
+    scale: float | None = None
+    logits_soft_cap: float | None = None
 
     @property
     def max_blocks_per_seq(self) -> int:

@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
+
+from vllm.attention.backends.sdpa_ops import attend, causal_attend, window_mask
 
 
 def context_prefill(
@@ -21,6 +22,8 @@ def context_prefill(
     kv_cache: torch.Tensor,
     md: Any,
     scale: float,
+    window: int | None = None,
+    soft_cap: float | None = None,
 ) -> torch.Tensor:
     """Prefill where some rows start after ``md.context_lens[i]`` cached tokens.
 
@@ -28,7 +31,8 @@ def context_prefill(
     ``torch_sdpa.causal_prefill`` does. A row with context
     ``c`` and ``m`` new tokens reads keys/values of positions ``0 .. c + m - 1`` from the
     cache (the step's keys were written there just before) and new token ``j`` attends to
-    positions ``0 .. c + j``.
+    positions ``0 .. c + j`` (with ``window``, only the last ``window`` of them; scores
+    capped by ``soft_cap``: see ``sdpa_ops``).
 
     q: [num_tokens, num_heads, head_size]; k, v: [num_tokens, num_kv_heads, head_size];
     kv_cache: [2, num_blocks + 1, block_size, num_kv_heads, head_size]; ``md``: the
@@ -41,13 +45,7 @@ def context_prefill(
     for i, c in enumerate(md.context_lens):
         s, e = starts[i], starts[i + 1]
         if c == 0:  # as causal_prefill does for one sequence
-            qi = q[s:e].transpose(0, 1).unsqueeze(0)  # [1, num_heads, m, head_size]
-            ki = k[s:e].transpose(0, 1).unsqueeze(0)  # [1, num_kv_heads, m, head_size]
-            vi = v[s:e].transpose(0, 1).unsqueeze(0)  # [1, num_kv_heads, m, head_size]
-            oi = F.scaled_dot_product_attention(
-                qi, ki, vi, is_causal=True, scale=scale, enable_gqa=True
-            )
-            out[s:e] = oi[0].transpose(0, 1)
+            out[s:e] = causal_attend(q[s:e], k[s:e], v[s:e], scale, window, soft_cap)
             continue
         n = c + e - s
         blocks = md.block_tables[i, : -(-n // block_size)]  # [row blocks]
@@ -55,12 +53,10 @@ def context_prefill(
         vc = kv_cache[1][blocks].reshape(-1, n_kv, d)[:n]  # [n, num_kv_heads, head_size]
         qpos = torch.arange(c, n, device=q.device)  # [m]
         kpos = torch.arange(n, device=q.device)  # [n]
-        mask = kpos[None, :] <= qpos[:, None]  # [m, n]
+        mask = window_mask(qpos, kpos, window)  # [m, n]
         qi = q[s:e].transpose(0, 1).unsqueeze(0)  # [1, num_heads, m, head_size]
         ki = kc.transpose(0, 1).unsqueeze(0)  # [1, num_kv_heads, n, head_size]
         vi = vc.transpose(0, 1).unsqueeze(0)  # [1, num_kv_heads, n, head_size]
-        oi = F.scaled_dot_product_attention(
-            qi, ki, vi, attn_mask=mask, scale=scale, enable_gqa=True
-        )  # [1, num_heads, m, head_size]
+        oi = attend(qi, ki, vi, scale, mask=mask, soft_cap=soft_cap)  # [1, num_heads, m, D]
         out[s:e] = oi[0].transpose(0, 1)
     return out

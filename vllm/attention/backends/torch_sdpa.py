@@ -9,7 +9,8 @@ context through its block table after the step's keys were written, and each new
 attends to every cached token and causally among the new ones. Decode gathers each row's
 blocks through a block table of fixed width and masks positions at or beyond the row's
 length, which keeps every shape static and so is CUDA-graph capturable (docs/design.md
-"Devices and backends").
+"Devices and backends"). A layer's ``sliding_window`` and ``logits_soft_cap``
+(:class:`vllm.attention.Attention`) narrow the masks and cap the scores (``sdpa_ops``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from vllm.attention.backends.abstract import (
     AttentionBackend,
@@ -36,6 +36,7 @@ from vllm.attention.backends.host_tables import (
     scratch_slots,
 )
 from vllm.attention.backends.sdpa_context import context_prefill
+from vllm.attention.backends.sdpa_ops import attend, causal_attend, layer_window, window_mask
 from vllm.utils import to_device
 
 
@@ -101,42 +102,50 @@ class TorchSDPAImpl(AttentionImpl):
         v = value.view(-1, h_kv, d)  # [num_tokens, num_kv_heads, head_size]
         if kv_cache.numel() > 0:
             write_kv(kv_cache, k, v, md)
+        window, cap = layer_window(layer)
         if md.mode == ForwardMode.PREFILL and md.context_lens is not None:
-            out = context_prefill(q, k, v, kv_cache, md, layer.scale)
+            out = context_prefill(q, k, v, kv_cache, md, layer.scale, window, cap)
         elif md.mode == ForwardMode.PREFILL:
-            out = causal_prefill(q, k, v, md.query_start_loc, layer.scale)
+            out = causal_prefill(q, k, v, md.query_start_loc, layer.scale, window, cap)
         else:
-            out = _decode(q, kv_cache, md, layer.scale)
+            out = _decode(q, kv_cache, md, layer.scale, window, cap)
         return out.reshape(-1, h * d)  # [num_tokens, num_heads * head_size]
 
 
 def causal_prefill(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, starts: list[int], scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    starts: list[int],
+    scale: float,
+    window: int | None = None,
+    soft_cap: float | None = None,
 ) -> torch.Tensor:
     """Causal attention per sequence over its own new tokens (one SDPA call per sequence;
     with one sequence it is CUDA-graph capturable, which graph prefills rely on).
 
     q: [num_tokens, num_heads, head_size]; k, v: [num_tokens, num_kv_heads, head_size];
-    ``starts``: host token offsets of the sequences, num_seqs + 1 entries.
+    ``starts``: host token offsets of the sequences, num_seqs + 1 entries; ``window`` and
+    ``soft_cap``: the layer's sliding window and score cap (see ``sdpa_ops``).
     Returns [num_tokens, num_heads, head_size].
     """
     out = torch.empty_like(q)
     for i in range(len(starts) - 1):
         s, e = starts[i], starts[i + 1]
-        qi = q[s:e].transpose(0, 1).unsqueeze(0)  # [1, num_heads, len, head_size]
-        ki = k[s:e].transpose(0, 1).unsqueeze(0)  # [1, num_kv_heads, len, head_size]
-        vi = v[s:e].transpose(0, 1).unsqueeze(0)  # [1, num_kv_heads, len, head_size]
-        oi = F.scaled_dot_product_attention(
-            qi, ki, vi, is_causal=True, scale=scale, enable_gqa=True
-        )
-        out[s:e] = oi[0].transpose(0, 1)
+        out[s:e] = causal_attend(q[s:e], k[s:e], v[s:e], scale, window, soft_cap)
     return out
 
 
 def _decode(
-    q: torch.Tensor, kv_cache: torch.Tensor, md: TorchSDPAMetadata, scale: float
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    md: TorchSDPAMetadata,
+    scale: float,
+    window: int | None = None,
+    soft_cap: float | None = None,
 ) -> torch.Tensor:
-    """One query token per row against the row's cached context (its own key included).
+    """One query token per row against the row's cached context (its own key included);
+    with a ``window`` only the row's last ``window`` positions (see ``sdpa_ops``).
 
     q: [num_rows, num_heads, head_size]; returns the same shape.
     """
@@ -147,9 +156,10 @@ def _decode(
     k = kv_cache[0][bt].view(rows, span, n_kv, d).transpose(1, 2)  # [rows, n_kv, span, d]
     v = kv_cache[1][bt].view(rows, span, n_kv, d).transpose(1, 2)  # [rows, n_kv, span, d]
     pos = torch.arange(span, device=q.device)  # [span]
-    mask = (pos[None, :] < md.seq_lens[:, None])[:, None, None, :]  # [rows, 1, 1, span]
+    # the query sits at position seq_len - 1: causal = every position below seq_len
+    mask = window_mask((md.seq_lens - 1)[:, None], pos[None, :], window)  # [rows, 1, span]
     qi = q.unsqueeze(2)  # [rows, num_heads, 1, head_size]
-    out = F.scaled_dot_product_attention(qi, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    out = attend(qi, k, v, scale, mask=mask[:, None], soft_cap=soft_cap)
     return out.squeeze(2)  # [rows, num_heads, head_size]
 
 

@@ -27,12 +27,29 @@ class SiluAndMul(nn.Module):
         return F.silu(x[..., :d]) * x[..., d:]  # [num_tokens, d]
 
 
+class GeluTanhAndMul(nn.Module):
+    """GeGLU gate (Gemma): ``gelu_tanh(x[..., :d]) * x[..., d:]`` with ``d = x.shape[-1] // 2``.
+
+    Input [num_tokens, 2 * d] (gate first), output [num_tokens, d]; the tanh approximation of
+    GELU, as transformers' ``gelu_pytorch_tanh``. Plain torch on every device.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        d = x.shape[-1] // 2
+        return F.gelu(x[..., :d], approximate="tanh") * x[..., d:]  # [num_tokens, d]
+
+
+_ACT_AND_MUL = {"silu": SiluAndMul, "gelu_pytorch_tanh": GeluTanhAndMul}
+
+
 def get_act_and_mul_fn(hidden_act: str) -> nn.Module:
     """Gated activation module for a config's ``hidden_act``.
 
     Raises:
-        ValueError: an activation other than ``silu``.
+        ValueError: an activation outside ``silu`` and ``gelu_pytorch_tanh``.
     """
-    if hidden_act != "silu":
-        raise ValueError(f"hidden_act={hidden_act!r} is not supported; supported: ['silu']")
-    return SiluAndMul()
+    if hidden_act not in _ACT_AND_MUL:
+        raise ValueError(
+            f"hidden_act={hidden_act!r} is not supported; supported: {sorted(_ACT_AND_MUL)}"
+        )
+    return _ACT_AND_MUL[hidden_act]()

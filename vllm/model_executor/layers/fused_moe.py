@@ -81,6 +81,8 @@ class FusedMoE(nn.Module):
         super().__init__()
         if not 1 <= top_k <= num_experts:
             raise ValueError(f"top_k={top_k} must be in [1, num_experts={num_experts}]")
+        if hidden_act != "silu":  # the Triton expert kernel computes SiLU-and-mul
+            raise ValueError(f"hidden_act={hidden_act!r} is not supported for experts: 'silu' only")
         self.num_experts, self.top_k = num_experts, top_k
         self.tp_size = get_tensor_model_parallel_world_size()
         self.tp_rank = get_tensor_model_parallel_rank()
@@ -135,7 +137,7 @@ class FusedMoE(nn.Module):
         if not hidden_states.is_cuda:
             return self.forward_native(hidden_states, router_logits)
         kernels = get_triton_moe(hidden_states)
-        if kernels is None:  # the kernel's activation is SiLU, the only one get_act_and_mul_fn has
+        if kernels is None:
             return self.forward_dense(hidden_states, router_logits)
         weights, ids = route_topk(
             router_logits, self.top_k, self.renormalize, hidden_states.dtype

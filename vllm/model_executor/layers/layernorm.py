@@ -55,3 +55,32 @@ class RMSNorm(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}"
+
+
+class GemmaRMSNorm(RMSNorm):
+    """Gemma's RMSNorm: ``y = (x / sqrt(mean(x**2, -1) + eps)) * (1 + weight)``.
+
+    Unlike :class:`RMSNorm` the scale is ``1 + weight`` (checkpoints store the offset from 1)
+    and the multiply happens in float32 before the cast back to the input dtype, exactly as
+    Hugging Face ``Gemma3RMSNorm``. Plain torch on every device (the fused Triton kernels
+    implement Llama's rounding). ``forward(x, residual)`` adds the residual first, as
+    :class:`RMSNorm` does.
+    """
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+        super().__init__(hidden_size, eps)
+        with torch.no_grad():
+            self.weight.zero_()  # scale 1, as an untrained Gemma norm
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        input_dtype = x.dtype
+        x = x.to(torch.float32)  # [num_tokens, hidden]
+        variance = x.pow(2).mean(-1, keepdim=True)  # [num_tokens, 1]
+        x = x * torch.rsqrt(variance + self.variance_epsilon)
+        return (x * (1.0 + self.weight.float())).to(input_dtype)
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Args: x, residual: [num_tokens, hidden]. Returns normed x, or (normed, new residual)."""
+        return self.forward_native(x, residual)

@@ -7,7 +7,8 @@ array is already in row-major torch order, which is what we use (and check).
 llama.cpp's converter permutes the rows of Llama's ``attn_q``/``attn_k`` so that each head's
 rotary pairs are interleaved (GPT-J style): per head, ``w.reshape(2, D/2, in)`` becomes
 ``w.reshape(D/2, 2, in)``. We undo it per head (interleaved pairs -> halves) to recover the
-HF NeoX layout. Qwen2 files are not permuted.
+HF NeoX layout. Qwen2 files are not permuted. Gemma 3 files store every norm weight as
+``1 + w`` (llama.cpp's converter), and name its four per-layer norms differently.
 """
 
 import re
@@ -36,21 +37,33 @@ _GLOBAL_NAMES = {
     "output_norm": "model.norm",
     "output": "lm_head",
 }
+# Gemma 3 has four norms per layer: llama.cpp's ffn_norm is its pre-feed-forward norm
+_ARCH_BLOCK_NAMES = {
+    "gemma3": {
+        "ffn_norm": "pre_feedforward_layernorm",
+        "post_attention_norm": "post_attention_layernorm",
+        "post_ffw_norm": "post_feedforward_layernorm",
+    },
+}
+# architectures whose converter stores every norm weight w as 1 + w (Gemma's scale)
+_NORM_SHIFTED_ARCHS = {"gemma3"}
 _SKIPPED = {"rope_freqs"}  # precomputed rotary factors: we compute our own
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
 _PERMUTED_ARCHS = {"llama"}
 
 
-def gguf_to_hf_name(gguf_name: str) -> str | None:
-    """``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``.
+def gguf_to_hf_name(gguf_name: str, arch: str = "") -> str | None:
+    """``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight`` (``arch``: the
+    file's ``general.architecture``, for the names that differ per architecture).
 
     Returns None for tensors we skip (``rope_freqs``). Raises ValueError for an unknown name.
     """
     match = _BLOCK_RE.match(gguf_name)
     if match:
         layer, sub, kind = match.groups()
-        if sub in _BLOCK_NAMES:
-            return f"model.layers.{layer}.{_BLOCK_NAMES[sub]}.{kind}"
+        names = {**_BLOCK_NAMES, **_ARCH_BLOCK_NAMES.get(arch, {})}
+        if sub in names:
+            return f"model.layers.{layer}.{names[sub]}.{kind}"
     else:
         base, _, kind = gguf_name.rpartition(".")
         if base in _SKIPPED:
@@ -106,8 +119,9 @@ def gguf_weights_iterator(
     reader = gguf.GGUFReader(path)
     arch = _field_str(reader, "general.architecture") or ""
     permuted = arch in _PERMUTED_ARCHS
+    norm_shifted = arch in _NORM_SHIFTED_ARCHS
     for tensor in tqdm(reader.tensors, desc="Loading gguf weights", unit="tensor"):
-        hf_name = gguf_to_hf_name(tensor.name)
+        hf_name = gguf_to_hf_name(tensor.name, arch)
         if hf_name is None:
             continue
         if layer_range is not None and hf_name.startswith("model.layers."):
@@ -124,6 +138,8 @@ def gguf_weights_iterator(
             array = reverse_permute_rows(array, num_heads)
         elif permuted and ".self_attn.k_proj." in hf_name:
             array = reverse_permute_rows(array, num_kv_heads)
+        elif norm_shifted and hf_name.endswith("norm.weight"):
+            array = array - 1.0  # the file holds 1 + w; GemmaRMSNorm adds the 1 back
         array = np.ascontiguousarray(array, dtype=np.float32)
         if not array.flags.writeable:  # F32 tensors come back as views of the read-only mmap
             array = array.copy()

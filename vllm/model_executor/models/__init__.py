@@ -16,6 +16,7 @@ _MODELS: dict[str, tuple[str, str]] = {
     "Phi3ForCausalLM": ("phi3", "Phi3ForCausalLM"),
     "Qwen3MoeForCausalLM": ("qwen3_moe", "Qwen3MoeForCausalLM"),
     "MixtralForCausalLM": ("mixtral", "MixtralForCausalLM"),
+    "Gemma3ForCausalLM": ("gemma3", "Gemma3ForCausalLM"),
 }
 
 # config.model_type -> architecture, for configs without `architectures` (GGUF-derived ones)
@@ -27,7 +28,12 @@ _MODEL_TYPE_TO_ARCH = {
     "phi3": "Phi3ForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "mixtral": "MixtralForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
 }
+
+# architectures whose GGUF files load (gguf_loader's tensor names; checked against
+# transformers on tiny files); other architectures load from Hugging Face directories only
+GGUF_ARCHS = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM")
 
 # model types whose every layer attends over a window of ``config.sliding_window`` tokens
 _UNIFORM_WINDOW_TYPES = ("mistral", "phi3", "mixtral")
@@ -84,4 +90,24 @@ def full_attention_limit(config) -> int | None:
     return None
 
 
-__all__ = ["ModelRegistry", "architectures_of", "full_attention_limit", "get_model_class"]
+def attention_fields(config) -> dict:
+    """``AttentionSpec`` fields beyond the shapes that the model's attention layers need:
+    ``sliding_windows`` (the distinct per-layer windows, tokens), ``scale`` (softmax scale
+    when not head_size ** -0.5) and ``logits_soft_cap``. Empty for every family but Gemma 3
+    (a uniform window is handled by capping max_model_len, see
+    :func:`full_attention_limit`)."""
+    if getattr(config, "model_type", None) == "gemma3_text":
+        from vllm.model_executor.models.gemma3 import gemma3_attention_fields
+
+        return gemma3_attention_fields(config)
+    return {}
+
+
+__all__ = [
+    "GGUF_ARCHS",
+    "ModelRegistry",
+    "architectures_of",
+    "attention_fields",
+    "full_attention_limit",
+    "get_model_class",
+]

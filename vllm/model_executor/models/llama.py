@@ -188,7 +188,11 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    """Embedding (first stage), the local decoder layers, final norm (last stage)."""
+    """Embedding (first stage), the local decoder layers, final norm (last stage).
+
+    Families with another embedding, final norm or per-layer rotary embeddings override
+    :meth:`make_embedding`, :meth:`make_norm` or :meth:`make_rotary_embs`.
+    """
 
     def __init__(self, config: PretrainedConfig, pp_rank: int, pp_size: int, qkv_bias: bool,
                  o_bias: bool, mlp_bias: bool,
@@ -199,24 +203,33 @@ class LlamaModel(nn.Module):
         self.is_last_rank = pp_rank == pp_size - 1
         num_layers = config.num_hidden_layers
         self.start_layer, self.end_layer = get_pp_indices(num_layers, pp_rank, pp_size)
-        self.embed_tokens = (
-            VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-            if self.is_first_rank
-            else None
+        self.embed_tokens = self.make_embedding(config) if self.is_first_rank else None
+        rotary_embs = self.make_rotary_embs(config)
+        self.layers = nn.ModuleList(
+            layer_cls(config, rotary_embs[i], qkv_bias, o_bias, mlp_bias, f"model.layers.{i}")
+            if self.start_layer <= i < self.end_layer
+            else PPMissingLayer()
+            for i in range(num_layers)
         )
+        self.norm = self.make_norm(config) if self.is_last_rank else None
+
+    def make_embedding(self, config: PretrainedConfig) -> nn.Module:
+        """The token embedding of the first stage (ids [T] -> [T, hidden])."""
+        return VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+
+    def make_norm(self, config: PretrainedConfig) -> nn.Module:
+        """The final norm of the last stage."""
+        return RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def make_rotary_embs(self, config: PretrainedConfig) -> list[RotaryEmbedding]:
+        """The rotary embedding of each layer index (Llama: one instance shared by all)."""
         head_dim = (
             getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         )
         rotary_emb = RotaryEmbedding(
             head_dim, head_dim, config.max_position_embeddings, get_rope_parameters(config)
         )
-        self.layers = nn.ModuleList(
-            layer_cls(config, rotary_emb, qkv_bias, o_bias, mlp_bias, f"model.layers.{i}")
-            if self.start_layer <= i < self.end_layer
-            else PPMissingLayer()
-            for i in range(num_layers)
-        )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps) if self.is_last_rank else None
+        return [rotary_emb] * config.num_hidden_layers
 
     def forward(self, input_ids, positions, kv_caches, attn_metadata, intermediate_tensors):
         if self.is_first_rank:
@@ -262,13 +275,14 @@ class LlamaForCausalLM(nn.Module):
     }
     packed_shards = {"qkv_proj": {"q", "k", "v"}, "gate_up_proj": {0, 1}}
     decoder_layer_cls: type[LlamaDecoderLayer] = LlamaDecoderLayer
+    model_cls: type[LlamaModel] = LlamaModel
 
     def __init__(self, config: PretrainedConfig, pp_rank: int = 0, pp_size: int = 1) -> None:
         super().__init__()
         self.config = config
         self.pp_rank, self.pp_size = pp_rank, pp_size
         qkv_bias, o_bias, mlp_bias = self._biases(config)
-        self.model = LlamaModel(
+        self.model = self.model_cls(
             config, pp_rank, pp_size, qkv_bias, o_bias, mlp_bias, self.decoder_layer_cls
         )
         self.start_layer, self.end_layer = self.model.start_layer, self.model.end_layer

@@ -16,6 +16,12 @@ rows run the Triton small-decode kernel (:mod:`.small_decode`), a graph prefill 
 step padded like one) the capturable prefill (:mod:`.flashinfer_prefill`), every other step
 a planned wrapper (:mod:`.metadata`). CUDA-graph state (per virtual engine buffers and
 per-size decode wrappers) lives in :mod:`.flashinfer_graph`.
+
+Sliding windows (Gemma 3): FlashInfer takes the window at plan time (``window_left``), so
+every planned step plans one wrapper per distinct window of the model
+(``AttentionSpec.sliding_windows``) besides the full-attention one, over the same page
+tables, and each layer runs the wrapper of its own window. Such models (and models with
+an attention score cap) bypass the small-decode kernel, which has neither.
 """
 
 from __future__ import annotations
@@ -92,6 +98,7 @@ class FlashInferBackend(AttentionBackend):
         self._workspace = None
         self._prefill = None
         self._decode = None
+        self._windowed: dict[int, tuple[Any, Any]] | None = None
         self.prefill_runs = 0
         self.decode_runs = 0
         self.small_decode_runs = 0  # decode steps on the Triton small-batch path
@@ -101,7 +108,11 @@ class FlashInferBackend(AttentionBackend):
                 f"small_decode_max_rows={spec.small_decode_max_rows} must be in "
                 f"[0, {SMALL_DECODE_MAX_ROWS_LIMIT}] (0 = off)."
             )
-        self.small_max_rows = spec.small_decode_max_rows
+        # The Triton small-decode kernel attends to the whole context without a score cap:
+        # a model with windowed layers or capped scores bypasses it (FlashInfer decodes).
+        self.windows: tuple[int, ...] = tuple(spec.sliding_windows)
+        bypass_small = bool(self.windows) or spec.logits_soft_cap is not None
+        self.small_max_rows = 0 if bypass_small else spec.small_decode_max_rows
         self._small: SmallDecodeBuffers | None = None
 
     @staticmethod
@@ -122,13 +133,32 @@ class FlashInferBackend(AttentionBackend):
         return self._workspace
 
     def _eager_wrappers(self):
+        """The (prefill, decode) wrappers of full-attention layers."""
         if self._prefill is None:
             ws = self.workspace()
             self._prefill = self.prefill_wrapper_cls(ws, "NHD")
             self._decode = self.decode_wrapper_cls(ws, "NHD", use_tensor_cores=self.tensor_cores)
         return self._prefill, self._decode
 
-    def plan_kwargs(self) -> dict[str, Any]:
+    def _all_eager_wrappers(self) -> dict[int | None, tuple[Any, Any]]:
+        """(prefill, decode) wrappers per window: None for full-attention layers, then one
+        pair per distinct sliding window of the model (FlashInfer fixes the window at plan
+        time), all over the shared workspace."""
+        if self._windowed is None:
+            ws = self.workspace()
+            self._windowed = {
+                w: (
+                    self.prefill_wrapper_cls(ws, "NHD"),
+                    self.decode_wrapper_cls(ws, "NHD", use_tensor_cores=self.tensor_cores),
+                )
+                for w in self.windows
+            }
+        return {None: self._eager_wrappers(), **self._windowed}
+
+    def plan_kwargs(self, window: int | None = None) -> dict[str, Any]:
+        """Keyword arguments of a wrapper's ``plan`` for layers of sliding ``window`` (None:
+        full attention): FlashInfer's ``window_left`` counts the keys left of the query,
+        so a window of W tokens (the query's own included) is ``window_left = W - 1``."""
         s = self.spec
         return dict(
             num_qo_heads=s.num_heads,
@@ -136,7 +166,9 @@ class FlashInferBackend(AttentionBackend):
             page_size=s.block_size,
             q_data_type=s.dtype,
             kv_data_type=s.dtype,
-            sm_scale=s.head_size**-0.5,
+            sm_scale=s.scale if s.scale is not None else s.head_size**-0.5,
+            window_left=-1 if window is None else window - 1,
+            logits_soft_cap=s.logits_soft_cap,
         )
 
     def small(self) -> SmallDecodeBuffers:
@@ -158,23 +190,27 @@ class FlashInferBackend(AttentionBackend):
             self.graph_prefill_runs += 1
             rows = slot_rows_host(step.slot_mapping, scratch_slot, self.spec.block_size)
             return graph_prefill_metadata(to_device(rows, self.spec.device), scratch_slot)
-        prefill, decode = self._eager_wrappers()
         indptr, indices, last = paged_kv_host(
             step, self.spec.block_size, scratch_slot // self.spec.block_size
         )
-        kw = self.plan_kwargs()
+        planned: dict[int | None, Any] = {}
+        for window, (prefill, decode) in self._all_eager_wrappers().items():
+            kw = self.plan_kwargs(window)
+            if step.mode == ForwardMode.PREFILL:
+                qo = torch.zeros(len(step.query_lens) + 1, dtype=torch.int32)
+                qo[1:] = torch.tensor(step.query_lens, dtype=torch.int32).cumsum(0)
+                prefill.plan(
+                    qo, indptr, indices, last, head_dim_qk=self.spec.head_size, causal=True, **kw
+                )
+                planned[window] = prefill
+            else:
+                decode.plan(indptr, indices, last, head_dim=self.spec.head_size, **kw)
+                planned[window] = decode
         if step.mode == ForwardMode.PREFILL:
-            qo = torch.zeros(len(step.query_lens) + 1, dtype=torch.int32)
-            qo[1:] = torch.tensor(step.query_lens, dtype=torch.int32).cumsum(0)
-            prefill.plan(
-                qo, indptr, indices, last, head_dim_qk=self.spec.head_size, causal=True, **kw
-            )
-            wrapper = prefill
             self.prefill_runs += 1
         else:
-            decode.plan(indptr, indices, last, head_dim=self.spec.head_size, **kw)
-            wrapper = decode
             self.decode_runs += 1
+        wrapper = planned.pop(None)
         rows = to_device(
             slot_rows_host(step.slot_mapping, scratch_slot, self.spec.block_size),
             self.spec.device,
@@ -187,6 +223,7 @@ class FlashInferBackend(AttentionBackend):
             scratch_slot=scratch_slot,
             wrapper=wrapper,
             kv_rows=rows[1:],
+            window_wrappers=planned,
         )
 
     def make_graph_state(self, scratch_slot: int) -> Any:

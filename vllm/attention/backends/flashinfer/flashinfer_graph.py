@@ -5,7 +5,9 @@ Graph state per virtual engine (docs/design.md guarantee 1): ``paged_kv_indptr``
 ``slot_rows`` [3, max_bs] (int64), allocated once at ``max_batchsize_to_capture`` (the float
 workspace is the backend's shared one). Each captured size gets its own decode wrapper over
 views ``indptr[:bs + 1]`` and ``last_page_len[:bs]``, so its batch size is fixed to ``bs``
-and no later capture can shrink it. Padded lanes read one token of the scratch block.
+and no later capture can shrink it; a model with sliding windows gets one more wrapper per
+distinct window for each size, over the same views, planned at each replay with its
+``window_left``. Padded lanes read one token of the scratch block.
 Sizes up to the small-decode limit run the Triton kernel instead (no wrapper, no plan): they
 take views of :class:`~.small_decode.SmallDecodeGraphBuffers`, which a decode-loop graph
 can advance on the device. Prefill graphs (one sequence, :mod:`.flashinfer_prefill`) take
@@ -109,15 +111,19 @@ class FlashInferGraphState(AttentionGraphState):
         if self.backend.takes_small_path(ForwardMode.DECODE, bs):
             return self.small.metadata(bs)
         indptr, indices, last = self._views(bs)
-        wrapper = self.backend.decode_wrapper_cls(
-            self.backend.workspace(),  # shared, see FlashInferBackend.workspace
-            "NHD",
-            use_cuda_graph=True,
-            use_tensor_cores=self.backend.tensor_cores,
-            paged_kv_indptr_buffer=indptr,
-            paged_kv_indices_buffer=indices,
-            paged_kv_last_page_len_buffer=last,
-        )
+        by_window = {
+            w: self.backend.decode_wrapper_cls(
+                self.backend.workspace(),  # shared, see FlashInferBackend.workspace
+                "NHD",
+                use_cuda_graph=True,
+                use_tensor_cores=self.backend.tensor_cores,
+                paged_kv_indptr_buffer=indptr,
+                paged_kv_indices_buffer=indices,
+                paged_kv_last_page_len_buffer=last,
+            )
+            for w in (None, *self.backend.windows)
+        }
+        wrapper = by_window.pop(None)
         self.wrappers[bs] = wrapper
         md = FlashInferMetadata(
             mode=ForwardMode.DECODE,
@@ -127,6 +133,7 @@ class FlashInferGraphState(AttentionGraphState):
             scratch_slot=self.scratch_slot,
             wrapper=wrapper,
             kv_rows=self.slot_rows[1:, :bs],
+            window_wrappers=by_window,
         )
         self.prepare_replay(
             bs, StepInputs.padded_decode(bs), md
@@ -147,9 +154,11 @@ class FlashInferGraphState(AttentionGraphState):
         # multi-step decoding from running ahead of the GPU); from a device tensor the
         # copy is asynchronous. indptr / last_page_len must stay on the host (planning).
         indices = indices.to(self.spec.device, non_blocking=True)  # [pages] int32
-        md.wrapper.plan(
-            indptr, indices, last, head_dim=self.spec.head_size, **self.backend.plan_kwargs()
-        )
+        # every window's wrapper plans the same tables into the same buffers (its own
+        # plan info: window_left is fixed at plan time)
+        for window, wrapper in [(None, md.wrapper), *(md.window_wrappers or {}).items()]:
+            kw = self.backend.plan_kwargs(window)
+            wrapper.plan(indptr, indices, last, head_dim=self.spec.head_size, **kw)
         rows = slot_rows_host(step.slot_mapping, self.scratch_slot, self.spec.block_size)
         self.slot_rows[:, :bs].copy_(pin_for(rows, self.spec.device), non_blocking=True)
         self.backend.decode_runs += 1

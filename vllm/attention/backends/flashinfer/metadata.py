@@ -17,14 +17,17 @@ class FlashInferMetadata(AttentionMetadata):
     """Metadata of FLASHINFER: the planned wrapper of this pass (prefill or decode) and
     ``kv_rows`` [2, num_tokens] int64, the rows of each new token's key (row 0) and value
     (row 1) in the cache viewed as [(num_blocks + 1) * 2 * block_size, kv_heads, head_size]
-    (see :func:`.paged_cache.slot_rows_host`), so a layer writes its cache with two index copies."""
+    (see :func:`.paged_cache.slot_rows_host`), so a layer writes its cache with two index copies.
+    ``window_wrappers``: sliding window -> the wrapper planned with that window (same pass,
+    same page tables), run by layers whose ``sliding_window`` it is."""
 
     wrapper: Any = None
     kv_rows: torch.Tensor | None = None
+    window_wrappers: dict[int, Any] | None = None
 
 
 class FlashInferImpl(AttentionImpl):
-    """Runs the planned wrapper of the pass."""
+    """Runs the planned wrapper of the pass (of the layer's sliding window, if any)."""
 
     @staticmethod
     def forward(
@@ -48,7 +51,9 @@ class FlashInferImpl(AttentionImpl):
         query, key = rotate_and_write(layer, query, key, value, kv_cache, md.kv_rows, positions,
                                       rotary_emb)  # fmt: skip
         q = query.view(-1, h, d)  # [num_tokens, num_heads, head_size]
-        out = md.wrapper.run(q, kv_cache)  # [num_tokens, num_heads, head_size]
+        window = getattr(layer, "sliding_window", None)
+        wrapper = md.wrapper if window is None else md.window_wrappers[window]
+        out = wrapper.run(q, kv_cache)  # [num_tokens, num_heads, head_size]
         return out.reshape(-1, h * d)
 
 
