@@ -218,9 +218,12 @@ class MultiprocessingExecutor(PipelineExecutorBase):
         if self._closed or self._closing:
             raise RuntimeError("the multiprocessing executor was shut down.")
 
-    def execute_model_async(self, request: ExecuteModelRequest) -> Future:
-        """Submit one step to every stage; the future resolves to the last stage's
-        SamplerOutput (None for an empty request) or fails with the failing rank's error.
+    def execute_model_async(
+        self, request: ExecuteModelRequest | list[ExecuteModelRequest]
+    ) -> Future:
+        """Submit one step (or a round: a list of requests, vllm/worker/pp_stage.py) to
+        every stage; the future resolves to the last stage's SamplerOutput (their list for
+        a round; None for an empty request) or fails with the failing rank's error.
 
         Raises:
             RuntimeError: the executor already failed or was shut down.

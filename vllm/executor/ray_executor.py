@@ -258,9 +258,12 @@ class RayExecutor(PipelineExecutorBase):
             raise RuntimeError("the Ray executor was shut down.")
 
     # -------------------------------------------------------------------- steps
-    def execute_model_async(self, request: ExecuteModelRequest) -> Future:
-        """Submit one step to every stage, in order; the future resolves to the last
-        stage's SamplerOutput or fails with the failing rank's error.
+    def execute_model_async(
+        self, request: ExecuteModelRequest | list[ExecuteModelRequest]
+    ) -> Future:
+        """Submit one step (or a round: a list of requests, vllm/worker/pp_stage.py) to
+        every stage, in order; the future resolves to the last stage's SamplerOutput
+        (their list for a round) or fails with the failing rank's error.
 
         Raises:
             RuntimeError: the executor already failed or was shut down.

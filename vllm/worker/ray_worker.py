@@ -66,8 +66,11 @@ class RayStageWorker:
         self.worker = setup_stage_worker(config, rank, 0, init_method)
         return os.getpid()
 
-    def execute_model(self, request: ExecuteModelRequest) -> SamplerOutput | None:
-        """Run one step; the last stage returns the SamplerOutput, the others None."""
+    def execute_model(
+        self, request: ExecuteModelRequest | list[ExecuteModelRequest]
+    ) -> SamplerOutput | list[SamplerOutput] | None:
+        """Run one step (or a round, a list); the last stage returns the SamplerOutput
+        (their list), the others None."""
         out = self.worker.execute_model(request)
         return out if self.is_last else None
 

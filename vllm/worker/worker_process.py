@@ -8,7 +8,8 @@ vllm/executor/mp_executor.py):
    ``("ready", rank)``.
 2. Serve messages from the driver, strictly in the order they arrive on its pipe:
    ``("step", step_id, request)`` runs ``Worker.execute_model`` (only the last stage replies,
-   with the SamplerOutput; any stage replies when it fails); ``("call", call_id, method,
+   with the SamplerOutput, or their list when ``request`` is a list: a round of
+   vllm/worker/pp_stage.py; any stage replies when it fails); ``("call", call_id, method,
    args)`` runs a Worker method and every stage replies; ``("free", seq_ids)`` forgets
    finished sequences; ``("shutdown",)`` leaves the group and exits.
 
