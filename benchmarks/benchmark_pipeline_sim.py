@@ -20,7 +20,9 @@ One JSON line per run (``{"bench": "pipeline_sim", ...}``):
   engine), ``submit`` (pickling and writing the request to the stages), and the stages'
   ``prepare``, ``transfer``, ``sample`` (the largest over stages; ``transfer`` includes a
   receiver's wait for its sender);
-- ``stage_ms_per_step``: the same split per stage.
+- ``stage_ms_per_step``: the same split per stage;
+- ``load_avg_1m``: the machine's load average at the end (on a shared CPU, other load
+  delays every process's wake-up, the stand-in's included, so compare runs of one load).
 
 Example (every combination of the table in docs/benchmarks.md)::
 
@@ -159,6 +161,7 @@ def run_one(args, model_dir: str, pp: int, steps: int) -> dict:
         "stage_busy": [round(s["device_busy_s"] / wall, 3) for s in stages],
         "host_ms_per_step": {k: host[k] for k in HOST_KEYS},
         "stage_ms_per_step": per_stage,
+        "load_avg_1m": round(os.getloadavg()[0], 2),
     }
 
 

@@ -44,6 +44,7 @@ from vllm.distributed.parallel_state import get_free_port
 from vllm.executor.executor_base import PipelineExecutorBase
 from vllm.sequence import ExecuteModelRequest
 from vllm.worker import worker_process as wp
+from vllm.worker.request_delta import DriverRequestEncoder
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +72,7 @@ class MultiprocessingExecutor(PipelineExecutorBase):
         self._error: RuntimeError | None = None
         self._closing = False
         self._closed = False
+        self._encoder = DriverRequestEncoder()  # decode steps travel as deltas
         self.workers: list[multiprocessing.Process] = []
         self._conns = []
         self.worker_pids: list[int] = []
@@ -233,7 +235,9 @@ class MultiprocessingExecutor(PipelineExecutorBase):
             self._check_alive()
             step_id = next(self._step_ids)
             self._steps[step_id] = fut
-            self._broadcast((wp.STEP, step_id, request))
+            enc = self._encoder.encode
+            msg = [enc(r) for r in request] if isinstance(request, list) else enc(request)
+            self._broadcast((wp.STEP, step_id, msg))
         return fut
 
     def collective_rpc(self, method: str, *args: Any, timeout: float | None = None) -> list:
@@ -255,8 +259,9 @@ class MultiprocessingExecutor(PipelineExecutorBase):
     def free_sequences(self, seq_ids: list[int]) -> None:
         if not seq_ids or self._error is not None or self._closing or self._closed:
             return
-        with self._lock:  # only the last stage keeps per-sequence generators
-            self._broadcast((wp.FREE, list(seq_ids)), [self.world_size - 1])
+        with self._lock:  # every stage caches sequences (request_delta.py)
+            self._encoder.forget(seq_ids)
+            self._broadcast((wp.FREE, list(seq_ids)))
 
     # ----------------------------------------------------------------- shutdown
     def shutdown(self) -> None:

@@ -30,6 +30,7 @@ from typing import Any
 from vllm import envs
 from vllm.executor.executor_base import PipelineExecutorBase
 from vllm.sequence import ExecuteModelRequest
+from vllm.worker.request_delta import DriverRequestEncoder
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +87,7 @@ class RayExecutor(PipelineExecutorBase):
         self._pending: set[Future] = set()
         self._error: RuntimeError | None = None
         self._closed = False
+        self._encoder = DriverRequestEncoder()
         self.actors: list = []
         self.node_infos: list[dict[str, Any]] = []
         self.placement_group = None
@@ -271,7 +273,9 @@ class RayExecutor(PipelineExecutorBase):
         fut: Future = Future()
         with self._lock:
             self._check_alive()
-            req_ref = self._ray.put(request)  # serialized once for all stages
+            enc = self._encoder.encode  # decode steps travel as deltas (request_delta.py)
+            msg = [enc(r) for r in request] if isinstance(request, list) else enc(request)
+            req_ref = self._ray.put(msg)  # serialized once for all stages
             refs = [a.execute_model.remote(req_ref) for a in self.actors]
             self._pending.add(fut)
         last = self.world_size - 1
@@ -308,8 +312,10 @@ class RayExecutor(PipelineExecutorBase):
     def free_sequences(self, seq_ids: list[int]) -> None:
         if not seq_ids or self._error is not None or self._closed:
             return
-        with self._lock:  # only the last stage keeps per-sequence generators
-            self.actors[-1].free_sequences.remote(list(seq_ids))
+        with self._lock:  # every stage caches sequences (request_delta.py)
+            self._encoder.forget(seq_ids)
+            for actor in self.actors:
+                actor.free_sequences.remote(list(seq_ids))
 
     # ----------------------------------------------------------------- shutdown
     def shutdown(self) -> None:
