@@ -41,3 +41,24 @@ def test_pipeline_sim_short_run_reports_keys(monkeypatch):
         assert all(v >= 0 for v in rec["host_ms_per_step"].values())
         assert rec["stage_ms_per_step"][1]["sample"] > 0  # the last stage samples
         assert rec["stage_ms_per_step"][0]["sample"] == 0
+
+
+def test_sim_timing_and_its_errors(tiny_llama_dir):
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.model_executor.model_loader.sim_model import SimTiming
+
+    t = SimTiming.from_extra_config({"step_ms": 8, "per_row_us": 10, "per_token_us": 1})
+    # (8000 us + 10 us x 4 rows + 1 us x 6 tokens) / 2 stages
+    assert t.stage_seconds(4, 6, 2) == pytest.approx(4023e-6)
+    assert SimTiming.from_extra_config(None).stage_seconds(1, 1, 4) == pytest.approx(2e-3)
+    with pytest.raises(ValueError, match=r"\['step_s'\] are not known"):
+        SimTiming.from_extra_config({"step_s": 1})
+    with pytest.raises(ValueError, match="must be >= 0"):
+        SimTiming.from_extra_config({"step_ms": -1})
+    args = dict(model=tiny_llama_dir, device="cpu", load_format="sim")
+    cfg = EngineArgs(**args, model_loader_extra_config='{"step_ms": 2}').create_engine_config()
+    assert cfg.model_config.model_loader_extra_config == {"step_ms": 2}
+    with pytest.raises(ValueError, match="not valid JSON"):
+        EngineArgs(**args, model_loader_extra_config="{step_ms").create_engine_config()
+    with pytest.raises(ValueError, match="must be a JSON object"):
+        EngineArgs(**args, model_loader_extra_config="[1]").create_engine_config()

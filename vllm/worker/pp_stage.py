@@ -172,11 +172,12 @@ class PipelineStage:
         with times.phase("transfer"):
             if i == 0:
                 own = plan_header(batch, call.num_steps)
+                dev = self.runner.device  # NCCL sends device tensors only
                 if not self.first:
-                    got = comm.recv_int_tensor(len(own), torch.device("cpu"), self.group.prev_rank)
+                    got = comm.recv_int_tensor(len(own), dev, self.group.prev_rank)
                     check_plan_agreement(own, got.tolist(), self.rank)
                 if not self.last:
-                    comm.send_int_tensor(torch.tensor(own), self.group.next_rank)
+                    comm.send_int_tensor(torch.tensor(own, device=dev), self.group.next_rank)
             if not self.first:
                 hidden = self.worker.config.model_config.hf_config.hidden_size
                 dtype = self.worker.config.model_config.torch_dtype
