@@ -1,4 +1,5 @@
-"""The multiprocessing executor: one process per pipeline stage on this host.
+"""The multiprocessing executor: one process per rank (tensor-parallel shard of a pipeline
+stage) on this host; ``world_size = tp * pp``, rank ``pp_rank * tp + tp_rank``.
 
 Start method (:func:`worker_start_method`): "fork" when CUDA is not initialised in this
 process, else "spawn" (a forked child cannot use CUDA its parent initialised);

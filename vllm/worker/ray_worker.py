@@ -64,15 +64,15 @@ class RayStageWorker:
         from vllm.worker.worker_process import setup_stage_worker
 
         self.rank = rank
-        self.is_last = rank == config.parallel_config.world_size - 1
+        self.is_last = rank == config.parallel_config.sampling_rank  # TP rank 0, last stage
         self.worker = setup_stage_worker(config, rank, 0, init_method)
         return os.getpid()
 
     def execute_model(
         self, request: ExecuteModelRequest | list[ExecuteModelRequest]
     ) -> SamplerOutput | list[SamplerOutput] | None:
-        """Run one step (or a round, a list); the last stage returns the SamplerOutput
-        (their list), the others None."""
+        """Run one step (or a round, a list); the sampling rank (TP rank 0 of the last
+        stage) returns the SamplerOutput (their list), the others None."""
         out = self.worker.execute_model(self.cache.expand(request))
         return out if self.is_last else None
 

@@ -1,4 +1,5 @@
-"""Worker: one device (one pipeline stage) — device setup, model, KV caches, steps.
+"""Worker: one device (one rank: a TP shard of a pipeline stage) — device setup, model,
+KV caches, steps.
 
 The KV cache is a list indexed by virtual engine: ``cache_engines[ve].kv_caches[layer]``.
 """
@@ -21,11 +22,11 @@ logger = logging.getLogger(__name__)
 
 
 class Worker:
-    """Runs the model of one pipeline stage on one device.
+    """Runs one rank of the model (one TP shard of one pipeline stage) on one device.
 
     Args:
         config: the engine config.
-        rank: pipeline stage (0 for a single device).
+        rank: global rank ``pp_rank * tp + tp_rank`` (0 for a single device).
         local_rank: device index on this host (CUDA).
     """
 
@@ -34,6 +35,8 @@ class Worker:
         self.rank = rank
         self.local_rank = local_rank
         self.pp_size = config.parallel_config.pipeline_parallel_size
+        self.tp_size = config.parallel_config.tensor_parallel_size
+        self.pp_rank, self.tp_rank = divmod(rank, self.tp_size)
         self.num_virtual_engines = config.num_virtual_engines
         dev = config.device_config.device
         self.device = torch.device(f"cuda:{local_rank}" if dev == "cuda" else "cpu")
@@ -51,7 +54,7 @@ class Worker:
             cores = os.cpu_count() or 1
             torch.set_num_threads(max(1, cores // self.config.parallel_config.world_size))
         torch.manual_seed(self.config.model_config.seed)
-        self.model_runner = ModelRunner(self.config, self.device, self.rank, self.pp_size)
+        self.model_runner = ModelRunner(self.config, self.device, self.pp_rank, self.pp_size)
 
     def load_model(self) -> None:
         self.model_runner.load_model()
@@ -62,6 +65,7 @@ class Worker:
             self.config.model_config,
             self.config.cache_config.block_size,
             self.model_runner.num_local_layers,
+            self.tp_size,
         )
 
     @torch.inference_mode()
@@ -136,6 +140,7 @@ class Worker:
                 self.config.cache_config.block_size,
                 self.model_runner.num_local_layers,
                 self.device,
+                self.tp_size,
             )
             for _ in range(self.num_virtual_engines)
         ]
@@ -177,14 +182,14 @@ class Worker:
 
         With ``num_scheduler_steps`` > 1 a decode request runs up to that many decode
         passes (vllm/worker/multi_step.py at PP = 1; ``request.num_steps`` passes under PP).
-        Under PP a list of requests is a round (vllm/worker/pp_stage.py): the last stage
-        returns their SamplerOutputs in order, the other stages None.
+        Under PP (without TP) a list of requests is a round (vllm/worker/pp_stage.py): the
+        last stage returns their SamplerOutputs in order, the other stages None.
         """
         if isinstance(request, list):
             return self.execute_round(request)
         if not request.seq_group_metadata_list:
             return None
-        if self.pp_size > 1:
+        if self.pp_size > 1 and self.tp_size == 1:
             out = self.execute_round([request])
             return out[0] if out is not None else None
         ve = request.virtual_engine
@@ -208,11 +213,52 @@ class Worker:
             batch = runner.prepare_model_input(
                 request.seq_group_metadata_list, ve, ce.scratch_slot, request.num_lookahead_slots
             )
+        if self.tp_size > 1:  # the TP path: ranks of a stage agree, logits gathered on rank 0
+            self._assert_plan_agreement(batch)
+            if self.pp_size > 1:
+                return self._execute_pipeline_stage(batch, ce.kv_caches)
+            with self.times.phase("forward"):
+                return runner.execute_model(batch, ce.kv_caches)
         with self.times.phase("forward"):
             hidden = runner.forward_hidden(batch, ce.kv_caches)
         self.times.passes += 1
         with self.times.phase("sample"):
             return runner.sampler(runner.compute_logits(batch, hidden), batch.sampling_metadata)
+
+    def _execute_pipeline_stage(self, batch, kv_caches) -> SamplerOutput | None:
+        """One step of a stage of a pipeline with tensor parallelism (``tp_size > 1``;
+        without TP every PP step runs through vllm/worker/pp_stage.py).
+
+        A non-first stage receives ``IntermediateTensors`` [num_tokens, hidden] from the
+        previous stage's rank of the same TP index; a non-last stage sends its output on
+        and returns None. Only the sampling rank returns the SamplerOutput.
+        """
+        from vllm.distributed.communication import (
+            recv_intermediate_tensors,
+            send_intermediate_tensors,
+        )
+        from vllm.distributed.parallel_state import get_pp_group
+
+        group = get_pp_group()
+        if group is None:
+            raise RuntimeError(
+                f"pipeline_parallel_size={self.pp_size} but this process has no pipeline "
+                "group (workers of a pipeline run under the mp or Ray executor)."
+            )
+        inter = None
+        if not group.is_first_rank:
+            inter = recv_intermediate_tensors(
+                batch.input_ids.shape[0],
+                self.config.model_config.hf_config.hidden_size,
+                self.config.model_config.torch_dtype,
+                self.device,
+                group.prev_rank,
+            )
+        out = self.model_runner.execute_model(batch, kv_caches, inter)
+        if group.is_last_rank:
+            return out
+        send_intermediate_tensors(out, group.next_rank)
+        return None
 
     def execute_round(self, requests: list[ExecuteModelRequest]) -> list[SamplerOutput] | None:
         """Run a round of requests on this pipeline stage (vllm/worker/pp_stage.py).
@@ -223,7 +269,7 @@ class Worker:
         """
         requests = [r for r in requests if r.seq_group_metadata_list]
         if not requests:
-            return None if self.rank < self.pp_size - 1 else []
+            return None if self.pp_rank < self.pp_size - 1 else []
         if self._stage is None:
             from vllm.distributed.parallel_state import get_pp_group
             from vllm.worker.pp_stage import PipelineStage
@@ -254,6 +300,18 @@ class Worker:
         if hasattr(self.model_runner.model, "busy_s"):
             self.model_runner.model.busy_s = 0.0
             self.model_runner.model.num_forwards = 0
+
+    def _assert_plan_agreement(self, batch) -> None:
+        """The TP ranks of this stage must run the same plan (graph replay of one size, or
+        eager) for every step, or their all-reduces deadlock: exchange it and raise on a
+        difference (:func:`vllm.distributed.tp_ops.assert_tp_plan_agreement`)."""
+        from vllm.attention.backends.abstract import ForwardMode
+        from vllm.distributed.tp_ops import assert_tp_plan_agreement
+
+        graph = -1 if batch.graph_size is None else batch.graph_size
+        mode = 1 if batch.mode == ForwardMode.DECODE else 0
+        plan = (batch.virtual_engine, mode, graph, batch.num_tokens)  # num_tokens: padded
+        assert_tp_plan_agreement(plan)
 
     def free_sequences(self, seq_ids: list[int]) -> None:
         """Forget per-sequence state of finished sequences."""
