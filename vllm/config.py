@@ -16,7 +16,7 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 _DTYPES = ("auto", "float32", "float16", "bfloat16", "half", "float")
-_LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
+_LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy", "sim")
 _DEVICES = ("auto", "cuda", "cpu")
 
 
@@ -55,7 +55,11 @@ class ModelConfig:
         dtype: "auto" (bfloat16 on CUDA, float32 on CPU), "float32", "float16", "bfloat16".
         max_model_len: context length (prompt + output) in tokens; default from the config.
         load_format: "auto" (gguf for a .gguf file, else safetensors), "safetensors",
-            "gguf" or "dummy" (random weights seeded by parameter name, for benchmarks).
+            "gguf", "dummy" (random weights seeded by parameter name, for benchmarks) or
+            "sim" (the pipeline simulator's stand-in forward that only waits).
+        model_loader_extra_config: options of the load format, a dict or its JSON text;
+            "sim" reads ``step_ms``, ``per_row_us``, ``per_token_us``
+            (vllm/model_executor/model_loader/sim_model.py).
 
     Raises:
         ValueError: missing path, unknown dtype or load format, an unsupported architecture
@@ -71,6 +75,7 @@ class ModelConfig:
     load_format: str = "auto"
     skip_tokenizer_init: bool = False
     device: str = "cpu"
+    model_loader_extra_config: Any = None
     hf_config: Any = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -90,6 +95,7 @@ class ModelConfig:
             )
         if self.load_format == "auto":
             self.load_format = "gguf" if self.is_gguf else "safetensors"
+        self.model_loader_extra_config = _parse_extra_config(self.model_loader_extra_config)
         if self.load_format == "gguf" and not self.is_gguf:
             raise ValueError(f"load_format='gguf' needs a .gguf file, got {self.model!r}.")
         if self.hf_config is None:
@@ -170,6 +176,28 @@ class ModelConfig:
     @property
     def vocab_size(self) -> int:
         return self.hf_config.vocab_size
+
+
+def _parse_extra_config(value: Any) -> dict | None:
+    """``model_loader_extra_config`` as a dict (None stays None).
+
+    Raises:
+        ValueError: text that is not a JSON object, or another type.
+    """
+    import json
+
+    if value is None or isinstance(value, dict):
+        return value
+    if isinstance(value, str):
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise ValueError(
+                f"model_loader_extra_config is not valid JSON: {value!r} ({e})."
+            ) from None
+        if isinstance(parsed, dict):
+            return parsed
+    raise ValueError(f"model_loader_extra_config must be a JSON object, got {value!r}.")
 
 
 def _resolve_dtype(name: str, device: str):

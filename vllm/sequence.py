@@ -289,6 +289,9 @@ class ExecuteModelRequest:
         num_lookahead_slots: extra KV slots reserved per sequence (speculative decoding).
         running_queue_size: number of running groups in that virtual engine.
         finished_requests_ids: requests finished since the previous step (proposer state).
+        num_steps: decode forward passes of this call under pipeline parallelism with
+            multi-step decoding, decided by the engine so every stage runs the same
+            number (1 otherwise; PP = 1 decides its own, vllm/worker/multi_step.py).
     """
 
     seq_group_metadata_list: list[SequenceGroupMetadata]
@@ -296,6 +299,7 @@ class ExecuteModelRequest:
     num_lookahead_slots: int = 0
     running_queue_size: int = 0
     finished_requests_ids: list[str] = field(default_factory=list)
+    num_steps: int = 1
 
 
 @dataclass

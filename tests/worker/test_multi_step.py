@@ -189,10 +189,6 @@ def test_multi_step_replays_fake_graphs(tiny_llama_dir, backend, loop_graphs):
             ),
             "cannot be combined with speculative decoding",
         ),
-        (
-            dict(num_scheduler_steps=4, pipeline_parallel_size=2),
-            "not supported with pipeline_parallel_size=2",
-        ),
     ],
 )
 def test_validation(tiny_llama_dir, kw, match):

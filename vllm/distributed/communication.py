@@ -1,14 +1,24 @@
-"""Point-to-point exchange of ``IntermediateTensors`` between consecutive pipeline stages.
+"""Point-to-point exchange between pipeline stages: hidden states forward, a step's plan
+header forward, sampled token ids from the last stage back to the first.
 
 No shape message is sent: every stage receives the same ``ExecuteModelRequest`` and builds
 the same batch from it, so the receiver knows ``num_tokens`` (the batch's token rows,
-padded lanes included), ``hidden_size`` and the model dtype already. Tensors travel in a
-fixed key order (:data:`PP_TENSOR_KEYS`), one ``torch.distributed.send`` each; messages
-between one pair of ranks arrive in the order sent, so steps stay matched as long as every
-stage runs steps in the same order (the executor guarantees that).
+padded lanes included), ``hidden_size`` and the model dtype already; the plan header
+(vllm/worker/pp_stage.py) lets it check that before the hidden states arrive. Tensors
+travel in a fixed key order (:data:`PP_TENSOR_KEYS`); messages between one pair of ranks
+arrive in the order sent, so steps stay matched as long as every stage runs steps in the
+same order (the executor guarantees that).
+
+Sends do not wait for the receiver: on gloo each is an ``isend`` whose work and tensor are
+kept (:data:`_PENDING`) until it completes, so a stage starts its next step while the next
+stage still works on the previous one, and a stage sending ids back to stage 0 never
+deadlocks against stage 0 sending hidden states forward. On NCCL the send is ordered on
+the device stream (``work.wait()`` does not block the host).
 """
 
 from __future__ import annotations
+
+from collections import deque
 
 import torch
 import torch.distributed as dist
@@ -17,10 +27,38 @@ from vllm.sequence import IntermediateTensors
 
 # The residual stream travels next to the hidden states (fused residual add in RMSNorm).
 PP_TENSOR_KEYS = ("hidden_states", "residual")
+# The most gloo sends kept in flight before the oldest is waited for.
+MAX_PENDING_SENDS = 64
+# (work, tensor) of gloo sends not known to be complete, oldest first.
+_PENDING: deque = deque()
+
+
+def send_tensor(tensor: torch.Tensor, dst: int) -> None:
+    """Send ``tensor`` to rank ``dst`` without waiting for the receiver (see module doc)."""
+    tensor = tensor.contiguous()
+    work = dist.isend(tensor, dst=dst)
+    if tensor.is_cuda:
+        work.wait()  # NCCL: orders the send on the current stream; the host goes on
+        return
+    _PENDING.append((work, tensor))
+    while _PENDING and (len(_PENDING) > MAX_PENDING_SENDS or _PENDING[0][0].is_completed()):
+        _PENDING.popleft()[0].wait()
+
+
+def send_int_tensor(values: torch.Tensor, dst: int) -> None:
+    """Send an int64 tensor (a plan header [k] or sampled ids [rows]) to rank ``dst``."""
+    send_tensor(values.to(torch.long), dst)
+
+
+def recv_int_tensor(n: int, device: torch.device, src: int) -> torch.Tensor:
+    """Receive ``n`` int64 values from rank ``src``: [n] int64 on ``device``."""
+    buf = torch.empty(n, dtype=torch.long, device=device)
+    dist.recv(buf, src=src)  # [n]
+    return buf
 
 
 def send_intermediate_tensors(tensors: IntermediateTensors, dst: int) -> None:
-    """Send every tensor of ``tensors`` to rank ``dst`` (blocking until handed over).
+    """Send every tensor of ``tensors`` to rank ``dst`` (not waiting for the receiver).
 
     Args:
         tensors: must hold exactly :data:`PP_TENSOR_KEYS`, each [num_tokens, hidden].
@@ -33,7 +71,7 @@ def send_intermediate_tensors(tensors: IntermediateTensors, dst: int) -> None:
     if sorted(keys) != sorted(PP_TENSOR_KEYS):
         raise ValueError(f"IntermediateTensors keys {list(keys)} != expected {PP_TENSOR_KEYS}.")
     for key in PP_TENSOR_KEYS:
-        dist.send(tensors[key].contiguous(), dst=dst)  # [num_tokens, hidden]
+        send_tensor(tensors[key], dst)  # [num_tokens, hidden]
 
 
 def recv_intermediate_tensors(

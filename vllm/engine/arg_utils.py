@@ -72,7 +72,12 @@ class EngineArgs:
     load_format: str = _f(
         "auto",
         "auto (gguf for a .gguf file, else safetensors), safetensors, gguf, or dummy "
-        "(random weights, for benchmarks).",
+        "(random weights, for benchmarks) or sim (the pipeline simulator's waiting stand-in).",
+        group="model",
+    )
+    model_loader_extra_config: str | None = _f(
+        None,
+        "Options of the load format as a JSON object, e.g. '{\"step_ms\": 8}' for sim.",
         group="model",
     )
     device: str = _f("auto", "auto (cuda when available, else cpu), cuda or cpu.", group="model")
@@ -256,6 +261,7 @@ class EngineArgs:
             load_format=self.load_format,
             skip_tokenizer_init=self.skip_tokenizer_init,
             device=device_config.device,
+            model_loader_extra_config=self.model_loader_extra_config,
         )
         speculative_config = SpeculativeConfig.create(
             model_config,
@@ -295,18 +301,12 @@ def _check_multi_step(steps: int, spec, parallel: ParallelConfig) -> None:
     """Refuse combinations multi-step decoding does not support (before any weight load).
 
     Raises:
-        ValueError: with speculative decoding, pipeline_parallel_size > 1 or
-            tensor_parallel_size > 1.
+        ValueError: with speculative decoding or tensor_parallel_size > 1.
     """
     if spec is not None:
         raise ValueError(
             f"num_scheduler_steps={steps} cannot be combined with speculative decoding "
             f"(speculative_model={spec.speculative_model!r}); use one or the other."
-        )
-    if parallel.pipeline_parallel_size > 1:
-        raise ValueError(
-            f"num_scheduler_steps={steps} is not supported with pipeline_parallel_size="
-            f"{parallel.pipeline_parallel_size}; use num_scheduler_steps=1."
         )
     if parallel.tensor_parallel_size > 1:
         raise ValueError(

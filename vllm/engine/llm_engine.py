@@ -88,6 +88,12 @@ class LLMEngine:
         # Pipelined stepping (executors with execute_model_async, e.g. mp): at most one
         # step in flight per VE; (ve, future, scheduler outputs) in submission order.
         self._pipelined = hasattr(self.executor, "execute_model_async")
+        # Multi-step decoding under PP runs rounds: one call per VE, their passes
+        # interleaved on every stage (vllm/worker/pp_stage.py).
+        self._pp_multi_step = (
+            config.parallel_config.pipeline_parallel_size > 1
+            and config.scheduler_config.num_scheduler_steps > 1
+        )
         self._in_flight: deque = deque()
         self.max_steps_in_flight = 0  # the most steps ever in flight at once
         # request id -> the exception that failed it while its output was processed; the
@@ -301,6 +307,8 @@ class LLMEngine:
 
         Returns RequestOutputs of the groups scheduled (and ignored) in this step.
         """
+        if self._pp_multi_step:
+            return self._step_round()
         if self._pipelined:
             return self._step_pipelined()
         for _ in range(len(self.schedulers)):
@@ -344,14 +352,49 @@ class LLMEngine:
             results.extend(self.process_outputs(ve, sched_out, output))
         return results
 
+    def _step_round(self) -> list[RequestOutput]:
+        """Multi-step decoding under PP: schedule every virtual engine with work, submit
+        their calls as one round (each stage interleaves the calls' passes, so the
+        pipeline holds one VE per stage) and process every call's outputs.
+        """
+        results: list[RequestOutput] = []
+        calls = []
+        for ve in range(len(self.schedulers)):
+            if not self.schedulers[ve].has_unfinished_seqs():
+                continue
+            req, sched_out = self.schedule_step(ve)
+            if not req.seq_group_metadata_list:
+                results.extend(self.process_outputs(ve, sched_out, None))
+                continue
+            calls.append((ve, req, sched_out))
+        if not calls:
+            return results
+        self.max_steps_in_flight = max(self.max_steps_in_flight, len(calls))
+        outputs = self.executor.execute_model_async([req for _, req, _ in calls]).result()
+        for (ve, _, sched_out), output in zip(calls, outputs):
+            results.extend(self.process_outputs(ve, sched_out, output))
+        return results
+
     def schedule_step(self, ve: int) -> tuple[ExecuteModelRequest, SchedulerOutputs]:
-        """Schedule one step of virtual engine ``ve``."""
+        """Schedule one step of virtual engine ``ve``.
+
+        Under PP with multi-step decoding the engine decides a decode call's number of
+        passes (``num_steps``, see vllm/worker/multi_step.py ``decode_steps``) so every
+        stage runs the same.
+        """
         metadata, sched_out = self.schedulers[ve].schedule()
+        num_steps = 1
+        if self._pp_multi_step and metadata and not metadata[0].is_prompt:
+            from vllm.worker.multi_step import decode_steps
+
+            sc = self.scheduler_config
+            num_steps = decode_steps(metadata, sc.num_scheduler_steps, sc.max_model_len)
         req = ExecuteModelRequest(
             seq_group_metadata_list=metadata,
             virtual_engine=ve,
             num_lookahead_slots=sched_out.num_lookahead_slots,
             running_queue_size=sched_out.running_queue_size,
+            num_steps=num_steps,
         )
         return req, sched_out
 

@@ -63,8 +63,11 @@ class PipelineExecutorBase(ExecutorBase):
     _error: BaseException | None = None
 
     @abstractmethod
-    def execute_model_async(self, request: ExecuteModelRequest) -> Future:
-        """Submit one step to every stage; resolves to the last stage's SamplerOutput."""
+    def execute_model_async(
+        self, request: ExecuteModelRequest | list[ExecuteModelRequest]
+    ) -> Future:
+        """Submit one step (or a round of them, one per virtual engine) to every stage;
+        resolves to the last stage's SamplerOutput (their list for a round)."""
 
     @abstractmethod
     def collective_rpc(self, method: str, *args: Any, timeout: float | None = None) -> list:

@@ -45,6 +45,7 @@ from vllm.distributed.parallel_state import get_free_port
 from vllm.executor.executor_base import PipelineExecutorBase
 from vllm.sequence import ExecuteModelRequest
 from vllm.worker import worker_process as wp
+from vllm.worker.request_delta import DriverRequestEncoder
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +73,7 @@ class MultiprocessingExecutor(PipelineExecutorBase):
         self._error: RuntimeError | None = None
         self._closing = False
         self._closed = False
+        self._encoder = DriverRequestEncoder()  # decode steps travel as deltas
         self.workers: list[multiprocessing.Process] = []
         self._conns = []
         self.worker_pids: list[int] = []
@@ -219,9 +221,12 @@ class MultiprocessingExecutor(PipelineExecutorBase):
         if self._closed or self._closing:
             raise RuntimeError("the multiprocessing executor was shut down.")
 
-    def execute_model_async(self, request: ExecuteModelRequest) -> Future:
-        """Submit one step to every stage; the future resolves to the last stage's
-        SamplerOutput (None for an empty request) or fails with the failing rank's error.
+    def execute_model_async(
+        self, request: ExecuteModelRequest | list[ExecuteModelRequest]
+    ) -> Future:
+        """Submit one step (or a round: a list of requests, vllm/worker/pp_stage.py) to
+        every stage; the future resolves to the last stage's SamplerOutput (their list for
+        a round; None for an empty request) or fails with the failing rank's error.
 
         Raises:
             RuntimeError: the executor already failed or was shut down.
@@ -231,7 +236,9 @@ class MultiprocessingExecutor(PipelineExecutorBase):
             self._check_alive()
             step_id = next(self._step_ids)
             self._steps[step_id] = fut
-            self._broadcast((wp.STEP, step_id, request))
+            enc = self._encoder.encode
+            msg = [enc(r) for r in request] if isinstance(request, list) else enc(request)
+            self._broadcast((wp.STEP, step_id, msg))
         return fut
 
     def collective_rpc(self, method: str, *args: Any, timeout: float | None = None) -> list:
@@ -253,9 +260,9 @@ class MultiprocessingExecutor(PipelineExecutorBase):
     def free_sequences(self, seq_ids: list[int]) -> None:
         if not seq_ids or self._error is not None or self._closing or self._closed:
             return
-        tp = self.config.parallel_config.tensor_parallel_size
-        with self._lock:  # only the last stage's ranks keep per-sequence generators
-            self._broadcast((wp.FREE, list(seq_ids)), range(self.world_size - tp, self.world_size))
+        with self._lock:  # every stage caches sequences (request_delta.py)
+            self._encoder.forget(seq_ids)
+            self._broadcast((wp.FREE, list(seq_ids)))
 
     # ----------------------------------------------------------------- shutdown
     def shutdown(self) -> None:

@@ -33,6 +33,7 @@ from typing import Any
 from vllm import envs
 from vllm.executor.executor_base import PipelineExecutorBase
 from vllm.sequence import ExecuteModelRequest
+from vllm.worker.request_delta import DriverRequestEncoder
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +90,7 @@ class RayExecutor(PipelineExecutorBase):
         self._pending: set[Future] = set()
         self._error: RuntimeError | None = None
         self._closed = False
+        self._encoder = DriverRequestEncoder()
         self.actors: list = []
         self.node_infos: list[dict[str, Any]] = []
         self.placement_group = None
@@ -262,9 +264,12 @@ class RayExecutor(PipelineExecutorBase):
             raise RuntimeError("the Ray executor was shut down.")
 
     # -------------------------------------------------------------------- steps
-    def execute_model_async(self, request: ExecuteModelRequest) -> Future:
-        """Submit one step to every stage, in order; the future resolves to the last
-        stage's SamplerOutput or fails with the failing rank's error.
+    def execute_model_async(
+        self, request: ExecuteModelRequest | list[ExecuteModelRequest]
+    ) -> Future:
+        """Submit one step (or a round: a list of requests, vllm/worker/pp_stage.py) to
+        every stage, in order; the future resolves to the last stage's SamplerOutput
+        (their list for a round) or fails with the failing rank's error.
 
         Raises:
             RuntimeError: the executor already failed or was shut down.
@@ -272,7 +277,9 @@ class RayExecutor(PipelineExecutorBase):
         fut: Future = Future()
         with self._lock:
             self._check_alive()
-            req_ref = self._ray.put(request)  # serialized once for all stages
+            enc = self._encoder.encode  # decode steps travel as deltas (request_delta.py)
+            msg = [enc(r) for r in request] if isinstance(request, list) else enc(request)
+            req_ref = self._ray.put(msg)  # serialized once for all stages
             refs = [a.execute_model.remote(req_ref) for a in self.actors]
             self._pending.add(fut)
         last = self.config.parallel_config.sampling_rank  # TP rank 0 of the last stage
@@ -309,9 +316,9 @@ class RayExecutor(PipelineExecutorBase):
     def free_sequences(self, seq_ids: list[int]) -> None:
         if not seq_ids or self._error is not None or self._closed:
             return
-        tp = self.config.parallel_config.tensor_parallel_size
-        with self._lock:  # only the last stage's ranks keep per-sequence generators
-            for actor in self.actors[self.world_size - tp :]:
+        with self._lock:  # every stage caches sequences (request_delta.py)
+            self._encoder.forget(seq_ids)
+            for actor in self.actors:
                 actor.free_sequences.remote(list(seq_ids))
 
     # ----------------------------------------------------------------- shutdown

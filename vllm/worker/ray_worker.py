@@ -15,6 +15,7 @@ import socket
 from typing import Any
 
 from vllm.sequence import ExecuteModelRequest, SamplerOutput
+from vllm.worker.request_delta import StageRequestCache
 
 
 class RayStageWorker:
@@ -30,6 +31,7 @@ class RayStageWorker:
         self.worker = None
         self.rank: int | None = None
         self.is_last = False
+        self.cache = StageRequestCache()  # decode steps arrive as deltas
 
     def node_info(self) -> dict[str, Any]:
         """Where this actor runs: node id and IP, pid, placement group id (None if none),
@@ -66,10 +68,12 @@ class RayStageWorker:
         self.worker = setup_stage_worker(config, rank, 0, init_method)
         return os.getpid()
 
-    def execute_model(self, request: ExecuteModelRequest) -> SamplerOutput | None:
-        """Run one step; the sampling rank (TP rank 0 of the last stage) returns the
-        SamplerOutput, the others None."""
-        out = self.worker.execute_model(request)
+    def execute_model(
+        self, request: ExecuteModelRequest | list[ExecuteModelRequest]
+    ) -> SamplerOutput | list[SamplerOutput] | None:
+        """Run one step (or a round, a list); the sampling rank (TP rank 0 of the last
+        stage) returns the SamplerOutput (their list), the others None."""
+        out = self.worker.execute_model(self.cache.expand(request))
         return out if self.is_last else None
 
     def call(self, method: str, args: tuple) -> Any:
@@ -80,6 +84,7 @@ class RayStageWorker:
 
     def free_sequences(self, seq_ids: list[int]) -> None:
         self.worker.free_sequences(seq_ids)
+        self.cache.forget(seq_ids)
 
     def teardown(self) -> None:
         """Leave the pipeline group before the actor is killed."""

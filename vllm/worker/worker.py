@@ -13,9 +13,10 @@ import torch
 
 from vllm.config import EngineConfig
 from vllm.cudagraph import GraphCapturer
-from vllm.sequence import ExecuteModelRequest, IntermediateTensors, SamplerOutput
+from vllm.sequence import ExecuteModelRequest, SamplerOutput
 from vllm.worker.cache_engine import CacheEngine, cache_block_bytes
 from vllm.worker.model_runner import ModelRunner
+from vllm.worker.stage_timing import StageTimes
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +42,8 @@ class Worker:
         self.device = torch.device(f"cuda:{local_rank}" if dev == "cuda" else "cpu")
         self.model_runner: ModelRunner | None = None
         self.cache_engines: list[CacheEngine] = []
+        self.times = StageTimes()
+        self._stage = None  # the PipelineStage, built at the first step under PP
 
     def init_device(self) -> None:
         """Select the device and seed torch's generators with the engine seed."""
@@ -173,47 +176,62 @@ class Worker:
 
     @torch.inference_mode()
     def execute_model(
-        self,
-        request: ExecuteModelRequest,
-        intermediate_tensors: IntermediateTensors | None = None,
-    ) -> SamplerOutput | IntermediateTensors | None:
+        self, request: ExecuteModelRequest | list[ExecuteModelRequest]
+    ) -> SamplerOutput | list[SamplerOutput] | None:
         """Run one step of ``request.virtual_engine``; None for an empty request.
 
         With ``num_scheduler_steps`` > 1 a decode request runs up to that many decode
-        passes (vllm/worker/multi_step.py; validation keeps it to PP = 1).
+        passes (vllm/worker/multi_step.py at PP = 1; ``request.num_steps`` passes under PP).
+        Under PP (without TP) a list of requests is a round (vllm/worker/pp_stage.py): the
+        last stage returns their SamplerOutputs in order, the other stages None.
         """
+        if isinstance(request, list):
+            return self.execute_round(request)
         if not request.seq_group_metadata_list:
             return None
+        if self.pp_size > 1 and self.tp_size == 1:
+            out = self.execute_round([request])
+            return out[0] if out is not None else None
         ve = request.virtual_engine
         ce = self.cache_engines[ve]
         steps = self.config.scheduler_config.num_scheduler_steps
+        self.times.steps += 1
         if steps > 1 and not request.seq_group_metadata_list[0].is_prompt:
             from vllm.worker.multi_step import execute_multi_step
 
-            return execute_multi_step(
-                self.model_runner,
-                request.seq_group_metadata_list,
-                ve,
-                ce.scratch_slot,
-                ce.kv_caches,
-                steps,
+            with self.times.phase("forward"):
+                return execute_multi_step(
+                    self.model_runner,
+                    request.seq_group_metadata_list,
+                    ve,
+                    ce.scratch_slot,
+                    ce.kv_caches,
+                    steps,
+                )
+        runner = self.model_runner
+        with self.times.phase("prepare"):
+            batch = runner.prepare_model_input(
+                request.seq_group_metadata_list, ve, ce.scratch_slot, request.num_lookahead_slots
             )
-        batch = self.model_runner.prepare_model_input(
-            request.seq_group_metadata_list, ve, ce.scratch_slot, request.num_lookahead_slots
-        )
-        if self.tp_size > 1:
+        if self.tp_size > 1:  # the TP path: ranks of a stage agree, logits gathered on rank 0
             self._assert_plan_agreement(batch)
-        if self.pp_size == 1:
-            return self.model_runner.execute_model(batch, ce.kv_caches, intermediate_tensors)
-        return self._execute_pipeline_stage(batch, ce.kv_caches)
+            if self.pp_size > 1:
+                return self._execute_pipeline_stage(batch, ce.kv_caches)
+            with self.times.phase("forward"):
+                return runner.execute_model(batch, ce.kv_caches)
+        with self.times.phase("forward"):
+            hidden = runner.forward_hidden(batch, ce.kv_caches)
+        self.times.passes += 1
+        with self.times.phase("sample"):
+            return runner.sampler(runner.compute_logits(batch, hidden), batch.sampling_metadata)
 
     def _execute_pipeline_stage(self, batch, kv_caches) -> SamplerOutput | None:
-        """One step of a stage of a multi-process pipeline (``pp_size > 1``).
+        """One step of a stage of a pipeline with tensor parallelism (``tp_size > 1``;
+        without TP every PP step runs through vllm/worker/pp_stage.py).
 
         A non-first stage receives ``IntermediateTensors`` [num_tokens, hidden] from the
-        previous rank (num_tokens = the batch's token rows, the same on every stage since
-        all build the batch from the same request); a non-last stage sends its output to
-        the next rank and returns None. Only the last stage returns the SamplerOutput.
+        previous stage's rank of the same TP index; a non-last stage sends its output on
+        and returns None. Only the sampling rank returns the SamplerOutput.
         """
         from vllm.distributed.communication import (
             recv_intermediate_tensors,
@@ -225,7 +243,7 @@ class Worker:
         if group is None:
             raise RuntimeError(
                 f"pipeline_parallel_size={self.pp_size} but this process has no pipeline "
-                "group (workers of a pipeline run under the mp executor)."
+                "group (workers of a pipeline run under the mp or Ray executor)."
             )
         inter = None
         if not group.is_first_rank:
@@ -241,6 +259,47 @@ class Worker:
             return out
         send_intermediate_tensors(out, group.next_rank)
         return None
+
+    def execute_round(self, requests: list[ExecuteModelRequest]) -> list[SamplerOutput] | None:
+        """Run a round of requests on this pipeline stage (vllm/worker/pp_stage.py).
+
+        Raises:
+            RuntimeError: no pipeline group in this process, or a stage disagrees with
+                stage 0 on a step's plan.
+        """
+        requests = [r for r in requests if r.seq_group_metadata_list]
+        if not requests:
+            return None if self.pp_rank < self.pp_size - 1 else []
+        if self._stage is None:
+            from vllm.distributed.parallel_state import get_pp_group
+            from vllm.worker.pp_stage import PipelineStage
+
+            group = get_pp_group()
+            if group is None:
+                raise RuntimeError(
+                    f"pipeline_parallel_size={self.pp_size} but this process has no pipeline "
+                    "group (workers of a pipeline run under the mp or Ray executor)."
+                )
+            self._stage = PipelineStage(self, group)
+        return self._stage.run(requests)
+
+    def stage_times(self) -> dict:
+        """This stage's host-time split and step counts since the last reset
+        (vllm/worker/stage_timing.py), with ``device_busy_s``: the simulator's stand-in
+        wait when the model is one (load_format "sim"), else the forward time (and the
+        stand-in's own count of forward passes as ``passes``)."""
+        snap = self.times.snapshot()
+        model = self.model_runner.model
+        snap["device_busy_s"] = getattr(model, "busy_s", snap["forward"])
+        snap["passes"] = getattr(model, "num_forwards", snap["passes"])
+        return snap
+
+    def reset_stage_times(self) -> None:
+        """Zero the counters of :meth:`stage_times` (and the stand-in's busy time)."""
+        self.times.reset()
+        if hasattr(self.model_runner.model, "busy_s"):
+            self.model_runner.model.busy_s = 0.0
+            self.model_runner.model.num_forwards = 0
 
     def _assert_plan_agreement(self, batch) -> None:
         """The TP ranks of this stage must run the same plan (graph replay of one size, or

@@ -8,9 +8,11 @@ vllm/executor/mp_executor.py):
    ``("ready", rank)``.
 2. Serve messages from the driver, strictly in the order they arrive on its pipe:
    ``("step", step_id, request)`` runs ``Worker.execute_model`` (only the sampling rank, TP
-   rank 0 of the last stage, replies with the SamplerOutput; any rank replies when it
-   fails); ``("call", call_id, method, args)`` runs a Worker method and every rank replies;
-   ``("free", seq_ids)`` forgets finished sequences; ``("shutdown",)`` leaves the group and exits.
+   rank 0 of the last stage, replies with the SamplerOutput, or their list when ``request``
+   is a list: a round of vllm/worker/pp_stage.py; any rank replies when it fails; decode
+   groups arrive as deltas, vllm/worker/request_delta.py); ``("call", call_id, method,
+   args)`` runs a Worker method and every rank replies; ``("free", seq_ids)`` forgets
+   finished sequences; ``("shutdown",)`` leaves the group and exits.
 
 A reader thread drains the pipe into a local queue so the driver never blocks on a busy
 worker; when the driver's end closes (the engine process died) the worker exits at once,
@@ -30,6 +32,8 @@ import threading
 import traceback
 from multiprocessing.connection import Connection
 from typing import Any
+
+from vllm.worker.request_delta import StageRequestCache
 
 logger = logging.getLogger(__name__)
 
@@ -153,6 +157,7 @@ def run_worker(config, rank: int, init_method: str, conn: Connection) -> None:
     inbox: queue.Queue = queue.Queue()
     threading.Thread(target=_reader, args=(conn, inbox), daemon=True).start()
     is_last = rank == config.parallel_config.sampling_rank  # TP rank 0 of the last stage
+    cache = StageRequestCache()  # decode steps arrive as deltas (request_delta.py)
     while True:
         msg = inbox.get()
         kind = msg[0]
@@ -160,11 +165,12 @@ def run_worker(config, rank: int, init_method: str, conn: Connection) -> None:
             break
         if kind == FREE:
             worker.free_sequences(msg[1])
+            cache.forget(msg[1])
             continue
         tag = msg[1]
         try:
             if kind == STEP:
-                out = worker.execute_model(msg[2])
+                out = worker.execute_model(cache.expand(msg[2]))
                 if is_last:
                     _reply(conn, lock, (STEP, tag, rank, out, None))
             elif kind == CALL:

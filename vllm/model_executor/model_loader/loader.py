@@ -1,8 +1,9 @@
 """Build a model for one pipeline stage and fill its weights.
 
 Load formats: ``safetensors`` (HF checkpoint directory), ``gguf`` (one ``.gguf`` file),
-``dummy`` (deterministic values seeded per parameter name, for benchmarks) and ``auto``
-(``gguf`` for a path ending in ``.gguf``, else ``safetensors``).
+``dummy`` (deterministic values seeded per parameter name, for benchmarks), ``sim`` (the
+pipeline simulator's stand-in that only waits, see sim_model.py) and ``auto`` (``gguf`` for
+a path ending in ``.gguf``, else ``safetensors``).
 
 Tensor parallelism: the model is built with this rank's shard shapes (the layers read the TP
 group); safetensors tensors arrive as lazy slices that each parameter's ``weight_loader``
@@ -28,7 +29,7 @@ from vllm.model_executor.weight_utils import (
 
 logger = logging.getLogger(__name__)
 
-LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
+LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy", "sim")
 
 
 def resolve_load_format(model: str, load_format: str) -> str:
@@ -70,6 +71,12 @@ def get_model(model_config, device, pp_rank: int = 0, pp_size: int = 1) -> nn.Mo
     tp_size = get_tensor_model_parallel_world_size()
     model_cls = get_model_class(architectures_of(hf_config))
     load_format = resolve_load_format(model_config.model, model_config.load_format)
+    if load_format == "sim":
+        from vllm.model_executor.model_loader.sim_model import SimStageModel, SimTiming
+
+        timing = SimTiming.from_extra_config(model_config.model_loader_extra_config)
+        model = SimStageModel(hf_config, pp_rank, pp_size, timing, model_config.dtype)
+        return model.to(device).eval()
     start = time.perf_counter()
     with _default_dtype(model_config.dtype), torch.device(device):
         model = model_cls(hf_config, pp_rank=pp_rank, pp_size=pp_size)

@@ -1,0 +1,64 @@
+"""The pipeline simulator (benchmarks/benchmark_pipeline_sim.py) runs a short configuration
+on CPU and reports every key with self-consistent counts (never speed)."""
+
+import importlib
+import os
+import sys
+
+import pytest
+
+BENCH_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks")
+
+
+def _sim_module():
+    path = os.path.abspath(BENCH_DIR)
+    if path not in sys.path:
+        sys.path.insert(0, path)
+    return importlib.import_module("benchmark_pipeline_sim")
+
+
+@pytest.mark.forked
+def test_pipeline_sim_short_run_reports_keys(monkeypatch):
+    """PP = 2, 4 requests x 6 tokens, two passes per call: per VE (2 requests each) one
+    prefill call plus decode calls of 2, 2 and 1 passes (the mp executor on gloo)."""
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0.05")
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    sim = _sim_module()
+    argv = ["--pp", "2", "--num-scheduler-steps", "2", "--num-requests", "4",
+            "--output-len", "6", "--step-ms", "1", "--layers", "2", "--hidden", "64",
+            "--vocab", "256"]  # fmt: skip
+    (rec,) = sim.main(argv)
+    for steps, calls in ((2, 8),):
+        assert rec["bench"] == "pipeline_sim"
+        assert (rec["pp"], rec["virtual_engines"], rec["executor"]) == (2, 2, "mp")
+        assert rec["num_scheduler_steps"] == steps
+        assert rec["steps"] == calls
+        assert rec["passes"] == 12  # stage 0's forwards: 2 VEs x (1 prefill + 5 decode)
+        assert rec["tokens_per_s"] == pytest.approx(24 / rec["wall_s"], rel=0.01)
+        assert len(rec["stage_busy"]) == 2
+        assert all(0.0 < b <= 1.0 for b in rec["stage_busy"]), rec["stage_busy"]
+        assert set(rec["host_ms_per_step"]) == set(sim.HOST_KEYS)
+        assert all(v >= 0 for v in rec["host_ms_per_step"].values())
+        assert rec["stage_ms_per_step"][1]["sample"] > 0  # the last stage samples
+        assert rec["stage_ms_per_step"][0]["sample"] == 0
+
+
+def test_sim_timing_and_its_errors(tiny_llama_dir):
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.model_executor.model_loader.sim_model import SimTiming
+
+    t = SimTiming.from_extra_config({"step_ms": 8, "per_row_us": 10, "per_token_us": 1})
+    # (8000 us + 10 us x 4 rows + 1 us x 6 tokens) / 2 stages
+    assert t.stage_seconds(4, 6, 2) == pytest.approx(4023e-6)
+    assert SimTiming.from_extra_config(None).stage_seconds(1, 1, 4) == pytest.approx(2e-3)
+    with pytest.raises(ValueError, match=r"\['step_s'\] are not known"):
+        SimTiming.from_extra_config({"step_s": 1})
+    with pytest.raises(ValueError, match="must be >= 0"):
+        SimTiming.from_extra_config({"step_ms": -1})
+    args = dict(model=tiny_llama_dir, device="cpu", load_format="sim")
+    cfg = EngineArgs(**args, model_loader_extra_config='{"step_ms": 2}').create_engine_config()
+    assert cfg.model_config.model_loader_extra_config == {"step_ms": 2}
+    with pytest.raises(ValueError, match="not valid JSON"):
+        EngineArgs(**args, model_loader_extra_config="{step_ms").create_engine_config()
+    with pytest.raises(ValueError, match="must be a JSON object"):
+        EngineArgs(**args, model_loader_extra_config="[1]").create_engine_config()

@@ -1,0 +1,214 @@
+"""One pipeline stage's share of a step, or of a round of multi-step calls (PP > 1).
+
+A *call* is one ``ExecuteModelRequest`` of one virtual engine (VE) with ``num_steps``
+forward passes, decided once by the engine (vllm/worker/multi_step.py ``decode_steps``)
+and sent to every stage. A *round* is the list of calls the engine submits together (one
+per VE); every stage runs their passes in the same order, pass by pass across the calls::
+
+    for i in range(max num_steps):      # A0 B0 A1 B1 ... for calls A (VE 0), B (VE 1)
+        for call in round:
+            if i < call.num_steps: run pass i of call
+
+so while the last stage samples pass i of VE 0, stage 0 already runs pass i of VE 1: the
+pipeline stays full without the host between passes. Pass i + 1 of a call needs the ids
+sampled by pass i: the last stage sends them (int64 [rows], never logits or hidden
+states) straight to stage 0, which feeds them as the next input ids on the device; later
+stages advance their own positions and attention metadata (``multi_step._advance``).
+Sends never wait for the receiver (vllm/distributed/communication.py), which is what makes
+this order deadlock-free.
+
+Plan agreement: before the first pass of a call, stage 0 sends its plan header
+[virtual_engine, mode, num_tokens, batch_size, graph_size or -1, num_steps] down the
+pipeline; every later stage compares it with its own plan (:func:`check_plan_agreement`)
+and raises on any difference, so no two stages replay different graph sizes (or one
+replays while another runs eagerly) for one step, and a shape mismatch fails loudly before
+the hidden states are received.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from vllm.attention.backends.abstract import ForwardMode
+from vllm.distributed import communication as comm
+from vllm.model_executor.layers.sampler import sampler_output
+from vllm.sequence import ExecuteModelRequest, SamplerOutput
+from vllm.worker.multi_step import _advance, _PenaltyState
+
+if TYPE_CHECKING:
+    from vllm.model_executor.forward_batch import ForwardBatch
+    from vllm.worker.worker import Worker
+
+HEADER_FIELDS = ("virtual_engine", "mode", "num_tokens", "batch_size", "graph_size", "num_steps")
+
+
+def plan_header(batch: ForwardBatch, num_steps: int) -> list[int]:
+    """The plan of a call as :data:`HEADER_FIELDS` (graph_size -1 when eager)."""
+    mode = 0 if batch.mode == ForwardMode.PREFILL else 1
+    graph = -1 if batch.graph_size is None else batch.graph_size
+    return [batch.virtual_engine, mode, batch.num_tokens, batch.batch_size, graph, num_steps]
+
+
+def check_plan_agreement(own: list[int], received: list[int], rank: int) -> None:
+    """Raise unless this stage's plan equals stage 0's.
+
+    Raises:
+        RuntimeError: naming the stage and both plans field by field.
+    """
+    if list(own) != list(received):
+        mine = dict(zip(HEADER_FIELDS, own))
+        theirs = dict(zip(HEADER_FIELDS, received))
+        raise RuntimeError(
+            f"pipeline stage {rank} disagrees with stage 0 on the plan of a step: stage 0 "
+            f"planned {theirs}, stage {rank} planned {mine}; every stage of a step must run "
+            "the same graph size (or all eagerly) over the same rows."
+        )
+
+
+@dataclass
+class _Call:
+    """One request's passes on this stage."""
+
+    request: ExecuteModelRequest
+    batch: Any
+    num_steps: int
+    multi: bool  # sampled on the device pass by pass (sample_on_device), read once at the end
+    next_ids: torch.Tensor | None = None  # stage 0: [batch_size] int64, the next pass's inputs
+    staged: Any = None  # CUDA event: the last eager pass's uploads were queued
+    pen: _PenaltyState | None = None
+    packed: list = field(default_factory=list)
+    k: int = 0
+    ids: torch.Tensor | None = None
+    output: SamplerOutput | None = None
+
+
+class PipelineStage:
+    """Runs rounds of calls on stage ``worker.rank`` of a pipeline (see the module doc).
+
+    Args:
+        worker: this stage's Worker (model runner, KV caches, timings).
+        group: the pipeline group (``vllm.distributed.parallel_state.PPGroup``).
+    """
+
+    def __init__(self, worker: Worker, group):
+        self.worker = worker
+        self.runner = worker.model_runner
+        self.rank = worker.rank
+        self.group = group
+        self.first = group.is_first_rank
+        self.last = group.is_last_rank
+        self.times = worker.times
+        self.multi_step = worker.config.scheduler_config.num_scheduler_steps > 1
+
+    def run(self, requests: list[ExecuteModelRequest]) -> list[SamplerOutput] | None:
+        """Run a round; the last stage returns one SamplerOutput per request (in order),
+        the others None."""
+        self.times.steps += len(requests)
+        calls = [self._start(req) for req in requests]
+        for i in range(max(c.num_steps for c in calls)):
+            for call in calls:
+                if i < call.num_steps:
+                    self._pass(call, i)
+        if not self.last:
+            return None
+        with self.times.phase("sample"):
+            return [self._finish(c) for c in calls]
+
+    def _start(self, req: ExecuteModelRequest) -> _Call:
+        meta = req.seq_group_metadata_list
+        decode = not meta[0].is_prompt
+        n = req.num_steps if decode else 1
+        multi = decode and self.multi_step
+        lookahead = n - 1 if multi else req.num_lookahead_slots
+        ce = self.worker.cache_engines[req.virtual_engine]
+        with self.times.phase("prepare"):
+            batch = self.runner.prepare_model_input(
+                meta, req.virtual_engine, ce.scratch_slot, lookahead
+            )
+        call = _Call(req, batch, n, multi)
+        device = self.runner.device
+        if self.first and n > 1:
+            call.next_ids = torch.zeros(batch.batch_size, dtype=torch.long, device=device)
+        if device.type == "cuda" and n > 1:
+            call.staged = torch.cuda.Event()
+            if batch.graph_size is None:
+                call.staged.record()
+        sm = batch.sampling_metadata
+        if self.last and multi and n > 1 and sm.penalties is not None:
+            call.pen = _PenaltyState(sm.penalties, meta, device)
+        return call
+
+    def _advance(self, call: _Call) -> None:
+        """Move ``call``'s batch one token on (stage 0 first receives the ids)."""
+        batch = call.batch
+        if self.first:
+            with self.times.phase("transfer"):
+                ids = comm.recv_int_tensor(
+                    batch.num_real_rows, self.runner.device, self.group.world_size - 1
+                )
+            call.next_ids[: batch.num_real_rows].copy_(ids)  # [rows]
+        ev = call.staged
+        if batch.graph_size is not None:
+            ev = self.runner.graph_runner.staged_event(batch.virtual_engine)
+        if ev is not None:
+            ev.synchronize()  # the previous pass's uploads were consumed
+        ids = call.next_ids if self.first else batch.input_ids
+        ce = self.worker.cache_engines[batch.virtual_engine]
+        with self.times.phase("prepare"):
+            call.batch = _advance(self.runner, batch, ids, ce.scratch_slot)
+        if call.staged is not None and call.batch.graph_size is None:
+            call.staged.record()
+
+    def _pass(self, call: _Call, i: int) -> None:
+        """Pass ``i`` of ``call`` on this stage."""
+        if i > 0:
+            self._advance(call)
+        batch = call.batch
+        times = self.times
+        inter = None
+        with times.phase("transfer"):
+            if i == 0:
+                own = plan_header(batch, call.num_steps)
+                dev = self.runner.device  # NCCL sends device tensors only
+                if not self.first:
+                    got = comm.recv_int_tensor(len(own), dev, self.group.prev_rank)
+                    check_plan_agreement(own, got.tolist(), self.rank)
+                if not self.last:
+                    comm.send_int_tensor(torch.tensor(own, device=dev), self.group.next_rank)
+            if not self.first:
+                hidden = self.worker.config.model_config.hf_config.hidden_size
+                dtype = self.worker.config.model_config.torch_dtype
+                inter = comm.recv_intermediate_tensors(
+                    batch.num_tokens, hidden, dtype, self.runner.device, self.group.prev_rank
+                )
+        kv = self.worker.cache_engines[batch.virtual_engine].kv_caches
+        with times.phase("forward"):
+            out = self.runner.forward_hidden(batch, kv, inter)
+        times.passes += 1
+        if not self.last:
+            with times.phase("transfer"):
+                comm.send_intermediate_tensors(out, self.group.next_rank)
+            return
+        with times.phase("sample"):
+            logits = self.runner.compute_logits(batch, out)  # [num_real_rows, vocab]
+            sm = batch.sampling_metadata
+            if not call.multi:
+                call.output = self.runner.sampler(logits, sm)
+                return
+            call.ids, packed, call.k = self.runner.sampler.sample_on_device(logits, sm)
+            call.packed.append(packed)  # [num_real_rows, 3 + 2k] float64
+            if i + 1 < call.num_steps:
+                if call.pen is not None:
+                    call.pen.after_step(i, call.ids)
+        if i + 1 < call.num_steps:
+            with times.phase("transfer"):
+                comm.send_int_tensor(call.ids, 0)  # [num_real_rows] to stage 0
+
+    def _finish(self, call: _Call) -> SamplerOutput:
+        if not call.multi:
+            return call.output
+        host = torch.stack(call.packed).tolist()  # [n][rows][3 + 2k]: the one read
+        return sampler_output(call.batch.sampling_metadata, host, call.k, {}, call.ids)
