@@ -22,7 +22,12 @@ from vllm.cudagraph import DecodeStepCounters, GraphCapturer, GraphRunner, graph
 from vllm.cudagraph.memory import estimate_graph_memory
 from vllm.model_executor.forward_batch import ForwardBatch
 from vllm.model_executor.layers.sampler import Sampler
-from vllm.sequence import IntermediateTensors, SamplerOutput, SequenceGroupMetadata
+from vllm.sequence import (
+    CompletionSequenceGroupOutput,
+    IntermediateTensors,
+    SamplerOutput,
+    SequenceGroupMetadata,
+)
 from vllm.worker import model_input
 
 logger = logging.getLogger(__name__)
@@ -209,7 +214,10 @@ class ModelRunner:
         hidden = self.forward_hidden(batch, kv_caches, intermediate_tensors)
         if not self.is_last_stage:
             return hidden
-        return self.sampler(self.compute_logits(batch, hidden), batch.sampling_metadata)
+        sm = batch.sampling_metadata
+        if sm.selected_token_indices.shape[0] == 0:  # only prefill chunks that sample nothing
+            return SamplerOutput([CompletionSequenceGroupOutput([]) for _ in sm.groups])
+        return self.sampler(self.compute_logits(batch, hidden), sm)
 
     def compute_logits(self, batch: ForwardBatch, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits [num_rows, vocab] of the rows ``batch.sampling_metadata`` selects

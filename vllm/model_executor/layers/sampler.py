@@ -247,7 +247,7 @@ def sampler_output(
     for gi, g in enumerate(sm.groups):
         samples = []
         n = g.params.logprobs or 0
-        for seq_id in g.seq_ids:
+        for seq_id in g.seq_ids if g.do_sample else ():
             out = SequenceOutput(seq_id, *_position(first[row], n, k))
             if later:
                 out.extra_tokens = [_position(s[row], n, k) for s in later]
@@ -299,7 +299,9 @@ def _prompt_logprobs(
 ) -> dict[int, list[PositionLogprobs | None]]:
     """Prompt logprobs per group index: None for position 0, then for each later prompt
     token its logprob and rank given the previous tokens, plus the top ``prompt_logprobs``
-    entries. Raw model logprobs (no penalties). All groups in one transfer."""
+    entries. Raw model logprobs (no penalties). All groups in one transfer. A chunk that
+    starts after position 0 (chunked prefill) has no None entry: its entries continue the
+    earlier chunks'."""
     k = sm.max_prompt_logprobs
     host: list[list[float]] = []
     if sm.prompt_row_ids is not None:
@@ -311,7 +313,7 @@ def _prompt_logprobs(
         if not g.prompt_token_ids:  # no prompt logprobs asked, or not a first prefill
             continue
         n = g.params.prompt_logprobs or 0
-        entries: list[PositionLogprobs | None] = [None]
+        entries: list[PositionLogprobs | None] = [None] if g.prompt_start == 0 else []
         for _ in g.prompt_rows:
             entries.append(_position(host[row], n, k)[1])
             row += 1

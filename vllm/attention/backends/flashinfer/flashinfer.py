@@ -14,8 +14,10 @@ CUDA-graph state runs on CPU in tests with a fake decode wrapper (same construct
 A step takes one of three paths: decode steps of at most ``spec.small_decode_max_rows``
 rows run the Triton small-decode kernel (:mod:`.small_decode`), a graph prefill (or an eager
 step padded like one) the capturable prefill (:mod:`.flashinfer_prefill`), every other step
-a planned wrapper (:mod:`.metadata`). CUDA-graph state (per virtual engine buffers and
-per-size decode wrappers) lives in :mod:`.flashinfer_graph`.
+a planned wrapper (:mod:`.metadata`). A MIXED step (chunked prefill) runs on the prefill
+wrapper alone: a decode row is a prefill row of one new token after its cached context.
+CUDA-graph state (per virtual engine buffers and per-size decode wrappers) lives in
+:mod:`.flashinfer_graph`.
 """
 
 from __future__ import annotations
@@ -163,7 +165,7 @@ class FlashInferBackend(AttentionBackend):
             step, self.spec.block_size, scratch_slot // self.spec.block_size
         )
         kw = self.plan_kwargs()
-        if step.mode == ForwardMode.PREFILL:
+        if step.mode in (ForwardMode.PREFILL, ForwardMode.MIXED):
             qo = torch.zeros(len(step.query_lens) + 1, dtype=torch.int32)
             qo[1:] = torch.tensor(step.query_lens, dtype=torch.int32).cumsum(0)
             prefill.plan(
