@@ -34,8 +34,12 @@ CASES = [
         "num_scheduler_steps=4 cannot be combined with enable_chunked_prefill",
     ),
     (
-        dict(enable_chunked_prefill=True, speculative_model="[ngram]", num_speculative_tokens=2,
-             ngram_prompt_lookup_max=3),
+        dict(
+            enable_chunked_prefill=True,
+            speculative_model="[ngram]",
+            num_speculative_tokens=2,
+            ngram_prompt_lookup_max=3,
+        ),
         "enable_chunked_prefill=True cannot be combined with speculative decoding",
     ),  # fmt: skip
     (
