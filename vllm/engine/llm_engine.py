@@ -198,7 +198,7 @@ class LLMEngine:
 
         Raises:
             ValueError: naming the limit, e.g. ``n`` x prompt tokens above
-                ``max_num_batched_tokens``, ``n`` above ``max_num_seqs``, or more KV-cache
+                ``max_num_batched_tokens`` (without chunked prefill), ``n`` above ``max_num_seqs``, or more KV-cache
                 blocks than the cache has.
         """
         if prompt_len > self.scheduler_config.max_model_len:
