@@ -198,8 +198,8 @@ class LLMEngine:
 
         Raises:
             ValueError: naming the limit, e.g. ``n`` x prompt tokens above
-                ``max_num_batched_tokens`` (without chunked prefill), ``n`` above ``max_num_seqs``, or more KV-cache
-                blocks than the cache has.
+                ``max_num_batched_tokens`` (without chunked prefill), ``n`` above
+                ``max_num_seqs``, or more KV-cache blocks than the cache has.
         """
         if prompt_len > self.scheduler_config.max_model_len:
             return
