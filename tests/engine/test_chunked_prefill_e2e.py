@@ -80,6 +80,16 @@ def _run_cases(llm, prompts, seeded=True):
     return out
 
 
+def _prompt_logprobs(llm, prompt):
+    """{position: {token id: logprob}} of a 2-top prompt-logprobs request (None at 0)."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=2)
+    (out,) = llm.generate([prompt], params, use_tqdm=False)
+    return [None if p is None else {t: lp.logprob for t, lp in p.items()}
+            for p in out.prompt_logprobs]  # fmt: skip
+
+
 def _mixed_steps(llm) -> int:
     return llm.llm_engine.decode_step_counters()["eager"].get(0, {}).get("mixed", 0)
 
@@ -96,6 +106,7 @@ def test_chunked_equals_unchunked_for_every_budget(tiny_llama_dir):
     prompts = _prompts(PROMPT_LENS)
     ref_llm = _engine(tiny_llama_dir, max_num_batched_tokens=512)
     ref = _run_cases(ref_llm, prompts)
+    ref_plp = _prompt_logprobs(ref_llm, prompts[-1])
     with pytest.raises(ValueError, match="max_num_batched_tokens=512"):
         ref_llm.generate([prompts[-1]], SamplingParams(n=2, max_tokens=2), use_tqdm=False)
     _close(ref_llm)
@@ -116,6 +127,13 @@ def test_chunked_equals_unchunked_for_every_budget(tiny_llama_dir):
     config.max_num_batched_tokens = 64
     (out,) = llm.generate([prompts[-1]], SamplingParams(n=2, max_tokens=2), use_tqdm=False)
     assert [len(c.token_ids) for c in out.outputs] == [2, 2]
+    # Prompt logprobs come chunk by chunk (5 chunks of at most 64 tokens) and add up to
+    # the unchunked ones.
+    plp = _prompt_logprobs(llm, prompts[-1])
+    assert len(plp) == len(ref_plp) == 300 and plp[0] is None
+    for pos, (a, b) in enumerate(zip(ref_plp[1:], plp[1:]), 1):
+        assert a.keys() == b.keys(), pos
+        assert all(abs(a[t] - b[t]) < TOL for t in a), (pos, a, b)
     _close(llm)
 
 

@@ -96,8 +96,9 @@ def schedule_chunked(sched: Scheduler) -> SchedulerOutputs:
     out.preempted = len(preempted)
     out.num_decode_tokens = sum(g.num_seqs(_RUNNING) for g in decodes)
     chunks = _Chunks(sched, out.num_decode_tokens)
-    for group in partial:  # partial prefills, oldest first
+    for i, group in enumerate(partial):  # partial prefills, oldest first
         if not chunks.add(group, group.partial_prefill_tokens, group.get_seqs(_RUNNING)):
+            chunks.left_partial += len(partial) - i  # still partial: they bar admissions
             break
     out.ignored_seq_groups = _admit_waiting(sched, chunks)
     out.scheduled_seq_groups = chunks.groups + decodes

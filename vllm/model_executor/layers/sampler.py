@@ -210,7 +210,8 @@ class Sampler(torch.nn.Module):
             :func:`_pack_logprobs` lays them out, k), all on ``logits``' device.
         """
         x = processed_sample_logits(logits, sm)  # [num_samples, vocab]
-        if sm.all_greedy and sm.max_logprobs == 0 and x.stride(-1) == 1:
+        # (no sample rows: a prefill chunk that only computes prompt logprobs)
+        if sm.all_greedy and sm.max_logprobs == 0 and x.stride(-1) == 1 and x.shape[0]:
             greedy = get_triton_greedy(x)  # CUDA: two launches instead of ~8
             if greedy is not None:
                 ids, packed = greedy.greedy_pack(x)  # [num_samples], [num_samples, 3]
