@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from tests.worker.fakes import FakeDecodeWrapper, FakePrefillWrapper
 from vllm.attention.backends.abstract import AttentionSpec, ForwardMode, StepInputs
 
-H, H_KV, D, BS, NUM_BLOCKS = 4, 2, 16, 4, 12
+H, H_KV, D, BS, NUM_BLOCKS = 4, 2, 64, 4, 12  # head_dim 64: a size FlashInfer has
 # (sequence length, cached tokens, block table): a 2-block context, none, a 1-block one.
 ROWS = [(11, 8, [5, 2, 9]), (6, 0, [0, 7]), (5, 4, [3, 4])]
 

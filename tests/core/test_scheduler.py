@@ -24,6 +24,7 @@ def make_scheduler(
     max_num_batched_tokens=256,
     max_model_len=256,
     num_lookahead_slots=0,
+    enable_prefix_caching=False,
 ) -> Scheduler:
     sched_cfg = SimpleNamespace(
         max_num_seqs=max_num_seqs,
@@ -31,7 +32,8 @@ def make_scheduler(
         max_model_len=max_model_len,
         num_lookahead_slots=num_lookahead_slots,
     )
-    cache_cfg = SimpleNamespace(block_size=block_size, num_gpu_blocks=num_gpu_blocks)
+    cache_cfg = SimpleNamespace(block_size=block_size, num_gpu_blocks=num_gpu_blocks,
+                                enable_prefix_caching=enable_prefix_caching)  # fmt: skip
     return Scheduler(sched_cfg, cache_cfg)
 
 
@@ -131,6 +133,28 @@ def test_max_num_batched_tokens_limits_admission():
     assert ids(out.scheduled_seq_groups) == ["r0", "r1"] and out.num_batched_tokens == 8
     _, out = sched.schedule()  # prefill comes first: r2 alone
     assert ids(out.scheduled_seq_groups) == ["r2"] and out.num_batched_tokens == 4
+
+
+@pytest.mark.parametrize("caching", [False, True])
+def test_cached_prefix_does_not_count_against_the_token_budget(caching):
+    """Two 17-token prompts whose first 16 tokens are cached compute 1 token each: with
+    caching both fit a 20-token budget in one step; without it, one per step."""
+    sched = make_scheduler(max_num_batched_tokens=20, max_model_len=20,
+                           enable_prefix_caching=caching)  # fmt: skip
+    first = make_group("r0", 17)
+    sched.add_seq_group(first)
+    _, out = sched.schedule()
+    assert out.num_batched_tokens == 17
+    run_model(out)
+    finish(first)
+    sched.free_finished_seq_groups()
+    for rid in ("r1", "r2"):
+        sched.add_seq_group(make_group(rid, 17))
+    _, out = sched.schedule()
+    if caching:
+        assert ids(out.scheduled_seq_groups) == ["r1", "r2"] and out.num_batched_tokens == 2
+    else:
+        assert ids(out.scheduled_seq_groups) == ["r1"] and out.num_batched_tokens == 17
 
 
 def test_watermark_delays_admission():

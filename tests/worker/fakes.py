@@ -55,6 +55,10 @@ class FakeCapturer:
         """Device memory the capture sees (nothing is counted on CPU)."""
         return 0
 
+    def memory_allocated(self, device) -> int:
+        """Live tensors' bytes the capture sees (nothing is counted on CPU)."""
+        return 0
+
 
 def _attend(q, kv_cache, pages, kv_len, causal_from=None, scale=None):
     """q [n, H, D] against the first kv_len tokens of ``pages``; causal_from: position of

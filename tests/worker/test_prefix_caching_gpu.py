@@ -38,7 +38,7 @@ def _run(model, backend, caching):
 
 
 def _replays(counters) -> int:
-    return sum(n for ve in counters.get("replay", {}).values() for n in ve.values())
+    return sum(n for ve in counters["graph"].values() for n in ve.values())
 
 
 @pytest.mark.forked

@@ -4,10 +4,11 @@ Policy (upstream vLLM V0's default without chunked prefill):
 
 1. **Prefill first.** Waiting requests are admitted in FIFO order while the KV cache (with its
    watermark), the token budget ``max_num_batched_tokens`` and the sequence budget
-   ``max_num_seqs`` allow. A request that can never run -- longer than ``max_model_len`` or
-   than the token budget, more sequences than ``max_num_seqs``, or more blocks than the cache
-   has -- is finished as FINISHED_IGNORED and reported, so it cannot block the queue. A step
-   that admits any prefill runs prefills only.
+   ``max_num_seqs`` allow; with prefix caching, a prompt's cached prefix does not count
+   against the token budget (it is not computed). A request that can never run -- longer
+   than ``max_model_len`` or than the token budget, more sequences than ``max_num_seqs``,
+   or more blocks than the cache has -- is finished as FINISHED_IGNORED and reported, so
+   it cannot block the queue. A step that admits any prefill runs prefills only.
 2. **Otherwise decode** every running request in order. When the cache cannot give a request
    its next slots, the *last* running request is preempted by recompute (blocks freed, its
    sequences back to WAITING with their outputs kept, the request pushed to the front of the
@@ -291,7 +292,7 @@ class Scheduler:
         cfg = self.scheduler_config
         out = SchedulerOutputs()
         num_seqs = 0
-        budget_used = 0  # tokens as if nothing were cached
+        budget_used = 0  # tokens computed: cached prefixes are not
         for g in self.running:
             num_seqs += g.get_max_num_running_seqs()
         while self.waiting:
@@ -307,7 +308,7 @@ class Scheduler:
                     seq.status = SequenceStatus.FINISHED_IGNORED
                 out.ignored_seq_groups.append(group)
                 continue
-            tokens = sum(s.get_len() for s in seqs)
+            tokens = self._tokens_to_compute(group, seqs)
             if (
                 self.block_manager.can_allocate(group) != AllocStatus.OK
                 or budget_used + tokens > cfg.max_num_batched_tokens
@@ -323,16 +324,24 @@ class Scheduler:
                 group.num_cached_tokens = self.block_manager.get_num_cached_tokens(seqs[0])
             self.running.append(group)
             out.scheduled_seq_groups.append(group)
-            # Budgeted as if nothing were cached (the same admissions with caching on and
-            # off); counted as the tokens actually computed.
-            budget_used += tokens
-            out.num_prefill_tokens += tokens - sum(
-                self.block_manager.get_num_cached_tokens(s) for s in seqs
-            )
+            computed = sum(s.get_len() - self.block_manager.get_num_cached_tokens(s) for s in seqs)
+            budget_used += computed
+            out.num_prefill_tokens += computed
             num_seqs += len(seqs)
         out.num_prefill_groups = len(out.scheduled_seq_groups)
         out.num_batched_tokens = out.num_prefill_tokens
         return out
+
+    def _tokens_to_compute(self, group: SequenceGroup, seqs: list[Sequence]) -> int:
+        """Prompt tokens the prefill of ``seqs`` would compute if allocated now: each
+        sequence's length minus its prefix found in the cache (what the allocation will
+        share; none for a request that asks for prompt logprobs). Siblings are looked up
+        before any of them is allocated, so their shared blocks count as computed: an
+        over-count, never an under-count of the step's tokens."""
+        if group.sampling_params.prompt_logprobs is not None:
+            return sum(s.get_len() for s in seqs)
+        lookup = self.block_manager.num_cached_prefix_tokens
+        return sum(s.get_len() - lookup(s.get_token_ids()) for s in seqs)
 
     def _schedule_decodes(self) -> SchedulerOutputs:
         cfg = self.scheduler_config

@@ -41,6 +41,12 @@ class GraphCapturer:
             return torch.cuda.memory_reserved(device)
         return 0
 
+    def memory_allocated(self, device: torch.device) -> int:
+        """Bytes of live tensors on ``device`` (0 off CUDA)."""
+        if device.type == "cuda":
+            return torch.cuda.memory_allocated(device)
+        return 0
+
 
 @dataclass
 class CapturedGraph:

@@ -47,8 +47,9 @@ class GraphSet:
         prefill_graphs: prefill_graphs[ve][tokens], each one-sequence prefill graph.
         loops: loops[ve][rows], each decode-loop graph.
         attn_states, inputs: per VE, its attention graph state and static inputs.
-        memory_trace: (label, device bytes reserved since capture began): "state" after a
-            VE's buffers, then one entry per captured graph (the memory estimate reads it).
+        memory_trace: (label, bytes reserved, bytes of live tensors; both since capture
+            began): "state" after a VE's buffers, then one entry per captured graph (the
+            memory estimate reads it).
         capture_seconds, capture_bytes: wall time and device memory of :meth:`capture`.
     """
 
@@ -80,7 +81,7 @@ class GraphSet:
         self._staged: list[Any] = []  # per VE, the event of its last replay's uploads
         self.capture_seconds = 0.0
         self.capture_bytes = 0
-        self.memory_trace: list[tuple[str | int, int]] = []
+        self.memory_trace: list[tuple[str | int, int, int]] = []
 
     @torch.inference_mode()
     def capture(
@@ -100,6 +101,7 @@ class GraphSet:
         warn_eager_sizes(sizes)
         t0 = time.perf_counter()
         mem0 = cap.memory_reserved(self.device)
+        live0 = cap.memory_allocated(self.device)
         self.pool = cap.new_pool()
         self.graph_runners = [{} for _ in range(n_ves)]
         self.prefill_graphs = [{} for _ in range(n_ves)]
@@ -110,7 +112,9 @@ class GraphSet:
         bar = tqdm(total=n_ves * per_ve, desc="Capturing CUDA graphs", disable=not show_progress)
 
         def trace(label: str | int) -> None:
-            self.memory_trace.append((label, cap.memory_reserved(self.device) - mem0))
+            cap.synchronize()
+            reserved = cap.memory_reserved(self.device) - mem0
+            self.memory_trace.append((label, reserved, cap.memory_allocated(self.device) - live0))
 
         for ve in range(n_ves):
             state = self.attn_backend.make_graph_state(scratch_slots[ve])

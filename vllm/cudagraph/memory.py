@@ -12,13 +12,18 @@ GiB estimated against 0.363 GiB captured for SmolLM2's 46 graphs with a largest 
 probe). Sizes on such a cheaper path are over-counted by that difference, which errs on
 the safe side.
 
+The reserved memory of the trial does not show what a further graph costs: PyTorch's CUDA
+caching allocator serves blocks of 1-10 MiB from 20 MiB segments, so the second probe's
+8 MiB wrapper workspace usually fits in the segment the first one opened, and its increment
+reads 0 (on an H200, SmolLM2 with 46 graphs: 0.085 GiB estimated against 0.390 GiB
+captured). A further graph is therefore charged the larger of its reserved increment and
+its live tensors' increment packed as the allocator packs them (:func:`segment_cost`).
+
 Every virtual engine (VE) is counted as a whole first VE: its own state buffers, wrappers
 and outputs, and the pool memory of its largest graphs. The pool is shared, so a further
-VE often reuses that memory, but not always: counting the pool once (a further VE as its
-state buffers plus its graphs' increments) fell short with two VEs on one GPU, 0.081 GiB
-estimated against 0.107 GiB captured. A further VE never costs more than the first (the
-same graphs over same-size buffers), so VEs x one VE bounds the capture; the price is an
-over-estimate of up to one pool per further VE when the pool is reused.
+VE often reuses that memory, but not always. A further VE never costs more than the first
+(the same graphs over same-size buffers), so VEs x one VE bounds the capture; the price is
+an over-estimate of up to one pool per further VE when the pool is reused.
 """
 
 from __future__ import annotations
@@ -34,8 +39,30 @@ if TYPE_CHECKING:
     from vllm.cudagraph.runner import GraphRunner
 
 
+MIB = 2**20
+# PyTorch's CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp): blocks of at most
+# 1 MiB come from 2 MiB segments, blocks up to 10 MiB from 20 MiB segments, larger ones
+# get a segment of their own rounded up to 2 MiB.
+_SMALL_BLOCK, _SMALL_SEGMENT = 1 * MIB, 2 * MIB
+_MID_BLOCK, _MID_SEGMENT = 10 * MIB, 20 * MIB
+_LARGE_ROUND = 2 * MIB
+
+
+def segment_cost(nbytes: int) -> int:
+    """Reserved bytes per allocation of ``nbytes`` when many are made in a row: the share of
+    a segment each takes (a 20 MiB segment holds two 8 MiB blocks: 10 MiB each), or the
+    allocation rounded up to 2 MiB above 10 MiB. 0 for ``nbytes <= 0``."""
+    if nbytes <= 0:
+        return 0
+    if nbytes <= _SMALL_BLOCK:
+        return _SMALL_SEGMENT // max(1, _SMALL_SEGMENT // nbytes)
+    if nbytes <= _MID_BLOCK:
+        return _MID_SEGMENT // max(1, _MID_SEGMENT // nbytes)
+    return -(-nbytes // _LARGE_ROUND) * _LARGE_ROUND
+
+
 def extrapolate(
-    trace: list[tuple[str | int, int]],
+    trace: list[tuple[str | int, int, int]],
     num_graphs: int,
     num_ves: int,
     further_prefill_bytes: int = 0,
@@ -43,22 +70,26 @@ def extrapolate(
     """Graph memory of a full capture from a trial capture of one VE.
 
     Args:
-        trace: [("state", s), optionally ("prefill-<tokens>", p) for the largest prefill
-            graph, (largest decode size, a), (the next size down, b)], bytes reserved since
-            the trial began.
+        trace: [("state", ...), optionally ("prefill-<tokens>", ...) for the largest
+            prefill graph, (largest decode size, a, la), (the next size down, b, lb)]: bytes
+            reserved and bytes of live tensors since the trial began.
         num_graphs: decode and decode-loop graphs per VE.
         num_ves: virtual engines.
         further_prefill_bytes: per VE, the outputs of the prefill graphs the trial did not
             capture (each keeps its [tokens, hidden] output).
     Returns:
-        num_ves x (a + (b - a) x (num_graphs - 1) + further_prefill_bytes): a holds the
-        state buffers, the shared pool after the largest graphs and the largest decode
-        graph; each further graph keeps its own outputs and metadata (e.g. a FlashInfer
-        wrapper's int workspace). An estimate: the capture logs what it actually took.
+        num_ves x (a + g x (num_graphs - 1) + further_prefill_bytes) with
+        g = max(b - a, segment_cost(lb - la)): a holds the state buffers, the shared pool
+        after the largest graphs and the largest decode graph; each further graph keeps its
+        own outputs and metadata (e.g. a FlashInfer wrapper's int workspace). An estimate:
+        the capture logs what it actually took.
     """
-    decode = [mem for label, mem in trace if isinstance(label, int)]
-    first = decode[0] if decode else trace[-1][1]
-    per_graph = max(0, decode[1] - decode[0]) if len(decode) > 1 else 0
+    decode = [(mem, live) for label, mem, live in trace if isinstance(label, int)]
+    first = decode[0][0] if decode else trace[-1][1]
+    per_graph = 0
+    if len(decode) > 1:
+        (a, la), (b, lb) = decode[:2]
+        per_graph = max(0, b - a, segment_cost(lb - la))
     one_ve = first + per_graph * max(0, num_graphs - 1) + further_prefill_bytes
     return num_ves * one_ve
 
