@@ -12,7 +12,8 @@ long request's time to its first token is its TTFT. The streams are then cancell
 The server runs twice: without chunking (its budget covers a whole prompt, so each long
 prefill stalls every stream for its length) and with ``--enable-chunked-prefill
 --max-num-batched-tokens --chunked-budget`` (512: decodes first, then at most that many
-tokens of prefill per step). Reported (one JSON line, milliseconds): TPOT p50/p99 and TTFT
+tokens of prefill per step); prefix caching is off in both (every prompt is new anyway).
+Reported (one JSON line, milliseconds): TPOT p50/p99 and TTFT
 p50/p99 for each, and ``tpot_p99_on_over_off`` (target <= 0.5).
 
     python benchmarks/benchmark_chunked_prefill.py --server-args "--gpu-memory-utilization 0.3"

@@ -3,14 +3,15 @@ throughput at a 0% hit rate, each with caching off and on in the same run.
 
 1. **Multi-turn serving** (``bench: prefix_caching_serving``): ``--conversations`` (64)
    conversations of ``--turns`` (4) turns run concurrently against a `vllm serve` started
-   by this script (once with ``--enable-prefix-caching``, once without). Every conversation
-   starts with the same ``--system-len`` (1,024) token system prompt; turn ``t``'s prompt is
-   the system prompt, then per earlier turn its ``--user-len`` user tokens and
-   ``--reply-len`` reply tokens, then this turn's user tokens, as token ids (a fixed random
-   reply stands in for the model's, so the prompts are the same in both runs). Each turn
-   streams ``--output-len`` tokens (ignore_eos); TTFT is time to the first streamed token.
-   Reported: TTFT p50/p99 of turn 1 and of turns 2+ (milliseconds), the turn-2+ p50 ratio
-   off / on (target >= 3), and the server's prefix-cache hit rate from /metrics.
+   by this script (once with ``--enable-prefix-caching``, once with
+   ``--no-enable-prefix-caching``). Every conversation starts with the same
+   ``--system-len`` (1,024) token system prompt; turn ``t``'s prompt is the system prompt,
+   then per earlier turn its ``--user-len`` user tokens and ``--reply-len`` reply tokens,
+   then this turn's user tokens, as token ids (a fixed random reply stands in for the
+   model's, so the prompts are the same in both runs). Each turn streams ``--output-len``
+   tokens (ignore_eos); TTFT is time to the first streamed token. Reported: TTFT p50/p99
+   of turn 1 and of turns 2+ (milliseconds), the turn-2+ p50 ratio off / on (target >= 3),
+   and the server's prefix-cache hit rate from /metrics.
 2. **Offline throughput at 0% hits** (``bench: prefix_caching_throughput``): nano-vllm's
    random workload (``--num-prompts`` prompts of uniform random length in
    [``--min-input-len``, ``--max-input-len``] with outputs in [``--min-output-len``,
@@ -100,7 +101,7 @@ class Server:
         cmd = [sys.executable, "-m", "vllm.entrypoints.cli", "serve", args.model]
         cmd += ["--host", "127.0.0.1", "--port", "0", "--device", args.device]
         cmd += ["--block-size", str(args.block_size), "--max-model-len", str(args.max_model_len)]
-        cmd += ["--enable-prefix-caching"] if caching else []
+        cmd += ["--enable-prefix-caching" if caching else "--no-enable-prefix-caching"]
         cmd += args.server_args.split()
         self.log = tempfile.NamedTemporaryFile("w+", prefix="bench_apc_", suffix=".log")
         self.proc = subprocess.Popen(

@@ -192,6 +192,17 @@ def tiny_qwen2_dir(tiny_models_dir) -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_qwen2_kv4_dir(tiny_models_dir) -> str:
+    """Like ``tiny_qwen2_dir`` but with 8 heads / 4 KV heads of head_dim 8 (GQA with more KV
+    heads than 2 tensor-parallel ranks)."""
+    config = tiny_models.tiny_qwen2_config(num_attention_heads=8, num_key_value_heads=4)
+    return _built(
+        tiny_models_dir / "qwen2_kv4",
+        lambda p: tiny_models.save_tiny_hf_checkpoint(config, p, seed=3),
+    )
+
+
+@pytest.fixture(scope="session")
 def tiny_llama_gguf(tiny_llama_dir, tiny_models_dir) -> str:
     """F32 GGUF of ``tiny_llama_dir``'s weights (q/k rows permuted as llama.cpp does),
     with SmolLM2's tokenizer metadata; transformers loads it with ``gguf_file=``."""

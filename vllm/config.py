@@ -147,6 +147,15 @@ class ModelConfig:
     def num_kv_heads(self) -> int:
         return getattr(self.hf_config, "num_key_value_heads", None) or self.num_attention_heads
 
+    def get_num_attention_heads(self, tp_size: int = 1) -> int:
+        """Query heads on one of ``tp_size`` tensor-parallel ranks."""
+        return self.num_attention_heads // tp_size
+
+    def get_num_kv_heads(self, tp_size: int = 1) -> int:
+        """KV heads on one of ``tp_size`` tensor-parallel ranks (at least 1: with more ranks
+        than KV heads each rank holds one replicated head)."""
+        return max(1, self.num_kv_heads // tp_size)
+
     @property
     def head_size(self) -> int:
         cfg = self.hf_config
@@ -220,8 +229,8 @@ class CacheConfig:
         cpu_kvcache_space_bytes: KV cache bytes on CPU (env VLLM_CPU_KVCACHE_SPACE, in GiB;
             default 4 GiB as upstream).
         enable_prefix_caching: reuse the KV blocks of prompt prefixes seen before
-            (vllm/core/block_manager.py). Off by default, as vLLM V0: the on/off throughput
-            at a 0% hit rate is measured by benchmarks/benchmark_prefix_caching.py.
+            (vllm/core/block_manager.py). On by default: at a 0% hit rate it costs no
+            measurable throughput (benchmarks/benchmark_prefix_caching.py, README).
         prefix_routing_margin: with several virtual engines and prefix caching, a new request
             goes to the engine holding its longest cached prefix unless that engine has more
             than this many unfinished requests above the least loaded one (>= 0; see
@@ -232,7 +241,7 @@ class CacheConfig:
     gpu_memory_utilization: float = 0.9
     num_gpu_blocks_override: int | None = None
     cpu_kvcache_space_bytes: int | None = None
-    enable_prefix_caching: bool = False
+    enable_prefix_caching: bool = True
     prefix_routing_margin: int = 4
     # Filled after profiling: blocks per virtual engine.
     num_gpu_blocks: int | None = None
@@ -263,20 +272,18 @@ class CacheConfig:
 
 @dataclass
 class ParallelConfig:
-    """Parallelism: pipeline stages (virtual engines = stages) and the executor backend.
-
-    ``tensor_parallel_size`` exists for vLLM compatibility; only 1 is accepted.
-    """
+    """Parallelism: tensor-parallel ranks per stage, pipeline stages (virtual engines =
+    stages) and the executor backend. ``world_size = tp * pp`` processes, global rank
+    ``pp_rank * tp + tp_rank`` (vllm/distributed/parallel_state.py)."""
 
     pipeline_parallel_size: int = 1
     tensor_parallel_size: int = 1
     distributed_executor_backend: str | None = None
 
     def __post_init__(self) -> None:
-        if self.tensor_parallel_size != 1:
+        if self.tensor_parallel_size < 1:
             raise ValueError(
-                f"tensor_parallel_size={self.tensor_parallel_size} is not supported: "
-                "only 1 is accepted (use pipeline_parallel_size)."
+                f"tensor_parallel_size must be at least 1, got {self.tensor_parallel_size}."
             )
         if self.pipeline_parallel_size < 1:
             raise ValueError(
@@ -290,6 +297,16 @@ class ParallelConfig:
             )
         if self.distributed_executor_backend is None:
             self.distributed_executor_backend = "mp" if self.world_size > 1 else "uni"
+        if self.world_size > 1 and self.distributed_executor_backend == "uni":
+            raise ValueError(
+                f"tensor_parallel_size={self.tensor_parallel_size} x pipeline_parallel_size="
+                f"{self.pipeline_parallel_size} needs the 'mp' or 'ray' executor, not 'uni'."
+            )
+
+    @property
+    def sampling_rank(self) -> int:
+        """The global rank that samples and replies: TP rank 0 of the last stage."""
+        return (self.pipeline_parallel_size - 1) * self.tensor_parallel_size
 
     @property
     def world_size(self) -> int:
@@ -464,6 +481,20 @@ class EngineConfig:
             raise ValueError(
                 f"pipeline_parallel_size={pp} is larger than the model's {layers} layers."
             )
+        from vllm.distributed.validation import (
+            verify_tensor_parallel,
+            verify_world_fits_devices,
+        )
+
+        par = self.parallel_config
+        verify_tensor_parallel(self.model_config.hf_config, par.tensor_parallel_size)
+        if self.device_config.device == "cuda":
+            import torch
+
+            verify_world_fits_devices(
+                par.tensor_parallel_size, pp, "cuda", par.distributed_executor_backend,
+                torch.cuda.device_count(),
+            )  # fmt: skip
         from vllm.attention.selector import which_attn_backend
 
         # An explicit VLLM_ATTENTION_BACKEND that cannot run fails here, before any load.
@@ -527,7 +558,8 @@ class SpeculativeConfig:
 
         Raises:
             ValueError: k without a model, a model without k, k < 1, bad n-gram bounds,
-                pipeline_parallel_size > 1, a draft whose vocab size differs from the
+                tensor_parallel_size > 1, pipeline_parallel_size > 1, a draft whose vocab
+                size differs from the
                 target's (naming both), speculative_max_model_len < 1.
         """
         if speculative_model is None and num_speculative_tokens is None:
@@ -544,6 +576,12 @@ class SpeculativeConfig:
         if num_speculative_tokens < 1:
             raise ValueError(
                 f"num_speculative_tokens must be at least 1, got {num_speculative_tokens}."
+            )
+        if parallel.tensor_parallel_size > 1:
+            raise ValueError(
+                "speculative decoding is not supported with tensor parallelism: "
+                f"tensor_parallel_size={parallel.tensor_parallel_size} (only 1 is allowed "
+                "with speculative_model)."
             )
         if parallel.pipeline_parallel_size > 1:
             raise ValueError(

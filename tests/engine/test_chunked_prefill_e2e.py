@@ -46,6 +46,9 @@ def _engine(model, **kw):
     from vllm import LLM
 
     kw.setdefault("num_gpu_blocks_override", 256)
+    # Off unless a test turns it on: repeated prompts would otherwise be prefilled from the
+    # cache and skip the chunks under test.
+    kw.setdefault("enable_prefix_caching", False)
     return LLM(model=model, device="cpu", block_size=BS, max_num_seqs=5, **kw)
 
 

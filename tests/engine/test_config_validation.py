@@ -27,7 +27,7 @@ CASES = [
     (dict(gpu_memory_utilization=0.0), "gpu_memory_utilization must be in (0, 1]"),
     (dict(num_gpu_blocks_override=0), "num_gpu_blocks_override must be at least 1"),
     (dict(max_num_seqs=0), "max_num_seqs must be at least 1"),
-    (dict(tensor_parallel_size=2), "tensor_parallel_size=2 is not supported"),
+    (dict(tensor_parallel_size=3), "num_attention_heads=4 is not divisible by tensor_parall"),
     (dict(max_num_batched_tokens=64), "max_num_batched_tokens=64 is smaller than max_model_len"),
     (
         dict(enable_chunked_prefill=True, num_scheduler_steps=4),

@@ -64,7 +64,7 @@ def _run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess
     [
         (["--no-such-flag"], "error: unrecognized arguments: --no-such-flag"),
         (["/nonexistent/model"], "error: model '/nonexistent/model' does not exist"),
-        (["--tensor-parallel-size", "3"], "error: tensor_parallel_size=3 is not supported"),
+        (["--tensor-parallel-size", "3"], "error: num_attention_heads=4 is not divisible by"),
         (["--max-num-seqs", "many"], "error: argument --max-num-seqs: invalid int value"),
     ],
 )

@@ -96,9 +96,9 @@ class EngineArgs:
         group="cache",
     )
     enable_prefix_caching: bool = _f(
-        False,
+        True,
         "Reuse the cached KV blocks of shared prompt prefixes (automatic prefix caching; "
-        "default off).",
+        "default on, --no-enable-prefix-caching turns it off).",
         group="cache",
     )
     prefix_routing_margin: int = _f(
@@ -133,7 +133,7 @@ class EngineArgs:
     )
     pipeline_parallel_size: int = _f(1, "Pipeline stages (one device each).", group="parallel")
     tensor_parallel_size: int = _f(
-        1, "Tensor-parallel size: only 1 is supported.", group="parallel"
+        1, "Tensor-parallel ranks per pipeline stage (one device each).", group="parallel"
     )
     distributed_executor_backend: str | None = _f(
         None,
@@ -214,7 +214,10 @@ class EngineArgs:
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
             help_text = f.metadata.get("help", "")
             target = groups.get(f.metadata.get("group"), parser)
-            if kind is bool:
+            if kind is bool and default:  # on by default: --no-<flag> turns it off
+                target.add_argument(flag, action=argparse.BooleanOptionalAction,
+                                    default=default, help=help_text)  # fmt: skip
+            elif kind is bool:
                 target.add_argument(flag, action="store_true", default=default, help=help_text)
             elif kind is list:
                 target.add_argument(flag, type=int, nargs="+", default=default, help=help_text)
@@ -309,7 +312,8 @@ def _check_multi_step(steps: int, spec, parallel: ParallelConfig) -> None:
     """Refuse combinations multi-step decoding does not support (before any weight load).
 
     Raises:
-        ValueError: with speculative decoding, or with pipeline_parallel_size > 1.
+        ValueError: with speculative decoding, pipeline_parallel_size > 1 or
+            tensor_parallel_size > 1.
     """
     if spec is not None:
         raise ValueError(
@@ -320,6 +324,11 @@ def _check_multi_step(steps: int, spec, parallel: ParallelConfig) -> None:
         raise ValueError(
             f"num_scheduler_steps={steps} is not supported with pipeline_parallel_size="
             f"{parallel.pipeline_parallel_size}; use num_scheduler_steps=1."
+        )
+    if parallel.tensor_parallel_size > 1:
+        raise ValueError(
+            f"num_scheduler_steps={steps} is not supported with tensor_parallel_size="
+            f"{parallel.tensor_parallel_size}; use num_scheduler_steps=1."
         )
 
 

@@ -1,4 +1,5 @@
-"""The multiprocessing executor: one process per pipeline stage on this host.
+"""The multiprocessing executor: one process per rank (tensor-parallel shard of a pipeline
+stage) on this host; ``world_size = tp * pp``, rank ``pp_rank * tp + tp_rank``.
 
 Start method (:func:`worker_start_method`): "fork" when CUDA is not initialised in this
 process, else "spawn" (a forked child cannot use CUDA its parent initialised);
@@ -252,8 +253,9 @@ class MultiprocessingExecutor(PipelineExecutorBase):
     def free_sequences(self, seq_ids: list[int]) -> None:
         if not seq_ids or self._error is not None or self._closing or self._closed:
             return
-        with self._lock:  # only the last stage keeps per-sequence generators
-            self._broadcast((wp.FREE, list(seq_ids)), [self.world_size - 1])
+        tp = self.config.parallel_config.tensor_parallel_size
+        with self._lock:  # only the last stage's ranks keep per-sequence generators
+            self._broadcast((wp.FREE, list(seq_ids)), range(self.world_size - tp, self.world_size))
 
     # ----------------------------------------------------------------- shutdown
     def shutdown(self) -> None:

@@ -1,11 +1,13 @@
-"""The Ray executor: one Ray actor per pipeline stage, on one host or across several.
+"""The Ray executor: one Ray actor per rank (a tensor-parallel shard of a pipeline stage,
+``tp x pp`` of them, rank ``pp_rank * tp + tp_rank``), on one host or across several.
 
 Start-up: connect to the Ray cluster this process already joined (``ray.is_initialized()``),
 the one named by ``RAY_ADDRESS``, or one ``ray start`` launched on this node; otherwise start
 a small private one (``world_size`` CPUs, no dashboard, a small object store), which
-:meth:`RayExecutor.shutdown` stops again. A placement group reserves one bundle per stage
+:meth:`RayExecutor.shutdown` stops again. A placement group reserves one bundle per rank
 (``{"GPU": 1, "CPU": 1}`` on CUDA, ``{"CPU": 1}`` on CPU), STRICT_PACK when one node can hold
-every bundle, PACK otherwise (override: ``VLLM_RAY_PG_STRATEGY``). Stage ``r`` is an actor of
+every bundle, PACK otherwise (override: ``VLLM_RAY_PG_STRATEGY``; PACK keeps a stage's
+consecutive bundles together where it can). Rank ``r`` is an actor of
 :class:`~vllm.worker.ray_worker.RayStageWorker` in bundle ``r``; the actors join one
 ``torch.distributed`` group (gloo on CPU, NCCL on CUDA) at a port rank 0's node reports
 free, on 127.0.0.1 when every actor shares the driver's node and on rank 0's node IP
@@ -14,9 +16,10 @@ layers from it (the same Worker code as the mp executor).
 
 Steps: ``execute_model_async`` puts the request once and calls ``execute_model`` on every
 actor; calls from one caller run in submission order on each actor, so every stage sees
-the same step order. The returned ``concurrent.futures.Future`` resolves to the last
-stage's SamplerOutput. Every stage's result is watched: an actor that dies (or raises)
-fails every pending future and later call with a RuntimeError naming its rank and node.
+the same step order. The returned ``concurrent.futures.Future`` resolves to the sampling
+rank's (TP rank 0 of the last stage) SamplerOutput. Every rank's result is watched: an
+actor that dies (or raises) fails every pending future and later call with a RuntimeError
+naming its rank and node.
 """
 
 from __future__ import annotations
@@ -124,9 +127,10 @@ class RayExecutor(PipelineExecutorBase):
         seen = ray.cluster_resources().get(kind, 0)
         if seen < self.world_size:
             raise RuntimeError(
-                f"pipeline_parallel_size={self.world_size} needs {self.world_size} {kind}s in "
-                f"the Ray cluster (one per stage), but it has {seen:g}; add nodes with "
-                f"`ray start --address=<head>:6379` or lower pipeline_parallel_size."
+                f"tensor_parallel_size x pipeline_parallel_size = {self.world_size} ranks "
+                f"need {self.world_size} {kind}s in the Ray cluster (one per rank), but it has "
+                f"{seen:g}; add nodes with `ray start --address=<head>:6379` or lower "
+                "tensor_parallel_size or pipeline_parallel_size."
             )
 
     def _start_actors(self) -> None:
@@ -271,7 +275,7 @@ class RayExecutor(PipelineExecutorBase):
             req_ref = self._ray.put(request)  # serialized once for all stages
             refs = [a.execute_model.remote(req_ref) for a in self.actors]
             self._pending.add(fut)
-        last = self.world_size - 1
+        last = self.config.parallel_config.sampling_rank  # TP rank 0 of the last stage
         for rank, ref in enumerate(refs):
             ref.future().add_done_callback(
                 functools.partial(self._on_step_done, rank, rank == last, fut)
@@ -305,8 +309,10 @@ class RayExecutor(PipelineExecutorBase):
     def free_sequences(self, seq_ids: list[int]) -> None:
         if not seq_ids or self._error is not None or self._closed:
             return
-        with self._lock:  # only the last stage keeps per-sequence generators
-            self.actors[-1].free_sequences.remote(list(seq_ids))
+        tp = self.config.parallel_config.tensor_parallel_size
+        with self._lock:  # only the last stage's ranks keep per-sequence generators
+            for actor in self.actors[self.world_size - tp :]:
+                actor.free_sequences.remote(list(seq_ids))
 
     # ----------------------------------------------------------------- shutdown
     def shutdown(self) -> None:

@@ -12,18 +12,56 @@ from tqdm.auto import tqdm
 DUMMY_WEIGHT_RANGE = 1e-3
 
 
-def default_weight_loader(param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
-    """Copy ``loaded_weight`` into ``param`` (dtype/device converted).
+def weight_shape(loaded) -> tuple[int, ...]:
+    """Shape of a checkpoint tensor or of a lazy safetensors slice (``get_slice``)."""
+    if isinstance(loaded, torch.Tensor):
+        return tuple(loaded.shape)
+    return tuple(loaded.get_shape())
+
+
+def narrow_weight(loaded, dim: int, start: int, size: int) -> torch.Tensor:
+    """``loaded[..., start:start + size, ...]`` along ``dim`` as a tensor.
+
+    ``loaded`` is a tensor (a view is returned) or a lazy safetensors slice, of which only
+    the requested range is read from the file: how a tensor-parallel rank reads its shard
+    without materialising the full tensor.
+
+    Raises:
+        ValueError: the range does not fit the tensor's ``dim`` (naming both).
+    """
+    shape = weight_shape(loaded)
+    if start < 0 or size < 0 or start + size > shape[dim]:
+        raise ValueError(
+            f"shard rows [{start}, {start + size}) of dim {dim} do not fit a checkpoint tensor "
+            f"of shape {shape}"
+        )
+    if isinstance(loaded, torch.Tensor):
+        return loaded.narrow(dim, start, size)
+    index = [slice(None)] * len(shape)
+    index[dim] = slice(start, start + size)
+    return loaded[tuple(index)]
+
+
+def as_tensor(loaded) -> torch.Tensor:
+    """A checkpoint tensor itself, or the whole of a lazy safetensors slice read."""
+    if isinstance(loaded, torch.Tensor):
+        return loaded
+    return loaded[tuple(slice(None) for _ in weight_shape(loaded))]
+
+
+def default_weight_loader(param: nn.Parameter, loaded_weight) -> None:
+    """Copy ``loaded_weight`` (a tensor or a lazy safetensors slice) into ``param``
+    (dtype/device converted).
 
     Raises:
         ValueError: the shapes differ (naming both).
     """
-    if tuple(param.shape) != tuple(loaded_weight.shape):
+    if tuple(param.shape) != weight_shape(loaded_weight):
         raise ValueError(
-            f"checkpoint tensor has shape {tuple(loaded_weight.shape)}, the parameter expects "
+            f"checkpoint tensor has shape {weight_shape(loaded_weight)}, the parameter expects "
             f"{tuple(param.shape)}"
         )
-    param.data.copy_(loaded_weight)
+    param.data.copy_(as_tensor(loaded_weight))
 
 
 def safetensors_files(model_dir: str) -> list[str]:
@@ -41,16 +79,23 @@ def safetensors_files(model_dir: str) -> list[str]:
     return files
 
 
-def safetensors_weights_iterator(model_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
+def safetensors_weights_iterator(
+    model_dir: str, lazy: bool = False
+) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield ``(hf_name, tensor)`` for every tensor of every safetensors file (on CPU),
-    with a tqdm bar over the files."""
+    with a tqdm bar over the files.
+
+    With ``lazy`` (tensor parallelism) each item is a safetensors slice (``get_slice``)
+    instead, valid until the next item: the weight loaders read only this rank's rows or
+    columns of it (:func:`narrow_weight`), so no rank materialises the full model.
+    """
     from safetensors import safe_open
 
     files = safetensors_files(model_dir)
     for path in tqdm(files, desc="Loading safetensors weights", unit="file"):
         with safe_open(path, framework="pt", device="cpu") as f:
             for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
-                yield name, f.get_tensor(name)
+                yield name, (f.get_slice(name) if lazy else f.get_tensor(name))
 
 
 def dummy_seed(name: str, seed: int) -> int:

@@ -14,11 +14,15 @@ from vllm.attention.backends.abstract import AttentionBackend
 from vllm.config import ModelConfig
 
 
-def cache_block_bytes(model_config: ModelConfig, block_size: int, num_layers: int) -> int:
-    """Bytes of one block across ``num_layers`` layers: 2 (K and V) x block_size x
-    num_kv_heads x head_size x dtype bytes x layers."""
+def cache_block_bytes(
+    model_config: ModelConfig, block_size: int, num_layers: int, tp_size: int = 1
+) -> int:
+    """Bytes of one block across ``num_layers`` layers on one of ``tp_size`` tensor-parallel
+    ranks: 2 (K and V) x block_size x this rank's KV heads x head_size x dtype bytes x
+    layers."""
     elem = torch.tensor([], dtype=model_config.torch_dtype).element_size()
-    per_layer = 2 * block_size * model_config.num_kv_heads * model_config.head_size * elem
+    kv_heads = model_config.get_num_kv_heads(tp_size)
+    per_layer = 2 * block_size * kv_heads * model_config.head_size * elem
     return per_layer * num_layers
 
 
@@ -32,6 +36,7 @@ class CacheEngine:
         block_size: tokens per block.
         num_layers: layers on this pipeline stage.
         device: where to allocate.
+        tp_size: tensor-parallel ranks (this rank holds its share of the KV heads).
 
     Attributes:
         kv_caches: list (one per local layer) of tensors in ``backend``'s layout.
@@ -46,11 +51,13 @@ class CacheEngine:
         block_size: int,
         num_layers: int,
         device: torch.device,
+        tp_size: int = 1,
     ):
         self.num_blocks = num_blocks
         self.block_size = block_size
+        kv_heads = model_config.get_num_kv_heads(tp_size)
         shape = backend.get_kv_cache_shape(
-            num_blocks + 1, block_size, model_config.num_kv_heads, model_config.head_size
+            num_blocks + 1, block_size, kv_heads, model_config.head_size
         )
         self.kv_caches: list[torch.Tensor] = [
             torch.zeros(shape, dtype=model_config.torch_dtype, device=device)

@@ -20,6 +20,7 @@ from vllm.attention.selector import get_attn_backend, which_attn_backend
 from vllm.config import EngineConfig
 from vllm.cudagraph import DecodeStepCounters, GraphCapturer, GraphRunner, graph_spec
 from vllm.cudagraph.memory import estimate_graph_memory
+from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 from vllm.model_executor.forward_batch import ForwardBatch
 from vllm.model_executor.layers.sampler import Sampler
 from vllm.sequence import (
@@ -56,9 +57,10 @@ class ModelRunner:
             device.type, self.dtype, self.model_config.head_size
         )
         cfg = self.model_config
-        self.attn_spec = AttentionSpec(
-            num_heads=cfg.num_attention_heads,
-            num_kv_heads=cfg.num_kv_heads,
+        tp = config.parallel_config.tensor_parallel_size
+        self.attn_spec = AttentionSpec(  # this tensor-parallel rank's heads
+            num_heads=cfg.get_num_attention_heads(tp),
+            num_kv_heads=cfg.get_num_kv_heads(tp),
             head_size=cfg.head_size,
             block_size=self.block_size,
             dtype=self.dtype,
@@ -155,6 +157,7 @@ class ModelRunner:
             self.block_size,
             self.num_local_layers,
             self.device,
+            self.config.parallel_config.tensor_parallel_size,  # this rank's KV heads
         )
         estimate = estimate_graph_memory(
             self.graph_runner, cache.kv_caches, cache.scratch_slot, num_virtual_engines, capturer
@@ -216,22 +219,29 @@ class ModelRunner:
             return hidden
         sm = batch.sampling_metadata
         if sm.selected_token_indices.shape[0] == 0:  # only prefill chunks that sample nothing
+            # (every TP rank sees the same metadata, so all of them skip the logit gather)
+            if get_tensor_model_parallel_rank() != 0:
+                return None
             return SamplerOutput([CompletionSequenceGroupOutput([]) for _ in sm.groups])
-        return self.sampler(self.compute_logits(batch, hidden), sm)
+        logits = self.compute_logits(batch, hidden)
+        if logits is None:  # a TP rank other than 0: the logits were gathered on rank 0
+            return None
+        return self.sampler(logits, sm)
 
     def compute_logits(self, batch: ForwardBatch, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits [num_rows, vocab] of the rows ``batch.sampling_metadata`` selects
-        from ``hidden`` [num_tokens, hidden] (last stage only)."""
+        from ``hidden`` [num_tokens, hidden] (last stage only; None on a TP rank other than
+        0, whose logit shard was gathered on rank 0)."""
         sm = batch.sampling_metadata
         if batch.mode == ForwardMode.DECODE and sm.prompt_row_ids is None:
             # One row per sequence, in order. Padded lanes go through lm_head too (their
             # rows are dropped after): the matmul then has the batch's padded row count
             # whether a graph, a decode-loop graph or a padded eager step runs it, so the
             # three agree exactly (a GEMM's kernel choice may depend on the row count).
-            logits = self.model.compute_logits(hidden).float()  # [batch_size, vocab]
-            return logits[: batch.num_real_rows]  # [num_rows, vocab]
+            logits = self.model.compute_logits(hidden)  # [batch_size, vocab] float32
+            return None if logits is None else logits[: batch.num_real_rows]  # [num_rows, vocab]
         selected = hidden[sm.selected_token_indices]  # [num_rows, hidden]
-        return self.model.compute_logits(selected).float()  # [num_rows, vocab]
+        return self.model.compute_logits(selected)  # [num_rows, vocab] float32, or None
 
     def forward_hidden(
         self,
@@ -265,4 +275,4 @@ class ModelRunner:
             inter = IntermediateTensors({"hidden_states": z, "residual": z.clone()})
         out = self.model(ids, pos, empty, md, inter)
         if self.is_last_stage:
-            self.model.compute_logits(out[-num_seqs:]).float()
+            self.model.compute_logits(out[-num_seqs:])

@@ -62,12 +62,13 @@ class RayStageWorker:
         from vllm.worker.worker_process import setup_stage_worker
 
         self.rank = rank
-        self.is_last = rank == config.parallel_config.world_size - 1
+        self.is_last = rank == config.parallel_config.sampling_rank  # TP rank 0, last stage
         self.worker = setup_stage_worker(config, rank, 0, init_method)
         return os.getpid()
 
     def execute_model(self, request: ExecuteModelRequest) -> SamplerOutput | None:
-        """Run one step; the last stage returns the SamplerOutput, the others None."""
+        """Run one step; the sampling rank (TP rank 0 of the last stage) returns the
+        SamplerOutput, the others None."""
         out = self.worker.execute_model(request)
         return out if self.is_last else None
 

@@ -51,7 +51,7 @@ def stage_summary(worker: Any) -> dict[str, Any]:
         t.numel() * t.element_size() for ce in worker.cache_engines for t in ce.kv_caches
     )
     return {
-        "rank": runner.pp_rank,
+        "rank": runner.pp_rank,  # the pipeline stage (TP ranks of a stage share it)
         "device": where,
         "dtype": str(runner.dtype).removeprefix("torch."),
         "attention": runner.attn_backend_name,
@@ -96,8 +96,11 @@ def format_summary(config: Any, stages: list[dict[str, Any]]) -> str:
         f"pp {pc.pipeline_parallel_size} x tp {pc.tensor_parallel_size} "
         f"({pc.distributed_executor_backend} executor, {ves} virtual engine{'s' * (ves > 1)}"
     )
-    if len(stages) > 1:
-        parts = [f"stage {s['rank']} layers {s['layers'][0]}-{s['layers'][1] - 1}" for s in stages]
+    if pc.pipeline_parallel_size > 1:  # one entry per stage (its TP ranks share the layers)
+        per_stage = stages[:: pc.tensor_parallel_size]
+        parts = [
+            f"stage {s['rank']} layers {s['layers'][0]}-{s['layers'][1] - 1}" for s in per_stage
+        ]
         parallel += "; " + ", ".join(parts)
     parallel += ")"
     return (

@@ -1,4 +1,5 @@
-"""Worker: one device (one pipeline stage) — device setup, model, KV caches, steps.
+"""Worker: one device (one rank: a TP shard of a pipeline stage) — device setup, model,
+KV caches, steps.
 
 The KV cache is a list indexed by virtual engine: ``cache_engines[ve].kv_caches[layer]``.
 """
@@ -20,11 +21,11 @@ logger = logging.getLogger(__name__)
 
 
 class Worker:
-    """Runs the model of one pipeline stage on one device.
+    """Runs one rank of the model (one TP shard of one pipeline stage) on one device.
 
     Args:
         config: the engine config.
-        rank: pipeline stage (0 for a single device).
+        rank: global rank ``pp_rank * tp + tp_rank`` (0 for a single device).
         local_rank: device index on this host (CUDA).
     """
 
@@ -33,6 +34,8 @@ class Worker:
         self.rank = rank
         self.local_rank = local_rank
         self.pp_size = config.parallel_config.pipeline_parallel_size
+        self.tp_size = config.parallel_config.tensor_parallel_size
+        self.pp_rank, self.tp_rank = divmod(rank, self.tp_size)
         self.num_virtual_engines = config.num_virtual_engines
         dev = config.device_config.device
         self.device = torch.device(f"cuda:{local_rank}" if dev == "cuda" else "cpu")
@@ -48,7 +51,7 @@ class Worker:
             cores = os.cpu_count() or 1
             torch.set_num_threads(max(1, cores // self.config.parallel_config.world_size))
         torch.manual_seed(self.config.model_config.seed)
-        self.model_runner = ModelRunner(self.config, self.device, self.rank, self.pp_size)
+        self.model_runner = ModelRunner(self.config, self.device, self.pp_rank, self.pp_size)
 
     def load_model(self) -> None:
         self.model_runner.load_model()
@@ -59,6 +62,7 @@ class Worker:
             self.config.model_config,
             self.config.cache_config.block_size,
             self.model_runner.num_local_layers,
+            self.tp_size,
         )
 
     @torch.inference_mode()
@@ -133,6 +137,7 @@ class Worker:
                 self.config.cache_config.block_size,
                 self.model_runner.num_local_layers,
                 self.device,
+                self.tp_size,
             )
             for _ in range(self.num_virtual_engines)
         ]
@@ -196,6 +201,8 @@ class Worker:
         batch = self.model_runner.prepare_model_input(
             request.seq_group_metadata_list, ve, ce.scratch_slot, request.num_lookahead_slots
         )
+        if self.tp_size > 1:
+            self._assert_plan_agreement(batch)
         if self.pp_size == 1:
             return self.model_runner.execute_model(batch, ce.kv_caches, intermediate_tensors)
         return self._execute_pipeline_stage(batch, ce.kv_caches)
@@ -234,6 +241,18 @@ class Worker:
             return out
         send_intermediate_tensors(out, group.next_rank)
         return None
+
+    def _assert_plan_agreement(self, batch) -> None:
+        """The TP ranks of this stage must run the same plan (graph replay of one size, or
+        eager) for every step, or their all-reduces deadlock: exchange it and raise on a
+        difference (:func:`vllm.distributed.tp_ops.assert_tp_plan_agreement`)."""
+        from vllm.attention.backends.abstract import ForwardMode
+        from vllm.distributed.tp_ops import assert_tp_plan_agreement
+
+        graph = -1 if batch.graph_size is None else batch.graph_size
+        mode = 1 if batch.mode == ForwardMode.DECODE else 0
+        plan = (batch.virtual_engine, mode, graph, batch.num_tokens)  # num_tokens: padded
+        assert_tp_plan_agreement(plan)
 
     def free_sequences(self, seq_ids: list[int]) -> None:
         """Forget per-sequence state of finished sequences."""

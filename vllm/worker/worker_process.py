@@ -7,10 +7,10 @@ vllm/executor/mp_executor.py):
    the :class:`~vllm.worker.worker.Worker` of stage ``rank``, load its layers, reply
    ``("ready", rank)``.
 2. Serve messages from the driver, strictly in the order they arrive on its pipe:
-   ``("step", step_id, request)`` runs ``Worker.execute_model`` (only the last stage replies,
-   with the SamplerOutput; any stage replies when it fails); ``("call", call_id, method,
-   args)`` runs a Worker method and every stage replies; ``("free", seq_ids)`` forgets
-   finished sequences; ``("shutdown",)`` leaves the group and exits.
+   ``("step", step_id, request)`` runs ``Worker.execute_model`` (only the sampling rank, TP
+   rank 0 of the last stage, replies with the SamplerOutput; any rank replies when it
+   fails); ``("call", call_id, method, args)`` runs a Worker method and every rank replies;
+   ``("free", seq_ids)`` forgets finished sequences; ``("shutdown",)`` leaves the group and exits.
 
 A reader thread drains the pipe into a local queue so the driver never blocks on a busy
 worker; when the driver's end closes (the engine process died) the worker exits at once,
@@ -65,7 +65,7 @@ def setup_stage_worker(config, rank: int, local_rank: int, init_method: str):
 
     Args:
         config: the EngineConfig.
-        rank: this pipeline stage, in [0, pipeline_parallel_size).
+        rank: global rank ``pp_rank * tensor_parallel_size + tp_rank``, in [0, world_size).
         local_rank: CUDA device index in this process (0 under Ray, which sets
             CUDA_VISIBLE_DEVICES per actor).
         init_method: the process group's rendezvous URL (``tcp://<host>:<port>``).
@@ -78,9 +78,11 @@ def setup_stage_worker(config, rank: int, local_rank: int, init_method: str):
 
     worker = Worker(config, rank=rank, local_rank=local_rank)
     worker.init_device()
+    par = config.parallel_config
     init_distributed_environment(
-        rank, config.parallel_config.world_size, init_method, worker.device
-    )
+        rank, par.world_size, init_method, worker.device,
+        tensor_parallel_size=par.tensor_parallel_size,
+    )  # fmt: skip
     worker.load_model()
     return worker
 
@@ -136,12 +138,11 @@ def run_worker(config, rank: int, init_method: str, conn: Connection) -> None:
 
     Args:
         config: the EngineConfig (pickled under spawn, inherited under fork).
-        rank: this pipeline stage, in [0, pipeline_parallel_size).
+        rank: global rank (``pp_rank * tensor_parallel_size + tp_rank``).
         init_method: the process group's rendezvous URL (``tcp://127.0.0.1:<port>``).
         conn: this worker's end of its duplex pipe to the driver.
     """
     lock = threading.Lock()
-    world = config.parallel_config.world_size
     try:
         worker = setup_stage_worker(config, rank, rank, init_method)
     except BaseException:
@@ -151,7 +152,7 @@ def run_worker(config, rank: int, init_method: str, conn: Connection) -> None:
 
     inbox: queue.Queue = queue.Queue()
     threading.Thread(target=_reader, args=(conn, inbox), daemon=True).start()
-    is_last = rank == world - 1
+    is_last = rank == config.parallel_config.sampling_rank  # TP rank 0 of the last stage
     while True:
         msg = inbox.get()
         kind = msg[0]

@@ -8,7 +8,9 @@ their outputs::
     y[t] = sum_j  w[t, j] * down_e(act(gate_e(x[t])) * up_e(x[t])),  e = expert[t, j]
 
 The expert weights are two stacked parameters, ``w13_weight`` [E, 2 * I, H] (gate rows, then
-up rows) and ``w2_weight`` [E, H, I], loaded from per-expert checkpoint tensors.
+up rows) and ``w2_weight`` [E, H, I], loaded from per-expert checkpoint tensors. Under tensor
+parallelism every rank holds every expert with its intermediate dimension split: ``I / tp``
+gate and up rows and ``I / tp`` down columns of each expert; the output is all-reduced.
 :meth:`FusedMoE.forward_native` is the plain torch path (CPU, and the reference): one
 matmul per expert over the tokens routed to it, accumulated in increasing expert order with
 ``index_add_`` exactly as transformers does, so float32 results are bit-identical to it.
@@ -24,8 +26,14 @@ sum, so the result is the same): also capturable, at E / top_k times the expert 
 import torch
 from torch import nn
 
+from vllm.distributed.parallel_state import (
+    get_tensor_model_parallel_rank,
+    get_tensor_model_parallel_world_size,
+)
+from vllm.distributed.tp_ops import tensor_model_parallel_all_reduce
 from vllm.kernels.dispatch import get_triton_moe
 from vllm.model_executor.layers.activation import get_act_and_mul_fn
+from vllm.model_executor.weight_utils import narrow_weight, weight_shape
 
 
 def route_topk(
@@ -50,12 +58,12 @@ class FusedMoE(nn.Module):
         num_experts: E, the number of experts (more than ``top_k``).
         top_k: experts per token.
         hidden_size: H.
-        intermediate_size: I, each expert's feed-forward width.
+        intermediate_size: I, each expert's feed-forward width (split over TP ranks).
         renormalize: renormalise the top-k weights to sum to 1.
         hidden_act: the gated activation (``silu``).
 
     Raises:
-        ValueError: ``top_k`` not in [1, num_experts].
+        ValueError: ``top_k`` not in [1, num_experts]; I not divisible by the TP size.
     """
 
     # checkpoint projection name -> (stacked parameter, shard): Qwen3-MoE and Mixtral names
@@ -74,6 +82,14 @@ class FusedMoE(nn.Module):
         if not 1 <= top_k <= num_experts:
             raise ValueError(f"top_k={top_k} must be in [1, num_experts={num_experts}]")
         self.num_experts, self.top_k = num_experts, top_k
+        self.tp_size = get_tensor_model_parallel_world_size()
+        self.tp_rank = get_tensor_model_parallel_rank()
+        if intermediate_size % self.tp_size:
+            raise ValueError(
+                f"moe intermediate_size={intermediate_size} is not divisible by "
+                f"tensor_parallel_size={self.tp_size}."
+            )
+        intermediate_size //= self.tp_size  # this rank's
         self.intermediate_size = intermediate_size
         self.renormalize = renormalize
         self.w13_weight = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size))
@@ -89,19 +105,33 @@ class FusedMoE(nn.Module):
         """
         if not 0 <= expert < self.num_experts:
             raise ValueError(f"expert {expert} out of range [0, {self.num_experts})")
-        dest = getattr(self, param_name).data[expert]  # [2I, H] or [H, I]
+        dest = getattr(self, param_name).data[expert]  # [2I, H] or [H, I] (this rank's I)
+        size = self.intermediate_size
         if shard is not None:
-            size = self.intermediate_size
             dest = dest[shard * size : (shard + 1) * size]
-        if tuple(dest.shape) != tuple(tensor.shape):
+        if self.tp_size > 1:  # this rank's gate/up rows or down columns
+            dim = 0 if shard is not None else 1
+            if weight_shape(tensor)[dim] != size * self.tp_size:
+                raise ValueError(
+                    f"expert {expert} {param_name} shard {shard}: checkpoint shape "
+                    f"{weight_shape(tensor)}, expected dim {dim} = {size * self.tp_size}"
+                )
+            tensor = narrow_weight(tensor, dim, self.tp_rank * size, size)
+        if tuple(dest.shape) != weight_shape(tensor):
             raise ValueError(
                 f"expert {expert} {param_name} shard {shard}: checkpoint shape "
-                f"{tuple(tensor.shape)}, expected {tuple(dest.shape)}"
+                f"{weight_shape(tensor)}, expected {tuple(dest.shape)}"
             )
-        dest.copy_(tensor)
+        dest.copy_(narrow_weight(tensor, 0, 0, dest.shape[0]))
 
     def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
-        """hidden_states [T, H], router_logits [T, E] -> [T, H] (see module docstring)."""
+        """hidden_states [T, H], router_logits [T, E] -> [T, H] (see module docstring);
+        all-reduced over the TP ranks (each computes its slice of every expert)."""
+        out = self._experts(hidden_states, router_logits)  # [T, H], this rank's partial sum
+        return tensor_model_parallel_all_reduce(out)
+
+    def _experts(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        """This rank's experts' output [T, H] (forward_native / Triton / forward_dense)."""
         if not hidden_states.is_cuda:
             return self.forward_native(hidden_states, router_logits)
         kernels = get_triton_moe(hidden_states)

@@ -1,31 +1,60 @@
-"""Linear layers with fused projections and per-parameter weight loaders.
+"""Linear layers with fused projections, tensor-parallel sharding and per-parameter loaders.
 
-Tensor parallelism is out of scope (docs/design.md "Scope"): every layer holds the full matrix; the
-names follow upstream vLLM so that model code reads the same. Each parameter carries a
-``weight_loader(param, loaded_weight, shard_id=None)`` attribute that knows where a
-checkpoint tensor goes inside it:
+Names and semantics follow upstream vLLM. With ``tp`` tensor-parallel ranks
+(:func:`~vllm.distributed.parallel_state.get_tensor_model_parallel_world_size`; 1 without a
+group, where every layer holds the full matrix and computes exactly as ``nn.Linear``):
 
-- :class:`QKVParallelLinear` stacks q, k and v rows: ``weight`` [(H + 2 * KVH) * D, hidden],
-  shard ids ``"q"``, ``"k"``, ``"v"``.
-- :class:`MergedColumnParallelLinear` stacks several outputs (gate, up): shard ids 0, 1, ...
+- :class:`ColumnParallelLinear` splits the output rows: rank ``r`` holds rows
+  ``[r * out / tp, (r + 1) * out / tp)`` and returns its slice of the output (no gather: the
+  next layer is row-parallel or per-head).
+- :class:`MergedColumnParallelLinear` (gate, up) splits each fused output alike: rank ``r``
+  holds ``[gate_r; up_r]``, shard ids 0, 1, ...
+- :class:`QKVParallelLinear` splits heads: ``num_heads / tp`` query heads per rank; KV heads
+  ``num_kv_heads / tp`` per rank when ``tp <= num_kv_heads``, else each KV head replicated on
+  ``tp / num_kv_heads`` consecutive ranks (one per rank). Shard ids ``"q"``, ``"k"``, ``"v"``.
+- :class:`RowParallelLinear` splits the input columns: each rank multiplies its slice of the
+  input by its columns, the partial sums are all-reduced, then the bias is added once.
 
-Unlike upstream, ``forward`` returns the output tensor only (no ``(output, bias)`` pair).
+Each parameter carries ``weight_loader(param, loaded_weight, shard_id=None)`` that narrows a
+checkpoint tensor (or a lazy safetensors slice, so a rank reads only its rows or columns) to
+this rank's shard. ``forward`` returns the output tensor only (no ``(output, bias)`` pair).
 """
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vllm.model_executor.weight_utils import default_weight_loader
+from vllm.distributed.parallel_state import (
+    get_tensor_model_parallel_rank,
+    get_tensor_model_parallel_world_size,
+)
+from vllm.distributed.tp_ops import tensor_model_parallel_all_reduce
+from vllm.model_executor.weight_utils import default_weight_loader, narrow_weight, weight_shape
+
+
+def divide(numerator: int, denominator: int, what: str) -> int:
+    """``numerator // denominator``, raising when it does not divide.
+
+    Raises:
+        ValueError: naming ``what`` and both numbers.
+    """
+    if numerator % denominator:
+        raise ValueError(
+            f"{what}={numerator} is not divisible by tensor_parallel_size={denominator}."
+        )
+    return numerator // denominator
 
 
 class LinearBase(nn.Module):
-    """``y = x @ weight.T + bias`` with ``weight`` [output_size, input_size] (as nn.Linear)."""
+    """``y = x @ weight.T + bias`` with ``weight`` [output_size, input_size], replicated on
+    every TP rank (e.g. a MoE router)."""
 
     def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
         super().__init__()
-        self.input_size = input_size
-        self.output_size = output_size
+        self.tp_size = get_tensor_model_parallel_world_size()
+        self.tp_rank = get_tensor_model_parallel_rank()
+        self.input_size = input_size  # this rank's
+        self.output_size = output_size  # this rank's
         self.weight = nn.Parameter(torch.empty(output_size, input_size))
         self.weight.weight_loader = self.weight_loader
         if bias:
@@ -48,50 +77,113 @@ class LinearBase(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"in_features={self.input_size}, out_features={self.output_size}, "
-            f"bias={self.bias is not None}"
+            f"bias={self.bias is not None}, tp_size={self.tp_size}"
         )
 
 
+class ColumnParallelLinear(LinearBase):
+    """Output rows split over TP ranks: ``weight`` [output_size / tp, input_size].
+
+    Raises:
+        ValueError: ``output_size`` not divisible by tp.
+    """
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
+        tp = get_tensor_model_parallel_world_size()
+        super().__init__(input_size, divide(output_size, tp, "output_size"), bias)
+
+    def weight_loader(
+        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
+    ) -> None:
+        """Copy this rank's rows of the checkpoint tensor [output_size, ...] into ``param``."""
+        if shard_id is not None:
+            raise ValueError(f"{type(self).__name__} has no shards, got shard_id={shard_id!r}")
+        size = param.shape[0]
+        default_weight_loader(param, narrow_weight(loaded_weight, 0, self.tp_rank * size, size))
+
+
 class RowParallelLinear(LinearBase):
-    """Linear layer split by input columns under TP (here: whole): o_proj, down_proj."""
+    """Input columns split over TP ranks (o_proj, down_proj): ``weight`` [output_size,
+    input_size / tp], bias [output_size] whole; partial products all-reduced, bias added
+    after the reduction (once).
+
+    Raises:
+        ValueError: ``input_size`` not divisible by tp.
+    """
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
+        tp = get_tensor_model_parallel_world_size()
+        super().__init__(divide(input_size, tp, "input_size"), output_size, bias)
+
+    def weight_loader(
+        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
+    ) -> None:
+        """Weight: this rank's columns of [output_size, input_size]; bias: whole."""
+        if shard_id is not None:
+            raise ValueError(f"{type(self).__name__} has no shards, got shard_id={shard_id!r}")
+        if param is self.weight:
+            size = param.shape[1]
+            loaded_weight = narrow_weight(loaded_weight, 1, self.tp_rank * size, size)
+        default_weight_loader(param, loaded_weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp_size == 1:
+            return F.linear(x, self.weight, self.bias)  # [num_tokens, output_size]
+        y = tensor_model_parallel_all_reduce(F.linear(x, self.weight))  # [T, output_size]
+        return y if self.bias is None else y + self.bias
 
 
 class MergedColumnParallelLinear(LinearBase):
     """Several column-parallel outputs fused into one matmul (gate_proj and up_proj).
 
-    ``weight`` [sum(output_sizes), input_size]; shard ``i`` occupies rows
-    ``sum(output_sizes[:i]) : sum(output_sizes[:i + 1])``.
+    ``weight`` [sum(output_sizes) / tp, input_size]; shard ``i`` occupies rows
+    ``sum(output_sizes[:i]) / tp`` onwards, ``output_sizes[i] / tp`` of them.
+
+    Raises:
+        ValueError: an output size not divisible by tp.
     """
 
     def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False) -> None:
-        super().__init__(input_size, sum(output_sizes), bias)
-        self.output_sizes = list(output_sizes)
+        tp = get_tensor_model_parallel_world_size()
+        self.output_sizes = [divide(s, tp, "output_size") for s in output_sizes]  # this rank's
+        super().__init__(input_size, sum(self.output_sizes), bias)
 
     def weight_loader(
         self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
     ) -> None:
-        """Copy checkpoint tensor ``loaded_weight`` into rows of shard ``shard_id`` (an int).
+        """Copy this rank's rows of checkpoint shard ``shard_id`` (an int) into ``param``;
+        ``shard_id=None`` takes an already fused tensor (all shards stacked, e.g. Phi-3).
 
         Raises:
             ValueError: unknown shard id or a shape that does not fit the shard.
         """
         if shard_id is None:
-            default_weight_loader(param, loaded_weight)
+            total = [s * self.tp_size for s in self.output_sizes]
+            for i, size in enumerate(self.output_sizes):
+                start = sum(total[:i]) + self.tp_rank * size
+                self.weight_loader(param, narrow_weight(loaded_weight, 0, start, size), i)
             return
         if not isinstance(shard_id, int) or not 0 <= shard_id < len(self.output_sizes):
             raise ValueError(
                 f"shard_id={shard_id!r} out of range for {len(self.output_sizes)} merged outputs"
             )
+        size = self.output_sizes[shard_id]
+        if weight_shape(loaded_weight)[0] == size * self.tp_size and self.tp_size > 1:
+            loaded_weight = narrow_weight(loaded_weight, 0, self.tp_rank * size, size)
         offset = sum(self.output_sizes[:shard_id])
-        _copy_rows(param, loaded_weight, offset, self.output_sizes[shard_id], shard_id)
+        _copy_rows(param, loaded_weight, offset, size, shard_id)
 
 
 class QKVParallelLinear(LinearBase):
-    """Fused query/key/value projection.
+    """Fused query/key/value projection, split by heads (see module docstring).
 
-    ``weight`` [(num_heads + 2 * num_kv_heads) * head_size, hidden_size]: q rows first, then
-    k, then v (the order of ``torch.cat([q, k, v])``). ``forward`` output splits into
-    q [T, num_heads * head_size], k and v [T, num_kv_heads * head_size].
+    ``weight`` [(num_heads + 2 * num_kv_heads) * head_size, hidden_size] with this rank's
+    ``num_heads`` / ``num_kv_heads``: q rows first, then k, then v. ``forward`` output splits
+    into q [T, num_heads * head_size], k and v [T, num_kv_heads * head_size].
+
+    Raises:
+        ValueError: heads not divisible by tp; tp and KV heads where neither divides the
+            other.
     """
 
     def __init__(
@@ -102,46 +194,65 @@ class QKVParallelLinear(LinearBase):
         total_num_kv_heads: int | None = None,
         bias: bool = False,
     ) -> None:
+        tp = get_tensor_model_parallel_world_size()
+        rank = get_tensor_model_parallel_rank()
         total_num_kv_heads = total_num_kv_heads or total_num_heads
-        q_size = total_num_heads * head_size
-        kv_size = total_num_kv_heads * head_size
-        super().__init__(hidden_size, q_size + 2 * kv_size, bias)
+        self.total_num_heads, self.total_num_kv_heads = total_num_heads, total_num_kv_heads
+        self.num_heads = divide(total_num_heads, tp, "num_attention_heads")
+        if tp >= total_num_kv_heads:
+            divide(tp, total_num_kv_heads, "num_key_value_heads' replicas: tp")
+            self.num_kv_heads = 1
+            self.kv_head_start = rank // (tp // total_num_kv_heads)  # replicated KV head
+        else:
+            self.num_kv_heads = divide(total_num_kv_heads, tp, "num_key_value_heads")
+            self.kv_head_start = rank * self.num_kv_heads
         self.head_size = head_size
-        self.num_heads = total_num_heads
-        self.num_kv_heads = total_num_kv_heads
-        self.q_size = q_size
-        self.kv_size = kv_size
+        self.q_size = self.num_heads * head_size  # this rank's
+        self.kv_size = self.num_kv_heads * head_size  # this rank's
+        super().__init__(hidden_size, self.q_size + 2 * self.kv_size, bias)
 
     def weight_loader(
         self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
     ) -> None:
-        """Copy q/k/v checkpoint tensor into its rows (``shard_id`` in ``"q"``, ``"k"``, ``"v"``).
+        """Copy this rank's heads of a q/k/v checkpoint tensor into their rows (``shard_id``
+        in ``"q"``, ``"k"``, ``"v"``); ``shard_id=None`` takes the fused [q; k; v] tensor.
 
         Raises:
             ValueError: unknown shard id or a shape that does not fit the shard.
         """
-        if shard_id is None:
-            default_weight_loader(param, loaded_weight)
-            return
-        offsets = {
-            "q": (0, self.q_size),
-            "k": (self.q_size, self.kv_size),
-            "v": (self.q_size + self.kv_size, self.kv_size),
+        d = self.head_size
+        total_q, total_kv = self.total_num_heads * d, self.total_num_kv_heads * d
+        src = {  # shard -> (first checkpoint row of this rank, in the full q / k / v tensor)
+            "q": self.tp_rank * self.q_size,
+            "k": self.kv_head_start * d,
+            "v": self.kv_head_start * d,
         }
-        if shard_id not in offsets:
+        if shard_id is None:
+            fused_start = {"q": 0, "k": total_q, "v": total_q + total_kv}
+            for sid in ("q", "k", "v"):
+                size = self.q_size if sid == "q" else self.kv_size
+                part = narrow_weight(loaded_weight, 0, fused_start[sid] + src[sid], size)
+                _copy_rows(param, part, self._dest(sid), size, sid)
+            return
+        if shard_id not in src:
             raise ValueError(f"shard_id={shard_id!r} is not one of ['q', 'k', 'v']")
-        offset, size = offsets[shard_id]
-        _copy_rows(param, loaded_weight, offset, size, shard_id)
+        size = self.q_size if shard_id == "q" else self.kv_size
+        full = total_q if shard_id == "q" else total_kv
+        if self.tp_size > 1 and weight_shape(loaded_weight)[0] == full:
+            loaded_weight = narrow_weight(loaded_weight, 0, src[shard_id], size)
+        _copy_rows(param, loaded_weight, self._dest(shard_id), size, shard_id)
+
+    def _dest(self, shard_id: str) -> int:
+        """First row of shard ``shard_id`` in this rank's fused parameter."""
+        return {"q": 0, "k": self.q_size, "v": self.q_size + self.kv_size}[shard_id]
 
 
-def _copy_rows(
-    param: nn.Parameter, loaded: torch.Tensor, offset: int, size: int, shard_id: object
-) -> None:
+def _copy_rows(param: nn.Parameter, loaded, offset: int, size: int, shard_id: object) -> None:
     """Copy ``loaded`` [size, ...] into ``param[offset:offset + size]``, checking the shape."""
     target = param.data.narrow(0, offset, size)
-    if tuple(loaded.shape) != tuple(target.shape):
+    if weight_shape(loaded) != tuple(target.shape):
         raise ValueError(
-            f"shard {shard_id!r}: checkpoint tensor has shape {tuple(loaded.shape)}, "
+            f"shard {shard_id!r}: checkpoint tensor has shape {weight_shape(loaded)}, "
             f"the parameter slice expects {tuple(target.shape)}"
         )
-    target.copy_(loaded)
+    target.copy_(narrow_weight(loaded, 0, 0, size))

@@ -3,6 +3,11 @@
 Load formats: ``safetensors`` (HF checkpoint directory), ``gguf`` (one ``.gguf`` file),
 ``dummy`` (deterministic values seeded per parameter name, for benchmarks) and ``auto``
 (``gguf`` for a path ending in ``.gguf``, else ``safetensors``).
+
+Tensor parallelism: the model is built with this rank's shard shapes (the layers read the TP
+group); safetensors tensors arrive as lazy slices that each parameter's ``weight_loader``
+narrows to its rows or columns before reading, so no rank materialises the full model.
+GGUF tensors are dequantised whole (one at a time), then sharded the same way.
 """
 
 import contextlib
@@ -13,6 +18,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from vllm.distributed.parallel_state import get_tensor_model_parallel_world_size
 from vllm.model_executor.model_loader.gguf_loader import gguf_weights_iterator
 from vllm.model_executor.models import architectures_of, get_model_class
 from vllm.model_executor.weight_utils import (
@@ -61,6 +67,7 @@ def get_model(model_config, device, pp_rank: int = 0, pp_size: int = 1) -> nn.Mo
             or parameters the checkpoint did not provide (naming them).
     """
     hf_config = model_config.hf_config
+    tp_size = get_tensor_model_parallel_world_size()
     model_cls = get_model_class(architectures_of(hf_config))
     load_format = resolve_load_format(model_config.model, model_config.load_format)
     start = time.perf_counter()
@@ -77,8 +84,8 @@ def get_model(model_config, device, pp_rank: int = 0, pp_size: int = 1) -> nn.Mo
             num_kv_heads = getattr(hf_config, "num_key_value_heads", None) or num_heads
             layers = (getattr(model, "start_layer", 0), getattr(model, "end_layer", 1 << 30))
             weights = gguf_weights_iterator(model_config.model, num_heads, num_kv_heads, layers)
-        else:
-            weights = safetensors_weights_iterator(model_config.model)
+        else:  # under TP each rank reads only its shard of every tensor
+            weights = safetensors_weights_iterator(model_config.model, lazy=tp_size > 1)
         with torch.no_grad():
             loaded = model.load_weights(weights)
         missing = sorted({name for name, _ in model.named_parameters()} - loaded)

@@ -4,6 +4,11 @@ Numerics follow Hugging Face ``LlamaForCausalLM`` (float32 RMSNorm, the same rot
 arithmetic); the decoder is written with a fused residual add in each RMSNorm, so the
 residual stream travels next to the hidden states (and between pipeline stages as
 ``IntermediateTensors({"hidden_states", "residual"})``).
+
+Tensor parallelism: the layers split heads (q, and KV heads or their replicas), the MLP's
+intermediate size and the vocabulary over the TP ranks
+(:mod:`vllm.model_executor.layers.linear`, :mod:`vllm.model_executor.layers.vocab_embedding`);
+o_proj and down_proj all-reduce, so every TP rank holds the full hidden states and residual.
 """
 
 import re
@@ -64,16 +69,19 @@ class LlamaAttention(nn.Module):
         from vllm.attention import Attention  # lazy: the attention package is optional here
 
         hidden_size = config.hidden_size
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
-        self.head_dim = getattr(config, "head_dim", None) or hidden_size // self.num_heads
-        self.q_size = self.num_heads * self.head_dim
-        self.kv_size = self.num_kv_heads * self.head_dim
+        total_heads = config.num_attention_heads
+        total_kv_heads = getattr(config, "num_key_value_heads", None) or total_heads
+        self.head_dim = getattr(config, "head_dim", None) or hidden_size // total_heads
         self.scaling = self.head_dim**-0.5  # 1 / sqrt(head_dim), as HF
         self.qkv_proj = QKVParallelLinear(
-            hidden_size, self.head_dim, self.num_heads, self.num_kv_heads, bias=qkv_bias
+            hidden_size, self.head_dim, total_heads, total_kv_heads, bias=qkv_bias
         )
-        self.o_proj = RowParallelLinear(self.q_size, hidden_size, bias=o_bias)
+        # this tensor-parallel rank's heads (all of them at TP = 1)
+        self.num_heads = self.qkv_proj.num_heads
+        self.num_kv_heads = self.qkv_proj.num_kv_heads
+        self.q_size = self.qkv_proj.q_size
+        self.kv_size = self.qkv_proj.kv_size
+        self.o_proj = RowParallelLinear(total_heads * self.head_dim, hidden_size, bias=o_bias)
         self.rotary_emb = rotary_emb  # shared by every layer of the model
         self.attn = Attention(
             self.num_heads,
@@ -136,7 +144,8 @@ class LlamaDecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """hidden_states, residual: [T, hidden] -> (mlp output, residual before it)."""
         gemv = None
-        if self.small_batch_gemv:
+        # the fused GEMV path has no all-reduce after o_proj / down_proj: TP = 1 only
+        if self.small_batch_gemv and self.self_attn.o_proj.tp_size == 1:
             # gate_up is the layer's largest projection, o_proj its smallest
             gemv = get_triton_gemv(
                 hidden_states, self.mlp.gate_up_proj.weight, self.self_attn.o_proj.weight
@@ -291,8 +300,9 @@ class LlamaForCausalLM(nn.Module):
         """
         return self.model(input_ids, positions, kv_caches, attn_metadata, intermediate_tensors)
 
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """hidden_states [N, hidden] -> logits [N, vocab_size] float32 (last stage only)."""
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
+        """hidden_states [N, hidden] -> logits [N, vocab_size] float32 (last stage only;
+        under tensor parallelism on TP rank 0, None on the other TP ranks)."""
         if self.lm_head is None:
             raise RuntimeError(f"pp_rank={self.pp_rank} is not the last stage: no lm_head")
         return self.lm_head.compute_logits(hidden_states)
@@ -334,7 +344,7 @@ class LlamaForCausalLM(nn.Module):
                 continue
             if name == "model.embed_tokens.weight" and self.tie_word_embeddings:
                 if "lm_head.weight" in params:  # last stage without its own embedding
-                    default_weight_loader(params["lm_head.weight"], tensor)
+                    self.lm_head.weight_loader(params["lm_head.weight"], tensor)
                     loaded.add("lm_head.weight")
             if name.startswith("model.embed_tokens.") and self.model.embed_tokens is None:
                 continue
