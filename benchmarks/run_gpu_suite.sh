@@ -22,7 +22,10 @@
 #                 conversations x 4 turns, 1,024-token system prompt) and nano-vllm's
 #                 workload at a 0% hit rate (Qwen2.5-0.5B shape); apc.jsonl
 #   bench pp      PP=2 vs PP=1 (Qwen2.5-1.5B and Llama-3.1-8B shapes; needs 2 GPUs)
-#   bench all     core, spec, serve, apc, and pp when 2 GPUs are visible
+#   bench chunked chunked prefill off vs on through `vllm serve` SmolLM2: 32 streams
+#                 decoding while 2,048-token prompts arrive at 1/s; TPOT p50/p99 and
+#                 TTFT; chunked.jsonl
+#   bench all     core, spec, serve, apc, chunked, and pp when 2 GPUs are visible
 #   all           env, tests, bench all
 #
 # Output, in DIR (--out, else $OUT, else gpu-suite-<UTC date and time>/ in the repository
@@ -51,7 +54,7 @@ done
 set -- "${args[@]:-all}"
 case "$1 ${2:-all}" in
     "env all" | "tests all" | "all all" | "bench core" | "bench spec" | "bench serve" | \
-        "bench apc" | "bench pp" | "bench all") ;;
+        "bench apc" | "bench pp" | "bench chunked" | "bench all") ;;
     *) usage >&2; exit 2 ;;
 esac
 
@@ -205,6 +208,11 @@ bench_apc() {
         --server-args "--gpu-memory-utilization 0.3" --output-json "$O/apc.jsonl"
 }
 
+bench_chunked() {
+    step chunked "$PY" $B/benchmark_chunked_prefill.py --device cuda \
+        --server-args "--gpu-memory-utilization 0.3" --output-json "$O/chunked.jsonl"
+}
+
 bench_pp() {
     if [[ $(num_gpus) -lt 2 ]]; then
         echo "bench pp: needs 2 GPUs, found $(num_gpus); skipped" | tee -a "$O/pp.log"
@@ -223,7 +231,8 @@ bench() {
         serve) bench_serve ;;
         apc) bench_apc ;;
         pp) bench_pp ;;
-        all) bench_core; bench_spec; bench_serve; bench_apc; bench_pp ;;
+        chunked) bench_chunked ;;
+        all) bench_core; bench_spec; bench_serve; bench_apc; bench_chunked; bench_pp ;;
         esac
 }
 

@@ -353,12 +353,23 @@ class SchedulerConfig:
 
     Args:
         max_num_seqs: most sequences in one step.
-        max_num_batched_tokens: most tokens in one step; default max(max_model_len, 2048);
-            below max_model_len is an error (chunked prefill is not supported).
+        max_num_batched_tokens: most tokens in one step (the per-step token budget).
+            Without chunked prefill: default max(max_model_len, 2048), and below
+            max_model_len is an error (a full-length prompt could never be scheduled).
+            With chunked prefill: default 2048 (upstream vLLM V0's chunked default); a
+            prompt longer than the budget is prefilled in chunks over several steps.
         num_lookahead_slots: KV slots reserved past each sequence: k of speculative
             decoding, or num_scheduler_steps - 1 of multi-step decoding.
+        enable_chunked_prefill: each step schedules the running decodes first, then fills
+            the rest of the token budget with prefill chunks (vllm/core/chunked_prefill.py).
+        max_num_partial_prefills: with chunked prefill, the most requests whose prefill is
+            partly done at once (default 1); each prefill chunk then takes at most
+            max_num_batched_tokens // max_num_partial_prefills tokens per sequence.
         num_scheduler_steps: decode forward passes per scheduler call (upstream V0's
             multi-step scheduling, vllm/worker/multi_step.py); 1 = one token per step.
+
+    Raises:
+        ValueError: naming the value and its limit (see the checks below).
     """
 
     max_model_len: int
@@ -366,30 +377,52 @@ class SchedulerConfig:
     max_num_batched_tokens: int | None = None
     num_lookahead_slots: int = 0
     enable_chunked_prefill: bool = False
+    max_num_partial_prefills: int = 1
     num_scheduler_steps: int = 1
 
     def __post_init__(self) -> None:
-        if self.enable_chunked_prefill:
-            raise ValueError("enable_chunked_prefill=True is not supported (only False).")
         if self.num_scheduler_steps < 1:
             raise ValueError(
                 f"num_scheduler_steps must be at least 1, got {self.num_scheduler_steps}."
             )
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}.")
+        if self.max_num_partial_prefills < 1:
+            raise ValueError(
+                f"max_num_partial_prefills must be at least 1, got {self.max_num_partial_prefills}."
+            )
+        if self.enable_chunked_prefill and self.num_scheduler_steps > 1:
+            raise ValueError(
+                f"num_scheduler_steps={self.num_scheduler_steps} cannot be combined with "
+                "enable_chunked_prefill=True (multi-step decoding runs decode-only steps); "
+                "use one or the other."
+            )
         if self.max_num_batched_tokens is None:
-            self.max_num_batched_tokens = max(self.max_model_len, 2048)
-        if self.max_num_batched_tokens < self.max_model_len:
+            if self.enable_chunked_prefill:
+                self.max_num_batched_tokens = 2048
+            else:
+                self.max_num_batched_tokens = max(self.max_model_len, 2048)
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise ValueError(
                 f"max_num_batched_tokens={self.max_num_batched_tokens} is smaller than "
                 f"max_model_len={self.max_model_len}: a full-length prompt could never be "
-                "scheduled (chunked prefill is not supported)."
+                "scheduled (enable chunked prefill to split long prompts)."
             )
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError(
                 f"max_num_batched_tokens={self.max_num_batched_tokens} must be at least "
                 f"max_num_seqs={self.max_num_seqs}."
             )
+        if self.max_num_partial_prefills > self.max_num_batched_tokens:
+            raise ValueError(
+                f"max_num_partial_prefills={self.max_num_partial_prefills} must be at most "
+                f"max_num_batched_tokens={self.max_num_batched_tokens}."
+            )
+
+    @property
+    def prefill_chunk_cap(self) -> int:
+        """Most tokens one sequence's prefill chunk may take in a step (chunked prefill)."""
+        return self.max_num_batched_tokens // self.max_num_partial_prefills
 
 
 @dataclass

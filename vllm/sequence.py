@@ -202,6 +202,15 @@ class SequenceGroup:
         self.virtual_engine = 0
         # Prompt tokens found in the prefix cache at the first prefill (None before it).
         self.num_cached_tokens: int | None = None
+        # Chunked prefill: while the group's prefill is partly done, the leading tokens of
+        # each unfinished sequence whose KV is computed (or scheduled in the step in
+        # flight); None when no partial prefill is under way.
+        self.partial_prefill_tokens: int | None = None
+
+    @property
+    def is_partial_prefill(self) -> bool:
+        """True while a chunked prefill of this group has chunks left to schedule."""
+        return self.partial_prefill_tokens is not None
 
     @property
     def prompt(self) -> str | None:
@@ -259,15 +268,20 @@ class SequenceGroupMetadata:
 
     Attributes:
         request_id: the request.
-        is_prompt: True for a prefill step (every token of the sequence is computed).
+        is_prompt: True for a prefill (every token past ``computed_lens`` up to
+            ``token_chunk_size`` of them is computed), False for a decode row.
         seq_data: seq_id -> SequenceData (token ids) for each scheduled sequence.
         sampling_params: the request's params.
         block_tables: seq_id -> physical block numbers of that sequence, in order (the
             block manager's own list: read-only, valid for the step it was made for).
-        do_sample: False when no token is sampled this step (unused until chunked prefill).
-        computed_lens: prefill with prefix caching: seq_id -> leading tokens whose KV is
-            already in the cache (a multiple of the block size, below the length); the
-            step computes only the rest. None: nothing is cached.
+        do_sample: False when no token is sampled this step (a prefill chunk that is not
+            the last of its prompt).
+        computed_lens: prefill over a cached context (prefix caching, or the earlier
+            chunks of a chunked prefill): seq_id -> leading tokens whose KV is already in
+            the cache (below the length); the step computes from there. None: nothing is
+            cached.
+        token_chunk_size: prefill only: tokens of each sequence this step computes (a
+            chunk of a chunked prefill); None: every token past ``computed_lens``.
     """
 
     request_id: str
@@ -277,6 +291,7 @@ class SequenceGroupMetadata:
     block_tables: dict[int, list[int]]
     do_sample: bool = True
     computed_lens: dict[int, int] | None = None
+    token_chunk_size: int | None = None
 
 
 @dataclass
@@ -284,7 +299,8 @@ class ExecuteModelRequest:
     """One step's work for the executor.
 
     Attributes:
-        seq_group_metadata_list: the scheduled groups, prefills and decodes never mixed.
+        seq_group_metadata_list: the scheduled groups: prefills (whole prompts or chunks)
+            first, then decode rows; mixed only with chunked prefill.
         virtual_engine: index of the virtual engine (KV-cache slice and graph set) to use.
         num_lookahead_slots: extra KV slots reserved per sequence (speculative decoding).
         running_queue_size: number of running groups in that virtual engine.

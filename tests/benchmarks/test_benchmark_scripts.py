@@ -262,3 +262,27 @@ def test_prefix_caching_benchmark_reports_hits_only_with_caching(
     assert serving["turn2plus_ttft_p50_off_over_on"] > 0
     assert offline["off_hit_tokens"] == offline["on_hit_tokens"] == 0
     assert offline["on_over_off"] > 0
+
+
+@pytest.mark.forked
+def test_chunked_prefill_benchmark_reports_both_runs(tiny_llama_dir, capsys, monkeypatch):
+    """The serving run on CPU at toy sizes (two streams, two 40-token prompts, a 16-token
+    chunked budget): one JSON line with TPOT and TTFT percentiles of both runs (values
+    depend on machine speed; only their presence and sign are checked)."""
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0.05")
+    bench = _bench_module("benchmark_chunked_prefill")
+    argv = ["--model", tiny_llama_dir, "--device", "cpu", "--block-size", "4",
+            "--max-model-len", "128", "--vocab", "400", "--streams", "2",
+            "--stream-prompt-len", "4", "--warmup-s", "0.5", "--num-long", "2",
+            "--long-len", "40", "--long-output-len", "4", "--long-rate", "4",
+            "--chunked-budget", "16", "--server-args", "--max-num-seqs 8"]  # fmt: skip
+    rec = bench.main(argv)
+    lines = [
+        json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith('{"bench"')
+    ]
+    assert lines == [rec]
+    for tag in ("off", "on"):
+        for key in ("tpot_p50_ms", "tpot_p99_ms", "ttft_p50_ms", "ttft_p99_ms"):
+            assert rec[f"{tag}_{key}"] > 0, key
+        assert rec[f"{tag}_tpot_samples"] >= 1
+    assert rec["tpot_p99_on_over_off"] > 0

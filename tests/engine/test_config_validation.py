@@ -28,7 +28,24 @@ CASES = [
     (dict(num_gpu_blocks_override=0), "num_gpu_blocks_override must be at least 1"),
     (dict(max_num_seqs=0), "max_num_seqs must be at least 1"),
     (dict(tensor_parallel_size=3), "num_attention_heads=4 is not divisible by tensor_parall"),
-    (dict(enable_chunked_prefill=True), "enable_chunked_prefill"),
+    (dict(max_num_batched_tokens=64), "max_num_batched_tokens=64 is smaller than max_model_len"),
+    (
+        dict(enable_chunked_prefill=True, num_scheduler_steps=4),
+        "num_scheduler_steps=4 cannot be combined with enable_chunked_prefill",
+    ),
+    (
+        dict(
+            enable_chunked_prefill=True,
+            speculative_model="[ngram]",
+            num_speculative_tokens=2,
+            ngram_prompt_lookup_max=3,
+        ),
+        "enable_chunked_prefill=True cannot be combined with speculative decoding",
+    ),  # fmt: skip
+    (
+        dict(enable_chunked_prefill=True, max_num_partial_prefills=0),
+        "max_num_partial_prefills must be at least 1",
+    ),
     (dict(pipeline_parallel_size=0), "pipeline_parallel_size must be at least 1"),
     (dict(pipeline_parallel_size=4), "pipeline_parallel_size=4 is larger than the model's 3"),
     (dict(distributed_executor_backend="slurm"), "distributed_executor_backend must be one of"),

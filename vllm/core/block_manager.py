@@ -24,6 +24,12 @@ decoding are not hashed (a preempted sequence's recompute hashes them). A reques
 for prompt logprobs reads nothing from the cache (those need every prompt position) but
 still registers its blocks.
 
+With chunked prefill (``defer_registration``) a prompt's table is allocated whole at its
+first chunk, but its fresh full blocks are registered only once the chunk that computes them
+is scheduled (:meth:`mark_computed`), so no other request can take a block whose keys are
+not written yet; the siblings of an ``n > 1`` request then find exactly the blocks the first
+sequence found, and all of them start their chunks at the same position.
+
 Admission (``can_allocate``) counts every block of the request as if nothing were cached,
 so scheduling decisions are the same with caching on and off; cached blocks that are free
 still count as free.
@@ -66,6 +72,8 @@ class BlockSpaceManager:
             requests have room to grow (upstream default 0.01). ``watermark_blocks`` =
             ``int(watermark * num_gpu_blocks)``.
         enable_caching: automatic prefix caching (see the module docstring).
+        defer_registration: chunked prefill: register fresh full blocks in
+            :meth:`mark_computed`, not at allocation (see the module docstring).
 
     Raises:
         ValueError: when block_size or num_gpu_blocks is below 1, or watermark is outside
@@ -78,6 +86,7 @@ class BlockSpaceManager:
         num_gpu_blocks: int,
         watermark: float = 0.01,
         enable_caching: bool = False,
+        defer_registration: bool = False,
     ):
         if block_size < 1:
             raise ValueError(f"block_size must be at least 1, got {block_size}.")
@@ -90,6 +99,9 @@ class BlockSpaceManager:
         self.watermark = watermark
         self.watermark_blocks = int(watermark * num_gpu_blocks)
         self.enable_caching = enable_caching
+        self.defer_registration = defer_registration
+        # seq_id -> fresh full blocks not registered yet: (block, hash, tokens up to its end).
+        self._unregistered: dict[int, list[tuple[int, int, int]]] = {}
         self.pool = BlockPool(num_gpu_blocks, enable_caching)
         # seq_id -> physical block numbers, in token order.
         self._tables: dict[int, list[int]] = {}
@@ -234,16 +246,38 @@ class BlockSpaceManager:
             pool.acquire(block)
             table.append(block)
         hits = len(table)
+        later: list[tuple[int, int, int]] = []
         for i in range(hits, len(hashes)):
             block = pool.take(1)[0]
-            pool.register(block, hashes[i], (i + 1) * bs)
+            if self.defer_registration:
+                later.append((block, hashes[i], (i + 1) * bs))
+            else:
+                pool.register(block, hashes[i], (i + 1) * bs)
             table.append(block)
+        if later:
+            self._unregistered[seq.seq_id] = later
         table.extend(pool.take(total - len(table)))
         self._cached_tokens[seq.seq_id] = hits * bs
         if reads_cache:
             self.num_queried_tokens += n
             self.num_hit_tokens += hits * bs
         return table
+
+    def mark_computed(self, seq: Sequence, num_tokens: int) -> None:
+        """Chunked prefill: the step being scheduled computes ``seq``'s tokens up to
+        ``num_tokens``; register its fresh full blocks that end at or before it (a no-op
+        without ``defer_registration`` or caching)."""
+        pending = self._unregistered.get(seq.seq_id)
+        if not pending:
+            return
+        i = 0
+        while i < len(pending) and pending[i][2] <= num_tokens:
+            self.pool.register(*pending[i])
+            i += 1
+        if i == len(pending):
+            del self._unregistered[seq.seq_id]
+        elif i:
+            self._unregistered[seq.seq_id] = pending[i:]
 
     # ----------------------------------------------------------------------------- decode
     def can_append_slots(self, seq_group: SequenceGroup, num_lookahead_slots: int = 0) -> bool:
@@ -328,6 +362,7 @@ class BlockSpaceManager:
                 "(already freed, or never allocated)."
             )
         self._cached_tokens.pop(seq.seq_id, None)
+        self._unregistered.pop(seq.seq_id, None)
         self.pool.release(table)
 
     # ---------------------------------------------------------------------------- helpers

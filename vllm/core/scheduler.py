@@ -15,6 +15,9 @@ Policy (upstream vLLM V0's default without chunked prefill):
    waiting queue) until the current one fits; a later prefill recomputes prompt + outputs and
    decoding continues from the last token.
 
+With ``enable_chunked_prefill`` the policy is :func:`vllm.core.chunked_prefill.schedule_chunked`
+instead: decodes first, then prefill chunks in the rest of the token budget, in one step.
+
 The engine owns one Scheduler per virtual engine and talks to it through
 :meth:`Scheduler.schedule`, which returns the worker's metadata and a :class:`SchedulerOutputs`.
 """
@@ -29,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllm.core.block_manager import AllocStatus, BlockSpaceManager
+from vllm.core.chunked_prefill import schedule_chunked
 from vllm.sequence import Sequence, SequenceGroup, SequenceGroupMetadata, SequenceStatus
 
 _RUNNING = SequenceStatus.RUNNING
@@ -42,9 +46,14 @@ class SchedulerOutputs:
 
     Attributes:
         scheduled_seq_groups: the groups to run, in the order of the metadata list.
-        num_prefill_groups: how many of them are prefills (all of them, or 0: never mixed).
-        num_batched_tokens: prefill: tokens computed (sum of the scheduled sequences'
-            lengths); decode: rows (one per running sequence).
+        num_prefill_groups: how many of them are prefills: the first ones (without chunked
+            prefill all of them or 0; with it, prefill chunks first, then decode groups).
+        num_batched_tokens: tokens computed this step: prefill tokens plus decode rows.
+        num_prefill_tokens / num_decode_tokens: the two parts of ``num_batched_tokens``
+            (prompt tokens computed, prefix-cached ones excluded; one per decode row).
+        prefill_chunks: chunked prefill: per prefill group, (start, size): each of its
+            sequences computes tokens ``start .. start + size - 1`` this step; empty when
+            every prefill computes its whole sequence.
         ignored_seq_groups: groups finished as FINISHED_IGNORED by this call.
         num_lookahead_slots: KV slots reserved per sequence past its last token (0 on prefill
             steps; the config's value on decode steps).
@@ -55,6 +64,9 @@ class SchedulerOutputs:
     scheduled_seq_groups: list[SequenceGroup] = field(default_factory=list)
     num_prefill_groups: int = 0
     num_batched_tokens: int = 0
+    num_prefill_tokens: int = 0
+    num_decode_tokens: int = 0
+    prefill_chunks: list[tuple[int, int]] = field(default_factory=list)
     ignored_seq_groups: list[SequenceGroup] = field(default_factory=list)
     num_lookahead_slots: int = 0
     running_queue_size: int = 0
@@ -70,7 +82,8 @@ class Scheduler:
 
     Args:
         scheduler_config: uses ``max_num_seqs``, ``max_num_batched_tokens``,
-            ``max_model_len`` and ``num_lookahead_slots`` only.
+            ``max_model_len``, ``num_lookahead_slots``, ``enable_chunked_prefill`` and
+            ``max_num_partial_prefills``.
         cache_config: uses ``block_size``, ``num_gpu_blocks`` (blocks of this virtual
             engine, known once the KV cache was sized) and ``enable_prefix_caching``.
 
@@ -86,10 +99,12 @@ class Scheduler:
             )
         self.scheduler_config = scheduler_config
         self.cache_config = cache_config
+        self.chunked = bool(getattr(scheduler_config, "enable_chunked_prefill", False))
         self.block_manager = BlockSpaceManager(
             block_size=cache_config.block_size,
             num_gpu_blocks=cache_config.num_gpu_blocks,
             enable_caching=getattr(cache_config, "enable_prefix_caching", False),
+            defer_registration=self.chunked,
         )
         self.waiting: deque[SequenceGroup] = deque()
         self.running: list[SequenceGroup] = []
@@ -173,28 +188,34 @@ class Scheduler:
 
     # -------------------------------------------------------------------------- schedule
     def schedule(self) -> tuple[list[SequenceGroupMetadata], SchedulerOutputs]:
-        """Decide the next step: prefills if any can be admitted, else decodes.
+        """Decide the next step: prefills if any can be admitted, else decodes (with chunked
+        prefill: decodes, then prefill chunks, see :mod:`vllm.core.chunked_prefill`).
 
         Returns:
             (metadata, outputs): one SequenceGroupMetadata per scheduled group, in the order
             of ``outputs.scheduled_seq_groups``.
         """
-        out = self._schedule_prefills() if self.waiting else SchedulerOutputs()
-        if not out.scheduled_seq_groups:
-            ignored = out.ignored_seq_groups
-            out = self._schedule_decodes()
-            out.ignored_seq_groups = ignored
+        if self.chunked:
+            out = schedule_chunked(self)
+        else:
+            out = self._schedule_prefills() if self.waiting else SchedulerOutputs()
+            if not out.scheduled_seq_groups:
+                ignored = out.ignored_seq_groups
+                out = self._schedule_decodes()
+                out.ignored_seq_groups = ignored
         out.running_queue_size = len(self.running)
 
         now = time.time()
-        is_prompt = out.num_prefill_groups > 0
+        num_prefills = out.num_prefill_groups
+        chunks = out.prefill_chunks
         # The block manager's own tables, not copies: read while this step runs (the VE
         # schedules again only after its step was processed).
         table_of = self.block_manager.live_block_table
         cached_of = self.block_manager.get_num_cached_tokens
         caching = self.block_manager.enable_caching
         metadata = []
-        for group in out.scheduled_seq_groups:
+        for i, group in enumerate(out.scheduled_seq_groups):
+            is_prompt = i < num_prefills
             metrics = group.metrics
             if metrics.first_scheduled_time is None:
                 metrics.first_scheduled_time = now
@@ -209,7 +230,13 @@ class Scheduler:
             md = SequenceGroupMetadata(
                 group.request_id, is_prompt, seq_data, group.sampling_params, tables
             )
-            if is_prompt and caching:
+            if is_prompt and chunks:
+                start, size = chunks[i]
+                md.token_chunk_size = size
+                md.do_sample = start + size == seqs[0].get_len()
+                if start:
+                    md.computed_lens = dict.fromkeys(seq_data, start)
+            elif is_prompt and caching:
                 md.computed_lens = {s.seq_id: cached_of(s) for s in seqs}
             metadata.append(md)
         return metadata, out
@@ -226,7 +253,8 @@ class Scheduler:
         before it is queued with the same rule the scheduler applies when it reaches it.
 
         Refused when: a sequence is longer than ``max_model_len``; the prefill (sum of the
-        lengths) is longer than ``max_num_batched_tokens``; there are more sequences than
+        lengths) is longer than ``max_num_batched_tokens`` (only without chunked prefill,
+        which splits it over steps); there are more sequences than
         ``max_num_seqs``; or the prefill needs more blocks than an empty cache minus the
         watermark (``AllocStatus.NEVER``). Lookahead slots are reserved on decode steps only,
         and a request that outgrows the cache while decoding may still finish first (EOS,
@@ -239,7 +267,7 @@ class Scheduler:
         if length > cfg.max_model_len:
             return f"prompt of {length} tokens is longer than max_model_len={cfg.max_model_len}"
         tokens = sum(seq_lens)
-        if tokens > cfg.max_num_batched_tokens:
+        if tokens > cfg.max_num_batched_tokens and not self.chunked:
             return (
                 f"prefill of {tokens} tokens ({n} sequences of up to {length} tokens) is "
                 f"longer than max_num_batched_tokens={cfg.max_num_batched_tokens}"
@@ -298,9 +326,10 @@ class Scheduler:
             out.scheduled_seq_groups.append(group)
             computed = sum(s.get_len() - self.block_manager.get_num_cached_tokens(s) for s in seqs)
             budget_used += computed
-            out.num_batched_tokens += computed
+            out.num_prefill_tokens += computed
             num_seqs += len(seqs)
         out.num_prefill_groups = len(out.scheduled_seq_groups)
+        out.num_batched_tokens = out.num_prefill_tokens
         return out
 
     def _tokens_to_compute(self, group: SequenceGroup, seqs: list[Sequence]) -> int:
@@ -342,7 +371,13 @@ class Scheduler:
             else:
                 scheduled.append(group)
                 num_rows += rows
-        out.num_batched_tokens = num_rows
+        out.num_batched_tokens = out.num_decode_tokens = num_rows
+        self._note_preempted(preempted)
+        out.preempted = len(preempted)
+        return out
+
+    def _note_preempted(self, preempted: list[SequenceGroup]) -> None:
+        """Drop preempted groups from ``running``, count and log them."""
         if preempted:
             gone = {id(g) for g in preempted}
             self.running = [g for g in self.running if id(g) not in gone]
@@ -356,12 +391,12 @@ class Scheduler:
                 self.block_manager.get_num_total_gpu_blocks(),
                 self.num_cumulative_preemption,
             )
-        out.preempted = len(preempted)
-        return out
 
     def _preempt(self, group: SequenceGroup) -> None:
         """Preempt by recompute: free every block, unfinished sequences back to WAITING (their
-        output tokens kept), the group at the front of the waiting queue."""
+        output tokens kept), the group at the front of the waiting queue (a partial chunked
+        prefill starts over)."""
+        group.partial_prefill_tokens = None
         for seq in group.get_seqs():
             self.free_seq(seq)
             if not seq.is_finished():

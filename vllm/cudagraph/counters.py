@@ -9,7 +9,8 @@ from __future__ import annotations
 import threading
 from collections import Counter
 
-EAGER_REASONS = ("prefill", "enforce_eager", "too_big", "too_long")
+# "mixed": a chunked-prefill step with prefill chunks and decode rows (never captured).
+EAGER_REASONS = ("prefill", "enforce_eager", "too_big", "too_long", "mixed")
 
 
 class DecodeStepCounters:

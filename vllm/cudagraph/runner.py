@@ -23,6 +23,13 @@ Recipe (DESIGN.md guarantees 1-3 and 5):
 - every step is counted by :meth:`GraphRunner.run`: replays per (VE, size), eager steps
   per (VE, reason).
 
+Chunked prefill: a step with prefill chunks and decode rows (ForwardMode.MIXED) always runs
+eagerly, counted with the reason "mixed": its shapes depend on every chunk and decode row,
+and a mixed batch is where the prefill's work dominates, so a graph would save little. A
+decode-only step replays as above; a prefill-only step (chunks included) plans as a prefill
+(a first chunk without cached context may replay a prefill graph: it attends only among its
+own tokens). :meth:`_use_captured_graph` keeps answering from what was captured.
+
 Before :meth:`GraphRunner.capture` (CPU, enforce_eager, or before start-up finishes) the
 same object plans every step eagerly ("enforce_eager"), padded like a graph only under the
 eager debug switch, so callers never ask whether graphs exist.
@@ -57,7 +64,7 @@ class Plan:
             tokens: token 0, position 0, slot -1); 0 when it runs at its own size.
         graph_size: the captured size it replays (decode: rows; prefill: tokens), or None.
         eager_reason: why it runs eagerly ("prefill", "enforce_eager", "too_big",
-            "too_long"), None when it replays.
+            "too_long", "mixed"), None when it replays.
     """
 
     pad_to: int
@@ -182,10 +189,13 @@ class GraphRunner:
         its padded size was captured for the VE and ``max_len`` fits
         ``max_seq_len_to_capture``, else eager ("too_big" / "too_long"). Prefill: a prefill
         graph for one sequence up to the largest captured token count, else eager
-        ("prefill"). Before capture every step is eager ("enforce_eager" for decode),
+        ("prefill"). Mixed (chunked prefill with decode rows): always eager ("mixed").
+        Before capture every step is eager ("enforce_eager" for decode),
         padded like a graph only with ``pad_eager`` (a debug switch: padded eager steps
         run the graphs' shapes, so the two agree exactly).
         """
+        if mode == ForwardMode.MIXED:
+            return Plan(0, None, "mixed")
         if mode == ForwardMode.DECODE:
             if self.graphs is None:
                 padded = self.sizes.padded_size(rows) if pad_eager else None

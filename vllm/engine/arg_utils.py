@@ -115,10 +115,21 @@ class EngineArgs:
     )
     max_num_seqs: int = _f(256, "Most sequences in one step.", group="scheduler")
     max_num_batched_tokens: int | None = _f(
-        None, "Most tokens in one step (default: max(max_model_len, 2048)).", group="scheduler"
+        None,
+        "Most tokens in one step, the per-step token budget (default: max(max_model_len, "
+        "2048); 2048 with --enable-chunked-prefill).",
+        group="scheduler",
     )
     enable_chunked_prefill: bool = _f(
-        False, "Chunked prefill: not supported, refused.", group="scheduler"
+        False,
+        "Chunked prefill: each step runs the running decodes first, then prefill chunks in "
+        "the rest of the token budget; prompts may be longer than the budget (default off).",
+        group="scheduler",
+    )
+    max_num_partial_prefills: int = _f(
+        1,
+        "With chunked prefill: the most requests whose prefill is partly done at once.",
+        group="scheduler",
     )
     num_scheduler_steps: int = _f(
         1,
@@ -250,8 +261,6 @@ class EngineArgs:
             disable_decode_loop_graphs=self.disable_decode_loop_graphs,
             small_decode_max_rows=self.small_decode_max_rows,
         )
-        if self.enable_chunked_prefill:
-            raise ValueError("enable_chunked_prefill=True is not supported (only False).")
         model_config = ModelConfig(
             model=self.model,
             tokenizer=self.tokenizer,
@@ -273,6 +282,12 @@ class EngineArgs:
             self.speculative_max_model_len,
             self.speculative_disable_by_batch_size,
         )
+        if self.enable_chunked_prefill and speculative_config is not None:
+            raise ValueError(
+                "enable_chunked_prefill=True cannot be combined with speculative decoding "
+                f"(speculative_model={speculative_config.speculative_model!r}): the proposer "
+                "and scorer run decode-only steps; use one or the other."
+            )
         if self.num_scheduler_steps > 1:
             _check_multi_step(self.num_scheduler_steps, speculative_config, parallel_config)
         scheduler_config = SchedulerConfig(
@@ -285,6 +300,8 @@ class EngineArgs:
                 else speculative_config.num_speculative_tokens
             ),
             num_scheduler_steps=self.num_scheduler_steps,
+            enable_chunked_prefill=self.enable_chunked_prefill,
+            max_num_partial_prefills=self.max_num_partial_prefills,
         )
         return EngineConfig(
             speculative_config=speculative_config,

@@ -404,7 +404,7 @@ class AsyncLLMEngine:
     def _stats(self, sched: _Scheduled, outs: list[RequestOutput], generated: int) -> StepStats:
         sched_out = sched.sched_out
         stats = self._gauges()
-        stats.prompt_tokens = sched_out.num_batched_tokens if sched_out.num_prefill_groups else 0
+        stats.prompt_tokens = sched_out.num_prefill_tokens
         stats.generation_tokens = generated
         for out in outs:
             m = out.metrics

@@ -204,8 +204,8 @@ class LLMEngine:
 
         Raises:
             ValueError: naming the limit, e.g. ``n`` x prompt tokens above
-                ``max_num_batched_tokens``, ``n`` above ``max_num_seqs``, or more KV-cache
-                blocks than the cache has.
+                ``max_num_batched_tokens`` (without chunked prefill), ``n`` above
+                ``max_num_seqs``, or more KV-cache blocks than the cache has.
         """
         if prompt_len > self.scheduler_config.max_model_len:
             return
@@ -424,9 +424,10 @@ class LLMEngine:
                     self.failed_requests[group.request_id] = e
                     for seq in group.get_unfinished_seqs():
                         seq.status = SequenceStatus.FINISHED_ABORTED
-                m = group.metrics
-                m.first_token_time = m.first_token_time or now
-                m.last_token_time = now
+                if group_out.samples:  # a prefill chunk that is not the last samples nothing
+                    m = group.metrics
+                    m.first_token_time = m.first_token_time or now
+                    m.last_token_time = now
         freed: list[int] = []
         stream = self.stream_outputs
         for group in itertools.chain(sched_out.ignored_seq_groups, sched_out.scheduled_seq_groups):
@@ -434,7 +435,7 @@ class LLMEngine:
                 group.metrics.finished_time = now
                 self._requests.pop(group.request_id, None)
                 freed.extend(s.seq_id for s in group.seqs)
-            elif not stream:
+            elif not stream or group.is_partial_prefill:  # a partial prefill has no news
                 continue
             results.append(self.make_request_output(group))
         if freed:  # one call (one message for multi-process executors) per step
@@ -444,8 +445,14 @@ class LLMEngine:
 
     def _process_group_output(self, group: SequenceGroup, group_out) -> None:
         """Append one step's samples of ``group`` (output_processor.append_samples)."""
-        if group.prompt_logprobs is None and group_out.prompt_logprobs is not None:
-            group.prompt_logprobs = group_out.prompt_logprobs
+        lps = group_out.prompt_logprobs
+        if lps is not None:
+            # A prefill from position 0 (entry None) sets them, a later chunk's extend them;
+            # a recompute computes none.
+            if group.prompt_logprobs is None or (lps and lps[0] is None):
+                group.prompt_logprobs = lps
+            else:
+                group.prompt_logprobs.extend(lps)
         output_processor.append_samples(
             group, group_out, self.tokenizer, self.scheduler_config.max_model_len
         )

@@ -7,8 +7,11 @@ Definitions (all times in seconds, from ``time.time()`` stamps of RequestMetrics
 - ``vllm:time_to_first_token_seconds``: first token time - arrival time, once per request.
 - ``vllm:time_per_output_token_seconds``: the gap between consecutive tokens of a request,
   one observation per decode step it took part in.
-- ``vllm:prompt_tokens_total``: tokens computed by prefill steps (a recomputed preempted
-  request counts again, as upstream); ``vllm:generation_tokens_total``: sampled tokens.
+- ``vllm:prompt_tokens_total``: prompt tokens computed (prefills and prefill chunks, cached
+  prefix tokens excluded; a recomputed preempted request counts again, as upstream);
+  ``vllm:generation_tokens_total``: sampled tokens; ``vllm:iteration_tokens_total``: a
+  histogram of prompt + generation tokens per engine step (with chunked prefill a step
+  holds both). The stats log line shows both rates over its interval.
 - ``vllm:gpu_cache_usage_perc``: fraction (0..1) of KV blocks in use, mean over virtual
   engines (``BlockSpaceManager.usage()``).
 - ``vllm:gpu_prefix_cache_queries_total`` / ``vllm:gpu_prefix_cache_hits_total``: prompt
@@ -36,6 +39,7 @@ _TTFT_BUCKETS = [0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
                  7.5, 10.0, 20.0, 40.0, 80.0]  # fmt: skip
 _TPOT_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
                  5.0, 10.0, 20.0]  # fmt: skip
+_ITERATION_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
 _E2E_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
                 60.0, 120.0, 240.0]  # fmt: skip
 
@@ -144,6 +148,13 @@ class EngineMetrics:
         self.generation_tokens = Counter(
             "vllm:generation_tokens", "Generation tokens processed.", lbl, registry=r
         ).labels(m)
+        self.iteration_tokens = Histogram(
+            "vllm:iteration_tokens_total",
+            "Prompt plus generation tokens per engine step.",
+            lbl,
+            buckets=_ITERATION_BUCKETS,
+            registry=r,
+        ).labels(m)
         self._success = Counter(
             "vllm:request_success",
             "Finished requests by finish reason.",
@@ -203,6 +214,7 @@ class EngineMetrics:
         self._prefix_last = (0, 0)
         self._hit_rate = 0.0
         self._last_log = time.monotonic()
+        self._interval_tokens = [0, 0]  # prompt, generation tokens since the last log line
         self.decode_steps = _DecodeStepsCollector()
         r.register(self.decode_steps)
         self._model_name = model_name
@@ -216,6 +228,10 @@ class EngineMetrics:
             self.prompt_tokens.inc(stats.prompt_tokens)
         if stats.generation_tokens:
             self.generation_tokens.inc(stats.generation_tokens)
+        if stats.prompt_tokens or stats.generation_tokens:
+            self.iteration_tokens.observe(stats.prompt_tokens + stats.generation_tokens)
+        self._interval_tokens[0] += stats.prompt_tokens
+        self._interval_tokens[1] += stats.generation_tokens
         for t in stats.ttft:
             self.ttft.observe(t)
         for t in stats.tpot:
@@ -230,10 +246,15 @@ class EngineMetrics:
         self._record_prefix(stats)
         now = time.monotonic()
         if now - self._last_log >= _LOG_INTERVAL_S:
+            elapsed = now - self._last_log
             self._last_log = now
+            (prompt, generation), self._interval_tokens = self._interval_tokens, [0, 0]
             logger.info(
-                "Running: %d reqs, Waiting: %d reqs, GPU KV cache usage: %.1f%%, "
+                "Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f "
+                "tokens/s, Running: %d reqs, Waiting: %d reqs, GPU KV cache usage: %.1f%%, "
                 "Prefix cache hit rate: GPU: %.2f%%",
+                prompt / elapsed,
+                generation / elapsed,
                 stats.num_running,
                 stats.num_waiting,
                 100.0 * stats.cache_usage,

@@ -1,6 +1,7 @@
 """ForwardBatch: the one typed object that carries a step from input preparation to the model.
 
-Life of a batch: the scheduler picks sequence groups (all prefill or all decode) ->
+Life of a batch: the scheduler picks sequence groups (all prefill or all decode; with
+chunked prefill, prefill chunks first and then decode rows: a MIXED batch) ->
 ``ModelRunner.prepare_model_input`` flattens their new tokens into ``input_ids`` and
 ``positions``, computes each token's KV slot from the block tables, optionally pads a decode
 batch to a captured size (padded lanes: token 0, position 0, slot -1 -> scratch slot) or a
@@ -24,7 +25,7 @@ class ForwardBatch:
     """Inputs of one forward pass.
 
     Attributes:
-        mode: PREFILL or DECODE.
+        mode: PREFILL, DECODE or MIXED (chunked prefill: prefill rows, then decode rows).
         input_ids: [num_tokens] int64 (padded lanes included); on the device for an eager
             step, in pinned host memory for a replayed one (the replay uploads it straight
             into the graph's static input buffer).
@@ -41,7 +42,7 @@ class ForwardBatch:
             token count of a prefill graph), or None when it runs eagerly (then
             ``attn_metadata`` is set).
         eager_reason: why it runs eagerly ("prefill", "enforce_eager", "too_big",
-            "too_long"), None when it replays.
+            "too_long", "mixed"), None when it replays.
     """
 
     mode: ForwardMode

@@ -29,6 +29,10 @@ class SeqGroupRows:
         prompt_rows: rows of prompt positions 0..L-2 (predicting tokens 1..L-1) when
             prompt_logprobs is set on a first prefill, else empty.
         prompt_token_ids: the prompt's ids (targets of the prompt rows are ids[1:]).
+        do_sample: False for a prefill chunk that is not its prompt's last (chunked
+            prefill): the group has no sample rows this step.
+        prompt_start: the prompt position of the first prompt row (the chunk's start; 0
+            for a whole prompt).
     """
 
     seq_ids: list[int]
@@ -36,6 +40,8 @@ class SeqGroupRows:
     sample_rows: list[int]
     prompt_rows: list[int] = field(default_factory=list)
     prompt_token_ids: tuple[int, ...] = ()
+    do_sample: bool = True
+    prompt_start: int = 0
 
 
 @dataclass
@@ -164,7 +170,8 @@ class SamplingMetadata:
                 max_logprobs = max(max_logprobs, req.logprobs)
                 max_prompt_logprobs = max(max_prompt_logprobs, req.prompt_logprobs)
             seq_data = md.seq_data
-            rows = SeqGroupRows(list(seq_data), p, [])
+            do_sample = md.do_sample
+            rows = SeqGroupRows(list(seq_data), p, [], do_sample=do_sample)
             want_prompt_rows = md.is_prompt and p.prompt_logprobs is not None
             idx = 0
             for seq_id, data in seq_data.items():
@@ -172,12 +179,19 @@ class SamplingMetadata:
                 span += 1
                 if want_prompt_rows and idx == 0 and not data.output_token_ids:
                     rows.prompt_token_ids = data.prompt_token_ids
-                    for t in range(qlen - 1):
+                    # A chunk's rows predict the prompt tokens after each of its positions
+                    # (the last chunk's last position is the sample row instead).
+                    start = md.computed_lens.get(seq_id, 0) if md.computed_lens else 0
+                    rows.prompt_start = start
+                    for t in range(qlen - 1 if do_sample else qlen):
                         rows.prompt_rows.append(len(selected))
                         prompt_rows.append(len(selected))
-                        prompt_targets.append(data.prompt_token_ids[t + 1])
+                        prompt_targets.append(data.prompt_token_ids[start + t + 1])
                         selected.append(token_pos + t)
                 token_pos += qlen
+                if not do_sample:
+                    idx += 1
+                    continue
                 if req.seeded:
                     seeded.append((len(row_reqs), seq_id, idx, p.seed))
                 rows.sample_rows.append(len(selected))

@@ -3,7 +3,9 @@
 Prefill rows feed every token of the sequence not already in the prefix cache (a row whose
 first ``c`` tokens are cached feeds tokens ``c ..`` at positions ``c ..``; its seq_len stays
 the full length, so the backend attends to the cached context through the block table), decode
-rows their last token. Padding to a
+rows their last token. With chunked prefill a prefill row feeds one chunk (``token_chunk_size``
+tokens after ``computed_lens``; seq_len is where the chunk ends) and a step may mix prefill
+rows (first) with decode rows: a MIXED batch, which runs eagerly. Padding to a
 captured size is one step of it and works eagerly too (``ModelRunner.pad_eager_batches``,
 a debug switch): a decode batch gets padded lanes up to a captured batch size, a prefill of
 one sequence padded tokens up to a prefill-graph size. Padded lanes and tokens have token
@@ -72,20 +74,33 @@ def prepare_model_input(
     """Flatten the scheduled groups into one :class:`ForwardBatch` for ``ctx``'s runner.
 
     Prefill rows feed every token of the sequence (prompt, plus outputs when a
-    preempted sequence is recomputed) past its cached tokens (``computed_lens``); decode
-    rows feed the last token at position len - 1. A prefill with cached context always
+    preempted sequence is recomputed) past its cached tokens (``computed_lens``), or the
+    next ``token_chunk_size`` of them (a chunked prefill); decode rows feed the last token
+    at position len - 1. Prefill groups come first; a list with decode groups after them
+    is a MIXED batch (chunked prefill), always eager. A prefill with cached context always
     runs eagerly: prefill graphs are captured for context-free prompts only. A decode
     batch may be padded with lanes up to a captured size; a prefill
     of one sequence with tokens (id 0, position 0, slot -1) up to a prefill-graph size
-    (``StepInputs.graph_prefill``; sampling still reads its last real token). Raises
-    ValueError on a mixed prefill/decode list (never scheduled).
+    (``StepInputs.graph_prefill``; sampling still reads its last real token).
+
+    Raises:
+        ValueError: an empty list, a prefill group after a decode group, or a prefill row
+            that would compute nothing or run past its sequence (naming the counts).
     """
     if not seq_group_metadata_list:
         raise ValueError("prepare_model_input needs at least one scheduled group.")
-    is_prompt = seq_group_metadata_list[0].is_prompt
-    if any(m.is_prompt != is_prompt for m in seq_group_metadata_list):
-        raise ValueError("a step mixes prefill and decode groups (chunked prefill is off).")
-    mode = ForwardMode.PREFILL if is_prompt else ForwardMode.DECODE
+    flags = [m.is_prompt for m in seq_group_metadata_list]
+    num_prefill_groups = sum(flags)
+    if any(flags[num_prefill_groups:]):
+        raise ValueError(
+            f"{num_prefill_groups} prefill groups are not all before the decode groups "
+            "(a step lists prefill groups first)."
+        )
+    if num_prefill_groups == len(seq_group_metadata_list):
+        mode = ForwardMode.PREFILL
+    else:
+        mode = ForwardMode.MIXED if num_prefill_groups else ForwardMode.DECODE
+    is_prompt = mode == ForwardMode.PREFILL
     bs = ctx.block_size
     input_ids: list[int] = []
     positions: list[int] = []
@@ -95,23 +110,28 @@ def prepare_model_input(
     tables: list[list[int]] = []
     max_decode_len = 0
     has_context = False
+    num_prefills = 0
     for md in seq_group_metadata_list:
         computed = md.computed_lens
+        prompt_row = md.is_prompt
         for seq_id, data in md.seq_data.items():
             table = md.block_tables[seq_id]
             n = data.get_len()
-            if is_prompt:
+            if prompt_row:
                 c = computed.get(seq_id, 0) if computed else 0
-                if not 0 <= c < n:
+                end = n if md.token_chunk_size is None else c + md.token_chunk_size
+                if not 0 <= c < end <= n:
                     raise ValueError(
-                        f"sequence {seq_id}: {c} cached tokens of {n}; at least the last "
-                        "token must be computed."
+                        f"sequence {seq_id}: a prefill of tokens {c}..{end - 1} of {n}; it "
+                        "must compute at least one token and end within the sequence."
                     )
                 has_context = has_context or c > 0
-                input_ids.extend(data.get_token_ids()[c:])
-                positions.extend(range(c, n))
-                slots.extend(table[p // bs] * bs + p % bs for p in range(c, n))
-                query_lens.append(n - c)
+                input_ids.extend(data.get_token_ids()[c:end])
+                positions.extend(range(c, end))
+                slots.extend(table[p // bs] * bs + p % bs for p in range(c, end))
+                query_lens.append(end - c)
+                num_prefills += 1
+                n = end  # the row's context once the chunk is written
             else:  # one token per row: no per-token lists
                 p = n - 1
                 input_ids.append(data.get_last_token_id())
@@ -121,9 +141,11 @@ def prepare_model_input(
                     max_decode_len = n
             seq_lens.append(n)
             tables.append(table)
-    if not is_prompt:
+    if mode == ForwardMode.DECODE:
         query_lens = [1] * len(seq_lens)
         max_decode_len += num_lookahead_slots
+    elif mode == ForwardMode.MIXED:
+        query_lens.extend([1] * (len(seq_lens) - num_prefills))
     real_rows = len(seq_lens)
     real_query_lens = list(query_lens)
     if is_prompt:
@@ -141,9 +163,9 @@ def prepare_model_input(
             positions.extend([0] * extra)
             slots.extend([PAD_SLOT_ID] * extra)
             seq_lens[0] = query_lens[0] = pad_to
-    else:
+    else:  # DECODE, or MIXED (planned eager: never padded)
         plan = ctx.graph_runner.plan(
-            virtual_engine, mode, real_rows, real_rows, max_decode_len, ctx.pad_eager
+            virtual_engine, mode, real_rows, len(input_ids), max_decode_len, ctx.pad_eager
         )
         pad_to = 0  # a padded decode batch has lanes, not padded tokens
         batch_size = plan.pad_to or real_rows
@@ -155,7 +177,8 @@ def prepare_model_input(
         seq_lens.append(0)
         query_lens.append(1)
         tables.append([])
-    step = StepInputs(mode, seq_lens, query_lens, tables, slots, real_rows, bool(pad_to))
+    step = StepInputs(mode, seq_lens, query_lens, tables, slots, real_rows, bool(pad_to),
+                      num_prefills if mode == ForwardMode.MIXED else 0)  # fmt: skip
     attn_metadata = None  # a replayed graph refills its own captured metadata
     if graph_size is None:
         attn_metadata = ctx.attn_backend.build_metadata(step, scratch_slot)

@@ -20,10 +20,16 @@ from vllm.attention.selector import get_attn_backend, which_attn_backend
 from vllm.config import EngineConfig
 from vllm.cudagraph import DecodeStepCounters, GraphCapturer, GraphRunner, graph_spec
 from vllm.cudagraph.memory import estimate_graph_memory
+from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 from vllm.model_executor.forward_batch import ForwardBatch
 from vllm.model_executor.layers.sampler import Sampler
 from vllm.model_executor.models import attention_fields
-from vllm.sequence import IntermediateTensors, SamplerOutput, SequenceGroupMetadata
+from vllm.sequence import (
+    CompletionSequenceGroupOutput,
+    IntermediateTensors,
+    SamplerOutput,
+    SequenceGroupMetadata,
+)
 from vllm.worker import model_input
 
 logger = logging.getLogger(__name__)
@@ -213,10 +219,16 @@ class ModelRunner:
         hidden = self.forward_hidden(batch, kv_caches, intermediate_tensors)
         if not self.is_last_stage:
             return hidden
+        sm = batch.sampling_metadata
+        if sm.selected_token_indices.shape[0] == 0:  # only prefill chunks that sample nothing
+            # (every TP rank sees the same metadata, so all of them skip the logit gather)
+            if get_tensor_model_parallel_rank() != 0:
+                return None
+            return SamplerOutput([CompletionSequenceGroupOutput([]) for _ in sm.groups])
         logits = self.compute_logits(batch, hidden)
         if logits is None:  # a TP rank other than 0: the logits were gathered on rank 0
             return None
-        return self.sampler(logits, batch.sampling_metadata)
+        return self.sampler(logits, sm)
 
     def compute_logits(self, batch: ForwardBatch, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits [num_rows, vocab] of the rows ``batch.sampling_metadata`` selects

@@ -23,10 +23,14 @@ class ForwardMode(enum.Enum):
     causal attention among them; with prefix caching a row may start after tokens already
     in the cache (seq_len > query_len), which its new tokens also attend to.
     DECODE: one new token per row, attending to the row's cached context plus itself.
+    MIXED: chunked prefill: the first ``StepInputs.num_prefills`` rows are prefill rows
+    (whole prompts or chunks, each possibly after cached context), the rest decode rows,
+    all in one forward pass.
     """
 
     PREFILL = "prefill"
     DECODE = "decode"
+    MIXED = "mixed"
 
 
 @dataclass
@@ -48,6 +52,8 @@ class StepInputs:
             themselves only, so the real ones never see the padding; the backend runs its
             capturable prefill (the same kernels for a graph replay and for an eager step
             padded alike, so the two agree exactly).
+        num_prefills: MIXED only: the leading rows that are prefill rows (their tokens come
+            first in ``slot_mapping``); the other rows are decode rows of one token each.
     """
 
     mode: ForwardMode
@@ -57,6 +63,19 @@ class StepInputs:
     slot_mapping: list[int]
     num_real_rows: int
     graph_prefill: bool = False
+    num_prefills: int = 0
+
+    def split(self) -> tuple[StepInputs, StepInputs]:
+        """A MIXED step as (its prefill rows as a PREFILL step, its decode rows as a DECODE
+        step); the tokens of the first come first in ``slot_mapping``."""
+        p = self.num_prefills
+        t = sum(self.query_lens[:p])
+        prefill = StepInputs(ForwardMode.PREFILL, self.seq_lens[:p], self.query_lens[:p],
+                             self.block_tables[:p], self.slot_mapping[:t], p)  # fmt: skip
+        decode = StepInputs(ForwardMode.DECODE, self.seq_lens[p:], self.query_lens[p:],
+                            self.block_tables[p:], self.slot_mapping[t:],
+                            self.num_real_rows - p)  # fmt: skip
+        return prefill, decode
 
     @classmethod
     def padded_decode(cls, rows: int) -> StepInputs:

