@@ -275,7 +275,7 @@ for line in sys.stdin:
 }
 
 bench_upstream() {
-    if ! PYTHONPATH=$VSITE "$PY" -c 'import vllm.v1' 2>/dev/null; then
+    if ! upstream_py -c 'import vllm.v1' 2>/dev/null; then
         echo "bench upstream: no upstream vLLM in $VSITE (../shared/tools/peer/README.md)" \
             | tee -a "$O/vs_upstream.log"
         status=1
