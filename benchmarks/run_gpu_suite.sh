@@ -43,8 +43,8 @@
 #   vs_upstream.jsonl, vs_upstream_ratios.jsonl, serving_vs_upstream.jsonl   bench upstream's
 #                             lines (each names its engine) and this engine / upstream ratios
 # The exit status is non-zero when any step failed; every step runs regardless.
-# Environment: PYTHON (default python), PORT for `bench serve` (default 8011); pick GPUs
-# with CUDA_VISIBLE_DEVICES as usual.
+# Environment: PYTHON (default python), PORT for `bench serve` and `bench upstream` (default
+# 8011), VSITE and SMOLLM2_HF for `bench upstream`; pick GPUs with CUDA_VISIBLE_DEVICES.
 set -uo pipefail
 
 usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; }
