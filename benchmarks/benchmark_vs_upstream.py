@@ -16,7 +16,8 @@ Workloads (``--workloads``, default ``1,8,64,nano``):
   output lengths uniform in [100, 1024] from ``random.Random(--seed)`` (0); the same
   requests as ``benchmark_throughput.py --dataset random-range``.
 
-Every request is greedy with ``ignore_eos``, so the work is the sum of the output lengths.
+Every request is greedy with ``ignore_eos``, so the work is the sum of the output lengths;
+output text is decoded too, except with dummy weights (no tokenizer: ``detokenize=False``).
 Token ids are uniform in [0, vocab_size) (config.json). Before each workload, a warm-up
 run of the same shapes with other token ids; each timed iteration uses fresh ids too, so
 prefix caching (on by default upstream) finds nothing to reuse.
@@ -124,16 +125,20 @@ def token_prompts(lengths: list[int], vocab: int, seed: int) -> list[dict[str, l
     return [{"prompt_token_ids": [rng.randrange(vocab) for _ in range(n)]} for n in lengths]
 
 
-def generate(llm: Any, prompts: list, out_lens: list[int]) -> float:
-    """Greedy ``ignore_eos`` generation of ``out_lens[i]`` tokens for ``prompts[i]``; returns
-    the wall seconds (CUDA synchronised when present).
+def generate(llm: Any, prompts: list, out_lens: list[int], detokenize: bool = True) -> float:
+    """Greedy ``ignore_eos`` generation of ``out_lens[i]`` tokens for ``prompts[i]``
+    (``detokenize=False`` without a tokenizer); returns the wall seconds (CUDA synchronised
+    when present).
 
     Raises:
         RuntimeError: the engine returned another number of tokens than asked for.
     """
     from vllm import SamplingParams
 
-    params = [SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=n) for n in out_lens]
+    params = [
+        SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=n, detokenize=detokenize)
+        for n in out_lens
+    ]
     _sync()
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
@@ -156,11 +161,13 @@ def run_workload(llm: Any, name: str, args: argparse.Namespace, vocab: int) -> d
     """Warm up, then time ``args.num_iters`` runs of workload ``name`` (fresh ids each)."""
     in_lens, out_lens = workload_lengths(name, args)
     salt = 1000 * (int(name) if name != "nano" else 999)  # different ids per workload
-    generate(llm, token_prompts(in_lens, vocab, args.seed + salt + 500), out_lens)  # warm-up
+    detok = args.load_format != "dummy"  # dummy runs have no tokenizer (skip_tokenizer_init)
+    warm = token_prompts(in_lens, vocab, args.seed + salt + 500)
+    generate(llm, warm, out_lens, detok)
     times = []
     for i in range(args.num_iters):
         prompts = token_prompts(in_lens, vocab, args.seed + salt + 1 + i)
-        times.append(generate(llm, prompts, out_lens))
+        times.append(generate(llm, prompts, out_lens, detok))
     elapsed = sum(times) / len(times)
     in_tok, out_tok = sum(in_lens), sum(out_lens)
     return {
@@ -169,6 +176,7 @@ def run_workload(llm: Any, name: str, args: argparse.Namespace, vocab: int) -> d
         "input_tokens": in_tok,
         "output_tokens": out_tok,
         "num_iters": args.num_iters,
+        "detokenize": detok,
         "elapsed_s": round(elapsed, 4),
         "elapsed_s_each": [round(t, 4) for t in times],
         "requests_per_s": round(len(in_lens) / elapsed, 3),

@@ -68,11 +68,20 @@ def test_convert_then_compare_script_on_this_engine(
         }  # fmt: skip
         assert (r["num_requests"], r["input_tokens"], r["output_tokens"]) == expected[r["workload"]]
         assert r["num_iters"] == len(r["elapsed_s_each"]) == 2
+        assert r["detokenize"] is True
         assert r["elapsed_s"] == pytest.approx(sum(r["elapsed_s_each"]) / 2, abs=1e-3)
         assert r["output_tokens_per_s"] == pytest.approx(
             r["output_tokens"] / r["elapsed_s"], rel=1e-2
         )
         assert r["gpu"] == "cpu" and r["startup_s"] > 0
+
+    # dummy weights: no tokenizer (skip_tokenizer_init), token ids only, nothing decoded
+    argv = ["--model", tiny_llama_dir, "--load-format", "dummy", "--device", "cpu", "--dtype",
+            "float32", "--max-model-len", "64", "--workloads", "2", "--input-len", "4",
+            "--output-len", "3"]  # fmt: skip
+    (dummy,) = bench.main(argv)
+    assert dummy["llm_kwargs"]["skip_tokenizer_init"] is True and dummy["detokenize"] is False
+    assert (dummy["workload"], dummy["output_tokens"]) == ("batch2", 6)
 
 
 def test_compare_script_checks_its_inputs(tmp_path):
