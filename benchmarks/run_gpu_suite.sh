@@ -25,7 +25,15 @@
 #   bench chunked chunked prefill off vs on through `vllm serve` SmolLM2: 32 streams
 #                 decoding while 2,048-token prompts arrive at 1/s; TPOT p50/p99 and
 #                 TTFT; chunked.jsonl
-#   bench all     core, spec, serve, apc, chunked, and pp when 2 GPUs are visible
+#   bench upstream  this engine vs upstream vLLM (staged in $VSITE, default /tmp/vsite, by
+#                 ../shared/tools/peer), each in its own processes: benchmark_vs_upstream.py
+#                 on SmolLM2 bf16 (converted once from the GGUF into $SMOLLM2_HF, default
+#                 /tmp/smollm2-bf16) at batch 1 / 8 / 64, the Qwen2.5-0.5B shape on nano-vllm's
+#                 workload and the Llama-3.1-8B shape at batch 1 (dummy weights); then
+#                 `vllm serve` of each engine on SmolLM2 bf16 + benchmark_serving (256
+#                 requests at concurrency 64, then 64 at 16 req/s). Upstream runs with its
+#                 defaults, this engine with $M
+#   bench all     core, spec, serve, apc, chunked, and pp when 2 GPUs are visible (not upstream)
 #   all           env, tests, bench all
 #
 # Output, in DIR (--out, else $OUT, else gpu-suite-<UTC date and time>/ in the repository
@@ -35,9 +43,11 @@
 #   results.jsonl             one line per test group: {"suite": "gpu_tests", "group", "summary", "exit"}
 #   <bench>.jsonl, <bench>.log   each benchmark's JSON lines and full output
 #                             (sweep, llama8b, nano, spec, serving, pp); throughput_vs_batch.png
+#   vs_upstream.jsonl, vs_upstream_ratios.jsonl, serving_vs_upstream.jsonl   bench upstream's
+#                             lines (each names its engine) and this engine / upstream ratios
 # The exit status is non-zero when any step failed; every step runs regardless.
-# Environment: PYTHON (default python), PORT for `bench serve` (default 8011); pick GPUs
-# with CUDA_VISIBLE_DEVICES as usual.
+# Environment: PYTHON (default python), PORT for `bench serve` and `bench upstream` (default
+# 8011), VSITE and SMOLLM2_HF for `bench upstream`; pick GPUs with CUDA_VISIBLE_DEVICES.
 set -uo pipefail
 
 usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; }
@@ -54,7 +64,7 @@ done
 set -- "${args[@]:-all}"
 case "$1 ${2:-all}" in
     "env all" | "tests all" | "all all" | "bench core" | "bench spec" | "bench serve" | \
-        "bench apc" | "bench pp" | "bench chunked" | "bench all") ;;
+        "bench apc" | "bench pp" | "bench chunked" | "bench upstream" | "bench all") ;;
     *) usage >&2; exit 2 ;;
 esac
 
@@ -67,6 +77,8 @@ PY=${PYTHON:-python}
 PORT=${PORT:-8011}
 B=benchmarks
 M="--num-scheduler-steps 8"  # multi-step decoding, as in the README table
+VSITE=${VSITE:-/tmp/vsite}  # upstream vLLM 0.26 (../shared/tools/peer/README.md)
+SMOLLM2_HF=${SMOLLM2_HF:-/tmp/smollm2-bf16}
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 status=0
 
@@ -167,13 +179,10 @@ bench_spec() {
         --output-json "$O/spec.jsonl"
 }
 
-bench_serve() {
-    "$PY" -m vllm.entrypoints.cli serve --dtype bfloat16 --port "$PORT" --max-model-len 2048 \
-        --gpu-memory-utilization 0.3 --disable-log-requests > "$O/serve.log" 2>&1 &
-    local pid=$!
-    if ! "$PY" - "$PORT" "$pid" <<'PY'
+wait_health() {  # wait_health PORT PID LOG: until /health answers; fails if PID exits first
+    "$PY" - "$1" "$2" "$3" <<'PY'
 import os, sys, time, urllib.request
-port, pid = sys.argv[1], int(sys.argv[2])
+port, pid, log = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 for _ in range(600):
     try:
         urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
@@ -182,11 +191,17 @@ for _ in range(600):
         try:
             os.kill(pid, 0)
         except OSError:
-            sys.exit("vllm serve exited during start-up (see serve.log)")
+            sys.exit(f"vllm serve exited during start-up (see {log})")
         time.sleep(1)
-sys.exit("vllm serve did not answer /health within 600 s (see serve.log)")
+sys.exit(f"vllm serve did not answer /health within 600 s (see {log})")
 PY
-    then
+}
+
+bench_serve() {
+    "$PY" -m vllm.entrypoints.cli serve --dtype bfloat16 --port "$PORT" --max-model-len 2048 \
+        --gpu-memory-utilization 0.3 --disable-log-requests > "$O/serve.log" 2>&1 &
+    local pid=$!
+    if ! wait_health "$PORT" "$pid" serve.log; then
         status=1
         kill -INT "$pid" 2>/dev/null
         wait "$pid"
@@ -224,6 +239,68 @@ bench_pp() {
     done
 }
 
+upstream_py() {  # upstream_py ARGS...: $PY with only upstream vLLM on the path, from $O
+    # (upstream's subprocesses would import a checkout's vllm/ from the working directory)
+    (cd "$O" && PYTHONPATH=$VSITE exec "$PY" "$@")
+}
+
+vs_upstream() {  # vs_upstream ARGS...: benchmark_vs_upstream.py under upstream, then this engine
+    local script=$ROOT/$B/benchmark_vs_upstream.py out=$O/vs_upstream.jsonl
+    step vs_upstream upstream_py "$script" --expect-engine upstream --output-json "$out" "$@"
+    step vs_upstream "$PY" "$script" --expect-engine fork --output-json "$out" "$@"
+}
+
+serve_vs_upstream() {  # serve_vs_upstream ENGINE: `vllm serve` SmolLM2 bf16, benchmark_serving
+    local engine=$1 log=$O/serve_$1.log pid
+    local args=(serve "$SMOLLM2_HF" --port "$PORT" --dtype bfloat16 --max-model-len 2048
+        --gpu-memory-utilization 0.3)
+    if [[ $engine == upstream ]]; then
+        upstream_py -m vllm.entrypoints.cli.main "${args[@]}" > "$log" 2>&1 &
+    else
+        # shellcheck disable=SC2086
+        "$PY" -m vllm.entrypoints.cli "${args[@]}" --disable-log-requests $M > "$log" 2>&1 &
+    fi
+    pid=$!
+    if wait_health "$PORT" "$pid" "$log"; then
+        local url=http://127.0.0.1:$PORT c=$B/benchmark_serving.py
+        # warm-up (other prompts), then the two measured runs
+        step "serving_$engine" "$PY" $c --base-url "$url" --num-prompts 16 --seed 1 \
+            --input-len 128 --output-len 16 > /dev/null
+        sed -i 's/^RESULT_JSON /WARMUP_JSON /' "$O/serving_$engine.log"
+        step "serving_$engine" "$PY" $c --base-url "$url" --num-prompts 256 \
+            --request-rate inf --max-concurrency 64 --input-len 128 --output-len 128
+        step "serving_$engine" "$PY" $c --base-url "$url" --num-prompts 64 \
+            --request-rate 16 --input-len 128 --output-len 128
+        sed -n 's/^RESULT_JSON //p' "$O/serving_$engine.log" | "$PY" -c 'import json, sys
+for line in sys.stdin:
+    print(json.dumps({"bench": "serving_vs_upstream", "engine": sys.argv[1], **json.loads(line)}))
+' "$engine" >> "$O/serving_vs_upstream.jsonl"
+    else
+        status=1
+    fi
+    kill -INT "$pid" 2>/dev/null
+    wait "$pid"
+}
+
+bench_upstream() {
+    if ! upstream_py -c 'import vllm.v1' 2>/dev/null; then
+        echo "bench upstream: no upstream vLLM in $VSITE (../shared/tools/peer/README.md)" \
+            | tee -a "$O/vs_upstream.log"
+        status=1
+        return 1
+    fi
+    if [[ ! -f $SMOLLM2_HF/config.json ]]; then
+        step convert "$PY" $B/convert_gguf_to_hf.py --out "$SMOLLM2_HF" --dtype bfloat16 || return 1
+    fi
+    vs_upstream --model "$SMOLLM2_HF" --workloads 1,8,64
+    vs_upstream --model "$ROOT/$B/configs/qwen2.5-0.5b" --load-format dummy --workloads nano
+    vs_upstream --model "$ROOT/$B/configs/llama-3.1-8b" --load-format dummy --workloads 1
+    "$PY" $B/benchmark_vs_upstream.py --summarize "$O/vs_upstream.jsonl" \
+        | tee "$O/vs_upstream_ratios.jsonl"
+    serve_vs_upstream upstream
+    serve_vs_upstream fork
+}
+
 bench() {
     case ${1:-all} in
         core) bench_core ;;
@@ -232,6 +309,7 @@ bench() {
         apc) bench_apc ;;
         pp) bench_pp ;;
         chunked) bench_chunked ;;
+        upstream) bench_upstream ;;
         all) bench_core; bench_spec; bench_serve; bench_apc; bench_chunked; bench_pp ;;
         esac
 }

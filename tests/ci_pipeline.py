@@ -1,7 +1,9 @@
 """Reading ``.buildkite/test-pipeline.yaml``: its command steps, the pytest marker expression
 of each test step, and which steps select each collected test.
 
-The last part runs pytest's own collection once, in a subprocess, with the ``StepSelection``
+The last part matches collected tests against the steps: the running session's own items
+when it collected the whole suite (``session_suite_items``, no second import of every test
+module), else pytest's collection once more, in a subprocess, with the ``StepSelection``
 plugin below; tests/test_ci_pipeline.py starts it as
 ``python -c "from tests.ci_pipeline import main; ..." STEPS_JSON OUT_JSON``.
 """
@@ -15,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -105,24 +108,48 @@ def partition_problems(selected: dict[str, list[str]]) -> list[str]:
     return problems
 
 
+def select_steps(items, expressions: dict[str, str]) -> dict[str, list[str]]:
+    """``{test id: [keys of the steps whose -m expression selects it]}`` for collected
+    pytest ``items``, matching markers exactly as ``pytest -m`` does."""
+    from _pytest.mark import MarkMatcher
+    from _pytest.mark.expression import Expression
+
+    compiled = {key: Expression.compile(expr) for key, expr in expressions.items()}
+    selected = {}
+    for item in items:
+        matcher = MarkMatcher.from_markers(item.iter_markers())
+        selected[item.nodeid] = [k for k, e in compiled.items() if e.evaluate(matcher)]
+    return selected
+
+
+# The running session's collected items, before any -m / -k / --deselect filtering: set by
+# tests/conftest.py once it has added the ``multi_gpu_<n>`` markers.
+SUITE_ITEMS = pytest.StashKey[list]()
+
+
+def session_suite_items(config) -> list | None:
+    """The items the running session collected when it collected the whole suite (its only
+    argument is the ``tests`` folder, nothing ignored), else None: the caller then collects
+    in a subprocess (``collect_selection``)."""
+    items = config.stash.get(SUITE_ITEMS, None)
+    args = [os.path.abspath(os.path.join(str(config.invocation_params.dir), a.split("::")[0]))
+            for a in config.args]  # fmt: skip
+    ignored = any(config.getoption(o, None) for o in ("ignore", "ignore_glob"))
+    if items is None or ignored or args != [str(ROOT / "tests")]:
+        return None
+    return items
+
+
 class StepSelection:
     """pytest plugin: once collection is done, write ``{test id: [step keys]}`` to a JSON
-    file, matching each test's markers against each step's ``-m`` expression exactly as
-    ``pytest -m`` does (after tests/conftest.py has added ``multi_gpu_<n>``)."""
+    file (``select_steps``; after tests/conftest.py has added ``multi_gpu_<n>``)."""
 
     def __init__(self, expressions: dict[str, str], out_path: str):
         self.expressions = expressions
         self.out_path = out_path
 
     def pytest_collection_finish(self, session):
-        from _pytest.mark import MarkMatcher
-        from _pytest.mark.expression import Expression
-
-        compiled = {key: Expression.compile(expr) for key, expr in self.expressions.items()}
-        selected = {}
-        for item in session.items:
-            matcher = MarkMatcher.from_markers(item.iter_markers())
-            selected[item.nodeid] = [k for k, e in compiled.items() if e.evaluate(matcher)]
+        selected = select_steps(session.items, self.expressions)
         with open(self.out_path, "w", encoding="utf-8") as f:
             json.dump(selected, f, indent=1)
 

@@ -53,7 +53,10 @@ def _cuda_device_count() -> int:
 
 def pytest_collection_finish(session):
     """Warm the per-process config/tokenizer caches for SmolLM2 in the parent process when a
-    collected test uses it: forked tests inherit them instead of re-parsing the GGUF."""
+    collected test uses it: forked tests inherit them instead of re-parsing the GGUF.
+    Nothing to warm when only collecting (``--collect-only``)."""
+    if session.config.option.collectonly:
+        return
     if not any("smollm2_gguf" in getattr(i, "fixturenames", ()) for i in session.items):
         return
     path = tiny_models.smollm2_gguf_path()
@@ -101,6 +104,9 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(
                 pytest.mark.skip(reason=f"needs {needed} CUDA GPU(s), found {num_gpus}")
             )
+    from tests.ci_pipeline import SUITE_ITEMS
+
+    config.stash[SUITE_ITEMS] = list(items)  # before -m / -k: tests/test_ci_pipeline.py
 
 
 # Bump when the tiny builders change, so stale checkpoints are not reused.

@@ -21,6 +21,8 @@ from tests.ci_pipeline import (
     marker_steps,
     partition_problems,
     runs_pytest,
+    select_steps,
+    session_suite_items,
     step_argv,
 )
 
@@ -108,11 +110,16 @@ def test_partition_problems_names_missing_and_doubled_tests():
 
 
 @pytest.mark.slow
-def test_steps_partition_the_suite(tmp_path):
-    """Collects the whole suite once (pytest in a subprocess) and matches each test's markers
-    against every step's -m expression the way ``pytest -m`` does."""
+def test_steps_partition_the_suite(tmp_path, request):
+    """Matches each test's markers against every step's -m expression the way ``pytest -m``
+    does, over the whole suite: the items this session collected when it runs the whole
+    suite (CI), else a collection of its own (pytest in a subprocess)."""
     expressions = marker_steps(PIPELINE)
-    selected = collect_selection(expressions, str(tmp_path / "selection.json"))
+    items = session_suite_items(request.config)
+    if items is not None:
+        selected = select_steps(items, expressions)
+    else:
+        selected = collect_selection(expressions, str(tmp_path / "selection.json"))
     assert len(selected) > 100, f"only {len(selected)} tests collected"
 
     problems = partition_problems(selected)

@@ -21,7 +21,7 @@ import signal
 import subprocess
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 # (token_ids, text) or (token_ids, text, logprobs: list[dict[int, float]])
@@ -439,6 +439,40 @@ class RemoteOpenAIServer:
         self.stop()
 
 
+def server_answers(
+    server: RemoteOpenAIServer, prompts: Sequence[str], max_tokens: int, seeded: bool = True
+) -> list[tuple[str, list[str] | None, str]]:
+    """Per prompt: (greedy completion text, the two texts of a seeded sampled completion
+    (temperature 1, seed 0, n=2; None unless ``seeded``), greedy chat reply) from a running
+    server, each ``max_tokens`` long at most."""
+    client = server.get_client()
+    name = client.models.list().data[0].id  # the served name, not the path
+    out = []
+    for p in prompts:
+        greedy = client.completions.create(
+            model=name, prompt=p, max_tokens=max_tokens, temperature=0.0
+        )
+        sampled = None
+        if seeded:
+            sampled = client.completions.create(
+                model=name, prompt=p, max_tokens=max_tokens, temperature=1.0, seed=0, n=2
+            )
+        chat = client.chat.completions.create(
+            model=name,
+            messages=[{"role": "user", "content": p}],
+            max_tokens=max_tokens,
+            temperature=0.0,
+        )
+        out.append(
+            (
+                greedy.choices[0].text,
+                [c.text for c in sampled.choices] if sampled else None,
+                chat.choices[0].message.content,
+            )
+        )
+    return out
+
+
 def compare_two_settings(
     model: str,
     args1: Sequence[str],
@@ -448,40 +482,26 @@ def compare_two_settings(
     env: dict | None = None,
     base_args: Sequence[str] = ("--device", "cpu", "--max-model-len", "512"),
     seeded: bool = True,
+    server1: RemoteOpenAIServer | None = None,
+    on_server2: Callable[[RemoteOpenAIServer], None] | None = None,
 ):
     """Start the server with ``args1``, then with ``args2`` (one at a time), and assert
     greedy completions, seeded sampled completions (temperature 1, seed 0, n=2; skipped
     when ``seeded`` is False, e.g. against speculative decoding, whose rejection sampler
-    draws differently) and greedy chat replies are identical. Returns both result lists."""
+    draws differently) and greedy chat replies are identical. Returns both result lists.
+
+    ``server1``: an already running server started with ``base_args + args1`` (a module
+    fixture shared by several comparisons), used instead of starting one; ``env`` then
+    applies to the second server only. ``on_server2(server)`` runs more checks against
+    the second server before it stops."""
     results = []
-    for args in (args1, args2):
+    if server1 is not None:
+        results.append(server_answers(server1, prompts, max_tokens, seeded))
+    for args in (args1, args2)[len(results) :]:
         with RemoteOpenAIServer(model, [*base_args, *args], env=env) as server:
-            client = server.get_client()
-            name = client.models.list().data[0].id  # the served name, not the path
-            out = []
-            for p in prompts:
-                greedy = client.completions.create(
-                    model=name, prompt=p, max_tokens=max_tokens, temperature=0.0
-                )
-                sampled = None
-                if seeded:
-                    sampled = client.completions.create(
-                        model=name, prompt=p, max_tokens=max_tokens, temperature=1.0, seed=0, n=2
-                    )
-                chat = client.chat.completions.create(
-                    model=name,
-                    messages=[{"role": "user", "content": p}],
-                    max_tokens=max_tokens,
-                    temperature=0.0,
-                )
-                out.append(
-                    (
-                        greedy.choices[0].text,
-                        [c.text for c in sampled.choices] if sampled else None,
-                        chat.choices[0].message.content,
-                    )
-                )
-            results.append(out)
+            results.append(server_answers(server, prompts, max_tokens, seeded))
+            if on_server2 is not None and len(results) == 2:
+                on_server2(server)
     for p, a, b in zip(prompts, results[0], results[1]):
         assert a == b, f"prompt {p!r}: {args1} gave {a!r}, {args2} gave {b!r}"
     return results
