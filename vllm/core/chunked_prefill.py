@@ -32,13 +32,13 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import Any
 
 from vllm.core.block_manager import AllocStatus
 from vllm.sequence import SequenceGroup, SequenceStatus
 
-if TYPE_CHECKING:
-    from vllm.core.scheduler import Scheduler, SchedulerOutputs
+# The scheduler imports this module: its classes are named in docstrings, typed Any here.
+Scheduler = SchedulerOutputs = Any
 
 _RUNNING = SequenceStatus.RUNNING
 
@@ -81,16 +81,14 @@ class _Chunks:
         return True
 
 
-def schedule_chunked(sched: Scheduler) -> SchedulerOutputs:
-    """One step of the chunked-prefill policy (see the module docstring) for ``sched``.
+def schedule_chunked(sched: Scheduler, out: SchedulerOutputs) -> SchedulerOutputs:
+    """One step of the chunked-prefill policy (see the module docstring) for ``sched``,
+    filling ``out`` (empty, with the step's ``num_lookahead_slots``).
 
     Returns:
         SchedulerOutputs whose first ``num_prefill_groups`` groups are prefill chunks, with
         ``prefill_chunks`` giving each one's (start, size), followed by the decode groups.
     """
-    from vllm.core.scheduler import SchedulerOutputs
-
-    out = SchedulerOutputs(num_lookahead_slots=sched.scheduler_config.num_lookahead_slots)
     decodes, partial, preempted = _schedule_decodes(sched, out.num_lookahead_slots)
     sched._note_preempted(preempted)
     out.preempted = len(preempted)

@@ -196,7 +196,10 @@ class Scheduler:
             of ``outputs.scheduled_seq_groups``.
         """
         if self.chunked:
-            out = schedule_chunked(self)
+            out = schedule_chunked(
+                self,
+                SchedulerOutputs(num_lookahead_slots=self.scheduler_config.num_lookahead_slots),
+            )
         else:
             out = self._schedule_prefills() if self.waiting else SchedulerOutputs()
             if not out.scheduled_seq_groups:

@@ -40,7 +40,6 @@ from vllm.worker.multi_step import _advance, _PenaltyState
 
 if TYPE_CHECKING:
     from vllm.model_executor.forward_batch import ForwardBatch
-    from vllm.worker.worker import Worker
 
 HEADER_FIELDS = ("virtual_engine", "mode", "num_tokens", "batch_size", "graph_size", "num_steps")
 
@@ -89,11 +88,12 @@ class PipelineStage:
     """Runs rounds of calls on stage ``worker.rank`` of a pipeline (see the module doc).
 
     Args:
-        worker: this stage's Worker (model runner, KV caches, timings).
+        worker: this stage's ``vllm.worker.worker.Worker`` (model runner, KV caches,
+            timings; typed Any: the worker imports this module).
         group: the pipeline group (``vllm.distributed.parallel_state.PPGroup``).
     """
 
-    def __init__(self, worker: Worker, group):
+    def __init__(self, worker: Any, group):
         self.worker = worker
         self.runner = worker.model_runner
         self.rank = worker.rank
