@@ -268,6 +268,9 @@ class SequenceGroupMetadata:
         computed_lens: prefill with prefix caching: seq_id -> leading tokens whose KV is
             already in the cache (a multiple of the block size, below the length); the
             step computes only the rest. None: nothing is cached.
+        guided_bitmasks: structured outputs: seq_id -> the packed int32 token bitmask
+            (bytes, ``ceil(vocab / 32)`` words) of the tokens that sequence may produce
+            next; filled by the engine after scheduling. None: no sequence is constrained.
     """
 
     request_id: str
@@ -277,6 +280,7 @@ class SequenceGroupMetadata:
     block_tables: dict[int, list[int]]
     do_sample: bool = True
     computed_lens: dict[int, int] | None = None
+    guided_bitmasks: dict[int, bytes] | None = None
 
 
 @dataclass

@@ -175,14 +175,18 @@ class Worker:
         """Run one step of ``request.virtual_engine``; None for an empty request.
 
         With ``num_scheduler_steps`` > 1 a decode request runs up to that many decode
-        passes (vllm/worker/multi_step.py; validation keeps it to PP = 1).
+        passes (vllm/worker/multi_step.py; validation keeps it to PP = 1), except when a
+        sequence has a structured-output bitmask: its next mask needs the engine's
+        grammar matcher, so such a step runs one pass.
         """
         if not request.seq_group_metadata_list:
             return None
         ve = request.virtual_engine
         ce = self.cache_engines[ve]
         steps = self.config.scheduler_config.num_scheduler_steps
-        if steps > 1 and not request.seq_group_metadata_list[0].is_prompt:
+        mds = request.seq_group_metadata_list
+        guided = any(md.guided_bitmasks for md in mds)
+        if steps > 1 and not mds[0].is_prompt and not guided:
             from vllm.worker.multi_step import execute_multi_step
 
             return execute_multi_step(
