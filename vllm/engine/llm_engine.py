@@ -247,6 +247,11 @@ class LLMEngine:
         self.verify_params(params)
         self.check_schedulable(len(ids), params.n)
         grammar = self.guided.grammar_future(params)
+        if grammar is not None and grammar.done() and grammar.exception() is not None:
+            kind = params.guided_decoding.kind
+            raise ValueError(
+                f"invalid guided {kind}: could not compile it ({grammar.exception()})."
+            )
         params = params.clone()
         if self.eos_token_id is not None and not params.ignore_eos:
             params.all_stop_token_ids.add(self.eos_token_id)

@@ -35,8 +35,8 @@ def parse_grammar(gd: GuidedDecodingParams):
             json.loads(text)  # a clearer message than xgrammar's for bad JSON text
             ws = dict(any_whitespace=not compact)
             return xgr.Grammar.from_json_schema(text, strict_mode=True, **ws)
-        if kind == "json_object":
-            return xgr.Grammar.builtin_json_grammar()
+        if kind == "json_object":  # OpenAI's json_object: an object, not any JSON value
+            return xgr.Grammar.from_json_schema('{"type": "object"}', any_whitespace=not compact)
         if kind == "regex":
             return xgr.Grammar.from_regex(text)
         if kind == "choice":
