@@ -1,12 +1,15 @@
 """Constraints shared by the structured-output tests: bounded, so that even a random tiny
 model completes them well within the token budgets used (strings have maxLength, arrays
-maxItems, integers a range, and no free whitespace is allowed)."""
+maxItems, integers a range, and no free whitespace is allowed).
+
+Strings are bounded by a pattern rather than maxLength: xgrammar's maxLength rule admits raw
+control characters (a tab, say), which strict JSON parsers refuse."""
 
 # A nested object, an enum, an array with min/max items, required fields.
 PERSON = {
     "type": "object",
     "properties": {
-        "name": {"type": "string", "maxLength": 8},
+        "name": {"type": "string", "pattern": "^[A-Za-z0-9 ]{1,8}$"},
         "kind": {"enum": ["cat", "dog", "fish"]},
         "tags": {
             "type": "array",
@@ -28,7 +31,7 @@ PERSON = {
 WEATHER_ARGS = {
     "type": "object",
     "properties": {
-        "city": {"type": "string", "maxLength": 10},
+        "city": {"type": "string", "pattern": "^[A-Za-z ]{1,10}$"},
         "unit": {"enum": ["celsius", "fahrenheit"]},
     },
     "required": ["city", "unit"],
