@@ -21,8 +21,9 @@
 #   bench apc     prefix caching off vs on: multi-turn chat TTFT through `vllm serve` (64
 #                 conversations x 4 turns, 1,024-token system prompt) and nano-vllm's
 #                 workload at a 0% hit rate (Qwen2.5-0.5B shape); apc.jsonl
+#   bench structured  output tokens/s at batch 1 and 32, a JSON schema vs unconstrained
 #   bench pp      PP=2 vs PP=1 (Qwen2.5-1.5B and Llama-3.1-8B shapes; needs 2 GPUs)
-#   bench all     core, spec, serve, apc, and pp when 2 GPUs are visible
+#   bench all     core, spec, serve, apc, structured, and pp when 2 GPUs are visible
 #   all           env, tests, bench all
 #
 # Output, in DIR (--out, else $OUT, else gpu-suite-<UTC date and time>/ in the repository
@@ -51,7 +52,7 @@ done
 set -- "${args[@]:-all}"
 case "$1 ${2:-all}" in
     "env all" | "tests all" | "all all" | "bench core" | "bench spec" | "bench serve" | \
-        "bench apc" | "bench pp" | "bench all") ;;
+        "bench apc" | "bench structured" | "bench pp" | "bench all") ;;
     *) usage >&2; exit 2 ;;
 esac
 
@@ -205,6 +206,11 @@ bench_apc() {
         --server-args "--gpu-memory-utilization 0.3" --output-json "$O/apc.jsonl"
 }
 
+bench_structured() {
+    step structured "$PY" $B/benchmark_structured_output.py --dtype bfloat16 \
+        --batch-sizes 1,32 --output-json "$O/structured.jsonl"
+}
+
 bench_pp() {
     if [[ $(num_gpus) -lt 2 ]]; then
         echo "bench pp: needs 2 GPUs, found $(num_gpus); skipped" | tee -a "$O/pp.log"
@@ -222,8 +228,9 @@ bench() {
         spec) bench_spec ;;
         serve) bench_serve ;;
         apc) bench_apc ;;
+        structured) bench_structured ;;
         pp) bench_pp ;;
-        all) bench_core; bench_spec; bench_serve; bench_apc; bench_pp ;;
+        all) bench_core; bench_spec; bench_serve; bench_apc; bench_structured; bench_pp ;;
         esac
 }
 
