@@ -6,14 +6,15 @@ ValueError naming the problem and leave the engine usable.
 
 Each engine starts once per test and serves many requests."""
 
+import json
 import os
 import re
 from concurrent.futures import Future
 
 import jsonschema
 import pytest
-from schemas import CHOICES, MAX_TOKENS, PERSON, REGEX
 
+from tests.structured_output.schemas import CHOICES, MAX_TOKENS, PERSON, REGEX
 from vllm import LLM, SamplingParams
 from vllm.sampling_params import GuidedDecodingParams
 
@@ -61,7 +62,7 @@ def _check_json_outputs(llm, scale: int) -> list:
     for o in outs:
         for c in o.outputs:
             assert c.finish_reason == "stop", (o.prompt, c.text)
-            jsonschema.validate(__import__("json").loads(c.text), PERSON)
+            jsonschema.validate(json.loads(c.text), PERSON)
     assert len(set(texts[4 * scale :])) > 1, "sampled outputs should differ across seeds"
     return outs
 
@@ -249,5 +250,5 @@ def test_smollm2_json_schema(smollm2_gguf):
     )
     out = llm.generate(["Give a JSON object describing Paris:"], obj, use_tqdm=False)[0].outputs[0]
     assert out.finish_reason == "stop", out.text
-    assert isinstance(__import__("json").loads(out.text), dict)
+    assert isinstance(json.loads(out.text), dict)
     llm.llm_engine.shutdown()

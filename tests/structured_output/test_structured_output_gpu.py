@@ -8,7 +8,8 @@ import os
 
 import jsonschema
 import pytest
-from schemas import MAX_TOKENS, PERSON
+
+from tests.structured_output.schemas import MAX_TOKENS, PERSON
 
 pytestmark = pytest.mark.gpu
 

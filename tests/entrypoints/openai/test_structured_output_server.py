@@ -5,17 +5,14 @@ client; every bad constraint is an HTTP 400 naming it and the server keeps servi
 One tiny-model server, started and stopped in a forked child."""
 
 import json
-import sys
-from pathlib import Path
+import re
 
 import httpx
 import jsonschema
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parents[2] / "structured_output"))
-from schemas import CHOICES, MAX_TOKENS, PERSON, REGEX, WEATHER_ARGS  # noqa: E402
-
-from tests.utils import RemoteOpenAIServer  # noqa: E402
+from tests.structured_output.schemas import CHOICES, MAX_TOKENS, PERSON, REGEX, WEATHER_ARGS
+from tests.utils import RemoteOpenAIServer
 
 COMPACT = {"guided_decoding_backend": "xgrammar:disable-any-whitespace"}
 MSGS = [{"role": "user", "content": "Tell me about a pet."}]
@@ -87,7 +84,7 @@ def test_structured_outputs_through_the_server(tiny_llama_dir):
 
         # guided_regex, guided_choice (completions), guided_json (chat)
         r = client.completions.create(prompt="Code:", extra_body={"guided_regex": REGEX}, **common)
-        assert __import__("re").fullmatch(REGEX, r.choices[0].text), r.choices[0].text
+        assert re.fullmatch(REGEX, r.choices[0].text), r.choices[0].text
         r = client.completions.create(
             prompt="Answer:",
             n=3,
