@@ -21,6 +21,7 @@
 #   bench apc     prefix caching off vs on: multi-turn chat TTFT through `vllm serve` (64
 #                 conversations x 4 turns, 1,024-token system prompt) and nano-vllm's
 #                 workload at a 0% hit rate (Qwen2.5-0.5B shape); apc.jsonl
+#   bench structured  output tokens/s at batch 1 and 32, a JSON schema vs unconstrained
 #   bench pp      PP=2 vs PP=1 (Qwen2.5-1.5B and Llama-3.1-8B shapes; needs 2 GPUs)
 #   bench chunked chunked prefill off vs on through `vllm serve` SmolLM2: 32 streams
 #                 decoding while 2,048-token prompts arrive at 1/s; TPOT p50/p99 and
@@ -33,7 +34,8 @@
 #                 `vllm serve` of each engine on SmolLM2 bf16 + benchmark_serving (256
 #                 requests at concurrency 64, then 64 at 16 req/s). Upstream runs with its
 #                 defaults, this engine with $M
-#   bench all     core, spec, serve, apc, chunked, and pp when 2 GPUs are visible (not upstream)
+#   bench all     core, spec, serve, apc, chunked, structured, and pp when 2 GPUs are visible
+#                 (not upstream)
 #   all           env, tests, bench all
 #
 # Output, in DIR (--out, else $OUT, else gpu-suite-<UTC date and time>/ in the repository
@@ -64,7 +66,8 @@ done
 set -- "${args[@]:-all}"
 case "$1 ${2:-all}" in
     "env all" | "tests all" | "all all" | "bench core" | "bench spec" | "bench serve" | \
-        "bench apc" | "bench pp" | "bench chunked" | "bench upstream" | "bench all") ;;
+        "bench apc" | "bench pp" | "bench chunked" | "bench structured" | "bench upstream" | \
+        "bench all") ;;
     *) usage >&2; exit 2 ;;
 esac
 
@@ -228,6 +231,11 @@ bench_chunked() {
         --server-args "--gpu-memory-utilization 0.3" --output-json "$O/chunked.jsonl"
 }
 
+bench_structured() {
+    step structured "$PY" $B/benchmark_structured_output.py --dtype bfloat16 \
+        --batch-sizes 1,32 --output-json "$O/structured.jsonl"
+}
+
 bench_pp() {
     if [[ $(num_gpus) -lt 2 ]]; then
         echo "bench pp: needs 2 GPUs, found $(num_gpus); skipped" | tee -a "$O/pp.log"
@@ -307,10 +315,13 @@ bench() {
         spec) bench_spec ;;
         serve) bench_serve ;;
         apc) bench_apc ;;
+        structured) bench_structured ;;
         pp) bench_pp ;;
         chunked) bench_chunked ;;
+        structured) bench_structured ;;
         upstream) bench_upstream ;;
-        all) bench_core; bench_spec; bench_serve; bench_apc; bench_chunked; bench_pp ;;
+        all) bench_core; bench_spec; bench_serve; bench_apc; bench_chunked; bench_structured
+            bench_pp ;;
         esac
 }
 

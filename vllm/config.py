@@ -478,6 +478,30 @@ class CompilationConfig:
 
 
 @dataclass
+class DecodingConfig:
+    """Structured outputs (upstream's ``DecodingConfig``).
+
+    Attributes:
+        guided_decoding_backend: the library that turns JSON schemas, regexes, choices and
+            grammars into token masks; only "xgrammar" is built in.
+
+    Raises:
+        ValueError: an unknown backend (the message lists the known ones).
+    """
+
+    guided_decoding_backend: str = "xgrammar"
+
+    def __post_init__(self) -> None:
+        from vllm.sampling_params import GUIDED_DECODING_BACKENDS
+
+        if self.guided_decoding_backend not in GUIDED_DECODING_BACKENDS:
+            raise ValueError(
+                f"guided_decoding_backend must be one of {list(GUIDED_DECODING_BACKENDS)}, "
+                f"got {self.guided_decoding_backend!r}."
+            )
+
+
+@dataclass
 class EngineConfig:
     """All configs of one engine, cross-checked in :meth:`verify`."""
 
@@ -488,6 +512,7 @@ class EngineConfig:
     device_config: DeviceConfig
     compilation_config: CompilationConfig = field(default_factory=CompilationConfig)
     speculative_config: Any = None
+    decoding_config: DecodingConfig = field(default_factory=DecodingConfig)
     # Test-only: several virtual engines without PP (docs/design.md guarantee 1 on one device).
     num_virtual_engines_override: int | None = None
 

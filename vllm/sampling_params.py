@@ -2,9 +2,111 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from typing import Any
 
 _SAMPLING_EPS = 1e-5
+
+# The guided-decoding backends this build has (upstream's flag value).
+GUIDED_DECODING_BACKENDS = ("xgrammar",)
+
+
+@dataclass(frozen=True)
+class GuidedDecodingParams:
+    """One structured-output constraint of a request (upstream vLLM's names).
+
+    Exactly one of the constraint fields is set:
+
+    - ``json``: a JSON schema (a dict, or its JSON text); the output is a JSON value valid
+      against it.
+    - ``regex``: the whole output matches this regular expression.
+    - ``choice``: the output is exactly one of these non-empty strings.
+    - ``grammar``: an EBNF grammar (xgrammar's / GBNF syntax, start symbol ``root``).
+    - ``json_object``: True: any JSON object (OpenAI's ``{"type": "json_object"}``).
+
+    Options: ``backend`` (None or "xgrammar", optionally with the option
+    ":disable-any-whitespace" as upstream spells it), ``disable_any_whitespace``: JSON
+    without free whitespace between tokens (small models otherwise can emit whitespace
+    until ``max_tokens``).
+
+    The constraint is checked by the engine when the request is added (an unparsable
+    schema, regex or grammar, or a JSON-schema feature xgrammar does not support, raises
+    ValueError there); here only the shape of the arguments is checked.
+
+    Raises:
+        ValueError: no constraint or more than one set, an empty or non-string choice, a
+            ``json`` that is neither a dict nor a string, an unknown backend.
+    """
+
+    json: str | dict | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    backend: str | None = None
+    disable_any_whitespace: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.choice, (list, tuple)):
+            object.__setattr__(self, "choice", list(self.choice))
+        set_fields = [k for k in _CONSTRAINTS if getattr(self, k) not in (None, False)]
+        _check(
+            len(set_fields) == 1,
+            "guided decoding needs exactly one of json, regex, choice, grammar, json_object; "
+            f"got {set_fields or 'none'}.",
+        )
+        if self.json is not None:
+            _check(
+                isinstance(self.json, (dict, str)),
+                f"guided json must be a JSON schema (dict or str), got {type(self.json).__name__}.",
+            )
+        for name in ("regex", "grammar"):
+            value = getattr(self, name)
+            if value is not None:
+                _check(
+                    isinstance(value, str) and value != "",
+                    f"guided {name} must be a non-empty string, got {value!r}.",
+                )
+        if self.choice is not None:
+            _check(
+                isinstance(self.choice, list)
+                and len(self.choice) > 0
+                and all(isinstance(c, str) and c for c in self.choice),
+                "guided choice must be a non-empty list of non-empty strings, got "
+                f"{self.choice!r}.",
+            )
+        if self.backend is not None:
+            name, _, option = self.backend.partition(":")
+            _check(
+                name in GUIDED_DECODING_BACKENDS and option in ("", "disable-any-whitespace"),
+                f"guided decoding backend must be one of {list(GUIDED_DECODING_BACKENDS)} "
+                f"(option ':disable-any-whitespace'), got {self.backend!r}.",
+            )
+            if option:
+                object.__setattr__(self, "disable_any_whitespace", True)
+
+    @property
+    def kind(self) -> str:
+        """Which constraint is set: "json", "regex", "choice", "grammar" or "json_object"."""
+        return next(k for k in _CONSTRAINTS if getattr(self, k) not in (None, False))
+
+    def key(self) -> tuple[str, str, bool]:
+        """(kind, text, disable_any_whitespace): equal for equal constraints, the grammar
+        cache's key (a dict schema is serialized in its own key order, which is the order
+        its properties are generated in)."""
+        kind = self.kind
+        value: Any = getattr(self, kind)
+        if kind == "json" and isinstance(value, dict):
+            value = json.dumps(value)
+        elif kind == "choice":
+            value = json.dumps(value)
+        elif kind == "json_object":
+            value = ""
+        return kind, value, self.disable_any_whitespace
+
+
+_CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object")
 
 
 @dataclass
@@ -36,6 +138,9 @@ class SamplingParams:
     - ``allowed_token_ids`` (vLLM's name): only these tokens can be generated; every other
       token's logit is set to -inf (before ``logit_bias`` is added).
     Both are checked against the vocabulary when the engine adds the request.
+    - ``guided_decoding`` (vLLM's name): a :class:`GuidedDecodingParams` constraint; each
+      sequence (of the ``n``) follows it with its own grammar state, and stops (finish
+      reason "stop") once the grammar is complete and EOS was generated.
 
     Raises:
         ValueError: on any out-of-range value; the message names the field, the value and
@@ -64,6 +169,7 @@ class SamplingParams:
     spaces_between_special_tokens: bool = True
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
+    guided_decoding: GuidedDecodingParams | None = None
     # Filled by the engine: the tokens that end the request besides stop_token_ids.
     all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
 
@@ -157,6 +263,12 @@ class SamplingParams:
                     _is_int(t) and t >= 0,
                     f"allowed_token_ids must be integers >= 0, got {t!r}.",
                 )
+        if self.guided_decoding is not None:
+            _check(
+                isinstance(self.guided_decoding, GuidedDecodingParams),
+                "guided_decoding must be a GuidedDecodingParams, got "
+                f"{type(self.guided_decoding).__name__}.",
+            )
         if self.stop and not self.detokenize:
             raise ValueError("stop strings are only supported when detokenize is True.")
 

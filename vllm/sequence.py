@@ -282,6 +282,9 @@ class SequenceGroupMetadata:
             cached.
         token_chunk_size: prefill only: tokens of each sequence this step computes (a
             chunk of a chunked prefill); None: every token past ``computed_lens``.
+        guided_bitmasks: structured outputs: seq_id -> the packed int32 token bitmask
+            (bytes, ``ceil(vocab / 32)`` words) of the tokens that sequence may produce
+            next; filled by the engine after scheduling. None: no sequence is constrained.
     """
 
     request_id: str
@@ -292,6 +295,7 @@ class SequenceGroupMetadata:
     do_sample: bool = True
     computed_lens: dict[int, int] | None = None
     token_chunk_size: int | None = None
+    guided_bitmasks: dict[int, bytes] | None = None
 
 
 @dataclass

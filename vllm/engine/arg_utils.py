@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from vllm.config import (
     CacheConfig,
     CompilationConfig,
+    DecodingConfig,
     DeviceConfig,
     EngineConfig,
     ModelConfig,
@@ -112,6 +113,10 @@ class EngineArgs:
         "requests a virtual engine may have over the least loaded one and still get a "
         "request whose prefix it caches.",
         group="cache",
+    )
+    guided_decoding_backend: str = _f(
+        "xgrammar",
+        "Structured outputs (JSON schema, regex, choice, grammar): the backend; only xgrammar.",
     )
     max_num_seqs: int = _f(256, "Most sequences in one step.", group="scheduler")
     max_num_batched_tokens: int | None = _f(
@@ -311,6 +316,7 @@ class EngineArgs:
             scheduler_config=scheduler_config,
             device_config=device_config,
             compilation_config=compilation_config,
+            decoding_config=DecodingConfig(self.guided_decoding_backend),
         )
 
 

@@ -155,6 +155,7 @@ class AsyncLLMEngine:
         self.start()
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already running.")
+        await self.prepare_grammar(params)
         if self.log_requests:
             self._log_request(request_id, prompt, params)
         queue: asyncio.Queue = asyncio.Queue()
@@ -176,6 +177,24 @@ class AsyncLLMEngine:
             self._streams.pop(request_id, None)
             if not finished:
                 self.abort(request_id)
+
+    async def prepare_grammar(self, params: SamplingParams) -> None:
+        """Parse ``params.guided_decoding`` (on the engine thread, which owns the grammar
+        cache) and wait for its compilation (on the cache's threads), so the request's
+        ``add_request`` finds the grammar ready and no step waits for it. No-op without
+        a constraint.
+
+        Raises:
+            ValueError: the constraint does not parse or compile (the message names it).
+        """
+        if params.guided_decoding is None:
+            return
+        fut = await self._on_engine(self.engine.guided.grammar_future, params)
+        try:
+            await asyncio.wrap_future(fut)
+        except Exception as e:
+            kind = params.guided_decoding.kind
+            raise ValueError(f"invalid guided {kind}: could not compile it ({e}).") from e
 
     def _check_executor(self) -> None:
         executor = self.engine.executor

@@ -13,12 +13,15 @@ import logging
 import time
 from collections import deque
 from collections.abc import Iterable
+from concurrent.futures import Future
+from concurrent.futures import wait as wait_futures
 from typing import Any
 
 from vllm.config import EngineConfig
 from vllm.core.scheduler import Scheduler, SchedulerOutputs
 from vllm.engine import output_processor
 from vllm.engine.arg_utils import EngineArgs
+from vllm.model_executor.guided_decoding.manager import GuidedDecodingManager
 from vllm.outputs import RequestOutput
 from vllm.sampling_params import SamplingParams
 from vllm.sequence import (
@@ -84,6 +87,15 @@ class LLMEngine:
         ]
         self.seq_counter = itertools.count()
         self._requests: dict[str, SequenceGroup] = {}
+        # Structured outputs: matchers of constrained sequences, and the requests whose
+        # grammar is still compiling (not given to a scheduler until it is ready).
+        self.guided = GuidedDecodingManager(
+            self.tokenizer,
+            self.model_config.tokenizer or self.model_config.model,
+            self.model_config.vocab_size,
+            self.eos_token_id,
+        )
+        self._grammar_wait: list[tuple[SequenceGroup, Future]] = []
         self._next_ve = 0
         # Pipelined stepping (executors with execute_model_async, e.g. mp): at most one
         # step in flight per VE; (ve, future, scheduler outputs) in submission order.
@@ -227,14 +239,25 @@ class LLMEngine:
 
         Raises:
             ValueError: a duplicate request id, a bad prompt (see :meth:`process_prompt`),
-                params that do not fit the model (see :meth:`verify_params`), or a request
-                the scheduler could never run (see :meth:`check_schedulable`).
+                params that do not fit the model (see :meth:`verify_params`), a request
+                the scheduler could never run (see :meth:`check_schedulable`), or a
+                guided-decoding constraint that does not parse (invalid JSON schema,
+                regex or grammar, unsupported schema feature).
+
+        A request with ``guided_decoding`` whose grammar is still compiling (on the grammar
+        cache's threads) is held back and given to a scheduler by a later :meth:`step`.
         """
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already running.")
         text, ids = self.process_prompt(prompt)
         self.verify_params(params)
         self.check_schedulable(len(ids), params.n)
+        grammar = self.guided.grammar_future(params)
+        if grammar is not None and grammar.done() and grammar.exception() is not None:
+            kind = params.guided_decoding.kind
+            raise ValueError(
+                f"invalid guided {kind}: could not compile it ({grammar.exception()})."
+            )
         params = params.clone()
         if self.eos_token_id is not None and not params.ignore_eos:
             params.all_stop_token_ids.add(self.eos_token_id)
@@ -249,10 +272,50 @@ class LLMEngine:
             for _ in range(params.n)
         ]
         group = SequenceGroup(request_id, seqs, params, arrival_time or time.time())
-        ve = self.choose_virtual_engine(ids)
+        self._requests[request_id] = group
+        if grammar is None:
+            self._schedule_group(group)
+        elif grammar.done():
+            self.guided.start(group, grammar.result())
+            self._schedule_group(group)
+        else:
+            self._grammar_wait.append((group, grammar))
+
+    def _schedule_group(self, group: SequenceGroup) -> None:
+        ve = self.choose_virtual_engine(list(group.prompt_token_ids))
         group.virtual_engine = ve
         self.schedulers[ve].add_seq_group(group)
-        self._requests[request_id] = group
+
+    def admit_compiled(self, block: bool = False) -> list[RequestOutput]:
+        """Give the held-back requests whose grammar is compiled to a scheduler.
+
+        Args:
+            block: wait for at least one compilation when some are pending (used when no
+                scheduler has other work).
+        Returns:
+            Finished outputs of requests whose compilation failed (aborted; the error is
+            kept in :attr:`failed_requests`).
+        """
+        if not self._grammar_wait:
+            return []
+        if block:
+            wait_futures([f for _, f in self._grammar_wait], return_when="FIRST_COMPLETED")
+        failed: list[RequestOutput] = []
+        still: list[tuple[SequenceGroup, Future]] = []
+        for group, fut in self._grammar_wait:
+            if not fut.done():
+                still.append((group, fut))
+            elif fut.exception() is not None:
+                self.failed_requests[group.request_id] = fut.exception()
+                for seq in group.seqs:
+                    seq.status = SequenceStatus.FINISHED_ABORTED
+                self._requests.pop(group.request_id, None)
+                failed.append(self.make_request_output(group))
+            else:
+                self.guided.start(group, fut.result())
+                self._schedule_group(group)
+        self._grammar_wait = still
+        return failed
 
     def choose_virtual_engine(self, token_ids: list[int]) -> int:
         """The virtual engine a new request with prompt ``token_ids`` goes to.
@@ -282,6 +345,11 @@ class LLMEngine:
         for rid in ids:
             group = self._requests.pop(rid, None)
             if group is not None:
+                held = [w for w in self._grammar_wait if w[0] is group]
+                self.guided.free(s.seq_id for s in group.seqs)
+                if held:  # never reached a scheduler
+                    self._grammar_wait.remove(held[0])
+                    continue
                 self.schedulers[group.virtual_engine].abort_seq_group(rid)
                 self.executor.free_sequences([s.seq_id for s in group.seqs])
 
@@ -293,10 +361,11 @@ class LLMEngine:
         return True
 
     def has_unfinished_requests(self) -> bool:
-        return any(s.has_unfinished_seqs() for s in self.schedulers)
+        return bool(self._grammar_wait) or any(s.has_unfinished_seqs() for s in self.schedulers)
 
     def get_num_unfinished_requests(self) -> int:
-        return sum(s.get_num_unfinished_seq_groups() for s in self.schedulers)
+        held = len(self._grammar_wait)
+        return held + sum(s.get_num_unfinished_seq_groups() for s in self.schedulers)
 
     # ------------------------------------------------------------------ step
     def step(self) -> list[RequestOutput]:
@@ -305,18 +374,23 @@ class LLMEngine:
         With a pipelining executor (one exposing ``execute_model_async``) see
         :meth:`_step_pipelined` instead.
 
+        Requests held back for their grammar join first (waiting for one compilation
+        only when nothing else can run).
+
         Returns RequestOutputs of the groups scheduled (and ignored) in this step.
         """
+        idle = not any(s.has_unfinished_seqs() for s in self.schedulers) and not self._in_flight
+        failed = self.admit_compiled(block=idle)
         if self._pp_multi_step:
-            return self._step_round()
+            return failed + self._step_round()
         if self._pipelined:
-            return self._step_pipelined()
+            return failed + self._step_pipelined()
         for _ in range(len(self.schedulers)):
             ve = self._next_ve
             self._next_ve = (self._next_ve + 1) % len(self.schedulers)
             if self.schedulers[ve].has_unfinished_seqs():
-                return self.step_virtual_engine(ve)
-        return []
+                return failed + self.step_virtual_engine(ve)
+        return failed
 
     def _step_pipelined(self) -> list[RequestOutput]:
         """Submit a step for every idle virtual engine with work, then wait for the oldest
@@ -376,15 +450,19 @@ class LLMEngine:
         return results
 
     def schedule_step(self, ve: int) -> tuple[ExecuteModelRequest, SchedulerOutputs]:
-        """Schedule one step of virtual engine ``ve``.
+        """Schedule one step of virtual engine ``ve`` (with the constrained sequences'
+        token bitmasks, see vllm/model_executor/guided_decoding).
 
         Under PP with multi-step decoding the engine decides a decode call's number of
         passes (``num_steps``, see vllm/worker/multi_step.py ``decode_steps``) so every
-        stage runs the same.
+        stage runs the same; a call with a constrained sequence runs one pass (its next
+        mask needs the grammar matcher).
         """
         metadata, sched_out = self.schedulers[ve].schedule()
+        self.guided.fill_bitmasks(metadata)
         num_steps = 1
-        if self._pp_multi_step and metadata and not metadata[0].is_prompt:
+        guided = any(md.guided_bitmasks for md in metadata)
+        if self._pp_multi_step and metadata and not metadata[0].is_prompt and not guided:
             from vllm.worker.multi_step import decode_steps
 
             sc = self.scheduler_config
@@ -440,6 +518,7 @@ class LLMEngine:
             results.append(self.make_request_output(group))
         if freed:  # one call (one message for multi-process executors) per step
             self.executor.free_sequences(freed)
+            self.guided.free(freed)
         self.schedulers[ve].free_finished_seq_groups()
         return results
 
@@ -453,9 +532,13 @@ class LLMEngine:
                 group.prompt_logprobs = lps
             else:
                 group.prompt_logprobs.extend(lps)
+        guided = group.sampling_params.guided_decoding is not None
+        old_lens = {s.seq_id: s.get_output_len() for s in group.seqs} if guided else None
         output_processor.append_samples(
             group, group_out, self.tokenizer, self.scheduler_config.max_model_len
         )
+        if guided:
+            self.guided.accept(group, old_lens)
 
     @staticmethod
     def make_request_output(group: SequenceGroup) -> RequestOutput:

@@ -90,6 +90,9 @@ class SamplingMetadata:
         prompt_row_ids: [num_prompt_rows] int64 rows of all groups' prompt positions.
         prompt_targets: [num_prompt_rows] int64 the token each prompt row predicts.
         max_prompt_logprobs: largest ``prompt_logprobs`` k of any group.
+        guided_rows: [k] int64 sample rows under a structured-output constraint, and
+        guided_bitmask: [k, ceil(vocab / 32)] int32 their packed allowed-token bitmasks
+            (vllm/model_executor/guided_decoding); both None when no row is constrained.
     """
 
     groups: list[SeqGroupRows]
@@ -109,6 +112,8 @@ class SamplingMetadata:
     prompt_row_ids: torch.Tensor | None = None
     prompt_targets: torch.Tensor | None = None
     max_prompt_logprobs: int = 0
+    guided_rows: torch.Tensor | None = None
+    guided_bitmask: torch.Tensor | None = None
 
     @property
     def num_samples(self) -> int:
@@ -156,7 +161,9 @@ class SamplingMetadata:
         max_logprobs = max_prompt_logprobs = 0
         token_pos = 0
         span = 0
+        guided: list[tuple[int, bytes]] = []  # (sample row, packed bitmask)
         for md in metadata_list:
+            masks = md.guided_bitmasks
             p = md.sampling_params
             req = p.__dict__.get(CACHE_ATTR)
             if req is None or req.vocab_size != vocab_size:
@@ -194,6 +201,8 @@ class SamplingMetadata:
                     continue
                 if req.seeded:
                     seeded.append((len(row_reqs), seq_id, idx, p.seed))
+                if masks is not None and seq_id in masks:
+                    guided.append((len(row_reqs), masks[seq_id]))
                 rows.sample_rows.append(len(selected))
                 selected.append(token_pos - 1)
                 row_reqs.append(req)
@@ -248,6 +257,11 @@ class SamplingMetadata:
             )
         if any_bias:
             sm.logit_bias = _bias_rows(row_reqs, vocab_size, device)
+        if guided:
+            packed = bytearray(b"".join(m for _, m in guided))
+            bitmask = torch.frombuffer(packed, dtype=torch.int32).view(len(guided), -1)
+            sm.guided_bitmask = to_device(bitmask, device)  # [k, words]
+            sm.guided_rows = to_device(torch.tensor([r for r, _ in guided], **long), device)
         if not all_greedy:
             sm.need_filter = need_filter
             f32 = dict(dtype=torch.float32)

@@ -5,8 +5,9 @@ Prefill steps run the target (and the draft model's prefill). A decode step: cap
 sequence's proposal length (ngram_proposer.proposal_len), propose, score the expanded batch
 with one target forward, accept a prefix, and return one SequenceOutput per sequence whose
 ``extra_tokens`` carry the tokens after the first; the engine applies them one by one with
-stop checks. A step with no proposals (or at least speculative_disable_by_batch_size
-sequences) is a normal target decode step.
+stop checks. A step with no proposals (at least speculative_disable_by_batch_size
+sequences, or a sequence under a structured-output constraint) is a normal target decode
+step.
 """
 
 from __future__ import annotations
@@ -169,6 +170,10 @@ class SpecDecodeWorker:
         caps = [proposal_len(d.get_len(), self.k, limit, draft_limit) for _, _, d in seqs]
         thr = self.spec.speculative_disable_by_batch_size
         if thr is not None and len(seqs) >= thr:
+            caps = [0] * len(seqs)
+        if any(md.guided_bitmasks for md in mds):
+            # Structured outputs: the grammar's mask of a position after a proposed token
+            # is unknown to the worker, so a step with a constrained row proposes nothing.
             caps = [0] * len(seqs)
         if self.draft_worker is None:
             proposals = self.proposer.propose([d.get_token_ids() for _, _, d in seqs], caps)

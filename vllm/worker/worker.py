@@ -181,9 +181,11 @@ class Worker:
         """Run one step of ``request.virtual_engine``; None for an empty request.
 
         With ``num_scheduler_steps`` > 1 a decode request runs up to that many decode
-        passes (vllm/worker/multi_step.py at PP = 1; ``request.num_steps`` passes under PP).
-        Under PP (without TP) a list of requests is a round (vllm/worker/pp_stage.py): the
-        last stage returns their SamplerOutputs in order, the other stages None.
+        passes (vllm/worker/multi_step.py at PP = 1; ``request.num_steps`` passes under PP),
+        except when a sequence has a structured-output bitmask: its next mask needs the
+        engine's grammar matcher, so such a step runs one pass. Under PP (without TP) a list
+        of requests is a round (vllm/worker/pp_stage.py): the last stage returns their
+        SamplerOutputs in order, the other stages None.
         """
         if isinstance(request, list):
             return self.execute_round(request)
@@ -196,7 +198,9 @@ class Worker:
         ce = self.cache_engines[ve]
         steps = self.config.scheduler_config.num_scheduler_steps
         self.times.steps += 1
-        if steps > 1 and not request.seq_group_metadata_list[0].is_prompt:
+        mds = request.seq_group_metadata_list
+        guided = any(md.guided_bitmasks for md in mds)
+        if steps > 1 and not mds[0].is_prompt and not guided:
             from vllm.worker.multi_step import execute_multi_step
 
             with self.times.phase("forward"):

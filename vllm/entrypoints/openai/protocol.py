@@ -2,7 +2,9 @@
 
 Unknown fields are accepted and ignored (clients send many optional ones). vLLM's extra
 sampling fields (top_k, min_p, repetition_penalty, min_tokens, ignore_eos, ...) are
-accepted as upstream does.
+accepted as upstream does, and so are its structured-output fields (``response_format``,
+``guided_json``, ``guided_regex``, ``guided_choice``, ``guided_grammar``,
+``guided_decoding_backend``) and chat ``tools`` / ``tool_choice``.
 """
 
 from __future__ import annotations
@@ -59,6 +61,23 @@ class StreamOptions(OpenAIBaseModel):
     include_usage: bool | None = True
 
 
+class JsonSchemaFormat(OpenAIBaseModel):
+    """``response_format.json_schema``: ``schema`` is the JSON schema itself."""
+
+    name: str | None = None
+    description: str | None = None
+    json_schema: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(OpenAIBaseModel):
+    """OpenAI's ``response_format``: "text" (no constraint), "json_object" (any JSON
+    object) or "json_schema" (valid against ``json_schema.schema``)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class SamplingFields(OpenAIBaseModel):
     """Sampling fields shared by completions and chat (OpenAI's plus vLLM's extras)."""
 
@@ -81,6 +100,12 @@ class SamplingFields(OpenAIBaseModel):
     # token id (a string: JSON object keys are strings) -> bias in [-100, 100]
     logit_bias: dict[str, float] | None = None
     allowed_token_ids: list[int] | None = None
+    response_format: ResponseFormat | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_decoding_backend: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
@@ -135,6 +160,26 @@ class ChatMessage(OpenAIBaseModel):
     name: str | None = None
 
 
+class FunctionDefinition(OpenAIBaseModel):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class ChatCompletionToolsParam(OpenAIBaseModel):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class ChatCompletionNamedFunction(OpenAIBaseModel):
+    name: str
+
+
+class ChatCompletionNamedToolChoiceParam(OpenAIBaseModel):
+    type: Literal["function"] = "function"
+    function: ChatCompletionNamedFunction
+
+
 class ChatCompletionRequest(SamplingFields):
     model: str | None = None
     messages: list[ChatMessage]
@@ -144,11 +189,41 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
     chat_template: str | None = None
+    tools: list[ChatCompletionToolsParam] | None = None
+    # "none", "auto", "required", or {"type": "function", "function": {"name": ...}};
+    # None: "auto" when tools are given, else "none" (OpenAI's default)
+    tool_choice: Literal["none", "auto", "required"] | ChatCompletionNamedToolChoiceParam | None = (
+        None
+    )
+
+
+class FunctionCall(OpenAIBaseModel):
+    name: str
+    arguments: str  # JSON text of the arguments
+
+
+class ToolCall(OpenAIBaseModel):
+    id: str = Field(default_factory=lambda: random_id("chatcmpl-tool"))
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class DeltaFunctionCall(OpenAIBaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(OpenAIBaseModel):
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall | None = None
 
 
 class ResponseMessage(OpenAIBaseModel):
     role: str = "assistant"
     content: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
 
 
 class ChatLogProb(OpenAIBaseModel):
@@ -185,6 +260,7 @@ class ChatCompletionResponse(OpenAIBaseModel):
 class DeltaMessage(OpenAIBaseModel):
     role: str | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatCompletionStreamChoice(OpenAIBaseModel):

@@ -2,7 +2,8 @@
 (the request's ``chat_template``, else the server's ``--chat-template``, else the
 tokenizer's own; none of them -> 400) and tokenized without added special tokens; the
 engine gets both, so the request log shows the text. Streaming or not. max_tokens (or
-max_completion_tokens) absent or null -> the rest of the context."""
+max_completion_tokens) absent or null -> the rest of the context. Structured outputs
+(response_format, guided_*) as guided_request.py; tools and tool_choice as tool_calls.py."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 
 from vllm.entrypoints.chat_utils import has_chat_template, render_chat
+from vllm.entrypoints.openai.guided_request import guided_params
 from vllm.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -31,6 +33,12 @@ from vllm.entrypoints.openai.serving_engine import (
     OpenAIServing,
     collect_final,
     to_api_error,
+)
+from vllm.entrypoints.openai.tool_calls import (
+    ToolCallStream,
+    ToolMode,
+    parse_tool_calls,
+    tool_mode,
 )
 from vllm.sequence import PositionLogprobs
 
@@ -130,13 +138,18 @@ class OpenAIServingChat(OpenAIServing):
         k = None
         if req.logprobs:
             k = req.top_logprobs or 0
-        params = self.sampling_params(req, budget, k)
+        mode, guided = tool_mode(req)
+        param = "tools"
+        if guided is None:
+            guided, param = guided_params(req), "response_format"
+        params = self.sampling_params(req, budget, k, guided=guided)
         self.check_schedulable(len(ids), req.n)
+        await self.check_guided(params, param)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         gen = self.engine.generate({"prompt": text, "prompt_token_ids": ids}, params, rid)
         created = int(time.time())
         if req.stream:
-            return self._stream(req, gen, rid, created, len(ids))
+            return self._stream(req, gen, rid, created, len(ids), mode)
         final = await collect_final(gen, raw)
         if final is None:
             return None
@@ -146,12 +159,17 @@ class OpenAIServingChat(OpenAIServing):
             lps = None
             if req.logprobs:
                 lps = self._logprobs(o.token_ids, o.logprobs or [], k)
+            message, finish = ResponseMessage(content=o.text), o.finish_reason
+            calls = parse_tool_calls(mode, o.text) if mode.active else None
+            if calls is not None:
+                message = ResponseMessage(content=None, tool_calls=calls)
+                finish = "tool_calls" if mode.required and finish == "stop" else finish
             choices.append(
                 ChatCompletionResponseChoice(
                     index=o.index,
-                    message=ResponseMessage(content=o.text),
+                    message=message,
                     logprobs=lps,
-                    finish_reason=o.finish_reason,
+                    finish_reason=finish,
                     stop_reason=o.stop_reason,
                 )
             )
@@ -164,10 +182,14 @@ class OpenAIServingChat(OpenAIServing):
             id=rid, created=created, model=self.model_name, choices=choices, usage=usage
         )
 
-    async def _stream(self, req, gen, rid, created, prompt_len) -> AsyncIterator[str]:
-        """A role chunk per choice, then one chunk per generated token."""
+    async def _stream(
+        self, req, gen, rid, created, prompt_len, mode: ToolMode
+    ) -> AsyncIterator[str]:
+        """A role chunk per choice, then one chunk per generated token (tool-call deltas
+        instead of content when tool_choice forces a call, see tool_calls.py)."""
         n = req.n
         sent_tokens, sent_chars = [0] * n, [0] * n
+        tools = [ToolCallStream(mode) for _ in range(n)] if mode.active else None
         completion_tokens = 0
 
         def chunk(choices, usage=None) -> str:
@@ -196,13 +218,18 @@ class OpenAIServingChat(OpenAIServing):
                     sent_tokens[i] += len(new_ids)
                     sent_chars[i] = max(sent_chars[i], len(o.text))
                     completion_tokens += len(new_ids)
+                    fields, finish = {"content": delta}, o.finish_reason
+                    if tools is not None:
+                        fields = tools[i].delta(delta, finish is not None)
+                        if mode.required and finish == "stop" and "tool_calls" in fields:
+                            finish = "tool_calls"
                     yield chunk(
                         [
                             ChatCompletionStreamChoice(
                                 index=i,
-                                delta=DeltaMessage(content=delta),
+                                delta=DeltaMessage(**fields),
                                 logprobs=lps,
-                                finish_reason=o.finish_reason,
+                                finish_reason=finish,
                                 stop_reason=o.stop_reason,
                             )
                         ]

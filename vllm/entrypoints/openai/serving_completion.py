@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import Request
 
+from vllm.entrypoints.openai.guided_request import guided_params
 from vllm.entrypoints.openai.protocol import (
     CompletionLogProbs,
     CompletionRequest,
@@ -82,11 +83,14 @@ class OpenAIServingCompletion(OpenAIServing):
         if req.echo and req.logprobs is not None:
             prompt_lp = req.logprobs
         params = []
+        guided = guided_params(req)  # response_format / guided_* (guided_request.py)
         # Every prompt is checked before any is queued.
         for _, ids in prompts:
             budget = self.check_length(len(ids), 1 if echo_only else req.max_tokens, "prompt")
-            params.append(self.sampling_params(req, budget, req.logprobs, prompt_lp))
+            params.append(self.sampling_params(req, budget, req.logprobs, prompt_lp, guided))
             self.check_schedulable(len(ids), req.n)
+        if params:
+            await self.check_guided(params[0], "response_format")
         base = f"cmpl-{uuid.uuid4().hex}"
         gens = [
             self.engine.generate({"prompt": text, "prompt_token_ids": ids}, sp, f"{base}-{i}")

@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse
 from vllm.engine.async_llm_engine import AsyncLLMEngine
 from vllm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse, SamplingFields
 from vllm.outputs import RequestOutput
-from vllm.sampling_params import SamplingParams
+from vllm.sampling_params import GuidedDecodingParams, SamplingParams
 
 _ERROR_TYPES = {
     400: "BadRequestError",
@@ -216,9 +216,11 @@ class OpenAIServing:
         max_tokens: int,
         logprobs: int | None,
         prompt_logprobs: int | None = None,
+        guided: GuidedDecodingParams | None = None,
     ) -> SamplingParams:
         """SamplingParams for a request; raises APIError 400 on a bad value (the
-        SamplingParams ValueError's message names the field and the limit)."""
+        SamplingParams ValueError's message names the field and the limit). ``guided``:
+        the structured-output constraint (see guided_request.py / tool_calls.py)."""
         kw = dict(
             n=req.n,
             presence_penalty=req.presence_penalty or 0.0,
@@ -241,11 +243,26 @@ class OpenAIServing:
             spaces_between_special_tokens=req.spaces_between_special_tokens,
             logit_bias=req.logit_bias,
             allowed_token_ids=req.allowed_token_ids,
+            guided_decoding=guided,
         )
         try:
             return SamplingParams(**kw)
         except (ValueError, TypeError) as e:
             raise APIError(str(e), 400, param_of(str(e))) from e
+
+    async def check_guided(self, params: SamplingParams, param: str | None) -> None:
+        """Parse and compile ``params``' constraint before the request is queued, so a bad
+        schema, regex or grammar is a 400 even for a streamed request.
+
+        Raises:
+            APIError 400: naming the constraint and the reason.
+        """
+        if params.guided_decoding is None:
+            return
+        try:
+            await self.engine.prepare_grammar(params)
+        except ValueError as e:
+            raise APIError(str(e), 400, param) from None
 
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id]) if self.tokenizer is not None else str(token_id)

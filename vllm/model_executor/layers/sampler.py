@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from vllm.kernels.dispatch import get_triton_greedy
+from vllm.model_executor.guided_decoding.bitmask import apply_token_bitmask
 from vllm.model_executor.sampling_metadata import SamplingMetadata
 from vllm.sequence import (
     CompletionSequenceGroupOutput,
@@ -129,10 +130,11 @@ def sample_exponential(
 
 
 def processed_sample_logits(logits: torch.Tensor, sm: SamplingMetadata) -> torch.Tensor:
-    """The sample rows' logits after logit_bias / allowed_token_ids, penalties and
-    min_tokens masking (the sampler's first stage; every sampling path goes through it:
-    plain and Triton greedy, multi-step, the speculative scorer, hence the rejection
-    sampler's target probabilities, and the draft proposer).
+    """The sample rows' logits after logit_bias / allowed_token_ids, penalties,
+    min_tokens masking and the structured-output token bitmask of constrained rows (-inf
+    for tokens their grammar forbids). The sampler's first stage; every sampling path goes
+    through it: plain and Triton greedy, multi-step, the speculative scorer, hence the
+    rejection sampler's target probabilities, and the draft proposer.
 
     When every row is a sample row, in order (decode, or prefill without prompt logprobs),
     no gather is made, and ``logits`` is copied only when the bias or penalties edit it.
@@ -145,7 +147,8 @@ def processed_sample_logits(logits: torch.Tensor, sm: SamplingMetadata) -> torch
     pen = sm.penalties
     bias = sm.logit_bias  # [num_samples, vocab] or None
     if sm.prompt_row_ids is None and sm.sample_row_ids.shape[0] == logits.shape[0]:
-        copy = pen is not None and bias is None  # adding the bias makes a new tensor
+        # adding the bias makes a new tensor; penalties and the bitmask edit in place
+        copy = (pen is not None or sm.guided_rows is not None) and bias is None
         x = logits.clone() if copy else logits  # [num_samples, vocab]
     else:
         x = logits[sm.sample_row_ids]  # [num_samples, vocab] (a copy)
@@ -157,6 +160,8 @@ def processed_sample_logits(logits: torch.Tensor, sm: SamplingMetadata) -> torch
         )
         if pen.min_tokens_mask is not None:
             x.masked_fill_(pen.min_tokens_mask, float("-inf"))
+    if sm.guided_rows is not None:
+        apply_token_bitmask(x, sm.guided_rows, sm.guided_bitmask)
     return x
 
 

@@ -1,0 +1,59 @@
+"""A request's structured-output fields -> GuidedDecodingParams (or a 400).
+
+Accepted, as upstream vLLM: OpenAI's ``response_format`` ({"type": "json_object"} or
+{"type": "json_schema", "json_schema": {"schema": ...}}; "text" means no constraint) and
+vLLM's ``guided_json``, ``guided_regex``, ``guided_choice``, ``guided_grammar``, with
+``guided_decoding_backend`` ("xgrammar", or "xgrammar:disable-any-whitespace"). At most
+one constraint per request. Whether the schema, regex or grammar itself is valid is
+checked by the engine (the handler awaits that before streaming, so it is a 400 too).
+"""
+
+from __future__ import annotations
+
+from vllm.entrypoints.openai.protocol import SamplingFields
+from vllm.entrypoints.openai.serving_engine import APIError
+from vllm.sampling_params import GuidedDecodingParams
+
+
+def guided_params(req: SamplingFields) -> GuidedDecodingParams | None:
+    """The request's constraint, None when it has none.
+
+    Raises:
+        APIError 400: more than one constraint, a json_schema format without a schema,
+            or a malformed field (the message names it).
+    """
+    given: dict = {}
+    param = None
+    fmt = req.response_format
+    if fmt is not None and fmt.type != "text":
+        param = "response_format"
+        if fmt.type == "json_object":
+            given["json_object"] = True
+        else:
+            schema = fmt.json_schema.json_schema if fmt.json_schema is not None else None
+            if schema is None:
+                raise APIError(
+                    'response_format of type "json_schema" needs json_schema.schema '
+                    "(the JSON schema), got none.",
+                    400,
+                    "response_format",
+                )
+            given["json"] = schema
+    for name in ("json", "regex", "choice", "grammar"):
+        value = getattr(req, f"guided_{name}")
+        if value is not None:
+            given[name] = value
+            param = param or f"guided_{name}"
+    if not given:
+        return None
+    if len(given) > 1:
+        raise APIError(
+            "at most one structured-output constraint per request (response_format, "
+            f"guided_json, guided_regex, guided_choice, guided_grammar); got {sorted(given)}.",
+            400,
+            param,
+        )
+    try:
+        return GuidedDecodingParams(**given, backend=req.guided_decoding_backend)
+    except ValueError as e:
+        raise APIError(str(e), 400, param) from None

@@ -1,0 +1,123 @@
+"""Engine-side guided decoding: one grammar matcher per constrained sequence.
+
+The matchers live in the engine process, next to the sequences: the bitmask of the next
+token is filled from them after each schedule and travels with the step's metadata, and
+they accept the tokens the step produced during output processing (see the package
+docstring for the whole life of a request).
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Future
+
+from vllm.model_executor.guided_decoding.bitmask import words_per_row
+from vllm.model_executor.guided_decoding.compiler import grammar_cache
+from vllm.sampling_params import SamplingParams
+from vllm.sequence import SequenceGroup, SequenceGroupMetadata, SequenceStatus
+
+logger = logging.getLogger(__name__)
+
+
+class GuidedDecodingManager:
+    """Grammars and matchers of one engine's constrained requests.
+
+    Args:
+        tokenizer: the engine's transformers tokenizer (None: guided decoding refused).
+        tokenizer_key: names the tokenizer in the grammar cache's key (its path).
+        vocab_size: the model's logits width.
+        eos_token_id: the token that ends a complete grammar.
+    """
+
+    def __init__(self, tokenizer, tokenizer_key: str, vocab_size: int, eos_token_id):
+        self._tokenizer = tokenizer
+        self._key = tokenizer_key
+        self.vocab_size = vocab_size
+        self._stop_ids = [] if eos_token_id is None else [eos_token_id]
+        self._cache = None
+        self._matchers: dict[int, object] = {}  # seq_id -> xgrammar GrammarMatcher
+        self._bitmask = None  # [1, words] int32 scratch row
+
+    @property
+    def cache(self):
+        """The grammar cache of this tokenizer (built on first use: a few hundred ms)."""
+        if self._tokenizer is None:
+            raise ValueError(
+                "guided decoding needs a tokenizer (the engine was started with "
+                "skip_tokenizer_init=True)."
+            )
+        if self._cache is None:
+            self._cache = grammar_cache(self._tokenizer, self._key, self.vocab_size, self._stop_ids)
+        return self._cache
+
+    def grammar_future(self, params: SamplingParams) -> Future | None:
+        """Start (or find) the compilation of ``params.guided_decoding``; None without one.
+
+        Raises:
+            ValueError: the constraint does not parse (message names it).
+        """
+        if params.guided_decoding is None:
+            return None
+        return self.cache.get(params.guided_decoding)
+
+    def start(self, group: SequenceGroup, compiled) -> None:
+        """Give each unfinished sequence of ``group`` a matcher of ``compiled``."""
+        import xgrammar as xgr
+
+        for seq in group.seqs:
+            self._matchers[seq.seq_id] = xgr.GrammarMatcher(compiled)
+
+    @property
+    def active(self) -> bool:
+        """True while some sequence has a matcher."""
+        return bool(self._matchers)
+
+    def fill_bitmasks(self, metadata_list: list[SequenceGroupMetadata]) -> None:
+        """Set ``guided_bitmasks`` (seq_id -> packed int32 bytes) of every scheduled group
+        whose sequences have matchers: the tokens each may produce next."""
+        if not self._matchers:
+            return
+        import xgrammar as xgr
+
+        if self._bitmask is None:
+            self._bitmask = xgr.allocate_token_bitmask(1, self.vocab_size)  # [1, words]
+            assert self._bitmask.shape[1] == words_per_row(self.vocab_size)
+        for md in metadata_list:
+            masks = None
+            for seq_id in md.seq_data:
+                m = self._matchers.get(seq_id)
+                if m is None:
+                    continue
+                m.fill_next_token_bitmask(self._bitmask, 0)
+                masks = masks or {}
+                masks[seq_id] = self._bitmask.numpy().tobytes()
+            md.guided_bitmasks = masks
+
+    def accept(self, group: SequenceGroup, old_lens: dict[int, int]) -> None:
+        """Advance the matchers of ``group`` by the tokens appended since ``old_lens``
+        (seq_id -> output length before the step); finish a sequence whose grammar has
+        terminated (finish reason "stop").
+
+        Raises:
+            RuntimeError: a token the grammar does not allow (the mask should make this
+                impossible; the engine fails only this request).
+        """
+        for seq in group.seqs:
+            m = self._matchers.get(seq.seq_id)
+            if m is None:
+                continue
+            for tok in seq.output_token_ids[old_lens.get(seq.seq_id, 0) :]:
+                if m.is_terminated():
+                    break
+                if not m.accept_token(tok):
+                    raise RuntimeError(
+                        f"token {tok} of sequence {seq.seq_id} is not allowed by the "
+                        f"request's grammar ({group.sampling_params.guided_decoding.kind})."
+                    )
+            if m.is_terminated() and not seq.is_finished():
+                seq.status = SequenceStatus.FINISHED_STOPPED
+
+    def free(self, seq_ids) -> None:
+        """Drop the matchers of finished or aborted sequences."""
+        for sid in seq_ids:
+            self._matchers.pop(sid, None)
