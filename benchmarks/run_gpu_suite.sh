@@ -318,7 +318,6 @@ bench() {
         structured) bench_structured ;;
         pp) bench_pp ;;
         chunked) bench_chunked ;;
-        structured) bench_structured ;;
         upstream) bench_upstream ;;
         all) bench_core; bench_spec; bench_serve; bench_apc; bench_chunked; bench_structured
             bench_pp ;;
