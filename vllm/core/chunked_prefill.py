@@ -114,19 +114,8 @@ def _admit_waiting(sched: Scheduler, chunks: _Chunks) -> list[SequenceGroup]:
     bm = sched.block_manager
     ignored: list[SequenceGroup] = []
     num_seqs = sum(g.get_max_num_running_seqs() for g in sched.running)
-    while sched.waiting:
-        group = sched.waiting.popleft()
-        seqs = group.get_unfinished_seqs()
-        if not seqs:  # finished while waiting: leaves the queue, reported as it leaves
-            sched._aborted_ids.append(group.request_id)
-            continue
-        reason = sched._never_fits(group)
-        if reason is not None:
-            logger.warning("Ignoring request %s: %s.", group.request_id, reason)
-            for seq in seqs:
-                seq.status = SequenceStatus.FINISHED_IGNORED
-            ignored.append(group)
-            continue
+    while (head := sched.pop_waiting(ignored)) is not None:
+        group, seqs = head
         if (
             chunks.left_partial >= cfg.max_num_partial_prefills
             or chunks.budget - chunks.used < len(seqs)

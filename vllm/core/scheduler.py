@@ -298,19 +298,8 @@ class Scheduler:
         budget_used = 0  # tokens computed: cached prefixes are not
         for g in self.running:
             num_seqs += g.get_max_num_running_seqs()
-        while self.waiting:
-            group = self.waiting.popleft()
-            seqs = group.get_unfinished_seqs()
-            if not seqs:  # finished while waiting: leaves the queue, reported as it leaves
-                self._aborted_ids.append(group.request_id)
-                continue
-            reason = self._never_fits(group)
-            if reason is not None:
-                logger.warning("Ignoring request %s: %s.", group.request_id, reason)
-                for seq in seqs:
-                    seq.status = SequenceStatus.FINISHED_IGNORED
-                out.ignored_seq_groups.append(group)
-                continue
+        while (head := self.pop_waiting(out.ignored_seq_groups)) is not None:
+            group, seqs = head
             tokens = self._tokens_to_compute(group, seqs)
             if (
                 self.block_manager.can_allocate(group) != AllocStatus.OK
@@ -334,6 +323,30 @@ class Scheduler:
         out.num_prefill_groups = len(out.scheduled_seq_groups)
         out.num_batched_tokens = out.num_prefill_tokens
         return out
+
+    def pop_waiting(
+        self, ignored: list[SequenceGroup]
+    ) -> tuple[SequenceGroup, list[Sequence]] | None:
+        """Pop the first waiting group that could run, with its unfinished sequences; None
+        when the queue is empty. On the way, a group that finished while waiting leaves
+        (reported as aborted) and one that can never run is finished as FINISHED_IGNORED
+        and appended to ``ignored``. A caller that cannot admit the group puts it back with
+        ``self.waiting.appendleft`` (FIFO: nobody behind it goes first)."""
+        while self.waiting:
+            group = self.waiting.popleft()
+            seqs = group.get_unfinished_seqs()
+            if not seqs:  # finished while waiting: leaves the queue, reported as it leaves
+                self._aborted_ids.append(group.request_id)
+                continue
+            reason = self._never_fits(group)
+            if reason is not None:
+                logger.warning("Ignoring request %s: %s.", group.request_id, reason)
+                for seq in seqs:
+                    seq.status = SequenceStatus.FINISHED_IGNORED
+                ignored.append(group)
+                continue
+            return group, seqs
+        return None
 
     def _tokens_to_compute(self, group: SequenceGroup, seqs: list[Sequence]) -> int:
         """Prompt tokens the prefill of ``seqs`` would compute if allocated now: each
