@@ -32,6 +32,22 @@ def default_model() -> str:
     return os.path.join(spec.submodule_search_locations[0], SMOLLM2_FILE)
 
 
+def add_served_args(p: Any, server_flags: bool = True) -> None:
+    """The flags every `vllm serve` benchmark takes (argparse parser ``p``): the model, device,
+    block size, context length, seed and token-id range of its random prompts; with
+    ``server_flags`` also the extra server flags, the start-up timeout and --output-json."""
+    p.add_argument("--model", default=default_model())
+    p.add_argument("--device", default="auto")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--vocab", type=int, default=32000, help="token ids drawn below this.")
+    if server_flags:
+        p.add_argument("--server-args", default="", help="extra `vllm serve` flags, one string.")
+        p.add_argument("--server-timeout", type=float, default=600.0)
+        p.add_argument("--output-json", default=None, help="append the JSON lines here too.")
+
+
 def random_token_prompts(lengths: list[int], vocab_size: int, seed: int) -> list[dict]:
     """One ``{"prompt_token_ids": [...]}`` per entry of ``lengths``, ids uniform in
     ``[0, vocab_size)`` from ``random.Random(seed)`` (the same prompts on every run)."""

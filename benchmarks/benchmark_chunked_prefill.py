@@ -30,18 +30,13 @@ import random
 import time
 
 import httpx
-from bench_common import default_model, device_name, emit, percentile
+from bench_common import add_served_args, device_name, emit, percentile
 from benchmark_prefix_caching import Server, _device, _turn
 
 
 def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=default_model())
-    p.add_argument("--device", default="auto")
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--max-model-len", type=int, default=4096)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--vocab", type=int, default=32000, help="token ids drawn below this.")
+    add_served_args(p)
     p.add_argument("--streams", type=int, default=32)
     p.add_argument("--stream-prompt-len", type=int, default=64)
     p.add_argument("--warmup-s", type=float, default=2.0, help="streams decode this long first.")
@@ -51,9 +46,6 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--long-rate", type=float, default=1.0, help="long prompts per second.")
     p.add_argument("--chunked-budget", type=int, default=512,
                    help="--max-num-batched-tokens of the chunked run.")  # fmt: skip
-    p.add_argument("--server-args", default="", help="extra `vllm serve` flags, one string.")
-    p.add_argument("--server-timeout", type=float, default=600.0)
-    p.add_argument("--output-json", default=None, help="append the JSON line here too.")
     return p
 
 

@@ -41,19 +41,14 @@ import tempfile
 import time
 
 import httpx
-from bench_common import default_model, device_name, emit, percentile, release
+from bench_common import add_served_args, device_name, emit, percentile, release
 
 from vllm import LLM, SamplingParams
 
 
 def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=default_model())
-    p.add_argument("--device", default="auto")
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--max-model-len", type=int, default=4096)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--vocab", type=int, default=32000, help="token ids drawn below this.")
+    add_served_args(p)
     p.add_argument("--conversations", type=int, default=64)
     p.add_argument("--turns", type=int, default=4)
     p.add_argument("--system-len", type=int, default=1024)
@@ -71,9 +66,6 @@ def make_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--skip-serving", action="store_true")
     p.add_argument("--skip-offline", action="store_true")
-    p.add_argument("--server-args", default="", help="extra `vllm serve` flags, one string.")
-    p.add_argument("--server-timeout", type=float, default=600.0)
-    p.add_argument("--output-json", default=None, help="append the JSON lines here too.")
     return p
 
 
