@@ -146,7 +146,7 @@ def test_too_few_cpus_and_own_cluster(tiny_llama_dir):
     executor starts its own and stops it on shutdown."""
     with deadline(90):
         with local_ray(2):
-            with pytest.raises(RuntimeError, match=r"needs 3 CPUs .* has 2"):
+            with pytest.raises(RuntimeError, match=r"need 3 CPUs .* has 2"):
                 _llm(tiny_llama_dir, pipeline_parallel_size=3, distributed_executor_backend="ray")
         assert not ray.is_initialized()
         llm = _llm(tiny_llama_dir, pipeline_parallel_size=2, distributed_executor_backend="ray")
