@@ -268,12 +268,14 @@ def test_prefix_caching_benchmark_reports_hits_only_with_caching(
 def test_chunked_prefill_benchmark_reports_both_runs(tiny_llama_dir, capsys, monkeypatch):
     """The serving run on CPU at toy sizes (two streams, two 40-token prompts, a 16-token
     chunked budget): one JSON line with TPOT and TTFT percentiles of both runs (values
-    depend on machine speed; only their presence and sign are checked)."""
+    depend on machine speed; only their presence and sign are checked). The streams may
+    generate 507 tokens, so on a fast machine they still run when the long prompts come;
+    on a slow one they share the long requests' decode steps."""
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0.05")
     bench = _bench_module("benchmark_chunked_prefill")
     argv = ["--model", tiny_llama_dir, "--device", "cpu", "--block-size", "4",
-            "--max-model-len", "128", "--vocab", "400", "--streams", "2",
-            "--stream-prompt-len", "4", "--warmup-s", "0.5", "--num-long", "2",
+            "--max-model-len", "512", "--vocab", "400", "--streams", "2",
+            "--stream-prompt-len", "4", "--warmup-s", "0.2", "--num-long", "2",
             "--long-len", "40", "--long-output-len", "4", "--long-rate", "4",
             "--chunked-budget", "16", "--server-args", "--max-num-seqs 8"]  # fmt: skip
     rec = bench.main(argv)

@@ -162,6 +162,14 @@ class PipelineStage:
         if call.staged is not None and call.batch.graph_size is None:
             call.staged.record()
 
+    def _recv_inter(self, num_tokens: int):
+        """The previous stage's hidden states and residual for ``num_tokens`` tokens."""
+        cfg = self.worker.config.model_config
+        return comm.recv_intermediate_tensors(
+            num_tokens, cfg.hf_config.hidden_size, cfg.torch_dtype, self.runner.device,
+            self.group.prev_rank,
+        )  # fmt: skip
+
     def _pass(self, call: _Call, i: int) -> None:
         """Pass ``i`` of ``call`` on this stage."""
         if i > 0:
@@ -174,16 +182,14 @@ class PipelineStage:
                 own = plan_header(batch, call.num_steps)
                 dev = self.runner.device  # NCCL sends device tensors only
                 if not self.first:
-                    got = comm.recv_int_tensor(len(own), dev, self.group.prev_rank)
-                    check_plan_agreement(own, got.tolist(), self.rank)
+                    got = comm.recv_int_tensor(len(own), dev, self.group.prev_rank).tolist()
+                    if got != own:  # take this pass's tensors first: the channel stays in step
+                        self._recv_inter(got[HEADER_FIELDS.index("num_tokens")])
+                    check_plan_agreement(own, got, self.rank)
                 if not self.last:
                     comm.send_int_tensor(torch.tensor(own, device=dev), self.group.next_rank)
             if not self.first:
-                hidden = self.worker.config.model_config.hf_config.hidden_size
-                dtype = self.worker.config.model_config.torch_dtype
-                inter = comm.recv_intermediate_tensors(
-                    batch.num_tokens, hidden, dtype, self.runner.device, self.group.prev_rank
-                )
+                inter = self._recv_inter(batch.num_tokens)
         kv = self.worker.cache_engines[batch.virtual_engine].kv_caches
         with times.phase("forward"):
             out = self.runner.forward_hidden(batch, kv, inter)
