@@ -146,7 +146,6 @@ def _schedule_decodes(
     Returns:
         (decode groups scheduled, partial prefills still running in order, preempted).
     """
-    try_append = sched.block_manager.try_append_slots
     max_rows = sched.scheduler_config.max_num_seqs
     num_rows = 0
     pending = deque(g for g in sched.running if not g.is_finished())
@@ -162,13 +161,7 @@ def _schedule_decodes(
         if num_rows + len(seqs) > max_rows:
             partial.extend(g for g in pending if g.is_partial_prefill)
             break
-        while not try_append(seqs, k):
-            victim = pending.pop() if pending else group
-            sched._preempt(victim)
-            preempted.append(victim)
-            if victim is group:
-                break
-        else:
+        if sched.append_or_preempt(group, seqs, pending, preempted, k):
             scheduled.append(group)
             num_rows += len(seqs)
     return scheduled, partial, preempted

@@ -324,6 +324,25 @@ class Scheduler:
         out.num_batched_tokens = out.num_prefill_tokens
         return out
 
+    def append_or_preempt(
+        self,
+        group: SequenceGroup,
+        seqs: list[Sequence],
+        pending: deque[SequenceGroup],
+        preempted: list[SequenceGroup],
+        k: int,
+    ) -> bool:
+        """Give ``seqs`` of running ``group`` their next ``k`` + 1 slots, preempting the last
+        group of ``pending`` (then ``group`` itself) by recompute until they fit; each
+        preempted group is appended to ``preempted``. True when ``group`` got its slots."""
+        while not self.block_manager.try_append_slots(seqs, k):
+            victim = pending.pop() if pending else group
+            self._preempt(victim)
+            preempted.append(victim)
+            if victim is group:
+                return False
+        return True
+
     def pop_waiting(
         self, ignored: list[SequenceGroup]
     ) -> tuple[SequenceGroup, list[Sequence]] | None:
@@ -364,7 +383,6 @@ class Scheduler:
         k = cfg.num_lookahead_slots
         out = SchedulerOutputs(num_lookahead_slots=k)
         scheduled = out.scheduled_seq_groups
-        try_append = self.block_manager.try_append_slots
         max_rows = cfg.max_num_seqs
         num_rows = 0
         # Finished groups not yet freed stay in `running` but are neither run nor preempted.
@@ -378,13 +396,7 @@ class Scheduler:
                 break
             # Takes the blocks at once (all of the group's or none), so the next group's
             # check sees what is left.
-            while not try_append(seqs, k):
-                victim = pending.pop() if pending else group
-                self._preempt(victim)
-                preempted.append(victim)
-                if victim is group:
-                    break
-            else:
+            if self.append_or_preempt(group, seqs, pending, preempted, k):
                 scheduled.append(group)
                 num_rows += rows
         out.num_batched_tokens = out.num_decode_tokens = num_rows
