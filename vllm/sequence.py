@@ -282,9 +282,11 @@ class SequenceGroupMetadata:
             cached.
         token_chunk_size: prefill only: tokens of each sequence this step computes (a
             chunk of a chunked prefill); None: every token past ``computed_lens``.
-        guided_bitmasks: structured outputs: seq_id -> the packed int32 token bitmask
-            (bytes, ``ceil(vocab / 32)`` words) of the tokens that sequence may produce
-            next; filled by the engine after scheduling. None: no sequence is constrained.
+        guided_bitmasks: structured outputs: the step's token-bitmask source for the
+            group's constrained sequences (``seq_id in masks``; a
+            vllm/model_executor/guided_decoding/step_masks.py StepMasks, filled when the
+            sampler reads it, or its PackedMasks after a trip to another process); set by
+            the engine after scheduling. None: no sequence of the group is constrained.
     """
 
     request_id: str
@@ -295,7 +297,7 @@ class SequenceGroupMetadata:
     do_sample: bool = True
     computed_lens: dict[int, int] | None = None
     token_chunk_size: int | None = None
-    guided_bitmasks: dict[int, bytes] | None = None
+    guided_bitmasks: Any = None
 
 
 @dataclass

@@ -41,3 +41,47 @@ def test_apply_sets_forbidden_tokens_to_minus_inf(rows, path, monkeypatch):
         for t in range(VOCAB):
             forbidden = r in rows and t not in ALLOWED[r]
             assert out[r, t].item() == (float("-inf") if forbidden else logits[r, t].item())
+
+
+def _matchers():
+    """Two xgrammar matchers over a 70-token vocabulary: digits only, and a-c only (after
+    one accepted 'a')."""
+    xgr = pytest.importorskip("xgrammar")
+    vocab = [str(d) for d in range(10)] + list("abcdefghij") + [f"<t{i}>" for i in range(50)]
+    info = xgr.TokenizerInfo(vocab, vocab_size=VOCAB)
+    compiler = xgr.GrammarCompiler(info)
+    digits = xgr.GrammarMatcher(compiler.compile_regex("[0-9]+"))
+    letters = xgr.GrammarMatcher(compiler.compile_regex("[a-c]+"))
+    assert letters.accept_token(10)  # 'a'
+    return xgr, {7: digits, 9: letters}
+
+
+def _allowed(row: torch.Tensor) -> set[int]:
+    return {t for t in range(VOCAB) if bool(bm.unpack_bitmask(row[None], VOCAB)[0, t])}
+
+
+def test_step_masks_fill_late_and_pickle_to_packed_rows():
+    """The deferred masks: rows land in sample-row order from live matchers and from their
+    pickled (filled) form alike; one pickle keeps the step's sources shared."""
+    import pickle
+
+    from vllm.model_executor.guided_decoding.step_masks import (
+        PackedMasks,
+        PendingBitmask,
+        StepMasks,
+    )
+
+    xgr, matchers = _matchers()
+    live = StepMasks(matchers, VOCAB, xgr.BatchGrammarMatcher(max_threads=1))
+    assert 7 in live and 8 not in live and live
+    pending = PendingBitmask([(live, 9), (live, 7)], VOCAB, torch.device("cpu"))
+    rows = pending.tensor()  # [2, words]
+    assert rows.shape == (2, bm.words_per_row(VOCAB)) and rows.dtype == torch.int32
+    assert _allowed(rows[0]) == {10, 11, 12}  # a, b, c
+    assert _allowed(rows[1]) == set(range(10))
+    assert pending.tensor() is rows  # filled once
+
+    a, b = pickle.loads(pickle.dumps([live, live]))
+    assert isinstance(a, PackedMasks) and a is b
+    mixed = PendingBitmask([(a, 7), (live, 9)], VOCAB, torch.device("cpu")).tensor()
+    assert torch.equal(mixed, rows.flip(0))

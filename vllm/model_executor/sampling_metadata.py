@@ -9,9 +9,11 @@ position when prompt_logprobs is asked for on a first prefill).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
+from vllm.model_executor.guided_decoding.step_masks import PendingBitmask
 from vllm.model_executor.request_rows import CACHE_ATTR, RequestRows, request_rows
 from vllm.sampling_params import SamplingParams
 from vllm.sequence import SequenceData, SequenceGroupMetadata
@@ -91,8 +93,10 @@ class SamplingMetadata:
         prompt_targets: [num_prompt_rows] int64 the token each prompt row predicts.
         max_prompt_logprobs: largest ``prompt_logprobs`` k of any group.
         guided_rows: [k] int64 sample rows under a structured-output constraint, and
-        guided_bitmask: [k, ceil(vocab / 32)] int32 their packed allowed-token bitmasks
-            (vllm/model_executor/guided_decoding); both None when no row is constrained.
+        guided_bitmask: their packed allowed-token bitmasks, [k, ceil(vocab / 32)] int32
+            from ``guided_bitmask.tensor()``, filled on the first read
+            (vllm/model_executor/guided_decoding/step_masks.py); both None when no row is
+            constrained.
     """
 
     groups: list[SeqGroupRows]
@@ -113,7 +117,7 @@ class SamplingMetadata:
     prompt_targets: torch.Tensor | None = None
     max_prompt_logprobs: int = 0
     guided_rows: torch.Tensor | None = None
-    guided_bitmask: torch.Tensor | None = None
+    guided_bitmask: PendingBitmask | None = None
 
     @property
     def num_samples(self) -> int:
@@ -161,7 +165,7 @@ class SamplingMetadata:
         max_logprobs = max_prompt_logprobs = 0
         token_pos = 0
         span = 0
-        guided: list[tuple[int, bytes]] = []  # (sample row, packed bitmask)
+        guided: list[tuple[int, Any, int]] = []  # (sample row, mask source, seq_id)
         for md in metadata_list:
             masks = md.guided_bitmasks
             p = md.sampling_params
@@ -202,7 +206,7 @@ class SamplingMetadata:
                 if req.seeded:
                     seeded.append((len(row_reqs), seq_id, idx, p.seed))
                 if masks is not None and seq_id in masks:
-                    guided.append((len(row_reqs), masks[seq_id]))
+                    guided.append((len(row_reqs), masks, seq_id))
                 rows.sample_rows.append(len(selected))
                 selected.append(token_pos - 1)
                 row_reqs.append(req)
@@ -257,11 +261,9 @@ class SamplingMetadata:
             )
         if any_bias:
             sm.logit_bias = _bias_rows(row_reqs, vocab_size, device)
-        if guided:
-            packed = bytearray(b"".join(m for _, m in guided))
-            bitmask = torch.frombuffer(packed, dtype=torch.int32).view(len(guided), -1)
-            sm.guided_bitmask = to_device(bitmask, device)  # [k, words]
-            sm.guided_rows = to_device(torch.tensor([r for r, _ in guided], **long), device)
+        if guided:  # filled when the sampler reads it (see guided_decoding/step_masks.py)
+            sm.guided_bitmask = PendingBitmask([(m, s) for _, m, s in guided], vocab_size, device)
+            sm.guided_rows = to_device(torch.tensor([r for r, _, _ in guided], **long), device)
         if not all_greedy:
             sm.need_filter = need_filter
             f32 = dict(dtype=torch.float32)

@@ -8,10 +8,11 @@
    request back from the scheduler until its grammar is ready, so a long compile never
    stalls the other requests' steps.
 2. Each step (engine process, :class:`~.manager.GuidedDecodingManager`): after the
-   scheduler picks the batch, every constrained sequence's matcher fills its token bitmask
-   (one bit per vocabulary id, packed in int32 words), carried to the workers in
-   ``SequenceGroupMetadata.guided_bitmasks`` (so it reaches the last pipeline stage,
-   where sampling happens).
+   scheduler picks the batch, the constrained sequences' matchers travel in
+   ``SequenceGroupMetadata.guided_bitmasks`` (:mod:`.step_masks`). Each fills its token
+   bitmask (one bit per vocabulary id, packed in int32 words) when the sampler first
+   reads it, while the device runs the forward pass; a step sent to another process (the
+   last pipeline stage samples) carries the filled rows instead.
 3. Sampler (worker, :mod:`~.bitmask`): the constrained rows' disallowed tokens get logit
    -inf on the device, after logit_bias and penalties, before logprobs and sampling; the
    forward pass (and any CUDA graph) is untouched.

@@ -1,9 +1,10 @@
 """Engine-side guided decoding: one grammar matcher per constrained sequence.
 
-The matchers live in the engine process, next to the sequences: the bitmask of the next
-token is filled from them after each schedule and travels with the step's metadata, and
-they accept the tokens the step produced during output processing (see the package
-docstring for the whole life of a request).
+The matchers live in the engine process, next to the sequences: after each schedule the
+step's constrained matchers travel with its metadata (:mod:`.step_masks`; they fill the
+next token's bitmask when the sampler reads it), and they accept the tokens the step
+produced during output processing (see the package docstring for the whole life of a
+request).
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from __future__ import annotations
 import logging
 from concurrent.futures import Future
 
-from vllm.model_executor.guided_decoding.bitmask import words_per_row
 from vllm.model_executor.guided_decoding.compiler import grammar_cache
+from vllm.model_executor.guided_decoding.step_masks import StepMasks
 from vllm.sampling_params import SamplingParams
 from vllm.sequence import SequenceGroup, SequenceGroupMetadata, SequenceStatus
 
@@ -36,7 +37,7 @@ class GuidedDecodingManager:
         self._stop_ids = [] if eos_token_id is None else [eos_token_id]
         self._cache = None
         self._matchers: dict[int, object] = {}  # seq_id -> xgrammar GrammarMatcher
-        self._bitmask = None  # [1, words] int32 scratch row
+        self._batch = None  # xgrammar BatchGrammarMatcher, made on first use
 
     @property
     def cache(self):
@@ -73,25 +74,29 @@ class GuidedDecodingManager:
         return bool(self._matchers)
 
     def fill_bitmasks(self, metadata_list: list[SequenceGroupMetadata]) -> None:
-        """Set ``guided_bitmasks`` (seq_id -> packed int32 bytes) of every scheduled group
-        whose sequences have matchers: the tokens each may produce next."""
+        """Set ``guided_bitmasks`` of every scheduled group: one :class:`~.step_masks.StepMasks`
+        of the step's constrained sequences for the groups that have one, None for the
+        others. The masks themselves are filled when the sampler first reads them (after
+        the forward pass is launched), or when the step is sent to another process."""
         if not self._matchers:
             return
-        import xgrammar as xgr
-
-        if self._bitmask is None:
-            self._bitmask = xgr.allocate_token_bitmask(1, self.vocab_size)  # [1, words]
-            assert self._bitmask.shape[1] == words_per_row(self.vocab_size)
+        step = {}
         for md in metadata_list:
-            masks = None
             for seq_id in md.seq_data:
                 m = self._matchers.get(seq_id)
-                if m is None:
-                    continue
-                m.fill_next_token_bitmask(self._bitmask, 0)
-                masks = masks or {}
-                masks[seq_id] = self._bitmask.numpy().tobytes()
-            md.guided_bitmasks = masks
+                if m is not None:
+                    step[seq_id] = m
+        masks = StepMasks(step, self.vocab_size, self._batch_matcher()) if step else None
+        for md in metadata_list:
+            md.guided_bitmasks = masks if masks and any(s in step for s in md.seq_data) else None
+
+    def _batch_matcher(self):
+        """xgrammar's BatchGrammarMatcher (a thread pool filling rows in parallel)."""
+        if self._batch is None:
+            import xgrammar as xgr
+
+            self._batch = xgr.BatchGrammarMatcher(max_threads="auto")
+        return self._batch
 
     def accept(self, group: SequenceGroup, old_lens: dict[int, int]) -> None:
         """Advance the matchers of ``group`` by the tokens appended since ``old_lens``

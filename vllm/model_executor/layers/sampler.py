@@ -161,7 +161,7 @@ def processed_sample_logits(logits: torch.Tensor, sm: SamplingMetadata) -> torch
         if pen.min_tokens_mask is not None:
             x.masked_fill_(pen.min_tokens_mask, float("-inf"))
     if sm.guided_rows is not None:
-        apply_token_bitmask(x, sm.guided_rows, sm.guided_bitmask)
+        apply_token_bitmask(x, sm.guided_rows, sm.guided_bitmask.tensor())
     return x
 
 
