@@ -19,13 +19,14 @@
 #   bench serve   `vllm serve` SmolLM2 + benchmark_serving (256 requests at concurrency 64,
 #                 then 64 requests at 16 req/s)
 #   bench apc     prefix caching off vs on: multi-turn chat TTFT through `vllm serve` (64
-#                 conversations x 4 turns, 1,024-token system prompt) and nano-vllm's
-#                 workload at a 0% hit rate (Qwen2.5-0.5B shape); apc.jsonl
+#                 conversations x 4 turns, 1,024-token system prompt) with SmolLM2 and with
+#                 the Llama-3.1-8B shape (dummy weights), and nano-vllm's workload at a 0%
+#                 hit rate (Qwen2.5-0.5B shape); apc.jsonl
 #   bench structured  output tokens/s at batch 1 and 32, a JSON schema vs unconstrained
 #   bench pp      PP=2 vs PP=1 (Qwen2.5-1.5B and Llama-3.1-8B shapes; needs 2 GPUs)
-#   bench chunked chunked prefill off vs on through `vllm serve` SmolLM2: 32 streams
-#                 decoding while 2,048-token prompts arrive at 1/s; TPOT p50/p99 and
-#                 TTFT; chunked.jsonl
+#   bench chunked chunked prefill off vs on through `vllm serve`, SmolLM2 and the
+#                 Llama-3.1-8B shape (dummy weights): 32 streams decoding while 2,048-token
+#                 prompts arrive at 1/s; TPOT p50/p99 and TTFT; chunked.jsonl
 #   bench upstream  this engine vs upstream vLLM (staged in $VSITE, default /tmp/vsite, by
 #                 ../shared/tools/peer), each in its own processes: benchmark_vs_upstream.py
 #                 on SmolLM2 bf16 (converted once from the GGUF into $SMOLLM2_HF, default
@@ -220,15 +221,22 @@ bench_serve() {
     wait "$pid"
 }
 
+L8B_SERVED=(--model $B/configs/llama-3.1-8b --device cuda --server-args
+    "--load-format dummy --skip-tokenizer-init --gpu-memory-utilization 0.5")
+
 bench_apc() {
     step apc "$PY" $B/benchmark_prefix_caching.py --device cuda \
         --offline-model $B/configs/qwen2.5-0.5b --offline-load-format dummy \
         --server-args "--gpu-memory-utilization 0.3" --output-json "$O/apc.jsonl"
+    step apc "$PY" $B/benchmark_prefix_caching.py "${L8B_SERVED[@]}" --skip-offline \
+        --output-json "$O/apc.jsonl"
 }
 
 bench_chunked() {
     step chunked "$PY" $B/benchmark_chunked_prefill.py --device cuda \
         --server-args "--gpu-memory-utilization 0.3" --output-json "$O/chunked.jsonl"
+    step chunked "$PY" $B/benchmark_chunked_prefill.py "${L8B_SERVED[@]}" \
+        --output-json "$O/chunked.jsonl"
 }
 
 bench_structured() {
