@@ -29,9 +29,9 @@ import os
 import random
 import time
 
-import httpx
 from bench_common import add_served_args, device_name, emit, percentile
 from benchmark_prefix_caching import Server, _device, _turn
+from stream_clients import StreamClients
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -71,19 +71,27 @@ async def _stream(client, url, model, prompt, max_tokens, times: list[float]) ->
 
 async def _run(args, server: Server, streams, longs) -> tuple[list[float], list[float]]:
     """(TPOT samples, TTFT per long request), seconds."""
-    limits = httpx.Limits(max_connections=1000)
-    async with httpx.AsyncClient(timeout=None, limits=limits) as c:
-        model = (await c.get(server.url + "/v1/models")).json()["data"][0]["id"]
+    async with StreamClients(len(streams) + len(longs)) as pool:
+        async with pool.client() as c:
+            model = (await c.get(server.url + "/v1/models")).json()["data"][0]["id"]
         url = server.url + "/v1/completions"
         budget = args.max_model_len - args.stream_prompt_len - 1
         times: list[list[float]] = [[] for _ in streams]
-        tasks = [asyncio.create_task(_stream(c, url, model, p, budget, t))
-                 for p, t in zip(streams, times)]  # fmt: skip
+
+        async def stream(p, t):
+            async with pool.client() as c:
+                await _stream(c, url, model, p, budget, t)
+
+        async def long(p):
+            async with pool.client() as c:
+                return await _turn(c, url, model, p, args.long_output_len)
+
+        tasks = [asyncio.create_task(stream(p, t)) for p, t in zip(streams, times)]
         await asyncio.sleep(args.warmup_s)
         start = time.perf_counter()
         pending = []
         for p in longs:
-            pending.append(asyncio.create_task(_turn(c, url, model, p, args.long_output_len)))
+            pending.append(asyncio.create_task(long(p)))
             await asyncio.sleep(1.0 / args.long_rate)
         ttft = await asyncio.gather(*pending)
         end = time.perf_counter()

@@ -42,6 +42,7 @@ import time
 
 import httpx
 from bench_common import add_served_args, device_name, emit, percentile, release
+from stream_clients import StreamClients
 
 from vllm import LLM, SamplingParams
 
@@ -154,13 +155,15 @@ async def _turn(client, url, model, prompt, output_len) -> float:
 
 async def _serve_run(args, server: Server, convs) -> list[list[float]]:
     """TTFT seconds per conversation and turn; each conversation's turns run in order, all
-    conversations at once."""
-    async with httpx.AsyncClient(timeout=None, limits=httpx.Limits(max_connections=1000)) as c:
-        model = (await c.get(server.url + "/v1/models")).json()["data"][0]["id"]
+    conversations at once, each on its own connection (stream_clients.py says why)."""
+    async with StreamClients(args.conversations) as pool:
+        async with pool.client() as c:
+            model = (await c.get(server.url + "/v1/models")).json()["data"][0]["id"]
         url = server.url + "/v1/completions"
 
         async def conv(turns):
-            return [await _turn(c, url, model, p, args.output_len) for p in turns]
+            async with pool.client() as c:
+                return [await _turn(c, url, model, p, args.output_len) for p in turns]
 
         return await asyncio.gather(*(conv(t) for t in convs))
 

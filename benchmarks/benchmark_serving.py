@@ -24,7 +24,7 @@ import json
 import random
 import time
 
-import httpx
+from stream_clients import StreamClients
 
 WORDS = "the of and to in is was for on that with as by at from his her it an are were".split()
 
@@ -86,19 +86,22 @@ async def one_request(client, url, model, prompt, output_len, key) -> dict:
 async def run(args) -> dict:
     rng = random.Random(args.seed)
     base = args.base_url.rstrip("/")
-    async with httpx.AsyncClient(timeout=None, limits=httpx.Limits(max_connections=1000)) as c:
+    concurrency = args.max_concurrency or args.num_prompts
+    async with StreamClients(concurrency) as pool:  # a connection per stream: see there
         model = args.model
         if model is None:
             headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-            model = (await c.get(f"{base}/v1/models", headers=headers)).json()["data"][0]["id"]
+            async with pool.client() as c:
+                models = (await c.get(f"{base}/v1/models", headers=headers)).json()
+            model = models["data"][0]["id"]
         prompts = [
             " ".join(rng.choice(WORDS) for _ in range(args.input_len))
             for _ in range(args.num_prompts)
         ]
-        sem = asyncio.Semaphore(args.max_concurrency or args.num_prompts)
+        sem = asyncio.Semaphore(concurrency)
 
         async def limited(p):
-            async with sem:
+            async with sem, pool.client() as c:
                 return await one_request(
                     c, f"{base}/v1/completions", model, p, args.output_len, args.api_key
                 )
