@@ -9,7 +9,9 @@ expert. :func:`fused_experts` then runs two launches of ``_expert_gemm``, one pr
 torch, ``y = weight[p] * act @ w2[e].T``, and sums the k pair rows of each token.
 
 Every shape is a function of T, k and E only (the grid covers the worst-case padded length
-``T * k + E * (BLOCK_M - 1)``; blocks past the real end map to expert E and store nothing),
+``T * k + E * (BLOCK_M - 1)``; blocks past the real end map to expert E and return at once,
+so a batch of one token with k of E experts reads k experts' weights, not one tile per
+worst-case block),
 and nothing is read back to the host, so the whole path can be captured in a CUDA graph at
 any batch size. Experts are read from their one stacked copy, each block only its expert.
 """
@@ -64,9 +66,10 @@ def _expert_gemm(
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     expert = tl.load(block_expert_ptr + pid_m)
+    if expert >= num_experts:  # a block past the last expert's run: no rows, no reads
+        return
     pairs = tl.load(pairs_ptr + pid_m * BM + tl.arange(0, BM))  # [BM]
-    valid = (pairs < num_pairs) & ((pairs * 0 + expert) < num_experts)  # [BM]
-    expert = tl.minimum(expert, num_experts - 1)  # a safe address for dead blocks
+    valid = pairs < num_pairs  # [BM]
     a_rows = pairs // top_k if A_BY_TOKEN else pairs
     offs_n = pid_n * BN + tl.arange(0, BN)  # [BN]
     acc = tl.zeros((BM, BN), dtype=tl.float32)
