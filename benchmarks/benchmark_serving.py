@@ -98,10 +98,9 @@ async def run(args) -> dict:
             " ".join(rng.choice(WORDS) for _ in range(args.input_len))
             for _ in range(args.num_prompts)
         ]
-        sem = asyncio.Semaphore(concurrency)
 
         async def limited(p):
-            async with sem, pool.client() as c:
+            async with pool.client() as c:  # waits while all `concurrency` clients are out
                 return await one_request(
                     c, f"{base}/v1/completions", model, p, args.output_len, args.api_key
                 )

@@ -459,7 +459,7 @@ class LLMEngine:
         mask needs the grammar matcher).
         """
         metadata, sched_out = self.schedulers[ve].schedule()
-        self.guided.fill_bitmasks(metadata)
+        self.guided.attach_masks(metadata)
         num_steps = 1
         guided = any(md.guided_bitmasks for md in metadata)
         if self._pp_multi_step and metadata and not metadata[0].is_prompt and not guided:

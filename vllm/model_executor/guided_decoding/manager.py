@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import Future
+from typing import Any
 
 from vllm.model_executor.guided_decoding.compiler import grammar_cache
 from vllm.model_executor.guided_decoding.step_masks import StepMasks
@@ -73,22 +74,25 @@ class GuidedDecodingManager:
         """True while some sequence has a matcher."""
         return bool(self._matchers)
 
-    def fill_bitmasks(self, metadata_list: list[SequenceGroupMetadata]) -> None:
+    def attach_masks(self, metadata_list: list[SequenceGroupMetadata]) -> None:
         """Set ``guided_bitmasks`` of every scheduled group: one :class:`~.step_masks.StepMasks`
         of the step's constrained sequences for the groups that have one, None for the
         others. The masks themselves are filled when the sampler first reads them (after
         the forward pass is launched), or when the step is sent to another process."""
         if not self._matchers:
             return
-        step = {}
+        step: dict[int, Any] = {}
+        constrained: list[SequenceGroupMetadata] = []
         for md in metadata_list:
-            for seq_id in md.seq_data:
-                m = self._matchers.get(seq_id)
-                if m is not None:
-                    step[seq_id] = m
-        masks = StepMasks(step, self.vocab_size, self._batch_matcher()) if step else None
-        for md in metadata_list:
-            md.guided_bitmasks = masks if masks and any(s in step for s in md.seq_data) else None
+            md.guided_bitmasks = None
+            found = {s: self._matchers[s] for s in md.seq_data if s in self._matchers}
+            if found:
+                step.update(found)
+                constrained.append(md)
+        if constrained:
+            masks = StepMasks(step, self.vocab_size, self._batch_matcher())
+            for md in constrained:
+                md.guided_bitmasks = masks
 
     def _batch_matcher(self):
         """xgrammar's BatchGrammarMatcher (a thread pool filling rows in parallel)."""

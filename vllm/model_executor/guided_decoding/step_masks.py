@@ -22,7 +22,20 @@ import torch
 from vllm.model_executor.guided_decoding.bitmask import words_per_row
 
 
-class StepMasks:
+class _MaskSource:
+    """What :class:`PendingBitmask` reads rows from: a mapping keyed by seq_id
+    (``self.by_seq``) and a ``fill(seq_ids, out, rows)`` method."""
+
+    by_seq: dict[int, Any]
+
+    def __contains__(self, seq_id: int) -> bool:
+        return seq_id in self.by_seq
+
+    def __bool__(self) -> bool:
+        return bool(self.by_seq)
+
+
+class StepMasks(_MaskSource):
     """The live matchers of one step's constrained sequences (engine process).
 
     Args:
@@ -35,15 +48,9 @@ class StepMasks:
     """
 
     def __init__(self, matchers: dict[int, Any], vocab_size: int, batch: Any):
-        self.matchers = matchers
+        self.matchers = self.by_seq = matchers
         self.vocab_size = vocab_size
         self._batch = batch
-
-    def __contains__(self, seq_id: int) -> bool:
-        return seq_id in self.matchers
-
-    def __bool__(self) -> bool:
-        return bool(self.matchers)
 
     def fill(self, seq_ids: list[int], out: torch.Tensor, rows: list[int]) -> None:
         """Write the mask of ``seq_ids[i]`` into row ``rows[i]`` of ``out`` ([n, words]
@@ -63,7 +70,7 @@ class StepMasks:
         return PackedMasks, (self.packed(),)
 
 
-class PackedMasks:
+class PackedMasks(_MaskSource):
     """Filled rows of one step's constrained sequences (a stage or worker process).
 
     Args:
@@ -71,13 +78,7 @@ class PackedMasks:
     """
 
     def __init__(self, rows: dict[int, bytes]):
-        self.rows = rows
-
-    def __contains__(self, seq_id: int) -> bool:
-        return seq_id in self.rows
-
-    def __bool__(self) -> bool:
-        return bool(self.rows)
+        self.rows = self.by_seq = rows
 
     def fill(self, seq_ids: list[int], out: torch.Tensor, rows: list[int]) -> None:
         """Copy the row of ``seq_ids[i]`` into row ``rows[i]`` of ``out``."""
@@ -117,11 +118,9 @@ class PendingBitmask:
         return self._tensor
 
 
-class _Pinned:
-    """A reused pinned host buffer per device and its last copy's completion event."""
-
-    buffers: dict[tuple[torch.device, int], torch.Tensor] = {}
-    events: dict[torch.device, torch.cuda.Event] = {}
+# The reused pinned host buffer per (device, words), and each device's last upload event.
+_pinned_buffers: dict[tuple[torch.device, int], torch.Tensor] = {}
+_upload_events: dict[torch.device, torch.cuda.Event] = {}
 
 
 def _host_buffer(rows: int, words: int, device: torch.device) -> torch.Tensor:
@@ -131,11 +130,11 @@ def _host_buffer(rows: int, words: int, device: torch.device) -> torch.Tensor:
     if device.type != "cuda":
         return torch.empty((rows, words), dtype=torch.int32)
     key = (device, words)
-    buf = _Pinned.buffers.get(key)
+    buf = _pinned_buffers.get(key)
     if buf is None or buf.shape[0] < rows:
         buf = torch.empty((max(rows, 64), words), dtype=torch.int32, pin_memory=True)
-        _Pinned.buffers[key] = buf
-    done = _Pinned.events.get(device)
+        _pinned_buffers[key] = buf
+    done = _upload_events.get(device)
     if done is not None:
         done.synchronize()
     return buf[:rows]
@@ -147,8 +146,8 @@ def _upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     if device.type != "cuda":
         return host
     out = host.to(device, non_blocking=True)
-    event = _Pinned.events.get(device)
+    event = _upload_events.get(device)
     if event is None:
-        event = _Pinned.events[device] = torch.cuda.Event()
+        event = _upload_events[device] = torch.cuda.Event()
     event.record(torch.cuda.current_stream(device))
     return out
