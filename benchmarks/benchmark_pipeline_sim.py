@@ -142,6 +142,8 @@ def run_one(args, model_dir: str, pp: int, steps: int) -> dict:
     calls = max(1, engine.calls)
     per_stage = [{k: round(s[k] / calls * 1e3, 3) for k in ("prepare", "forward", "transfer",
                   "sample")} for s in stages]  # fmt: skip
+    for split, s in zip(per_stage, stages):
+        split["device_wait"] = round(s["device_wait_s"] / calls * 1e3, 3)
     host = {k: round(v / calls * 1e3, 3) for k, v in engine.host.items()}
     for k in ("prepare", "transfer", "sample"):
         host[k] = max(s[k] for s in per_stage)

@@ -289,21 +289,24 @@ class Worker:
 
     def stage_times(self) -> dict:
         """This stage's host-time split and step counts since the last reset
-        (vllm/worker/stage_timing.py), with ``device_busy_s``: the simulator's stand-in
-        wait when the model is one (load_format "sim"), else the forward time (and the
-        stand-in's own count of forward passes as ``passes``)."""
+        (vllm/worker/stage_timing.py), with ``device_busy_s``: the simulator's device
+        seconds when the model is its stand-in (load_format "sim"), else the forward time,
+        and ``device_wait_s``: the stand-in's host waits for its device (0 otherwise); and
+        the stand-in's own count of forward passes as ``passes``."""
         snap = self.times.snapshot()
         model = self.model_runner.model
-        snap["device_busy_s"] = getattr(model, "busy_s", snap["forward"])
+        clock = getattr(model, "device_clock", None)
+        snap["device_busy_s"] = snap["forward"] if clock is None else clock.busy_s
+        snap["device_wait_s"] = 0.0 if clock is None else clock.wait_s
         snap["passes"] = getattr(model, "num_forwards", snap["passes"])
         return snap
 
     def reset_stage_times(self) -> None:
-        """Zero the counters of :meth:`stage_times` (and the stand-in's busy time)."""
+        """Zero the counters of :meth:`stage_times` (and the stand-in's)."""
         self.times.reset()
-        if hasattr(self.model_runner.model, "busy_s"):
-            self.model_runner.model.busy_s = 0.0
-            self.model_runner.model.num_forwards = 0
+        reset = getattr(self.model_runner.model, "reset_counters", None)
+        if reset is not None:
+            reset()
 
     def _assert_plan_agreement(self, batch) -> None:
         """The TP ranks of this stage must run the same plan (graph replay of one size, or

@@ -1,12 +1,12 @@
 """The pipeline simulator's stand-in model (``load_format="sim"``).
 
-Each stage's forward waits a configured device time instead of computing, then returns
-tensors of the real shapes (zeros): ``IntermediateTensors`` of ``hidden_states`` and
-``residual`` [num_tokens, hidden] on a non-last stage, hidden states [num_tokens, hidden]
-on the last stage, and float32 logits [rows, vocab] (all zeros, so greedy sampling picks
-token 0). Everything around it is the real engine: scheduler, executors, stage workers,
-the transfers between stages and the sampler. benchmarks/benchmark_pipeline_sim.py drives
-it; it is never a model for outputs.
+Each stage's forward queues a configured device time on the stage's simulated device
+instead of computing, then returns tensors of the real shapes (zeros): ``IntermediateTensors``
+of ``hidden_states`` and ``residual`` [num_tokens, hidden] on a non-last stage, hidden
+states [num_tokens, hidden] on the last stage, and float32 logits [rows, vocab] (all
+zeros, so greedy sampling picks token 0). Everything around it is the real engine:
+scheduler, executors, stage workers, the transfers between stages and the sampler.
+benchmarks/benchmark_pipeline_sim.py drives it; it is never a model for outputs.
 
 The device time of one stage's forward, in seconds, is::
 
@@ -17,6 +17,18 @@ stages (the weight-bound regime of decode); ``rows`` are the batch's sequences (
 lanes included) and ``tokens`` its new tokens. The values come from
 ``ModelConfig.model_loader_extra_config`` (keys ``step_ms``, ``per_row_us``,
 ``per_token_us``).
+
+The simulated device is asynchronous, as a CUDA stream is (:class:`SimDevice`): a forward
+is *launched* and returns at once; its work runs from ``max(now, device free, inputs
+ready)`` for its device time, and the device is free again at the end. The host waits only
+where it reads a result: ``compute_logits`` (the sampler reads the logits) synchronizes,
+as reading sampled ids does on a GPU. Hidden states sent to the next stage carry the time
+their forward finishes (a float64 stamp in the first 8 bytes of ``hidden_states``, which
+are otherwise zeros), so the next stage's forward starts no earlier than that, as an
+NCCL receive ordered on the receiver's stream would. A stage's host is therefore free to
+prepare its next step while its device works, exactly as on a GPU, and the same model
+applies at PP = 1. ``busy_s`` counts device seconds (the sum of queued forward times);
+the simulator reports busy fraction = device seconds / wall.
 """
 
 from __future__ import annotations
@@ -73,8 +85,58 @@ class SimTiming:
         return us / 1e6 / pp_size
 
 
+class SimDevice:
+    """One stage's simulated device: an in-order queue of work on a clock.
+
+    Times are ``time.monotonic()`` seconds, one clock for every process of the host, so a
+    stamp made by one stage is meaningful to the next.
+
+    Attributes:
+        free_at: when the last queued work finishes.
+        busy_s: device seconds queued since the last reset.
+        wait_s: host seconds spent in :meth:`synchronize` since the last reset.
+    """
+
+    def __init__(self) -> None:
+        self.free_at = 0.0
+        self.busy_s = 0.0
+        self.wait_s = 0.0
+
+    def launch(self, seconds: float, not_before: float = 0.0) -> float:
+        """Queue ``seconds`` of work that may start at ``not_before`` at the earliest
+        (its inputs' ready time); returns when it finishes. Does not wait."""
+        start = max(time.monotonic(), self.free_at, not_before)
+        self.free_at = start + seconds
+        self.busy_s += seconds
+        return self.free_at
+
+    def synchronize(self) -> None:
+        """Wait (sleep) until every queued work has finished."""
+        t0 = time.monotonic()
+        if self.free_at > t0:
+            time.sleep(self.free_at - t0)
+            self.wait_s += time.monotonic() - t0
+
+    def reset(self) -> None:
+        self.busy_s = 0.0
+        self.wait_s = 0.0
+
+
+def write_ready_stamp(hidden: torch.Tensor, ready_at: float) -> None:
+    """Store ``ready_at`` (float64) in the first 8 bytes of ``hidden`` (contiguous,
+    at least 8 bytes)."""
+    stamp = torch.tensor([ready_at], dtype=torch.float64).view(torch.uint8)  # [8]
+    hidden.view(-1).view(torch.uint8)[:8].copy_(stamp)
+
+
+def read_ready_stamp(hidden: torch.Tensor) -> float:
+    """The stamp :func:`write_ready_stamp` stored in ``hidden``."""
+    return float(hidden.reshape(-1).view(torch.uint8)[:8].view(torch.float64).item())
+
+
 class SimStageModel(nn.Module):
-    """Stage ``pp_rank`` of ``pp_size`` of a model that only waits (see the module doc).
+    """Stage ``pp_rank`` of ``pp_size`` of a model that only occupies its simulated device
+    (see the module doc).
 
     Args:
         hf_config: the model's config (hidden_size, vocab_size, num_hidden_layers).
@@ -83,7 +145,7 @@ class SimStageModel(nn.Module):
         dtype: dtype of the hidden states it returns.
 
     Attributes:
-        busy_s: seconds spent waiting in forward passes so far (the simulated device time).
+        device_clock: the stage's :class:`SimDevice`.
         num_forwards: forward passes so far.
     """
 
@@ -97,29 +159,43 @@ class SimStageModel(nn.Module):
         )
         self.timing = timing
         self.dtype = dtype
-        self.busy_s = 0.0
+        self.device_clock = SimDevice()
         self.num_forwards = 0
         self.anchor = nn.Parameter(torch.zeros(1, dtype=dtype), requires_grad=False)
         # Nothing here computes: one thread keeps the stage's host work (sampling, input
         # preparation) from spinning OpenMP workers against the other stages' processes.
         torch.set_num_threads(1)
 
+    @property
+    def busy_s(self) -> float:
+        """Device seconds queued since the last reset."""
+        return self.device_clock.busy_s
+
+    def reset_counters(self) -> None:
+        self.device_clock.reset()
+        self.num_forwards = 0
+
     def forward(self, input_ids, positions, kv_caches, attn_metadata, intermediate_tensors=None):
-        """Wait this stage's device time; return zeros of the real shapes."""
+        """Queue this stage's device time (after its inputs are ready); return zeros of
+        the real shapes at once, the non-last stage's stamped with their ready time."""
         tokens = int(input_ids.shape[0])
         rows = int(getattr(attn_metadata, "num_rows", tokens) or tokens)
-        wait_s = self.timing.stage_seconds(rows, tokens, self.pp_size)
-        t0 = time.perf_counter()
-        time.sleep(wait_s)
-        self.busy_s += time.perf_counter() - t0
+        not_before = 0.0
+        if intermediate_tensors is not None:
+            not_before = read_ready_stamp(intermediate_tensors["hidden_states"])
+        seconds = self.timing.stage_seconds(rows, tokens, self.pp_size)
+        ready_at = self.device_clock.launch(seconds, not_before)
         self.num_forwards += 1
         dev = self.anchor.device
         hidden = torch.zeros(tokens, self.hidden_size, dtype=self.dtype, device=dev)
         if self.pp_rank == self.pp_size - 1:
             return hidden  # [num_tokens, hidden]
+        write_ready_stamp(hidden, ready_at)
         residual = torch.zeros(tokens, self.hidden_size, dtype=self.dtype, device=dev)
         return IntermediateTensors({"hidden_states": hidden, "residual": residual})
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Zero logits [rows, vocab] float32 for hidden [rows, hidden]."""
+        """Zero logits [rows, vocab] float32 for hidden [rows, hidden], once the device
+        finished the forward (the host reads them: a synchronization)."""
+        self.device_clock.synchronize()
         return torch.zeros(hidden.shape[0], self.vocab_size, device=hidden.device)
