@@ -109,9 +109,16 @@ class PipelineStage:
         self.times.steps += len(requests)
         calls = [self._start(req) for req in requests]
         for i in range(max(c.num_steps for c in calls)):
-            for call in calls:
-                if i < call.num_steps:
-                    self._pass(call, i)
+            active = [c for c in calls if i < c.num_steps]
+            if not self.last:
+                for call in active:
+                    self._forward(call, i)
+                continue
+            # Launch every call's pass i before sampling any: the device runs pass i of
+            # VE 1 while the host samples (and waits for) pass i of VE 0.
+            hidden = [self._forward(call, i) for call in active]
+            for call, out in zip(active, hidden):
+                self._sample(call, i, out)
         if not self.last:
             return None
         with self.times.phase("sample"):
@@ -142,14 +149,10 @@ class PipelineStage:
         return call
 
     def _advance(self, call: _Call) -> None:
-        """Move ``call``'s batch one token on (stage 0 first receives the ids)."""
+        """Move ``call``'s batch one token on. Stage 0 builds the next pass's positions
+        and attention metadata first (they do not depend on the sampled ids), then
+        receives the ids into the input buffer the new batch reads."""
         batch = call.batch
-        if self.first:
-            with self.times.phase("transfer"):
-                ids = comm.recv_int_tensor(
-                    batch.num_real_rows, self.runner.device, self.group.world_size - 1
-                )
-            call.next_ids[: batch.num_real_rows].copy_(ids)  # [rows]
         ev = call.staged
         if batch.graph_size is not None:
             ev = self.runner.graph_runner.staged_event(batch.virtual_engine)
@@ -161,6 +164,11 @@ class PipelineStage:
             call.batch = _advance(self.runner, batch, ids, ce.scratch_slot)
         if call.staged is not None and call.batch.graph_size is None:
             call.staged.record()
+        if self.first:
+            rows = batch.num_real_rows
+            with self.times.phase("transfer"):
+                got = comm.recv_int_tensor(rows, self.runner.device, self.group.world_size - 1)
+            call.next_ids[:rows].copy_(got)  # [rows]: the inputs of the pass about to run
 
     def _recv_inter(self, num_tokens: int):
         """The previous stage's hidden states and residual for ``num_tokens`` tokens."""
@@ -170,8 +178,10 @@ class PipelineStage:
             self.group.prev_rank,
         )  # fmt: skip
 
-    def _pass(self, call: _Call, i: int) -> None:
-        """Pass ``i`` of ``call`` on this stage."""
+    def _forward(self, call: _Call, i: int):
+        """Pass ``i`` of ``call`` on this stage up to its forward: receive (plan header,
+        hidden states), run the model, send the result on (not the last stage). Returns
+        the last stage's hidden states [num_tokens, hidden], else None."""
         if i > 0:
             self._advance(call)
         batch = call.batch
@@ -194,23 +204,28 @@ class PipelineStage:
         with times.phase("forward"):
             out = self.runner.forward_hidden(batch, kv, inter)
         times.passes += 1
-        if not self.last:
-            with times.phase("transfer"):
-                comm.send_intermediate_tensors(out, self.group.next_rank)
-            return
-        with times.phase("sample"):
-            logits = self.runner.compute_logits(batch, out)  # [num_real_rows, vocab]
+        if self.last:
+            return out
+        with times.phase("transfer"):
+            comm.send_intermediate_tensors(out, self.group.next_rank)
+        return None
+
+    def _sample(self, call: _Call, i: int, hidden: torch.Tensor) -> None:
+        """Last stage: logits and sampling of pass ``i`` of ``call``; the ids go back to
+        stage 0 when another pass follows."""
+        batch = call.batch
+        with self.times.phase("sample"):
+            logits = self.runner.compute_logits(batch, hidden)  # [num_real_rows, vocab]
             sm = batch.sampling_metadata
             if not call.multi:
                 call.output = self.runner.sampler(logits, sm)
                 return
             call.ids, packed, call.k = self.runner.sampler.sample_on_device(logits, sm)
             call.packed.append(packed)  # [num_real_rows, 3 + 2k] float64
-            if i + 1 < call.num_steps:
-                if call.pen is not None:
-                    call.pen.after_step(i, call.ids)
+            if i + 1 < call.num_steps and call.pen is not None:
+                call.pen.after_step(i, call.ids)
         if i + 1 < call.num_steps:
-            with times.phase("transfer"):
+            with self.times.phase("transfer"):
                 comm.send_int_tensor(call.ids, 0)  # [num_real_rows] to stage 0
 
     def _finish(self, call: _Call) -> SamplerOutput:
