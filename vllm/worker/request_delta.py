@@ -7,9 +7,11 @@ every stage, each step. Every stage receives every step in the same order, so th
 keeps, per sequence, how many tokens the stages already hold and sends only the rest:
 
 - a prefill group goes whole (and the stages keep its ``SequenceData`` and params);
-- a decode group goes with ``seq_data`` of :class:`SequenceDelta` (the output tokens
-  appended since the last send) and ``sampling_params`` None; the stage appends them to
-  its copy and restores the params (:meth:`StageRequestCache.expand`).
+- a decode group goes as a plain tuple (:data:`DecodeRow`: request id, per sequence the
+  output tokens appended since the last send and the cumulative logprob, block tables,
+  and the group's few step fields): tuples pickle and unpickle several times faster than
+  dataclass instances, and no ``SamplingParams`` travels; the stage appends the tokens to
+  its copy and rebuilds the group (:meth:`StageRequestCache.expand`).
 
 A recomputed (preempted) sequence is a prefill again and is sent whole. Finished and
 aborted sequences are forgotten on both sides (``forget``), through the executor's
@@ -20,42 +22,42 @@ live objects and uses none of this.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
 from vllm.sampling_params import SamplingParams
-from vllm.sequence import ExecuteModelRequest, SequenceData
+from vllm.sequence import ExecuteModelRequest, SequenceData, SequenceGroupMetadata
 
-
-@dataclass
-class SequenceDelta:
-    """Output tokens of one sequence appended since the stages last heard of it."""
-
-    new_token_ids: list[int]
-    cumulative_logprob: float
+# A decode group on the wire: (request_id, {seq_id: (new_token_ids, cumulative_logprob)},
+# block_tables, do_sample, computed_lens, token_chunk_size, guided_bitmasks).
+DecodeRow = tuple
 
 
 class DriverRequestEncoder:
-    """Driver side: replaces decode groups' sequences by deltas (see the module doc)."""
+    """Driver side: replaces decode groups by :data:`DecodeRow` deltas (see the module
+    doc)."""
 
     def __init__(self) -> None:
         self.sent_len: dict[int, int] = {}  # seq_id -> tokens the stages hold
 
     def encode(self, request: ExecuteModelRequest) -> ExecuteModelRequest:
         """A copy of ``request`` to pickle for the stages (``request`` is not changed)."""
-        out = []
+        out: list = []
+        sent_len = self.sent_len
         for md in request.seq_group_metadata_list:
-            if md.is_prompt or any(s not in self.sent_len for s in md.seq_data):
-                for seq_id, data in md.seq_data.items():
-                    self.sent_len[seq_id] = data.get_len()
+            seq_data = md.seq_data
+            if md.is_prompt or any(s not in sent_len for s in seq_data):
+                for seq_id, data in seq_data.items():
+                    sent_len[seq_id] = data.get_len()
                 out.append(md)
                 continue
             deltas = {}
-            for seq_id, data in md.seq_data.items():
-                sent = self.sent_len[seq_id]
-                new = data.output_token_ids[sent - data.get_prompt_len() :]
-                deltas[seq_id] = SequenceDelta(new, data.cumulative_logprob)
-                self.sent_len[seq_id] = data.get_len()
-            out.append(dataclasses.replace(md, seq_data=deltas, sampling_params=None))
+            for seq_id, data in seq_data.items():
+                outputs = data.output_token_ids
+                prompt_len = len(data.prompt_token_ids)
+                new_ids = outputs[sent_len[seq_id] - prompt_len :]
+                deltas[seq_id] = (new_ids, data.cumulative_logprob)
+                sent_len[seq_id] = prompt_len + len(outputs)
+            out.append((md.request_id, deltas, md.block_tables, md.do_sample,
+                        md.computed_lens, md.token_chunk_size, md.guided_bitmasks))  # fmt: skip
         return dataclasses.replace(request, seq_group_metadata_list=out)
 
     def forget(self, seq_ids: list[int]) -> None:
@@ -78,21 +80,26 @@ class StageRequestCache:
         """
         if isinstance(request, list):
             return [self.expand(r) for r in request]
-        for md in request.seq_group_metadata_list:
-            first = next(iter(md.seq_data))
-            if md.sampling_params is not None and not isinstance(md.seq_data[first], SequenceDelta):
+        groups = request.seq_group_metadata_list
+        for i, md in enumerate(groups):
+            if not isinstance(md, tuple):  # sent whole: keep its sequences and params
                 for seq_id, data in md.seq_data.items():
                     self.data[seq_id] = data
                     self.params[seq_id] = md.sampling_params
                 continue
-            for seq_id, delta in list(md.seq_data.items()):
-                if seq_id not in self.data:
+            request_id, deltas, tables, do_sample, computed, chunk, masks = md
+            seq_data = {}
+            for seq_id, (new_ids, cum_lp) in deltas.items():
+                data = self.data.get(seq_id)
+                if data is None:
                     raise KeyError(f"sequence {seq_id}: a delta arrived before its prefill.")
-                data = self.data[seq_id]
-                data.output_token_ids.extend(delta.new_token_ids)
-                data.cumulative_logprob = delta.cumulative_logprob
-                md.seq_data[seq_id] = data
-            md.sampling_params = self.params[first]
+                data.output_token_ids.extend(new_ids)
+                data.cumulative_logprob = cum_lp
+                seq_data[seq_id] = data
+            params = self.params[next(iter(deltas))]
+            groups[i] = SequenceGroupMetadata(
+                request_id, False, seq_data, params, tables, do_sample, computed, chunk, masks
+            )
         return request
 
     def forget(self, seq_ids: list[int]) -> None:
