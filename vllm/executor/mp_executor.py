@@ -16,7 +16,8 @@ How a step flows: ``execute_model_async(request)`` pickles the request once and 
 to every stage's pipe (under one lock, so every stage sees the same order) and returns a
 ``concurrent.futures.Future``. Each stage runs steps strictly in arrival order; stage r > 0
 receives IntermediateTensors from r - 1, stage r < P - 1 sends them to r + 1, and only the
-last stage replies with the SamplerOutput, which resolves the future. The executor itself
+last stage replies, with packed sample rows (vllm/worker/packed_output.py) that the
+watcher unpacks into the SamplerOutput which resolves the future. The executor itself
 does not bound the steps in flight; the engine keeps at most one per virtual engine.
 
 A background thread (the "watcher") reads every reply and waits on every process
@@ -45,6 +46,7 @@ from vllm.distributed.parallel_state import get_free_port
 from vllm.executor.executor_base import PipelineExecutorBase
 from vllm.sequence import ExecuteModelRequest
 from vllm.worker import worker_process as wp
+from vllm.worker.packed_output import unpack_outputs
 from vllm.worker.request_delta import DriverRequestEncoder
 
 logger = logging.getLogger(__name__)
@@ -176,6 +178,8 @@ class MultiprocessingExecutor(PipelineExecutorBase):
             else:
                 self._fail(rank, f"raised an exception while running a {kind!r} message:\n{err}")
             return
+        if kind == wp.STEP:  # packed sample rows -> SamplerOutputs, outside the lock
+            payload = unpack_outputs(payload)
         with self._lock:
             if kind == wp.STEP:
                 fut = self._steps.pop(tag, None)

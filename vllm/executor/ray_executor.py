@@ -33,6 +33,7 @@ from typing import Any
 from vllm import envs
 from vllm.executor.executor_base import PipelineExecutorBase
 from vllm.sequence import ExecuteModelRequest
+from vllm.worker.packed_output import unpack_outputs
 from vllm.worker.request_delta import DriverRequestEncoder
 
 logger = logging.getLogger(__name__)
@@ -298,7 +299,7 @@ class RayExecutor(PipelineExecutorBase):
             with self._lock:
                 self._pending.discard(fut)
             if not fut.done():
-                fut.set_result(stage_fut.result())
+                fut.set_result(unpack_outputs(stage_fut.result()))
 
     def collective_rpc(self, method: str, *args: Any, timeout: float | None = None) -> list:
         """Call ``Worker.<method>(*args)`` on every stage, after the steps already sent.

@@ -34,9 +34,10 @@ import torch
 
 from vllm.attention.backends.abstract import ForwardMode
 from vllm.distributed import communication as comm
-from vllm.model_executor.layers.sampler import sampler_output
-from vllm.sequence import ExecuteModelRequest, SamplerOutput
+from vllm.model_executor.layers.sampler import prompt_logprobs
+from vllm.sequence import ExecuteModelRequest
 from vllm.worker.multi_step import _advance, _PenaltyState
+from vllm.worker.packed_output import PackedSamples
 
 if TYPE_CHECKING:
     from vllm.model_executor.forward_batch import ForwardBatch
@@ -81,7 +82,7 @@ class _Call:
     packed: list = field(default_factory=list)
     k: int = 0
     ids: torch.Tensor | None = None
-    output: SamplerOutput | None = None
+    output: PackedSamples | None = None
 
 
 class PipelineStage:
@@ -103,9 +104,10 @@ class PipelineStage:
         self.times = worker.times
         self.multi_step = worker.config.scheduler_config.num_scheduler_steps > 1
 
-    def run(self, requests: list[ExecuteModelRequest]) -> list[SamplerOutput] | None:
-        """Run a round; the last stage returns one SamplerOutput per request (in order),
-        the others None."""
+    def run(self, requests: list[ExecuteModelRequest]) -> list[PackedSamples] | None:
+        """Run a round; the last stage returns one :class:`PackedSamples` per request (in
+        order; the executor unpacks them into SamplerOutputs in the engine process,
+        vllm/worker/packed_output.py), the others None."""
         self.times.steps += len(requests)
         calls = [self._start(req) for req in requests]
         for i in range(max(c.num_steps for c in calls)):
@@ -217,19 +219,20 @@ class PipelineStage:
         with self.times.phase("sample"):
             logits = self.runner.compute_logits(batch, hidden)  # [num_real_rows, vocab]
             sm = batch.sampling_metadata
-            if not call.multi:
-                call.output = self.runner.sampler(logits, sm)
-                return
             call.ids, packed, call.k = self.runner.sampler.sample_on_device(logits, sm)
             call.packed.append(packed)  # [num_real_rows, 3 + 2k] float64
+            if not call.multi:
+                lp = prompt_logprobs(logits, sm)
+                call.output = PackedSamples.from_steps(sm, call.packed, call.k, lp)
+                return
             if i + 1 < call.num_steps and call.pen is not None:
                 call.pen.after_step(i, call.ids)
         if i + 1 < call.num_steps:
             with self.times.phase("transfer"):
                 comm.send_int_tensor(call.ids, 0)  # [num_real_rows] to stage 0
 
-    def _finish(self, call: _Call) -> SamplerOutput:
+    def _finish(self, call: _Call) -> PackedSamples:
         if not call.multi:
             return call.output
-        host = torch.stack(call.packed).tolist()  # [n][rows][3 + 2k]: the one read
-        return sampler_output(call.batch.sampling_metadata, host, call.k, {}, call.ids)
+        # [n][rows][3 + 2k]: the call's one read
+        return PackedSamples.from_steps(call.batch.sampling_metadata, call.packed, call.k)

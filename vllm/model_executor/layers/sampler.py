@@ -198,7 +198,7 @@ class Sampler(torch.nn.Module):
         """
         ids, packed, k = self.sample_on_device(logits, sm)
         host = packed.tolist()  # the step's one device-to-host transfer
-        return sampler_output(sm, [host], k, _prompt_logprobs(logits, sm), ids)
+        return sampler_output(sm, [host], k, prompt_logprobs(logits, sm), ids)
 
     @staticmethod
     def sample_on_device(
@@ -244,16 +244,33 @@ def sampler_output(
             step normally; several from a multi-step decode, whose later tokens become
             each sequence's ``extra_tokens``, applied by the engine with stop checks).
         k: top-logprobs width of the packed rows.
-        prompt_lp: prompt logprobs per group index (:func:`_prompt_logprobs`).
+        prompt_lp: prompt logprobs per group index (:func:`prompt_logprobs`).
         ids: the last step's sampled ids [num_samples] (device), kept for proposers.
     """
+    return unpack_samples(sample_layout(sm), steps, k, prompt_lp, ids)
+
+
+def sample_layout(sm: SamplingMetadata) -> list[tuple[list[int], int, bool]]:
+    """Per group, (its sampled seq ids in row order, its ``logprobs`` n, do_sample): all
+    :func:`unpack_samples` needs to turn packed rows into a SamplerOutput."""
+    return [(g.seq_ids, g.params.logprobs or 0, g.do_sample) for g in sm.groups]
+
+
+def unpack_samples(
+    layout: list[tuple[list[int], int, bool]],
+    steps: list[list[list[float]]],
+    k: int,
+    prompt_lp: dict[int, list[PositionLogprobs | None]],
+    ids: torch.Tensor | None = None,
+) -> SamplerOutput:
+    """:func:`sampler_output` over a :func:`sample_layout` (the engine unpacks a pipeline
+    stage's packed reply with it, vllm/worker/packed_output.py)."""
     outputs: list[CompletionSequenceGroupOutput] = []
     first, later = steps[0], steps[1:]
     row = 0
-    for gi, g in enumerate(sm.groups):
+    for gi, (seq_ids, n, do_sample) in enumerate(layout):
         samples = []
-        n = g.params.logprobs or 0
-        for seq_id in g.seq_ids if g.do_sample else ():
+        for seq_id in seq_ids if do_sample else ():
             out = SequenceOutput(seq_id, *_position(first[row], n, k))
             if later:
                 out.extra_tokens = [_position(s[row], n, k) for s in later]
@@ -300,7 +317,7 @@ def _position(row: list[float], n: int, k: int) -> tuple[int, PositionLogprobs]:
     return tok, pos
 
 
-def _prompt_logprobs(
+def prompt_logprobs(
     logits: torch.Tensor, sm: SamplingMetadata
 ) -> dict[int, list[PositionLogprobs | None]]:
     """Prompt logprobs per group index: None for position 0, then for each later prompt
