@@ -21,6 +21,9 @@ One JSON line per run (``{"bench": "pipeline_sim", ...}``):
   ``prepare``, ``transfer``, ``sample`` (the largest over stages; ``transfer`` includes a
   receiver's wait for its sender);
 - ``stage_ms_per_step``: the same split per stage;
+- ``cpu_cores_used``: CPU seconds (user + system) / wall of the engine process, then of
+  each stage process (mp executor), over the timed run: how much of the machine's cores
+  the run itself takes;
 - ``load_avg_1m``: the machine's load average at the end (on a shared CPU, other load
   delays every process's wake-up, the stand-in's included, so compare runs of one load).
 
@@ -99,6 +102,20 @@ class TimedEngine(LLMEngine):
         self.executor.collective_rpc("reset_stage_times")
 
 
+def _cpu_seconds(pids: list[int]) -> list[float]:
+    """User + system CPU seconds of each process so far (Linux /proc; 0.0 elsewhere)."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    out = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            out.append((int(fields[11]) + int(fields[12])) / tick)  # utime + stime
+        except OSError:
+            out.append(0.0)
+    return out
+
+
 def _generate(engine: LLMEngine, n: int, prompt_len: int, output_len: int, start: int) -> int:
     """Run ``n`` requests to completion; returns the output tokens."""
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
@@ -133,9 +150,12 @@ def run_one(args, model_dir: str, pp: int, steps: int) -> dict:
     try:
         _generate(engine, pp, args.prompt_len, 4, 10**6)  # warm-up: start every stage
         engine.reset_times()
+        pids = [os.getpid(), *getattr(engine.executor, "worker_pids", [])]
+        cpu0 = _cpu_seconds(pids)
         t0 = time.perf_counter()
         tokens = _generate(engine, args.num_requests, args.prompt_len, args.output_len, 0)
         wall = time.perf_counter() - t0
+        cpu = [b - a for a, b in zip(cpu0, _cpu_seconds(pids))]
         stages = engine.executor.collective_rpc("stage_times")
     finally:
         engine.shutdown()
@@ -163,6 +183,7 @@ def run_one(args, model_dir: str, pp: int, steps: int) -> dict:
         "stage_busy": [round(s["device_busy_s"] / wall, 3) for s in stages],
         "host_ms_per_step": {k: host[k] for k in HOST_KEYS},
         "stage_ms_per_step": per_stage,
+        "cpu_cores_used": [round(c / wall, 2) for c in cpu],
         "load_avg_1m": round(os.getloadavg()[0], 2),
     }
 
