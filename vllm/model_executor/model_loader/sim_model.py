@@ -21,8 +21,8 @@ lanes included) and ``tokens`` its new tokens. The values come from
 The simulated device is asynchronous, as a CUDA stream is (:class:`SimDevice`): a forward
 is *launched* and returns at once; its work runs from ``max(now, device free, inputs
 ready)`` for its device time, and the device is free again at the end. The host waits only
-where it reads a result: ``compute_logits`` (the sampler reads the logits) synchronizes,
-as reading sampled ids does on a GPU. Hidden states sent to the next stage carry the time
+where it reads a result: ``compute_logits`` (the sampler reads the logits) waits for the
+forward that produced its hidden states, as reading sampled ids does on a GPU. Hidden states sent to the next stage carry the time
 their forward finishes (a float64 stamp in the first 8 bytes of ``hidden_states``, which
 are otherwise zeros), so the next stage's forward starts no earlier than that, as an
 NCCL receive ordered on the receiver's stream would. A stage's host is therefore free to
@@ -110,11 +110,13 @@ class SimDevice:
         self.busy_s += seconds
         return self.free_at
 
-    def synchronize(self) -> None:
-        """Wait (sleep) until every queued work has finished."""
+    def synchronize(self, until: float | None = None) -> None:
+        """Wait (sleep) until the work that finishes at ``until`` has finished (every
+        queued work when None)."""
+        end = self.free_at if until is None else min(until, self.free_at)
         t0 = time.monotonic()
-        if self.free_at > t0:
-            time.sleep(self.free_at - t0)
+        if end > t0:
+            time.sleep(end - t0)
             self.wait_s += time.monotonic() - t0
 
     def reset(self) -> None:
@@ -189,6 +191,7 @@ class SimStageModel(nn.Module):
         dev = self.anchor.device
         hidden = torch.zeros(tokens, self.hidden_size, dtype=self.dtype, device=dev)
         if self.pp_rank == self.pp_size - 1:
+            hidden.sim_ready_at = ready_at  # read by compute_logits
             return hidden  # [num_tokens, hidden]
         write_ready_stamp(hidden, ready_at)
         residual = torch.zeros(tokens, self.hidden_size, dtype=self.dtype, device=dev)
@@ -196,6 +199,9 @@ class SimStageModel(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Zero logits [rows, vocab] float32 for hidden [rows, hidden], once the device
-        finished the forward (the host reads them: a synchronization)."""
-        self.device_clock.synchronize()
+        finished the forward that produced ``hidden`` (the host reads them: a
+        synchronization). A forward launched after it need not have finished; for rows
+        gathered out of the hidden states (a prefill's last tokens) the stand-in no longer
+        knows their forward and waits for all queued work."""
+        self.device_clock.synchronize(getattr(hidden, "sim_ready_at", None))
         return torch.zeros(hidden.shape[0], self.vocab_size, device=hidden.device)
