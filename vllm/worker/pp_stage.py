@@ -13,9 +13,16 @@ so while the last stage samples pass i of VE 0, stage 0 already runs pass i of V
 pipeline stays full without the host between passes. Pass i + 1 of a call needs the ids
 sampled by pass i: the last stage sends them (int64 [rows], never logits or hidden
 states) straight to stage 0, which feeds them as the next input ids on the device; later
-stages advance their own positions and attention metadata (``multi_step._advance``).
-Sends never wait for the receiver (vllm/distributed/communication.py), which is what makes
-this order deadlock-free.
+stages advance their own positions and attention metadata (``multi_step._advance``), and
+stage 0 advances its own before it waits for the ids. Sends never wait for the receiver
+(vllm/distributed/communication.py), which is what makes this order deadlock-free.
+
+Forwards are launched and return at once (a CUDA stream; the simulator's stand-in models
+one); the host waits only where it reads a result, i.e. when the last stage samples. So
+the last stage keeps its sampling one pass behind its forwards: A0 launched, B0
+launched, A0 sampled (its ids sent), A1 launched, B0 sampled, B1 launched, ... While the
+host samples one pass, the device already runs the next, and a call's pass is launched
+only after its previous pass was sampled (stage 0 needs those ids to run it).
 
 Plan agreement: before the first pass of a call, stage 0 sends its plan header
 [virtual_engine, mode, num_tokens, batch_size, graph_size or -1, num_steps] down the
@@ -110,17 +117,22 @@ class PipelineStage:
         vllm/worker/packed_output.py), the others None."""
         self.times.steps += len(requests)
         calls = [self._start(req) for req in requests]
+        # Sampling lags one pass behind the forwards on the last stage (module doc).
+        pending: list[tuple[_Call, int, Any]] = []  # launched, not yet sampled
         for i in range(max(c.num_steps for c in calls)):
-            active = [c for c in calls if i < c.num_steps]
-            if not self.last:
-                for call in active:
+            for call in calls:
+                if i >= call.num_steps:
+                    continue
+                if not self.last:
                     self._forward(call, i)
-                continue
-            # Launch every call's pass i before sampling any: the device runs pass i of
-            # VE 1 while the host samples (and waits for) pass i of VE 0.
-            hidden = [self._forward(call, i) for call in active]
-            for call, out in zip(active, hidden):
-                self._sample(call, i, out)
+                    continue
+                while any(c is call for c, _, _ in pending):  # its previous pass's ids
+                    self._sample(*pending.pop(0))
+                pending.append((call, i, self._forward(call, i)))
+                if len(pending) > 1:
+                    self._sample(*pending.pop(0))
+        for entry in pending:
+            self._sample(*entry)
         if not self.last:
             return None
         with self.times.phase("sample"):
