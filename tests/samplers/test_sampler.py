@@ -187,3 +187,20 @@ def test_logprobs_and_ranks():
         for rank, (v, t) in enumerate(zip(top.values.tolist(), top.indices.tolist()), 1):
             assert s.logprobs[t].rank == rank
             assert math.isclose(s.logprobs[t].logprob, v, abs_tol=1e-6)
+
+
+def test_row_argmax_matches_torch_on_ties_nan_and_views():
+    """The CPU argmax fast path (numpy) picks what torch.argmax picks: the first maximum
+    of a row, a NaN counting as the maximum, also on a strided view and in float64."""
+    from vllm.model_executor.layers.sampler import row_argmax
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 50, generator=g)
+    x[1, 7] = x[1, 30] = 9.0  # a tie: the first wins
+    x[2, 11] = float("nan")
+    x[3] = 0.0  # all equal
+    for t in (x, x[:, ::2], x.double(), x.t().contiguous().t()):
+        got = row_argmax(t)
+        assert got.dtype == torch.int64
+        assert torch.equal(got, t.argmax(dim=-1)), (got, t.argmax(dim=-1))
+    assert row_argmax(x).tolist()[1:4] == [7, 11, 0]
