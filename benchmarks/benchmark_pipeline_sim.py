@@ -1,12 +1,23 @@
 """Pipeline simulator: the real engine, scheduler, executor (mp on gloo, or Ray) and stage
-workers, with each stage's forward replaced by a stand-in that waits a device time
-(``--load-format sim``, vllm/model_executor/model_loader/sim_model.py) and returns zeros of
-the real shapes, so what is measured is the pipeline itself: bubbles, host work, transfers.
+workers, with each stage's forward replaced by a stand-in that occupies a simulated device
+for a configured time (``--load-format sim``, vllm/model_executor/model_loader/sim_model.py)
+and returns zeros of the real shapes, so what is measured is the pipeline itself: bubbles,
+host work, transfers.
+
+The simulated device is asynchronous, like a CUDA stream: a forward is launched and
+returns at once, its work runs on a per-stage device clock (from max(now, device free,
+inputs ready) for its device time), and the host waits only where it reads a result (the
+last stage's logits, before sampling). Hidden states sent to the next stage carry their
+ready time, so a stage's forward never starts before its inputs exist. PP = 1 runs the
+same model, so the ratios between PP sizes compare like with like.
 
 Default conditions: the weight-bound regime of decode: 8 ms per step for the whole model,
 whatever the row count (8 / P ms per stage at PP = P), 256 requests of 16 prompt tokens
-and 128 output tokens (ignore_eos), virtual engines = PP. Ideal PP = P throughput is P x
-PP = 1's.
+and 128 output tokens (ignore_eos), virtual engines = PP. With the requests split over
+the P virtual engines and a fixed time per step, the device-bound ceiling is the same
+256 tokens per 8 ms at every PP size (each stage runs P passes of 8 / P ms per 256
+tokens); a PP size gains over PP = 1 only by hiding the host time that PP = 1 spends
+between its steps.
 
 One JSON line per run (``{"bench": "pipeline_sim", ...}``):
 
@@ -15,12 +26,13 @@ One JSON line per run (``{"bench": "pipeline_sim", ...}``):
 - ``steps``: scheduler calls (one per VE step; a multi-step call counts once),
   ``passes``: forward passes of stage 0;
 - ``wall_s``, ``tokens_per_s`` (output tokens / wall);
-- ``stage_busy``: per stage, stand-in time / wall (the simulated device's busy fraction);
+- ``stage_busy``: per stage, simulated device seconds / wall (the device's busy fraction);
 - ``host_ms_per_step``: per scheduler call, ``schedule`` and ``process_outputs`` (the
   engine), ``submit`` (pickling and writing the request to the stages), and the stages'
   ``prepare``, ``transfer``, ``sample`` (the largest over stages; ``transfer`` includes a
   receiver's wait for its sender);
-- ``stage_ms_per_step``: the same split per stage;
+- ``stage_ms_per_step``: the same split per stage, and ``device_wait``: the host's waits
+  for its device (inside ``sample`` on the last stage); ``forward`` is the launch only;
 - ``cpu_cores_used``: CPU seconds (user + system) / wall of the engine process, then of
   each stage process (mp executor), over the timed run: how much of the machine's cores
   the run itself takes;

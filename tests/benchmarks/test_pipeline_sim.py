@@ -41,6 +41,13 @@ def test_pipeline_sim_short_run_reports_keys(monkeypatch):
         assert all(v >= 0 for v in rec["host_ms_per_step"].values())
         assert rec["stage_ms_per_step"][1]["sample"] > 0  # the last stage samples
         assert rec["stage_ms_per_step"][0]["sample"] == 0
+        # only the last stage waits for its device (to read logits); the others launch
+        assert rec["stage_ms_per_step"][0]["device_wait"] == 0
+        # device seconds are exact: 12 passes of 1 ms / 2 stages on each stage
+        for busy in rec["stage_busy"]:
+            assert busy == pytest.approx(12 * 0.5e-3 / rec["wall_s"], abs=1e-3)
+        assert len(rec["cpu_cores_used"]) == 3  # the engine and two stage processes
+        assert all(c >= 0 for c in rec["cpu_cores_used"])
 
 
 def test_sim_timing_and_its_errors(tiny_llama_dir):
@@ -62,3 +69,35 @@ def test_sim_timing_and_its_errors(tiny_llama_dir):
         EngineArgs(**args, model_loader_extra_config="{step_ms").create_engine_config()
     with pytest.raises(ValueError, match="must be a JSON object"):
         EngineArgs(**args, model_loader_extra_config="[1]").create_engine_config()
+
+
+def test_sim_device_queues_in_order_and_waits_for_inputs():
+    """The asynchronous stand-in device: launches return at once and queue in order, a
+    forward starts no earlier than its inputs' ready time, and a wait for an earlier
+    forward does not wait for later ones (large times, never waited for: no timing)."""
+    import time
+
+    import torch
+
+    from vllm.model_executor.model_loader.sim_model import (
+        SimDevice,
+        read_ready_stamp,
+        write_ready_stamp,
+    )
+
+    dev = SimDevice()
+    t = time.monotonic()
+    first = dev.launch(100.0)
+    assert t + 100.0 <= first < time.monotonic() + 100.0
+    assert dev.launch(50.0) == pytest.approx(first + 50.0)  # queued behind the first
+    later = time.monotonic() + 1000.0
+    assert dev.launch(1.0, not_before=later) == pytest.approx(later + 1.0)
+    assert dev.busy_s == pytest.approx(151.0)
+    dev.synchronize(until=t - 1.0)  # finished long ago: returns at once
+    assert dev.wait_s == 0.0
+    dev.reset()
+    assert (dev.busy_s, dev.wait_s) == (0.0, 0.0)
+    hidden = torch.zeros(3, 4)
+    write_ready_stamp(hidden, 1234.5678)
+    assert read_ready_stamp(hidden.clone()) == 1234.5678
+    assert hidden.view(-1)[2:].abs().sum() == 0  # only the first 8 bytes hold it

@@ -22,13 +22,14 @@ The simulated device is asynchronous, as a CUDA stream is (:class:`SimDevice`): 
 is *launched* and returns at once; its work runs from ``max(now, device free, inputs
 ready)`` for its device time, and the device is free again at the end. The host waits only
 where it reads a result: ``compute_logits`` (the sampler reads the logits) waits for the
-forward that produced its hidden states, as reading sampled ids does on a GPU. Hidden states sent to the next stage carry the time
-their forward finishes (a float64 stamp in the first 8 bytes of ``hidden_states``, which
-are otherwise zeros), so the next stage's forward starts no earlier than that, as an
-NCCL receive ordered on the receiver's stream would. A stage's host is therefore free to
-prepare its next step while its device works, exactly as on a GPU, and the same model
-applies at PP = 1. ``busy_s`` counts device seconds (the sum of queued forward times);
-the simulator reports busy fraction = device seconds / wall.
+forward that produced its hidden states, as reading sampled ids does on a GPU. Hidden
+states sent to the next stage carry the time their forward finishes (a float64 stamp in
+the first 8 bytes of ``hidden_states``, which are otherwise zeros), so the next stage's
+forward starts no earlier than that, as an NCCL receive ordered on the receiver's stream
+would. A stage's host is therefore free to prepare its next step while its device works,
+exactly as on a GPU, and the same model applies at PP = 1. ``busy_s`` counts device
+seconds (the sum of queued forward times); the simulator reports busy fraction = device
+seconds / wall.
 """
 
 from __future__ import annotations
