@@ -27,6 +27,8 @@ One JSON line per run (``{"bench": "pipeline_sim", ...}``):
   ``passes``: forward passes of stage 0;
 - ``wall_s``, ``tokens_per_s`` (output tokens / wall);
 - ``stage_busy``: per stage, simulated device seconds / wall (the device's busy fraction);
+- ``stage_device_s``: per stage, the simulated device seconds themselves (set by the
+  configured times and the pass count alone, so the same on every machine);
 - ``host_ms_per_step``: per scheduler call, ``schedule`` and ``process_outputs`` (the
   engine), ``submit`` (pickling and writing the request to the stages), and the stages'
   ``prepare``, ``transfer``, ``sample`` (the largest over stages; ``transfer`` includes a
@@ -193,6 +195,7 @@ def run_one(args, model_dir: str, pp: int, steps: int) -> dict:
         "wall_s": round(wall, 3),
         "tokens_per_s": round(tokens / wall, 1),
         "stage_busy": [round(s["device_busy_s"] / wall, 3) for s in stages],
+        "stage_device_s": [round(s["device_busy_s"], 6) for s in stages],
         "host_ms_per_step": {k: host[k] for k in HOST_KEYS},
         "stage_ms_per_step": per_stage,
         "cpu_cores_used": [round(c / wall, 2) for c in cpu],
