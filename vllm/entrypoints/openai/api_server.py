@@ -47,6 +47,7 @@ from vllm.entrypoints.openai.protocol import (
 )
 from vllm.entrypoints.openai.request_guards import (
     DEFAULT_MAX_REQUEST_BODY_BYTES,
+    ApiKeyAuth,
     BodySizeLimit,
     validation_message,
 )
@@ -88,12 +89,8 @@ def build_app(
     if max_request_body_bytes is not None:
         app.add_middleware(BodySizeLimit, limit=max_request_body_bytes)
 
-    @app.middleware("http")
-    async def authenticate(request: Request, call_next):
-        if api_key and request.url.path.startswith("/v1"):
-            if request.headers.get("Authorization") != f"Bearer {api_key}":
-                return APIError("Unauthorized: missing or wrong API key.", 401).response()
-        return await call_next(request)
+    if api_key:
+        app.add_middleware(ApiKeyAuth, api_key=api_key)
 
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(request: Request, exc: RequestValidationError):
