@@ -24,9 +24,11 @@ from vllm.model_executor.guided_decoding.bitmask import words_per_row
 
 class _MaskSource:
     """What :class:`PendingBitmask` reads rows from: a mapping keyed by seq_id
-    (``self.by_seq``) and a ``fill(seq_ids, out, rows)`` method."""
+    (``by_seq``: a grammar matcher, or a filled row) and a ``fill(seq_ids, out, rows)``
+    method."""
 
-    by_seq: dict[int, Any]
+    def __init__(self, by_seq: dict[int, Any]):
+        self.by_seq = by_seq
 
     def __contains__(self, seq_id: int) -> bool:
         return seq_id in self.by_seq
@@ -48,7 +50,7 @@ class StepMasks(_MaskSource):
     """
 
     def __init__(self, matchers: dict[int, Any], vocab_size: int, batch: Any):
-        self.matchers = self.by_seq = matchers
+        super().__init__(matchers)
         self.vocab_size = vocab_size
         self._batch = batch
 
@@ -56,12 +58,12 @@ class StepMasks(_MaskSource):
         """Write the mask of ``seq_ids[i]`` into row ``rows[i]`` of ``out`` ([n, words]
         int32 on the CPU, pinned or not)."""
         self._batch.batch_fill_next_token_bitmask(
-            [self.matchers[s] for s in seq_ids], out, indices=rows
+            [self.by_seq[s] for s in seq_ids], out, indices=rows
         )
 
     def packed(self) -> dict[int, bytes]:
         """seq_id -> its row as bytes (``words`` little-endian int32)."""
-        ids = list(self.matchers)
+        ids = list(self.by_seq)
         out = torch.empty((len(ids), words_per_row(self.vocab_size)), dtype=torch.int32)
         self.fill(ids, out, list(range(len(ids))))
         return {s: out[i].numpy().tobytes() for i, s in enumerate(ids)}
@@ -78,12 +80,12 @@ class PackedMasks(_MaskSource):
     """
 
     def __init__(self, rows: dict[int, bytes]):
-        self.rows = self.by_seq = rows
+        super().__init__(rows)
 
     def fill(self, seq_ids: list[int], out: torch.Tensor, rows: list[int]) -> None:
         """Copy the row of ``seq_ids[i]`` into row ``rows[i]`` of ``out``."""
         for sid, r in zip(seq_ids, rows):
-            out[r] = torch.frombuffer(bytearray(self.rows[sid]), dtype=torch.int32)
+            out[r] = torch.frombuffer(bytearray(self.by_seq[sid]), dtype=torch.int32)
 
 
 class PendingBitmask:
