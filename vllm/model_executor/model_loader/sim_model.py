@@ -121,6 +121,7 @@ class SimDevice:
             self.wait_s += time.monotonic() - t0
 
     def reset(self) -> None:
+        """Zero ``busy_s`` and ``wait_s`` (queued work and ``free_at`` are kept)."""
         self.busy_s = 0.0
         self.wait_s = 0.0
 
@@ -175,6 +176,7 @@ class SimStageModel(nn.Module):
         return self.device_clock.busy_s
 
     def reset_counters(self) -> None:
+        """Zero the device clock's counters and ``num_forwards`` (start of a timed run)."""
         self.device_clock.reset()
         self.num_forwards = 0
 
