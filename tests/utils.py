@@ -238,24 +238,60 @@ def _file_digest(path: str) -> str:
     return h.hexdigest()
 
 
-def load_hf_model(model: str, dtype: str = "float32", device: str = "cpu"):
-    """transformers model + tokenizer for an HF directory or a .gguf file (dequantized)."""
+def gguf_reference_dir(path: str) -> str:
+    """A Hugging Face directory holding what transformers makes of the GGUF file ``path``:
+    its config, its weights dequantized to float32 (``GgufConfig(dequantize=True)``) and its
+    tokenizer, converted by transformers on first use and kept in ``CACHE_DIR`` keyed by the
+    file's sha256 and the transformers and gguf versions.
+
+    Why: transformers parses the whole GGUF, the tokenizer's ~49k-entry arrays included, for
+    the config, the tokenizer and the weights of every load (about 20 s for SmolLM2 or a tiny
+    GGUF carrying its tokenizer, on 2 cores), and several tests load the same file. Float32
+    safetensors reload bit for bit, and the weights stay checked against the engine's own
+    GGUF loader and the source checkpoints (test_weight_loading.py).
+    """
+    import importlib.metadata
+
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
-    torch_dtype = getattr(torch, dtype)
+    versions = [importlib.metadata.version(p) for p in ("transformers", "gguf")]
+    key_src = json.dumps([_file_digest(path), *versions])
+    key = hashlib.sha256(key_src.encode()).hexdigest()[:32]
+    target = os.path.join(CACHE_DIR, f"hf_from_gguf_{key}")
+    if os.path.isdir(target):
+        return target
+    d, f = os.path.dirname(path), os.path.basename(path)
+    tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
+    hf = AutoModelForCausalLM.from_pretrained(
+        d,
+        gguf_file=f,
+        quantization_config=GgufConfig(gguf_file=f, dequantize=True),
+        dtype=torch.float32,
+    )
+    hf.config.quantization_config = None  # the saved weights are plain float32
+    tmp = f"{target}.tmp{os.getpid()}"
+    hf.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    try:
+        os.rename(tmp, target)
+    except OSError:  # another process finished first
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def load_hf_model(model: str, dtype: str = "float32", device: str = "cpu"):
+    """transformers model + tokenizer for an HF directory or a .gguf file (dequantized, via
+    :func:`gguf_reference_dir`)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     if model.endswith(".gguf"):
-        d, f = os.path.dirname(model), os.path.basename(model)
-        tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
-        hf = AutoModelForCausalLM.from_pretrained(
-            d,
-            gguf_file=f,
-            quantization_config=GgufConfig(gguf_file=f, dequantize=True),
-            dtype=torch_dtype,
-        )
-    else:
-        tok = AutoTokenizer.from_pretrained(model)
-        hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch_dtype)
+        model = gguf_reference_dir(model)
+    tok = AutoTokenizer.from_pretrained(model)
+    hf = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype))
     return hf.to(device).eval(), tok
 
 

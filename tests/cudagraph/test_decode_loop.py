@@ -32,13 +32,19 @@ def _small_cache(monkeypatch):
 def interpreted_flashinfer_small_loop():
     """FLASHINFER with the small-decode path: loop graphs for sizes 1, 2, 4, advancing the
     kernel's lengths on the device; tokens equal one-token eager steps on the same path.
-    The interpreter makes every kernel row slow, so: a batch limit of 4 (a size-8 loop graph
-    is the same code with more rows; test_batches_above_the_loop_sizes_take_the_step_path
-    captures one on TORCH_SDPA) and two calls: one row exactly at a size, and three rows
-    padded to 4 (padded lanes inside the kernel), each crossing a block boundary."""
+    The interpreter makes every kernel program slow (about 40 ms each), so: a batch limit of 4
+    (a size-8 loop graph is the same code with more rows;
+    test_batches_above_the_loop_sizes_take_the_step_path captures one on TORCH_SDPA), two
+    calls: one row exactly at a size, and three rows padded to 4 (padded lanes inside the
+    kernel), each crossing a block boundary; and graphs that serve contexts of at most 48
+    tokens. A graph's kernel grid has one program per 16 tokens of that bound (at most 32,
+    the default 8192 gives 32): 3 here, which still has rows of one split (15, 16 tokens and
+    padded lanes: the program writes the output), of two and three splits (the merge) and
+    programs past a row's splits (exit at once), and the longest context with its
+    lookahead slots (34) fits."""
     model = os.environ["TINY_LLAMA_DIR"]
     g = make_worker(model, 1, "FLASHINFER", small_rows=8, max_num_seqs=4,
-                    num_scheduler_steps=STEPS)  # fmt: skip
+                    num_scheduler_steps=STEPS, max_seq_len_to_capture=48)  # fmt: skip
     e = make_worker(model, 1, "FLASHINFER", capture=False, small_rows=8, max_num_seqs=4)
     loops = g.model_runner.graph_runner.graphs.loops[0]
     assert sorted(loops) == [1, 2, 4]

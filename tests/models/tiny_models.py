@@ -365,17 +365,12 @@ def load_hf_config(path: str):
 def load_hf_model(path: str):
     """The transformers reference model, float32 eval (cached per session; do not mutate).
 
-    GGUF files are loaded with ``GgufConfig(dequantize=True)``: transformers 5 otherwise
-    keeps the weights packed."""
-    from transformers import AutoModelForCausalLM, GgufConfig
+    GGUF files are loaded with ``GgufConfig(dequantize=True)`` (transformers 5 otherwise
+    keeps the weights packed), once per file: ``tests.utils.gguf_reference_dir``."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.utils import gguf_reference_dir
 
     if path.endswith(".gguf"):
-        model = AutoModelForCausalLM.from_pretrained(
-            os.path.dirname(path),
-            gguf_file=os.path.basename(path),
-            quantization_config=GgufConfig(gguf_file=path, dequantize=True),
-            dtype=torch.float32,
-        )
-    else:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    return model.eval()
+        path = gguf_reference_dir(path)
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
