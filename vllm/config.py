@@ -219,7 +219,8 @@ def load_hf_config(model: str):
     """Load a transformers config from an HF directory or a .gguf file (a private copy).
 
     Parsed configs are cached per process by path and modification time (a GGUF's metadata
-    takes seconds to parse); each call returns a deep copy.
+    takes seconds to parse; a GGUF's config is also kept on disk:
+    :mod:`vllm.transformers_utils.gguf_metadata`); each call returns a deep copy.
 
     Raises:
         ValueError: when the directory has no config.json or the file is not readable.
@@ -239,9 +240,9 @@ def _load_hf_config_cached(model: str, mtime: float):
     from transformers import AutoConfig
 
     if os.path.isfile(model) and model.endswith(".gguf"):
-        cfg = AutoConfig.from_pretrained(
-            os.path.dirname(os.path.abspath(model)), gguf_file=os.path.basename(model)
-        )
+        from vllm.transformers_utils.gguf_metadata import gguf_metadata_dir
+
+        cfg = AutoConfig.from_pretrained(gguf_metadata_dir(model))
         if not getattr(cfg, "architectures", None):
             from vllm.model_executor.models import architectures_of
 

@@ -84,6 +84,12 @@ _DECLARED = (
         4.0,
         "KV-cache size on CPU in GiB (default 4, as upstream).",
     ),
+    EnvVar(
+        "VLLM_CACHE_ROOT",
+        _str,
+        None,
+        "Directory of on-disk caches (GGUF config and tokenizer); default ~/.cache/vllm.",
+    ),
     EnvVar("VLLM_API_KEY", _str, None, "API key `vllm serve` requires when --api-key is unset."),
     EnvVar(
         "VLLM_USE_TRITON_OPS",

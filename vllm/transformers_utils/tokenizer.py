@@ -23,17 +23,21 @@ def load_tokenizer(path: str):
 
     Args:
         path: a Hugging Face directory, or a .gguf file (transformers reads the tokenizer and
-            chat template stored in its metadata).
+            chat template stored in its metadata, once per file and then from disk:
+            :mod:`vllm.transformers_utils.gguf_metadata`).
     Raises:
         ValueError: when no tokenizer can be loaded (message names the path).
     """
     from transformers import AutoTokenizer
 
+    from vllm.transformers_utils.gguf_metadata import gguf_metadata_dir, has_tokenizer
+
     try:
         if os.path.isfile(path) and path.endswith(".gguf"):
-            return AutoTokenizer.from_pretrained(
-                os.path.dirname(os.path.abspath(path)), gguf_file=os.path.basename(path)
-            )
+            meta = gguf_metadata_dir(path)
+            if not has_tokenizer(meta):
+                raise ValueError("the file has no tokenizer in its metadata")
+            return AutoTokenizer.from_pretrained(meta)
         return AutoTokenizer.from_pretrained(path)
     except Exception as e:  # transformers raises many types here
         raise ValueError(
