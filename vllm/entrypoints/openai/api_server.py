@@ -271,6 +271,19 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def event_loop_factory():
+    """uvloop's event loop when it is installed (a requirement on Linux), else None (the
+    asyncio default). Why: the server streams one small write per token per request and
+    shares the GIL with the engine thread; uvloop runs the loop and its socket writes in C,
+    so each streamed chunk costs less Python time (upstream's API server runs on uvloop
+    too)."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
 def run_server(args: argparse.Namespace, engine_args: EngineArgs, sock: socket.socket) -> int:
     """Build the engine and serve on ``sock`` until SIGINT/SIGTERM (returns 0) or until
     the engine dies (returns 1). ``args`` and ``engine_args`` come from
@@ -302,6 +315,7 @@ def run_server(args: argparse.Namespace, engine_args: EngineArgs, sock: socket.s
     logger.info(
         "vLLM API server version %s listening on http://%s:%d", __version__, args.host, port
     )
-    asyncio.run(server.serve(sockets=[sock]))
+    with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+        runner.run(server.serve(sockets=[sock]))
     logger.info("Server stopped (exit status %d).", server.exit_code)
     return server.exit_code
