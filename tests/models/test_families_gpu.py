@@ -32,8 +32,8 @@ BUILDERS = {
     # Dense routing (every expert on every token) for the comparison with transformers: with
     # top-2 of 8, bf16 rounding flips the expert choice wherever two router logits nearly tie
     # (scaling the router does not help: the rounding is relative), and one flip moves the
-    # output beyond any top-5 check; transformers' own bf16 run leaves its float32 run that
-    # way on these weights. Sparse routing is checked exactly, graph against eager, below.
+    # output beyond any top-5 check (on these weights transformers in bf16 already departs
+    # that way from transformers in float32). Sparse routing: graph against eager, below.
     "qwen3_moe": lambda tm: tm.tiny_qwen3_moe_config(head_dim=64, num_experts_per_tok=8, **HD64),
     "mixtral": lambda tm: tm.tiny_mixtral_config(num_experts_per_tok=8, **HD64),
     "gemma3": lambda tm: tm.tiny_gemma3_config(),  # head_dim 64, sliding window 8
