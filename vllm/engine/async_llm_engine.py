@@ -6,8 +6,9 @@ The asyncio event loop never blocks on a step, so HTTP requests are accepted and
 stream while the model runs.
 
 Virtual engines. The loop keeps at most one step in flight per virtual engine (VE): when VE
-v is idle and its scheduler has work, a step of v starts. With one VE the whole step
-(schedule -> execute -> process) is one call on the engine thread. With several VEs (pipeline
+v is idle and its scheduler has work, a step of v starts. With one VE, admitting new
+requests and the whole step (schedule -> execute -> process) are one call on the engine
+thread. With several VEs (pipeline
 parallel) only scheduling and output processing run on the engine thread; the model call
 runs through ``executor.execute_model_async`` when the executor has it, else on a per-VE
 thread, so VE 0's step can run while VE 1's is scheduled or processed.
@@ -275,10 +276,15 @@ class AsyncLLMEngine:
                 aborts, self._aborts = self._aborts, []
                 idle = [v for v in range(self.num_virtual_engines) if v not in in_flight]
                 self._check_executor()
-                ready, refused, gauges = await self._on_engine(self._admit, pending, aborts, idle)
+                ready, refused, gauges, stepped = await self._on_engine(
+                    self._admit_and_step, pending, aborts, idle
+                )
                 self.metrics.record(gauges)
                 for rid, err in refused:
                     self._deliver(rid, err)
+                if stepped is not None:
+                    self._deliver_step(*stepped)
+                    continue
                 if not self._stopping:
                     for v in ready:
                         in_flight[v] = asyncio.create_task(self._step(v))
@@ -324,6 +330,22 @@ class AsyncLLMEngine:
         gauges.finished = [("abort", now - g.metrics.arrival_time) for g in gone if g]
         return ready, refused, gauges
 
+    def _admit_and_step(self, pending, aborts, idle):
+        """Engine thread: :meth:`_admit`, then with one virtual engine its whole step in the
+        same call (``stepped``: what :meth:`_whole_step` returns; None when nothing ran).
+
+        Why one call: the event loop hands the next step to the engine thread only when it
+        gets to the previous call's result, and while it streams the last step's tokens
+        that waits behind every stream's chunk; a separate admit call before each step
+        added that wait to every step. With several virtual engines the steps run as
+        concurrent tasks instead (``ready``)."""
+        ready, refused, gauges = self._admit(pending, aborts, idle)
+        stepped = None
+        if self.num_virtual_engines == 1 and ready and not self._stopping:
+            stepped = self._whole_step(ready[0])
+            ready = []
+        return ready, refused, gauges, stepped
+
     def _gauges(self) -> StepStats:
         """Running / waiting requests and KV-cache usage now (engine thread)."""
         schedulers = self.engine.schedulers
@@ -353,6 +375,11 @@ class AsyncLLMEngine:
                 outs, failed, stats = await self._on_engine(self._process, ve, sched, output)
             except Exception as e:
                 outs, failed, stats = await self._on_engine(self._fail_step, ve, sched, e)
+        self._deliver_step(outs, failed, stats)
+
+    def _deliver_step(self, outs, failed, stats) -> None:
+        """Event loop: a step's statistics to the metrics, its outputs (or each failed
+        request's error) to the request streams."""
         self.metrics.record(stats)
         for out in outs:
             err = failed.get(out.request_id)
