@@ -208,6 +208,11 @@ class AsyncLLMEngine:
         :meth:`LLMEngine.check_schedulable`; safe to call from the event loop)."""
         self.engine.check_schedulable(prompt_len, n)
 
+    @property
+    def num_open_requests(self) -> int:
+        """Requests whose output stream is still open (queued, running or being read)."""
+        return len(self._streams)
+
     async def abort_all(self, reason: str) -> int:
         """Abort every queued and running request; each open stream gets a final output
         whose sequences finish with finish_reason "abort" (used when a graceful shutdown

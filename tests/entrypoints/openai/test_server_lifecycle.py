@@ -148,3 +148,37 @@ def test_sigterm_aborts_what_outlives_shutdown_timeout(tiny_llama_dir):
         _assert_gone(procs)
     finally:
         server.stop()
+
+
+@pytest.mark.forked
+def test_second_sigint_aborts_running_streams_at_once(tiny_llama_dir):
+    """SIGINT with a 300 s --shutdown-timeout waits (and says so); a second SIGINT aborts
+    the 500-token streams now: each ends with finish_reason "abort" and [DONE], no
+    traceback, exit status 0 long before the timeout."""
+    args = ["--device", "cpu", "--max-model-len", "512", "--shutdown-timeout", "300"]
+    server = RemoteOpenAIServer(tiny_llama_dir, args)
+    try:
+        procs = _descendants(server)
+        streams = [_Stream(server, 500) for _ in range(3)]
+        for s in streams:
+            s.start()
+        assert all(s.first.wait(120) for s in streams)
+        server.proc.send_signal(signal.SIGINT)
+        deadline = time.monotonic() + 60
+        while "interrupt again" not in server.read_log() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert "for 3 request(s)" in server.read_log(), server.log_tail()
+        assert server.proc.poll() is None  # still draining
+        server.proc.send_signal(signal.SIGINT)
+        assert server.proc.wait(60) == 0, server.log_tail()
+        for s in streams:
+            s.join(30)
+            chunks = s.chunks()
+            assert s.events[-1] == "[DONE]", s.events[-3:]
+            assert chunks[-1]["choices"][0]["finish_reason"] == "abort"
+            assert 1 <= len(chunks) < 500
+        log = server.read_log()
+        assert "Traceback" not in log and "Aborted 3 request(s)" in log, server.log_tail()
+        _assert_gone(procs)
+    finally:
+        server.stop()

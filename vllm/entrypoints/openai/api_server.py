@@ -12,7 +12,9 @@ Shutdown: SIGINT/SIGTERM start a graceful exit: the server stops accepting and t
 in flight may finish for ``--shutdown-timeout`` seconds; those still running then are
 aborted (streams get a final chunk with finish_reason "abort" and ``[DONE]``, other
 requests their outputs so far), then the app's lifespan stops the engine
-(``AsyncLLMEngine.shutdown`` -> ``LLMEngine.shutdown``) and the process exits with 0.
+(``AsyncLLMEngine.shutdown`` -> ``LLMEngine.shutdown``) and the process exits with 0. A
+second signal aborts the requests at once; a third exits without waiting
+(server_lifecycle.py).
 
 Engine death: when the engine loop dies (e.g. a pipeline worker process was killed),
 /health answers 503, the requests in flight fail, and the server exits with status 1 so
@@ -217,7 +219,7 @@ def make_server_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
         type=float,
         default=30.0,
         help="On SIGINT/SIGTERM, seconds requests in flight may take to finish before they "
-        "are aborted.",
+        "are aborted (a second signal aborts them at once).",
     )
     server.add_argument(
         "--max-request-body-bytes",

@@ -1,6 +1,8 @@
 """How the OpenAI server stops: SIGINT/SIGTERM drain the requests in flight for
-``--shutdown-timeout`` seconds, then abort what is left; a dead engine makes the server
-exit with status 1 (see the api_server module docstring)."""
+``--shutdown-timeout`` seconds, then abort what is left; a second signal aborts them at
+once (each stream still ends with finish_reason "abort" and ``[DONE]``), a third exits
+without waiting; a dead engine makes the server exit with status 1 (see the api_server
+module docstring)."""
 
 from __future__ import annotations
 
@@ -42,6 +44,35 @@ def graceful_server_class() -> type:
             super().__init__(config)
             self.engine, self.drain_timeout = engine, drain_timeout
             self.exit_code = 0
+            self._signals = 0
+            self._loop: asyncio.AbstractEventLoop | None = None
+
+        def handle_exit(self, sig, frame) -> None:
+            """First SIGINT/SIGTERM: start the graceful exit and say what it waits for.
+            Second: abort the requests still running now (their streams end normally).
+            Third: uvicorn's forced exit. (A signal handler: the log line and the abort
+            are scheduled on the event loop.)"""
+            self._signals += 1
+            if self._signals == 1:
+                self.should_exit = True
+                if self._loop is not None:
+                    self._loop.call_soon_threadsafe(self._log_draining)
+            elif self._signals == 2 and self._loop is not None:
+                self._loop.call_soon_threadsafe(self._abort_now)
+            else:
+                self.should_exit = True
+                self.force_exit = True
+
+        def _log_draining(self) -> None:
+            logger.info(
+                "Shutting down: waiting up to %.0f s (--shutdown-timeout) for %d request(s) "
+                "to finish; interrupt again to abort them now.",
+                self.drain_timeout,
+                self.engine.num_open_requests,
+            )
+
+        def _abort_now(self) -> None:
+            asyncio.ensure_future(self.engine.abort_all("the server was interrupted a second time"))
 
         def engine_died(self, err: BaseException) -> None:
             """Called on the event loop once the engine is dead: /health answers 503 for
@@ -76,6 +107,7 @@ def graceful_server_class() -> type:
             if threading.current_thread() is not threading.main_thread():
                 yield
                 return
+            self._loop = asyncio.get_running_loop()
             sigs = (signal.SIGINT, signal.SIGTERM)
             saved = {sig: signal.signal(sig, self.handle_exit) for sig in sigs}
             try:
