@@ -36,6 +36,20 @@ def _assert_gone(procs: list[psutil.Process], timeout: float = 15) -> None:
     raise AssertionError(f"processes left behind: {[p.pid for p in alive]}")
 
 
+def _assert_aborted_cleanly(server, streams, procs) -> None:
+    """Each 500-token stream ended early with finish_reason "abort" and [DONE]; the log has
+    no traceback and reports the three aborts; no process is left."""
+    for s in streams:
+        s.join(30)
+        chunks = s.chunks()
+        assert s.events[-1] == "[DONE]", s.events[-3:]
+        assert chunks[-1]["choices"][0]["finish_reason"] == "abort"
+        assert 1 <= len(chunks) < 500
+    log = server.read_log()
+    assert "Traceback" not in log and "Aborted 3 request(s)" in log, server.log_tail()
+    _assert_gone(procs)
+
+
 class _Stream(threading.Thread):
     """Reads one streaming completion; ``events`` holds each decoded data event."""
 
@@ -137,15 +151,7 @@ def test_sigterm_aborts_what_outlives_shutdown_timeout(tiny_llama_dir):
         server.proc.send_signal(signal.SIGTERM)
         assert server.proc.wait(30) == 0, server.log_tail()
         assert time.monotonic() - t0 < 0.5 + 5
-        for s in streams:
-            s.join(30)
-            chunks = s.chunks()
-            assert s.events[-1] == "[DONE]", s.events[-3:]
-            assert chunks[-1]["choices"][0]["finish_reason"] == "abort"
-            assert 1 <= len(chunks) < 500
-        log = server.read_log()
-        assert "Traceback" not in log and "Aborted 3 request(s)" in log, server.log_tail()
-        _assert_gone(procs)
+        _assert_aborted_cleanly(server, streams, procs)
     finally:
         server.stop()
 
@@ -171,14 +177,6 @@ def test_second_sigint_aborts_running_streams_at_once(tiny_llama_dir):
         assert server.proc.poll() is None  # still draining
         server.proc.send_signal(signal.SIGINT)
         assert server.proc.wait(60) == 0, server.log_tail()
-        for s in streams:
-            s.join(30)
-            chunks = s.chunks()
-            assert s.events[-1] == "[DONE]", s.events[-3:]
-            assert chunks[-1]["choices"][0]["finish_reason"] == "abort"
-            assert 1 <= len(chunks) < 500
-        log = server.read_log()
-        assert "Traceback" not in log and "Aborted 3 request(s)" in log, server.log_tail()
-        _assert_gone(procs)
+        _assert_aborted_cleanly(server, streams, procs)
     finally:
         server.stop()
