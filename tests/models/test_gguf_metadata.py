@@ -79,16 +79,21 @@ def test_unwritable_cache_root_still_loads(tmp_path, monkeypatch):
     blocker = tmp_path / "not_a_dir"
     blocker.write_text("")
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(blocker / "cache"))
-    monkeypatch.setattr(
-        gguf_metadata,
-        "_convert",
-        lambda path, out: open(os.path.join(out, "config.json"), "w").close(),
-    )
+    calls = []
+
+    def fake_convert(path, out):
+        calls.append(path)
+        open(os.path.join(out, "config.json"), "w").close()
+
+    monkeypatch.setattr(gguf_metadata, "_convert", fake_convert)
     model = tmp_path / "model.gguf"
     model.write_bytes(b"GGUF placeholder")
     out = gguf_metadata.gguf_metadata_dir(str(model))
     assert os.path.isfile(os.path.join(out, "config.json"))
     assert not out.startswith(str(blocker))
+    # the config and the tokenizer ask in turn: one conversion per process
+    assert gguf_metadata.gguf_metadata_dir(str(model)) == out
+    assert len(calls) == 1
 
 
 def test_missing_file_raises(tmp_path, monkeypatch):

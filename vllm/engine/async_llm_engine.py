@@ -8,10 +8,10 @@ stream while the model runs.
 Virtual engines. The loop keeps at most one step in flight per virtual engine (VE): when VE
 v is idle and its scheduler has work, a step of v starts. With one VE, admitting new
 requests and the whole step (schedule -> execute -> process) are one call on the engine
-thread. With several VEs (pipeline
-parallel) only scheduling and output processing run on the engine thread; the model call
-runs through ``executor.execute_model_async`` when the executor has it, else on a per-VE
-thread, so VE 0's step can run while VE 1's is scheduled or processed.
+thread. With several VEs (pipeline parallel) only scheduling and output processing run on
+the engine thread; the model call runs through ``executor.execute_model_async`` when the
+executor has it, else on a per-VE thread, so VE 0's step can run while VE 1's is
+scheduled or processed.
 Model calls of different VEs on ONE device never overlap: the single-process executor
 serialises them with a lock (vllm/executor/uniproc_executor.py says why), and each stage
 of the mp and Ray executors runs its steps one at a time.

@@ -11,7 +11,8 @@ and reloaded this way encodes and decodes identically.
 
 The key is the file's absolute path, size and modification time and the transformers
 version, so a changed or replaced file is converted again. Nothing depends on the cache
-being writable: when it is not, the conversion is used in memory and not kept.
+being writable: when it is not, the file is converted once per process into a temporary
+directory.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import threading
 
 _LOCK = threading.Lock()
 TOKENIZER_MARKER = "tokenizer_config.json"
+# key -> temporary directory, for a process whose cache root cannot be written
+_PRIVATE: dict[str, str] = {}
 
 
 def cache_root() -> str:
@@ -63,19 +66,22 @@ def gguf_metadata_dir(path: str) -> str:
     file ``path``, converted by transformers on first use and cached (module docstring).
 
     Returns:
-        the cached directory, or a fresh temporary one when the cache root cannot be
-        written.
+        the cached directory, or (when the cache root cannot be written) a temporary one,
+        made once per process and file.
 
     Raises:
         OSError: ``path`` does not exist; whatever transformers raises for a config it cannot
             read (then nothing is cached).
     """
-    target = os.path.join(cache_root(), "gguf_metadata", _key(path))
-    if os.path.isfile(os.path.join(target, "config.json")):
+    key = _key(path)
+    target = os.path.join(cache_root(), "gguf_metadata", key)
+    if _complete(target):
         return target
     with _LOCK:
-        if os.path.isfile(os.path.join(target, "config.json")):
+        if _complete(target):
             return target
+        if key in _PRIVATE:
+            return _PRIVATE[key]
         tmp = f"{target}.tmp{os.getpid()}"
         try:
             os.makedirs(tmp, exist_ok=True)
@@ -84,18 +90,23 @@ def gguf_metadata_dir(path: str) -> str:
 
             tmp = tempfile.mkdtemp(prefix="vllm_gguf_metadata_")
             _convert(path, tmp)
+            _PRIVATE[key] = tmp
             return tmp
         try:
             _convert(path, tmp)
             os.rename(tmp, target)
         except OSError:  # another process finished first: use its copy
             shutil.rmtree(tmp, ignore_errors=True)
-            if not os.path.isfile(os.path.join(target, "config.json")):
+            if not _complete(target):
                 raise
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         return target
+
+
+def _complete(meta_dir: str) -> bool:
+    return os.path.isfile(os.path.join(meta_dir, "config.json"))
 
 
 def has_tokenizer(meta_dir: str) -> bool:

@@ -60,7 +60,6 @@ def graceful_server_class() -> type:
             elif self._signals == 2 and self._loop is not None:
                 self._loop.call_soon_threadsafe(self._abort_now)
             else:
-                self.should_exit = True
                 self.force_exit = True
 
         def _log_draining(self) -> None:
