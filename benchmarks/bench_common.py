@@ -140,8 +140,8 @@ def print_conditions(title: str, conditions: dict[str, Any]) -> None:
 
 def counter_delta(before: dict, after: dict) -> dict[str, int]:
     """Decode steps between two ``LLMEngine.decode_step_counters()`` snapshots, summed over
-    virtual engines: ``{"graph": n, "eager_<reason>": n, "prefill_graph": n}`` (zero
-    entries dropped).
+    virtual engines: ``{"graph": n, "eager_<reason>": n, "prefill_graph": n,
+    "piecewise_graph": n}`` (zero entries dropped).
 
     A snapshot is ``{"graph": {ve: {size: n}}, "eager": {ve: {reason: n}}, "prefill_graph":
     {ve: {tokens: n}}}``; the mp
@@ -161,8 +161,9 @@ def _flatten(snap: dict):
         return
     for ve_counts in snap.get("graph", {}).values():
         yield "graph", sum(ve_counts.values())
-    for ve_counts in snap.get("prefill_graph", {}).values():
-        yield "prefill_graph", sum(ve_counts.values())
+    for key in ("prefill_graph", "piecewise_graph"):
+        for ve_counts in snap.get(key, {}).values():
+            yield key, sum(ve_counts.values())
     for ve_counts in snap.get("eager", {}).values():
         for reason, n in ve_counts.items():
             yield f"eager_{reason}", n

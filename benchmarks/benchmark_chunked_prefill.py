@@ -12,7 +12,9 @@ long request's time to its first token is its TTFT. The streams are then cancell
 The server runs twice: without chunking (its budget covers a whole prompt, so each long
 prefill stalls every stream for its length) and with ``--enable-chunked-prefill
 --max-num-batched-tokens --chunked-budget`` (512: decodes first, then at most that many
-tokens of prefill per step); prefix caching is off in both (every prompt is new anyway).
+tokens of prefill per step, plus ``--chunked-server-args``, e.g.
+``--piecewise-graph-max-tokens 512`` to replay the mixed steps as piecewise CUDA graphs);
+prefix caching is off in both (every prompt is new anyway).
 Reported (one JSON line, milliseconds): TPOT p50/p99 and TTFT
 p50/p99 for each, and ``tpot_p99_on_over_off`` (target <= 0.5).
 
@@ -46,6 +48,9 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--long-rate", type=float, default=1.0, help="long prompts per second.")
     p.add_argument("--chunked-budget", type=int, default=512,
                    help="--max-num-batched-tokens of the chunked run.")  # fmt: skip
+    p.add_argument("--chunked-server-args", default="",
+                   help="more server flags for the chunked run only, e.g. "
+                        "'--piecewise-graph-max-tokens 512'.")  # fmt: skip
     return p
 
 
@@ -109,10 +114,12 @@ def run(args) -> dict:
     rec = {"bench": "chunked_prefill_serving", "gpu": device_name(_device(args)),
            "model": os.path.basename(args.model), "streams": args.streams,
            "num_long": args.num_long, "long_len": args.long_len,
-           "long_rate_per_s": args.long_rate, "chunked_budget": args.chunked_budget}  # fmt: skip
+           "long_rate_per_s": args.long_rate, "chunked_budget": args.chunked_budget,
+           "chunked_server_args": args.chunked_server_args}  # fmt: skip
     extra = args.server_args
     for chunked in (False, True):
-        flags = f" --enable-chunked-prefill --max-num-batched-tokens {args.chunked_budget}"
+        flags = (f" --enable-chunked-prefill --max-num-batched-tokens {args.chunked_budget} "
+                 f"{args.chunked_server_args}").rstrip()  # fmt: skip
         server = Server(argparse.Namespace(**{**vars(args), "server_args":
                                               extra + (flags if chunked else "")}),
                         caching=False)  # fmt: skip

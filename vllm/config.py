@@ -442,6 +442,10 @@ class CompilationConfig:
             replay one decode step N times (default False: captured for rows <= 8).
         small_decode_max_rows: the most decode rows the FLASHINFER backend's Triton
             small-decode path takes (default 1; 0 = off; at most 64).
+        piecewise_graph_max_tokens: most tokens of a prefill or mixed step replayed from
+            piecewise graphs (vllm/cudagraph/piecewise.py: every layer's projections and
+            MLP captured, attention eager), capped at max_num_batched_tokens; default 0
+            (off: such steps run eagerly).
     """
 
     enforce_eager: bool = False
@@ -451,8 +455,14 @@ class CompilationConfig:
     prefill_graph_max_tokens: int = 512
     disable_decode_loop_graphs: bool = False
     small_decode_max_rows: int = 1
+    piecewise_graph_max_tokens: int = 0
 
     def __post_init__(self) -> None:
+        if self.piecewise_graph_max_tokens < 0:
+            raise ValueError(
+                f"piecewise_graph_max_tokens must be >= 0 (0 = no piecewise graphs), got "
+                f"{self.piecewise_graph_max_tokens}."
+            )
         if self.prefill_graph_max_tokens < 0:
             raise ValueError(
                 f"prefill_graph_max_tokens must be >= 0 (0 = no prefill graphs), got "

@@ -277,8 +277,10 @@ def test_chunked_prefill_benchmark_reports_both_runs(tiny_llama_dir, capsys, mon
             "--max-model-len", "512", "--vocab", "400", "--streams", "2",
             "--stream-prompt-len", "4", "--warmup-s", "0.2", "--num-long", "2",
             "--long-len", "40", "--long-output-len", "4", "--long-rate", "4",
-            "--chunked-budget", "16", "--server-args", "--max-num-seqs 8"]  # fmt: skip
+            "--chunked-budget", "16", "--server-args", "--max-num-seqs 8",
+            "--chunked-server-args", "--piecewise-graph-max-tokens 16"]  # fmt: skip
     rec = bench.main(argv)
+    assert rec["chunked_server_args"] == "--piecewise-graph-max-tokens 16"
     lines = [
         json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith('{"bench"')
     ]

@@ -98,3 +98,22 @@ def test_prefill_maximum_from_the_config():
             CompilationConfig(prefill_graph_max_tokens=bad)
     with pytest.raises(ValueError, match="got -3"):
         prefill_capture_sizes(-3)
+
+
+def test_piecewise_sizes_from_the_config(tiny_llama_dir):
+    """The prefill ladder up to min(--piecewise-graph-max-tokens, max_num_batched_tokens) at
+    PP = 1, none at PP > 1 or with the flag at its default 0; a negative value is refused."""
+    from vllm.cudagraph.sizes import graph_spec
+    from vllm.engine.arg_utils import EngineArgs
+
+    def spec(pp=1, **kw):
+        cfg = EngineArgs(model=tiny_llama_dir, device="cpu", **kw).create_engine_config()
+        return graph_spec(cfg, pp, True).piecewise_sizes
+
+    assert CompilationConfig().piecewise_graph_max_tokens == 0 and spec() == ()
+    assert spec(piecewise_graph_max_tokens=100) == (16, 24, 32, 48, 64, 96, 100)
+    chunked = dict(enable_chunked_prefill=True, max_num_batched_tokens=48, max_num_seqs=8)
+    assert spec(piecewise_graph_max_tokens=512, **chunked) == (16, 24, 32, 48)
+    assert spec(2, piecewise_graph_max_tokens=100) == ()
+    with pytest.raises(ValueError, match="piecewise_graph_max_tokens must be >= 0.*got -1"):
+        CompilationConfig(piecewise_graph_max_tokens=-1)

@@ -5,8 +5,10 @@ from vllm.engine.metrics import flatten_decode_counters
 SNAP = {
     "graph": {0: {1: 3, 2: 4}, 1: {4: 2}},
     "eager": {0: {"prefill": 5, "too_big": 1}, 1: {"prefill": 2}},
+    "piecewise_graph": {0: {16: 2, 512: 1}},
 }
-EXPECTED = {("graph", "0"): 7.0, ("graph", "1"): 2.0, ("eager", "0"): 1.0}
+EXPECTED = {("graph", "0"): 7.0, ("graph", "1"): 2.0, ("eager", "0"): 1.0,
+            ("piecewise_graph", "0"): 3.0}  # fmt: skip
 
 
 def test_single_stage_snapshot():

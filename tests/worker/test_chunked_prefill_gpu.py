@@ -18,14 +18,16 @@ PROMPTS = ["The capital of France is", "Hello, my name is", "def fibonacci(n):",
            LONG + "Q: Name a planet. A:", "Once upon a time,"]  # fmt: skip
 
 
-def _run(model, backend, chunked):
+def _run(model, backend, chunked, pad_eager=False, **extra):
     os.environ["VLLM_ATTENTION_BACKEND"] = backend
     from vllm import LLM
 
     kw = dict(enable_chunked_prefill=True, max_num_batched_tokens=64) if chunked else {}
     llm = LLM(model=model, device="cuda", dtype="bfloat16", gpu_memory_utilization=0.3,
-              max_num_seqs=8, small_decode_max_rows=0, **kw)  # fmt: skip
-    be = llm.llm_engine.executor.worker.model_runner.attn_backend
+              max_num_seqs=8, small_decode_max_rows=0, **kw, **extra)  # fmt: skip
+    runner = llm.llm_engine.executor.worker.model_runner
+    runner.pad_eager_batches = pad_eager
+    be = runner.attn_backend
     prefill_before = getattr(be, "prefill_runs", 0)
     out = vllm_greedy(llm, PROMPTS, 24, logprobs=5)
     counters = llm.llm_engine.decode_step_counters()
@@ -49,3 +51,22 @@ def test_chunked_close_to_unchunked_and_counters(smollm2_gguf, backend):
     assert sum(counters["graph"].get(0, {}).values()) > 0, counters  # decode-only steps
     if backend == "FLASHINFER":
         assert prefill_runs >= mixed  # every mixed step planned the paged prefill wrapper
+
+
+@pytest.mark.forked
+def test_piecewise_graphs_equal_eager_pieces(smollm2_gguf):
+    """--piecewise-graph-max-tokens 64 on FLASHINFER: the chunked run replays pieces for
+    every prefill and mixed step (none runs eagerly), equals bit for bit the same run with
+    enforce_eager and the eager padding switch (the same pieces and padded decode batches,
+    uncaptured), and is logprobs-close to the unchunked run."""
+    pieces = dict(piecewise_graph_max_tokens=64)
+    ref, _, _ = _run(smollm2_gguf, "FLASHINFER", False)
+    got, counters, _ = _run(smollm2_gguf, "FLASHINFER", True, **pieces)
+    eager, eager_counters, _ = _run(smollm2_gguf, "FLASHINFER", True, pad_eager=True,
+                                    enforce_eager=True, **pieces)  # fmt: skip
+    assert got == eager
+    check_logprobs_close(ref, got, "unchunked", "chunked with pieces", PROMPTS)
+    replays = sum(counters["piecewise_graph"].get(0, {}).values())
+    assert replays >= 5, counters  # ~540 prompt tokens in steps of at most 64 tokens
+    assert counters["eager"].get(0, {}) == {}, counters
+    assert eager_counters["eager"][0]["mixed"] >= 5, eager_counters

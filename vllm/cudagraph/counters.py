@@ -15,7 +15,8 @@ EAGER_REASONS = ("prefill", "enforce_eager", "too_big", "too_long", "mixed")
 
 class DecodeStepCounters:
     """Thread-safe counts of replayed decode steps per (VE, captured size), eager steps per
-    (VE, reason), reason in ``EAGER_REASONS``, and replayed prefill graphs per (VE, captured
+    (VE, reason), reason in ``EAGER_REASONS``, replayed prefill graphs per (VE, captured
+    token count) and prefill or mixed steps replayed from piecewise graphs per (VE, captured
     token count)."""
 
     def __init__(self) -> None:
@@ -23,6 +24,7 @@ class DecodeStepCounters:
         self.graph: Counter[tuple[int, int]] = Counter()
         self.eager: Counter[tuple[int, str]] = Counter()
         self.prefill_graph: Counter[tuple[int, int]] = Counter()
+        self.piecewise_graph: Counter[tuple[int, int]] = Counter()
 
     def count_replay(self, virtual_engine: int, size: int) -> None:
         with self._lock:
@@ -32,6 +34,10 @@ class DecodeStepCounters:
         with self._lock:
             self.prefill_graph[(virtual_engine, tokens)] += 1
 
+    def count_piecewise_replay(self, virtual_engine: int, tokens: int) -> None:
+        with self._lock:
+            self.piecewise_graph[(virtual_engine, tokens)] += 1
+
     def count_eager(self, virtual_engine: int, reason: str) -> None:
         if reason not in EAGER_REASONS:
             raise ValueError(f"unknown eager reason {reason!r}; expected one of {EAGER_REASONS}")
@@ -40,12 +46,16 @@ class DecodeStepCounters:
 
     def snapshot(self) -> dict[str, dict[int, dict[int | str, int]]]:
         """``{"graph": {ve: {size: n}}, "eager": {ve: {reason: n}}, "prefill_graph":
-        {ve: {tokens: n}}}`` (plain dicts; a prefill replayed from a graph is in
-        "prefill_graph", an eager one in "eager" under "prefill")."""
+        {ve: {tokens: n}}, "piecewise_graph": {ve: {tokens: n}}}`` (plain dicts; a prefill
+        replayed from a graph is in "prefill_graph", an eager one in "eager" under
+        "prefill"; a prefill or mixed step replayed from piecewise graphs is in
+        "piecewise_graph")."""
         out: dict[str, dict[int, dict[int | str, int]]] = {
-            "graph": {}, "eager": {}, "prefill_graph": {}
+            "graph": {}, "eager": {}, "prefill_graph": {}, "piecewise_graph": {}
         }  # fmt: skip
         with self._lock:
+            for (ve, tokens), n in sorted(self.piecewise_graph.items()):
+                out["piecewise_graph"].setdefault(ve, {})[tokens] = n
             for (ve, tokens), n in sorted(self.prefill_graph.items()):
                 out["prefill_graph"].setdefault(ve, {})[tokens] = n
             for (ve, size), n in sorted(self.graph.items()):

@@ -25,6 +25,7 @@ from vllm.attention.backends.abstract import (
 )
 from vllm.cudagraph.capture import CapturedGraph, GraphCapturer, StaticInputs
 from vllm.cudagraph.decode_loop import LoopGraph, capture_loop_graph
+from vllm.cudagraph.piecewise import PieceBuffers, PieceGraphs, capture_pieces
 from vllm.cudagraph.sizes import GraphSpec, warn_eager_sizes
 from vllm.sequence import IntermediateTensors
 
@@ -46,6 +47,9 @@ class GraphSet:
         graph_runners: graph_runners[ve][rows], each decode graph.
         prefill_graphs: prefill_graphs[ve][tokens], each one-sequence prefill graph.
         loops: loops[ve][rows], each decode-loop graph.
+        piecewise: piecewise[ve][tokens], the piecewise graphs of prefill and mixed steps
+            (vllm/cudagraph/piecewise.py; none when the model has no ``piecewise_model``).
+        piece_buffers: per VE, the buffers between its pieces (None without pieces).
         attn_states, inputs: per VE, its attention graph state and static inputs.
         memory_trace: (label, bytes reserved, bytes of live tensors; both since capture
             began): "state" after a VE's buffers, then one entry per captured graph (the
@@ -75,6 +79,8 @@ class GraphSet:
         self.graph_runners: list[dict[int, CapturedGraph]] = []
         self.prefill_graphs: list[dict[int, CapturedGraph]] = []
         self.loops: list[dict[int, LoopGraph]] = []
+        self.piecewise: list[dict[int, PieceGraphs]] = []
+        self.piece_buffers: list[PieceBuffers | None] = []
         self.attn_states: list[AttentionGraphState] = []
         self.inputs: list[StaticInputs] = []
         self.pool = None
@@ -106,9 +112,13 @@ class GraphSet:
         self.graph_runners = [{} for _ in range(n_ves)]
         self.prefill_graphs = [{} for _ in range(n_ves)]
         self.loops = [{} for _ in range(n_ves)]
+        self.piecewise = [{} for _ in range(n_ves)]
         self._staged = [None] * n_ves
-        per_ve = len(sizes.sizes) + len(spec.loop_sizes) + len(spec.prefill_sizes)
-        inputs_len = max(sizes.max_batchsize_to_capture, *spec.prefill_sizes, 1)
+        pm = getattr(self.model, "piecewise_model", None)
+        piece_sizes = spec.piecewise_sizes if pm is not None else ()
+        per_ve = (len(sizes.sizes) + len(spec.loop_sizes) + len(spec.prefill_sizes)
+                  + len(piece_sizes))  # fmt: skip
+        inputs_len = max(sizes.max_batchsize_to_capture, *spec.prefill_sizes, *piece_sizes, 1)
         bar = tqdm(total=n_ves * per_ve, desc="Capturing CUDA graphs", disable=not show_progress)
 
         def trace(label: str | int) -> None:
@@ -126,6 +136,18 @@ class GraphSet:
             self.attn_states.append(state)
             self.inputs.append(static)
             trace("state")
+            bufs = None
+            if piece_sizes:  # the largest activations of all: before every other graph
+                bufs = PieceBuffers(piece_sizes[-1], pm.piece_widths(), self.hidden_size,
+                                    self.dtype, self.device)  # fmt: skip
+                for tokens in reversed(piece_sizes):
+                    ids, _, inter = static.views(tokens)
+                    self.piecewise[ve][tokens] = capture_pieces(
+                        pm, bufs, len(kv_caches[ve]), ids, inter, cap, self.pool
+                    )
+                    trace(f"piecewise-{tokens}")
+                    bar.update(1)
+            self.piece_buffers.append(bufs)
             for tokens in reversed(spec.prefill_sizes):  # the largest activations first
                 graph = self._capture_one(ve, tokens, kv_caches[ve], prefill=True)
                 self.prefill_graphs[ve][tokens] = graph
@@ -150,9 +172,10 @@ class GraphSet:
         self.capture_bytes = max(0, cap.memory_reserved(self.device) - mem0)
         logger.info(
             "Captured %d CUDA graphs (sizes %s, decode-loop sizes %s, prefill token counts "
-            "%s, %d virtual engines) in %.2f s using %.3f GiB",
+            "%s, piecewise token counts %s, %d virtual engines) in %.2f s using %.3f GiB",
             n_ves * per_ve, list(sizes.sizes), sorted(self.loops[0]) if n_ves else [],
-            list(spec.prefill_sizes), n_ves, self.capture_seconds, self.capture_bytes / 2**30,
+            list(spec.prefill_sizes), list(piece_sizes), n_ves, self.capture_seconds,
+            self.capture_bytes / 2**30,
         )  # fmt: skip
 
     def _capture_one(
@@ -200,7 +223,24 @@ class GraphSet:
             state.prepare_prefill_replay(size, step, attn_metadata)
         else:
             state.prepare_replay(size, step, attn_metadata)
-        if static.input_ids.is_cuda:
+        self._record_staged(virtual_engine)
+
+    def stage_piece_inputs(
+        self,
+        virtual_engine: int,
+        size: int,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        intermediate_tensors: IntermediateTensors | None = None,
+    ) -> None:
+        """Before replaying the piecewise graphs of ``size`` tokens: upload the padded
+        inputs ([size] int64 each) into the VE's static inputs and record the staged event
+        (the attention between pieces runs on the step's own metadata)."""
+        self.inputs[virtual_engine].upload(size, input_ids, positions, intermediate_tensors)
+        self._record_staged(virtual_engine)
+
+    def _record_staged(self, virtual_engine: int) -> None:
+        if self.inputs[virtual_engine].input_ids.is_cuda:
             if self._staged[virtual_engine] is None:
                 self._staged[virtual_engine] = torch.cuda.Event()
             self._staged[virtual_engine].record()

@@ -75,8 +75,8 @@ def extrapolate(
             reserved and bytes of live tensors since the trial began.
         num_graphs: decode and decode-loop graphs per VE.
         num_ves: virtual engines.
-        further_prefill_bytes: per VE, the outputs of the prefill graphs the trial did not
-            capture (each keeps its [tokens, hidden] output).
+        further_prefill_bytes: per VE, the outputs of the prefill and piecewise graphs the
+            trial did not capture (each size keeps its [tokens, hidden] output).
     Returns:
         num_ves x (a + g x (num_graphs - 1) + further_prefill_bytes) with
         g = max(b - a, segment_cost(lb - la)): a holds the state buffers, the shared pool
@@ -103,7 +103,8 @@ def estimate_graph_memory(
     capturer: GraphCapturer | None = None,
 ) -> int:
     """Bytes ``runner.capture`` will take for ``num_virtual_engines`` VEs: a trial capture
-    of one VE (the two largest decode sizes and the largest prefill) over ``kv_caches``
+    of one VE (the two largest decode sizes, the largest prefill and the largest
+    piecewise size, whose buffers and pool serve the smaller ones) over ``kv_caches``
     (one small cache, [local_layer]), extrapolated by :func:`extrapolate`. 0 without
     decode sizes."""
     spec = runner.spec
@@ -113,11 +114,13 @@ def estimate_graph_memory(
     probe = tuple(sorted(sizes)[-2:])
     trial_spec = GraphSpec(CaptureSizes(probe, probe[-1], probe[-1]),
                            prefill_sizes=spec.prefill_sizes[-1:],
-                           max_seq_len_to_capture=spec.max_seq_len_to_capture)  # fmt: skip
+                           max_seq_len_to_capture=spec.max_seq_len_to_capture,
+                           piecewise_sizes=spec.piecewise_sizes[-1:])  # fmt: skip
     trial = runner.with_spec(trial_spec)
     trial.capture([kv_caches], [scratch_slot], capturer, show_progress=False)
     trace = trial.graphs.memory_trace
     del trial
     row = runner.hidden_size * torch.empty((), dtype=runner.dtype).element_size()
     further = (sum(spec.prefill_sizes) - sum(spec.prefill_sizes[-1:])) * row
+    further += (sum(spec.piecewise_sizes) - sum(spec.piecewise_sizes[-1:])) * row
     return extrapolate(trace, len(sizes) + len(spec.loop_sizes), num_virtual_engines, further)

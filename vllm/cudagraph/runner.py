@@ -23,12 +23,17 @@ Recipe (DESIGN.md guarantees 1-3 and 5):
 - every step is counted by :meth:`GraphRunner.run`: replays per (VE, size), eager steps
   per (VE, reason).
 
-Chunked prefill: a step with prefill chunks and decode rows (ForwardMode.MIXED) always runs
-eagerly, counted with the reason "mixed": its shapes depend on every chunk and decode row,
-and a mixed batch is where the prefill's work dominates, so a graph would save little. A
+Chunked prefill: a step with prefill chunks and decode rows (ForwardMode.MIXED) has shapes
+that depend on every chunk and decode row, so no whole-step graph serves it. A
 decode-only step replays as above; a prefill-only step (chunks included) plans as a prefill
 (a first chunk without cached context may replay a prefill graph: it attends only among its
 own tokens). :meth:`_use_captured_graph` keeps answering from what was captured.
+
+Piecewise graphs (vllm/cudagraph/piecewise.py, ``piecewise_graph_max_tokens`` > 0): a
+mixed step, or a prefill step no prefill graph serves, whose token count fits a captured
+piecewise size replays that size's pieces with the attention run eagerly between them
+(counted per (VE, tokens) as "piecewise_graph"); otherwise it runs eagerly, with the reason
+"mixed" or "prefill".
 
 Before :meth:`GraphRunner.capture` (CPU, enforce_eager, or before start-up finishes) the
 same object plans every step eagerly ("enforce_eager"), padded like a graph only under the
@@ -47,6 +52,7 @@ from vllm.cudagraph.capture import GraphCapturer
 from vllm.cudagraph.counters import DecodeStepCounters
 from vllm.cudagraph.decode_loop import eligible
 from vllm.cudagraph.graph_set import GraphSet
+from vllm.cudagraph.piecewise import PieceBuffers, piece_fns, run_pieces
 from vllm.cudagraph.sizes import GraphSpec, next_size
 from vllm.sequence import IntermediateTensors
 
@@ -65,11 +71,15 @@ class Plan:
         graph_size: the captured size it replays (decode: rows; prefill: tokens), or None.
         eager_reason: why it runs eagerly ("prefill", "enforce_eager", "too_big",
             "too_long", "mixed"), None when it replays.
+        piecewise: the step runs as pieces (vllm/cudagraph/piecewise.py): replayed when
+            ``graph_size`` is set, else run eagerly padded to ``pad_to`` tokens (the eager
+            padding switch); only its token ids and positions are padded.
     """
 
     pad_to: int
     graph_size: int | None
     eager_reason: str | None
+    piecewise: bool = False
 
 
 class GraphRunner:
@@ -111,6 +121,7 @@ class GraphRunner:
         self.sampler = sampler
         self.counters = counters if counters is not None else DecodeStepCounters()
         self.graphs: GraphSet | None = None  # after capture()
+        self._eager_piece_buffers: PieceBuffers | None = None  # eager padding switch only
 
     def with_spec(self, spec: GraphSpec) -> GraphRunner:
         """A new, uncaptured runner over the same model and backend capturing ``spec``."""
@@ -154,11 +165,12 @@ class GraphRunner:
 
     def captured_sizes(self, virtual_engine: int, kind: str = "decode") -> list[int]:
         """Sorted captured sizes of ``virtual_engine``: ``kind`` "decode" (rows), "prefill"
-        (tokens) or "loop" (rows of decode-loop graphs); [] before capture."""
+        (tokens), "loop" (rows of decode-loop graphs) or "piecewise" (tokens); [] before
+        capture."""
         if self.graphs is None:
             return []
         table = {"decode": self.graphs.graph_runners, "prefill": self.graphs.prefill_graphs,
-                 "loop": self.graphs.loops}[kind]  # fmt: skip
+                 "loop": self.graphs.loops, "piecewise": self.graphs.piecewise}[kind]  # fmt: skip
         return sorted(table[virtual_engine])
 
     # ---------------------------------------------------------------- planning
@@ -181,6 +193,7 @@ class GraphRunner:
         tokens: int,
         max_len: int = 0,
         pad_eager: bool = False,
+        has_context: bool = False,
     ) -> Plan:
         """How a step of ``rows`` sequences and ``tokens`` new tokens runs on VE
         ``virtual_engine``.
@@ -189,13 +202,15 @@ class GraphRunner:
         its padded size was captured for the VE and ``max_len`` fits
         ``max_seq_len_to_capture``, else eager ("too_big" / "too_long"). Prefill: a prefill
         graph for one sequence up to the largest captured token count, else eager
-        ("prefill"). Mixed (chunked prefill with decode rows): always eager ("mixed").
-        Before capture every step is eager ("enforce_eager" for decode),
-        padded like a graph only with ``pad_eager`` (a debug switch: padded eager steps
-        run the graphs' shapes, so the two agree exactly).
+        ("prefill"); a prefill with cached context (``has_context``) never replays one.
+        Mixed (chunked prefill with decode rows) and prefill steps no prefill graph serves:
+        piecewise graphs when ``tokens`` fits a captured piecewise size, else eager
+        ("mixed" / "prefill"). Before capture every step is eager ("enforce_eager" for
+        decode), padded like a graph only with ``pad_eager`` (a debug switch: padded eager
+        steps run the graphs' shapes, so the two agree exactly).
         """
         if mode == ForwardMode.MIXED:
-            return Plan(0, None, "mixed")
+            return self._plan_pieces(virtual_engine, tokens, pad_eager, "mixed")
         if mode == ForwardMode.DECODE:
             if self.graphs is None:
                 padded = self.sizes.padded_size(rows) if pad_eager else None
@@ -207,13 +222,27 @@ class GraphRunner:
             if padded is None or padded not in self.graphs.graph_runners[virtual_engine]:
                 return Plan(0, None, "too_big")
             return Plan(0, None, "too_long")
-        if rows == 1 and (self.graphs is not None or pad_eager):
+        if rows == 1 and not has_context and (self.graphs is not None or pad_eager):
             size = next_size(self.spec.prefill_sizes, tokens)
             if self.graphs is None and size is not None:
                 return Plan(size, None, "prefill")
             if size is not None and size in self.graphs.prefill_graphs[virtual_engine]:
                 return Plan(size, size, None)
-        return Plan(0, None, "prefill")
+        return self._plan_pieces(virtual_engine, tokens, pad_eager, "prefill")
+
+    def _plan_pieces(self, virtual_engine: int, tokens: int, pad_eager: bool, reason: str) -> Plan:
+        """A step of ``tokens`` tokens with prefill rows: piecewise replay at the smallest
+        captured piecewise size >= ``tokens``, else eager for ``reason`` (padded to that
+        size and run as pieces under ``pad_eager`` before capture)."""
+        size = next_size(self.spec.piecewise_sizes, tokens)
+        if size is None:
+            return Plan(0, None, reason)
+        if self.graphs is None:
+            pieces = pad_eager and hasattr(self.model, "piecewise_model")
+            return Plan(size, None, reason, piecewise=True) if pieces else Plan(0, None, reason)
+        if size in self.graphs.piecewise[virtual_engine]:
+            return Plan(size, size, None, piecewise=True)
+        return Plan(0, None, reason)
 
     # ----------------------------------------------------------------- running
     def run(
@@ -234,6 +263,8 @@ class GraphRunner:
             (a replay returns the graph's static output, valid until the next replay).
         """
         ve, size = batch.virtual_engine, batch.graph_size
+        if batch.piecewise:
+            return self._run_pieces(batch, kv_caches, intermediate_tensors)
         if size is None:
             self.counters.count_eager(ve, batch.eager_reason)
             return self.model(batch.input_ids, batch.positions, kv_caches,
@@ -249,6 +280,41 @@ class GraphRunner:
         else:
             self.counters.count_replay(ve, size)
         return cg.output
+
+    def _run_pieces(
+        self,
+        batch: ForwardBatch,
+        kv_caches: list[torch.Tensor],
+        intermediate_tensors: IntermediateTensors | None,
+    ) -> Any:
+        """A step planned as pieces: replayed (``graph_size`` set) or run eagerly at its
+        padded size (the eager padding switch). Returns its first T rows, T = the step's
+        real tokens (hidden states [T, hidden] or IntermediateTensors)."""
+        ve, size, n = batch.virtual_engine, batch.graph_size, batch.num_tokens
+        t = len(batch.step.slot_mapping)
+        pm = self.model.piecewise_model
+        if size is None:
+            if self._eager_piece_buffers is None:
+                self._eager_piece_buffers = PieceBuffers(
+                    self.spec.piecewise_sizes[-1], pm.piece_widths(), self.hidden_size,
+                    self.dtype, self.device,
+                )  # fmt: skip
+            bufs = self._eager_piece_buffers
+            calls = piece_fns(pm, bufs, len(kv_caches), batch.input_ids, intermediate_tensors)
+            positions = batch.positions[:t]
+            self.counters.count_eager(ve, batch.eager_reason)
+        else:
+            graphs = self.graphs
+            graphs.stage_piece_inputs(ve, size, batch.input_ids, batch.positions,
+                                      intermediate_tensors)  # fmt: skip
+            bufs = graphs.piece_buffers[ve]
+            calls = graphs.piecewise[ve][size].calls()
+            positions = graphs.inputs[ve].positions[:t]
+            self.counters.count_piecewise_replay(ve, size)
+        out = run_pieces(pm, calls, bufs, positions, kv_caches, batch.attn_metadata)
+        if isinstance(out, IntermediateTensors):
+            return IntermediateTensors({k: v[:t] for k, v in out.items()})
+        return out[:t] if t < n else out  # [T, hidden]
 
     def run_loop(self, batch: ForwardBatch, n: int) -> torch.Tensor | None:
         """Run ``n`` decode steps of ``batch`` in its decode-loop graph, or return None when

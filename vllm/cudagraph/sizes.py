@@ -156,6 +156,8 @@ class GraphSpec:
         loop_steps: steps a decode-loop graph's ring holds (num_scheduler_steps; 0 when
             there are no loop graphs).
         max_seq_len_to_capture: longest context (tokens) a decode graph serves.
+        piecewise_sizes: token counts of the piecewise graphs of prefill and mixed steps
+            (vllm/cudagraph/piecewise.py; sorted; () at PP > 1 or with the maximum at 0).
     """
 
     sizes: CaptureSizes
@@ -163,6 +165,7 @@ class GraphSpec:
     loop_sizes: tuple[int, ...] = ()
     loop_steps: int = 0
     max_seq_len_to_capture: int = 8192
+    piecewise_sizes: tuple[int, ...] = ()
 
 
 def graph_spec(config: EngineConfig, pp_size: int, supports_prefill_graphs: bool) -> GraphSpec:
@@ -173,6 +176,8 @@ def graph_spec(config: EngineConfig, pp_size: int, supports_prefill_graphs: bool
     :func:`prefill_capture_sizes` up to min(prefill_graph_max_tokens,
     max_num_batched_tokens, max_model_len) at PP = 1 on a backend that supports them.
     Loop sizes: :func:`loop_capture_sizes` (PP = 1 only, as multi-step decoding).
+    Piecewise sizes: the prefill ladder up to min(piecewise_graph_max_tokens,
+    max_num_batched_tokens) at PP = 1 (a step never has more tokens than the budget).
     """
     cc = config.compilation_config
     sc = config.scheduler_config
@@ -186,4 +191,10 @@ def graph_spec(config: EngineConfig, pp_size: int, supports_prefill_graphs: bool
         prefill = prefill_capture_sizes(cap)
     steps = sc.num_scheduler_steps if pp_size == 1 else 0
     loops = loop_capture_sizes(sizes.sizes, steps, cc.disable_decode_loop_graphs)
-    return GraphSpec(sizes, prefill, loops, steps if loops else 0, cc.max_seq_len_to_capture)
+    piecewise: tuple[int, ...] = ()
+    if pp_size == 1:
+        piecewise = prefill_capture_sizes(
+            min(cc.piecewise_graph_max_tokens, sc.max_num_batched_tokens)
+        )
+    return GraphSpec(sizes, prefill, loops, steps if loops else 0, cc.max_seq_len_to_capture,
+                     piecewise)  # fmt: skip

@@ -193,6 +193,12 @@ class EngineArgs:
         "Longest one-prompt prefill (tokens) replayed from a CUDA graph; 0 = none.",
         group="compilation",
     )
+    piecewise_graph_max_tokens: int = _f(
+        0,
+        "Most tokens of a prefill or mixed step replayed from piecewise CUDA graphs "
+        "(projections and MLP captured per layer, attention eager); 0 = none.",
+        group="compilation",
+    )
     disable_decode_loop_graphs: bool = _f(
         False,
         "With --num-scheduler-steps > 1, do not capture decode-loop graphs.",
@@ -265,6 +271,7 @@ class EngineArgs:
             prefill_graph_max_tokens=self.prefill_graph_max_tokens,
             disable_decode_loop_graphs=self.disable_decode_loop_graphs,
             small_decode_max_rows=self.small_decode_max_rows,
+            piecewise_graph_max_tokens=self.piecewise_graph_max_tokens,
         )
         model_config = ModelConfig(
             model=self.model,

@@ -80,9 +80,11 @@ _LOG_INTERVAL_S = 10.0
 def flatten_decode_counters(counters: dict) -> dict[tuple[str, str], float]:
     """``LLMEngine.decode_step_counters()`` as {(mode, virtual_engine): decode steps}.
 
-    Input: the runner's snapshot ``{"graph": {ve: {size: n}}, "eager": {ve: {reason: n}}}``
-    (sizes and reasons are summed; eager "prefill" steps are not decode steps and are left
-    out), or under pipeline parallelism one such snapshot per stage rank, ``{rank: snapshot}``.
+    Input: the runner's snapshot ``{"graph": {ve: {size: n}}, "eager": {ve: {reason: n}},
+    "piecewise_graph": {ve: {tokens: n}}}`` (sizes and reasons are summed; eager "prefill"
+    steps are not decode steps and are left out; "piecewise_graph" counts prefill and mixed
+    steps replayed from piecewise graphs), or under pipeline parallelism one such snapshot
+    per stage rank, ``{rank: snapshot}``.
     Every stage runs every step, so the first stage's snapshot is the engine's count (a sum
     over stages would count each step once per stage, and reading the rank as the virtual
     engine would mislabel it).
@@ -91,7 +93,7 @@ def flatten_decode_counters(counters: dict) -> dict[tuple[str, str], float]:
     if counters and all(isinstance(k, int) for k in counters):
         counters = counters[min(counters)] or {}  # per-stage form: {rank: snapshot}
     flat: dict[tuple[str, str], float] = {}
-    for mode in ("graph", "eager"):
+    for mode in ("graph", "eager", "piecewise_graph"):
         for ve, per_key in (counters.get(mode) or {}).items():
             n = sum(v for k, v in per_key.items() if not (mode == "eager" and k == "prefill"))
             if n:

@@ -43,6 +43,9 @@ class ForwardBatch:
             ``attn_metadata`` is set).
         eager_reason: why it runs eagerly ("prefill", "enforce_eager", "too_big",
             "too_long", "mixed"), None when it replays.
+        piecewise: runs as piecewise graphs (vllm/cudagraph/piecewise.py): ``input_ids``
+            and ``positions`` are padded to the pieces' token count (``graph_size`` when
+            replayed), ``attn_metadata`` covers the real tokens only.
     """
 
     mode: ForwardMode
@@ -57,6 +60,7 @@ class ForwardBatch:
     max_decode_seq_len: int = 0
     graph_size: int | None = None
     eager_reason: str | None = None
+    piecewise: bool = False
 
     @property
     def num_tokens(self) -> int:

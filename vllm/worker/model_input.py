@@ -5,11 +5,12 @@ first ``c`` tokens are cached feeds tokens ``c ..`` at positions ``c ..``; its s
 the full length, so the backend attends to the cached context through the block table), decode
 rows their last token. With chunked prefill a prefill row feeds one chunk (``token_chunk_size``
 tokens after ``computed_lens``; seq_len is where the chunk ends) and a step may mix prefill
-rows (first) with decode rows: a MIXED batch, which runs eagerly. Padding to a
+rows (first) with decode rows: a MIXED batch (eager, or piecewise graphs). Padding to a
 captured size is one step of it and works eagerly too (``ModelRunner.pad_eager_batches``,
 a debug switch): a decode batch gets padded lanes up to a captured batch size, a prefill of
 one sequence padded tokens up to a prefill-graph size. Padded lanes and tokens have token
-0, position 0 and slot -1 (the scratch slot). Whether the step replays a graph is the graph
+0, position 0 and slot -1 (the scratch slot). A step planned as piecewise graphs pads its
+token ids and positions only (token 0, position 0): its metadata covers the real tokens. Whether the step replays a graph is the graph
 runner's :class:`~vllm.cudagraph.runner.Plan`, recorded in the batch.
 """
 
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from vllm.attention.backends.abstract import AttentionBackend, ForwardMode, StepInputs
-from vllm.cudagraph.runner import GraphRunner, Plan
+from vllm.cudagraph.runner import GraphRunner
 from vllm.model_executor.forward_batch import ForwardBatch
 from vllm.model_executor.sampling_metadata import SamplingMetadata
 from vllm.sequence import SequenceGroupMetadata
@@ -77,8 +78,9 @@ def prepare_model_input(
     preempted sequence is recomputed) past its cached tokens (``computed_lens``), or the
     next ``token_chunk_size`` of them (a chunked prefill); decode rows feed the last token
     at position len - 1. Prefill groups come first; a list with decode groups after them
-    is a MIXED batch (chunked prefill), always eager. A prefill with cached context always
-    runs eagerly: prefill graphs are captured for context-free prompts only. A decode
+    is a MIXED batch (chunked prefill). A prefill with cached context never replays a
+    prefill graph (captured for context-free prompts only); it and mixed steps may replay
+    piecewise graphs (ids and positions padded to their token count). A decode
     batch may be padded with lanes up to a captured size; a prefill
     of one sequence with tokens (id 0, position 0, slot -1) up to a prefill-graph size
     (``StepInputs.graph_prefill``; sampling still reads its last real token).
@@ -150,25 +152,23 @@ def prepare_model_input(
     real_query_lens = list(query_lens)
     if is_prompt:
         batch_size = real_rows
-        if has_context:  # prefill graphs attend among new tokens only
-            plan = Plan(0, None, "prefill")
-        else:
-            plan = ctx.graph_runner.plan(
-                virtual_engine, mode, real_rows, len(input_ids), 0, ctx.pad_eager
-            )
-        pad_to = plan.pad_to
+        # prefill graphs attend among new tokens only: never with cached context
+        plan = ctx.graph_runner.plan(
+            virtual_engine, mode, real_rows, len(input_ids), 0, ctx.pad_eager, has_context
+        )
+        pad_to = 0 if plan.piecewise else plan.pad_to
         if pad_to:  # one row: padded tokens at its end, attending only among the row
             extra = pad_to - len(input_ids)
             input_ids.extend([0] * extra)
             positions.extend([0] * extra)
             slots.extend([PAD_SLOT_ID] * extra)
             seq_lens[0] = query_lens[0] = pad_to
-    else:  # DECODE, or MIXED (planned eager: never padded)
+    else:  # DECODE, or MIXED (padded only as pieces)
         plan = ctx.graph_runner.plan(
             virtual_engine, mode, real_rows, len(input_ids), max_decode_len, ctx.pad_eager
         )
         pad_to = 0  # a padded decode batch has lanes, not padded tokens
-        batch_size = plan.pad_to or real_rows
+        batch_size = real_rows if plan.piecewise else plan.pad_to or real_rows
     graph_size = plan.graph_size
     for _ in range(batch_size - real_rows):  # padded lanes (decode only)
         input_ids.append(0)
@@ -180,8 +180,12 @@ def prepare_model_input(
     step = StepInputs(mode, seq_lens, query_lens, tables, slots, real_rows, bool(pad_to),
                       num_prefills if mode == ForwardMode.MIXED else 0)  # fmt: skip
     attn_metadata = None  # a replayed graph refills its own captured metadata
-    if graph_size is None:
+    if graph_size is None or plan.piecewise:  # pieces: attention eager over the real tokens
         attn_metadata = ctx.attn_backend.build_metadata(step, scratch_slot)
+    if plan.piecewise:  # token ids and positions only, up to the pieces' token count
+        extra = plan.pad_to - len(input_ids)
+        input_ids.extend([0] * extra)
+        positions.extend([0] * extra)
     sm = None
     if ctx.samples:
         sm = SamplingMetadata.build(
@@ -200,4 +204,5 @@ def prepare_model_input(
         max_decode_seq_len=max_decode_len,
         graph_size=graph_size,
         eager_reason=plan.eager_reason,
+        piecewise=plan.piecewise,
     )

@@ -147,21 +147,12 @@ class Gemma3DecoderLayer(LlamaDecoderLayer):
         act = getattr(config, "hidden_activation", None) or config.hidden_act
         return LlamaMLP(config.hidden_size, config.intermediate_size, act, bias=False)
 
-    def forward(
-        self,
-        positions: torch.Tensor,
-        hidden_states: torch.Tensor,
-        kv_cache,
-        attn_metadata,
-        residual: torch.Tensor | None,
+    def post_attention(
+        self, attn_out: torch.Tensor, residual: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """hidden_states, residual: [T, hidden] -> (post-norm MLP output, residual)."""
-        if residual is None:
-            residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states)
-        else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
-        hidden_states = self.self_attn(positions, hidden_states, kv_cache, attn_metadata)
+        """attn_out [T, q_size], residual [T, hidden] -> (post-norm MLP output, residual
+        before the MLP), each [T, hidden]; row-wise."""
+        hidden_states = self.self_attn.o_proj(attn_out)  # [T, hidden]
         hidden_states = self.post_attention_layernorm(hidden_states)  # [T, hidden]
         hidden_states, residual = self.pre_feedforward_layernorm(hidden_states, residual)
         hidden_states = self.post_feedforward_layernorm(self.mlp(hidden_states))

@@ -154,12 +154,41 @@ class LlamaDecoderLayer(nn.Module):
             return self.forward_small_batch(
                 gemv, positions, hidden_states, kv_cache, attn_metadata, residual
             )
+        qkv, residual = self.pre_attention(hidden_states, residual)
+        out = self.self_attn.attend(positions, qkv, kv_cache, attn_metadata)  # [T, q_size]
+        return self.post_attention(out, residual)
+
+    def pre_attention(
+        self, hidden_states: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer up to its attention call: (residual add,) input norm, qkv projection.
+
+        Args:
+            hidden_states, residual: [T, hidden]; residual None on the model's first layer.
+        Returns:
+            (qkv [T, q_size + 2 * kv_size], residual [T, hidden]). Row-wise: row t of the
+            result depends on row t of the inputs only (piecewise graphs rely on it).
+        """
         if residual is None:
             residual = hidden_states
             hidden_states = self.input_layernorm(hidden_states)
         else:
             hidden_states, residual = self.input_layernorm(hidden_states, residual)
-        hidden_states = self.self_attn(positions, hidden_states, kv_cache, attn_metadata)
+        return self.self_attn.qkv_proj(hidden_states), residual
+
+    def post_attention(
+        self, attn_out: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer after its attention call: o_proj, residual add and norm, MLP.
+
+        Args:
+            attn_out: [T, q_size], the attention output before o_proj.
+            residual: [T, hidden], from :meth:`pre_attention`.
+        Returns:
+            (MLP output [T, hidden], residual before it [T, hidden]); row-wise like
+            :meth:`pre_attention` (a mixture-of-experts MLP routes each row on its own).
+        """
+        hidden_states = self.self_attn.o_proj(attn_out)  # [T, hidden]
         hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
         return self.mlp(hidden_states), residual
 
@@ -255,6 +284,66 @@ class LlamaModel(nn.Module):
         hidden_states, _ = self.norm(hidden_states, residual)
         return hidden_states  # [T, hidden]
 
+    # Piecewise CUDA graphs (vllm/cudagraph/piecewise.py) cut the forward at every attention
+    # call: piece 0 runs up to the first local layer's attention, piece i from layer i - 1's
+    # attention to layer i's, the last piece from the last attention to the output. The
+    # pieces are row-wise, so a graph of N tokens serves any step of at most N tokens.
+    def piece_widths(self) -> tuple[int, int]:
+        """(qkv width, attention output width) of every local layer, in elements.
+
+        Raises:
+            ValueError: local layers with different widths (one buffer serves them all).
+        """
+        widths = {
+            (a.q_size + 2 * a.kv_size, a.q_size)
+            for a in (self.layers[i].self_attn for i in range(self.start_layer, self.end_layer))
+        }
+        if len(widths) != 1:
+            raise ValueError(f"piecewise graphs need one qkv width for all layers, got {widths}")
+        return widths.pop()
+
+    def piece_first(
+        self, input_ids: torch.Tensor, intermediate_tensors
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Embedding (or the received hidden states) through the first local layer's
+        ``pre_attention``: input_ids [T] -> (qkv [T, qkv width], residual [T, hidden])."""
+        if self.is_first_rank:
+            hidden_states, residual = self.embed_tokens(input_ids), None  # [T, hidden]
+        else:
+            hidden_states = intermediate_tensors["hidden_states"]
+            residual = intermediate_tensors["residual"]
+        return self.layers[self.start_layer].pre_attention(hidden_states, residual)
+
+    def piece_between(
+        self, i: int, attn_out: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Local layer ``i - 1``'s ``post_attention``, then local layer ``i``'s
+        ``pre_attention``: (attn_out [T, attention width], residual [T, hidden]) -> (qkv,
+        residual)."""
+        layer = self.layers[self.start_layer + i - 1]
+        hidden_states, residual = layer.post_attention(attn_out, residual)
+        return self.layers[self.start_layer + i].pre_attention(hidden_states, residual)
+
+    def piece_last(self, attn_out: torch.Tensor, residual: torch.Tensor):
+        """The last local layer's ``post_attention`` and the stage's output: hidden states
+        [T, hidden] after the final norm on the last stage, else IntermediateTensors."""
+        layer = self.layers[self.end_layer - 1]
+        hidden_states, residual = layer.post_attention(attn_out, residual)
+        if not self.is_last_rank:
+            from vllm.sequence import IntermediateTensors
+
+            return IntermediateTensors({"hidden_states": hidden_states, "residual": residual})
+        hidden_states, _ = self.norm(hidden_states, residual)
+        return hidden_states  # [T, hidden]
+
+    def piece_attend(
+        self, i: int, positions: torch.Tensor, qkv: torch.Tensor, kv_cache, attn_metadata
+    ) -> torch.Tensor:
+        """Local layer ``i``'s attention call (rotary, KV-cache write, attention), run
+        eagerly between pieces: qkv [T, qkv width] -> [T, attention width]."""
+        attn = self.layers[self.start_layer + i].self_attn
+        return attn.attend(positions, qkv, kv_cache, attn_metadata)
+
 
 class LlamaForCausalLM(nn.Module):
     """Llama causal LM for one pipeline stage (see module docstring).
@@ -292,6 +381,11 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
             if self.tie_word_embeddings and self.model.embed_tokens is not None:
                 self.lm_head.tie_weights(self.model.embed_tokens)
+
+    @property
+    def piecewise_model(self) -> LlamaModel:
+        """The decoder stack, whose ``piece_*`` methods piecewise CUDA graphs capture."""
+        return self.model
 
     @staticmethod
     def _biases(config: PretrainedConfig) -> tuple[bool, bool, bool]:
