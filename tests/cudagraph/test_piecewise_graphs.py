@@ -67,6 +67,10 @@ def test_prefill_and_mixed_steps_replay_pieces(tiny_llama_dir, backend):
     plain = make_worker(tiny_llama_dir, 1, backend, capture=False, **CHUNKED)
     gr = g.model_runner.graph_runner
     assert gr.captured_sizes(0, "piecewise") == [16, 24, 32, 48, 64]
+    # rows past a step's tokens are never written by its attention: poison them, so any
+    # padded row that reached a real one would turn the outputs into NaN
+    with torch.inference_mode():
+        gr.graphs.piece_buffers[0].attn.fill_(float("nan"))
     pieces = gr.graphs.piecewise[0][48]
     layers = g.model_runner.model.config.num_hidden_layers
     assert layers >= 2 and len(pieces.graphs) == layers + 1  # cut at every attention call

@@ -5,6 +5,8 @@
 - :mod:`~vllm.cudagraph.runner`: :class:`GraphRunner`, which plans each step
   (:class:`Plan`: pad, replay or eager and why) and runs it, with or without graphs;
 - :mod:`~vllm.cudagraph.graph_set`: capture per virtual engine (separate buffers, one pool);
+- :mod:`~vllm.cudagraph.piecewise`: graphs of everything between attention calls, for
+  prefill and mixed steps (attention eager between replays);
 - :mod:`~vllm.cudagraph.decode_loop`: graphs that run a whole greedy decode step;
 - :mod:`~vllm.cudagraph.memory`: the graph-memory estimate taken before the KV cache;
 - :mod:`~vllm.cudagraph.counters`: replayed and eager step counters;

@@ -172,9 +172,12 @@ class GraphSet:
         self.capture_bytes = max(0, cap.memory_reserved(self.device) - mem0)
         logger.info(
             "Captured %d CUDA graphs (sizes %s, decode-loop sizes %s, prefill token counts "
-            "%s, piecewise token counts %s, %d virtual engines) in %.2f s using %.3f GiB",
-            n_ves * per_ve, list(sizes.sizes), sorted(self.loops[0]) if n_ves else [],
-            list(spec.prefill_sizes), list(piece_sizes), n_ves, self.capture_seconds,
+            "%s, piecewise token counts %s with %d pieces each, %d virtual engines) in %.2f s "
+            "using %.3f GiB",
+            n_ves * (per_ve + len(piece_sizes) * len(kv_caches[0]) if n_ves else 0),
+            list(sizes.sizes), sorted(self.loops[0]) if n_ves else [],
+            list(spec.prefill_sizes), list(piece_sizes),
+            len(kv_caches[0]) + 1 if n_ves else 0, n_ves, self.capture_seconds,
             self.capture_bytes / 2**30,
         )  # fmt: skip
 

@@ -122,5 +122,6 @@ def estimate_graph_memory(
     del trial
     row = runner.hidden_size * torch.empty((), dtype=runner.dtype).element_size()
     further = (sum(spec.prefill_sizes) - sum(spec.prefill_sizes[-1:])) * row
-    further += (sum(spec.piecewise_sizes) - sum(spec.piecewise_sizes[-1:])) * row
+    # each smaller piecewise size keeps its last piece's output, allocated as the pool packs it
+    further += sum(segment_cost(n * row) for n in spec.piecewise_sizes[:-1])
     return extrapolate(trace, len(sizes) + len(spec.loop_sizes), num_virtual_engines, further)

@@ -317,7 +317,8 @@ class Worker:
 
         graph = -1 if batch.graph_size is None else batch.graph_size
         mode = 1 if batch.mode == ForwardMode.DECODE else 0
-        plan = (batch.virtual_engine, mode, graph, batch.num_tokens)  # num_tokens: padded
+        # num_tokens: padded; piecewise: a piecewise replay and a prefill graph of one size
+        plan = (batch.virtual_engine, mode, graph, batch.num_tokens, int(batch.piecewise))
         assert_tp_plan_agreement(plan)
 
     def free_sequences(self, seq_ids: list[int]) -> None:
