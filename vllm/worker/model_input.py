@@ -10,8 +10,9 @@ captured size is one step of it and works eagerly too (``ModelRunner.pad_eager_b
 a debug switch): a decode batch gets padded lanes up to a captured batch size, a prefill of
 one sequence padded tokens up to a prefill-graph size. Padded lanes and tokens have token
 0, position 0 and slot -1 (the scratch slot). A step planned as piecewise graphs pads its
-token ids and positions only (token 0, position 0): its metadata covers the real tokens. Whether the step replays a graph is the graph
-runner's :class:`~vllm.cudagraph.runner.Plan`, recorded in the batch.
+token ids and positions only (token 0, position 0): its metadata covers the real tokens.
+Whether the step replays a graph is the graph runner's
+:class:`~vllm.cudagraph.runner.Plan`, recorded in the batch.
 """
 
 from __future__ import annotations
