@@ -284,7 +284,8 @@ class AsyncLLMEngine:
                 ready, refused, gauges, stepped = await self._on_engine(
                     self._admit_and_step, pending, aborts, idle
                 )
-                self.metrics.record(gauges)
+                if stepped is None or gauges.finished:  # a step's stats carry newer gauges
+                    self.metrics.record(gauges)
                 for rid, err in refused:
                     self._deliver(rid, err)
                 if stepped is not None:
