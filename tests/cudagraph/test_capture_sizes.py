@@ -100,9 +100,25 @@ def test_prefill_maximum_from_the_config():
         prefill_capture_sizes(-3)
 
 
+@pytest.mark.parametrize("max_tokens", [0, 1, 100, 256, 257, 512, 1000, 4096])
+def test_piecewise_ladder(max_tokens):
+    """The prefill ladder up to 256 tokens, then multiples of 256, then the maximum: a step
+    pads by less than half its length below 256 tokens and by less than 256 above."""
+    from vllm.cudagraph.sizes import piecewise_capture_sizes
+
+    sizes = piecewise_capture_sizes(max_tokens)
+    assert list(sizes) == sorted(set(sizes)) and (sizes[-1] if sizes else 0) == max_tokens
+    for n in range(1, max_tokens + 1):
+        padded = next(s for s in sizes if s >= n)
+        assert padded - n < (max(16, n / 2) if n <= 256 else 256), (n, padded)
+    if max_tokens == 1000:
+        assert sizes == (16, 24, 32, 48, 64, 96, 128, 192, 256, 512, 768, 1000)
+
+
 def test_piecewise_sizes_from_the_config(tiny_llama_dir):
-    """The prefill ladder up to min(--piecewise-graph-max-tokens, max_num_batched_tokens) at
-    PP = 1, none at PP > 1 or with the flag at its default 0; a negative value is refused."""
+    """The piecewise ladder up to min(--piecewise-graph-max-tokens, max_num_batched_tokens)
+    at PP = 1, none at PP > 1 or with the flag at its default 0; a negative value is
+    refused."""
     from vllm.cudagraph.sizes import graph_spec
     from vllm.engine.arg_utils import EngineArgs
 

@@ -19,8 +19,8 @@ TEXTS = ["", " Paris", 'say "hi"', "back\\slash", "line\nbreak\ttab\r", "\x00\x0
 
 
 def _completion(text):
-    return CompletionStreamResponse(id="cmpl-1", created=7, model="m",
-                                    choices=[CompletionResponseChoice(index=3, text=text)])  # fmt: skip
+    choice = CompletionResponseChoice(index=3, text=text)
+    return CompletionStreamResponse(id="cmpl-1", created=7, model="m", choices=[choice])
 
 
 def _chat(text):

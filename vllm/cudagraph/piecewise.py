@@ -8,7 +8,7 @@ everything in a decoder layer except the attention call is row-wise: norms, proj
 the MLP (a mixture of experts routes each row on its own). The model's forward is
 therefore cut at every attention call into L + 1 pieces (``model.piecewise_model``:
 ``piece_first``, ``piece_between``, ``piece_last``), each captured once per token count N
-of a ladder (:func:`vllm.cudagraph.sizes.prefill_capture_sizes`, up to
+of a ladder (:func:`vllm.cudagraph.sizes.piecewise_capture_sizes`, up to
 ``CompilationConfig.piecewise_graph_max_tokens``). A step of T <= N tokens uploads its
 token ids and positions padded to N (token 0, position 0), replays piece 0, then for every
 layer runs the attention call eagerly on the first T rows (``piece_attend``: rotary,
