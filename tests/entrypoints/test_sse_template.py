@@ -11,7 +11,7 @@ from vllm.entrypoints.openai.protocol import (
     CompletionStreamResponse,
     DeltaMessage,
 )
-from vllm.entrypoints.openai.sse_template import TextChunkTemplate
+from vllm.entrypoints.openai.sse_template import TextChunks, TextChunkTemplate
 
 TEXTS = ["", " Paris", 'say "hi"', "back\\slash", "line\nbreak\ttab\r", "\x00\x01\x1f\x7f",
          "caf\u00e9 \u4e2d\u6587", "\U0001f600 emoji", "\u2028\u2029", "</script>", "\ufffd",
@@ -38,3 +38,14 @@ def test_template_chunks_equal_pydantic_dumps(make):
 def test_marker_must_occur_once():
     with pytest.raises(ValueError, match="exactly once.*0 times"):
         TextChunkTemplate(_completion("no marker"))
+
+
+def test_text_chunks_keep_one_template_per_choice():
+    def make(index, text):
+        choice = CompletionResponseChoice(index=index, text=text)
+        return CompletionStreamResponse(id="cmpl-1", created=7, model="m", choices=[choice])
+
+    chunks = TextChunks(make)
+    for index, text in [(0, "a"), (2, 'q"uote'), (0, "\n"), (2, "")]:
+        assert chunks.format(index, text) == f"data: {make(index, text).model_dump_json()}\n\n"
+    assert sorted(chunks._templates) == [0, 2]

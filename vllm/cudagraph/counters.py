@@ -50,16 +50,15 @@ class DecodeStepCounters:
         replayed from a graph is in "prefill_graph", an eager one in "eager" under
         "prefill"; a prefill or mixed step replayed from piecewise graphs is in
         "piecewise_graph")."""
-        out: dict[str, dict[int, dict[int | str, int]]] = {
-            "graph": {}, "eager": {}, "prefill_graph": {}, "piecewise_graph": {}
-        }  # fmt: skip
+        tables = {
+            "graph": self.graph,
+            "eager": self.eager,
+            "prefill_graph": self.prefill_graph,
+            "piecewise_graph": self.piecewise_graph,
+        }
+        out: dict[str, dict[int, dict[int | str, int]]] = {name: {} for name in tables}
         with self._lock:
-            for (ve, tokens), n in sorted(self.piecewise_graph.items()):
-                out["piecewise_graph"].setdefault(ve, {})[tokens] = n
-            for (ve, tokens), n in sorted(self.prefill_graph.items()):
-                out["prefill_graph"].setdefault(ve, {})[tokens] = n
-            for (ve, size), n in sorted(self.graph.items()):
-                out["graph"].setdefault(ve, {})[size] = n
-            for (ve, reason), n in sorted(self.eager.items()):
-                out["eager"].setdefault(ve, {})[reason] = n
+            for name, table in tables.items():
+                for (ve, key), n in sorted(table.items()):
+                    out[name].setdefault(ve, {})[key] = n
         return out

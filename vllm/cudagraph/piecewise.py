@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -143,8 +144,9 @@ class PieceGraphs:
     graphs: list[Any]
     output: Any
 
+    @cached_property
     def calls(self) -> list[Callable[[], Any]]:
-        """Replays for :func:`run_pieces` (the last one returns :attr:`output`)."""
+        """Replays for :func:`run_pieces` (the last one returns :attr:`output`), made once."""
         *head, tail = self.graphs
 
         def last() -> Any:

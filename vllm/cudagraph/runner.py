@@ -308,7 +308,7 @@ class GraphRunner:
             graphs.stage_piece_inputs(ve, size, batch.input_ids, batch.positions,
                                       intermediate_tensors)  # fmt: skip
             bufs = graphs.piece_buffers[ve]
-            calls = graphs.piecewise[ve][size].calls()
+            calls = graphs.piecewise[ve][size].calls
             positions = graphs.inputs[ve].positions[:t]
             self.counters.count_piecewise_replay(ve, size)
         out = run_pieces(pm, calls, bufs, positions, kv_caches, batch.attn_metadata)

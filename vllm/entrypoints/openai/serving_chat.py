@@ -34,7 +34,7 @@ from vllm.entrypoints.openai.serving_engine import (
     collect_final,
     to_api_error,
 )
-from vllm.entrypoints.openai.sse_template import TextChunkTemplate
+from vllm.entrypoints.openai.sse_template import TextChunks
 from vllm.entrypoints.openai.tool_calls import (
     ToolCallStream,
     ToolMode,
@@ -192,21 +192,14 @@ class OpenAIServingChat(OpenAIServing):
         sent_tokens, sent_chars = [0] * n, [0] * n
         tools = [ToolCallStream(mode) for _ in range(n)] if mode.active else None
         completion_tokens = 0
-        templates: dict[int, TextChunkTemplate] = {}  # per choice: its plain content chunk
-
-        def content_chunk(i: int, delta: str) -> str:
-            """The usual chunk: content only (no logprobs, finish or tool calls)."""
-            template = templates.get(i)
-            if template is None:
-                choice = ChatCompletionStreamChoice(
-                    index=i, delta=DeltaMessage(content=TextChunkTemplate.MARKER)
-                )
-                template = templates[i] = TextChunkTemplate(
-                    ChatCompletionStreamResponse(
-                        id=rid, created=created, model=self.model_name, choices=[choice]
-                    )
-                )
-            return template.format(delta)
+        plain = TextChunks(  # the usual chunk: content only (no logprobs, finish or tools)
+            lambda index, text: ChatCompletionStreamResponse(
+                id=rid,
+                created=created,
+                model=self.model_name,
+                choices=[ChatCompletionStreamChoice(index=index, delta=DeltaMessage(content=text))],
+            )  # fmt: skip
+        )
 
         def chunk(choices, usage=None) -> str:
             resp = ChatCompletionStreamResponse(
@@ -240,7 +233,7 @@ class OpenAIServingChat(OpenAIServing):
                         if mode.required and finish == "stop" and "tool_calls" in fields:
                             finish = "tool_calls"
                     elif lps is None and finish is None and o.stop_reason is None:
-                        yield content_chunk(i, delta)
+                        yield plain.format(i, delta)
                         continue
                     yield chunk(
                         [

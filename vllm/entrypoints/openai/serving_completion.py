@@ -29,7 +29,7 @@ from vllm.entrypoints.openai.serving_engine import (
     merge,
     to_api_error,
 )
-from vllm.entrypoints.openai.sse_template import TextChunkTemplate
+from vllm.entrypoints.openai.sse_template import TextChunks
 from vllm.outputs import RequestOutput
 from vllm.sequence import PositionLogprobs
 
@@ -151,7 +151,14 @@ class OpenAIServingCompletion(OpenAIServing):
         sent_tokens = [0] * (len(prompts) * n)
         sent_chars = [0] * (len(prompts) * n)
         echoed = [False] * (len(prompts) * n)
-        templates: dict[int, TextChunkTemplate] = {}  # per choice: its plain text chunk
+        plain = TextChunks(  # the usual chunk: only its text changes
+            lambda index, text: CompletionStreamResponse(
+                id=base,
+                created=created,
+                model=self.model_name,
+                choices=[CompletionResponseChoice(index=index, text=text)],
+            )  # fmt: skip
+        )
         completion_tokens = 0
         try:
             async for i, out in merge(gens):
@@ -183,21 +190,7 @@ class OpenAIServingCompletion(OpenAIServing):
                     completion_tokens += len(new_ids)
                     finish = o.finish_reason
                     if logprobs is None and not finish and not echo_only and o.stop_reason is None:
-                        template = templates.get(idx)
-                        if template is None:  # the usual chunk: only its text changes
-                            template = templates[idx] = TextChunkTemplate(
-                                CompletionStreamResponse(
-                                    id=base,
-                                    created=created,
-                                    model=self.model_name,
-                                    choices=[
-                                        CompletionResponseChoice(
-                                            index=idx, text=TextChunkTemplate.MARKER
-                                        )
-                                    ],
-                                )  # fmt: skip
-                            )
-                        yield template.format(delta)
+                        yield plain.format(idx, delta)
                         continue
                     chunk = CompletionStreamResponse(
                         id=base,

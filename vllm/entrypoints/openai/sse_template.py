@@ -14,6 +14,7 @@ written as they are), so a chunk is byte-for-byte the pydantic dump of the same 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 from pydantic import BaseModel
 
@@ -47,3 +48,24 @@ class TextChunkTemplate:
     def format(self, text: str) -> str:
         """The SSE line ``data: <json>\\n\\n`` of the response with ``text`` in the field."""
         return self._head + json.dumps(text, ensure_ascii=False) + self._tail
+
+
+class TextChunks:
+    """The plain text chunks of one streamed response, a :class:`TextChunkTemplate` per
+    choice, each made on its choice's first chunk.
+
+    Args:
+        make: (choice index, text) -> the response of a chunk holding only that text.
+    """
+
+    def __init__(self, make: Callable[[int, str], BaseModel]):
+        self._make = make
+        self._templates: dict[int, TextChunkTemplate] = {}
+
+    def format(self, index: int, text: str) -> str:
+        """The SSE line of choice ``index`` carrying ``text``."""
+        template = self._templates.get(index)
+        if template is None:
+            template = TextChunkTemplate(self._make(index, TextChunkTemplate.MARKER))
+            self._templates[index] = template
+        return template.format(text)

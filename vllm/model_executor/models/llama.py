@@ -261,14 +261,7 @@ class LlamaModel(nn.Module):
         return [rotary_emb] * config.num_hidden_layers
 
     def forward(self, input_ids, positions, kv_caches, attn_metadata, intermediate_tensors):
-        if self.is_first_rank:
-            hidden_states = self.embed_tokens(input_ids)  # [T, hidden]
-            residual = None
-        else:
-            if intermediate_tensors is None:
-                raise ValueError("a non-first pipeline stage needs intermediate_tensors")
-            hidden_states = intermediate_tensors["hidden_states"]
-            residual = intermediate_tensors["residual"]
+        hidden_states, residual = self._stage_input(input_ids, intermediate_tensors)
         num_local = self.end_layer - self.start_layer
         if len(kv_caches) != num_local:
             raise ValueError(f"got {len(kv_caches)} kv caches for {num_local} local layers")
@@ -277,6 +270,24 @@ class LlamaModel(nn.Module):
             hidden_states, residual = layer(
                 positions, hidden_states, kv_caches[i], attn_metadata, residual
             )
+        return self._stage_output(hidden_states, residual)
+
+    def _stage_input(self, input_ids: torch.Tensor, intermediate_tensors):
+        """(hidden states [T, hidden], residual [T, hidden] or None) entering the first
+        local layer: the embedding on the first stage, else the received tensors.
+
+        Raises:
+            ValueError: a non-first stage without ``intermediate_tensors``.
+        """
+        if self.is_first_rank:
+            return self.embed_tokens(input_ids), None  # [T, hidden]
+        if intermediate_tensors is None:
+            raise ValueError("a non-first pipeline stage needs intermediate_tensors")
+        return intermediate_tensors["hidden_states"], intermediate_tensors["residual"]
+
+    def _stage_output(self, hidden_states: torch.Tensor, residual: torch.Tensor):
+        """The stage's output after its last layer: hidden states [T, hidden] after the
+        final norm on the last stage, else IntermediateTensors of both."""
         if not self.is_last_rank:
             from vllm.sequence import IntermediateTensors
 
@@ -307,11 +318,7 @@ class LlamaModel(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Embedding (or the received hidden states) through the first local layer's
         ``pre_attention``: input_ids [T] -> (qkv [T, qkv width], residual [T, hidden])."""
-        if self.is_first_rank:
-            hidden_states, residual = self.embed_tokens(input_ids), None  # [T, hidden]
-        else:
-            hidden_states = intermediate_tensors["hidden_states"]
-            residual = intermediate_tensors["residual"]
+        hidden_states, residual = self._stage_input(input_ids, intermediate_tensors)
         return self.layers[self.start_layer].pre_attention(hidden_states, residual)
 
     def piece_between(
@@ -328,13 +335,7 @@ class LlamaModel(nn.Module):
         """The last local layer's ``post_attention`` and the stage's output: hidden states
         [T, hidden] after the final norm on the last stage, else IntermediateTensors."""
         layer = self.layers[self.end_layer - 1]
-        hidden_states, residual = layer.post_attention(attn_out, residual)
-        if not self.is_last_rank:
-            from vllm.sequence import IntermediateTensors
-
-            return IntermediateTensors({"hidden_states": hidden_states, "residual": residual})
-        hidden_states, _ = self.norm(hidden_states, residual)
-        return hidden_states  # [T, hidden]
+        return self._stage_output(*layer.post_attention(attn_out, residual))
 
     def piece_attend(
         self, i: int, positions: torch.Tensor, qkv: torch.Tensor, kv_cache, attn_metadata
