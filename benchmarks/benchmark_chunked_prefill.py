@@ -13,7 +13,8 @@ The server runs twice: without chunking (its budget covers a whole prompt, so ea
 prefill stalls every stream for its length) and with ``--enable-chunked-prefill
 --max-num-batched-tokens --chunked-budget`` (512: decodes first, then at most that many
 tokens of prefill per step, plus ``--chunked-server-args``, e.g.
-``--piecewise-graph-max-tokens 512`` to replay the mixed steps as piecewise CUDA graphs);
+``--piecewise-graph-max-tokens 0`` to run the mixed steps eagerly instead of replaying
+piecewise CUDA graphs, the default on CUDA);
 prefix caching is off in both (every prompt is new anyway).
 Reported (one JSON line, milliseconds): TPOT p50/p99 and TTFT
 p50/p99 for each, and ``tpot_p99_on_over_off`` (target <= 0.5).
@@ -50,7 +51,7 @@ def make_parser() -> argparse.ArgumentParser:
                    help="--max-num-batched-tokens of the chunked run.")  # fmt: skip
     p.add_argument("--chunked-server-args", default="",
                    help="more server flags for the chunked run only, e.g. "
-                        "'--piecewise-graph-max-tokens 512'.")  # fmt: skip
+                        "'--piecewise-graph-max-tokens 0'.")  # fmt: skip
     return p
 
 

@@ -26,8 +26,9 @@
 #   bench pp      PP=2 vs PP=1 (Qwen2.5-1.5B and Llama-3.1-8B shapes; needs 2 GPUs)
 #   bench chunked chunked prefill off vs on through `vllm serve`, SmolLM2 and the
 #                 Llama-3.1-8B shape (dummy weights): 32 streams decoding while 2,048-token
-#                 prompts arrive at 1/s; TPOT p50/p99 and TTFT; the 8B shape again with
-#                 the chunked run on piecewise graphs; chunked.jsonl
+#                 prompts arrive at 1/s; TPOT p50/p99 and TTFT (the chunked run replays
+#                 piecewise graphs, its default); the 8B shape again with its mixed steps
+#                 eager (--piecewise-graph-max-tokens 0); chunked.jsonl
 #   bench upstream  this engine vs upstream vLLM (staged in $VSITE, default /tmp/vsite, by
 #                 ../shared/tools/peer), each in its own processes: benchmark_vs_upstream.py
 #                 on SmolLM2 bf16 (converted once from the GGUF into $SMOLLM2_HF, default
@@ -239,7 +240,7 @@ bench_chunked() {
     step chunked "$PY" $B/benchmark_chunked_prefill.py "${L8B_SERVED[@]}" \
         --output-json "$O/chunked.jsonl"
     step chunked "$PY" $B/benchmark_chunked_prefill.py "${L8B_SERVED[@]}" \
-        --chunked-server-args "--piecewise-graph-max-tokens 512" --output-json "$O/chunked.jsonl"
+        --chunked-server-args "--piecewise-graph-max-tokens 0" --output-json "$O/chunked.jsonl"
 }
 
 bench_structured() {

@@ -98,6 +98,33 @@ def test_defaults(tiny_llama_dir):
     assert cfg.parallel_config.distributed_executor_backend == "uni"
 
 
+@pytest.mark.parametrize(
+    "kwargs, device, expected",
+    [
+        (dict(enable_chunked_prefill=True), "cuda", 512),
+        (dict(), "cuda", 0),
+        (dict(enable_chunked_prefill=True), "cpu", 0),
+        (dict(enable_chunked_prefill=True, enforce_eager=True), "cuda", 0),
+        (dict(enable_chunked_prefill=True, pipeline_parallel_size=2), "cuda", 0),
+        (dict(enable_chunked_prefill=True, tensor_parallel_size=2), "cuda", 0),
+        (dict(enable_chunked_prefill=True, piecewise_graph_max_tokens=0), "cuda", 0),
+        (dict(piecewise_graph_max_tokens=256), "cpu", 256),
+    ],
+)
+def test_piecewise_default(kwargs, device, expected):
+    """--piecewise-graph-max-tokens unset: 512 for chunked prefill with graphs on one CUDA
+    device, else 0; a given value is kept as is."""
+    args = EngineArgs(model="m", **kwargs)
+    assert args._piecewise_graph_max_tokens(device) == expected
+
+
+def test_piecewise_default_reaches_the_config(tiny_llama_dir):
+    cfg = EngineArgs(model=tiny_llama_dir, device="cpu", enable_chunked_prefill=True)
+    assert cfg.create_engine_config().compilation_config.piecewise_graph_max_tokens == 0
+    cfg = EngineArgs(model=tiny_llama_dir, device="cpu", piecewise_graph_max_tokens=64)
+    assert cfg.create_engine_config().compilation_config.piecewise_graph_max_tokens == 64
+
+
 def test_unknown_llm_kwarg(tiny_llama_dir):
     from vllm import LLM
 

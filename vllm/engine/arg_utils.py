@@ -36,6 +36,9 @@ def _f(default, help: str, group: str | None = None):
     return field(default=default, metadata=meta)
 
 
+# --piecewise-graph-max-tokens when not given and chunked prefill runs on one CUDA device.
+PIECEWISE_CHUNKED_DEFAULT = 512
+
 # The flag groups of ``--help``, in order (upstream groups flags by the config they fill).
 GROUPS = {
     "model": "The model, its weights, dtype, device and context length.",
@@ -193,10 +196,12 @@ class EngineArgs:
         "Longest one-prompt prefill (tokens) replayed from a CUDA graph; 0 = none.",
         group="compilation",
     )
-    piecewise_graph_max_tokens: int = _f(
-        0,
+    piecewise_graph_max_tokens: int | None = _f(
+        None,
         "Most tokens of a prefill or mixed step replayed from piecewise CUDA graphs "
-        "(projections and MLP captured per layer, attention eager); 0 = none.",
+        "(projections and MLP captured per layer, attention eager); 0 = none (default: "
+        "512 with --enable-chunked-prefill on CUDA at one pipeline stage and one "
+        "tensor-parallel rank, else 0).",
         group="compilation",
     )
     disable_decode_loop_graphs: bool = _f(
@@ -246,6 +251,16 @@ class EngineArgs:
         names = [f.name for f in dataclasses.fields(cls)]
         return cls(**{n: getattr(args, n) for n in names if hasattr(args, n)})
 
+    def _piecewise_graph_max_tokens(self, device: str) -> int:
+        """The flag's value, or its default when not given: 512 (the prefill graphs'
+        default ceiling) for chunked prefill with CUDA graphs on one CUDA device (PP = 1,
+        TP = 1; the setting measured in docs/benchmarks.md "Chunked prefill"), else 0."""
+        if self.piecewise_graph_max_tokens is not None:
+            return self.piecewise_graph_max_tokens
+        on = (self.enable_chunked_prefill and device == "cuda" and not self.enforce_eager
+              and self.pipeline_parallel_size == 1 and self.tensor_parallel_size == 1)  # fmt: skip
+        return PIECEWISE_CHUNKED_DEFAULT if on else 0
+
     def create_engine_config(self) -> EngineConfig:
         """Build and validate every config; raises ValueError naming the bad value."""
         if not self.model:
@@ -271,7 +286,7 @@ class EngineArgs:
             prefill_graph_max_tokens=self.prefill_graph_max_tokens,
             disable_decode_loop_graphs=self.disable_decode_loop_graphs,
             small_decode_max_rows=self.small_decode_max_rows,
-            piecewise_graph_max_tokens=self.piecewise_graph_max_tokens,
+            piecewise_graph_max_tokens=self._piecewise_graph_max_tokens(device_config.device),
         )
         model_config = ModelConfig(
             model=self.model,
