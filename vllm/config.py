@@ -445,7 +445,8 @@ class CompilationConfig:
         piecewise_graph_max_tokens: most tokens of a prefill or mixed step replayed from
             piecewise graphs (vllm/cudagraph/piecewise.py: every layer's projections and
             MLP captured, attention eager), capped at max_num_batched_tokens; default 0
-            (off: such steps run eagerly).
+            (off: such steps run eagerly); EngineArgs resolves an unset flag to 512 for
+            chunked prefill on one CUDA device.
     """
 
     enforce_eager: bool = False

@@ -254,7 +254,8 @@ class EngineArgs:
     def _piecewise_graph_max_tokens(self, device: str) -> int:
         """The flag's value, or its default when not given: 512 (the prefill graphs'
         default ceiling) for chunked prefill with CUDA graphs on one CUDA device (PP = 1,
-        TP = 1; the setting measured in docs/benchmarks.md "Chunked prefill"), else 0."""
+        TP = 1; the setting measured in docs/benchmarks.md "Piecewise graphs on an H200"),
+        else 0."""
         if self.piecewise_graph_max_tokens is not None:
             return self.piecewise_graph_max_tokens
         on = (self.enable_chunked_prefill and device == "cuda" and not self.enforce_eager
