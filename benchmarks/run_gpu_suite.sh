@@ -37,6 +37,8 @@
 #                 `vllm serve` of each engine on SmolLM2 bf16 + benchmark_serving (256
 #                 requests at concurrency 64, then 64 at 16 req/s). Upstream runs with its
 #                 defaults, this engine with $M
+#   bench upstream-offline, bench upstream-serve   bench upstream in two halves: the
+#                 offline workloads and ratios, then the two servers
 #   bench all     core, spec, serve, apc, chunked, structured, and pp when 2 GPUs are visible
 #                 (not upstream)
 #   all           env, tests, bench all
@@ -70,7 +72,7 @@ set -- "${args[@]:-all}"
 case "$1 ${2:-all}" in
     "env all" | "tests all" | "all all" | "bench core" | "bench spec" | "bench serve" | \
         "bench apc" | "bench pp" | "bench chunked" | "bench structured" | "bench upstream" | \
-        "bench all") ;;
+        "bench upstream-offline" | "bench upstream-serve" | "bench all") ;;
     *) usage >&2; exit 2 ;;
 esac
 
@@ -302,7 +304,7 @@ for line in sys.stdin:
     wait "$pid"
 }
 
-bench_upstream() {
+upstream_ready() {  # upstream vLLM importable and SmolLM2 converted, else fail
     if ! upstream_py -c 'import vllm.v1' 2>/dev/null; then
         echo "bench upstream: no upstream vLLM in $VSITE (../shared/tools/peer/README.md)" \
             | tee -a "$O/vs_upstream.log"
@@ -312,11 +314,19 @@ bench_upstream() {
     if [[ ! -f $SMOLLM2_HF/config.json ]]; then
         step convert "$PY" $B/convert_gguf_to_hf.py --out "$SMOLLM2_HF" --dtype bfloat16 || return 1
     fi
+}
+
+bench_upstream_offline() {
+    upstream_ready || return 1
     vs_upstream --model "$SMOLLM2_HF" --workloads 1,8,64
     vs_upstream --model "$ROOT/$B/configs/qwen2.5-0.5b" --load-format dummy --workloads nano
     vs_upstream --model "$ROOT/$B/configs/llama-3.1-8b" --load-format dummy --workloads 1
     "$PY" $B/benchmark_vs_upstream.py --summarize "$O/vs_upstream.jsonl" \
         | tee "$O/vs_upstream_ratios.jsonl"
+}
+
+bench_upstream_serve() {
+    upstream_ready || return 1
     serve_vs_upstream upstream
     serve_vs_upstream fork
 }
@@ -330,7 +340,9 @@ bench() {
         structured) bench_structured ;;
         pp) bench_pp ;;
         chunked) bench_chunked ;;
-        upstream) bench_upstream ;;
+        upstream) bench_upstream_offline; bench_upstream_serve ;;
+        upstream-offline) bench_upstream_offline ;;
+        upstream-serve) bench_upstream_serve ;;
         all) bench_core; bench_spec; bench_serve; bench_apc; bench_chunked; bench_structured
             bench_pp ;;
         esac
