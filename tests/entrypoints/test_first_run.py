@@ -112,19 +112,21 @@ def test_request_log_shows_text_cut_to_max_log_len(caplog):
 
 
 def test_summary_counts_captured_graphs():
-    """The graphs field on a CUDA engine: every VE's decode, prefill and loop graphs, the
-    longest stage's capture seconds and the stages' capture GiB (fake runner, no GPU)."""
+    """The graphs field on a CUDA engine: every VE's decode, prefill and loop graphs (and
+    piecewise sizes when any), the longest stage's capture seconds and the stages' capture
+    GiB (fake runner, no GPU)."""
     from types import SimpleNamespace as NS
 
-    from vllm.worker.startup_summary import _graph_count, format_summary
+    from vllm.worker.startup_summary import _graph_count, _piecewise_count, format_summary
 
-    sizes = {"decode": [1, 2, 4, 8], "prefill": [16, 24], "loop": [1]}
+    sizes = {"decode": [1, 2, 4, 8], "prefill": [16, 24], "loop": [1], "piecewise": [16, 32, 48]}
 
     class _Runner:
         def captured_sizes(self, ve, kind):
             return sizes[kind]
 
     assert _graph_count(_Runner(), 2) == 14
+    assert _piecewise_count(_Runner(), 2) == 6
     config = NS(
         device_config=NS(device="cuda"),
         compilation_config=NS(enforce_eager=False),
@@ -147,7 +149,11 @@ def test_summary_counts_captured_graphs():
         "2.25 s (1.00 GiB), parallel=pp 2 x tp 1 (mp executor, 2 virtual engines; stage 0 "
         "layers 0-14, stage 1 layers 15-29)"
     )
+    stages[0]["piecewise"] = 10  # one stage's VE with pieces of 10 token counts
+    assert "graphs=28 captured and 10 piecewise sizes in 2.25 s (1.00 GiB)," in format_summary(
+        config, stages
+    )
     config.compilation_config.enforce_eager = True
     for s in stages:
-        s["graphs"] = 0
+        s["graphs"] = s["piecewise"] = 0
     assert "graphs=eager (--enforce-eager)," in format_summary(config, stages)

@@ -9,7 +9,8 @@ line with the fields a user checks first::
     graphs=46 captured in 2.94 s (0.40 GiB), parallel=pp 1 x tp 1 (uni executor,
     1 virtual engine)
 
-(one line in the log). Without graphs, ``graphs=eager (<why>)``.
+(one line in the log). Piecewise graphs add ``and N piecewise sizes`` (each size is one
+graph per piece: layers + 1). Without graphs, ``graphs=eager (<why>)``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,13 @@ def _graph_count(graph_runner: Any, num_virtual_engines: int) -> int:
     )
 
 
+def _piecewise_count(graph_runner: Any, num_virtual_engines: int) -> int:
+    """Piecewise token counts captured over every VE (each one graph per piece)."""
+    return sum(
+        len(graph_runner.captured_sizes(ve, "piecewise")) for ve in range(num_virtual_engines)
+    )
+
+
 def stage_summary(worker: Any) -> dict[str, Any]:
     """What one stage's worker chose, after its KV cache and graphs exist.
 
@@ -36,7 +44,8 @@ def stage_summary(worker: Any) -> dict[str, Any]:
     Returns:
         rank, device (with the GPU name or CPU thread count), dtype, attention backend,
         layers [start, end), KV bytes over every virtual engine's cache, and the graphs:
-        count, capture seconds, capture bytes (0, 0.0, 0 when none were captured).
+        count, piecewise sizes, capture seconds, capture bytes (0, 0, 0.0, 0 when none
+        were captured).
     """
     import torch
 
@@ -58,6 +67,9 @@ def stage_summary(worker: Any) -> dict[str, Any]:
         "layers": (runner.model.start_layer, runner.model.end_layer),
         "kv_bytes": kv_bytes,
         "graphs": _graph_count(graphs, len(worker.cache_engines)) if graphs is not None else 0,
+        "piecewise": _piecewise_count(graphs, len(worker.cache_engines))
+        if graphs is not None
+        else 0,
         "graph_seconds": graphs.capture_seconds if graphs is not None else 0.0,
         "graph_bytes": graphs.capture_bytes if graphs is not None else 0,
     }
@@ -75,7 +87,8 @@ def format_summary(config: Any, stages: list[dict[str, Any]]) -> str:
     """One line from the engine config and every stage's :func:`stage_summary` (rank order).
 
     Fields: device, dtype, attention, kv_cache (blocks per virtual engine, tokens per
-    block, GiB over all stages), graphs (count, seconds, GiB; or eager and why), parallel
+    block, GiB over all stages), graphs (count, piecewise sizes when any, seconds, GiB; or
+    eager and why), parallel
     (pipeline x tensor parallel sizes, executor, virtual engines, and each stage's device
     and layers when there are several).
     """
@@ -84,10 +97,12 @@ def format_summary(config: Any, stages: list[dict[str, Any]]) -> str:
     cc = config.cache_config
     kv_gib = sum(s["kv_bytes"] for s in stages) / 2**30
     count = sum(s["graphs"] for s in stages)
-    if count:
+    pieces = sum(s.get("piecewise", 0) for s in stages)
+    if count or pieces:
         seconds = max(s["graph_seconds"] for s in stages)
         gib = sum(s["graph_bytes"] for s in stages) / 2**30
-        graphs = f"{count} captured in {seconds:.2f} s ({gib:.2f} GiB)"
+        also = f" and {pieces} piecewise sizes" if pieces else ""
+        graphs = f"{count} captured{also} in {seconds:.2f} s ({gib:.2f} GiB)"
     else:
         graphs = f"eager ({_eager_reason(config)})"
     pc = config.parallel_config
