@@ -117,7 +117,7 @@ def test_summary_counts_captured_graphs():
     GiB (fake runner, no GPU)."""
     from types import SimpleNamespace as NS
 
-    from vllm.worker.startup_summary import _graph_count, _piecewise_count, format_summary
+    from vllm.worker.startup_summary import _graph_count, format_summary
 
     sizes = {"decode": [1, 2, 4, 8], "prefill": [16, 24], "loop": [1], "piecewise": [16, 32, 48]}
 
@@ -126,7 +126,7 @@ def test_summary_counts_captured_graphs():
             return sizes[kind]
 
     assert _graph_count(_Runner(), 2) == 14
-    assert _piecewise_count(_Runner(), 2) == 6
+    assert _graph_count(_Runner(), 2, ("piecewise",)) == 6
     config = NS(
         device_config=NS(device="cuda"),
         compilation_config=NS(enforce_eager=False),
@@ -136,7 +136,8 @@ def test_summary_counts_captured_graphs():
         ),
         num_virtual_engines=2,
     )
-    stage = dict(device="cuda:0 (H)", dtype="bfloat16", attention="FLASHINFER", kv_bytes=2**30)
+    stage = dict(device="cuda:0 (H)", dtype="bfloat16", attention="FLASHINFER", kv_bytes=2**30,
+                 piecewise=0)  # fmt: skip
     stages = [
         {**stage, "rank": 0, "layers": (0, 15), "graphs": 14, "graph_seconds": 1.5,
          "graph_bytes": 2**29},

@@ -18,20 +18,18 @@ from __future__ import annotations
 from typing import Any
 
 
-def _graph_count(graph_runner: Any, num_virtual_engines: int) -> int:
-    """Graphs a graph runner captured: decode, prefill and decode-loop graphs of every VE."""
-    kinds = ("decode", "prefill", "loop")
+def _graph_count(
+    graph_runner: Any,
+    num_virtual_engines: int,
+    kinds: tuple[str, ...] = ("decode", "prefill", "loop"),
+) -> int:
+    """Sizes a graph runner captured of ``kinds`` over every VE: by default its decode,
+    prefill and decode-loop graphs (one graph each); ``("piecewise",)`` counts piecewise
+    token counts (each one graph per piece)."""
     return sum(
         len(graph_runner.captured_sizes(ve, kind))
         for ve in range(num_virtual_engines)
         for kind in kinds
-    )
-
-
-def _piecewise_count(graph_runner: Any, num_virtual_engines: int) -> int:
-    """Piecewise token counts captured over every VE (each one graph per piece)."""
-    return sum(
-        len(graph_runner.captured_sizes(ve, "piecewise")) for ve in range(num_virtual_engines)
     )
 
 
@@ -56,6 +54,7 @@ def stage_summary(worker: Any) -> dict[str, Any]:
     else:
         where = f"cpu ({torch.get_num_threads()} threads)"
     graphs = runner.graph_runner
+    ves = len(worker.cache_engines)
     kv_bytes = sum(
         t.numel() * t.element_size() for ce in worker.cache_engines for t in ce.kv_caches
     )
@@ -66,10 +65,8 @@ def stage_summary(worker: Any) -> dict[str, Any]:
         "attention": runner.attn_backend_name,
         "layers": (runner.model.start_layer, runner.model.end_layer),
         "kv_bytes": kv_bytes,
-        "graphs": _graph_count(graphs, len(worker.cache_engines)) if graphs is not None else 0,
-        "piecewise": _piecewise_count(graphs, len(worker.cache_engines))
-        if graphs is not None
-        else 0,
+        "graphs": _graph_count(graphs, ves) if graphs is not None else 0,
+        "piecewise": _graph_count(graphs, ves, ("piecewise",)) if graphs is not None else 0,
         "graph_seconds": graphs.capture_seconds if graphs is not None else 0.0,
         "graph_bytes": graphs.capture_bytes if graphs is not None else 0,
     }
@@ -88,16 +85,15 @@ def format_summary(config: Any, stages: list[dict[str, Any]]) -> str:
 
     Fields: device, dtype, attention, kv_cache (blocks per virtual engine, tokens per
     block, GiB over all stages), graphs (count, piecewise sizes when any, seconds, GiB; or
-    eager and why), parallel
-    (pipeline x tensor parallel sizes, executor, virtual engines, and each stage's device
-    and layers when there are several).
+    eager and why), parallel (pipeline x tensor parallel sizes, executor, virtual engines,
+    and each stage's device and layers when there are several).
     """
     first = stages[0]
     devices = sorted({s["device"] for s in stages})
     cc = config.cache_config
     kv_gib = sum(s["kv_bytes"] for s in stages) / 2**30
     count = sum(s["graphs"] for s in stages)
-    pieces = sum(s.get("piecewise", 0) for s in stages)
+    pieces = sum(s["piecewise"] for s in stages)
     if count or pieces:
         seconds = max(s["graph_seconds"] for s in stages)
         gib = sum(s["graph_bytes"] for s in stages) / 2**30
