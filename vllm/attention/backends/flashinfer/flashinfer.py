@@ -43,6 +43,7 @@ from vllm.attention.backends.flashinfer.flashinfer_graph import FlashInferGraphS
 from vllm.attention.backends.flashinfer.flashinfer_prefill import graph_prefill_metadata
 from vllm.attention.backends.flashinfer.metadata import FlashInferMetadata
 from vllm.attention.backends.flashinfer.paged_cache import paged_kv_host, slot_rows_host
+from vllm.attention.backends.flashinfer.prebuild import ModulePrebuild
 from vllm.attention.backends.flashinfer.small_decode import (
     SMALL_DECODE_MAX_ROWS_LIMIT,
     SmallDecodeBuffers,
@@ -75,6 +76,8 @@ class FlashInferBackend(AttentionBackend):
             small-decode path takes; 0 = off).
         prefill_wrapper_cls, decode_wrapper_cls: FlashInfer's wrapper classes (imported
             lazily when None; tests pass fakes).
+        prebuild: start building the model's FlashInfer modules in the background now
+            (:mod:`.prebuild`); None means on a CUDA device.
 
     Raises:
         ValueError: ``spec.small_decode_max_rows`` outside [0, SMALL_DECODE_MAX_ROWS_LIMIT].
@@ -88,6 +91,7 @@ class FlashInferBackend(AttentionBackend):
         spec: AttentionSpec,
         prefill_wrapper_cls: type | None = None,
         decode_wrapper_cls: type | None = None,
+        prebuild: bool | None = None,
     ):
         super().__init__(spec)  # float32 is refused by the selector during validation
         if prefill_wrapper_cls is None or decode_wrapper_cls is None:
@@ -116,6 +120,26 @@ class FlashInferBackend(AttentionBackend):
         bypass_small = bool(self.windows) or spec.logits_soft_cap is not None
         self.small_max_rows = 0 if bypass_small else spec.small_decode_max_rows
         self._small: SmallDecodeBuffers | None = None
+        self.prebuild: ModulePrebuild | None = None
+        if spec.device.type == "cuda" if prebuild is None else prebuild:
+            self.prebuild = ModulePrebuild(spec.device, self._prebuild_plans, spec.head_size)
+
+    def _prebuild_plans(self, workspace: torch.Tensor) -> list[tuple[Any, bool, dict[str, Any]]]:
+        """(wrapper, is_prefill, plan kwargs) for each wrapper kind and window this backend
+        plans, over ``workspace``: what :class:`.prebuild.ModulePrebuild` plans once."""
+        plans = []
+        for window in (None, *self.windows):
+            kw = self.plan_kwargs(window)
+            plans.append((self.prefill_wrapper_cls(workspace, "NHD"), True, kw))
+            decode = self.decode_wrapper_cls(workspace, "NHD", use_tensor_cores=self.tensor_cores)
+            plans.append((decode, False, kw))
+        return plans
+
+    def wait_prebuild(self) -> None:
+        """Wait for the background module builds (if any) to finish: called before this
+        backend creates a wrapper of its own."""
+        if self.prebuild is not None:
+            self.prebuild.wait()
 
     @staticmethod
     def get_kv_cache_shape(
@@ -137,6 +161,7 @@ class FlashInferBackend(AttentionBackend):
     def _eager_wrappers(self):
         """The (prefill, decode) wrappers of full-attention layers."""
         if self._prefill is None:
+            self.wait_prebuild()
             ws = self.workspace()
             self._prefill = self.prefill_wrapper_cls(ws, "NHD")
             self._decode = self.decode_wrapper_cls(ws, "NHD", use_tensor_cores=self.tensor_cores)
@@ -147,6 +172,7 @@ class FlashInferBackend(AttentionBackend):
         pair per distinct sliding window of the model (FlashInfer fixes the window at plan
         time), all over the shared workspace."""
         if self._windowed is None:
+            self.wait_prebuild()
             ws = self.workspace()
             self._windowed = {
                 w: (
@@ -231,4 +257,5 @@ class FlashInferBackend(AttentionBackend):
 
     def make_graph_state(self, scratch_slot: int) -> Any:
         """A :class:`~.flashinfer_graph.FlashInferGraphState`."""
+        self.wait_prebuild()
         return FlashInferGraphState(self, scratch_slot)

@@ -1,0 +1,122 @@
+"""Build FlashInfer's JIT modules for this model in the background while the weights load.
+
+FlashInfer compiles its prefill and decode kernels for each (dtypes, head size, sliding
+window, score cap) combination the first time a wrapper is planned with it, and caches the
+result on disk. Without help, a fresh machine compiles them one after the other at the first
+use: the prefill module in the profile run, the decode module at graph capture (on an H200,
+roughly 75 s and 25 s at head size 64, more at 128), each after the weights have loaded.
+
+:class:`ModulePrebuild` starts, when the backend is created (before the weights load), one
+thread per wrapper kind that plans a wrapper of that kind on a one-row, one-page batch with
+the backend's own plan arguments for every window of the model; planning is what makes
+FlashInfer build (or, when cached, load) the module. The two builds then run side by side
+(each is a separate ninja build under FlashInfer's own file lock) and overlap the weight
+loading. The backend calls :meth:`ModulePrebuild.wait` before it creates any wrapper of
+its own, so the engine never plans a module that a thread is still building.
+
+With warm caches the threads only load the cached modules (well under a second). A failed
+build is logged and otherwise ignored: the engine's own first plan then builds again and
+raises the error where it always did.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+PREBUILD_WORKSPACE_BYTES = 16 * 1024 * 1024
+
+
+def plan_one_row(wrapper: Any, prefill: bool, head_size: int, kwargs: dict[str, Any]) -> None:
+    """Plan ``wrapper`` on one row of one token in one page (page 0, one valid entry).
+
+    Args:
+        wrapper: a FlashInfer prefill or decode wrapper over the paged cache ("NHD").
+        prefill: whether it is a prefill wrapper (``plan(qo_indptr, ...)``) or a decode one.
+        head_size: the attention head size.
+        kwargs: the backend's ``plan_kwargs(window)`` (heads, page size, dtypes, scale,
+            window, score cap): these, with ``head_size``, select the module.
+    """
+    indptr = torch.tensor([0, 1], dtype=torch.int32)  # [rows + 1]
+    indices = torch.zeros(1, dtype=torch.int32)  # [pages]
+    last = torch.ones(1, dtype=torch.int32)  # [rows]
+    if prefill:
+        qo = torch.tensor([0, 1], dtype=torch.int32)  # [rows + 1]
+        wrapper.plan(qo, indptr, indices, last, head_dim_qk=head_size, causal=True, **kwargs)
+    else:
+        wrapper.plan(indptr, indices, last, head_dim=head_size, **kwargs)
+
+
+class ModulePrebuild:
+    """Background builds of the FlashInfer modules one backend will plan.
+
+    Args:
+        device: the CUDA device the wrappers live on.
+        make_wrappers: ``(workspace) -> list of (wrapper, is_prefill, plan kwargs)``: the
+            backend's wrappers of every kind and window, over ``workspace``
+            [PREBUILD_WORKSPACE_BYTES] uint8 on ``device``.
+        head_size: the attention head size.
+
+    Attributes:
+        seconds: wall seconds from the start until the last thread finished (set by
+            :meth:`wait`), None before.
+        errors: the exceptions the threads raised (logged, not re-raised).
+    """
+
+    def __init__(
+        self,
+        device: torch.device,
+        make_wrappers: Callable[[torch.Tensor], list[tuple[Any, bool, dict[str, Any]]]],
+        head_size: int,
+    ):
+        self.device = device
+        self.head_size = head_size
+        self.seconds: float | None = None
+        self.errors: list[BaseException] = []
+        self._t0 = time.perf_counter()
+        self._done_at = self._t0
+        workspace = torch.zeros(PREBUILD_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        plans = make_wrappers(workspace)
+        kinds = [[p for p in plans if p[1]], [p for p in plans if not p[1]]]
+        self._threads = [
+            threading.Thread(target=self._run, args=(k,), name="flashinfer-prebuild", daemon=True)
+            for k in kinds
+            if k
+        ]
+        for t in self._threads:
+            t.start()
+
+    def _run(self, plans: list[tuple[Any, bool, dict[str, Any]]]) -> None:
+        try:
+            if self.device.type == "cuda":
+                torch.cuda.set_device(self.device)
+            with torch.inference_mode():
+                for wrapper, prefill, kwargs in plans:
+                    plan_one_row(wrapper, prefill, self.head_size, kwargs)
+        except BaseException as e:  # the engine's own first plan reports it
+            self.errors.append(e)
+            logger.warning("FlashInfer module prebuild failed (%s); building at first use.", e)
+        finally:
+            self._done_at = max(self._done_at, time.perf_counter())
+
+    def wait(self) -> None:
+        """Block until every build thread has finished (idempotent); logs the time the
+        builds took when it was more than a second (a cold JIT cache)."""
+        if self.seconds is not None:
+            return
+        for t in self._threads:
+            t.join()
+        self.seconds = self._done_at - self._t0
+        if self.seconds > 1.0:
+            logger.info(
+                "FlashInfer modules for head size %d built in %.1f s (in the background)",
+                self.head_size,
+                self.seconds,
+            )
