@@ -191,9 +191,11 @@ wait_health() {  # wait_health PORT PID LOG: until /health answers; fails if PID
     "$PY" - "$1" "$2" "$3" <<'PY'
 import os, sys, time, urllib.request
 port, pid, log = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+t0 = time.monotonic()
 for _ in range(600):
     try:
         urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+        print(f"vllm serve answered /health {time.monotonic() - t0:.0f} s after launch ({log})")
         sys.exit(0)
     except Exception:
         try:
@@ -277,7 +279,9 @@ serve_vs_upstream() {  # serve_vs_upstream ENGINE: `vllm serve` SmolLM2 bf16, be
     local args=(serve "$SMOLLM2_HF" --port "$PORT" --dtype bfloat16 --max-model-len 2048
         --gpu-memory-utilization 0.3)
     if [[ $engine == upstream ]]; then
-        upstream_py -m vllm.entrypoints.cli.main "${args[@]}" > "$log" 2>&1 &
+        # the server stack (fastapi, uvicorn, ...) may come from the caller's path, after upstream
+        (cd "$O" && PYTHONPATH=$VSITE${PYTHONPATH:+:$PYTHONPATH} exec "$PY" \
+            -m vllm.entrypoints.cli.main "${args[@]}") > "$log" 2>&1 &
     else
         # shellcheck disable=SC2086
         "$PY" -m vllm.entrypoints.cli "${args[@]}" --disable-log-requests $M > "$log" 2>&1 &
