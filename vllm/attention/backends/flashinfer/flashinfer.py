@@ -77,10 +77,12 @@ class FlashInferBackend(AttentionBackend):
         prefill_wrapper_cls, decode_wrapper_cls: FlashInfer's wrapper classes (imported
             lazily when None; tests pass fakes).
         prebuild: start building the model's FlashInfer modules in the background now
-            (:mod:`.prebuild`); None means on a CUDA device.
+            (:mod:`.prebuild`; about 32 MiB of device memory until the builds end); None
+            means on a CUDA device.
 
     Raises:
         ValueError: ``spec.small_decode_max_rows`` outside [0, SMALL_DECODE_MAX_ROWS_LIMIT].
+        torch.OutOfMemoryError: no room for the prebuild's workspace (see ``prebuild``).
     """
 
     name = "FLASHINFER"
@@ -121,19 +123,22 @@ class FlashInferBackend(AttentionBackend):
         self.small_max_rows = 0 if bypass_small else spec.small_decode_max_rows
         self._small: SmallDecodeBuffers | None = None
         self.prebuild: ModulePrebuild | None = None
-        if spec.device.type == "cuda" if prebuild is None else prebuild:
+        if (spec.device.type == "cuda") if prebuild is None else prebuild:
             self.prebuild = ModulePrebuild(spec.device, self._prebuild_plans, spec.head_size)
 
-    def _prebuild_plans(self, workspace: torch.Tensor) -> list[tuple[Any, bool, dict[str, Any]]]:
-        """(wrapper, is_prefill, plan kwargs) for each wrapper kind and window this backend
-        plans, over ``workspace``: what :class:`.prebuild.ModulePrebuild` plans once."""
-        plans = []
+    def _prebuild_plans(self, workspace: torch.Tensor) -> list[list[tuple[Any, bool, dict]]]:
+        """The plans :class:`.prebuild.ModulePrebuild` runs once, one list per thread:
+        (wrapper, is_prefill, plan kwargs) for each wrapper kind and window this backend
+        plans, over ``workspace``. Prefill and decode modules build side by side, except
+        with tensor-core decode, which plans FlashInfer's prefill module (possibly the
+        very module the prefill wrapper builds): then both are planned on one thread."""
+        prefill, decode = [], []
         for window in (None, *self.windows):
             kw = self.plan_kwargs(window)
-            plans.append((self.prefill_wrapper_cls(workspace, "NHD"), True, kw))
-            decode = self.decode_wrapper_cls(workspace, "NHD", use_tensor_cores=self.tensor_cores)
-            plans.append((decode, False, kw))
-        return plans
+            prefill.append((self.prefill_wrapper_cls(workspace, "NHD"), True, kw))
+            wrapper = self.decode_wrapper_cls(workspace, "NHD", use_tensor_cores=self.tensor_cores)
+            decode.append((wrapper, False, kw))
+        return [prefill + decode] if self.tensor_cores else [prefill, decode]
 
     def wait_prebuild(self) -> None:
         """Wait for the background module builds (if any) to finish: called before this

@@ -6,13 +6,15 @@ result on disk. Without help, a fresh machine compiles them one after the other 
 use: the prefill module in the profile run, the decode module at graph capture (on an H200,
 roughly 75 s and 25 s at head size 64, more at 128), each after the weights have loaded.
 
-:class:`ModulePrebuild` starts, when the backend is created (before the weights load), one
-thread per wrapper kind that plans a wrapper of that kind on a one-row, one-page batch with
-the backend's own plan arguments for every window of the model; planning is what makes
-FlashInfer build (or, when cached, load) the module. The two builds then run side by side
-(each is a separate ninja build under FlashInfer's own file lock) and overlap the weight
-loading. The backend calls :meth:`ModulePrebuild.wait` before it creates any wrapper of
-its own, so the engine never plans a module that a thread is still building.
+:class:`ModulePrebuild` starts, when the backend is created (before the weights load),
+threads that plan wrappers of each kind on a one-row, one-page batch with the backend's own
+plan arguments for every window of the model; planning is what makes FlashInfer build (or,
+when cached, load) the module. The prefill and decode builds run side by side (each a
+separate ninja build under FlashInfer's own file lock; plans that could build the same
+module share a thread) and overlap the weight loading. The backend calls
+:meth:`ModulePrebuild.wait`, which also waits for any other backend's builds in the process,
+before it creates any wrapper of its own, so the engine never plans a module that a thread
+is still building.
 
 With warm caches the threads only load the cached modules (well under a second). A failed
 build is logged and otherwise ignored: the engine's own first plan then builds again and
@@ -54,28 +56,50 @@ def plan_one_row(wrapper: Any, prefill: bool, head_size: int, kwargs: dict[str, 
         wrapper.plan(indptr, indices, last, head_dim=head_size, **kwargs)
 
 
+Plan = tuple[Any, bool, dict[str, Any]]  # (wrapper, is_prefill, plan kwargs)
+
+# Every ModulePrebuild of this process whose threads may still run: a wait covers them all,
+# so a second backend in the process (a speculative draft model's) never plans a module
+# that the first one's thread is still building, and vice versa.
+_LIVE: list[ModulePrebuild] = []
+_LIVE_LOCK = threading.Lock()
+
+
 class ModulePrebuild:
     """Background builds of the FlashInfer modules one backend will plan.
 
     Args:
-        device: the CUDA device the wrappers live on.
-        make_wrappers: ``(workspace) -> list of (wrapper, is_prefill, plan kwargs)``: the
-            backend's wrappers of every kind and window, over ``workspace``
-            [PREBUILD_WORKSPACE_BYTES] uint8 on ``device``.
+        device: the CUDA device the wrappers live on (an index-less ``cuda`` means the
+            current device).
+        make_wrappers: ``(workspace) -> one list of plans per thread``, each plan a
+            (wrapper, is_prefill, plan kwargs) over ``workspace`` [PREBUILD_WORKSPACE_BYTES]
+            uint8 on ``device``. Plans that may build the same module must share a list:
+            the threads must never build one module twice at once.
         head_size: the attention head size.
+
+    Memory: the workspace (16 MiB) and what the wrappers allocate (FlashInfer: an 8 MiB
+    int workspace each) stay allocated until the threads end, which :meth:`wait` awaits
+    before the engine profiles its memory.
+
+    Raises:
+        torch.OutOfMemoryError: the workspace does not fit; whatever ``make_wrappers``
+            raises (a wrapper's constructor). Errors inside the threads are not raised.
 
     Attributes:
         seconds: wall seconds from the start until the last thread finished (set by
             :meth:`wait`), None before.
-        errors: the exceptions the threads raised (logged, not re-raised).
+        errors: the exceptions the threads raised (logged with their traceback, kept
+            without it so that their frames, and the wrappers, are freed).
     """
 
     def __init__(
         self,
         device: torch.device,
-        make_wrappers: Callable[[torch.Tensor], list[tuple[Any, bool, dict[str, Any]]]],
+        make_wrappers: Callable[[torch.Tensor], list[list[Plan]]],
         head_size: int,
     ):
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
         self.device = device
         self.head_size = head_size
         self.seconds: float | None = None
@@ -83,17 +107,19 @@ class ModulePrebuild:
         self._t0 = time.perf_counter()
         self._done_at = self._t0
         workspace = torch.zeros(PREBUILD_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
-        plans = make_wrappers(workspace)
-        kinds = [[p for p in plans if p[1]], [p for p in plans if not p[1]]]
         self._threads = [
-            threading.Thread(target=self._run, args=(k,), name="flashinfer-prebuild", daemon=True)
-            for k in kinds
-            if k
+            threading.Thread(
+                target=self._run, args=(plans,), name="flashinfer-prebuild", daemon=True
+            )
+            for plans in make_wrappers(workspace)
+            if plans
         ]
+        with _LIVE_LOCK:
+            _LIVE.append(self)
         for t in self._threads:
             t.start()
 
-    def _run(self, plans: list[tuple[Any, bool, dict[str, Any]]]) -> None:
+    def _run(self, plans: list[Plan]) -> None:
         try:
             if self.device.type == "cuda":
                 torch.cuda.set_device(self.device)
@@ -101,18 +127,30 @@ class ModulePrebuild:
                 for wrapper, prefill, kwargs in plans:
                     plan_one_row(wrapper, prefill, self.head_size, kwargs)
         except BaseException as e:  # the engine's own first plan reports it
-            self.errors.append(e)
-            logger.warning("FlashInfer module prebuild failed (%s); building at first use.", e)
+            logger.warning("FlashInfer module prebuild failed; building at first use.",
+                           exc_info=True)  # fmt: skip
+            self.errors.append(e.with_traceback(None))
         finally:
             self._done_at = max(self._done_at, time.perf_counter())
 
+    def _join(self) -> None:
+        for t in self._threads:
+            t.join()
+        with _LIVE_LOCK:
+            if self in _LIVE:
+                _LIVE.remove(self)
+
     def wait(self) -> None:
-        """Block until every build thread has finished (idempotent); logs the time the
+        """Block until this object's build threads, and those of every other prebuild of
+        the process still running, have finished (idempotent); logs the time this one's
         builds took when it was more than a second (a cold JIT cache)."""
         if self.seconds is not None:
             return
-        for t in self._threads:
-            t.join()
+        self._join()
+        with _LIVE_LOCK:
+            others = list(_LIVE)
+        for other in others:
+            other._join()
         self.seconds = self._done_at - self._t0
         if self.seconds > 1.0:
             logger.info(
