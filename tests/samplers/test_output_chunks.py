@@ -1,0 +1,116 @@
+"""Multi-token chunks (multi-step decoding, speculation) on the host: the chunk path of
+``output_processor.append_samples`` (requests without stop strings: appended up to the
+first stopping token, one stop check) and ``sampler.unpack_samples``'s rows without top
+logprobs, each against the one-token-at-a-time reference on random cases."""
+
+import random
+
+import pytest
+
+from vllm.engine.output_processor import append_samples
+from vllm.engine.stop_checker import check_stop
+from vllm.model_executor.layers.sampler import _position, unpack_samples
+from vllm.sampling_params import SamplingParams
+from vllm.sequence import (
+    CompletionSequenceGroupOutput,
+    Logprob,
+    Sequence,
+    SequenceGroup,
+    SequenceOutput,
+    SequenceStatus,
+)
+
+EOS = 2
+PROMPT = [5, 6, 7]
+
+
+def _random_params(rng: random.Random) -> SamplingParams:
+    max_tokens = rng.choice([None, rng.randint(1, 12)])
+    min_tokens = rng.randint(0, max_tokens or 6)
+    return SamplingParams(
+        max_tokens=max_tokens,
+        min_tokens=min_tokens,
+        ignore_eos=rng.random() < 0.3,
+        stop_token_ids=rng.sample(range(3, 9), rng.randint(0, 2)),
+    )
+
+
+def _random_chunks(rng: random.Random) -> list[list[tuple[int, dict]]]:
+    """Chunks of 1-8 (token, logprobs) pairs; tokens drawn so EOS and stop ids occur; a
+    few positions whose dict lacks the token (counted as logprob 0)."""
+    chunks = []
+    for _ in range(rng.randint(1, 4)):
+        chunk = []
+        for _ in range(rng.randint(1, 8)):
+            t = rng.randint(2, 12)
+            key = t if rng.random() > 0.1 else t + 100
+            chunk.append((t, {key: Logprob(-rng.random() * 7, rng.randint(1, 4))}))
+        chunks.append(chunk)
+    return chunks
+
+
+def _reference(params: SamplingParams, chunks, max_model_len: int) -> Sequence:
+    seq = Sequence(0, None, PROMPT, 16, eos_token_id=EOS)
+    for chunk in chunks:
+        for token, lps in chunk:
+            if seq.is_finished():
+                break
+            seq.append_token_id(token, lps)
+            check_stop(seq, 0, params, max_model_len)
+    return seq
+
+
+def _state(seq: Sequence) -> tuple:
+    return (seq.output_token_ids, seq.output_logprobs, seq.data.cumulative_logprob,
+            seq.status, seq.stop_reason)  # fmt: skip
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_chunks_equal_one_token_at_a_time(seed):
+    """Same tokens, logprobs, cumulative logprob (bit for bit), status and stop reason
+    as the per-token loop, over 300 random requests (EOS with and without ignore_eos,
+    stop ids, min_tokens, max_tokens, max_model_len)."""
+    rng = random.Random(seed)
+    reasons = set()
+    for _ in range(300):
+        params = _random_params(rng)
+        chunks = _random_chunks(rng)
+        max_model_len = rng.choice([len(PROMPT) + rng.randint(1, 10), 4096])
+        seq = Sequence(0, None, PROMPT, 16, eos_token_id=EOS)
+        group = SequenceGroup("r", [seq], params, 0.0)
+        for chunk in chunks:
+            out = SequenceOutput(seq.seq_id, chunk[0][0], chunk[0][1], chunk[1:] or None)
+            append_samples(group, CompletionSequenceGroupOutput([out]), None, max_model_len)
+        want = _reference(params, chunks, max_model_len)
+        assert _state(seq) == _state(want), (params, chunks, max_model_len)
+        reasons.add((seq.status, seq.stop_reason is not None))
+    # the cases reached every way to end (and not ending at all)
+    assert {
+        (SequenceStatus.FINISHED_STOPPED, False),  # EOS
+        (SequenceStatus.FINISHED_STOPPED, True),  # a stop token id
+        (SequenceStatus.FINISHED_LENGTH_CAPPED, False),
+    } <= reasons
+    assert any(status == SequenceStatus.RUNNING or status == SequenceStatus.WAITING
+               for status, _ in reasons)  # fmt: skip
+
+
+def test_unpacked_rows_without_top_logprobs_equal_position():
+    """Rows of groups that asked for no logprobs (n = 0) and rows that asked for two,
+    over three steps: each token and dict equal ``_position`` of its packed row."""
+    rng = random.Random(0)
+    k = 2
+    layout = [([10, 11], 0, True), ([12], 2, True), ([13], 0, False), ([14], 0, True)]
+    rows = 4  # sampled rows: 10, 11, 12, 14
+    steps = [
+        [[float(rng.randint(0, 99)), -rng.random(), float(rng.randint(1, 5)),
+          -0.1, -0.2, float(rng.randint(0, 99)), float(rng.randint(0, 99))]
+         for _ in range(rows)]
+        for _ in range(3)
+    ]  # fmt: skip
+    out = unpack_samples(layout, steps, k, {})
+    samples = [s for g in out.outputs for s in g.samples]
+    assert [s.parent_seq_id for s in samples] == [10, 11, 12, 14]
+    assert out.outputs[2].samples == []
+    for row, (s, n) in enumerate(zip(samples, [0, 0, 2, 0])):
+        got = [(s.output_token, s.logprobs), *s.extra_tokens]
+        assert got == [_position(step[row], n, k) for step in steps]
