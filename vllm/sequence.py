@@ -147,6 +147,12 @@ class Sequence:
         lp = logprobs[token_id].logprob if token_id in logprobs else 0.0
         self.data.append_token_id(token_id, lp)
 
+    def append_token_ids(self, tokens: tuple[tuple[int, PositionLogprobs], ...]) -> None:
+        """Append several generated (token id, logprobs) pairs in order, as that many
+        :meth:`append_token_id` calls (the same cumulative logprob, bit for bit)."""
+        for token_id, logprobs in tokens:
+            self.append_token_id(token_id, logprobs)
+
     def get_len(self) -> int:
         return self.data.get_len()
 

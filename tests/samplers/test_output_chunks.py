@@ -1,7 +1,7 @@
 """Multi-token chunks (multi-step decoding, speculation) on the host: the chunk path of
 ``output_processor.append_samples`` (requests without stop strings: appended up to the
-first stopping token, one stop check) and ``sampler.unpack_samples``'s rows without top
-logprobs, each against the one-token-at-a-time reference on random cases."""
+first stopping token, one stop check) against the one-token-at-a-time reference on random
+cases, and ``sampler.unpack_samples``'s row layout over several steps."""
 
 import random
 
@@ -95,8 +95,9 @@ def test_chunks_equal_one_token_at_a_time(seed):
 
 
 def test_unpacked_rows_without_top_logprobs_equal_position():
-    """Rows of groups that asked for no logprobs (n = 0) and rows that asked for two,
-    over three steps: each token and dict equal ``_position`` of its packed row."""
+    """Groups of two rows, of one row with two top logprobs, of no sampled row and of one
+    row, over three steps: each sequence gets its own row of every step, in order (its
+    token and dict equal ``_position`` of that packed row); the non-sampling group none."""
     rng = random.Random(0)
     k = 2
     layout = [([10, 11], 0, True), ([12], 2, True), ([13], 0, False), ([14], 0, True)]

@@ -6,23 +6,16 @@ conditions (stop_checker.py). A speculative or multi-step step may carry several
 sequence (``SequenceOutput.extra_tokens``): they are appended one by one with the same
 checks after each, and nothing after a stop is kept. Without stop strings the checks read
 only token ids and lengths, so the chunk is appended up to its first stopping token in one
-go, checked once and detokenized once at its end (:func:`_append_chunk`): the same result
-with less per-token host work at large batches.
+go (``stop_checker.tokens_until_stop``), checked once and detokenized once at its end: the
+same result with less per-token host work at large batches.
 """
 
 from __future__ import annotations
 
 from vllm.engine.detokenizer import decode_sequence_step
-from vllm.engine.stop_checker import check_stop
+from vllm.engine.stop_checker import check_stop, tokens_until_stop
 from vllm.outputs import CompletionOutput, RequestOutput
-from vllm.sampling_params import SamplingParams
-from vllm.sequence import (
-    CompletionSequenceGroupOutput,
-    PositionLogprobs,
-    Sequence,
-    SequenceGroup,
-    SequenceStatus,
-)
+from vllm.sequence import CompletionSequenceGroupOutput, SequenceGroup, SequenceStatus
 
 
 def append_samples(
@@ -58,8 +51,10 @@ def append_samples(
         chunk = ((sample.output_token, sample.logprobs), *(extra or ()))
         if extra and not params.stop:
             # No stop strings: only token ids and lengths can stop the sequence, so the
-            # tokens up to the first one that stops it are appended at once and checked once.
-            _append_chunk(seq, chunk, params, max_model_len, tok)
+            # tokens up to the first one that stops it are appended at once, checked once.
+            n = tokens_until_stop(seq, [t for t, _ in chunk], params, max_model_len)
+            seq.append_token_ids(chunk[:n])
+            check_stop(seq, 0, params, max_model_len, tok)
             if tok is not None and not seq.is_finished():
                 decode_sequence_step(tok, seq, params)
             continue
@@ -70,51 +65,6 @@ def append_samples(
             seq.append_token_id(token, logprobs)
             new_chars = decode_sequence_step(tok, seq, params) if detok_each else 0
             check_stop(seq, new_chars, params, max_model_len, tok)
-
-
-def _append_chunk(
-    seq: Sequence,
-    chunk: tuple[tuple[int, PositionLogprobs], ...],
-    params: SamplingParams,
-    max_model_len: int,
-    tokenizer,
-) -> None:
-    """Append a multi-token chunk to ``seq`` when the request has no stop strings: the
-    same tokens, logprobs, cumulative logprob and finish state as appending them one by
-    one with :func:`check_stop` after each.
-
-    Without stop strings :func:`check_stop` stops at a token only by its id (EOS unless
-    ``ignore_eos``, ``stop_token_ids``, both once ``min_tokens`` are out) or by the length
-    limits (``max_model_len`` for prompt + output, ``max_tokens``), and does nothing at the
-    tokens before. So the first such token ends the chunk, everything up to it is appended,
-    and one :func:`check_stop` on it sets the status and text exactly as the per-token loop.
-    The cumulative logprob is summed token by token, in the same order (same rounding).
-    """
-    data = seq.data
-    out_ids = data.output_token_ids
-    prompt_len = len(data.prompt_token_ids)
-    eos = None if params.ignore_eos else seq.eos_token_id
-    stops = params.stop_token_ids
-    min_tokens, max_tokens = params.min_tokens, params.max_tokens
-    cap = max_model_len - prompt_len  # output length that reaches max_model_len
-    if max_tokens is not None:
-        cap = min(cap, max_tokens)
-    n = len(out_ids)
-    end = len(chunk)
-    for j, (token, _) in enumerate(chunk):
-        n += 1  # the output length with this token
-        if n >= cap or (n >= min_tokens and (token == eos or token in stops)):
-            end = j + 1
-            break
-    logprobs_out = seq.output_logprobs
-    total = data.cumulative_logprob
-    for token, logprobs in chunk[:end] if end < len(chunk) else chunk:
-        out_ids.append(token)
-        logprobs_out.append(logprobs)
-        lp = logprobs.get(token)
-        total += lp.logprob if lp is not None else 0.0
-    data.cumulative_logprob = total
-    check_stop(seq, 0, params, max_model_len, tokenizer)
 
 
 def make_request_output(group: SequenceGroup) -> RequestOutput:

@@ -76,6 +76,32 @@ def check_stop(
             _check_stop_strings(seq, added, params, tokenizer)
 
 
+def tokens_until_stop(
+    seq: Sequence, tokens: tuple[int, ...] | list[int], params: SamplingParams, max_model_len: int
+) -> int:
+    """How many of ``tokens`` (to be appended to ``seq`` in order) to append: up to and
+    including the first one at which :func:`check_stop` would end the sequence, else all.
+
+    Only for requests without stop strings: :func:`check_stop` then stops at a token only
+    by its id (EOS unless ``ignore_eos``, ``stop_token_ids``; both once ``min_tokens`` are
+    out) or by the length limits (``max_model_len`` for prompt + output, ``max_tokens``),
+    and changes nothing at the tokens before, so appending that many and calling
+    :func:`check_stop` once gives the per-token result.
+    """
+    data = seq.data
+    eos = None if params.ignore_eos else seq.eos_token_id
+    stops, min_tokens = params.stop_token_ids, params.min_tokens
+    cap = max_model_len - len(data.prompt_token_ids)  # the output length reaching the limit
+    if params.max_tokens is not None:
+        cap = min(cap, params.max_tokens)
+    n = len(data.output_token_ids)
+    for j, token in enumerate(tokens):
+        n += 1  # the output length with this token
+        if n >= cap or (n >= min_tokens and (token == eos or token in stops)):
+            return j + 1
+    return len(tokens)
+
+
 def _check_stop_strings(seq: Sequence, new_chars: int, params: SamplingParams, tokenizer) -> bool:
     """Find the earliest stop string that ends in the last ``new_chars`` characters."""
     if new_chars <= 0:
