@@ -42,7 +42,11 @@ from vllm.attention.backends.abstract import (
 from vllm.attention.backends.flashinfer.flashinfer_graph import FlashInferGraphState
 from vllm.attention.backends.flashinfer.flashinfer_prefill import graph_prefill_metadata
 from vllm.attention.backends.flashinfer.metadata import FlashInferMetadata
-from vllm.attention.backends.flashinfer.paged_cache import paged_kv_host, slot_rows_host
+from vllm.attention.backends.flashinfer.paged_cache import (
+    paged_kv_host,
+    plan_paged,
+    slot_rows_host,
+)
 from vllm.attention.backends.flashinfer.prebuild import ModulePrebuild
 from vllm.attention.backends.flashinfer.small_decode import (
     SMALL_DECODE_MAX_ROWS_LIMIT,
@@ -233,12 +237,10 @@ class FlashInferBackend(AttentionBackend):
             if as_prefill:
                 qo = torch.zeros(len(step.query_lens) + 1, dtype=torch.int32)
                 qo[1:] = torch.tensor(step.query_lens, dtype=torch.int32).cumsum(0)
-                prefill.plan(
-                    qo, indptr, indices, last, head_dim_qk=self.spec.head_size, causal=True, **kw
-                )
+                plan_paged(prefill, kw, self.spec.head_size, indptr, indices, last, qo)
                 planned[window] = prefill
             else:
-                decode.plan(indptr, indices, last, head_dim=self.spec.head_size, **kw)
+                plan_paged(decode, kw, self.spec.head_size, indptr, indices, last)
                 planned[window] = decode
         if as_prefill:
             self.prefill_runs += 1

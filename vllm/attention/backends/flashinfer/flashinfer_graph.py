@@ -32,7 +32,11 @@ from vllm.attention.backends.abstract import (
 )
 from vllm.attention.backends.flashinfer.flashinfer_prefill import graph_prefill_metadata
 from vllm.attention.backends.flashinfer.metadata import FlashInferMetadata
-from vllm.attention.backends.flashinfer.paged_cache import paged_kv_host, slot_rows_host
+from vllm.attention.backends.flashinfer.paged_cache import (
+    paged_kv_host,
+    plan_paged,
+    slot_rows_host,
+)
 from vllm.attention.backends.flashinfer.small_decode import (
     SmallDecodeGraphBuffers,
     SmallDecodeMetadata,
@@ -158,7 +162,7 @@ class FlashInferGraphState(AttentionGraphState):
         # plan info: window_left is fixed at plan time)
         for window, wrapper in [(None, md.wrapper), *(md.window_wrappers or {}).items()]:
             kw = self.backend.plan_kwargs(window)
-            wrapper.plan(indptr, indices, last, head_dim=self.spec.head_size, **kw)
+            plan_paged(wrapper, kw, self.spec.head_size, indptr, indices, last)
         rows = slot_rows_host(step.slot_mapping, self.scratch_slot, self.spec.block_size)
         self.slot_rows[:, :bs].copy_(pin_for(rows, self.spec.device), non_blocking=True)
         self.backend.decode_runs += 1

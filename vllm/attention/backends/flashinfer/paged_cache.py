@@ -3,8 +3,9 @@
 Cache layout per layer: [num_blocks + 1, 2, block_size, num_kv_heads, head_size] ("NHD",
 key at index 0 of dim 1); block ``num_blocks`` is the scratch block. Here: a step's page
 tables in FlashInfer's form (:func:`paged_kv_host`), each new token's slot and its key /
-value rows in the flat cache view (:func:`slot_rows_host`), and the cache write
-(:func:`write_kv`, :func:`rotate_and_write`).
+value rows in the flat cache view (:func:`slot_rows_host`), the cache write
+(:func:`write_kv`, :func:`rotate_and_write`), and how a wrapper is planned over the page
+tables (:func:`plan_paged`).
 """
 
 from __future__ import annotations
@@ -136,3 +137,24 @@ def _host_i32(*arrays: np.ndarray) -> tuple[torch.Tensor, ...]:
     if torch.cuda.is_available():
         t = t.pin_memory()
     return tuple(t.split_with_sizes([len(a) for a in arrays]))
+
+
+def plan_paged(
+    wrapper: Any,
+    kwargs: dict[str, Any],
+    head_size: int,
+    indptr: torch.Tensor,
+    indices: torch.Tensor,
+    last_page_len: torch.Tensor,
+    qo_indptr: torch.Tensor | None = None,
+) -> None:
+    """Plan a FlashInfer wrapper over page tables (:func:`paged_kv_host`'s form): a causal
+    prefill wrapper when ``qo_indptr`` [rows + 1] int32 (each row's query tokens) is given,
+    else a decode wrapper (one query token a row). ``kwargs`` is the backend's
+    ``plan_kwargs(window)``; with ``head_size`` it selects FlashInfer's module, so every
+    planning path (eager steps, graph replays, the background builds) goes through here."""
+    if qo_indptr is not None:
+        wrapper.plan(qo_indptr, indptr, indices, last_page_len, head_dim_qk=head_size,
+                     causal=True, **kwargs)  # fmt: skip
+    else:
+        wrapper.plan(indptr, indices, last_page_len, head_dim=head_size, **kwargs)

@@ -31,29 +31,28 @@ from typing import Any
 
 import torch
 
+from vllm.attention.backends.flashinfer.paged_cache import plan_paged
+
 logger = logging.getLogger(__name__)
 
 PREBUILD_WORKSPACE_BYTES = 16 * 1024 * 1024
 
 
 def plan_one_row(wrapper: Any, prefill: bool, head_size: int, kwargs: dict[str, Any]) -> None:
-    """Plan ``wrapper`` on one row of one token in one page (page 0, one valid entry).
+    """Plan ``wrapper`` on one row of one token in one page (page 0, one valid entry), as
+    the engine plans it (:func:`.paged_cache.plan_paged`).
 
     Args:
         wrapper: a FlashInfer prefill or decode wrapper over the paged cache ("NHD").
-        prefill: whether it is a prefill wrapper (``plan(qo_indptr, ...)``) or a decode one.
+        prefill: whether it is a prefill wrapper or a decode one.
         head_size: the attention head size.
         kwargs: the backend's ``plan_kwargs(window)`` (heads, page size, dtypes, scale,
             window, score cap): these, with ``head_size``, select the module.
     """
-    indptr = torch.tensor([0, 1], dtype=torch.int32)  # [rows + 1]
-    indices = torch.zeros(1, dtype=torch.int32)  # [pages]
+    one = torch.tensor([0, 1], dtype=torch.int32)  # [rows + 1]: indptr, and qo_indptr
+    pages = torch.zeros(1, dtype=torch.int32)  # [pages]
     last = torch.ones(1, dtype=torch.int32)  # [rows]
-    if prefill:
-        qo = torch.tensor([0, 1], dtype=torch.int32)  # [rows + 1]
-        wrapper.plan(qo, indptr, indices, last, head_dim_qk=head_size, causal=True, **kwargs)
-    else:
-        wrapper.plan(indptr, indices, last, head_dim=head_size, **kwargs)
+    plan_paged(wrapper, kwargs, head_size, one, pages, last, one if prefill else None)
 
 
 Plan = tuple[Any, bool, dict[str, Any]]  # (wrapper, is_prefill, plan kwargs)
