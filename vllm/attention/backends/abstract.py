@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -54,6 +54,9 @@ class StepInputs:
             padded alike, so the two agree exactly).
         num_prefills: MIXED only: the leading rows that are prefill rows (their tokens come
             first in ``slot_mapping``); the other rows are decode rows of one token each.
+        flat_tables: ``block_tables`` flattened (``host_tables.FlatTables``), filled by the
+            first builder that asks (``host_tables.step_tables``) and handed on to the later
+            steps of a multi-step call, whose tables are the same lists; None until then.
     """
 
     mode: ForwardMode
@@ -64,6 +67,7 @@ class StepInputs:
     num_real_rows: int
     graph_prefill: bool = False
     num_prefills: int = 0
+    flat_tables: Any = field(default=None, init=False, compare=False, repr=False)
 
     def split(self) -> tuple[StepInputs, StepInputs]:
         """A MIXED step as (its prefill rows as a PREFILL step, its decode rows as a DECODE

@@ -31,12 +31,7 @@ from vllm.attention.backends.abstract import (
     ForwardMode,
     StepInputs,
 )
-from vllm.attention.backends.host_tables import (
-    exclusive_cumsum,
-    flatten_tables,
-    ragged_positions,
-    scratch_slots,
-)
+from vllm.attention.backends.host_tables import scratch_slots, step_tables
 from vllm.attention.backends.sdpa_context import context_prefill
 from vllm.attention.backends.sdpa_ops import attend, causal_attend, layer_window, window_mask
 from vllm.utils import to_device
@@ -256,14 +251,15 @@ def decode_tables(
     nothing real; tables wider than ``width`` are clipped (the graph gate guarantees the
     clipped part lies beyond the row's context).
 
-    The tables are flattened once (see ``host_tables``) and scattered into the scratch-
-    filled array by one indexed assignment.
+    The tables are flattened once per call (``host_tables.step_tables``) and scattered
+    into the scratch-filled array by one indexed assignment.
     """
     rows = len(step.seq_lens)
     table = np.full((rows, width), scratch_block, dtype=np.int64)  # [rows, width]
-    flat, tlen = flatten_tables(step.block_tables)  # [table entries], [len(tables)]
+    ft = step_tables(step)  # flattened once per call (a multi-step call's steps share it)
+    flat, tlen = ft.flat, ft.lens  # [table entries], [len(tables)]
     if len(flat):
-        col = ragged_positions(tlen, exclusive_cumsum(tlen))  # [table entries]
+        col = ft.cols  # [table entries]
         # position of each entry in the flattened table: its row's start plus its column
         dest = col + np.repeat(np.arange(len(tlen), dtype=np.int64) * width, tlen)
         if int(tlen.max()) > width:  # clip: keep the first `width` blocks of each row

@@ -16,12 +16,7 @@ import numpy as np
 import torch
 
 from vllm.attention.backends.abstract import StepInputs
-from vllm.attention.backends.host_tables import (
-    exclusive_cumsum,
-    flatten_tables,
-    ragged_positions,
-    scratch_slots,
-)
+from vllm.attention.backends.host_tables import exclusive_cumsum, scratch_slots, step_tables
 
 
 def slot_rows_host(slots: list[int], scratch_slot: int, block_size: int) -> torch.Tensor:
@@ -97,14 +92,15 @@ def paged_kv_host(
     minus the tokens of all its pages but the last (so a clipped or short table gives a
     value above ``block_size``, as the list-based builder did).
 
-    Whole-array work: the tables are flattened once (see ``host_tables``), each row's page
-    count and tail are computed for all rows at once, and the pages are the rows' table
-    prefixes selected by a mask, with scratch pages where a row has no table.
+    Whole-array work: the tables are flattened once per step, or once per multi-step call
+    (``host_tables.step_tables``), each row's page count and tail are computed for all rows
+    at once, and the pages are one gather of the rows' table prefixes, with scratch pages
+    where a row has no table.
     """
     rows = min(len(step.seq_lens), len(step.block_tables))  # zip() of the two lists
-    tables = step.block_tables if rows == len(step.block_tables) else step.block_tables[:rows]
     seq = np.fromiter(step.seq_lens, dtype=np.int64, count=rows)  # [rows]
-    flat, tlen = flatten_tables(tables, np.int32)  # [table entries] int32, [rows] int64
+    ft = step_tables(step)  # flattened once per call (a multi-step call's steps share it)
+    flat, tlen = ft.head(rows)  # [table entries] int64, [rows] int64
     real = seq > 0  # [rows] False on padded lanes
     # A padded lane is then a one-token row without a table: one scratch page, length 1.
     n = np.maximum(seq, 1)  # [rows]
@@ -116,14 +112,21 @@ def paged_kv_host(
     count = np.where(from_table, take, need)  # [rows] pages per row
     last = n - (count - 1) * block_size  # [rows]
     indptr = exclusive_cumsum(count)  # [rows + 1]
+    total = int(indptr[-1])
     # take <= tlen, so equal totals with every row on its table mean whole tables
-    if int(indptr[-1]) == len(flat) and from_table.all():
+    if total == len(flat) and from_table.all():
         indices = flat  # every row uses its whole table: nothing to select
     else:
-        # each row's first `take` table entries, in row order
-        keep = ragged_positions(tlen, exclusive_cumsum(tlen)) < np.repeat(take, tlen)
-        indices = np.full(int(indptr[-1]), scratch_block, dtype=np.int32)  # [pages]
-        indices[np.repeat(from_table, count)] = flat[keep]
+        # page j of row i (j < take) is table entry starts[i] + j: one gather of every
+        # row's table prefix; rows without a table read the scratch block
+        shift = np.repeat(ft.starts[:rows] - indptr[:-1], count)  # [pages]
+        src = np.arange(total, dtype=np.int64) + shift  # [pages] entries of flat
+        if from_table.all():
+            indices = flat[src]
+        else:
+            on_table = np.repeat(from_table, count)  # [pages]
+            indices = np.full(total, scratch_block, dtype=np.int64)  # [pages]
+            indices[on_table] = flat[src[on_table]]
     indptr_t, indices_t, last_t = _host_i32(indptr, indices, last)
     return indptr_t, indices_t, last_t
 

@@ -41,7 +41,7 @@ from vllm.attention.backends.abstract import (
     ForwardMode,
     StepInputs,
 )
-from vllm.attention.backends.host_tables import exclusive_cumsum, flatten_tables, ragged_positions
+from vllm.attention.backends.host_tables import step_tables
 from vllm.kernels import dispatch
 from vllm.utils import to_device
 
@@ -101,13 +101,14 @@ def small_decode_host(step: StepInputs, fill: int, width: int | None = None) -> 
     table; clipped to it), so one upload fills both buffers. A padded lane's table is all
     ``fill``: should a loop graph advance it, it still writes only the scratch block."""
     rows = len(step.seq_lens)
-    flat, tlen = flatten_tables(step.block_tables[:rows], np.int32)  # [entries], [rows]
+    ft = step_tables(step)  # flattened once per call (a multi-step call's steps share it)
+    flat, tlen = ft.head(rows)  # [entries], [rows] int64
     if width is None:
         width = max(1, int(tlen.max(initial=0)))
     buf = np.full(rows + rows * width, fill, dtype=np.int32)
     buf[:rows] = step.seq_lens
     if len(flat):
-        col = ragged_positions(tlen, exclusive_cumsum(tlen))  # [entries]
+        col = ft.cols[: len(flat)]  # [entries]
         keep = col < width
         dest = rows + np.repeat(np.arange(rows, dtype=np.int64) * width, tlen) + col
         buf[dest[keep]] = flat[keep]
