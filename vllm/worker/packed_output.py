@@ -56,7 +56,7 @@ class PackedSamples:
 
     def unpack(self) -> SamplerOutput:
         """The SamplerOutput the stage would have built (no device ids attached)."""
-        return unpack_samples(self.layout, self.rows.tolist(), self.k, self.prompt_logprobs)
+        return unpack_samples(self.layout, self.rows, self.k, self.prompt_logprobs)
 
 
 def unpack_outputs(payload: Any) -> Any:

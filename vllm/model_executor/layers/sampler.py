@@ -198,8 +198,8 @@ class Sampler(torch.nn.Module):
             int64 device tensor.
         """
         ids, packed, k = self.sample_on_device(logits, sm)
-        host = packed.tolist()  # the step's one device-to-host transfer
-        return sampler_output(sm, [host], k, prompt_logprobs(logits, sm), ids)
+        host = packed.cpu().numpy()  # the step's one device-to-host transfer
+        return sampler_output(sm, host[None], k, prompt_logprobs(logits, sm), ids)
 
     @staticmethod
     def sample_on_device(
@@ -243,7 +243,7 @@ def row_argmax(x: torch.Tensor) -> torch.Tensor:
 
 def sampler_output(
     sm: SamplingMetadata,
-    steps: list[list[list[float]]],
+    steps: np.ndarray | torch.Tensor | list[list[list[float]]],
     k: int,
     prompt_lp: dict[int, list[PositionLogprobs | None]],
     ids: torch.Tensor | None = None,
@@ -251,9 +251,10 @@ def sampler_output(
     """Unpack host rows into a SamplerOutput.
 
     Args:
-        steps: per decode step, the packed rows [num_samples][3 + 2k] of that step (one
-            step normally; several from a multi-step decode, whose later tokens become
-            each sequence's ``extra_tokens``, applied by the engine with stop checks).
+        steps: [num_steps, num_samples, 3 + 2k] float64 packed rows (a host array or CPU
+            tensor, or nested lists): one step normally; several from a multi-step decode,
+            whose later tokens become each sequence's ``extra_tokens``, applied by the
+            engine with stop checks.
         k: top-logprobs width of the packed rows.
         prompt_lp: prompt logprobs per group index (:func:`prompt_logprobs`).
         ids: the last step's sampled ids [num_samples] (device), kept for proposers.
@@ -269,23 +270,35 @@ def sample_layout(sm: SamplingMetadata) -> list[tuple[list[int], int, bool]]:
 
 def unpack_samples(
     layout: list[tuple[list[int], int, bool]],
-    steps: list[list[list[float]]],
+    steps: np.ndarray | torch.Tensor | list[list[list[float]]],
     k: int,
     prompt_lp: dict[int, list[PositionLogprobs | None]],
     ids: torch.Tensor | None = None,
 ) -> SamplerOutput:
     """:func:`sampler_output` over a :func:`sample_layout` (the engine unpacks a pipeline
-    stage's packed reply with it, vllm/worker/packed_output.py)."""
+    stage's packed reply with it, vllm/worker/packed_output.py).
+
+    Whole columns become Python lists at once (token ids, logprobs and ranks, [rows][steps]
+    each), so a row without top logprobs costs one (id, {id: Logprob}) pair a token and no
+    per-element indexing; rows with top logprobs go through :func:`_position`.
+    """
+    width = 3 + 2 * k
+    a = np.asarray(steps, dtype=np.float64)
+    a = a.reshape(a.shape[0] if a.ndim else 0, -1, width)  # [num_steps, num_samples, width]
+    toks = a[:, :, 0].astype(np.int64).T.tolist()  # [num_samples][num_steps]
+    lps = a[:, :, 1].T.tolist()  # [num_samples][num_steps]
+    ranks = a[:, :, 2].astype(np.int64).T.tolist()  # [num_samples][num_steps]
     outputs: list[CompletionSequenceGroupOutput] = []
-    first, later = steps[0], steps[1:]
     row = 0
     for gi, (seq_ids, n, do_sample) in enumerate(layout):
         samples = []
         for seq_id in seq_ids if do_sample else ():
-            out = SequenceOutput(seq_id, *_position(first[row], n, k))
-            if later:
-                out.extra_tokens = [_position(s[row], n, k) for s in later]
-            samples.append(out)
+            if n:
+                pos = [_position(r, n, k) for r in a[:, row].tolist()]
+            else:
+                cols = zip(toks[row], lps[row], ranks[row])
+                pos = [(t, {t: Logprob(lp, r)}) for t, lp, r in cols]
+            samples.append(SequenceOutput(seq_id, *pos[0], pos[1:] or None))
             row += 1
         outputs.append(CompletionSequenceGroupOutput(samples, prompt_lp.get(gi)))
     return SamplerOutput(outputs=outputs, sampled_token_ids=ids)
