@@ -140,6 +140,76 @@ def test_decode_tables_matches_reference(block_size):
                 _assert_same(g, w)
 
 
+def _lookahead_decode_step(rng, block_size, lookahead):
+    """A decode step of real rows whose tables already hold ``lookahead`` more tokens (the
+    blocks a multi-step call reserves), plus padded lanes after them."""
+    rows = rng.randint(1, 10)
+    seq_lens, tables, slots = [], [], []
+    for _ in range(rows):
+        n = rng.randint(1, 120)
+        tables.append(rng.sample(range(NUM_BLOCKS), -(-(n + lookahead) // block_size)))
+        seq_lens.append(n)
+        p = n - 1
+        slots.append(tables[-1][p // block_size] * block_size + p % block_size)
+    pad = rng.randint(0, 3)
+    return StepInputs(ForwardMode.DECODE, seq_lens + [0] * pad, [1] * (rows + pad),
+                      tables + [[] for _ in range(pad)], slots + [-1] * pad, rows)  # fmt: skip
+
+
+@pytest.mark.parametrize("block_size", [1, 4, 16])
+def test_later_steps_of_a_call_reuse_the_flattened_tables(block_size):
+    """The steps of a multi-step call hand their flattened tables on (``_next_step``); every
+    builder's output for such a step equals the reference on a fresh step of the same lists
+    (no cache), and a dataclasses.replace copy never inherits the cache."""
+    from vllm.attention.backends.flashinfer.small_decode import small_decode_host
+    from vllm.worker.multi_step import _next_step
+
+    rng = random.Random(300 + block_size)
+    for _ in range(40):
+        lookahead = rng.randint(1, 7)
+        step = _lookahead_decode_step(rng, block_size, lookahead)
+        for i in range(lookahead + 1):
+            fresh = StepInputs(step.mode, list(step.seq_lens), list(step.query_lens),
+                               [list(t) for t in step.block_tables], list(step.slot_mapping),
+                               step.num_real_rows)  # fmt: skip
+            for width in (None, 3):
+                for g, w in zip(paged_kv_host(step, block_size, NUM_BLOCKS, width),
+                                ref_paged_kv(fresh, block_size, NUM_BLOCKS, width)):  # fmt: skip
+                    _assert_same(g, w)
+            for g, w in zip(decode_tables(step, 40, NUM_BLOCKS),
+                            ref_decode_tables(fresh, 40, NUM_BLOCKS)):  # fmt: skip
+                _assert_same(g, w)
+            assert small_decode_host(step, NUM_BLOCKS).tolist() == (
+                small_decode_host(fresh, NUM_BLOCKS).tolist()
+            )
+            assert step.flat_tables is not None
+            assert dataclasses.replace(step, block_tables=[[]]).flat_tables is None
+            if i == lookahead:
+                break  # the table holds no further token
+            nxt, positions = _next_step(step, block_size)
+            assert nxt.flat_tables is step.flat_tables  # flattened once per call
+            real = step.num_real_rows
+            assert positions == step.seq_lens[:real] + [0] * (len(step.seq_lens) - real)
+            assert nxt.seq_lens == [n + 1 for n in step.seq_lens[:real]] + positions[real:]
+            want_slots = [t[p // block_size] * block_size + p % block_size
+                          for t, p in zip(step.block_tables, positions[:real])]  # fmt: skip
+            assert nxt.slot_mapping == want_slots + [-1] * (len(step.seq_lens) - real)
+            step = nxt
+
+
+def test_next_step_refuses_a_table_without_the_lookahead_block():
+    """A row whose table ends before the new token's block is an error naming the row, not
+    a slot read from the next row's table."""
+    from vllm.worker.multi_step import _next_step
+
+    step = StepInputs(ForwardMode.DECODE, [3, 8], [1, 1], [[7], [3, 5]], [30, 23], 2)
+    with pytest.raises(IndexError, match="row 1 needs block 2 .* 2 blocks"):
+        _next_step(step, 4)
+    nxt, positions = _next_step(StepInputs(ForwardMode.DECODE, [3, 7], [1, 1], [[7], [3, 5]],
+                                           [30, 22], 2), 4)  # fmt: skip
+    assert positions == [3, 7] and nxt.slot_mapping == [31, 23] and nxt.seq_lens == [4, 8]
+
+
 def test_edge_cases():
     """Empty step, all padded lanes, one row of an exact block multiple, a clipped row whose
     last_page_len exceeds the block size, profiling rows with no table, a padded lane with a

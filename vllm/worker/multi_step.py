@@ -43,9 +43,11 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from vllm.attention.backends.abstract import ForwardMode, StepInputs
+from vllm.attention.backends.host_tables import step_tables
 from vllm.model_executor.forward_batch import ForwardBatch
 from vllm.model_executor.layers.sampler import sampler_output
 from vllm.sequence import SamplerOutput, SequenceGroupMetadata
@@ -81,19 +83,32 @@ def _next_step(step: StepInputs, block_size: int) -> tuple[StepInputs, list[int]
     """The decode StepInputs one token later, and its positions [batch rows].
 
     Real rows grow by one token; the new token's slot comes from the (lookahead-covered)
-    block table. Padded lanes keep length 0, slot -1 and position 0.
+    block table, read from the call's flattened tables (``host_tables.step_tables``, which
+    the next step inherits). Padded lanes keep length 0, slot -1 and position 0.
+
+    Raises:
+        IndexError: a real row's table does not reach the new token (the scheduler did not
+            reserve the call's lookahead blocks).
     """
     real = step.num_real_rows
     pad = len(step.seq_lens) - real
-    old = step.seq_lens[:real]  # the new tokens' positions = the old lengths
-    tables = step.block_tables
-    bs = block_size
-    slots = [tables[r][p // bs] * bs + p % bs for r, p in enumerate(old)]
+    ft = step_tables(step)
+    old = np.fromiter(step.seq_lens, dtype=np.int64, count=real)  # [real] new positions
+    col = old // block_size  # [real] the new token's block in its row's table
+    if real and bool((col >= ft.lens[:real]).any()):
+        r = int(np.argmax(col >= ft.lens[:real]))
+        raise IndexError(
+            f"row {r} needs block {int(col[r])} of its table for position {int(old[r])}, "
+            f"but the table has {int(ft.lens[r])} blocks (lookahead not reserved)."
+        )
+    slots = ft.flat[ft.starts[:real] + col] * block_size + old % block_size  # [real]
+    positions = old.tolist()
     nxt = StepInputs(
-        ForwardMode.DECODE, [p + 1 for p in old] + [0] * pad, step.query_lens, tables,
-        slots + [-1] * pad, real,
+        ForwardMode.DECODE, (old + 1).tolist() + [0] * pad, step.query_lens,
+        step.block_tables, slots.tolist() + [-1] * pad, real,
     )  # fmt: skip
-    return nxt, old + [0] * pad
+    nxt.flat_tables = ft  # the same tables: flattened once per call
+    return nxt, positions + [0] * pad
 
 
 class _PenaltyState:
@@ -172,7 +187,7 @@ def execute_multi_step(
     # the whole call in one decode-loop graph when one serves it (vllm/cudagraph/decode_loop.py)
     ring = runner.graph_runner.run_loop(batch, n)
     if ring is not None:
-        return sampler_output(sm, ring.tolist(), 0, {}, ring[-1, :, 0].long())
+        return sampler_output(sm, ring.cpu().numpy(), 0, {}, ring[-1, :, 0].long())
     pen = None
     if sm.penalties is not None and n > 1:
         pen = _PenaltyState(sm.penalties, metadata_list, runner.device)
@@ -202,5 +217,5 @@ def execute_multi_step(
             next_ids[: batch.num_real_rows].copy_(ids)
             if pen is not None:
                 pen.after_step(i, ids)
-    host = torch.stack(packed_steps).tolist()  # [n][rows][3 + 2k]: the one read
+    host = torch.stack(packed_steps).cpu().numpy()  # [n, rows, 3 + 2k]: the one read
     return sampler_output(sm, host, k, {}, ids)
