@@ -305,3 +305,12 @@ def test_prepare_replay_fills_buffers_like_reference():
     _assert_same(state.paged_kv_indptr[: bs + 1], indptr)
     _assert_same(state.paged_kv_indices[: len(indices)], indices)
     _assert_same(state.paged_kv_last_page_len[:bs], last)
+
+
+def test_small_decode_host_with_fewer_tables_than_rows():
+    """Padded lanes past the last (empty) table are scratch-filled, as when the builder
+    sliced the list of tables itself."""
+    from vllm.attention.backends.flashinfer.small_decode import small_decode_host
+
+    step = StepInputs(ForwardMode.DECODE, [0, 0], [1, 1], [[]], [-1, -1], 0)
+    assert small_decode_host(step, 9).tolist() == [0, 0, 9, 9]

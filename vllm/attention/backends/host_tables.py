@@ -56,8 +56,9 @@ class FlatTables:
         return cls(flat, lens, exclusive_cumsum(lens))
 
     def head(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
-        """``(flat, lens)`` of the first ``rows`` rows (views, no copy)."""
-        if rows == len(self.lens):
+        """``(flat, lens)`` of the first ``rows`` rows, or of every row when there are
+        fewer (views, no copy; as slicing the list of tables would give)."""
+        if rows >= len(self.lens):
             return self.flat, self.lens
         return self.flat[: self.starts[rows]], self.lens[:rows]
 
