@@ -20,17 +20,15 @@ from typing import Any
 import numpy as np
 
 
-def flatten_tables(
-    tables: list[list[int]], dtype: type = np.int64
-) -> tuple[np.ndarray, np.ndarray]:
+def flatten_tables(tables: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     """Concatenate ragged block tables.
 
-    Returns ``flat`` [sum(lens)] of ``dtype`` (every row's blocks back to back) and
-    ``lens`` [rows] int64 (blocks per row).
+    Returns ``flat`` [sum(lens)] int64 (every row's blocks back to back) and ``lens``
+    [rows] int64 (blocks per row).
     """
     lens = np.fromiter(map(len, tables), dtype=np.int64, count=len(tables))  # [rows]
     total = int(lens.sum())
-    flat = np.fromiter(chain.from_iterable(tables), dtype=dtype, count=total)  # [total]
+    flat = np.fromiter(chain.from_iterable(tables), dtype=np.int64, count=total)  # [total]
     return flat, lens
 
 
@@ -41,8 +39,9 @@ class FlatTables:
 
     The steps of one multi-step call share their tables (the lookahead blocks were
     reserved before the call), so the later steps reuse the first step's flattening
-    (:func:`step_tables`) instead of walking every Python list again each token: at 256
-    rows of about 70 blocks that walk was most of a FLASHINFER decode step's host time.
+    (:func:`step_tables`) instead of walking every Python list again each token (256 rows
+    of about 70 blocks: FLASHINFER's page tables and the next step's inputs took 586 us
+    per step with the walk, 213 us without, on a 2-core CPU).
     """
 
     flat: np.ndarray

@@ -113,15 +113,16 @@ def paged_kv_host(
     last = n - (count - 1) * block_size  # [rows]
     indptr = exclusive_cumsum(count)  # [rows + 1]
     total = int(indptr[-1])
+    all_on_table = bool(from_table.all())
     # take <= tlen, so equal totals with every row on its table mean whole tables
-    if total == len(flat) and from_table.all():
+    if total == len(flat) and all_on_table:
         indices = flat  # every row uses its whole table: nothing to select
     else:
         # page j of row i (j < take) is table entry starts[i] + j: one gather of every
         # row's table prefix; rows without a table read the scratch block
         shift = np.repeat(ft.starts[:rows] - indptr[:-1], count)  # [pages]
         src = np.arange(total, dtype=np.int64) + shift  # [pages] entries of flat
-        if from_table.all():
+        if all_on_table:
             indices = flat[src]
         else:
             on_table = np.repeat(from_table, count)  # [pages]
