@@ -1,5 +1,5 @@
-"""One layer's decode attention at small batches: FlashInfer's path against the Triton
-small-decode kernel (vllm/kernels/decode_attention.py), per shape, batch and context.
+"""One layer's decode attention: FlashInfer's path against the Triton small-decode kernel
+(vllm/kernels/decode_attention.py), per shape, batch and context.
 
 - ``flashinfer``: what FLASHINFER runs per layer in a replayed graph (the Triton rotary
   kernel with the cache write, FlashInfer's decode, and its merge when it splits the KV),
@@ -7,7 +7,8 @@ small-decode kernel (vllm/kernels/decode_attention.py), per shape, batch and con
 - ``triton``: ``paged_decode_attention`` (RoPE, cache write and split-KV attention in one
   launch), at its default tile and, with ``--tiles``, at each tile given (registers and
   splits trade against each other: the default tile of the SmolLM2 shape compiles to 255
-  registers a thread for sm_90, a tile of 32 to 137).
+  registers a thread for sm_90, a tile of 32 to 137), and with ``--splits`` at each
+  split cap given (the default is ``split_cap(batch, kv_heads)``).
 
 Timing: one CUDA graph runs the op over ``--layers`` distinct caches (so the context comes
 from HBM), replayed ``--iters`` times; microseconds per op include the gaps between
@@ -46,6 +47,7 @@ def _case(shape: str, batch: int, ctx: int, layers: int, args) -> dict:
         DecodeWorkspace,
         decode_tiles,
         paged_decode_attention,
+        split_cap,
     )
     from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
 
@@ -76,26 +78,37 @@ def _case(shape: str, batch: int, ctx: int, layers: int, args) -> dict:
     bt = torch.tensor(tables, dtype=torch.int32, device=dev)  # [batch, per_row]
     sl = torch.tensor(lens, dtype=torch.int32, device=dev)
     ws = DecodeWorkspace(batch, h, h_kv, d, dev)
+    if args.splits:  # room for any cap the sweep asks for
+        ws.records = batch * h_kv * MAX_SPLITS
+        gp = 1 << (h // h_kv - 1).bit_length()
+        ws.partials = torch.empty(ws.records * gp * (2 + d), dtype=torch.float32, device=dev)
 
     def flashinfer(i):  # the rotary kernel rotates in place: rotate copies, as layers do
         return FlashInferImpl.forward(layer, q.clone(), k.clone(), v, caches[i], md, pos, rope)
 
-    def triton(i, tile=None):
+    def triton(i, tile=None, splits=None):
         return paged_decode_attention(q, k, v, pos, rope.cos_sin_cache, caches[i], bt, sl, ws,
-                                      h, layer.scale, blocks, ctx, tile)  # fmt: skip
+                                      h, layer.scale, blocks, ctx, tile, splits)  # fmt: skip
 
     ref = flashinfer(0).float()
     rec = {"bench": "kernel_decode_attention", "shape": shape, "batch": batch, "context": ctx,
            "flashinfer_us": round(graph_time_us(flashinfer, layers, args.iters), 2)}  # fmt: skip
-    for tile in [None] + args.tiles:
-        got = triton(0, tile).float()
+    cap = split_cap(batch, h_kv)
+    variants = [(None, None)] + [(t, None) for t in args.tiles]
+    variants += [(None, s) for s in args.splits]
+    for tile, splits in variants:
+        got = triton(0, tile, splits).float()
         err = ((got - ref).norm() / ref.norm()).item()
         if err > 2e-2:
-            raise AssertionError(f"{shape} b{batch} ctx{ctx} tile {tile}: rel err {err:.3g}")
-        us = graph_time_us(lambda i, t=tile: triton(i, t), layers, args.iters)
-        rec[f"triton_tile{tile}_us" if tile else "triton_us"] = round(us, 2)
-    long, short = decode_tiles(h // h_kv, d)  # the default: short up to MAX_SPLITS * short
-    rec["triton_default_tile"] = short if ctx <= MAX_SPLITS * short else long
+            raise AssertionError(
+                f"{shape} b{batch} ctx{ctx} tile {tile} splits {splits}: rel err {err:.3g}"
+            )
+        us = graph_time_us(lambda i, t=tile, s=splits: triton(i, t, s), layers, args.iters)
+        key = f"triton_tile{tile}_us" if tile else f"triton_splits{splits}_us" if splits else None
+        rec[key or "triton_us"] = round(us, 2)
+    long, short = decode_tiles(h // h_kv, d)  # the default: short up to cap * short
+    rec["triton_default_tile"] = short if ctx <= cap * short else long
+    rec["triton_default_splits"] = cap
     return rec
 
 
@@ -105,10 +118,12 @@ def main() -> None:
     p.add_argument("--batch-sizes", default="1,4,8")
     p.add_argument("--contexts", default="64,256,1024,4096")
     p.add_argument("--tiles", default="", help="Extra Triton tiles to time, e.g. 16,32,64.")
+    p.add_argument("--splits", default="", help="Split caps to time too, e.g. 1,2,4,8.")
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--iters", type=int, default=50)
     args = p.parse_args()
     args.tiles = [int(t) for t in args.tiles.split(",") if t]
+    args.splits = [int(s) for s in args.splits.split(",") if s]
     print_conditions(
         "kernel_decode_attention",
         {"gpu": device_name("cuda"), "dtype": "bfloat16", "block_size": BLOCK,

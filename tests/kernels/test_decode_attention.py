@@ -57,7 +57,7 @@ def _split(s):
     return s["qkv"].split([q_size, kv, kv], dim=-1)
 
 
-def _run(s, bound=None, rows=None):
+def _run(s, bound=None, rows=None, splits=None):
     from vllm.kernels import decode_attention as td
 
     q, k, v = _split(s)
@@ -68,7 +68,7 @@ def _run(s, bound=None, rows=None):
     out = td.paged_decode_attention(
         q[sel], k[sel], v[sel], s["positions"][sel], s["rope"].cos_sin_cache, s["cache"],
         s["tables"][sel], s["seq_lens"][sel], ws, s["heads"], s["d"] ** -0.5, s["scratch"],
-        bound,
+        bound, splits=splits,
     )  # fmt: skip
     assert int(ws.counters.abs().sum()) == 0, "a launch must leave the split counters at 0"
     return out
@@ -148,11 +148,44 @@ def interpreted_errors():
         td.paged_decode_attention(q, k, v, *args)
     with pytest.raises(ValueError, match="do not match 4 heads"):
         td.paged_decode_attention(q[:, :32], k, v, *args)
+    ws = td.DecodeWorkspace(2, 4, 2, 16, "cpu")
+    args = (s["positions"], None, s["cache"], s["tables"], s["seq_lens"], ws, 4, 0.25, 0, 1)
+    with pytest.raises(ValueError, match="splits=33 must be in"):
+        td.paged_decode_attention(q, k, v, *args, splits=33)
+
+
+def interpreted_split_caps():
+    """Capped splits (large batches): one split a row, and three (a 300-token row cut
+    into three chunks, merged), both against the reference."""
+    s = _setup([1, 5, 300, 0], heads=4, kv_heads=2, d=16, dtype=torch.float32, device="cpu",
+               seed=3)  # fmt: skip
+    before = s["cache"].clone()
+    want, want_cache = _reference(s, before)
+    for splits in (1, 3):
+        s["cache"].copy_(before)
+        torch.testing.assert_close(_run(s, splits=splits).double(), want, rtol=1e-5, atol=1e-5)
+        assert torch.equal(s["cache"], want_cache)
+
+
+def test_split_cap():
+    """32 splits up to 32 (row, KV head) pairs, then halving as the pairs double; a row
+    count and the captured size it pads to (within its power of two) get the same cap."""
+    from vllm.kernels import decode_attention as td
+
+    assert td.split_cap(1, 8) == td.split_cap(4, 8) == td.MAX_SPLITS
+    assert td.split_cap(16, 2) == td.MAX_SPLITS
+    assert [td.split_cap(r, 2) for r in (17, 32, 33, 64, 128, 256, 512)] == [16, 16, 8, 8, 4, 2, 1]
+    assert td.split_cap(100, 2) == td.split_cap(104, 2) == td.split_cap(128, 2) == 4
+    assert td.split_cap(64, 3) == 5 and td.split_cap(4096, 8) == 1
+    ws = td.DecodeWorkspace(100, 14, 2, 64, "cpu")
+    assert ws.records == max(r * 2 * td.split_cap(r, 2) for r in range(1, 101))
 
 
 @pytest.mark.parametrize(
-    "case", ["interpreted_float32_cases", "interpreted_long_row", "interpreted_errors"]
-)
+    "case",
+    ["interpreted_float32_cases", "interpreted_long_row", "interpreted_errors",
+     "interpreted_split_caps"],
+)  # fmt: skip
 def test_interpreted(case):
     run_interpreted(__file__, case)
 
@@ -171,6 +204,10 @@ def test_cuda(dtype, monkeypatch):
     for r in range(len(lens)):
         s["cache"].copy_(before)
         assert torch.equal(_run(s, rows=slice(r, r + 1))[0], got[r]), f"row {r}"
+    # capped splits (large batches) agree with the reference too
+    for splits in (1, 4):
+        s["cache"].copy_(before)
+        torch.testing.assert_close(_run(s, splits=splits).double(), want, rtol=tol, atol=tol)
     # programmatic dependent launch (H100/H200) changes when programs start, not results
     monkeypatch.setenv("VLLM_TRITON_PDL", "0")
     s["cache"].copy_(before)

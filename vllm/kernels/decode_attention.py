@@ -9,13 +9,16 @@ token without the host (the decode-loop graphs).
 
 Layout: program ``(b, h, s)`` handles row ``b``, KV head ``h`` (its ``G = H / H_kv``
 query heads together, GQA) and context split ``s``. A row of context length ``L`` (the new
-token included) is cut into splits of ``chunk(L) = max(T, ceil(L / MAX_SPLITS))`` tokens
-(rounded up to the tile ``T``: 16 tokens for rows of at most 512, else :func:`tile_tokens`,
-a function of the model's head shapes),
-so a short context is a few one-tile splits that run side by side instead of a loop in one
-program (a decode step's attention is bound by dependent memory round trips, not bytes).
-The split count depends on the row's own length only, so a row's result never depends on
-the other rows, the grid size or whether a graph runs it. Programs past a row's split
+token included) is cut into splits of ``chunk(L) = max(T, ceil(L / C))`` tokens, rounded
+up to the tile ``T`` (16 tokens for rows of at most ``16 C``, else :func:`tile_tokens`, a
+function of the model's head shapes), where ``C`` is the launch's split cap
+(:func:`split_cap`): MAX_SPLITS up to 32 (row, KV head) pairs, fewer as the batch grows.
+So at a few rows a short context is a few one-tile splits that run side by side instead of
+a loop in one program (a small step's attention is bound by dependent memory round trips,
+not bytes), and at large batches the pairs fill the GPU with few, long splits. The split
+count depends on the row's own length and the cap only, so a row's result does not depend
+on the other rows' lengths, the grid size or whether a graph runs it (and, up to 32 pairs,
+not on the batch at all). Programs past a row's split
 count exit at once. With one split the program writes the output; otherwise each split
 stores its partial ``(max, sum, acc)`` and the last split to finish (an atomic counter per
 row and head) merges all of them in one vectorised pass (a fixed reduction, so the result
@@ -92,13 +95,37 @@ def num_splits(max_seq_len: int, tile: int) -> int:
     return max(1, min(MAX_SPLITS, -(-max_seq_len // tile)))
 
 
+# A launch caps each row's splits so that (rows x KV heads x splits) stays near this many
+# programs: at one to a few rows every row takes up to MAX_SPLITS splits (a short step is
+# bound by dependent round trips), at large batches the (row, head) pairs already fill the
+# GPU and fewer, longer splits save the partials' writes and the merge. H200, bf16,
+# benchmarks/kernel_decode_attention.py --splits, microseconds a layer at contexts 256 /
+# 1024 with 32 splits against this cap: Qwen2.5-0.5B's shape at 64 rows 78.2 / 184.3 ->
+# 51.5 / 164.9 (cap 8), at 256 rows 282.0 / 682.5 -> 169.2 / 612.5 (cap 2); SmolLM2's at
+# 64 rows 43.1 / 98.6 -> 28.6 / 93.0 (cap 5, timed at 4).
+SPLIT_PROGRAMS = 1024
+
+
+def split_cap(rows: int, num_kv_heads: int) -> int:
+    """The most splits of one row in a launch of ``rows`` rows: MAX_SPLITS while
+    ``next_power_of_2(rows) * num_kv_heads`` <= SPLIT_PROGRAMS / MAX_SPLITS (32 pairs),
+    then halving as the pairs double, at least 1. A function of the row count's power of
+    two, so a graph padded to a captured size (between ``rows`` and its power of two) and
+    the eager step of the same rows take the same cap."""
+    pairs = triton.next_power_of_2(max(1, rows)) * max(1, num_kv_heads)
+    return max(1, min(MAX_SPLITS, SPLIT_PROGRAMS // pairs))
+
+
 class DecodeWorkspace:
     """Scratch of multi-split rows, shared by every layer, graph and virtual engine of one
     worker (they run one launch at a time on one stream).
 
     Attributes:
-        partials: [max_rows * kv_heads * MAX_SPLITS * group_pad * (2 + head_size)] float32,
-            per split its running max, sum and unnormalised output.
+        records: how many (row, KV head, split) partials ``partials`` holds.
+        partials: [records * group_pad * (2 + head_size)] float32 with ``records`` the most
+            (row, KV head, split) triples a launch of at most ``max_rows`` rows uses (rows x
+            kv_heads x :func:`split_cap`), per split its running max, sum and unnormalised
+            output.
         counters: [max_rows * kv_heads] int32 arrivals per (row, head); every launch leaves
             them at zero.
     """
@@ -107,18 +134,24 @@ class DecodeWorkspace:
                  device: torch.device):  # fmt: skip
         self.max_rows = max_rows
         group_pad = triton.next_power_of_2(num_heads // num_kv_heads)
-        n = max_rows * num_kv_heads * MAX_SPLITS * group_pad * (2 + head_size)
+        records = max(
+            r * num_kv_heads * split_cap(r, num_kv_heads)
+            for r in {max(1, max_rows), *(2**i for i in range(max(1, max_rows).bit_length()))}
+        )
+        self.records = records
+        n = records * group_pad * (2 + head_size)
         self.partials = torch.empty(n, dtype=torch.float32, device=device)
         self.counters = torch.zeros(max_rows * num_kv_heads, dtype=torch.int32, device=device)
 
 
 @triton.jit
-def _split_bounds(seq_len, s, SPLITS: tl.constexpr, BLOCK_T: tl.constexpr):
+def _split_bounds(seq_len, s, cap, BLOCK_T: tl.constexpr):
     """Split ``s`` of a row of ``seq_len`` tokens (the new one included; 0 on a padded
-    lane, treated as 1): ``(n_split, start, end)``, the row's split count and the split's
-    cached tokens ``[start, end)`` (the new token, position ``seq_len - 1``, is in none)."""
+    lane, treated as 1) cut into at most ``cap`` splits: ``(n_split, start, end)``, the
+    row's split count and the split's cached tokens ``[start, end)`` (the new token,
+    position ``seq_len - 1``, is in none)."""
     n_ctx = tl.maximum(seq_len, 1)
-    chunk = tl.cdiv(tl.cdiv(n_ctx, SPLITS), BLOCK_T) * BLOCK_T  # >= BLOCK_T
+    chunk = tl.cdiv(tl.cdiv(n_ctx, cap), BLOCK_T) * BLOCK_T  # >= BLOCK_T
     start = s * chunk
     return tl.cdiv(n_ctx, chunk), start, tl.minimum(start + chunk, n_ctx - 1)
 
@@ -163,17 +196,18 @@ def _paged_decode_kernel(
     q_ptr, k_ptr, v_ptr, pos_ptr, cs_ptr, cache_ptr, bt_ptr, len_ptr, out_ptr,
     part_ptr, cnt_ptr,
     q_stride, k_stride, v_stride, cs_stride, bt_stride, out_stride,
-    block_stride, value_offset, token_stride, scratch_block, qk_scale, num_kv_heads,
+    block_stride, value_offset, token_stride, scratch_block, qk_scale, num_kv_heads, cap,
     GROUP: tl.constexpr, GP: tl.constexpr, HALF: tl.constexpr, BS: tl.constexpr,
     BLOCK_T: tl.constexpr, SHORT_T: tl.constexpr, ROTATE: tl.constexpr,
     SPLITS: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    """See the module docstring. ``qk_scale`` = softmax scale * log2(e)."""
+    """See the module docstring. ``qk_scale`` = softmax scale * log2(e); ``cap``: the
+    launch's most splits a row (:func:`split_cap`, at most ``SPLITS``)."""
     decode_program(
         tl.program_id(0), tl.program_id(1), tl.program_id(2),
         q_ptr, k_ptr, v_ptr, pos_ptr, cs_ptr, cache_ptr, bt_ptr, len_ptr, out_ptr,
         part_ptr, cnt_ptr, q_stride, k_stride, v_stride, cs_stride, bt_stride, out_stride,
-        block_stride, value_offset, token_stride, scratch_block, qk_scale, num_kv_heads,
+        block_stride, value_offset, token_stride, scratch_block, qk_scale, num_kv_heads, cap,
         GROUP, GP, HALF, BS, BLOCK_T, SHORT_T, ROTATE, SPLITS, PDL,
     )  # fmt: skip
 
@@ -182,29 +216,29 @@ def _paged_decode_kernel(
 def decode_program(
     b, h, s, q_ptr, k_ptr, v_ptr, pos_ptr, cs_ptr, cache_ptr, bt_ptr, len_ptr, out_ptr,
     part_ptr, cnt_ptr, q_stride, k_stride, v_stride, cs_stride, bt_stride, out_stride,
-    block_stride, value_offset, token_stride, scratch_block, qk_scale, num_kv_heads,
+    block_stride, value_offset, token_stride, scratch_block, qk_scale, num_kv_heads, cap,
     GROUP: tl.constexpr, GP: tl.constexpr, HALF: tl.constexpr, BS: tl.constexpr,
     BLOCK_T: tl.constexpr, SHORT_T: tl.constexpr, ROTATE: tl.constexpr,
     SPLITS: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """The work of program ``(b, h, s)`` (module docstring); nothing when ``s`` is past row
-    ``b``'s split count. A row of at most ``SPLITS * SHORT_T`` tokens takes tiles of
-    ``SHORT_T`` tokens, a longer one of ``BLOCK_T`` (the row's own length decides, so a
-    result never depends on other rows; :func:`decode_tiles` gives the pair). ``PDL``:
-    wait for the kernel before between :func:`decode_prefetch` and :func:`decode_attend`."""
-    if tl.load(len_ptr + b) <= SPLITS * SHORT_T:
+    ``b``'s split count. A row of at most ``cap * SHORT_T`` tokens takes tiles of
+    ``SHORT_T`` tokens, a longer one of ``BLOCK_T`` (the row's own length and the launch's
+    split cap decide; :func:`decode_tiles` gives the pair). ``PDL``: wait for the kernel
+    before between :func:`decode_prefetch` and :func:`decode_attend`."""
+    if tl.load(len_ptr + b) <= cap * SHORT_T:
         _decode_tiles(
             b, h, s, q_ptr, k_ptr, v_ptr, pos_ptr, cs_ptr, cache_ptr, bt_ptr, len_ptr,
             out_ptr, part_ptr, cnt_ptr, q_stride, k_stride, v_stride, cs_stride, bt_stride,
             out_stride, block_stride, value_offset, token_stride, scratch_block, qk_scale,
-            num_kv_heads, GROUP, GP, HALF, BS, SHORT_T, ROTATE, SPLITS, PDL,
+            num_kv_heads, cap, GROUP, GP, HALF, BS, SHORT_T, ROTATE, SPLITS, PDL,
         )  # fmt: skip
     else:
         _decode_tiles(
             b, h, s, q_ptr, k_ptr, v_ptr, pos_ptr, cs_ptr, cache_ptr, bt_ptr, len_ptr,
             out_ptr, part_ptr, cnt_ptr, q_stride, k_stride, v_stride, cs_stride, bt_stride,
             out_stride, block_stride, value_offset, token_stride, scratch_block, qk_scale,
-            num_kv_heads, GROUP, GP, HALF, BS, BLOCK_T, ROTATE, SPLITS, PDL,
+            num_kv_heads, cap, GROUP, GP, HALF, BS, BLOCK_T, ROTATE, SPLITS, PDL,
         )  # fmt: skip
 
 
@@ -212,7 +246,7 @@ def decode_program(
 def _decode_tiles(
     b, h, s, q_ptr, k_ptr, v_ptr, pos_ptr, cs_ptr, cache_ptr, bt_ptr, len_ptr, out_ptr,
     part_ptr, cnt_ptr, q_stride, k_stride, v_stride, cs_stride, bt_stride, out_stride,
-    block_stride, value_offset, token_stride, scratch_block, qk_scale, num_kv_heads,
+    block_stride, value_offset, token_stride, scratch_block, qk_scale, num_kv_heads, cap,
     GROUP: tl.constexpr, GP: tl.constexpr, HALF: tl.constexpr, BS: tl.constexpr,
     BLOCK_T: tl.constexpr, ROTATE: tl.constexpr, SPLITS: tl.constexpr,
     PDL: tl.constexpr,
@@ -221,13 +255,13 @@ def _decode_tiles(
     step writes (:func:`decode_prefetch`), the PDL wait, then the rest."""
     pre = decode_prefetch(
         b, h, s, pos_ptr, cs_ptr, cache_ptr, bt_ptr, len_ptr, cs_stride, bt_stride,
-        block_stride, value_offset, token_stride, HALF, BS, BLOCK_T, ROTATE, SPLITS,
+        block_stride, value_offset, token_stride, cap, HALF, BS, BLOCK_T, ROTATE,
     )  # fmt: skip
     pdl_wait(PDL)  # q, k, v come from the kernel before
     decode_attend(
         b, h, s, pre, q_ptr, k_ptr, v_ptr, cache_ptr, bt_ptr, out_ptr, part_ptr, cnt_ptr,
         q_stride, k_stride, v_stride, bt_stride, out_stride, block_stride, value_offset,
-        token_stride, scratch_block, qk_scale, num_kv_heads,
+        token_stride, scratch_block, qk_scale, num_kv_heads, cap,
         GROUP, GP, HALF, BS, BLOCK_T, ROTATE, SPLITS,
     )  # fmt: skip
 
@@ -235,9 +269,8 @@ def _decode_tiles(
 @triton.jit
 def decode_prefetch(
     b, h, s, pos_ptr, cs_ptr, cache_ptr, bt_ptr, len_ptr, cs_stride, bt_stride,
-    block_stride, value_offset, token_stride,
+    block_stride, value_offset, token_stride, cap,
     HALF: tl.constexpr, BS: tl.constexpr, BLOCK_T: tl.constexpr, ROTATE: tl.constexpr,
-    SPLITS: tl.constexpr,
 ):  # fmt: skip
     """Program ``(b, h, s)``'s reads that no kernel of the step writes, so that with PDL
     they may run before ``pdl_wait``: the row's length and position, the RoPE cos / sin of
@@ -249,7 +282,7 @@ def decode_prefetch(
     without ROTATE), the tile [BLOCK_T, HALF] x 4 in the cache dtype (zeros past the
     split's cached tokens)."""
     seq_len = tl.load(len_ptr + b)
-    _, start, end = _split_bounds(seq_len, s, SPLITS, BLOCK_T)
+    _, start, end = _split_bounds(seq_len, s, cap, BLOCK_T)
     offs_d = tl.arange(0, HALF)  # [HALF]
     t = start + tl.arange(0, BLOCK_T)  # [BLOCK_T]
     bt_row = bt_ptr + b.to(tl.int64) * bt_stride
@@ -271,7 +304,7 @@ def decode_prefetch(
 def decode_attend(
     b, h, s, pre, q_ptr, k_ptr, v_ptr, cache_ptr, bt_ptr, out_ptr, part_ptr, cnt_ptr,
     q_stride, k_stride, v_stride, bt_stride, out_stride, block_stride, value_offset,
-    token_stride, scratch_block, qk_scale, num_kv_heads,
+    token_stride, scratch_block, qk_scale, num_kv_heads, cap,
     GROUP: tl.constexpr, GP: tl.constexpr, HALF: tl.constexpr, BS: tl.constexpr,
     BLOCK_T: tl.constexpr, ROTATE: tl.constexpr, SPLITS: tl.constexpr,
 ):  # fmt: skip
@@ -282,7 +315,7 @@ def decode_attend(
     seq_len, pos, cos, sin, k1t, k2t, v1t, v2t = pre
     dt = q_ptr.dtype.element_ty
     HEAD: tl.constexpr = 2 * HALF
-    n_split, start, end = _split_bounds(seq_len, s, SPLITS, BLOCK_T)
+    n_split, start, end = _split_bounds(seq_len, s, cap, BLOCK_T)
     if s < n_split:
         offs_g = tl.arange(0, GP)  # [GP]
         offs_d = tl.arange(0, HALF)  # [HALF]
@@ -352,7 +385,7 @@ def decode_attend(
         else:
             rec: tl.constexpr = GP * (2 + HEAD)
             pair = b * num_kv_heads + h
-            part = part_ptr + (pair * SPLITS).to(tl.int64) * rec
+            part = part_ptr + (pair * cap).to(tl.int64) * rec
             mine = part + s * rec
             tl.store(mine + offs_g, m_i)
             tl.store(mine + GP + offs_g, l_i)
@@ -401,6 +434,7 @@ def paged_decode_attention(
     scratch_block: int,
     max_seq_len: int,
     tile: int | None = None,
+    splits: int | None = None,
 ) -> torch.Tensor:
     """One decode token per row: rotate, write the cache, attend (see the module docstring).
 
@@ -422,11 +456,14 @@ def paged_decode_attention(
             SHORT_TILE for rows of at most ``MAX_SPLITS * SHORT_TILE`` tokens and
             :func:`tile_tokens` for longer ones (benchmarks/kernel_decode_attention.py
             sweeps it).
+        splits: the most splits of one row (1 to MAX_SPLITS); default
+            ``split_cap(B, num_kv_heads)``.
     Returns:
         [B, num_heads * D] in query's dtype.
     Raises:
-        ValueError: shapes that disagree, D odd or not a power of two, or B above the
-            workspace's rows.
+        ValueError: shapes that disagree, D odd or not a power of two, B above the
+            workspace's rows, or ``splits`` outside [1, MAX_SPLITS] or beyond the
+            workspace's partial records.
     """
     rows = query.shape[0]
     _, _, block_size, num_kv_heads, head_size = kv_cache.shape
@@ -441,6 +478,12 @@ def paged_decode_attention(
         raise ValueError(f"{rows} rows exceed the workspace's {workspace.max_rows}")
     if min(query.stride(1), key.stride(1), value.stride(1)) != 1:
         raise ValueError("query, key and value need unit column stride")
+    cap = split_cap(rows, num_kv_heads) if splits is None else splits
+    if not 1 <= cap <= MAX_SPLITS or rows * num_kv_heads * cap > workspace.records:
+        raise ValueError(
+            f"splits={cap} must be in [1, {MAX_SPLITS}] with {rows} rows x {num_kv_heads} "
+            f"KV heads x splits <= the workspace's {workspace.records} records"
+        )
     out = torch.empty(rows, num_heads * head_size, dtype=query.dtype, device=query.device)
     if rows == 0:
         return out
@@ -451,12 +494,13 @@ def paged_decode_attention(
     st = kv_cache.stride()
     tile, short = decode_tiles(group, head_size, tile)
     pdl = pdl_enabled(query)
-    _paged_decode_kernel[(rows, num_kv_heads, num_splits(max_seq_len, short))](
+    grid = (rows, num_kv_heads, min(cap, num_splits(max_seq_len, short)))
+    _paged_decode_kernel[grid](
         query, key, value, positions, cs, kv_cache, block_tables, seq_lens, out,
         workspace.partials, workspace.counters,
         query.stride(0), key.stride(0), value.stride(0), cs.stride(0) if rotate else 0,
         block_tables.stride(0), out.stride(0),
-        st[0], st[1], st[2], scratch_block, scale * LOG2E, num_kv_heads,
+        st[0], st[1], st[2], scratch_block, scale * LOG2E, num_kv_heads, cap,
         GROUP=group, GP=gp, HALF=half, BS=block_size, BLOCK_T=tile, SHORT_T=short,
         ROTATE=rotate, SPLITS=MAX_SPLITS, PDL=pdl,
         num_warps=4, enable_fp_fusion=False, **launch_options(pdl),
