@@ -439,7 +439,8 @@ class CompilationConfig:
         prefill_graph_max_tokens: longest one-prompt prefill (tokens) served by a prefill
             graph (default 512: eleven graphs, 16 ... 512; 0 captures none).
         disable_decode_loop_graphs: with multi-step decoding, do not capture the graphs that
-            replay one decode step N times (default False: captured for rows <= 8).
+            replay one decode step N times (default False: captured up to the attention
+            backend's ``loop_max_rows()``).
         small_decode_max_rows: the most decode rows the FLASHINFER backend's Triton
             small-decode path takes (default 1; 0 = off; at most 64).
         piecewise_graph_max_tokens: most tokens of a prefill or mixed step replayed from

@@ -116,3 +116,26 @@ def test_eligibility_and_sizes():
     assert loop_capture_sizes((1, 2, 4, 8), 1) == ()  # no multi-step decoding, no loop graphs
     # CompilationConfig.disable_decode_loop_graphs (--disable-decode-loop-graphs)
     assert loop_capture_sizes((1, 2, 4, 8), 8, disabled=True) == ()
+    # the attention backend's loop_max_rows() bounds the sizes
+    assert loop_capture_sizes((1, 2, 4, 8, 16, 24), 8, max_rows=16) == (1, 2, 4, 8, 16)
+    assert loop_capture_sizes((1, 2, 4, 8), 8, max_rows=1) == (1,)
+    assert loop_capture_sizes((1, 2, 4, 8), 8, max_rows=0) == ()
+
+
+def test_loop_sizes_follow_the_attention_backend(tiny_llama_dir):
+    """TORCH_SDPA advances its graph buffers at every size and loops up to 8 rows;
+    FLASHINFER only at its small-decode sizes (``--small-decode-max-rows``, 0 with sliding
+    windows); the model runner's GraphSpec takes the backend's bound."""
+    from tests.attention.test_small_decode import _backend
+    from vllm.attention.backends.abstract import AttentionSpec
+    from vllm.attention.backends.torch_sdpa import TorchSDPABackend
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.worker.model_runner import ModelRunner
+
+    spec = AttentionSpec(4, 2, 16, 16, torch.float32, torch.device("cpu"))
+    assert TorchSDPABackend(spec).loop_max_rows() == 8
+    assert [_backend(n).loop_max_rows() for n in (0, 1, 8, 64)] == [0, 1, 8, 64]
+    cfg = EngineArgs(model=tiny_llama_dir, device="cpu", num_scheduler_steps=8,
+                     max_num_seqs=32).create_engine_config()  # fmt: skip
+    runner = ModelRunner(cfg, torch.device("cpu"))
+    assert runner.graph_spec.loop_sizes == (1, 2, 4, 8)

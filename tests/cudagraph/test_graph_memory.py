@@ -35,6 +35,9 @@ def test_graph_memory_extrapolation_with_a_prefill_graph():
     assert extrapolate(trace, 36, 2, 3 * MIB) == 2 * 88 * MIB
     # without a prefill graph the same rule holds
     assert extrapolate([trace[0], *trace[2:]], 36, 1) == 85 * MIB
+    # the largest decode-loop graph grows the pool by its logits: 7 MiB more per VE
+    loop = [*trace, ("loop-256", 58 * MIB, 12 * MIB)]
+    assert extrapolate(loop, 36, 2) == 2 * (85 + 7) * MIB
 
 
 def test_a_further_graph_costs_its_share_of_an_allocator_segment():

@@ -11,9 +11,10 @@ host uploads a call's step-0 inputs once, replays the graph ``n`` times back to 
 reads the ring once.
 
 Scope (everything else takes the per-step multi-step path, same results):
-- decode batches whose padded size is a captured size of at most ``LOOP_MAX_ROWS`` rows
-  (one loop graph per such size, padded lanes as in plain graphs: they write only the
-  scratch block and their samples are dropped);
+- decode batches whose padded size is a captured size of at most the attention backend's
+  ``loop_max_rows()`` rows (TORCH_SDPA: 8; FLASHINFER: its small-decode limit, 1 by
+  default), one loop graph per such size, padded lanes as in plain graphs: they write
+  only the scratch block and their samples are dropped;
 - greedy sampling without penalties, seeds or logprobs (``eligible``); the packed rows are
   those of ``Sampler.sample_on_device`` (token id, logprob, rank 1), computed from the
   logits of every lane as ``ModelRunner.compute_logits`` does for a graph's padded batch,

@@ -165,6 +165,7 @@ class GraphSet:
                 )  # fmt: skip
                 if loop is not None:
                     self.loops[ve][size] = loop
+                trace(f"loop-{size}")
                 bar.update(1)
         bar.close()
         cap.synchronize()

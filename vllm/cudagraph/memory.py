@@ -71,18 +71,21 @@ def extrapolate(
 
     Args:
         trace: [("state", ...), optionally ("prefill-<tokens>", ...) for the largest
-            prefill graph, (largest decode size, a, la), (the next size down, b, lb)]: bytes
+            prefill graph, (largest decode size, a, la), (the next size down, b, lb),
+            optionally ("loop-<rows>", c, lc) for the largest decode-loop graph]: bytes
             reserved and bytes of live tensors since the trial began.
         num_graphs: decode and decode-loop graphs per VE.
         num_ves: virtual engines.
         further_prefill_bytes: per VE, the outputs of the prefill and piecewise graphs the
             trial did not capture (each size keeps its [tokens, hidden] output).
     Returns:
-        num_ves x (a + g x (num_graphs - 1) + further_prefill_bytes) with
-        g = max(b - a, segment_cost(lb - la)): a holds the state buffers, the shared pool
-        after the largest graphs and the largest decode graph; each further graph keeps its
-        own outputs and metadata (e.g. a FlashInfer wrapper's int workspace). An estimate:
-        the capture logs what it actually took.
+        num_ves x (a + g x (num_graphs - 1) + further_prefill_bytes + l) with
+        g = max(b - a, segment_cost(lb - la)) and l = max(0, c - b): a holds the state
+        buffers, the shared pool after the largest graphs and the largest decode graph; each
+        further graph keeps its own outputs and metadata (e.g. a FlashInfer wrapper's int
+        workspace); l is what the pool grows by for the largest decode-loop graph (its
+        logits and sampling, [rows, vocab] float32, are the largest tensors a decode graph
+        makes). An estimate: the capture logs what it actually took.
     """
     decode = [(mem, live) for label, mem, live in trace if isinstance(label, int)]
     first = decode[0][0] if decode else trace[-1][1]
@@ -90,7 +93,9 @@ def extrapolate(
     if len(decode) > 1:
         (a, la), (b, lb) = decode[:2]
         per_graph = max(0, b - a, segment_cost(lb - la))
-    one_ve = first + per_graph * max(0, num_graphs - 1) + further_prefill_bytes
+    loops = [mem for label, mem, _ in trace if str(label).startswith("loop-")]
+    loop_extra = max(0, loops[-1] - decode[-1][0]) if loops and decode else 0
+    one_ve = first + per_graph * max(0, num_graphs - 1) + further_prefill_bytes + loop_extra
     return num_ves * one_ve
 
 
@@ -103,8 +108,9 @@ def estimate_graph_memory(
     capturer: GraphCapturer | None = None,
 ) -> int:
     """Bytes ``runner.capture`` will take for ``num_virtual_engines`` VEs: a trial capture
-    of one VE (the two largest decode sizes, the largest prefill and the largest
-    piecewise size, whose buffers and pool serve the smaller ones) over ``kv_caches``
+    of one VE (the two largest decode sizes, the largest prefill, the largest
+    piecewise size and the largest decode-loop size, whose buffers and pool serve the
+    smaller ones) over ``kv_caches``
     (one small cache, [local_layer]), extrapolated by :func:`extrapolate`. 0 without
     decode sizes."""
     spec = runner.spec
@@ -114,6 +120,7 @@ def estimate_graph_memory(
     probe = tuple(sorted(sizes)[-2:])
     trial_spec = GraphSpec(CaptureSizes(probe, probe[-1], probe[-1]),
                            prefill_sizes=spec.prefill_sizes[-1:],
+                           loop_sizes=spec.loop_sizes[-1:], loop_steps=spec.loop_steps,
                            max_seq_len_to_capture=spec.max_seq_len_to_capture,
                            piecewise_sizes=spec.piecewise_sizes[-1:])  # fmt: skip
     trial = runner.with_spec(trial_spec)

@@ -149,19 +149,17 @@ def piecewise_capture_sizes(max_tokens: int) -> tuple[int, ...]:
     return tuple(sorted({*small, *large, *([max_tokens] if max_tokens else [])}))
 
 
-# decode-loop graphs exist for captured sizes up to this many rows (vllm/cudagraph/decode_loop.py)
-LOOP_MAX_ROWS = 8
-
-
 def loop_capture_sizes(
-    capture: tuple[int, ...], num_scheduler_steps: int, disabled: bool = False
-) -> tuple[int, ...]:
-    """Captured decode sizes that also get a decode-loop graph: those up to LOOP_MAX_ROWS
-    when multi-step decoding is on (``num_scheduler_steps`` > 1) and
+    capture: tuple[int, ...], num_scheduler_steps: int, disabled: bool = False,
+    max_rows: int = 8,
+) -> tuple[int, ...]:  # fmt: skip
+    """Captured decode sizes that also get a decode-loop graph: those up to ``max_rows``
+    (the attention backend's ``loop_max_rows``: the sizes its graph state advances on the
+    device) when multi-step decoding is on (``num_scheduler_steps`` > 1) and
     ``CompilationConfig.disable_decode_loop_graphs`` is off, else ()."""
     if num_scheduler_steps <= 1 or disabled:
         return ()
-    return tuple(sorted(s for s in capture if s <= LOOP_MAX_ROWS))
+    return tuple(sorted(s for s in capture if s <= max_rows))
 
 
 @dataclass(frozen=True)
@@ -189,14 +187,17 @@ class GraphSpec:
     piecewise_sizes: tuple[int, ...] = ()
 
 
-def graph_spec(config: EngineConfig, pp_size: int, supports_prefill_graphs: bool) -> GraphSpec:
+def graph_spec(
+    config: EngineConfig, pp_size: int, supports_prefill_graphs: bool, loop_max_rows: int = 8
+) -> GraphSpec:
     """The :class:`GraphSpec` of one pipeline stage of an engine ``config``
     (the draft model of speculative decoding passes its own).
 
     Decode sizes: :func:`capture_sizes` with k = num_speculative_tokens. Prefill sizes:
     :func:`prefill_capture_sizes` up to min(prefill_graph_max_tokens,
     max_num_batched_tokens, max_model_len) at PP = 1 on a backend that supports them.
-    Loop sizes: :func:`loop_capture_sizes` (PP = 1 only, as multi-step decoding).
+    Loop sizes: :func:`loop_capture_sizes` up to ``loop_max_rows`` (the backend's
+    ``loop_max_rows()``; PP = 1 only, as multi-step decoding).
     Piecewise sizes: :func:`piecewise_capture_sizes` up to min(piecewise_graph_max_tokens,
     max_num_batched_tokens) at PP = 1 (a step never has more tokens than the budget).
     """
@@ -211,7 +212,7 @@ def graph_spec(config: EngineConfig, pp_size: int, supports_prefill_graphs: bool
                   config.model_config.max_model_len)  # fmt: skip
         prefill = prefill_capture_sizes(cap)
     steps = sc.num_scheduler_steps if pp_size == 1 else 0
-    loops = loop_capture_sizes(sizes.sizes, steps, cc.disable_decode_loop_graphs)
+    loops = loop_capture_sizes(sizes.sizes, steps, cc.disable_decode_loop_graphs, loop_max_rows)
     piecewise: tuple[int, ...] = ()
     if pp_size == 1:
         piecewise = piecewise_capture_sizes(

@@ -77,7 +77,8 @@ class ModelRunner:
         self.model = None
         # The sizes to capture (as if graphs were on: they are also the padding targets of
         # the eager debug switch). Graphs themselves exist only once capture_graphs ran.
-        self.graph_spec = graph_spec(config, pp_size, self.attn_backend.supports_prefill_graphs)
+        self.graph_spec = graph_spec(config, pp_size, self.attn_backend.supports_prefill_graphs,
+                                     self.attn_backend.loop_max_rows())  # fmt: skip
         self.capture_sizes = self.graph_spec.sizes
         self.use_cuda_graph = device.type == "cuda" and not config.compilation_config.enforce_eager
         self.counters = DecodeStepCounters()

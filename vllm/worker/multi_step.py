@@ -34,7 +34,7 @@ One call (:func:`execute_multi_step`):
 Greedy results equal N one-token steps exactly (tests/worker/test_multi_step.py); seeded
 sampling draws from the same per-sequence generators in the same order.
 
-A greedy call padded to a size of at most 8 with a decode-loop graph skips steps 3-4:
+A greedy call padded to a size with a decode-loop graph skips steps 3-4:
 the graph advances itself on the device (vllm/cudagraph/decode_loop.py).
 """
 

@@ -267,6 +267,12 @@ class AttentionBackend(ABC):
     def __init__(self, spec: AttentionSpec):
         self.spec = spec
 
+    def loop_max_rows(self) -> int:
+        """The most decode rows whose graph state :meth:`AttentionGraphState.advance` can
+        move on the device, so decode-loop graphs (vllm/cudagraph/decode_loop.py) are
+        captured up to this size. Default 0: none."""
+        return 0
+
     @staticmethod
     @abstractmethod
     def get_kv_cache_shape(

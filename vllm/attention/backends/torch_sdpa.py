@@ -185,6 +185,11 @@ class TorchSDPABackend(AttentionBackend):
     name = "TORCH_SDPA"
     supports_prefill_graphs = True  # a graph prefill is its plain one-sequence prefill
 
+    def loop_max_rows(self) -> int:
+        """8: the graph state advances at every size (torch ops), and decode-loop graphs
+        serve the small batches where the host dominates a step."""
+        return 8
+
     @staticmethod
     def get_kv_cache_shape(
         num_blocks: int, block_size: int, num_kv_heads: int, head_size: int

@@ -214,6 +214,10 @@ class FlashInferBackend(AttentionBackend):
             self._small = SmallDecodeBuffers(self.spec, self.small_max_rows)
         return self._small
 
+    def loop_max_rows(self) -> int:
+        """The small-decode limit: only that path's graph buffers advance on the device."""
+        return self.small_max_rows
+
     def takes_small_path(self, mode: ForwardMode, rows: int) -> bool:
         """Whether a step of ``rows`` rows (padded ones included) runs the Triton small
         decode kernel (:mod:`.small_decode`) instead of FlashInfer."""

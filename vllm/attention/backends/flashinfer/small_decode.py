@@ -23,7 +23,9 @@ overlaps the projections around it. On SmolLM2 at batch 1 the two were within 2%
 the wait, the kernels' rule, makes this path's layer chain 21% faster). Above one
 row the wrappers stay the default: no settled gain was measured there, and
 the nano workload (Qwen2.5-0.5B shape) fell from 34.5k to 27.6k tok/s with an untuned
-version of the kernel at up to 8 rows.
+version of the kernel at up to 8 rows. From 64 rows on, FlashInfer's decode is 1.4-10x
+faster a layer even with the kernel's batch-aware split cap (docs/benchmarks.md,
+"Small-decode kernel at larger batches").
 """
 
 from __future__ import annotations
