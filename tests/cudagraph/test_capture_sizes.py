@@ -124,7 +124,7 @@ def test_piecewise_sizes_from_the_config(tiny_llama_dir):
 
     def spec(pp=1, **kw):
         cfg = EngineArgs(model=tiny_llama_dir, device="cpu", **kw).create_engine_config()
-        return graph_spec(cfg, pp, True).piecewise_sizes
+        return graph_spec(cfg, pp, True, 8).piecewise_sizes
 
     assert CompilationConfig().piecewise_graph_max_tokens == 0 and spec() == ()
     assert spec(piecewise_graph_max_tokens=100) == (16, 24, 32, 48, 64, 96, 100)

@@ -111,18 +111,18 @@ def test_eligibility_and_sizes():
         for k, v in change.items():
             setattr(other, k, v)
         assert not eligible(other), change
-    assert loop_capture_sizes((1, 2, 4, 8, 16, 24), 8) == (1, 2, 4, 8)
-    assert loop_capture_sizes((1, 2, 4), 8) == (1, 2, 4)
-    assert loop_capture_sizes((1, 2, 4, 8), 1) == ()  # no multi-step decoding, no loop graphs
+    assert loop_capture_sizes((1, 2, 4, 8, 16, 24), 8, 8) == (1, 2, 4, 8)
+    assert loop_capture_sizes((1, 2, 4), 8, 8) == (1, 2, 4)
+    assert loop_capture_sizes((1, 2, 4, 8), 1, 8) == ()  # no multi-step decoding, no loop graphs
     # CompilationConfig.disable_decode_loop_graphs (--disable-decode-loop-graphs)
-    assert loop_capture_sizes((1, 2, 4, 8), 8, disabled=True) == ()
+    assert loop_capture_sizes((1, 2, 4, 8), 8, 8, disabled=True) == ()
     # the attention backend's loop_max_rows() bounds the sizes
     assert loop_capture_sizes((1, 2, 4, 8, 16, 24), 8, max_rows=16) == (1, 2, 4, 8, 16)
     assert loop_capture_sizes((1, 2, 4, 8), 8, max_rows=1) == (1,)
     assert loop_capture_sizes((1, 2, 4, 8), 8, max_rows=0) == ()
 
 
-def test_loop_sizes_follow_the_attention_backend(tiny_llama_dir):
+def test_loop_sizes_follow_the_attention_backend(tiny_llama_dir, monkeypatch):
     """TORCH_SDPA advances its graph buffers at every size and loops up to 8 rows;
     FLASHINFER only at its small-decode sizes (``--small-decode-max-rows``, 0 with sliding
     windows); the model runner's GraphSpec takes the backend's bound."""
@@ -137,5 +137,6 @@ def test_loop_sizes_follow_the_attention_backend(tiny_llama_dir):
     assert [_backend(n).loop_max_rows() for n in (0, 1, 8, 64)] == [0, 1, 8, 64]
     cfg = EngineArgs(model=tiny_llama_dir, device="cpu", num_scheduler_steps=8,
                      max_num_seqs=32).create_engine_config()  # fmt: skip
-    runner = ModelRunner(cfg, torch.device("cpu"))
-    assert runner.graph_spec.loop_sizes == (1, 2, 4, 8)
+    assert ModelRunner(cfg, torch.device("cpu")).graph_spec.loop_sizes == (1, 2, 4, 8)
+    monkeypatch.setattr(TorchSDPABackend, "loop_max_rows", lambda self: 2)
+    assert ModelRunner(cfg, torch.device("cpu")).graph_spec.loop_sizes == (1, 2)

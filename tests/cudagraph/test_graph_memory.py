@@ -36,7 +36,7 @@ def test_graph_memory_extrapolation_with_a_prefill_graph():
     # without a prefill graph the same rule holds
     assert extrapolate([trace[0], *trace[2:]], 36, 1) == 85 * MIB
     # the largest decode-loop graph grows the pool by its logits: 7 MiB more per VE
-    loop = [*trace, ("loop-256", 58 * MIB, 12 * MIB)]
+    loop = [*trace, ("loop-64", 58 * MIB, 12 * MIB)]
     assert extrapolate(loop, 36, 2) == 2 * (85 + 7) * MIB
 
 

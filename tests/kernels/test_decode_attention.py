@@ -152,6 +152,11 @@ def interpreted_errors():
     args = (s["positions"], None, s["cache"], s["tables"], s["seq_lens"], ws, 4, 0.25, 0, 1)
     with pytest.raises(ValueError, match="splits=33 must be in"):
         td.paged_decode_attention(q, k, v, *args, splits=33)
+    with pytest.raises(ValueError, match="splits=0 must be in"):
+        td.paged_decode_attention(q, k, v, *args, splits=0)
+    ws.records = 2 * 2 * 4  # room for 4 splits of 2 rows x 2 KV heads only
+    with pytest.raises(ValueError, match="workspace's 16 records"):
+        td.paged_decode_attention(q, k, v, *args, splits=5)
 
 
 def interpreted_split_caps():
@@ -168,8 +173,9 @@ def interpreted_split_caps():
 
 
 def test_split_cap():
-    """32 splits up to 32 (row, KV head) pairs, then halving as the pairs double; a row
-    count and the captured size it pads to (within its power of two) get the same cap."""
+    """32 splits up to 32 (row, KV head) pairs (rows rounded up to a power of two), then
+    1024 // pairs; a row count and the captured size it pads to (within its power of two)
+    get the same cap."""
     from vllm.kernels import decode_attention as td
 
     assert td.split_cap(1, 8) == td.split_cap(4, 8) == td.MAX_SPLITS

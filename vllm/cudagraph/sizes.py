@@ -150,9 +150,8 @@ def piecewise_capture_sizes(max_tokens: int) -> tuple[int, ...]:
 
 
 def loop_capture_sizes(
-    capture: tuple[int, ...], num_scheduler_steps: int, disabled: bool = False,
-    max_rows: int = 8,
-) -> tuple[int, ...]:  # fmt: skip
+    capture: tuple[int, ...], num_scheduler_steps: int, max_rows: int, disabled: bool = False
+) -> tuple[int, ...]:
     """Captured decode sizes that also get a decode-loop graph: those up to ``max_rows``
     (the attention backend's ``loop_max_rows``: the sizes its graph state advances on the
     device) when multi-step decoding is on (``num_scheduler_steps`` > 1) and
@@ -188,7 +187,7 @@ class GraphSpec:
 
 
 def graph_spec(
-    config: EngineConfig, pp_size: int, supports_prefill_graphs: bool, loop_max_rows: int = 8
+    config: EngineConfig, pp_size: int, supports_prefill_graphs: bool, loop_max_rows: int
 ) -> GraphSpec:
     """The :class:`GraphSpec` of one pipeline stage of an engine ``config``
     (the draft model of speculative decoding passes its own).
@@ -212,7 +211,7 @@ def graph_spec(
                   config.model_config.max_model_len)  # fmt: skip
         prefill = prefill_capture_sizes(cap)
     steps = sc.num_scheduler_steps if pp_size == 1 else 0
-    loops = loop_capture_sizes(sizes.sizes, steps, cc.disable_decode_loop_graphs, loop_max_rows)
+    loops = loop_capture_sizes(sizes.sizes, steps, loop_max_rows, cc.disable_decode_loop_graphs)
     piecewise: tuple[int, ...] = ()
     if pp_size == 1:
         piecewise = piecewise_capture_sizes(

@@ -12,13 +12,15 @@ query heads together, GQA) and context split ``s``. A row of context length ``L`
 token included) is cut into splits of ``chunk(L) = max(T, ceil(L / C))`` tokens, rounded
 up to the tile ``T`` (16 tokens for rows of at most ``16 C``, else :func:`tile_tokens`, a
 function of the model's head shapes), where ``C`` is the launch's split cap
-(:func:`split_cap`): MAX_SPLITS up to 32 (row, KV head) pairs, fewer as the batch grows.
+(:func:`split_cap`): MAX_SPLITS up to 32 (row, KV head) pairs, rows counted as their next
+power of two (every one-row step of a model with at most 32 KV heads), fewer as the batch
+grows.
 So at a few rows a short context is a few one-tile splits that run side by side instead of
 a loop in one program (a small step's attention is bound by dependent memory round trips,
 not bytes), and at large batches the pairs fill the GPU with few, long splits. The split
 count depends on the row's own length and the cap only, so a row's result does not depend
-on the other rows' lengths, the grid size or whether a graph runs it (and, up to 32 pairs,
-not on the batch at all). Programs past a row's split
+on the other rows' lengths, the grid size or whether a graph runs it (and, within the cap
+of MAX_SPLITS, not on the batch at all). Programs past a row's split
 count exit at once. With one split the program writes the output; otherwise each split
 stores its partial ``(max, sum, acc)`` and the last split to finish (an atomic counter per
 row and head) merges all of them in one vectorised pass (a fixed reduction, so the result
@@ -57,8 +59,9 @@ from vllm.kernels.norm_rotary import rope_halves
 from vllm.kernels.pdl import launch_options, pdl_enabled, pdl_wait
 
 MAX_SPLITS = 32  # the most splits of one row (and the grid's third dimension at most)
-# Rows of at most MAX_SPLITS * SHORT_TILE = 512 tokens take 16-token tiles whatever
-# tile_tokens gives (a runtime branch of the one kernel). The small path's layer chain
+# Rows of at most cap * SHORT_TILE tokens (cap: the launch's split_cap, so 512 tokens at a
+# few rows) take 16-token tiles whatever tile_tokens gives (a runtime branch of the one
+# kernel). The small path's layer chain
 # (30 SmolLM2 layers in one graph, H200, bf16, as separate kernels) at context 192:
 # 16.57 us a layer with 32-token tiles, 15.62 with 16; at 1024, 16-token tiles lost
 # (17.97 -> 20.2: two tiles a split), so longer rows keep tile_tokens'. Decode attention
@@ -82,7 +85,8 @@ def tile_tokens(group: int, head_size: int) -> int:
 
 def decode_tiles(group: int, head_size: int, tile: int | None = None) -> tuple[int, int]:
     """``(BLOCK_T, SHORT_T)`` of :func:`decode_program`: tokens per tile of a long row and
-    of a row of at most ``MAX_SPLITS * SHORT_T`` tokens. Default ``(tile_tokens(...),
+    of a row of at most ``cap * SHORT_T`` tokens (``cap``: the launch's :func:`split_cap`).
+    Default ``(tile_tokens(...),
     min(SHORT_TILE, tile_tokens(...)))``; a given ``tile`` serves every row."""
     if tile:
         return tile, tile
@@ -107,11 +111,11 @@ SPLIT_PROGRAMS = 1024
 
 
 def split_cap(rows: int, num_kv_heads: int) -> int:
-    """The most splits of one row in a launch of ``rows`` rows: MAX_SPLITS while
-    ``next_power_of_2(rows) * num_kv_heads`` <= SPLIT_PROGRAMS / MAX_SPLITS (32 pairs),
-    then halving as the pairs double, at least 1. A function of the row count's power of
-    two, so a graph padded to a captured size (between ``rows`` and its power of two) and
-    the eager step of the same rows take the same cap."""
+    """The most splits of one row in a launch of ``rows`` rows:
+    ``SPLIT_PROGRAMS // (next_power_of_2(rows) * num_kv_heads)`` clamped to [1, MAX_SPLITS]
+    (MAX_SPLITS while that product is at most 32). A function of the row count's power of
+    two, so with the default capture sizes (every power of two from 8 up is one) a graph
+    padded to a captured size and the eager step of the same rows take the same cap."""
     pairs = triton.next_power_of_2(max(1, rows)) * max(1, num_kv_heads)
     return max(1, min(MAX_SPLITS, SPLIT_PROGRAMS // pairs))
 
@@ -453,7 +457,7 @@ def paged_decode_attention(
         max_seq_len: a bound on every row's length (it sizes the grid; programs past a
             row's need exit, so the result does not depend on it).
         tile: context tokens per tile for every row (a power of two >= 16); default
-            SHORT_TILE for rows of at most ``MAX_SPLITS * SHORT_TILE`` tokens and
+            SHORT_TILE for rows of at most ``splits * SHORT_TILE`` tokens and
             :func:`tile_tokens` for longer ones (benchmarks/kernel_decode_attention.py
             sweeps it).
         splits: the most splits of one row (1 to MAX_SPLITS); default
