@@ -39,9 +39,12 @@ def make_worker(model, num_ves=1, backend="TORCH_SDPA", capture=True, small_rows
     w = Worker(cfg)
     w.init_device()
     if backend == "FLASHINFER":
-        w.model_runner.attn_backend = FlashInferBackend(
-            w.model_runner.attn_spec, FakePrefillWrapper, FakeDecodeWrapper
-        )
+        from vllm.cudagraph import graph_spec
+
+        mr = w.model_runner
+        mr.attn_backend = FlashInferBackend(mr.attn_spec, FakePrefillWrapper, FakeDecodeWrapper)
+        # the spec as a FLASHINFER runner computes it (its decode-loop sizes)
+        mr.graph_spec = graph_spec(cfg, 1, True, mr.attn_backend.loop_max_rows())
     w.load_model()
     w.initialize_cache(w.determine_num_available_blocks())
     if capture:
