@@ -77,11 +77,8 @@ def _case(shape: str, batch: int, ctx: int, layers: int, args) -> dict:
     layer = _Layer(h, h_kv, d)
     bt = torch.tensor(tables, dtype=torch.int32, device=dev)  # [batch, per_row]
     sl = torch.tensor(lens, dtype=torch.int32, device=dev)
-    ws = DecodeWorkspace(batch, h, h_kv, d, dev)
-    if args.splits:  # room for any cap the sweep asks for
-        ws.records = batch * h_kv * MAX_SPLITS
-        gp = 1 << (h // h_kv - 1).bit_length()
-        ws.partials = torch.empty(ws.records * gp * (2 + d), dtype=torch.float32, device=dev)
+    # room for any cap the sweep asks for
+    ws = DecodeWorkspace(batch, h, h_kv, d, dev, MAX_SPLITS if args.splits else None)
 
     def flashinfer(i):  # the rotary kernel rotates in place: rotate copies, as layers do
         return FlashInferImpl.forward(layer, q.clone(), k.clone(), v, caches[i], md, pos, rope)

@@ -184,7 +184,9 @@ def test_split_cap():
     assert td.split_cap(100, 2) == td.split_cap(104, 2) == td.split_cap(128, 2) == 4
     assert td.split_cap(64, 3) == 5 and td.split_cap(4096, 8) == 1
     ws = td.DecodeWorkspace(100, 14, 2, 64, "cpu")
-    assert ws.records == max(r * 2 * td.split_cap(r, 2) for r in range(1, 101))
+    assert ws.records == max(r * 2 * td.split_cap(r, 2) for r in range(1, 101)) == 1024
+    # 16, 32 or 64 rows fill 1024 records; 100 rows at cap 4 take 800
+    assert td.DecodeWorkspace(100, 14, 2, 64, "cpu", max_splits=32).records == 100 * 2 * 32
 
 
 @pytest.mark.parametrize(

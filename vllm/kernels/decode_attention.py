@@ -124,26 +124,30 @@ class DecodeWorkspace:
     """Scratch of multi-split rows, shared by every layer, graph and virtual engine of one
     worker (they run one launch at a time on one stream).
 
+    Args:
+        max_rows: the most rows of a launch.
+        max_splits: the most splits of a row in every launch (e.g. MAX_SPLITS to time any
+            cap); default None: :func:`split_cap` of the launch's rows.
+
     Attributes:
-        records: how many (row, KV head, split) partials ``partials`` holds.
-        partials: [records * group_pad * (2 + head_size)] float32 with ``records`` the most
+        records: how many (row, KV head, split) partials ``partials`` holds: the most
             (row, KV head, split) triples a launch of at most ``max_rows`` rows uses (rows x
-            kv_heads x :func:`split_cap`), per split its running max, sum and unnormalised
-            output.
+            kv_heads x :func:`split_cap`, or x ``max_splits``).
+        partials: [records * group_pad * (2 + head_size)] float32, per split its running
+            max, sum and unnormalised output.
         counters: [max_rows * kv_heads] int32 arrivals per (row, head); every launch leaves
             them at zero.
     """
 
     def __init__(self, max_rows: int, num_heads: int, num_kv_heads: int, head_size: int,
-                 device: torch.device):  # fmt: skip
+                 device: torch.device, max_splits: int | None = None):  # fmt: skip
         self.max_rows = max_rows
         group_pad = triton.next_power_of_2(num_heads // num_kv_heads)
-        records = max(
-            r * num_kv_heads * split_cap(r, num_kv_heads)
-            for r in {max(1, max_rows), *(2**i for i in range(max(1, max_rows).bit_length()))}
+        self.records = max(
+            r * num_kv_heads * (max_splits or split_cap(r, num_kv_heads))
+            for r in range(1, max(1, max_rows) + 1)
         )
-        self.records = records
-        n = records * group_pad * (2 + head_size)
+        n = self.records * group_pad * (2 + head_size)
         self.partials = torch.empty(n, dtype=torch.float32, device=device)
         self.counters = torch.zeros(max_rows * num_kv_heads, dtype=torch.int32, device=device)
 
