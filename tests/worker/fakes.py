@@ -218,6 +218,7 @@ def reintroduce_shared_rebound_buffers(monkeypatch) -> None:
             self._allocated = True
 
     def rebinding_views(self, bs):
+        self.captured.clear()  # a new wrapper per capture, as upstream makes
         self.paged_kv_indptr = self.paged_kv_indptr[: bs + 1]
         self.paged_kv_last_page_len = self.paged_kv_last_page_len[:bs]
         return self.paged_kv_indptr, self.paged_kv_indices, self.paged_kv_last_page_len

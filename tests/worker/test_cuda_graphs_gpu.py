@@ -144,7 +144,9 @@ def test_single_sequence_vs_transformers(smollm2_gguf, backend, steps, monkeypat
     must have been captured through the fused kernels (counted) and replayed. With 8
     scheduler steps and a backend that advances on the device (TORCH_SDPA, the FLASHINFER
     small path) the greedy calls without logprobs run the size-1 decode-loop graph
-    (counted), and give the tokens of the calls with logprobs (the per-step path)."""
+    (counted), and give the tokens of the calls with logprobs (the per-step path); so does
+    FLASHINFER's wrapper path, planned once per call (SmolLM2's group size 3 decodes on
+    tensor cores: vllm/attention/backends/flashinfer/loop_plan.py)."""
     from vllm.kernels import gemv
 
     loops = _count_loop_calls(monkeypatch)
@@ -161,7 +163,7 @@ def test_single_sequence_vs_transformers(smollm2_gguf, backend, steps, monkeypat
     assert loops["n"] == 0  # logprobs: never the loop graph
     if steps > 1:
         plain = [vllm_greedy(llm, [p], 24)[0] for p in PROMPTS[:3]]
-        assert (loops["n"] > 0) == (small or backend == "TORCH_SDPA")
+        assert loops["n"] > 0
         check_outputs_equal(ours, plain, "per-step path", "decode-loop graph", PROMPTS[:3])
     # each prompt alone: its prefill replays a prefill graph, never the planned wrapper
     _assert_backend_ran(llm, wrapper_decode=not small, small_decode=small, wrapper_prefill=False)
@@ -250,9 +252,10 @@ def test_graph_equals_eager_as_batch_drifts(smollm2_gguf, backend):
 @pytest.mark.parametrize("backend", ["FLASHINFER", "FLASHINFER-small", "TORCH_SDPA"])
 def test_multi_step_graphs(smollm2_gguf, backend, monkeypatch):
     """--num-scheduler-steps 8 on graphs: close to transformers; exact vs the same
-    multi-step run eager on padded batches as the batch drifts (batches padded to at most 8
-    rows run decode-loop graphs where the backend advances on the device, larger ones plain
-    graphs step by step)."""
+    multi-step run eager on padded batches as the batch drifts. Greedy calls run
+    decode-loop graphs: TORCH_SDPA and the FLASHINFER small path up to 8 rows (larger
+    batches replay plain graphs step by step), FLASHINFER's tensor-core wrappers at every
+    size (planned once per call)."""
     backend, small, rows = _backend(backend)
     loops = _count_loop_calls(monkeypatch)
     ref = hf_greedy(smollm2_gguf, PROMPTS, 32, dtype="bfloat16", device="cuda")
@@ -264,7 +267,7 @@ def test_multi_step_graphs(smollm2_gguf, backend, monkeypatch):
     snap = _counters(llm)
     _assert_backend_ran(llm, small_decode=small)
     assert sum(snap["graph"][0].values()) > 0 and set(snap["eager"][0]) == {"prefill"}, snap
-    assert (loops["n"] > 0) == (small or backend == "TORCH_SDPA")
+    assert loops["n"] > 0
     llm.llm_engine.shutdown()
     del llm
     eager = _llm(smollm2_gguf, backend, max_num_seqs=40, enforce_eager=True, num_scheduler_steps=8,
@@ -324,6 +327,78 @@ def test_flashinfer_replay_past_capture_time():
         ref = torch.einsum("hn,nhd->hd", att.softmax(-1), vv)
         got = out[i].view(h, d).float()
         assert torch.allclose(got, ref, atol=2e-2, rtol=2e-2), (n, (got - ref).abs().max())
+
+
+@pytest.mark.forked
+def test_flashinfer_loop_plan_each_step():
+    """A graph of FlashInfer's tensor-core decode plus ``advance``, planned once for the
+    call's last step (``prepare_loop``, 8 steps) and replayed 8 times: every step writes the
+    new key / value at its own slot and attends to exactly its own length, equal to a
+    plain PyTorch reference, while rows cross page boundaries inside the call (step 0's
+    ``last_page_len`` zero or negative) and the padded lane stays on the scratch slot."""
+    import torch
+
+    from vllm.attention.backends.abstract import AttentionSpec, ForwardMode, StepInputs
+    from vllm.attention.backends.flashinfer import FlashInferBackend
+    from vllm.attention.backends.flashinfer.metadata import FlashInferImpl
+
+    torch.manual_seed(0)
+    h, h_kv, d, bs, blocks, steps = 9, 3, 64, 16, 64, 8
+    spec = AttentionSpec(h, h_kv, d, bs, torch.bfloat16, torch.device("cuda"), 1024, 0)
+    backend = FlashInferBackend(spec)
+    assert backend.loops_over_wrappers  # group size 3: tensor-core decode
+    cache = torch.randn(blocks + 1, 2, bs, h_kv, d, dtype=torch.bfloat16, device="cuda")
+    scratch = blocks * bs
+    state = backend.make_graph_state(scratch)
+    state.allocate(8)
+    md = state.metadata_for_capture(4)
+
+    class Layer:
+        num_heads, num_kv_heads, head_size, scale = h, h_kv, d, d**-0.5
+
+    q = torch.zeros(4, h * d, dtype=torch.bfloat16, device="cuda")
+    k = torch.zeros(4, h_kv * d, dtype=torch.bfloat16, device="cuda")
+    v = torch.zeros_like(k)
+    pos = torch.zeros(4, dtype=torch.long, device="cuda")
+
+    def step():
+        o = FlashInferImpl.forward(Layer, q, k, v, cache, md)
+        pos.add_(1)
+        state.advance(md, pos)
+        return o
+
+    step()  # warm-up (every lane on the scratch block)
+    state.prepare_replay(4, StepInputs.padded_decode(4), md)
+    pos.zero_()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    lens = [14, 30, 100]  # rows 0 and 1 enter a new page inside the call, row 2 does not
+    tables = [list(range(i * 10, i * 10 + -(-(n + steps - 1) // bs))) for i, n in
+              enumerate(lens)]  # fmt: skip
+    slots = [t[(n - 1) // bs] * bs + (n - 1) % bs for t, n in zip(tables, lens)]
+    first = StepInputs(ForwardMode.DECODE, lens + [0], [1] * 4, tables + [[]], slots + [-1], 3)
+    state.prepare_loop(4, first, md, steps)
+    pos.copy_(torch.tensor([n - 1 for n in lens] + [0]))
+    for i in range(steps):
+        q.copy_(torch.randn_like(q))
+        k.copy_(torch.randn_like(k))
+        v.copy_(torch.randn_like(v))
+        graph.replay()
+        torch.cuda.synchronize()
+        for r, (n0, t) in enumerate(zip(lens, tables)):
+            n = n0 + i
+            page, off = t[(n - 1) // bs], (n - 1) % bs
+            assert torch.equal(cache[page, 0, off], k[r].view(h_kv, d)), (i, r)
+            kk = cache[t, 0].reshape(-1, h_kv, d)[:n].float()  # [n, h_kv, d]
+            vv = cache[t, 1].reshape(-1, h_kv, d)[:n].float()
+            kk = kk.repeat_interleave(h // h_kv, dim=1)
+            vv = vv.repeat_interleave(h // h_kv, dim=1)
+            att = torch.einsum("hd,nhd->hn", q[r].view(h, d).float(), kk) * d**-0.5
+            ref = torch.einsum("hn,nhd->hd", att.softmax(-1), vv)
+            got = out[r].view(h, d).float()
+            assert torch.allclose(got, ref, atol=2e-2, rtol=2e-2), (i, r, (got - ref).abs().max())
+        assert int(state.slot_rows[0, 3]) == scratch  # the padded lane stays idle
 
 
 @pytest.mark.forked

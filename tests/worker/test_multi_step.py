@@ -7,6 +7,7 @@ import pytest
 
 from tests.cudagraph.test_graph_capture import make_worker, multi_step_call
 from tests.utils import check_outputs_equal, completion_tuple
+from vllm.attention.backends.flashinfer import flashinfer as flashinfer_module
 from vllm.engine.arg_utils import EngineArgs
 from vllm.sampling_params import SamplingParams
 from vllm.sequence import SequenceData, SequenceGroupMetadata
@@ -151,28 +152,38 @@ def test_decode_steps_caps():
 
 @pytest.mark.forked
 @pytest.mark.parametrize("loop_graphs", ["1", "0"])
-@pytest.mark.parametrize("backend", ["TORCH_SDPA", "FLASHINFER"])
-def test_multi_step_replays_fake_graphs(tiny_llama_dir, backend, loop_graphs):
+@pytest.mark.parametrize("backend", ["TORCH_SDPA", "FLASHINFER", "FLASHINFER-tensor-cores"])
+def test_multi_step_replays_fake_graphs(tiny_llama_dir, backend, loop_graphs, monkeypatch):
     """The replay path of the loop (fake graphs, production capture/replay code): 4 replays
     per call, tokens equal to 4 one-token eager steps, contexts that cross a block boundary
     inside the call. With decode-loop graphs (vllm/cudagraph/decode_loop.py) every call is
     the loop graph of the padded size replayed 4 times (it advances positions, lengths and
-    slots itself); without them the plain graph of that size is."""
+    slots itself); without them the plain graph of that size is. FLASHINFER loops over its
+    wrappers with tensor-core decode only (planned once per call: the fake wrapper reads
+    each row's length from the page-table buffers at run time, as FlashInfer's kernel
+    does); the tiny model's group size 2 takes CUDA-core decode unless forced."""
+    if backend == "FLASHINFER-tensor-cores":
+        monkeypatch.setattr(flashinfer_module, "use_tensor_cores", lambda h, kv: True)
+        backend = "FLASHINFER"
     g = make_worker(tiny_llama_dir, 1, backend, max_num_seqs=8, num_scheduler_steps=4,
                     disable_decode_loop_graphs=loop_graphs == "0")  # fmt: skip
     loops = g.model_runner.graph_runner.graphs.loops[0]
-    # FLASHINFER's wrapper path plans on the host: no loop graphs (small path off here)
-    can_loop = loop_graphs == "1" and backend == "TORCH_SDPA"
+    fi = g.model_runner.attn_backend if backend == "FLASHINFER" else None
+    # CUDA-core FlashInfer decode plans every step on the host: no loop graphs
+    can_loop = loop_graphs == "1" and (fi is None or fi.tensor_cores)
     assert sorted(loops) == ([1, 2, 4, 8] if can_loop else [])
     e = make_worker(tiny_llama_dir, 1, backend, capture=False, max_num_seqs=8)
     greedy = SamplingParams(temperature=0, max_tokens=50)
     for rows, ctx in ((1, 3), (3, 14), (5, 33)):
         replays_before = {s: lg.graph.replays for s, lg in loops.items()}
+        plans = fi.decode_runs if fi is not None else 0
         got, want, delta = multi_step_call(g, e, rows, ctx, greedy, 4)
         size = g.model_runner.capture_sizes.padded_size(rows)
         assert delta == {size: 4}, delta
         if loops:
             assert loops[size].graph.replays - replays_before[size] == 4
+        if fi is not None:  # one plan per call in a loop graph, else one per step
+            assert fi.decode_runs - plans == (1 if loops else 4)
         assert got == want, (rows, ctx)
 
 

@@ -12,15 +12,18 @@ reads the ring once.
 
 Scope (everything else takes the per-step multi-step path, same results):
 - decode batches whose padded size is a captured size of at most the attention backend's
-  ``loop_max_rows()`` rows (TORCH_SDPA: 8; FLASHINFER: its small-decode limit, 1 by
-  default), one loop graph per such size, padded lanes as in plain graphs: they write
-  only the scratch block and their samples are dropped;
+  ``loop_max_rows()`` rows (TORCH_SDPA: 8; FLASHINFER: every size with tensor-core decode
+  and no sliding window, else its small-decode limit, 1 by default), one loop graph per
+  such size, padded lanes as in plain graphs: they write only the scratch block and their
+  samples are dropped;
 - greedy sampling without penalties, seeds or logprobs (``eligible``); the packed rows are
   those of ``Sampler.sample_on_device`` (token id, logprob, rank 1), computed from the
   logits of every lane as ``ModelRunner.compute_logits`` does for a graph's padded batch,
   so a loop graph, a plain graph and an eager step on the same padded batch agree exactly;
 - attention backends whose graph state ``advances_on_device`` at that size (TORCH_SDPA;
-  FLASHINFER's small-decode sizes), PP = 1, graphs on and ``num_scheduler_steps > 1``;
+  FLASHINFER's small-decode sizes, and its wrappers when planned once per call:
+  vllm/attention/backends/flashinfer/loop_plan.py; the state's ``prepare_loop`` stages
+  a call), PP = 1, graphs on and ``num_scheduler_steps > 1``;
 - the step's context, lookahead slots included, fits ``max_seq_len_to_capture`` (the same
   gate as plain graphs), and the scheduler reserved the lookahead blocks, so the slots the
   graph derives from the block table exist.

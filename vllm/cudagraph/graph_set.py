@@ -157,7 +157,7 @@ class GraphSet:
                 self.graph_runners[ve][size] = self._capture_one(ve, size, kv_caches[ve])
                 trace(size)
                 bar.update(1)
-            for size in spec.loop_sizes:  # small, so after the largest plain graphs
+            for size in reversed(spec.loop_sizes):  # after the plain graphs, largest first
                 ids, pos, _ = static.views(size)
                 loop = capture_loop_graph(
                     self.model, self.sampler, state, ids, pos, kv_caches[ve], spec.loop_steps,
@@ -215,16 +215,20 @@ class GraphSet:
         step: StepInputs,
         attn_metadata: AttentionMetadata,
         intermediate_tensors: IntermediateTensors | None = None,
+        loop_steps: int = 0,
     ) -> None:
-        """Before replaying a graph of ``size`` rows or prefill tokens (plain or
-        decode-loop): upload the padded inputs ([size] int64 each) into the VE's static
-        inputs, fill the attention buffers behind ``attn_metadata`` for ``step`` and record
-        the staged event (see :meth:`staged_event`)."""
+        """Before replaying a graph of ``size`` rows or prefill tokens (plain, or a
+        decode-loop graph about to replay ``loop_steps`` times): upload the padded inputs
+        ([size] int64 each) into the VE's static inputs, fill the attention buffers behind
+        ``attn_metadata`` for ``step`` and record the staged event (see
+        :meth:`staged_event`)."""
         static = self.inputs[virtual_engine]
         static.upload(size, input_ids, positions, intermediate_tensors)
         state = self.attn_states[virtual_engine]
         if step.mode == ForwardMode.PREFILL:
             state.prepare_prefill_replay(size, step, attn_metadata)
+        elif loop_steps:
+            state.prepare_loop(size, step, attn_metadata, loop_steps)
         else:
             state.prepare_replay(size, step, attn_metadata)
         self._record_staged(virtual_engine)

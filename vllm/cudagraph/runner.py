@@ -334,7 +334,7 @@ class GraphRunner:
         if loop is None:
             return None
         self.graphs.stage_inputs(ve, size, batch.input_ids, batch.positions, batch.step,
-                                 loop.attn_metadata)  # fmt: skip
+                                 loop.attn_metadata, loop_steps=n)  # fmt: skip
         loop.counter.zero_()
         for _ in range(n):
             loop.graph.replay()

@@ -216,6 +216,16 @@ class AttentionGraphState(ABC):
         """Fill the buffers behind ``metadata`` (captured at size ``bs``) for ``step``
         (already padded to ``bs`` rows); any planning happens here, outside the graph."""
 
+    def prepare_loop(
+        self, bs: int, step: StepInputs, metadata: AttentionMetadata, steps: int
+    ) -> None:
+        """Like :meth:`prepare_replay`, before the first of ``steps`` replays of a
+        decode-loop graph (vllm/cudagraph/decode_loop.py), which :meth:`advance` moves one
+        token on after each: a backend that plans on the host plans here once for the
+        whole call (every real row grows to ``seq_len + steps - 1`` tokens, within the
+        lookahead blocks its table already holds). Default: :meth:`prepare_replay`."""
+        self.prepare_replay(bs, step, metadata)
+
     def allocate_prefill(self, max_tokens: int) -> None:
         """Allocate this VE's prefill-graph buffers for prompts of up to ``max_tokens``
         tokens (only on a backend whose ``supports_prefill_graphs`` is True)."""

@@ -66,6 +66,9 @@ def _wrapper_classes() -> tuple[type, type]:
     )
 
 
+LOOP_EVERY_SIZE = 1 << 30  # loop_max_rows() above any decode capture size
+
+
 def use_tensor_cores(num_heads: int, num_kv_heads: int) -> bool:
     """FlashInfer's CUDA-core decode kernels cover GQA group sizes 1, 2, 4 and 8 only."""
     return (num_heads // num_kv_heads) not in (1, 2, 4, 8)
@@ -214,9 +217,17 @@ class FlashInferBackend(AttentionBackend):
             self._small = SmallDecodeBuffers(self.spec, self.small_max_rows)
         return self._small
 
+    @property
+    def loops_over_wrappers(self) -> bool:
+        """Whether decode-loop graphs also run FlashInfer's decode wrappers, planned once
+        per call (:mod:`.loop_plan`): with tensor-core decode (its kernel clamps every KV
+        chunk to the row's length at run time) and no sliding window."""
+        return self.tensor_cores and not self.windows
+
     def loop_max_rows(self) -> int:
-        """The small-decode limit: only that path's graph buffers advance on the device."""
-        return self.small_max_rows
+        """Every captured size when :attr:`loops_over_wrappers`, else the small-decode
+        limit (only that path's graph buffers then advance on the device)."""
+        return LOOP_EVERY_SIZE if self.loops_over_wrappers else self.small_max_rows
 
     def takes_small_path(self, mode: ForwardMode, rows: int) -> bool:
         """Whether a step of ``rows`` rows (padded ones included) runs the Triton small

@@ -19,8 +19,6 @@ through the instance it is given, so this module does not import the backend mod
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from vllm.attention.backends.abstract import (
@@ -31,6 +29,11 @@ from vllm.attention.backends.abstract import (
     StepInputs,
 )
 from vllm.attention.backends.flashinfer.flashinfer_prefill import graph_prefill_metadata
+from vllm.attention.backends.flashinfer.loop_plan import (
+    advance_paged,
+    first_page_lens,
+    lengthened,
+)
 from vllm.attention.backends.flashinfer.metadata import FlashInferMetadata
 from vllm.attention.backends.flashinfer.paged_cache import (
     paged_kv_host,
@@ -56,7 +59,7 @@ class FlashInferGraphState(AttentionGraphState):
     def __init__(self, backend: AttentionBackend, scratch_slot: int):
         super().__init__(backend.spec, scratch_slot)
         self.backend = backend
-        self.wrappers: dict[int, Any] = {}
+        self.captured: dict[int, FlashInferMetadata] = {}  # per size, see _new_metadata
 
     def allocate(self, max_bs: int) -> None:
         d = self.spec.device
@@ -96,10 +99,32 @@ class FlashInferGraphState(AttentionGraphState):
         self.backend.graph_prefill_runs += 1
 
     def advances_on_device(self, metadata: AttentionMetadata) -> bool:
-        return isinstance(metadata, SmallDecodeMetadata)  # FlashInfer plans on the host
+        if isinstance(metadata, SmallDecodeMetadata):
+            return True
+        return self.backend.loops_over_wrappers  # planned once per call (.loop_plan)
 
     def advance(self, metadata: AttentionMetadata, positions: torch.Tensor) -> None:
-        SmallDecodeGraphBuffers.advance(metadata)  # type: ignore[arg-type]
+        if isinstance(metadata, SmallDecodeMetadata):
+            SmallDecodeGraphBuffers.advance(metadata)
+            return
+        bs = metadata.num_rows
+        indptr, indices, last = self._views(bs)
+        advance_paged(indptr, indices, last, self.slot_rows[:, :bs], positions,
+                      self.scratch_slot, self.spec.block_size)  # fmt: skip
+
+    def prepare_loop(
+        self, bs: int, step: StepInputs, metadata: AttentionMetadata, steps: int
+    ) -> None:
+        if isinstance(metadata, SmallDecodeMetadata) or steps <= 1:
+            self.prepare_replay(bs, step, metadata)
+            return
+        # plan the call's last step; the kernels read each step's lengths on the device
+        last = self._plan(lengthened(step, steps - 1), metadata)  # [bs] int32 host
+        first = first_page_lens(last, step.num_real_rows, steps - 1)  # [bs] int32 host
+        self.paged_kv_last_page_len[:bs].copy_(pin_for(first, self.spec.device),
+                                               non_blocking=True)  # fmt: skip
+        self._upload_slots(bs, step)
+        self.backend.decode_runs += 1
 
     def _views(self, bs: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """This size's own views; the full-size handles are never rebound."""
@@ -114,6 +139,18 @@ class FlashInferGraphState(AttentionGraphState):
             raise ValueError(f"capture size {bs} exceeds the allocated maximum {self.max_bs}.")
         if self.backend.takes_small_path(ForwardMode.DECODE, bs):
             return self.small.metadata(bs)
+        md = self.captured.get(bs)
+        if md is None:
+            md = self.captured[bs] = self._new_metadata(bs)
+        self.prepare_replay(
+            bs, StepInputs.padded_decode(bs), md
+        )  # every lane reads one scratch token
+        return md
+
+    def _new_metadata(self, bs: int) -> FlashInferMetadata:
+        """Size ``bs``'s decode wrappers (one per window) over this size's views: the
+        plain graph and the decode-loop graph of the size share them (each replay plans
+        first), so each size holds FlashInfer's 8 MiB integer workspaces once."""
         indptr, indices, last = self._views(bs)
         by_window = {
             w: self.backend.decode_wrapper_cls(
@@ -128,8 +165,7 @@ class FlashInferGraphState(AttentionGraphState):
             for w in (None, *self.backend.windows)
         }
         wrapper = by_window.pop(None)
-        self.wrappers[bs] = wrapper
-        md = FlashInferMetadata(
+        return FlashInferMetadata(
             mode=ForwardMode.DECODE,
             num_rows=bs,
             num_tokens=bs,
@@ -139,16 +175,20 @@ class FlashInferGraphState(AttentionGraphState):
             kv_rows=self.slot_rows[1:, :bs],
             window_wrappers=by_window,
         )
-        self.prepare_replay(
-            bs, StepInputs.padded_decode(bs), md
-        )  # every lane reads one scratch token
-        return md
 
     def prepare_replay(self, bs: int, step: StepInputs, metadata: AttentionMetadata) -> None:
         if isinstance(metadata, SmallDecodeMetadata):
             self.small.prepare(bs, step)
             self.backend.small_decode_runs += 1
             return
+        self._plan(step, metadata)
+        self._upload_slots(bs, step)
+        self.backend.decode_runs += 1
+
+    def _plan(self, step: StepInputs, metadata: AttentionMetadata) -> torch.Tensor:
+        """Plan the wrappers behind ``metadata`` over ``step``'s page tables (which fill
+        this size's indptr / indices / last_page_len views); returns the host
+        ``last_page_len`` [rows] int32 it planned with."""
         md: FlashInferMetadata = metadata  # type: ignore[assignment]
         indptr, indices, last = paged_kv_host(
             step, self.spec.block_size, self.scratch_block, self.spec.max_blocks_per_seq
@@ -163,6 +203,9 @@ class FlashInferGraphState(AttentionGraphState):
         for window, wrapper in [(None, md.wrapper), *(md.window_wrappers or {}).items()]:
             kw = self.backend.plan_kwargs(window)
             plan_paged(wrapper, kw, self.spec.head_size, indptr, indices, last)
+        return last
+
+    def _upload_slots(self, bs: int, step: StepInputs) -> None:
+        """``step``'s slot, key row and value row per lane into this size's view."""
         rows = slot_rows_host(step.slot_mapping, self.scratch_slot, self.spec.block_size)
         self.slot_rows[:, :bs].copy_(pin_for(rows, self.spec.device), non_blocking=True)
-        self.backend.decode_runs += 1
