@@ -7,7 +7,10 @@ workspace is the backend's shared one). Each captured size gets its own decode w
 views ``indptr[:bs + 1]`` and ``last_page_len[:bs]``, so its batch size is fixed to ``bs``
 and no later capture can shrink it; a model with sliding windows gets one more wrapper per
 distinct window for each size, over the same views, planned at each replay with its
-``window_left``. Padded lanes read one token of the scratch block.
+``window_left``. A size's plain graph and its decode-loop graph share those wrappers; a
+loop call is planned once, for its last step (:mod:`.loop_plan`, ``prepare_loop``), and
+``advance`` moves lengths and slots on the device. Padded lanes read one token of the
+scratch block.
 Sizes up to the small-decode limit run the Triton kernel instead (no wrapper, no plan): they
 take views of :class:`~.small_decode.SmallDecodeGraphBuffers`, which a decode-loop graph
 can advance on the device. Prefill graphs (one sequence, :mod:`.flashinfer_prefill`) take

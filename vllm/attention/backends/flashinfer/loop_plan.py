@@ -25,9 +25,8 @@ makes every step of the call runnable from that plan:
   flat cache view) from the page tables, with device ops that the graph captures.
 
 A step of the loop and a per-step plan of the same lengths split the context alike
-unless the row's page count changed within the call (the plan then saw one more page), so
-the two agree to rounding: GPU comparisons of loop against per-step calls use
-``check_logprobs_close`` (docs/design.md, "Comparisons").
+unless the row's page count changed within the call (the plan then saw one more page);
+there the two can differ by rounding (docs/design.md, "One FlashInfer plan per call").
 """
 
 from __future__ import annotations
