@@ -37,7 +37,7 @@ def _first_step(lens: list[int], steps: int, pad: int) -> StepInputs:
 def test_advance_matches_the_per_step_host_path(steps):
     lens = [1, 14, 16, 17, 30, 100]  # enter a new page at once, later in the call, or not
     step = _first_step(lens, steps, pad=2)
-    indptr, indices, last = paged_kv_host(lengthened(step, steps - 1), BS, SCRATCH_BLOCK)
+    indptr, indices, last = paged_kv_host(lengthened(step, steps - 1, BS), BS, SCRATCH_BLOCK)
     last = first_page_lens(last, step.num_real_rows, steps - 1)
     slot_rows = slot_rows_host(step.slot_mapping, SCRATCH, BS)  # [3, rows]
     pos = torch.tensor([n - 1 for n in lens] + [0, 0])
@@ -68,7 +68,7 @@ def test_first_page_lens_only_real_rows():
 
 def test_lengthened_keeps_padded_lanes_and_shares_tables():
     step = _first_step([5, 20], 4, pad=1)
-    longer = lengthened(step, 3)
+    longer = lengthened(step, 3, BS)
     assert longer.seq_lens == [8, 23, 0] and longer.num_real_rows == 2
     assert longer.flat_tables is step.flat_tables is not None
     assert np.array_equal(longer.flat_tables.flat, [0, 1, 4])
@@ -86,3 +86,23 @@ def test_loops_over_wrappers_only_with_tensor_cores_and_no_window():
     assert not _backend(4, 2).loops_over_wrappers  # group 2: CUDA-core decode
     assert _backend(4, 2).loop_max_rows() == 0  # its small-decode limit (off here)
     assert not _backend(9, 3, windows=(64,)).loops_over_wrappers
+
+
+def test_a_table_short_of_the_last_step_raises():
+    step = _first_step([14, 20], 2, pad=0)  # tables cover one lookahead token only
+    lengthened(step, 1, BS)
+    with pytest.raises(IndexError, match=r"row 0 reaches 17 tokens .* 1 blocks .*lookahead"):
+        lengthened(step, 3, BS)
+
+
+def test_the_advance_after_a_calls_last_step_stays_in_its_row():
+    """The graph advances once more after the call's last step, one token past the pages
+    planned: with the page buffer exactly full, the page lookup must stay inside the row
+    (an index past the buffer would fault on the device; on the CPU it raises)."""
+    step = _first_step([15, 31], 2, pad=0)  # last steps at 16 and 32 tokens: full pages
+    indptr, indices, last = paged_kv_host(lengthened(step, 1, BS), BS, SCRATCH_BLOCK)
+    indices = indices.clone()  # [pages], no spare capacity after the last row
+    slot_rows = slot_rows_host(step.slot_mapping, SCRATCH, BS)
+    pos = torch.tensor([16, 32])  # the token after the last step: past both rows' pages
+    advance_paged(indptr, indices, first_page_lens(last, 2, 1), slot_rows, pos, SCRATCH, BS)
+    assert slot_rows.shape == (3, 2)

@@ -124,8 +124,9 @@ def test_eligibility_and_sizes():
 
 def test_loop_sizes_follow_the_attention_backend(tiny_llama_dir, monkeypatch):
     """TORCH_SDPA advances its graph buffers at every size and loops up to 8 rows;
-    FLASHINFER only at its small-decode sizes (``--small-decode-max-rows``, 0 with sliding
-    windows); the model runner's GraphSpec takes the backend's bound."""
+    FLASHINFER with CUDA-core decode (the tiny model's group size 2) only at its
+    small-decode sizes (``--small-decode-max-rows``, 0 with sliding windows); the model
+    runner's GraphSpec takes the backend's bound."""
     from tests.attention.test_small_decode import _backend
     from vllm.attention.backends.abstract import AttentionSpec
     from vllm.attention.backends.torch_sdpa import TorchSDPABackend

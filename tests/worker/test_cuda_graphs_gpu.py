@@ -58,10 +58,10 @@ def _counters(llm):
 
 def _backend(backend):
     """("FLASHINFER" or "TORCH_SDPA", small path on, engine kwargs): "FLASHINFER-small" is
-    FLASHINFER with its Triton small-decode path at up to 8 rows (small_decode_max_rows=8),
-    which also gives it decode-loop graphs under multi-step decoding; "FLASHINFER" pins the
-    path off (small_decode_max_rows=0; the default takes one-row steps) so only the
-    wrappers decode."""
+    FLASHINFER with its Triton small-decode path at up to 8 rows (small_decode_max_rows=8);
+    "FLASHINFER" pins the path off (small_decode_max_rows=0; the default takes one-row
+    steps) so only the wrappers decode. SmolLM2 (group size 3) decodes on tensor cores, so
+    under multi-step decoding both get decode-loop graphs at every size."""
     if backend == "FLASHINFER-small":
         return "FLASHINFER", True, {"small_decode_max_rows": 8}
     return backend, False, {"small_decode_max_rows": 0}
@@ -253,9 +253,9 @@ def test_graph_equals_eager_as_batch_drifts(smollm2_gguf, backend):
 def test_multi_step_graphs(smollm2_gguf, backend, monkeypatch):
     """--num-scheduler-steps 8 on graphs: close to transformers; exact vs the same
     multi-step run eager on padded batches as the batch drifts. Greedy calls run
-    decode-loop graphs: TORCH_SDPA and the FLASHINFER small path up to 8 rows (larger
-    batches replay plain graphs step by step), FLASHINFER's tensor-core wrappers at every
-    size (planned once per call)."""
+    decode-loop graphs: TORCH_SDPA up to 8 rows (larger batches replay plain graphs step
+    by step), FLASHINFER at every size (its small path up to its limit, its tensor-core
+    wrappers above, planned once per call)."""
     backend, small, rows = _backend(backend)
     loops = _count_loop_calls(monkeypatch)
     ref = hf_greedy(smollm2_gguf, PROMPTS, 32, dtype="bfloat16", device="cuda")

@@ -245,7 +245,8 @@ class AttentionGraphState(ABC):
 
     def advances_on_device(self, metadata: AttentionMetadata) -> bool:
         """Whether :meth:`advance` can move ``metadata`` one token on with device ops alone
-        (a backend that plans on the host cannot). Default: False."""
+        (a backend that plans each step on the host cannot, unless :meth:`prepare_loop`
+        plans the whole call). Default: False."""
         return False
 
     def advance(self, metadata: AttentionMetadata, positions: torch.Tensor) -> None:

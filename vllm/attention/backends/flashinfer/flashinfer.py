@@ -221,7 +221,8 @@ class FlashInferBackend(AttentionBackend):
     def loops_over_wrappers(self) -> bool:
         """Whether decode-loop graphs also run FlashInfer's decode wrappers, planned once
         per call (:mod:`.loop_plan`): with tensor-core decode (its kernel clamps every KV
-        chunk to the row's length at run time) and no sliding window."""
+        chunk to the row's length at run time; FlashInfer's CUDA-core decode kernel does
+        not clamp a chunk's start) and no sliding window."""
         return self.tensor_cores and not self.windows
 
     def loop_max_rows(self) -> int:

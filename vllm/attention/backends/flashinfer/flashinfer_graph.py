@@ -122,7 +122,8 @@ class FlashInferGraphState(AttentionGraphState):
             self.prepare_replay(bs, step, metadata)
             return
         # plan the call's last step; the kernels read each step's lengths on the device
-        last = self._plan(lengthened(step, steps - 1), metadata)  # [bs] int32 host
+        last = self._plan(lengthened(step, steps - 1, self.spec.block_size),
+                          metadata)  # [bs] int32 host  # fmt: skip
         first = first_page_lens(last, step.num_real_rows, steps - 1)  # [bs] int32 host
         self.paged_kv_last_page_len[:bs].copy_(pin_for(first, self.spec.device),
                                                non_blocking=True)  # fmt: skip

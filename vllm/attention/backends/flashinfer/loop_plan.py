@@ -10,7 +10,9 @@ makes every step of the call runnable from that plan:
   each chunk's partial result goes. The tensor-core decode kernel (FlashInfer's batch
   prefill kernel with one query a row) reads each row's actual length from the device
   page tables at run time, ``(indptr[r + 1] - indptr[r] - 1) * page_size +
-  last_page_len[r]``, and clamps every chunk to it: at an earlier step the row is up to
+  last_page_len[r]``, and clamps both ends of every chunk to it (flashinfer-python
+  0.7.2.post1, the pinned version: ``BatchPrefillWithPagedKVCacheDevice`` takes
+  ``min(start, kv_len)`` and ``min(end, kv_len)``): at an earlier step the row is up to
   ``n - 1`` tokens shorter, its last chunk shorter or empty, and the merge of the chunks
   gives that length's attention. FlashInfer's CUDA-core decode kernel does not clamp a
   chunk's start, so only tensor-core decode loops over the wrappers
@@ -25,27 +27,43 @@ makes every step of the call runnable from that plan:
   flat cache view) from the page tables, with device ops that the graph captures.
 
 A step of the loop and a per-step plan of the same lengths split the context alike
-unless the row's page count changed within the call (the plan then saw one more page);
-there the two can differ by rounding (docs/design.md, "One FlashInfer plan per call").
+unless some row's page count changed within the call (the chunk size is chosen for the
+whole batch from page counts); then the two can differ by rounding (docs/design.md, "One
+FlashInfer plan per call").
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from vllm.attention.backends.abstract import StepInputs
 from vllm.attention.backends.host_tables import step_tables
 
 
-def lengthened(step: StepInputs, extra: int) -> StepInputs:
+def lengthened(step: StepInputs, extra: int, block_size: int) -> StepInputs:
     """``step`` with every real row ``extra`` tokens longer (padded lanes stay at length
     0): the last step of a call of ``extra + 1`` steps, for planning. Only its lengths and
-    tables are meaningful (they are the same tables, flattened once and shared)."""
+    tables are meaningful (they are the same tables, flattened once and shared).
+
+    Raises:
+        IndexError: a real row's table does not cover its last step (the scheduler did not
+            reserve the call's lookahead blocks), as the per-step path raises.
+    """
     real = step.num_real_rows
+    ft = step_tables(step)
+    last = np.fromiter(step.seq_lens[:real], dtype=np.int64, count=real) + extra  # [real]
+    short = -(-last // block_size) > ft.lens[:real]  # [real]
+    if short.any():
+        r = int(np.argmax(short))
+        raise IndexError(
+            f"row {r} reaches {int(last[r])} tokens in this call, but its table has "
+            f"{int(ft.lens[r])} blocks of {block_size} (lookahead not reserved)."
+        )
     seq_lens = [n + extra for n in step.seq_lens[:real]] + step.seq_lens[real:]
     out = StepInputs(step.mode, seq_lens, step.query_lens, step.block_tables,
                      step.slot_mapping, real)  # fmt: skip
-    out.flat_tables = step_tables(step)
+    out.flat_tables = ft
     return out
 
 
@@ -82,7 +100,9 @@ def advance_paged(
     live = slot_rows[0] != scratch_slot  # [rows] bool: real rows
     last_page_len.add_(live.to(last_page_len.dtype))
     pos = torch.where(live, positions, 0)  # [rows] int64, padded lanes at 0
-    at = indptr[:-1].long() + pos // block_size  # [rows] entry of the new token's page
+    # [rows] entry of the new token's page; kept inside the row, since the advance after a
+    # call's last step runs one token past the pages it planned (its slots go unused)
+    at = torch.minimum(indptr[:-1].long() + pos // block_size, indptr[1:].long() - 1)
     page = indices[at].long()  # [rows]
     slot = torch.where(live, page * block_size + pos % block_size, scratch_slot)  # [rows]
     key_row = slot + (slot // block_size) * block_size  # [rows]
