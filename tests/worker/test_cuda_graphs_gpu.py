@@ -277,56 +277,72 @@ def test_multi_step_graphs(smollm2_gguf, backend, monkeypatch):
         check_outputs_equal(g[n], _drifting_run(eager, n), f"graph-ms8-{n}", f"eager-ms8-{n}")
 
 
+H, H_KV, D, BS, BLOCKS = 9, 3, 64, 16, 64  # SmolLM2's heads: tensor-core decode
+
+
+def _flashinfer_size4():
+    """A FLASHINFER graph state (FlashInfer's own decode: small_decode_max_rows=0) of 8
+    rows, its size-4 capture metadata, a random bf16 cache of BLOCKS (+ scratch) blocks, a
+    layer stand-in and zero q / k / v inputs of 4 rows."""
+    import torch
+
+    from vllm.attention.backends.abstract import AttentionSpec
+    from vllm.attention.backends.flashinfer import FlashInferBackend
+
+    torch.manual_seed(0)
+    spec = AttentionSpec(H, H_KV, D, BS, torch.bfloat16, torch.device("cuda"), 1024, 0)
+    backend = FlashInferBackend(spec)
+    cache = torch.randn(BLOCKS + 1, 2, BS, H_KV, D, dtype=torch.bfloat16, device="cuda")
+    state = backend.make_graph_state(BLOCKS * BS)
+    state.allocate(8)
+    md = state.metadata_for_capture(4)
+
+    class Layer:
+        num_heads, num_kv_heads, head_size, scale = H, H_KV, D, D**-0.5
+
+    q = torch.zeros(4, H * D, dtype=torch.bfloat16, device="cuda")
+    k = torch.zeros(4, H_KV * D, dtype=torch.bfloat16, device="cuda")
+    return backend, state, md, cache, Layer, q, k, torch.zeros_like(k)
+
+
+def _assert_attends(got, q_row, cache, table, n):
+    """``got`` [H * D] equals softmax attention of ``q_row`` [H * D] over the first ``n``
+    tokens of ``table``'s blocks of ``cache`` (float32 reference, bf16 tolerance)."""
+    import torch
+
+    kk = cache[table, 0].reshape(-1, H_KV, D)[:n].float().repeat_interleave(H // H_KV, dim=1)
+    vv = cache[table, 1].reshape(-1, H_KV, D)[:n].float().repeat_interleave(H // H_KV, dim=1)
+    att = torch.einsum("hd,nhd->hn", q_row.view(H, D).float(), kk) * D**-0.5  # [H, n]
+    ref = torch.einsum("hn,nhd->hd", att.softmax(-1), vv)  # [H, D]
+    got = got.view(H, D).float()
+    assert torch.allclose(got, ref, atol=2e-2, rtol=2e-2), (n, (got - ref).abs().max())
+
+
 @pytest.mark.forked
 def test_flashinfer_replay_past_capture_time():
     """Graphs captured at context length 1, replayed at per-lane lengths that cross page
     boundaries: FlashInfer's decode equals a plain PyTorch attention reference."""
     import torch
 
-    from vllm.attention.backends.abstract import AttentionSpec, ForwardMode, StepInputs
-    from vllm.attention.backends.flashinfer import FlashInferBackend
+    from vllm.attention.backends.abstract import ForwardMode, StepInputs
     from vllm.attention.backends.flashinfer.metadata import FlashInferImpl
 
-    torch.manual_seed(0)
-    h, h_kv, d, bs, blocks = 9, 3, 64, 16, 64
-    # small_decode_max_rows=0: FlashInfer's own decode (the small path: test_decode_attention)
-    spec = AttentionSpec(h, h_kv, d, bs, torch.bfloat16, torch.device("cuda"), 1024, 0)
-    backend = FlashInferBackend(spec)
-    cache = torch.randn(blocks + 1, 2, bs, h_kv, d, dtype=torch.bfloat16, device="cuda")
-    state = backend.make_graph_state(blocks * bs)
-    state.allocate(8)
-    md = state.metadata_for_capture(4)
-
-    class Layer:
-        num_heads, num_kv_heads, head_size, scale = h, h_kv, d, d**-0.5
-
-    q = torch.zeros(4, h * d, dtype=torch.bfloat16, device="cuda")
-    k = torch.zeros(4, h_kv * d, dtype=torch.bfloat16, device="cuda")
-    v = torch.zeros_like(k)
+    _, state, md, cache, Layer, q, k, v = _flashinfer_size4()
     FlashInferImpl.forward(Layer, q, k, v, cache, md)  # warm-up
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = FlashInferImpl.forward(Layer, q, k, v, cache, md)
     lens = [1, 17, 33, 100]
-    tables = [list(range(i * 8, i * 8 + -(-n // bs))) for i, n in enumerate(lens)]
-    slots = [t[(n - 1) // bs] * bs + (n - 1) % bs for t, n in zip(tables, lens)]
+    tables = [list(range(i * 8, i * 8 + -(-n // BS))) for i, n in enumerate(lens)]
+    slots = [t[(n - 1) // BS] * BS + (n - 1) % BS for t, n in zip(tables, lens)]
     step = StepInputs(ForwardMode.DECODE, lens, [1] * 4, tables, slots, 4)
-    q.copy_(torch.randn_like(q))
-    k.copy_(torch.randn_like(k))
-    v.copy_(torch.randn_like(v))
+    for x in (q, k, v):
+        x.copy_(torch.randn_like(x))
     state.prepare_replay(4, step, md)
     graph.replay()
     torch.cuda.synchronize()
     for i, (n, t) in enumerate(zip(lens, tables)):
-        kk = cache[t, 0].reshape(-1, h_kv, d)[:n].float()  # [n, h_kv, d]
-        vv = cache[t, 1].reshape(-1, h_kv, d)[:n].float()
-        qi = q[i].view(h, d).float()
-        kk = kk.repeat_interleave(h // h_kv, dim=1)
-        vv = vv.repeat_interleave(h // h_kv, dim=1)
-        att = torch.einsum("hd,nhd->hn", qi, kk) * d**-0.5
-        ref = torch.einsum("hn,nhd->hd", att.softmax(-1), vv)
-        got = out[i].view(h, d).float()
-        assert torch.allclose(got, ref, atol=2e-2, rtol=2e-2), (n, (got - ref).abs().max())
+        _assert_attends(out[i], q[i], cache, t, n)
 
 
 @pytest.mark.forked
@@ -338,27 +354,12 @@ def test_flashinfer_loop_plan_each_step():
     ``last_page_len`` zero or negative) and the padded lane stays on the scratch slot."""
     import torch
 
-    from vllm.attention.backends.abstract import AttentionSpec, ForwardMode, StepInputs
-    from vllm.attention.backends.flashinfer import FlashInferBackend
+    from vllm.attention.backends.abstract import ForwardMode, StepInputs
     from vllm.attention.backends.flashinfer.metadata import FlashInferImpl
 
-    torch.manual_seed(0)
-    h, h_kv, d, bs, blocks, steps = 9, 3, 64, 16, 64, 8
-    spec = AttentionSpec(h, h_kv, d, bs, torch.bfloat16, torch.device("cuda"), 1024, 0)
-    backend = FlashInferBackend(spec)
+    steps, scratch = 8, BLOCKS * BS
+    backend, state, md, cache, Layer, q, k, v = _flashinfer_size4()
     assert backend.loops_over_wrappers  # group size 3: tensor-core decode
-    cache = torch.randn(blocks + 1, 2, bs, h_kv, d, dtype=torch.bfloat16, device="cuda")
-    scratch = blocks * bs
-    state = backend.make_graph_state(scratch)
-    state.allocate(8)
-    md = state.metadata_for_capture(4)
-
-    class Layer:
-        num_heads, num_kv_heads, head_size, scale = h, h_kv, d, d**-0.5
-
-    q = torch.zeros(4, h * d, dtype=torch.bfloat16, device="cuda")
-    k = torch.zeros(4, h_kv * d, dtype=torch.bfloat16, device="cuda")
-    v = torch.zeros_like(k)
     pos = torch.zeros(4, dtype=torch.long, device="cuda")
 
     def step():
@@ -374,30 +375,22 @@ def test_flashinfer_loop_plan_each_step():
     with torch.cuda.graph(graph):
         out = step()
     lens = [14, 30, 100]  # rows 0 and 1 enter a new page inside the call, row 2 does not
-    tables = [list(range(i * 10, i * 10 + -(-(n + steps - 1) // bs))) for i, n in
+    tables = [list(range(i * 10, i * 10 + -(-(n + steps - 1) // BS))) for i, n in
               enumerate(lens)]  # fmt: skip
-    slots = [t[(n - 1) // bs] * bs + (n - 1) % bs for t, n in zip(tables, lens)]
+    slots = [t[(n - 1) // BS] * BS + (n - 1) % BS for t, n in zip(tables, lens)]
     first = StepInputs(ForwardMode.DECODE, lens + [0], [1] * 4, tables + [[]], slots + [-1], 3)
     state.prepare_loop(4, first, md, steps)
     pos.copy_(torch.tensor([n - 1 for n in lens] + [0]))
     for i in range(steps):
-        q.copy_(torch.randn_like(q))
-        k.copy_(torch.randn_like(k))
-        v.copy_(torch.randn_like(v))
+        for x in (q, k, v):
+            x.copy_(torch.randn_like(x))
         graph.replay()
         torch.cuda.synchronize()
         for r, (n0, t) in enumerate(zip(lens, tables)):
             n = n0 + i
-            page, off = t[(n - 1) // bs], (n - 1) % bs
-            assert torch.equal(cache[page, 0, off], k[r].view(h_kv, d)), (i, r)
-            kk = cache[t, 0].reshape(-1, h_kv, d)[:n].float()  # [n, h_kv, d]
-            vv = cache[t, 1].reshape(-1, h_kv, d)[:n].float()
-            kk = kk.repeat_interleave(h // h_kv, dim=1)
-            vv = vv.repeat_interleave(h // h_kv, dim=1)
-            att = torch.einsum("hd,nhd->hn", q[r].view(h, d).float(), kk) * d**-0.5
-            ref = torch.einsum("hn,nhd->hd", att.softmax(-1), vv)
-            got = out[r].view(h, d).float()
-            assert torch.allclose(got, ref, atol=2e-2, rtol=2e-2), (i, r, (got - ref).abs().max())
+            page, off = t[(n - 1) // BS], (n - 1) % BS
+            assert torch.equal(cache[page, 0, off], k[r].view(H_KV, D)), (i, r)
+            _assert_attends(out[r], q[r], cache, t, n)
         assert int(state.slot_rows[0, 3]) == scratch  # the padded lane stays idle
 
 
