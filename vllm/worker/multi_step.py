@@ -95,9 +95,8 @@ def _next_step(step: StepInputs, block_size: int) -> tuple[StepInputs, list[int]
     ft = step_tables(step)
     old = np.fromiter(step.seq_lens, dtype=np.int64, count=real)  # [real] new positions
     col = old // block_size  # [real] the new token's block in its row's table
-    short = col >= ft.lens[:real]  # [real] tables that end before that block
-    if short.any():
-        r = int(np.argmax(short))
+    r = ft.first_short(col + 1)  # a table that ends before that block
+    if r >= 0:
         raise IndexError(
             f"row {r} needs block {int(col[r])} of its table for position {int(old[r])}, "
             f"but the table has {int(ft.lens[r])} blocks (lookahead not reserved)."

@@ -61,6 +61,12 @@ class FlatTables:
             return self.flat, self.lens
         return self.flat[: self.starts[rows]], self.lens[:rows]
 
+    def first_short(self, need: np.ndarray) -> int:
+        """The first row whose table has fewer blocks than ``need`` [rows] int64 asks of
+        the first ``len(need)`` rows, or -1 when every one is long enough."""
+        short = need > self.lens[: len(need)]  # [rows]
+        return int(np.argmax(short)) if short.any() else -1
+
     @cached_property
     def cols(self) -> np.ndarray:
         """[entries] int64: each entry's column in its row (:func:`ragged_positions`)."""

@@ -53,9 +53,8 @@ def lengthened(step: StepInputs, extra: int, block_size: int) -> StepInputs:
     real = step.num_real_rows
     ft = step_tables(step)
     last = np.fromiter(step.seq_lens[:real], dtype=np.int64, count=real) + extra  # [real]
-    short = -(-last // block_size) > ft.lens[:real]  # [real]
-    if short.any():
-        r = int(np.argmax(short))
+    r = ft.first_short(-(-last // block_size))  # blocks the last step needs, [real]
+    if r >= 0:
         raise IndexError(
             f"row {r} reaches {int(last[r])} tokens in this call, but its table has "
             f"{int(ft.lens[r])} blocks of {block_size} (lookahead not reserved)."
