@@ -60,6 +60,10 @@ class ModelConfig:
         model_loader_extra_config: options of the load format, a dict or its JSON text;
             "sim" reads ``step_ms``, ``per_row_us``, ``per_token_us``
             (vllm/model_executor/model_loader/sim_model.py).
+        use_async_output_proc: ``LLMEngine.step`` turns a step's tokens into text and
+            RequestOutputs while the device runs the next step (upstream V0's name; see
+            vllm/engine/step_report.py). Resolved by ``EngineArgs`` from
+            ``--disable-async-output-proc``.
 
     Raises:
         ValueError: missing path, unknown dtype or load format, an unsupported architecture
@@ -76,6 +80,7 @@ class ModelConfig:
     skip_tokenizer_init: bool = False
     device: str = "cpu"
     model_loader_extra_config: Any = None
+    use_async_output_proc: bool = False
     hf_config: Any = field(default=None, repr=False)
 
     def __post_init__(self) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -132,6 +133,8 @@ class Sequence:
         self.read_offset = 0
         self.prefix_offset = 0
         self.tokens: list[str] | None = None
+        # Tokens appended whose text is not decoded yet (output_processor.finish_text_of).
+        self.text_pending = False
 
     @property
     def prompt_token_ids(self) -> tuple[int, ...]:
@@ -320,6 +323,10 @@ class ExecuteModelRequest:
         num_steps: decode forward passes of this call under pipeline parallelism with
             multi-step decoding, decided by the engine so every stage runs the same
             number (1 otherwise; PP = 1 decides its own, vllm/worker/multi_step.py).
+        async_callback: the in-process worker calls it once the step's device work is
+            launched and before it waits for the results, so the engine finishes the
+            previous step's outputs meanwhile (``use_async_output_proc``); None otherwise.
+            Never sent to another process.
     """
 
     seq_group_metadata_list: list[SequenceGroupMetadata]
@@ -328,6 +335,7 @@ class ExecuteModelRequest:
     running_queue_size: int = 0
     finished_requests_ids: list[str] = field(default_factory=list)
     num_steps: int = 1
+    async_callback: Callable[[], None] | None = None
 
 
 @dataclass

@@ -65,11 +65,12 @@ def decode_request(num_rows, ve=0, ctx=5, block_size=16, first_block=0):
     return ExecuteModelRequest(groups, virtual_engine=ve)
 
 
-def multi_step_call(g, e, rows, ctx, params, steps):
+def multi_step_call(g, e, rows, ctx, params, steps, callback=None):
     """A prefill of ``rows`` sequences of ``ctx`` tokens on both workers, then one decode
     call of the multi-step worker ``g`` (``steps`` scheduler steps; lookahead blocks
-    reserved) against ``steps`` one-token steps of the eager worker ``e``. Returns (tokens
-    per row from the call, the same from ``e``, ``g``'s graph replay counts of the call)."""
+    reserved; ``callback`` as its ``async_callback``) against ``steps`` one-token steps of
+    the eager worker ``e``. Returns (tokens per row from the call, the same from ``e``,
+    ``g``'s graph replay counts of the call)."""
     req = decode_request(rows, ctx=ctx)
     for m in req.seq_group_metadata_list:
         for sid, d in m.seq_data.items():  # lookahead blocks for steps - 1 more tokens
@@ -84,7 +85,9 @@ def multi_step_call(g, e, rows, ctx, params, steps):
         for d in m.seq_data.values():
             d.append_token_id(o.samples[0].output_token, 0.0)
     before = g.model_runner.counters.snapshot()["graph"].get(0, {})
+    req.async_callback = callback
     multi = g.execute_model(req)
+    req.async_callback = None
     after = g.model_runner.counters.snapshot()["graph"][0]
     delta = {s: n - before.get(s, 0) for s, n in after.items() if n != before.get(s, 0)}
     got = [[s.output_token] + [t for t, _ in s.extra_tokens] for o in multi.outputs

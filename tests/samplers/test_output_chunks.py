@@ -115,3 +115,43 @@ def test_unpacked_rows_without_top_logprobs_equal_position():
     for row, (s, n) in enumerate(zip(samples, [0, 0, 2, 0])):
         got = [(s.output_token, s.logprobs), *s.extra_tokens]
         assert got == [_position(step[row], n, k) for step in steps]
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_deferred_text_equals_inline_text(seed, tiny_llama_dir):
+    """Async output processing's split (``append_samples(defer_text=True)``, then
+    ``finish_text_of``) gives the text, tokens and stop state that detokenizing inline
+    gives, after every step: one-token and multi-token steps, stops by EOS, stop ids and
+    length, with and without ``include_stop_str_in_output``, and tokens whose bytes form
+    a character only together (SmolLM2's byte-level vocabulary)."""
+    from transformers import AutoTokenizer
+
+    from vllm.engine.output_processor import finish_text_of
+
+    tok = AutoTokenizer.from_pretrained(tiny_llama_dir)
+    eos = tok.eos_token_id
+    rng = random.Random(seed)
+    # byte tokens of "é" and "😀" (2 and 4 bytes) among ordinary ones
+    pool = list(range(300, 3000, 97)) + tok.encode("é😀 a") + [eos]
+    deferred_seen = 0
+    for _ in range(60):
+        params = SamplingParams(
+            max_tokens=rng.randint(1, 20),
+            ignore_eos=rng.random() < 0.3,
+            stop_token_ids=rng.sample(pool, rng.randint(0, 2)),
+            include_stop_str_in_output=rng.random() < 0.5,
+        )
+        seqs = [Sequence(i, None, PROMPT, 16, eos_token_id=eos) for i in range(2)]
+        groups = [SequenceGroup(f"r{i}", [s], params, 0.0) for i, s in enumerate(seqs)]
+        for _ in range(rng.randint(1, 6)):
+            chunk = [(rng.choice(pool), {}) for _ in range(rng.choice([1, 1, 3, 8]))]
+            for group, defer in zip(groups, (False, True)):
+                seq = group.seqs[0]
+                out = SequenceOutput(seq.seq_id, chunk[0][0], chunk[0][1], chunk[1:] or None)
+                outs = CompletionSequenceGroupOutput([out])
+                if append_samples(group, outs, tok, 4096, defer_text=defer):
+                    deferred_seen += 1
+                    finish_text_of(group, tok)
+            a, b = seqs
+            assert (a.output_text, _state(a)) == (b.output_text, _state(b)), params
+    assert deferred_seen > 100

@@ -177,9 +177,15 @@ def test_multi_step_replays_fake_graphs(tiny_llama_dir, backend, loop_graphs, mo
     for rows, ctx in ((1, 3), (3, 14), (5, 33)):
         replays_before = {s: lg.graph.replays for s, lg in loops.items()}
         plans = fi.decode_runs if fi is not None else 0
-        got, want, delta = multi_step_call(g, e, rows, ctx, greedy, 4)
         size = g.model_runner.capture_sizes.padded_size(rows)
+        seen = []  # graph replays when the engine's callback ran: after the launch
+
+        def callback(seen=seen, size=size):
+            seen.append(g.model_runner.counters.snapshot()["graph"][0].get(size, 0))
+
+        got, want, delta = multi_step_call(g, e, rows, ctx, greedy, 4, callback)
         assert delta == {size: 4}, delta
+        assert seen == [g.model_runner.counters.snapshot()["graph"][0][size]]
         if loops:
             assert loops[size].graph.replays - replays_before[size] == 4
         if fi is not None:  # one plan per call in a loop graph, else one per step

@@ -214,6 +214,12 @@ class EngineArgs:
         "Most decode rows on FLASHINFER's Triton small-decode path; 0 = off, max 64.",
         group="compilation",
     )
+    disable_async_output_proc: bool = _f(
+        False,
+        "Detokenize each step's outputs before the next step starts, not while the device "
+        "runs it (overlapped by default on one CUDA device without speculative decoding).",
+        group="scheduler",
+    )
     disable_log_stats: bool = _f(False, "Do not log engine statistics.")
 
     @classmethod
@@ -316,6 +322,12 @@ class EngineArgs:
                 f"(speculative_model={speculative_config.speculative_model!r}): the proposer "
                 "and scorer run decode-only steps; use one or the other."
             )
+        model_config.use_async_output_proc = _async_output_proc(
+            self.disable_async_output_proc,
+            device_config.device,
+            parallel_config,
+            speculative_config,
+        )
         if self.num_scheduler_steps > 1:
             _check_multi_step(self.num_scheduler_steps, speculative_config, parallel_config)
         scheduler_config = SchedulerConfig(
@@ -341,6 +353,20 @@ class EngineArgs:
             compilation_config=compilation_config,
             decoding_config=DecodingConfig(self.guided_decoding_backend),
         )
+
+
+def _async_output_proc(disabled: bool, device: str, parallel: ParallelConfig, spec) -> bool:
+    """Whether ``LLMEngine.step`` overlaps output processing with the next step: unless
+    disabled, on CUDA (on the CPU the model runs in the calling thread, so there is nothing
+    to overlap with) with the in-process executor (one device) and without speculative
+    decoding (whose worker reads the device several times per step); upstream V0 has the
+    same limits."""
+    return (
+        not disabled
+        and device == "cuda"
+        and parallel.distributed_executor_backend == "uni"
+        and spec is None
+    )
 
 
 def _check_multi_step(steps: int, spec, parallel: ParallelConfig) -> None:

@@ -21,6 +21,7 @@ from vllm.config import EngineConfig
 from vllm.core.scheduler import Scheduler, SchedulerOutputs
 from vllm.engine import output_processor
 from vllm.engine.arg_utils import EngineArgs
+from vllm.engine.step_report import StepReport
 from vllm.model_executor.guided_decoding.manager import GuidedDecodingManager
 from vllm.outputs import RequestOutput
 from vllm.sampling_params import SamplingParams
@@ -107,6 +108,9 @@ class LLMEngine:
             and config.scheduler_config.num_scheduler_steps > 1
         )
         self._in_flight: deque = deque()
+        # Async output processing: per VE, the report of its last step, finished during
+        # its next step (vllm/engine/step_report.py).
+        self._reports: dict[int, StepReport] = {}
         self.max_steps_in_flight = 0  # the most steps ever in flight at once
         # request id -> the exception that failed it while its output was processed; the
         # request is finished as aborted and its blocks are freed (see process_outputs).
@@ -361,7 +365,11 @@ class LLMEngine:
         return True
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self._grammar_wait) or any(s.has_unfinished_seqs() for s in self.schedulers)
+        """True while a request is held, queued or running, or a step's outputs are still
+        to be returned (async output processing)."""
+        if self._grammar_wait or self._reports:
+            return True
+        return any(s.has_unfinished_seqs() for s in self.schedulers)
 
     def get_num_unfinished_requests(self) -> int:
         held = len(self._grammar_wait)
@@ -377,9 +385,11 @@ class LLMEngine:
         Requests held back for their grammar join first (waiting for one compilation
         only when nothing else can run).
 
-        Returns RequestOutputs of the groups scheduled (and ignored) in this step.
+        Returns RequestOutputs of the groups scheduled (and ignored) in this step, or with
+        async output processing (``use_async_output_proc``) in the VE's previous step.
         """
-        idle = not any(s.has_unfinished_seqs() for s in self.schedulers) and not self._in_flight
+        busy = self._in_flight or self._reports
+        idle = not busy and not any(s.has_unfinished_seqs() for s in self.schedulers)
         failed = self.admit_compiled(block=idle)
         if self._pp_multi_step:
             return failed + self._step_round()
@@ -388,7 +398,7 @@ class LLMEngine:
         for _ in range(len(self.schedulers)):
             ve = self._next_ve
             self._next_ve = (self._next_ve + 1) % len(self.schedulers)
-            if self.schedulers[ve].has_unfinished_seqs():
+            if self.schedulers[ve].has_unfinished_seqs() or ve in self._reports:
                 return failed + self.step_virtual_engine(ve)
         return failed
 
@@ -477,10 +487,28 @@ class LLMEngine:
         return req, sched_out
 
     def step_virtual_engine(self, ve: int) -> list[RequestOutput]:
-        """Schedule, execute and process one step of virtual engine ``ve``."""
+        """Schedule, execute and process one step of virtual engine ``ve``.
+
+        With async output processing the previous step's report of ``ve`` is finished while
+        this step runs on the device, and its outputs are returned; this step's report
+        waits for the next call (vllm/engine/step_report.py).
+        """
         req, sched_out = self.schedule_step(ve)
-        output = self.executor.execute_model(req) if req.seq_group_metadata_list else None
-        return self.process_outputs(ve, sched_out, output)
+        prev = self._reports.pop(ve, None)
+        if not req.seq_group_metadata_list:
+            done = prev.finish() if prev is not None else []
+            return done + self.process_outputs(ve, sched_out, None)
+        if prev is not None:
+            req.async_callback = prev.finish
+        try:
+            output = self.executor.execute_model(req)
+        finally:
+            done = prev.finish() if prev is not None else []  # the worker may not have
+        report = self.apply_outputs(ve, sched_out, output)
+        if self.model_config.use_async_output_proc:
+            self._reports[ve] = report
+            return done
+        return done + report.finish()
 
     def process_outputs(
         self, ve: int, sched_out: SchedulerOutputs, output: SamplerOutput | None
@@ -490,23 +518,31 @@ class LLMEngine:
         Returns a RequestOutput per scheduled or ignored group, or only for the finished
         ones when :attr:`stream_outputs` is False.
         """
+        return self.apply_outputs(ve, sched_out, output).finish()
+
+    def apply_outputs(
+        self, ve: int, sched_out: SchedulerOutputs, output: SamplerOutput | None
+    ) -> StepReport:
+        """The first half of :meth:`process_outputs`: append the sampled tokens, apply the
+        stop conditions, free finished groups (in the scheduler and the workers). Texts and
+        RequestOutputs are left to the returned report's ``finish()``
+        (vllm/engine/step_report.py)."""
         now = time.time()
-        results: list[RequestOutput] = []
+        pending: list[SequenceGroup] = []
         if output is not None:
             process = self._process_group_output
             for group, group_out in zip(sched_out.scheduled_seq_groups, output.outputs):
                 try:
-                    process(group, group_out)
+                    if process(group, group_out):
+                        pending.append(group)
                 except Exception as e:  # fail this request only; the step goes on
-                    logger.exception("Request %s failed in output processing.", group.request_id)
-                    self.failed_requests[group.request_id] = e
-                    for seq in group.get_unfinished_seqs():
-                        seq.status = SequenceStatus.FINISHED_ABORTED
+                    self._fail_group(group, e)
                 if group_out.samples:  # a prefill chunk that is not the last samples nothing
                     m = group.metrics
                     m.first_token_time = m.first_token_time or now
                     m.last_token_time = now
         freed: list[int] = []
+        reported: list[SequenceGroup] = []
         stream = self.stream_outputs
         for group in itertools.chain(sched_out.ignored_seq_groups, sched_out.scheduled_seq_groups):
             if group.is_finished():
@@ -515,15 +551,24 @@ class LLMEngine:
                 freed.extend(s.seq_id for s in group.seqs)
             elif not stream or group.is_partial_prefill:  # a partial prefill has no news
                 continue
-            results.append(self.make_request_output(group))
+            reported.append(group)
         if freed:  # one call (one message for multi-process executors) per step
             self.executor.free_sequences(freed)
             self.guided.free(freed)
         self.schedulers[ve].free_finished_seq_groups()
-        return results
+        return StepReport(reported, pending, self.tokenizer, stream, self._fail_group)
 
-    def _process_group_output(self, group: SequenceGroup, group_out) -> None:
-        """Append one step's samples of ``group`` (output_processor.append_samples)."""
+    def _fail_group(self, group: SequenceGroup, err: Exception) -> None:
+        """A request whose output processing raised: finished as aborted (its blocks are
+        freed when a step next reports it), the error kept in :attr:`failed_requests`."""
+        logger.error("Request %s failed in output processing.", group.request_id, exc_info=err)
+        self.failed_requests[group.request_id] = err
+        for seq in group.get_unfinished_seqs():
+            seq.status = SequenceStatus.FINISHED_ABORTED
+
+    def _process_group_output(self, group: SequenceGroup, group_out) -> bool:
+        """Append one step's samples of ``group`` (output_processor.append_samples); True
+        when its text is left to the step's report."""
         lps = group_out.prompt_logprobs
         if lps is not None:
             # A prefill from position 0 (entry None) sets them, a later chunk's extend them;
@@ -534,11 +579,12 @@ class LLMEngine:
                 group.prompt_logprobs.extend(lps)
         guided = group.sampling_params.guided_decoding is not None
         old_lens = {s.seq_id: s.get_output_len() for s in group.seqs} if guided else None
-        output_processor.append_samples(
-            group, group_out, self.tokenizer, self.scheduler_config.max_model_len
+        deferred = output_processor.append_samples(
+            group, group_out, self.tokenizer, self.scheduler_config.max_model_len, defer_text=True
         )
         if guided:
             self.guided.accept(group, old_lens)
+        return deferred
 
     @staticmethod
     def make_request_output(group: SequenceGroup) -> RequestOutput:

@@ -12,7 +12,7 @@ same result with less per-token host work at large batches.
 
 from __future__ import annotations
 
-from vllm.engine.detokenizer import decode_sequence_step
+from vllm.engine.detokenizer import decode_sequence_step, finish_text
 from vllm.engine.stop_checker import check_stop, tokens_until_stop
 from vllm.outputs import CompletionOutput, RequestOutput
 from vllm.sequence import CompletionSequenceGroupOutput, SequenceGroup, SequenceStatus
@@ -23,7 +23,8 @@ def append_samples(
     group_out: CompletionSequenceGroupOutput,
     tokenizer,
     max_model_len: int,
-) -> None:
+    defer_text: bool = False,
+) -> bool:
     """Append one step's samples of ``group`` (detokenize, check stops after each token).
 
     Args:
@@ -32,16 +33,26 @@ def append_samples(
         tokenizer: the engine's tokenizer, or None (skip_tokenizer_init); used only when
             the request's ``detokenize`` is set.
         max_model_len: the context limit in tokens (prompt + output).
+        defer_text: leave the text of a request without stop strings to
+            :func:`finish_text_of` (async output processing): its stop conditions read
+            only token ids and lengths, so whether and where it stops is decided here all
+            the same. A request with stop strings is detokenized here regardless.
+    Returns:
+        True when the group's text was deferred (call :func:`finish_text_of` next).
     """
     params = group.sampling_params
     seqs = group.seqs
     tok = tokenizer if params.detokenize else None
+    deferred = defer_text and tok is not None and not params.stop
+    if deferred:
+        tok = None  # check_stop without a tokenizer decides the same, without any text
     for sample in group_out.samples:
         seq = seqs[0]
         if seq.seq_id != sample.parent_seq_id:  # n > 1
             seq = next(s for s in seqs if s.seq_id == sample.parent_seq_id)
         if seq.is_finished():
             continue
+        seq.text_pending = deferred
         extra = sample.extra_tokens
         # A multi-token chunk without stop strings is detokenized once, after its last
         # token: the token-based checks (EOS, stop_token_ids, min_tokens, lengths) do not
@@ -65,6 +76,27 @@ def append_samples(
             seq.append_token_id(token, logprobs)
             new_chars = decode_sequence_step(tok, seq, params) if detok_each else 0
             check_stop(seq, new_chars, params, max_model_len, tok)
+    return deferred
+
+
+def finish_text_of(group: SequenceGroup, tokenizer) -> None:
+    """Decode the text :func:`append_samples` deferred, for every sequence of ``group``
+    that has some: the text it would have made, since without stop strings
+    :func:`~vllm.engine.stop_checker.check_stop` only adds a finished sequence's one-shot
+    decode (less a stopping EOS or stop token unless ``include_stop_str_in_output``) and a
+    running sequence gets its incremental decode."""
+    params = group.sampling_params
+    for seq in group.seqs:
+        if not seq.text_pending:
+            continue
+        seq.text_pending = False
+        status = seq.status
+        if status == SequenceStatus.FINISHED_STOPPED:
+            finish_text(tokenizer, seq, params, drop_last=not params.include_stop_str_in_output)
+        elif status == SequenceStatus.FINISHED_LENGTH_CAPPED:
+            finish_text(tokenizer, seq, params, drop_last=False)
+        else:  # running, or aborted since: the text so far
+            decode_sequence_step(tokenizer, seq, params)
 
 
 def make_request_output(group: SequenceGroup) -> RequestOutput:

@@ -41,6 +41,7 @@ the graph advances itself on the device (vllm/cudagraph/decode_loop.py).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -169,6 +170,7 @@ def execute_multi_step(
     scratch_slot: int,
     kv_caches: list[torch.Tensor],
     max_steps: int,
+    before_read: Callable[[], None] | None = None,
 ) -> SamplerOutput:
     """Run up to ``max_steps`` decode steps of one scheduled decode batch (PP = 1).
 
@@ -177,6 +179,8 @@ def execute_multi_step(
         metadata_list: the scheduled decode groups (lookahead slots already reserved).
         virtual_engine, scratch_slot, kv_caches: as for a one-token step.
         max_steps: num_scheduler_steps.
+        before_read: called once every pass is queued on the device, before the call's
+            one device-to-host read (``ExecuteModelRequest.async_callback``).
     Returns:
         A SamplerOutput whose samples carry the first token and, in ``extra_tokens``, the
         tokens of the later steps.
@@ -187,6 +191,8 @@ def execute_multi_step(
     # the whole call in one decode-loop graph when one serves it (vllm/cudagraph/decode_loop.py)
     ring = runner.graph_runner.run_loop(batch, n)
     if ring is not None:
+        if before_read is not None:
+            before_read()
         return sampler_output(sm, ring.cpu().numpy(), 0, {}, ring[-1, :, 0].long())
     pen = None
     if sm.penalties is not None and n > 1:
@@ -217,5 +223,8 @@ def execute_multi_step(
             next_ids[: batch.num_real_rows].copy_(ids)
             if pen is not None:
                 pen.after_step(i, ids)
-    host = torch.stack(packed_steps).cpu().numpy()  # [n, rows, 3 + 2k]: the one read
+    stacked = torch.stack(packed_steps)  # [n, rows, 3 + 2k]
+    if before_read is not None:
+        before_read()
+    host = stacked.cpu().numpy()  # the call's one device-to-host read
     return sampler_output(sm, host, k, {}, ids)

@@ -211,6 +211,7 @@ class Worker:
                     ce.scratch_slot,
                     ce.kv_caches,
                     steps,
+                    request.async_callback,
                 )
         runner = self.model_runner
         with self.times.phase("prepare"):
@@ -227,7 +228,8 @@ class Worker:
             hidden = runner.forward_hidden(batch, ce.kv_caches)
         self.times.passes += 1
         with self.times.phase("sample"):
-            return runner.sampler(runner.compute_logits(batch, hidden), batch.sampling_metadata)
+            logits = runner.compute_logits(batch, hidden)
+            return runner.sampler(logits, batch.sampling_metadata, request.async_callback)
 
     def _execute_pipeline_stage(self, batch, kv_caches) -> SamplerOutput | None:
         """One step of a stage of a pipeline with tensor parallelism (``tp_size > 1``;

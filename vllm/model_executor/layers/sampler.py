@@ -16,6 +16,8 @@ logprobs when asked).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
@@ -185,12 +187,19 @@ def sampling_probs(x: torch.Tensor, sm: SamplingMetadata) -> torch.Tensor | None
 class Sampler(torch.nn.Module):
     """Turns the selected rows' logits into a :class:`SamplerOutput`."""
 
-    def forward(self, logits: torch.Tensor, sm: SamplingMetadata) -> SamplerOutput:
+    def forward(
+        self,
+        logits: torch.Tensor,
+        sm: SamplingMetadata,
+        before_read: Callable[[], None] | None = None,
+    ) -> SamplerOutput:
         """Sample one token per scheduled sequence.
 
         Args:
             logits: [num_rows, vocab] float32, rows laid out by ``sm`` (sample rows and
                 prompt-logprob rows).
+            before_read: called once the sampling is queued on the device and before the
+                host waits for it (``ExecuteModelRequest.async_callback``).
         Returns:
             SamplerOutput with one CompletionSequenceGroupOutput per group; each sample
             carries the chosen token's logprob and rank (1 = most likely) plus the top
@@ -198,6 +207,8 @@ class Sampler(torch.nn.Module):
             int64 device tensor.
         """
         ids, packed, k = self.sample_on_device(logits, sm)
+        if before_read is not None:
+            before_read()
         host = packed.cpu().numpy()  # the step's one device-to-host transfer
         return sampler_output(sm, host[None], k, prompt_logprobs(logits, sm), ids)
 

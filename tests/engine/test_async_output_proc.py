@@ -1,0 +1,209 @@
+"""Async output processing (``use_async_output_proc``): LLMEngine.step applies a step's
+tokens before the next schedule but makes their texts and RequestOutputs while the next
+step runs, inside the worker's call. Guarded: outputs that differ from synchronous
+stepping (texts, token ids, logprobs, finish and stop reasons, with and without
+streaming, one-token and multi-step), a report the worker never runs before its read, a
+report lost at the end of a run, and the mode being on where it cannot overlap anything.
+"""
+
+import pytest
+
+from vllm.config import ParallelConfig
+from vllm.engine.arg_utils import EngineArgs, _async_output_proc
+
+PROMPTS = [
+    "The capital of France is",
+    "Once upon a time",
+    "1, 2, 3,",
+    "def main():",
+    "Hello, my name is",
+]
+
+
+def test_async_output_proc_resolution():
+    uni, mp = ParallelConfig(), ParallelConfig(pipeline_parallel_size=2)
+    assert _async_output_proc(False, "cuda", uni, None)
+    assert not _async_output_proc(True, "cuda", uni, None)  # --disable-async-output-proc
+    assert not _async_output_proc(False, "cpu", uni, None)  # nothing to overlap on the CPU
+    assert not _async_output_proc(False, "cuda", mp, None)  # the mp executor pipelines
+    assert not _async_output_proc(False, "cuda", uni, object())  # speculative decoding
+    parser = EngineArgs.add_cli_args(__import__("argparse").ArgumentParser())
+    assert parser.parse_args(["--disable-async-output-proc"]).disable_async_output_proc
+
+
+def _params(tokenizer):
+    """Per prompt: greedy runs that end by length, by a stop token, by a stop string
+    (detokenized before the next schedule), with logprobs, and a seeded n=2 sample."""
+    from vllm import SamplingParams
+
+    return [
+        SamplingParams(temperature=0, max_tokens=9, ignore_eos=True, logprobs=2),
+        SamplingParams(temperature=0, max_tokens=14, ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, stop=["e"]),
+        SamplingParams(temperature=0, max_tokens=11, ignore_eos=True, stop_token_ids=[]),
+        SamplingParams(temperature=1.0, seed=7, n=2, max_tokens=7, ignore_eos=True),
+    ]
+
+
+def _run(model, async_proc, steps, stream, stop_token=None):
+    """Every step's outputs of one engine over PROMPTS, as comparable tuples."""
+    from vllm.engine.llm_engine import LLMEngine, get_executor_class
+
+    config = EngineArgs(
+        model=model, device="cpu", num_scheduler_steps=steps, max_model_len=256
+    ).create_engine_config()
+    assert not config.model_config.use_async_output_proc  # the CPU default
+    config.model_config.use_async_output_proc = async_proc  # the CUDA default, forced
+    engine = LLMEngine(config, get_executor_class(config), log_stats=False)
+    engine.stream_outputs = stream
+    params = _params(engine.tokenizer)
+    if stop_token is not None:
+        params[3].stop_token_ids = [stop_token]
+    for i, (p, sp) in enumerate(zip(PROMPTS, params)):
+        engine.add_request(f"r{i}", p, sp)
+    inside = {"call": False, "finished_inside": 0, "finished": 0}
+    execute = engine.executor.execute_model
+
+    def traced_execute(req):
+        inside["call"] = True
+        try:
+            return execute(req)
+        finally:
+            inside["call"] = False
+
+    engine.executor.execute_model = traced_execute
+    from vllm.engine import step_report
+
+    finish = step_report.StepReport.finish
+
+    def traced_finish(self):
+        if self._outputs is None:
+            inside["finished"] += 1
+            inside["finished_inside"] += inside["call"]
+        return finish(self)
+
+    step_report.StepReport.finish = traced_finish
+    try:
+        steps_out = []
+        while engine.has_unfinished_requests():
+            steps_out.append([_key(o) for o in engine.step()])
+    finally:
+        step_report.StepReport.finish = finish
+    engine.shutdown()
+    return steps_out, inside
+
+
+def _key(out):
+    return (
+        out.request_id,
+        out.finished,
+        tuple(
+            (
+                tuple(c.token_ids),
+                c.text,
+                c.finish_reason,
+                c.stop_reason,
+                c.cumulative_logprob,
+                None if c.logprobs is None else tuple(tuple(sorted(d)) for d in c.logprobs),
+            )
+            for c in out.outputs
+        ),
+    )
+
+
+@pytest.mark.forked
+@pytest.mark.parametrize("steps", [1, 4])
+def test_async_outputs_equal_sync_one_step_later(tiny_llama_dir, steps):
+    sync, _ = _run(tiny_llama_dir, False, steps, stream=True)
+    # a stop token that the greedy run of prompt 3 emits at its 4th token
+    ids = next(k for s in sync for k in s if k[0] == "r3" and k[1])[2][0][0]
+    assert len(set(ids)) >= 4, ids  # a random tiny model that repeats itself proves nothing
+    stop = ids[3]
+    sync, sync_trace = _run(tiny_llama_dir, False, steps, stream=True, stop_token=stop)
+    asyn, async_trace = _run(tiny_llama_dir, True, steps, stream=True, stop_token=stop)
+    # Every step's outputs, one step later: the first step() returns none.
+    assert asyn[0] == []
+    assert asyn[1:] == sync[: len(asyn) - 1]
+    assert len(asyn) == len(sync) + 1 and sync[-1] == asyn[-1]
+    final = {k[0]: k for s in sync for k in s if k[1]}
+    assert final["r3"][2][0][2] == "stop" and final["r3"][2][0][3] == stop
+    assert final["r3"][2][0][0][-1] == stop and len(final["r3"][2][0][0]) <= 4
+    assert final["r2"][2][0][2:4] == ("stop", "e")  # cut by its stop string
+    assert final["r0"][2][0][5] is not None  # logprobs
+    assert len(final["r4"][2]) == 2  # n=2
+    # Texts are the one-shot decodes (the stop token's text left out), as synchronous
+    # stepping with the text made token by token gave them.
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_llama_dir)
+    for rid, (_, _, outs) in final.items():
+        for ids, text, reason, _, _, _ in outs:
+            if rid != "r2":
+                kept = ids[:-1] if reason == "stop" else ids
+                assert text == tok.decode(kept, skip_special_tokens=True), (rid, text)
+    # Synchronous steps finish each report at once, outside the worker. With async
+    # processing the worker runs each report between its launch and its read, except two:
+    # the last step's, finished by the closing step() that schedules nothing, and that
+    # step's own (empty) report.
+    assert sync_trace["finished_inside"] == 0
+    assert async_trace["finished_inside"] == async_trace["finished"] - 2 >= 3
+
+
+@pytest.mark.forked
+@pytest.mark.parametrize("steps", [1, 4])
+def test_async_outputs_without_streaming(tiny_llama_dir, steps):
+    """The offline loop's mode: only finished outputs, texts made once at the end; the
+    same outputs as streaming synchronous steps."""
+    stream, _ = _run(tiny_llama_dir, False, steps, stream=True)
+    quiet_sync, _ = _run(tiny_llama_dir, False, steps, stream=False)
+    quiet_async, _ = _run(tiny_llama_dir, True, steps, stream=False)
+    final = sorted(k for s in stream for k in s if k[1])
+    assert sorted(k for s in quiet_sync for k in s) == final
+    assert sorted(k for s in quiet_async for k in s) == final
+    assert all(k[2][0][1] for k in final)  # texts were made
+
+
+@pytest.mark.gpu
+@pytest.mark.forked
+@pytest.mark.parametrize("steps", [1, 8])
+def test_async_output_proc_on_cuda_equals_disabled(tiny_llama_hd64_dir, steps):
+    """On CUDA the mode is on by default, the worker runs each report between launch and
+    read (one-token steps, and decode-loop graph calls with ``steps`` = 8), and the
+    outputs equal ``--disable-async-output-proc``'s exactly (same kernels, same batches)."""
+    from vllm import LLM, SamplingParams
+    from vllm.engine import step_report
+
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    prompts = PROMPTS * 4
+    outs = {}
+    for disabled in (False, True):
+        llm = LLM(model=tiny_llama_hd64_dir, dtype="float16", num_scheduler_steps=steps,
+                  disable_async_output_proc=disabled)  # fmt: skip
+        engine = llm.llm_engine
+        assert engine.model_config.use_async_output_proc is not disabled
+        count = {"inside": 0, "call": False}
+        execute, finish = engine.executor.execute_model, step_report.StepReport.finish
+
+        def traced_execute(req, count=count, execute=execute):
+            count["call"] = True
+            try:
+                return execute(req)
+            finally:
+                count["call"] = False
+
+        def traced_finish(self, count=count, finish=finish):
+            count["inside"] += self._outputs is None and count["call"]
+            return finish(self)
+
+        engine.executor.execute_model = traced_execute
+        step_report.StepReport.finish = traced_finish
+        try:
+            got = llm.generate(prompts, params, use_tqdm=False)
+        finally:
+            step_report.StepReport.finish = finish
+        outs[disabled] = [(o.outputs[0].token_ids, o.outputs[0].text) for o in got]
+        assert (count["inside"] >= 24 // steps) if not disabled else count["inside"] == 0
+        engine.shutdown()
+        del llm
+    assert outs[False] == outs[True]
+    assert all(len(set(ids)) >= 4 for ids, _ in outs[False])
