@@ -6,7 +6,10 @@ streaming, one-token and multi-step), a report the worker never runs before its 
 report lost at the end of a run, and the mode being on where it cannot overlap anything.
 """
 
+import contextlib
+
 import pytest
+import torch
 
 from vllm.config import ParallelConfig
 from vllm.engine.arg_utils import EngineArgs, _async_output_proc
@@ -45,8 +48,7 @@ def _params(tokenizer):
     ]
 
 
-def _run(model, async_proc, steps, stream, stop_token=None):
-    """Every step's outputs of one engine over PROMPTS, as comparable tuples."""
+def _engine(model, async_proc, steps=1, stream=True):
     from vllm.engine.llm_engine import LLMEngine, get_executor_class
 
     config = EngineArgs(
@@ -56,41 +58,67 @@ def _run(model, async_proc, steps, stream, stop_token=None):
     config.model_config.use_async_output_proc = async_proc  # the CUDA default, forced
     engine = LLMEngine(config, get_executor_class(config), log_stats=False)
     engine.stream_outputs = stream
+    return engine
+
+
+@contextlib.contextmanager
+def _traced(engine):
+    """Count the reports finished inside the executor's call, and those finished after
+    the call had read its sampled rows (float64 ``.cpu()``, the one read of a step)."""
+    from vllm.engine import step_report
+
+    t = {"call": False, "reads": 0, "all_reads": 0, "finished": 0, "inside": 0, "late": 0}
+    execute, finish, cpu = (
+        engine.executor.execute_model,
+        step_report.StepReport.finish,
+        torch.Tensor.cpu,
+    )
+
+    def traced_execute(req):
+        t["call"], t["reads"] = True, 0
+        try:
+            return execute(req)
+        finally:
+            t["call"] = False
+
+    def traced_cpu(self, *a, **k):
+        if t["call"] and self.dtype == torch.float64:
+            t["reads"] += 1
+            t["all_reads"] += 1
+        return cpu(self, *a, **k)
+
+    def traced_finish(self):
+        if self._outputs is None:
+            t["finished"] += 1
+            t["inside"] += t["call"]
+            t["late"] += t["call"] and t["reads"] > 0
+        return finish(self)
+
+    engine.executor.execute_model = traced_execute
+    step_report.StepReport.finish = traced_finish
+    torch.Tensor.cpu = traced_cpu
+    try:
+        yield t
+    finally:
+        step_report.StepReport.finish = finish
+        torch.Tensor.cpu = cpu
+        engine.executor.execute_model = execute
+
+
+def _run(model, async_proc, steps, stream, stop_token=None):
+    """Every step's outputs of one engine over PROMPTS, as comparable tuples."""
+    engine = _engine(model, async_proc, steps, stream)
     params = _params(engine.tokenizer)
     if stop_token is not None:
         params[3].stop_token_ids = [stop_token]
     for i, (p, sp) in enumerate(zip(PROMPTS, params)):
         engine.add_request(f"r{i}", p, sp)
-    inside = {"call": False, "finished_inside": 0, "finished": 0}
-    execute = engine.executor.execute_model
-
-    def traced_execute(req):
-        inside["call"] = True
-        try:
-            return execute(req)
-        finally:
-            inside["call"] = False
-
-    engine.executor.execute_model = traced_execute
-    from vllm.engine import step_report
-
-    finish = step_report.StepReport.finish
-
-    def traced_finish(self):
-        if self._outputs is None:
-            inside["finished"] += 1
-            inside["finished_inside"] += inside["call"]
-        return finish(self)
-
-    step_report.StepReport.finish = traced_finish
-    try:
+    with _traced(engine) as trace:
         steps_out = []
         while engine.has_unfinished_requests():
             steps_out.append([_key(o) for o in engine.step()])
-    finally:
-        step_report.StepReport.finish = finish
     engine.shutdown()
-    return steps_out, inside
+    return steps_out, trace
 
 
 def _key(out):
@@ -145,8 +173,10 @@ def test_async_outputs_equal_sync_one_step_later(tiny_llama_dir, steps):
     # processing the worker runs each report between its launch and its read, except two:
     # the last step's, finished by the closing step() that schedules nothing, and that
     # step's own (empty) report.
-    assert sync_trace["finished_inside"] == 0
-    assert async_trace["finished_inside"] == async_trace["finished"] - 2 >= 3
+    assert sync_trace["inside"] == 0
+    assert async_trace["inside"] == async_trace["finished"] - 2 >= 3
+    # ... before the call's read of its sampled rows (which the trace does see)
+    assert async_trace["late"] == 0 and async_trace["all_reads"] > 0
 
 
 @pytest.mark.forked
@@ -161,6 +191,100 @@ def test_async_outputs_without_streaming(tiny_llama_dir, steps):
     assert sorted(k for s in quiet_sync for k in s) == final
     assert sorted(k for s in quiet_async for k in s) == final
     assert all(k[2][0][1] for k in final)  # texts were made
+
+
+def _greedy(max_tokens):
+    from vllm import SamplingParams
+
+    return SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+
+
+def _drain(engine, limit=100):
+    finished = []
+    for _ in range(limit):
+        if not engine.has_unfinished_requests():
+            break
+        finished += [(o.request_id, o.outputs[0].finish_reason, len(o.outputs[0].token_ids))
+                     for o in engine.step() if o.finished]  # fmt: skip
+    return finished
+
+
+@pytest.mark.forked
+@pytest.mark.parametrize("async_proc", [False, True])
+def test_text_error_fails_one_request_and_frees_it(tiny_llama_dir, async_proc, monkeypatch):
+    """A detokenization that raises in the second half (the report, inside the worker's
+    call with async processing) fails that request alone: reported finished as aborted
+    exactly once, its error kept, freed in the engine and the worker (regression: it was
+    left in the engine's requests and never freed, or reported twice)."""
+    from vllm.engine import output_processor
+
+    decode = output_processor.decode_sequence_step
+
+    def failing(tok, seq, params):
+        if seq.seq_id == 0 and seq.get_output_len() >= 3:
+            raise RuntimeError("decode failed")
+        return decode(tok, seq, params)
+
+    monkeypatch.setattr(output_processor, "decode_sequence_step", failing)
+    engine = _engine(tiny_llama_dir, async_proc)
+    freed = []
+    free = engine.executor.free_sequences
+    engine.executor.free_sequences = lambda ids: (freed.extend(ids), free(ids))[1]
+    engine.add_request("r0", PROMPTS[0], _greedy(8))
+    engine.add_request("r1", PROMPTS[1], _greedy(8))
+    finished = _drain(engine)
+    assert sorted(finished) == [("r0", "abort", 3), ("r1", "length", 8)]
+    assert str(engine.failed_requests["r0"]) == "decode failed"
+    assert engine._requests == {} and sorted(freed) == [0, 1]
+    assert not engine.executor.worker.model_runner.generators
+    engine.add_request("r0", PROMPTS[0], _greedy(2))  # the id is free again
+    assert _drain(engine) == [("r0", "length", 2)]
+
+
+@pytest.mark.forked
+def test_abort_between_steps_leaves_no_output(tiny_llama_dir):
+    """A request aborted while its last step's report waits gets no output from it
+    (synchronous stepping never returns one after an abort)."""
+    engine = _engine(tiny_llama_dir, True)
+    engine.add_request("r0", PROMPTS[0], _greedy(8))
+    engine.add_request("r1", PROMPTS[1], _greedy(8))
+    engine.step()
+    engine.step()
+    assert engine._reports
+    engine.abort_request("r0")
+    seen = []
+    while engine.has_unfinished_requests():
+        seen += [o.request_id for o in engine.step()]
+    assert "r0" not in seen and "r1" in seen
+
+
+@pytest.mark.forked
+def test_step_error_keeps_the_previous_steps_outputs(tiny_llama_dir):
+    """When a step's execution raises, the outputs of the step before it (already
+    processed) are returned by a later step() instead of being lost."""
+    sync = _engine(tiny_llama_dir, False)
+    sync.add_request("r0", PROMPTS[0], _greedy(2))
+    sync.add_request("r1", PROMPTS[1], _greedy(6))
+    want = sorted(_drain(sync))
+    sync.shutdown()
+    engine = _engine(tiny_llama_dir, True)
+    engine.add_request("r0", PROMPTS[0], _greedy(2))
+    engine.add_request("r1", PROMPTS[1], _greedy(6))
+    execute = engine.executor.execute_model
+    calls = {"n": 0}
+
+    def flaky(req):
+        calls["n"] += 1
+        if calls["n"] == 3:  # r0 finished in step 2, whose report waits
+            raise RuntimeError("device error")
+        return execute(req)
+
+    engine.executor.execute_model = flaky
+    finished = _drain(engine, limit=2)
+    with pytest.raises(RuntimeError, match="device error"):
+        engine.step()
+    finished += _drain(engine)
+    assert sorted(finished) == want and ("r0", "length", 2) in want
 
 
 @pytest.mark.gpu

@@ -4,6 +4,7 @@ mid-call keeps its row until the call ends, so batch shapes differ), stops honou
 by token, the step cap, fake-graph replays through the multi-step loop, and validation."""
 
 import pytest
+import torch
 
 from tests.cudagraph.test_graph_capture import make_worker, multi_step_call
 from tests.utils import check_outputs_equal, completion_tuple
@@ -150,6 +151,39 @@ def test_decode_steps_caps():
     assert decode_steps(_md([10], None), 8, 12) == 2
 
 
+class _ReadWatch:
+    """When the engine's ``async_callback`` runs inside a call of worker ``g``: the decode
+    steps of graph size ``size`` replayed so far in the call, and the float64 tensors read
+    to the host so far in it (the packed sampled rows; there must be none yet)."""
+
+    def __init__(self, g, size, monkeypatch):
+        self.g, self.size, self.mp = g, size, monkeypatch
+        self.before = self._replayed()
+        self.reads, self.entered, self.seen = 0, 0, []
+        self.cpu, self.execute = torch.Tensor.cpu, g.execute_model
+
+        def cpu(t, *args, **kw):  # a plain function: Tensor binds it to the tensor
+            self.reads += t.dtype == torch.float64
+            return self.cpu(t, *args, **kw)
+
+        monkeypatch.setattr(torch.Tensor, "cpu", cpu)
+        monkeypatch.setattr(g, "execute_model", self._execute)
+
+    def _replayed(self):
+        return self.g.model_runner.counters.snapshot()["graph"].get(0, {}).get(self.size, 0)
+
+    def _execute(self, request):
+        self.entered = self.reads
+        return self.execute(request)
+
+    def callback(self):
+        self.seen.append((self._replayed() - self.before, self.reads - self.entered))
+
+    def undo(self):
+        self.mp.setattr(torch.Tensor, "cpu", self.cpu)
+        self.mp.setattr(self.g, "execute_model", self.execute)
+
+
 @pytest.mark.forked
 @pytest.mark.parametrize("loop_graphs", ["1", "0"])
 @pytest.mark.parametrize("backend", ["TORCH_SDPA", "FLASHINFER", "FLASHINFER-tensor-cores"])
@@ -178,14 +212,13 @@ def test_multi_step_replays_fake_graphs(tiny_llama_dir, backend, loop_graphs, mo
         replays_before = {s: lg.graph.replays for s, lg in loops.items()}
         plans = fi.decode_runs if fi is not None else 0
         size = g.model_runner.capture_sizes.padded_size(rows)
-        seen = []  # graph replays when the engine's callback ran: after the launch
-
-        def callback(seen=seen, size=size):
-            seen.append(g.model_runner.counters.snapshot()["graph"][0].get(size, 0))
-
-        got, want, delta = multi_step_call(g, e, rows, ctx, greedy, 4, callback)
+        watch = _ReadWatch(g, size, monkeypatch)
+        got, want, delta = multi_step_call(g, e, rows, ctx, greedy, 4, watch.callback)
+        watch.undo()
         assert delta == {size: 4}, delta
-        assert seen == [g.model_runner.counters.snapshot()["graph"][0][size]]
+        # once, before the read: after the loop graph's launch, or after the first of the
+        # steps replayed one by one (overlapping the rest)
+        assert watch.seen == [(4 if loops else 1, 0)] and watch.reads, watch.seen
         if loops:
             assert loops[size].graph.replays - replays_before[size] == 4
         if fi is not None:  # one plan per call in a loop graph, else one per step

@@ -355,6 +355,8 @@ class LLMEngine:
                     self._grammar_wait.remove(held[0])
                     continue
                 self.schedulers[group.virtual_engine].abort_seq_group(rid)
+                for report in self._reports.values():  # no output after the abort
+                    report.drop(group)
                 self.executor.free_sequences([s.seq_id for s in group.seqs])
 
     def reset_prefix_cache(self) -> bool:
@@ -496,19 +498,22 @@ class LLMEngine:
         req, sched_out = self.schedule_step(ve)
         prev = self._reports.pop(ve, None)
         if not req.seq_group_metadata_list:
-            done = prev.finish() if prev is not None else []
+            done, _ = self._finish(ve, prev)
             return done + self.process_outputs(ve, sched_out, None)
         if prev is not None:
             req.async_callback = prev.finish
         try:
             output = self.executor.execute_model(req)
-        finally:
-            done = prev.finish() if prev is not None else []  # the worker may not have
-        report = self.apply_outputs(ve, sched_out, output)
+        except BaseException:
+            if prev is not None:  # a later step returns its outputs
+                self._reports[ve] = prev
+            raise
+        done, gone = self._finish(ve, prev)  # the worker has normally finished it already
+        report = self.apply_outputs(ve, sched_out, output, gone)
         if self.model_config.use_async_output_proc:
             self._reports[ve] = report
             return done
-        return done + report.finish()
+        return done + self._finish(ve, report)[0]
 
     def process_outputs(
         self, ve: int, sched_out: SchedulerOutputs, output: SamplerOutput | None
@@ -518,15 +523,20 @@ class LLMEngine:
         Returns a RequestOutput per scheduled or ignored group, or only for the finished
         ones when :attr:`stream_outputs` is False.
         """
-        return self.apply_outputs(ve, sched_out, output).finish()
+        return self._finish(ve, self.apply_outputs(ve, sched_out, output))[0]
 
     def apply_outputs(
-        self, ve: int, sched_out: SchedulerOutputs, output: SamplerOutput | None
+        self,
+        ve: int,
+        sched_out: SchedulerOutputs,
+        output: SamplerOutput | None,
+        gone: set[str] = frozenset(),
     ) -> StepReport:
         """The first half of :meth:`process_outputs`: append the sampled tokens, apply the
         stop conditions, free finished groups (in the scheduler and the workers). Texts and
         RequestOutputs are left to the returned report's ``finish()``
-        (vllm/engine/step_report.py)."""
+        (vllm/engine/step_report.py). ``gone``: ids of requests already reported finished
+        and freed (a text that failed in the previous step's report), left out here."""
         now = time.time()
         pending: list[SequenceGroup] = []
         if output is not None:
@@ -536,6 +546,7 @@ class LLMEngine:
                     if process(group, group_out):
                         pending.append(group)
                 except Exception as e:  # fail this request only; the step goes on
+                    pending.append(group)  # the text of tokens appended before the error
                     self._fail_group(group, e)
                 if group_out.samples:  # a prefill chunk that is not the last samples nothing
                     m = group.metrics
@@ -545,6 +556,8 @@ class LLMEngine:
         reported: list[SequenceGroup] = []
         stream = self.stream_outputs
         for group in itertools.chain(sched_out.ignored_seq_groups, sched_out.scheduled_seq_groups):
+            if group.request_id in gone:
+                continue
             if group.is_finished():
                 group.metrics.finished_time = now
                 self._requests.pop(group.request_id, None)
@@ -552,15 +565,38 @@ class LLMEngine:
             elif not stream or group.is_partial_prefill:  # a partial prefill has no news
                 continue
             reported.append(group)
-        if freed:  # one call (one message for multi-process executors) per step
-            self.executor.free_sequences(freed)
-            self.guided.free(freed)
-        self.schedulers[ve].free_finished_seq_groups()
+        self._free(ve, freed)
         return StepReport(reported, pending, self.tokenizer, stream, self._fail_group)
 
+    def _free(self, ve: int, seq_ids: list[int]) -> None:
+        """Free finished sequences in the workers (one call, so one message for
+        multi-process executors, per step) and the grammar matchers, then drop finished
+        groups from the scheduler."""
+        if seq_ids:
+            self.executor.free_sequences(seq_ids)
+            self.guided.free(seq_ids)
+        self.schedulers[ve].free_finished_seq_groups()
+
+    def _finish(self, ve: int, report: StepReport | None) -> tuple[list[RequestOutput], set[str]]:
+        """``report.finish()``, then free the requests whose text failed in it (outside the
+        worker's call: freeing calls into the executor). Returns the outputs and the ids of
+        those requests (already reported finished)."""
+        if report is None:
+            return [], set()
+        outs = report.finish()
+        gone = {g.request_id for g in report.failed}
+        freed = []
+        for group in report.failed:
+            if self._requests.pop(group.request_id, None) is not None:
+                freed.extend(s.seq_id for s in group.seqs)
+        report.failed = []
+        if gone:
+            self._free(ve, freed)
+        return outs, gone
+
     def _fail_group(self, group: SequenceGroup, err: Exception) -> None:
-        """A request whose output processing raised: finished as aborted (its blocks are
-        freed when a step next reports it), the error kept in :attr:`failed_requests`."""
+        """A request whose output processing raised: finished as aborted (and freed with
+        its step's other finished requests), the error kept in :attr:`failed_requests`."""
         logger.error("Request %s failed in output processing.", group.request_id, exc_info=err)
         self.failed_requests[group.request_id] = err
         for seq in group.get_unfinished_seqs():
@@ -579,9 +615,12 @@ class LLMEngine:
                 group.prompt_logprobs.extend(lps)
         guided = group.sampling_params.guided_decoding is not None
         old_lens = {s.seq_id: s.get_output_len() for s in group.seqs} if guided else None
+        # A grammar can end a sequence after its tokens are appended (guided.accept): such
+        # a group is detokenized at once, as the grammar's stop keeps its last token's text.
         deferred = output_processor.append_samples(
-            group, group_out, self.tokenizer, self.scheduler_config.max_model_len, defer_text=True
-        )
+            group, group_out, self.tokenizer, self.scheduler_config.max_model_len,
+            defer_text=not guided,
+        )  # fmt: skip
         if guided:
             self.guided.accept(group, old_lens)
         return deferred

@@ -14,7 +14,8 @@ request's ``async_callback``: it runs while the device computes step N+1, and ``
 returns step N's outputs once step N+1 has run. So each ``step()`` call returns the
 previous step's outputs (the first returns none), with the same content as synchronous
 stepping. A request with stop strings is detokenized in the first half, since its text
-decides where it stops; every other stop condition reads only token ids and lengths.
+decides where it stops, and so is a constrained one (its grammar can end it after the
+tokens are appended); every other stop condition reads only token ids and lengths.
 
 Texts nobody reads are not made: when the engine does not stream outputs (the offline
 ``LLM.generate`` loop reads only finished requests) a running sequence's text waits until
@@ -39,7 +40,8 @@ class StepReport:
         tokenizer: the engine's tokenizer.
         stream: make the texts of running sequences too (the engine streams outputs).
         on_error: called with (group, exception) when making a group's text fails; the
-            other groups are finished regardless.
+            other groups are finished regardless, and the failed ones are listed in
+            :attr:`failed` for the engine to free (outside the worker's call).
     """
 
     def __init__(
@@ -55,6 +57,7 @@ class StepReport:
         self.tokenizer = tokenizer
         self.stream = stream
         self.on_error = on_error
+        self.failed: list[SequenceGroup] = []
         self._outputs: list[RequestOutput] | None = None
 
     def finish(self) -> list[RequestOutput]:
@@ -67,6 +70,15 @@ class StepReport:
                 try:
                     finish_text_of(group, self.tokenizer)
                 except Exception as e:  # fail this request only
+                    self.failed.append(group)
                     self.on_error(group, e)
             self._outputs = [make_request_output(g) for g in self.reported]
         return self._outputs
+
+    def drop(self, group: SequenceGroup) -> None:
+        """Leave out ``group`` (its request was aborted after the step): no text, no
+        output."""
+        self.reported = [g for g in self.reported if g is not group]
+        self.text_pending = [g for g in self.text_pending if g is not group]
+        if self._outputs is not None:
+            self._outputs = [o for o in self._outputs if o.request_id != group.request_id]

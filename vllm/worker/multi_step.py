@@ -179,8 +179,8 @@ def execute_multi_step(
         metadata_list: the scheduled decode groups (lookahead slots already reserved).
         virtual_engine, scratch_slot, kv_caches: as for a one-token step.
         max_steps: num_scheduler_steps.
-        before_read: called once every pass is queued on the device, before the call's
-            one device-to-host read (``ExecuteModelRequest.async_callback``).
+        before_read: called once the first pass (or the decode-loop graph) is queued on
+            the device, before any device-to-host read (``ExecuteModelRequest.async_callback``).
     Returns:
         A SamplerOutput whose samples carry the first token and, in ``extra_tokens``, the
         tokens of the later steps.
@@ -223,8 +223,7 @@ def execute_multi_step(
             next_ids[: batch.num_real_rows].copy_(ids)
             if pen is not None:
                 pen.after_step(i, ids)
-    stacked = torch.stack(packed_steps)  # [n, rows, 3 + 2k]
-    if before_read is not None:
-        before_read()
-    host = stacked.cpu().numpy()  # the call's one device-to-host read
+        if i == 0 and before_read is not None:
+            before_read()  # overlaps the passes still to come (each waits for its uploads)
+    host = torch.stack(packed_steps).cpu().numpy()  # [n, rows, 3 + 2k]: the one read
     return sampler_output(sm, host, k, {}, ids)
