@@ -6,6 +6,7 @@ streaming, one-token and multi-step), a report the worker never runs before its 
 report lost at the end of a run, and the mode being on where it cannot overlap anything.
 """
 
+import argparse
 import contextlib
 
 import pytest
@@ -30,11 +31,11 @@ def test_async_output_proc_resolution():
     assert not _async_output_proc(False, "cpu", uni, None)  # nothing to overlap on the CPU
     assert not _async_output_proc(False, "cuda", mp, None)  # the mp executor pipelines
     assert not _async_output_proc(False, "cuda", uni, object())  # speculative decoding
-    parser = EngineArgs.add_cli_args(__import__("argparse").ArgumentParser())
+    parser = EngineArgs.add_cli_args(argparse.ArgumentParser())
     assert parser.parse_args(["--disable-async-output-proc"]).disable_async_output_proc
 
 
-def _params(tokenizer):
+def _params():
     """Per prompt: greedy runs that end by length, by a stop token, by a stop string
     (detokenized before the next schedule), with logprobs, and a seeded n=2 sample."""
     from vllm import SamplingParams
@@ -108,7 +109,7 @@ def _traced(engine):
 def _run(model, async_proc, steps, stream, stop_token=None):
     """Every step's outputs of one engine over PROMPTS, as comparable tuples."""
     engine = _engine(model, async_proc, steps, stream)
-    params = _params(engine.tokenizer)
+    params = _params()
     if stop_token is not None:
         params[3].stop_token_ids = [stop_token]
     for i, (p, sp) in enumerate(zip(PROMPTS, params)):
@@ -295,7 +296,6 @@ def test_async_output_proc_on_cuda_equals_disabled(smollm2_gguf, steps):
     read (one-token steps, and decode-loop graph calls with ``steps`` = 8), and the
     outputs equal ``--disable-async-output-proc``'s exactly (same kernels, same batches)."""
     from vllm import LLM, SamplingParams
-    from vllm.engine import step_report
 
     new_tokens = 24
     params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
@@ -307,31 +307,14 @@ def test_async_output_proc_on_cuda_equals_disabled(smollm2_gguf, steps):
                   disable_async_output_proc=disabled)  # fmt: skip
         engine = llm.llm_engine
         assert engine.model_config.use_async_output_proc is not disabled
-        count = {"inside": 0, "call": False}
-        execute, finish = engine.executor.execute_model, step_report.StepReport.finish
-
-        def traced_execute(req, count=count, execute=execute):
-            count["call"] = True
-            try:
-                return execute(req)
-            finally:
-                count["call"] = False
-
-        def traced_finish(self, count=count, finish=finish):
-            count["inside"] += self._outputs is None and count["call"]
-            return finish(self)
-
-        engine.executor.execute_model = traced_execute
-        step_report.StepReport.finish = traced_finish
-        try:
+        with _traced(engine) as trace:
             got = llm.generate(prompts, params, use_tqdm=False)
-        finally:
-            step_report.StepReport.finish = finish
         outs[disabled] = [(o.outputs[0].token_ids, o.outputs[0].text) for o in got]
         # every decode call runs the report of the step before it (the prefill's first)
         decode_calls = -(-(new_tokens - 1) // steps)
-        assert count["inside"] >= (0 if disabled else decode_calls)
-        assert not disabled or count["inside"] == 0
+        assert trace["inside"] >= (0 if disabled else decode_calls)
+        assert not disabled or trace["inside"] == 0
+        assert trace["late"] == 0
         engine.shutdown()
         del llm
     assert outs[False] == outs[True]
