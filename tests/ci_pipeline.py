@@ -118,7 +118,10 @@ def select_steps(items, expressions: dict[str, str]) -> dict[str, list[str]]:
     selected = {}
     for item in items:
         matcher = MarkMatcher.from_markers(item.iter_markers())
-        selected[item.nodeid] = [k for k, e in compiled.items() if e.evaluate(matcher)]
+        test_id = item.nodeid
+        if item.get_closest_marker("xdist_group"):  # pytest-xdist appends "@<group>"
+            test_id = test_id.rsplit("@", 1)[0]
+        selected[test_id] = [k for k, e in compiled.items() if e.evaluate(matcher)]
     return selected
 
 

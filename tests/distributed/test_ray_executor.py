@@ -14,6 +14,9 @@ from tests.utils import check_logprobs_close, check_outputs_equal, deadline, vll
 
 ray = pytest.importorskip("ray")
 
+# Local Ray clusters: one test at a time under pytest-xdist (.ci/run).
+pytestmark = pytest.mark.xdist_group("ray")
+
 PROMPTS = ["Hello world", "The capital of France is", "a b c d e f", "one two three four"]
 SMOLLM2_PROMPTS = [
     "The capital of France is",

@@ -19,6 +19,9 @@ import pytest
 
 from tests.utils import check_outputs_equal, deadline, vllm_greedy
 
+# Local Ray clusters: one test at a time under pytest-xdist (.ci/run).
+pytestmark = pytest.mark.xdist_group("ray")
+
 PROMPTS = ["Hello world", "The capital of France is", "a b c d e f", "one two three four five"]
 MAX_TOKENS = 12
 MIN_DISTINCT = 4
