@@ -21,6 +21,24 @@ from vllm.worker.stage_timing import StageTimes
 logger = logging.getLogger(__name__)
 
 
+def cpu_threads(world_size: int) -> int:
+    """Intra-op threads of one CPU worker: ``OMP_NUM_THREADS`` when set (as for any OpenMP
+    program, so that several processes can share the cores; of a nested list such as "4,2"
+    the outer level), else the host's cores split evenly over the ``world_size`` ranks, at
+    least 1.
+
+    Raises:
+        ValueError: ``OMP_NUM_THREADS`` is set but does not start with a positive integer.
+    """
+    raw = os.environ.get("OMP_NUM_THREADS", "")
+    if raw.strip():
+        value = raw.split(",")[0].strip()
+        if not value.isdigit() or int(value) < 1:
+            raise ValueError(f"OMP_NUM_THREADS={raw!r}: expected a positive integer")
+        return int(value)
+    return max(1, (os.cpu_count() or 1) // world_size)
+
+
 class Worker:
     """Runs one rank of the model (one TP shard of one pipeline stage) on one device.
 
@@ -51,8 +69,7 @@ class Worker:
             torch.cuda.set_device(self.device)
             torch.cuda.empty_cache()
         else:
-            cores = os.cpu_count() or 1
-            torch.set_num_threads(max(1, cores // self.config.parallel_config.world_size))
+            torch.set_num_threads(cpu_threads(self.config.parallel_config.world_size))
         torch.manual_seed(self.config.model_config.seed)
         self.model_runner = ModelRunner(self.config, self.device, self.pp_rank, self.pp_size)
 
