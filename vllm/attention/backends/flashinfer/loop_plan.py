@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from vllm.attention.backends.abstract import StepInputs
+from vllm.attention.backends.flashinfer.paged_cache import kv_rows_of
 from vllm.attention.backends.host_tables import step_tables
 
 
@@ -104,7 +105,7 @@ def advance_paged(
     at = torch.minimum(indptr[:-1].long() + pos // block_size, indptr[1:].long() - 1)
     page = indices[at].long()  # [rows]
     slot = torch.where(live, page * block_size + pos % block_size, scratch_slot)  # [rows]
-    key_row = slot + (slot // block_size) * block_size  # [rows]
+    key_row, value_row = kv_rows_of(slot, block_size)  # [rows] each
     slot_rows[0].copy_(slot)
     slot_rows[1].copy_(key_row)
-    slot_rows[2].copy_(key_row + block_size)
+    slot_rows[2].copy_(value_row)

@@ -19,19 +19,25 @@ from vllm.attention.backends.abstract import StepInputs
 from vllm.attention.backends.host_tables import exclusive_cumsum, scratch_slots, step_tables
 
 
-def slot_rows_host(slots: list[int], scratch_slot: int, block_size: int) -> torch.Tensor:
-    """[3, num_tokens] int64 host tensor: the slot mapping with padded lanes (-1) sent to
-    ``scratch_slot``, then each slot's key row and value row in the flat cache view.
+def kv_rows_of(slot, block_size: int):
+    """(key rows, value rows) of int64 ``slot`` [n] (a numpy array, or a torch tensor
+    inside a graph) in the flat cache view, each shaped like ``slot``.
 
     Layout [num_blocks + 1, 2, block_size, ...]: block b holds its keys at flat rows
     ``2*b*block_size + [0, block_size)`` and its values right after, so slot
     ``s = b*block_size + o`` has key row ``2*b*block_size + o = s + b*block_size`` and
     value row ``key row + block_size``.
     """
+    key_row = slot + (slot // block_size) * block_size  # [n]
+    return key_row, key_row + block_size
+
+
+def slot_rows_host(slots: list[int], scratch_slot: int, block_size: int) -> torch.Tensor:
+    """[3, num_tokens] int64 host tensor: the slot mapping with padded lanes (-1) sent to
+    ``scratch_slot``, then each slot's key row and value row (:func:`kv_rows_of`)."""
     rows = np.empty((3, len(slots)), dtype=np.int64)  # [3, num_tokens]
     rows[0] = scratch_slots(slots, scratch_slot)
-    np.add(rows[0], (rows[0] // block_size) * block_size, out=rows[1])
-    np.add(rows[1], block_size, out=rows[2])
+    rows[1], rows[2] = kv_rows_of(rows[0], block_size)
     return torch.from_numpy(rows)
 
 
