@@ -108,6 +108,17 @@ def partition_problems(selected: dict[str, list[str]]) -> list[str]:
     return problems
 
 
+def suite_id(item) -> str:
+    """The item's test id as plain pytest names it: under ``--dist loadgroup`` pytest-xdist
+    appends "@<group>" to the ids of tests marked ``xdist_group(<group>)``."""
+    test_id = item.nodeid
+    mark = item.get_closest_marker("xdist_group")
+    if mark is not None:
+        group = mark.args[0] if mark.args else mark.kwargs.get("name", "")
+        test_id = test_id.removesuffix(f"@{group}")
+    return test_id
+
+
 def select_steps(items, expressions: dict[str, str]) -> dict[str, list[str]]:
     """``{test id: [keys of the steps whose -m expression selects it]}`` for collected
     pytest ``items``, matching markers exactly as ``pytest -m`` does."""
@@ -118,10 +129,7 @@ def select_steps(items, expressions: dict[str, str]) -> dict[str, list[str]]:
     selected = {}
     for item in items:
         matcher = MarkMatcher.from_markers(item.iter_markers())
-        test_id = item.nodeid
-        if item.get_closest_marker("xdist_group"):  # pytest-xdist appends "@<group>"
-            test_id = test_id.rsplit("@", 1)[0]
-        selected[test_id] = [k for k, e in compiled.items() if e.evaluate(matcher)]
+        selected[suite_id(item)] = [k for k, e in compiled.items() if e.evaluate(matcher)]
     return selected
 
 

@@ -24,6 +24,7 @@ from tests.ci_pipeline import (
     select_steps,
     session_suite_items,
     step_argv,
+    suite_id,
 )
 
 PIPELINE = load_pipeline()
@@ -154,3 +155,21 @@ def test_contributing_gives_the_gpu_steps_commands():
     for step in gpu_test_steps:
         argv = [w for w in step_argv(step) if not w.startswith("--junitxml")]
         assert argv in documented, f"step {step['key']}: {shlex.join(argv)}"
+
+
+def test_suite_id_drops_only_the_xdist_group_suffix():
+    """Under ``--dist loadgroup`` a grouped test's id ends in "@<group>"; that suffix goes,
+    an "@" of the test's own name stays, and ungrouped ids are unchanged."""
+
+    class Item:
+        def __init__(self, nodeid, group=None):
+            self.nodeid = nodeid
+            self.mark = pytest.mark.xdist_group(group).mark if group else None
+
+        def get_closest_marker(self, name):
+            return self.mark if name == "xdist_group" else None
+
+    assert suite_id(Item("t.py::test_a@ray", "ray")) == "t.py::test_a"
+    assert suite_id(Item("t.py::test_b[x@y]", "ray")) == "t.py::test_b[x@y]"
+    assert suite_id(Item("t.py::test_b[x@y]@ray", "ray")) == "t.py::test_b[x@y]"
+    assert suite_id(Item("t.py::test_c[x@ray]")) == "t.py::test_c[x@ray]"

@@ -319,8 +319,14 @@ class ParallelConfig:
     pipeline_parallel_size: int = 1
     tensor_parallel_size: int = 1
     distributed_executor_backend: str | None = None
+    # Intra-op threads of each CPU worker (OMP_NUM_THREADS where the engine starts); None:
+    # the worker host's cores divided by world_size. Fixed here, since Ray sets
+    # OMP_NUM_THREADS in its actors to their CPU reservation.
+    cpu_threads: int | None = None
 
     def __post_init__(self) -> None:
+        if self.cpu_threads is not None and self.cpu_threads < 1:
+            raise ValueError(f"cpu_threads must be at least 1, got {self.cpu_threads}.")
         if self.tensor_parallel_size < 1:
             raise ValueError(
                 f"tensor_parallel_size must be at least 1, got {self.tensor_parallel_size}."

@@ -40,6 +40,14 @@ def _str(raw: str) -> str:
     return raw
 
 
+def _omp_threads(raw: str) -> int:
+    """OpenMP's thread count: the outer level of a nested list ("4,2" -> 4), at least 1."""
+    first = raw.split(",")[0].strip().lstrip("+")
+    if not first.isdigit() or int(first) < 1:
+        raise ValueError("expected a positive integer")
+    return int(first)
+
+
 @dataclass(frozen=True)
 class EnvVar:
     """One declared environment variable.
@@ -146,6 +154,13 @@ _DECLARED = (
         "fork or spawn for pipeline worker processes (default: fork unless CUDA is initialised).",
     ),
     EnvVar("RAY_ADDRESS", _str, None, "Ray's own: the cluster the Ray executor joins."),
+    EnvVar(
+        "OMP_NUM_THREADS",
+        _omp_threads,
+        None,
+        "OpenMP's own, read where the engine starts: intra-op threads of each CPU worker "
+        "(default: the worker host's cores / ranks).",
+    ),
     EnvVar(
         "TRITON_INTERPRET",
         _flag,

@@ -14,6 +14,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 
+from vllm import envs
 from vllm.config import (
     CacheConfig,
     CompilationConfig,
@@ -277,6 +278,7 @@ class EngineArgs:
             pipeline_parallel_size=self.pipeline_parallel_size,
             tensor_parallel_size=self.tensor_parallel_size,
             distributed_executor_backend=self.distributed_executor_backend,
+            cpu_threads=envs.OMP_NUM_THREADS,
         )
         cache_config = CacheConfig(
             block_size=self.block_size,

@@ -21,21 +21,16 @@ from vllm.worker.stage_timing import StageTimes
 logger = logging.getLogger(__name__)
 
 
-def cpu_threads(world_size: int) -> int:
-    """Intra-op threads of one CPU worker: ``OMP_NUM_THREADS`` when set (as for any OpenMP
-    program, so that several processes can share the cores; of a nested list such as "4,2"
-    the outer level), else the host's cores split evenly over the ``world_size`` ranks, at
-    least 1.
+def cpu_threads(world_size: int, chosen: int | None = None) -> int:
+    """Intra-op threads of one CPU worker.
 
-    Raises:
-        ValueError: ``OMP_NUM_THREADS`` is set but does not start with a positive integer.
+    Returns:
+        ``chosen`` (:attr:`ParallelConfig.cpu_threads`, from ``OMP_NUM_THREADS`` where the
+        engine started) when given, else this host's cores divided by ``world_size``, at
+        least 1.
     """
-    raw = os.environ.get("OMP_NUM_THREADS", "")
-    if raw.strip():
-        value = raw.split(",")[0].strip()
-        if not value.isdigit() or int(value) < 1:
-            raise ValueError(f"OMP_NUM_THREADS={raw!r}: expected a positive integer")
-        return int(value)
+    if chosen is not None:
+        return chosen
     return max(1, (os.cpu_count() or 1) // world_size)
 
 
@@ -69,7 +64,8 @@ class Worker:
             torch.cuda.set_device(self.device)
             torch.cuda.empty_cache()
         else:
-            torch.set_num_threads(cpu_threads(self.config.parallel_config.world_size))
+            parallel = self.config.parallel_config
+            torch.set_num_threads(cpu_threads(parallel.world_size, parallel.cpu_threads))
         torch.manual_seed(self.config.model_config.seed)
         self.model_runner = ModelRunner(self.config, self.device, self.pp_rank, self.pp_size)
 
