@@ -19,9 +19,11 @@ from vllm.attention.backends.abstract import StepInputs
 from vllm.attention.backends.host_tables import exclusive_cumsum, scratch_slots, step_tables
 
 
-def kv_rows_of(slot, block_size: int):
-    """(key rows, value rows) of int64 ``slot`` [n] (a numpy array, or a torch tensor
-    inside a graph) in the flat cache view, each shaped like ``slot``.
+def kv_rows_of(
+    slot: np.ndarray | torch.Tensor, block_size: int
+) -> tuple[np.ndarray | torch.Tensor, np.ndarray | torch.Tensor]:
+    """(key rows, value rows) of int64 slots ``slot`` [n] (a numpy array or a torch tensor;
+    the result is of the same kind) in the flat cache view.
 
     Layout [num_blocks + 1, 2, block_size, ...]: block b holds its keys at flat rows
     ``2*b*block_size + [0, block_size)`` and its values right after, so slot
