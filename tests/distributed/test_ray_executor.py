@@ -2,7 +2,9 @@
 
 Each test starts its own small Ray cluster (2 CPUs, no dashboard, ~80 MB object store) in a
 forked child and shuts it down in ``finally``. The GPU test (PP=2 Ray vs PP=1 and vs PP=2
-mp on SmolLM2 with CUDA graphs) is at the end, marked ``multi_gpu(2)``.
+mp on SmolLM2 with CUDA graphs) is at the end, marked ``multi_gpu(2)``. The deadlines
+guard against hangs only: on a busy 2-core host each actor's start (a fresh Python that
+imports torch) can take a minute.
 """
 
 import contextlib
@@ -59,7 +61,7 @@ def test_ray_pp2_equals_pp1_and_cleans_up(tiny_llama_dir):
     of one placement group on this node; shutdown kills them and removes the group."""
     from ray.util.placement_group import placement_group_table
 
-    with deadline(120):
+    with deadline(300):
         llm = _llm(tiny_llama_dir)
         try:
             ref = vllm_greedy(llm, PROMPTS, 16)
@@ -112,7 +114,7 @@ def test_killed_actor_error_names_rank(tiny_llama_dir):
     """Killing stage 1's actor right after a step was submitted to it (so stage 0 may see
     a gloo error first) fails generate with an error naming rank 1 and its node, without
     hanging; later calls raise the same error; shutdown afterwards is clean."""
-    with deadline(90), local_ray(2):
+    with deadline(300), local_ray(2):
         llm = _llm(tiny_llama_dir, pipeline_parallel_size=2, distributed_executor_backend="ray")
         ex = llm.llm_engine.executor
         submit = ex.execute_model_async
@@ -147,7 +149,7 @@ def test_killed_actor_error_names_rank(tiny_llama_dir):
 def test_too_few_cpus_and_own_cluster(tiny_llama_dir):
     """PP=3 on a 2-CPU cluster says what is needed and seen; without a running cluster the
     executor starts its own and stops it on shutdown."""
-    with deadline(90):
+    with deadline(300):
         with local_ray(2):
             with pytest.raises(RuntimeError, match=r"need 3 CPUs .* has 2"):
                 _llm(tiny_llama_dir, pipeline_parallel_size=3, distributed_executor_backend="ray")
