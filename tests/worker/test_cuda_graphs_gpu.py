@@ -136,7 +136,7 @@ def test_smollm2_vs_transformers(smollm2_gguf, backend, enforce_eager):
 
 
 @pytest.mark.forked
-@pytest.mark.parametrize("steps", [1, 8])
+@pytest.mark.parametrize("steps", [1, 8, 16])
 @pytest.mark.parametrize("backend", ["FLASHINFER", "FLASHINFER-small", "TORCH_SDPA"])
 def test_single_sequence_vs_transformers(smollm2_gguf, backend, steps, monkeypatch):
     """Batch 1 decodes through the vllm.kernels.gemv projections (one row, SmolLM2's small
@@ -249,9 +249,10 @@ def test_graph_equals_eager_as_batch_drifts(smollm2_gguf, backend):
 
 
 @pytest.mark.forked
+@pytest.mark.parametrize("steps", [8, 16])
 @pytest.mark.parametrize("backend", ["FLASHINFER", "FLASHINFER-small", "TORCH_SDPA"])
-def test_multi_step_graphs(smollm2_gguf, backend, monkeypatch):
-    """--num-scheduler-steps 8 on graphs: close to transformers; exact vs the same
+def test_multi_step_graphs(smollm2_gguf, backend, steps, monkeypatch):
+    """--num-scheduler-steps 8 and 16 on graphs: close to transformers; exact vs the same
     multi-step run eager on padded batches as the batch drifts. Greedy calls run
     decode-loop graphs: TORCH_SDPA up to 8 rows (larger batches replay plain graphs step
     by step), FLASHINFER at every size (its small path up to its limit, its tensor-core
@@ -259,7 +260,7 @@ def test_multi_step_graphs(smollm2_gguf, backend, monkeypatch):
     backend, small, rows = _backend(backend)
     loops = _count_loop_calls(monkeypatch)
     ref = hf_greedy(smollm2_gguf, PROMPTS, 32, dtype="bfloat16", device="cuda")
-    llm = _llm(smollm2_gguf, backend, max_num_seqs=40, num_scheduler_steps=8, **rows)
+    llm = _llm(smollm2_gguf, backend, max_num_seqs=40, num_scheduler_steps=steps, **rows)
     ours = vllm_greedy(llm, PROMPTS, 32, logprobs=5)
     check_logprobs_close(ref, ours, "hf", f"vllm-{backend}-multi-step", PROMPTS)
     sizes = [1, 5, 17]
@@ -270,11 +271,13 @@ def test_multi_step_graphs(smollm2_gguf, backend, monkeypatch):
     assert loops["n"] > 0
     llm.llm_engine.shutdown()
     del llm
-    eager = _llm(smollm2_gguf, backend, max_num_seqs=40, enforce_eager=True, num_scheduler_steps=8,
-                 **rows)  # fmt: skip
+    eager = _llm(smollm2_gguf, backend, max_num_seqs=40, enforce_eager=True,
+                 num_scheduler_steps=steps, **rows)  # fmt: skip
     eager.llm_engine.executor.worker.model_runner.pad_eager_batches = True
     for n in sizes:
-        check_outputs_equal(g[n], _drifting_run(eager, n), f"graph-ms8-{n}", f"eager-ms8-{n}")
+        check_outputs_equal(
+            g[n], _drifting_run(eager, n), f"graph-ms{steps}-{n}", f"eager-ms{steps}-{n}"
+        )
 
 
 H, H_KV, D, BS, BLOCKS = 9, 3, 64, 16, 64  # SmolLM2's heads: tensor-core decode
@@ -346,9 +349,11 @@ def test_flashinfer_replay_past_capture_time():
 
 
 @pytest.mark.forked
-def test_flashinfer_loop_plan_each_step():
+@pytest.mark.parametrize("steps", [8, 16, 40])
+def test_flashinfer_loop_plan_each_step(steps):
     """A graph of FlashInfer's tensor-core decode plus ``advance``, planned once for the
-    call's last step (``prepare_loop``, 8 steps) and replayed 8 times: every step writes the
+    call's last step (``prepare_loop``) and replayed once per step (8, 16, and 40: a row
+    crosses more than two pages inside the call): every step writes the
     new key / value at its own slot and attends to exactly its own length, equal to a
     plain PyTorch reference, while rows cross page boundaries inside the call (step 0's
     ``last_page_len`` zero or negative) and the padded lane stays on the scratch slot."""
@@ -357,7 +362,7 @@ def test_flashinfer_loop_plan_each_step():
     from vllm.attention.backends.abstract import ForwardMode, StepInputs
     from vllm.attention.backends.flashinfer.metadata import FlashInferImpl
 
-    steps, scratch = 8, BLOCKS * BS
+    scratch = BLOCKS * BS
     backend, state, md, cache, Layer, q, k, v = _flashinfer_size4()
     assert backend.loops_over_wrappers  # group size 3: tensor-core decode
     pos = torch.zeros(4, dtype=torch.long, device="cuda")
