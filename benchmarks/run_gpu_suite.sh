@@ -36,7 +36,8 @@
 #                 workload and the Llama-3.1-8B shape at batch 1 (dummy weights); then
 #                 `vllm serve` of each engine on SmolLM2 bf16 + benchmark_serving (256
 #                 requests at concurrency 64, then 64 at 16 req/s). Upstream runs with its
-#                 defaults, this engine with $M
+#                 defaults, this engine with the README's flags: 16 scheduler steps offline
+#                 (benchmark_vs_upstream.py's default), $M for the server
 #   bench upstream-offline, bench upstream-serve   bench upstream in two halves: the
 #                 offline workloads and ratios, then the two servers
 #   bench all     core, spec, serve, apc, chunked, structured, and pp when 2 GPUs are visible
@@ -84,7 +85,7 @@ O=$(cd "$O" && pwd)
 PY=${PYTHON:-python}
 PORT=${PORT:-8011}
 B=benchmarks
-M="--num-scheduler-steps 8"  # multi-step decoding, as in the README table
+M="--num-scheduler-steps 8"  # multi-step decoding, as in the README's core and serving rows
 VSITE=${VSITE:-/tmp/vsite}  # upstream vLLM 0.26 (../shared/tools/peer/README.md)
 SMOLLM2_HF=${SMOLLM2_HF:-/tmp/smollm2-bf16}
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
