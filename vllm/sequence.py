@@ -110,6 +110,11 @@ class Sequence:
         prompt_token_ids: the prompt's token ids (non-empty).
         block_size: tokens per KV-cache block.
         eos_token_id: the tokenizer's EOS id, or None.
+        keep_logprobs: keep each position's logprobs dict in ``output_logprobs`` (the
+            engine sets it when the request asks for logprobs). Without it only the chosen
+            tokens' logprobs are kept, as floats (``token_logprobs``): a dict and a
+            ``Logprob`` per token are objects the garbage collector would traverse for the
+            request's lifetime, hundreds of thousands of them in a large batch.
     """
 
     def __init__(
@@ -119,13 +124,17 @@ class Sequence:
         prompt_token_ids: list[int],
         block_size: int,
         eos_token_id: int | None = None,
+        keep_logprobs: bool = True,
     ):
         self.seq_id = seq_id
         self.prompt = prompt
         self.block_size = block_size
         self.eos_token_id = eos_token_id
+        self.keep_logprobs = keep_logprobs
         self.data = SequenceData(prompt_token_ids)
         self.output_logprobs: list[PositionLogprobs] = []
+        # each output token's own logprob (0.0 where its position's dict lacks it)
+        self.token_logprobs: list[float] = []
         self.output_text = ""
         self.status = SequenceStatus.WAITING
         self.stop_reason: int | str | None = None
@@ -145,16 +154,28 @@ class Sequence:
         return self.data.output_token_ids
 
     def append_token_id(self, token_id: int, logprobs: PositionLogprobs) -> None:
-        """Append one generated token; ``logprobs`` must contain ``token_id``."""
-        self.output_logprobs.append(logprobs)
+        """Append one generated token and its position's logprobs (a position whose dict
+        lacks ``token_id`` counts as logprob 0.0)."""
         lp = logprobs[token_id].logprob if token_id in logprobs else 0.0
+        if self.keep_logprobs:
+            self.output_logprobs.append(logprobs)
+        self.token_logprobs.append(lp)
         self.data.append_token_id(token_id, lp)
 
     def append_token_ids(self, tokens: tuple[tuple[int, PositionLogprobs], ...]) -> None:
         """Append several generated (token id, logprobs) pairs in order, as that many
         :meth:`append_token_id` calls (the same cumulative logprob, bit for bit)."""
+        keep, lps, data = self.keep_logprobs, self.token_logprobs, self.data
+        ids = data.output_token_ids
+        cum = data.cumulative_logprob
         for token_id, logprobs in tokens:
-            self.append_token_id(token_id, logprobs)
+            lp = logprobs[token_id].logprob if token_id in logprobs else 0.0
+            if keep:
+                self.output_logprobs.append(logprobs)
+            lps.append(lp)
+            ids.append(token_id)
+            cum += lp
+        data.cumulative_logprob = cum
 
     def get_len(self) -> int:
         return self.data.get_len()

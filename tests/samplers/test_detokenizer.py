@@ -35,8 +35,8 @@ def partial_ids(tok):
     return ids, texts
 
 
-def _seq(eos=2):
-    return Sequence(0, None, [1], 16, eos_token_id=eos)
+def _seq(eos=2, keep_logprobs=True):
+    return Sequence(0, None, [1], 16, eos_token_id=eos, keep_logprobs=keep_logprobs)
 
 
 def _append(seq, t, lp=-1.0):
@@ -86,8 +86,8 @@ def test_incremental_equals_full_decode(tok, partial_ids, skip_special):
         assert seq.output_text == tok.decode(ids, skip_special_tokens=skip_special)
 
 
-def _run(tok, ids, params, max_model_len=10**6):
-    seq = _seq()
+def _run(tok, ids, params, max_model_len=10**6, keep_logprobs=True):
+    seq = _seq(keep_logprobs=keep_logprobs)
     for t in ids:
         _append(seq, t)
         n = decode_sequence_step(tok, seq, params)
@@ -97,8 +97,9 @@ def _run(tok, ids, params, max_model_len=10**6):
     return seq
 
 
+@pytest.mark.parametrize("keep_logprobs", [True, False])
 @pytest.mark.parametrize("include", [False, True])
-def test_stop_string_spanning_tokens(tok, include):
+def test_stop_string_spanning_tokens(tok, include, keep_logprobs):
     text = "Hello world, this is a test of stopping."
     ids = tok.encode(text)
     pieces = [tok.decode([i]) for i in ids]
@@ -107,14 +108,16 @@ def test_stop_string_spanning_tokens(tok, include):
     for stop, n_tokens in cases:
         start = text.index(stop)
         p = SamplingParams(stop=[stop, "zzz"], include_stop_str_in_output=include, max_tokens=50)
-        seq = _run(tok, ids, p)
+        seq = _run(tok, ids, p, keep_logprobs=keep_logprobs)
         assert seq.status == SequenceStatus.FINISHED_STOPPED and seq.stop_reason == stop
         assert seq.output_text == text[: start + len(stop)] if include else text[:start]
         # tokens kept up to the one that completes the stop string
         assert "".join(pieces[:n_tokens]).find(stop) == start
         assert stop not in "".join(pieces[: n_tokens - 1])
         assert seq.output_token_ids == ids[:n_tokens]
-        assert len(seq.output_logprobs) == n_tokens
+        # the cut drops the tokens after the stop with their logprobs
+        assert seq.token_logprobs == [-1.0] * n_tokens
+        assert len(seq.output_logprobs) == (n_tokens if keep_logprobs else 0)
         assert seq.data.cumulative_logprob == pytest.approx(-n_tokens)
 
 

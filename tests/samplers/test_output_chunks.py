@@ -61,28 +61,41 @@ def _reference(params: SamplingParams, chunks, max_model_len: int) -> Sequence:
 
 
 def _state(seq: Sequence) -> tuple:
-    return (seq.output_token_ids, seq.output_logprobs, seq.data.cumulative_logprob,
+    return (seq.output_token_ids, seq.token_logprobs, seq.data.cumulative_logprob,
             seq.status, seq.stop_reason)  # fmt: skip
 
 
+@pytest.mark.parametrize("keep_logprobs", [True, False])
 @pytest.mark.parametrize("seed", range(4))
-def test_chunks_equal_one_token_at_a_time(seed):
+def test_chunks_equal_one_token_at_a_time(seed, keep_logprobs):
     """Same tokens, logprobs, cumulative logprob (bit for bit), status and stop reason
     as the per-token loop, over 300 random requests (EOS with and without ignore_eos,
-    stop ids, min_tokens, max_tokens, max_model_len)."""
+    stop ids, min_tokens, max_tokens, max_model_len). A sequence that does not keep its
+    logprobs dicts (a request without ``logprobs``) has the same chosen-token logprobs
+    and cumulative logprob, and no dicts."""
     rng = random.Random(seed)
     reasons = set()
     for _ in range(300):
         params = _random_params(rng)
         chunks = _random_chunks(rng)
         max_model_len = rng.choice([len(PROMPT) + rng.randint(1, 10), 4096])
-        seq = Sequence(0, None, PROMPT, 16, eos_token_id=EOS)
+        seq = Sequence(0, None, PROMPT, 16, eos_token_id=EOS, keep_logprobs=keep_logprobs)
         group = SequenceGroup("r", [seq], params, 0.0)
         for chunk in chunks:
             out = SequenceOutput(seq.seq_id, chunk[0][0], chunk[0][1], chunk[1:] or None)
             append_samples(group, CompletionSequenceGroupOutput([out]), None, max_model_len)
         want = _reference(params, chunks, max_model_len)
         assert _state(seq) == _state(want), (params, chunks, max_model_len)
+        assert seq.output_logprobs == (want.output_logprobs if keep_logprobs else [])
+        n = len(want.output_token_ids)
+        assert (
+            want.token_logprobs
+            == [
+                lps[t].logprob if t in lps else 0.0
+                for t, lps in zip(want.output_token_ids, want.output_logprobs)
+            ]
+            and len(want.output_logprobs) == n
+        )
         reasons.add((seq.status, seq.stop_reason is not None))
     # the cases reached every way to end (and not ending at all)
     assert {

@@ -272,6 +272,7 @@ class LLMEngine:
                 ids,
                 self.config.cache_config.block_size,
                 self.eos_token_id,
+                keep_logprobs=params.logprobs is not None,
             )
             for _ in range(params.n)
         ]

@@ -134,8 +134,7 @@ def _cut_tokens_after(seq: Sequence, end: int, params: SamplingParams, tokenizer
     if keep == len(ids):
         return
     for pos in range(keep, len(ids)):
-        lp = seq.output_logprobs[pos].get(ids[pos])
-        if lp is not None:
-            seq.data.cumulative_logprob -= lp.logprob
+        seq.data.cumulative_logprob -= seq.token_logprobs[pos]
     del seq.data.output_token_ids[keep:]
+    del seq.token_logprobs[keep:]
     del seq.output_logprobs[keep:]
