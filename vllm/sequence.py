@@ -156,15 +156,12 @@ class Sequence:
     def append_token_id(self, token_id: int, logprobs: PositionLogprobs) -> None:
         """Append one generated token and its position's logprobs (a position whose dict
         lacks ``token_id`` counts as logprob 0.0)."""
-        lp = logprobs[token_id].logprob if token_id in logprobs else 0.0
-        if self.keep_logprobs:
-            self.output_logprobs.append(logprobs)
-        self.token_logprobs.append(lp)
-        self.data.append_token_id(token_id, lp)
+        self.append_token_ids(((token_id, logprobs),))
 
     def append_token_ids(self, tokens: tuple[tuple[int, PositionLogprobs], ...]) -> None:
-        """Append several generated (token id, logprobs) pairs in order, as that many
-        :meth:`append_token_id` calls (the same cumulative logprob, bit for bit)."""
+        """Append generated (token id, logprobs) pairs in order, one at a time (the
+        cumulative logprob adds them in that order, so a chunk gives the same float as
+        its tokens appended one by one)."""
         keep, lps, data = self.keep_logprobs, self.token_logprobs, self.data
         ids = data.output_token_ids
         cum = data.cumulative_logprob
