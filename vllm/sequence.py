@@ -159,18 +159,34 @@ class Sequence:
         self.append_token_ids(((token_id, logprobs),))
 
     def append_token_ids(self, tokens: tuple[tuple[int, PositionLogprobs], ...]) -> None:
-        """Append generated (token id, logprobs) pairs in order, one at a time (the
-        cumulative logprob adds them in that order, so a chunk gives the same float as
-        its tokens appended one by one)."""
-        keep, lps, data = self.keep_logprobs, self.token_logprobs, self.data
-        ids = data.output_token_ids
+        """Append generated (token id, logprobs) pairs in order (see :meth:`append_tokens`)."""
+        ids = [t for t, _ in tokens]
+        lps = [p[t].logprob if t in p else 0.0 for t, p in tokens]
+        self.append_tokens(ids, lps, [p for _, p in tokens])
+
+    def append_tokens(
+        self,
+        token_ids: list[int],
+        token_logprobs: list[float],
+        positions: list[PositionLogprobs] | None,
+    ) -> None:
+        """Append generated tokens in order: their ids, their own logprobs, and their
+        positions' dicts (read only with ``keep_logprobs``; None is fine without). The
+        cumulative logprob adds them one at a time, in order, so a chunk gives the same
+        float as its tokens appended one by one.
+
+        Raises:
+            ValueError: ``keep_logprobs`` is set and ``positions`` is None.
+        """
+        if self.keep_logprobs:
+            if positions is None:
+                raise ValueError(f"sequence {self.seq_id} keeps logprobs; positions is None")
+            self.output_logprobs.extend(positions)
+        self.token_logprobs.extend(token_logprobs)
+        data = self.data
+        data.output_token_ids.extend(token_ids)
         cum = data.cumulative_logprob
-        for token_id, logprobs in tokens:
-            lp = logprobs[token_id].logprob if token_id in logprobs else 0.0
-            if keep:
-                self.output_logprobs.append(logprobs)
-            lps.append(lp)
-            ids.append(token_id)
+        for lp in token_logprobs:
             cum += lp
         data.cumulative_logprob = cum
 
@@ -356,19 +372,88 @@ class ExecuteModelRequest:
     async_callback: Callable[[], None] | None = None
 
 
-@dataclass
 class SequenceOutput:
-    """One sampled token of one sequence, with that position's logprobs.
+    """The tokens one step sampled for one sequence, with their positions' logprobs.
 
-    A speculative step may emit several tokens: then ``extra_tokens`` holds the
-    (token id, logprobs) pairs that follow ``output_token`` in order, and the engine appends
-    them one by one with stop checks after each (nothing after a stop is kept).
+    Usually one token; a speculative or multi-step decode call emits several, appended by
+    the engine in order with stop checks (nothing after a stop is kept).
+
+    Two ways to build one: ``SequenceOutput(seq_id, token, logprobs, extra_tokens)`` from
+    (token id, {id: Logprob}) pairs, or :meth:`from_columns` from plain lists, which
+    builds the per-position dicts only if something reads them (a request without
+    logprobs never does: the engine appends ``token_ids`` and ``token_logprobs``).
+
+    Attributes:
+        parent_seq_id: the sequence the tokens belong to.
+        token_ids: every token of the step, in order (``output_token`` first).
+        token_logprobs: each token's own logprob (0.0 where its position's dict lacks
+            the token), natural log.
     """
 
-    parent_seq_id: int
-    output_token: int
-    logprobs: PositionLogprobs
-    extra_tokens: list[tuple[int, PositionLogprobs]] | None = None
+    __slots__ = ("parent_seq_id", "token_ids", "token_logprobs", "_ranks", "_positions")
+
+    def __init__(
+        self,
+        parent_seq_id: int,
+        output_token: int,
+        logprobs: PositionLogprobs,
+        extra_tokens: list[tuple[int, PositionLogprobs]] | None = None,
+    ):
+        pairs = [(output_token, logprobs), *(extra_tokens or ())]
+        self.parent_seq_id = parent_seq_id
+        self.token_ids: list[int] = [t for t, _ in pairs]
+        self.token_logprobs: list[float] = [p[t].logprob if t in p else 0.0 for t, p in pairs]
+        self._ranks: list[int] | None = None
+        self._positions: list[PositionLogprobs] | None = [p for _, p in pairs]
+
+    @classmethod
+    def from_columns(
+        cls,
+        parent_seq_id: int,
+        token_ids: list[int],
+        token_logprobs: list[float],
+        ranks: list[int],
+        positions: list[PositionLogprobs] | None = None,
+    ) -> SequenceOutput:
+        """One sequence's tokens as equal-length lists (at least one token): ids, their
+        logprobs, their ranks (1 = most likely). ``positions``: each position's dict
+        when it holds more than the chosen token (top logprobs); else built on first
+        read as ``{id: Logprob(logprob, rank)}``."""
+        out = cls.__new__(cls)
+        out.parent_seq_id = parent_seq_id
+        out.token_ids = token_ids
+        out.token_logprobs = token_logprobs
+        out._ranks = ranks
+        out._positions = positions
+        return out
+
+    @property
+    def positions(self) -> list[PositionLogprobs]:
+        """Each token's position logprobs: {token id: Logprob}, one dict per token."""
+        if self._positions is None:
+            cols = zip(self.token_ids, self.token_logprobs, self._ranks)
+            self._positions = [{t: Logprob(lp, r)} for t, lp, r in cols]
+        return self._positions
+
+    @property
+    def output_token(self) -> int:
+        """The step's first token."""
+        return self.token_ids[0]
+
+    @property
+    def logprobs(self) -> PositionLogprobs:
+        """The first token's position logprobs."""
+        return self.positions[0]
+
+    @property
+    def extra_tokens(self) -> list[tuple[int, PositionLogprobs]] | None:
+        """The (token id, logprobs) pairs after ``output_token``; None for one token."""
+        if len(self.token_ids) == 1:
+            return None
+        return list(zip(self.token_ids[1:], self.positions[1:]))
+
+    def __repr__(self) -> str:
+        return f"SequenceOutput(parent_seq_id={self.parent_seq_id}, token_ids={self.token_ids})"
 
 
 @dataclass

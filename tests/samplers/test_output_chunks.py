@@ -3,6 +3,7 @@
 first stopping token, one stop check) against the one-token-at-a-time reference on random
 cases, and ``sampler.unpack_samples``'s row layout over several steps."""
 
+import pickle
 import random
 
 import pytest
@@ -75,8 +76,10 @@ def test_chunks_equal_one_token_at_a_time(seed, keep_logprobs):
     and cumulative logprob, and no dicts."""
     rng = random.Random(seed)
     reasons = set()
+    length_only = 0  # requests only a length can stop (tokens_until_stop's shortcut)
     for _ in range(300):
         params = _random_params(rng)
+        length_only += params.ignore_eos and not params.stop_token_ids
         chunks = _random_chunks(rng)
         max_model_len = rng.choice([len(PROMPT) + rng.randint(1, 10), 4096])
         seq = Sequence(0, None, PROMPT, 16, eos_token_id=EOS, keep_logprobs=keep_logprobs)
@@ -94,6 +97,7 @@ def test_chunks_equal_one_token_at_a_time(seed, keep_logprobs):
             for t, lps in zip(want.output_token_ids, want.output_logprobs)
         ]
         reasons.add((seq.status, seq.stop_reason is not None))
+    assert length_only >= 20
     # the cases reached every way to end (and not ending at all)
     assert {
         (SequenceStatus.FINISHED_STOPPED, False),  # EOS
@@ -107,7 +111,8 @@ def test_chunks_equal_one_token_at_a_time(seed, keep_logprobs):
 def test_unpacked_rows_without_top_logprobs_equal_position():
     """Groups of two rows, of one row with two top logprobs, of no sampled row and of one
     row, over three steps: each sequence gets its own row of every step, in order (its
-    token and dict equal ``_position`` of that packed row); the non-sampling group none."""
+    token and dict equal ``_position`` of that packed row, also in a pickled copy taken
+    before any dict was built); the non-sampling group none."""
     rng = random.Random(0)
     k = 2
     layout = [([10, 11], 0, True), ([12], 2, True), ([13], 0, False), ([14], 0, True)]
@@ -123,8 +128,13 @@ def test_unpacked_rows_without_top_logprobs_equal_position():
     assert [s.parent_seq_id for s in samples] == [10, 11, 12, 14]
     assert out.outputs[2].samples == []
     for row, (s, n) in enumerate(zip(samples, [0, 0, 2, 0])):
-        got = [(s.output_token, s.logprobs), *s.extra_tokens]
-        assert got == [_position(step[row], n, k) for step in steps]
+        copy = pickle.loads(pickle.dumps(s))  # taken before any dict is built
+        want = [_position(step[row], n, k) for step in steps]
+        assert s.token_ids == [t for t, _ in want]
+        assert s.token_logprobs == [step[row][1] for step in steps]
+        # a copy through pickle (a worker process's reply) reads the same
+        for out in (s, copy):
+            assert [(out.output_token, out.logprobs), *out.extra_tokens] == want
 
 
 @pytest.mark.parametrize("seed", range(2))

@@ -441,7 +441,7 @@ class AsyncLLMEngine:
         generated = 0
         if output is not None:  # a multi-token step (speculative, multi-step) counts each
             for g in output.outputs:
-                generated += sum(1 + len(s.extra_tokens or ()) for s in g.samples)
+                generated += sum(len(s.token_ids) for s in g.samples)
         return outs, failed, self._stats(sched, outs, generated)
 
     def _fail_step(self, ve: int, sched: _Scheduled, err: Exception):

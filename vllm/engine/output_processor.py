@@ -3,7 +3,7 @@
 This is the engine's per-token host loop (it runs for every sequence of every step):
 append the sampled token, detokenize it incrementally (detokenizer.py), apply the stop
 conditions (stop_checker.py). A speculative or multi-step step may carry several tokens per
-sequence (``SequenceOutput.extra_tokens``): they are appended one by one with the same
+sequence (``SequenceOutput.token_ids``): they are appended one by one with the same
 checks after each, and nothing after a stop is kept. Without stop strings the checks read
 only token ids and lengths, so the chunk is appended up to its first stopping token in one
 go (``stop_checker.tokens_until_stop``), checked once and detokenized once at its end: the
@@ -53,27 +53,29 @@ def append_samples(
         if seq.is_finished():
             continue
         seq.text_pending = deferred
-        extra = sample.extra_tokens
+        ids, lps = sample.token_ids, sample.token_logprobs
+        positions = sample.positions if seq.keep_logprobs else None
         # A multi-token chunk without stop strings is detokenized once, after its last
         # token: the token-based checks (EOS, stop_token_ids, min_tokens, lengths) do not
         # read the text, and a sequence that stops inside the chunk gets its text from
         # check_stop's one-shot decode (finish_text). When the chunk ends inside a
         # multi-byte character its text is held back until a later step completes it.
-        chunk = ((sample.output_token, sample.logprobs), *(extra or ()))
-        if extra and not params.stop:
+        if len(ids) > 1 and not params.stop:
             # No stop strings: only token ids and lengths can stop the sequence, so the
             # tokens up to the first one that stops it are appended at once, checked once.
-            n = tokens_until_stop(seq, [t for t, _ in chunk], params, max_model_len)
-            seq.append_token_ids(chunk[:n])
+            n = tokens_until_stop(seq, ids, params, max_model_len)
+            seq.append_tokens(ids[:n], lps[:n], positions[:n] if positions else None)
             check_stop(seq, 0, params, max_model_len, tok)
             if tok is not None and not seq.is_finished():
                 decode_sequence_step(tok, seq, params)
             continue
         detok_each = tok is not None
-        for token, logprobs in chunk:
+        for i in range(len(ids)):
             if seq.is_finished():
                 break
-            seq.append_token_id(token, logprobs)
+            seq.append_tokens(
+                ids[i : i + 1], lps[i : i + 1], positions[i : i + 1] if positions else None
+            )
             new_chars = decode_sequence_step(tok, seq, params) if detok_each else 0
             check_stop(seq, new_chars, params, max_model_len, tok)
     return deferred

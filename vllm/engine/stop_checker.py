@@ -95,6 +95,8 @@ def tokens_until_stop(
     if params.max_tokens is not None:
         cap = min(cap, params.max_tokens)
     n = len(data.output_token_ids)
+    if eos is None and not stops:  # only the length can stop it: at the cap, else never
+        return min(len(tokens), max(1, cap - n))
     for j, token in enumerate(tokens):
         n += 1  # the output length with this token
         if n >= cap or (n >= min_tokens and (token == eos or token in stops)):

@@ -27,9 +27,9 @@ One call (:func:`execute_multi_step`):
    uploads (an event recorded right after they were queued): attention backends may reuse
    pinned staging buffers between plans (FlashInfer's planner does). The device is then
    already running step i, so host and device overlap.
-5. One read of every step's packed sample rows; each sequence's tokens after the first go
-   to ``SequenceOutput.extra_tokens``, which the engine appends one by one with stop checks
-   (nothing after a stop is kept; the extra device work of a finished sequence is wasted).
+5. One read of every step's packed sample rows; each sequence's tokens, in step order, are
+   its ``SequenceOutput.token_ids``, which the engine appends with stop checks (nothing
+   after a stop is kept; the extra device work of a finished sequence is wasted).
 
 Greedy results equal N one-token steps exactly (tests/worker/test_multi_step.py); seeded
 sampling draws from the same per-sequence generators in the same order.
@@ -182,8 +182,7 @@ def execute_multi_step(
         before_read: called once the first pass (or the decode-loop graph) is queued on
             the device, before any device-to-host read (``ExecuteModelRequest.async_callback``).
     Returns:
-        A SamplerOutput whose samples carry the first token and, in ``extra_tokens``, the
-        tokens of the later steps.
+        A SamplerOutput whose samples carry every step's token, in order (``token_ids``).
     """
     n = decode_steps(metadata_list, max_steps, runner.model_config.max_model_len)
     batch = runner.prepare_model_input(metadata_list, virtual_engine, scratch_slot, n - 1)

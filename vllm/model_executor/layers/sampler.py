@@ -264,8 +264,8 @@ def sampler_output(
     Args:
         steps: [num_steps, num_samples, 3 + 2k] float64 packed rows (a host array or CPU
             tensor, or nested lists): one step normally; several from a multi-step decode,
-            whose later tokens become each sequence's ``extra_tokens``, applied by the
-            engine with stop checks.
+            whose tokens become each sequence's ``token_ids`` in step order, appended by
+            the engine with stop checks.
         k: top-logprobs width of the packed rows.
         prompt_lp: prompt logprobs per group index (:func:`prompt_logprobs`).
         ids: the last step's sampled ids [num_samples] (device), kept for proposers.
@@ -290,8 +290,9 @@ def unpack_samples(
     stage's packed reply with it, vllm/worker/packed_output.py).
 
     Whole columns become Python lists at once (token ids, logprobs and ranks, [rows][steps]
-    each), so a row without top logprobs costs one (id, {id: Logprob}) pair a token and no
-    per-element indexing; rows with top logprobs go through :func:`_position`.
+    each) and each row's lists become its :meth:`SequenceOutput.from_columns`: no object
+    per token for a row without top logprobs; rows with top logprobs get their position
+    dicts through :func:`_position`.
     """
     width = 3 + 2 * k
     a = np.asarray(steps, dtype=np.float64)
@@ -304,12 +305,11 @@ def unpack_samples(
     for gi, (seq_ids, n, do_sample) in enumerate(layout):
         samples = []
         for seq_id in seq_ids if do_sample else ():
-            if n:
-                pos = [_position(r, n, k) for r in a[:, row].tolist()]
-            else:
-                cols = zip(toks[row], lps[row], ranks[row])
-                pos = [(t, {t: Logprob(lp, r)}) for t, lp, r in cols]
-            samples.append(SequenceOutput(seq_id, *pos[0], pos[1:] or None))
+            # rows with top logprobs carry their dicts; the others build them if read
+            pos = [_position(r, n, k)[1] for r in a[:, row].tolist()] if n else None
+            samples.append(
+                SequenceOutput.from_columns(seq_id, toks[row], lps[row], ranks[row], pos)
+            )
             row += 1
         outputs.append(CompletionSequenceGroupOutput(samples, prompt_lp.get(gi)))
     return SamplerOutput(outputs=outputs, sampled_token_ids=ids)
