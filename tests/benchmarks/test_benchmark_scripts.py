@@ -290,3 +290,21 @@ def test_chunked_prefill_benchmark_reports_both_runs(tiny_llama_dir, capsys, mon
             assert rec[f"{tag}_{key}"] > 0, key
         assert rec[f"{tag}_tpot_samples"] >= 1
     assert rec["tpot_p99_on_over_off"] > 0
+
+
+@pytest.mark.forked
+def test_engine_host_profile_counts_calls_and_phases(capsys):
+    """16 decode tokens at 8 and 3 steps a call: 2 and 6 timed calls (the prefill is not
+    timed); every phase ran, and the total is their sum."""
+    prof = _bench_module("profile_engine_host")
+    argv = ["--num-scheduler-steps", "8", "3", "--num-requests", "4", "--prompt-len", "5"]
+    records = prof.main([*argv, "--output-len", "17"])
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
+    assert lines == records
+    assert [r["calls"] for r in records] == [2, 6]
+    for r in records:
+        assert set(r["ms_per_call"]) == {"schedule", "prepare", "unpack", "apply"}
+        assert all(v > 0 for v in r["ms_per_call"].values()), r
+        assert abs(r["host_ms_per_call"] - sum(r["ms_per_call"].values())) < 0.01
+    with pytest.raises(ValueError, match="--output-len must be at least 2.*got 1"):
+        prof.main([*argv, "--output-len", "1"])
