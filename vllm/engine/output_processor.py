@@ -73,9 +73,11 @@ def append_samples(
         for i in range(len(ids)):
             if seq.is_finished():
                 break
-            seq.append_tokens(
-                ids[i : i + 1], lps[i : i + 1], positions[i : i + 1] if positions else None
-            )
+            if len(ids) == 1:  # the usual one-token step: its lists as they are
+                seq.append_tokens(ids, lps, positions)
+            else:
+                pos = positions[i : i + 1] if positions else None
+                seq.append_tokens(ids[i : i + 1], lps[i : i + 1], pos)
             new_chars = decode_sequence_step(tok, seq, params) if detok_each else 0
             check_stop(seq, new_chars, params, max_model_len, tok)
     return deferred
