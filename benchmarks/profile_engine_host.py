@@ -11,7 +11,7 @@ what it times is the host work alone, per decode call, in four phases:
 - ``schedule``: ``LLMEngine.schedule_step`` (the scheduler, slots for the call's steps);
 - ``prepare``: ``ModelRunner.prepare_model_input`` (the call's first-step inputs);
 - ``unpack``: the packed sample rows into ``SequenceOutput`` objects
-  (``multi_step.sampler_output``);
+  (``sampler_output``, in a one-step call or a multi-step one);
 - ``apply``: ``LLMEngine.apply_outputs`` (append, stop checks, finished requests).
 
 It also reports the garbage collector's time (``gc.callbacks``) and the wall time.
@@ -38,6 +38,7 @@ import torch
 from bench_common import emit, print_conditions
 from benchmark_pipeline_sim import write_sim_config
 
+import vllm.model_executor.layers.sampler as sampler
 import vllm.worker.model_runner as model_runner
 import vllm.worker.multi_step as multi_step
 from vllm.engine.arg_utils import EngineArgs
@@ -58,7 +59,8 @@ class _PhaseTimer:
         self._undo = []
         self._wrap(LLMEngine, "schedule_step", "schedule")
         self._wrap(model_runner.ModelRunner, "prepare_model_input", "prepare")
-        self._wrap(multi_step, "sampler_output", "unpack")
+        self._wrap(sampler, "sampler_output", "unpack")  # a one-step call's
+        self._wrap(multi_step, "sampler_output", "unpack")  # a multi-step call's
         self._wrap(LLMEngine, "apply_outputs", "apply")
         gc.callbacks.append(self._on_gc)
 
