@@ -8,10 +8,12 @@ stream while the model runs.
 Virtual engines. The loop keeps at most one step in flight per virtual engine (VE): when VE
 v is idle and its scheduler has work, a step of v starts. With one VE, admitting new
 requests and the whole step (schedule -> execute -> process) are one call on the engine
-thread. With several VEs (pipeline parallel) only scheduling and output processing run on
-the engine thread; the model call runs through ``executor.execute_model_async`` when the
-executor has it, else on a per-VE thread, so VE 0's step can run while VE 1's is
-scheduled or processed.
+thread; with async output processing (one CUDA device, the default) a step's texts and
+outputs are made and streamed during the next step's model call instead
+(vllm/engine/async_steps.py). With several VEs (pipeline parallel) only scheduling and
+output processing run on the engine thread; the model call runs through
+``executor.execute_model_async`` when the executor has it, else on a per-VE thread, so VE
+0's step can run while VE 1's is scheduled or processed.
 Model calls of different VEs on ONE device never overlap: the single-process executor
 serialises them with a lock (vllm/executor/uniproc_executor.py says why), and each stage
 of the mp and Ray executors runs its steps one at a time.
@@ -34,11 +36,11 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 
 from vllm.engine.arg_utils import EngineArgs
+from vllm.engine.async_steps import EngineSteps
 from vllm.engine.llm_engine import LLMEngine, PromptType
-from vllm.engine.metrics import EngineMetrics, StepStats
+from vllm.engine.metrics import EngineMetrics
 from vllm.outputs import RequestOutput
 from vllm.sampling_params import SamplingParams
 
@@ -51,16 +53,6 @@ class EngineDeadError(RuntimeError):
 
 class RequestFailedError(RuntimeError):
     """One request failed inside the engine; the engine itself is still healthy."""
-
-
-@dataclass
-class _Scheduled:
-    """A scheduled step of one VE, with what the metrics need from before processing."""
-
-    request: object
-    sched_out: object
-    no_first_token: set[str] = field(default_factory=set)
-    last_token_time: dict[str, float] = field(default_factory=dict)
 
 
 class AsyncLLMEngine:
@@ -94,6 +86,8 @@ class AsyncLLMEngine:
         self.log_requests = log_requests
         self.max_log_len = max_log_len
         self.num_virtual_engines = len(self.engine.schedulers)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.steps = EngineSteps(self.engine, self._deliver_threadsafe)
         self._ve_threads = [
             ThreadPoolExecutor(1, thread_name_prefix=f"vllm-ve{v}")
             for v in range(self.num_virtual_engines)
@@ -128,7 +122,8 @@ class AsyncLLMEngine:
         """Start the background loop in the running event loop (idempotent)."""
         if self._loop_task is None:
             self._wakeup = asyncio.Event()
-            self._loop_task = asyncio.get_running_loop().create_task(self._run_loop())
+            self._loop = asyncio.get_running_loop()
+            self._loop_task = self._loop.create_task(self._run_loop())
 
     async def check_health(self) -> None:
         """Raises EngineDeadError when the background loop has died or the executor failed
@@ -233,7 +228,7 @@ class AsyncLLMEngine:
         groups = list(self.engine._requests.values())
         self.engine.abort_request([g.request_id for g in groups])
         outs = [self.engine.make_request_output(g) for g in groups]
-        stats = self._gauges()
+        stats = self.steps.gauges()
         now = time.time()
         stats.finished = [("abort", now - g.metrics.arrival_time) for g in groups]
         return outs, stats
@@ -281,15 +276,16 @@ class AsyncLLMEngine:
                 aborts, self._aborts = self._aborts, []
                 idle = [v for v in range(self.num_virtual_engines) if v not in in_flight]
                 self._check_executor()
-                ready, refused, gauges, stepped = await self._on_engine(
+                ready, refused, gauges, ran, stepped = await self._on_engine(
                     self._admit_and_step, pending, aborts, idle
                 )
-                if stepped is None or gauges.finished:  # a step's stats carry newer gauges
+                if not ran or gauges.finished:  # a step's stats carry newer gauges
                     self.metrics.record(gauges)
                 for rid, err in refused:
                     self._deliver(rid, err)
-                if stepped is not None:
-                    self._deliver_step(*stepped)
+                if ran:
+                    if stepped is not None:
+                        self._deliver_step(*stepped)
                     continue
                 if not self._stopping:
                     for v in ready:
@@ -330,15 +326,16 @@ class AsyncLLMEngine:
         gone = [self.engine._requests.get(rid) for rid in aborts]
         if aborts:
             self.engine.abort_request(aborts)
-        ready = [v for v in idle if self.engine.schedulers[v].has_unfinished_seqs()]
-        gauges = self._gauges()
+        ready = [v for v in idle if self.engine.has_work(v)]
+        gauges = self.steps.gauges()
         # Aborted requests count as finished with reason "abort" (request_success_total).
         gauges.finished = [("abort", now - g.metrics.arrival_time) for g in gone if g]
         return ready, refused, gauges
 
     def _admit_and_step(self, pending, aborts, idle):
         """Engine thread: :meth:`_admit`, then with one virtual engine its whole step in the
-        same call (``stepped``: what :meth:`_whole_step` returns; None when nothing ran).
+        same call (``ran``: whether a step ran; ``stepped``: what
+        ``EngineSteps.whole_step`` returned, None when its result is held or delivered).
 
         Why one call: the event loop hands the next step to the engine thread only when it
         gets to the previous call's result, and while it streams the last step's tokens
@@ -346,42 +343,28 @@ class AsyncLLMEngine:
         added that wait to every step. With several virtual engines the steps run as
         concurrent tasks instead (``ready``)."""
         ready, refused, gauges = self._admit(pending, aborts, idle)
-        stepped = None
+        ran, stepped = False, None
         if self.num_virtual_engines == 1 and ready and not self._stopping:
-            stepped = self._whole_step(ready[0])
+            ran, stepped = True, self.steps.whole_step(ready[0])
             ready = []
-        return ready, refused, gauges, stepped
-
-    def _gauges(self) -> StepStats:
-        """Running / waiting requests and KV-cache usage now (engine thread)."""
-        schedulers = self.engine.schedulers
-        spec = None
-        now = time.monotonic()
-        # Spec-decode counters are collected at an interval (1 s), not every step.
-        if now - getattr(self, "_spec_collected", 0.0) >= 1.0:
-            self._spec_collected = now
-            get = getattr(self.engine, "spec_decode_metrics", None)
-            spec = get() if get is not None else None
-        return StepStats(
-            num_running=sum(s.num_running for s in schedulers),
-            num_waiting=sum(s.num_waiting for s in schedulers),
-            cache_usage=sum(s.block_manager.usage() for s in schedulers) / len(schedulers),
-            spec_decode=spec,
-            prefix_queries=sum(s.block_manager.num_queried_tokens for s in schedulers),
-            prefix_hits=sum(s.block_manager.num_hit_tokens for s in schedulers),
-        )
+        return ready, refused, gauges, ran, stepped
 
     async def _step(self, ve: int) -> None:
-        if self.num_virtual_engines == 1:
-            outs, failed, stats = await self._on_engine(self._whole_step, ve)
-        else:
-            sched = await self._on_engine(self._schedule, ve)
-            try:
-                output = await self._execute(ve, sched.request)
-                outs, failed, stats = await self._on_engine(self._process, ve, sched, output)
-            except Exception as e:
-                outs, failed, stats = await self._on_engine(self._fail_step, ve, sched, e)
+        """One step of ``ve`` with several virtual engines: schedule and process on the
+        engine thread, the model call beside it (:meth:`_execute`)."""
+        steps = self.steps
+        sched = await self._on_engine(steps.schedule, ve)
+        try:
+            output = await self._execute(ve, sched.request)
+            outs, failed, stats = await self._on_engine(steps.process, ve, sched, output)
+        except Exception as e:
+            outs, failed, stats = await self._on_engine(steps.fail_step, ve, sched, e)
         self._deliver_step(outs, failed, stats)
+
+    def _deliver_threadsafe(self, outs, failed, stats) -> None:
+        """Engine thread: hand a held step's result to the event loop (async output
+        processing, vllm/engine/async_steps.py)."""
+        self._loop.call_soon_threadsafe(self._deliver_step, outs, failed, stats)
 
     def _deliver_step(self, outs, failed, stats) -> None:
         """Event loop: a step's statistics to the metrics, its outputs (or each failed
@@ -409,73 +392,6 @@ class AsyncLLMEngine:
     def _fail_all(self, err: BaseException) -> None:
         for queue in list(self._streams.values()):
             queue.put_nowait(err)
-
-    # ------------------------------------------------ engine-thread step pieces
-    def _whole_step(self, ve: int):
-        sched = self._schedule(ve)
-        try:
-            output = None
-            if sched.request.seq_group_metadata_list:
-                output = self.engine.executor.execute_model(sched.request)
-        except Exception as e:
-            return self._fail_step(ve, sched, e)
-        return self._process(ve, sched, output)
-
-    def _schedule(self, ve: int) -> _Scheduled:
-        request, sched_out = self.engine.schedule_step(ve)
-        s = _Scheduled(request, sched_out)
-        for g in sched_out.scheduled_seq_groups:
-            if g.metrics.first_token_time is None:
-                s.no_first_token.add(g.request_id)
-            elif g.metrics.last_token_time is not None:
-                s.last_token_time[g.request_id] = g.metrics.last_token_time
-        return s
-
-    def _process(self, ve: int, sched: _Scheduled, output):
-        outs = self.engine.process_outputs(ve, sched.sched_out, output)
-        failed = {}
-        for out in outs:
-            err = self.engine.failed_requests.pop(out.request_id, None)
-            if err is not None:
-                failed[out.request_id] = err
-        generated = 0
-        if output is not None:  # a multi-token step (speculative, multi-step) counts each
-            for g in output.outputs:
-                generated += sum(len(s.token_ids) for s in g.samples)
-        return outs, failed, self._stats(sched, outs, generated)
-
-    def _fail_step(self, ve: int, sched: _Scheduled, err: Exception):
-        # Runs on the engine thread, outside the except block that caught ``err`` (on a
-        # VE thread or in the executor), so the traceback is passed explicitly.
-        logger.error("Step of virtual engine %d failed; failing its requests.", ve, exc_info=err)
-        ids = [g.request_id for g in sched.sched_out.scheduled_seq_groups]
-        self.engine.abort_request(ids)
-        outs = self.engine.process_outputs(ve, sched.sched_out, None)
-        return outs, dict.fromkeys(ids, err), self._stats(sched, outs, 0)
-
-    def _stats(self, sched: _Scheduled, outs: list[RequestOutput], generated: int) -> StepStats:
-        sched_out = sched.sched_out
-        stats = self._gauges()
-        stats.prompt_tokens = sched_out.num_prefill_tokens
-        stats.generation_tokens = generated
-        for out in outs:
-            m = out.metrics
-            if m is None:
-                continue
-            if out.request_id in sched.no_first_token and m.first_token_time is not None:
-                stats.ttft.append(m.first_token_time - m.arrival_time)
-            prev = sched.last_token_time.get(out.request_id)
-            if prev is not None and m.last_token_time is not None and m.last_token_time > prev:
-                stats.tpot.append(m.last_token_time - prev)
-            if out.finished:
-                reason = next((o.finish_reason for o in out.outputs if o.finish_reason), "abort")
-                end = m.finished_time or time.time()
-                stats.finished.append((reason, end - m.arrival_time))
-        try:
-            stats.decode_steps = self.engine.decode_step_counters()
-        except Exception:
-            stats.decode_steps = None
-        return stats
 
     def _log_request(self, request_id: str, prompt: PromptType, params: SamplingParams) -> None:
         """Log a request: its prompt as text (chat prompts rendered by their template)

@@ -374,6 +374,20 @@ class LLMEngine:
             return True
         return any(s.has_unfinished_seqs() for s in self.schedulers)
 
+    def take_report(self, ve: int) -> StepReport | None:
+        """Remove and return virtual engine ``ve``'s held report (async output processing:
+        the previous step's second half, vllm/engine/step_report.py), or None."""
+        return self._reports.pop(ve, None)
+
+    def hold_report(self, ve: int, report: StepReport) -> None:
+        """Keep ``report`` as ``ve``'s previous step until the next step of ``ve`` takes it;
+        an abort meanwhile drops its request from it (:meth:`abort_request`)."""
+        self._reports[ve] = report
+
+    def has_work(self, ve: int) -> bool:
+        """True while virtual engine ``ve`` has a sequence to schedule or a held report."""
+        return ve in self._reports or self.schedulers[ve].has_unfinished_seqs()
+
     def get_num_unfinished_requests(self) -> int:
         held = len(self._grammar_wait)
         return held + sum(s.get_num_unfinished_seq_groups() for s in self.schedulers)
@@ -401,7 +415,7 @@ class LLMEngine:
         for _ in range(len(self.schedulers)):
             ve = self._next_ve
             self._next_ve = (self._next_ve + 1) % len(self.schedulers)
-            if self.schedulers[ve].has_unfinished_seqs() or ve in self._reports:
+            if self.has_work(ve):
                 return failed + self.step_virtual_engine(ve)
         return failed
 
@@ -497,9 +511,9 @@ class LLMEngine:
         waits for the next call (vllm/engine/step_report.py).
         """
         req, sched_out = self.schedule_step(ve)
-        prev = self._reports.pop(ve, None)
+        prev = self.take_report(ve)
         if not req.seq_group_metadata_list:
-            done, _ = self._finish(ve, prev)
+            done, _ = self.finish_report(ve, prev)
             return done + self.process_outputs(ve, sched_out, None)
         if prev is not None:
             req.async_callback = prev.finish
@@ -507,14 +521,14 @@ class LLMEngine:
             output = self.executor.execute_model(req)
         except BaseException:
             if prev is not None:  # a later step returns its outputs
-                self._reports[ve] = prev
+                self.hold_report(ve, prev)
             raise
-        done, gone = self._finish(ve, prev)  # the worker has normally finished it already
+        done, gone = self.finish_report(ve, prev)  # the worker has normally finished it already
         report = self.apply_outputs(ve, sched_out, output, gone)
         if self.model_config.use_async_output_proc:
-            self._reports[ve] = report
+            self.hold_report(ve, report)
             return done
-        return done + self._finish(ve, report)[0]
+        return done + self.finish_report(ve, report)[0]
 
     def process_outputs(
         self, ve: int, sched_out: SchedulerOutputs, output: SamplerOutput | None
@@ -524,7 +538,7 @@ class LLMEngine:
         Returns a RequestOutput per scheduled or ignored group, or only for the finished
         ones when :attr:`stream_outputs` is False.
         """
-        return self._finish(ve, self.apply_outputs(ve, sched_out, output))[0]
+        return self.finish_report(ve, self.apply_outputs(ve, sched_out, output))[0]
 
     def apply_outputs(
         self,
@@ -578,7 +592,9 @@ class LLMEngine:
             self.guided.free(seq_ids)
         self.schedulers[ve].free_finished_seq_groups()
 
-    def _finish(self, ve: int, report: StepReport | None) -> tuple[list[RequestOutput], set[str]]:
+    def finish_report(
+        self, ve: int, report: StepReport | None
+    ) -> tuple[list[RequestOutput], set[str]]:
         """``report.finish()``, then free the requests whose text failed in it (outside the
         worker's call: freeing calls into the executor). Returns the outputs and the ids of
         those requests (already reported finished)."""

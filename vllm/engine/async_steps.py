@@ -1,0 +1,208 @@
+"""The engine-thread half of :class:`~vllm.engine.async_llm_engine.AsyncLLMEngine`: one
+virtual engine's step from schedule to outputs and :class:`StepStats`.
+
+Every method here runs on the engine thread (the one thread that calls the LLMEngine).
+
+Async output processing (``ModelConfig.use_async_output_proc``, on by default with one
+CUDA device; vllm/engine/step_report.py). :meth:`EngineSteps.whole_step` applies step N's
+samples (tokens appended, stop conditions, finished requests freed) before it returns, and
+holds the rest of step N (texts, RequestOutputs, statistics) in the engine as a report.
+Step N+1 hands that report to the worker as the request's ``async_callback``: the worker
+runs it once step N+1's device work is launched, and the callback passes step N's outputs
+to ``deliver`` there, so the request streams get them while the device computes. The
+outputs and the order in which each stream gets them are the same as without the mode;
+only the host work moves. A held report whose VE has no more work is delivered by the next
+``whole_step`` of that VE (``LLMEngine.has_work`` stays True until then), and an abort
+drops its request from the held report (``LLMEngine.abort_request``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from vllm.engine.llm_engine import LLMEngine
+from vllm.engine.metrics import StepStats
+from vllm.outputs import RequestOutput
+
+logger = logging.getLogger(__name__)
+
+# (outputs, {request_id: error} for the failed ones, the step's statistics)
+StepResult = tuple[list[RequestOutput], dict[str, Exception], StepStats]
+
+
+@dataclass
+class ScheduledStep:
+    """A scheduled step of one VE, with what the statistics need from before its samples
+    are applied: the requests still without a first token, and each other request's last
+    token time (seconds since the epoch)."""
+
+    request: object
+    sched_out: object
+    no_first_token: set[str] = field(default_factory=set)
+    last_token_time: dict[str, float] = field(default_factory=dict)
+
+
+def _generated(output) -> int:
+    """Tokens sampled in a step (a multi-token step, speculative or multi-step, counts
+    each); 0 for None."""
+    if output is None:
+        return 0
+    return sum(len(s.token_ids) for g in output.outputs for s in g.samples)
+
+
+class _Once:
+    """Calls ``fn`` on the first call only (the worker may or may not have run the
+    callback before the engine thread runs it itself)."""
+
+    def __init__(self, fn: Callable[[], None]):
+        self._fn = fn
+
+    def __call__(self) -> None:
+        fn, self._fn = self._fn, None
+        if fn is not None:
+            fn()
+
+
+class EngineSteps:
+    """Steps of an :class:`LLMEngine` for the async engine (see the module doc).
+
+    Args:
+        engine: the engine (called from the engine thread only).
+        deliver: called on the engine thread with a held step's :data:`StepResult`; it must
+            hand the result to the event loop itself (``loop.call_soon_threadsafe``).
+    """
+
+    def __init__(self, engine: LLMEngine, deliver: Callable[..., None]):
+        self.engine = engine
+        self.deliver = deliver
+        self.async_proc = engine.model_config.use_async_output_proc
+        if self.async_proc and len(engine.schedulers) != 1:
+            raise ValueError(
+                f"async output processing needs one virtual engine, got {len(engine.schedulers)}."
+            )
+        self._spec_collected = 0.0
+
+    # ------------------------------------------------------------------ whole steps
+    def whole_step(self, ve: int) -> StepResult | None:
+        """Schedule, execute and process one step of ``ve``.
+
+        Returns the step's result, or None when the step's report is held (async output
+        processing: its result goes to ``deliver`` during the next step of ``ve``). A step
+        whose model call raised fails its scheduled requests (:meth:`fail_step`).
+        """
+        engine = self.engine
+        sched = self.schedule(ve)
+        prev = engine.take_report(ve) if self.async_proc else None
+        report_prev = _Once(lambda: self._deliver_report(prev)) if prev is not None else None
+        if report_prev is not None:
+            sched.request.async_callback = report_prev
+        try:
+            output = None
+            if sched.request.seq_group_metadata_list:
+                output = engine.executor.execute_model(sched.request)
+        except Exception as e:
+            if report_prev is not None:  # its tokens are valid: deliver them first
+                report_prev()
+                engine.finish_report(ve, prev)
+            return self.fail_step(ve, sched, e)
+        gone: set[str] = set()
+        if report_prev is not None:
+            report_prev()  # normally run by the worker already
+            gone = engine.finish_report(ve, prev)[1]
+        report = engine.apply_outputs(ve, sched.sched_out, output, gone)
+        if self.async_proc and output is not None:
+            report.info = (sched, _generated(output))
+            engine.hold_report(ve, report)
+            return None
+        outs = engine.finish_report(ve, report)[0]
+        return self._result(sched, outs, _generated(output))
+
+    def _deliver_report(self, report) -> None:
+        sched, generated = report.info
+        self.deliver(*self._result(sched, report.finish(), generated))
+
+    # ------------------------------------------------------------------ step pieces
+    def schedule(self, ve: int) -> ScheduledStep:
+        """Schedule a step of ``ve`` (``LLMEngine.schedule_step``) and note what the
+        statistics need from before it runs."""
+        request, sched_out = self.engine.schedule_step(ve)
+        s = ScheduledStep(request, sched_out)
+        for g in sched_out.scheduled_seq_groups:
+            if g.metrics.first_token_time is None:
+                s.no_first_token.add(g.request_id)
+            elif g.metrics.last_token_time is not None:
+                s.last_token_time[g.request_id] = g.metrics.last_token_time
+        return s
+
+    def process(self, ve: int, sched: ScheduledStep, output) -> StepResult:
+        """Process a step's output (None: nothing ran) at once: its outputs, failures and
+        statistics."""
+        outs = self.engine.process_outputs(ve, sched.sched_out, output)
+        return self._result(sched, outs, _generated(output))
+
+    def fail_step(self, ve: int, sched: ScheduledStep, err: Exception) -> StepResult:
+        """Fail every request scheduled in a step whose model call raised ``err``."""
+        # Runs outside the except block that caught ``err`` (on a VE thread or in the
+        # executor, possibly), so the traceback is passed explicitly.
+        logger.error("Step of virtual engine %d failed; failing its requests.", ve, exc_info=err)
+        ids = [g.request_id for g in sched.sched_out.scheduled_seq_groups]
+        self.engine.abort_request(ids)
+        outs = self.engine.process_outputs(ve, sched.sched_out, None)
+        return outs, dict.fromkeys(ids, err), self.stats(sched, outs, 0)
+
+    def _result(self, sched: ScheduledStep, outs: list[RequestOutput], generated: int):
+        failed = {}
+        for out in outs:
+            err = self.engine.failed_requests.pop(out.request_id, None)
+            if err is not None:
+                failed[out.request_id] = err
+        return outs, failed, self.stats(sched, outs, generated)
+
+    # ------------------------------------------------------------------ statistics
+    def gauges(self) -> StepStats:
+        """Running / waiting requests and KV-cache usage now."""
+        schedulers = self.engine.schedulers
+        spec = None
+        now = time.monotonic()
+        # Spec-decode counters are collected at an interval (1 s), not every step.
+        if now - self._spec_collected >= 1.0:
+            self._spec_collected = now
+            get = getattr(self.engine, "spec_decode_metrics", None)
+            spec = get() if get is not None else None
+        return StepStats(
+            num_running=sum(s.num_running for s in schedulers),
+            num_waiting=sum(s.num_waiting for s in schedulers),
+            cache_usage=sum(s.block_manager.usage() for s in schedulers) / len(schedulers),
+            spec_decode=spec,
+            prefix_queries=sum(s.block_manager.num_queried_tokens for s in schedulers),
+            prefix_hits=sum(s.block_manager.num_hit_tokens for s in schedulers),
+        )
+
+    def stats(self, sched: ScheduledStep, outs: list[RequestOutput], generated: int) -> StepStats:
+        """A step's :class:`StepStats`: the gauges now, its prompt and generated tokens,
+        TTFT / TPOT observations and finished requests from its outputs."""
+        sched_out = sched.sched_out
+        stats = self.gauges()
+        stats.prompt_tokens = sched_out.num_prefill_tokens
+        stats.generation_tokens = generated
+        for out in outs:
+            m = out.metrics
+            if m is None:
+                continue
+            if out.request_id in sched.no_first_token and m.first_token_time is not None:
+                stats.ttft.append(m.first_token_time - m.arrival_time)
+            prev = sched.last_token_time.get(out.request_id)
+            if prev is not None and m.last_token_time is not None and m.last_token_time > prev:
+                stats.tpot.append(m.last_token_time - prev)
+            if out.finished:
+                reason = next((o.finish_reason for o in out.outputs if o.finish_reason), "abort")
+                end = m.finished_time or time.time()
+                stats.finished.append((reason, end - m.arrival_time))
+        try:
+            stats.decode_steps = self.engine.decode_step_counters()
+        except Exception:
+            stats.decode_steps = None
+        return stats
