@@ -60,19 +60,15 @@ async def _stream_all(engine, params, stop_after=None):
 
 
 async def _idle_state(engine):
-    """(unfinished requests, blocks in use) on the engine thread once the loop is idle."""
+    """(unfinished requests, blocks in use), on the engine thread: after the last stream
+    ended, the step that delivered its output has returned."""
 
     def state():
         core = engine.engine
         used = sum(s.block_manager.usage() for s in core.schedulers)
         return core.has_unfinished_requests(), used
 
-    for _ in range(100):  # the loop may still be flushing the last held report
-        busy, used = await engine._on_engine(state)
-        if not busy:
-            return busy, used
-        await asyncio.sleep(0.01)
-    return busy, used
+    return await engine._on_engine(state)
 
 
 def _run(model, async_proc, steps, monkeypatch, stop_token=None, stop_after=None, fail_call=None):
@@ -148,13 +144,25 @@ def test_async_engine_abort_while_a_report_is_held(tiny_llama_dir, monkeypatch):
     """A client that leaves after two chunks: its request is dropped from the held report
     and freed; every other stream equals the loop without the mode."""
     stop_after = {1: 2}
-    sync, _, _, sync_state = _run(tiny_llama_dir, False, 1, monkeypatch, stop_after=stop_after)
-    asyn, _, trace, async_state = _run(tiny_llama_dir, True, 1, monkeypatch, stop_after=stop_after)
+    sync, sync_stats, _, sync_state = _run(
+        tiny_llama_dir, False, 1, monkeypatch, stop_after=stop_after
+    )
+    asyn, async_stats, trace, async_state = _run(
+        tiny_llama_dir, True, 1, monkeypatch, stop_after=stop_after
+    )
     assert len(asyn[1]) == 2 and not asyn[1][-1][1]  # left before it finished
     # When the abort lands depends on the event loop, so the batches after it, and with
     # them the last bits of the logprobs, may differ between runs: compare the rest.
     assert _without_logprobs(asyn) == _without_logprobs(sync)
     assert trace["inside"] >= 3
+    # The step the abort lands after varies, and each later step of r1 adds one token
+    # and one TPOT: their difference does not vary. The aborted request's last step
+    # counts its TPOT though its report was dropped; it is not counted finished.
+    assert async_stats["finished"] == sync_stats["finished"]
+    assert sorted(async_stats["finished"]) == ["length"] * 3 + ["stop"]
+    assert async_stats["ttft"] == sync_stats["ttft"] == len(PROMPTS)
+    tokens_less_tpot = [st["generation_tokens"] - st["tpot"] for st in (sync_stats, async_stats)]
+    assert tokens_less_tpot[0] == tokens_less_tpot[1]
     assert sync_state == async_state == (False, 0.0)
 
 
@@ -168,3 +176,114 @@ def test_async_engine_failed_call_after_a_held_report(tiny_llama_dir, monkeypatc
     assert asyn == sync
     assert all(s[-1] == "RequestFailedError" and len(s) == 3 for s in asyn)  # 2 chunks, error
     assert trace["inside"] >= 1 and state == (False, 0.0)
+
+
+@pytest.mark.forked
+def test_async_engine_text_failure_then_failed_call(tiny_llama_dir, monkeypatch):
+    """r1's text fails in the report that the failing third call would deliver: r1 fails
+    once (counted finished once, freed once) and r0 fails with the call, as without the
+    mode."""
+    from vllm.engine import step_report
+
+    finish_text_of, calls = step_report.finish_text_of, {"r1": 0}
+
+    def failing_text(group, tokenizer):
+        if group.request_id == "r1":
+            calls["r1"] += 1
+            if calls["r1"] == 2:
+                raise RuntimeError("bad text")
+        return finish_text_of(group, tokenizer)
+
+    monkeypatch.setattr(step_report, "finish_text_of", failing_text)
+    runs = {}
+    for mode in (False, True):
+        calls["r1"] = 0
+        runs[mode] = _run(tiny_llama_dir, mode, 1, monkeypatch, fail_call=3)
+    (sync, sync_stats, _, sync_state), (asyn, async_stats, _, async_state) = runs.values()
+    assert asyn[:2] == sync[:2]
+    assert [len(s) for s in asyn[:2]] == [3, 2]  # r0: 2 chunks and the call's error
+    assert asyn[0][-1] == asyn[1][-1] == "RequestFailedError"
+    assert async_stats["finished"] == sync_stats["finished"]
+    assert sorted(async_stats["finished"]).count("abort") == len(PROMPTS)
+    assert sync_state == async_state == (False, 0.0)
+
+
+async def _one_stream(engine, max_tokens, at_chunk, action):
+    """Stream one request; at chunk ``at_chunk`` start ``action()`` (a coroutine)
+    beside it. Returns the outputs (an error as its type name)."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    outs = []
+    try:
+        async for out in engine.generate(PROMPTS[1], params, "r0"):
+            outs.append(out)
+            if len(outs) == at_chunk:
+                asyncio.ensure_future(action())
+    except Exception as e:
+        outs.append(type(e).__name__)
+    return outs
+
+
+@pytest.mark.forked
+def test_async_engine_shutdown_delivers_the_last_step(tiny_llama_dir, monkeypatch):
+    """Shutdown requested while the request's last step runs (its second chunk comes
+    from inside that step's call): its final output still reaches the stream, from the
+    held report delivered as the loop stops."""
+
+    async def main():
+        engine = _async_engine(tiny_llama_dir, True, 1, monkeypatch)
+        return await _one_stream(engine, 3, 2, engine.shutdown)
+
+    outs = asyncio.run(main())
+    assert len(outs) == 3 and outs[-1].finished, outs
+    assert outs[-1].outputs[0].finish_reason == "length"
+
+
+@pytest.mark.forked
+@pytest.mark.parametrize("async_proc", [False, True])
+def test_async_engine_abort_all_snapshot_has_its_text(tiny_llama_dir, async_proc, monkeypatch):
+    """``abort_all`` (a drain that ran out of time) while a report is held: the final
+    outputs' texts cover all their token ids."""
+
+    async def main():
+        engine = _async_engine(tiny_llama_dir, async_proc, 4, monkeypatch)
+        try:
+            return await _one_stream(engine, 60, 2, lambda: engine.abort_all("test")), engine
+        finally:
+            await engine.shutdown()
+
+    outs, engine = asyncio.run(main())
+    last = outs[-1].outputs[0]
+    assert outs[-1].finished and last.finish_reason == "abort"
+    assert 2 <= len(last.token_ids) < 60
+    assert last.text == engine.tokenizer.decode(last.token_ids, skip_special_tokens=True)
+
+
+@pytest.mark.forked
+@pytest.mark.parametrize("async_proc", [False, True])
+def test_async_engine_delivery_error_stops_the_loop(tiny_llama_dir, async_proc, monkeypatch):
+    """An exception while a step's result is delivered (here the metrics) stops the
+    engine: every stream ends with EngineDeadError instead of missing a chunk."""
+
+    async def main():
+        engine = _async_engine(tiny_llama_dir, async_proc, 1, monkeypatch)
+        record, calls = engine.metrics.record, [0]
+
+        def failing_record(stats):
+            calls[0] += bool(stats.generation_tokens)
+            if calls[0] == 3:
+                raise ValueError("metrics bug")
+            record(stats)
+
+        engine.metrics.record = failing_record
+        try:
+            streams = await asyncio.wait_for(_stream_all(engine, _params()), 120)
+        finally:
+            await engine.shutdown()
+        return streams, engine
+
+    streams, engine = asyncio.run(main())
+    assert all(s[-1] == "EngineDeadError" for s in streams), streams
+    assert all(len(s) == 3 for s in streams)  # two steps' chunks, then the error
+    assert isinstance(engine.errored, ValueError)

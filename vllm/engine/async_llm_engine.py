@@ -87,6 +87,7 @@ class AsyncLLMEngine:
         self.max_log_len = max_log_len
         self.num_virtual_engines = len(self.engine.schedulers)
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._deliver_error: BaseException | None = None
         self.steps = EngineSteps(self.engine, self._deliver_threadsafe)
         self._ve_threads = [
             ThreadPoolExecutor(1, thread_name_prefix=f"vllm-ve{v}")
@@ -224,7 +225,9 @@ class AsyncLLMEngine:
         return len(outs) + len(pending)
 
     def _abort_all(self):
-        """Engine thread: abort every request and snapshot each as a finished output."""
+        """Engine thread: abort every request and snapshot each as a finished output
+        (after the held step's outputs are delivered, so the snapshots' texts are made)."""
+        self.steps.flush()
         groups = list(self.engine._requests.values())
         self.engine.abort_request([g.request_id for g in groups])
         outs = [self.engine.make_request_output(g) for g in groups]
@@ -271,6 +274,8 @@ class AsyncLLMEngine:
         in_flight: dict[int, asyncio.Task] = {}
         try:
             while True:
+                if self._deliver_error is not None:
+                    raise self._deliver_error
                 self._wakeup.clear()
                 pending, self._pending = self._pending, []
                 aborts, self._aborts = self._aborts, []
@@ -292,6 +297,7 @@ class AsyncLLMEngine:
                         in_flight[v] = asyncio.create_task(self._step(v))
                 if not in_flight:
                     if self._stopping:
+                        await self._on_engine(self.steps.flush)  # the last step's outputs
                         return
                     if not self._pending and not self._aborts:
                         # Wake at least once a second to notice a failed executor.
@@ -347,6 +353,10 @@ class AsyncLLMEngine:
         if self.num_virtual_engines == 1 and ready and not self._stopping:
             ran, stepped = True, self.steps.whole_step(ready[0])
             ready = []
+            # The step's statistics may be recorded before these (async output
+            # processing): record the gauges as they are after the step.
+            finished, gauges = gauges.finished, self.steps.gauges()
+            gauges.finished = finished
         return ready, refused, gauges, ran, stepped
 
     async def _step(self, ve: int) -> None:
@@ -363,8 +373,17 @@ class AsyncLLMEngine:
 
     def _deliver_threadsafe(self, outs, failed, stats) -> None:
         """Engine thread: hand a held step's result to the event loop (async output
-        processing, vllm/engine/async_steps.py)."""
-        self._loop.call_soon_threadsafe(self._deliver_step, outs, failed, stats)
+        processing, vllm/engine/async_steps.py). An exception while delivering it stops
+        the loop, as one while delivering any other step's result does."""
+
+        def deliver() -> None:
+            try:
+                self._deliver_step(outs, failed, stats)
+            except BaseException as e:
+                self._deliver_error = e
+                self._wakeup.set()
+
+        self._loop.call_soon_threadsafe(deliver)
 
     def _deliver_step(self, outs, failed, stats) -> None:
         """Event loop: a step's statistics to the metrics, its outputs (or each failed

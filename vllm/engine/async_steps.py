@@ -5,15 +5,19 @@ Every method here runs on the engine thread (the one thread that calls the LLMEn
 
 Async output processing (``ModelConfig.use_async_output_proc``, on by default with one
 CUDA device; vllm/engine/step_report.py). :meth:`EngineSteps.whole_step` applies step N's
-samples (tokens appended, stop conditions, finished requests freed) before it returns, and
-holds the rest of step N (texts, RequestOutputs, statistics) in the engine as a report.
-Step N+1 hands that report to the worker as the request's ``async_callback``: the worker
-runs it once step N+1's device work is launched, and the callback passes step N's outputs
-to ``deliver`` there, so the request streams get them while the device computes. The
-outputs and the order in which each stream gets them are the same as without the mode;
-only the host work moves. A held report whose VE has no more work is delivered by the next
-``whole_step`` of that VE (``LLMEngine.has_work`` stays True until then), and an abort
-drops its request from the held report (``LLMEngine.abort_request``).
+samples (tokens appended, stop conditions, finished requests freed) and takes its token
+times before it returns, and holds the rest of step N (texts, RequestOutputs) in the
+engine as a report. Step N+1 hands that report to the worker as the request's
+``async_callback``: the worker runs it once step N+1's device work is launched, and the
+callback passes step N's outputs to ``deliver`` there, so the request streams get them
+while the device computes. The outputs and the order in which each stream gets them are
+the same as without the mode; only the host work moves.
+
+A held report is delivered by the next ``whole_step`` of its VE, also when the VE has
+nothing left to schedule (``LLMEngine.has_work`` stays True until then), and by
+:meth:`EngineSteps.flush` before every request is aborted and when the loop stops. An
+abort of one request drops it from the held report (``LLMEngine.abort_request``): its
+client has gone.
 """
 
 from __future__ import annotations
@@ -45,25 +49,23 @@ class ScheduledStep:
     last_token_time: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass
+class _StepTimes:
+    """What a step adds to the statistics besides its outputs: tokens sampled, and TTFT /
+    TPOT observations in seconds (taken when its samples are applied, so a request
+    aborted before its report is delivered still counts)."""
+
+    generated: int = 0
+    ttft: list[float] = field(default_factory=list)
+    tpot: list[float] = field(default_factory=list)
+
+
 def _generated(output) -> int:
     """Tokens sampled in a step (a multi-token step, speculative or multi-step, counts
     each); 0 for None."""
     if output is None:
         return 0
     return sum(len(s.token_ids) for g in output.outputs for s in g.samples)
-
-
-class _Once:
-    """Calls ``fn`` on the first call only (the worker may or may not have run the
-    callback before the engine thread runs it itself)."""
-
-    def __init__(self, fn: Callable[[], None]):
-        self._fn = fn
-
-    def __call__(self) -> None:
-        fn, self._fn = self._fn, None
-        if fn is not None:
-            fn()
 
 
 class EngineSteps:
@@ -73,6 +75,9 @@ class EngineSteps:
         engine: the engine (called from the engine thread only).
         deliver: called on the engine thread with a held step's :data:`StepResult`; it must
             hand the result to the event loop itself (``loop.call_soon_threadsafe``).
+
+    Raises:
+        ValueError: async output processing with more than one virtual engine.
     """
 
     def __init__(self, engine: LLMEngine, deliver: Callable[..., None]):
@@ -84,6 +89,9 @@ class EngineSteps:
                 f"async output processing needs one virtual engine, got {len(engine.schedulers)}."
             )
         self._spec_collected = 0.0
+        # Per VE with a held report (``LLMEngine.hold_report``): its schedule and times.
+        self._held: dict[int, tuple[ScheduledStep, _StepTimes]] = {}
+        self._callback_error: BaseException | None = None
 
     # ------------------------------------------------------------------ whole steps
     def whole_step(self, ve: int) -> StepResult | None:
@@ -91,38 +99,81 @@ class EngineSteps:
 
         Returns the step's result, or None when the step's report is held (async output
         processing: its result goes to ``deliver`` during the next step of ``ve``). A step
-        whose model call raised fails its scheduled requests (:meth:`fail_step`).
+        whose model call raised fails its scheduled requests (:meth:`fail_step`), after
+        the held report of the step before it is delivered.
+
+        Raises:
+            Exception: whatever delivering the held report raised (a defect of the
+                engine, not of the model call; the async engine then stops).
         """
         engine = self.engine
         sched = self.schedule(ve)
-        prev = engine.take_report(ve) if self.async_proc else None
-        report_prev = _Once(lambda: self._deliver_report(prev)) if prev is not None else None
-        if report_prev is not None:
-            sched.request.async_callback = report_prev
+        callback = self._held_callback(ve)
+        if callback is not None:
+            sched.request.async_callback = callback
         try:
             output = None
             if sched.request.seq_group_metadata_list:
                 output = engine.executor.execute_model(sched.request)
         except Exception as e:
-            if report_prev is not None:  # its tokens are valid: deliver them first
-                report_prev()
-                engine.finish_report(ve, prev)
-            return self.fail_step(ve, sched, e)
-        gone: set[str] = set()
-        if report_prev is not None:
-            report_prev()  # normally run by the worker already
-            gone = engine.finish_report(ve, prev)[1]
+            if self._callback_error is not None:
+                err, self._callback_error = self._callback_error, None
+                raise err from e
+            gone = self._release(ve, callback)
+            return self.fail_step(ve, sched, e, gone)
+        gone = self._release(ve, callback)
         report = engine.apply_outputs(ve, sched.sched_out, output, gone)
+        times = self._times(sched, output, gone)
         if self.async_proc and output is not None:
-            report.info = (sched, _generated(output))
             engine.hold_report(ve, report)
+            self._held[ve] = (sched, times)
             return None
         outs = engine.finish_report(ve, report)[0]
-        return self._result(sched, outs, _generated(output))
+        return self._result(sched, outs, times)
 
-    def _deliver_report(self, report) -> None:
-        sched, generated = report.info
-        self.deliver(*self._result(sched, report.finish(), generated))
+    def flush(self) -> None:
+        """Deliver every held report now (before every request is aborted, and when the
+        loop stops)."""
+        for ve in list(self._held):
+            self._release(ve, self._held_callback(ve))
+
+    def _held_callback(self, ve: int):
+        """Take ``ve``'s held report; returns a callback that delivers it once (None
+        without one), with the report as its ``report`` attribute. The callback keeps an
+        exception for :meth:`_release` rather than raising it into the worker's call,
+        where it would pass for a failed model call."""
+        report = self.engine.take_report(ve)
+        if report is None:
+            return None
+        sched, times = self._held.pop(ve)
+        done = [False]
+
+        def deliver_once() -> None:
+            if done[0]:
+                return
+            done[0] = True
+            try:
+                self.deliver(*self._result(sched, report.finish(), times))
+            except BaseException as e:
+                self._callback_error = e
+
+        deliver_once.report = report
+        return deliver_once
+
+    def _release(self, ve: int, callback) -> set[str]:
+        """Deliver a taken report (unless the worker has) and free the requests whose
+        text failed in it; returns their ids (``LLMEngine.finish_report``).
+
+        Raises:
+            Exception: what the delivery raised.
+        """
+        if callback is None:
+            return set()
+        callback()
+        if self._callback_error is not None:
+            err, self._callback_error = self._callback_error, None
+            raise err
+        return self.engine.finish_report(ve, callback.report)[1]
 
     # ------------------------------------------------------------------ step pieces
     def schedule(self, ve: int) -> ScheduledStep:
@@ -141,25 +192,45 @@ class EngineSteps:
         """Process a step's output (None: nothing ran) at once: its outputs, failures and
         statistics."""
         outs = self.engine.process_outputs(ve, sched.sched_out, output)
-        return self._result(sched, outs, _generated(output))
+        return self._result(sched, outs, self._times(sched, output, set()))
 
-    def fail_step(self, ve: int, sched: ScheduledStep, err: Exception) -> StepResult:
-        """Fail every request scheduled in a step whose model call raised ``err``."""
+    def fail_step(
+        self, ve: int, sched: ScheduledStep, err: Exception, gone: set[str] = frozenset()
+    ) -> StepResult:
+        """Fail every request scheduled in a step whose model call raised ``err``, except
+        ``gone`` (failed and reported already, by the report of the step before)."""
         # Runs outside the except block that caught ``err`` (on a VE thread or in the
         # executor, possibly), so the traceback is passed explicitly.
         logger.error("Step of virtual engine %d failed; failing its requests.", ve, exc_info=err)
         ids = [g.request_id for g in sched.sched_out.scheduled_seq_groups]
+        ids = [rid for rid in ids if rid not in gone]
         self.engine.abort_request(ids)
-        outs = self.engine.process_outputs(ve, sched.sched_out, None)
-        return outs, dict.fromkeys(ids, err), self.stats(sched, outs, 0)
+        report = self.engine.apply_outputs(ve, sched.sched_out, None, gone)
+        outs = self.engine.finish_report(ve, report)[0]
+        return outs, dict.fromkeys(ids, err), self.stats(sched, outs, _StepTimes())
 
-    def _result(self, sched: ScheduledStep, outs: list[RequestOutput], generated: int):
+    def _result(self, sched: ScheduledStep, outs: list[RequestOutput], times: _StepTimes):
         failed = {}
         for out in outs:
             err = self.engine.failed_requests.pop(out.request_id, None)
             if err is not None:
                 failed[out.request_id] = err
-        return outs, failed, self.stats(sched, outs, generated)
+        return outs, failed, self.stats(sched, outs, times)
+
+    @staticmethod
+    def _times(sched: ScheduledStep, output, gone: set[str]) -> _StepTimes:
+        """A step's :class:`_StepTimes`, right after its samples were applied."""
+        times = _StepTimes(_generated(output))
+        for g in sched.sched_out.scheduled_seq_groups:
+            rid, m = g.request_id, g.metrics
+            if rid in gone:
+                continue
+            if rid in sched.no_first_token and m.first_token_time is not None:
+                times.ttft.append(m.first_token_time - m.arrival_time)
+            prev = sched.last_token_time.get(rid)
+            if prev is not None and m.last_token_time is not None and m.last_token_time > prev:
+                times.tpot.append(m.last_token_time - prev)
+        return times
 
     # ------------------------------------------------------------------ statistics
     def gauges(self) -> StepStats:
@@ -181,23 +252,16 @@ class EngineSteps:
             prefix_hits=sum(s.block_manager.num_hit_tokens for s in schedulers),
         )
 
-    def stats(self, sched: ScheduledStep, outs: list[RequestOutput], generated: int) -> StepStats:
-        """A step's :class:`StepStats`: the gauges now, its prompt and generated tokens,
-        TTFT / TPOT observations and finished requests from its outputs."""
-        sched_out = sched.sched_out
+    def stats(self, sched: ScheduledStep, outs: list[RequestOutput], times: _StepTimes):
+        """A step's :class:`StepStats`: the gauges now, its prompt tokens, its
+        :class:`_StepTimes`, and the requests that finished in its outputs."""
         stats = self.gauges()
-        stats.prompt_tokens = sched_out.num_prefill_tokens
-        stats.generation_tokens = generated
+        stats.prompt_tokens = sched.sched_out.num_prefill_tokens
+        stats.generation_tokens = times.generated
+        stats.ttft, stats.tpot = list(times.ttft), list(times.tpot)
         for out in outs:
             m = out.metrics
-            if m is None:
-                continue
-            if out.request_id in sched.no_first_token and m.first_token_time is not None:
-                stats.ttft.append(m.first_token_time - m.arrival_time)
-            prev = sched.last_token_time.get(out.request_id)
-            if prev is not None and m.last_token_time is not None and m.last_token_time > prev:
-                stats.tpot.append(m.last_token_time - prev)
-            if out.finished:
+            if out.finished and m is not None:
                 reason = next((o.finish_reason for o in out.outputs if o.finish_reason), "abort")
                 end = m.finished_time or time.time()
                 stats.finished.append((reason, end - m.arrival_time))

@@ -58,9 +58,6 @@ class StepReport:
         self.stream = stream
         self.on_error = on_error
         self.failed: list[SequenceGroup] = []
-        # What the caller keeps with this step until the report is finished (the async
-        # engine keeps the step's statistics inputs here, vllm/engine/async_steps.py).
-        self.info: object = None
         self._outputs: list[RequestOutput] | None = None
 
     def finish(self) -> list[RequestOutput]:
