@@ -110,3 +110,48 @@ def test_shutdown_leaves_no_process(tiny_llama_dir):
     assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids)
     with pytest.raises(RuntimeError, match="shut down"):
         llm.generate(["x"], use_tqdm=False)
+
+
+class _ExitingWorker:
+    """A stage process between closing its files and becoming reapable: its sentinel is
+    readable, but ``exitcode`` stays None until ``join``."""
+
+    def __init__(self, exiting: bool):
+        self.sentinel, self._w = os.pipe()
+        if exiting:
+            os.close(self._w)
+        self.exitcode = None
+        self._exiting = exiting
+
+    def join(self, timeout=None):
+        if self._exiting:
+            self.exitcode = -signal.SIGKILL
+
+    def close(self):
+        os.close(self.sentinel)
+        if not self._exiting:
+            os.close(self._w)
+
+
+def test_neighbour_error_names_the_exiting_stage():
+    """Stage 1 reports a connection reset while stage 0 is still exiting (sentinel ready,
+    not yet reaped): the executor's error names rank 0's death, not rank 1's symptom."""
+    import threading
+    from concurrent.futures import Future
+
+    from vllm.executor.mp_executor import MultiprocessingExecutor
+    from vllm.worker import worker_process as wp
+
+    ex = object.__new__(MultiprocessingExecutor)
+    ex.workers = [_ExitingWorker(exiting=True), _ExitingWorker(exiting=False)]
+    ex.worker_pids = [101, 102]
+    ex._lock = threading.Lock()
+    ex._error = None
+    step = Future()
+    ex._steps, ex._calls = {7: step}, {}
+    ex._dispatch((wp.STEP, 7, 1, None, "RuntimeError: Connection reset by peer"))
+    for w in ex.workers:
+        w.close()
+    msg = str(step.exception(timeout=0))
+    assert msg.startswith("pipeline worker rank 0 (pid 101) died unexpectedly (exit code -9)")
+    assert ex._error is step.exception(timeout=0)

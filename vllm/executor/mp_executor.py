@@ -169,12 +169,14 @@ class MultiprocessingExecutor(PipelineExecutorBase):
         kind, tag, rank, payload, err = msg
         if err is not None:
             # A neighbour's death (the cause) often surfaces first as this stage's
-            # communication error: give a dying process a moment to become reapable.
-            wait([p.sentinel for p in self.workers], timeout=1.0)
-            dead = [r for r, p in enumerate(self.workers) if p.exitcode is not None]
+            # communication error. A dying process closes its sockets and its sentinel
+            # together, before it becomes reapable: a ready sentinel marks it dead.
+            ready = wait([p.sentinel for p in self.workers], timeout=1.0)
+            dead = [r for r, p in enumerate(self.workers) if p.sentinel in ready]
             if dead:
-                code = self.workers[dead[0]].exitcode
-                self._fail(dead[0], f"died unexpectedly (exit code {code})")
+                proc = self.workers[dead[0]]
+                proc.join(1.0)
+                self._fail(dead[0], f"died unexpectedly (exit code {proc.exitcode})")
             else:
                 self._fail(rank, f"raised an exception while running a {kind!r} message:\n{err}")
             return
