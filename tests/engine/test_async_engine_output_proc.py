@@ -178,11 +178,8 @@ def test_async_engine_failed_call_after_a_held_report(tiny_llama_dir, monkeypatc
     assert trace["inside"] >= 1 and state == (False, 0.0)
 
 
-@pytest.mark.forked
-def test_async_engine_text_failure_then_failed_call(tiny_llama_dir, monkeypatch):
-    """r1's text fails in the report that the failing third call would deliver: r1 fails
-    once (counted finished once, freed once) and r0 fails with the call, as without the
-    mode."""
+def _runs_with_r1_text_failing(model, monkeypatch, fail_call=None):
+    """``_run`` without and with the mode while r1's text fails at its second report."""
     from vllm.engine import step_report
 
     finish_text_of, calls = step_report.finish_text_of, {"r1": 0}
@@ -198,7 +195,30 @@ def test_async_engine_text_failure_then_failed_call(tiny_llama_dir, monkeypatch)
     runs = {}
     for mode in (False, True):
         calls["r1"] = 0
-        runs[mode] = _run(tiny_llama_dir, mode, 1, monkeypatch, fail_call=3)
+        runs[mode] = _run(model, mode, 1, monkeypatch, fail_call=fail_call)
+    return runs
+
+
+@pytest.mark.forked
+def test_async_engine_text_failure_counts_as_without_the_mode(tiny_llama_dir, monkeypatch):
+    """r1's text fails in a held report while its next step already ran: that step's
+    samples for r1 are dropped, and not counted (generation tokens, TTFT, TPOT and
+    finish reasons equal those without the mode); the other streams are unchanged."""
+    runs = _runs_with_r1_text_failing(tiny_llama_dir, monkeypatch)
+    (sync, sync_stats, _, sync_state), (asyn, async_stats, _, async_state) = runs.values()
+    assert async_stats == sync_stats
+    assert sync_stats["finished"].count("abort") == 1  # r1 only
+    assert _without_logprobs(asyn) == _without_logprobs(sync)
+    assert asyn[1][-1] == "RequestFailedError"
+    assert sync_state == async_state == (False, 0.0)
+
+
+@pytest.mark.forked
+def test_async_engine_text_failure_then_failed_call(tiny_llama_dir, monkeypatch):
+    """r1's text fails in the report that the failing third call would deliver: r1 fails
+    once (counted finished once, freed once) and r0 fails with the call, as without the
+    mode."""
+    runs = _runs_with_r1_text_failing(tiny_llama_dir, monkeypatch, fail_call=3)
     (sync, sync_stats, _, sync_state), (asyn, async_stats, _, async_state) = runs.values()
     assert asyn[:2] == sync[:2]
     assert [len(s) for s in asyn[:2]] == [3, 2]  # r0: 2 chunks and the call's error
@@ -287,3 +307,75 @@ def test_async_engine_delivery_error_stops_the_loop(tiny_llama_dir, async_proc, 
     assert all(s[-1] == "EngineDeadError" for s in streams), streams
     assert all(len(s) == 3 for s in streams)  # two steps' chunks, then the error
     assert isinstance(engine.errored, ValueError)
+
+
+@pytest.mark.forked
+def test_async_engine_stop_flush_delivery_error_kills_the_engine(tiny_llama_dir, monkeypatch):
+    """Shutdown during the last step, and the held report's delivery at the loop's stop
+    raises: the engine is marked dead with that error and ``on_dead`` is told."""
+    dead = []
+
+    async def main():
+        engine = _async_engine(tiny_llama_dir, True, 1, monkeypatch)
+        engine.on_dead = dead.append
+        deliver = engine._deliver_step
+
+        def failing(outs, failed, stats):
+            if any(o.finished for o in outs):
+                raise ValueError("delivery bug")
+            deliver(outs, failed, stats)
+
+        engine._deliver_step = failing
+        return await _one_stream(engine, 3, 2, engine.shutdown), engine
+
+    outs, engine = asyncio.run(main())
+    assert outs[-1] == "EngineDeadError" and len(outs) == 3, outs
+    assert isinstance(engine.errored, ValueError) and dead == [engine.errored]
+
+
+@pytest.mark.forked
+def test_async_engine_abort_all_error_kills_the_engine(tiny_llama_dir, monkeypatch):
+    """``abort_all`` fails on the engine thread while delivering the held report: the
+    caller gets the error, and the loop stops (the report is lost, so no stream may wait
+    for it) with every stream ended by EngineDeadError."""
+    res = {}
+
+    async def main():
+        engine = _async_engine(tiny_llama_dir, True, 1, monkeypatch)
+        result, failing_now = engine.steps._result, [False]
+
+        def failing_result(*args):
+            if failing_now[0]:
+                raise ValueError("bug while making outputs")
+            return result(*args)
+
+        engine.steps._result = failing_result
+
+        inner = engine._abort_all
+
+        def failing_abort_all():  # on the engine thread: no step runs in between
+            failing_now[0] = True
+            try:
+                return inner()
+            finally:
+                failing_now[0] = False
+
+        engine._abort_all = failing_abort_all
+
+        async def abort_all():
+            try:
+                res["abort_all"] = await engine.abort_all("test")
+            except ValueError as e:
+                res["abort_all"] = e
+
+        try:
+            outs = await asyncio.wait_for(_one_stream(engine, 12, 2, abort_all), 60)
+            res["running"] = engine.is_running
+        finally:
+            await engine.shutdown()
+        return outs, engine
+
+    outs, engine = asyncio.run(main())
+    assert isinstance(res["abort_all"], ValueError), res
+    assert outs[-1] == "EngineDeadError" and len(outs) <= 3, outs
+    assert res["running"] is False and engine.errored is res["abort_all"]

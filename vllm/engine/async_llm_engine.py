@@ -216,7 +216,13 @@ class AsyncLLMEngine:
         pending, self._pending = self._pending, []
         for rid, *_ in pending:
             self._deliver(rid, EngineDeadError(reason))
-        outs, stats = await self._on_engine(self._abort_all)
+        try:
+            outs, stats = await self._on_engine(self._abort_all)
+        except BaseException as e:
+            # The held step's report may be lost with it: stop the loop, as a failed
+            # delivery does (every open stream fails, on_dead runs).
+            self._fatal(e)
+            raise
         self.metrics.record(stats)
         for out in outs:
             self._deliver(out.request_id, out)
@@ -284,6 +290,8 @@ class AsyncLLMEngine:
                 ready, refused, gauges, ran, stepped = await self._on_engine(
                     self._admit_and_step, pending, aborts, idle
                 )
+                if self._deliver_error is not None:  # a held step's delivery failed
+                    raise self._deliver_error
                 if not ran or gauges.finished:  # a step's stats carry newer gauges
                     self.metrics.record(gauges)
                 for rid, err in refused:
@@ -298,6 +306,8 @@ class AsyncLLMEngine:
                 if not in_flight:
                     if self._stopping:
                         await self._on_engine(self.steps.flush)  # the last step's outputs
+                        if self._deliver_error is not None:
+                            raise self._deliver_error
                         return
                     if not self._pending and not self._aborts:
                         # Wake at least once a second to notice a failed executor.
@@ -380,10 +390,17 @@ class AsyncLLMEngine:
             try:
                 self._deliver_step(outs, failed, stats)
             except BaseException as e:
-                self._deliver_error = e
-                self._wakeup.set()
+                self._fatal(e)
 
         self._loop.call_soon_threadsafe(deliver)
+
+    def _fatal(self, err: BaseException) -> None:
+        """Event loop: make ``err`` stop the engine loop at its next turn (the first
+        such error wins)."""
+        if self._deliver_error is None:
+            self._deliver_error = err
+        if self._wakeup is not None:
+            self._wakeup.set()
 
     def _deliver_step(self, outs, failed, stats) -> None:
         """Event loop: a step's statistics to the metrics, its outputs (or each failed

@@ -60,12 +60,16 @@ class _StepTimes:
     tpot: list[float] = field(default_factory=list)
 
 
-def _generated(output) -> int:
-    """Tokens sampled in a step (a multi-token step, speculative or multi-step, counts
-    each); 0 for None."""
+def _generated(sched_out, output, gone: set[str]) -> int:
+    """Tokens sampled in a step for requests not in ``gone`` (a multi-token step,
+    speculative or multi-step, counts each); 0 for None. ``output.outputs`` is aligned
+    with ``sched_out.scheduled_seq_groups``."""
     if output is None:
         return 0
-    return sum(len(s.token_ids) for g in output.outputs for s in g.samples)
+    groups = zip(sched_out.scheduled_seq_groups, output.outputs)
+    return sum(
+        len(s.token_ids) for g, out in groups if g.request_id not in gone for s in out.samples
+    )
 
 
 class EngineSteps:
@@ -220,7 +224,7 @@ class EngineSteps:
     @staticmethod
     def _times(sched: ScheduledStep, output, gone: set[str]) -> _StepTimes:
         """A step's :class:`_StepTimes`, right after its samples were applied."""
-        times = _StepTimes(_generated(output))
+        times = _StepTimes(_generated(sched.sched_out, output, gone))
         for g in sched.sched_out.scheduled_seq_groups:
             rid, m = g.request_id, g.metrics
             if rid in gone:
