@@ -18,6 +18,9 @@ import pytest
 from tests.utils import RemoteOpenAIServer
 
 NUM_REQUESTS, CONCURRENCY, MAX_TOKENS = 256, 64, 12
+# A dropped request asks for as many tokens as the model length allows, so its client,
+# even a starved one, leaves long before the server could finish it.
+MAX_MODEL_LEN, DROPPED_MAX_TOKENS = 512, 480
 ABORTED = {i for i in range(NUM_REQUESTS) if i % 4 == 3}
 PROMPTS = [f"Load test request number {i}:" for i in range(NUM_REQUESTS)]
 
@@ -34,9 +37,10 @@ def _metrics(server) -> dict[str, float]:
 
 async def _one(client: httpx.AsyncClient, url: str, i: int, gate: asyncio.Semaphore):
     """Stream request ``i``: (text, finish_reason), or ("aborted", chunks read) when the
-    client drops it after two chunks of its 200 tokens."""
+    client drops it after two chunks of its DROPPED_MAX_TOKENS."""
     drop = i in ABORTED
-    body = {"prompt": PROMPTS[i], "max_tokens": 200 if drop else MAX_TOKENS, "stream": True}
+    body = {"prompt": PROMPTS[i], "max_tokens": DROPPED_MAX_TOKENS if drop else MAX_TOKENS}
+    body["stream"] = True
     body |= {"temperature": 0, "ignore_eos": True}
     text, finish, chunks = "", None, 0
     async with gate, client.stream("POST", url, json=body) as r:
@@ -55,7 +59,9 @@ async def _one(client: httpx.AsyncClient, url: str, i: int, gate: asyncio.Semaph
 
 @pytest.mark.forked
 def test_64_clients_256_streams_with_a_quarter_dropped(tiny_llama_dir):
-    server = RemoteOpenAIServer(tiny_llama_dir, ["--device", "cpu", "--max-model-len", "256"])
+    server = RemoteOpenAIServer(
+        tiny_llama_dir, ["--device", "cpu", "--max-model-len", str(MAX_MODEL_LEN)]
+    )
     try:
         url = server.url_for("v1", "completions")
         kept = [i for i in range(NUM_REQUESTS) if i not in ABORTED]
@@ -96,8 +102,11 @@ def test_64_clients_256_streams_with_a_quarter_dropped(tiny_llama_dir):
             key = f'vllm:request_success_total{{finished_reason="{reason}"}}'
             return m.get(key, 0) - before.get(key, 0)
 
-        assert done("length") == NUM_REQUESTS - len(ABORTED)
-        assert done("abort") == len(ABORTED)
+        # A dropped request that the server finished before its client read two chunks
+        # (a client starved of CPU reads late) counts as "length"; allow a few.
+        late = done("length") - (NUM_REQUESTS - len(ABORTED))
+        assert 0 <= late <= len(ABORTED) // 8, (done("length"), done("abort"))
+        assert done("abort") == len(ABORTED) - late
         assert done("length") + done("abort") + done("stop") == NUM_REQUESTS
     finally:
         server.stop()
