@@ -114,18 +114,22 @@ def test_shutdown_leaves_no_process(tiny_llama_dir):
 
 class _ExitingWorker:
     """A stage process between closing its files and becoming reapable: its sentinel is
-    readable, but ``exitcode`` stays None until ``join``."""
+    readable, and ``exitcode`` (a non-blocking poll) stays None for its first
+    ``polls_until_reaped`` reads (always None for a live one)."""
 
-    def __init__(self, exiting: bool):
+    def __init__(self, exiting: bool, polls_until_reaped: int = 3):
         self.sentinel, self._w = os.pipe()
         if exiting:
             os.close(self._w)
-        self.exitcode = None
-        self._exiting = exiting
+        self._exiting, self._polls = exiting, polls_until_reaped
+
+    @property
+    def exitcode(self):
+        self._polls -= 1
+        return -signal.SIGKILL if self._exiting and self._polls < 0 else None
 
     def join(self, timeout=None):
-        if self._exiting:
-            self.exitcode = -signal.SIGKILL
+        raise AssertionError("join blocks once the sentinel is ready; poll exitcode")
 
     def close(self):
         os.close(self.sentinel)
@@ -133,9 +137,11 @@ class _ExitingWorker:
             os.close(self._w)
 
 
-def test_neighbour_error_names_the_exiting_stage():
+@pytest.mark.parametrize("polls, code", [(3, "-9"), (10**9, "pending")])
+def test_neighbour_error_names_the_exiting_stage(polls, code):
     """Stage 1 reports a connection reset while stage 0 is still exiting (sentinel ready,
-    not yet reaped): the executor's error names rank 0's death, not rank 1's symptom."""
+    not yet reaped): the executor's error names rank 0's death, not rank 1's symptom, with
+    its exit code once reapable, or "pending" after a second (never blocking on it)."""
     import threading
     from concurrent.futures import Future
 
@@ -143,7 +149,7 @@ def test_neighbour_error_names_the_exiting_stage():
     from vllm.worker import worker_process as wp
 
     ex = object.__new__(MultiprocessingExecutor)
-    ex.workers = [_ExitingWorker(exiting=True), _ExitingWorker(exiting=False)]
+    ex.workers = [_ExitingWorker(True, polls), _ExitingWorker(False)]
     ex.worker_pids = [101, 102]
     ex._lock = threading.Lock()
     ex._error = None
@@ -153,5 +159,5 @@ def test_neighbour_error_names_the_exiting_stage():
     for w in ex.workers:
         w.close()
     msg = str(step.exception(timeout=0))
-    assert msg.startswith("pipeline worker rank 0 (pid 101) died unexpectedly (exit code -9)")
+    assert msg.startswith(f"pipeline worker rank 0 (pid 101) died unexpectedly (exit code {code})")
     assert ex._error is step.exception(timeout=0)

@@ -37,6 +37,7 @@ import logging
 import multiprocessing
 import pickle
 import threading
+import time
 from concurrent.futures import Future
 from multiprocessing.connection import wait
 from typing import Any
@@ -160,8 +161,7 @@ class MultiprocessingExecutor(PipelineExecutorBase):
                     self._dispatch(msg)
                 else:
                     rank = sentinels[obj]
-                    self.workers[rank].join(0.1)
-                    code = self.workers[rank].exitcode
+                    code = _exit_code(self.workers[rank], timeout=0.1)
                     self._fail(rank, f"died unexpectedly (exit code {code})")
                     return
 
@@ -174,9 +174,8 @@ class MultiprocessingExecutor(PipelineExecutorBase):
             ready = wait([p.sentinel for p in self.workers], timeout=1.0)
             dead = [r for r, p in enumerate(self.workers) if p.sentinel in ready]
             if dead:
-                proc = self.workers[dead[0]]
-                proc.join(1.0)
-                self._fail(dead[0], f"died unexpectedly (exit code {proc.exitcode})")
+                code = _exit_code(self.workers[dead[0]], timeout=1.0)
+                self._fail(dead[0], f"died unexpectedly (exit code {code})")
             else:
                 self._fail(rank, f"raised an exception while running a {kind!r} message:\n{err}")
             return
@@ -348,6 +347,17 @@ def start_up_exit_message(rank: int, exit_code: int | None, start_method: str) -
             "worker's own error above in stderr)."
         )
     return msg
+
+
+def _exit_code(proc, timeout: float) -> int | str:
+    """``proc``'s exit code, polled (non-blocking ``waitpid``) for up to ``timeout``
+    seconds; "pending" when it is not reapable by then. Not ``proc.join(timeout)``: once
+    the sentinel is ready, join waits for the exit without a bound, and a process whose
+    device files take long to release would stall the watcher."""
+    deadline = time.monotonic() + timeout
+    while proc.exitcode is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return proc.exitcode if proc.exitcode is not None else "pending"
 
 
 def _run_forked_worker(driver_conns: list, *args) -> None:
