@@ -379,3 +379,36 @@ def test_async_engine_abort_all_error_kills_the_engine(tiny_llama_dir, monkeypat
     assert isinstance(res["abort_all"], ValueError), res
     assert outs[-1] == "EngineDeadError" and len(outs) <= 3, outs
     assert res["running"] is False and engine.errored is res["abort_all"]
+
+
+@pytest.mark.forked
+def test_async_engine_cancelled_abort_all_still_aborts(tiny_llama_dir, monkeypatch):
+    """``abort_all`` cancelled while its engine-thread call waits behind a long step (a
+    graceful shutdown's last deadline): the abort still runs, its final output reaches the
+    stream, and the engine stays healthy and shuts down cleanly."""
+    import time
+
+    res = {}
+
+    async def main():
+        engine = _async_engine(tiny_llama_dir, True, 1, monkeypatch)
+
+        async def cancelled_abort_all():
+            loop = asyncio.get_running_loop()
+            loop.run_in_executor(engine._thread, time.sleep, 1.0)  # a long step
+            task = asyncio.ensure_future(engine.abort_all("drain timeout"))
+            await asyncio.sleep(0.2)
+            task.cancel()
+            res["cancelled"] = await asyncio.gather(task, return_exceptions=True)
+
+        outs = await asyncio.wait_for(_one_stream(engine, 200, 2, cancelled_abort_all), 60)
+        res["errored"] = engine.errored
+        await engine.shutdown()
+        res["thread_shut_down"] = engine._thread._shutdown
+        return outs
+
+    outs = asyncio.run(main())
+    assert isinstance(res["cancelled"][0], asyncio.CancelledError), res
+    assert outs[-1].finished and outs[-1].outputs[0].finish_reason == "abort", outs[-1]
+    assert len(outs[-1].outputs[0].token_ids) < 200
+    assert res["errored"] is None and res["thread_shut_down"]

@@ -153,6 +153,7 @@ class AsyncLLMEngine:
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already running.")
         await self.prepare_grammar(params)
+        await self.check_health()  # the loop may have stopped while the grammar compiled
         if self.log_requests:
             self._log_request(request_id, prompt, params)
         queue: asyncio.Queue = asyncio.Queue()
@@ -212,23 +213,34 @@ class AsyncLLMEngine:
     async def abort_all(self, reason: str) -> int:
         """Abort every queued and running request; each open stream gets a final output
         whose sequences finish with finish_reason "abort" (used when a graceful shutdown
-        runs out of time). Returns how many requests were aborted."""
+        runs out of time). Returns how many requests were aborted.
+
+        Cancelling the call does not cancel the abort: once it has reached the engine
+        thread, its outputs are still delivered. An error there (the held step's report
+        may be lost with it) stops the loop, as a failed delivery does."""
         pending, self._pending = self._pending, []
         for rid, *_ in pending:
             self._deliver(rid, EngineDeadError(reason))
-        try:
-            outs, stats = await self._on_engine(self._abort_all)
-        except BaseException as e:
-            # The held step's report may be lost with it: stop the loop, as a failed
-            # delivery does (every open stream fails, on_dead runs).
-            self._fatal(e)
-            raise
+        task = asyncio.ensure_future(self._on_engine(self._abort_all))
+        task.add_done_callback(lambda t: self._aborted_all(t, len(pending), reason))
+        outs, _ = await asyncio.shield(task)
+        return len(outs) + len(pending)
+
+    def _aborted_all(self, task: asyncio.Future, num_pending: int, reason: str) -> None:
+        """Event loop: deliver :meth:`_abort_all`'s outputs, or stop the loop with its
+        error."""
+        if task.cancelled():
+            return
+        err = task.exception()
+        if err is not None:
+            self._fatal(err)
+            return
+        outs, stats = task.result()
         self.metrics.record(stats)
         for out in outs:
             self._deliver(out.request_id, out)
-        if outs or pending:
-            logger.warning("Aborted %d request(s): %s", len(outs) + len(pending), reason)
-        return len(outs) + len(pending)
+        if outs or num_pending:
+            logger.warning("Aborted %d request(s): %s", len(outs) + num_pending, reason)
 
     def _abort_all(self):
         """Engine thread: abort every request and snapshot each as a finished output
@@ -290,12 +302,12 @@ class AsyncLLMEngine:
                 ready, refused, gauges, ran, stepped = await self._on_engine(
                     self._admit_and_step, pending, aborts, idle
                 )
-                if self._deliver_error is not None:  # a held step's delivery failed
-                    raise self._deliver_error
                 if not ran or gauges.finished:  # a step's stats carry newer gauges
                     self.metrics.record(gauges)
                 for rid, err in refused:
                     self._deliver(rid, err)
+                if self._deliver_error is not None:  # a held step's delivery failed
+                    raise self._deliver_error
                 if ran:
                     if stepped is not None:
                         self._deliver_step(*stepped)
