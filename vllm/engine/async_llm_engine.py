@@ -87,7 +87,7 @@ class AsyncLLMEngine:
         self.max_log_len = max_log_len
         self.num_virtual_engines = len(self.engine.schedulers)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._deliver_error: BaseException | None = None
+        self._fatal_error: BaseException | None = None
         self.steps = EngineSteps(self.engine, self._deliver_threadsafe)
         self._ve_threads = [
             ThreadPoolExecutor(1, thread_name_prefix=f"vllm-ve{v}")
@@ -292,8 +292,7 @@ class AsyncLLMEngine:
         in_flight: dict[int, asyncio.Task] = {}
         try:
             while True:
-                if self._deliver_error is not None:
-                    raise self._deliver_error
+                self._raise_fatal()
                 self._wakeup.clear()
                 pending, self._pending = self._pending, []
                 aborts, self._aborts = self._aborts, []
@@ -306,8 +305,7 @@ class AsyncLLMEngine:
                     self.metrics.record(gauges)
                 for rid, err in refused:
                     self._deliver(rid, err)
-                if self._deliver_error is not None:  # a held step's delivery failed
-                    raise self._deliver_error
+                self._raise_fatal()  # e.g. a held step's delivery failed
                 if ran:
                     if stepped is not None:
                         self._deliver_step(*stepped)
@@ -318,8 +316,7 @@ class AsyncLLMEngine:
                 if not in_flight:
                     if self._stopping:
                         await self._on_engine(self.steps.flush)  # the last step's outputs
-                        if self._deliver_error is not None:
-                            raise self._deliver_error
+                        self._raise_fatal()
                         return
                     if not self._pending and not self._aborts:
                         # Wake at least once a second to notice a failed executor.
@@ -409,10 +406,15 @@ class AsyncLLMEngine:
     def _fatal(self, err: BaseException) -> None:
         """Event loop: make ``err`` stop the engine loop at its next turn (the first
         such error wins)."""
-        if self._deliver_error is None:
-            self._deliver_error = err
+        if self._fatal_error is None:
+            self._fatal_error = err
         if self._wakeup is not None:
             self._wakeup.set()
+
+    def _raise_fatal(self) -> None:
+        """Event loop: raise the error :meth:`_fatal` stored, if any."""
+        if self._fatal_error is not None:
+            raise self._fatal_error
 
     def _deliver_step(self, outs, failed, stats) -> None:
         """Event loop: a step's statistics to the metrics, its outputs (or each failed

@@ -60,18 +60,6 @@ class _StepTimes:
     tpot: list[float] = field(default_factory=list)
 
 
-def _generated(sched_out, output, gone: set[str]) -> int:
-    """Tokens sampled in a step for requests not in ``gone`` (a multi-token step,
-    speculative or multi-step, counts each); 0 for None. ``output.outputs`` is aligned
-    with ``sched_out.scheduled_seq_groups``."""
-    if output is None:
-        return 0
-    groups = zip(sched_out.scheduled_seq_groups, output.outputs)
-    return sum(
-        len(s.token_ids) for g, out in groups if g.request_id not in gone for s in out.samples
-    )
-
-
 class EngineSteps:
     """Steps of an :class:`LLMEngine` for the async engine (see the module doc).
 
@@ -223,12 +211,19 @@ class EngineSteps:
 
     @staticmethod
     def _times(sched: ScheduledStep, output, gone: set[str]) -> _StepTimes:
-        """A step's :class:`_StepTimes`, right after its samples were applied."""
-        times = _StepTimes(_generated(sched.sched_out, output, gone))
-        for g in sched.sched_out.scheduled_seq_groups:
+        """A step's :class:`_StepTimes`, right after its samples were applied. Requests in
+        ``gone`` add nothing: their samples were dropped. ``output.outputs`` (None: nothing
+        ran) is aligned with the scheduled groups; a multi-token step, speculative or
+        multi-step, counts each token."""
+        times = _StepTimes()
+        groups = sched.sched_out.scheduled_seq_groups
+        outs = output.outputs if output is not None else [None] * len(groups)
+        for g, out in zip(groups, outs):
             rid, m = g.request_id, g.metrics
             if rid in gone:
                 continue
+            if out is not None:
+                times.generated += sum(len(s.token_ids) for s in out.samples)
             if rid in sched.no_first_token and m.first_token_time is not None:
                 times.ttft.append(m.first_token_time - m.arrival_time)
             prev = sched.last_token_time.get(rid)
