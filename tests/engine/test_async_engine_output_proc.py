@@ -134,6 +134,38 @@ def test_async_engine_streams_equal_without_the_mode(tiny_llama_dir, steps, monk
     assert sync_state == async_state == (False, 0.0)
 
 
+@pytest.mark.forked
+def test_async_engine_first_tokens_are_not_held(tiny_llama_dir, monkeypatch):
+    """A step that gives requests their first token is finished when it returns, outside
+    any model call; the decode steps after it are held and finished inside the next call.
+    The streams equal the loop without the mode (the first test)."""
+    from vllm.engine.async_steps import EngineSteps
+
+    seen = []  # per finished step: (first tokens in it, finished inside a model call)
+    result = EngineSteps._result
+
+    async def main():
+        engine = _async_engine(tiny_llama_dir, True, 4, monkeypatch)
+        with _traced(engine.engine) as trace:
+
+            def noted(self, sched, outs, times):
+                seen.append((len(times.ttft), trace["call"]))
+                return result(self, sched, outs, times)
+
+            monkeypatch.setattr(EngineSteps, "_result", noted)
+            streams = await _stream_all(engine, _params())
+        await engine.shutdown()
+        return streams
+
+    streams = asyncio.run(main())
+    assert all(s and s[-1][1] for s in streams)  # every request streamed to its finish
+    firsts = [inside for n, inside in seen if n]
+    decodes = [inside for n, inside in seen if not n]
+    assert sum(n for n, _ in seen) == len(PROMPTS)
+    assert firsts and not any(firsts)  # never held
+    assert sum(decodes) >= 2  # the decode steps still overlap the next call
+
+
 def _without_logprobs(streams):
     """Streams of ``_key`` tuples without their floats (ids, texts, reasons kept)."""
     return [[(k[0], k[1], tuple(c[:4] for c in k[2])) for k in s] for s in streams]
@@ -168,13 +200,15 @@ def test_async_engine_abort_while_a_report_is_held(tiny_llama_dir, monkeypatch):
 
 @pytest.mark.forked
 def test_async_engine_failed_call_after_a_held_report(tiny_llama_dir, monkeypatch):
-    """The third model call raises while the second step's report is held: that report's
-    chunks still reach the streams before the failure, as without the mode, and every
-    request is freed."""
-    sync, *_ = _run(tiny_llama_dir, False, 1, monkeypatch, fail_call=3)
-    asyn, _, trace, state = _run(tiny_llama_dir, True, 1, monkeypatch, fail_call=3)
+    """The fourth model call raises while the third step's report is held (the first
+    step, the prefill, is never held): that report's chunks still reach the streams before
+    the failure, as without the mode, and every request is freed."""
+    sync, *_ = _run(tiny_llama_dir, False, 1, monkeypatch, fail_call=4)
+    asyn, _, trace, state = _run(tiny_llama_dir, True, 1, monkeypatch, fail_call=4)
     assert asyn == sync
-    assert all(s[-1] == "RequestFailedError" and len(s) == 3 for s in asyn)  # 2 chunks, error
+    r2, others = asyn[2], asyn[:2] + asyn[3:]
+    assert r2[-1][1] and r2[-1][2][0][2] == "stop"  # its stop string came before the failure
+    assert all(s[-1] == "RequestFailedError" and len(s) == 4 for s in others)  # 3 chunks
     assert trace["inside"] >= 1 and state == (False, 0.0)
 
 

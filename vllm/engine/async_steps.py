@@ -11,7 +11,10 @@ engine as a report. Step N+1 hands that report to the worker as the request's
 ``async_callback``: the worker runs it once step N+1's device work is launched, and the
 callback passes step N's outputs to ``deliver`` there, so the request streams get them
 while the device computes. The outputs and the order in which each stream gets them are
-the same as without the mode; only the host work moves.
+the same as without the mode; only the host work moves. A step that gives some request
+its first token is finished at once instead: holding it would add the next step's host
+work (an eager prefill's launch, or a multi-step call's preparation) to that request's
+time to first token.
 
 A held report is delivered by the next ``whole_step`` of its VE, also when the VE has
 nothing left to schedule (``LLMEngine.has_work`` stays True until then), and by
@@ -91,6 +94,8 @@ class EngineSteps:
 
         Returns the step's result, or None when the step's report is held (async output
         processing: its result goes to ``deliver`` during the next step of ``ve``). A step
+        that gave a request its first token is not held: its outputs are made at once, so
+        time to first token does not wait for the next step's launch. A step
         whose model call raised fails its scheduled requests (:meth:`fail_step`), after
         the held report of the step before it is delivered.
 
@@ -116,7 +121,7 @@ class EngineSteps:
         gone = self._release(ve, callback)
         report = engine.apply_outputs(ve, sched.sched_out, output, gone)
         times = self._times(sched, output, gone)
-        if self.async_proc and output is not None:
+        if self.async_proc and output is not None and not times.ttft:
             engine.hold_report(ve, report)
             self._held[ve] = (sched, times)
             return None
