@@ -64,7 +64,8 @@ def test_convert_then_compare_script_on_this_engine(
         assert (r["engine"], r["version"], r["module"]) == ("fork", vllm.__version__, REPO_VLLM)
         assert r["llm_kwargs"] == {
             "model": out_dir, "dtype": "float32", "seed": 0, "max_model_len": 64,
-            "load_format": "auto", "device": "cpu", "num_scheduler_steps": 16,
+            "load_format": "auto", "device": "cpu", "num_scheduler_steps": 32,
+            "max_num_batched_tokens": 16384,
         }  # fmt: skip
         assert (r["num_requests"], r["input_tokens"], r["output_tokens"]) == expected[r["workload"]]
         assert r["num_iters"] == len(r["elapsed_s_each"]) == 2
