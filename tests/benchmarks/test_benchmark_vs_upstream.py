@@ -1,6 +1,7 @@
 """benchmarks/benchmark_vs_upstream.py and convert_gguf_to_hf.py on CPU with this engine:
 the GGUF -> HF conversion is exact, and the side-by-side script detects the engine, states
-its flags and reports self-consistent lines for batch and nano workloads (tiny sizes)."""
+its flags and reports self-consistent lines for batch and nano workloads (tiny sizes), and
+profile_engine_calls.py accounts for every model call of those workloads."""
 
 import argparse
 import json
@@ -130,3 +131,34 @@ def test_summarize_pairs_engines_by_model_and_workload(tmp_path):
     assert (ratio["model"], ratio["workload"], ratio["ratio"]) == ("m", "batch1", 3.75)
     assert (ratio["upstream_version"], ratio["fork_version"]) == ("u", "f")
     assert ratio["fork_llm_kwargs"] == {"e": "fork"}
+
+
+@pytest.mark.forked
+def test_engine_calls_profile_accounts_for_every_call(tiny_llama_dir, capsys, monkeypatch):
+    """profile_engine_calls.py on CPU: the prefill calls compute every prompt token, the
+    decode calls return at least every token after the first, the width buckets hold every
+    decode call, and the timed parts fit in the iteration's wall time."""
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0.05")
+    prof = _bench_module("profile_engine_calls")
+    argv = ["--model", tiny_llama_dir, "--device", "cpu", "--dtype", "float32",
+            "--max-model-len", "64", "--workloads", "3,nano", "--input-len", "6",
+            "--output-len", "5", "--num-prompts", "4", "--min-len", "4", "--max-len", "9",
+            "--num-iters", "1", "--bucket", "2", "--engine-kwargs",
+            '{"num_scheduler_steps": 2}']  # fmt: skip
+    records = prof.main(argv)
+    printed = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
+    assert printed == records and [r["workload"] for r in records] == ["batch3", "nano"]
+    bench = _bench_module("benchmark_vs_upstream")
+    args = bench.make_parser().parse_args(argv[:-4])  # without --bucket, --engine-kwargs
+    for r in records:
+        in_lens, out_lens = bench.workload_lengths(r["workload"].removeprefix("batch"), args)
+        assert r["prefill"]["tokens"] == sum(in_lens)
+        assert r["decode"]["tokens"] >= sum(out_lens) - len(out_lens)
+        assert r["decode"]["calls"] >= max(out_lens) // 2  # two tokens a call at most
+        buckets = r["decode_by_rows"]
+        assert sum(n for n, _, _ in buckets.values()) == r["decode"]["calls"]
+        assert all(int(b) % 2 == 0 and int(b) <= 2 * len(in_lens) for b in buckets)
+        parts = r["prefill"]["s"] + r["decode"]["s"] + r["between_calls_s"]
+        assert 0 < parts <= r["elapsed_s"] + 1e-3
+    with pytest.raises(ValueError, match="--bucket must be >= 1, got 0"):
+        prof.main(argv[:-4] + ["--bucket", "0"])
