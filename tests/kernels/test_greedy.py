@@ -54,13 +54,28 @@ def _cases(device: str) -> None:
             assert torch.all(packed[:, 2] == 1.0), ctx
             if rows > 1:
                 assert ids[1].item() == 17, ctx  # the first of two equal maxima
+            # 16-bit logits, as the lm_head writes them in a decode-loop graph: the ids of
+            # their float32 copy exactly (bf16 rounding makes many more ties), the logprob
+            # to float32 rounding
+            for dt in (torch.bfloat16, torch.float16):
+                wide = x.to(dt).float()  # [rows, vocab]
+                ids16, packed16 = greedy.greedy_pack(x.to(dt))
+                want16 = wide.argmax(dim=-1)
+                assert torch.equal(ids16, want16), (ctx, dt, ids16.tolist(), want16.tolist())
+                lp16 = torch.log_softmax(wide, dim=-1).gather(1, want16[:, None])[:, 0]
+                torch.testing.assert_close(packed16[:, 1], lp16.double(), rtol=1e-5, atol=LP_ATOL)
+                torch.testing.assert_close(packed16, greedy.greedy_pack(wide)[1], rtol=1e-5,
+                                           atol=LP_ATOL)  # fmt: skip
     # a row of only -inf: token 0 and a NaN logprob, as torch.argmax / log_softmax give
     ids, packed = greedy.greedy_pack(torch.full((1, 5000), -float("inf"), device=device))
     assert ids.item() == 0 and torch.isnan(packed[0, 1])
     ids, packed = greedy.greedy_pack(torch.empty(0, 100, device=device))
     assert ids.shape == (0,) and packed.shape == (0, 3)
-    with pytest.raises(ValueError, match="float32"):
-        greedy.greedy_pack(torch.zeros(2, 10, dtype=torch.float16, device=device))
+    ids, packed = greedy.greedy_pack(torch.full((1, 5000), -float("inf"), device=device).bfloat16())
+    assert ids.item() == 0 and torch.isnan(packed[0, 1])
+    for dt in (torch.float64, torch.int32):
+        with pytest.raises(ValueError, match="float32, bfloat16 or float16"):
+            greedy.greedy_pack(torch.zeros(2, 10, dtype=dt, device=device))
     # the checks can fail: a wrong logprob (a missing chunk term) is caught
     x = (torch.randn(1, 9000, generator=torch.Generator().manual_seed(1)) * 4).to(device)
     bad = torch.log_softmax(x[:, :8192], dim=-1).amax(dim=-1).double()
@@ -110,7 +125,19 @@ def test_cuda_kernels_and_sampler(monkeypatch):
     monkeypatch.setattr(greedy, "greedy_pack", lambda t: calls.append(1) or orig(t))
     ids, packed, k = Sampler.sample_on_device(x, sm)
     assert calls and k == 0
+    # bf16 logits (a decode-loop graph's) go to the kernel as they are: the ids of their
+    # float32 copy; with the switch off they are widened for the torch path
+    xb = x.bfloat16()
+    ids_b, packed_b, _ = Sampler.sample_on_device(xb, sm)
+    assert len(calls) == 2
+    ids_w, packed_w, _ = Sampler.sample_on_device(xb.float(), sm)
+    assert torch.equal(ids_b, ids_w)
+    torch.testing.assert_close(packed_b, packed_w, rtol=1e-5, atol=1e-5)
     monkeypatch.setenv("VLLM_USE_TRITON_GREEDY", "0")
+    ids_bt, packed_bt, _ = Sampler.sample_on_device(xb, sm)
+    assert torch.equal(ids_bt, ids_b) and packed_bt.dtype == torch.float64
+    calls.clear()
+    calls.append(1)
     ids_t, packed_t, k_t = Sampler.sample_on_device(x, sm)
     assert len(calls) == 1 and k_t == 0
     assert torch.equal(ids, ids_t) and torch.equal(packed[:, 0], packed_t[:, 0])

@@ -19,7 +19,10 @@ Scope (everything else takes the per-step multi-step path, same results):
 - greedy sampling without penalties, seeds or logprobs (``eligible``); the packed rows are
   those of ``Sampler.sample_on_device`` (token id, logprob, rank 1), computed from the
   logits of every lane as ``ModelRunner.compute_logits`` does for a graph's padded batch,
-  so a loop graph, a plain graph and an eager step on the same padded batch agree exactly;
+  except that the lm_head's logits stay in the model's dtype for the greedy kernel
+  (vllm/kernels/greedy.py widens them as it reads them): a loop graph, a plain graph and
+  an eager step on the same padded batch sample the same ids, and their logprobs agree to
+  float32 rounding;
 - attention backends whose graph state ``advances_on_device`` at that size (TORCH_SDPA;
   FLASHINFER's small-decode sizes, and its wrappers when planned once per call:
   vllm/attention/backends/flashinfer/loop_plan.py; the state's ``prepare_loop`` stages
@@ -122,7 +125,7 @@ def capture_loop_graph(
 
     def step():
         hidden = model(ids, pos, kv_caches, md, None)  # [rows, hidden]
-        logits = model.compute_logits(hidden).float()  # [rows, vocab]
+        logits = model.compute_logits(hidden, float32=False)  # [rows, vocab], model dtype
         nxt, packed, _ = sampler.sample_on_device(logits, sm)  # [rows], [rows, 3]
         ring.index_copy_(0, counter, packed[None])  # ring[counter] = packed
         counter.add_(1)

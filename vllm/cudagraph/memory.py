@@ -84,7 +84,7 @@ def extrapolate(
         buffers, the shared pool after the largest graphs and the largest decode graph; each
         further graph keeps its own outputs and metadata (e.g. a FlashInfer wrapper's int
         workspace); l is what the pool grows by for the largest decode-loop graph (its
-        logits and sampling, [rows, vocab] float32, are the largest tensors a decode graph
+        logits and sampling, [rows, vocab], are the largest tensors a decode graph
         makes). An estimate: the capture logs what it actually took.
     """
     decode = [(mem, live) for label, mem, live in trace if isinstance(label, int)]

@@ -21,8 +21,11 @@ a different summation order and Triton's ``exp`` (a few ulp, not bit-equal). A r
 logits are all ``-inf`` gives token 0 and a NaN logprob, as torch does.
 
 Used by ``Sampler.sample_on_device`` for all-greedy batches without logprobs on CUDA, in
-eager steps, graphs and decode-loop graphs alike. This module imports ``triton`` at the
-top: reach it through :func:`vllm.kernels.dispatch.get_triton_greedy`.
+eager steps, graphs and decode-loop graphs alike. A decode-loop graph hands it the lm_head's
+16-bit logits: the float32 copy the other paths make (at 256 rows of a 151,936-token
+vocabulary, 156 MB written and read again each step) is skipped, and the ids are the same.
+This module imports ``triton`` at the top: reach it through
+:func:`vllm.kernels.dispatch.get_triton_greedy`.
 """
 
 import torch
@@ -30,6 +33,7 @@ import triton
 import triton.language as tl
 
 BLOCK_V = 4096  # logits per chunk program (16 KiB of float32)
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 @triton.jit
@@ -40,6 +44,7 @@ def _chunk_kernel(x_ptr, m_ptr, s_ptr, i_ptr, V, x_stride, CHUNKS, BLOCK_V: tl.c
     c = tl.program_id(1)
     offs = c * BLOCK_V + tl.arange(0, BLOCK_V)  # [BV] vocabulary indices
     x = tl.load(x_ptr + row.to(tl.int64) * x_stride + offs, mask=offs < V, other=-float("inf"))
+    x = x.to(tl.float32)  # [BV]; 16-bit logits are widened here, exactly
     m = tl.max(x, axis=0)
     first = tl.min(tl.where(x == m, offs, V), axis=0)  # the chunk's first maximal index
     s = tl.sum(tl.exp(x - m), axis=0)
@@ -76,17 +81,21 @@ def greedy_pack(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Greedy tokens and their packed rows.
 
     Args:
-        x: [rows, vocab] float32 logits (after penalties), unit column stride, on CUDA
-            (or on CPU under ``TRITON_INTERPRET=1``); vocab < 2**31.
+        x: [rows, vocab] logits (after penalties), float32, or bfloat16 / float16 as the
+            lm_head wrote them (each chunk program widens them to float32 on load, so the
+            ids are those of the float32 copy; the decode-loop graph passes them so, which
+            saves writing and reading that copy), unit column stride, on CUDA (or on CPU
+            under ``TRITON_INTERPRET=1``); vocab < 2**31.
     Returns:
         (ids [rows] int64, packed [rows, 3] float64: token id, its log_softmax value, 1.0).
     Raises:
-        ValueError: ``x`` is not 2-D float32 with a unit column stride, or has no columns.
+        ValueError: ``x`` is not 2-D float32 / bfloat16 / float16 with a unit column
+            stride, or has no columns.
     """
-    if x.dim() != 2 or x.dtype != torch.float32 or x.stride(1) != 1 or x.shape[1] == 0:
+    if x.dim() != 2 or x.dtype not in _DTYPES or x.stride(1) != 1 or x.shape[1] == 0:
         raise ValueError(
-            f"x must be [rows, vocab > 0] float32 with unit column stride, got "
-            f"{tuple(x.shape)} {x.dtype} strides {x.stride()}"
+            f"x must be [rows, vocab > 0] float32, bfloat16 or float16 with unit column "
+            f"stride, got {tuple(x.shape)} {x.dtype} strides {x.stride()}"
         )
     rows, vocab = x.shape
     ids = torch.empty(rows, dtype=torch.long, device=x.device)  # [rows]

@@ -143,12 +143,18 @@ def processed_sample_logits(logits: torch.Tensor, sm: SamplingMetadata) -> torch
     no gather is made, and ``logits`` is copied only when the bias or penalties edit it.
 
     Args:
-        logits: [num_rows, vocab] float32, rows laid out by ``sm``.
+        logits: [num_rows, vocab] float32 (or 16-bit: widened to float32 first when
+            something edits them), rows laid out by ``sm``.
     Returns:
-        [num_samples, vocab] float32 (``logits`` itself when nothing edits it).
+        [num_samples, vocab] (``logits`` itself when nothing edits it; float32 when
+        something does).
     """
     pen = sm.penalties
     bias = sm.logit_bias  # [num_samples, vocab] or None
+    if logits.dtype != torch.float32 and (
+        bias is not None or pen is not None or sm.guided_rows is not None
+    ):
+        logits = logits.float()  # [num_rows, vocab]
     if sm.prompt_row_ids is None and sm.sample_row_ids.shape[0] == logits.shape[0]:
         # adding the bias makes a new tensor; penalties and the bitmask edit in place
         copy = (pen is not None or sm.guided_rows is not None) and bias is None
@@ -220,7 +226,9 @@ class Sampler(torch.nn.Module):
         multi-step decode loop reads several steps' results at once).
 
         An all-greedy batch without logprobs on CUDA takes :mod:`vllm.kernels.greedy` (the
-        same ids; logprobs equal to float32 rounding, see there).
+        same ids; logprobs equal to float32 rounding, see there), which also reads 16-bit
+        ``logits`` as they are (the decode-loop graph's); every other path widens them to
+        float32 first.
 
         Returns:
             (ids [num_samples] int64, packed [num_samples, 3 + 2k] float64 rows as
@@ -233,6 +241,7 @@ class Sampler(torch.nn.Module):
             if greedy is not None:
                 ids, packed = greedy.greedy_pack(x)  # [num_samples], [num_samples, 3]
                 return ids, packed, 0
+        x = x.float()  # [num_samples, vocab]; no copy when already float32
         ids = row_argmax(x)  # [num_samples]
         probs = sampling_probs(x, sm)
         if probs is not None:

@@ -89,17 +89,22 @@ class ParallelLMHead(VocabParallelEmbedding):
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         raise RuntimeError("ParallelLMHead is applied by compute_logits, not called directly")
 
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
+    def compute_logits(
+        self, hidden_states: torch.Tensor, float32: bool = True
+    ) -> torch.Tensor | None:
         """hidden_states [N, hidden] -> logits [N, vocab_size] in float32 on TP rank 0 (None
-        on the other TP ranks). One row of a large head (Llama-3.1-8B's 1 GB) runs the
-        whole-row Triton GEMV when ``get_triton_gemv`` allows it and the head fits that
-        kernel (``rows_kernel_fits``, the case measured faster than cuBLAS:
-        vllm/kernels/gemv.py); every other head stays on cuBLAS."""
+        on the other TP ranks); ``float32=False`` leaves them in the weight's dtype (the
+        greedy kernel widens them itself: vllm/kernels/greedy.py). One row of a large head
+        (Llama-3.1-8B's 1 GB) runs the whole-row Triton GEMV when ``get_triton_gemv``
+        allows it and the head fits that kernel (``rows_kernel_fits``, the case measured
+        faster than cuBLAS: vllm/kernels/gemv.py); every other head stays on cuBLAS."""
         gemv = get_triton_gemv(hidden_states, self.weight)
         if gemv is not None and gemv.rows_kernel_fits(*self.weight.shape):
-            logits = gemv.linear(hidden_states, self.weight).float()  # [1, shard]
+            logits = gemv.linear(hidden_states, self.weight)  # [1, shard]
         else:
-            logits = F.linear(hidden_states, self.weight).float()  # [N, shard]
+            logits = F.linear(hidden_states, self.weight)  # [N, shard]
+        if float32:
+            logits = logits.float()  # [N, shard]
         if self.tp_size == 1:
             return logits  # [N, vocab_size]
         full = tensor_model_parallel_gather(logits, dim=-1)  # [N, tp * shard] on TP rank 0

@@ -200,7 +200,7 @@ class SimStageModel(nn.Module):
         residual = torch.zeros(tokens, self.hidden_size, dtype=self.dtype, device=dev)
         return IntermediateTensors({"hidden_states": hidden, "residual": residual})
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor, float32: bool = True) -> torch.Tensor:
         """Zero logits [rows, vocab] float32 for hidden [rows, hidden], once the device
         finished the forward that produced ``hidden`` (the host reads them: a
         synchronization). A forward launched after it need not have finished; for rows

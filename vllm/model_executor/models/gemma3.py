@@ -213,9 +213,10 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         attention_bias = bool(getattr(config, "attention_bias", False))
         return attention_bias, attention_bias, False
 
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    def compute_logits(self, hidden_states: torch.Tensor, float32: bool = True) -> torch.Tensor:
         """hidden_states [N, hidden] -> logits [N, vocab_size] float32, soft-capped
-        ``cap * tanh(logits / cap)`` when ``final_logit_softcapping`` is set."""
+        ``cap * tanh(logits / cap)`` when ``final_logit_softcapping`` is set. Always
+        float32 (``float32`` is accepted for the interface): the cap is applied there."""
         logits = super().compute_logits(hidden_states)  # [N, vocab_size]
         cap = self.final_logit_softcapping
         if cap is not None:

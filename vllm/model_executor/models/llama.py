@@ -409,12 +409,16 @@ class LlamaForCausalLM(nn.Module):
         """
         return self.model(input_ids, positions, kv_caches, attn_metadata, intermediate_tensors)
 
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
+    def compute_logits(
+        self, hidden_states: torch.Tensor, float32: bool = True
+    ) -> torch.Tensor | None:
         """hidden_states [N, hidden] -> logits [N, vocab_size] float32 (last stage only;
-        under tensor parallelism on TP rank 0, None on the other TP ranks)."""
+        under tensor parallelism on TP rank 0, None on the other TP ranks). ``float32=False``
+        allows the model's dtype (``ParallelLMHead.compute_logits``); a model that
+        transforms its logits may still return float32."""
         if self.lm_head is None:
             raise RuntimeError(f"pp_rank={self.pp_rank} is not the last stage: no lm_head")
-        return self.lm_head.compute_logits(hidden_states)
+        return self.lm_head.compute_logits(hidden_states, float32)
 
     def make_empty_intermediate_tensors(self, num_tokens: int, dtype: torch.dtype, device):
         """Zero ``IntermediateTensors`` [num_tokens, hidden] for a non-first stage's inputs."""
