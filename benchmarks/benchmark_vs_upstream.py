@@ -190,7 +190,9 @@ def run_workload(llm: Any, name: str, args: argparse.Namespace, vocab: int) -> d
 
 
 def llm_kwargs(args: argparse.Namespace, engine: str) -> dict[str, Any]:
-    """Keyword arguments for ``LLM(**kw)``: the shared flags plus the engine's own."""
+    """Keyword arguments for ``LLM(**kw)``: the shared flags plus the engine's own. This
+    engine's default step budget is raised to ``--max-model-len`` when that is longer
+    (without chunked prefill a whole prompt must fit one step)."""
     kw: dict[str, Any] = {"model": args.model, "dtype": args.dtype, "seed": args.seed,
                           "max_model_len": args.max_model_len,
                           "load_format": args.load_format}  # fmt: skip
@@ -201,6 +203,9 @@ def llm_kwargs(args: argparse.Namespace, engine: str) -> dict[str, Any]:
     if args.device is not None:
         kw["device"] = args.device
     extra = DEFAULT_ENGINE_KWARGS[engine] if args.engine_kwargs is None else args.engine_kwargs
+    if args.engine_kwargs is None and "max_num_batched_tokens" in extra:
+        budget = max(extra["max_num_batched_tokens"], args.max_model_len)
+        extra = {**extra, "max_num_batched_tokens": budget}
     return {**kw, **extra}
 
 

@@ -162,3 +162,19 @@ def test_engine_calls_profile_accounts_for_every_call(tiny_llama_dir, capsys, mo
         assert 0 < parts <= r["elapsed_s"] + 1e-3
     with pytest.raises(ValueError, match="--bucket must be >= 1, got 0"):
         prof.main(argv[:-4] + ["--bucket", "0"])
+
+
+def test_default_step_budget_covers_the_longest_prompt():
+    """This engine's default 16384-token step budget grows to a longer --max-model-len
+    (the engine refuses a budget below it without chunked prefill); given
+    --engine-kwargs are passed as they are."""
+    bench = _bench_module("benchmark_vs_upstream")
+    parse = bench.make_parser().parse_args
+    kw = bench.llm_kwargs(parse(["--model", "m", "--max-model-len", "32768"]), "fork")
+    assert kw["max_num_batched_tokens"] == 32768 and kw["num_scheduler_steps"] == 32
+    kw = bench.llm_kwargs(parse(["--model", "m"]), "fork")
+    assert kw["max_num_batched_tokens"] == 16384 and kw["max_model_len"] == 4096
+    assert "max_num_batched_tokens" not in bench.llm_kwargs(parse(["--model", "m"]), "upstream")
+    given = ["--model", "m", "--max-model-len", "32768", "--engine-kwargs", '{"x": 1}']
+    assert bench.llm_kwargs(parse(given), "fork")["x"] == 1
+    assert "max_num_batched_tokens" not in bench.llm_kwargs(parse(given), "fork")

@@ -138,7 +138,7 @@ def test_async_engine_streams_equal_without_the_mode(tiny_llama_dir, steps, monk
 def test_async_engine_first_tokens_are_not_held(tiny_llama_dir, monkeypatch):
     """A step that gives requests their first token is finished when it returns, outside
     any model call; the decode steps after it are held and finished inside the next call.
-    The streams equal the loop without the mode (the first test)."""
+    (That the streams equal the loop without the mode is the first test's.)"""
     from vllm.engine.async_steps import EngineSteps
 
     seen = []  # per finished step: (first tokens in it, finished inside a model call)

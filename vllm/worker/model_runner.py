@@ -240,7 +240,9 @@ class ModelRunner:
             # One row per sequence, in order. Padded lanes go through lm_head too (their
             # rows are dropped after): the matmul then has the batch's padded row count
             # whether a graph, a decode-loop graph or a padded eager step runs it, so the
-            # three agree exactly (a GEMM's kernel choice may depend on the row count).
+            # three sample the same ids (a GEMM's kernel choice may depend on the row
+            # count); the loop graph keeps the logits 16-bit for the greedy kernel, so its
+            # logprobs agree to float32 rounding (vllm/cudagraph/decode_loop.py).
             logits = self.model.compute_logits(hidden)  # [batch_size, vocab] float32
             return None if logits is None else logits[: batch.num_real_rows]  # [num_rows, vocab]
         selected = hidden[sm.selected_token_indices]  # [num_rows, hidden]
