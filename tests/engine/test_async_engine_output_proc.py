@@ -411,7 +411,9 @@ def test_async_engine_abort_all_error_kills_the_engine(tiny_llama_dir, monkeypat
 
     outs, engine = asyncio.run(main())
     assert isinstance(res["abort_all"], ValueError), res
-    assert outs[-1] == "EngineDeadError" and len(outs) <= 3, outs
+    # abort_all starts at chunk 2 (delivered inside step 3's call); the loop may queue
+    # step 4 on the engine thread first, which delivers chunk 3, and nothing after it
+    assert outs[-1] == "EngineDeadError" and len(outs) <= 4, outs
     assert res["running"] is False and engine.errored is res["abort_all"]
 
 
