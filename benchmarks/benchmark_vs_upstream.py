@@ -161,21 +161,34 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
+def workload_label(name: str) -> str:
+    """The ``workload`` field of workload ``name``: "nano" or "batch<size>"."""
+    return "nano" if name == "nano" else f"batch{name}"
+
+
+def workload_prompts(
+    name: str, lengths: list[int], args: argparse.Namespace, vocab: int, iteration: int | None
+) -> list[dict[str, list[int]]]:
+    """Workload ``name``'s prompts of ``lengths``: its warm-up (``iteration`` None) or its
+    timed run ``iteration`` (0-based); other ids for each, and for each workload."""
+    salt = 1000 * (int(name) if name != "nano" else 999)  # different ids per workload
+    offset = 500 if iteration is None else 1 + iteration
+    return token_prompts(lengths, vocab, args.seed + salt + offset)
+
+
 def run_workload(llm: Any, name: str, args: argparse.Namespace, vocab: int) -> dict[str, Any]:
     """Warm up, then time ``args.num_iters`` runs of workload ``name`` (fresh ids each)."""
     in_lens, out_lens = workload_lengths(name, args)
-    salt = 1000 * (int(name) if name != "nano" else 999)  # different ids per workload
     detok = args.load_format != "dummy"  # dummy runs have no tokenizer (skip_tokenizer_init)
-    warm = token_prompts(in_lens, vocab, args.seed + salt + 500)
-    generate(llm, warm, out_lens, detok)
+    generate(llm, workload_prompts(name, in_lens, args, vocab, None), out_lens, detok)
     times = []
     for i in range(args.num_iters):
-        prompts = token_prompts(in_lens, vocab, args.seed + salt + 1 + i)
+        prompts = workload_prompts(name, in_lens, args, vocab, i)
         times.append(generate(llm, prompts, out_lens, detok))
     elapsed = sum(times) / len(times)
     in_tok, out_tok = sum(in_lens), sum(out_lens)
     return {
-        "workload": "nano" if name == "nano" else f"batch{name}",
+        "workload": workload_label(name),
         "num_requests": len(in_lens),
         "input_tokens": in_tok,
         "output_tokens": out_tok,
@@ -223,6 +236,22 @@ def conditions(info: dict[str, str], kw: dict[str, Any], startup_s: float) -> di
         "llm_kwargs": kw,
         "startup_s": round(startup_s, 2),
     }
+
+
+def start_engine(args: argparse.Namespace, info: dict[str, str], title: str) -> tuple[Any, dict]:
+    """``LLM(**llm_kwargs(...))`` of the imported engine (``info``: :func:`detect_engine`),
+    timed; prints the run's conditions under ``title`` and returns (llm, conditions)."""
+    from vllm import LLM
+
+    kw = llm_kwargs(args, info["engine"])
+    t0 = time.perf_counter()
+    llm = LLM(**kw)
+    cond = conditions(info, kw, time.perf_counter() - t0)
+    print(f"==== {title} conditions ====")
+    for k, v in cond.items():
+        print(f"  {k:<10} : {v}")
+    print(flush=True)
+    return llm, cond
 
 
 def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -317,16 +346,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     info = detect_engine()
     if args.expect_engine and info["engine"] != args.expect_engine:
         raise RuntimeError(f"--expect-engine {args.expect_engine}, but imported {info}")
-    from vllm import LLM
-
-    kw = llm_kwargs(args, info["engine"])
-    t0 = time.perf_counter()
-    llm = LLM(**kw)
-    cond = conditions(info, kw, time.perf_counter() - t0)
-    print("==== benchmark_vs_upstream conditions ====")
-    for k, v in cond.items():
-        print(f"  {k:<10} : {v}")
-    print(flush=True)
+    llm, cond = start_engine(args, info, "benchmark_vs_upstream")
     records = []
     for name in workloads:
         rec = {"bench": "vs_upstream", **cond, "model": args.model,

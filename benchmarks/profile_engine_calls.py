@@ -131,30 +131,22 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     info = vs.detect_engine()
     if info["engine"] != "fork":
         raise RuntimeError(f"profile_engine_calls.py times this engine's calls; imported {info}")
-    from vllm import LLM
-
-    kw = vs.llm_kwargs(args, "fork")
-    t0 = time.perf_counter()
-    llm = LLM(**kw)
-    cond = vs.conditions(info, kw, time.perf_counter() - t0)
-    print("==== profile_engine_calls conditions ====")
-    for k, v in cond.items():
-        print(f"  {k:<10} : {v}")
+    llm, cond = vs.start_engine(args, info, "profile_engine_calls")
     timer = CallTimer(llm.llm_engine.executor)
     vocab = vs.vocab_size(args.model)
     detok = args.load_format != "dummy"
     records = []
     for name in workloads:
         in_lens, out_lens = vs.workload_lengths(name, args)
-        vs.generate(llm, vs.token_prompts(in_lens, vocab, args.seed + 500), out_lens, detok)
+        vs.generate(llm, vs.workload_prompts(name, in_lens, args, vocab, None), out_lens, detok)
         for i in range(args.num_iters):
             timer.calls.clear()
-            prompts = vs.token_prompts(in_lens, vocab, args.seed + 1 + i)
+            prompts = vs.workload_prompts(name, in_lens, args, vocab, i)
             elapsed = vs.generate(llm, prompts, out_lens, detok)
             rec = {
                 "bench": "engine_calls",
                 **cond,
-                "workload": "nano" if name == "nano" else f"batch{name}",
+                "workload": vs.workload_label(name),
                 "elapsed_s": round(elapsed, 4),
                 "output_tokens_per_s": round(sum(out_lens) / elapsed, 2),
                 **summarize(timer.calls, args.bucket),
