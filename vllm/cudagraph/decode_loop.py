@@ -44,6 +44,7 @@ import torch
 
 from vllm.attention.backends.abstract import AttentionGraphState, StepInputs
 from vllm.cudagraph.capture import GraphCapturer
+from vllm.kernels.dispatch import get_triton_decode_step
 from vllm.model_executor.layers.sampler import Sampler
 from vllm.model_executor.sampling_metadata import SamplingMetadata
 
@@ -117,6 +118,7 @@ def capture_loop_graph(
     counter = torch.zeros(1, dtype=torch.long, device=device)
     sm = greedy_metadata(rows, device)
     idle = StepInputs.padded_decode(rows)
+    kernels = get_triton_decode_step(ids)
 
     def reset():  # every lane idle on the scratch block, the ring at row 0
         pos.zero_()
@@ -127,10 +129,13 @@ def capture_loop_graph(
         hidden = model(ids, pos, kv_caches, md, None)  # [rows, hidden]
         logits = model.compute_logits(hidden, float32=False)  # [rows, vocab], model dtype
         nxt, packed, _ = sampler.sample_on_device(logits, sm)  # [rows], [rows, 3]
-        ring.index_copy_(0, counter, packed[None])  # ring[counter] = packed
-        counter.add_(1)
-        ids.copy_(nxt)
-        pos.add_(1)
+        if kernels is not None:  # the four lines below in one launch
+            kernels.finish_step(ring, counter, packed, ids, nxt.contiguous(), pos)
+        else:
+            ring.index_copy_(0, counter, packed[None])  # ring[counter] = packed
+            counter.add_(1)
+            ids.copy_(nxt)
+            pos.add_(1)
         state.advance(md, pos)
 
     for _ in range(2):  # warm-up, from the idle state each time (scratch block only)

@@ -11,7 +11,9 @@ The small-batch projection kernels (:mod:`vllm.kernels.gemv`) follow the same ru
 their own switch ``VLLM_USE_TRITON_GEMV`` (default on) and a measured rule
 (``gemv.worthwhile``: one row, all weights small or all large); otherwise cuBLAS runs
 them. All-greedy sampling without logprobs takes :mod:`vllm.kernels.greedy` on the same
-rule, with its own switch ``VLLM_USE_TRITON_GREEDY`` (default on). FLASHINFER's
+rule, with its own switch ``VLLM_USE_TRITON_GREEDY`` (default on); so does a decode-loop
+step's bookkeeping (:mod:`vllm.kernels.decode_step`, :func:`get_triton_decode_step`,
+without a switch of its own). FLASHINFER's
 small-decode path runs :mod:`vllm.kernels.decode_attention` (:func:`decode_attention`).
 Mixture-of-experts layers run :mod:`vllm.kernels.fused_moe` on the same rule as the fused
 norm / rotary kernels (:func:`get_triton_moe`).
@@ -77,6 +79,15 @@ def get_triton_greedy(x: torch.Tensor) -> ModuleType | None:
     if get_triton_ops(x) is None or not envs.VLLM_USE_TRITON_GREEDY:
         return None
     return _load("greedy")
+
+
+def get_triton_decode_step(x: torch.Tensor) -> ModuleType | None:
+    """:mod:`vllm.kernels.decode_step` (a decode-loop step's bookkeeping in one launch each)
+    when the integer tensor ``x`` of that step is on CUDA and ``triton`` imports (the rule
+    of :func:`get_triton_ops`), else None."""
+    if get_triton_ops(x) is None:
+        return None
+    return _load("decode_step")
 
 
 def get_triton_moe(x: torch.Tensor) -> ModuleType | None:

@@ -40,6 +40,7 @@ import torch
 from vllm.attention.backends.abstract import StepInputs
 from vllm.attention.backends.flashinfer.paged_cache import kv_rows_of
 from vllm.attention.backends.host_tables import step_tables
+from vllm.kernels.dispatch import get_triton_decode_step
 
 
 def lengthened(step: StepInputs, extra: int, block_size: int) -> StepInputs:
@@ -85,7 +86,8 @@ def advance_paged(
     block_size: int,
 ) -> None:
     """One token later on every real row of a loop-planned decode batch, in place and
-    with device ops only (captured inside a decode-loop graph).
+    with device ops only (captured inside a decode-loop graph): on CUDA one launch of
+    :func:`vllm.kernels.decode_step.advance_paged`, else the torch ops below.
 
     Args:
         indptr: [rows + 1] int32 page offsets of the call's last step.
@@ -97,6 +99,11 @@ def advance_paged(
         positions: [rows] int64, the next tokens' positions (already advanced).
         scratch_slot: this VE's scratch slot; block_size: tokens per page.
     """
+    kernels = get_triton_decode_step(positions)
+    if kernels is not None:  # the same in one launch on CUDA
+        kernels.advance_paged(indptr, indices, last_page_len, slot_rows, positions,
+                              scratch_slot, block_size)  # fmt: skip
+        return
     live = slot_rows[0] != scratch_slot  # [rows] bool: real rows
     last_page_len.add_(live.to(last_page_len.dtype))
     pos = torch.where(live, positions, 0)  # [rows] int64, padded lanes at 0
