@@ -130,12 +130,13 @@ def test_cuda_kernels_and_sampler(monkeypatch):
     xb = x.bfloat16()
     ids_b, packed_b, _ = Sampler.sample_on_device(xb, sm)
     assert len(calls) == 2
-    ids_w, packed_w, _ = Sampler.sample_on_device(xb.float(), sm)
+    ids_w, packed_w, _ = Sampler.sample_on_device(xb.float(), sm)  # the kernel on float32
+    assert len(calls) == 3
     assert torch.equal(ids_b, ids_w)
     torch.testing.assert_close(packed_b, packed_w, rtol=1e-5, atol=1e-5)
     monkeypatch.setenv("VLLM_USE_TRITON_GREEDY", "0")
     ids_bt, packed_bt, _ = Sampler.sample_on_device(xb, sm)
-    assert len(calls) == 2  # the torch path: widened first, so float32 logprobs
+    assert len(calls) == 3  # the torch path: widened first, so float32 logprobs
     assert torch.equal(ids_bt, ids_b)
     torch.testing.assert_close(packed_bt, packed_w, rtol=1e-5, atol=1e-5)
     del calls[1:]
