@@ -15,7 +15,7 @@ import os
 import pytest
 import torch
 
-from tests.cudagraph.test_graph_capture import make_worker, multi_step_call
+from tests.cudagraph.test_graph_capture import decode_request, make_worker, multi_step_call
 from tests.utils import run_interpreted
 from vllm.cudagraph.decode_loop import eligible, greedy_metadata
 from vllm.cudagraph.sizes import loop_capture_sizes
@@ -95,6 +95,25 @@ def test_batches_above_the_loop_sizes_take_the_step_path(tiny_llama_dir):
         g, e, 11, 9, SamplingParams(temperature=0, max_tokens=50), STEPS
     )
     assert got == want and delta == {16: STEPS}
+
+
+def test_more_replays_than_the_ring_raises(tiny_llama_dir):
+    """A loop graph's ring holds ``num_scheduler_steps`` rows: a call of one more step is
+    refused before any replay (on CUDA its last replay would write past the ring), and a
+    call of exactly that many runs."""
+    g = make_worker(tiny_llama_dir, 1, max_num_seqs=8, num_scheduler_steps=STEPS)
+    runner = g.model_runner
+    req = decode_request(2, ctx=9)  # one block each: room for the STEPS - 1 lookahead tokens
+    batch = runner.prepare_model_input(
+        req.seq_group_metadata_list, 0, g.cache_engines[0].scratch_slot, STEPS - 1
+    )
+    before = runner.counters.snapshot()["graph"].get(0, {})
+    with pytest.raises(ValueError, match=rf"{STEPS + 1} loop steps outside \[1, {STEPS}\]"):
+        runner.graph_runner.run_loop(batch, STEPS + 1)
+    assert runner.counters.snapshot()["graph"].get(0, {}) == before  # nothing replayed
+    with torch.inference_mode():  # as the worker runs it
+        ring = runner.graph_runner.run_loop(batch, STEPS)
+    assert ring is not None and tuple(ring.shape) == (STEPS, 2, 3)
 
 
 def test_eligibility_and_sizes():

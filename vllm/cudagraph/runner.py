@@ -325,6 +325,10 @@ class GraphRunner:
         ``n`` times (each counted as a replay of its size). Returns the real rows of the
         ring's first ``n`` steps, [n, real rows, 3] float64 on the device (token id,
         logprob, rank; the caller makes the one read).
+
+        Raises:
+            ValueError: ``n`` outside [1, the ring's rows] (the ``max_steps`` it was
+                captured with).
         """
         size = batch.graph_size
         if size is None or not eligible(batch.sampling_metadata):
@@ -333,6 +337,8 @@ class GraphRunner:
         loop = self.graphs.loops[ve].get(size)
         if loop is None:
             return None
+        if not 0 < n <= loop.ring.shape[0]:  # the ring's rows bound the replays of one call
+            raise ValueError(f"{n} loop steps outside [1, {loop.ring.shape[0]}] (the ring's rows)")
         self.graphs.stage_inputs(ve, size, batch.input_ids, batch.positions, batch.step,
                                  loop.attn_metadata, loop_steps=n)  # fmt: skip
         loop.counter.zero_()
