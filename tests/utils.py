@@ -357,7 +357,8 @@ def virtual_engines_override(num_ves: int):
     ``AsyncLLMEngine``) gets ``EngineConfig.num_virtual_engines_override = num_ves``: several
     virtual engines without pipeline parallelism (a test-only setting with no CLI flag).
 
-    The config is edited after ``EngineArgs.create_engine_config`` built it, then verified
+    The config is edited after ``EngineArgs.create_engine_config`` built it (with several
+    VEs, async output processing off, as ``EngineArgs`` decides for PP), then verified
     again; the original method is restored on exit.
     """
     from vllm.engine.arg_utils import EngineArgs
@@ -367,6 +368,8 @@ def virtual_engines_override(num_ves: int):
     def create(self, *args, **kwargs):
         config = original(self, *args, **kwargs)
         config.num_virtual_engines_override = num_ves
+        if num_ves > 1:  # the engine overlaps output processing with one VE only
+            config.model_config.use_async_output_proc = False
         config.verify()
         return config
 
