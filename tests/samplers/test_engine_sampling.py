@@ -120,6 +120,18 @@ def test_stop_strings_spanning_1_2_3_tokens_and_stop_tokens(tiny_llama_dir):
         assert c.finish_reason == "stop" and c.stop_reason == s, (s, c)
         assert c.text == (text[: start + len(s)] if inc else text[:start])
         assert list(c.token_ids) == ids[:keep]
+    # Streamed, the text never shows the start of a stop string that the final text drops
+    # (each case's first character ends token j, so it arrives a step before the rest).
+    engine = llm.llm_engine
+    for k, (s, start, keep) in enumerate(cases[1:]):
+        p = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, stop=[s])
+        engine.add_request(f"held-{k}", PROMPTS[0], p)
+        seen = []
+        while engine.has_unfinished_requests():
+            seen += [out.outputs[0] for out in engine.step()]
+        assert seen[-1].text == text[:start] and seen[-1].finish_reason == "stop"
+        assert all(text[:start].startswith(c.text) for c in seen), (s, [c.text for c in seen])
+        assert any(len(c.token_ids) == keep - 1 and not c.finished() for c in seen)
     # stop_token_ids: the token id is the reason; min_tokens masks it out first
     t = ids[2]
     c = llm.generate(PROMPTS[0], SamplingParams(temperature=0, stop_token_ids=[t], max_tokens=40),

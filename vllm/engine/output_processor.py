@@ -103,16 +103,32 @@ def finish_text_of(group: SequenceGroup, tokenizer) -> None:
             decode_sequence_step(tokenizer, seq, params)
 
 
+def stop_holdback(params) -> int:
+    """Characters of a running sequence's text held back from its RequestOutputs: one
+    less than the longest stop string (0 without stop strings or with
+    ``include_stop_str_in_output``). The tail of the text may be the start of a stop
+    string, which the final text drops; holding it back keeps every streamed text a
+    prefix of the final one (upstream V1 holds back the same amount)."""
+    if not params.stop or params.include_stop_str_in_output:
+        return 0
+    return max(len(s) for s in params.stop) - 1
+
+
 def make_request_output(group: SequenceGroup) -> RequestOutput:
     """Snapshot a group as a RequestOutput (texts, copies of the token ids and logprobs
-    lists, finish reasons); ``finished`` when every sequence of the group is."""
+    lists, finish reasons); ``finished`` when every sequence of the group is. A running
+    sequence's text omits its last :func:`stop_holdback` characters."""
     p = group.sampling_params
+    hold = stop_holdback(p)
     outs = []
     for i, seq in enumerate(group.seqs):
+        text = seq.output_text
+        if hold and not seq.is_finished():
+            text = text[: max(0, len(text) - hold)]
         outs.append(
             CompletionOutput(
                 index=i,
-                text=seq.output_text,
+                text=text,
                 token_ids=list(seq.output_token_ids),
                 cumulative_logprob=seq.data.cumulative_logprob,
                 logprobs=list(seq.output_logprobs) if p.logprobs is not None else None,
