@@ -54,6 +54,9 @@ class ModelConfig:
         tokenizer: tokenizer path (defaults to ``model``).
         dtype: "auto" (bfloat16 on CUDA, float32 on CPU), "float32", "float16", "bfloat16".
         max_model_len: context length (prompt + output) in tokens; default from the config.
+        max_logprobs: the most ``logprobs`` / ``prompt_logprobs`` a request may ask for
+            (upstream's default 20, OpenAI's ``top_logprobs`` limit); -1 for no limit below
+            the vocabulary size.
         load_format: "auto" (gguf for a .gguf file, else safetensors), "safetensors",
             "gguf", "dummy" (random weights seeded by parameter name, for benchmarks) or
             "sim" (the pipeline simulator's stand-in forward that only waits).
@@ -66,7 +69,8 @@ class ModelConfig:
             ``--disable-async-output-proc``.
 
     Raises:
-        ValueError: missing path, unknown dtype or load format, an unsupported architecture
+        ValueError: missing path, unknown dtype or load format, max_logprobs below -1, an
+            unsupported architecture
             (or one without GGUF support given as a .gguf file), max_model_len above
             max_position_embeddings or above a uniform sliding window (Mistral v0.1).
     """
@@ -76,6 +80,7 @@ class ModelConfig:
     dtype: Any = "auto"  # a name on input, the resolved torch.dtype after __post_init__
     seed: int = 0
     max_model_len: int | None = None
+    max_logprobs: int = 20
     load_format: str = "auto"
     skip_tokenizer_init: bool = False
     device: str = "cpu"
@@ -86,6 +91,10 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.tokenizer is None:
             self.tokenizer = self.model
+        if not isinstance(self.max_logprobs, int) or self.max_logprobs < -1:
+            raise ValueError(
+                f"max_logprobs must be -1 (no limit) or an integer >= 0, got {self.max_logprobs!r}."
+            )
         if not isinstance(self.dtype, str) or self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {list(_DTYPES)}, got {self.dtype!r}.")
         self.dtype = _resolve_dtype(self.dtype, self.device)

@@ -7,6 +7,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 _SAMPLING_EPS = 1e-5
+# A seed's range: int64, as upstream's OpenAI protocol bounds it (``seed + i`` of the i-th
+# of n sequences then still fits the 64 bits torch.Generator.manual_seed takes).
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 # The guided-decoding backends this build has (upstream's flag value).
 GUIDED_DECODING_BACKENDS = ("xgrammar",)
@@ -127,7 +130,7 @@ class SamplingParams:
       above the vocabulary size).
     - ``seed``: the request's sequences draw from their own generators, seeded with
       ``seed + i`` for the i-th of the ``n`` sequences: reproducible whatever else is in
-      the batch, and different from each other.
+      the batch, and different from each other. A 64-bit signed integer.
     - ``min_tokens``: EOS and ``stop_token_ids`` are masked out (logit -inf) until that
       many tokens were generated; stop strings are not checked before it either.
     - Stop handling (EOS, stop_token_ids, stop strings) is described in
@@ -178,8 +181,10 @@ class SamplingParams:
             self.stop = []
         elif isinstance(self.stop, str):
             self.stop = [self.stop]
-        else:
+        elif isinstance(self.stop, (list, tuple)):
             self.stop = list(self.stop)
+        else:
+            raise ValueError(f"stop must be a string or a list of strings, got {self.stop!r}.")
         self.stop_token_ids = list(self.stop_token_ids or [])
         self.all_stop_token_ids = set(self.stop_token_ids)
         if self.seed is not None:
@@ -236,6 +241,12 @@ class SamplingParams:
                 self.min_tokens <= self.max_tokens,
                 f"min_tokens must be less than or equal to max_tokens={self.max_tokens}, "
                 f"got {self.min_tokens}.",
+            )
+        if self.seed is not None:
+            _check(
+                _INT64_MIN <= self.seed <= _INT64_MAX,
+                f"seed must be a 64-bit signed integer in [{_INT64_MIN}, {_INT64_MAX}], "
+                f"got {self.seed}.",
             )
         if self.logprobs is not None:
             _check(self.logprobs >= 0, f"logprobs must be >= 0, got {self.logprobs}.")

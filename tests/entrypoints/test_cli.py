@@ -75,6 +75,8 @@ def test_bad_flag_is_one_line_and_exit_2(args, message, tiny_llama_dir):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith(message), lines[0]
+    if "unrecognized" in message:  # the subcommand's help, where the flags are listed
+        assert lines[0].endswith("(see `vllm serve --help`)"), lines[0]
     assert "Traceback" not in proc.stderr and proc.stdout == ""
 
 

@@ -27,9 +27,16 @@ PARAM_CASES = [
     ("logprobs<0", dict(logprobs=-1), r"logprobs must be >= 0, got -1"),
     ("prompt_logprobs<0", dict(prompt_logprobs=-2), r"prompt_logprobs must be >= 0, got -2"),
     ("empty stop", dict(stop=["ok", ""]), r"stop strings must be non-empty.*got ''"),
+    ("stop not a list", dict(stop=5), r"stop must be a string or a list of strings, got 5"),
     ("presence", dict(presence_penalty=3.0), r"presence_penalty must be in \[-2, 2\], got 3.0"),
     ("repetition", dict(repetition_penalty=0.0), r"repetition_penalty.*got 0.0"),
     ("min>max tokens", dict(min_tokens=5, max_tokens=2), r"min_tokens.*max_tokens=2.*got 5"),
+    (
+        "seed>int64",
+        dict(seed=2**64),
+        r"seed must be a 64-bit signed integer.*got 18446744073709551616",
+    ),
+    ("seed<int64", dict(seed=-(2**63) - 1), r"seed must be a 64-bit.*got -9223372036854775809"),
 ]
 
 
@@ -61,8 +68,13 @@ def test_bad_inputs_leave_llm_usable(tiny_llama_dir):
         ("stop token >= vocab",
          lambda: llm.generate(PROMPT, SamplingParams(stop_token_ids=[vocab])),
          rf"stop token id {vocab} is out of vocabulary"),
-        ("logprobs > vocab", lambda: llm.generate(PROMPT, SamplingParams(logprobs=vocab + 1)),
-         rf"logprobs={vocab + 1} is more than the vocabulary size {vocab}"),
+        ("logprobs > max_logprobs", lambda: llm.generate(PROMPT, SamplingParams(logprobs=21)),
+         r"logprobs=21 is more than max_logprobs=20"),
+        ("prompt_logprobs > max_logprobs",
+         lambda: llm.generate(PROMPT, SamplingParams(prompt_logprobs=50)),
+         r"prompt_logprobs=50 is more than max_logprobs=20"),
+        ("n far above max_num_seqs", lambda: llm.generate(PROMPT, SamplingParams(n=2**63)),
+         r"n=9223372036854775808 sequences are more than max_num_seqs=256"),
         ("params count", lambda: llm.generate([PROMPT, PROMPT], [greedy]),
          r"got 1 sampling params for 2"),
         ("empty chat", lambda: llm.chat([], greedy), r"messages is empty"),
@@ -76,3 +88,35 @@ def test_bad_inputs_leave_llm_usable(tiny_llama_dir):
             llm.generate(PROMPT, SamplingParams(**kwargs))
     after = llm.generate(PROMPT, greedy, use_tqdm=False)[0].outputs[0]
     assert list(after.token_ids) == list(before.token_ids) and after.text == before.text
+    # With max_logprobs=-1 the vocabulary size is the limit.
+    llm.llm_engine.model_config.max_logprobs = -1
+    with pytest.raises(ValueError, match=rf"logprobs={vocab + 1} is more than the vocab"):
+        llm.generate(PROMPT, SamplingParams(logprobs=vocab + 1))
+    assert len(llm.generate(PROMPT, SamplingParams(logprobs=25, max_tokens=2))[0].outputs[0]
+               .logprobs[0]) >= 25  # fmt: skip
+
+
+@pytest.mark.forked
+def test_failed_step_leaves_llm_usable(tiny_llama_dir):
+    """A step that raises inside the engine fails that generate() call only: its requests
+    are aborted, and the next call runs as if it had not happened."""
+    llm = LLM(tiny_llama_dir, device="cpu", max_model_len=256)
+    greedy = SamplingParams(temperature=0.0, max_tokens=8)
+    before = llm.generate([PROMPT, PROMPT], greedy, use_tqdm=False)
+    executor = llm.llm_engine.executor
+    real = executor.execute_model
+    calls = []
+
+    def fail_second(req):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("injected step failure")
+        return real(req)
+
+    executor.execute_model = fail_second
+    with pytest.raises(RuntimeError, match="injected step failure"):
+        llm.generate([PROMPT, PROMPT], greedy, use_tqdm=False)
+    assert not llm.llm_engine.has_unfinished_requests()
+    after = llm.generate([PROMPT, PROMPT], greedy, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in after] == [o.outputs[0].token_ids for o in before]
+    assert len(calls) > 3

@@ -133,6 +133,58 @@ def test_cli_flags():
     )  # fmt: skip
 
 
+def _spec_fields(spec):
+    return (spec.speculative_model, spec.num_speculative_tokens, spec.ngram_prompt_lookup_max,
+            spec.ngram_prompt_lookup_min, spec.speculative_max_model_len)  # fmt: skip
+
+
+def test_speculative_config_json_equals_separate_flags(tiny_llama_dir):
+    """Upstream's --speculative-config (JSON on the CLI, a dict from Python) builds the
+    same SpeculativeConfig as the separate flags, for n-gram lookup and a draft model."""
+    import argparse
+
+    p = EngineArgs.add_cli_args(argparse.ArgumentParser())
+    js = '{"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 3}'
+    a = p.parse_args(["--speculative-config", js])
+    cli = EngineArgs.from_cli_args(a)
+    cli.model, cli.device = tiny_llama_dir, "cpu"
+    sep = _args(tiny_llama_dir, speculative_model="[ngram]", num_speculative_tokens=5,
+                ngram_prompt_lookup_max=3)  # fmt: skip
+    got, want = cli.create_engine_config(), sep.create_engine_config()
+    assert _spec_fields(got.speculative_config) == _spec_fields(want.speculative_config)
+    assert _spec_fields(got.speculative_config)[:3] == ("[ngram]", 5, 3)
+    assert got.scheduler_config.num_lookahead_slots == 5
+    draft = {"model": tiny_llama_dir, "num_speculative_tokens": 4, "max_model_len": 64}
+    got = _args(tiny_llama_dir, speculative_config=draft).create_engine_config()
+    want = _args(tiny_llama_dir, speculative_model=tiny_llama_dir, num_speculative_tokens=4,
+                 speculative_max_model_len=64).create_engine_config()  # fmt: skip
+    assert _spec_fields(got.speculative_config) == _spec_fields(want.speculative_config)
+    assert _spec_fields(got.speculative_config)[:2] == (tiny_llama_dir, 4)
+    assert got.speculative_config.speculative_max_model_len == 64
+    assert cli.speculative_model is None  # the args themselves are not rewritten
+
+
+@pytest.mark.parametrize(
+    "config, kw, match",
+    [
+        ("{not json", {}, "not valid JSON"),
+        ('["ngram"]', {}, "must be a JSON object"),
+        ({"method": "eagle", "model": "x"}, {}, r"method 'eagle' is not supported.*ngram"),
+        ({"method": "ngram", "num_speculative_tokens": 2, "k": 1}, {}, r"unsupported keys \['k'\]"),
+        ({"num_speculative_tokens": 2}, {}, "needs a 'model'"),
+        ({"method": "ngram", "model": "x"}, {}, "takes no model"),
+        (
+            {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2},
+            {"num_speculative_tokens": 2},
+            "--num-speculative-tokens both set",
+        ),
+    ],
+)
+def test_speculative_config_errors(tiny_llama_dir, config, kw, match):
+    with pytest.raises(ValueError, match=match):
+        _args(tiny_llama_dir, speculative_config=config, **kw).create_engine_config()
+
+
 @pytest.mark.parametrize(
     "max_num_seqs, ceiling, sizes",
     [

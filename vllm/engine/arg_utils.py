@@ -26,6 +26,7 @@ from vllm.config import (
     SchedulerConfig,
     SpeculativeConfig,
 )
+from vllm.engine.speculative_args import resolve_speculative
 
 
 def _f(default, help: str, group: str | None = None):
@@ -72,6 +73,12 @@ class EngineArgs:
     max_model_len: int | None = _f(
         None,
         "Context length (prompt + output tokens); default: the model's max_position_embeddings.",
+        group="model",
+    )
+    max_logprobs: int = _f(
+        20,
+        "Most log probabilities a request may ask for per position (logprobs, "
+        "prompt_logprobs; OpenAI's top_logprobs limit); -1: up to the vocabulary size.",
         group="model",
     )
     load_format: str = _f(
@@ -153,6 +160,14 @@ class EngineArgs:
         None,
         "uni, mp or ray (default: uni for one stage, mp for several).",
         group="parallel",
+    )
+    speculative_config: str | None = _f(
+        None,
+        "Speculative decoding as one JSON object, upstream's flag: "
+        '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4} or '
+        '{"model": DRAFT, "num_speculative_tokens": 4} (a dict from Python); the same as '
+        "the separate flags below, which it must not repeat.",
+        group="speculative",
     )
     speculative_model: str | None = _f(
         None,
@@ -303,20 +318,22 @@ class EngineArgs:
             dtype=self.dtype,
             seed=self.seed,
             max_model_len=self.max_model_len,
+            max_logprobs=self.max_logprobs,
             load_format=self.load_format,
             skip_tokenizer_init=self.skip_tokenizer_init,
             device=device_config.device,
             model_loader_extra_config=self.model_loader_extra_config,
         )
+        spec = resolve_speculative(self)  # --speculative-config applied
         speculative_config = SpeculativeConfig.create(
             model_config,
             parallel_config,
-            self.speculative_model,
-            self.num_speculative_tokens,
-            self.ngram_prompt_lookup_max,
-            self.ngram_prompt_lookup_min,
-            self.speculative_max_model_len,
-            self.speculative_disable_by_batch_size,
+            spec["speculative_model"],
+            spec["num_speculative_tokens"],
+            spec["ngram_prompt_lookup_max"],
+            spec["ngram_prompt_lookup_min"],
+            spec["speculative_max_model_len"],
+            spec["speculative_disable_by_batch_size"],
         )
         if self.enable_chunked_prefill and speculative_config is not None:
             raise ValueError(

@@ -205,6 +205,13 @@ class AsyncLLMEngine:
         :meth:`LLMEngine.check_schedulable`; safe to call from the event loop)."""
         self.engine.check_schedulable(prompt_len, n)
 
+    def verify_params(self, params) -> None:
+        """Raises ValueError for params the model cannot serve (logprobs above
+        ``max_logprobs`` or the vocabulary, out-of-vocabulary token ids; see
+        :meth:`LLMEngine.verify_params`; reads only configuration, so safe to call from the
+        event loop)."""
+        self.engine.verify_params(params)
+
     @property
     def num_open_requests(self) -> int:
         """Requests whose output stream is still open (queued, running or being read)."""

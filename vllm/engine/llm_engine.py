@@ -186,13 +186,19 @@ class LLMEngine:
         """Check the parts of ``params`` that depend on the model (vocabulary size).
 
         Raises:
-            ValueError: logprobs / prompt_logprobs above the vocabulary size, or a
-                stop_token_ids, logit_bias or allowed_token_ids entry outside
-                [0, vocab_size).
+            ValueError: logprobs / prompt_logprobs above ``max_logprobs`` (``--max-logprobs``)
+                or the vocabulary size, or a stop_token_ids, logit_bias or
+                allowed_token_ids entry outside [0, vocab_size).
         """
         vocab = self.model_config.vocab_size
+        limit = self.model_config.max_logprobs
         for name in ("logprobs", "prompt_logprobs"):
             k = getattr(params, name)
+            if k is not None and limit >= 0 and k > limit:
+                raise ValueError(
+                    f"{name}={k} is more than max_logprobs={limit} (raise --max-logprobs, "
+                    "or -1 for up to the vocabulary size)."
+                )
             if k is not None and k > vocab:
                 raise ValueError(f"{name}={k} is more than the vocabulary size {vocab}.")
         for t in params.stop_token_ids:
@@ -225,6 +231,12 @@ class LLMEngine:
         """
         if prompt_len > self.scheduler_config.max_model_len:
             return
+        max_seqs = self.scheduler_config.max_num_seqs
+        if n > max_seqs:  # before a list of n lengths is built (n may be huge)
+            raise ValueError(
+                f"This request can never be scheduled: n={n} sequences are more than "
+                f"max_num_seqs={max_seqs}."
+            )
         reason = self.schedulers[0].never_fits_reason([prompt_len] * n)
         if reason is not None:
             raise ValueError(

@@ -47,7 +47,11 @@ class CLIParser(argparse.ArgumentParser):
     """An ArgumentParser whose usage errors are one line on stderr (exit status 2)."""
 
     def error(self, message: str):
-        sys.stderr.write(f"error: {message} (see `{self.prog} --help`)\n")
+        prog = self.prog
+        sub = sys.argv[1] if len(sys.argv) > 1 else ""
+        if prog == "vllm" and sub in ("serve", "bench"):  # unknown flags of a subcommand
+            prog = f"vllm {sub}"
+        sys.stderr.write(f"error: {message} (see `{prog} --help`)\n")
         sys.exit(2)
 
 

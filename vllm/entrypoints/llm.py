@@ -68,6 +68,8 @@ class LLM:
         Raises:
             ValueError: an empty prompt list, a bad prompt or a params/prompts length
                 mismatch; nothing is queued then, and the LLM stays usable.
+            Exception: whatever a failed engine step raised; this call's unfinished
+                requests are aborted first, so the LLM stays usable.
         """
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
@@ -169,6 +171,11 @@ class LLM:
                         if bar.format_dict.get("elapsed"):
                             rate = out_tokens / max(bar.format_dict["elapsed"], 1e-9)
                             bar.set_postfix_str(f"output {rate:.1f} tok/s")
+        except BaseException:
+            # A failed step (or Ctrl-C) must not leave this call's requests queued: the
+            # next call would run them again and fail the same way.
+            engine.abort_request([r for r in request_ids if r not in done])
+            raise
         finally:
             engine.stream_outputs = streaming
             bar.close()

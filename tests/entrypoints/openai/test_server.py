@@ -219,6 +219,20 @@ def test_echo_logprobs_stop_and_rest_of_context(client):
     assert r.choices[0].text.startswith(p) and len(r.choices[0].text) > len(p)
     r = client.completions.create(model=MODEL, prompt=p, max_tokens=10, temperature=0, stop=["."])
     assert r.choices[0].text == " Paris" and r.choices[0].finish_reason == "stop"
+    # Streamed with a stop string that starts inside " Paris": the "s" is held back until
+    # the "." shows it to be the stop string, so the pieces join to the final text.
+    kw = dict(model=MODEL, prompt=p, max_tokens=10, temperature=0, stop=["s."])
+    final = client.completions.create(**kw).choices[0].text
+    pieces = [c.choices[0].text for c in client.completions.create(stream=True, **kw)]
+    assert final == " Pari" and "".join(pieces) == final, pieces
+    # Streamed echo with logprobs: text_offset runs on over the prompt and every chunk.
+    chunks = list(client.completions.create(model=MODEL, prompt=p, max_tokens=3, temperature=0,
+                                            echo=True, logprobs=1, stream=True))  # fmt: skip
+    tokens = [t for c in chunks for t in c.choices[0].logprobs.tokens]
+    offsets = [o for c in chunks for o in c.choices[0].logprobs.text_offset]
+    assert len(chunks) > 2 and len(tokens) == 5 + 3
+    assert offsets == [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+    assert "".join(tokens) == "".join(c.choices[0].text for c in chunks)
     # max_tokens null: the rest of the context (prompt of 505 tokens -> at most 7 more)
     long_ids = [28] * 505
     r = client.completions.create(
@@ -230,6 +244,29 @@ def test_echo_logprobs_stop_and_rest_of_context(client):
     )
     assert r.usage.prompt_tokens == 505 and r.usage.total_tokens == MAX_LEN
     assert r.choices[0].finish_reason == "length"
+
+
+def test_tokenize_and_detokenize(server, client):
+    """/tokenize gives the ids /v1/completions counts as prompt tokens (text, and chat
+    messages rendered with the template); /detokenize inverts it; bad bodies get 400."""
+    url = server.url_for
+    p = PROMPTS[0]
+    r = httpx.post(url("tokenize"), json={"model": MODEL, "prompt": p}, timeout=60).json()
+    usage = client.completions.create(model=MODEL, prompt=p, max_tokens=1).usage
+    assert r["count"] == len(r["tokens"]) == usage.prompt_tokens and r["max_model_len"] == MAX_LEN
+    back = httpx.post(url("detokenize"), json={"model": MODEL, "tokens": r["tokens"]}, timeout=60)
+    assert back.json()["prompt"].endswith(p)
+    r = httpx.post(url("tokenize"), json={"model": MODEL, "messages": CHAT}, timeout=60).json()
+    usage = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=1).usage
+    assert r["count"] == usage.prompt_tokens
+    for path, body, words in [
+        ("tokenize", {"model": MODEL}, "exactly one of prompt and messages"),
+        ("tokenize", {"model": MODEL, "prompt": p, "messages": CHAT}, "exactly one"),
+        ("detokenize", {"model": MODEL, "tokens": [10**9]}, "out of vocabulary"),
+    ]:
+        bad = httpx.post(url(path), json=body, timeout=60)
+        assert bad.status_code == 400 and words in bad.json()["error"]["message"], bad.text
+    assert httpx.post(url("tokenize"), json={"model": "nope", "prompt": p}).status_code == 404
 
 
 def _bad(server, path, body, key=KEY):
@@ -252,6 +289,22 @@ def _bad(server, path, body, key=KEY):
         ("completions", {"model": MODEL, "prompt": "hi", "top_p": 2}, 400, ["top_p"]),
         ("completions", {"model": MODEL, "prompt": "hi", "n": 0}, 400, ["n must"]),
         ("completions", {"model": MODEL, "prompt": [10**9]}, 400, ["vocabulary"]),
+        ("completions", {"model": MODEL, "prompt": "hi", "seed": 2**64}, 400, ["seed", "64-bit"]),
+        ("completions", {"model": MODEL, "prompt": "hi", "n": 2**63}, 400, ["max_num_seqs"]),
+        ("completions", {"model": MODEL, "prompt": "hi", "logprobs": 21}, 400, ["max_logprobs=20"]),
+        ("completions", {"model": MODEL, "prompt": "hi", "n": 3, "best_of": 2}, 400, ["best_of"]),
+        (
+            "chat/completions",
+            {"model": MODEL, "messages": CHAT, "logprobs": True, "top_logprobs": 21},
+            400,
+            ["max_logprobs=20"],
+        ),
+        (
+            "chat/completions",
+            {"model": MODEL, "messages": CHAT, "top_logprobs": 2},
+            400,
+            ["top_logprobs=2 needs logprobs=true"],
+        ),
         ("completions", {"model": MODEL}, 400, ["prompt"]),
         ("completions", {"model": "nope", "prompt": "hi"}, 404, ["nope"]),
         ("chat/completions", {"model": "nope", "messages": CHAT}, 404, ["nope"]),
@@ -265,6 +318,11 @@ def test_bad_request(server, client, path, body, status, words):
     assert err["type"] == ("BadRequestError" if status == 400 else "NotFoundError")
     for w in words:
         assert w in err["message"], err
+    field = {"seed": "seed", "logprobs": "logprobs", "best_of": "best_of", "top_logprobs":
+             "top_logprobs"}  # fmt: skip
+    for key, name in field.items():
+        if key in body and not (key == "logprobs" and path.startswith("chat")):
+            assert err["param"] == name, err
     ok = client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, temperature=0)
     assert ok.usage.completion_tokens == 2
     assert httpx.get(server.url_for("health")).status_code == 200

@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP server (FastAPI + uvicorn) around an AsyncLLMEngine.
 
-Endpoints: /v1/models, /v1/completions, /v1/chat/completions, /health, /version, /metrics
-(Prometheus text, this server's own registry). Errors use OpenAI's body
+Endpoints: /v1/models, /v1/completions, /v1/chat/completions, /tokenize, /detokenize
+(serving_tokenization.py), /health, /version, /metrics (Prometheus text, this server's own
+registry). Errors use OpenAI's body
 ``{"error": {"message", "type", "param", "code"}}``: 400 for bad requests (malformed JSON,
 pydantic validation errors and ValueErrors included), 401 for a missing or wrong key when
 ``--api-key`` is set, 404 for an unknown model, 413 for a body above
@@ -57,6 +58,11 @@ from vllm.entrypoints.openai.server_lifecycle import ABORT_GRACE_S, graceful_ser
 from vllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from vllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from vllm.entrypoints.openai.serving_engine import APIError, to_api_error
+from vllm.entrypoints.openai.serving_tokenization import (
+    DetokenizeRequest,
+    OpenAIServingTokenization,
+    TokenizeRequest,
+)
 from vllm.version import __version__
 
 logger = logging.getLogger("vllm.entrypoints.openai.api_server")
@@ -88,6 +94,7 @@ def build_app(
     tokenize_pool = ThreadPoolExecutor(1, "vllm-tokenize")
     completion = OpenAIServingCompletion(engine, served_model_names, tokenize_pool)
     chat = OpenAIServingChat(engine, served_model_names, tokenize_pool, chat_template=chat_template)
+    tokenization = OpenAIServingTokenization(chat)
     if max_request_body_bytes is not None:
         app.add_middleware(BodySizeLimit, limit=max_request_body_bytes)
 
@@ -151,6 +158,20 @@ def build_app(
         if hasattr(result, "__aiter__"):
             return StreamingResponse(result, media_type="text/event-stream")
         return JSONResponse(result.model_dump())
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest):
+        try:
+            return JSONResponse((await tokenization.tokenize(body)).model_dump())
+        except Exception as e:
+            return to_api_error(e).response()
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest):
+        try:
+            return JSONResponse((await tokenization.detokenize(body)).model_dump())
+        except Exception as e:
+            return to_api_error(e).response()
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, raw: Request):

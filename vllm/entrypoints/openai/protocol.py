@@ -119,6 +119,8 @@ class CompletionRequest(SamplingFields):
     echo: bool = False
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    # Accepted only as 1 or n (upstream V1 dropped best_of); anything else is a 400.
+    best_of: int | None = None
 
 
 class CompletionLogProbs(OpenAIBaseModel):

@@ -137,6 +137,10 @@ class OpenAIServingChat(OpenAIServing):
         text, ids = await self._prompt(req)
         budget = self.check_length(len(ids), max_tokens, "messages")
         k = None
+        if req.top_logprobs is not None and not req.logprobs:
+            raise APIError(
+                f"top_logprobs={req.top_logprobs} needs logprobs=true.", 400, "top_logprobs"
+            )
         if req.logprobs:
             k = req.top_logprobs or 0
         mode, guided = tool_mode(req)
@@ -144,6 +148,7 @@ class OpenAIServingChat(OpenAIServing):
         if guided is None:
             guided, param = guided_params(req), "response_format"
         params = self.sampling_params(req, budget, k, guided=guided)
+        self.check_params(params, "top_logprobs")
         self.check_schedulable(len(ids), req.n)
         await self.check_guided(params, param)
         rid = f"chatcmpl-{uuid.uuid4().hex}"

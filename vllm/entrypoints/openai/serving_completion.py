@@ -78,6 +78,13 @@ class OpenAIServingCompletion(OpenAIServing):
         """
         self.check_model(req.model)
         self.check_max_tokens(req.max_tokens, req.echo)
+        if req.best_of is not None and req.best_of not in (1, req.n):
+            raise APIError(
+                f"best_of={req.best_of} is not supported (only best_of equal to n={req.n}, "
+                "or 1): ask for n completions with logprobs and rank them instead.",
+                400,
+                "best_of",
+            )
         prompts = await self._prompts(req)
         echo_only = req.echo and req.max_tokens == 0
         prompt_lp = req.prompt_logprobs
@@ -89,6 +96,7 @@ class OpenAIServingCompletion(OpenAIServing):
         for _, ids in prompts:
             budget = self.check_length(len(ids), 1 if echo_only else req.max_tokens, "prompt")
             params.append(self.sampling_params(req, budget, req.logprobs, prompt_lp, guided))
+            self.check_params(params[-1])
             self.check_schedulable(len(ids), req.n)
         if params:
             await self.check_guided(params[0], "response_format")
@@ -150,6 +158,7 @@ class OpenAIServingCompletion(OpenAIServing):
         n = req.n
         sent_tokens = [0] * (len(prompts) * n)
         sent_chars = [0] * (len(prompts) * n)
+        next_offset = [0] * (len(prompts) * n)  # text_offset of the next logprobs token
         echoed = [False] * (len(prompts) * n)
         plain = TextChunks(  # the usual chunk: only its text changes
             lambda index, text: CompletionStreamResponse(
@@ -173,7 +182,7 @@ class OpenAIServingCompletion(OpenAIServing):
                     elif not new_ids and not o.finish_reason:
                         continue
                     delta = "" if echo_only else o.text[sent_chars[idx] :]
-                    lp_ids, lp_list, offset = new_ids, [], sent_chars[idx]
+                    lp_ids, lp_list, offset = new_ids, [], next_offset[idx]
                     if not echo_only and o.logprobs is not None:
                         lp_list = list(o.logprobs[sent_tokens[idx] :])
                     if req.echo and not echoed[idx]:
@@ -185,6 +194,7 @@ class OpenAIServingCompletion(OpenAIServing):
                     logprobs = None
                     if req.logprobs is not None:
                         logprobs = self._logprobs(lp_ids, lp_list, req.logprobs, offset)
+                        next_offset[idx] = offset + sum(len(t) for t in logprobs.tokens)
                     sent_tokens[idx] += len(new_ids)
                     sent_chars[idx] = max(sent_chars[idx], len(o.text))
                     completion_tokens += len(new_ids)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
@@ -75,9 +76,10 @@ def max_chars_per_token(tokenizer) -> int | None:
 
 
 def param_of(message: str) -> str | None:
-    """The request field a SamplingParams ValueError names (its first word), if any."""
-    head = message.split(" ", 1)[0].strip(":,.")
-    return head if head.isidentifier() else None
+    """The request field a SamplingParams ValueError names: the identifier it starts
+    with ("seed must be ...", "logprobs=21 is more than ..."), if any."""
+    head = re.match(r"[A-Za-z_][A-Za-z0-9_]*(?=[ =:,.]|$)", message)
+    return head.group(0) if head else None
 
 
 class OpenAIServing:
@@ -140,6 +142,19 @@ class OpenAIServing:
         """Check (:meth:`check_text`) and tokenize ``text`` on the tokenizer thread."""
         self.check_text(text, field)
         return list(await self.off_loop(self.tokenizer.encode, text))
+
+    def check_params(self, params: SamplingParams, logprobs_field: str = "logprobs") -> None:
+        """Raises APIError 400 for params the model cannot serve (logprobs above
+        ``--max-logprobs`` or the vocabulary size, token ids outside the vocabulary),
+        before the request is queued. ``logprobs_field`` is the request's name for the
+        per-token logprobs count ("top_logprobs" in chat)."""
+        try:
+            self.engine.verify_params(params)
+        except ValueError as e:
+            param = param_of(str(e))
+            if param == "logprobs":
+                param = logprobs_field
+            raise APIError(str(e), 400, param) from None
 
     def check_schedulable(self, prompt_len: int, n: int) -> None:
         """Raises APIError 400 when the scheduler could never run ``n`` sequences of

@@ -1,0 +1,107 @@
+"""``POST /tokenize`` and ``POST /detokenize``, upstream vLLM's tokenizer endpoints.
+
+``/tokenize`` takes a ``prompt`` (text, tokenized as ``/v1/completions`` does, special
+tokens added unless ``add_special_tokens`` is false) or chat ``messages`` (rendered with
+the chat template as ``/v1/chat/completions`` does) and answers
+``{"count", "max_model_len", "tokens"}``. ``/detokenize`` takes ``tokens`` and answers
+``{"prompt"}``. Both run on the tokenizer thread, check ``model`` like the other
+endpoints, and answer 400 for a bad body (both or neither of prompt and messages, ids
+outside the vocabulary, no tokenizer).
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from vllm.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage, OpenAIBaseModel
+from vllm.entrypoints.openai.serving_chat import OpenAIServingChat
+from vllm.entrypoints.openai.serving_engine import APIError
+
+
+class TokenizeRequest(OpenAIBaseModel):
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+    chat_template: str | None = None
+
+
+class TokenizeResponse(OpenAIBaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int] = Field(default_factory=list)
+
+
+class DetokenizeRequest(OpenAIBaseModel):
+    model: str | None = None
+    tokens: list[int]
+
+
+class DetokenizeResponse(OpenAIBaseModel):
+    prompt: str
+
+
+class OpenAIServingTokenization:
+    """The two endpoints, sharing the chat handler's tokenizer thread, checks and
+    template rendering.
+
+    Args:
+        chat: the server's chat handler.
+    """
+
+    def __init__(self, chat: OpenAIServingChat):
+        self.chat = chat
+
+    def _tokenizer(self):
+        if self.chat.tokenizer is None:
+            raise APIError("tokenization needs a tokenizer (skip_tokenizer_init is set).", 400)
+        return self.chat.tokenizer
+
+    async def tokenize(self, req: TokenizeRequest) -> TokenizeResponse:
+        """Token ids of ``req.prompt`` or of the rendered ``req.messages``.
+
+        Raises:
+            APIError: 404 for another model's name; 400 for both or neither of prompt and
+                messages, text that is not valid Unicode or certainly longer than the
+                context, or a chat template problem.
+        """
+        chat = self.chat
+        chat.check_model(req.model)
+        tok = self._tokenizer()
+        if (req.prompt is None) == (req.messages is None):
+            raise APIError("give exactly one of prompt and messages.", 400, "prompt")
+        if req.messages is not None:
+            as_chat = ChatCompletionRequest(
+                model=req.model,
+                messages=req.messages,
+                add_generation_prompt=req.add_generation_prompt,
+                chat_template=req.chat_template,
+            )
+            _, ids = await chat._prompt(as_chat)
+        else:
+            chat.check_text(req.prompt, "prompt")
+            ids = await chat.off_loop(
+                lambda: list(tok.encode(req.prompt, add_special_tokens=req.add_special_tokens))
+            )
+        return TokenizeResponse(count=len(ids), max_model_len=chat.max_model_len, tokens=ids)
+
+    async def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
+        """The text of ``req.tokens`` (special tokens kept, as upstream).
+
+        Raises:
+            APIError: 404 for another model's name; 400 for an id outside the vocabulary.
+        """
+        chat = self.chat
+        chat.check_model(req.model)
+        tok = self._tokenizer()
+        vocab = chat.engine.model_config.vocab_size
+        bad = [t for t in req.tokens if not 0 <= t < vocab]
+        if bad:
+            raise APIError(
+                f"token id {bad[0]} is out of vocabulary (valid ids: 0..{vocab - 1}).",
+                400,
+                "tokens",
+            )
+        text = await chat.off_loop(lambda: tok.decode(req.tokens))
+        return DetokenizeResponse(prompt=text)
