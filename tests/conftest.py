@@ -5,7 +5,10 @@ Markers (registered in pyproject.toml):
 - ``multi_gpu(n)``: needs n CUDA GPUs; skipped with a reason when fewer are present. Each
   such test also gets the marker ``multi_gpu_<n>`` so that ``-m`` can select by GPU count
   (the CI steps of ``.buildkite/test-pipeline.yaml`` do).
-- ``forked``: provided by pytest-forked (runs the test in its own process).
+- ``forked``: provided by pytest-forked (runs the test in its own process). Every
+  ``gpu`` / ``multi_gpu(n)`` test gets it too: one that initialised CUDA in the pytest
+  process would make every later forked CUDA test fail ("Cannot re-initialize CUDA in
+  forked subprocess") when pytest runs without ``--forked``.
 
 Tiny-model fixtures are session-scoped and saved under one ``tmp_path_factory`` directory;
 see ``tests/models/tiny_models.py`` for how they are built (SmolLM2 tokenizer, vocab 49152,
@@ -89,7 +92,8 @@ def pytest_collection_modifyitems(config, items):
     ``-m`` matches marker names, not a marker's positional arguments, so the derived name
     (``multi_gpu_2``, ``multi_gpu_4``) is what lets a CI step select the tests of one GPU
     count: ``-m multi_gpu_2``. ``tryfirst`` adds it before pytest's own ``-m`` deselection.
-    ``gpu`` / ``multi_gpu(n)`` tests are skipped with a reason when fewer GPUs are present.
+    ``gpu`` / ``multi_gpu(n)`` tests run forked, and are skipped with a reason when fewer
+    GPUs are present.
     """
     num_gpus = None
     for item in items:
@@ -98,6 +102,8 @@ def pytest_collection_modifyitems(config, items):
             continue
         if item.get_closest_marker("multi_gpu") is not None:
             item.add_marker(f"multi_gpu_{needed}")
+        if item.get_closest_marker("forked") is None:  # CUDA only in a child (module doc)
+            item.add_marker(pytest.mark.forked)
         if num_gpus is None:
             num_gpus = _cuda_device_count()
         if num_gpus < needed:

@@ -6,8 +6,11 @@ queue, a timeout, the offline / cache environment, an agent-lost-only retry and 
 artifacts. .ci/run validates the file against Buildkite's schema separately.
 """
 
+import functools
 import re
 import shlex
+import subprocess
+import sys
 from collections import Counter
 
 import pytest
@@ -173,3 +176,15 @@ def test_suite_id_drops_only_the_xdist_group_suffix():
     assert suite_id(Item("t.py::test_b[x@y]", "ray")) == "t.py::test_b[x@y]"
     assert suite_id(Item("t.py::test_b[x@y]@ray", "ray")) == "t.py::test_b[x@y]"
     assert suite_id(Item("t.py::test_c[x@ray]")) == "t.py::test_c[x@ray]"
+
+
+def test_gpu_tests_run_forked():
+    """Every gpu test is forked (conftest adds the marker), so none initialises CUDA in the
+    pytest process: collecting gpu tests without it selects nothing, while they exist."""
+    cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+           "tests/kernels", "tests/attention"]  # fmt: skip
+    run = functools.partial(subprocess.run, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    unforked = run([*cmd, "-m", "(gpu or multi_gpu) and not forked"])
+    assert unforked.returncode == 5, unforked.stdout[-2000:]  # 5: no test selected
+    forked = run([*cmd, "-m", "gpu and forked"])
+    assert forked.returncode == 0 and "test_cuda_kernels" in forked.stdout, forked.stdout[-2000:]
