@@ -103,7 +103,8 @@ class EngineArgs:
     block_size: int = _f(16, "Tokens per KV-cache block.", group="cache")
     gpu_memory_utilization: float = _f(
         0.9,
-        "Fraction of GPU memory the engine may use (weights, activations, KV cache).",
+        "Fraction of GPU memory this engine may use (weights, activations, KV cache); "
+        "other processes' memory is not charged to it, so engines at 0.3 each share a GPU.",
         group="cache",
     )
     num_gpu_blocks_override: int | None = _f(

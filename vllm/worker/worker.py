@@ -15,6 +15,7 @@ from vllm.config import EngineConfig
 from vllm.cudagraph import GraphCapturer
 from vllm.sequence import ExecuteModelRequest, SamplerOutput
 from vllm.worker.cache_engine import CacheEngine, cache_block_bytes
+from vllm.worker.gpu_memory import kv_budget_bytes, non_torch_bytes
 from vllm.worker.model_runner import ModelRunner
 from vllm.worker.stage_timing import StageTimes
 
@@ -57,12 +58,17 @@ class Worker:
         self.cache_engines: list[CacheEngine] = []
         self.times = StageTimes()
         self._stage = None  # the PipelineStage, built at the first step under PP
+        # Bytes outside torch on the device when init_device took it (CUDA; gpu_memory.py)
+        self.non_torch_at_start: int | None = None
 
     def init_device(self) -> None:
         """Select the device and seed torch's generators with the engine seed."""
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
             torch.cuda.empty_cache()
+            free, total = torch.cuda.mem_get_info(self.device)  # creates the context
+            reserved = torch.cuda.memory_reserved(self.device)
+            self.non_torch_at_start = non_torch_bytes(free, total, reserved)
         else:
             parallel = self.config.parallel_config
             torch.set_num_threads(cpu_threads(parallel.world_size, parallel.cpu_threads))
@@ -112,12 +118,15 @@ class Worker:
         return per_ve
 
     def _profile_cuda_blocks(self, block_bytes: int) -> int:
-        """KV blocks that fit in total x gpu_memory_utilization - peak - graph memory.
+        """KV blocks that fit in total x gpu_memory_utilization - peak - graph memory
+        (vllm/worker/gpu_memory.py: this engine's share; other processes' memory is not
+        charged to it, and what is free bounds it).
 
         The peak comes from one profiling forward of max_num_batched_tokens tokens (weights
-        included, as torch allocated them); memory used outside this process's torch
-        allocator counts against the budget; graph memory is measured by a trial capture
-        (ModelRunner.estimate_graph_memory) because the real capture needs the KV cache.
+        included, as torch allocated them); memory this process allocated outside torch
+        since :meth:`init_device` counts against the budget; graph memory is measured by a
+        trial capture (ModelRunner.estimate_graph_memory) because the real capture needs the
+        KV cache.
         """
         sc = self.config.scheduler_config
         torch.cuda.empty_cache()
@@ -128,20 +137,24 @@ class Worker:
         peak = torch.cuda.max_memory_allocated(self.device)
         torch.cuda.empty_cache()
         free, total = torch.cuda.mem_get_info(self.device)
-        outside = total - free - torch.cuda.memory_reserved(self.device)
+        reserved = torch.cuda.memory_reserved(self.device)
         graphs = self.model_runner.estimate_graph_memory(self.num_virtual_engines)
-        budget = total * self.config.cache_config.gpu_memory_utilization - peak - outside - graphs
+        util = self.config.cache_config.gpu_memory_utilization
+        budget, outside = kv_budget_bytes(
+            total, free, reserved, util, peak, graphs, self.non_torch_at_start
+        )
         logger.info(
-            "Memory profile: total %.2f GiB, peak %.2f GiB, outside torch %.2f GiB, "
-            "graphs (estimated) %.3f GiB, KV budget %.2f GiB",
+            "Memory profile: total %.2f GiB, free %.2f GiB, peak %.2f GiB, outside torch "
+            "(this process) %.2f GiB, graphs (estimated) %.3f GiB, KV budget %.2f GiB",
             total / 2**30,
+            free / 2**30,
             peak / 2**30,
             outside / 2**30,
             graphs / 2**30,
             budget / 2**30,
         )
         self.estimated_graph_bytes = graphs
-        return max(0, int(budget // block_bytes))
+        return budget // block_bytes
 
     def initialize_cache(self, num_blocks: int) -> None:
         """Allocate one KV cache per virtual engine, each of ``num_blocks`` (+1 scratch)."""
