@@ -24,7 +24,13 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from vllm.engine.async_llm_engine import AsyncLLMEngine
-from vllm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse, SamplingFields
+from vllm.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ErrorInfo,
+    ErrorResponse,
+    SamplingFields,
+)
 from vllm.outputs import RequestOutput
 from vllm.sampling_params import GuidedDecodingParams, SamplingParams
 
@@ -75,11 +81,17 @@ def max_chars_per_token(tokenizer) -> int | None:
         return None
 
 
+# The fields of the two request bodies: what an error's ``param`` may name.
+_REQUEST_FIELDS = frozenset(CompletionRequest.model_fields) | frozenset(
+    ChatCompletionRequest.model_fields
+)
+
+
 def param_of(message: str) -> str | None:
-    """The request field a SamplingParams ValueError names: the identifier it starts
-    with ("seed must be ...", "logprobs=21 is more than ..."), if any."""
+    """The request field a ValueError names: the request field it starts with ("seed must
+    be ...", "logprobs=21 is more than ..."), else None."""
     head = re.match(r"[A-Za-z_][A-Za-z0-9_]*(?=[ =:,.]|$)", message)
-    return head.group(0) if head else None
+    return head.group(0) if head and head.group(0) in _REQUEST_FIELDS else None
 
 
 class OpenAIServing:
