@@ -154,6 +154,20 @@ def test_summary_counts_captured_graphs():
     assert "graphs=28 captured and 10 piecewise sizes in 2.25 s (1.00 GiB)," in format_summary(
         config, stages
     )
+    config.speculative_config = NS(
+        num_speculative_tokens=3,
+        is_ngram=True,
+        ngram_prompt_lookup_min=1,
+        ngram_prompt_lookup_max=4,
+    )
+    assert format_summary(config, stages).endswith(
+        "stage 1 layers 15-29), speculation=ngram k=3 (n-grams 1-4)"
+    )
+    config.speculative_config = NS(
+        num_speculative_tokens=4, is_ngram=False, speculative_model="/m/draft"
+    )
+    assert format_summary(config, stages).endswith(", speculation=draft /m/draft k=4")
+    config.speculative_config = None
     config.compilation_config.enforce_eager = True
     for s in stages:
         s["graphs"] = s["piecewise"] = 0

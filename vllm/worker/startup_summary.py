@@ -86,7 +86,8 @@ def format_summary(config: Any, stages: list[dict[str, Any]]) -> str:
     Fields: device, dtype, attention, kv_cache (blocks per virtual engine, tokens per
     block, GiB over all stages), graphs (count, piecewise sizes when any, seconds, GiB; or
     eager and why), parallel (pipeline x tensor parallel sizes, executor, virtual engines,
-    and each stage's device and layers when there are several).
+    and each stage's device and layers when there are several), and speculation (proposer
+    and k) when it is on.
     """
     first = stages[0]
     devices = sorted({s["device"] for s in stages})
@@ -118,5 +119,17 @@ def format_summary(config: Any, stages: list[dict[str, Any]]) -> str:
         f"Start-up summary: device={', '.join(devices)}, dtype={first['dtype']}, "
         f"attention={first['attention']}, kv_cache={cc.num_gpu_blocks} blocks x "
         f"{cc.block_size} tokens per virtual engine ({kv_gib:.2f} GiB), graphs={graphs}, "
-        f"parallel={parallel}"
+        f"parallel={parallel}{_speculation(config)}"
     )
+
+
+def _speculation(config: Any) -> str:
+    """``, speculation=...`` naming the proposer and k, or "" without speculation."""
+    spec = getattr(config, "speculative_config", None)
+    if spec is None:
+        return ""
+    k = spec.num_speculative_tokens
+    if spec.is_ngram:
+        lo, hi = spec.ngram_prompt_lookup_min, spec.ngram_prompt_lookup_max
+        return f", speculation=ngram k={k} (n-grams {lo}-{hi})"
+    return f", speculation=draft {spec.speculative_model} k={k}"
