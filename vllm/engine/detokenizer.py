@@ -8,8 +8,10 @@ Each step decodes ``ids[prefix_offset:read_offset]`` (``emitted``) and
 whose decode ends in U+FFFD (an incomplete UTF-8 sequence: a multi-byte character split
 across tokens) emits nothing until a later token completes it, so no text ever has to be
 taken back: the text after every step is a prefix of the final text. When the sequence
-finishes, :func:`finish_text` sets the text to the full ``tokenizer.decode`` (which also
-flushes a trailing incomplete character as U+FFFD, exactly as a one-shot decode does).
+finishes, :func:`finish_text` sets the text to the full ``tokenizer.decode`` without a
+trailing incomplete character: as in upstream vLLM's incremental detokenizers, bytes of a
+character the generation never completed are dropped rather than shown as U+FFFD, so
+the final text is also what the stream sent.
 """
 
 from __future__ import annotations
@@ -112,7 +114,8 @@ def decode_sequence_step(tokenizer, seq: Sequence, params: SamplingParams) -> in
 
 
 def finish_text(tokenizer, seq: Sequence, params: SamplingParams, drop_last: bool) -> int:
-    """Set the final text of a finished sequence to a one-shot decode.
+    """Set the final text of a finished sequence to a one-shot decode, less a trailing
+    incomplete character (a U+FFFD run at the end, see :func:`stable_text`).
 
     Args:
         drop_last: leave the last token's text out (a stop token, EOS or one of
@@ -123,6 +126,6 @@ def finish_text(tokenizer, seq: Sequence, params: SamplingParams, drop_last: boo
     """
     ids = seq.output_token_ids
     before = len(seq.output_text)
-    seq.output_text = decode_ids(tokenizer, ids[:-1] if drop_last else ids, params)
+    seq.output_text = stable_text(tokenizer, ids[:-1] if drop_last else ids, params)
     seq.prefix_offset = seq.read_offset = len(ids)
     return len(seq.output_text) - before

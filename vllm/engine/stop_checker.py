@@ -16,11 +16,13 @@
    contains the string only with ``include_stop_str_in_output``.
 4. ``max_model_len`` reached (prompt + output), then ``max_tokens``:
    FINISHED_LENGTH_CAPPED, ``stop_reason`` None. Text held back for an incomplete
-   character is flushed and searched for stop strings as well.
+   character that a later token completed is searched for stop strings as well; a
+   character still incomplete at the end is dropped (see ``finish_text``).
 
 A finished sequence not stopped by a string gets its text from a one-shot decode
 (:func:`vllm.engine.detokenizer.finish_text`), so the text equals
-``tokenizer.decode(token_ids, skip_special_tokens=...)`` (minus the stop token's text).
+``tokenizer.decode(token_ids, skip_special_tokens=...)`` (minus the stop token's text and
+a trailing incomplete character).
 """
 
 from __future__ import annotations
