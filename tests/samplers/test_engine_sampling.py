@@ -184,10 +184,12 @@ def _hf_logprobs(model_path, prompt_ids, gen_ids):
 
 def check_logprobs_vs_hf(llm, model_path, prompt_ids, max_tokens, tol=1e-4):
     """Greedy logprobs=5 and prompt_logprobs=5 equal transformers' float32 log_softmax
-    within ``tol`` (CPU float32 on both sides; only summation order differs)."""
+    within ``tol`` (CPU float32 on both sides; only summation order differs); every entry
+    carries its token's text as ``decoded_token``."""
     p = SamplingParams(temperature=0, max_tokens=max_tokens, logprobs=5, prompt_logprobs=5)
     out = llm.generate({"prompt_token_ids": prompt_ids}, p, use_tqdm=False)[0]
     c = out.outputs[0]
+    tok = llm.get_tokenizer()
     ref = _hf_logprobs(model_path, prompt_ids, list(c.token_ids))
     L = len(prompt_ids)
     assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == L
@@ -196,6 +198,7 @@ def check_logprobs_vs_hf(llm, model_path, prompt_ids, max_tokens, tol=1e-4):
         assert prompt_ids[i] in pos and len(pos) >= 5
         for t, lp in pos.items():
             assert abs(lp.logprob - ref[i - 1, t].item()) < tol, (i, t)
+            assert lp.decoded_token == tok.decode([t])
             assert lp.rank == int((ref[i - 1] > ref[i - 1, t]).sum()) + 1
     assert len(c.logprobs) == len(c.token_ids)
     total = 0.0
@@ -205,6 +208,7 @@ def check_logprobs_vs_hf(llm, model_path, prompt_ids, max_tokens, tol=1e-4):
         assert list(pos)[:5] == row.topk(5).indices.tolist()
         for tid, lp in pos.items():
             assert abs(lp.logprob - row[tid].item()) < tol, (j, tid)
+            assert lp.decoded_token == tok.decode([tid])
         total += pos[t].logprob
     assert abs(c.cumulative_logprob - total) < 1e-6
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 
 from vllm.sampling_params import SamplingParams
-from vllm.sequence import Sequence
+from vllm.sequence import PositionLogprobs, Sequence
 
 _REPLACEMENT = "\ufffd"
 
@@ -129,3 +129,18 @@ def finish_text(tokenizer, seq: Sequence, params: SamplingParams, drop_last: boo
     seq.output_text = stable_text(tokenizer, ids[:-1] if drop_last else ids, params)
     seq.prefix_offset = seq.read_offset = len(ids)
     return len(seq.output_text) - before
+
+
+def fill_decoded_tokens(tokenizer, positions: list[PositionLogprobs | None] | None) -> None:
+    """Set ``decoded_token`` of every Logprob in ``positions`` that has none: the token's
+    own text, ``tokenizer.decode([token_id])`` (special tokens included; the text the
+    OpenAI server shows for a logprobs entry). A piece of a multi-byte character decodes
+    to U+FFFD, as in upstream vLLM. No-op without a tokenizer or positions."""
+    if tokenizer is None or not positions:
+        return
+    for pos in positions:
+        if not pos:
+            continue
+        for tid, lp in pos.items():
+            if lp.decoded_token is None:
+                lp.decoded_token = tokenizer.decode([tid])

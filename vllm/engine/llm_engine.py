@@ -20,6 +20,7 @@ from typing import Any
 from vllm.config import EngineConfig
 from vllm.core.scheduler import Scheduler, SchedulerOutputs
 from vllm.engine import output_processor
+from vllm.engine.detokenizer import fill_decoded_tokens
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.step_report import StepReport
 from vllm.model_executor.guided_decoding.manager import GuidedDecodingManager
@@ -636,6 +637,8 @@ class LLMEngine:
         when its text is left to the step's report."""
         lps = group_out.prompt_logprobs
         if lps is not None:
+            if group.sampling_params.detokenize:
+                fill_decoded_tokens(self.tokenizer, lps)
             # A prefill from position 0 (entry None) sets them, a later chunk's extend them;
             # a recompute computes none.
             if group.prompt_logprobs is None or (lps and lps[0] is None):

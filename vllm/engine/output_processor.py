@@ -12,7 +12,7 @@ same result with less per-token host work at large batches.
 
 from __future__ import annotations
 
-from vllm.engine.detokenizer import decode_sequence_step, finish_text
+from vllm.engine.detokenizer import decode_sequence_step, fill_decoded_tokens, finish_text
 from vllm.engine.stop_checker import check_stop, tokens_until_stop
 from vllm.outputs import CompletionOutput, RequestOutput
 from vllm.sequence import CompletionSequenceGroupOutput, SequenceGroup, SequenceStatus
@@ -55,6 +55,8 @@ def append_samples(
         seq.text_pending = deferred
         ids, lps = sample.token_ids, sample.token_logprobs
         positions = sample.positions if seq.keep_logprobs else None
+        if params.detokenize:
+            fill_decoded_tokens(tokenizer, positions)
         # A multi-token chunk without stop strings is detokenized once, after its last
         # token: the token-based checks (EOS, stop_token_ids, min_tokens, lengths) do not
         # read the text, and a sequence that stops inside the chunk gets its text from
