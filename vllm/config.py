@@ -63,13 +63,17 @@ class ModelConfig:
         model_loader_extra_config: options of the load format, a dict or its JSON text;
             "sim" reads ``step_ms``, ``per_row_us``, ``per_token_us``
             (vllm/model_executor/model_loader/sim_model.py).
+        generation_config: where the model's ``generation_config.json`` comes from:
+            "auto" (the model directory), "vllm" (ignored) or a directory; see
+            vllm/transformers_utils/generation_config.py.
         use_async_output_proc: ``LLMEngine.step`` turns a step's tokens into text and
             RequestOutputs while the device runs the next step (upstream V0's name; see
             vllm/engine/step_report.py). Resolved by ``EngineArgs`` from
             ``--disable-async-output-proc``.
 
     Raises:
-        ValueError: missing path, unknown dtype or load format, max_logprobs below -1, an
+        ValueError: missing path, unknown dtype or load format, max_logprobs below -1, a
+            generation_config directory without generation_config.json, an
             unsupported architecture
             (or one without GGUF support given as a .gguf file), max_model_len above
             max_position_embeddings or above a uniform sliding window (Mistral v0.1).
@@ -86,6 +90,7 @@ class ModelConfig:
     device: str = "cpu"
     model_loader_extra_config: Any = None
     use_async_output_proc: bool = False
+    generation_config: str = "auto"
     hf_config: Any = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -112,6 +117,9 @@ class ModelConfig:
         self.model_loader_extra_config = _parse_extra_config(self.model_loader_extra_config)
         if self.load_format == "gguf" and not self.is_gguf:
             raise ValueError(f"load_format='gguf' needs a .gguf file, got {self.model!r}.")
+        from vllm.transformers_utils.generation_config import resolve_source
+
+        resolve_source(self.model, self.generation_config)  # ValueError for a bad directory
         if self.hf_config is None:
             self.hf_config = load_hf_config(self.model)
         self._verify_architecture()

@@ -81,6 +81,14 @@ class EngineArgs:
         "prompt_logprobs; OpenAI's top_logprobs limit); -1: up to the vocabulary size.",
         group="model",
     )
+    generation_config: str = _f(
+        "auto",
+        "Where generation_config.json comes from: auto (the model directory, when it has "
+        "one), vllm (ignore it) or a directory. Its eos_token_id list stops sequences and "
+        "its temperature, top_p, top_k, min_p, repetition_penalty and max_new_tokens are "
+        "the defaults of requests that leave them out.",
+        group="model",
+    )
     load_format: str = _f(
         "auto",
         "auto (gguf for a .gguf file, else safetensors), safetensors, gguf, or dummy "
@@ -320,6 +328,7 @@ class EngineArgs:
             seed=self.seed,
             max_model_len=self.max_model_len,
             max_logprobs=self.max_logprobs,
+            generation_config=self.generation_config,
             load_format=self.load_format,
             skip_tokenizer_init=self.skip_tokenizer_init,
             device=device_config.device,

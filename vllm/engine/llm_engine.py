@@ -20,8 +20,8 @@ from typing import Any
 from vllm.config import EngineConfig
 from vllm.core.scheduler import Scheduler, SchedulerOutputs
 from vllm.engine import output_processor
-from vllm.engine.detokenizer import fill_decoded_tokens
 from vllm.engine.arg_utils import EngineArgs
+from vllm.engine.detokenizer import fill_decoded_tokens
 from vllm.engine.step_report import StepReport
 from vllm.model_executor.guided_decoding.manager import GuidedDecodingManager
 from vllm.outputs import RequestOutput
@@ -33,6 +33,7 @@ from vllm.sequence import (
     SequenceGroup,
     SequenceStatus,
 )
+from vllm.transformers_utils.generation_config import load_generation_defaults
 from vllm.transformers_utils.tokenizer import get_tokenizer
 from vllm.worker.startup_summary import format_summary
 
@@ -81,6 +82,22 @@ class LLMEngine:
         self.tokenizer = None
         if not self.model_config.skip_tokenizer_init:
             self.tokenizer = get_tokenizer(self.model_config.tokenizer)
+        # generation_config.json: its end-of-sequence ids besides the tokenizer's become
+        # every request's stop token ids (unless ignore_eos); its sampling fields are the
+        # defaults of the offline API and the server.
+        self.generation_defaults = load_generation_defaults(
+            self.model_config.model, self.model_config.generation_config
+        )
+        self.extra_stop_token_ids = [
+            t for t in self.generation_defaults.eos_token_ids if t != self.eos_token_id
+        ]
+        if self.generation_defaults.sampling:
+            logger.info(
+                "Default sampling parameters from %s/generation_config.json (requests that "
+                "leave them out; --generation-config vllm ignores the file): %s",
+                self.generation_defaults.source,
+                self.generation_defaults.sampling,
+            )
         self.executor = executor_class(config)
         logger.info("%s", format_summary(config, self.executor.startup_summaries()))
         self.schedulers = [
@@ -278,6 +295,10 @@ class LLMEngine:
         params = params.clone()
         if self.eos_token_id is not None and not params.ignore_eos:
             params.all_stop_token_ids.add(self.eos_token_id)
+        if self.extra_stop_token_ids and not params.ignore_eos:
+            extra = [t for t in self.extra_stop_token_ids if t not in params.stop_token_ids]
+            params.stop_token_ids = list(params.stop_token_ids) + extra
+            params.all_stop_token_ids.update(extra)
         seqs = [
             Sequence(
                 next(self.seq_counter),

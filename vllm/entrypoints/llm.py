@@ -51,6 +51,13 @@ class LLM:
         """The engine's transformers tokenizer."""
         return self.llm_engine.get_tokenizer()
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """SamplingParams() with the model's generation-config defaults (temperature, top_p,
+        top_k, min_p, repetition_penalty, max_tokens where its generation_config.json sets
+        them; none with ``generation_config="vllm"``): what :meth:`generate` and
+        :meth:`chat` use when given no sampling params."""
+        return SamplingParams(**self.llm_engine.generation_defaults.sampling)
+
     def generate(
         self,
         prompts: PromptType | SeqABC[PromptType],
@@ -62,12 +69,14 @@ class LLM:
         Args:
             prompts: a string, a ``{"prompt_token_ids": [...]}`` / ``{"prompt": ...}`` dict,
                 or a list of either.
-            sampling_params: one for all prompts, or one per prompt (default: greedy-free
-                SamplingParams()).
+            sampling_params: one for all prompts, or one per prompt (default:
+                :meth:`get_default_sampling_params`).
             use_tqdm: show a progress bar.
+        Returns:
+            One RequestOutput per prompt; an empty list for an empty list of prompts.
         Raises:
-            ValueError: an empty prompt list, a bad prompt or a params/prompts length
-                mismatch; nothing is queued then, and the LLM stays usable.
+            ValueError: a bad prompt or a params/prompts length mismatch; nothing is
+                queued then, and the LLM stays usable.
             Exception: whatever a failed engine step raised; this call's unfinished
                 requests are aborted first, so the LLM stays usable.
         """
@@ -77,9 +86,9 @@ class LLM:
             prompts = [prompts]
         prompts = list(prompts)
         if not prompts:
-            raise ValueError("prompts is empty: pass at least one prompt.")
+            return []
         if sampling_params is None:
-            sampling_params = SamplingParams()
+            sampling_params = self.get_default_sampling_params()
         params = (
             [sampling_params] * len(prompts)
             if isinstance(sampling_params, SamplingParams)

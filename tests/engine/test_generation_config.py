@@ -1,0 +1,69 @@
+"""generation_config.json: its end-of-sequence ids stop sequences, its sampling fields are
+the defaults of requests that leave them out, and ``--generation-config vllm`` ignores it."""
+
+import json
+import os
+import shutil
+
+import pytest
+
+from vllm.transformers_utils.generation_config import load_generation_defaults
+
+
+def _with_generation_config(src: str, dst: str, fields: dict) -> str:
+    """A copy of checkpoint ``src`` whose generation_config.json is ``fields``."""
+    shutil.copytree(src, dst)
+    with open(os.path.join(dst, "generation_config.json"), "w") as f:
+        json.dump(fields, f)
+    return dst
+
+
+def test_defaults_from_the_file(tmp_path, tiny_llama_dir):
+    fields = {"eos_token_id": [2, 7, 9], "temperature": 0.6, "top_p": 0.9, "top_k": 20,
+              "repetition_penalty": 1.05, "max_new_tokens": 100, "num_beams": 1}  # fmt: skip
+    model = _with_generation_config(tiny_llama_dir, str(tmp_path / "m"), fields)
+    got = load_generation_defaults(model, "auto")
+    assert got.eos_token_ids == [2, 7, 9] and got.source == model
+    assert got.sampling == {"temperature": 0.6, "top_p": 0.9, "top_k": 20,
+                            "repetition_penalty": 1.05, "max_tokens": 100}  # fmt: skip
+    # a directory given explicitly, and "vllm"
+    assert load_generation_defaults(tiny_llama_dir, model).sampling["temperature"] == 0.6
+    assert load_generation_defaults(model, "vllm").eos_token_ids == []
+    # one eos id as an int; a file that leaves sampling at transformers' defaults
+    other = _with_generation_config(tiny_llama_dir, str(tmp_path / "o"), {"eos_token_id": 5})
+    got = load_generation_defaults(other, "auto")
+    assert got.eos_token_ids == [5] and got.sampling == {}
+    with pytest.raises(ValueError, match=r"generation_config='/nowhere' must be 'auto', 'vllm'"):
+        load_generation_defaults(model, "/nowhere")
+
+
+@pytest.mark.forked
+def test_generation_config_stops_and_defaults(tmp_path, tiny_llama_dir):
+    """A token the greedy output reaches becomes a stop token once the generation config
+    lists it as an end-of-sequence id: the output ends there (its text dropped, as a stop
+    token's), and --generation-config vllm restores the plain output."""
+    from vllm import LLM, SamplingParams
+
+    greedy = SamplingParams(temperature=0, max_tokens=12)
+    prompt = {"prompt_token_ids": [1, 400, 2000, 31, 77, 5]}
+    plain = LLM(tiny_llama_dir, device="cpu", max_model_len=128, generation_config="vllm")
+    ref = plain.generate(prompt, greedy, use_tqdm=False)[0].outputs[0]
+    ids = list(ref.token_ids)
+    assert len(ids) == 12 and ref.finish_reason == "length"
+    stop_at = next(i for i in range(3, 12) if ids[i] not in ids[:i])  # its first occurrence
+    del plain
+
+    fields = {"eos_token_id": [2, ids[stop_at]], "temperature": 0.7, "max_new_tokens": 9}
+    model = _with_generation_config(tiny_llama_dir, str(tmp_path / "m"), fields)
+    llm = LLM(model, device="cpu", max_model_len=128)
+    out = llm.generate(prompt, greedy, use_tqdm=False)[0].outputs[0]
+    assert list(out.token_ids) == ids[: stop_at + 1]
+    assert out.finish_reason == "stop" and out.stop_reason == ids[stop_at]
+    assert out.text == llm.get_tokenizer().decode(ids[:stop_at])
+    # ignore_eos turns the extra end-of-sequence ids off too
+    p = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    assert list(llm.generate(prompt, p, use_tqdm=False)[0].outputs[0].token_ids) == ids
+    # the file's sampling fields are the offline API's defaults
+    d = llm.get_default_sampling_params()
+    assert (d.temperature, d.max_tokens, d.top_p) == (0.7, 9, 1.0)
+    assert len(llm.generate(prompt, use_tqdm=False)[0].outputs[0].token_ids) <= 9
