@@ -13,6 +13,11 @@ _LAZY = {
     "LLMEngine": "vllm.engine.llm_engine",
     "RequestOutput": "vllm.outputs",
     "CompletionOutput": "vllm.outputs",
+    "AsyncLLMEngine": "vllm.engine.async_llm_engine",
+    "AsyncEngineArgs": "vllm.engine.arg_utils",
+    "TextPrompt": "vllm.inputs",
+    "TokensPrompt": "vllm.inputs",
+    "PromptType": "vllm.inputs",
 }
 
 __all__ = ["__version__", *_LAZY]

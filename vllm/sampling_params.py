@@ -125,6 +125,8 @@ class SamplingParams:
       tokens); ``repetition_penalty`` follows the CTRL paper (arXiv:1909.05858): positive
       logits of seen tokens (prompt and output) divided by it, negative ones multiplied.
     - ``max_tokens=None`` means up to ``max_model_len`` in total.
+    - ``best_of`` (upstream V0's name) is accepted only as None or ``n``: all ``n``
+      sequences are returned, none is generated only to be ranked away.
     - ``logprobs=k`` returns the sampled token's logprob plus the top-k per position;
       ``prompt_logprobs=k`` does the same for prompt positions (the engine also rejects k
       above the vocabulary size).
@@ -151,6 +153,7 @@ class SamplingParams:
     """
 
     n: int = 1
+    best_of: int | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
@@ -207,6 +210,12 @@ class SamplingParams:
         """
         _check(
             isinstance(self.n, int) and self.n >= 1, f"n must be an integer >= 1, got {self.n!r}."
+        )
+        _check(
+            self.best_of is None or self.best_of == self.n,
+            f"best_of={self.best_of!r} is not supported: it must be None or equal to n={self.n} "
+            "(every generated sequence is returned; upstream's V1 engine dropped best_of > n "
+            "as well).",
         )
         _check(
             -2.0 <= self.presence_penalty <= 2.0,

@@ -124,6 +124,24 @@ def test_version(capsys):
 
     assert cli.main(["version"]) == 0
     assert capsys.readouterr().out.strip() == __version__
+    with pytest.raises(SystemExit) as exc:  # upstream's spelling
+        cli.main(["--version"])
+    assert exc.value.code == 0 and capsys.readouterr().out.strip() == __version__
+
+
+def test_public_names():
+    """The names upstream scripts import from ``vllm`` resolve, and best_of is accepted
+    only where it changes nothing."""
+    import vllm
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.inputs import TokensPrompt
+
+    for name in vllm.__all__:
+        assert getattr(vllm, name) is not None, name
+    assert issubclass(vllm.AsyncEngineArgs, EngineArgs) and vllm.TokensPrompt is TokensPrompt
+    assert vllm.SamplingParams(n=2, best_of=2).n == 2
+    with pytest.raises(ValueError, match=r"best_of=3 is not supported.*n=1"):
+        vllm.SamplingParams(best_of=3)
 
 
 @pytest.mark.parametrize("name", ["latency", "throughput", "serving"])

@@ -427,3 +427,10 @@ def _base_type(hint) -> tuple[type, bool]:
     if origin is list:
         return list, False
     return hint, False
+
+
+@dataclass
+class AsyncEngineArgs(EngineArgs):
+    """Arguments of an :class:`~vllm.engine.async_llm_engine.AsyncLLMEngine` (upstream's
+    name): the same fields as :class:`EngineArgs`; the server's own options (host, port,
+    request logging) live in ``vllm serve``'s parser."""

@@ -15,7 +15,6 @@ from collections import deque
 from collections.abc import Iterable
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
-from typing import Any
 
 from vllm.config import EngineConfig
 from vllm.core.scheduler import Scheduler, SchedulerOutputs
@@ -23,6 +22,7 @@ from vllm.engine import output_processor
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.detokenizer import fill_decoded_tokens
 from vllm.engine.step_report import StepReport
+from vllm.inputs import PromptType
 from vllm.model_executor.guided_decoding.manager import GuidedDecodingManager
 from vllm.outputs import RequestOutput
 from vllm.sampling_params import SamplingParams
@@ -38,8 +38,6 @@ from vllm.transformers_utils.tokenizer import get_tokenizer
 from vllm.worker.startup_summary import format_summary
 
 logger = logging.getLogger(__name__)
-
-PromptType = str | dict[str, Any] | list[int]
 
 
 def get_executor_class(config: EngineConfig):

@@ -59,8 +59,10 @@ def make_parser() -> argparse.ArgumentParser:
     """The ``vllm`` parser with its subcommands."""
     from vllm.entrypoints.bench import BENCHMARKS
     from vllm.entrypoints.openai.api_server import make_server_parser
+    from vllm.version import __version__
 
     parser = CLIParser(prog="vllm", description="vLLM command line", formatter_class=HelpFormatter)
+    parser.add_argument("-v", "--version", action="version", version=__version__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="{serve,version,bench}")
     serve = sub.add_parser(
         "serve",
