@@ -63,6 +63,8 @@ class ModelConfig:
         model_loader_extra_config: options of the load format, a dict or its JSON text;
             "sim" reads ``step_ms``, ``per_row_us``, ``per_token_us``
             (vllm/model_executor/model_loader/sim_model.py).
+        tokenizer_mode, trust_remote_code: how the tokenizer is loaded ("auto" or "slow";
+            see vllm/engine/compat_args.py).
         generation_config: where the model's ``generation_config.json`` comes from:
             "auto" (the model directory), "vllm" (ignored) or a directory; see
             vllm/transformers_utils/generation_config.py.
@@ -87,6 +89,8 @@ class ModelConfig:
     max_logprobs: int = 20
     load_format: str = "auto"
     skip_tokenizer_init: bool = False
+    tokenizer_mode: str = "auto"
+    trust_remote_code: bool = False
     device: str = "cpu"
     model_loader_extra_config: Any = None
     use_async_output_proc: bool = False

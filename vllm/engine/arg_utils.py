@@ -26,6 +26,7 @@ from vllm.config import (
     SchedulerConfig,
     SpeculativeConfig,
 )
+from vllm.engine.compat_args import check_compat_args
 from vllm.engine.speculative_args import resolve_speculative
 
 
@@ -60,6 +61,26 @@ class EngineArgs:
     tokenizer: str | None = _f(None, "Tokenizer path (default: the model's own).", group="model")
     skip_tokenizer_init: bool = _f(
         False, "Do not load a tokenizer; prompts must be token ids.", group="model"
+    )
+    tokenizer_mode: str = _f(
+        "auto", "auto (the fast tokenizer when there is one) or slow.", group="model"
+    )
+    trust_remote_code: bool = _f(
+        False,
+        "Let transformers run a tokenizer's own code from the model directory (model "
+        "classes are always this engine's).",
+        group="model",
+    )
+    revision: str | None = _f(
+        None, "Accepted for upstream scripts; ignored (models are local paths).", group="model"
+    )
+    download_dir: str | None = _f(
+        None, "Accepted for upstream scripts; ignored (models are local paths).", group="model"
+    )
+    quantization: str | None = _f(
+        None,
+        "None (the checkpoint's weights as stored) or gguf (a .gguf file; implied by one).",
+        group="model",
     )
     dtype: str = _f(
         "auto",
@@ -109,6 +130,15 @@ class EngineArgs:
         group="model",
     )
     block_size: int = _f(16, "Tokens per KV-cache block.", group="cache")
+    kv_cache_dtype: str = _f(
+        "auto", "The KV cache's dtype: auto (the model's dtype; the only one).", group="cache"
+    )
+    swap_space: float = _f(
+        4.0,
+        "CPU swap space per GPU in GiB (upstream V0); accepted, none is allocated: "
+        "preempted sequences are recomputed.",
+        group="cache",
+    )
     gpu_memory_utilization: float = _f(
         0.9,
         "Fraction of GPU memory this engine may use (weights, activations, KV cache); "
@@ -297,6 +327,15 @@ class EngineArgs:
         """Build and validate every config; raises ValueError naming the bad value."""
         if not self.model:
             raise ValueError("model must be given (an HF directory or a .gguf file).")
+        check_compat_args(
+            self.model,
+            self.tokenizer_mode,
+            self.quantization,
+            self.kv_cache_dtype,
+            self.swap_space,
+            self.revision,
+            self.download_dir,
+        )
         device_config = DeviceConfig(self.device)
         parallel_config = ParallelConfig(
             pipeline_parallel_size=self.pipeline_parallel_size,
@@ -331,6 +370,8 @@ class EngineArgs:
             generation_config=self.generation_config,
             load_format=self.load_format,
             skip_tokenizer_init=self.skip_tokenizer_init,
+            tokenizer_mode=self.tokenizer_mode,
+            trust_remote_code=self.trust_remote_code,
             device=device_config.device,
             model_loader_extra_config=self.model_loader_extra_config,
         )

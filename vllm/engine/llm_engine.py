@@ -79,7 +79,8 @@ class LLMEngine:
         self.log_stats = log_stats
         self.tokenizer = None
         if not self.model_config.skip_tokenizer_init:
-            self.tokenizer = get_tokenizer(self.model_config.tokenizer)
+            mc = self.model_config
+            self.tokenizer = get_tokenizer(mc.tokenizer, mc.tokenizer_mode, mc.trust_remote_code)
         # generation_config.json: its end-of-sequence ids besides the tokenizer's become
         # every request's stop token ids (unless ignore_eos); its sampling fields are the
         # defaults of the offline API and the server.

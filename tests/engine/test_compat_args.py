@@ -1,0 +1,47 @@
+"""Upstream flags accepted with the values this engine supports, refused otherwise
+(vllm/engine/compat_args.py), through the `vllm serve` parser as a script passes them."""
+
+import argparse
+import logging
+
+import pytest
+
+from vllm.entrypoints.openai.api_server import make_server_parser, validate_server_args
+
+
+def _validate(*argv):
+    args = make_server_parser(argparse.ArgumentParser()).parse_args(list(argv))
+    return validate_server_args(args)
+
+
+def test_accepted_values(tiny_llama_dir, caplog):
+    with caplog.at_level(logging.WARNING, logger="vllm.engine.compat_args"):
+        ea = _validate(tiny_llama_dir, "--device", "cpu", "--trust-remote-code",
+                       "--tokenizer-mode", "auto", "--kv-cache-dtype", "auto",
+                       "--swap-space", "8", "--revision", "main",
+                       "--download-dir", "/tmp/hf")  # fmt: skip
+    assert ea.trust_remote_code and ea.swap_space == 8.0 and ea.revision == "main"
+    assert "revision='main' is ignored" in caplog.text
+    assert "download_dir='/tmp/hf' is ignored" in caplog.text
+    config = ea.create_engine_config()
+    assert config.model_config.trust_remote_code and config.model_config.tokenizer_mode == "auto"
+
+
+@pytest.mark.parametrize(
+    "flags,match",
+    [
+        (["--kv-cache-dtype", "fp8"], r"kv_cache_dtype='fp8' is not supported"),
+        (["--quantization", "awq"], r"quantization='awq' is not supported"),
+        (["--quantization", "gguf"], r"quantization='gguf' is not supported.*\.gguf file"),
+        (["--tokenizer-mode", "mistral"], r"tokenizer_mode='mistral' is not supported"),
+        (["--swap-space", "-1"], r"swap_space must be >= 0 \(GiB\), got -1.0"),
+    ],
+)
+def test_refused_values(tiny_llama_dir, flags, match):
+    with pytest.raises(ValueError, match=match):
+        _validate(tiny_llama_dir, "--device", "cpu", *flags)
+
+
+def test_gguf_quantization_with_a_gguf_file(smollm2_gguf):
+    ea = _validate(smollm2_gguf, "--device", "cpu", "--quantization", "gguf")
+    assert ea.quantization == "gguf"

@@ -1,0 +1,68 @@
+"""Upstream flags that this engine accepts with the values it supports.
+
+Scripts written for upstream vLLM pass flags such as ``--trust-remote-code``,
+``--kv-cache-dtype auto`` or ``--swap-space 4``. Each is accepted here when its value
+means what this engine does anyway, and refused with a ValueError naming the value and
+what is supported otherwise, before any weight is read:
+
+- ``tokenizer_mode``: ``auto`` (a fast tokenizer when there is one) or ``slow``
+  (``use_fast=False``); ``mistral`` and custom modes are refused.
+- ``trust_remote_code``: passed to transformers when the tokenizer is loaded. The model
+  classes are this engine's own (``ModelRegistry``), so a checkpoint's custom modelling
+  code is never run.
+- ``revision``, ``download_dir``: models are read from local paths only (no model hub),
+  where neither applies; a value other than the default is logged as ignored.
+- ``quantization``: None, or ``gguf`` for a .gguf file (what the file's own tensor types
+  say is used in either case); other methods are refused.
+- ``kv_cache_dtype``: ``auto`` (the model's dtype); fp8 caches are refused.
+- ``swap_space``: GiB of CPU swap per GPU in upstream V0, >= 0. Preempted sequences are
+  recomputed here (as in upstream V1), so no swap space is allocated.
+"""
+
+from __future__ import annotations
+
+import logging
+
+logger = logging.getLogger(__name__)
+
+TOKENIZER_MODES = ("auto", "slow")
+KV_CACHE_DTYPES = ("auto",)
+
+
+def check_compat_args(
+    model: str,
+    tokenizer_mode: str,
+    quantization: str | None,
+    kv_cache_dtype: str,
+    swap_space: float,
+    revision: str | None,
+    download_dir: str | None,
+) -> None:
+    """Validate the compatibility flags (see the module docstring).
+
+    Raises:
+        ValueError: naming the flag, its value and the supported values.
+    """
+    if tokenizer_mode not in TOKENIZER_MODES:
+        raise ValueError(
+            f"tokenizer_mode={tokenizer_mode!r} is not supported; use one of "
+            f"{list(TOKENIZER_MODES)}."
+        )
+    is_gguf = model.endswith(".gguf")
+    if quantization not in (None, "gguf") or (quantization == "gguf" and not is_gguf):
+        raise ValueError(
+            f"quantization={quantization!r} is not supported; use None (the checkpoint's "
+            "own weights) or 'gguf' with a .gguf file (its tensor types are used as stored)."
+        )
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(
+            f"kv_cache_dtype={kv_cache_dtype!r} is not supported; the KV cache is kept in the "
+            "model's dtype ('auto')."
+        )
+    if not swap_space >= 0:
+        raise ValueError(f"swap_space must be >= 0 (GiB), got {swap_space}.")
+    for name, value in (("revision", revision), ("download_dir", download_dir)):
+        if value is not None:
+            logger.warning(
+                "%s=%r is ignored: the model is read from the local path %r.", name, value, model
+            )
