@@ -319,6 +319,31 @@ def test_group_larger_than_token_budget_is_ignored():
     assert ids(out.ignored_seq_groups) == ["pair"] and ids(out.scheduled_seq_groups) == ["ok"]
 
 
+@pytest.mark.parametrize("caching", [False, True])
+def test_siblings_share_the_prompt_prefill_with_prefix_caching(caching):
+    """n = 3 sequences of a 17-token prompt (block size 4) against a 24-token budget: with
+    prefix caching the first computes 17 tokens and each sibling only the prompt's last
+    token (its first 16 are in blocks the first one registers), 19 in all, so the group
+    runs; without caching it needs 51 and can never run (ignored, and refused up front
+    by the same rule). Prompt logprobs read no cache: refused either way."""
+    sched = make_scheduler(max_num_batched_tokens=24, max_model_len=24,
+                           enable_prefix_caching=caching)  # fmt: skip
+    group = make_group("n3", 17, n=3)
+    reason = sched.never_fits_reason([17] * 3, shared_prefix=17)
+    sched.add_seq_group(group)
+    _, out = sched.schedule()
+    if caching:
+        assert reason is None
+        assert ids(out.scheduled_seq_groups) == ["n3"] and out.num_batched_tokens == 19
+        tables = [sched.block_manager.get_block_table(s) for s in group.seqs]
+        assert tables[1][:4] == tables[2][:4] == tables[0][:4]  # the 16 shared tokens
+        assert len({t[4] for t in tables}) == 3  # each its own last block
+    else:
+        assert "prefill of 51 tokens" in reason and "max_num_batched_tokens=24" in reason
+        assert ids(out.ignored_seq_groups) == ["n3"] and not out.scheduled_seq_groups
+    assert "prefill of 51 tokens" in sched.never_fits_reason([17] * 3, shared_prefix=0)
+
+
 def test_abort_frees_blocks_in_both_queues():
     sched = make_scheduler(num_gpu_blocks=8, max_num_seqs=2)
     groups = [make_group(f"r{i}", 8) for i in range(3)]

@@ -55,6 +55,36 @@ def test_seeded_reproducible_alone_and_in_batches(tiny_llama_dir):
 
 
 @pytest.mark.forked
+def test_n3_long_prompt_shares_its_prefill(tiny_llama_dir):
+    """n = 3 of a 200-token prompt under a 256-token step budget: 600 prompt tokens, but
+    with prefix caching the siblings share all but the prompt's last partial block (216
+    tokens computed), so the request runs in one prefill, and each sequence equals the
+    same prompt sampled alone with its seed (sequence i: seed + i). Without prefix
+    caching, or with prompt logprobs (no cache read), it is refused before it is queued."""
+    prompt = {"prompt_token_ids": [1] + [(7 * i) % 9000 + 30 for i in range(199)]}
+    kw = dict(max_num_batched_tokens=256)
+    llm = _llm(tiny_llama_dir, **kw)
+    n3 = SamplingParams(temperature=1.0, seed=77, max_tokens=8, n=3)
+    got = _ids(llm.generate(prompt, n3, use_tqdm=False)[0])
+    alone = [
+        _ids(
+            llm.generate(
+                prompt, SamplingParams(temperature=1.0, seed=77 + i, max_tokens=8), use_tqdm=False
+            )[0]
+        )[0]  # fmt: skip
+        for i in range(3)
+    ]
+    assert got == alone and len({tuple(x) for x in got}) == 3
+    with pytest.raises(ValueError, match=r"prefill of 600 tokens .* max_num_batched_tokens=256"):
+        llm.generate(prompt, SamplingParams(n=3, prompt_logprobs=1, max_tokens=2))
+    del llm
+    gc.collect()
+    plain = _llm(tiny_llama_dir, enable_prefix_caching=False, **kw)
+    with pytest.raises(ValueError, match=r"prefill of 600 tokens"):
+        plain.generate(prompt, n3)
+
+
+@pytest.mark.forked
 def test_n4_preemption_equals_plenty_of_blocks(tiny_llama_dir):
     """2 requests x n=4 x (12 + 40 tokens) need 32 blocks of 16; with 20 blocks the
     scheduler must preempt (recompute the whole group) and still return the same 4 seeded

@@ -165,6 +165,33 @@ class BlockSpaceManager:
             hits += 1
         return hits * bs
 
+    def group_prefill_tokens(self, token_ids: list[list[int]]) -> int:
+        """Tokens the prefill of a group's sequences (``token_ids``, one list each, in
+        allocation order) computes if allocated now: the first one's length less its
+        prefix found in the cache (:meth:`num_cached_prefix_tokens`); each later one's
+        length less the leading full blocks it shares with an earlier sibling, whose
+        allocation registers them before the later one looks them up (the n sequences of
+        a request share their whole prompt but its last partial block). Siblings' own
+        cache hits beyond those are not counted, so the result may exceed what is
+        computed, never fall short of it. Without caching: the sum of the lengths."""
+        if not self.enable_caching:
+            return sum(len(ids) for ids in token_ids)
+        bs = self.block_size
+        total = 0
+        held: set[int] = set()  # full blocks of earlier siblings
+        for i, ids in enumerate(token_ids):
+            if i == 0:
+                total += len(ids) - self.num_cached_prefix_tokens(ids)
+            else:
+                hits = 0
+                for h in hash_full_blocks(ids[: (len(ids) - 1) // bs * bs], bs):
+                    if h not in held:
+                        break
+                    hits += 1
+                total += len(ids) - hits * bs
+            held.update(hash_full_blocks(ids, bs))
+        return total
+
     def hit_rate(self) -> float:
         """Cached prompt tokens / looked-up prompt tokens since the start (0.0 before any)."""
         return self.num_hit_tokens / self.num_queried_tokens if self.num_queried_tokens else 0.0

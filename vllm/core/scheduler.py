@@ -249,27 +249,36 @@ class Scheduler:
         sequences). Returns how many cached blocks were forgotten."""
         return self.block_manager.reset_prefix_cache()
 
-    def never_fits_reason(self, seq_lens: list[int]) -> str | None:
+    def never_fits_reason(self, seq_lens: list[int], shared_prefix: int = 0) -> str | None:
         """Why a request whose unfinished sequences have ``seq_lens`` tokens can never be
         scheduled, or None if it may be. Reads only the configuration and the cache size,
         so the engine (and the HTTP server, from another thread) can refuse such a request
         before it is queued with the same rule the scheduler applies when it reaches it.
 
-        Refused when: a sequence is longer than ``max_model_len``; the prefill (sum of the
-        lengths) is longer than ``max_num_batched_tokens`` (only without chunked prefill,
-        which splits it over steps); there are more sequences than
-        ``max_num_seqs``; or the prefill needs more blocks than an empty cache minus the
-        watermark (``AllocStatus.NEVER``). Lookahead slots are reserved on decode steps only,
-        and a request that outgrows the cache while decoding may still finish first (EOS,
-        max_tokens), so neither is part of this rule (such a request is preempted, then
-        ignored here once its recompute no longer fits).
+        ``shared_prefix``: tokens every sequence starts with whose KV one prefill can
+        share (the prompt, with prefix caching on and no prompt logprobs; else 0).
+
+        Refused when: a sequence is longer than ``max_model_len``; the prefill is longer
+        than ``max_num_batched_tokens`` (only without chunked prefill, which splits it over
+        steps), counting for every sequence after the first only what it does not share:
+        the tokens past the shared prefix's full blocks (at least its last token), as
+        :meth:`BlockSpaceManager.group_prefill_tokens` counts them; there are more
+        sequences than ``max_num_seqs``; or the prefill needs more blocks than an empty
+        cache minus the watermark (``AllocStatus.NEVER``). Lookahead slots are reserved on
+        decode steps only, and a request that outgrows the cache while decoding may still
+        finish first (EOS, max_tokens), so neither is part of this rule (such a request is
+        preempted, then ignored here once its recompute no longer fits).
         """
         cfg = self.scheduler_config
         bm = self.block_manager
         length, n = max(seq_lens), len(seq_lens)
         if length > cfg.max_model_len:
             return f"prompt of {length} tokens is longer than max_model_len={cfg.max_model_len}"
-        tokens = sum(seq_lens)
+        bs = bm.block_size
+        shared = shared_prefix if bm.enable_caching else 0
+        tokens = seq_lens[0] + sum(
+            n_ - min(shared // bs, (n_ - 1) // bs) * bs for n_ in seq_lens[1:]
+        )
         if tokens > cfg.max_num_batched_tokens and not self.chunked:
             return (
                 f"prefill of {tokens} tokens ({n} sequences of up to {length} tokens) is "
@@ -277,7 +286,7 @@ class Scheduler:
             )
         if n > cfg.max_num_seqs:
             return f"{n} sequences are more than max_num_seqs={cfg.max_num_seqs}"
-        total, bs = bm.get_num_total_gpu_blocks(), bm.block_size
+        total = bm.get_num_total_gpu_blocks()
         needed = sum(-(-length_ // bs) for length_ in seq_lens)
         if total - needed < bm.watermark_blocks:
             return (
@@ -289,7 +298,10 @@ class Scheduler:
 
     def _never_fits(self, group: SequenceGroup) -> str | None:
         """Why the waiting group can never be scheduled (see :meth:`never_fits_reason`)."""
-        return self.never_fits_reason([s.get_len() for s in group.get_unfinished_seqs()])
+        shared = (
+            0 if group.sampling_params.prompt_logprobs is not None else len(group.prompt_token_ids)
+        )
+        return self.never_fits_reason([s.get_len() for s in group.get_unfinished_seqs()], shared)
 
     def _schedule_prefills(self) -> SchedulerOutputs:
         cfg = self.scheduler_config
@@ -368,15 +380,13 @@ class Scheduler:
         return None
 
     def _tokens_to_compute(self, group: SequenceGroup, seqs: list[Sequence]) -> int:
-        """Prompt tokens the prefill of ``seqs`` would compute if allocated now: each
-        sequence's length minus its prefix found in the cache (what the allocation will
-        share; none for a request that asks for prompt logprobs). Siblings are looked up
-        before any of them is allocated, so their shared blocks count as computed: an
-        over-count, never an under-count of the step's tokens."""
+        """Prompt tokens the prefill of ``seqs`` would compute if allocated now: what the
+        cache and earlier siblings do not share
+        (:meth:`BlockSpaceManager.group_prefill_tokens`; every token for a request that
+        asks for prompt logprobs, which reads no cache)."""
         if group.sampling_params.prompt_logprobs is not None:
             return sum(s.get_len() for s in seqs)
-        lookup = self.block_manager.num_cached_prefix_tokens
-        return sum(s.get_len() - lookup(s.get_token_ids()) for s in seqs)
+        return self.block_manager.group_prefill_tokens([s.get_token_ids() for s in seqs])
 
     def _schedule_decodes(self) -> SchedulerOutputs:
         cfg = self.scheduler_config

@@ -233,13 +233,16 @@ class LLMEngine:
                     f"{name} token ids {bad} are out of vocabulary (valid ids: 0..{vocab - 1})."
                 )
 
-    def check_schedulable(self, prompt_len: int, n: int) -> None:
+    def check_schedulable(self, prompt_len: int, n: int, reads_cache: bool = True) -> None:
         """Refuse a request the scheduler could never run (the scheduler's own rule,
         :meth:`Scheduler.never_fits_reason`; every virtual engine has the same limits).
 
         A prompt longer than ``max_model_len`` is not refused here: as upstream, it is
         queued and finished as ignored (finish_reason "length", no tokens), which the
         offline API reports in place. Thread-safe: reads only configuration and cache sizes.
+        ``reads_cache``: False for a request that asks for prompt logprobs, whose ``n``
+        sequences then share no prefill (with prefix caching they share all but the
+        prompt's last partial block).
 
         Raises:
             ValueError: naming the limit, e.g. ``n`` x prompt tokens above
@@ -254,7 +257,8 @@ class LLMEngine:
                 f"This request can never be scheduled: n={n} sequences are more than "
                 f"max_num_seqs={max_seqs}."
             )
-        reason = self.schedulers[0].never_fits_reason([prompt_len] * n)
+        shared = prompt_len if reads_cache else 0
+        reason = self.schedulers[0].never_fits_reason([prompt_len] * n, shared)
         if reason is not None:
             raise ValueError(
                 f"This request can never be scheduled: {reason} (prompt of {prompt_len} "
@@ -284,7 +288,7 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already running.")
         text, ids = self.process_prompt(prompt)
         self.verify_params(params)
-        self.check_schedulable(len(ids), params.n)
+        self.check_schedulable(len(ids), params.n, params.prompt_logprobs is None)
         grammar = self.guided.grammar_future(params)
         if grammar is not None and grammar.done() and grammar.exception() is not None:
             kind = params.guided_decoding.kind

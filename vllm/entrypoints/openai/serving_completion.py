@@ -96,7 +96,7 @@ class OpenAIServingCompletion(OpenAIServing):
         for _, ids in prompts:
             budget = self.check_length(len(ids), 1 if echo_only else req.max_tokens, "prompt")
             params.append(self.sampling_params(req, budget, req.logprobs, prompt_lp, guided))
-            self.check_schedulable(len(ids), req.n)
+            self.check_schedulable(len(ids), req.n, req.prompt_logprobs is None)
         if params:  # the prompts' params differ only in max_tokens, which these do not read
             self.check_params(params[0])
             await self.check_guided(params[0], "response_format")

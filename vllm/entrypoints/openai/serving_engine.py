@@ -168,12 +168,13 @@ class OpenAIServing:
                 param = logprobs_field
             raise APIError(str(e), 400, param) from None
 
-    def check_schedulable(self, prompt_len: int, n: int) -> None:
+    def check_schedulable(self, prompt_len: int, n: int, reads_cache: bool = True) -> None:
         """Raises APIError 400 when the scheduler could never run ``n`` sequences of
-        ``prompt_len`` tokens (n x prompt tokens above max_num_batched_tokens, n above
-        max_num_seqs, more KV blocks than the cache has)."""
+        ``prompt_len`` tokens (their prefill above max_num_batched_tokens, n above
+        max_num_seqs, more KV blocks than the cache has; ``reads_cache``: False with
+        prompt logprobs, see ``LLMEngine.check_schedulable``)."""
         try:
-            self.engine.check_schedulable(prompt_len, n)
+            self.engine.check_schedulable(prompt_len, n, reads_cache)
         except ValueError as e:
             param = "n" if "max_num_seqs" in str(e) else "prompt"
             raise APIError(str(e), 400, param) from None
