@@ -1,0 +1,18 @@
+"""Tool-call parsers for tool_choice "auto", chosen by name (``--tool-call-parser``)."""
+
+from vllm.entrypoints.openai.tool_parsers import hermes, llama3_json  # noqa: F401  (register)
+from vllm.entrypoints.openai.tool_parsers.abstract import (
+    ExtractedToolCalls,
+    ToolParser,
+    get_tool_parser,
+    register_tool_parser,
+    tool_parser_names,
+)
+
+__all__ = [
+    "ExtractedToolCalls",
+    "ToolParser",
+    "get_tool_parser",
+    "register_tool_parser",
+    "tool_parser_names",
+]

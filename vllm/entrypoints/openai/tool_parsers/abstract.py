@@ -1,0 +1,87 @@
+"""The tool-call parser interface and the registry that picks a parser by name.
+
+A parser turns a model's finished text into OpenAI tool calls for tool_choice "auto"
+(``vllm serve --enable-auto-tool-choice --tool-call-parser NAME``). It does not parse
+incrementally: while a reply streams, it only says how much of the text so far is surely
+content (:meth:`ToolParser.content_prefix`); that much streams as content, and the rest
+is held and parsed when the choice finishes, its calls sent whole in one delta.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from vllm.entrypoints.openai.protocol import FunctionCall, ToolCall
+
+_PARSERS: dict[str, type[ToolParser]] = {}
+
+
+@dataclass
+class ExtractedToolCalls:
+    """What a parser found in a finished text.
+
+    Attributes:
+        calls: the tool calls, in order; empty: none, and ``content`` is the whole text.
+        content: the text outside the calls; None when there is none but whitespace.
+    """
+
+    calls: list[ToolCall] = field(default_factory=list)
+    content: str | None = None
+
+
+class ToolParser:
+    """Base of the tool-call parsers; subclasses register with :func:`register_tool_parser`."""
+
+    name: ClassVar[str]
+
+    def extract(self, text: str) -> ExtractedToolCalls:
+        """The tool calls in ``text``, a finished reply. Text that holds no complete,
+        well-formed call gives no calls and the whole text as content."""
+        raise NotImplementedError
+
+    def content_prefix(self, text: str) -> int:
+        """How many leading characters of ``text`` (a reply so far) are content whatever
+        follows; never fewer than for any prefix of ``text``."""
+        raise NotImplementedError
+
+
+def make_call(name: Any, arguments: Any) -> ToolCall | None:
+    """A ToolCall of function ``name`` with ``arguments`` (an object) as JSON text; None
+    when the name is not a string or the arguments not an object."""
+    if not isinstance(name, str) or not isinstance(arguments, dict):
+        return None
+    text = json.dumps(arguments, ensure_ascii=False)
+    return ToolCall(function=FunctionCall(name=name, arguments=text))
+
+
+def register_tool_parser(name: str):
+    """Class decorator: make the parser available as ``--tool-call-parser name``."""
+
+    def register(cls: type[ToolParser]) -> type[ToolParser]:
+        cls.name = name
+        _PARSERS[name] = cls
+        return cls
+
+    return register
+
+
+def tool_parser_names() -> list[str]:
+    """The registered parser names, sorted."""
+    return sorted(_PARSERS)
+
+
+def get_tool_parser(name: str) -> ToolParser:
+    """A parser instance by its registered name.
+
+    Raises:
+        ValueError: no parser has that name (the message lists the choices).
+    """
+    cls = _PARSERS.get(name)
+    if cls is None:
+        raise ValueError(
+            f"--tool-call-parser {name!r} is not a known parser; choose one of "
+            f"{', '.join(tool_parser_names())}."
+        )
+    return cls()

@@ -1,0 +1,59 @@
+"""The ``hermes`` tool-call format (Hermes 2 Pro, Qwen2.5 and others): each call is a JSON
+object ``{"name": ..., "arguments": {...}}`` between ``<tool_call>`` and ``</tool_call>``;
+text around the blocks is content."""
+
+from __future__ import annotations
+
+import json
+
+from vllm.entrypoints.openai.tool_parsers.abstract import (
+    ExtractedToolCalls,
+    ToolParser,
+    make_call,
+    register_tool_parser,
+)
+
+START, END = "<tool_call>", "</tool_call>"
+
+
+@register_tool_parser("hermes")
+class HermesToolParser(ToolParser):
+    """Parses ``<tool_call>{...}</tool_call>`` blocks. An unclosed block or one whose body
+    is not such an object makes the whole text content (e.g. a reply cut by max_tokens)."""
+
+    def extract(self, text: str) -> ExtractedToolCalls:
+        """See :meth:`ToolParser.extract`."""
+        if START not in text:
+            return ExtractedToolCalls(content=text)
+        calls, outside, pos = [], [], 0
+        while (start := text.find(START, pos)) != -1:
+            end = text.find(END, start)
+            if end == -1:
+                return ExtractedToolCalls(content=text)
+            outside.append(text[pos:start])
+            try:
+                obj = json.loads(text[start + len(START) : end])
+            except ValueError:
+                return ExtractedToolCalls(content=text)
+            call = (
+                make_call(obj.get("name"), obj.get("arguments")) if isinstance(obj, dict) else None
+            )
+            if call is None:
+                return ExtractedToolCalls(content=text)
+            calls.append(call)
+            pos = end + len(END)
+        outside.append(text[pos:])
+        content = "".join(outside)
+        return ExtractedToolCalls(calls=calls, content=content if content.strip() else None)
+
+    def content_prefix(self, text: str) -> int:
+        """Text before the first ``<tool_call>`` (and before a tail that may begin one);
+        nothing while that text is only whitespace (it may turn out to be no content)."""
+        cut = text.find(START)
+        if cut == -1:
+            cut = len(text)
+            for k in range(min(len(START) - 1, len(text)), 0, -1):
+                if START.startswith(text[-k:]):
+                    cut = len(text) - k
+                    break
+        return cut if text[:cut].strip() else 0
