@@ -66,6 +66,16 @@ def _run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess
         (["/nonexistent/model"], "error: model '/nonexistent/model' does not exist"),
         (["--tensor-parallel-size", "3"], "error: num_attention_heads=4 is not divisible by"),
         (["--max-num-seqs", "many"], "error: argument --max-num-seqs: invalid int value"),
+        (
+            ["--enable-auto-tool-choice", "--tool-call-parser", "mistral"],
+            "error: --tool-call-parser 'mistral' is not a known parser; choose one of hermes, "
+            "llama3_json.",
+        ),
+        (
+            ["--enable-auto-tool-choice"],
+            "error: --enable-auto-tool-choice needs --tool-call-parser (one of hermes, "
+            "llama3_json).",
+        ),
     ],
 )
 def test_bad_flag_is_one_line_and_exit_2(args, message, tiny_llama_dir):

@@ -42,3 +42,40 @@ def test_chat_batch_equals_template_plus_generate(tiny_llama_dir):
     # a single conversation (not a list of them) gives one output
     single = llm.chat(convs[0], params, use_tqdm=False)
     assert len(single) == 1 and single[0].outputs[0].token_ids == chat[0].outputs[0].token_ids
+
+
+@pytest.mark.forked
+def test_chat_takes_tools_template_kwargs_and_continue_final_message(tiny_llama_dir):
+    """LLM.chat renders as the server does: tools, chat_template_kwargs and tool-call
+    messages reach the template, and continue_final_message ends the prompt inside the
+    last message."""
+    from vllm.entrypoints.chat_utils import render_chat, template_messages
+
+    llm = LLM(tiny_llama_dir, device="cpu", max_model_len=256)
+    tok = llm.get_tokenizer()
+    template = (
+        "{{ tools[0]['function']['name'] }}|{{ foo }}|{% for m in messages %}"
+        "{{ m['role'] }}:{{ m['content'] }}{{ m.get('tool_call_id', '') }};{% endfor %}"
+    )
+    tools = [{"type": "function", "function": {"name": "get_weather"}}]
+    conv = [
+        {"role": "user", "content": "Hi"},
+        {"role": "tool", "content": "sunny", "tool_call_id": "call_1"},
+    ]
+    params = SamplingParams(temperature=0.0, max_tokens=2)
+    [out] = llm.chat(
+        conv, params, use_tqdm=False, chat_template=template, tools=tools,
+        chat_template_kwargs={"foo": "bar"}, add_generation_prompt=False,
+    )  # fmt: skip
+    text = "get_weather|bar|user:Hi;tool:sunnycall_1;"
+    assert list(out.prompt_token_ids) == tok.encode(text, add_special_tokens=False)
+
+    conv = [{"role": "user", "content": "Count"}, {"role": "assistant", "content": "1, 2,"}]
+    [out] = llm.chat(
+        conv, params, use_tqdm=False, add_generation_prompt=False, continue_final_message=True
+    )
+    text = render_chat(tok, template_messages(conv), None, False, continue_final_message=True)
+    assert text.endswith("<|im_start|>assistant\n1, 2,")
+    assert list(out.prompt_token_ids) == tok.encode(text, add_special_tokens=False)
+    with pytest.raises(ValueError, match="add_generation_prompt=false"):
+        llm.chat(conv, params, continue_final_message=True)

@@ -11,6 +11,7 @@ from tqdm.auto import tqdm
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.default_model import resolve_model
 from vllm.engine.llm_engine import LLMEngine, PromptType
+from vllm.entrypoints.chat_utils import check_chat_options, render_chat, template_messages
 from vllm.logger import configure_logging
 from vllm.outputs import RequestOutput
 from vllm.sampling_params import SamplingParams
@@ -119,22 +120,34 @@ class LLM:
 
     def chat(
         self,
-        messages: list[dict[str, str]] | list[list[dict[str, str]]],
+        messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
         sampling_params: SamplingParams | SeqABC[SamplingParams] | None = None,
         use_tqdm: bool = True,
         add_generation_prompt: bool = True,
         chat_template: str | None = None,
+        continue_final_message: bool = False,
+        tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> list[RequestOutput]:
         """Generate replies to one conversation or a batch of them, using the model's chat
-        template (``tokenizer.apply_chat_template``).
+        template (``tokenizer.apply_chat_template``), as the server's chat endpoint renders
+        them (vllm/entrypoints/chat_utils.py).
 
         Args:
+            messages: OpenAI chat messages (``role``, ``content``, optional ``name``,
+                ``tool_calls``, ``tool_call_id``), or a list of conversations.
+            add_generation_prompt: end the prompt with the assistant turn's header.
             chat_template: a Jinja template replacing the tokenizer's own (needed when the
                 checkpoint has none).
+            continue_final_message: end the prompt inside the last message, so the model
+                continues it (needs ``add_generation_prompt=False``).
+            tools: OpenAI tool definitions, the template's ``tools`` variable.
+            chat_template_kwargs: further template variables.
 
         Raises:
-            ValueError: an empty conversation, or no chat template (neither the tokenizer's
-                nor ``chat_template``).
+            ValueError: an empty conversation, no chat template (neither the tokenizer's
+                nor ``chat_template``), ``continue_final_message`` with
+                ``add_generation_prompt``, or a message the template cannot get.
         """
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         if not convs or any(not c for c in convs):
@@ -145,16 +158,19 @@ class LLM:
                 f"the tokenizer of {self.engine_args.model!r} has no chat template: pass "
                 "chat_template= (a Jinja string) or use generate() with a plain prompt."
             )
+        check_chat_options(add_generation_prompt, continue_final_message, chat_template_kwargs)
         prompts = []
         for conv in convs:
-            ids = tok.apply_chat_template(
-                conv,
-                chat_template=chat_template,
-                add_generation_prompt=add_generation_prompt,
-                tokenize=True,
+            text = render_chat(
+                tok,
+                template_messages(conv),
+                chat_template,
+                add_generation_prompt,
+                continue_final_message,
+                tools,
+                chat_template_kwargs,
             )
-            if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-                ids = ids["input_ids"]
+            ids = tok.encode(text, add_special_tokens=False)
             prompts.append({"prompt_token_ids": list(ids)})
         return self.generate(prompts, sampling_params, use_tqdm)
 

@@ -196,7 +196,8 @@ def test_streaming_one_chunk_per_token(client, reference):
         d = chunk.choices[0].delta
         if d.role:
             roles.append(d.role)
-        if d.content is not None:
+            assert d.content == "" and d.tool_calls is None
+        elif d.content is not None:
             pieces.append(d.content)
     assert roles == ["assistant"]
     assert len(pieces) == reference["chat_ntok"]

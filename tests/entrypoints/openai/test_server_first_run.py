@@ -120,8 +120,8 @@ def test_chat_without_any_template_is_a_400(tokenizer):
         "the server with --chat-template"
     )
     # The request's own template, then the server's, render the conversation.
-    text, ids = asyncio.run(_chat_handler(tokenizer, TEMPLATE)._prompt(req))
+    text, ids, _ = asyncio.run(_chat_handler(tokenizer, TEMPLATE)._prompt(req))
     assert (text, ids) == (RENDERED, tokenizer.encode(RENDERED, add_special_tokens=False))
     req = ChatCompletionRequest(messages=MESSAGES, chat_template="{{ messages[1]['content'] }}")
-    text, _ = asyncio.run(_chat_handler(tokenizer, TEMPLATE)._prompt(req))
+    text, _, _ = asyncio.run(_chat_handler(tokenizer, TEMPLATE)._prompt(req))
     assert text == "What is the capital of France?"

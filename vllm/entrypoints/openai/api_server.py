@@ -63,6 +63,7 @@ from vllm.entrypoints.openai.serving_tokenization import (
     OpenAIServingTokenization,
     TokenizeRequest,
 )
+from vllm.entrypoints.openai.tool_parsers import ToolParser, get_tool_parser, tool_parser_names
 from vllm.version import __version__
 
 logger = logging.getLogger("vllm.entrypoints.openai.api_server")
@@ -74,12 +75,14 @@ def build_app(
     api_key: str | None,
     max_request_body_bytes: int | None = DEFAULT_MAX_REQUEST_BODY_BYTES,
     chat_template: str | None = None,
+    tool_parser: ToolParser | None = None,
 ):
     """The FastAPI app serving ``engine`` (the engine loop starts with the app).
 
     Args:
         max_request_body_bytes: bodies above this get 413 (None: no limit).
         chat_template: template text for chat requests (None: the tokenizer's own).
+        tool_parser: the parser of chat tool_choice "auto" (None: "auto" is refused).
     """
 
     @contextlib.asynccontextmanager
@@ -93,7 +96,13 @@ def build_app(
     app = FastAPI(lifespan=lifespan)
     tokenize_pool = ThreadPoolExecutor(1, "vllm-tokenize")
     completion = OpenAIServingCompletion(engine, served_model_names, tokenize_pool)
-    chat = OpenAIServingChat(engine, served_model_names, tokenize_pool, chat_template=chat_template)
+    chat = OpenAIServingChat(
+        engine,
+        served_model_names,
+        tokenize_pool,
+        chat_template=chat_template,
+        tool_parser=tool_parser,
+    )
     tokenization = OpenAIServingTokenization(chat)
     if max_request_body_bytes is not None:
         app.add_middleware(BodySizeLimit, limit=max_request_body_bytes)
@@ -229,6 +238,18 @@ def make_server_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
         help="Chat template: a file, or an inline Jinja string (default: the tokenizer's own).",
     )
     server.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help='Parse tool calls out of chat replies for tool_choice "auto" (the default when '
+        "a request gives tools); needs --tool-call-parser.",
+    )
+    server.add_argument(
+        "--tool-call-parser",
+        default=None,
+        metavar="{" + ",".join(tool_parser_names()) + "}",
+        help="The model's tool-call format, for --enable-auto-tool-choice.",
+    )
+    server.add_argument(
         "--max-log-len",
         type=int,
         default=None,
@@ -261,8 +282,9 @@ def validate_server_args(args: argparse.Namespace) -> EngineArgs:
     """Check every flag before anything is loaded: resolve the model (the default when
     none is given), load ``--chat-template``, build and validate the engine config.
 
-    Sets ``args.model`` (the path), ``args.model_is_default`` and ``args.chat_template``
-    (the template text).
+    Sets ``args.model`` (the path), ``args.model_is_default``, ``args.chat_template``
+    (the template text) and ``args.tool_parser`` (the parser of tool_choice "auto", or
+    None).
 
     Raises:
         ValueError: naming the bad value (the caller prints it on one line, exit 2).
@@ -274,6 +296,16 @@ def validate_server_args(args: argparse.Namespace) -> EngineArgs:
     if args.max_log_len is not None and args.max_log_len < 0:
         raise ValueError(f"--max-log-len must be >= 0, got {args.max_log_len}.")
     args.chat_template = load_chat_template(args.chat_template)
+    args.tool_parser = None
+    if args.tool_call_parser is not None:
+        args.tool_parser = get_tool_parser(args.tool_call_parser)
+    if args.enable_auto_tool_choice and args.tool_parser is None:
+        raise ValueError(
+            "--enable-auto-tool-choice needs --tool-call-parser (one of "
+            f"{', '.join(tool_parser_names())})."
+        )
+    if not args.enable_auto_tool_choice:
+        args.tool_parser = None
     engine_args = EngineArgs.from_cli_args(args)
     engine_args.create_engine_config()
     return engine_args
@@ -325,7 +357,7 @@ def run_server(args: argparse.Namespace, engine_args: EngineArgs, sock: socket.s
     )
     limit = args.max_request_body_bytes or None
     api_key = args.api_key or envs.VLLM_API_KEY
-    app = build_app(engine, names, api_key, limit, args.chat_template)
+    app = build_app(engine, names, api_key, limit, args.chat_template, args.tool_parser)
     port = sock.getsockname()[1]
     config = uvicorn.Config(
         app,

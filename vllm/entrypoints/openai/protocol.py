@@ -13,7 +13,7 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 
 def random_id(prefix: str) -> str:
@@ -22,6 +22,15 @@ def random_id(prefix: str) -> str:
 
 class OpenAIBaseModel(BaseModel):
     model_config = ConfigDict(extra="ignore")
+
+
+class SetFieldsOnly(OpenAIBaseModel):
+    """A model whose JSON holds only the fields given when it was built (OpenAI's stream
+    deltas: ``{"content": "x"}``, never ``{"role": null, "content": "x", ...}``)."""
+
+    @model_serializer(mode="wrap")
+    def _set_fields_only(self, handler):
+        return {k: v for k, v in handler(self).items() if k in self.model_fields_set}
 
 
 class ErrorInfo(OpenAIBaseModel):
@@ -156,10 +165,31 @@ class CompletionStreamResponse(OpenAIBaseModel):
     usage: UsageInfo | None = None
 
 
+class MessageFunction(OpenAIBaseModel):
+    """The function of a tool call in an assistant message: ``arguments`` is JSON text
+    (OpenAI's form) or an object."""
+
+    name: str
+    arguments: str | dict[str, Any]
+
+
+class MessageToolCall(OpenAIBaseModel):
+    """A tool call an earlier assistant message made."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: MessageFunction
+
+
 class ChatMessage(OpenAIBaseModel):
+    """One message of a conversation; ``tool_calls`` (assistant), ``tool_call_id``
+    (tool) and ``name`` reach the chat template as given."""
+
     role: str
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
+    tool_calls: list[MessageToolCall] | None = None
+    tool_call_id: str | None = None
 
 
 class FunctionDefinition(OpenAIBaseModel):
@@ -190,10 +220,17 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool | None = False
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
+    # the last message is continued: the prompt ends with its content, no end of turn
+    continue_final_message: bool = False
+    # the reply's content starts with the last message's when that has the reply's role
+    echo: bool = False
     chat_template: str | None = None
+    # extra variables of the chat template
+    chat_template_kwargs: dict[str, Any] | None = None
     tools: list[ChatCompletionToolsParam] | None = None
     # "none", "auto", "required", or {"type": "function", "function": {"name": ...}};
-    # None: "auto" when tools are given, else "none" (OpenAI's default)
+    # None: "auto" when tools are given and the server parses tool calls
+    # (--enable-auto-tool-choice), else "none"
     tool_choice: Literal["none", "auto", "required"] | ChatCompletionNamedToolChoiceParam | None = (
         None
     )
@@ -210,12 +247,12 @@ class ToolCall(OpenAIBaseModel):
     function: FunctionCall
 
 
-class DeltaFunctionCall(OpenAIBaseModel):
+class DeltaFunctionCall(SetFieldsOnly):
     name: str | None = None
     arguments: str | None = None
 
 
-class DeltaToolCall(OpenAIBaseModel):
+class DeltaToolCall(SetFieldsOnly):
     index: int
     id: str | None = None
     type: Literal["function"] | None = None
@@ -259,7 +296,7 @@ class ChatCompletionResponse(OpenAIBaseModel):
     usage: UsageInfo
 
 
-class DeltaMessage(OpenAIBaseModel):
+class DeltaMessage(SetFieldsOnly):
     role: str | None = None
     content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None

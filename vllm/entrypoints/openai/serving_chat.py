@@ -3,7 +3,16 @@
 tokenizer's own; none of them -> 400) and tokenized without added special tokens; the
 engine gets both, so the request log shows the text. Streaming or not. max_tokens (or
 max_completion_tokens) absent or null -> the rest of the context. Structured outputs
-(response_format, guided_*) as guided_request.py; tools and tool_choice as tool_calls.py."""
+(response_format, guided_*) as guided_request.py; tools and tool_choice as tool_calls.py.
+
+The messages, ``tools`` and ``chat_template_kwargs`` reach the template as chat_utils.py
+describes. The reply's role is "assistant", or with ``add_generation_prompt`` false the
+last message's role; ``continue_final_message`` (which needs ``add_generation_prompt``
+false) ends the prompt inside that message, and ``echo`` starts the reply's content with
+the last message's content when that message has the reply's role. Streamed chunks follow
+OpenAI's shape: the first delta of a choice is ``{"role": ..., "content": ""}``, later
+deltas hold only the fields they set (one per token for text), and a token whose text a
+tool-call mode holds back sends no chunk."""
 
 from __future__ import annotations
 
@@ -13,7 +22,13 @@ from collections.abc import AsyncIterator
 
 from fastapi import Request
 
-from vllm.entrypoints.chat_utils import has_chat_template, render_chat
+from vllm.entrypoints.chat_utils import (
+    ChatInputError,
+    check_chat_options,
+    has_chat_template,
+    render_chat,
+    template_messages,
+)
 from vllm.entrypoints.openai.guided_request import guided_params
 from vllm.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -41,32 +56,8 @@ from vllm.entrypoints.openai.tool_calls import (
     parse_tool_calls,
     tool_mode,
 )
+from vllm.entrypoints.openai.tool_parsers import ToolParser
 from vllm.sequence import PositionLogprobs
-
-
-def _content_text(content, i: int) -> str:
-    """A message's text; a content part other than text is refused (this engine is
-    text-only), never silently dropped.
-
-    Raises:
-        APIError 400: naming the part's type and where it is.
-    """
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    texts = []
-    for j, part in enumerate(content):
-        kind = part.get("type", "text")
-        if kind != "text":
-            raise APIError(
-                f"messages[{i}].content[{j}] has type {kind!r}: this model takes text only "
-                "(content parts of type 'text').",
-                400,
-                f"messages.{i}.content.{j}.type",
-            )
-        texts.append(str(part.get("text", "")))
-    return "".join(texts)
 
 
 class OpenAIServingChat(OpenAIServing):
@@ -75,20 +66,30 @@ class OpenAIServingChat(OpenAIServing):
     Args:
         chat_template: the server's template text (``--chat-template``, already loaded by
             :func:`~vllm.entrypoints.chat_utils.load_chat_template`); None: the tokenizer's.
+        tool_parser: the parser of tool_choice "auto" (``--tool-call-parser`` with
+            ``--enable-auto-tool-choice``); None: "auto" with tools is refused.
         Others: as :class:`OpenAIServing`.
     """
 
-    def __init__(self, *args, chat_template: str | None = None, **kwargs):
+    def __init__(
+        self,
+        *args,
+        chat_template: str | None = None,
+        tool_parser: ToolParser | None = None,
+        **kwargs,
+    ):
         super().__init__(*args, **kwargs)
         self.chat_template = chat_template
+        self.tool_parser = tool_parser
 
-    async def _prompt(self, req: ChatCompletionRequest) -> tuple[str, list[int]]:
+    async def _prompt(self, req: ChatCompletionRequest) -> tuple[str, list[int], list[dict]]:
         """Check the messages, then render and tokenize them on the tokenizer thread.
 
         Returns:
-            (prompt text, prompt token ids).
+            (prompt text, prompt token ids, the messages as the template saw them).
         Raises:
-            APIError 400: no messages, no tokenizer, no chat template, a template error.
+            APIError 400: no messages, no tokenizer, no chat template, a message or option
+                that cannot be rendered, a template error.
         """
         if not req.messages:
             raise APIError("messages must not be empty (got an empty list).", 400, "messages")
@@ -104,21 +105,32 @@ class OpenAIServingChat(OpenAIServing):
                 400,
                 "messages",
             )
-        conv = [
-            {"role": m.role, "content": _content_text(m.content, i)}
-            for i, m in enumerate(req.messages)
-        ]
+        try:
+            check_chat_options(
+                req.add_generation_prompt, req.continue_final_message, req.chat_template_kwargs
+            )
+            conv = template_messages([m.model_dump(exclude_none=True) for m in req.messages])
+        except ChatInputError as e:
+            raise APIError(str(e), 400, e.param) from None
         for i, m in enumerate(conv):
             self.check_text(m["content"], f"messages[{i}].content")
         self.check_text("".join(m["content"] for m in conv), "messages")
+        tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
         try:
             text = await self.off_loop(
-                render_chat, self.tokenizer, conv, template, req.add_generation_prompt
+                render_chat,
+                self.tokenizer,
+                conv,
+                template,
+                req.add_generation_prompt,
+                req.continue_final_message,
+                tools,
+                req.chat_template_kwargs,
             )
         except Exception as e:  # jinja / template errors are the request's fault
             raise APIError(f"could not apply the chat template: {e}", 400, "messages") from e
         ids = await self.off_loop(self._encode_rendered, text)
-        return text, ids
+        return text, ids, conv
 
     def _encode_rendered(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
@@ -134,7 +146,7 @@ class OpenAIServingChat(OpenAIServing):
         if max_tokens is None:
             max_tokens = req.max_tokens
         self.check_max_tokens(max_tokens)
-        text, ids = await self._prompt(req)
+        text, ids, conv = await self._prompt(req)
         budget = self.check_length(len(ids), max_tokens, "messages")
         k = None
         if req.top_logprobs is not None and not req.logprobs:
@@ -143,7 +155,7 @@ class OpenAIServingChat(OpenAIServing):
             )
         if req.logprobs:
             k = req.top_logprobs or 0
-        mode, guided = tool_mode(req)
+        mode, guided = tool_mode(req, self.tool_parser)
         param = "tools"
         if guided is None:
             guided, param = guided_params(req), "response_format"
@@ -154,8 +166,10 @@ class OpenAIServingChat(OpenAIServing):
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         gen = self.engine.generate({"prompt": text, "prompt_token_ids": ids}, params, rid)
         created = int(time.time())
+        role = "assistant" if req.add_generation_prompt else conv[-1]["role"]
+        echo = conv[-1]["content"] if req.echo and conv[-1]["role"] == role else ""
         if req.stream:
-            return self._stream(req, gen, rid, created, len(ids), mode)
+            return self._stream(req, gen, rid, created, len(ids), mode, role, echo)
         final = await collect_final(gen, raw)
         if final is None:
             return None
@@ -165,11 +179,11 @@ class OpenAIServingChat(OpenAIServing):
             lps = None
             if req.logprobs:
                 lps = self._logprobs(o.token_ids, o.logprobs or [], k)
-            message, finish = ResponseMessage(content=o.text), o.finish_reason
-            calls = parse_tool_calls(mode, o.text) if mode.active else None
-            if calls is not None:
-                message = ResponseMessage(content=None, tool_calls=calls)
-                finish = "tool_calls" if mode.required and finish == "stop" else finish
+            calls, content = parse_tool_calls(mode, o.text) if mode.active else (None, o.text)
+            if echo:
+                content = echo + (content or "")
+            message = ResponseMessage(role=role, content=content, tool_calls=calls or [])
+            finish = mode.finish_reason(o.finish_reason, calls is not None)
             choices.append(
                 ChatCompletionResponseChoice(
                     index=o.index,
@@ -189,10 +203,11 @@ class OpenAIServingChat(OpenAIServing):
         )
 
     async def _stream(
-        self, req, gen, rid, created, prompt_len, mode: ToolMode
+        self, req, gen, rid, created, prompt_len, mode: ToolMode, role: str, echo: str
     ) -> AsyncIterator[str]:
-        """A role chunk per choice, then one chunk per generated token (tool-call deltas
-        instead of content when tool_choice forces a call, see tool_calls.py)."""
+        """A role chunk per choice (then the echoed content, if any), then a chunk per
+        generated token that adds something (tool-call deltas instead of content when
+        tool_choice is not "none", see tool_calls.py)."""
         n = req.n
         sent_tokens, sent_chars = [0] * n, [0] * n
         tools = [ToolCallStream(mode) for _ in range(n)] if mode.active else None
@@ -214,9 +229,10 @@ class OpenAIServingChat(OpenAIServing):
 
         try:
             for i in range(n):
-                yield chunk(
-                    [ChatCompletionStreamChoice(index=i, delta=DeltaMessage(role="assistant"))]
-                )
+                first = DeltaMessage(role=role, content="")
+                yield chunk([ChatCompletionStreamChoice(index=i, delta=first)])
+                if echo:
+                    yield plain.format(i, echo)
             async for out in gen:
                 for o in out.outputs:
                     i = o.index
@@ -235,8 +251,9 @@ class OpenAIServingChat(OpenAIServing):
                     fields, finish = {"content": delta}, o.finish_reason
                     if tools is not None:
                         fields = tools[i].delta(delta, finish is not None)
-                        if mode.required and finish == "stop" and "tool_calls" in fields:
-                            finish = "tool_calls"
+                        finish = mode.finish_reason(finish, "tool_calls" in fields)
+                        if not fields and finish is None and lps is None:
+                            continue
                     elif lps is None and finish is None and o.stop_reason is None:
                         yield plain.format(i, delta)
                         continue

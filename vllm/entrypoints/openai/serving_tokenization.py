@@ -2,7 +2,8 @@
 
 ``/tokenize`` takes a ``prompt`` (text, tokenized as ``/v1/completions`` does, special
 tokens added unless ``add_special_tokens`` is false) or chat ``messages`` (rendered with
-the chat template as ``/v1/chat/completions`` does) and answers
+the chat template as ``/v1/chat/completions`` does, with its ``tools``,
+``chat_template_kwargs`` and ``continue_final_message``) and answers
 ``{"count", "max_model_len", "tokens"}``. ``/detokenize`` takes ``tokens`` and answers
 ``{"prompt"}``. Both run on the tokenizer thread, check ``model`` like the other
 endpoints, and answer 400 for a bad body (both or neither of prompt and messages, ids
@@ -11,9 +12,16 @@ outside the vocabulary, no tokenizer).
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import Field
 
-from vllm.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage, OpenAIBaseModel
+from vllm.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    ChatCompletionToolsParam,
+    ChatMessage,
+    OpenAIBaseModel,
+)
 from vllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from vllm.entrypoints.openai.serving_engine import APIError
 
@@ -24,7 +32,10 @@ class TokenizeRequest(OpenAIBaseModel):
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
     chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[ChatCompletionToolsParam] | None = None
 
 
 class TokenizeResponse(OpenAIBaseModel):
@@ -76,9 +87,12 @@ class OpenAIServingTokenization:
                 model=req.model,
                 messages=req.messages,
                 add_generation_prompt=req.add_generation_prompt,
+                continue_final_message=req.continue_final_message,
                 chat_template=req.chat_template,
+                chat_template_kwargs=req.chat_template_kwargs,
+                tools=req.tools,
             )
-            _, ids = await chat._prompt(as_chat)
+            _, ids, _ = await chat._prompt(as_chat)
         else:
             chat.check_text(req.prompt, "prompt")
             ids = await chat.off_loop(

@@ -1,4 +1,4 @@
-"""Chat tool calls by constrained decoding (OpenAI's ``tools`` / ``tool_choice``).
+"""Chat tool calls (OpenAI's ``tools`` / ``tool_choice``).
 
 - A named function (``{"type": "function", "function": {"name": ...}}``): the output is
   constrained to that function's ``parameters`` JSON schema and returned as one tool call
@@ -6,9 +6,12 @@
 - "required": the output is constrained to a JSON array (at least one item) of
   ``{"name": <one of the tools>, "parameters": <that tool's schema>}``, parsed into one
   tool call per item; finish reason "tool_calls".
-- "auto" and "none": no constraint and no parsing; the model's text is the message
-  content (a model-specific tool-call parser is not implemented).
-Tools are not passed to the chat template.
+- "auto" (the default when tools are given and the server runs with
+  ``--enable-auto-tool-choice --tool-call-parser NAME``): no constraint; the server's
+  parser (tool_parsers/) finds the calls in the model's text; finish reason "tool_calls"
+  when it found any. Without those flags "auto" with tools is refused.
+- "none" (the default otherwise): no constraint and no parsing.
+The tools are variables of the chat template whatever the choice.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from vllm.entrypoints.openai.protocol import (
     ToolCall,
 )
 from vllm.entrypoints.openai.serving_engine import APIError
+from vllm.entrypoints.openai.tool_parsers import ToolParser
 from vllm.sampling_params import GuidedDecodingParams
 
 # The schema of a function without ``parameters``.
@@ -36,26 +40,52 @@ class ToolMode:
     Attributes:
         function: the forced function's name (named tool choice), else None.
         required: tool_choice "required" (a JSON array of calls).
+        parser: tool_choice "auto": the parser that finds calls in the text.
     """
 
     function: str | None = None
     required: bool = False
+    parser: ToolParser | None = None
 
     @property
     def active(self) -> bool:
-        return self.function is not None or self.required
+        """Whether the output may become tool calls."""
+        return self.function is not None or self.required or self.parser is not None
+
+    def finish_reason(self, finish: str | None, called: bool) -> str | None:
+        """The choice's finish reason once its output made tool calls (``called``)."""
+        if called and (self.parser is not None or (self.required and finish == "stop")):
+            return "tool_calls"
+        return finish
 
 
-def tool_mode(req: ChatCompletionRequest) -> tuple[ToolMode, GuidedDecodingParams | None]:
+def tool_mode(
+    req: ChatCompletionRequest, auto_parser: ToolParser | None = None
+) -> tuple[ToolMode, GuidedDecodingParams | None]:
     """The request's tool mode and the constraint it implies (None: unconstrained).
 
+    Args:
+        auto_parser: the server's parser for tool_choice "auto" (None: not enabled).
     Raises:
         APIError 400: tool_choice names a function that is not in ``tools``, asks for
-            tools when none are given, or is combined with another constraint.
+            tools when none are given, is "auto" with tools on a server without a
+            parser, or is combined with another constraint.
     """
     choice = req.tool_choice
-    if choice is None or choice in ("none", "auto"):
+    if choice is None:
+        choice = "auto" if req.tools and auto_parser is not None else "none"
+    if choice == "none" or (choice == "auto" and not req.tools):
         return ToolMode(), None
+    if choice == "auto":
+        if auto_parser is None:
+            raise APIError(
+                'tool_choice "auto" with tools requires the server to run with '
+                "--enable-auto-tool-choice and --tool-call-parser; send tool_choice "
+                '"none", "required" or a named function instead.',
+                400,
+                "tool_choice",
+            )
+        return ToolMode(parser=auto_parser), None
     tools = {t.function.name: t.function for t in req.tools or []}
     if not tools:
         raise APIError(f"tool_choice={_show(choice)} needs a non-empty tools list.", 400, "tools")
@@ -102,9 +132,18 @@ def _show(choice) -> str:
     return choice if isinstance(choice, str) else choice.model_dump_json()
 
 
-def parse_tool_calls(mode: ToolMode, text: str) -> list[ToolCall] | None:
-    """The tool calls of a finished output; None when the text is not a complete call
-    (e.g. cut by max_tokens), in which case it is returned as content."""
+def parse_tool_calls(mode: ToolMode, text: str) -> tuple[list[ToolCall] | None, str | None]:
+    """The tool calls of a finished output and the message content that goes with them.
+    No calls (None) when the text is not a complete call (e.g. cut by max_tokens): the
+    content is then the whole text."""
+    if mode.parser is not None:
+        found = mode.parser.extract(text)
+        return (found.calls, found.content) if found.calls else (None, text)
+    calls = _forced_calls(mode, text)
+    return calls, None if calls is not None else text
+
+
+def _forced_calls(mode: ToolMode, text: str) -> list[ToolCall] | None:
     if mode.function is not None:
         try:
             json.loads(text)
@@ -128,13 +167,16 @@ class ToolCallStream:
     carries the new argument text. "required": the text is held until the choice
     finishes, then each parsed call is sent whole as one delta (arguments are re-encoded
     from the parsed array, so they cannot be streamed as generated); text that does not
-    parse is sent as content.
+    parse is sent as content. "auto": the text the parser calls content streams as it
+    comes; the rest is held and parsed at the finish, its calls sent whole in one delta
+    with the content that follows them (calls are not parsed incrementally).
     """
 
     def __init__(self, mode: ToolMode):
         self.mode = mode
         self._id: str | None = None
         self._held: list[str] = []
+        self._sent = 0  # "auto": characters already sent as content
 
     def delta(self, text: str, finished: bool) -> dict:
         """DeltaMessage fields (``content`` / ``tool_calls``) for new ``text``."""
@@ -149,13 +191,21 @@ class ToolCallStream:
                 call = DeltaToolCall(index=0, function=DeltaFunctionCall(arguments=text))
             return {"tool_calls": [call]}
         self._held.append(text)
+        if self.mode.parser is not None and not finished:
+            whole = "".join(self._held)
+            cut = max(self._sent, self.mode.parser.content_prefix(whole))
+            new, self._sent = whole[self._sent : cut], cut
+            return {"content": new} if new else {}
         if not finished:
             return {}
         whole = "".join(self._held)
-        calls = parse_tool_calls(self.mode, whole)
+        calls, content = parse_tool_calls(self.mode, whole)
+        rest = (content or "")[self._sent :]
         if calls is None:
-            return {"content": whole}
+            return {"content": rest} if rest else {}
+        fields = {"content": rest} if rest else {}
         return {
+            **fields,
             "tool_calls": [
                 DeltaToolCall(
                     index=j,
@@ -166,5 +216,5 @@ class ToolCallStream:
                     ),
                 )
                 for j, c in enumerate(calls)
-            ]
+            ],
         }

@@ -1,0 +1,155 @@
+"""The chat handler over a stub engine that replays fixed text pieces, one per token:
+OpenAI's stream shape (first delta {"role", "content": ""}, later deltas only what they
+set, one chunk per token for text, none for a held tool-call token), tool_choice "auto"
+with the hermes parser (non-streamed and streamed), "required" streamed without empty
+chunks, echo and the reply role with continue_final_message, and the 400 for
+continue_final_message together with add_generation_prompt."""
+
+import asyncio
+import json
+
+import pytest
+
+from vllm.entrypoints.openai.protocol import ChatCompletionRequest
+from vllm.entrypoints.openai.serving_chat import OpenAIServingChat
+from vllm.entrypoints.openai.serving_engine import APIError
+from vllm.entrypoints.openai.tool_parsers import get_tool_parser
+from vllm.outputs import CompletionOutput, RequestOutput
+
+TEMPLATE = "{% for m in messages %}<{{m['role']}}>{{m['content']}}{% endfor %}"
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
+MSGS = [{"role": "user", "content": "Weather in Paris?"}]
+CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+HERMES = ["Let me ", "check.", " <tool", "_call>", CALL[11:40], CALL[40:]]
+
+
+class _Engine:
+    """The part of AsyncLLMEngine the chat handler uses; generate() replays ``pieces``."""
+
+    max_model_len = 512
+
+    def __init__(self, tokenizer, pieces):
+        self.tokenizer, self.pieces = tokenizer, pieces
+
+    def verify_params(self, params):
+        pass
+
+    def check_schedulable(self, prompt_len, n):
+        pass
+
+    async def prepare_grammar(self, params):
+        pass
+
+    async def generate(self, prompt, params, rid):
+        for k in range(1, len(self.pieces) + 1):
+            done = k == len(self.pieces)
+            out = CompletionOutput(
+                0, "".join(self.pieces[:k]), list(range(k)), None, None, "stop" if done else None
+            )
+            yield RequestOutput(
+                rid, prompt["prompt"], prompt["prompt_token_ids"], None, [out], done
+            )
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_llama_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_llama_dir)
+
+
+def _answer(tokenizer, pieces, parser=None, **body):
+    handler = OpenAIServingChat(
+        _Engine(tokenizer, pieces), ["m"], chat_template=TEMPLATE, tool_parser=parser
+    )
+    req = ChatCompletionRequest(**{"messages": MSGS, "max_tokens": 32, **body})
+
+    async def run():
+        result = await handler.create_chat_completion(req, None)
+        if not req.stream:
+            return result.model_dump()
+        chunks = [c async for c in result]
+        assert chunks[-1] == "data: [DONE]\n\n"
+        return [json.loads(c[len("data: ") :]) for c in chunks[:-1]]
+
+    return asyncio.run(run())
+
+
+def test_stream_shape_follows_openai(tokenizer):
+    chunks = _answer(tokenizer, ["Hello", "", " world", "!"], stream=True)
+    assert [c["choices"][0]["delta"] for c in chunks] == [
+        {"role": "assistant", "content": ""},
+        {"content": "Hello"},
+        {"content": ""},  # a token without text of its own (e.g. half a character)
+        {"content": " world"},
+        {"content": "!"},
+    ]
+    assert [c["choices"][0]["finish_reason"] for c in chunks] == [None] * 4 + ["stop"]
+    whole = _answer(tokenizer, ["Hello", "", " world", "!"])
+    assert whole["choices"][0]["message"]["content"] == "Hello world!"
+
+
+def test_required_stream_sends_no_empty_chunks(tokenizer):
+    pieces = ['[{"name": ', '"get_weather", ', '"parameters": ', '{"city": "Paris"}}]']
+    chunks = _answer(tokenizer, pieces, tools=TOOLS, tool_choice="required", stream=True)
+    assert len(chunks) == 2, chunks
+    first, last = (c["choices"][0] for c in chunks)
+    assert first["delta"] == {"role": "assistant", "content": ""}
+    [call] = last["delta"]["tool_calls"]
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    assert last["finish_reason"] == "tool_calls"
+
+
+def test_auto_hermes_calls_not_streamed_and_streamed(tokenizer):
+    hermes = get_tool_parser("hermes")
+    r = _answer(tokenizer, HERMES, hermes, tools=TOOLS)
+    choice = r["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["content"] == "Let me check. "
+    [call] = choice["message"]["tool_calls"]
+    assert call["type"] == "function" and call["id"].startswith("chatcmpl-tool-")
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+
+    chunks = _answer(tokenizer, HERMES, hermes, tools=TOOLS, stream=True)
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    assert deltas[:4] == [
+        {"role": "assistant", "content": ""},
+        {"content": "Let me "},
+        {"content": "check."},
+        {"content": " "},
+    ]
+    assert len(deltas) == 5 and list(deltas[4]) == ["tool_calls"]
+    [streamed] = deltas[4]["tool_calls"]
+    assert streamed["function"] == call["function"] and streamed["index"] == 0
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    # without tools (or with tool_choice "none") the text is the content
+    r = _answer(tokenizer, HERMES, hermes, tools=TOOLS, tool_choice="none")
+    assert r["choices"][0]["message"]["content"] == "".join(HERMES)
+    assert r["choices"][0]["message"]["tool_calls"] == []
+
+
+def test_echo_and_continue_final_message(tokenizer):
+    msgs = [*MSGS, {"role": "assistant", "content": "It is"}]
+    body = dict(messages=msgs, add_generation_prompt=False, continue_final_message=True)
+    r = _answer(tokenizer, [" sunny", "."], echo=True, **body)
+    assert r["choices"][0]["message"] == {
+        "role": "assistant",
+        "content": "It is sunny.",
+        "tool_calls": [],
+    }
+    chunks = _answer(tokenizer, [" sunny", "."], echo=True, stream=True, **body)
+    assert [c["choices"][0]["delta"] for c in chunks] == [
+        {"role": "assistant", "content": ""},
+        {"content": "It is"},
+        {"content": " sunny"},
+        {"content": "."},
+    ]
+    # the reply's role is the last message's without a generation prompt; echo needs it
+    r = _answer(tokenizer, ["x"], echo=True, add_generation_prompt=False)
+    assert r["choices"][0]["message"]["role"] == "user"
+    assert r["choices"][0]["message"]["content"] == "Weather in Paris?x"
+    r = _answer(tokenizer, ["x"], echo=True)
+    assert r["choices"][0]["message"]["content"] == "x"
+    with pytest.raises(APIError) as exc:
+        _answer(tokenizer, ["x"], messages=msgs, continue_final_message=True)
+    assert exc.value.code == 400 and exc.value.param == "continue_final_message"

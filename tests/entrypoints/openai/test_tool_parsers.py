@@ -1,0 +1,125 @@
+"""Tool-call parsers for tool_choice "auto" (hermes, llama3_json) on text, the registry
+that picks them by name, the "auto" default and refusal in tool_mode, and the streamed
+deltas of an "auto" choice (content as it comes, calls whole at the finish)."""
+
+import json
+
+import pytest
+
+from vllm.entrypoints.openai.protocol import ChatCompletionRequest
+from vllm.entrypoints.openai.serving_engine import APIError
+from vllm.entrypoints.openai.tool_calls import ToolCallStream, ToolMode, tool_mode
+from vllm.entrypoints.openai.tool_parsers import get_tool_parser, tool_parser_names
+
+WEATHER = '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}'
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
+MSGS = [{"role": "user", "content": "Weather?"}]
+
+
+def _calls(found):
+    return [(c.function.name, json.loads(c.function.arguments)) for c in found.calls]
+
+
+def test_registry_lists_and_refuses_unknown_names():
+    assert tool_parser_names() == ["hermes", "llama3_json"]
+    assert get_tool_parser("hermes").name == "hermes"
+    with pytest.raises(ValueError) as exc:
+        get_tool_parser("mistral")
+    assert str(exc.value) == (
+        "--tool-call-parser 'mistral' is not a known parser; choose one of hermes, llama3_json."
+    )
+
+
+def test_hermes_blocks_become_calls_and_the_rest_content():
+    p = get_tool_parser("hermes")
+    text = f"Let me check.\n<tool_call>\n{WEATHER}\n</tool_call>\n"
+    text += '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>'
+    found = p.extract(text)
+    assert _calls(found) == [
+        ("get_weather", {"city": "Paris", "unit": "c"}),
+        ("get_time", {}),
+    ]
+    assert found.content == "Let me check.\n\n"
+    assert found.calls[0].id.startswith("chatcmpl-tool-")
+    assert found.calls[0].function.arguments == '{"city": "Paris", "unit": "c"}'
+    only = p.extract(f"<tool_call>{WEATHER}</tool_call>\n")
+    assert len(only.calls) == 1 and only.content is None
+    # no block, an unclosed block (cut by max_tokens), a body that is not a call: content
+    for plain in ["Paris is sunny.", f"<tool_call>{WEATHER}", "<tool_call>[1]</tool_call>"]:
+        found = p.extract(plain)
+        assert found.calls == [] and found.content == plain
+
+
+def test_hermes_content_prefix_holds_what_may_start_a_call():
+    p = get_tool_parser("hermes")
+    assert p.content_prefix("Hello") == 5
+    assert p.content_prefix("Hello <tool") == 6
+    assert p.content_prefix("Hello <tools are") == 16
+    assert p.content_prefix("Hi<tool_call>{") == 2
+    assert p.content_prefix("\n ") == 0  # whitespace alone may be no content at all
+
+
+def test_llama3_json_objects_separated_by_semicolons():
+    p = get_tool_parser("llama3_json")
+    text = ' {"name": "get_weather", "parameters": {"city": "Paris"}}; '
+    text += '{"name": "get_time", "arguments": {"zone": "utc"}}\n'
+    found = p.extract(text)
+    assert _calls(found) == [("get_weather", {"city": "Paris"}), ("get_time", {"zone": "utc"})]
+    assert found.content is None
+    for plain in [
+        "The weather is nice.",
+        '{"name": "get_weather", "parameters": {"city": "Paris"}} and more',
+        '{"name": "get_weather"}',
+        '{"name": "get_weather", "parameters": {"city": ',
+    ]:
+        found = p.extract(plain)
+        assert found.calls == [] and found.content == plain
+    assert p.content_prefix("  ") == 0 and p.content_prefix(' {"na') == 0
+    assert p.content_prefix(" The") == 4
+
+
+def _req(**kw):
+    return ChatCompletionRequest(messages=MSGS, **kw)
+
+
+def test_auto_is_the_default_only_with_a_parser_and_refused_without_one():
+    hermes = get_tool_parser("hermes")
+    assert tool_mode(_req(tools=TOOLS), hermes)[0].parser is hermes
+    assert tool_mode(_req(tools=TOOLS, tool_choice="auto"), hermes) == (
+        ToolMode(parser=hermes),
+        None,
+    )
+    assert not tool_mode(_req(tools=TOOLS, tool_choice="none"), hermes)[0].active
+    assert not tool_mode(_req(tools=TOOLS), None)[0].active  # no parser: "none"
+    assert not tool_mode(_req(tool_choice="auto"), None)[0].active  # no tools: nothing to call
+    with pytest.raises(APIError) as exc:
+        tool_mode(_req(tools=TOOLS, tool_choice="auto"), None)
+    assert exc.value.code == 400 and exc.value.param == "tool_choice"
+    assert "--enable-auto-tool-choice and --tool-call-parser" in exc.value.message
+
+
+def _stream(mode, pieces):
+    s = ToolCallStream(mode)
+    return [s.delta(p, i == len(pieces) - 1) for i, p in enumerate(pieces)]
+
+
+def test_auto_stream_sends_content_as_it_comes_and_calls_at_the_finish():
+    mode = ToolMode(parser=get_tool_parser("hermes"))
+    pieces = ["Sure", ", checking", ". <tool", "_call>", WEATHER[:20], WEATHER[20:], "</tool_call>"]
+    deltas = _stream(mode, pieces)
+    assert [d.get("content") for d in deltas[:4]] == ["Sure", ", checking", ". ", None]
+    assert deltas[3:6] == [{}, {}, {}]
+    last = deltas[-1]
+    assert "content" not in last
+    [call] = last["tool_calls"]
+    assert (call.index, call.type, call.function.name) == (0, "function", "get_weather")
+    assert json.loads(call.function.arguments) == {"city": "Paris", "unit": "c"}
+    assert call.id.startswith("chatcmpl-tool-")
+    assert mode.finish_reason("stop", True) == "tool_calls"
+    assert mode.finish_reason("stop", False) == "stop"
+    # no call: every piece streams as content and they join to the text
+    deltas = _stream(mode, ["It is ", "<b>sunny", "</b>."])
+    assert "".join(d.get("content", "") for d in deltas) == "It is <b>sunny</b>."
+    # an unclosed block is content, sent whole at the finish
+    deltas = _stream(mode, ["A", "<tool_call>", "{"])
+    assert deltas == [{"content": "A"}, {}, {"content": "<tool_call>{"}]

@@ -1,0 +1,102 @@
+"""What a chat template sees: messages keep name, tool_calls (arguments decoded from JSON
+text to objects) and tool_call_id; tools and chat_template_kwargs are variables;
+continue_final_message ends the prompt inside the last message; contradicting options and
+undecodable arguments are refused naming the field."""
+
+import pytest
+
+from vllm.entrypoints.chat_utils import (
+    ChatInputError,
+    check_chat_options,
+    render_chat,
+    template_messages,
+)
+
+TEMPLATE = (
+    "{% if tools %}TOOLS={{tools|length}};{% endif %}{% for m in messages %}"
+    "<{{m['role']}}|{{m['content']}}|calls={{m.get('tool_calls')}}|id={{m.get('tool_call_id')}}"
+    "|name={{m.get('name')}}>{% endfor %}{% if foo is defined %}FOO={{foo}}{% endif %}"
+)
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
+CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather"}}
+MESSAGES = [
+    {"role": "user", "content": "Weather in Paris?", "name": "bob"},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {**CALL, "function": {**CALL["function"], "arguments": '{"city": "Paris"}'}}
+        ],
+    },
+    {"role": "tool", "content": "sunny", "tool_call_id": "call_1"},
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_llama_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_llama_dir)
+
+
+def test_messages_keep_tool_fields_with_arguments_as_objects():
+    conv = template_messages(MESSAGES)
+    assert conv == [
+        {"role": "user", "content": "Weather in Paris?", "name": "bob"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {**CALL, "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+            ],
+        },
+        {"role": "tool", "content": "sunny", "tool_call_id": "call_1"},
+    ]
+    assert MESSAGES[1]["tool_calls"][0]["function"]["arguments"] == '{"city": "Paris"}'
+
+
+def test_tools_and_kwargs_reach_the_template(tokenizer):
+    text = render_chat(
+        tokenizer, template_messages(MESSAGES), TEMPLATE, False, tools=TOOLS,
+        chat_template_kwargs={"foo": "bar"},
+    )  # fmt: skip
+    assert text == (
+        "TOOLS=1;<user|Weather in Paris?|calls=None|id=None|name=bob>"
+        "<assistant||calls=[{'id': 'call_1', 'type': 'function', 'function': "
+        "{'name': 'get_weather', 'arguments': {'city': 'Paris'}}}]|id=None|name=None>"
+        "<tool|sunny|calls=None|id=call_1|name=None>FOO=bar"
+    )
+
+
+def test_continue_final_message_ends_inside_it(tokenizer):
+    conv = template_messages(
+        [{"role": "user", "content": "Count"}, {"role": "assistant", "content": "1, 2,"}]
+    )
+    closed = render_chat(tokenizer, conv, None, False)
+    assert closed.endswith("<|im_start|>assistant\n1, 2,<|im_end|>\n")
+    cont = render_chat(tokenizer, conv, None, False, continue_final_message=True)
+    assert cont == closed[: -len("<|im_end|>\n")]
+
+
+def test_bad_options_and_arguments_name_the_field():
+    with pytest.raises(ChatInputError) as exc:
+        check_chat_options(True, True, None)
+    assert exc.value.param == "continue_final_message"
+    assert "add_generation_prompt=false" in str(exc.value)
+    with pytest.raises(ChatInputError) as exc:
+        check_chat_options(True, False, {"tools": [], "foo": 1})
+    assert exc.value.param == "chat_template_kwargs" and "['tools']" in str(exc.value)
+    check_chat_options(False, True, {"foo": 1})
+    bad = [
+        {
+            "role": "assistant",
+            "tool_calls": [{**CALL, "function": {"name": "f", "arguments": "{x"}}],
+        }
+    ]
+    with pytest.raises(ChatInputError) as exc:
+        template_messages(bad)
+    assert exc.value.param == "messages.0.tool_calls.0.function.arguments"
+    assert "'{x'" in str(exc.value)
+    with pytest.raises(ChatInputError) as exc:
+        template_messages([{"role": "user", "content": [{"type": "image_url"}]}])
+    assert exc.value.param == "messages.0.content.0.type"
