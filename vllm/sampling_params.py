@@ -143,6 +143,10 @@ class SamplingParams:
     - ``allowed_token_ids`` (vLLM's name): only these tokens can be generated; every other
       token's logit is set to -inf (before ``logit_bias`` is added).
     Both are checked against the vocabulary when the engine adds the request.
+    - ``bad_words`` (vLLM's name): strings never generated; the engine tokenizes them
+      into ``bad_words_token_ids`` when the request is added, and the sampler bans the
+      last token of a word when the tokens generated before it spell the rest
+      (``vllm/bad_words.py`` states the rule).
     - ``guided_decoding`` (vLLM's name): a :class:`GuidedDecodingParams` constraint; each
       sequence (of the ``n``) follows it with its own grammar state, and stops (finish
       reason "stop") once the grammar is complete and EOS was generated.
@@ -176,8 +180,11 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
     guided_decoding: GuidedDecodingParams | None = None
+    bad_words: list[str] | None = None
     # Filled by the engine: the tokens that end the request besides stop_token_ids.
     all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
+    # Filled by the engine: bad_words as token sequences (vllm/bad_words.py).
+    bad_words_token_ids: list[list[int]] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         if self.stop is None:
@@ -195,6 +202,10 @@ class SamplingParams:
         self.logit_bias = _token_bias(self.logit_bias) or None
         if self.allowed_token_ids is not None:
             self.allowed_token_ids = list(self.allowed_token_ids)
+        if isinstance(self.bad_words, str):
+            self.bad_words = [self.bad_words]
+        elif self.bad_words is not None:
+            self.bad_words = list(self.bad_words)
         self.verify()
 
     @property
@@ -283,6 +294,11 @@ class SamplingParams:
                     _is_int(t) and t >= 0,
                     f"allowed_token_ids must be integers >= 0, got {t!r}.",
                 )
+        for w in self.bad_words or ():
+            _check(
+                isinstance(w, str) and w.strip() != "",
+                f"bad_words must be non-empty strings, got {w!r}.",
+            )
         if self.guided_decoding is not None:
             _check(
                 isinstance(self.guided_decoding, GuidedDecodingParams),
@@ -296,6 +312,7 @@ class SamplingParams:
         """A deep-enough copy (lists copied) for per-request mutation by the engine."""
         p = SamplingParams(**{k: getattr(self, k) for k in _INIT_FIELDS})
         p.all_stop_token_ids = set(self.all_stop_token_ids)
+        p.bad_words_token_ids = [list(s) for s in self.bad_words_token_ids]
         return p
 
 
@@ -338,4 +355,8 @@ def _token_bias(bias) -> dict[int, float]:
     return out
 
 
-_INIT_FIELDS = [f for f in SamplingParams.__dataclass_fields__ if f != "all_stop_token_ids"]
+_INIT_FIELDS = [
+    f
+    for f in SamplingParams.__dataclass_fields__
+    if f not in ("all_stop_token_ids", "bad_words_token_ids")
+]

@@ -66,7 +66,7 @@ def test_bad_inputs_leave_llm_usable(tiny_llama_dir):
          rf"Token id {vocab + 7}"),
         ("stop token >= vocab",
          lambda: llm.generate(PROMPT, SamplingParams(stop_token_ids=[vocab])),
-         rf"stop token id {vocab} is out of vocabulary"),
+         rf"stop_token_ids entry {vocab} is out of vocabulary"),
         ("logprobs > max_logprobs", lambda: llm.generate(PROMPT, SamplingParams(logprobs=21)),
          r"logprobs=21 is more than max_logprobs=20"),
         ("prompt_logprobs > max_logprobs",

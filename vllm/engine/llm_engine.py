@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
 
+from vllm.bad_words import bad_words_token_ids
 from vllm.config import EngineConfig
 from vllm.core.scheduler import Scheduler, SchedulerOutputs
 from vllm.engine import output_processor
@@ -199,6 +200,10 @@ class LLMEngine:
             )
         return text, ids
 
+    def _encode_plain(self, text: str) -> list[int]:
+        """``text``'s token ids without special tokens (how words appear inside text)."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
     def verify_params(self, params: SamplingParams) -> None:
         """Check the parts of ``params`` that depend on the model (vocabulary size).
 
@@ -218,10 +223,12 @@ class LLMEngine:
                 )
             if k is not None and k > vocab:
                 raise ValueError(f"{name}={k} is more than the vocabulary size {vocab}.")
+        if params.bad_words and self.tokenizer is None:
+            raise ValueError("bad_words need a tokenizer (skip_tokenizer_init=True).")
         for t in params.stop_token_ids:
             if t >= vocab:
                 raise ValueError(
-                    f"stop token id {t} is out of vocabulary (valid ids: 0..{vocab - 1})."
+                    f"stop_token_ids entry {t} is out of vocabulary (valid ids: 0..{vocab - 1})."
                 )
         for name, ids in (
             ("logit_bias", params.logit_bias or ()),
@@ -302,6 +309,8 @@ class LLMEngine:
             extra = [t for t in self.extra_stop_token_ids if t not in params.stop_token_ids]
             params.stop_token_ids = list(params.stop_token_ids) + extra
             params.all_stop_token_ids.update(extra)
+        if params.bad_words:
+            params.bad_words_token_ids = bad_words_token_ids(params.bad_words, self._encode_plain)
         seqs = [
             Sequence(
                 next(self.seq_counter),

@@ -22,7 +22,9 @@ class RequestRows:
     ``penalties`` is (presence, frequency, repetition); ``min_tokens_stops`` the sorted stop
     ids (EOS and stop_token_ids) inside the vocabulary that min_tokens masks, empty when
     min_tokens is 0 or there are none; ``logit_bias`` the (token id, bias) pairs and
-    ``allowed_token_ids`` the allowed ids (None: all), both inside the vocabulary.
+    ``allowed_token_ids`` the allowed ids (None: all), both inside the vocabulary;
+    ``bad_words`` the banned token sequences (vllm/bad_words.py), whose banned tokens
+    depend on the tokens generated so far and are found per row and step in ``build``.
     """
 
     vocab_size: int
@@ -41,7 +43,8 @@ class RequestRows:
     prompt_logprobs: int
     logit_bias: tuple[tuple[int, float], ...]
     allowed_token_ids: tuple[int, ...] | None
-    biased: bool  # logit_bias or allowed_token_ids set: the row gets a bias row
+    bad_words: tuple[tuple[int, ...], ...]
+    biased: bool  # logit_bias, allowed_token_ids or bad_words set: the row gets a bias row
     plain: bool  # greedy, and none of the above: its rows need nothing but the layout
 
 
@@ -73,6 +76,7 @@ def request_rows(p: SamplingParams, vocab_size: int) -> RequestRows:
         and p.min_p == 0.0
         and p.logit_bias is None
         and p.allowed_token_ids is None
+        and not p.bad_words_token_ids
     ):
         rows = _plain_rows(vocab_size)
     else:
@@ -97,7 +101,8 @@ def _compute_rows(p: SamplingParams, vocab_size: int) -> RequestRows:
     allowed = None
     if p.allowed_token_ids is not None:
         allowed = tuple(sorted({t for t in p.allowed_token_ids if t < vocab_size}))
-    biased = bool(bias) or allowed is not None
+    bad_words = tuple(tuple(s) for s in p.bad_words_token_ids if s[-1] < vocab_size)
+    biased = bool(bias) or allowed is not None or bool(bad_words)
     return RequestRows(
         vocab_size=vocab_size,
         greedy=greedy,
@@ -115,6 +120,7 @@ def _compute_rows(p: SamplingParams, vocab_size: int) -> RequestRows:
         prompt_logprobs=prompt_logprobs,
         logit_bias=bias,
         allowed_token_ids=allowed,
+        bad_words=bad_words,
         biased=biased,
         plain=greedy
         and pen == (0.0, 0.0, 1.0)

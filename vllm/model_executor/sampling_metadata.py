@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from vllm.bad_words import banned_tokens
 from vllm.model_executor.guided_decoding.step_masks import PendingBitmask
 from vllm.model_executor.request_rows import CACHE_ATTR, RequestRows, request_rows
 from vllm.sampling_params import SamplingParams
@@ -260,7 +261,7 @@ class SamplingMetadata:
                 device,
             )
         if any_bias:
-            sm.logit_bias = _bias_rows(row_reqs, vocab_size, device)
+            sm.logit_bias = _bias_rows(row_reqs, row_data, vocab_size, device)
         if guided:  # filled when the sampler reads it (see guided_decoding/step_masks.py)
             sm.guided_bitmask = PendingBitmask([(m, s) for _, m, s in guided], vocab_size, device)
             sm.guided_rows = to_device(torch.tensor([r for r, _, _ in guided], **long), device)
@@ -279,16 +280,27 @@ class SamplingMetadata:
         return sm
 
 
-def _bias_rows(row_reqs: list[RequestRows], vocab_size: int, device: torch.device) -> torch.Tensor:
+def _bias_rows(
+    row_reqs: list[RequestRows],
+    row_data: list[SequenceData],
+    vocab_size: int,
+    device: torch.device,
+) -> torch.Tensor:
     """[num_samples, vocab_size] float32 additive rows on ``device``: -inf outside a row's
-    allowed_token_ids (when set), plus its logit_bias values; zeros for other rows.
+    allowed_token_ids (when set) and at the tokens its bad_words ban after its output so
+    far (vllm/bad_words.py), plus its logit_bias values; zeros for other rows.
 
     Built on the device from the (row, token) entries, so only those small index lists
     are uploaded, never a vocab-wide host tensor."""
     masked: list[int] = []  # rows with allowed_token_ids
     allowed: tuple[list[int], list[int]] = ([], [])  # (row, token) allowed
     biased: tuple[list[int], list[int], list[float]] = ([], [], [])  # (row, token, bias)
+    banned: tuple[list[int], list[int]] = ([], [])  # (row, token) banned by bad_words
     for row, req in enumerate(row_reqs):
+        if req.bad_words:
+            toks = banned_tokens(req.bad_words, row_data[row].output_token_ids)
+            banned[0].extend([row] * len(toks))
+            banned[1].extend(toks)
         if req.allowed_token_ids is not None:
             masked.append(row)
             allowed[0].extend([row] * len(req.allowed_token_ids))
@@ -308,6 +320,8 @@ def _bias_rows(row_reqs: list[RequestRows], vocab_size: int, device: torch.devic
     if biased[0]:
         index = (upload(biased[0]), upload(biased[1]))
         bias.index_put_(index, upload(biased[2], torch.float32), accumulate=True)
+    if banned[0]:
+        bias[upload(banned[0]), upload(banned[1])] = float("-inf")
     return bias  # [num_samples, vocab_size]
 
 

@@ -66,11 +66,15 @@ def decode_steps(
     """Decode steps one call runs for this batch.
 
     ``min(max_steps, min over sequences of (max_model_len - len), max over sequences of
-    tokens still wanted)``, at least 1. Lengths count prompt and output tokens.
+    tokens still wanted)``, at least 1. Lengths count prompt and output tokens. One step
+    when a request has a bad word of several tokens: which token it bans depends on the
+    previous step's token, and a call's steps share one bias row.
     """
     room = max_steps
     wanted = 1
     for md in metadata_list:
+        if any(len(s) > 1 for s in md.sampling_params.bad_words_token_ids):
+            return 1
         max_tokens = md.sampling_params.max_tokens
         for data in md.seq_data.values():
             n = data.get_len()
