@@ -7,7 +7,7 @@ import pytest
 from vllm.entrypoints.openai.protocol import (
     ChatCompletionStreamChoice,
     ChatCompletionStreamResponse,
-    CompletionResponseChoice,
+    CompletionStreamChoice,
     CompletionStreamResponse,
     DeltaMessage,
 )
@@ -19,7 +19,7 @@ TEXTS = ["", " Paris", 'say "hi"', "back\\slash", "line\nbreak\ttab\r", "\x00\x0
 
 
 def _completion(text):
-    choice = CompletionResponseChoice(index=3, text=text)
+    choice = CompletionStreamChoice(index=3, text=text)
     return CompletionStreamResponse(id="cmpl-1", created=7, model="m", choices=[choice])
 
 
@@ -42,7 +42,7 @@ def test_marker_must_occur_once():
 
 def test_text_chunks_keep_one_template_per_choice():
     def make(index, text):
-        choice = CompletionResponseChoice(index=index, text=text)
+        choice = CompletionStreamChoice(index=index, text=text)
         return CompletionStreamResponse(id="cmpl-1", created=7, model="m", choices=[choice])
 
     chunks = TextChunks(make)

@@ -15,6 +15,19 @@ from vllm.entrypoints.openai.serving_engine import APIError
 from vllm.sampling_params import GuidedDecodingParams
 
 
+def guided_field(req: SamplingFields) -> str | None:
+    """The request field the constraint came from, for an error's ``param``:
+    "response_format" (a type other than "text"), else the first guided_* field set
+    (guided_json, guided_regex, guided_choice, guided_grammar); None without one."""
+    fmt = req.response_format
+    if fmt is not None and fmt.type != "text":
+        return "response_format"
+    for name in ("json", "regex", "choice", "grammar"):
+        if getattr(req, f"guided_{name}") is not None:
+            return f"guided_{name}"
+    return None
+
+
 def guided_params(req: SamplingFields) -> GuidedDecodingParams | None:
     """The request's constraint, None when it has none.
 
@@ -23,10 +36,9 @@ def guided_params(req: SamplingFields) -> GuidedDecodingParams | None:
             or a malformed field (the message names it).
     """
     given: dict = {}
-    param = None
+    param = guided_field(req)
     fmt = req.response_format
     if fmt is not None and fmt.type != "text":
-        param = "response_format"
         if fmt.type == "json_object":
             given["json_object"] = True
         else:
@@ -43,7 +55,6 @@ def guided_params(req: SamplingFields) -> GuidedDecodingParams | None:
         value = getattr(req, f"guided_{name}")
         if value is not None:
             given[name] = value
-            param = param or f"guided_{name}"
     if not given:
         return None
     if len(given) > 1:

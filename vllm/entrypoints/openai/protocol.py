@@ -13,7 +13,15 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_serializer,
+)
+from pydantic_core import PydanticCustomError
 
 
 def random_id(prefix: str) -> str:
@@ -67,7 +75,11 @@ class UsageInfo(OpenAIBaseModel):
 
 
 class StreamOptions(OpenAIBaseModel):
+    """``stream_options``: ``include_usage`` adds a final chunk with the usage;
+    ``continuous_usage_stats`` (vLLM's) puts the usage so far on every chunk."""
+
     include_usage: bool | None = True
+    continuous_usage_stats: bool | None = False
 
 
 class JsonSchemaFormat(OpenAIBaseModel):
@@ -115,9 +127,21 @@ class SamplingFields(OpenAIBaseModel):
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
     guided_decoding_backend: str | None = None
+    # words never generated (SamplingParams.bad_words)
+    bad_words: list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+
+    @field_validator("stream_options")
+    @classmethod
+    def _stream_options_need_stream(cls, value, info: ValidationInfo):
+        if value is not None and not info.data.get("stream"):
+            raise PydanticCustomError(
+                "stream_options",
+                "stream_options can only be set when stream is true (got stream=false).",
+            )
+        return value
 
 
 class CompletionRequest(SamplingFields):
@@ -130,6 +154,12 @@ class CompletionRequest(SamplingFields):
     prompt_logprobs: int | None = None
     # Accepted only as 1 or n (upstream V1 dropped best_of); anything else is a 400.
     best_of: int | None = None
+    # Refused with a 400 (as upstream): no model here fills in the middle.
+    suffix: str | None = None
+    # Keep only the last k prompt tokens (k >= 1; -1: the last max_model_len tokens).
+    truncate_prompt_tokens: int | None = None
+    # Logprobs tokens as "token_id:ID" (also the server flag --return-tokens-as-token-ids).
+    return_tokens_as_token_ids: bool | None = None
 
 
 class CompletionLogProbs(OpenAIBaseModel):
@@ -139,12 +169,28 @@ class CompletionLogProbs(OpenAIBaseModel):
     top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
 
 
-class CompletionResponseChoice(OpenAIBaseModel):
+class PromptLogprob(OpenAIBaseModel):
+    """One token's entry in ``prompt_logprobs`` (upstream's shape)."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+class CompletionStreamChoice(OpenAIBaseModel):
     index: int
     text: str
     logprobs: CompletionLogProbs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+
+
+class CompletionResponseChoice(CompletionStreamChoice):
+    """A choice of a non-streamed completion. ``prompt_logprobs`` (when the request asked
+    for them): None for the first prompt token, then per prompt token a dict token id ->
+    :class:`PromptLogprob` holding that token and the top ``prompt_logprobs`` others."""
+
+    prompt_logprobs: list[dict[int, PromptLogprob] | None] | None = None
 
 
 class CompletionResponse(OpenAIBaseModel):
@@ -161,7 +207,7 @@ class CompletionStreamResponse(OpenAIBaseModel):
     object: str = "text_completion"
     created: int
     model: str
-    choices: list[CompletionResponseChoice]
+    choices: list[CompletionStreamChoice]
     usage: UsageInfo | None = None
 
 

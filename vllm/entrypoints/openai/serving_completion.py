@@ -3,6 +3,12 @@
 max_tokens: absent -> 16, null -> the rest of the context (max_model_len - prompt),
 0 only with echo (the prompt and its logprobs, no completion tokens: the engine runs one
 token, which is dropped). Choice index = prompt index x n + sequence index.
+
+``truncate_prompt_tokens=k`` keeps each prompt's last k tokens (-1: the last
+max_model_len); the context check applies to what is kept. ``prompt_logprobs`` come back in
+each choice of a non-streamed response (completion_logprobs.py); a streamed request with
+them is a 400, as upstream. ``stream_options.continuous_usage_stats`` puts the usage so far
+on every chunk. ``suffix`` is refused (no fill-in-the-middle).
 """
 
 from __future__ import annotations
@@ -13,12 +19,13 @@ from collections.abc import AsyncIterator
 
 from fastapi import Request
 
-from vllm.entrypoints.openai.guided_request import guided_params
+from vllm.entrypoints.openai.completion_logprobs import completion_logprobs, prompt_logprobs
+from vllm.entrypoints.openai.guided_request import guided_field, guided_params
 from vllm.entrypoints.openai.protocol import (
-    CompletionLogProbs,
     CompletionRequest,
     CompletionResponse,
     CompletionResponseChoice,
+    CompletionStreamChoice,
     CompletionStreamResponse,
     UsageInfo,
 )
@@ -31,13 +38,16 @@ from vllm.entrypoints.openai.serving_engine import (
 )
 from vllm.entrypoints.openai.sse_template import TextChunks
 from vllm.outputs import RequestOutput
-from vllm.sequence import PositionLogprobs
 
 
 class OpenAIServingCompletion(OpenAIServing):
     """Handler of /v1/completions."""
 
-    async def _prompts(self, req: CompletionRequest) -> list[tuple[str | None, list[int]]]:
+    async def _prompts(
+        self, req: CompletionRequest, keep: int | None
+    ) -> list[tuple[str | None, list[int]]]:
+        """(text or None, token ids) per prompt, each cut to its last ``keep`` tokens
+        (None: all); a cut text prompt's text is None (its echo is the kept tokens)."""
         p = req.prompt
         if isinstance(p, list) and p and any(isinstance(t, int) for t in p):
             if not all(isinstance(t, int) for t in p):
@@ -55,7 +65,10 @@ class OpenAIServingCompletion(OpenAIServing):
                     raise APIError("prompt must not be empty (got '').", 400, "prompt")
                 if self.tokenizer is None:
                     raise APIError("text prompts need a tokenizer.", 400, "prompt")
-                out.append((item, await self.encode(item, "prompt")))
+                ids = await self.encode(item, "prompt", bounded=keep is None)
+                if keep is not None and len(ids) > keep:
+                    item, ids = None, ids[-keep:]
+                out.append((item, ids))
             else:
                 ids = list(item)
                 if not ids:
@@ -67,8 +80,51 @@ class OpenAIServingCompletion(OpenAIServing):
                         400,
                         "prompt",
                     )
-                out.append((None, ids))
+                out.append((None, ids if keep is None else ids[-keep:]))
         return out
+
+    def _kept_tokens(self, req: CompletionRequest) -> int | None:
+        """How many prompt tokens ``truncate_prompt_tokens`` keeps (None: all).
+
+        Raises:
+            APIError 400: k is 0, below -1, or above max_model_len.
+        """
+        k = req.truncate_prompt_tokens
+        if k is None:
+            return None
+        if k == -1:
+            return self.max_model_len
+        if k < 1:
+            raise APIError(
+                f"truncate_prompt_tokens must be >= 1 (or -1 for max_model_len), got {k}.",
+                400,
+                "truncate_prompt_tokens",
+            )
+        if k > self.max_model_len:
+            raise APIError(
+                f"truncate_prompt_tokens={k} is more than this model's maximum context length "
+                f"max_model_len={self.max_model_len}.",
+                400,
+                "truncate_prompt_tokens",
+            )
+        return k
+
+    def _check_unsupported(self, req: CompletionRequest) -> None:
+        """Raises APIError 400 for fields this server refuses (``suffix``,
+        ``prompt_logprobs`` with ``stream``, ``best_of`` other than 1 or n)."""
+        if req.suffix is not None:
+            raise APIError("suffix is not currently supported.", 400, "suffix")
+        if req.stream and req.prompt_logprobs is not None:
+            raise APIError(
+                "prompt_logprobs are not available when stream is true.", 400, "prompt_logprobs"
+            )
+        if req.best_of is not None and req.best_of not in (1, req.n):
+            raise APIError(
+                f"best_of={req.best_of} is not supported (only best_of equal to n={req.n}, "
+                "or 1): ask for n completions with logprobs and rank them instead.",
+                400,
+                "best_of",
+            )
 
     async def create_completion(self, req: CompletionRequest, raw: Request | None):
         """Returns a CompletionResponse, or an async iterator of SSE strings when streaming.
@@ -78,18 +134,13 @@ class OpenAIServingCompletion(OpenAIServing):
         """
         self.check_model(req.model)
         self.check_max_tokens(req.max_tokens, req.echo)
-        if req.best_of is not None and req.best_of not in (1, req.n):
-            raise APIError(
-                f"best_of={req.best_of} is not supported (only best_of equal to n={req.n}, "
-                "or 1): ask for n completions with logprobs and rank them instead.",
-                400,
-                "best_of",
-            )
-        prompts = await self._prompts(req)
+        self._check_unsupported(req)
+        prompts = await self._prompts(req, self._kept_tokens(req))
         echo_only = req.echo and req.max_tokens == 0
         prompt_lp = req.prompt_logprobs
         if req.echo and req.logprobs is not None:
-            prompt_lp = req.logprobs
+            prompt_lp = max(req.logprobs, prompt_lp or 0)
+        as_id = bool(req.return_tokens_as_token_ids) or self.return_tokens_as_token_ids
         params = []
         guided = guided_params(req)  # response_format / guided_* (guided_request.py)
         # Every prompt is checked before any is queued.
@@ -99,7 +150,7 @@ class OpenAIServingCompletion(OpenAIServing):
             self.check_schedulable(len(ids), req.n, req.prompt_logprobs is None)
         if params:  # the prompts' params differ only in max_tokens, which these do not read
             self.check_params(params[0])
-            await self.check_guided(params[0], "response_format")
+            await self.check_guided(params[0], guided_field(req))
         base = f"cmpl-{uuid.uuid4().hex}"
         gens = [
             self.engine.generate({"prompt": text, "prompt_token_ids": ids}, sp, f"{base}-{i}")
@@ -107,7 +158,7 @@ class OpenAIServingCompletion(OpenAIServing):
         ]
         created = int(time.time())
         if req.stream:
-            return self._stream(req, prompts, gens, base, created, echo_only)
+            return self._stream(req, prompts, gens, base, created, echo_only, as_id)
 
         async def finals():
             last: dict[int, RequestOutput] = {}
@@ -119,6 +170,10 @@ class OpenAIServingCompletion(OpenAIServing):
         if last is None:
             return None
         choices, completion_tokens = [], 0
+
+        def name(token_id: int) -> str:
+            return self.token_text(token_id, as_id)
+
         for i, (text, ids) in enumerate(prompts):
             out = last[i]
             prompt_text = text if text is not None else self.tokenizer.decode(ids)
@@ -133,16 +188,19 @@ class OpenAIServingCompletion(OpenAIServing):
                     if req.echo:
                         all_ids = ids + tok_ids
                         all_lps = list(out.prompt_logprobs or [None] * len(ids)) + lps
-                    logprobs = self._logprobs(all_ids, all_lps, req.logprobs, 0)
-                choices.append(
-                    CompletionResponseChoice(
-                        index=i * req.n + o.index,
-                        text=(prompt_text + body) if req.echo else body,
-                        logprobs=logprobs,
-                        finish_reason="length" if echo_only else o.finish_reason,
-                        stop_reason=None if echo_only else o.stop_reason,
-                    )
+                    logprobs = completion_logprobs(all_ids, all_lps, req.logprobs, 0, name)
+                choice = CompletionResponseChoice(
+                    index=i * req.n + o.index,
+                    text=(prompt_text + body) if req.echo else body,
+                    logprobs=logprobs,
+                    finish_reason="length" if echo_only else o.finish_reason,
+                    stop_reason=None if echo_only else o.stop_reason,
                 )
+                if req.prompt_logprobs is not None:
+                    choice.prompt_logprobs = prompt_logprobs(
+                        ids, out.prompt_logprobs, req.prompt_logprobs, name
+                    )
+                choices.append(choice)
         prompt_tokens = sum(len(ids) for _, ids in prompts)
         usage = UsageInfo(
             prompt_tokens=prompt_tokens,
@@ -153,9 +211,26 @@ class OpenAIServingCompletion(OpenAIServing):
             id=base, created=created, model=self.model_name, choices=choices, usage=usage
         )
 
-    async def _stream(self, req, prompts, gens, base, created, echo_only) -> AsyncIterator[str]:
-        """One chunk per generated token of each choice (the last one has finish_reason)."""
+    async def _stream(
+        self, req, prompts, gens, base, created, echo_only, as_id
+    ) -> AsyncIterator[str]:
+        """One chunk per generated token of each choice (the last one has finish_reason);
+        with ``continuous_usage_stats`` each carries the usage so far."""
         n = req.n
+        opts = req.stream_options
+        continuous = opts is not None and bool(opts.continuous_usage_stats)
+        prompt_tokens = sum(len(ids) for _, ids in prompts)
+
+        def name(token_id: int) -> str:
+            return self.token_text(token_id, as_id)
+
+        def usage() -> UsageInfo:
+            return UsageInfo(
+                prompt_tokens=prompt_tokens,
+                completion_tokens=completion_tokens,
+                total_tokens=prompt_tokens + completion_tokens,
+            )
+
         sent_tokens = [0] * (len(prompts) * n)
         sent_chars = [0] * (len(prompts) * n)
         next_offset = [0] * (len(prompts) * n)  # text_offset of the next logprobs token
@@ -165,7 +240,7 @@ class OpenAIServingCompletion(OpenAIServing):
                 id=base,
                 created=created,
                 model=self.model_name,
-                choices=[CompletionResponseChoice(index=index, text=text)],
+                choices=[CompletionStreamChoice(index=index, text=text)],
             )  # fmt: skip
         )
         completion_tokens = 0
@@ -193,21 +268,28 @@ class OpenAIServingCompletion(OpenAIServing):
                         lp_list = list(out.prompt_logprobs or [None] * len(ids)) + lp_list
                     logprobs = None
                     if req.logprobs is not None:
-                        logprobs = self._logprobs(lp_ids, lp_list, req.logprobs, offset)
+                        logprobs = completion_logprobs(lp_ids, lp_list, req.logprobs, offset, name)
                         next_offset[idx] = offset + sum(len(t) for t in logprobs.tokens)
                     sent_tokens[idx] += len(new_ids)
                     sent_chars[idx] = max(sent_chars[idx], len(o.text))
                     completion_tokens += len(new_ids)
                     finish = o.finish_reason
-                    if logprobs is None and not finish and not echo_only and o.stop_reason is None:
+                    if (
+                        logprobs is None
+                        and not finish
+                        and not echo_only
+                        and o.stop_reason is None
+                        and not continuous
+                    ):
                         yield plain.format(idx, delta)
                         continue
                     chunk = CompletionStreamResponse(
                         id=base,
                         created=created,
                         model=self.model_name,
+                        usage=usage() if continuous else None,
                         choices=[
-                            CompletionResponseChoice(
+                            CompletionStreamChoice(
                                 index=idx,
                                 text=delta,
                                 logprobs=logprobs,
@@ -217,48 +299,11 @@ class OpenAIServingCompletion(OpenAIServing):
                         ],
                     )
                     yield f"data: {chunk.model_dump_json(exclude_unset=False)}\n\n"
-            if req.stream_options is not None and req.stream_options.include_usage:
-                prompt_tokens = sum(len(ids) for _, ids in prompts)
-                usage = UsageInfo(
-                    prompt_tokens=prompt_tokens,
-                    completion_tokens=completion_tokens,
-                    total_tokens=prompt_tokens + completion_tokens,
-                )
+            if opts is not None and opts.include_usage:
                 chunk = CompletionStreamResponse(
-                    id=base, created=created, model=self.model_name, choices=[], usage=usage
+                    id=base, created=created, model=self.model_name, choices=[], usage=usage()
                 )
                 yield f"data: {chunk.model_dump_json()}\n\n"
         except Exception as e:
             yield to_api_error(e).sse()
         yield "data: [DONE]\n\n"
-
-    def _logprobs(
-        self,
-        token_ids: list[int],
-        positions: list[PositionLogprobs | None],
-        k: int,
-        start_offset: int,
-    ) -> CompletionLogProbs:
-        """OpenAI completion logprobs: the chosen token's logprob and the top-k per position
-        (the chosen token included); None at the first prompt position."""
-        out = CompletionLogProbs()
-        offset = start_offset
-        for tid, pos in zip(token_ids, positions):
-            tok = self.token_text(tid)
-            out.tokens.append(tok)
-            out.text_offset.append(offset)
-            offset += len(tok)
-            if pos is None:
-                out.token_logprobs.append(None)
-                out.top_logprobs.append(None)
-                continue
-            chosen = pos.get(tid)
-            out.token_logprobs.append(chosen.logprob if chosen is not None else None)
-            ranked = sorted(pos.items(), key=lambda kv: -kv[1].logprob)
-            top = {}
-            for t, lp in ranked[: max(k, 0)]:
-                top[self.token_text(t)] = lp.logprob
-            if chosen is not None:
-                top.setdefault(tok, chosen.logprob)
-            out.top_logprobs.append(top)
-        return out

@@ -102,6 +102,8 @@ class OpenAIServing:
         served_model_names: names accepted in ``model``; the first is reported.
         tokenize_pool: the one thread that tokenizes (shared by the handlers, so the
             tokenizer object is never used by two threads at once); a new one when None.
+        return_tokens_as_token_ids: render logprobs tokens as "token_id:ID"
+            (``--return-tokens-as-token-ids``; see :meth:`token_text`).
     """
 
     def __init__(
@@ -109,8 +111,10 @@ class OpenAIServing:
         engine: AsyncLLMEngine,
         served_model_names: list[str],
         tokenize_pool: ThreadPoolExecutor | None = None,
+        return_tokens_as_token_ids: bool = False,
     ):
         self.engine = engine
+        self.return_tokens_as_token_ids = return_tokens_as_token_ids
         self.served_model_names = served_model_names
         self.max_model_len = engine.max_model_len
         self.tokenizer = engine.tokenizer
@@ -121,9 +125,10 @@ class OpenAIServing:
         """Run ``fn(*args)`` on the tokenizer thread."""
         return await asyncio.get_running_loop().run_in_executor(self.tokenize_pool, fn, *args)
 
-    def check_text(self, text: str, field: str) -> None:
+    def check_text(self, text: str, field: str, bounded: bool = True) -> None:
         """Refuse text that is not valid Unicode (a lone surrogate such as "\\ud800" from a
-        JSON escape) or that is certainly longer than the context (see the module docstring).
+        JSON escape) or, when ``bounded``, that is certainly longer than the context (see
+        the module docstring; a prompt that will be truncated is not bounded).
 
         Raises:
             APIError 400: naming ``field``, the position of the bad character, or the
@@ -140,7 +145,7 @@ class OpenAIServing:
                 field,
             ) from None
         bound = self.max_chars_per_token
-        if bound is not None and len(text) > self.max_model_len * bound:
+        if bounded and bound is not None and len(text) > self.max_model_len * bound:
             raise APIError(
                 f"This model's maximum context length is {self.max_model_len} tokens. "
                 f"However, the {field} has {len(text)} characters, more than "
@@ -150,9 +155,9 @@ class OpenAIServing:
                 field,
             )
 
-    async def encode(self, text: str, field: str) -> list[int]:
+    async def encode(self, text: str, field: str, bounded: bool = True) -> list[int]:
         """Check (:meth:`check_text`) and tokenize ``text`` on the tokenizer thread."""
-        self.check_text(text, field)
+        self.check_text(text, field, bounded)
         return list(await self.off_loop(self.tokenizer.encode, text))
 
     def check_params(self, params: SamplingParams, logprobs_field: str = "logprobs") -> None:
@@ -271,6 +276,7 @@ class OpenAIServing:
             spaces_between_special_tokens=req.spaces_between_special_tokens,
             logit_bias=req.logit_bias,
             allowed_token_ids=req.allowed_token_ids,
+            bad_words=req.bad_words,
             guided_decoding=guided,
         )
         try:
@@ -292,7 +298,15 @@ class OpenAIServing:
         except ValueError as e:
             raise APIError(str(e), 400, param) from None
 
-    def token_text(self, token_id: int) -> str:
+    def token_text(self, token_id: int, as_id: bool | None = None) -> str:
+        """How a logprobs entry names a token: "token_id:ID" when ``as_id`` (None: the
+        server's ``--return-tokens-as-token-ids``), so tokens that are part of a multi-byte
+        character stay distinguishable; else its decoded text (the id as text without a
+        tokenizer)."""
+        if as_id is None:
+            as_id = self.return_tokens_as_token_ids
+        if as_id:
+            return f"token_id:{token_id}"
         return self.tokenizer.decode([token_id]) if self.tokenizer is not None else str(token_id)
 
 

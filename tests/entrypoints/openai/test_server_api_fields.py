@@ -1,0 +1,221 @@
+"""`vllm serve` (SmolLM2 on CPU, one server for the module) with upstream's request fields
+and server flags: prompt_logprobs returned in each choice (equal to LLM.generate's),
+bad_words, truncate_prompt_tokens, return_tokens_as_token_ids,
+stream_options.continuous_usage_stats, the 400s for suffix and stream_options without
+stream, the field an error's ``param`` names, CORS (--allowed-origins) and --root-path.
+
+Guards: prompt_logprobs computed but dropped from the response; bad_words,
+truncate_prompt_tokens, return_tokens_as_token_ids and continuous_usage_stats accepted and
+ignored; guided_regex errors naming response_format; stop_token_ids errors naming stop.
+"""
+
+import json
+import os
+import traceback
+
+import httpx
+import pytest
+
+from tests.utils import RemoteOpenAIServer
+
+MODEL = "smollm2"
+MAX_LEN = 512
+ORIGIN = "http://good.example"
+PROMPT = "The capital of France is"
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_gguf):
+    args = ["--device", "cpu", "--max-model-len", str(MAX_LEN), "--served-model-name", MODEL]
+    args += ["--allowed-origins", json.dumps([ORIGIN]), "--root-path", "/api"]
+    srv = RemoteOpenAIServer(smollm2_gguf, args)
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="module")
+def reference(smollm2_gguf):
+    """LLM.generate's prompt logprobs and greedy ids, computed in a forked child."""
+
+    def run():
+        from vllm import LLM, SamplingParams
+
+        llm = LLM(smollm2_gguf, device="cpu", max_model_len=MAX_LEN)
+        sp = SamplingParams(temperature=0.0, max_tokens=3, prompt_logprobs=1)
+        out = llm.generate(PROMPT, sp, use_tqdm=False)[0]
+        plp = [
+            None if pos is None else {str(t): [lp.logprob, lp.rank] for t, lp in pos.items()}
+            for pos in out.prompt_logprobs
+        ]
+        return {"prompt_ids": list(out.prompt_token_ids), "prompt_logprobs": plp}
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        code = 0
+        try:
+            with os.fdopen(w, "w") as fh:
+                fh.write(json.dumps(run()))
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(w)
+    with os.fdopen(r) as fh:
+        data = fh.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, "forked reference failed"
+    return json.loads(data)
+
+
+def _post(server, path, body, **kw):
+    return httpx.post(server.url_for("v1", path), json={"model": MODEL, **body}, timeout=120, **kw)
+
+
+def _ok(r: httpx.Response) -> dict:
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _bad(r: httpx.Response, param: str, *words: str) -> None:
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param, err
+    for w in words:
+        assert w in err["message"], err
+
+
+def test_prompt_logprobs_equal_llm_generate(server, reference):
+    body = dict(prompt=PROMPT, max_tokens=3, temperature=0, prompt_logprobs=1)
+    choice = _ok(_post(server, "completions", body))["choices"][0]
+    got = choice["prompt_logprobs"]
+    ids = reference["prompt_ids"]
+    assert len(got) == len(ids) and got[0] is None
+    tok = _tokenizer(server)
+    for i, (pos, want) in enumerate(zip(got[1:], reference["prompt_logprobs"][1:]), 1):
+        assert str(ids[i]) in pos  # the prompt token itself, plus the top-1
+        assert set(pos) == set(want), (i, pos, want)
+        for t, entry in pos.items():
+            assert entry["logprob"] == pytest.approx(want[t][0], abs=1e-4)
+            assert entry["rank"] == want[t][1]
+            assert entry["decoded_token"] == tok[int(t)]
+    assert choice["logprobs"] is None
+
+
+def _tokenizer(server) -> dict[int, str]:
+    """Token id -> text via the server's /detokenize (only the ids asked for)."""
+
+    class Lazy(dict):
+        def __missing__(self, token_id):
+            r = httpx.post(
+                server.url_for("detokenize"), json={"model": MODEL, "tokens": [token_id]}
+            )
+            self[token_id] = _ok(r)["prompt"]
+            return self[token_id]
+
+    return Lazy()
+
+
+def test_bad_words_ban_single_and_multi_token_words(server):
+    base = dict(prompt=PROMPT, max_tokens=6, temperature=0)
+    plain = _ok(_post(server, "completions", base))["choices"][0]["text"]
+    assert plain.startswith(" Paris")
+    banned = _ok(_post(server, "completions", {**base, "bad_words": ["Paris"]}))
+    text = banned["choices"][0]["text"]
+    assert "Paris" not in text and text != plain
+    chat = dict(messages=[{"role": "user", "content": "What is the capital of France?"}])
+    chat.update(max_tokens=8, temperature=0)
+    before = _ok(_post(server, "chat/completions", chat))["choices"][0]["message"]["content"]
+    assert "Paris" in before
+    after = _post(server, "chat/completions", {**chat, "bad_words": ["Paris"]})
+    assert "Paris" not in _ok(after)["choices"][0]["message"]["content"]
+    _bad(_post(server, "completions", {**base, "bad_words": [" "]}), "bad_words", "bad_words")
+
+
+def test_truncate_prompt_tokens_keeps_the_last_k(server, reference):
+    ids = reference["prompt_ids"]
+    long_prompt = [1000 + (i % 500) for i in range(9001 - len(ids))] + ids
+    assert len(long_prompt) == 9001
+    body = dict(max_tokens=3, temperature=0)
+    whole = _ok(_post(server, "completions", {**body, "prompt": ids}))
+    cut = _ok(
+        _post(
+            server,
+            "completions",
+            {**body, "prompt": long_prompt, "truncate_prompt_tokens": len(ids)},
+        )
+    )
+    assert cut["usage"]["prompt_tokens"] == len(ids)
+    assert cut["choices"][0]["text"] == whole["choices"][0]["text"]
+    text = _ok(
+        _post(
+            server, "completions", {**body, "prompt": "word " * 9001, "truncate_prompt_tokens": 7}
+        )
+    )
+    assert text["usage"]["prompt_tokens"] == 7
+    for k in (0, -2):
+        r = _post(server, "completions", {**body, "prompt": ids, "truncate_prompt_tokens": k})
+        _bad(r, "truncate_prompt_tokens", str(k))
+    r = _post(server, "completions", {**body, "prompt": ids, "truncate_prompt_tokens": 9001})
+    _bad(r, "truncate_prompt_tokens", "9001", str(MAX_LEN))
+
+
+def test_return_tokens_as_token_ids(server):
+    body = dict(prompt=PROMPT, max_tokens=2, temperature=0, logprobs=1, echo=True)
+    body["return_tokens_as_token_ids"] = True
+    lps = _ok(_post(server, "completions", body))["choices"][0]["logprobs"]
+    ids = _ok(httpx.post(server.url_for("tokenize"), json={"model": MODEL, "prompt": PROMPT}))
+    prompt_ids = ids["tokens"]
+    assert lps["tokens"][: len(prompt_ids)] == [f"token_id:{t}" for t in prompt_ids]
+    assert all(t.startswith("token_id:") for t in lps["tokens"])
+    assert all(k.startswith("token_id:") for top in lps["top_logprobs"][1:] for k in top)
+
+
+def test_continuous_usage_stats_on_every_chunk(server):
+    body = dict(prompt=PROMPT, max_tokens=4, temperature=0, stream=True)
+    body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+    with httpx.stream(
+        "POST", server.url_for("v1", "completions"), json={"model": MODEL, **body}, timeout=120
+    ) as r:
+        events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    chunks = [json.loads(e) for e in events if e != "[DONE]"]
+    token_chunks = [c for c in chunks if c["choices"]]
+    assert len(token_chunks) == 4
+    assert [c["usage"]["completion_tokens"] for c in token_chunks] == [1, 2, 3, 4]
+    prompt_tokens = token_chunks[0]["usage"]["prompt_tokens"]
+    assert all(c["usage"]["total_tokens"] == prompt_tokens + c["usage"]["completion_tokens"]
+               for c in chunks)  # fmt: skip
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 4
+
+
+def test_refused_fields_and_error_params(server):
+    base = dict(prompt=PROMPT, max_tokens=2)
+    _bad(_post(server, "completions", {**base, "suffix": "x"}), "suffix", "suffix is not")
+    opts = {"stream_options": {"include_usage": True}}
+    _bad(_post(server, "completions", {**base, **opts}), "stream_options", "stream")
+    chat = dict(messages=[{"role": "user", "content": "Hi"}], max_tokens=2, **opts)
+    _bad(_post(server, "chat/completions", chat), "stream_options", "stream")
+    r = _post(server, "completions", {**base, "prompt_logprobs": 1, "stream": True})
+    _bad(r, "prompt_logprobs", "stream")
+    _bad(_post(server, "completions", {**base, "guided_regex": "[0-9"}), "guided_regex")
+    r = _post(server, "completions", {**base, "stop_token_ids": [999999999]})
+    _bad(r, "stop_token_ids", "999999999")
+
+
+def test_cors_and_root_path(server):
+    url = server.url_for("v1", "completions")
+    preflight = {"Access-Control-Request-Method": "POST"}
+    ok = httpx.options(url, headers={"Origin": ORIGIN, **preflight})
+    assert ok.status_code == 200
+    assert ok.headers["access-control-allow-origin"] == ORIGIN
+    other = httpx.options(url, headers={"Origin": "http://evil.example", **preflight})
+    assert other.status_code == 400
+    assert "access-control-allow-origin" not in other.headers
+    r = httpx.get(server.url_for("v1", "models"), headers={"Origin": ORIGIN})
+    assert r.headers["access-control-allow-origin"] == ORIGIN
+    for path in ("api/v1/models", "v1/models"):
+        assert _ok(httpx.get(server.url_for(path)))["data"][0]["id"] == MODEL
