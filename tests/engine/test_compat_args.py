@@ -6,7 +6,8 @@ import logging
 
 import pytest
 
-from vllm.entrypoints.openai.api_server import make_server_parser, validate_server_args
+from vllm.entrypoints.openai.api_server import validate_server_args
+from vllm.entrypoints.openai.cli_args import make_server_parser
 
 
 def _validate(*argv):

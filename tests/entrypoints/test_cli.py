@@ -180,3 +180,38 @@ def test_bench_latency_prints_its_json_line(tiny_llama_dir, capsys, monkeypatch)
     assert rec["device"] == "cpu" and rec["avg_latency_s"] > 0
     # 2 x 3 tokens: the prefill step then 2 eager decode steps per timed iteration
     assert rec["decode_steps"] == {"eager_enforce_eager": 2, "eager_prefill": 1}
+
+
+def test_server_flags_of_upstream_parse():
+    from vllm.entrypoints.openai.api_server import uvicorn_options
+
+    args = cli.make_parser().parse_args(
+        ["serve", "--allowed-origins", '["http://a.example"]', "--allowed-methods", '["GET"]',
+         "--allowed-headers", '["X-Key"]', "--allow-credentials", "--root-path", "/api",
+         "--ssl-keyfile", "k.pem", "--ssl-certfile", "c.pem", "--ssl-ca-certs", "ca.pem",
+         "--response-role", "bot", "--return-tokens-as-token-ids"]
+    )  # fmt: skip
+    assert args.allowed_origins == ["http://a.example"] and args.allowed_methods == ["GET"]
+    assert args.allowed_headers == ["X-Key"] and args.allow_credentials
+    assert args.root_path == "/api" and args.response_role == "bot"
+    assert args.return_tokens_as_token_ids
+    assert uvicorn_options(args) == {
+        "ssl_keyfile": "k.pem", "ssl_certfile": "c.pem", "ssl_ca_certs": "ca.pem",
+    }  # fmt: skip
+    defaults = cli.make_parser().parse_args(["serve"])
+    assert defaults.allowed_origins == ["*"] and not defaults.allow_credentials
+    assert defaults.response_role == "assistant" and uvicorn_options(defaults) == {}
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--allowed-origins", "*"], "argument --allowed-origins: expected a JSON list"),
+        (["--ssl-keyfile", "/nonexistent.key"], "--ssl-keyfile and --ssl-certfile must be"),
+        (["--root-path", "api"], "--root-path must start with '/', got 'api'"),
+    ],
+)
+def test_bad_server_flag_is_one_line(args, message, tiny_llama_dir):
+    r = _run_cli("serve", tiny_llama_dir, "--device", "cpu", *args)
+    assert r.returncode == 2, r.stderr
+    assert message in r.stderr and r.stderr.count("\n") == 1, r.stderr

@@ -58,7 +58,7 @@ class CLIParser(argparse.ArgumentParser):
 def make_parser() -> argparse.ArgumentParser:
     """The ``vllm`` parser with its subcommands."""
     from vllm.entrypoints.bench import BENCHMARKS
-    from vllm.entrypoints.openai.api_server import make_server_parser
+    from vllm.entrypoints.openai.cli_args import make_server_parser
     from vllm.version import __version__
 
     parser = CLIParser(prog="vllm", description="vLLM command line", formatter_class=HelpFormatter)

