@@ -82,6 +82,9 @@ class AsyncLLMEngine:
         ).result()
         self.model_config = self.engine.model_config
         self.max_model_len = self.engine.scheduler_config.max_model_len
+        # SamplingParams field -> default from generation_config.json, for requests that
+        # leave the field out (vllm/transformers_utils/generation_config.py).
+        self.default_sampling = dict(self.engine.generation_defaults.sampling)
         self.metrics = metrics or EngineMetrics(engine_args.model)
         self.log_requests = log_requests
         self.max_log_len = max_log_len

@@ -101,6 +101,7 @@ def _chat_handler(tokenizer, template):
 
     class _Engine:
         max_model_len = 128
+        default_sampling = {}
 
     engine = _Engine()
     engine.tokenizer = tokenizer

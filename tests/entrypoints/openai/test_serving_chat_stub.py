@@ -28,13 +28,14 @@ class _Engine:
 
     max_model_len = 512
 
-    def __init__(self, tokenizer, pieces):
+    def __init__(self, tokenizer, pieces, default_sampling=None):
         self.tokenizer, self.pieces = tokenizer, pieces
+        self.default_sampling = default_sampling or {}
 
     def verify_params(self, params):
         pass
 
-    def check_schedulable(self, prompt_len, n):
+    def check_schedulable(self, prompt_len, n, reads_cache=True):
         pass
 
     async def prepare_grammar(self, params):
@@ -153,3 +154,17 @@ def test_echo_and_continue_final_message(tokenizer):
     with pytest.raises(APIError) as exc:
         _answer(tokenizer, ["x"], messages=msgs, continue_final_message=True)
     assert exc.value.code == 400 and exc.value.param == "continue_final_message"
+
+
+def test_generation_config_defaults_fill_what_the_request_leaves_out(tokenizer):
+    """The engine's generation-config defaults (``--generation-config``) apply to fields
+    a request leaves out; what a request sets wins; max_new_tokens caps an open budget."""
+    defaults = {"temperature": 0.3, "top_p": 0.8, "top_k": 20, "max_tokens": 5}
+    handler = OpenAIServingChat(_Engine(tokenizer, [], defaults), ["m"], chat_template=TEMPLATE)
+    req = ChatCompletionRequest(messages=MSGS, temperature=0.9)
+    p = handler.sampling_params(req, handler.check_length(10, None, "messages"), None)
+    assert (p.temperature, p.top_p, p.top_k, p.min_p, p.max_tokens) == (0.9, 0.8, 20, 0.0, 5)
+    assert handler.check_length(10, 7, "messages") == 7  # a request's own max_tokens
+    plain = OpenAIServingChat(_Engine(tokenizer, []), ["m"], chat_template=TEMPLATE)
+    p = plain.sampling_params(ChatCompletionRequest(messages=MSGS), 502, None)
+    assert (p.temperature, p.top_p, p.top_k, p.max_tokens) == (1.0, 1.0, -1, 502)

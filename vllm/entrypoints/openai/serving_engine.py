@@ -117,6 +117,7 @@ class OpenAIServing:
         self.return_tokens_as_token_ids = return_tokens_as_token_ids
         self.served_model_names = served_model_names
         self.max_model_len = engine.max_model_len
+        self.default_sampling = engine.default_sampling  # generation_config.json's fields
         self.tokenizer = engine.tokenizer
         self.tokenize_pool = tokenize_pool or ThreadPoolExecutor(1, "vllm-tokenize")
         self.max_chars_per_token = max_chars_per_token(self.tokenizer)
@@ -202,7 +203,8 @@ class OpenAIServing:
 
         Args:
             prompt_len: prompt tokens.
-            max_tokens: requested completion tokens, None for the rest of the context.
+            max_tokens: requested completion tokens, None for the rest of the context
+                (at most the generation config's max_new_tokens, when it sets one).
             kind: "prompt" or "messages", for the message.
         Raises:
             APIError 400: the prompt plus max_tokens exceeds max_model_len (both named).
@@ -217,7 +219,8 @@ class OpenAIServing:
                     400,
                     kind,
                 )
-            return self.max_model_len - prompt_len
+            rest = self.max_model_len - prompt_len
+            return min(rest, self.default_sampling.get("max_tokens", rest))
         if prompt_len + max_tokens > self.max_model_len:
             raise APIError(
                 f"This model's maximum context length is {self.max_model_len} tokens. "
@@ -243,8 +246,8 @@ class OpenAIServing:
                 "max_tokens",
             )
 
-    @staticmethod
     def sampling_params(
+        self,
         req: SamplingFields,
         max_tokens: int,
         logprobs: int | None,
@@ -253,16 +256,25 @@ class OpenAIServing:
     ) -> SamplingParams:
         """SamplingParams for a request; raises APIError 400 on a bad value (the
         SamplingParams ValueError's message names the field and the limit). ``guided``:
-        the structured-output constraint (see guided_request.py / tool_calls.py)."""
+        the structured-output constraint (see guided_request.py / tool_calls.py).
+        temperature, top_p, top_k, min_p and repetition_penalty left out of the request
+        take the generation config's value when it sets one (``--generation-config``),
+        else SamplingParams' own default."""
+        d = self.default_sampling
+
+        def pick(name: str, fallback):
+            value = getattr(req, name)
+            return d.get(name, fallback) if value is None else value
+
         kw = dict(
             n=req.n,
             presence_penalty=req.presence_penalty or 0.0,
             frequency_penalty=req.frequency_penalty or 0.0,
-            temperature=1.0 if req.temperature is None else req.temperature,
-            top_p=1.0 if req.top_p is None else req.top_p,
-            top_k=-1 if req.top_k is None else req.top_k,
-            min_p=0.0 if req.min_p is None else req.min_p,
-            repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+            temperature=pick("temperature", 1.0),
+            top_p=pick("top_p", 1.0),
+            top_k=pick("top_k", -1),
+            min_p=pick("min_p", 0.0),
+            repetition_penalty=pick("repetition_penalty", 1.0),
             seed=req.seed,
             stop=req.stop,
             stop_token_ids=req.stop_token_ids,
