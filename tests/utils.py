@@ -351,6 +351,30 @@ def hf_greedy(
     return results
 
 
+def run_in_fork(fn: Callable[[], Any]) -> Any:
+    """Run ``fn`` in a forked child (a fresh engine beside a running server, say) and
+    return its JSON-able result; the child's failure fails the caller's assertion."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        code = 0
+        try:
+            with os.fdopen(w, "w") as fh:
+                fh.write(json.dumps(fn()))
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(w)
+    with os.fdopen(r) as fh:
+        data = fh.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, "forked reference failed"
+    return json.loads(data)
+
+
 @contextlib.contextmanager
 def virtual_engines_override(num_ves: int):
     """Inside the block, every engine built from EngineArgs (``LLM``, ``LLMEngine``,

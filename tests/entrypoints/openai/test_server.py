@@ -10,18 +10,16 @@ and SIGTERM -> in-flight request finishes and the process exits 0 (the last test
 """
 
 import asyncio
-import json
 import os
 import re
 import threading
 import time
-import traceback
 
 import httpx
 import openai
 import pytest
 
-from tests.utils import RemoteOpenAIServer
+from tests.utils import RemoteOpenAIServer, run_in_fork
 
 MODEL = "smollm2"
 KEY = "test-key"
@@ -72,30 +70,7 @@ def reference(smollm2_gguf):
             "chat_ntok": len(chat.outputs[0].token_ids),
         }
 
-    return _in_fork(run)
-
-
-def _in_fork(fn):
-    """Run ``fn`` in a forked child and return its JSON-able result."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(r)
-        code = 0
-        try:
-            with os.fdopen(w, "w") as fh:
-                fh.write(json.dumps(fn()))
-        except BaseException:
-            traceback.print_exc()
-            code = 1
-        finally:
-            os._exit(code)
-    os.close(w)
-    with os.fdopen(r) as fh:
-        data = fh.read()
-    _, status = os.waitpid(pid, 0)
-    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, "forked reference failed"
-    return json.loads(data)
+    return run_in_fork(run)
 
 
 def _metrics(server) -> dict[str, float]:

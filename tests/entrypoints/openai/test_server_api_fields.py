@@ -10,13 +10,11 @@ ignored; guided_regex errors naming response_format; stop_token_ids errors namin
 """
 
 import json
-import os
-import traceback
 
 import httpx
 import pytest
 
-from tests.utils import RemoteOpenAIServer
+from tests.utils import RemoteOpenAIServer, run_in_fork
 
 MODEL = "smollm2"
 MAX_LEN = 512
@@ -51,25 +49,7 @@ def reference(smollm2_gguf):
         ]
         return {"prompt_ids": list(out.prompt_token_ids), "prompt_logprobs": plp}
 
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(r)
-        code = 0
-        try:
-            with os.fdopen(w, "w") as fh:
-                fh.write(json.dumps(run()))
-        except BaseException:
-            traceback.print_exc()
-            code = 1
-        finally:
-            os._exit(code)
-    os.close(w)
-    with os.fdopen(r) as fh:
-        data = fh.read()
-    _, status = os.waitpid(pid, 0)
-    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, "forked reference failed"
-    return json.loads(data)
+    return run_in_fork(run)
 
 
 def _post(server, path, body, **kw):
