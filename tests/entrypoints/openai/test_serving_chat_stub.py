@@ -59,9 +59,13 @@ def tokenizer(tiny_llama_dir):
     return AutoTokenizer.from_pretrained(tiny_llama_dir)
 
 
-def _answer(tokenizer, pieces, parser=None, **body):
+def _answer(tokenizer, pieces, parser=None, role="assistant", **body):
     handler = OpenAIServingChat(
-        _Engine(tokenizer, pieces), ["m"], chat_template=TEMPLATE, tool_parser=parser
+        _Engine(tokenizer, pieces),
+        ["m"],
+        chat_template=TEMPLATE,
+        tool_parser=parser,
+        response_role=role,
     )
     req = ChatCompletionRequest(**{"messages": MSGS, "max_tokens": 32, **body})
 
@@ -151,6 +155,10 @@ def test_echo_and_continue_final_message(tokenizer):
     assert r["choices"][0]["message"]["content"] == "Weather in Paris?x"
     r = _answer(tokenizer, ["x"], echo=True)
     assert r["choices"][0]["message"]["content"] == "x"
+    # --response-role names the reply to a generation prompt, streamed and not
+    assert _answer(tokenizer, ["x"], role="bot")["choices"][0]["message"]["role"] == "bot"
+    chunks = _answer(tokenizer, ["x"], role="bot", stream=True)
+    assert chunks[0]["choices"][0]["delta"] == {"role": "bot", "content": ""}
     with pytest.raises(APIError) as exc:
         _answer(tokenizer, ["x"], messages=msgs, continue_final_message=True)
     assert exc.value.code == 400 and exc.value.param == "continue_final_message"
