@@ -2,7 +2,7 @@
 
 import pytest
 
-from vllm.entrypoints.openai.serving_engine import param_of
+from vllm.entrypoints.openai.api_errors import param_of
 
 
 @pytest.mark.parametrize(

@@ -109,8 +109,8 @@ def _chat_handler(tokenizer, template):
 
 
 def test_chat_without_any_template_is_a_400(tokenizer):
+    from vllm.entrypoints.openai.api_errors import APIError
     from vllm.entrypoints.openai.protocol import ChatCompletionRequest
-    from vllm.entrypoints.openai.serving_engine import APIError
 
     req = ChatCompletionRequest(messages=MESSAGES)
     with pytest.raises(APIError) as exc:

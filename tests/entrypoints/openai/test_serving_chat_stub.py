@@ -10,9 +10,9 @@ import json
 
 import pytest
 
+from vllm.entrypoints.openai.api_errors import APIError
 from vllm.entrypoints.openai.protocol import ChatCompletionRequest
 from vllm.entrypoints.openai.serving_chat import OpenAIServingChat
-from vllm.entrypoints.openai.serving_engine import APIError
 from vllm.entrypoints.openai.tool_parsers import get_tool_parser
 from vllm.outputs import CompletionOutput, RequestOutput
 

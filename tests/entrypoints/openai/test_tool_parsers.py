@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from vllm.entrypoints.openai.api_errors import APIError
 from vllm.entrypoints.openai.protocol import ChatCompletionRequest
-from vllm.entrypoints.openai.serving_engine import APIError
 from vllm.entrypoints.openai.tool_calls import ToolCallStream, ToolMode, tool_mode
 from vllm.entrypoints.openai.tool_parsers import get_tool_parser, tool_parser_names
 

@@ -45,6 +45,7 @@ from vllm.engine.async_llm_engine import AsyncLLMEngine
 from vllm.engine.default_model import resolve_model, short_model_name
 from vllm.engine.metrics import EngineMetrics
 from vllm.entrypoints.chat_utils import load_chat_template
+from vllm.entrypoints.openai.api_errors import APIError, to_api_error
 from vllm.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -60,7 +61,6 @@ from vllm.entrypoints.openai.request_guards import (
 from vllm.entrypoints.openai.server_lifecycle import ABORT_GRACE_S, graceful_server_class
 from vllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from vllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
-from vllm.entrypoints.openai.serving_engine import APIError, to_api_error
 from vllm.entrypoints.openai.serving_tokenization import (
     DetokenizeRequest,
     OpenAIServingTokenization,

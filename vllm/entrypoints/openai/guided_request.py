@@ -10,8 +10,8 @@ checked by the engine (the handler awaits that before streaming, so it is a 400 
 
 from __future__ import annotations
 
+from vllm.entrypoints.openai.api_errors import APIError
 from vllm.entrypoints.openai.protocol import SamplingFields
-from vllm.entrypoints.openai.serving_engine import APIError
 from vllm.sampling_params import GuidedDecodingParams
 
 

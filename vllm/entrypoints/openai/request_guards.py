@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from vllm.entrypoints.openai.serving_engine import APIError
+from vllm.entrypoints.openai.api_errors import APIError
 
 # Default of --max-request-body-bytes: far above any prompt that fits a context window as
 # text or token ids, far below what would take the server seconds to parse.

@@ -29,6 +29,7 @@ from vllm.entrypoints.chat_utils import (
     render_chat,
     template_messages,
 )
+from vllm.entrypoints.openai.api_errors import APIError, to_api_error
 from vllm.entrypoints.openai.guided_request import guided_params
 from vllm.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -43,12 +44,8 @@ from vllm.entrypoints.openai.protocol import (
     ResponseMessage,
     UsageInfo,
 )
-from vllm.entrypoints.openai.serving_engine import (
-    APIError,
-    OpenAIServing,
-    collect_final,
-    to_api_error,
-)
+from vllm.entrypoints.openai.request_streams import collect_final
+from vllm.entrypoints.openai.serving_engine import OpenAIServing
 from vllm.entrypoints.openai.sse_template import TextChunks
 from vllm.entrypoints.openai.tool_calls import (
     ToolCallStream,

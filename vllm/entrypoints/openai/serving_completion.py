@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import Request
 
+from vllm.entrypoints.openai.api_errors import APIError, to_api_error
 from vllm.entrypoints.openai.completion_logprobs import completion_logprobs, prompt_logprobs
 from vllm.entrypoints.openai.guided_request import guided_field, guided_params
 from vllm.entrypoints.openai.protocol import (
@@ -29,13 +30,8 @@ from vllm.entrypoints.openai.protocol import (
     CompletionStreamResponse,
     UsageInfo,
 )
-from vllm.entrypoints.openai.serving_engine import (
-    APIError,
-    OpenAIServing,
-    collect_final,
-    merge,
-    to_api_error,
-)
+from vllm.entrypoints.openai.request_streams import collect_final, merge
+from vllm.entrypoints.openai.serving_engine import OpenAIServing
 from vllm.entrypoints.openai.sse_template import TextChunks
 from vllm.outputs import RequestOutput
 

@@ -1,6 +1,6 @@
-"""What the completion and chat handlers share: model-name checks, OpenAI-style errors,
-context-length and schedulability checks, tokenization off the event loop, SamplingParams
-from a request, and draining a request's outputs while watching for a client disconnect.
+"""What the completion and chat handlers share: model-name checks, context-length and
+schedulability checks, tokenization off the event loop and SamplingParams from a request
+(errors: api_errors.py; reading a request's outputs: request_streams.py).
 
 Large inputs. Tokenizing a long text takes seconds; done on the event loop it would stall
 /health and every other client's stream. So texts are tokenized (and chat templates
@@ -14,58 +14,12 @@ characters has more than ``max_model_len`` tokens whatever the tokenizer does wi
 from __future__ import annotations
 
 import asyncio
-import json
-import re
-from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from http import HTTPStatus
-
-from fastapi import Request
-from fastapi.responses import JSONResponse
 
 from vllm.engine.async_llm_engine import AsyncLLMEngine
-from vllm.entrypoints.openai.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    ErrorInfo,
-    ErrorResponse,
-    SamplingFields,
-)
-from vllm.outputs import RequestOutput
+from vllm.entrypoints.openai.api_errors import APIError, param_of
+from vllm.entrypoints.openai.protocol import SamplingFields
 from vllm.sampling_params import GuidedDecodingParams, SamplingParams
-
-_ERROR_TYPES = {
-    400: "BadRequestError",
-    401: "AuthenticationError",
-    404: "NotFoundError",
-    413: "RequestTooLargeError",
-    500: "InternalServerError",
-    503: "ServiceUnavailableError",
-}
-
-
-class APIError(Exception):
-    """An error answered as ``{"error": {...}}`` with HTTP status ``code``."""
-
-    def __init__(self, message: str, code: int = 400, param: str | None = None):
-        super().__init__(message)
-        self.message, self.code, self.param = message, code, param
-
-    def body(self) -> dict:
-        err = ErrorInfo(
-            message=self.message,
-            type=_ERROR_TYPES.get(self.code, HTTPStatus(self.code).phrase.replace(" ", "")),
-            param=self.param,
-            code=self.code,
-        )
-        return ErrorResponse(error=err).model_dump()
-
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.code)
-
-    def sse(self) -> str:
-        """The error as one server-sent event (for a stream whose headers are sent)."""
-        return f"data: {json.dumps(self.body())}\n\n"
 
 
 def max_chars_per_token(tokenizer) -> int | None:
@@ -79,19 +33,6 @@ def max_chars_per_token(tokenizer) -> int | None:
         return max(1, max(len(t) for t in tokenizer.get_vocab()))
     except Exception:
         return None
-
-
-# The fields of the two request bodies: what an error's ``param`` may name.
-_REQUEST_FIELDS = frozenset(CompletionRequest.model_fields) | frozenset(
-    ChatCompletionRequest.model_fields
-)
-
-
-def param_of(message: str) -> str | None:
-    """The request field a ValueError names: the request field it starts with ("seed must
-    be ...", "logprobs=21 is more than ..."), else None."""
-    head = re.match(r"[A-Za-z_][A-Za-z0-9_]*(?=[ =:,.]|$)", message)
-    return head.group(0) if head and head.group(0) in _REQUEST_FIELDS else None
 
 
 class OpenAIServing:
@@ -320,92 +261,3 @@ class OpenAIServing:
         if as_id:
             return f"token_id:{token_id}"
         return self.tokenizer.decode([token_id]) if self.tokenizer is not None else str(token_id)
-
-
-async def collect_final(
-    gen: AsyncIterator[RequestOutput], raw_request: Request | None
-) -> RequestOutput | None:
-    """Drain ``gen`` and return its last output; None when the client went away (the
-    generator is closed, which aborts the request)."""
-
-    async def drain():
-        last = None
-        async for out in gen:
-            last = out
-        return last
-
-    task = asyncio.ensure_future(drain())
-    while True:
-        done, _ = await asyncio.wait({task}, timeout=0.5)
-        if done:
-            return task.result()
-        if raw_request is not None and await raw_request.is_disconnected():
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
-            await gen.aclose()
-            return None
-
-
-async def merge(gens: list[AsyncIterator]) -> AsyncIterator[tuple[int, object]]:
-    """Interleave several async iterators, yielding (index, item) as items arrive.
-
-    One iterator (a request with one prompt, the usual case) is read directly: no pump
-    task and no queue between it and the caller, which saves a task switch and two queue
-    operations per streamed token. Leaving early closes the iterators either way (for a
-    request stream, that aborts the request)."""
-    if len(gens) == 1:
-        (gen,) = gens
-        try:
-            async for item in gen:
-                yield 0, item
-        finally:
-            aclose = getattr(gen, "aclose", None)
-            if aclose is not None:
-                await aclose()
-        return
-    queue: asyncio.Queue = asyncio.Queue()
-    done = object()
-
-    async def pump(i, g):
-        try:
-            async for item in g:
-                await queue.put((i, item))
-            await queue.put((i, done))
-        except BaseException as e:  # forwarded to the consumer
-            await queue.put((i, e))
-
-    tasks = [asyncio.ensure_future(pump(i, g)) for i, g in enumerate(gens)]
-    try:
-        remaining = len(gens)
-        while remaining:
-            i, item = await queue.get()
-            if item is done:
-                remaining -= 1
-            elif isinstance(item, BaseException):
-                raise item
-            else:
-                yield i, item
-    finally:
-        for t in tasks:
-            t.cancel()
-        # Cancelling a pump closes its generator, which aborts its request.
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def to_api_error(e: Exception) -> APIError:
-    """Map an exception raised while serving to an APIError: ValueError -> 400, a request
-    failed in the engine -> 500, a dead or stopping engine -> 503, anything else -> 500."""
-    from vllm.engine.async_llm_engine import EngineDeadError, RequestFailedError
-
-    if isinstance(e, APIError):
-        return e
-    if isinstance(e, RequestFailedError):
-        return APIError(f"The request failed inside the engine: {e}", 500)
-    if isinstance(e, EngineDeadError):
-        return APIError(str(e), 503)
-    if isinstance(e, ValueError):
-        return APIError(str(e), 400, param_of(str(e)))
-    return APIError(f"{type(e).__name__}: {e}", 500)

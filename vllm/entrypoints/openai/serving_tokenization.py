@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import Field
 
+from vllm.entrypoints.openai.api_errors import APIError
 from vllm.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     ChatCompletionToolsParam,
@@ -23,7 +24,6 @@ from vllm.entrypoints.openai.protocol import (
     OpenAIBaseModel,
 )
 from vllm.entrypoints.openai.serving_chat import OpenAIServingChat
-from vllm.entrypoints.openai.serving_engine import APIError
 
 
 class TokenizeRequest(OpenAIBaseModel):

@@ -19,13 +19,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from vllm.entrypoints.openai.api_errors import APIError
 from vllm.entrypoints.openai.protocol import (
     ChatCompletionNamedToolChoiceParam,
     ChatCompletionRequest,
     FunctionCall,
     ToolCall,
 )
-from vllm.entrypoints.openai.serving_engine import APIError
 from vllm.entrypoints.openai.tool_parsers import ToolParser
 from vllm.sampling_params import GuidedDecodingParams
 
