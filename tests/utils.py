@@ -307,8 +307,9 @@ def hf_greedy(
     ``top_logprobs`` log_softmax entries per generated position.
 
     Prompts are text or ``{"prompt_token_ids": [...]}``. Generation stops at EOS like the
-    engine. Results are cached in ``CACHE_DIR`` keyed by the model's sha256, the prompts,
-    max_tokens, dtype and device.
+    engine, and the text is the decode without a trailing incomplete character, as the
+    engine's (vllm/engine/detokenizer.py). Results are cached in ``CACHE_DIR`` keyed by
+    the model's sha256, the prompts, max_tokens, dtype and device.
     """
     key_src = json.dumps([_file_digest(model), list(prompts), max_tokens, dtype, device])
     key = hashlib.sha256(key_src.encode()).hexdigest()[:32]
@@ -316,7 +317,10 @@ def hf_greedy(
     if os.path.exists(path):
         with open(path) as fh:
             raw = json.load(fh)
-        return [(r[0], r[1], [{int(k): v for k, v in p.items()} for p in r[2]]) for r in raw]
+        return [
+            (r[0], r[1].rstrip("\ufffd"), [{int(k): v for k, v in p.items()} for p in r[2]])
+            for r in raw
+        ]
     import torch
 
     hf, tok = load_hf_model(model, dtype, device)
@@ -342,7 +346,8 @@ def hf_greedy(
             lp = torch.log_softmax(step_scores[0].float(), dim=-1)
             vals, idx = lp.topk(top_logprobs)
             lps.append({int(i): float(v) for v, i in zip(vals, idx)})
-        results.append((gen, tok.decode(gen, skip_special_tokens=True), lps))
+        text = tok.decode(gen, skip_special_tokens=True).rstrip("\ufffd")
+        results.append((gen, text, lps))
     os.makedirs(CACHE_DIR, exist_ok=True)
     tmp = path + f".{os.getpid()}.tmp"
     with open(tmp, "w") as fh:

@@ -30,7 +30,7 @@ def test_smollm2_gguf_matches_transformers(smollm2_gguf):
     check_outputs_equal(ref[:3], alone, "hf", "vllm-alone", SMOLLM2_PROMPTS[:3])
     tok = llm.get_tokenizer()
     for ids, text, _ in batched:
-        assert text == tok.decode(ids, skip_special_tokens=True)
+        assert text == tok.decode(ids, skip_special_tokens=True).rstrip("\ufffd")
 
 
 @pytest.mark.forked

@@ -75,8 +75,10 @@ def test_offline_add_request_refuses_unschedulable(tiny_llama_dir):
         num_gpu_blocks_override=22,
         block_size=16,
     )
+    # n x prompt tokens: prompt logprobs read no cache, so the 3 sequences share nothing
+    many = SamplingParams(n=3, max_tokens=2, prompt_logprobs=1)
     with pytest.raises(ValueError, match=r"600 tokens .*max_num_batched_tokens=512"):
-        llm.generate({"prompt_token_ids": [28] * 200}, SamplingParams(n=3, max_tokens=2))
+        llm.generate({"prompt_token_ids": [28] * 200}, many)
     with pytest.raises(ValueError, match=r"9 sequences are more than max_num_seqs=8"):
         llm.llm_engine.add_request("a", [28] * 4, SamplingParams(n=9, max_tokens=2))
     # 2 x 170 tokens: 22 blocks of 16 for the prefill > the 21 the cache has
@@ -90,10 +92,20 @@ def test_offline_add_request_refuses_unschedulable(tiny_llama_dir):
 @pytest.mark.parametrize(
     "path,body,param,words",
     [
-        # 3 x 200 prompt tokens > max_num_batched_tokens
-        ("completions", {"prompt": [28] * 200, "n": 3}, "prompt", ["600", "512", "batched"]),
+        # 3 x 200 prompt tokens > max_num_batched_tokens (prompt logprobs: nothing shared)
+        (
+            "completions",
+            {"prompt": [28] * 200, "n": 3, "prompt_logprobs": 1},
+            "prompt",
+            ["600", "512", "batched"],
+        ),
         # a batch: the second prompt cannot run, so the first must not be queued either
-        ("completions", {"prompt": [[28] * 5, [28] * 200], "n": 3}, "prompt", ["600"]),
+        (
+            "completions",
+            {"prompt": [[28] * 5, [28] * 200], "n": 3, "prompt_logprobs": 1},
+            "prompt",
+            ["600"],
+        ),
         ("completions", {"prompt": "Hi", "n": 9}, "n", ["9", "max_num_seqs=8"]),
         ("chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "n": 9}, "n", []),
     ],
@@ -107,6 +119,9 @@ def test_unschedulable_request_is_400_before_queueing(server, path, body, param,
         assert after[name] == before[name], name
     ok = _post(server, "completions", {"prompt": [28] * 100, "n": 5, "max_tokens": 2})
     assert ok.status_code == 200 and len(ok.json()["choices"]) == 5
+    # with prefix caching the n sequences share the prompt's blocks: 200 + 2 x 8 tokens
+    ok = _post(server, "completions", {"prompt": [28] * 200, "n": 3, "max_tokens": 2})
+    assert ok.status_code == 200 and len(ok.json()["choices"]) == 3
 
 
 @pytest.mark.parametrize(
