@@ -26,7 +26,7 @@ def test_chat_batch_equals_template_plus_generate(tiny_llama_dir):
     ]
     params = SamplingParams(temperature=0.0, max_tokens=10)
     chat = llm.chat(convs, params, use_tqdm=False)
-    expected_ids = []
+    expected_ids, expected_texts = [], []
     for conv in convs:
         ids = tok.apply_chat_template(conv, add_generation_prompt=True, tokenize=True)
         ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
@@ -34,8 +34,10 @@ def test_chat_batch_equals_template_plus_generate(tiny_llama_dir):
         assert text.endswith("<|im_start|>assistant\n")
         assert ids == tok.encode(text)
         expected_ids.append(ids)
+        expected_texts.append(text)
     ref = llm.generate([{"prompt_token_ids": i} for i in expected_ids], params, use_tqdm=False)
     assert [list(o.prompt_token_ids) for o in chat] == expected_ids
+    assert [o.prompt for o in chat] == expected_texts  # the rendered template, as upstream
     for c, r in zip(chat, ref):
         assert list(c.outputs[0].token_ids) == list(r.outputs[0].token_ids)
         assert c.outputs[0].text == r.outputs[0].text

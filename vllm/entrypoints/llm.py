@@ -171,7 +171,7 @@ class LLM:
                 chat_template_kwargs,
             )
             ids = tok.encode(text, add_special_tokens=False)
-            prompts.append({"prompt_token_ids": list(ids)})
+            prompts.append({"prompt": text, "prompt_token_ids": list(ids)})
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def reset_prefix_cache(self) -> bool:

@@ -199,3 +199,43 @@ def test_cors_and_root_path(server):
     assert r.headers["access-control-allow-origin"] == ORIGIN
     for path in ("api/v1/models", "v1/models"):
         assert _ok(httpx.get(server.url_for(path)))["data"][0]["id"] == MODEL
+
+
+def test_chat_takes_the_same_fields(server):
+    """prompt_logprobs (at the response's top level, equal to /v1/completions on the
+    rendered prompt's ids), return_tokens_as_token_ids, continuous usage and the field
+    named by a bad constraint work on chat as on completions."""
+    msgs = [{"role": "user", "content": "What is the capital of France?"}]
+    chat = dict(messages=msgs, max_tokens=3, temperature=0)
+    r = _ok(_post(server, "chat/completions", {**chat, "prompt_logprobs": 1}))
+    rendered = _ok(httpx.post(server.url_for("tokenize"), json={"model": MODEL, "messages": msgs}))
+    ids = rendered["tokens"]
+    want = _ok(_post(server, "completions", dict(prompt=ids, max_tokens=1, prompt_logprobs=1)))
+    want = want["choices"][0]["prompt_logprobs"]
+    got = r["prompt_logprobs"]
+    assert len(got) == len(ids) == r["usage"]["prompt_tokens"] and got[0] is None
+    for pos, ref in zip(got[1:], want[1:]):
+        assert set(pos) == set(ref)
+        for t, entry in pos.items():
+            assert entry["logprob"] == pytest.approx(ref[t]["logprob"], abs=1e-5)
+    r = _post(server, "chat/completions", {**chat, "prompt_logprobs": 1, "stream": True})
+    _bad(r, "prompt_logprobs", "stream")
+
+    body = {**chat, "logprobs": True, "top_logprobs": 2, "return_tokens_as_token_ids": True}
+    content = _ok(_post(server, "chat/completions", body))["choices"][0]["logprobs"]["content"]
+    assert len(content) == 3 and all(c["token"].startswith("token_id:") for c in content)
+    assert all(t["token"].startswith("token_id:") for c in content for t in c["top_logprobs"])
+
+    body = {**chat, "stream": True}
+    body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+    with httpx.stream(
+        "POST", server.url_for("v1", "chat", "completions"), json={"model": MODEL, **body},
+        timeout=120,
+    ) as resp:  # fmt: skip
+        events = [line[6:] for line in resp.iter_lines() if line.startswith("data: ")]
+    chunks = [json.loads(e) for e in events if e != "[DONE]"]
+    assert all(c["usage"] is not None for c in chunks)
+    assert [c["usage"]["completion_tokens"] for c in chunks] == [0, 1, 2, 3, 3]
+    assert chunks[-1]["choices"] == []
+
+    _bad(_post(server, "chat/completions", {**chat, "guided_regex": "[0-9"}), "guided_regex")

@@ -129,6 +129,10 @@ class SamplingFields(OpenAIBaseModel):
     guided_decoding_backend: str | None = None
     # words never generated (SamplingParams.bad_words)
     bad_words: list[str] | None = None
+    # vLLM's: the prompt tokens' logprobs (k most likely at each position, plus the token)
+    prompt_logprobs: int | None = None
+    # Logprobs tokens as "token_id:ID" (also the server flag --return-tokens-as-token-ids).
+    return_tokens_as_token_ids: bool | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
@@ -151,15 +155,12 @@ class CompletionRequest(SamplingFields):
     max_tokens: int | None = 16
     echo: bool = False
     logprobs: int | None = None
-    prompt_logprobs: int | None = None
     # Accepted only as 1 or n (upstream V1 dropped best_of); anything else is a 400.
     best_of: int | None = None
     # Refused with a 400 (as upstream): no model here fills in the middle.
     suffix: str | None = None
     # Keep only the last k prompt tokens (k >= 1; -1: the last max_model_len tokens).
     truncate_prompt_tokens: int | None = None
-    # Logprobs tokens as "token_id:ID" (also the server flag --return-tokens-as-token-ids).
-    return_tokens_as_token_ids: bool | None = None
 
 
 class CompletionLogProbs(OpenAIBaseModel):
@@ -340,6 +341,8 @@ class ChatCompletionResponse(OpenAIBaseModel):
     model: str
     choices: list[ChatCompletionResponseChoice]
     usage: UsageInfo
+    # with the request's prompt_logprobs: as a completion choice's (upstream's place)
+    prompt_logprobs: list[dict[int, PromptLogprob] | None] | None = None
 
 
 class DeltaMessage(SetFieldsOnly):

@@ -30,7 +30,8 @@ from vllm.entrypoints.chat_utils import (
     template_messages,
 )
 from vllm.entrypoints.openai.api_errors import APIError, to_api_error
-from vllm.entrypoints.openai.guided_request import guided_params
+from vllm.entrypoints.openai.completion_logprobs import prompt_logprobs
+from vllm.entrypoints.openai.guided_request import guided_field, guided_params
 from vllm.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -154,21 +155,26 @@ class OpenAIServingChat(OpenAIServing):
             )
         if req.logprobs:
             k = req.top_logprobs or 0
+        if req.stream and req.prompt_logprobs is not None:
+            raise APIError(
+                "prompt_logprobs are not available when stream is true.", 400, "prompt_logprobs"
+            )
         mode, guided = tool_mode(req, self.tool_parser)
         param = "tools"
         if guided is None:
-            guided, param = guided_params(req), "response_format"
-        params = self.sampling_params(req, budget, k, guided=guided)
+            guided, param = guided_params(req), guided_field(req)
+        params = self.sampling_params(req, budget, k, req.prompt_logprobs, guided)
         self.check_params(params, "top_logprobs")
-        self.check_schedulable(len(ids), req.n)
+        self.check_schedulable(len(ids), req.n, req.prompt_logprobs is None)
         await self.check_guided(params, param)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         gen = self.engine.generate({"prompt": text, "prompt_token_ids": ids}, params, rid)
         created = int(time.time())
         role = self.response_role if req.add_generation_prompt else conv[-1]["role"]
         echo = conv[-1]["content"] if req.echo and conv[-1]["role"] == role else ""
+        as_id = req.return_tokens_as_token_ids  # None: the server's flag
         if req.stream:
-            return self._stream(req, gen, rid, created, len(ids), mode, role, echo)
+            return self._stream(req, gen, rid, created, len(ids), mode, role, echo, as_id)
         final = await collect_final(gen, raw)
         if final is None:
             return None
@@ -177,7 +183,7 @@ class OpenAIServingChat(OpenAIServing):
             completion_tokens += len(o.token_ids)
             lps = None
             if req.logprobs:
-                lps = self._logprobs(o.token_ids, o.logprobs or [], k)
+                lps = self._logprobs(o.token_ids, o.logprobs or [], k, as_id)
             calls, content = parse_tool_calls(mode, o.text) if mode.active else (None, o.text)
             if echo:
                 content = echo + (content or "")
@@ -197,17 +203,35 @@ class OpenAIServingChat(OpenAIServing):
             completion_tokens=completion_tokens,
             total_tokens=len(ids) + completion_tokens,
         )
+        plps = None
+        if req.prompt_logprobs is not None:
+            plps = prompt_logprobs(
+                ids,
+                final.prompt_logprobs,
+                req.prompt_logprobs,
+                lambda t: self.token_text(t, as_id),
+            )
         return ChatCompletionResponse(
-            id=rid, created=created, model=self.model_name, choices=choices, usage=usage
+            id=rid,
+            created=created,
+            model=self.model_name,
+            choices=choices,
+            usage=usage,
+            prompt_logprobs=plps,
         )
 
     async def _stream(
-        self, req, gen, rid, created, prompt_len, mode: ToolMode, role: str, echo: str
+        self, req, gen, rid, created, prompt_len, mode: ToolMode, role: str, echo: str, as_id
     ) -> AsyncIterator[str]:
         """A role chunk per choice (then the echoed content, if any), then a chunk per
         generated token that adds something (tool-call deltas instead of content when
-        tool_choice is not "none", see tool_calls.py)."""
+        tool_choice is not "none", see tool_calls.py). With ``stream_options``
+        ``include_usage`` a last chunk has the usage; with ``continuous_usage_stats`` as
+        well, every chunk carries the usage so far."""
         n = req.n
+        opts = req.stream_options
+        include_usage = opts is not None and bool(opts.include_usage)
+        continuous = include_usage and bool(opts.continuous_usage_stats)
         sent_tokens, sent_chars = [0] * n, [0] * n
         tools = [ToolCallStream(mode) for _ in range(n)] if mode.active else None
         completion_tokens = 0
@@ -220,18 +244,34 @@ class OpenAIServingChat(OpenAIServing):
             )  # fmt: skip
         )
 
+        def usage_so_far() -> UsageInfo:
+            return UsageInfo(
+                prompt_tokens=prompt_len,
+                completion_tokens=completion_tokens,
+                total_tokens=prompt_len + completion_tokens,
+            )
+
         def chunk(choices, usage=None) -> str:
+            if usage is None and continuous:
+                usage = usage_so_far()
             resp = ChatCompletionStreamResponse(
                 id=rid, created=created, model=self.model_name, choices=choices, usage=usage
             )
             return f"data: {resp.model_dump_json()}\n\n"
+
+        def chunk_text(index: int, text: str) -> str:
+            """A content-only chunk: the cached template's, unless it must carry usage."""
+            if continuous:
+                delta = DeltaMessage(content=text)
+                return chunk([ChatCompletionStreamChoice(index=index, delta=delta)])
+            return plain.format(index, text)
 
         try:
             for i in range(n):
                 first = DeltaMessage(role=role, content="")
                 yield chunk([ChatCompletionStreamChoice(index=i, delta=first)])
                 if echo:
-                    yield plain.format(i, echo)
+                    yield chunk_text(i, echo)
             async for out in gen:
                 for o in out.outputs:
                     i = o.index
@@ -241,7 +281,7 @@ class OpenAIServingChat(OpenAIServing):
                     lps = None
                     if req.logprobs and o.logprobs is not None:
                         lps = self._logprobs(
-                            new_ids, o.logprobs[sent_tokens[i] :], req.top_logprobs or 0
+                            new_ids, o.logprobs[sent_tokens[i] :], req.top_logprobs or 0, as_id
                         )
                     delta = o.text[sent_chars[i] :]
                     sent_tokens[i] += len(new_ids)
@@ -254,7 +294,7 @@ class OpenAIServingChat(OpenAIServing):
                         if not fields and finish is None and lps is None:
                             continue
                     elif lps is None and finish is None and o.stop_reason is None:
-                        yield plain.format(i, delta)
+                        yield chunk_text(i, delta)
                         continue
                     yield chunk(
                         [
@@ -267,23 +307,22 @@ class OpenAIServingChat(OpenAIServing):
                             )
                         ]
                     )
-            if req.stream_options is not None and req.stream_options.include_usage:
-                usage = UsageInfo(
-                    prompt_tokens=prompt_len,
-                    completion_tokens=completion_tokens,
-                    total_tokens=prompt_len + completion_tokens,
-                )
-                yield chunk([], usage)
+            if include_usage:
+                yield chunk([], usage_so_far())
         except Exception as e:
             yield to_api_error(e).sse()
         finally:
             await gen.aclose()
         yield "data: [DONE]\n\n"
 
-    def _logprobs(self, token_ids, positions: list[PositionLogprobs], k: int) -> ChatLogProbs:
+    def _logprobs(
+        self, token_ids, positions: list[PositionLogprobs], k: int, as_id: bool | None = None
+    ) -> ChatLogProbs:
+        """OpenAI chat logprobs of ``token_ids``: each token's logprob and its top ``k``
+        (tokens named by :meth:`token_text` with ``as_id``)."""
         content = []
         for tid, pos in zip(token_ids, positions):
-            tok = self.token_text(tid)
+            tok = self.token_text(tid, as_id)
             chosen = pos.get(tid)
             ranked = sorted(pos.items(), key=lambda kv: -kv[1].logprob)[:k]
             content.append(
@@ -293,9 +332,9 @@ class OpenAIServingChat(OpenAIServing):
                     bytes=list(tok.encode()),
                     top_logprobs=[
                         ChatLogProb(
-                            token=self.token_text(t),
+                            token=self.token_text(t, as_id),
                             logprob=lp.logprob,
-                            bytes=list(self.token_text(t).encode()),
+                            bytes=list(self.token_text(t, as_id).encode()),
                         )
                         for t, lp in ranked
                     ],
