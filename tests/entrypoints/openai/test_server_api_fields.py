@@ -239,3 +239,25 @@ def test_chat_takes_the_same_fields(server):
     assert chunks[-1]["choices"] == []
 
     _bad(_post(server, "chat/completions", {**chat, "guided_regex": "[0-9"}), "guided_regex")
+
+
+def test_masked_tokens_show_the_lowest_logprob(server):
+    """A token masked out (allowed_token_ids) has logprob -inf, which JSON cannot carry:
+    responses show -9999.0 as upstream does, streamed and not, on both endpoints."""
+    base = dict(prompt=PROMPT, max_tokens=2, temperature=0, allowed_token_ids=[28])
+    lps = _ok(_post(server, "completions", {**base, "logprobs": 2}))["choices"][0]["logprobs"]
+    assert lps["token_logprobs"] == [0.0, 0.0]
+    assert all(sorted(top.values()) == [-9999.0, 0.0] for top in lps["top_logprobs"])
+    with httpx.stream(
+        "POST", server.url_for("v1", "completions"),
+        json={"model": MODEL, **base, "logprobs": 2, "stream": True}, timeout=120,
+    ) as resp:  # fmt: skip
+        events = [line[6:] for line in resp.iter_lines() if line.startswith("data: ")]
+    tops = [t for e in events[:-1] for t in json.loads(e)["choices"][0]["logprobs"]["top_logprobs"]]
+    assert len(tops) == 2 and all(sorted(t.values()) == [-9999.0, 0.0] for t in tops)
+    chat = dict(messages=[{"role": "user", "content": "Hi"}], max_tokens=2, temperature=0)
+    chat.update(allowed_token_ids=[28], logprobs=True, top_logprobs=2)
+    content = _ok(_post(server, "chat/completions", chat))["choices"][0]["logprobs"]["content"]
+    assert [sorted(t["logprob"] for t in c["top_logprobs"]) for c in content] == [
+        [-9999.0, 0.0]
+    ] * 2

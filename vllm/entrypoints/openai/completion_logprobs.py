@@ -14,6 +14,15 @@ from collections.abc import Callable
 from vllm.entrypoints.openai.protocol import CompletionLogProbs, PromptLogprob
 from vllm.sequence import PositionLogprobs
 
+# The lowest logprob a response shows: a token masked out (logit -inf: allowed_token_ids,
+# a grammar) has logprob -inf, which JSON cannot encode; upstream vLLM shows -9999.0.
+MIN_LOGPROB = -9999.0
+
+
+def json_logprob(logprob: float) -> float:
+    """``logprob`` for a JSON response: at least :data:`MIN_LOGPROB` (so never -inf)."""
+    return max(logprob, MIN_LOGPROB)
+
 
 def completion_logprobs(
     token_ids: list[int],
@@ -37,13 +46,13 @@ def completion_logprobs(
             out.top_logprobs.append(None)
             continue
         chosen = pos.get(tid)
-        out.token_logprobs.append(chosen.logprob if chosen is not None else None)
+        out.token_logprobs.append(json_logprob(chosen.logprob) if chosen is not None else None)
         ranked = sorted(pos.items(), key=lambda kv: -kv[1].logprob)
         top = {}
         for t, lp in ranked[: max(k, 0)]:
-            top[name(t)] = lp.logprob
+            top[name(t)] = json_logprob(lp.logprob)
         if chosen is not None:
-            top.setdefault(tok, chosen.logprob)
+            top.setdefault(tok, json_logprob(chosen.logprob))
         out.top_logprobs.append(top)
     return out
 
@@ -66,6 +75,8 @@ def prompt_logprobs(
         entry = {}
         for t, lp in sorted(pos.items(), key=lambda kv: -kv[1].logprob):
             if t == tid or (lp.rank is not None and lp.rank <= k):
-                entry[t] = PromptLogprob(logprob=lp.logprob, rank=lp.rank, decoded_token=name(t))
+                entry[t] = PromptLogprob(
+                    logprob=json_logprob(lp.logprob), rank=lp.rank, decoded_token=name(t)
+                )
         out.append(entry)
     return out

@@ -30,7 +30,11 @@ from vllm.entrypoints.chat_utils import (
     template_messages,
 )
 from vllm.entrypoints.openai.api_errors import APIError, to_api_error
-from vllm.entrypoints.openai.completion_logprobs import prompt_logprobs
+from vllm.entrypoints.openai.completion_logprobs import (
+    MIN_LOGPROB,
+    json_logprob,
+    prompt_logprobs,
+)
 from vllm.entrypoints.openai.guided_request import guided_field, guided_params
 from vllm.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -328,12 +332,12 @@ class OpenAIServingChat(OpenAIServing):
             content.append(
                 ChatLogProbsContent(
                     token=tok,
-                    logprob=chosen.logprob if chosen is not None else float("-inf"),
+                    logprob=json_logprob(chosen.logprob) if chosen is not None else MIN_LOGPROB,
                     bytes=list(tok.encode()),
                     top_logprobs=[
                         ChatLogProb(
                             token=self.token_text(t, as_id),
-                            logprob=lp.logprob,
+                            logprob=json_logprob(lp.logprob),
                             bytes=list(self.token_text(t, as_id).encode()),
                         )
                         for t, lp in ranked
