@@ -182,6 +182,8 @@ def test_refused_fields_and_error_params(server):
     r = _post(server, "completions", {**base, "prompt_logprobs": 1, "stream": True})
     _bad(r, "prompt_logprobs", "stream")
     _bad(_post(server, "completions", {**base, "guided_regex": "[0-9"}), "guided_regex")
+    r = _post(server, "completions", {**base, "min_tokens": 2, "guided_choice": ["a", "b"]})
+    _bad(r, "min_tokens", "guided decoding")
     r = _post(server, "completions", {**base, "stop_token_ids": [999999999]})
     _bad(r, "stop_token_ids", "999999999")
 
