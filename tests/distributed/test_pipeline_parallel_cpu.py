@@ -100,3 +100,34 @@ def test_layer_partition_env_override(tiny_llama_dir, monkeypatch):
             llm.llm_engine.shutdown()
     check_outputs_equal(ref[0], out, "pp1", "pp2-1,2", TINY_PROMPTS[:3])
     assert layers[1] == 2 * layers[0]  # stage 1 caches two layers, stage 0 one
+
+
+@pytest.mark.forked
+def test_abort_while_the_step_runs_gives_no_output(tiny_llama_dir):
+    """PP = 2 keeps a step in flight while the engine returns; a request aborted then
+    gets no output afterwards (as at PP = 1), and the others finish as usual."""
+    from vllm import EngineArgs, LLMEngine, SamplingParams
+
+    args = EngineArgs(model=tiny_llama_dir, device="cpu", dtype="float32",
+                      pipeline_parallel_size=2)  # fmt: skip
+    engine = LLMEngine.from_engine_args(args)
+    try:
+        with deadline(120):
+            params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+            for rid, prompt in zip("abcd", TINY_PROMPTS):
+                engine.add_request(rid, prompt, params)
+            for _ in range(4):
+                engine.step()
+            assert engine.max_steps_in_flight == 2
+            engine.abort_request("c")
+            after, finished = [], {}
+            while engine.has_unfinished_requests():
+                for out in engine.step():
+                    after.append(out.request_id)
+                    if out.finished:
+                        finished[out.request_id] = out
+    finally:
+        engine.shutdown()
+    assert "c" not in after
+    assert sorted(finished) == ["a", "b", "d"]
+    assert all(len(o.outputs[0].token_ids) == 12 for o in finished.values())

@@ -597,12 +597,17 @@ class LLMEngine:
         stop conditions, free finished groups (in the scheduler and the workers). Texts and
         RequestOutputs are left to the returned report's ``finish()``
         (vllm/engine/step_report.py). ``gone``: ids of requests already reported finished
-        and freed (a text that failed in the previous step's report), left out here."""
+        and freed (a text that failed in the previous step's report), left out here; so
+        are requests aborted while this step ran (steps in flight under PP): the abort
+        freed them, and they get no output after it."""
         now = time.time()
         pending: list[SequenceGroup] = []
+        requests = self._requests
         if output is not None:
             process = self._process_group_output
             for group, group_out in zip(sched_out.scheduled_seq_groups, output.outputs):
+                if requests.get(group.request_id) is not group:
+                    continue  # aborted while its step ran (pipelined): freed, no output
                 try:
                     if process(group, group_out):
                         pending.append(group)
@@ -617,7 +622,7 @@ class LLMEngine:
         reported: list[SequenceGroup] = []
         stream = self.stream_outputs
         for group in itertools.chain(sched_out.ignored_seq_groups, sched_out.scheduled_seq_groups):
-            if group.request_id in gone:
+            if group.request_id in gone or requests.get(group.request_id) is not group:
                 continue
             if group.is_finished():
                 group.metrics.finished_time = now
