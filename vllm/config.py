@@ -585,10 +585,13 @@ class EngineConfig:
             raise ValueError(
                 f"pipeline_parallel_size={pp} is larger than the model's {layers} layers."
             )
+        from vllm.distributed.utils import get_pp_partition
         from vllm.distributed.validation import (
             verify_tensor_parallel,
             verify_world_fits_devices,
         )
+
+        get_pp_partition(layers, pp)  # a bad VLLM_PP_LAYER_PARTITION, before any worker
 
         par = self.parallel_config
         verify_tensor_parallel(self.model_config.hf_config, par.tensor_parallel_size)

@@ -52,3 +52,16 @@ def test_bad_env_override(monkeypatch, value):
         get_pp_partition(10, 3)
     if value != "a,b,c":
         assert "num_layers=10" in str(info.value) and "pp_size=3" in str(info.value)
+
+
+def test_bad_env_override_is_refused_before_any_worker_starts(monkeypatch, tiny_llama_dir):
+    """The engine config checks the override against the model's layers, so `vllm serve`
+    prints one error line instead of failing in every worker."""
+    from vllm import EngineArgs
+
+    monkeypatch.setenv(PP_PARTITION_ENV, "10,10")
+    args = EngineArgs(model=tiny_llama_dir, device="cpu", pipeline_parallel_size=2)
+    with pytest.raises(ValueError, match=r"VLLM_PP_LAYER_PARTITION='10,10' gives 2 stages"):
+        args.create_engine_config()
+    monkeypatch.setenv(PP_PARTITION_ENV, "1,2")
+    assert args.create_engine_config().parallel_config.pipeline_parallel_size == 2
