@@ -599,7 +599,8 @@ class LLMEngine:
         (vllm/engine/step_report.py). ``gone``: ids of requests already reported finished
         and freed (a text that failed in the previous step's report), left out here; so
         are requests aborted while this step ran (steps in flight under PP): the abort
-        freed them, and they get no output after it."""
+        freed them, and they get no output after it. With ``output`` None (a failed step,
+        whose requests the caller has just aborted) every group is reported."""
         now = time.time()
         pending: list[SequenceGroup] = []
         requests = self._requests
@@ -622,7 +623,9 @@ class LLMEngine:
         reported: list[SequenceGroup] = []
         stream = self.stream_outputs
         for group in itertools.chain(sched_out.ignored_seq_groups, sched_out.scheduled_seq_groups):
-            if group.request_id in gone or requests.get(group.request_id) is not group:
+            if group.request_id in gone or (
+                output is not None and requests.get(group.request_id) is not group
+            ):
                 continue
             if group.is_finished():
                 group.metrics.finished_time = now
