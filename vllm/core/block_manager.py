@@ -189,7 +189,8 @@ class BlockSpaceManager:
                         break
                     hits += 1
                 total += len(ids) - hits * bs
-            held.update(hash_full_blocks(ids, bs))
+            if i + 1 < len(token_ids):  # only later siblings look these up
+                held.update(hash_full_blocks(ids, bs))
         return total
 
     def hit_rate(self) -> float:
