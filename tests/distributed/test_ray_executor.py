@@ -146,6 +146,31 @@ def test_killed_actor_error_names_rank(tiny_llama_dir):
 
 
 @pytest.mark.forked
+def test_idle_actor_death_fails_executor(tiny_llama_dir):
+    """A stage actor killed while no step is in flight marks the executor failed on its own
+    (its life-long watch call fails), naming the rank; the next generate raises that error
+    instead of hanging or answering from a dead pipeline."""
+    with deadline(300), local_ray(2):
+        llm = _llm(tiny_llama_dir, pipeline_parallel_size=2, distributed_executor_backend="ray")
+        ex = llm.llm_engine.executor
+        try:
+            assert len(vllm_greedy(llm, PROMPTS[:1], 4)[0][0]) == 4
+            assert not ex.failed
+            ray.kill(ex.actors[0], no_restart=True)
+            for _ in range(300):  # the watch's failure arrives on Ray's callback thread
+                if ex.failed:
+                    break
+                time.sleep(0.1)
+            assert ex.failed, "an idle actor's death went unnoticed for 30 s"
+            assert "rank 0" in str(ex._error) and "died" in str(ex._error), ex._error
+            with pytest.raises(RuntimeError, match="rank 0"):
+                vllm_greedy(llm, PROMPTS[:1], 4)
+        finally:
+            llm.llm_engine.shutdown()
+        assert ex.actors == []
+
+
+@pytest.mark.forked
 def test_too_few_cpus_and_own_cluster(tiny_llama_dir):
     """PP=3 on a 2-CPU cluster says what is needed and seen; without a running cluster the
     executor starts its own and stops it on shutdown."""

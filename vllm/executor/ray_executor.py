@@ -19,7 +19,9 @@ actor; calls from one caller run in submission order on each actor, so every sta
 the same step order. The returned ``concurrent.futures.Future`` resolves to the sampling
 rank's (TP rank 0 of the last stage) SamplerOutput. Every rank's result is watched: an
 actor that dies (or raises) fails every pending future and later call with a RuntimeError
-naming its rank and node.
+naming its rank and node. A death while the engine is idle is noticed too: every actor has one
+``watch`` call outstanding in a concurrency group of its own for its whole life, and that
+call fails the moment the actor dies (no polling).
 """
 
 from __future__ import annotations
@@ -160,7 +162,7 @@ class RayExecutor(PipelineExecutorBase):
                 f"Ray could not reserve {self.world_size} bundles of {bundle} ({strategy}) "
                 f"within {pg_timeout:.0f} s; available now: {ray.available_resources()}."
             ) from None
-        cls = ray.remote(RayStageWorker)
+        cls = ray.remote(concurrency_groups={"watch": 1})(RayStageWorker)
         for rank in range(self.world_size):
             opts = {"num_cpus": 1, "num_gpus": 1 if self._on_cuda else 0}
             actor = cls.options(
@@ -186,6 +188,19 @@ class RayExecutor(PipelineExecutorBase):
         config_ref = ray.put(self.config)  # shipped once; each actor builds its layers
         refs = [a.setup.remote(config_ref, r, init_method) for r, a in enumerate(self.actors)]
         self._gather(refs, "start", envs.VLLM_RAY_STARTUP_TIMEOUT_S)
+        self._watch_actors()
+
+    def _watch_actors(self) -> None:
+        """Start each actor's life-long ``watch`` call; its failure marks the executor failed
+        (so an idle engine's health check sees a dead stage within its next tick)."""
+        for rank, actor in enumerate(self.actors):
+            ref = actor.watch.options(concurrency_group="watch").remote()
+            ref.future().add_done_callback(functools.partial(self._on_watch_done, rank))
+
+    def _on_watch_done(self, rank: int, fut: Future) -> None:
+        exc = fut.exception()
+        if exc is not None:  # returns normally only after teardown
+            self._on_stage_error(rank, exc)
 
     # ------------------------------------------------------------------- errors
     def _where(self, rank: int) -> str:

@@ -5,13 +5,15 @@ This module does not import Ray: the executor wraps :class:`RayStageWorker` with
 mp executor runs in its processes (:func:`vllm.worker.worker_process.setup_stage_worker`,
 ``run_call``, ``teardown_stage_worker``); only the transport differs: Ray actor method calls
 instead of a pipe. Calls from one caller run one at a time, in submission order, so every
-stage sees the steps in the same order (what :mod:`vllm.distributed.communication` needs).
+stage sees the steps in the same order (what :mod:`vllm.distributed.communication` needs);
+only :meth:`RayStageWorker.watch` runs in a concurrency group of its own.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import threading
 from typing import Any
 
 from vllm.sequence import ExecuteModelRequest, SamplerOutput
@@ -32,6 +34,7 @@ class RayStageWorker:
         self.rank: int | None = None
         self.is_last = False
         self.cache = StageRequestCache()  # decode steps arrive as deltas
+        self._torn_down = threading.Event()
 
     def node_info(self) -> dict[str, Any]:
         """Where this actor runs: node id and IP, pid, placement group id (None if none),
@@ -86,9 +89,18 @@ class RayStageWorker:
         self.worker.free_sequences(seq_ids)
         self.cache.forget(seq_ids)
 
+    def watch(self) -> None:
+        """Block until :meth:`teardown`. Called once, in the executor's ``watch`` concurrency
+        group (its own thread), so the call is outstanding for the actor's whole life: its
+        result fails with ``ActorDiedError`` the moment the actor dies, which is how the
+        executor notices a death while no step is in flight."""
+        self._torn_down.wait()
+
     def teardown(self) -> None:
         """Leave the pipeline group before the actor is killed."""
         from vllm.worker.worker_process import teardown_stage_worker
+
+        self._torn_down.set()
 
         if self.worker is not None:
             teardown_stage_worker(self.worker)
