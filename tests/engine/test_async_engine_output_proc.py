@@ -32,7 +32,7 @@ def _async_engine(model, async_proc, steps, monkeypatch):
         stats["generation_tokens"] += step.generation_tokens
         stats["ttft"] += len(step.ttft)
         stats["tpot"] += len(step.tpot)
-        stats["finished"] += [reason for reason, _ in step.finished]
+        stats["finished"] += [r.reason for r in step.finished]
         deliver(outs, failed, step)
 
     engine._deliver_step = counted

@@ -1,6 +1,6 @@
 """vllm:decode_steps_total labels: the virtual engine, never the pipeline rank."""
 
-from vllm.engine.metrics import flatten_decode_counters
+from vllm.engine.decode_step_metrics import flatten_decode_counters
 
 SNAP = {
     "graph": {0: {1: 3, 2: 4}, 1: {4: 2}},

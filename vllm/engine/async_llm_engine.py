@@ -41,6 +41,7 @@ from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.async_steps import EngineSteps
 from vllm.engine.llm_engine import LLMEngine, PromptType
 from vllm.engine.metrics import EngineMetrics
+from vllm.engine.request_metrics import FinishedRequest
 from vllm.outputs import RequestOutput
 from vllm.sampling_params import SamplingParams
 
@@ -86,6 +87,17 @@ class AsyncLLMEngine:
         # leave the field out (vllm/transformers_utils/generation_config.py).
         self.default_sampling = dict(self.engine.generation_defaults.sampling)
         self.metrics = metrics or EngineMetrics(engine_args.model)
+        cache = self.engine.config.cache_config
+        self.metrics.configure(
+            self.max_model_len,
+            {
+                "block_size": cache.block_size,
+                "num_gpu_blocks": cache.num_gpu_blocks,
+                "gpu_memory_utilization": cache.gpu_memory_utilization,
+                "enable_prefix_caching": cache.enable_prefix_caching,
+                "num_virtual_engines": len(self.engine.schedulers),
+            },
+        )
         self.log_requests = log_requests
         self.max_log_len = max_log_len
         self.num_virtual_engines = len(self.engine.schedulers)
@@ -261,7 +273,7 @@ class AsyncLLMEngine:
         outs = [self.engine.make_request_output(g) for g in groups]
         stats = self.steps.gauges()
         now = time.time()
-        stats.finished = [("abort", now - g.metrics.arrival_time) for g in groups]
+        stats.finished = [FinishedRequest.from_group(g, "abort", now) for g in groups]
         return outs, stats
 
     def abort(self, request_id: str) -> None:
@@ -364,7 +376,7 @@ class AsyncLLMEngine:
         ready = [v for v in idle if self.engine.has_work(v)]
         gauges = self.steps.gauges()
         # Aborted requests count as finished with reason "abort" (request_success_total).
-        gauges.finished = [("abort", now - g.metrics.arrival_time) for g in gone if g]
+        gauges.finished = [FinishedRequest.from_group(g, "abort", now) for g in gone if g]
         return ready, refused, gauges
 
     def _admit_and_step(self, pending, aborts, idle):

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 from vllm.engine.llm_engine import LLMEngine
 from vllm.engine.metrics import StepStats
+from vllm.engine.request_metrics import FinishedRequest
 from vllm.outputs import RequestOutput
 
 logger = logging.getLogger(__name__)
@@ -254,6 +255,7 @@ class EngineSteps:
             spec_decode=spec,
             prefix_queries=sum(s.block_manager.num_queried_tokens for s in schedulers),
             prefix_hits=sum(s.block_manager.num_hit_tokens for s in schedulers),
+            preemptions=sum(s.num_cumulative_preemption for s in schedulers),
         )
 
     def stats(self, sched: ScheduledStep, outs: list[RequestOutput], times: _StepTimes):
@@ -263,12 +265,13 @@ class EngineSteps:
         stats.prompt_tokens = sched.sched_out.num_prefill_tokens
         stats.generation_tokens = times.generated
         stats.ttft, stats.tpot = list(times.ttft), list(times.tpot)
+        groups = {g.request_id: g for g in sched.sched_out.scheduled_seq_groups}
+        now = time.time()
         for out in outs:
-            m = out.metrics
-            if out.finished and m is not None:
+            group = groups.get(out.request_id)
+            if out.finished and group is not None:
                 reason = next((o.finish_reason for o in out.outputs if o.finish_reason), "abort")
-                end = m.finished_time or time.time()
-                stats.finished.append((reason, end - m.arrival_time))
+                stats.finished.append(FinishedRequest.from_group(group, reason, now))
         try:
             stats.decode_steps = self.engine.decode_step_counters()
         except Exception:

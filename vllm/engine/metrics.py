@@ -22,18 +22,37 @@ Definitions (all times in seconds, from ``time.time()`` stamps of RequestMetrics
   accepted / proposed; efficiency = emitted / (steps x (k + 1))).
 - ``vllm:decode_steps_total{mode,virtual_engine}``: the runner's replay/eager decode
   counters, as ``LLMEngine.decode_step_counters()`` returns them.
+- ``vllm:num_preemptions_total``: requests preempted (by recompute), over virtual engines.
+- Upstream's current (V1) names of the same series are exported beside the older ones:
+  ``vllm:kv_cache_usage_perc`` (= gpu_cache_usage_perc), ``vllm:prefix_cache_queries_total``
+  / ``vllm:prefix_cache_hits_total`` and ``vllm:inter_token_latency_seconds`` (the TPOT
+  observations).
+- Per-request histograms (queue, prefill, decode and inference time; prompt and generation
+  tokens; the n and max_tokens parameters): vllm/engine/request_metrics.py, registered by
+  :meth:`EngineMetrics.configure` once the engine's ``max_model_len`` is known, which also
+  sets ``vllm:cache_config_info`` (1, the cache settings as labels).
+- The registry also holds prometheus_client's ``process_*`` and ``python_*`` collectors.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
+
+from vllm.engine.decode_step_metrics import DecodeStepsCollector
+from vllm.engine.request_metrics import FinishedRequest, RequestHistograms
 
 _TTFT_BUCKETS = [0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                  7.5, 10.0, 20.0, 40.0, 80.0]  # fmt: skip
@@ -53,7 +72,8 @@ class StepStats:
         cache_usage: KV-cache usage in [0, 1] (mean over virtual engines).
         prompt_tokens / generation_tokens: tokens computed by prefill / sampled this step.
         ttft / tpot: seconds, one entry per observation (see the module docstring).
-        finished: (finish_reason, e2e seconds) per request that ended this step.
+        finished: one :class:`FinishedRequest` per request that ended this step.
+        preemptions: preemptions since the engine started (cumulative, all virtual engines).
         decode_steps: the engine's decode_step_counters() snapshot.
     """
 
@@ -64,65 +84,18 @@ class StepStats:
     generation_tokens: int = 0
     ttft: list[float] = field(default_factory=list)
     tpot: list[float] = field(default_factory=list)
-    finished: list[tuple[str, float]] = field(default_factory=list)
+    finished: list[FinishedRequest] = field(default_factory=list)
     decode_steps: dict | None = None
     spec_decode: dict | None = None  # LLMEngine.spec_decode_metrics(), cumulative
     # Prefix cache, cumulative over the engine's life: prompt tokens looked up / found.
     prefix_queries: int = 0
     prefix_hits: int = 0
+    preemptions: int = 0
 
 
 logger = logging.getLogger(__name__)
 # Seconds between two stats log lines.
 _LOG_INTERVAL_S = 10.0
-
-
-def flatten_decode_counters(counters: dict) -> dict[tuple[str, str], float]:
-    """``LLMEngine.decode_step_counters()`` as {(mode, virtual_engine): decode steps}.
-
-    Input: the runner's snapshot ``{"graph": {ve: {size: n}}, "eager": {ve: {reason: n}},
-    "piecewise_graph": {ve: {tokens: n}}}`` (sizes and reasons are summed; eager "prefill"
-    steps are not decode steps and are left out; "piecewise_graph" counts prefill and mixed
-    steps replayed from piecewise graphs), or under pipeline parallelism one such snapshot
-    per stage rank, ``{rank: snapshot}``.
-    Every stage runs every step, so the first stage's snapshot is the engine's count (a sum
-    over stages would count each step once per stage, and reading the rank as the virtual
-    engine would mislabel it).
-    """
-    counters = counters or {}
-    if counters and all(isinstance(k, int) for k in counters):
-        counters = counters[min(counters)] or {}  # per-stage form: {rank: snapshot}
-    flat: dict[tuple[str, str], float] = {}
-    for mode in ("graph", "eager", "piecewise_graph"):
-        for ve, per_key in (counters.get(mode) or {}).items():
-            n = sum(v for k, v in per_key.items() if not (mode == "eager" and k == "prefill"))
-            if n:
-                flat[(mode, str(ve))] = flat.get((mode, str(ve)), 0.0) + float(n)
-    return flat
-
-
-class _DecodeStepsCollector:
-    """Exposes the latest decode-step snapshot as ``vllm:decode_steps_total``."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._values: dict[tuple[str, str], float] = {}
-
-    def set(self, counters: dict) -> None:
-        values = flatten_decode_counters(counters)
-        with self._lock:
-            self._values = values
-
-    def collect(self) -> Iterable[CounterMetricFamily]:
-        fam = CounterMetricFamily(
-            "vllm:decode_steps",
-            "Decode steps by mode (graph replay / eager) and virtual engine.",
-            labels=["mode", "virtual_engine"],
-        )
-        with self._lock:
-            for (mode, ve), n in sorted(self._values.items()):
-                fam.add_metric([mode, ve], n)
-        yield fam
 
 
 class EngineMetrics:
@@ -143,6 +116,12 @@ class EngineMetrics:
         ).labels(m)
         self.cache_usage = Gauge(
             "vllm:gpu_cache_usage_perc", "KV-cache usage; 1 means 100 percent.", lbl, registry=r
+        ).labels(m)
+        self.kv_cache_usage = Gauge(
+            "vllm:kv_cache_usage_perc", "KV-cache usage; 1 means 100 percent.", lbl, registry=r
+        ).labels(m)
+        self.preemptions = Counter(
+            "vllm:num_preemptions", "Requests preempted (by recompute).", lbl, registry=r
         ).labels(m)
         self.prompt_tokens = Counter(
             "vllm:prompt_tokens", "Prefill tokens processed.", lbl, registry=r
@@ -173,6 +152,13 @@ class EngineMetrics:
         self.tpot = Histogram(
             "vllm:time_per_output_token_seconds",
             "Time per output token in seconds.",
+            lbl,
+            buckets=_TPOT_BUCKETS,
+            registry=r,
+        ).labels(m)
+        self.itl = Histogram(
+            "vllm:inter_token_latency_seconds",
+            "Seconds between consecutive tokens of a request.",
             lbl,
             buckets=_TPOT_BUCKETS,
             registry=r,
@@ -213,19 +199,49 @@ class EngineMetrics:
             "vllm:gpu_prefix_cache_hits", "Prompt tokens found in the prefix cache.",
             lbl, registry=r,
         ).labels(m)  # fmt: skip
+        self.prefix_queries_v1 = Counter(
+            "vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+            lbl, registry=r,
+        ).labels(m)  # fmt: skip
+        self.prefix_hits_v1 = Counter(
+            "vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
+            lbl, registry=r,
+        ).labels(m)  # fmt: skip
+        self._preemptions_last = 0
+        self.requests: RequestHistograms | None = None  # set by configure()
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
         self._prefix_last = (0, 0)
         self._hit_rate = 0.0
         self._last_log = time.monotonic()
         self._interval_tokens = [0, 0]  # prompt, generation tokens since the last log line
-        self.decode_steps = _DecodeStepsCollector()
+        self.decode_steps = DecodeStepsCollector()
         r.register(self.decode_steps)
         self._model_name = model_name
+
+    def configure(self, max_model_len: int, cache_info: dict[str, object]) -> None:
+        """Register what needs the built engine (idempotent): the per-request histograms
+        (token buckets up to ``max_model_len``) and ``vllm:cache_config_info`` with
+        ``cache_info`` as its labels (values shown with str())."""
+        if self.requests is not None:
+            return
+        self.requests = RequestHistograms(self.registry, self._model_name, max_model_len)
+        labels = {k: str(v) for k, v in cache_info.items()}
+        Gauge(
+            "vllm:cache_config_info", "The KV-cache configuration (value 1, settings as labels).",
+            list(labels), registry=self.registry,
+        ).labels(**labels).set(1)  # fmt: skip
 
     def record(self, stats: StepStats) -> None:
         """Apply one step's :class:`StepStats` (thread-safe; prometheus_client locks)."""
         self.num_running.set(stats.num_running)
         self.num_waiting.set(stats.num_waiting)
         self.cache_usage.set(stats.cache_usage)
+        self.kv_cache_usage.set(stats.cache_usage)
+        if stats.preemptions > self._preemptions_last:
+            self.preemptions.inc(stats.preemptions - self._preemptions_last)
+            self._preemptions_last = stats.preemptions
         if stats.prompt_tokens:
             self.prompt_tokens.inc(stats.prompt_tokens)
         if stats.generation_tokens:
@@ -238,9 +254,12 @@ class EngineMetrics:
             self.ttft.observe(t)
         for t in stats.tpot:
             self.tpot.observe(t)
-        for reason, e2e in stats.finished:
-            self._success.labels(self._model_name, reason).inc()
-            self.e2e.observe(e2e)
+            self.itl.observe(t)
+        for req in stats.finished:
+            self._success.labels(self._model_name, req.reason).inc()
+            self.e2e.observe(req.e2e)
+            if self.requests is not None:
+                self.requests.observe(req)
         if stats.decode_steps is not None:
             self.decode_steps.set(stats.decode_steps)
         if stats.spec_decode is not None:
@@ -268,8 +287,10 @@ class EngineMetrics:
         queries, hits = self._prefix_last
         if stats.prefix_queries > queries:
             self.prefix_queries.inc(stats.prefix_queries - queries)
+            self.prefix_queries_v1.inc(stats.prefix_queries - queries)
         if stats.prefix_hits > hits:
             self.prefix_hits.inc(stats.prefix_hits - hits)
+            self.prefix_hits_v1.inc(stats.prefix_hits - hits)
         self._prefix_last = (
             max(queries, stats.prefix_queries), max(hits, stats.prefix_hits)
         )  # fmt: skip
