@@ -59,8 +59,9 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--peak-bandwidth",
         type=float,
-        default=H200_PEAK_BYTES_PER_S,
-        help="Peak memory bandwidth in bytes/s for the floor ratio (default: H200, 4.8e12).",
+        default=None,
+        help="Peak memory bandwidth in bytes/s for the floor ratio (default: 4.8e12 on an "
+        "H200; elsewhere none, so no floor ratio is reported).",
     )
     p.add_argument("--output-json", default=None, help="Append the JSON result line here.")
     p.add_argument("--no-tqdm", action="store_true", help="Hide progress bars.")
@@ -149,11 +150,12 @@ def _measure(llm, args: argparse.Namespace) -> dict:
 def _decode_physics(llm, args: argparse.Namespace, decode_s: float) -> dict:
     """TPOT, bytes per decode step, achieved bandwidth and floor ratio (None when the
     output has a single token, a non-positive decode time, or no in-process model)."""
+    peak = peak_bandwidth(args.peak_bandwidth, llm.llm_engine.config.device_config.device)
     none = {
         "time_per_output_token_s": None,
         "bytes_per_decode_step": None,
         "achieved_bandwidth_gb_s": None,
-        "peak_bandwidth_gb_s": args.peak_bandwidth / 1e9,
+        "peak_bandwidth_gb_s": peak / 1e9 if peak else None,
         "bandwidth_floor_ratio": None,
     }
     if args.output_len < 2 or decode_s <= 0:
@@ -176,9 +178,22 @@ def _decode_physics(llm, args: argparse.Namespace, decode_s: float) -> dict:
         "weight_bytes_per_step": int(weights),
         "kv_bytes_per_step": int(kv),
         "achieved_bandwidth_gb_s": step_bytes / tpot / 1e9,
-        "peak_bandwidth_gb_s": args.peak_bandwidth / 1e9,
-        "bandwidth_floor_ratio": (step_bytes / args.peak_bandwidth) / tpot,
+        "peak_bandwidth_gb_s": none["peak_bandwidth_gb_s"],
+        "bandwidth_floor_ratio": (step_bytes / peak) / tpot if peak else None,
     }
+
+
+def peak_bandwidth(given: float | None, device: str) -> float | None:
+    """Bytes/s for the floor ratio: ``given`` (--peak-bandwidth) when set, else the H200's
+    datasheet figure when the engine runs on an H200, else None (unknown device: no ratio)."""
+    if given:
+        return given
+    if device == "cuda":
+        import torch
+
+        if "H200" in torch.cuda.get_device_name():
+            return H200_PEAK_BYTES_PER_S
+    return None
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -22,17 +22,20 @@ import argparse
 import asyncio
 import json
 import random
+import sys
 import time
 
+import httpx
 from stream_clients import StreamClients
 
 WORDS = "the of and to in is was for on that with as by at from his her it an are were".split()
 
 
-def percentiles(xs: list[float], ps=(50, 90, 99)) -> dict[str, float]:
-    """Nearest-rank percentiles of ``xs`` (milliseconds in the report), plus the mean."""
+def percentiles(xs: list[float], ps=(50, 90, 99)) -> dict[str, float | None]:
+    """Nearest-rank percentiles of ``xs`` (milliseconds in the report), plus the mean;
+    every value None when ``xs`` is empty (JSON null, not NaN)."""
     if not xs:
-        return {"mean": float("nan"), **{f"p{p}": float("nan") for p in ps}}
+        return {"mean": None, **{f"p{p}": None for p in ps}}
     s = sorted(xs)
     out = {"mean": sum(s) / len(s)}
     for p in ps:
@@ -54,19 +57,22 @@ async def one_request(client, url, model, prompt, output_len, key) -> dict:
     start = time.perf_counter()
     stamps: list[float] = []
     tokens = 0
-    async with client.stream("POST", url, json=body, headers=headers) as r:
-        if r.status_code != 200:
-            return {"ok": False, "error": (await r.aread()).decode()[:200]}
-        async for line in r.aiter_lines():
-            if not line.startswith("data:") or line.strip() == "data: [DONE]":
-                continue
-            data = json.loads(line[5:])
-            if "error" in data:
-                return {"ok": False, "error": data["error"]["message"]}
-            if data.get("choices"):
-                stamps.append(time.perf_counter())
-            if data.get("usage"):
-                tokens = data["usage"]["completion_tokens"]
+    try:
+        async with client.stream("POST", url, json=body, headers=headers) as r:
+            if r.status_code != 200:
+                return {"ok": False, "error": (await r.aread()).decode()[:200]}
+            async for line in r.aiter_lines():
+                if not line.startswith("data:") or line.strip() == "data: [DONE]":
+                    continue
+                data = json.loads(line[5:])
+                if "error" in data:
+                    return {"ok": False, "error": data["error"]["message"]}
+                if data.get("choices"):
+                    stamps.append(time.perf_counter())
+                if data.get("usage"):
+                    tokens = data["usage"]["completion_tokens"]
+    except httpx.HTTPError as e:  # refused, reset or timed out: a failed request
+        return {"ok": False, "error": f"{type(e).__name__}: {e}"[:200]}
     end = time.perf_counter()
     if not stamps:
         return {"ok": False, "error": "no tokens"}
@@ -115,7 +121,7 @@ async def run(args) -> dict:
         duration = time.perf_counter() - start
     ok = [r for r in results if r["ok"]]
     out_tokens = sum(r["tokens"] for r in ok)
-    ms = lambda d: {k: round(v * 1000, 2) for k, v in d.items()}  # noqa: E731
+    ms = lambda d: {k: None if v is None else round(v * 1000, 2) for k, v in d.items()}  # noqa: E731
     return {
         "model": model,
         "num_prompts": args.num_prompts,
@@ -136,7 +142,9 @@ async def run(args) -> dict:
     }
 
 
-def main() -> None:
+def main() -> int:
+    """Run, print the summary and the RESULT_JSON line; returns 1 when no request
+    completed (nothing was measured), else 0."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--base-url", default="http://127.0.0.1:8000")
     ap.add_argument("--model", default=None, help="default: the first of /v1/models")
@@ -157,11 +165,15 @@ def main() -> None:
     print(f"completed {res['completed']}/{res['num_prompts']} in {res['duration_s']} s")
     print(f"output tokens/s {res['output_tokens_per_s']}  requests/s {res['request_throughput']}")
     for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
-        d = res[name]
+        d = {k: float("nan") if v is None else v for k, v in res[name].items()}
         print(f"{name:8s} mean {d['mean']:9.2f}  p50 {d['p50']:9.2f}  p90 {d['p90']:9.2f}  "
               f"p99 {d['p99']:9.2f}")  # fmt: skip
     print("RESULT_JSON " + json.dumps(res))
+    if not res["completed"]:
+        print(f"error: no request completed; first errors: {res['errors']}", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
