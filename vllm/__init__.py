@@ -9,6 +9,7 @@ from vllm.version import __version__
 _LAZY = {
     "LLM": "vllm.entrypoints.llm",
     "SamplingParams": "vllm.sampling_params",
+    "BeamSearchParams": "vllm.sampling_params",
     "EngineArgs": "vllm.engine.arg_utils",
     "LLMEngine": "vllm.engine.llm_engine",
     "RequestOutput": "vllm.outputs",

@@ -367,3 +367,56 @@ _INIT_FIELDS = [
     for f in SamplingParams.__dataclass_fields__
     if f not in ("all_stop_token_ids", "bad_words_token_ids")
 ]
+
+
+@dataclass
+class BeamSearchParams:
+    """Parameters of one beam search (vllm/beam_search.py; :meth:`vllm.LLM.beam_search`).
+
+    Args:
+        beam_width: beams kept per step and sequences returned (>= 1).
+        max_tokens: tokens generated at most per beam (>= 1).
+        ignore_eos: never complete a beam at an end-of-sequence id.
+        temperature: applied to the logits before the logprobs are taken (0: none).
+        length_penalty: the exponent of the length in the score (module docstring).
+        include_stop_str_in_output: keep the final EOS token's text in ``text``.
+
+    Raises:
+        ValueError: beam_width or max_tokens below 1, or a negative temperature.
+    """
+
+    beam_width: int
+    max_tokens: int
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    length_penalty: float = 1.0
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self) -> None:
+        if self.beam_width < 1:
+            raise ValueError(f"beam_width must be at least 1, got {self.beam_width}.")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}.")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be non-negative, got {self.temperature}.")
+
+    def check_limits(self, max_logprobs: int) -> None:
+        """Raises ValueError when a step's ``2 x beam_width`` logprobs exceed the engine's
+        ``max_logprobs`` (-1: no limit)."""
+        if max_logprobs >= 0 and 2 * self.beam_width > max_logprobs:
+            raise ValueError(
+                f"beam_width={self.beam_width} needs {2 * self.beam_width} logprobs per step, "
+                f"more than max_logprobs={max_logprobs} (raise --max-logprobs, or lower "
+                "beam_width)."
+            )
+
+    def step_params(self) -> SamplingParams:
+        """The SamplingParams of one step: one token, ``2 x beam_width`` logprobs."""
+        return SamplingParams(
+            n=1,
+            max_tokens=1,
+            temperature=self.temperature,
+            logprobs=2 * self.beam_width,
+            ignore_eos=True,
+            detokenize=False,
+        )

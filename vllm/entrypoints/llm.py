@@ -8,13 +8,14 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from vllm.beam_search import BeamSearch, BeamSearchOutput
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.default_model import resolve_model
 from vllm.engine.llm_engine import LLMEngine, PromptType
 from vllm.entrypoints.chat_utils import check_chat_options, render_chat, template_messages
 from vllm.logger import configure_logging
 from vllm.outputs import RequestOutput
-from vllm.sampling_params import SamplingParams
+from vllm.sampling_params import BeamSearchParams, SamplingParams
 
 
 class LLM:
@@ -173,6 +174,51 @@ class LLM:
             ids = tok.encode(text, add_special_tokens=False)
             prompts.append({"prompt": text, "prompt_token_ids": list(ids)})
         return self.generate(prompts, sampling_params, use_tqdm)
+
+    def beam_search(
+        self,
+        prompts: PromptType | SeqABC[PromptType],
+        params: BeamSearchParams,
+        use_tqdm: bool = False,
+    ) -> list[BeamSearchOutput]:
+        """Beam search (vllm/beam_search.py): per prompt, the best ``params.beam_width``
+        sequences, best first; each step is one :meth:`generate` call over every live beam.
+
+        Args:
+            prompts: as :meth:`generate` takes them.
+            params: beam width, max_tokens, ignore_eos, length_penalty, ...
+            use_tqdm: show a progress bar over the steps.
+        Returns:
+            One BeamSearchOutput per prompt, in the prompts' order.
+        Raises:
+            ValueError: a bad prompt, or ``2 x beam_width`` above ``max_logprobs``.
+        """
+        if isinstance(prompts, (str, dict)) or (
+            prompts and isinstance(prompts, list) and isinstance(prompts[0], int)
+        ):
+            prompts = [prompts]
+        engine = self.llm_engine
+        params.check_limits(engine.model_config.max_logprobs)
+        ids = [engine.process_prompt(p)[1] for p in prompts]
+        eos = set(engine.extra_stop_token_ids)
+        if engine.eos_token_id is not None:
+            eos.add(engine.eos_token_id)
+        search = BeamSearch(ids, params, eos, engine.scheduler_config.max_model_len)
+        step = params.step_params()
+        bar = tqdm(total=params.max_tokens, desc="Beam search steps", disable=not use_tqdm)
+        try:
+            while not search.done:
+                pending = search.pending()
+                outs = self.generate([{"prompt_token_ids": t} for _, _, t in pending], step, False)
+                search.advance(
+                    {(i, j): o.outputs[0].logprobs[0] for (i, j, _), o in zip(pending, outs)}
+                )
+                bar.update(1)
+        finally:
+            bar.close()
+        tok = self.get_tokenizer()
+        decode = (lambda t: tok.decode(t, skip_special_tokens=True)) if tok else (lambda t: "")
+        return search.outputs(decode)
 
     def reset_prefix_cache(self) -> bool:
         """Forget the cached prefix blocks (see ``LLMEngine.reset_prefix_cache``)."""
