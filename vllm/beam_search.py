@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from vllm.outputs import CompletionOutput, RequestOutput
 from vllm.sampling_params import BeamSearchParams
 from vllm.sequence import PositionLogprobs
 
@@ -158,3 +159,23 @@ class BeamSearch:
                 seq.text = decode(gen)
             outs.append(BeamSearchOutput(best))
         return outs
+
+
+def to_request_output(
+    request_id: str, prompt: str | None, prompt_ids: list[int], result: BeamSearchOutput
+) -> RequestOutput:
+    """A finished RequestOutput whose ``outputs`` are ``result``'s sequences, best first
+    (index 0 the best): the form the OpenAI server renders as choices."""
+    n = len(prompt_ids)
+    outs = [
+        CompletionOutput(
+            index=i,
+            text=seq.text or "",
+            token_ids=seq.tokens[n:],
+            cumulative_logprob=seq.cum_logprob,
+            logprobs=list(seq.logprobs),
+            finish_reason=seq.finish_reason,
+        )
+        for i, seq in enumerate(result.sequences)
+    ]
+    return RequestOutput(request_id, prompt, list(prompt_ids), None, outs, finished=True)

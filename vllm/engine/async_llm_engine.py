@@ -38,12 +38,13 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from vllm.engine.arg_utils import EngineArgs
+from vllm.engine.async_beam_search import beam_search
 from vllm.engine.async_steps import EngineSteps
 from vllm.engine.llm_engine import LLMEngine, PromptType
 from vllm.engine.metrics import EngineMetrics
 from vllm.engine.request_metrics import FinishedRequest
 from vllm.outputs import RequestOutput
-from vllm.sampling_params import SamplingParams
+from vllm.sampling_params import BeamSearchParams, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -208,6 +209,13 @@ class AsyncLLMEngine:
         except Exception as e:
             kind = params.guided_decoding.kind
             raise ValueError(f"invalid guided {kind}: could not compile it ({e}).") from e
+
+    def beam_search(
+        self, prompt: dict, params: BeamSearchParams, request_id: str
+    ) -> AsyncIterator[RequestOutput]:
+        """Beam search (vllm/engine/async_beam_search.py): yields one finished RequestOutput
+        whose ``outputs`` are the ``params.beam_width`` best sequences, best first."""
+        return beam_search(self, prompt, params, request_id)
 
     def _check_executor(self) -> None:
         executor = self.engine.executor

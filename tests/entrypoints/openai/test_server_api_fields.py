@@ -1,8 +1,9 @@
 """`vllm serve` (SmolLM2 on CPU, one server for the module) with upstream's request fields
 and server flags: prompt_logprobs returned in each choice (equal to LLM.generate's),
 bad_words, truncate_prompt_tokens, return_tokens_as_token_ids,
-stream_options.continuous_usage_stats, the 400s for suffix and stream_options without
-stream, the field an error's ``param`` names, CORS (--allowed-origins) and --root-path.
+stream_options.continuous_usage_stats, use_beam_search (equal to LLM.beam_search), the
+400s for suffix and stream_options without stream, the field an error's ``param`` names,
+CORS (--allowed-origins) and --root-path.
 
 Guards: prompt_logprobs computed but dropped from the response; bad_words,
 truncate_prompt_tokens, return_tokens_as_token_ids and continuous_usage_stats accepted and
@@ -47,7 +48,11 @@ def reference(smollm2_gguf):
             None if pos is None else {str(t): [lp.logprob, lp.rank] for t, lp in pos.items()}
             for pos in out.prompt_logprobs
         ]
-        return {"prompt_ids": list(out.prompt_token_ids), "prompt_logprobs": plp}
+        from vllm import BeamSearchParams
+
+        beams = llm.beam_search(PROMPT, BeamSearchParams(beam_width=3, max_tokens=5))[0]
+        beam = [(s.text, s.finish_reason, s.cum_logprob) for s in beams.sequences]
+        return {"prompt_ids": list(out.prompt_token_ids), "prompt_logprobs": plp, "beam": beam}
 
     return run_in_fork(run)
 
@@ -263,3 +268,32 @@ def test_masked_tokens_show_the_lowest_logprob(server):
     assert [sorted(t["logprob"] for t in c["top_logprobs"]) for c in content] == [
         [-9999.0, 0.0]
     ] * 2
+
+
+def test_beam_search_equals_llm_beam_search(server, reference):
+    """use_beam_search gives n choices, best first, equal to LLM.beam_search's beams (texts
+    and finish reasons), streamed or not; chat runs the same search; fields beam search does
+    not apply are 400s naming them."""
+    want = reference["beam"]
+    body = dict(prompt=PROMPT, max_tokens=5, n=3, use_beam_search=True, logprobs=1)
+    choices = _ok(_post(server, "completions", body))["choices"]
+    assert [(c["text"], c["finish_reason"]) for c in choices] == [(t, f) for t, f, _ in want]
+    assert len({c["text"] for c in choices}) == 3
+    assert all(len(c["logprobs"]["tokens"]) == 5 for c in choices if c["finish_reason"] == "length")
+    with httpx.stream(
+        "POST", server.url_for("v1", "completions"), timeout=120,
+        json={"model": MODEL, **body, "stream": True},
+    ) as r:  # fmt: skip
+        texts = {}
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                for c in json.loads(line[6:])["choices"]:
+                    texts[c["index"]] = texts.get(c["index"], "") + c["text"]
+    assert [texts[i] for i in range(3)] == [t for t, _, _ in want]
+    chat = dict(messages=[{"role": "user", "content": "Hi"}], max_tokens=4, n=2)
+    reply = _ok(_post(server, "chat/completions", {**chat, "use_beam_search": True}))
+    assert len(reply["choices"]) == 2 and reply["choices"][0]["message"]["content"]
+    _bad(_post(server, "completions", {**body, "stop": ["."]}), "stop", "use_beam_search")
+    _bad(_post(server, "completions", {**body, "n": 11}), "n", "max_logprobs=20")
+    _bad(_post(server, "chat/completions", {**chat, "use_beam_search": True,
+                                             "guided_regex": "a+"}), "guided_regex")  # fmt: skip

@@ -133,6 +133,9 @@ class SamplingFields(OpenAIBaseModel):
     prompt_logprobs: int | None = None
     # Logprobs tokens as "token_id:ID" (also the server flag --return-tokens-as-token-ids).
     return_tokens_as_token_ids: bool | None = None
+    # vLLM's: beam search of width n instead of sampling (vllm/beam_search.py)
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None

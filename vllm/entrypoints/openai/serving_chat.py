@@ -167,12 +167,18 @@ class OpenAIServingChat(OpenAIServing):
         param = "tools"
         if guided is None:
             guided, param = guided_params(req), guided_field(req)
-        params = self.sampling_params(req, budget, k, req.prompt_logprobs, guided)
-        self.check_params(params, "top_logprobs")
-        self.check_schedulable(len(ids), req.n, req.prompt_logprobs is None)
-        await self.check_guided(params, param)
+        if req.use_beam_search:  # n beams, each step a request of its own
+            if mode.active:
+                raise APIError("tool calls are not supported with use_beam_search.", 400, "tools")
+            params = self.beam_params(req, budget)
+            self.check_schedulable(len(ids), 1, True)
+        else:
+            params = self.sampling_params(req, budget, k, req.prompt_logprobs, guided)
+            self.check_params(params, "top_logprobs")
+            self.check_schedulable(len(ids), req.n, req.prompt_logprobs is None)
+            await self.check_guided(params, param)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
-        gen = self.engine.generate({"prompt": text, "prompt_token_ids": ids}, params, rid)
+        gen = self.start(req, {"prompt": text, "prompt_token_ids": ids}, params, rid)
         created = int(time.time())
         role = self.response_role if req.add_generation_prompt else conv[-1]["role"]
         echo = conv[-1]["content"] if req.echo and conv[-1]["role"] == role else ""

@@ -142,14 +142,18 @@ class OpenAIServingCompletion(OpenAIServing):
         # Every prompt is checked before any is queued.
         for _, ids in prompts:
             budget = self.check_length(len(ids), 1 if echo_only else req.max_tokens, "prompt")
+            if req.use_beam_search:  # n beams, each step a request of its own
+                params.append(self.beam_params(req, budget))
+                self.check_schedulable(len(ids), 1, True)
+                continue
             params.append(self.sampling_params(req, budget, req.logprobs, prompt_lp, guided))
             self.check_schedulable(len(ids), req.n, req.prompt_logprobs is None)
-        if params:  # the prompts' params differ only in max_tokens, which these do not read
+        if params and not req.use_beam_search:  # the prompts' params differ only in max_tokens
             self.check_params(params[0])
             await self.check_guided(params[0], guided_field(req))
         base = f"cmpl-{uuid.uuid4().hex}"
         gens = [
-            self.engine.generate({"prompt": text, "prompt_token_ids": ids}, sp, f"{base}-{i}")
+            self.start(req, {"prompt": text, "prompt_token_ids": ids}, sp, f"{base}-{i}")
             for i, ((text, ids), sp) in enumerate(zip(prompts, params))
         ]
         created = int(time.time())

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from vllm.engine.async_llm_engine import AsyncLLMEngine
 from vllm.entrypoints.openai.api_errors import APIError, param_of
 from vllm.entrypoints.openai.protocol import SamplingFields
-from vllm.sampling_params import GuidedDecodingParams, SamplingParams
+from vllm.sampling_params import BeamSearchParams, GuidedDecodingParams, SamplingParams
 
 
 def max_chars_per_token(tokenizer) -> int | None:
@@ -236,6 +236,46 @@ class OpenAIServing:
             return SamplingParams(**kw)
         except (ValueError, TypeError) as e:
             raise APIError(str(e), 400, param_of(str(e))) from e
+
+    # Fields that change which tokens may come or where a sequence stops: beam search
+    # (which scores the model's own logprobs and stops only at EOS or length) refuses them.
+    _NOT_WITH_BEAM_SEARCH = (
+        "stop", "stop_token_ids", "min_tokens", "logit_bias", "allowed_token_ids", "bad_words",
+        "response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+        "prompt_logprobs",
+    )  # fmt: skip
+
+    def beam_params(self, req: SamplingFields, max_tokens: int) -> BeamSearchParams:
+        """BeamSearchParams of a ``use_beam_search`` request: width ``n``, its max_tokens,
+        ignore_eos, temperature (default 0), length_penalty, include_stop_str_in_output.
+
+        Raises:
+            APIError 400: a field beam search does not apply (named), or a bad width.
+        """
+        for name in self._NOT_WITH_BEAM_SEARCH:
+            value = getattr(req, name, None)
+            if value not in (None, 0, [], {}, ""):
+                raise APIError(f"{name} is not supported with use_beam_search.", 400, name)
+        try:
+            params = BeamSearchParams(
+                beam_width=req.n,
+                max_tokens=max_tokens,
+                ignore_eos=req.ignore_eos,
+                temperature=req.temperature or 0.0,
+                length_penalty=req.length_penalty,
+                include_stop_str_in_output=req.include_stop_str_in_output,
+            )
+            params.check_limits(self.engine.model_config.max_logprobs)
+        except ValueError as e:
+            raise APIError(str(e).replace("beam_width", "n"), 400, "n") from e
+        return params
+
+    def start(self, req: SamplingFields, prompt: dict, params, request_id: str):
+        """The request's output stream: a beam search of ``beam_params`` when the request
+        asks for one, else ``engine.generate``."""
+        if req.use_beam_search:
+            return self.engine.beam_search(prompt, params, request_id)
+        return self.engine.generate(prompt, params, request_id)
 
     async def check_guided(self, params: SamplingParams, param: str | None) -> None:
         """Parse and compile ``params``' constraint before the request is queued, so a bad

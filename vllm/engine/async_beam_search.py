@@ -1,0 +1,52 @@
+"""Beam search on the :class:`~vllm.engine.async_llm_engine.AsyncLLMEngine` (the server's
+``use_beam_search``): the rules of vllm/beam_search.py, with each step's beams sent to the
+engine as concurrent one-token requests, so other clients' requests share its steps."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from vllm.beam_search import BeamSearch, to_request_output
+from vllm.outputs import RequestOutput
+from vllm.sampling_params import BeamSearchParams
+
+
+async def beam_search(
+    engine, prompt: dict, params: BeamSearchParams, request_id: str
+) -> AsyncIterator[RequestOutput]:
+    """Yield one finished RequestOutput with ``params.beam_width`` outputs, best first.
+
+    Args:
+        engine: the AsyncLLMEngine.
+        prompt: ``{"prompt_token_ids": [...], "prompt": text (optional)}``.
+        params: the search's parameters.
+        request_id: the id of the search; its steps' requests are ``<id>-s<step>-<beam>``.
+    Raises:
+        ValueError: ``2 x beam_width`` above max_logprobs.
+        EngineDeadError / RequestFailedError: as :meth:`AsyncLLMEngine.generate`.
+    """
+    core = engine.engine
+    params.check_limits(core.model_config.max_logprobs)
+    ids = list(prompt["prompt_token_ids"])
+    eos = set(core.extra_stop_token_ids)
+    if core.eos_token_id is not None:
+        eos.add(core.eos_token_id)
+    search = BeamSearch([ids], params, eos, engine.max_model_len)
+    step_params = params.step_params()
+
+    async def one(tokens: list[int], rid: str) -> RequestOutput:
+        last = None
+        async for out in engine.generate({"prompt_token_ids": tokens}, step_params, rid):
+            last = out
+        return last
+
+    step = 0
+    while not search.done:
+        pending = search.pending()
+        outs = await asyncio.gather(*(one(t, f"{request_id}-s{step}-{j}") for _, j, t in pending))
+        search.advance({(i, j): o.outputs[0].logprobs[0] for (i, j, _), o in zip(pending, outs)})
+        step += 1
+    tok = engine.tokenizer
+    decode = (lambda t: tok.decode(t, skip_special_tokens=True)) if tok else (lambda t: "")
+    yield to_request_output(request_id, prompt.get("prompt"), ids, search.outputs(decode)[0])
