@@ -10,6 +10,7 @@ _LAZY = {
     "LLM": "vllm.entrypoints.llm",
     "SamplingParams": "vllm.sampling_params",
     "BeamSearchParams": "vllm.sampling_params",
+    "RequestOutputKind": "vllm.sampling_params",
     "EngineArgs": "vllm.engine.arg_utils",
     "LLMEngine": "vllm.engine.llm_engine",
     "RequestOutput": "vllm.outputs",

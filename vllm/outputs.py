@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from vllm.sequence import PositionLogprobs, RequestMetrics
 
@@ -45,3 +45,33 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics | None = None
     num_cached_tokens: int = field(default=0)
+
+
+class DeltaOutputs:
+    """Turns one request's cumulative RequestOutputs into deltas (``RequestOutputKind.DELTA``):
+    each CompletionOutput keeps only the token ids, text and logprobs added since the last
+    output this object returned; ``prompt_logprobs`` come only with the first.
+    ``cumulative_logprob``, ``finish_reason`` and ``stop_reason`` are as given. Texts and
+    token lists only grow between a request's outputs (the detokenizer's stable text), so
+    slicing at the lengths already sent gives what is new.
+    """
+
+    def __init__(self) -> None:
+        self._sent: dict[int, tuple[int, int]] = {}  # index -> (tokens, characters) sent
+        self._first = True
+
+    def apply(self, out: RequestOutput) -> RequestOutput:
+        outputs = []
+        for o in out.outputs:
+            tokens, chars = self._sent.get(o.index, (0, 0))
+            outputs.append(
+                replace(
+                    o,
+                    token_ids=list(o.token_ids[tokens:]),
+                    text=o.text[chars:],
+                    logprobs=None if o.logprobs is None else list(o.logprobs[tokens:]),
+                )
+            )
+            self._sent[o.index] = (len(o.token_ids), len(o.text))
+        first, self._first = self._first, False
+        return replace(out, outputs=outputs, prompt_logprobs=out.prompt_logprobs if first else None)

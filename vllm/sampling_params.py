@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -112,6 +113,15 @@ class GuidedDecodingParams:
 _CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object")
 
 
+class RequestOutputKind(enum.IntEnum):
+    """What a streamed request yields after each step (``SamplingParams.output_kind``),
+    with upstream vLLM's names and values."""
+
+    CUMULATIVE = 0  # the whole output so far
+    DELTA = 1  # only the tokens, text and logprobs new since the last yield
+    FINAL_ONLY = 2  # nothing until the request finishes
+
+
 @dataclass
 class SamplingParams:
     """How the tokens of one request are chosen and when its generation stops.
@@ -182,12 +192,20 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None
     guided_decoding: GuidedDecodingParams | None = None
     bad_words: list[str] | None = None
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     # Filled by the engine: the tokens that end the request besides stop_token_ids.
     all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
     # Filled by the engine: bad_words as token sequences (vllm/bad_words.py).
     bad_words_token_ids: list[list[int]] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
+        try:
+            self.output_kind = RequestOutputKind(self.output_kind)
+        except ValueError:
+            raise ValueError(
+                f"output_kind must be one of {[k.name for k in RequestOutputKind]}, got "
+                f"{self.output_kind!r}."
+            ) from None
         if self.stop is None:
             self.stop = []
         elif isinstance(self.stop, str):

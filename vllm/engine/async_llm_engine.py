@@ -43,8 +43,8 @@ from vllm.engine.async_steps import EngineSteps
 from vllm.engine.llm_engine import LLMEngine, PromptType
 from vllm.engine.metrics import EngineMetrics
 from vllm.engine.request_metrics import FinishedRequest
-from vllm.outputs import RequestOutput
-from vllm.sampling_params import BeamSearchParams, SamplingParams
+from vllm.outputs import DeltaOutputs, RequestOutput
+from vllm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -154,7 +154,8 @@ class AsyncLLMEngine:
     async def generate(
         self, prompt: PromptType, params: SamplingParams, request_id: str
     ) -> AsyncIterator[RequestOutput]:
-        """Queue a request and yield its RequestOutput after every step it is in.
+        """Queue a request and yield its RequestOutput after every step it is in (all of it
+        so far, only what is new, or only the finished output: ``params.output_kind``).
 
         Leaving the iteration early (client disconnect, cancellation) aborts the request
         and frees its blocks.
@@ -177,6 +178,8 @@ class AsyncLLMEngine:
         self._pending.append((request_id, prompt, params, time.time()))
         self._wakeup.set()
         finished = False
+        kind = params.output_kind
+        delta = DeltaOutputs() if kind == RequestOutputKind.DELTA else None
         try:
             while True:
                 item = await queue.get()
@@ -184,7 +187,8 @@ class AsyncLLMEngine:
                     finished = True
                     raise item
                 finished = item.finished
-                yield item
+                if finished or kind != RequestOutputKind.FINAL_ONLY:
+                    yield delta.apply(item) if delta is not None else item
                 if finished:
                     return
         finally:

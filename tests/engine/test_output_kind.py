@@ -1,0 +1,62 @@
+"""``SamplingParams.output_kind`` on ``AsyncLLMEngine.generate``: DELTA outputs, joined,
+equal the CUMULATIVE run's final output (token ids, text, logprobs; n = 2, seeded), one per
+cumulative output; FINAL_ONLY yields the final output alone."""
+
+import asyncio
+
+import pytest
+
+from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+
+def test_bad_output_kind_names_the_field():
+    with pytest.raises(ValueError, match="output_kind must be one of .*DELTA.*got 7"):
+        SamplingParams(output_kind=7)
+    assert SamplingParams(output_kind=1).output_kind is RequestOutputKind.DELTA
+
+
+@pytest.mark.forked
+def test_delta_and_final_only_equal_cumulative(tiny_llama_dir):
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.engine.async_llm_engine import AsyncLLMEngine
+
+    args = EngineArgs(model=tiny_llama_dir, device="cpu", max_model_len=128)
+    prompt = {"prompt_token_ids": [11, 42, 7, 99, 5, 17]}
+
+    def params(kind):
+        return SamplingParams(
+            n=2, temperature=1.0, seed=3, max_tokens=12, logprobs=2, prompt_logprobs=1,
+            output_kind=kind, ignore_eos=True,
+        )  # fmt: skip
+
+    async def main():
+        engine = AsyncLLMEngine(args, log_requests=False)
+        runs = {}
+        try:
+            for kind in RequestOutputKind:
+                runs[kind] = [o async for o in engine.generate(prompt, params(kind), kind.name)]
+        finally:
+            await engine.shutdown()
+        return runs
+
+    runs = asyncio.run(main())
+    cumulative, delta, final = (runs[k] for k in RequestOutputKind)
+    want = cumulative[-1]
+    assert len(cumulative) > 2 and len(delta) == len(cumulative)
+    assert len(final) == 1 and final[0].finished
+    for i in range(2):
+        ref = want.outputs[i]
+        got = final[0].outputs[i]
+        assert (got.token_ids, got.text) == (ref.token_ids, ref.text)
+        parts = [o.outputs[i] for o in delta]
+        assert [t for p in parts for t in p.token_ids] == ref.token_ids
+        assert "".join(p.text for p in parts) == ref.text
+        lps = [lp for p in parts for lp in p.logprobs]
+        assert [sorted(lp) for lp in lps] == [sorted(lp) for lp in ref.logprobs]
+        assert parts[-1].finish_reason == "length" and parts[-1].cumulative_logprob == (
+            ref.cumulative_logprob
+        )
+    assert len(set(want.outputs[0].token_ids) ^ set(want.outputs[1].token_ids)) > 0
+    assert delta[0].prompt_logprobs == want.prompt_logprobs
+    assert all(o.prompt_logprobs is None for o in delta[1:])
+    assert sum(len(o.outputs[0].token_ids) == 1 for o in delta) >= 10  # one token per step
