@@ -194,7 +194,7 @@ class AsyncLLMEngine:
         finally:
             self._streams.pop(request_id, None)
             if not finished:
-                self.abort(request_id)
+                self._request_abort(request_id)
 
     async def prepare_grammar(self, params: SamplingParams) -> None:
         """Parse ``params.guided_decoding`` (on the engine thread, which owns the grammar
@@ -288,14 +288,27 @@ class AsyncLLMEngine:
         stats.finished = [FinishedRequest.from_group(g, "abort", now) for g in groups]
         return outs, stats
 
-    def abort(self, request_id: str) -> None:
-        """Abort a request (applied on the engine thread before the next step)."""
+    async def abort(self, request_id: str) -> None:
+        """Abort a request (applied on the engine thread before the next step); its stream
+        then ends with a final output whose finish_reason is "abort" (as upstream's V1).
+        Unknown or finished ids are ignored."""
+        self._request_abort(request_id)
+
+    def _request_abort(self, request_id: str) -> None:
         if self._wakeup is None:
             return
         self._aborts.append(request_id)
         self._wakeup.set()
         if self.log_requests:
             logger.info("Aborted request %s.", request_id)
+
+    async def get_tokenizer(self):
+        """The server-side copy of the tokenizer (see ``tokenizer``)."""
+        return self.tokenizer
+
+    async def get_model_config(self):
+        """The engine's ModelConfig."""
+        return self.model_config
 
     async def shutdown(self) -> None:
         """Stop the loop after the steps in flight, fail open streams, stop the workers."""
@@ -332,13 +345,13 @@ class AsyncLLMEngine:
                 aborts, self._aborts = self._aborts, []
                 idle = [v for v in range(self.num_virtual_engines) if v not in in_flight]
                 self._check_executor()
-                ready, refused, gauges, ran, stepped = await self._on_engine(
+                ready, replies, gauges, ran, stepped = await self._on_engine(
                     self._admit_and_step, pending, aborts, idle
                 )
                 if not ran or gauges.finished:  # a step's stats carry newer gauges
                     self.metrics.record(gauges)
-                for rid, err in refused:
-                    self._deliver(rid, err)
+                for rid, reply in replies:  # a refusal's error, or an abort's final output
+                    self._deliver(rid, reply)
                 self._raise_fatal()  # e.g. a held step's delivery failed
                 if ran:
                     if stepped is not None:
@@ -374,22 +387,27 @@ class AsyncLLMEngine:
             raise
 
     def _admit(self, pending, aborts, idle):
-        """Engine thread: add new requests, apply aborts, list idle VEs that have work."""
-        refused = []
+        """Engine thread: add new requests, apply aborts, list idle VEs that have work.
+        ``replies``: (request id, what its stream gets now): a refused request's error, an
+        aborted one's final output."""
+        replies = []
         for rid, prompt, params, arrival in pending:
             try:
                 self.engine.add_request(rid, prompt, params, arrival_time=arrival)
             except Exception as e:
-                refused.append((rid, e))
+                replies.append((rid, e))
         now = time.time()
-        gone = [self.engine._requests.get(rid) for rid in aborts]
+        gone = [g for g in (self.engine._requests.get(rid) for rid in aborts) if g is not None]
         if aborts:
             self.engine.abort_request(aborts)
+        # A stream still open (abort() called by its consumer) ends with the abort output.
+        for g in gone:
+            replies.append((g.request_id, self.engine.make_request_output(g)))
         ready = [v for v in idle if self.engine.has_work(v)]
         gauges = self.steps.gauges()
         # Aborted requests count as finished with reason "abort" (request_success_total).
-        gauges.finished = [FinishedRequest.from_group(g, "abort", now) for g in gone if g]
-        return ready, refused, gauges
+        gauges.finished = [FinishedRequest.from_group(g, "abort", now) for g in gone]
+        return ready, replies, gauges
 
     def _admit_and_step(self, pending, aborts, idle):
         """Engine thread: :meth:`_admit`, then with one virtual engine its whole step in the
@@ -401,7 +419,7 @@ class AsyncLLMEngine:
         that waits behind every stream's chunk; a separate admit call before each step
         added that wait to every step. With several virtual engines the steps run as
         concurrent tasks instead (``ready``)."""
-        ready, refused, gauges = self._admit(pending, aborts, idle)
+        ready, replies, gauges = self._admit(pending, aborts, idle)
         ran, stepped = False, None
         if self.num_virtual_engines == 1 and ready and not self._stopping:
             ran, stepped = True, self.steps.whole_step(ready[0])
@@ -410,7 +428,7 @@ class AsyncLLMEngine:
             # processing): record the gauges as they are after the step.
             finished, gauges = gauges.finished, self.steps.gauges()
             gauges.finished = finished
-        return ready, refused, gauges, ran, stepped
+        return ready, replies, gauges, ran, stepped
 
     async def _step(self, ve: int) -> None:
         """One step of ``ve`` with several virtual engines: schedule and process on the

@@ -393,32 +393,6 @@ def test_fault_hook_fails_one_request_only(server, client):
     assert _metrics(server)["vllm:gpu_cache_usage_perc"] == 0
 
 
-def test_sigterm_finishes_in_flight_request_then_exits(server, client):
-    """Last test of the module: it stops the shared server."""
-    chunks, first = [], threading.Event()
-
-    def consume():
-        stream = client.completions.create(
-            model=MODEL,
-            prompt=PROMPTS[2],
-            max_tokens=24,
-            temperature=0,
-            stream=True,
-            extra_body={"ignore_eos": True},
-        )
-        for chunk in stream:
-            chunks.append(chunk)
-            first.set()
-
-    t = threading.Thread(target=consume)
-    t.start()
-    assert first.wait(60)
-    assert server.stop(timeout=SHUTDOWN_TIMEOUT + 30) == 0, server.log_tail()
-    t.join(60)
-    assert len(chunks) == 24 and chunks[-1].choices[0].finish_reason == "length"
-    assert "Shutting down the engine" in server.read_log()
-
-
 def test_cli_chat_and_complete_clients(server, reference):
     """`vllm complete` and `vllm chat` print the server's greedy replies (equal to
     LLM.generate / LLM.chat), with -q or one line per stdin line; a bad key exits 1 naming
@@ -445,3 +419,29 @@ def test_cli_chat_and_complete_clients(server, reference):
     assert r.stdout.startswith(reference["chat"]), (r.stdout, reference["chat"])
     r = cli("complete", "--api-key", "wrong", "-q", "x")
     assert r.returncode == 1 and "error: HTTP 401" in r.stderr, r.stderr
+
+
+def test_sigterm_finishes_in_flight_request_then_exits(server, client):
+    """Last test of the module: it stops the shared server."""
+    chunks, first = [], threading.Event()
+
+    def consume():
+        stream = client.completions.create(
+            model=MODEL,
+            prompt=PROMPTS[2],
+            max_tokens=24,
+            temperature=0,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        for chunk in stream:
+            chunks.append(chunk)
+            first.set()
+
+    t = threading.Thread(target=consume)
+    t.start()
+    assert first.wait(60)
+    assert server.stop(timeout=SHUTDOWN_TIMEOUT + 30) == 0, server.log_tail()
+    t.join(60)
+    assert len(chunks) == 24 and chunks[-1].choices[0].finish_reason == "length"
+    assert "Shutting down the engine" in server.read_log()

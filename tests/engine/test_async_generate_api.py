@@ -1,6 +1,7 @@
-"""``SamplingParams.output_kind`` on ``AsyncLLMEngine.generate``: DELTA outputs, joined,
-equal the CUMULATIVE run's final output (token ids, text, logprobs; n = 2, seeded), one per
-cumulative output; FINAL_ONLY yields the final output alone."""
+"""``SamplingParams.output_kind`` and ``abort`` on ``AsyncLLMEngine.generate``: DELTA
+outputs, joined, equal the CUMULATIVE run's final output (token ids, text, logprobs; n = 2,
+seeded), one per cumulative output; FINAL_ONLY yields the final output alone; an abort from
+the consumer ends its stream with an "abort" output."""
 
 import asyncio
 
@@ -60,3 +61,44 @@ def test_delta_and_final_only_equal_cumulative(tiny_llama_dir):
     assert delta[0].prompt_logprobs == want.prompt_logprobs
     assert all(o.prompt_logprobs is None for o in delta[1:])
     assert sum(len(o.outputs[0].token_ids) == 1 for o in delta) >= 10  # one token per step
+
+
+@pytest.mark.forked
+def test_abort_ends_the_stream_with_an_abort_output(tiny_llama_dir):
+    """``await engine.abort(id)`` from the consumer ends its stream with a finished output
+    whose finish_reason is "abort" (not a hang); another request runs on untouched; the
+    tokenizer and model config are there as upstream's async getters."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.engine.async_llm_engine import AsyncLLMEngine
+
+    args = EngineArgs(model=tiny_llama_dir, device="cpu", max_model_len=128)
+    sp = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+
+    async def main():
+        engine = AsyncLLMEngine(args, log_requests=False)
+        try:
+            assert (await engine.get_model_config()).max_model_len == 128
+            assert (await engine.get_tokenizer()) is engine.tokenizer
+
+            async def aborted():
+                outs = []
+                async for out in engine.generate({"prompt_token_ids": [5, 6, 7]}, sp, "a"):
+                    outs.append(out)
+                    if len(outs) == 3:
+                        await engine.abort("a")
+                return outs
+
+            async def other():
+                return [o async for o in engine.generate({"prompt_token_ids": [8, 9]}, sp, "b")]
+
+            return await asyncio.wait_for(asyncio.gather(aborted(), other()), 120)
+        finally:
+            await engine.shutdown()
+
+    outs, rest = asyncio.run(main())
+    last = outs[-1]
+    assert last.finished and last.outputs[0].finish_reason == "abort", last
+    assert 3 <= len(last.outputs[0].token_ids) < 40
+    assert (
+        rest[-1].outputs[0].finish_reason == "length" and len(rest[-1].outputs[0].token_ids) == 40
+    )
