@@ -44,14 +44,18 @@ def test_max_model_len_boundary_beside_other_requests(tiny_llama_dir):
         normal,
         {"prompt_token_ids": list(range(200, 200 + limit - 1))},
         {"prompt_token_ids": list(range(300, 300 + limit))},
-        {"prompt_token_ids": list(range(400, 400 + limit + 1))},
         normal,
     ]
-    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    # One token too long: refused before anything is queued, naming the limit.
+    too_long = {"prompt_token_ids": list(range(400, 400 + limit + 1))}
+    with pytest.raises(ValueError, match="prompt \\(65 tokens\\) is longer than max_model_len=64"):
+        llm.generate(prompts[:3] + [too_long], sp)
+    assert not llm.llm_engine.has_unfinished_requests()
+    outs = llm.generate(prompts, sp)
     got = [(len(o.outputs[0].token_ids), o.outputs[0].finish_reason) for o in outs]
-    assert got == [(8, "length"), (1, "length"), (1, "length"), (0, "length"), (8, "length")]
-    assert outs[0].outputs[0].token_ids == outs[4].outputs[0].token_ids
-    assert outs[3].outputs[0].text == ""
+    assert got == [(8, "length"), (1, "length"), (1, "length"), (8, "length")]
+    assert outs[0].outputs[0].token_ids == outs[3].outputs[0].token_ids
     # The engine is still usable and unchanged afterwards.
     again = llm.generate([normal], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     assert again[0].outputs[0].token_ids == outs[0].outputs[0].token_ids

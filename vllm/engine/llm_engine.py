@@ -244,20 +244,25 @@ class LLMEngine:
         """Refuse a request the scheduler could never run (the scheduler's own rule,
         :meth:`Scheduler.never_fits_reason`; every virtual engine has the same limits).
 
-        A prompt longer than ``max_model_len`` is not refused here: as upstream, it is
-        queued and finished as ignored (finish_reason "length", no tokens), which the
-        offline API reports in place. Thread-safe: reads only configuration and cache sizes.
+        A prompt longer than ``max_model_len`` is refused too, as upstream's V1 does (its V0
+        queued it and finished it with no tokens). Thread-safe: reads only configuration
+        and cache sizes.
         ``reads_cache``: False for a request that asks for prompt logprobs, whose ``n``
         sequences then share no prefill (with prefix caching they share all but the
         prompt's last partial block).
 
         Raises:
-            ValueError: naming the limit, e.g. ``n`` x prompt tokens above
-                ``max_num_batched_tokens`` (without chunked prefill), ``n`` above
-                ``max_num_seqs``, or more KV-cache blocks than the cache has.
+            ValueError: naming the limit, e.g. a prompt longer than ``max_model_len``,
+                ``n`` x prompt tokens above ``max_num_batched_tokens`` (without chunked
+                prefill), ``n`` above ``max_num_seqs``, or more KV-cache blocks than the
+                cache has.
         """
-        if prompt_len > self.scheduler_config.max_model_len:
-            return
+        max_len = self.scheduler_config.max_model_len
+        if prompt_len > max_len:
+            raise ValueError(
+                f"The prompt ({prompt_len} tokens) is longer than max_model_len={max_len}: "
+                "shorten it, or raise --max-model-len."
+            )
         max_seqs = self.scheduler_config.max_num_seqs
         if n > max_seqs:  # before a list of n lengths is built (n may be huge)
             raise ValueError(

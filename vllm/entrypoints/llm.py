@@ -77,8 +77,10 @@ class LLM:
         Returns:
             One RequestOutput per prompt; an empty list for an empty list of prompts.
         Raises:
-            ValueError: a bad prompt or a params/prompts length mismatch; nothing is
-                queued then, and the LLM stays usable.
+            ValueError: a bad prompt (one longer than ``max_model_len`` too), params the
+                model cannot serve, a request that could never be scheduled, or a
+                params/prompts length mismatch; nothing is queued then, and the LLM stays
+                usable.
             Exception: whatever a failed engine step raised; this call's unfinished
                 requests are aborted first, so the LLM stays usable.
         """
@@ -100,14 +102,14 @@ class LLM:
             raise ValueError(
                 f"got {len(params)} sampling params for {len(prompts)} prompts; they must match."
             )
-        for p in prompts:  # validate everything before queueing anything
-            self.llm_engine.process_prompt(p)
-        for sp in params:
+        for p, sp in zip(prompts, params):  # validate everything before queueing anything
             if not isinstance(sp, SamplingParams):
                 raise ValueError(
                     f"sampling_params must be SamplingParams, got {type(sp).__name__}."
                 )
+            _, ids = self.llm_engine.process_prompt(p)
             self.llm_engine.verify_params(sp)
+            self.llm_engine.check_schedulable(len(ids), sp.n, sp.prompt_logprobs is None)
         ids = []
         try:
             for prompt, sp in zip(prompts, params):
