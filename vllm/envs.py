@@ -155,6 +155,18 @@ _DECLARED = (
     ),
     EnvVar("RAY_ADDRESS", _str, None, "Ray's own: the cluster the Ray executor joins."),
     EnvVar(
+        "OPENAI_API_KEY",
+        _str,
+        None,
+        "The API key `vllm chat` / `vllm complete` send when --api-key is unset.",
+    ),
+    EnvVar(
+        "CUDA_VISIBLE_DEVICES",
+        _str,
+        None,
+        "CUDA's own: the GPUs this process sees (`vllm collect-env` shows it).",
+    ),
+    EnvVar(
         "OMP_NUM_THREADS",
         _omp_threads,
         None,
@@ -178,6 +190,12 @@ def __getattr__(name: str) -> Any:
     if var is None:
         raise AttributeError(f"module 'vllm.envs' has no attribute {name!r}")
     return var.read()
+
+
+def vllm_variables_set() -> list[tuple[str, str]]:
+    """(name, raw value) of every ``VLLM_*`` variable set in the environment, declared or
+    not (a misspelt one shows up here), sorted by name; for ``vllm collect-env``."""
+    return sorted((k, v) for k, v in os.environ.items() if k.startswith("VLLM_"))
 
 
 def __dir__() -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import json
+import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -113,6 +114,13 @@ class GuidedDecodingParams:
 _CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object")
 
 
+# Fields that must be ints (None allowed where the field's default is None) or numbers.
+_INT_FIELDS = ("n", "top_k", "seed", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs",
+               "truncate_prompt_tokens")  # fmt: skip
+_FLOAT_FIELDS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+                 "repetition_penalty")  # fmt: skip
+
+
 class RequestOutputKind(enum.IntEnum):
     """What a streamed request yields after each step (``SamplingParams.output_kind``),
     with upstream vLLM's names and values."""
@@ -161,6 +169,16 @@ class SamplingParams:
     - ``guided_decoding`` (vLLM's name): a :class:`GuidedDecodingParams` constraint; each
       sequence (of the ``n``) follows it with its own grammar state, and stops (finish
       reason "stop") once the grammar is complete and EOS was generated.
+    - ``output_kind`` (vLLM's name, :class:`RequestOutputKind`): what
+      ``AsyncLLMEngine.generate`` yields after each step: everything so far (CUMULATIVE),
+      only what is new (DELTA), or only the finished output (FINAL_ONLY). ``LLM`` returns
+      finished outputs whatever the kind.
+    - ``truncate_prompt_tokens`` (vLLM's name): keep only the prompt's last k tokens (-1:
+      the last ``max_model_len``); checked against ``max_model_len`` when the engine adds
+      the request.
+    - ``logits_processors``: per-request Python callables are not supported (upstream's V1
+      engine dropped them as well); a non-empty list is a ValueError naming the
+      alternatives. ``extra_args``: kept on the params for extensions; the engine reads none.
 
     Raises:
         ValueError: on any out-of-range value; the message names the field, the value and
@@ -193,6 +211,9 @@ class SamplingParams:
     guided_decoding: GuidedDecodingParams | None = None
     bad_words: list[str] | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    truncate_prompt_tokens: int | None = None
+    logits_processors: list[Any] | None = None
+    extra_args: dict[str, Any] | None = None
     # Filled by the engine: the tokens that end the request besides stop_token_ids.
     all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
     # Filled by the engine: bad_words as token sequences (vllm/bad_words.py).
@@ -236,8 +257,34 @@ class SamplingParams:
         """Check every field against its range.
 
         Raises:
-            ValueError: naming the field, the bad value and the limit.
+            ValueError: naming the field, the bad value and the limit (or the type expected).
         """
+        _check(
+            not self.logits_processors,
+            "logits_processors are not supported (per-request Python callables; upstream's V1 "
+            "engine dropped them too): use logit_bias, allowed_token_ids, bad_words or "
+            "guided_decoding.",
+        )
+        if self.truncate_prompt_tokens is not None:
+            _check(
+                isinstance(self.truncate_prompt_tokens, int)
+                and (self.truncate_prompt_tokens >= 1 or self.truncate_prompt_tokens == -1),
+                "truncate_prompt_tokens must be >= 1 (or -1 for max_model_len), got "
+                f"{self.truncate_prompt_tokens!r}.",
+            )
+        for name in _INT_FIELDS:
+            value = getattr(self, name)
+            _check(
+                value is None
+                or (isinstance(value, numbers.Integral) and not isinstance(value, bool)),
+                f"{name} must be an integer, got {value!r} ({type(value).__name__}).",
+            )
+        for name in _FLOAT_FIELDS:
+            value = getattr(self, name)
+            _check(
+                isinstance(value, numbers.Real) and not isinstance(value, bool),
+                f"{name} must be a number, got {value!r} ({type(value).__name__}).",
+            )
         _check(
             isinstance(self.n, int) and self.n >= 1, f"n must be an integer >= 1, got {self.n!r}."
         )

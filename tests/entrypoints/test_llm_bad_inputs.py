@@ -43,7 +43,12 @@ PARAM_CASES = [
         r"seed must be a 64-bit signed integer.*got 18446744073709551616",
     ),
     ("seed<int64", dict(seed=-(2**63) - 1), r"seed must be a 64-bit.*got -9223372036854775809"),
-]
+    ("logprobs float", dict(logprobs=2.5), r"logprobs must be an integer, got 2.5 \(float\)"),
+    ("temperature str", dict(temperature="0.5"), r"temperature must be a number, got '0.5'"),
+    ("truncate 0", dict(truncate_prompt_tokens=0), r"truncate_prompt_tokens must be >= 1.*got 0"),
+    ("logits_processors", dict(logits_processors=[lambda ids, logits: logits]),
+     r"logits_processors are not supported.*use logit_bias"),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize("name,kwargs,match", PARAM_CASES, ids=[c[0] for c in PARAM_CASES])
@@ -83,6 +88,17 @@ def test_bad_inputs_leave_llm_usable(tiny_llama_dir):
         ("params count", lambda: llm.generate([PROMPT, PROMPT], [greedy]),
          r"got 1 sampling params for 2"),
         ("empty chat", lambda: llm.chat([], greedy), r"messages is empty"),
+        ("too long", lambda: llm.generate([PROMPT, list(range(1, 258))], greedy),
+         r"The prompt \(257 tokens\) is longer than max_model_len=256"),
+        ("multimodal", lambda: llm.generate({"prompt": "hi", "multi_modal_data": {"image": 1}}),
+         r"\['multi_modal_data'\] are not supported: this engine serves text-only"),
+        ("truncate > max_model_len",
+         lambda: llm.generate(PROMPT, SamplingParams(truncate_prompt_tokens=300)),
+         r"truncate_prompt_tokens=300 is more than max_model_len=256"),
+        ("lora", lambda: llm.generate(PROMPT, greedy, lora_request=object()),
+         r"lora_request is not supported"),
+        ("priority", lambda: llm.generate(PROMPT, greedy, priority=[1]),
+         r"priority scheduling is not supported"),
     ]  # fmt: skip
     for name, call, match in cases:
         with pytest.raises(ValueError, match=match):
@@ -92,6 +108,15 @@ def test_bad_inputs_leave_llm_usable(tiny_llama_dir):
         with pytest.raises(ValueError, match=match):
             llm.generate(PROMPT, SamplingParams(**kwargs))
     assert llm.generate([], greedy) == []  # as upstream: nothing to do
+    with pytest.raises(NotImplementedError, match="serves generative models only"):
+        llm.embed("hi")
+    # truncate_prompt_tokens keeps the last k tokens: the same as sending them alone.
+    cut = SamplingParams(temperature=0.0, max_tokens=6, truncate_prompt_tokens=4)
+    kept = llm.generate(PROMPT, cut, use_tqdm=False)[0]
+    last4 = {"prompt_token_ids": PROMPT["prompt_token_ids"][-4:]}
+    alone = llm.generate(last4, SamplingParams(temperature=0.0, max_tokens=6), use_tqdm=False)[0]
+    assert kept.prompt_token_ids == PROMPT["prompt_token_ids"][-4:]
+    assert kept.outputs[0].token_ids == alone.outputs[0].token_ids
     after = llm.generate(PROMPT, greedy, use_tqdm=False)[0].outputs[0]
     assert list(after.token_ids) == list(before.token_ids) and after.text == before.text
     # With max_logprobs=-1 the vocabulary size is the limit.
@@ -126,3 +151,38 @@ def test_failed_step_leaves_llm_usable(tiny_llama_dir):
     after = llm.generate([PROMPT, PROMPT], greedy, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in after] == [o.outputs[0].token_ids for o in before]
     assert len(calls) > 3
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(max_model_len="128"), r"max_model_len must be an int or None, got '128' \(str\)"),
+        (dict(max_num_seqs=2.5), r"max_num_seqs must be an int, got 2.5"),
+        (dict(task="embed"), r"task='embed' is not supported: this engine serves generative"),
+        (dict(runner="pooling"), r"runner='pooling' is not supported"),
+        (dict(enable_lora=True), r"enable_lora=True is not supported"),
+    ],
+)
+def test_bad_engine_args_name_the_field(kwargs, match, tiny_llama_dir):
+    with pytest.raises(ValueError, match=match):
+        LLM(tiny_llama_dir, device="cpu", **kwargs)
+
+
+def test_engine_args_accept_upstream_spellings():
+    """seed=None and a torch.dtype are accepted (as upstream) and normalized."""
+    import torch
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    args = EngineArgs(model="m", seed=None, dtype=torch.bfloat16, max_num_seqs=8)
+    args._check_types()
+    assert (args.seed, args.dtype, args.max_num_seqs) == (0, "bfloat16", 8)
+
+
+@pytest.mark.forked
+def test_stop_strings_without_a_tokenizer(tiny_llama_dir):
+    llm = LLM(tiny_llama_dir, device="cpu", max_model_len=128, skip_tokenizer_init=True)
+    with pytest.raises(ValueError, match=r"stop strings \['a'\] need a tokenizer"):
+        llm.generate([1, 2, 3], SamplingParams(max_tokens=3, stop=["a"]))
+    out = llm.generate([1, 2, 3], SamplingParams(max_tokens=3))[0]
+    assert len(out.outputs[0].token_ids) == 3

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import numbers
 import types
 import typing
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from vllm.config import (
     SchedulerConfig,
     SpeculativeConfig,
 )
-from vllm.engine.compat_args import check_compat_args
+from vllm.engine.compat_args import check_compat_args, check_model_kind
 from vllm.engine.speculative_args import resolve_speculative
 
 
@@ -82,6 +83,15 @@ class EngineArgs:
         "None (the checkpoint's weights as stored) or gguf (a .gguf file; implied by one).",
         group="model",
     )
+    task: str = _f(
+        "auto", "What the model does: auto or generate (the only one served here).",
+        group="model",
+    )  # fmt: skip
+    runner: str = _f(
+        "auto", "The model runner: auto or generate (pooling runners are not served here).",
+        group="model",
+    )  # fmt: skip
+    enable_lora: bool = _f(False, "LoRA adapters: not supported (refused).", group="model")
     dtype: str = _f(
         "auto",
         "Weights and activations: auto (bfloat16 on CUDA, float32 on CPU), float32, "
@@ -323,8 +333,46 @@ class EngineArgs:
               and self.pipeline_parallel_size == 1 and self.tensor_parallel_size == 1)  # fmt: skip
         return PIECEWISE_CHUNKED_DEFAULT if on else 0
 
+    def _check_types(self) -> None:
+        """Normalize what upstream also accepts (``seed=None`` -> 0, a torch.dtype ->
+        its name), then check each field's type, so a wrong one is a ValueError naming the
+        field rather than a TypeError deep inside.
+
+        Raises:
+            ValueError: a field of the wrong type (an int field given "128" or 2.5, ...).
+        """
+        if self.seed is None:
+            self.seed = 0
+        if type(self.dtype).__name__ == "dtype" and str(self.dtype).startswith("torch."):
+            self.dtype = str(self.dtype).removeprefix("torch.")
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            kind, optional = _base_type(hints[f.name])
+            value = getattr(self, f.name)
+            if value is None and optional:
+                continue
+            if kind is int:
+                ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+                if ok:
+                    setattr(self, f.name, int(value))
+            elif kind is float:
+                ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
+            elif kind is bool and value in (0, 1):
+                ok = True
+                setattr(self, f.name, bool(value))
+            elif kind in (str, list):
+                ok = isinstance(value, kind)
+            else:
+                continue
+            if not ok:
+                raise ValueError(
+                    f"{f.name} must be {'an' if kind is int else 'a'} {kind.__name__}"
+                    f"{' or None' if optional else ''}, got {value!r} ({type(value).__name__})."
+                )
+
     def create_engine_config(self) -> EngineConfig:
         """Build and validate every config; raises ValueError naming the bad value."""
+        self._check_types()
         if not self.model:
             raise ValueError("model must be given (an HF directory or a .gguf file).")
         check_compat_args(
@@ -336,6 +384,7 @@ class EngineArgs:
             self.revision,
             self.download_dir,
         )
+        check_model_kind(self.task, self.runner, self.enable_lora)
         device_config = DeviceConfig(self.device)
         parallel_config = ParallelConfig(
             pipeline_parallel_size=self.pipeline_parallel_size,

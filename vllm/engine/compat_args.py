@@ -17,6 +17,9 @@ what is supported otherwise, before any weight is read:
 - ``kv_cache_dtype``: ``auto`` (the model's dtype); fp8 caches are refused.
 - ``swap_space``: GiB of CPU swap per GPU in upstream V0, >= 0. Preempted sequences are
   recomputed here (as in upstream V1), so no swap space is allocated.
+- ``task`` / ``runner``: ``auto`` or ``generate``. Pooling models (embedding, scoring,
+  classification) are not served, so ``embed``, ``pooling`` and the like are refused, as is
+  ``enable_lora`` (no LoRA adapters).
 """
 
 from __future__ import annotations
@@ -66,3 +69,23 @@ def check_compat_args(
             logger.warning(
                 "%s=%r is ignored: the model is read from the local path %r.", name, value, model
             )
+
+
+GENERATE_KINDS = ("auto", "generate")
+
+
+def check_model_kind(task: str, runner: str, enable_lora: bool) -> None:
+    """Refuse what asks for a pooling model or LoRA adapters (see the module docstring).
+
+    Raises:
+        ValueError: naming the flag, its value and what this engine serves.
+    """
+    for name, value in (("task", task), ("runner", runner)):
+        if value not in GENERATE_KINDS:
+            raise ValueError(
+                f"{name}={value!r} is not supported: this engine serves generative models only "
+                f"(use one of {list(GENERATE_KINDS)}); pooling, embedding, scoring and "
+                "classification models are not supported."
+            )
+    if enable_lora:
+        raise ValueError("enable_lora=True is not supported: this engine has no LoRA adapters.")

@@ -57,6 +57,10 @@ def get_executor_class(config: EngineConfig):
     return RayExecutor
 
 
+# Prompt dict fields of upstream's multimodal inputs: refused, never silently dropped.
+_UNSUPPORTED_PROMPT_KEYS = ("multi_modal_data", "mm_processor_kwargs", "multi_modal_uuids")
+
+
 class LLMEngine:
     """The synchronous engine.
 
@@ -166,11 +170,18 @@ class LLMEngine:
         its ``"prompt"`` text, then not tokenized again) or a list of ids.
 
         Raises:
-            ValueError: empty prompt, ids outside [0, vocab_size), text without a tokenizer.
+            ValueError: empty prompt, ids outside [0, vocab_size), text without a tokenizer,
+                multimodal fields (``multi_modal_data``, ``mm_processor_kwargs``).
         """
         text: str | None = None
         ids = None
         if isinstance(prompt, dict):
+            unsupported = [k for k in _UNSUPPORTED_PROMPT_KEYS if prompt.get(k)]
+            if unsupported:
+                raise ValueError(
+                    f"prompt field(s) {unsupported} are not supported: this engine serves "
+                    "text-only models (prompt text or prompt_token_ids)."
+                )
             if "prompt_token_ids" in prompt:
                 ids = list(prompt["prompt_token_ids"])
                 text = prompt.get("prompt")
@@ -204,6 +215,21 @@ class LLMEngine:
         """``text``'s token ids without special tokens (how words appear inside text)."""
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
+    def truncate_prompt(self, ids: list[int], params: SamplingParams) -> list[int]:
+        """``ids`` cut to their last ``params.truncate_prompt_tokens`` (-1: max_model_len)
+        tokens; unchanged when it is None.
+
+        Raises:
+            ValueError: truncate_prompt_tokens above max_model_len.
+        """
+        k = params.truncate_prompt_tokens
+        if k is None:
+            return ids
+        max_len = self.scheduler_config.max_model_len
+        if k > max_len:
+            raise ValueError(f"truncate_prompt_tokens={k} is more than max_model_len={max_len}.")
+        return ids[-(max_len if k == -1 else k) :]
+
     def verify_params(self, params: SamplingParams) -> None:
         """Check the parts of ``params`` that depend on the model (vocabulary size).
 
@@ -225,6 +251,11 @@ class LLMEngine:
                 raise ValueError(f"{name}={k} is more than the vocabulary size {vocab}.")
         if params.bad_words and self.tokenizer is None:
             raise ValueError("bad_words need a tokenizer (skip_tokenizer_init=True).")
+        if params.stop and self.tokenizer is None:
+            raise ValueError(
+                f"stop strings {params.stop} need a tokenizer (skip_tokenizer_init=True): "
+                "use stop_token_ids."
+            )
         for t in params.stop_token_ids:
             if t >= vocab:
                 raise ValueError(
@@ -300,6 +331,7 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already running.")
         text, ids = self.process_prompt(prompt)
         self.verify_params(params)
+        ids = self.truncate_prompt(ids, params)
         self.check_schedulable(len(ids), params.n, params.prompt_logprobs is None)
         grammar = self.guided.grammar_future(params)
         if grammar is not None and grammar.done() and grammar.exception() is not None:

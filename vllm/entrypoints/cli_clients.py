@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Iterator
 
 import httpx
+
+from vllm import envs
 
 
 def add_client_args(parser: argparse.ArgumentParser, chat: bool) -> None:
@@ -45,7 +46,7 @@ def add_client_args(parser: argparse.ArgumentParser, chat: bool) -> None:
 
 class _Client:
     def __init__(self, args: argparse.Namespace):
-        key = args.api_key or os.environ.get("OPENAI_API_KEY")
+        key = args.api_key or envs.OPENAI_API_KEY
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         self.http = httpx.Client(base_url=args.url.rstrip("/"), headers=headers, timeout=None)
         self.model = args.model_name or self._first_model()

@@ -14,6 +14,8 @@ import platform
 import subprocess
 import sys
 
+from vllm import envs
+
 PACKAGES = (
     "vllm", "torch", "triton", "flashinfer-python", "transformers", "tokenizers",
     "safetensors", "gguf", "xgrammar", "ray", "fastapi", "uvicorn", "pydantic", "numpy",
@@ -59,9 +61,9 @@ def collect() -> list[tuple[str, str]]:
             rows.append(
                 (f"GPU {i}", f"{p.name}, {p.total_memory / 2**30:.1f} GiB, sm_{p.major}{p.minor}")
             )
-    rows.append(("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES", "(not set)")))
+    rows.append(("CUDA_VISIBLE_DEVICES", envs.CUDA_VISIBLE_DEVICES or "(not set)"))
     rows += [(name, _version(name)) for name in PACKAGES]
-    rows += sorted((k, v) for k, v in os.environ.items() if k.startswith("VLLM_"))
+    rows += envs.vllm_variables_set()
     return rows
 
 

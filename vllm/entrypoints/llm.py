@@ -65,6 +65,8 @@ class LLM:
         prompts: PromptType | SeqABC[PromptType],
         sampling_params: SamplingParams | SeqABC[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        lora_request: None = None,
+        priority: list[int] | None = None,
     ) -> list[RequestOutput]:
         """Generate completions for ``prompts``, returned in the prompts' order.
 
@@ -74,6 +76,8 @@ class LLM:
             sampling_params: one for all prompts, or one per prompt (default:
                 :meth:`get_default_sampling_params`).
             use_tqdm: show a progress bar.
+            lora_request, priority: upstream's; only None (no LoRA adapters; first come,
+                first served) or all-zero priorities are accepted.
         Returns:
             One RequestOutput per prompt; an empty list for an empty list of prompts.
         Raises:
@@ -84,6 +88,13 @@ class LLM:
             Exception: whatever a failed engine step raised; this call's unfinished
                 requests are aborted first, so the LLM stays usable.
         """
+        if lora_request is not None:
+            raise ValueError("lora_request is not supported: this engine has no LoRA adapters.")
+        if priority is not None and any(priority):
+            raise ValueError(
+                "priority scheduling is not supported: requests are served first come, first "
+                f"served (got priority={list(priority)})."
+            )
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         elif prompts and isinstance(prompts, list) and isinstance(prompts[0], int):
@@ -109,6 +120,7 @@ class LLM:
                 )
             _, ids = self.llm_engine.process_prompt(p)
             self.llm_engine.verify_params(sp)
+            ids = self.llm_engine.truncate_prompt(ids, sp)
             self.llm_engine.check_schedulable(len(ids), sp.n, sp.prompt_logprobs is None)
         ids = []
         try:
@@ -221,6 +233,19 @@ class LLM:
         tok = self.get_tokenizer()
         decode = (lambda t: tok.decode(t, skip_special_tokens=True)) if tok else (lambda t: "")
         return search.outputs(decode)
+
+    def encode(self, *args: Any, **kwargs: Any):
+        """Pooling (upstream's ``encode``, ``embed``, ``score``, ``classify``): not served.
+
+        Raises:
+            NotImplementedError: always; this engine runs generative models only.
+        """
+        raise NotImplementedError(
+            "LLM.encode/embed/score/classify are not supported: this engine serves generative "
+            "models only (no pooling, embedding, scoring or classification)."
+        )
+
+    embed = score = classify = encode
 
     def reset_prefix_cache(self) -> bool:
         """Forget the cached prefix blocks (see ``LLMEngine.reset_prefix_cache``)."""
