@@ -167,9 +167,19 @@ class ModelConfig:
         if self.max_model_len < 1:
             raise ValueError(f"max_model_len must be at least 1, got {self.max_model_len}.")
         if limit is not None and self.max_model_len > limit:
-            raise ValueError(
-                f"max_model_len={self.max_model_len} is greater than the model's "
-                f"max_position_embeddings={limit}."
+            from vllm import envs
+
+            if not envs.VLLM_ALLOW_LONG_MAX_MODEL_LEN:
+                raise ValueError(
+                    f"max_model_len={self.max_model_len} is greater than the model's "
+                    f"max_position_embeddings={limit} (VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 allows "
+                    "it, for models whose positions extend past the config's limit)."
+                )
+            logger.warning(
+                "max_model_len=%d is greater than the model's max_position_embeddings=%d "
+                "(allowed by VLLM_ALLOW_LONG_MAX_MODEL_LEN): outputs past it may be wrong.",
+                self.max_model_len,
+                limit,
             )
 
     # Shapes used by the cache and attention backends.

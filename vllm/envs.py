@@ -124,6 +124,12 @@ _DECLARED = (
         "0 launches Triton kernels without programmatic dependent launch (Hopper and later).",
     ),
     EnvVar(
+        "VLLM_ALLOW_LONG_MAX_MODEL_LEN",
+        _flag,
+        False,
+        "1 allows --max-model-len above the model's max_position_embeddings (with a warning).",
+    ),
+    EnvVar(
         "VLLM_PP_LAYER_PARTITION",
         _str,
         None,

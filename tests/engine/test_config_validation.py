@@ -169,3 +169,35 @@ def test_flashinfer_head_size(monkeypatch):
     monkeypatch.setenv("VLLM_ATTENTION_BACKEND", "FLASHINFER")
     with pytest.raises(ValueError, match=r"head_size=16 \(supported: \[64, 128, 256\]\)"):
         which_attn_backend("cuda", torch.bfloat16, 16)
+
+
+def test_long_max_model_len_allowed_by_env(tiny_llama_dir, monkeypatch):
+    """VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 lets max_model_len exceed max_position_embeddings
+    (as upstream), with a warning; unset, the same value is refused naming the switch."""
+    from transformers import AutoConfig
+
+    limit = AutoConfig.from_pretrained(tiny_llama_dir).max_position_embeddings
+    with pytest.raises(ValueError, match="VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 allows it"):
+        EngineArgs(model=tiny_llama_dir, max_model_len=limit + 16).create_engine_config()
+    monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
+    config = EngineArgs(model=tiny_llama_dir, max_model_len=limit + 16).create_engine_config()
+    assert config.model_config.max_model_len == limit + 16
+
+
+@pytest.mark.parametrize(
+    "text,value", [("4096", 4096), ("4k", 4000), ("25.6k", 25600), ("4K", 4096), ("1M", 2**20)]
+)
+def test_max_model_len_flag_reads_suffixes(text, value):
+    import argparse
+
+    parser = EngineArgs.add_cli_args(argparse.ArgumentParser())
+    assert parser.parse_args(["--max-model-len", text]).max_model_len == value
+
+
+def test_max_model_len_flag_refuses_fractions(capsys):
+    import argparse
+
+    parser = EngineArgs.add_cli_args(argparse.ArgumentParser())
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--max-model-len", "1.3K"])  # 1331.2 tokens
+    assert "expected an integer such as 4096, 4k (4000) or 4K (4096)" in capsys.readouterr().err

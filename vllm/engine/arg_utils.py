@@ -103,7 +103,8 @@ class EngineArgs:
     )
     max_model_len: int | None = _f(
         None,
-        "Context length (prompt + output tokens); default: the model's max_position_embeddings.",
+        "Context length (prompt + output tokens), e.g. 4096, 4k (4000) or 4K (4096); "
+        "default: the model's max_position_embeddings.",
         group="model",
     )
     max_logprobs: int = _f(
@@ -314,7 +315,8 @@ class EngineArgs:
             elif kind is list:
                 target.add_argument(flag, type=int, nargs="+", default=default, help=help_text)
             else:
-                target.add_argument(flag, type=kind, default=default, help=help_text)
+                parse = human_readable_int if f.name == "max_model_len" else kind
+                target.add_argument(flag, type=parse, default=default, help=help_text)
         return parser
 
     @classmethod
@@ -504,6 +506,31 @@ def _check_multi_step(steps: int, spec, parallel: ParallelConfig) -> None:
             f"num_scheduler_steps={steps} is not supported with tensor_parallel_size="
             f"{parallel.tensor_parallel_size}; use num_scheduler_steps=1."
         )
+
+
+_SUFFIXES = {"k": 10**3, "m": 10**6, "g": 10**9, "K": 2**10, "M": 2**20, "G": 2**30}
+
+
+def human_readable_int(text: str) -> int:
+    """``--max-model-len`` as upstream reads it: an integer, or a number with a suffix,
+    lower case for powers of 10 (``1k`` = 1000, ``25.6k`` = 25600), upper case for powers
+    of 2 (``1K`` = 1024, ``128K`` = 131072).
+
+    Raises:
+        argparse.ArgumentTypeError: anything else, or a fraction of a token.
+    """
+    text = text.strip()
+    try:
+        if text and text[-1] in _SUFFIXES:
+            value = float(text[:-1]) * _SUFFIXES[text[-1]]
+            if value != int(value):
+                raise ValueError
+            return int(value)
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"invalid value {text!r}: expected an integer such as 4096, 4k (4000) or 4K (4096)"
+        ) from None
 
 
 def _base_type(hint) -> tuple[type, bool]:
