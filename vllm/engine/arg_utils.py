@@ -158,8 +158,10 @@ class EngineArgs:
     )
     num_gpu_blocks_override: int | None = _f(
         None,
-        "Fixed KV-cache block count per stage (testing; default: sized by profiling on "
-        "CUDA, by VLLM_CPU_KVCACHE_SPACE on CPU).",
+        "Fixed KV-cache block count per stage, split over its virtual engines, each of "
+        "which keeps one back as the padding lanes' scratch block, so N gives N - 1 usable "
+        "blocks at PP = 1 (testing; default: sized by profiling on CUDA, by "
+        "VLLM_CPU_KVCACHE_SPACE on CPU).",
         group="cache",
     )
     enable_prefix_caching: bool = _f(
