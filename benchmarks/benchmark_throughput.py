@@ -49,10 +49,21 @@ def make_parser() -> argparse.ArgumentParser:
     """The throughput flags plus every EngineArgs flag (``--seed`` seeds the workload)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default=default_model(), help="HF directory or .gguf file.")
-    p.add_argument("--dataset", choices=("fixed", "random-range"), default="fixed")
+    p.add_argument(
+        "--dataset",
+        "--dataset-name",
+        choices=("fixed", "random", "random-range"),
+        default="fixed",
+        help="fixed (upstream's name: random, with its default range ratio 0) or random-range.",
+    )
     p.add_argument("--num-prompts", type=int, default=256, help="Requests in the workload.")
-    p.add_argument("--input-len", type=int, default=128, help="fixed: prompt tokens.")
-    p.add_argument("--output-len", type=int, default=128, help="fixed: generated tokens.")
+    p.add_argument(
+        "--input-len", "--random-input-len", type=int, default=128, help="fixed: prompt tokens."
+    )
+    p.add_argument(
+        "--output-len", "--random-output-len", type=int, default=128,
+        help="fixed: generated tokens.",
+    )  # fmt: skip
     p.add_argument("--min-input-len", type=int, default=100, help="random-range lower bound.")
     p.add_argument("--max-input-len", type=int, default=1024, help="random-range upper bound.")
     p.add_argument("--min-output-len", type=int, default=100, help="random-range lower bound.")
@@ -74,6 +85,14 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-tqdm", action="store_true", help="Hide progress bars.")
     EngineArgs.add_cli_args(p)
     return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse the flags; upstream's ``--dataset-name random`` is this script's ``fixed``."""
+    args = make_parser().parse_args(argv)
+    if args.dataset == "random":
+        args.dataset = "fixed"
+    return args
 
 
 def make_workload(args: argparse.Namespace, num: int, vocab: int) -> tuple[list, list[int]]:
@@ -251,7 +270,7 @@ def run_sweep(args: argparse.Namespace, sizes: list[int]) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> list[dict]:
     """Parse ``argv`` (default: sys.argv) and run; returns the JSON records."""
-    args = make_parser().parse_args(argv)
+    args = parse_args(argv)
     sizes = [int(s) for s in args.batch_sizes.split(",") if s.strip()] if args.batch_sizes else []
     _check(args, sizes)
     return run_sweep(args, sizes) if sizes else run_single(args)

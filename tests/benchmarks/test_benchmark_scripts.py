@@ -334,3 +334,14 @@ def test_serving_benchmark_fails_when_nothing_completes():
     assert (res["completed"], res["failed"]) == (0, 2)
     assert res["ttft_ms"]["p50"] is None and "ConnectError" in res["errors"][0]
     assert "no request completed" in proc.stderr
+
+
+def test_throughput_reads_upstream_dataset_flags():
+    """`--dataset-name random --random-input-len I --random-output-len O` (upstream's
+    spelling) is the fixed workload of I prompt and O output tokens."""
+    tp = _bench_module("benchmark_throughput")
+    args = tp.parse_args(["--dataset-name", "random", "--random-input-len", "32",
+                          "--random-output-len", "16", "--num-prompts", "4"])  # fmt: skip
+    assert (args.dataset, args.input_len, args.output_len) == ("fixed", 32, 16)
+    prompts, out_lens = tp.make_workload(args, args.num_prompts, 1000)
+    assert [len(p["prompt_token_ids"]) for p in prompts] == [32] * 4 and out_lens == [16] * 4
