@@ -4,7 +4,8 @@
 text. ``prompt_logprobs`` (vLLM): per prompt token a dict token id -> {logprob, rank,
 decoded_token} with that token and the top-k others; None for the first token, which
 nothing predicts. ``name`` renders a token id as text (its decoded text, or
-"token_id:ID" with ``return_tokens_as_token_ids``).
+"token_id:ID" with ``return_tokens_as_token_ids``); it also gets the token's Logprob when
+there is one, whose ``decoded_token`` spares decoding the token again.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from vllm.entrypoints.openai.protocol import CompletionLogProbs, PromptLogprob
-from vllm.sequence import PositionLogprobs
+from vllm.sequence import Logprob, PositionLogprobs
 
 # The lowest logprob a response shows: a token masked out (logit -inf: allowed_token_ids,
 # a grammar) has logprob -inf, which JSON cannot encode; upstream vLLM shows -9999.0.
@@ -29,7 +30,7 @@ def completion_logprobs(
     positions: list[PositionLogprobs | None],
     k: int,
     start_offset: int,
-    name: Callable[[int], str],
+    name: Callable[[int, Logprob | None], str],
 ) -> CompletionLogProbs:
     """OpenAI completion logprobs: the chosen token's logprob and the top-k per position
     (the chosen token included); None at a position without logprobs (the first prompt
@@ -37,7 +38,7 @@ def completion_logprobs(
     out = CompletionLogProbs()
     offset = start_offset
     for tid, pos in zip(token_ids, positions):
-        tok = name(tid)
+        tok = name(tid, pos.get(tid) if pos else None)
         out.tokens.append(tok)
         out.text_offset.append(offset)
         offset += len(tok)
@@ -50,7 +51,7 @@ def completion_logprobs(
         ranked = sorted(pos.items(), key=lambda kv: -kv[1].logprob)
         top = {}
         for t, lp in ranked[: max(k, 0)]:
-            top[name(t)] = json_logprob(lp.logprob)
+            top[name(t, lp)] = json_logprob(lp.logprob)
         if chosen is not None:
             top.setdefault(tok, json_logprob(chosen.logprob))
         out.top_logprobs.append(top)
@@ -61,7 +62,7 @@ def prompt_logprobs(
     prompt_ids: list[int],
     positions: list[PositionLogprobs | None] | None,
     k: int,
-    name: Callable[[int], str],
+    name: Callable[[int, Logprob | None], str],
 ) -> list[dict[int, PromptLogprob] | None]:
     """Per prompt token: the token itself and the ``k`` most likely tokens at its position
     (rank <= k; the engine may have computed more when echo asked for more), each with its
@@ -76,7 +77,7 @@ def prompt_logprobs(
         for t, lp in sorted(pos.items(), key=lambda kv: -kv[1].logprob):
             if t == tid or (lp.rank is not None and lp.rank <= k):
                 entry[t] = PromptLogprob(
-                    logprob=json_logprob(lp.logprob), rank=lp.rank, decoded_token=name(t)
+                    logprob=json_logprob(lp.logprob), rank=lp.rank, decoded_token=name(t, lp)
                 )
         out.append(entry)
     return out

@@ -219,7 +219,7 @@ class OpenAIServingChat(OpenAIServing):
                 ids,
                 final.prompt_logprobs,
                 req.prompt_logprobs,
-                lambda t: self.token_text(t, as_id),
+                lambda t, lp=None: self.token_text(t, as_id, lp),
             )
         return ChatCompletionResponse(
             id=rid,
@@ -332,8 +332,8 @@ class OpenAIServingChat(OpenAIServing):
         (tokens named by :meth:`token_text` with ``as_id``)."""
         content = []
         for tid, pos in zip(token_ids, positions):
-            tok = self.token_text(tid, as_id)
             chosen = pos.get(tid)
+            tok = self.token_text(tid, as_id, chosen)
             ranked = sorted(pos.items(), key=lambda kv: -kv[1].logprob)[:k]
             content.append(
                 ChatLogProbsContent(
@@ -342,11 +342,10 @@ class OpenAIServingChat(OpenAIServing):
                     bytes=list(tok.encode()),
                     top_logprobs=[
                         ChatLogProb(
-                            token=self.token_text(t, as_id),
-                            logprob=json_logprob(lp.logprob),
-                            bytes=list(self.token_text(t, as_id).encode()),
-                        )
+                            token=text, logprob=json_logprob(lp.logprob), bytes=list(text.encode())
+                        )  # fmt: skip
                         for t, lp in ranked
+                        for text in (self.token_text(t, as_id, lp),)
                     ],
                 )
             )

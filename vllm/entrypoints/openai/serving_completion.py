@@ -171,8 +171,8 @@ class OpenAIServingCompletion(OpenAIServing):
             return None
         choices, completion_tokens = [], 0
 
-        def name(token_id: int) -> str:
-            return self.token_text(token_id, as_id)
+        def name(token_id: int, lp=None) -> str:
+            return self.token_text(token_id, as_id, lp)
 
         for i, (text, ids) in enumerate(prompts):
             out = last[i]
@@ -221,8 +221,8 @@ class OpenAIServingCompletion(OpenAIServing):
         continuous = opts is not None and bool(opts.continuous_usage_stats)
         prompt_tokens = sum(len(ids) for _, ids in prompts)
 
-        def name(token_id: int) -> str:
-            return self.token_text(token_id, as_id)
+        def name(token_id: int, lp=None) -> str:
+            return self.token_text(token_id, as_id, lp)
 
         def usage() -> UsageInfo:
             return UsageInfo(

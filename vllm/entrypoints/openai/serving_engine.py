@@ -291,13 +291,16 @@ class OpenAIServing:
         except ValueError as e:
             raise APIError(str(e), 400, param) from None
 
-    def token_text(self, token_id: int, as_id: bool | None = None) -> str:
+    def token_text(self, token_id: int, as_id: bool | None = None, lp=None) -> str:
         """How a logprobs entry names a token: "token_id:ID" when ``as_id`` (None: the
         server's ``--return-tokens-as-token-ids``), so tokens that are part of a multi-byte
-        character stay distinguishable; else its decoded text (the id as text without a
-        tokenizer)."""
+        character stay distinguishable; else its decoded text: ``lp.decoded_token`` when the
+        engine filled it (the same ``tokenizer.decode([id])``, vllm/engine/detokenizer.py),
+        else decoded here (the id as text without a tokenizer)."""
         if as_id is None:
             as_id = self.return_tokens_as_token_ids
         if as_id:
             return f"token_id:{token_id}"
+        if lp is not None and lp.decoded_token is not None:
+            return lp.decoded_token
         return self.tokenizer.decode([token_id]) if self.tokenizer is not None else str(token_id)
