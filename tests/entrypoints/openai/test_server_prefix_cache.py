@@ -1,6 +1,9 @@
 """`vllm serve --enable-prefix-caching`: /metrics shows the prefix-cache hit rate after two
-requests sharing a prefix, and POST /reset_prefix_cache empties the cache (tiny Llama, CPU)."""
+requests sharing a prefix, each response's usage.prompt_tokens_details.cached_tokens says
+how many of its prompt tokens were found (--enable-prompt-tokens-details), and POST
+/reset_prefix_cache empties the cache (tiny Llama, CPU)."""
 
+import json
 import os
 import re
 
@@ -21,35 +24,44 @@ def _metrics(server) -> dict[str, float]:
     return out
 
 
-def _complete(server, model, tokens):
+def _complete(server, model, tokens, stream=False) -> int:
     """One greedy completion of ``tokens``; ``model`` is the checkpoint path, served under
-    its short name (the directory's last component)."""
+    its short name (the directory's last component). Returns usage's cached_tokens."""
     name = os.path.basename(model.rstrip("/"))
     body = {"model": name, "prompt": tokens, "max_tokens": 4, "temperature": 0}
+    if stream:
+        body.update(stream=True, stream_options={"include_usage": True})
     r = httpx.post(server.url_for("v1", "completions"), json=body, timeout=120)
     assert r.status_code == 200, r.text
+    if stream:
+        last = [x for x in r.text.splitlines() if x.startswith("data: {")][-1]
+        return json.loads(last[6:])["usage"]["prompt_tokens_details"]["cached_tokens"]
+    return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
 
 
 @pytest.mark.forked
 def test_metrics_show_hit_rate_and_reset_empties_the_cache(tiny_llama_dir):
     srv = RemoteOpenAIServer(
-        tiny_llama_dir, ["--device", "cpu", "--block-size", "16", "--enable-prefix-caching"]
-    )
+        tiny_llama_dir,
+        ["--device", "cpu", "--block-size", "16", "--enable-prefix-caching",
+         "--enable-prompt-tokens-details"],
+    )  # fmt: skip
     try:
-        _complete(srv, tiny_llama_dir, SHARED + [300, 301, 302])
+        assert _complete(srv, tiny_llama_dir, SHARED + [300, 301, 302]) == 0
         before = _metrics(srv)
         assert before["vllm:gpu_prefix_cache_hits_total"] == 0
         assert before["vllm:gpu_prefix_cache_queries_total"] == 51
-        _complete(srv, tiny_llama_dir, SHARED + [400, 401])
+        assert _complete(srv, tiny_llama_dir, SHARED + [400, 401]) == 48
         m = _metrics(srv)
         assert m["vllm:gpu_prefix_cache_queries_total"] == 51 + 50
         assert m["vllm:gpu_prefix_cache_hits_total"] == 48
         assert m["vllm:gpu_prefix_cache_hit_rate"] == pytest.approx(48 / 101)
         r = httpx.post(srv.url_for("reset_prefix_cache"), timeout=30)
         assert r.status_code == 200
-        _complete(srv, tiny_llama_dir, SHARED + [500])
+        assert _complete(srv, tiny_llama_dir, SHARED + [500], stream=True) == 0
         m = _metrics(srv)
         assert m["vllm:gpu_prefix_cache_hits_total"] == 48  # nothing found after the reset
         assert m["vllm:gpu_prefix_cache_queries_total"] == 101 + 49
+        assert _complete(srv, tiny_llama_dir, SHARED + [600], stream=True) == 48
     finally:
         srv.stop()

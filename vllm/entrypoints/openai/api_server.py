@@ -95,6 +95,7 @@ def build_app(
     root_path: str | None = None,
     response_role: str = "assistant",
     return_tokens_as_token_ids: bool = False,
+    enable_prompt_tokens_details: bool = False,
 ):
     """The FastAPI app serving ``engine`` (the engine loop starts with the app).
 
@@ -110,6 +111,7 @@ def build_app(
         response_role: ``--response-role``: the role of chat replies to a generation
             prompt (default "assistant").
         return_tokens_as_token_ids: render every logprobs token as "token_id:ID".
+        enable_prompt_tokens_details: report usage.prompt_tokens_details.cached_tokens.
     """
 
     @contextlib.asynccontextmanager
@@ -122,7 +124,10 @@ def build_app(
 
     app = FastAPI(lifespan=lifespan, root_path=root_path or "")
     tokenize_pool = ThreadPoolExecutor(1, "vllm-tokenize")
-    as_ids = dict(return_tokens_as_token_ids=return_tokens_as_token_ids)
+    as_ids = dict(
+        return_tokens_as_token_ids=return_tokens_as_token_ids,
+        enable_prompt_tokens_details=enable_prompt_tokens_details,
+    )
     completion = OpenAIServingCompletion(engine, served_model_names, tokenize_pool, **as_ids)
     chat = OpenAIServingChat(
         engine,
@@ -354,6 +359,7 @@ def run_server(args: argparse.Namespace, engine_args: EngineArgs, sock: socket.s
         root_path=args.root_path,
         response_role=args.response_role,
         return_tokens_as_token_ids=args.return_tokens_as_token_ids,
+        enable_prompt_tokens_details=args.enable_prompt_tokens_details,
     )
     port = sock.getsockname()[1]
     config = uvicorn.Config(

@@ -153,6 +153,12 @@ def make_server_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
         help="Role of the chat completion message the server returns.",
     )
     server.add_argument(
+        "--enable-prompt-tokens-details",
+        action="store_true",
+        help="Add usage.prompt_tokens_details.cached_tokens (prompt tokens read from the "
+        "prefix cache) to every response's usage.",
+    )
+    server.add_argument(
         "--return-tokens-as-token-ids",
         action="store_true",
         help="Render the tokens of logprobs as 'token_id:ID' (e.g. 'token_id:7042'), for "

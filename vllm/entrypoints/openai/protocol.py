@@ -68,10 +68,17 @@ class ModelList(OpenAIBaseModel):
     data: list[ModelCard] = Field(default_factory=list)
 
 
+class PromptTokenUsageInfo(OpenAIBaseModel):
+    """``usage.prompt_tokens_details`` (``--enable-prompt-tokens-details``)."""
+
+    cached_tokens: int | None = None
+
+
 class UsageInfo(OpenAIBaseModel):
     prompt_tokens: int = 0
     total_tokens: int = 0
     completion_tokens: int | None = 0
+    prompt_tokens_details: PromptTokenUsageInfo | None = None
 
 
 class StreamOptions(OpenAIBaseModel):

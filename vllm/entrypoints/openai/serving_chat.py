@@ -208,11 +208,7 @@ class OpenAIServingChat(OpenAIServing):
                     stop_reason=o.stop_reason,
                 )
             )
-        usage = UsageInfo(
-            prompt_tokens=len(ids),
-            completion_tokens=completion_tokens,
-            total_tokens=len(ids) + completion_tokens,
-        )
+        usage = self.usage(len(ids), completion_tokens, final.num_cached_tokens)
         plps = None
         if req.prompt_logprobs is not None:
             plps = prompt_logprobs(
@@ -254,12 +250,10 @@ class OpenAIServingChat(OpenAIServing):
             )  # fmt: skip
         )
 
+        cached = 0  # prompt tokens read from the prefix cache (set by the first output)
+
         def usage_so_far() -> UsageInfo:
-            return UsageInfo(
-                prompt_tokens=prompt_len,
-                completion_tokens=completion_tokens,
-                total_tokens=prompt_len + completion_tokens,
-            )
+            return self.usage(prompt_len, completion_tokens, cached)
 
         def chunk(choices, usage=None) -> str:
             if usage is None and continuous:
@@ -283,6 +277,7 @@ class OpenAIServingChat(OpenAIServing):
                 if echo:
                     yield chunk_text(i, echo)
             async for out in gen:
+                cached = out.num_cached_tokens
                 for o in out.outputs:
                     i = o.index
                     new_ids = list(o.token_ids[sent_tokens[i] :])

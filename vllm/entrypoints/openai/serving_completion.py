@@ -202,11 +202,8 @@ class OpenAIServingCompletion(OpenAIServing):
                     )
                 choices.append(choice)
         prompt_tokens = sum(len(ids) for _, ids in prompts)
-        usage = UsageInfo(
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            total_tokens=prompt_tokens + completion_tokens,
-        )
+        cached = sum(last[i].num_cached_tokens for i in range(len(prompts)))
+        usage = self.usage(prompt_tokens, completion_tokens, cached)
         return CompletionResponse(
             id=base, created=created, model=self.model_name, choices=choices, usage=usage
         )
@@ -224,12 +221,10 @@ class OpenAIServingCompletion(OpenAIServing):
         def name(token_id: int, lp=None) -> str:
             return self.token_text(token_id, as_id, lp)
 
+        cached = [0] * len(prompts)  # prompt tokens read from the prefix cache, per prompt
+
         def usage() -> UsageInfo:
-            return UsageInfo(
-                prompt_tokens=prompt_tokens,
-                completion_tokens=completion_tokens,
-                total_tokens=prompt_tokens + completion_tokens,
-            )
+            return self.usage(prompt_tokens, completion_tokens, sum(cached))
 
         sent_tokens = [0] * (len(prompts) * n)
         sent_chars = [0] * (len(prompts) * n)
@@ -247,6 +242,7 @@ class OpenAIServingCompletion(OpenAIServing):
         try:
             async for i, out in merge(gens):
                 text, ids = prompts[i]
+                cached[i] = out.num_cached_tokens
                 for o in out.outputs:
                     idx = i * n + o.index
                     new_ids = list(o.token_ids[sent_tokens[idx] :])

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from vllm.engine.async_llm_engine import AsyncLLMEngine
 from vllm.entrypoints.openai.api_errors import APIError, param_of
-from vllm.entrypoints.openai.protocol import SamplingFields
+from vllm.entrypoints.openai.protocol import PromptTokenUsageInfo, SamplingFields, UsageInfo
 from vllm.sampling_params import BeamSearchParams, GuidedDecodingParams, SamplingParams
 
 
@@ -45,6 +45,8 @@ class OpenAIServing:
             tokenizer object is never used by two threads at once); a new one when None.
         return_tokens_as_token_ids: render logprobs tokens as "token_id:ID"
             (``--return-tokens-as-token-ids``; see :meth:`token_text`).
+        enable_prompt_tokens_details: report ``usage.prompt_tokens_details.cached_tokens``
+            (``--enable-prompt-tokens-details``; see :meth:`usage`).
     """
 
     def __init__(
@@ -53,9 +55,11 @@ class OpenAIServing:
         served_model_names: list[str],
         tokenize_pool: ThreadPoolExecutor | None = None,
         return_tokens_as_token_ids: bool = False,
+        enable_prompt_tokens_details: bool = False,
     ):
         self.engine = engine
         self.return_tokens_as_token_ids = return_tokens_as_token_ids
+        self.enable_prompt_tokens_details = enable_prompt_tokens_details
         self.served_model_names = served_model_names
         self.max_model_len = engine.max_model_len
         self.default_sampling = engine.default_sampling  # generation_config.json's fields
@@ -290,6 +294,20 @@ class OpenAIServing:
             await self.engine.prepare_grammar(params)
         except ValueError as e:
             raise APIError(str(e), 400, param) from None
+
+    def usage(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> UsageInfo:
+        """A response's usage; with ``--enable-prompt-tokens-details`` it also says how many
+        prompt tokens were read from the prefix cache (``RequestOutput.num_cached_tokens``,
+        summed over the request's prompts)."""
+        details = None
+        if self.enable_prompt_tokens_details:
+            details = PromptTokenUsageInfo(cached_tokens=cached_tokens)
+        return UsageInfo(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=prompt_tokens + completion_tokens,
+            prompt_tokens_details=details,
+        )
 
     def token_text(self, token_id: int, as_id: bool | None = None, lp=None) -> str:
         """How a logprobs entry names a token: "token_id:ID" when ``as_id`` (None: the
