@@ -265,11 +265,14 @@ class EngineSteps:
         stats.prompt_tokens = sched.sched_out.num_prefill_tokens
         stats.generation_tokens = times.generated
         stats.ttft, stats.tpot = list(times.ttft), list(times.tpot)
-        groups = {g.request_id: g for g in sched.sched_out.scheduled_seq_groups}
+        finished = [out for out in outs if out.finished]
+        groups = {}
+        if finished:  # most steps finish nothing: no per-step map of the batch
+            groups = {g.request_id: g for g in sched.sched_out.scheduled_seq_groups}
         now = time.time()
-        for out in outs:
+        for out in finished:
             group = groups.get(out.request_id)
-            if out.finished and group is not None:
+            if group is not None:
                 reason = next((o.finish_reason for o in out.outputs if o.finish_reason), "abort")
                 stats.finished.append(FinishedRequest.from_group(group, reason, now))
         try:
