@@ -191,22 +191,19 @@ class EngineMetrics:
             lbl,
             registry=r,
         ).labels(m)
-        self.prefix_queries = Counter(
-            "vllm:gpu_prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
-            lbl, registry=r,
-        ).labels(m)  # fmt: skip
-        self.prefix_hits = Counter(
-            "vllm:gpu_prefix_cache_hits", "Prompt tokens found in the prefix cache.",
-            lbl, registry=r,
-        ).labels(m)  # fmt: skip
-        self.prefix_queries_v1 = Counter(
-            "vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
-            lbl, registry=r,
-        ).labels(m)  # fmt: skip
-        self.prefix_hits_v1 = Counter(
-            "vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
-            lbl, registry=r,
-        ).labels(m)  # fmt: skip
+        # The prefix-cache counters under upstream's V0 names (gpu_*) and current ones.
+        queried, found = (
+            "Prompt tokens looked up in the prefix cache.",
+            "Prompt tokens found in the prefix cache.",
+        )
+        self.prefix_queries, self.prefix_queries_v1 = (
+            Counter(f"vllm:{name}", queried, lbl, registry=r).labels(m)
+            for name in ("gpu_prefix_cache_queries", "prefix_cache_queries")
+        )
+        self.prefix_hits, self.prefix_hits_v1 = (
+            Counter(f"vllm:{name}", found, lbl, registry=r).labels(m)
+            for name in ("gpu_prefix_cache_hits", "prefix_cache_hits")
+        )
         self._preemptions_last = 0
         self.requests: RequestHistograms | None = None  # set by configure()
         ProcessCollector(registry=r)

@@ -107,48 +107,38 @@ class RequestHistograms:
         max_model_len: the largest prompt + output length, the top of the token buckets.
     """
 
+    # attribute, metric name, help text, buckets ("time", "tpot", "tokens" or "n")
+    _SPECS = (
+        ("queue", "vllm:request_queue_time_seconds",
+         "Seconds a request waited before it was first scheduled.", "time"),
+        ("prefill", "vllm:request_prefill_time_seconds",
+         "Seconds from first scheduled to first token.", "time"),
+        ("decode", "vllm:request_decode_time_seconds", "Seconds from first to last token.",
+         "time"),
+        ("inference", "vllm:request_inference_time_seconds",
+         "Seconds from first scheduled to last token.", "time"),
+        ("tpot", "vllm:request_time_per_output_token_seconds",
+         "Decode seconds per output token after the first, per request.", "tpot"),
+        ("prompt_tokens", "vllm:request_prompt_tokens", "Prompt tokens per request.", "tokens"),
+        ("generation_tokens", "vllm:request_generation_tokens",
+         "Generated tokens per request (all of its sequences).", "tokens"),
+        ("max_generation_tokens", "vllm:request_max_num_generation_tokens",
+         "Generated tokens of a request's longest sequence.", "tokens"),
+        ("params_n", "vllm:request_params_n", "The n request parameter.", "n"),
+        ("params_max_tokens", "vllm:request_params_max_tokens",
+         "The max_tokens request parameter.", "tokens"),
+    )  # fmt: skip
+
     def __init__(self, registry: CollectorRegistry, model_name: str, max_model_len: int):
-        lbl = ["model_name"]
-
-        def hist(name: str, doc: str, buckets) -> Histogram:
-            return Histogram(name, doc, lbl, buckets=buckets, registry=registry).labels(model_name)
-
-        tokens = one_two_five_buckets(max(1, max_model_len))
-        self.queue = hist(
-            "vllm:request_queue_time_seconds", "Seconds a request waited before it was "
-            "first scheduled.", REQUEST_TIME_BUCKETS,
-        )  # fmt: skip
-        self.prefill = hist(
-            "vllm:request_prefill_time_seconds", "Seconds from first scheduled to first "
-            "token.", REQUEST_TIME_BUCKETS,
-        )  # fmt: skip
-        self.decode = hist(
-            "vllm:request_decode_time_seconds", "Seconds from first to last token.",
-            REQUEST_TIME_BUCKETS,
-        )  # fmt: skip
-        self.inference = hist(
-            "vllm:request_inference_time_seconds", "Seconds from first scheduled to last "
-            "token.", REQUEST_TIME_BUCKETS,
-        )  # fmt: skip
-        self.tpot = hist(
-            "vllm:request_time_per_output_token_seconds", "Decode seconds per output token "
-            "after the first, per request.", _TPOT_BUCKETS,
-        )  # fmt: skip
-        self.prompt_tokens = hist(
-            "vllm:request_prompt_tokens", "Prompt tokens per request.", tokens
-        )
-        self.generation_tokens = hist(
-            "vllm:request_generation_tokens", "Generated tokens per request (all of its "
-            "sequences).", tokens,
-        )  # fmt: skip
-        self.max_generation_tokens = hist(
-            "vllm:request_max_num_generation_tokens", "Generated tokens of a request's "
-            "longest sequence.", tokens,
-        )  # fmt: skip
-        self.params_n = hist("vllm:request_params_n", "The n request parameter.", _N_BUCKETS)
-        self.params_max_tokens = hist(
-            "vllm:request_params_max_tokens", "The max_tokens request parameter.", tokens
-        )
+        buckets = {
+            "time": REQUEST_TIME_BUCKETS,
+            "tpot": _TPOT_BUCKETS,
+            "tokens": one_two_five_buckets(max(1, max_model_len)),
+            "n": _N_BUCKETS,
+        }
+        for attr, name, doc, kind in self._SPECS:
+            hist = Histogram(name, doc, ["model_name"], buckets=buckets[kind], registry=registry)
+            setattr(self, attr, hist.labels(model_name))
 
     def observe(self, req: FinishedRequest) -> None:
         """Record one finished request."""
