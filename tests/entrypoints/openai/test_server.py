@@ -93,6 +93,8 @@ def _metrics(server) -> dict[str, float]:
 def test_models_health_version_metrics(server, client):
     assert [m.id for m in client.models.list().data] == [MODEL]
     assert httpx.get(server.url_for("health")).status_code == 200
+    assert httpx.get(server.url_for("ping")).status_code == 200  # upstream's alias
+    assert httpx.post(server.url_for("ping")).status_code == 200
     assert httpx.get(server.url_for("version")).json()["version"]
     text = httpx.get(server.url_for("metrics")).text
     for name in [

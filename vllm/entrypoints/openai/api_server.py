@@ -1,7 +1,7 @@
 """The OpenAI-compatible HTTP server (FastAPI + uvicorn) around an AsyncLLMEngine.
 
 Endpoints: /v1/models, /v1/completions, /v1/chat/completions, /tokenize, /detokenize
-(serving_tokenization.py), /health, /version, /metrics (Prometheus text, this server's own
+(serving_tokenization.py), /health (and its alias /ping), /version, /metrics (Prometheus text, this server's own
 registry). Errors use OpenAI's body
 ``{"error": {"message", "type", "param", "code"}}``: 400 for bad requests (malformed JSON,
 pydantic validation errors and ValueErrors included), 401 for a missing or wrong key when
@@ -176,6 +176,7 @@ def build_app(
         return to_api_error(exc).response()
 
     @app.get("/health")
+    @app.api_route("/ping", methods=["GET", "POST"])  # upstream's SageMaker-style alias
     async def health():
         try:
             await engine.check_health()
