@@ -1,8 +1,8 @@
 """The OpenAI-compatible HTTP server (FastAPI + uvicorn) around an AsyncLLMEngine.
 
 Endpoints: /v1/models, /v1/completions, /v1/chat/completions, /tokenize, /detokenize
-(serving_tokenization.py), /health (and its alias /ping), /version, /metrics (Prometheus text, this server's own
-registry). Errors use OpenAI's body
+(serving_tokenization.py), /health (and its alias /ping), /version, /metrics (Prometheus
+text, this server's own registry). Errors use OpenAI's body
 ``{"error": {"message", "type", "param", "code"}}``: 400 for bad requests (malformed JSON,
 pydantic validation errors and ValueErrors included), 401 for a missing or wrong key when
 ``--api-key`` is set, 404 for an unknown model, 413 for a body above
