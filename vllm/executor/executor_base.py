@@ -42,6 +42,14 @@ class ExecutorBase(ABC):
         """Counters of graph-replayed and eager decode steps (see vllm/cudagraph/counters.py)."""
         return {}
 
+    def profile(self, start: bool) -> None:
+        """Start (``start``) or stop every worker's torch profiler (vllm/worker/profiler.py).
+
+        Raises:
+            RuntimeError: VLLM_TORCH_PROFILER_DIR unset, or no profile / one already running.
+        """
+        raise NotImplementedError
+
     @abstractmethod
     def startup_summaries(self) -> list[dict]:
         """Each stage's start-up choices (vllm/worker/startup_summary.py), by rank."""
@@ -88,6 +96,9 @@ class PipelineExecutorBase(ExecutorBase):
 
     def startup_summaries(self) -> list[dict]:
         return self.collective_rpc("startup_summary")
+
+    def profile(self, start: bool) -> None:
+        self.collective_rpc("start_profile" if start else "stop_profile")
 
     def decode_step_counters(self) -> dict:
         """Each stage's graph-runner counters (``{}`` for a stage without graphs), by rank."""

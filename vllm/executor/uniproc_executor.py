@@ -55,6 +55,10 @@ class UniProcExecutor(ExecutorBase):
         metrics = getattr(self.__dict__.get("worker"), "metrics", None)
         return None if metrics is None else metrics.snapshot()
 
+    def profile(self, start: bool) -> None:
+        with self._lock:
+            (self.worker.start_profile if start else self.worker.stop_profile)()
+
     def startup_summaries(self) -> list[dict]:
         from vllm.worker.startup_summary import stage_summary
 

@@ -143,6 +143,14 @@ class SpecDecodeWorker:
         for w in self._workers():
             w.capture_graphs(capturer)
 
+    def start_profile(self) -> None:
+        """Profile the target worker (the draft runs in the same process, so its work is
+        in the same trace)."""
+        self.target.start_profile()
+
+    def stop_profile(self) -> None:
+        self.target.stop_profile()
+
     def free_sequences(self, seq_ids: list[int]) -> None:
         self.target.free_sequences(seq_ids)
         self.proposer.free(seq_ids)

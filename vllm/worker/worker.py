@@ -188,6 +188,21 @@ class Worker:
         slots = [ce.scratch_slot for ce in self.cache_engines]
         self.model_runner.capture_graphs(self.kv_caches, slots, capturer)
 
+    def start_profile(self) -> None:
+        """Start this rank's torch profiler (vllm/worker/profiler.py)."""
+        self._profiler().start()
+
+    def stop_profile(self) -> None:
+        """Stop this rank's torch profiler and write its trace."""
+        self._profiler().stop()
+
+    def _profiler(self):
+        from vllm.worker.profiler import WorkerProfiler
+
+        if getattr(self, "profiler", None) is None:
+            self.profiler = WorkerProfiler(self.rank, self.device.type)
+        return self.profiler
+
     def startup_summary(self) -> dict:
         """What this stage chose (device, dtype, backend, KV bytes, graphs): see
         :func:`vllm.worker.startup_summary.stage_summary`."""
