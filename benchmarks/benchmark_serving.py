@@ -98,8 +98,14 @@ async def run(args) -> dict:
         if model is None:
             headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
             async with pool.client() as c:
-                models = (await c.get(f"{base}/v1/models", headers=headers)).json()
-            model = models["data"][0]["id"]
+                try:
+                    r = await c.get(f"{base}/v1/models", headers=headers)
+                    model = r.json()["data"][0]["id"]
+                except (httpx.HTTPError, ValueError, KeyError, IndexError) as e:
+                    raise SystemExit(
+                        f"error: no model from {base}/v1/models ({type(e).__name__}: {e}); "
+                        "is the server up? (or pass --model)"
+                    ) from None
         prompts = [
             " ".join(rng.choice(WORDS) for _ in range(args.input_len))
             for _ in range(args.num_prompts)
@@ -146,7 +152,9 @@ def main() -> int:
     """Run, print the summary and the RESULT_JSON line; returns 1 when no request
     completed (nothing was measured), else 0."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--base-url", default="http://127.0.0.1:8000")
+    ap.add_argument("--base-url", default=None, help="default: http://HOST:PORT")
+    ap.add_argument("--host", default="127.0.0.1", help="upstream's: with --port, the server")
+    ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--model", default=None, help="default: the first of /v1/models")
     ap.add_argument("--api-key", default=None)
     ap.add_argument("--num-prompts", type=int, default=32)
@@ -156,6 +164,7 @@ def main() -> int:
     ap.add_argument("--output-len", type=int, default=16, help="tokens per request")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    args.base_url = args.base_url or f"http://{args.host}:{args.port}"
     print(
         f"benchmark_serving: {args.base_url} num_prompts={args.num_prompts} "
         f"request_rate={args.request_rate} max_concurrency={args.max_concurrency} "

@@ -181,6 +181,9 @@ class ModelConfig:
                 self.max_model_len,
                 limit,
             )
+            # The rotary tables are built for max_position_embeddings positions: extend
+            # them to every position a sequence can reach.
+            self.hf_config.max_position_embeddings = self.max_model_len
 
     # Shapes used by the cache and attention backends.
     @property

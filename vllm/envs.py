@@ -130,6 +130,13 @@ _DECLARED = (
         "1 allows --max-model-len above the model's max_position_embeddings (with a warning).",
     ),
     EnvVar(
+        "VLLM_TORCH_PROFILER_DIR",
+        _str,
+        None,
+        "Directory of torch profiler traces; enables LLM.start_profile() and the server's "
+        "POST /start_profile and /stop_profile.",
+    ),
+    EnvVar(
         "VLLM_PP_LAYER_PARTITION",
         _str,
         None,

@@ -237,8 +237,8 @@ class SamplingParams:
             raise ValueError(f"stop must be a string or a list of strings, got {self.stop!r}.")
         self.stop_token_ids = list(self.stop_token_ids or [])
         self.all_stop_token_ids = set(self.stop_token_ids)
-        if self.seed is not None:
-            self.seed = int(self.seed)
+        if isinstance(self.seed, numbers.Integral) and not isinstance(self.seed, bool):
+            self.seed = int(self.seed)  # numpy ints too; anything else fails verify()
         self.logit_bias = _token_bias(self.logit_bias) or None
         if self.allowed_token_ids is not None:
             self.allowed_token_ids = list(self.allowed_token_ids)

@@ -334,6 +334,11 @@ def test_serving_benchmark_fails_when_nothing_completes():
     assert (res["completed"], res["failed"]) == (0, 2)
     assert res["ttft_ms"]["p50"] is None and "ConnectError" in res["errors"][0]
     assert "no request completed" in proc.stderr
+    # Without --model the server is asked for one: one error line, no traceback.
+    proc = subprocess.run([sys.executable, script, "--port", str(port), "--num-prompts", "2"],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.startswith("error: no model from http://127.0.0.1:"), proc.stderr
 
 
 def test_throughput_reads_upstream_dataset_flags():

@@ -182,6 +182,20 @@ def test_long_max_model_len_allowed_by_env(tiny_llama_dir, monkeypatch):
     monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
     config = EngineArgs(model=tiny_llama_dir, max_model_len=limit + 16).create_engine_config()
     assert config.model_config.max_model_len == limit + 16
+    # The rotary tables then cover every position a sequence can reach.
+    assert config.model_config.hf_config.max_position_embeddings == limit + 16
+
+
+@pytest.mark.forked
+def test_long_max_model_len_generates_past_the_config_limit(tiny_llama_dir, monkeypatch):
+    """A prompt past max_position_embeddings (512) generates instead of failing the step."""
+    monkeypatch.undo()  # this one loads weights (the module's fixture forbids it)
+    monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(tiny_llama_dir, device="cpu", max_model_len=600)
+    out = llm.generate({"prompt_token_ids": [5] * 560}, SamplingParams(max_tokens=4))[0]
+    assert len(out.outputs[0].token_ids) == 4
 
 
 @pytest.mark.parametrize(

@@ -147,6 +147,7 @@ def test_collect_env(capsys, monkeypatch):
     from vllm.version import __version__
 
     monkeypatch.setenv("VLLM_TEST_MARKER", "on")
+    monkeypatch.setenv("VLLM_API_KEY", "s3cret")  # a credential: shown as set, not its value
     assert cli.main(["collect-env"]) == 0
     rows = dict(
         (part.strip() for part in line.split(" : ", 1))
@@ -154,7 +155,7 @@ def test_collect_env(capsys, monkeypatch):
     )
     assert rows["vllm"] == __version__ and rows["torch"] == torch.__version__
     assert rows["CUDA available"] == str(torch.cuda.is_available())
-    assert rows["VLLM_TEST_MARKER"] == "on"
+    assert rows["VLLM_TEST_MARKER"] == "on" and rows["VLLM_API_KEY"] == "(set, hidden)"
 
 
 def test_public_names():

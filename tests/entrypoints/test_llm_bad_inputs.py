@@ -46,6 +46,7 @@ PARAM_CASES = [
     ("logprobs float", dict(logprobs=2.5), r"logprobs must be an integer, got 2.5 \(float\)"),
     ("temperature str", dict(temperature="0.5"), r"temperature must be a number, got '0.5'"),
     ("truncate 0", dict(truncate_prompt_tokens=0), r"truncate_prompt_tokens must be >= 1.*got 0"),
+    ("seed str", dict(seed="1"), r"seed must be an integer, got '1' \(str\)"),
     ("logits_processors", dict(logits_processors=[lambda ids, logits: logits]),
      r"logits_processors are not supported.*use logit_bias"),
 ]  # fmt: skip
@@ -161,6 +162,7 @@ def test_failed_step_leaves_llm_usable(tiny_llama_dir):
         (dict(task="embed"), r"task='embed' is not supported: this engine serves generative"),
         (dict(runner="pooling"), r"runner='pooling' is not supported"),
         (dict(enable_lora=True), r"enable_lora=True is not supported"),
+        (dict(enable_chunked_prefill="false"), r"enable_chunked_prefill must be a bool, got"),
     ],
 )
 def test_bad_engine_args_name_the_field(kwargs, match, tiny_llama_dir):

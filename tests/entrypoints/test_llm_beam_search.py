@@ -101,3 +101,5 @@ def test_beams_equal_a_full_vocabulary_search_on_transformers(tiny_llama_dir):
     assert gen == greedy[0] and one[0].sequences[0].text == greedy[1]
     with pytest.raises(ValueError, match="max_logprobs=20"):
         llm.beam_search("x", BeamSearchParams(beam_width=11, max_tokens=2))
+    with pytest.raises(ValueError, match=r"prompt \(70 tokens\) is longer than max_model_len=64"):
+        llm.beam_search({"prompt_token_ids": [5] * 70}, BeamSearchParams(3, 4))

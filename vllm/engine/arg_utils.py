@@ -361,9 +361,10 @@ class EngineArgs:
                     setattr(self, f.name, int(value))
             elif kind is float:
                 ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
-            elif kind is bool and value in (0, 1):
-                ok = True
-                setattr(self, f.name, bool(value))
+            elif kind is bool:
+                ok = isinstance(value, numbers.Integral) and value in (0, 1)  # bools too
+                if ok:
+                    setattr(self, f.name, bool(value))
             elif kind in (str, list):
                 ok = isinstance(value, kind)
             else:

@@ -152,7 +152,12 @@ class AsyncLLMEngine:
             raise EngineDeadError("the engine is shutting down.")
 
     async def generate(
-        self, prompt: PromptType, params: SamplingParams, request_id: str
+        self,
+        prompt: PromptType,
+        sampling_params: SamplingParams,
+        request_id: str,
+        lora_request: None = None,
+        priority: int = 0,
     ) -> AsyncIterator[RequestOutput]:
         """Queue a request and yield its RequestOutput after every step it is in (all of it
         so far, only what is new, or only the finished output: ``params.output_kind``).
@@ -163,8 +168,18 @@ class AsyncLLMEngine:
         Raises:
             EngineDeadError: the engine is dead or shutting down.
             RequestFailedError: the request failed inside the engine.
-            ValueError: the engine refused the prompt or params.
+            ValueError: the engine refused the prompt or params; a ``lora_request`` or a
+                non-zero ``priority`` (upstream's arguments; no LoRA adapters or priority
+                scheduling here).
         """
+        params = sampling_params
+        if lora_request is not None:
+            raise ValueError("lora_request is not supported: this engine has no LoRA adapters.")
+        if priority:
+            raise ValueError(
+                f"priority={priority} is not supported: requests are served first come, first "
+                "served."
+            )
         await self.check_health()
         self.start()
         if request_id in self._streams:
@@ -310,6 +325,15 @@ class AsyncLLMEngine:
         """The engine's ModelConfig."""
         return self.model_config
 
+    async def get_vllm_config(self):
+        """The engine's whole EngineConfig (upstream's VllmConfig)."""
+        return self.engine.config
+
+    @property
+    def dead_error(self) -> BaseException:
+        """The error that killed the engine loop (an EngineDeadError when none did)."""
+        return self.errored or EngineDeadError("the engine is not running.")
+
     async def shutdown(self) -> None:
         """Stop the loop after the steps in flight, fail open streams, stop the workers."""
         self._stopping = True
@@ -326,6 +350,14 @@ class AsyncLLMEngine:
         self._thread.shutdown(wait=True)
         for t in self._ve_threads:
             t.shutdown(wait=True)
+
+    async def start_profile(self) -> None:
+        """:meth:`LLMEngine.start_profile` on the engine thread (between steps)."""
+        await self._on_engine(self.engine.start_profile)
+
+    async def stop_profile(self) -> None:
+        """:meth:`LLMEngine.stop_profile` on the engine thread (writes the traces)."""
+        await self._on_engine(self.engine.stop_profile)
 
     async def reset_prefix_cache(self) -> bool:
         """:meth:`LLMEngine.reset_prefix_cache` on the engine thread (between schedules)."""

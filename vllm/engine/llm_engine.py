@@ -110,6 +110,7 @@ class LLMEngine:
         ]
         self.seq_counter = itertools.count()
         self._requests: dict[str, SequenceGroup] = {}
+        self._profiling = False  # start_profile() ran without stop_profile()
         # Structured outputs: matchers of constrained sequences, and the requests whose
         # grammar is still compiling (not given to a scheduler until it is ready).
         self.guided = GuidedDecodingManager(
@@ -442,6 +443,37 @@ class LLMEngine:
                 for report in self._reports.values():  # no output after the abort
                     report.drop(group)
                 self.executor.free_sequences([s.seq_id for s in group.seqs])
+
+    def start_profile(self) -> None:
+        """Start every worker's torch profiler; traces go to ``VLLM_TORCH_PROFILER_DIR``
+        (vllm/worker/profiler.py). Both conditions are checked here, before any worker is
+        called (a worker's failed call would fail the pipeline).
+
+        Raises:
+            RuntimeError: the variable is unset, or a profile is already running.
+        """
+        from vllm import envs
+
+        if not envs.VLLM_TORCH_PROFILER_DIR:
+            raise RuntimeError(
+                "profiling needs VLLM_TORCH_PROFILER_DIR, the directory the traces go to; "
+                "set it before the engine starts."
+            )
+        if self._profiling:
+            raise RuntimeError("a profile is already running: stop it first.")
+        self.executor.profile(True)
+        self._profiling = True
+
+    def stop_profile(self) -> None:
+        """Stop every worker's profiler and write the traces.
+
+        Raises:
+            RuntimeError: no profile is running.
+        """
+        if not self._profiling:
+            raise RuntimeError("no profile is running: start one first.")
+        self._profiling = False
+        self.executor.profile(False)
 
     def reset_prefix_cache(self) -> bool:
         """Forget every virtual engine's cached prefix blocks (blocks held by running

@@ -3,7 +3,8 @@
 Sections: the system (OS, Python, CPU count, memory), the GPUs (torch's CUDA build, driver,
 each device's name, memory and compute capability, ``CUDA_VISIBLE_DEVICES``), the versions
 of this package and the libraries it runs on (missing ones say "not installed"), and the
-``VLLM_*`` variables set in the environment. Nothing is sent anywhere.
+``VLLM_*`` variables set in the environment (values of credentials, such as
+``VLLM_API_KEY``, hidden). Nothing is sent anywhere.
 """
 
 from __future__ import annotations
@@ -41,6 +42,15 @@ def _driver() -> str:
         return "no nvidia-smi"
 
 
+# A variable whose name has one of these parts holds a credential: its value is hidden.
+_SECRET_PARTS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "ACCESS", "CREDENTIAL")
+
+
+def _shown(name: str, value: str) -> str:
+    """``value``, or "(set, hidden)" for a credential (the report is meant to be pasted)."""
+    return "(set, hidden)" if any(p in name.upper() for p in _SECRET_PARTS) else value
+
+
 def collect() -> list[tuple[str, str]]:
     """(name, value) rows of the report, in print order."""
     import psutil
@@ -63,7 +73,7 @@ def collect() -> list[tuple[str, str]]:
             )
     rows.append(("CUDA_VISIBLE_DEVICES", envs.CUDA_VISIBLE_DEVICES or "(not set)"))
     rows += [(name, _version(name)) for name in PACKAGES]
-    rows += envs.vllm_variables_set()
+    rows += [(k, _shown(k, v)) for k, v in envs.vllm_variables_set()]
     return rows
 
 

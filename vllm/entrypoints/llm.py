@@ -143,6 +143,7 @@ class LLM:
         continue_final_message: bool = False,
         tools: list[dict[str, Any]] | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        lora_request: None = None,
     ) -> list[RequestOutput]:
         """Generate replies to one conversation or a batch of them, using the model's chat
         template (``tokenizer.apply_chat_template``), as the server's chat endpoint renders
@@ -158,6 +159,7 @@ class LLM:
                 continues it (needs ``add_generation_prompt=False``).
             tools: OpenAI tool definitions, the template's ``tools`` variable.
             chat_template_kwargs: further template variables.
+            lora_request: upstream's; only None (see :meth:`generate`).
 
         Raises:
             ValueError: an empty conversation, no chat template (neither the tokenizer's
@@ -187,7 +189,7 @@ class LLM:
             )
             ids = tok.encode(text, add_special_tokens=False)
             prompts.append({"prompt": text, "prompt_token_ids": list(ids)})
-        return self.generate(prompts, sampling_params, use_tqdm)
+        return self.generate(prompts, sampling_params, use_tqdm, lora_request)
 
     def beam_search(
         self,
@@ -205,7 +207,8 @@ class LLM:
         Returns:
             One BeamSearchOutput per prompt, in the prompts' order.
         Raises:
-            ValueError: a bad prompt, or ``2 x beam_width`` above ``max_logprobs``.
+            ValueError: a bad prompt (one longer than max_model_len too), or
+                ``2 x beam_width`` above ``max_logprobs``.
         """
         if isinstance(prompts, (str, dict)) or (
             prompts and isinstance(prompts, list) and isinstance(prompts[0], int)
@@ -214,6 +217,8 @@ class LLM:
         engine = self.llm_engine
         params.check_limits(engine.model_config.max_logprobs)
         ids = [engine.process_prompt(p)[1] for p in prompts]
+        for prompt_ids in ids:  # each beam is a request of its own (n = 1)
+            engine.check_schedulable(len(prompt_ids), 1)
         eos = set(engine.extra_stop_token_ids)
         if engine.eos_token_id is not None:
             eos.add(engine.eos_token_id)
@@ -246,6 +251,15 @@ class LLM:
         )
 
     embed = score = classify = encode
+
+    def start_profile(self) -> None:
+        """Start the torch profiler of every worker (``VLLM_TORCH_PROFILER_DIR`` must name
+        the directory the traces go to; see ``LLMEngine.start_profile``)."""
+        self.llm_engine.start_profile()
+
+    def stop_profile(self) -> None:
+        """Stop the profilers and write one trace per worker."""
+        self.llm_engine.stop_profile()
 
     def reset_prefix_cache(self) -> bool:
         """Forget the cached prefix blocks (see ``LLMEngine.reset_prefix_cache``)."""

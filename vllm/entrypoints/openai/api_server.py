@@ -2,7 +2,8 @@
 
 Endpoints: /v1/models, /v1/completions, /v1/chat/completions, /tokenize, /detokenize
 (serving_tokenization.py), /health (and its alias /ping), /version, /metrics (Prometheus
-text, this server's own registry). Errors use OpenAI's body
+text, this server's own registry), POST /start_profile and /stop_profile (only with
+VLLM_TORCH_PROFILER_DIR set). Errors use OpenAI's body
 ``{"error": {"message", "type", "param", "code"}}``: 400 for bad requests (malformed JSON,
 pydantic validation errors and ValueErrors included), 401 for a missing or wrong key when
 ``--api-key`` is set, 404 for an unknown model, 413 for a body above
@@ -191,6 +192,23 @@ def build_app(
     @app.get("/metrics")
     async def metrics():
         return Response(engine.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    if envs.VLLM_TORCH_PROFILER_DIR:  # as upstream: the routes exist only then
+
+        @app.post("/start_profile")
+        async def start_profile():
+            return await _profile(engine.start_profile)
+
+        @app.post("/stop_profile")
+        async def stop_profile():
+            return await _profile(engine.stop_profile)
+
+        async def _profile(call):
+            try:
+                await call()
+            except RuntimeError as e:  # already running / none running: the caller's order
+                return APIError(str(e), 400).response()
+            return Response(status_code=200)
 
     @app.post("/reset_prefix_cache")
     async def reset_prefix_cache():
