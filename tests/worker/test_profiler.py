@@ -50,3 +50,26 @@ def test_profile_needs_the_directory(tiny_llama_dir, monkeypatch):
     with pytest.raises(RuntimeError, match="VLLM_TORCH_PROFILER_DIR"):
         llm.start_profile()
     assert llm.generate([1, 2, 3], SamplingParams(max_tokens=2), use_tqdm=False)
+
+
+def test_server_profile_routes(tiny_llama_dir, tmp_path):
+    """`vllm serve` with VLLM_TORCH_PROFILER_DIR: POST /start_profile, a request, POST
+    /stop_profile write the trace; a second stop is a 400 naming the reason."""
+    import httpx
+
+    from tests.utils import RemoteOpenAIServer
+
+    env = {"VLLM_TORCH_PROFILER_DIR": str(tmp_path)}
+    with RemoteOpenAIServer(
+        tiny_llama_dir, ["--device", "cpu", "--max-model-len", "64"], env=env
+    ) as srv:
+        assert httpx.post(srv.url_for("start_profile"), timeout=60).status_code == 200
+        body = {"model": os.path.basename(tiny_llama_dir.rstrip("/")), "prompt": [1, 2, 3],
+                "max_tokens": 3}  # fmt: skip
+        assert (
+            httpx.post(srv.url_for("v1", "completions"), json=body, timeout=60).status_code == 200
+        )
+        assert httpx.post(srv.url_for("stop_profile"), timeout=120).status_code == 200
+        again = httpx.post(srv.url_for("stop_profile"), timeout=60)
+        assert again.status_code == 400 and "no profile is running" in again.text
+    assert glob.glob(os.path.join(tmp_path, "rank0.*.pt.trace.json*"))
