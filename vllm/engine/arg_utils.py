@@ -213,7 +213,7 @@ class EngineArgs:
         "uni, mp or ray (default: uni for one stage, mp for several).",
         group="parallel",
     )
-    speculative_config: str | None = _f(
+    speculative_config: str | dict | None = _f(
         None,
         "Speculative decoding as one JSON object, upstream's flag: "
         '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4} or '
@@ -351,6 +351,9 @@ class EngineArgs:
             self.dtype = str(self.dtype).removeprefix("torch.")
         hints = typing.get_type_hints(type(self))
         for f in dataclasses.fields(self):
+            kinds = [a for a in typing.get_args(hints[f.name]) if a is not type(None)]
+            if len(kinds) > 1:  # several types (a JSON string or a dict): checked where read
+                continue
             kind, optional = _base_type(hints[f.name])
             value = getattr(self, f.name)
             if value is None and optional:
