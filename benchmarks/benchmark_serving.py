@@ -1,7 +1,9 @@
 """Serving benchmark against a running `vllm serve` (OpenAI /v1/completions, streaming).
 
-Sends ``--num-prompts`` requests of ``--input-len`` random-word prompts asking for exactly
-``--output-len`` tokens (ignore_eos), arriving as a Poisson process of ``--request-rate``
+Sends ``--num-prompts`` requests of ``--input-len`` random-word prompts (``--dataset-name
+random``, upstream's: prompts of exactly ``--random-input-len`` random token ids in
+[100, 10000), sent as token ids) asking for exactly ``--output-len`` (``--random-output-len``)
+tokens (ignore_eos), arriving as a Poisson process of ``--request-rate``
 requests/s (inf: all at once), with at most ``--max-concurrency`` in flight. Reports:
 
 - TTFT: time from sending a request to its first streamed token.
@@ -56,7 +58,7 @@ async def one_request(client, url, model, prompt, output_len, key) -> dict:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     start = time.perf_counter()
     stamps: list[float] = []
-    tokens = 0
+    tokens = prompt_tokens = 0
     try:
         async with client.stream("POST", url, json=body, headers=headers) as r:
             if r.status_code != 200:
@@ -71,6 +73,7 @@ async def one_request(client, url, model, prompt, output_len, key) -> dict:
                     stamps.append(time.perf_counter())
                 if data.get("usage"):
                     tokens = data["usage"]["completion_tokens"]
+                    prompt_tokens = data["usage"]["prompt_tokens"]
     except httpx.HTTPError as e:  # refused, reset or timed out: a failed request
         return {"ok": False, "error": f"{type(e).__name__}: {e}"[:200]}
     end = time.perf_counter()
@@ -85,6 +88,7 @@ async def one_request(client, url, model, prompt, output_len, key) -> dict:
         "tpot": tpot,
         "itl": itl,
         "tokens": tokens,
+        "prompt_tokens": prompt_tokens,
         "e2e": end - start,
     }
 
@@ -106,10 +110,16 @@ async def run(args) -> dict:
                         f"error: no model from {base}/v1/models ({type(e).__name__}: {e}); "
                         "is the server up? (or pass --model)"
                     ) from None
-        prompts = [
-            " ".join(rng.choice(WORDS) for _ in range(args.input_len))
-            for _ in range(args.num_prompts)
-        ]
+        if args.dataset_name == "random":
+            prompts = [
+                [rng.randrange(100, 10000) for _ in range(args.input_len)]
+                for _ in range(args.num_prompts)
+            ]
+        else:
+            prompts = [
+                " ".join(rng.choice(WORDS) for _ in range(args.input_len))
+                for _ in range(args.num_prompts)
+            ]
 
         async def limited(p):
             async with pool.client() as c:  # waits while all `concurrency` clients are out
@@ -135,9 +145,14 @@ async def run(args) -> dict:
         "failed": len(results) - len(ok),
         "request_rate": "inf" if args.request_rate == float("inf") else args.request_rate,
         "max_concurrency": args.max_concurrency,
-        "input_len_words": args.input_len,
+        "dataset": args.dataset_name,
+        (
+            "input_len_tokens" if args.dataset_name == "random" else "input_len_words"
+        ): args.input_len,
         "output_len": args.output_len,
         "duration_s": round(duration, 3),
+        "total_input_tokens": sum(r["prompt_tokens"] for r in ok),
+        "total_output_tokens": out_tokens,
         "request_throughput": round(len(ok) / duration, 3),
         "output_tokens_per_s": round(out_tokens / duration, 2),
         "ttft_ms": ms(percentiles([r["ttft"] for r in ok])),
@@ -160,15 +175,25 @@ def main() -> int:
     ap.add_argument("--num-prompts", type=int, default=32)
     ap.add_argument("--request-rate", type=float, default=float("inf"), help="requests/s")
     ap.add_argument("--max-concurrency", type=int, default=None)
-    ap.add_argument("--input-len", type=int, default=32, help="words per random prompt")
-    ap.add_argument("--output-len", type=int, default=16, help="tokens per request")
+    ap.add_argument(
+        "--dataset-name", choices=("words", "random"), default="words",
+        help="words: random-word prompts; random (upstream's): random token-id prompts",
+    )  # fmt: skip
+    ap.add_argument(
+        "--input-len", "--random-input-len", type=int, default=32,
+        help="words (or, with --dataset-name random, tokens) per prompt",
+    )  # fmt: skip
+    ap.add_argument(
+        "--output-len", "--random-output-len", type=int, default=16, help="tokens per request"
+    )
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     args.base_url = args.base_url or f"http://{args.host}:{args.port}"
     print(
         f"benchmark_serving: {args.base_url} num_prompts={args.num_prompts} "
         f"request_rate={args.request_rate} max_concurrency={args.max_concurrency} "
-        f"input_len={args.input_len} words output_len={args.output_len} tokens (ignore_eos)"
+        f"input_len={args.input_len} {'tokens' if args.dataset_name == 'random' else 'words'} "
+        f"output_len={args.output_len} tokens (ignore_eos)"
     )
     res = asyncio.run(run(args))
     print(f"completed {res['completed']}/{res['num_prompts']} in {res['duration_s']} s")

@@ -350,3 +350,22 @@ def test_throughput_reads_upstream_dataset_flags():
     assert (args.dataset, args.input_len, args.output_len) == ("fixed", 32, 16)
     prompts, out_lens = tp.make_workload(args, args.num_prompts, 1000)
     assert [len(p["prompt_token_ids"]) for p in prompts] == [32] * 4 and out_lens == [16] * 4
+
+
+def test_serving_benchmark_random_token_prompts(tiny_llama_dir):
+    """`--dataset-name random --random-input-len 12 --random-output-len 5` against a tiny
+    server: every request completes with exactly 12 prompt and 5 output tokens."""
+    import subprocess
+
+    from tests.utils import RemoteOpenAIServer
+
+    with RemoteOpenAIServer(tiny_llama_dir, ["--device", "cpu", "--max-model-len", "64"]) as srv:
+        cmd = [sys.executable, os.path.join(BENCH_DIR, "benchmark_serving.py"), "--base-url",
+               srv.url_for("").rstrip("/"), "--dataset-name", "random", "--random-input-len",
+               "12", "--random-output-len", "5", "--num-prompts", "3"]  # fmt: skip
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT_JSON "))
+    res = json.loads(line[len("RESULT_JSON ") :])
+    assert (res["completed"], res["dataset"], res["input_len_tokens"]) == (3, "random", 12)
+    assert (res["total_input_tokens"], res["total_output_tokens"]) == (36, 15)
