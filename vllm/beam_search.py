@@ -92,6 +92,16 @@ class BeamSearch:
         for i in range(len(prompts)):
             self._retire_full(i)
 
+    @classmethod
+    def for_engine(cls, engine, prompts: list[list[int]], params: BeamSearchParams) -> BeamSearch:
+        """A search over ``engine`` (an LLMEngine): its end ids and length limit.
+
+        Raises:
+            ValueError: ``2 x beam_width`` above the engine's max_logprobs.
+        """
+        params.check_limits(engine.model_config.max_logprobs)
+        return cls(prompts, params, engine.end_token_ids(), engine.scheduler_config.max_model_len)
+
     @property
     def done(self) -> bool:
         return not any(self.live)
@@ -143,10 +153,14 @@ class BeamSearch:
     def _key(self, seq: BeamSearchSequence) -> float:
         return beam_score(seq, self.eos_ids, self.params.length_penalty)
 
-    def outputs(self, decode) -> list[BeamSearchOutput]:
-        """The best ``beam_width`` sequences of each prompt, best first, with their text.
-        ``decode(token_ids) -> str`` renders the generated tokens (the final EOS's text only
-        with ``include_stop_str_in_output``)."""
+    def outputs(self, tokenizer) -> list[BeamSearchOutput]:
+        """The best ``beam_width`` sequences of each prompt, best first, with their text:
+        ``tokenizer.decode(ids, skip_special_tokens=True)`` of the generated tokens (the
+        final EOS's text only with ``include_stop_str_in_output``; "" without a tokenizer)."""
+        if tokenizer is None:
+            decode = lambda ids: ""  # noqa: E731
+        else:
+            decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
         outs = []
         for i, done in enumerate(self.completed):
             best = sorted(done + self.live[i], key=self._key, reverse=True)[

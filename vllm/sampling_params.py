@@ -265,13 +265,6 @@ class SamplingParams:
             "engine dropped them too): use logit_bias, allowed_token_ids, bad_words or "
             "guided_decoding.",
         )
-        if self.truncate_prompt_tokens is not None:
-            _check(
-                isinstance(self.truncate_prompt_tokens, int)
-                and (self.truncate_prompt_tokens >= 1 or self.truncate_prompt_tokens == -1),
-                "truncate_prompt_tokens must be >= 1 (or -1 for max_model_len), got "
-                f"{self.truncate_prompt_tokens!r}.",
-            )
         for name in _INT_FIELDS:
             value = getattr(self, name)
             _check(
@@ -284,6 +277,12 @@ class SamplingParams:
             _check(
                 isinstance(value, numbers.Real) and not isinstance(value, bool),
                 f"{name} must be a number, got {value!r} ({type(value).__name__}).",
+            )
+        if self.truncate_prompt_tokens is not None:  # an int, checked above
+            _check(
+                self.truncate_prompt_tokens >= 1 or self.truncate_prompt_tokens == -1,
+                "truncate_prompt_tokens must be >= 1 (or -1 for max_model_len), got "
+                f"{self.truncate_prompt_tokens!r}.",
             )
         _check(
             isinstance(self.n, int) and self.n >= 1, f"n must be an integer >= 1, got {self.n!r}."

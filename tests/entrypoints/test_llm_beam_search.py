@@ -16,6 +16,20 @@ def _lps(**by_token):
     return {int(k[1:]): Logprob(v) for k, v in by_token.items()}
 
 
+class _SpacedIds:
+    """A tokenizer stand-in whose text is the ids joined by spaces."""
+
+    def decode(self, ids, skip_special_tokens=False):
+        return " ".join(map(str, ids))
+
+
+class _ListIds:
+    """A tokenizer stand-in whose text is ``str(ids)``."""
+
+    def decode(self, ids, skip_special_tokens=False):
+        return str(ids)
+
+
 def test_eos_completes_a_beam_and_length_penalty_ranks():
     params = BeamSearchParams(beam_width=2, max_tokens=3, length_penalty=1.0)
     search = BeamSearch([[5, 6]], params, eos_ids={EOS}, max_model_len=100)
@@ -29,7 +43,7 @@ def test_eos_completes_a_beam_and_length_penalty_ranks():
     assert search.live[0][0].cum_logprob == pytest.approx(-1.5)
     search.advance({(0, 0): _lps(t1=-0.5, t2=-0.6), (0, 1): _lps(t3=-0.1, t4=-3.0)})
     assert search.done  # max_tokens reached: the live beams completed with "length"
-    outs = search.outputs(lambda ids: " ".join(map(str, ids)))[0].sequences
+    outs = search.outputs(_SpacedIds())[0].sequences
     # Scores: EOS beam -0.1 / 2 (its EOS not counted); [7, 2, 3] -1.7 / 5; [7, 1, 1] -2.0 / 5.
     assert [s.tokens for s in outs] == [[5, 6, 0], [5, 6, 7, 2, 3]]
     assert [s.text for s in outs] == ["", "7 2 3"]
@@ -40,7 +54,7 @@ def test_eos_completes_a_beam_and_length_penalty_ranks():
     params0 = BeamSearchParams(2, 1, length_penalty=0.0, include_stop_str_in_output=True)
     s0 = BeamSearch([[5]], params0, {EOS}, 100)
     s0.advance({(0, 0): _lps(t0=-0.3, t7=-0.2)})
-    assert [(s.tokens, s.text) for s in s0.outputs(str)[0].sequences] == [
+    assert [(s.tokens, s.text) for s in s0.outputs(_ListIds())[0].sequences] == [
         ([5, 7], "[7]"), ([5, 0], "[0]"),
     ]  # fmt: skip
 

@@ -26,13 +26,8 @@ async def beam_search(
         ValueError: ``2 x beam_width`` above max_logprobs.
         EngineDeadError / RequestFailedError: as :meth:`AsyncLLMEngine.generate`.
     """
-    core = engine.engine
-    params.check_limits(core.model_config.max_logprobs)
     ids = list(prompt["prompt_token_ids"])
-    eos = set(core.extra_stop_token_ids)
-    if core.eos_token_id is not None:
-        eos.add(core.eos_token_id)
-    search = BeamSearch([ids], params, eos, engine.max_model_len)
+    search = BeamSearch.for_engine(engine.engine, [ids], params)
     step_params = params.step_params()
 
     async def one(tokens: list[int], rid: str) -> RequestOutput:
@@ -47,6 +42,5 @@ async def beam_search(
         outs = await asyncio.gather(*(one(t, f"{request_id}-s{step}-{j}") for _, j, t in pending))
         search.advance({(i, j): o.outputs[0].logprobs[0] for (i, j, _), o in zip(pending, outs)})
         step += 1
-    tok = engine.tokenizer
-    decode = (lambda t: tok.decode(t, skip_special_tokens=True)) if tok else (lambda t: "")
-    yield to_request_output(request_id, prompt.get("prompt"), ids, search.outputs(decode)[0])
+    result = search.outputs(engine.tokenizer)[0]
+    yield to_request_output(request_id, prompt.get("prompt"), ids, result)

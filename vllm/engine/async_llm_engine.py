@@ -40,7 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.async_beam_search import beam_search
 from vllm.engine.async_steps import EngineSteps
-from vllm.engine.llm_engine import LLMEngine, PromptType
+from vllm.engine.llm_engine import LLMEngine, PromptType, refuse_lora_and_priority
 from vllm.engine.metrics import EngineMetrics
 from vllm.engine.request_metrics import FinishedRequest
 from vllm.outputs import DeltaOutputs, RequestOutput
@@ -173,13 +173,7 @@ class AsyncLLMEngine:
                 scheduling here).
         """
         params = sampling_params
-        if lora_request is not None:
-            raise ValueError("lora_request is not supported: this engine has no LoRA adapters.")
-        if priority:
-            raise ValueError(
-                f"priority={priority} is not supported: requests are served first come, first "
-                "served."
-            )
+        refuse_lora_and_priority(lora_request, priority)
         await self.check_health()
         self.start()
         if request_id in self._streams:

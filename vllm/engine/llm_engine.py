@@ -57,6 +57,23 @@ def get_executor_class(config: EngineConfig):
     return RayExecutor
 
 
+def refuse_lora_and_priority(lora_request, priority) -> None:
+    """Upstream's ``lora_request`` and ``priority`` arguments, accepted only as no-ops.
+
+    Raises:
+        ValueError: a LoRA request (no adapters here), or a non-zero priority (an int, or
+            one per prompt; requests are served first come, first served).
+    """
+    if lora_request is not None:
+        raise ValueError("lora_request is not supported: this engine has no LoRA adapters.")
+    values = list(priority) if isinstance(priority, (list, tuple)) else [priority or 0]
+    if any(values):
+        raise ValueError(
+            "priority scheduling is not supported: requests are served first come, first "
+            f"served (got priority={priority})."
+        )
+
+
 # Prompt dict fields of upstream's multimodal inputs: refused, never silently dropped.
 _UNSUPPORTED_PROMPT_KEYS = ("multi_modal_data", "mm_processor_kwargs", "multi_modal_uuids")
 
@@ -215,6 +232,15 @@ class LLMEngine:
     def _encode_plain(self, text: str) -> list[int]:
         """``text``'s token ids without special tokens (how words appear inside text)."""
         return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def end_token_ids(self) -> set[int]:
+        """Every id that ends a sequence unless ``ignore_eos``: the tokenizer's EOS and the
+        extra ones generation_config.json lists (what :meth:`add_request` adds to each
+        request's stop ids; beam search reads it too)."""
+        ids = set(self.extra_stop_token_ids)
+        if self.eos_token_id is not None:
+            ids.add(self.eos_token_id)
+        return ids
 
     def truncate_prompt(self, ids: list[int], params: SamplingParams) -> list[int]:
         """``ids`` cut to their last ``params.truncate_prompt_tokens`` (-1: max_model_len)

@@ -11,7 +11,7 @@ from tqdm.auto import tqdm
 from vllm.beam_search import BeamSearch, BeamSearchOutput
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.default_model import resolve_model
-from vllm.engine.llm_engine import LLMEngine, PromptType
+from vllm.engine.llm_engine import LLMEngine, PromptType, refuse_lora_and_priority
 from vllm.entrypoints.chat_utils import check_chat_options, render_chat, template_messages
 from vllm.logger import configure_logging
 from vllm.outputs import RequestOutput
@@ -88,18 +88,8 @@ class LLM:
             Exception: whatever a failed engine step raised; this call's unfinished
                 requests are aborted first, so the LLM stays usable.
         """
-        if lora_request is not None:
-            raise ValueError("lora_request is not supported: this engine has no LoRA adapters.")
-        if priority is not None and any(priority):
-            raise ValueError(
-                "priority scheduling is not supported: requests are served first come, first "
-                f"served (got priority={list(priority)})."
-            )
-        if isinstance(prompts, (str, dict)):
-            prompts = [prompts]
-        elif prompts and isinstance(prompts, list) and isinstance(prompts[0], int):
-            prompts = [prompts]
-        prompts = list(prompts)
+        refuse_lora_and_priority(lora_request, priority)
+        prompts = _prompt_list(prompts)
         if not prompts:
             return []
         if sampling_params is None:
@@ -113,15 +103,18 @@ class LLM:
             raise ValueError(
                 f"got {len(params)} sampling params for {len(prompts)} prompts; they must match."
             )
+        processed = []  # tokenized once: add_request takes the ids with their text
         for p, sp in zip(prompts, params):  # validate everything before queueing anything
             if not isinstance(sp, SamplingParams):
                 raise ValueError(
                     f"sampling_params must be SamplingParams, got {type(sp).__name__}."
                 )
-            _, ids = self.llm_engine.process_prompt(p)
+            text, ids = self.llm_engine.process_prompt(p)
             self.llm_engine.verify_params(sp)
-            ids = self.llm_engine.truncate_prompt(ids, sp)
-            self.llm_engine.check_schedulable(len(ids), sp.n, sp.prompt_logprobs is None)
+            kept = self.llm_engine.truncate_prompt(ids, sp)
+            self.llm_engine.check_schedulable(len(kept), sp.n, sp.prompt_logprobs is None)
+            processed.append({"prompt": text, "prompt_token_ids": ids})
+        prompts = processed
         ids = []
         try:
             for prompt, sp in zip(prompts, params):
@@ -210,19 +203,11 @@ class LLM:
             ValueError: a bad prompt (one longer than max_model_len too), or
                 ``2 x beam_width`` above ``max_logprobs``.
         """
-        if isinstance(prompts, (str, dict)) or (
-            prompts and isinstance(prompts, list) and isinstance(prompts[0], int)
-        ):
-            prompts = [prompts]
         engine = self.llm_engine
-        params.check_limits(engine.model_config.max_logprobs)
-        ids = [engine.process_prompt(p)[1] for p in prompts]
+        ids = [engine.process_prompt(p)[1] for p in _prompt_list(prompts)]
         for prompt_ids in ids:  # each beam is a request of its own (n = 1)
             engine.check_schedulable(len(prompt_ids), 1)
-        eos = set(engine.extra_stop_token_ids)
-        if engine.eos_token_id is not None:
-            eos.add(engine.eos_token_id)
-        search = BeamSearch(ids, params, eos, engine.scheduler_config.max_model_len)
+        search = BeamSearch.for_engine(engine, ids, params)
         step = params.step_params()
         bar = tqdm(total=params.max_tokens, desc="Beam search steps", disable=not use_tqdm)
         try:
@@ -235,9 +220,7 @@ class LLM:
                 bar.update(1)
         finally:
             bar.close()
-        tok = self.get_tokenizer()
-        decode = (lambda t: tok.decode(t, skip_special_tokens=True)) if tok else (lambda t: "")
-        return search.outputs(decode)
+        return search.outputs(self.get_tokenizer())
 
     def encode(self, *args: Any, **kwargs: Any):
         """Pooling (upstream's ``encode``, ``embed``, ``score``, ``classify``): not served.
@@ -292,3 +275,13 @@ class LLM:
             engine.stream_outputs = streaming
             bar.close()
         return [done[r] for r in request_ids if r in done]
+
+
+def _prompt_list(prompts) -> list:
+    """One prompt (text, a prompt dict, or a list of ids) as a list of one; a list of
+    prompts as a list."""
+    if isinstance(prompts, (str, dict)):
+        return [prompts]
+    if prompts and isinstance(prompts, list) and isinstance(prompts[0], int):
+        return [prompts]
+    return list(prompts)
