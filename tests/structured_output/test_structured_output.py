@@ -9,6 +9,7 @@ Each engine starts once per test and serves many requests."""
 import json
 import os
 import re
+import sys
 from concurrent.futures import Future
 
 import jsonschema
@@ -144,6 +145,23 @@ def test_bad_guided_params(kwargs, match):
         GuidedDecodingParams(**kwargs)
     with pytest.raises(ValueError, match="guided_decoding must be a GuidedDecodingParams"):
         SamplingParams(guided_decoding={"json": {}})
+
+
+def test_missing_xgrammar_is_named(monkeypatch):
+    """Without xgrammar a constraint fails with the package to install (pinned as in the
+    requirement files), not a bare ModuleNotFoundError."""
+    import pathlib
+
+    from vllm.model_executor.guided_decoding import compiler
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    for req in ("requirements-cpu.txt", "requirements-cuda.txt"):
+        pins = (root / req).read_text().replace(" ", "")
+        assert compiler.XGRAMMAR_REQUIREMENT in pins, req
+    monkeypatch.setitem(sys.modules, "xgrammar", None)  # makes `import xgrammar` fail
+    with pytest.raises(ImportError, match=r"need the xgrammar package.*pip install --no-deps "
+                       r"xgrammar==0\.2\.9 apache-tvm-ffi"):  # fmt: skip
+        compiler.parse_grammar(GuidedDecodingParams(regex="[a-z]+"))
 
 
 def _bad_inputs(llm, prompt: str, before: str) -> None:

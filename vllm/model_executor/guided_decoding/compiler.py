@@ -20,6 +20,28 @@ from vllm.sampling_params import GuidedDecodingParams
 MAX_CACHED_GRAMMARS = 512
 
 
+XGRAMMAR_REQUIREMENT = "xgrammar==0.2.9"
+
+
+def import_xgrammar():
+    """The ``xgrammar`` module, imported on first use of a structured-output constraint.
+
+    Raises:
+        ImportError: xgrammar is not installed; the message names the package to install
+            (it is in requirements-cpu.txt and requirements-cuda.txt).
+    """
+    try:
+        import xgrammar
+    except ImportError as e:
+        raise ImportError(
+            "structured outputs (guided_decoding, guided_json/regex/choice/grammar, "
+            "response_format) need the xgrammar package, which is not installed here "
+            f"({e}); install it with: pip install --no-deps {XGRAMMAR_REQUIREMENT} "
+            "apache-tvm-ffi"
+        ) from None
+    return xgrammar
+
+
 def parse_grammar(gd: GuidedDecodingParams):
     """The xgrammar ``Grammar`` of one constraint.
 
@@ -27,7 +49,7 @@ def parse_grammar(gd: GuidedDecodingParams):
         ValueError: naming the constraint kind and xgrammar's reason (invalid JSON or
             schema, an unsupported schema feature, an unparsable regex or EBNF grammar).
     """
-    import xgrammar as xgr
+    xgr = import_xgrammar()
 
     kind, text, compact = gd.key()
     try:
@@ -74,7 +96,7 @@ class GrammarCache:
     """
 
     def __init__(self, tokenizer, vocab_size: int, stop_token_ids: list[int], max_threads=2):
-        import xgrammar as xgr
+        xgr = import_xgrammar()
 
         self.vocab_size = vocab_size
         info = xgr.TokenizerInfo.from_huggingface(

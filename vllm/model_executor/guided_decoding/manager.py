@@ -13,7 +13,7 @@ import logging
 from concurrent.futures import Future
 from typing import Any
 
-from vllm.model_executor.guided_decoding.compiler import grammar_cache
+from vllm.model_executor.guided_decoding.compiler import grammar_cache, import_xgrammar
 from vllm.model_executor.guided_decoding.step_masks import StepMasks
 from vllm.sampling_params import SamplingParams
 from vllm.sequence import SequenceGroup, SequenceGroupMetadata, SequenceStatus
@@ -64,7 +64,7 @@ class GuidedDecodingManager:
 
     def start(self, group: SequenceGroup, compiled) -> None:
         """Give each unfinished sequence of ``group`` a matcher of ``compiled``."""
-        import xgrammar as xgr
+        xgr = import_xgrammar()
 
         for seq in group.seqs:
             self._matchers[seq.seq_id] = xgr.GrammarMatcher(compiled)
@@ -97,7 +97,7 @@ class GuidedDecodingManager:
     def _batch_matcher(self):
         """xgrammar's BatchGrammarMatcher (a thread pool filling rows in parallel)."""
         if self._batch is None:
-            import xgrammar as xgr
+            xgr = import_xgrammar()
 
             self._batch = xgr.BatchGrammarMatcher(max_threads="auto")
         return self._batch
