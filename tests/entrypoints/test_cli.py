@@ -234,3 +234,62 @@ def test_bad_server_flag_is_one_line(args, message, tiny_llama_dir):
     r = _run_cli("serve", tiny_llama_dir, "--device", "cpu", *args)
     assert r.returncode == 2, r.stderr
     assert message in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+def _parse_serve(argv: list[str]):
+    from vllm.entrypoints.config_file import expand_config_file
+
+    return cli.make_parser().parse_args(expand_config_file(argv))
+
+
+def test_config_file_flags_and_precedence(tmp_path):
+    cfg = tmp_path / "serve.yaml"
+    cfg.write_text(
+        "model: /models/m\nport: 8001\nmax_model_len: 4K\nenable-prefix-caching: true\n"
+        "enforce-eager: false\ncuda-graph-sizes: [1, 2, 4]\n"
+        "speculative-config: {method: ngram, num_speculative_tokens: 3}\n"
+    )
+    args = _parse_serve(["serve", "--config", str(cfg)])
+    assert (args.model_flag, args.port, args.max_model_len) == ("/models/m", 8001, 4096)
+    assert args.enable_prefix_caching is True and args.enforce_eager is False
+    assert args.cuda_graph_sizes == [1, 2, 4]
+    assert json.loads(args.speculative_config) == {
+        "method": "ngram", "num_speculative_tokens": 3,
+    }  # fmt: skip
+    # Typed flags win; a typed MODEL is not swallowed by the file's list-valued flag.
+    args = _parse_serve(["serve", "typed-model", f"--config={cfg}", "--port", "9000"])
+    assert (args.model, args.port, args.cuda_graph_sizes) == ("typed-model", 9000, [1, 2, 4])
+    assert _parse_serve(["version"]).command == "version"
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("- port\n", r"expected a mapping of flag names to values, got list"),
+        ("port: [8000\n", r"not valid YAML"),
+        ("--port: 1\n", r"keys are flag names without '--'.*'--port'"),
+    ],
+)
+def test_bad_config_file(tmp_path, text, message):
+    from vllm.entrypoints.config_file import expand_config_file
+
+    cfg = tmp_path / "serve.yaml"
+    cfg.write_text(text)
+    with pytest.raises(ValueError, match=message):
+        expand_config_file(["serve", "--config", str(cfg)])
+    with pytest.raises(ValueError, match="no such file"):
+        expand_config_file(["serve", "--config", str(tmp_path / "none.yaml")])
+    with pytest.raises(ValueError, match="needs a YAML file path"):
+        expand_config_file(["serve", "--config"])
+
+
+def test_config_file_reaches_validation(tmp_path, tiny_llama_dir):
+    """The file's flags are validated like typed ones: one error line, exit status 2."""
+    cfg = tmp_path / "serve.yaml"
+    cfg.write_text(f"model: {tiny_llama_dir}\ndevice: cpu\ntensor-parallel-size: 3\n")
+    proc = _run_cli("serve", "--config", str(cfg))
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().startswith("error: num_attention_heads=4 is not divisible by")
+    proc = _run_cli("serve", "--config", str(tmp_path / "missing.yaml"))
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == f"error: --config {tmp_path / 'missing.yaml'}: no such file."

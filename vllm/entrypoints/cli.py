@@ -119,7 +119,15 @@ def make_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit code (2: a configuration error)."""
+    from vllm.entrypoints.config_file import expand_config_file
+
     parser = make_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        argv = expand_config_file(argv)
+    except ValueError as e:
+        sys.stderr.write(f"error: {e}\n")
+        return 2
     args = parser.parse_args(argv)
     if args.command == "version":
         from vllm.version import __version__

@@ -48,6 +48,13 @@ def make_server_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     )
     server = parser.add_argument_group("server options", "The HTTP server and its logs.")
     server.add_argument(
+        "--config",
+        default=None,
+        metavar="FILE",
+        help="YAML file of flags (long names without '--', e.g. 'max-model-len: 4096'); "
+        "flags typed on the command line win over the file's.",
+    )
+    server.add_argument(
         "--host",
         default="127.0.0.1",
         help="Address to bind; 0.0.0.0 (or ::) listens on all interfaces.",

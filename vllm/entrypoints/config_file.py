@@ -1,0 +1,109 @@
+"""``vllm serve --config FILE``: flags from a YAML file, as upstream vLLM reads them.
+
+The file is a mapping of long flag names (without ``--``; dashes or underscores) to
+values, for example::
+
+    model: /models/llama-3.1-8b
+    port: 8001
+    max-model-len: 8192
+    enable-prefix-caching: true
+    allowed-origins: '["https://app.example"]'
+
+Each entry becomes command-line text placed before the flags actually typed, so a flag
+given on the command line wins over the file's. ``true`` turns a switch on and ``false``
+leaves it at its default; a list gives the flag several values (``cuda-graph-sizes: [1,
+2, 4]``); ``model`` becomes ``--model``.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def _config_path(argv: list[str]) -> tuple[str | None, list[str]]:
+    """(path of ``--config``, argv without it); (None, argv) without one.
+
+    Raises:
+        ValueError: ``--config`` without a value, or given twice.
+    """
+    path = None
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--config" or arg.startswith("--config="):
+            if path is not None:
+                raise ValueError("--config was given twice; pass one YAML file.")
+            if arg == "--config":
+                if i + 1 >= len(argv) or argv[i + 1].startswith("--"):
+                    raise ValueError("--config needs a YAML file path: --config FILE.")
+                path, i = argv[i + 1], i + 2
+            else:
+                path, i = arg.split("=", 1)[1], i + 1
+            continue
+        rest.append(arg)
+        i += 1
+    return path, rest
+
+
+def _entry_args(key: object, value: object, path: str) -> list[str]:
+    """The command-line text of one entry of the file."""
+    if not isinstance(key, str) or not key or key.startswith("-"):
+        raise ValueError(
+            f"{path}: keys are flag names without '--' (such as 'max-model-len'); got {key!r}."
+        )
+    flag = "--" + key.replace("_", "-")
+    if value is None:
+        return []
+    if value is True:
+        return [flag]
+    if value is False:
+        return []
+    if isinstance(value, (list, tuple)):
+        return [flag, *(str(v) for v in value)] if value else []
+    if isinstance(value, dict):
+        import json
+
+        return [flag, json.dumps(value)]  # JSON-valued flags (--speculative-config ...)
+    return [flag, str(value)]
+
+
+def expand_config_file(argv: list[str]) -> list[str]:
+    """``argv`` of ``vllm serve`` with ``--config FILE`` replaced by the file's flags,
+    placed after ``serve`` and before the typed flags (which therefore win).
+
+    Args:
+        argv: the arguments after the program name, e.g. ``["serve", "--config", "c.yaml"]``.
+    Returns:
+        argv unchanged when it is not ``serve`` or has no ``--config``.
+    Raises:
+        ValueError: the file is missing, is not YAML, is not a mapping, or has a key that is
+            not a flag name (each message names the file and the value).
+    """
+    if not argv or argv[0] != "serve":
+        return argv
+    path, rest = _config_path(argv[1:])
+    if path is None:
+        return argv
+    if not os.path.isfile(path):
+        raise ValueError(f"--config {path}: no such file.")
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except yaml.YAMLError as e:
+        raise ValueError(f"--config {path}: not valid YAML ({e}).") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ValueError(
+            f"--config {path}: expected a mapping of flag names to values, got "
+            f"{type(data).__name__}."
+        )
+    extra: list[str] = []
+    for key, value in data.items():
+        extra += _entry_args(key, value, path)
+    # A typed MODEL stays first: after a list-valued flag argparse would take it as a value.
+    lead = rest[:1] if rest and not rest[0].startswith("-") else []
+    return ["serve", *lead, *extra, *rest[len(lead) :]]
