@@ -68,6 +68,11 @@ class ModelConfig:
         generation_config: where the model's ``generation_config.json`` comes from:
             "auto" (the model directory), "vllm" (ignored) or a directory; see
             vllm/transformers_utils/generation_config.py.
+        override_generation_config: generation-config fields (``temperature``, ``top_p``,
+            ``top_k``, ``min_p``, ``repetition_penalty``, ``max_new_tokens``) that replace
+            or add to the file's, a dict or its JSON text (upstream's flag).
+        hf_overrides: Hugging Face config attributes to set after loading it, a dict or its
+            JSON text (a dict value updates a nested config such as ``text_config``).
         use_async_output_proc: ``LLMEngine.step`` turns a step's tokens into text and
             RequestOutputs while the device runs the next step (upstream V0's name; see
             vllm/engine/step_report.py). Resolved by ``EngineArgs`` from
@@ -95,6 +100,8 @@ class ModelConfig:
     model_loader_extra_config: Any = None
     use_async_output_proc: bool = False
     generation_config: str = "auto"
+    override_generation_config: Any = None
+    hf_overrides: Any = None
     hf_config: Any = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -118,14 +125,23 @@ class ModelConfig:
             )
         if self.load_format == "auto":
             self.load_format = "gguf" if self.is_gguf else "safetensors"
-        self.model_loader_extra_config = _parse_extra_config(self.model_loader_extra_config)
+        self.model_loader_extra_config = parse_json_object(
+            "model_loader_extra_config", self.model_loader_extra_config
+        )
+        self.override_generation_config = parse_json_object(
+            "override_generation_config", self.override_generation_config
+        )
+        self.hf_overrides = parse_json_object("hf_overrides", self.hf_overrides)
         if self.load_format == "gguf" and not self.is_gguf:
             raise ValueError(f"load_format='gguf' needs a .gguf file, got {self.model!r}.")
-        from vllm.transformers_utils.generation_config import resolve_source
+        from vllm.transformers_utils.generation_config import check_overrides, resolve_source
 
         resolve_source(self.model, self.generation_config)  # ValueError for a bad directory
+        check_overrides(self.override_generation_config)
         if self.hf_config is None:
             self.hf_config = load_hf_config(self.model)
+            if self.hf_overrides:
+                apply_hf_overrides(self.hf_config, self.hf_overrides)
         self._verify_architecture()
         self._verify_max_model_len()
 
@@ -217,11 +233,11 @@ class ModelConfig:
         return self.hf_config.vocab_size
 
 
-def _parse_extra_config(value: Any) -> dict | None:
-    """``model_loader_extra_config`` as a dict (None stays None).
+def parse_json_object(name: str, value: Any) -> dict | None:
+    """A dict-valued option given as a dict or as JSON text (None stays None).
 
     Raises:
-        ValueError: text that is not a JSON object, or another type.
+        ValueError: text that is not a JSON object, or another type (names ``name``).
     """
     import json
 
@@ -231,12 +247,23 @@ def _parse_extra_config(value: Any) -> dict | None:
         try:
             parsed = json.loads(value)
         except json.JSONDecodeError as e:
-            raise ValueError(
-                f"model_loader_extra_config is not valid JSON: {value!r} ({e})."
-            ) from None
+            raise ValueError(f"{name} is not valid JSON: {value!r} ({e}).") from None
         if isinstance(parsed, dict):
             return parsed
-    raise ValueError(f"model_loader_extra_config must be a JSON object, got {value!r}.")
+    raise ValueError(f"{name} must be a JSON object, got {value!r}.")
+
+
+def apply_hf_overrides(hf_config: Any, overrides: dict) -> None:
+    """Set ``overrides`` on a loaded Hugging Face config, as upstream's ``--hf-overrides``:
+    a dict value whose attribute is itself a config (``text_config``) updates it key by
+    key; any other value replaces (or adds) the attribute. Each change is logged."""
+    for key, value in overrides.items():
+        current = getattr(hf_config, key, None)
+        if isinstance(value, dict) and hasattr(current, "to_dict"):
+            apply_hf_overrides(current, value)
+            continue
+        logger.info("hf_overrides: %s = %r (was %r)", key, value, current)
+        setattr(hf_config, key, value)
 
 
 def _resolve_dtype(name: str, device: str):

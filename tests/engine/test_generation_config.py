@@ -37,6 +37,41 @@ def test_defaults_from_the_file(tmp_path, tiny_llama_dir):
         load_generation_defaults(model, "/nowhere")
 
 
+def test_override_generation_config(tmp_path, tiny_llama_dir):
+    fields = {"eos_token_id": [2, 7], "temperature": 0.6, "top_p": 0.9}
+    model = _with_generation_config(tiny_llama_dir, str(tmp_path / "m"), fields)
+    got = load_generation_defaults(model, "auto", {"temperature": 0.2, "max_new_tokens": 50})
+    assert got.sampling == {"temperature": 0.2, "top_p": 0.9, "max_tokens": 50}
+    assert got.eos_token_ids == [2, 7] and got.overridden == ["max_tokens", "temperature"]
+    assert "--override-generation-config (max_tokens, temperature)" in got.describe_source()
+    # without a file ("vllm", or a GGUF / directory without one) only the overrides count
+    got = load_generation_defaults(model, "vllm", {"top_k": 5})
+    assert (got.sampling, got.eos_token_ids, got.source) == ({"top_k": 5}, [], None)
+    with pytest.raises(ValueError, match=r"unknown field\(s\) \['max_tokens'\].*max_new_tokens"):
+        load_generation_defaults(model, "auto", {"max_tokens": 5})
+
+
+def test_override_flags_reach_the_model_config(tiny_llama_dir):
+    """--override-generation-config and --hf-overrides as JSON text (the CLI) and as dicts
+    (LLM kwargs); bad values are ValueErrors naming the flag, before any weight loads."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    def cfg(**kw):
+        return EngineArgs(model=tiny_llama_dir, device="cpu", **kw).create_engine_config()
+
+    mc = cfg(override_generation_config='{"temperature": 0.3}', hf_overrides='{"rms_norm_eps": 0.01}').model_config  # fmt: skip
+    assert mc.override_generation_config == {"temperature": 0.3}
+    assert mc.hf_config.rms_norm_eps == 0.01
+    mc = cfg(hf_overrides={"max_position_embeddings": 64}).model_config
+    assert mc.hf_config.max_position_embeddings == 64 and mc.max_model_len == 64
+    with pytest.raises(ValueError, match=r"hf_overrides is not valid JSON: '\{rms'"):
+        cfg(hf_overrides="{rms")
+    with pytest.raises(ValueError, match=r"override_generation_config must be a JSON object"):
+        cfg(override_generation_config="[1]")
+    with pytest.raises(ValueError, match=r"unknown field\(s\) \['temp'\]"):
+        cfg(override_generation_config={"temp": 1})
+
+
 @pytest.mark.forked
 def test_generation_config_stops_and_defaults(tmp_path, tiny_llama_dir):
     """A token the greedy output reaches becomes a stop token once the generation config
@@ -67,3 +102,10 @@ def test_generation_config_stops_and_defaults(tmp_path, tiny_llama_dir):
     d = llm.get_default_sampling_params()
     assert (d.temperature, d.max_tokens, d.top_p) == (0.7, 9, 1.0)
     assert len(llm.generate(prompt, use_tqdm=False)[0].outputs[0].token_ids) <= 9
+    del llm
+    # --override-generation-config replaces the file's fields (greedy: the first 4 ids)
+    over = {"max_new_tokens": 4, "temperature": 0}
+    llm = LLM(model, device="cpu", max_model_len=128, override_generation_config=over)
+    d = llm.get_default_sampling_params()
+    assert (d.temperature, d.max_tokens) == (0, 4)
+    assert list(llm.generate(prompt, use_tqdm=False)[0].outputs[0].token_ids) == ids[:4]

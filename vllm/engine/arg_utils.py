@@ -121,6 +121,19 @@ class EngineArgs:
         "the defaults of requests that leave them out.",
         group="model",
     )
+    override_generation_config: str | dict | None = _f(
+        None,
+        "Generation-config fields as a JSON object, e.g. '{\"temperature\": 0.5}' "
+        "(temperature, top_p, top_k, min_p, repetition_penalty, max_new_tokens): they "
+        "replace or add to the file's defaults (also with --generation-config vllm).",
+        group="model",
+    )
+    hf_overrides: str | dict | None = _f(
+        None,
+        "Hugging Face config attributes to set as a JSON object, e.g. "
+        "'{\"max_position_embeddings\": 8192}' (a nested object updates a sub-config).",
+        group="model",
+    )
     load_format: str = _f(
         "auto",
         "auto (gguf for a .gguf file, else safetensors), safetensors, gguf, or dummy "
@@ -425,6 +438,8 @@ class EngineArgs:
             max_model_len=self.max_model_len,
             max_logprobs=self.max_logprobs,
             generation_config=self.generation_config,
+            override_generation_config=self.override_generation_config,
+            hf_overrides=self.hf_overrides,
             load_format=self.load_format,
             skip_tokenizer_init=self.skip_tokenizer_init,
             tokenizer_mode=self.tokenizer_mode,

@@ -107,16 +107,18 @@ class LLMEngine:
         # every request's stop token ids (unless ignore_eos); its sampling fields are the
         # defaults of the offline API and the server.
         self.generation_defaults = load_generation_defaults(
-            self.model_config.model, self.model_config.generation_config
+            self.model_config.model,
+            self.model_config.generation_config,
+            self.model_config.override_generation_config,
         )
         self.extra_stop_token_ids = [
             t for t in self.generation_defaults.eos_token_ids if t != self.eos_token_id
         ]
         if self.generation_defaults.sampling:
             logger.info(
-                "Default sampling parameters from %s/generation_config.json (requests that "
-                "leave them out; --generation-config vllm ignores the file): %s",
-                self.generation_defaults.source,
+                "Default sampling parameters from %s (requests that leave them out; "
+                "--generation-config vllm ignores the file): %s",
+                self.generation_defaults.describe_source(),
                 self.generation_defaults.sampling,
             )
         self.executor = executor_class(config)

@@ -12,6 +12,9 @@ Hugging Face checkpoints ship their recommended decoding settings in
   requests that leave those fields out (upstream's ``--generation-config auto``, its
   default; ``vllm`` ignores the file).
 
+``--override-generation-config '{"temperature": 0.5}'`` replaces or adds those fields (by
+their generation-config names), with or without a file, as upstream.
+
 ``--generation-config`` takes ``auto`` (the model directory's file, when there is one; a
 GGUF file has none), ``vllm`` (none) or a directory holding a ``generation_config.json``.
 """
@@ -42,11 +45,20 @@ class GenerationDefaults:
         sampling: SamplingParams field -> default, only for the fields the file sets to a
             value other than transformers' own default (``GenerationConfig.to_diff_dict``).
         source: the directory the file was read from, or None when none was read.
+        overridden: the ``sampling`` fields set by ``--override-generation-config``.
     """
 
     eos_token_ids: list[int] = field(default_factory=list)
     sampling: dict[str, float | int] = field(default_factory=dict)
     source: str | None = None
+    overridden: list[str] = field(default_factory=list)
+
+    def describe_source(self) -> str:
+        """Where ``sampling`` came from, for the start-up log."""
+        parts = [os.path.join(self.source, FILE_NAME)] if self.source else []
+        if self.overridden:
+            parts.append(f"--override-generation-config ({', '.join(self.overridden)})")
+        return " and ".join(parts) or "nowhere"
 
 
 def resolve_source(model: str, generation_config: str) -> str | None:
@@ -72,16 +84,41 @@ def resolve_source(model: str, generation_config: str) -> str | None:
     return generation_config
 
 
-def load_generation_defaults(model: str, generation_config: str) -> GenerationDefaults:
-    """Read the generation config :func:`resolve_source` picks (see the module docstring).
+def check_overrides(overrides: dict | None) -> None:
+    """Check ``--override-generation-config``'s keys.
 
     Raises:
-        ValueError: a bad ``generation_config`` directory, or a file transformers cannot
-            parse (the message names the file).
+        ValueError: a key that is not one of the generation-config sampling fields (the
+            message lists them).
     """
+    unknown = sorted(set(overrides or ()) - set(_SAMPLING_FIELDS))
+    if unknown:
+        raise ValueError(
+            f"override_generation_config has unknown field(s) {unknown}; the fields are "
+            f"{list(_SAMPLING_FIELDS)} (generation_config.json names: max_new_tokens, not "
+            "max_tokens)."
+        )
+
+
+def load_generation_defaults(
+    model: str, generation_config: str, overrides: dict | None = None
+) -> GenerationDefaults:
+    """Read the generation config :func:`resolve_source` picks (see the module docstring),
+    then apply ``overrides`` (generation-config field -> value).
+
+    Raises:
+        ValueError: a bad ``generation_config`` directory, a file transformers cannot
+            parse (the message names the file), or an unknown override field.
+    """
+    check_overrides(overrides)
     source = resolve_source(model, generation_config)
+    extra = {
+        ours: overrides[theirs]
+        for theirs, ours in _SAMPLING_FIELDS.items()
+        if (overrides or {}).get(theirs) is not None
+    }
     if source is None:
-        return GenerationDefaults()
+        return GenerationDefaults(sampling=extra, overridden=sorted(extra))
     from transformers import GenerationConfig
 
     try:
@@ -95,4 +132,9 @@ def load_generation_defaults(model: str, generation_config: str) -> GenerationDe
         for theirs, ours in _SAMPLING_FIELDS.items()
         if diff.get(theirs) is not None
     }
-    return GenerationDefaults(eos_token_ids=eos_ids, sampling=sampling, source=source)
+    return GenerationDefaults(
+        eos_token_ids=eos_ids,
+        sampling={**sampling, **extra},
+        source=source,
+        overridden=sorted(extra),
+    )
