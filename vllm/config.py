@@ -420,6 +420,9 @@ class ParallelConfig:
         return self.pipeline_parallel_size * self.tensor_parallel_size
 
 
+SCHEDULING_POLICIES = ("fcfs", "priority")
+
+
 @dataclass
 class SchedulerConfig:
     """Batching limits of each virtual engine's scheduler.
@@ -440,6 +443,8 @@ class SchedulerConfig:
             max_num_batched_tokens // max_num_partial_prefills tokens per sequence.
         num_scheduler_steps: decode forward passes per scheduler call (upstream V0's
             multi-step scheduling, vllm/worker/multi_step.py); 1 = one token per step.
+        policy: "fcfs" (arrival order) or "priority" (each request's priority, lower
+            first, then arrival; see vllm/core/scheduler.py).
 
     Raises:
         ValueError: naming the value and its limit (see the checks below).
@@ -452,8 +457,14 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = False
     max_num_partial_prefills: int = 1
     num_scheduler_steps: int = 1
+    policy: str = "fcfs"
 
     def __post_init__(self) -> None:
+        if self.policy not in SCHEDULING_POLICIES:
+            raise ValueError(
+                f"scheduling_policy must be one of {list(SCHEDULING_POLICIES)}, got "
+                f"{self.policy!r}."
+            )
         if self.num_scheduler_steps < 1:
             raise ValueError(
                 f"num_scheduler_steps must be at least 1, got {self.num_scheduler_steps}."

@@ -235,11 +235,14 @@ class SequenceGroup:
         seqs: list[Sequence],
         sampling_params: SamplingParams,
         arrival_time: float | None = None,
+        priority: int = 0,
     ):
         self.request_id = request_id
         self.seqs = seqs
         self.sampling_params = sampling_params
         self.metrics = RequestMetrics(arrival_time=arrival_time or time.time())
+        # Scheduling priority (lower first) under the "priority" policy.
+        self.priority = priority
         self.prompt_logprobs: list[PositionLogprobs | None] | None = None
         # Index into virtual engines; set by the engine.
         self.virtual_engine = 0

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.utils import check_outputs_equal, vllm_greedy
+from tests.utils import check_outputs_equal, completion_tuple, vllm_greedy
 
 PROMPTS = [
     "The capital of France is",
@@ -59,3 +59,37 @@ def test_max_model_len_boundary_beside_other_requests(tiny_llama_dir):
     # The engine is still usable and unchanged afterwards.
     again = llm.generate([normal], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     assert again[0].outputs[0].token_ids == outs[0].outputs[0].token_ids
+
+
+@pytest.mark.forked
+def test_priority_policy_order_and_equal_outputs(tiny_llama_dir):
+    """--scheduling-policy priority: with one sequence at a time the requests start in
+    priority order; under KV pressure (preemption from the lowest priority) every output
+    equals the roomy FCFS run's; FCFS refuses non-zero priorities before queueing."""
+    from vllm import LLM, SamplingParams
+
+    greedy = SamplingParams(temperature=0, max_tokens=48)
+    roomy = LLM(model=tiny_llama_dir, device="cpu", block_size=16)
+    ref = vllm_greedy(roomy, PROMPTS, 48)
+    with pytest.raises(ValueError, match=r"got priority=2 but priority scheduling is not enabled"):
+        roomy.generate(PROMPTS, greedy, use_tqdm=False, priority=[0, 2, 0, 0, 0, 0])
+    assert roomy.llm_engine.get_num_unfinished_requests() == 0
+    del roomy
+
+    priority = [3, 1, 2, 0, 5, 4]
+    one = LLM(model=tiny_llama_dir, device="cpu", max_num_seqs=1, scheduling_policy="priority")
+    outs = one.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=4), use_tqdm=False,
+                        priority=priority)  # fmt: skip
+    started = sorted(range(len(PROMPTS)), key=lambda i: outs[i].metrics.first_scheduled_time)
+    assert started == sorted(range(len(PROMPTS)), key=lambda i: priority[i])
+    with pytest.raises(ValueError, match=r"one integer per prompt \(6\)"):
+        one.generate(PROMPTS, greedy, priority=[1])
+    with pytest.raises(ValueError, match=r"priority must be an integer, got 1.5"):
+        one.generate(PROMPTS, greedy, priority=[1.5] * 6)
+    del one
+
+    tight = LLM(model=tiny_llama_dir, device="cpu", block_size=16, num_gpu_blocks_override=13,
+                scheduling_policy="priority")  # fmt: skip
+    outs = tight.generate(PROMPTS, greedy, use_tqdm=False, priority=priority)
+    assert sum(s.num_cumulative_preemption for s in tight.llm_engine.schedulers) > 0
+    check_outputs_equal(ref, [completion_tuple(o) for o in outs], "fcfs", "priority", PROMPTS)

@@ -99,7 +99,7 @@ def test_bad_inputs_leave_llm_usable(tiny_llama_dir):
         ("lora", lambda: llm.generate(PROMPT, greedy, lora_request=object()),
          r"lora_request is not supported"),
         ("priority", lambda: llm.generate(PROMPT, greedy, priority=[1]),
-         r"priority scheduling is not supported"),
+         r"got priority=1 but priority scheduling is not enabled"),
     ]  # fmt: skip
     for name, call, match in cases:
         with pytest.raises(ValueError, match=match):

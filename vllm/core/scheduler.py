@@ -17,6 +17,8 @@ Policy (upstream vLLM V0's default without chunked prefill):
 
 With ``enable_chunked_prefill`` the policy is :func:`vllm.core.chunked_prefill.schedule_chunked`
 instead: decodes first, then prefill chunks in the rest of the token budget, in one step.
+With ``--scheduling-policy priority`` both queues are kept in priority order and a waiting
+request may preempt running ones of lower priority first (:mod:`vllm.core.priority`).
 
 The engine owns one Scheduler per virtual engine and talks to it through
 :meth:`Scheduler.schedule`, which returns the worker's metadata and a :class:`SchedulerOutputs`.
@@ -33,6 +35,7 @@ from typing import Any
 
 from vllm.core.block_manager import AllocStatus, BlockSpaceManager
 from vllm.core.chunked_prefill import schedule_chunked
+from vllm.core.priority import order_and_preempt
 from vllm.sequence import Sequence, SequenceGroup, SequenceGroupMetadata, SequenceStatus
 
 _RUNNING = SequenceStatus.RUNNING
@@ -78,7 +81,7 @@ class SchedulerOutputs:
 
 
 class Scheduler:
-    """FCFS scheduler with recompute preemption for one virtual engine.
+    """FCFS (or priority) scheduler with recompute preemption for one virtual engine.
 
     Args:
         scheduler_config: uses ``max_num_seqs``, ``max_num_batched_tokens``,
@@ -100,6 +103,7 @@ class Scheduler:
         self.scheduler_config = scheduler_config
         self.cache_config = cache_config
         self.chunked = bool(getattr(scheduler_config, "enable_chunked_prefill", False))
+        self.by_priority = getattr(scheduler_config, "policy", "fcfs") == "priority"
         self.block_manager = BlockSpaceManager(
             block_size=cache_config.block_size,
             num_gpu_blocks=cache_config.num_gpu_blocks,
@@ -195,6 +199,9 @@ class Scheduler:
             (metadata, outputs): one SequenceGroupMetadata per scheduled group, in the order
             of ``outputs.scheduled_seq_groups``.
         """
+        forced: list[SequenceGroup] = []
+        if self.by_priority:
+            forced = order_and_preempt(self)
         if self.chunked:
             out = schedule_chunked(
                 self,
@@ -207,6 +214,16 @@ class Scheduler:
                 out = self._schedule_decodes()
                 out.ignored_seq_groups = ignored
         out.running_queue_size = len(self.running)
+        if forced:
+            self.num_cumulative_preemption += len(forced)
+            out.preempted += len(forced)
+            logger.info(
+                "Preempted %d request(s) of lower priority by recompute (%s) for waiting "
+                "requests of higher priority. Total preemptions: %d.",
+                len(forced),
+                ", ".join(g.request_id for g in forced),
+                self.num_cumulative_preemption,
+            )
 
         now = time.time()
         num_prefills = out.num_prefill_groups

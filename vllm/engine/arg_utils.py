@@ -212,6 +212,13 @@ class EngineArgs:
         "With chunked prefill: the most requests whose prefill is partly done at once.",
         group="scheduler",
     )
+    scheduling_policy: str = _f(
+        "fcfs",
+        "fcfs (first come, first served) or priority (by each request's priority, lower "
+        "first, then arrival; a waiting request preempts running ones of lower priority "
+        "when it does not fit).",
+        group="scheduler",
+    )
     num_scheduler_steps: int = _f(
         1,
         "Decode forward passes per scheduler call (multi-step decoding; 1 = off).",
@@ -484,6 +491,7 @@ class EngineArgs:
             num_scheduler_steps=self.num_scheduler_steps,
             enable_chunked_prefill=self.enable_chunked_prefill,
             max_num_partial_prefills=self.max_num_partial_prefills,
+            policy=self.scheduling_policy,
         )
         return EngineConfig(
             speculative_config=speculative_config,

@@ -40,7 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.async_beam_search import beam_search
 from vllm.engine.async_steps import EngineSteps
-from vllm.engine.llm_engine import LLMEngine, PromptType, refuse_lora_and_priority
+from vllm.engine.llm_engine import LLMEngine, PromptType, check_priority, refuse_lora
 from vllm.engine.metrics import EngineMetrics
 from vllm.engine.request_metrics import FinishedRequest
 from vllm.outputs import DeltaOutputs, RequestOutput
@@ -117,7 +117,7 @@ class AsyncLLMEngine:
         except Exception:
             self.tokenizer = tok
         self._streams: dict[str, asyncio.Queue] = {}
-        self._pending: list[tuple[str, PromptType, SamplingParams, float]] = []
+        self._pending: list[tuple[str, PromptType, SamplingParams, float, int]] = []
         self._aborts: list[str] = []
         self._wakeup: asyncio.Event | None = None
         self._loop_task: asyncio.Task | None = None
@@ -168,12 +168,13 @@ class AsyncLLMEngine:
         Raises:
             EngineDeadError: the engine is dead or shutting down.
             RequestFailedError: the request failed inside the engine.
-            ValueError: the engine refused the prompt or params; a ``lora_request`` or a
-                non-zero ``priority`` (upstream's arguments; no LoRA adapters or priority
-                scheduling here).
+            ValueError: the engine refused the prompt or params; a ``lora_request`` (no
+                LoRA adapters here); a non-integer ``priority``, or a non-zero one without
+                ``scheduling_policy="priority"`` (lower is served first).
         """
         params = sampling_params
-        refuse_lora_and_priority(lora_request, priority)
+        refuse_lora(lora_request)
+        priority = check_priority(priority, self.engine.scheduler_config.policy)
         await self.check_health()
         self.start()
         if request_id in self._streams:
@@ -184,7 +185,7 @@ class AsyncLLMEngine:
             self._log_request(request_id, prompt, params)
         queue: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = queue
-        self._pending.append((request_id, prompt, params, time.time()))
+        self._pending.append((request_id, prompt, params, time.time(), priority))
         self._wakeup.set()
         finished = False
         kind = params.output_kind
@@ -417,9 +418,9 @@ class AsyncLLMEngine:
         ``replies``: (request id, what its stream gets now): a refused request's error, an
         aborted one's final output."""
         replies = []
-        for rid, prompt, params, arrival in pending:
+        for rid, prompt, params, arrival, priority in pending:
             try:
-                self.engine.add_request(rid, prompt, params, arrival_time=arrival)
+                self.engine.add_request(rid, prompt, params, arrival, priority)
             except Exception as e:
                 replies.append((rid, e))
         now = time.time()

@@ -57,21 +57,33 @@ def get_executor_class(config: EngineConfig):
     return RayExecutor
 
 
-def refuse_lora_and_priority(lora_request, priority) -> None:
-    """Upstream's ``lora_request`` and ``priority`` arguments, accepted only as no-ops.
+def refuse_lora(lora_request) -> None:
+    """Upstream's ``lora_request`` argument, accepted only as None.
 
     Raises:
-        ValueError: a LoRA request (no adapters here), or a non-zero priority (an int, or
-            one per prompt; requests are served first come, first served).
+        ValueError: a LoRA request (no adapters here).
     """
     if lora_request is not None:
         raise ValueError("lora_request is not supported: this engine has no LoRA adapters.")
-    values = list(priority) if isinstance(priority, (list, tuple)) else [priority or 0]
-    if any(values):
+
+
+def check_priority(priority: object, policy: str) -> int:
+    """A request's scheduling priority, checked against the engine's policy.
+
+    Returns:
+        ``priority`` as an int (lower is served first under the "priority" policy).
+    Raises:
+        ValueError: not an integer, or non-zero under the "fcfs" policy (upstream's rule:
+            priorities need ``--scheduling-policy priority``).
+    """
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise ValueError(f"priority must be an integer, got {priority!r}.")
+    if priority != 0 and policy != "priority":
         raise ValueError(
-            "priority scheduling is not supported: requests are served first come, first "
-            f"served (got priority={priority})."
+            f"got priority={priority} but priority scheduling is not enabled: start the "
+            "engine with scheduling_policy='priority' (--scheduling-policy priority)."
         )
+    return int(priority)
 
 
 # Prompt dict fields of upstream's multimodal inputs: refused, never silently dropped.
@@ -343,21 +355,27 @@ class LLMEngine:
         prompt: PromptType,
         params: SamplingParams,
         arrival_time: float | None = None,
+        priority: int = 0,
     ) -> None:
         """Queue one request on the virtual engine :meth:`choose_virtual_engine` picks.
 
+        Args:
+            priority: lower is served first under ``--scheduling-policy priority`` (see
+                vllm/core/priority.py); must be 0 under "fcfs".
         Raises:
             ValueError: a duplicate request id, a bad prompt (see :meth:`process_prompt`),
                 params that do not fit the model (see :meth:`verify_params`), a request
                 the scheduler could never run (see :meth:`check_schedulable`), or a
                 guided-decoding constraint that does not parse (invalid JSON schema,
-                regex or grammar, unsupported schema feature).
+                regex or grammar, unsupported schema feature), a priority the policy
+                does not allow (see :func:`check_priority`).
 
         A request with ``guided_decoding`` whose grammar is still compiling (on the grammar
         cache's threads) is held back and given to a scheduler by a later :meth:`step`.
         """
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already running.")
+        priority = check_priority(priority, self.scheduler_config.policy)
         text, ids = self.process_prompt(prompt)
         self.verify_params(params)
         ids = self.truncate_prompt(ids, params)
@@ -388,7 +406,7 @@ class LLMEngine:
             )
             for _ in range(params.n)
         ]
-        group = SequenceGroup(request_id, seqs, params, arrival_time or time.time())
+        group = SequenceGroup(request_id, seqs, params, arrival_time or time.time(), priority)
         self._requests[request_id] = group
         if grammar is None:
             self._schedule_group(group)

@@ -11,7 +11,7 @@ from tqdm.auto import tqdm
 from vllm.beam_search import BeamSearch, BeamSearchOutput
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.default_model import resolve_model
-from vllm.engine.llm_engine import LLMEngine, PromptType, refuse_lora_and_priority
+from vllm.engine.llm_engine import LLMEngine, PromptType, check_priority, refuse_lora
 from vllm.entrypoints.chat_utils import check_chat_options, render_chat, template_messages
 from vllm.logger import configure_logging
 from vllm.outputs import RequestOutput
@@ -76,8 +76,9 @@ class LLM:
             sampling_params: one for all prompts, or one per prompt (default:
                 :meth:`get_default_sampling_params`).
             use_tqdm: show a progress bar.
-            lora_request, priority: upstream's; only None (no LoRA adapters; first come,
-                first served) or all-zero priorities are accepted.
+            lora_request: upstream's; only None (no LoRA adapters).
+            priority: one integer per prompt, lower served first; non-zero values need
+                ``scheduling_policy="priority"`` (default: all 0).
         Returns:
             One RequestOutput per prompt; an empty list for an empty list of prompts.
         Raises:
@@ -88,10 +89,19 @@ class LLM:
             Exception: whatever a failed engine step raised; this call's unfinished
                 requests are aborted first, so the LLM stays usable.
         """
-        refuse_lora_and_priority(lora_request, priority)
+        refuse_lora(lora_request)
         prompts = _prompt_list(prompts)
         if not prompts:
             return []
+        policy = self.llm_engine.scheduler_config.policy
+        if priority is None:
+            priority = [0] * len(prompts)
+        elif not isinstance(priority, (list, tuple)) or len(priority) != len(prompts):
+            raise ValueError(
+                f"priority must be a list of one integer per prompt ({len(prompts)}), got "
+                f"{priority!r}."
+            )
+        priority = [check_priority(p, policy) for p in priority]
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()
         params = (
@@ -117,9 +127,9 @@ class LLM:
         prompts = processed
         ids = []
         try:
-            for prompt, sp in zip(prompts, params):
+            for prompt, sp, prio in zip(prompts, params, priority):
                 rid = str(next(self._counter))
-                self.llm_engine.add_request(rid, prompt, sp)
+                self.llm_engine.add_request(rid, prompt, sp, priority=prio)
                 ids.append(rid)
         except Exception:
             self.llm_engine.abort_request(ids)

@@ -3,7 +3,8 @@ and server flags: prompt_logprobs returned in each choice (equal to LLM.generate
 bad_words, truncate_prompt_tokens, return_tokens_as_token_ids,
 stream_options.continuous_usage_stats, use_beam_search (equal to LLM.beam_search), the
 400s for suffix and stream_options without stream, the field an error's ``param`` names,
-CORS (--allowed-origins) and --root-path.
+CORS (--allowed-origins) and --root-path; the server runs --scheduling-policy priority,
+whose per-request ``priority`` leaves the greedy output unchanged.
 
 Guards: prompt_logprobs computed but dropped from the response; bad_words,
 truncate_prompt_tokens, return_tokens_as_token_ids and continuous_usage_stats accepted and
@@ -27,6 +28,7 @@ PROMPT = "The capital of France is"
 def server(smollm2_gguf):
     args = ["--device", "cpu", "--max-model-len", str(MAX_LEN), "--served-model-name", MODEL]
     args += ["--allowed-origins", json.dumps([ORIGIN]), "--root-path", "/api"]
+    args += ["--scheduling-policy", "priority"]  # every test here runs under it
     srv = RemoteOpenAIServer(smollm2_gguf, args)
     try:
         yield srv
@@ -191,6 +193,19 @@ def test_refused_fields_and_error_params(server):
     _bad(r, "min_tokens", "guided decoding")
     r = _post(server, "completions", {**base, "stop_token_ids": [999999999]})
     _bad(r, "stop_token_ids", "999999999")
+
+
+def test_priority_field(server):
+    base = dict(prompt=PROMPT, max_tokens=4, temperature=0)
+    plain = _ok(_post(server, "completions", base))["choices"][0]["text"]
+    for prio in (-5, 7):
+        assert (
+            _ok(_post(server, "completions", {**base, "priority": prio}))["choices"][0]["text"]
+            == plain
+        )
+    _bad(_post(server, "completions", {**base, "priority": "high"}), "priority")
+    r = _post(server, "completions", {**base, "priority": 1, "use_beam_search": True, "n": 2})
+    _bad(r, "priority", "use_beam_search")
 
 
 def test_cors_and_root_path(server):

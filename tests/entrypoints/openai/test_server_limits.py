@@ -107,6 +107,8 @@ def test_offline_add_request_refuses_unschedulable(tiny_llama_dir):
             ["600"],
         ),
         ("completions", {"prompt": "Hi", "n": 9}, "n", ["9", "max_num_seqs=8"]),
+        # a priority under the default fcfs policy
+        ("completions", {"prompt": "Hi", "priority": 1}, "priority", ["--scheduling-policy"]),
         ("chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "n": 9}, "n", []),
     ],
 )

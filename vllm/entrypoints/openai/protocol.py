@@ -143,6 +143,8 @@ class SamplingFields(OpenAIBaseModel):
     # vLLM's: beam search of width n instead of sampling (vllm/beam_search.py)
     use_beam_search: bool = False
     length_penalty: float = 1.0
+    # vLLM's: lower is served first (needs --scheduling-policy priority unless 0)
+    priority: int = 0
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None

@@ -17,6 +17,7 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 
 from vllm.engine.async_llm_engine import AsyncLLMEngine
+from vllm.engine.llm_engine import check_priority
 from vllm.entrypoints.openai.api_errors import APIError, param_of
 from vllm.entrypoints.openai.protocol import PromptTokenUsageInfo, SamplingFields, UsageInfo
 from vllm.sampling_params import BeamSearchParams, GuidedDecodingParams, SamplingParams
@@ -246,7 +247,7 @@ class OpenAIServing:
     _NOT_WITH_BEAM_SEARCH = (
         "stop", "stop_token_ids", "min_tokens", "logit_bias", "allowed_token_ids", "bad_words",
         "response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
-        "prompt_logprobs",
+        "prompt_logprobs", "priority",
     )  # fmt: skip
 
     def beam_params(self, req: SamplingFields, max_tokens: int) -> BeamSearchParams:
@@ -279,7 +280,11 @@ class OpenAIServing:
         asks for one, else ``engine.generate``."""
         if req.use_beam_search:
             return self.engine.beam_search(prompt, params, request_id)
-        return self.engine.generate(prompt, params, request_id)
+        try:
+            check_priority(req.priority, self.engine.engine.scheduler_config.policy)
+        except ValueError as e:
+            raise APIError(str(e), 400, "priority") from None
+        return self.engine.generate(prompt, params, request_id, priority=req.priority)
 
     async def check_guided(self, params: SamplingParams, param: str | None) -> None:
         """Parse and compile ``params``' constraint before the request is queued, so a bad
