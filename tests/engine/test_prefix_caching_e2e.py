@@ -106,7 +106,9 @@ def test_eviction_under_a_small_cache_equals_roomy_run(tiny_llama_dir):
         completion_tuple(o) for w in waves for o in roomy.generate(w, _params(), use_tqdm=False)
     ]
     _close(roomy)
-    llm = _engine(tiny_llama_dir, caching=True, num_gpu_blocks_override=24, max_num_seqs=4)
+    llm = _engine(
+        tiny_llama_dir, caching=True, num_gpu_blocks_override=24, max_num_seqs=4, max_model_len=64
+    )
     bm = llm.llm_engine.schedulers[0].block_manager
     start = bm.get_num_free_gpu_blocks()
     got = []

@@ -22,7 +22,13 @@ def test_preemption_recompute_equals_roomy_run(tiny_llama_dir):
     ref = vllm_greedy(roomy, PROMPTS, 48)
     del roomy
     # 12 blocks of 16 tokens cannot hold 6 sequences of ~8 + 48 tokens: preemption must occur.
-    tight = LLM(model=tiny_llama_dir, device="cpu", block_size=16, num_gpu_blocks_override=13)
+    tight = LLM(
+        model=tiny_llama_dir,
+        device="cpu",
+        block_size=16,
+        num_gpu_blocks_override=13,
+        max_model_len=128,
+    )
     out = vllm_greedy(tight, PROMPTS, 48)
     preempted = sum(s.num_cumulative_preemption for s in tight.llm_engine.schedulers)
     assert preempted > 0, "the tight run never preempted: the test proves nothing"
@@ -89,7 +95,22 @@ def test_priority_policy_order_and_equal_outputs(tiny_llama_dir):
     del one
 
     tight = LLM(model=tiny_llama_dir, device="cpu", block_size=16, num_gpu_blocks_override=13,
-                scheduling_policy="priority")  # fmt: skip
+                max_model_len=128, scheduling_policy="priority")  # fmt: skip
     outs = tight.generate(PROMPTS, greedy, use_tqdm=False, priority=priority)
     assert sum(s.num_cumulative_preemption for s in tight.llm_engine.schedulers) > 0
     check_outputs_equal(ref, [completion_tuple(o) for o in outs], "fcfs", "priority", PROMPTS)
+
+
+@pytest.mark.forked
+def test_cache_smaller_than_max_model_len_is_refused_at_start(tiny_llama_dir):
+    """A KV cache that cannot hold one max_model_len sequence is a start-up error (as
+    upstream), not requests cut short at whatever length the cache allows."""
+    from vllm import LLM, SamplingParams
+
+    with pytest.raises(ValueError, match=r"max_model_len=128 is larger than the 48 tokens the "
+                       r"KV cache holds per virtual engine \(3 blocks of 16\).*at most 48"):  # fmt: skip
+        LLM(model=tiny_llama_dir, device="cpu", num_gpu_blocks_override=4, max_model_len=128)
+    llm = LLM(model=tiny_llama_dir, device="cpu", num_gpu_blocks_override=4, max_model_len=48)
+    params = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)
+    out = llm.generate({"prompt_token_ids": [5, 6, 7]}, params, use_tqdm=False)[0].outputs[0]
+    assert len(out.token_ids) == 45 and out.finish_reason == "length"  # the context is full

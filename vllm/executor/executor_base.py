@@ -87,6 +87,7 @@ class PipelineExecutorBase(ExecutorBase):
         blocks = self.collective_rpc("determine_num_available_blocks")
         num_blocks = min(blocks)
         logger.info("KV blocks per virtual engine by stage %s -> using %d", blocks, num_blocks)
+        check_kv_capacity(self.config, num_blocks)
         self.config.cache_config.num_gpu_blocks = num_blocks
         self.collective_rpc("initialize_cache", num_blocks)
         self.collective_rpc("capture_graphs")
@@ -132,3 +133,28 @@ class PipelineExecutorBase(ExecutorBase):
             self.shutdown()
         except Exception:
             pass
+
+
+def check_kv_capacity(config: Any, num_blocks: int) -> None:
+    """Refuse a KV cache that cannot hold one sequence of ``max_model_len`` tokens (as
+    upstream does at start-up): such an engine would accept requests and then end them at
+    whatever length the cache allows.
+
+    Args:
+        num_blocks: usable blocks per virtual engine (the scratch block excluded).
+    Raises:
+        ValueError: naming max_model_len, the tokens the cache holds and the settings that
+            change either.
+    """
+    block_size = config.cache_config.block_size
+    capacity = num_blocks * block_size
+    max_len = config.model_config.max_model_len
+    if max_len > capacity:
+        raise ValueError(
+            f"max_model_len={max_len} is larger than the {capacity} tokens the KV cache holds "
+            f"per virtual engine ({num_blocks} blocks of {block_size}): a sequence of "
+            "max_model_len tokens could never run. Lower max_model_len (to at most "
+            f"{capacity}) or give the cache more room (gpu_memory_utilization on CUDA, "
+            "VLLM_CPU_KVCACHE_SPACE on CPU, or num_gpu_blocks_override; with pipeline "
+            "parallelism each virtual engine gets its share)."
+        )

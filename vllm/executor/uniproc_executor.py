@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from vllm.executor.executor_base import ExecutorBase
+from vllm.executor.executor_base import ExecutorBase, check_kv_capacity
 from vllm.sequence import ExecuteModelRequest, SamplerOutput
 from vllm.worker.worker import Worker
 
@@ -37,6 +37,7 @@ class UniProcExecutor(ExecutorBase):
         self.worker.init_device()
         self.worker.load_model()
         num_blocks = self.worker.determine_num_available_blocks()
+        check_kv_capacity(self.config, num_blocks)
         self.config.cache_config.num_gpu_blocks = num_blocks
         self.worker.initialize_cache(num_blocks)
         self.worker.capture_graphs()
