@@ -136,7 +136,7 @@ class SamplingParams:
 
     Semantics follow upstream vLLM's ``SamplingParams``:
 
-    - ``temperature == 0`` means greedy (argmax); ``top_k == -1`` disables top-k;
+    - ``temperature == 0`` means greedy (argmax); ``top_k`` 0 or -1 disables top-k (0 is stored as -1);
       ``top_p == 1`` and ``min_p == 0`` disable those filters.
     - ``presence_penalty`` / ``frequency_penalty`` follow the OpenAI API definition
       (subtracted from logits once per present token / once per occurrence of generated
@@ -311,9 +311,11 @@ class SamplingParams:
         )
         _check(0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}.")
         _check(
-            self.top_k == -1 or self.top_k >= 1,
-            f"top_k must be -1 (disable), or at least 1, got {self.top_k}.",
+            self.top_k >= -1,
+            f"top_k must be 0 or -1 (disable), or at least 1, got {self.top_k}.",
         )
+        if self.top_k == 0:  # upstream's current "off"; -1 (its older one) is kept here
+            self.top_k = -1
         _check(0.0 <= self.min_p <= 1.0, f"min_p must be in [0, 1], got {self.min_p}.")
         if self.max_tokens is not None:
             _check(

@@ -107,6 +107,13 @@ def test_seeded_row_draws_follow_softmax():
     assert max(abs(c / 3000 - q) for c, q in zip(counts, p)) < 0.035
 
 
+def test_top_k_0_and_minus_1_both_disable():
+    """Upstream's current "off" is 0, its older one -1: both are accepted and stored as -1
+    (the sampler's "no top-k")."""
+    assert SamplingParams(top_k=0).top_k == SamplingParams(top_k=-1).top_k == -1
+    assert SamplingParams(top_k=5).top_k == 5
+
+
 def test_top_k_1_equals_greedy():
     torch.manual_seed(0)
     logits = torch.randn(64, 300)
