@@ -19,6 +19,7 @@ import pytest
 from tests.utils import RemoteOpenAIServer, run_in_fork
 
 MODEL = "smollm2"
+ALIAS = "smol-alias"  # a second served name
 MAX_LEN = 512
 ORIGIN = "http://good.example"
 PROMPT = "The capital of France is"
@@ -27,6 +28,7 @@ PROMPT = "The capital of France is"
 @pytest.fixture(scope="module")
 def server(smollm2_gguf):
     args = ["--device", "cpu", "--max-model-len", str(MAX_LEN), "--served-model-name", MODEL]
+    args += [ALIAS]
     args += ["--allowed-origins", json.dumps([ORIGIN]), "--root-path", "/api"]
     args += ["--scheduling-policy", "priority"]  # every test here runs under it
     srv = RemoteOpenAIServer(smollm2_gguf, args)
@@ -163,7 +165,8 @@ def test_return_tokens_as_token_ids(server):
 
 
 def test_continuous_usage_stats_on_every_chunk(server):
-    body = dict(prompt=PROMPT, max_tokens=4, temperature=0, stream=True)
+    """Each chunk carries its choice's usage so far (as upstream); the last one all of it."""
+    body = dict(prompt=PROMPT, max_tokens=4, temperature=0, stream=True, n=2, ignore_eos=True)
     body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
     with httpx.stream(
         "POST", server.url_for("v1", "completions"), json={"model": MODEL, **body}, timeout=120
@@ -171,12 +174,14 @@ def test_continuous_usage_stats_on_every_chunk(server):
         events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
     chunks = [json.loads(e) for e in events if e != "[DONE]"]
     token_chunks = [c for c in chunks if c["choices"]]
-    assert len(token_chunks) == 4
-    assert [c["usage"]["completion_tokens"] for c in token_chunks] == [1, 2, 3, 4]
+    assert len(token_chunks) == 8
+    for index in (0, 1):
+        mine = [c for c in token_chunks if c["choices"][0]["index"] == index]
+        assert [c["usage"]["completion_tokens"] for c in mine] == [1, 2, 3, 4]
     prompt_tokens = token_chunks[0]["usage"]["prompt_tokens"]
     assert all(c["usage"]["total_tokens"] == prompt_tokens + c["usage"]["completion_tokens"]
                for c in chunks)  # fmt: skip
-    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 4
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 8
 
 
 def test_refused_fields_and_error_params(server):
@@ -193,6 +198,19 @@ def test_refused_fields_and_error_params(server):
     _bad(r, "min_tokens", "guided decoding")
     r = _post(server, "completions", {**base, "stop_token_ids": [999999999]})
     _bad(r, "stop_token_ids", "999999999")
+
+
+def test_response_names_the_requested_model(server):
+    """With several served names a response reports the one asked for (as upstream)."""
+    for name in (MODEL, ALIAS):
+        body = {"model": name, "prompt": PROMPT, "max_tokens": 2}
+        r = httpx.post(server.url_for("v1", "completions"), json=body, timeout=120)
+        assert _ok(r)["model"] == name
+        body = {"model": name, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+        r = httpx.post(server.url_for("v1", "chat/completions"), json={**body, "stream": True},
+                       timeout=120)  # fmt: skip
+        chunks = [json.loads(x[6:]) for x in r.text.splitlines() if x.startswith("data: {")]
+        assert chunks and {c["model"] for c in chunks} == {name}
 
 
 def test_priority_field(server):
@@ -248,7 +266,7 @@ def test_chat_takes_the_same_fields(server):
     assert len(content) == 3 and all(c["token"].startswith("token_id:") for c in content)
     assert all(t["token"].startswith("token_id:") for c in content for t in c["top_logprobs"])
 
-    body = {**chat, "stream": True}
+    body = {**chat, "stream": True, "n": 2, "ignore_eos": True}
     body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
     with httpx.stream(
         "POST", server.url_for("v1", "chat", "completions"), json={"model": MODEL, **body},
@@ -257,8 +275,10 @@ def test_chat_takes_the_same_fields(server):
         events = [line[6:] for line in resp.iter_lines() if line.startswith("data: ")]
     chunks = [json.loads(e) for e in events if e != "[DONE]"]
     assert all(c["usage"] is not None for c in chunks)
-    assert [c["usage"]["completion_tokens"] for c in chunks] == [0, 1, 2, 3, 3]
-    assert chunks[-1]["choices"] == []
+    for index in (0, 1):  # the role chunk, then one per token, each counting its choice
+        mine = [c for c in chunks if c["choices"] and c["choices"][0]["index"] == index]
+        assert [c["usage"]["completion_tokens"] for c in mine] == [0, 1, 2, 3]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 6
 
     _bad(_post(server, "chat/completions", {**chat, "guided_regex": "[0-9"}), "guided_regex")
 

@@ -220,7 +220,7 @@ class OpenAIServingChat(OpenAIServing):
         return ChatCompletionResponse(
             id=rid,
             created=created,
-            model=self.model_name,
+            model=self.model_for(req),
             choices=choices,
             usage=usage,
             prompt_logprobs=plps,
@@ -233,7 +233,7 @@ class OpenAIServingChat(OpenAIServing):
         generated token that adds something (tool-call deltas instead of content when
         tool_choice is not "none", see tool_calls.py). With ``stream_options``
         ``include_usage`` a last chunk has the usage; with ``continuous_usage_stats`` as
-        well, every chunk carries the usage so far."""
+        well, every chunk carries its choice's usage so far."""
         n = req.n
         opts = req.stream_options
         include_usage = opts is not None and bool(opts.include_usage)
@@ -245,21 +245,23 @@ class OpenAIServingChat(OpenAIServing):
             lambda index, text: ChatCompletionStreamResponse(
                 id=rid,
                 created=created,
-                model=self.model_name,
+                model=self.model_for(req),
                 choices=[ChatCompletionStreamChoice(index=index, delta=DeltaMessage(content=text))],
             )  # fmt: skip
         )
 
         cached = 0  # prompt tokens read from the prefix cache (set by the first output)
 
-        def usage_so_far() -> UsageInfo:
-            return self.usage(prompt_len, completion_tokens, cached)
+        def usage_so_far(index: int | None = None) -> UsageInfo:
+            """Every choice's usage, or choice ``index``'s (continuous chunks, as upstream)."""
+            done = completion_tokens if index is None else sent_tokens[index]
+            return self.usage(prompt_len, done, cached)
 
         def chunk(choices, usage=None) -> str:
             if usage is None and continuous:
-                usage = usage_so_far()
+                usage = usage_so_far(choices[0].index if choices else None)
             resp = ChatCompletionStreamResponse(
-                id=rid, created=created, model=self.model_name, choices=choices, usage=usage
+                id=rid, created=created, model=self.model_for(req), choices=choices, usage=usage
             )
             return f"data: {resp.model_dump_json()}\n\n"
 

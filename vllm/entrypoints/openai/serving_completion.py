@@ -129,7 +129,7 @@ class OpenAIServingCompletion(OpenAIServing):
             APIError: 400 / 404 with the OpenAI error body.
         """
         self.check_model(req.model)
-        self.check_max_tokens(req.max_tokens, req.echo)
+        self.check_max_tokens(req.max_tokens, bool(req.echo))
         self._check_unsupported(req)
         prompts = await self._prompts(req, self._kept_tokens(req))
         echo_only = req.echo and req.max_tokens == 0
@@ -205,14 +205,15 @@ class OpenAIServingCompletion(OpenAIServing):
         cached = sum(last[i].num_cached_tokens for i in range(len(prompts)))
         usage = self.usage(prompt_tokens, completion_tokens, cached)
         return CompletionResponse(
-            id=base, created=created, model=self.model_name, choices=choices, usage=usage
+            id=base, created=created, model=self.model_for(req), choices=choices, usage=usage
         )
 
     async def _stream(
         self, req, prompts, gens, base, created, echo_only, as_id
     ) -> AsyncIterator[str]:
         """One chunk per generated token of each choice (the last one has finish_reason);
-        with ``continuous_usage_stats`` each carries the usage so far."""
+        with ``continuous_usage_stats`` each carries its choice's usage so far (its prompt
+        and its tokens, as upstream); the final usage chunk counts every choice."""
         n = req.n
         opts = req.stream_options
         continuous = opts is not None and bool(opts.continuous_usage_stats)
@@ -226,6 +227,10 @@ class OpenAIServingCompletion(OpenAIServing):
         def usage() -> UsageInfo:
             return self.usage(prompt_tokens, completion_tokens, sum(cached))
 
+        def choice_usage(i: int, idx: int) -> UsageInfo:
+            """One choice's usage so far (its prompt, its tokens), as upstream's chunks."""
+            return self.usage(len(prompts[i][1]), sent_tokens[idx], cached[i])
+
         sent_tokens = [0] * (len(prompts) * n)
         sent_chars = [0] * (len(prompts) * n)
         next_offset = [0] * (len(prompts) * n)  # text_offset of the next logprobs token
@@ -234,7 +239,7 @@ class OpenAIServingCompletion(OpenAIServing):
             lambda index, text: CompletionStreamResponse(
                 id=base,
                 created=created,
-                model=self.model_name,
+                model=self.model_for(req),
                 choices=[CompletionStreamChoice(index=index, text=text)],
             )  # fmt: skip
         )
@@ -282,8 +287,8 @@ class OpenAIServingCompletion(OpenAIServing):
                     chunk = CompletionStreamResponse(
                         id=base,
                         created=created,
-                        model=self.model_name,
-                        usage=usage() if continuous else None,
+                        model=self.model_for(req),
+                        usage=choice_usage(i, idx) if continuous else None,
                         choices=[
                             CompletionStreamChoice(
                                 index=idx,
@@ -297,7 +302,7 @@ class OpenAIServingCompletion(OpenAIServing):
                     yield f"data: {chunk.model_dump_json(exclude_unset=False)}\n\n"
             if opts is not None and opts.include_usage:
                 chunk = CompletionStreamResponse(
-                    id=base, created=created, model=self.model_name, choices=[], usage=usage()
+                    id=base, created=created, model=self.model_for(req), choices=[], usage=usage()
                 )
                 yield f"data: {chunk.model_dump_json()}\n\n"
         except Exception as e:

@@ -41,7 +41,8 @@ class OpenAIServing:
 
     Args:
         engine: the running AsyncLLMEngine.
-        served_model_names: names accepted in ``model``; the first is reported.
+        served_model_names: names accepted in ``model``; a response reports the one asked
+            for (the first when the request names none).
         tokenize_pool: the one thread that tokenizes (shared by the handlers, so the
             tokenizer object is never used by two threads at once); a new one when None.
         return_tokens_as_token_ids: render logprobs tokens as "token_id:ID"
@@ -135,6 +136,12 @@ class OpenAIServing:
     def model_name(self) -> str:
         return self.served_model_names[0]
 
+    def model_for(self, req) -> str:
+        """The model name a response reports: the request's ``model`` when it is one of the
+        served names (as upstream), else the first served name."""
+        model = getattr(req, "model", None)
+        return model if model in self.served_model_names else self.model_name
+
     def check_model(self, model: str | None) -> None:
         """Raises APIError 404, naming the served models, when ``model`` is given and is
         not one of them."""
@@ -180,17 +187,17 @@ class OpenAIServing:
         return max_tokens
 
     @staticmethod
-    def check_max_tokens(max_tokens: int | None, echo: bool = False) -> None:
-        if max_tokens is None:
+    def check_max_tokens(max_tokens: int | None, echo: bool | None = None) -> None:
+        """Refuse max_tokens below 1; 0 is allowed for a completion with ``echo`` (the
+        prompt alone). ``echo`` None: the endpoint has no such option (chat).
+
+        Raises:
+            APIError 400 naming max_tokens.
+        """
+        if max_tokens is None or max_tokens >= 1 or (max_tokens == 0 and echo):
             return
-        if max_tokens < 0:
-            raise APIError(f"max_tokens must be at least 0, got {max_tokens}.", 400, "max_tokens")
-        if max_tokens == 0 and not echo:
-            raise APIError(
-                "max_tokens must be at least 1 (0 is only allowed with echo=true), got 0.",
-                400,
-                "max_tokens",
-            )
+        hint = "" if echo is None else " (0 is allowed with echo=true)"
+        raise APIError(f"max_tokens must be at least 1{hint}, got {max_tokens}.", 400, "max_tokens")
 
     def sampling_params(
         self,
