@@ -167,6 +167,10 @@ def main() -> int:
     """Run, print the summary and the RESULT_JSON line; returns 1 when no request
     completed (nothing was measured), else 0."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument(
+        "--backend", choices=("vllm", "openai"), default="vllm",
+        help="upstream's; both stream /v1/completions (the only API this client drives)",
+    )  # fmt: skip
     ap.add_argument("--base-url", default=None, help="default: http://HOST:PORT")
     ap.add_argument("--host", default="127.0.0.1", help="upstream's: with --port, the server")
     ap.add_argument("--port", type=int, default=8000)

@@ -179,8 +179,10 @@ def test_bench_help_is_the_scripts(name, capsys):
         cli.main(["bench", name, "--help"])
     assert exc.value.code == 0
     out = capsys.readouterr().out
-    assert out.startswith(f"usage: benchmark_{name}.py")  # runpy names the script
+    assert out.startswith(f"usage: vllm bench {name}")  # the command typed, as upstream's
     assert "--num-iters" in out if name == "latency" else "--help" in out
+    if name == "serving":  # upstream's --backend is accepted
+        assert "--backend {vllm,openai}" in out
 
 
 @pytest.mark.forked
@@ -293,3 +295,15 @@ def test_config_file_reaches_validation(tmp_path, tiny_llama_dir):
     proc = _run_cli("serve", "--config", str(tmp_path / "missing.yaml"))
     assert proc.returncode == 2
     assert proc.stderr.strip() == f"error: --config {tmp_path / 'missing.yaml'}: no such file."
+
+
+def test_chat_without_a_server_names_the_url():
+    with socket.socket() as s:  # a port nothing listens on once closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/v1"
+    for cmd in ("chat", "complete"):
+        proc = _run_cli(cmd, "--url", url, "-q", "hi")
+        assert proc.returncode == 1, proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"error: cannot reach the server at {url}")

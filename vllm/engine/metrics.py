@@ -23,6 +23,8 @@ Definitions (all times in seconds, from ``time.time()`` stamps of RequestMetrics
 - ``vllm:decode_steps_total{mode,virtual_engine}``: the runner's replay/eager decode
   counters, as ``LLMEngine.decode_step_counters()`` returns them.
 - ``vllm:num_preemptions_total``: requests preempted (by recompute), over virtual engines.
+- Upstream V0's ``vllm:num_requests_swapped``, ``vllm:cpu_cache_usage_perc`` and
+  ``vllm:cpu_prefix_cache_hit_rate``: always 0 (preemption recomputes; no CPU KV cache).
 - Upstream's current (V1) names of the same series are exported beside the older ones:
   ``vllm:kv_cache_usage_perc`` (= gpu_cache_usage_perc), ``vllm:prefix_cache_queries_total``
   / ``vllm:prefix_cache_hits_total`` and ``vllm:inter_token_latency_seconds`` (the TPOT
@@ -120,6 +122,14 @@ class EngineMetrics:
         self.kv_cache_usage = Gauge(
             "vllm:kv_cache_usage_perc", "KV-cache usage; 1 means 100 percent.", lbl, registry=r
         ).labels(m)
+        # Upstream V0's swap space and CPU cache, absent here (preemption recomputes):
+        # exported at 0 so scrapers and dashboards written for V0 find their series.
+        for name, text in (
+            ("num_requests_swapped", "Requests swapped to CPU (always 0: no swapping)."),
+            ("cpu_cache_usage_perc", "CPU KV-cache usage (always 0: no CPU KV cache)."),
+            ("cpu_prefix_cache_hit_rate", "CPU prefix-cache hit rate (always 0: none)."),
+        ):
+            Gauge(f"vllm:{name}", text, lbl, registry=r).labels(m).set(0)
         self.preemptions = Counter(
             "vllm:num_preemptions", "Requests preempted (by recompute).", lbl, registry=r
         ).labels(m)

@@ -9,8 +9,8 @@ inside it: this wrapper only finds and runs them.
 from __future__ import annotations
 
 import os
-import runpy
 import sys
+import types
 
 BENCHMARKS = {
     "latency": "benchmark_latency.py",
@@ -39,11 +39,18 @@ def run_benchmark(name: str, argv: list[str]) -> int:
             "source checkout installed with `pip install -e .`.\n"
         )
         return 2
-    saved_argv, saved_path = sys.argv, list(sys.path)
-    sys.argv = [script, *argv]
+    saved_argv, saved_path, saved_main = sys.argv, list(sys.path), sys.modules["__main__"]
+    sys.argv = [f"vllm bench {name}", *argv]  # argparse's prog: the command typed
     sys.path.insert(0, os.path.dirname(script))  # the scripts import bench_common by name
+    # As runpy.run_path, but keeping sys.argv[0] (run_path sets it to the script's path).
+    main = types.ModuleType("__main__")
+    main.__file__ = script
+    sys.modules["__main__"] = main
     try:
-        runpy.run_path(script, run_name="__main__")
+        with open(script, encoding="utf-8") as f:
+            code = compile(f.read(), script, "exec")
+        exec(code, main.__dict__)
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
+        sys.modules["__main__"] = saved_main
     return 0

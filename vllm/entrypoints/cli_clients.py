@@ -109,9 +109,18 @@ def run_chat(args: argparse.Namespace) -> int:
             print()
             messages.append({"role": "assistant", "content": reply})
     except (httpx.HTTPError, RuntimeError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return _fail(e, args.url)
     return 0
+
+
+def _fail(e: Exception, url: str) -> int:
+    """Print one ``error:`` line (naming the server URL when it could not be reached)."""
+    if isinstance(e, httpx.TransportError):
+        print(f"error: cannot reach the server at {url} ({e}); is `vllm serve` running "
+              "there? (--url sets the address)", file=sys.stderr)  # fmt: skip
+    else:
+        print(f"error: {e}", file=sys.stderr)
+    return 1
 
 
 def run_complete(args: argparse.Namespace) -> int:
@@ -127,6 +136,5 @@ def run_complete(args: argparse.Namespace) -> int:
                     print(choice.get("text", ""), end="", flush=True)
             print()
     except (httpx.HTTPError, RuntimeError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return _fail(e, args.url)
     return 0

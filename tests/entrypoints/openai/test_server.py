@@ -92,6 +92,8 @@ def _metrics(server) -> dict[str, float]:
 
 def test_models_health_version_metrics(server, client):
     assert [m.id for m in client.models.list().data] == [MODEL]
+    card = client.models.list().data[0].model_dump()
+    assert card["parent"] is None and card["permission"][0]["object"] == "model_permission"
     assert httpx.get(server.url_for("health")).status_code == 200
     assert httpx.get(server.url_for("ping")).status_code == 200  # upstream's alias
     assert httpx.post(server.url_for("ping")).status_code == 200
@@ -109,6 +111,8 @@ def test_models_health_version_metrics(server, client):
         "vllm:decode_steps",
     ]:
         assert name in text, name
+    for name in ("num_requests_swapped", "cpu_cache_usage_perc", "cpu_prefix_cache_hit_rate"):
+        assert f'vllm:{name}{{model_name="{MODEL}"}} 0.0' in text, name  # V0's, always 0
 
 
 def test_greedy_equals_llm_generate(client, reference):
@@ -234,6 +238,10 @@ def test_tokenize_and_detokenize(server, client):
     assert r["count"] == len(r["tokens"]) == usage.prompt_tokens and r["max_model_len"] == MAX_LEN
     back = httpx.post(url("detokenize"), json={"model": MODEL, "tokens": r["tokens"]}, timeout=60)
     assert back.json()["prompt"].endswith(p)
+    assert r["token_strs"] is None
+    body = {"model": MODEL, "prompt": "Hello world", "return_token_strs": True}
+    strs = httpx.post(url("tokenize"), json=body, timeout=60).json()
+    assert strs["token_strs"] == ["Hello", "Ġworld"]  # the tokenizer's own token strings
     r = httpx.post(url("tokenize"), json={"model": MODEL, "messages": CHAT}, timeout=60).json()
     usage = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=1).usage
     assert r["count"] == usage.prompt_tokens
@@ -261,8 +269,19 @@ def _bad(server, path, body, key=KEY):
         ("completions", {"model": MODEL, "prompt": [28] * 600}, 400, ["512", "600", "616"]),
         ("completions", {"model": MODEL, "prompt": "hi", "max_tokens": 600}, 400, ["512", "601"]),
         ("chat/completions", {"model": MODEL, "messages": CHAT, "max_tokens": 600}, 400, ["512"]),
-        ("completions", {"model": MODEL, "prompt": "hi", "max_tokens": -1}, 400, ["max_tokens"]),
+        (
+            "completions",
+            {"model": MODEL, "prompt": "hi", "max_tokens": -1},
+            400,
+            ["max_tokens must be at least 1 (0 is allowed with echo=true), got -1"],
+        ),
         ("completions", {"model": MODEL, "prompt": "hi", "max_tokens": 0}, 400, ["max_tokens"]),
+        (
+            "chat/completions",
+            {"model": MODEL, "messages": CHAT, "max_tokens": 0},
+            400,
+            ["max_tokens must be at least 1, got 0."],
+        ),
         ("completions", {"model": MODEL, "prompt": "hi", "temperature": -1}, 400, ["temperature"]),
         ("completions", {"model": MODEL, "prompt": "hi", "top_p": 2}, 400, ["top_p"]),
         ("completions", {"model": MODEL, "prompt": "hi", "n": 0}, 400, ["n must"]),

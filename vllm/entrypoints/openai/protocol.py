@@ -54,13 +54,35 @@ class ErrorResponse(OpenAIBaseModel):
     error: ErrorInfo
 
 
+class ModelPermission(OpenAIBaseModel):
+    """Upstream's permission entry of a model card (fixed values: no access control)."""
+
+    id: str = Field(default_factory=lambda: f"modelperm-{uuid.uuid4().hex}")
+    object: str = "model_permission"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    allow_create_engine: bool = False
+    allow_sampling: bool = True
+    allow_logprobs: bool = True
+    allow_search_indices: bool = False
+    allow_view: bool = True
+    allow_fine_tuning: bool = False
+    organization: str = "*"
+    group: str | None = None
+    is_blocking: bool = False
+
+
 class ModelCard(OpenAIBaseModel):
+    """One entry of ``/v1/models``, with upstream's fields (``parent`` is None: no LoRA
+    adapters are served)."""
+
     id: str
     object: str = "model"
     created: int = Field(default_factory=lambda: int(time.time()))
     owned_by: str = "vllm"
     root: str | None = None
+    parent: str | None = None
     max_model_len: int | None = None
+    permission: list[ModelPermission] = Field(default_factory=lambda: [ModelPermission()])
 
 
 class ModelList(OpenAIBaseModel):

@@ -4,7 +4,8 @@
 tokens added unless ``add_special_tokens`` is false) or chat ``messages`` (rendered with
 the chat template as ``/v1/chat/completions`` does, with its ``tools``,
 ``chat_template_kwargs`` and ``continue_final_message``) and answers
-``{"count", "max_model_len", "tokens"}``. ``/detokenize`` takes ``tokens`` and answers
+``{"count", "max_model_len", "tokens", "token_strs"}`` (``token_strs``, each id's token
+string, only with ``return_token_strs``). ``/detokenize`` takes ``tokens`` and answers
 ``{"prompt"}``. Both run on the tokenizer thread, check ``model`` like the other
 endpoints, and answer 400 for a bad body (both or neither of prompt and messages, ids
 outside the vocabulary, no tokenizer).
@@ -36,12 +37,15 @@ class TokenizeRequest(OpenAIBaseModel):
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[ChatCompletionToolsParam] | None = None
+    return_token_strs: bool | None = False
 
 
 class TokenizeResponse(OpenAIBaseModel):
     count: int
     max_model_len: int
     tokens: list[int] = Field(default_factory=list)
+    # with return_token_strs: each id's token string (tokenizer.convert_ids_to_tokens)
+    token_strs: list[str] | None = None
 
 
 class DetokenizeRequest(OpenAIBaseModel):
@@ -98,7 +102,10 @@ class OpenAIServingTokenization:
             ids = await chat.off_loop(
                 lambda: list(tok.encode(req.prompt, add_special_tokens=req.add_special_tokens))
             )
-        return TokenizeResponse(count=len(ids), max_model_len=chat.max_model_len, tokens=ids)
+        strs = tok.convert_ids_to_tokens(ids) if req.return_token_strs else None
+        return TokenizeResponse(
+            count=len(ids), max_model_len=chat.max_model_len, tokens=ids, token_strs=strs
+        )
 
     async def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
         """The text of ``req.tokens`` (special tokens kept, as upstream).
