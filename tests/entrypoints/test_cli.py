@@ -307,3 +307,13 @@ def test_chat_without_a_server_names_the_url():
         assert proc.returncode == 1, proc.stderr
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith(f"error: cannot reach the server at {url}")
+
+
+def test_kv_cache_below_max_model_len_is_one_line_and_exit_2(tiny_llama_dir):
+    """Found only once the model is loaded, still one error line and status 2."""
+    proc = _run_cli("serve", tiny_llama_dir, "--device", "cpu", "--port", "0",
+                    "--num-gpu-blocks-override", "4", "--max-model-len", "128")  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: max_model_len=128 is larger than the 48 tokens"), last

@@ -31,6 +31,8 @@ import contextlib
 import logging
 import os
 import socket
+import sys
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -345,7 +347,8 @@ def event_loop_factory():
 
 def run_server(args: argparse.Namespace, engine_args: EngineArgs, sock: socket.socket) -> int:
     """Build the engine and serve on ``sock`` until SIGINT/SIGTERM (returns 0) or until
-    the engine dies (returns 1). ``args`` and ``engine_args`` come from
+    the engine dies (returns 1); a setting the engine refuses at start-up (a ValueError,
+    such as a KV cache smaller than max_model_len) is one ``error:`` line (returns 2). ``args`` and ``engine_args`` come from
     :func:`validate_server_args`, ``sock`` from :func:`bind_socket`."""
     import uvicorn
 
@@ -353,12 +356,18 @@ def run_server(args: argparse.Namespace, engine_args: EngineArgs, sock: socket.s
     if args.model_is_default:
         logger.info("No MODEL given: serving the default SmolLM2-135M-Instruct GGUF %s", args.model)
     names = args.served_model_name or [short_model_name(args.model)]
-    engine = AsyncLLMEngine(
-        engine_args,
-        metrics=EngineMetrics(names[0]),
-        log_requests=not args.disable_log_requests,
-        max_log_len=args.max_log_len,
-    )
+    try:
+        engine = AsyncLLMEngine(
+            engine_args,
+            metrics=EngineMetrics(names[0]),
+            log_requests=not args.disable_log_requests,
+            max_log_len=args.max_log_len,
+        )
+    except ValueError as e:  # a setting found wrong once the model is loaded (KV capacity)
+        if args.debug:
+            traceback.print_exc()
+        sys.stderr.write(f"error: {e}\n")
+        return 2
     limit = args.max_request_body_bytes or None
     api_key = args.api_key or envs.VLLM_API_KEY
     cors = CorsOptions(
