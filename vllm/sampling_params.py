@@ -136,8 +136,8 @@ class SamplingParams:
 
     Semantics follow upstream vLLM's ``SamplingParams``:
 
-    - ``temperature == 0`` means greedy (argmax); ``top_k`` 0 or -1 disables top-k (0 is stored as -1);
-      ``top_p == 1`` and ``min_p == 0`` disable those filters.
+    - ``temperature == 0`` means greedy (argmax); ``top_k`` 0 or -1 disables top-k (0 is
+      stored as -1); ``top_p == 1`` and ``min_p == 0`` disable those filters.
     - ``presence_penalty`` / ``frequency_penalty`` follow the OpenAI API definition
       (subtracted from logits once per present token / once per occurrence of generated
       tokens); ``repetition_penalty`` follows the CTRL paper (arXiv:1909.05858): positive

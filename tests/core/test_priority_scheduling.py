@@ -10,8 +10,10 @@ from vllm.core.scheduler import Scheduler
 
 
 def make_priority_scheduler(num_gpu_blocks=64, max_num_seqs=8, policy="priority", **kw):
-    sched_cfg = SimpleNamespace(max_num_seqs=max_num_seqs, max_num_batched_tokens=256,
-                                max_model_len=256, num_lookahead_slots=0, policy=policy, **kw)  # fmt: skip
+    sched_cfg = SimpleNamespace(
+        max_num_seqs=max_num_seqs, max_num_batched_tokens=256, max_model_len=256,
+        num_lookahead_slots=0, policy=policy, **kw,
+    )  # fmt: skip
     cache_cfg = SimpleNamespace(block_size=4, num_gpu_blocks=num_gpu_blocks,
                                 enable_prefix_caching=False)  # fmt: skip
     return Scheduler(sched_cfg, cache_cfg)

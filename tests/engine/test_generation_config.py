@@ -59,7 +59,9 @@ def test_override_flags_reach_the_model_config(tiny_llama_dir):
     def cfg(**kw):
         return EngineArgs(model=tiny_llama_dir, device="cpu", **kw).create_engine_config()
 
-    mc = cfg(override_generation_config='{"temperature": 0.3}', hf_overrides='{"rms_norm_eps": 0.01}').model_config  # fmt: skip
+    mc = cfg(
+        override_generation_config='{"temperature": 0.3}', hf_overrides='{"rms_norm_eps": 0.01}'
+    ).model_config
     assert mc.override_generation_config == {"temperature": 0.3}
     assert mc.hf_config.rms_norm_eps == 0.01
     mc = cfg(hf_overrides={"max_position_embeddings": 64}).model_config

@@ -107,8 +107,9 @@ def test_cache_smaller_than_max_model_len_is_refused_at_start(tiny_llama_dir):
     upstream), not requests cut short at whatever length the cache allows."""
     from vllm import LLM, SamplingParams
 
-    with pytest.raises(ValueError, match=r"max_model_len=128 is larger than the 48 tokens the "
-                       r"KV cache holds per virtual engine \(3 blocks of 16\).*at most 48"):  # fmt: skip
+    match = (r"max_model_len=128 is larger than the 48 tokens the KV cache holds per virtual "
+             r"engine \(3 blocks of 16\).*at most 48")  # fmt: skip
+    with pytest.raises(ValueError, match=match):
         LLM(model=tiny_llama_dir, device="cpu", num_gpu_blocks_override=4, max_model_len=128)
     llm = LLM(model=tiny_llama_dir, device="cpu", num_gpu_blocks_override=4, max_model_len=48)
     params = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)

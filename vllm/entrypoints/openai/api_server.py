@@ -348,8 +348,9 @@ def event_loop_factory():
 def run_server(args: argparse.Namespace, engine_args: EngineArgs, sock: socket.socket) -> int:
     """Build the engine and serve on ``sock`` until SIGINT/SIGTERM (returns 0) or until
     the engine dies (returns 1); a setting the engine refuses at start-up (a ValueError,
-    such as a KV cache smaller than max_model_len) is one ``error:`` line (returns 2). ``args`` and ``engine_args`` come from
-    :func:`validate_server_args`, ``sock`` from :func:`bind_socket`."""
+    such as a KV cache smaller than max_model_len) is one ``error:`` line (returns 2).
+    ``args`` and ``engine_args`` come from :func:`validate_server_args`, ``sock`` from
+    :func:`bind_socket`."""
     import uvicorn
 
     _GracefulServer = graceful_server_class()
