@@ -84,6 +84,8 @@ class AsyncLLMEngine:
         ).result()
         self.model_config = self.engine.model_config
         self.max_model_len = self.engine.scheduler_config.max_model_len
+        # "fcfs" or "priority" (--scheduling-policy): whether requests may carry a priority.
+        self.scheduling_policy = self.engine.scheduler_config.policy
         # SamplingParams field -> default from generation_config.json, for requests that
         # leave the field out (vllm/transformers_utils/generation_config.py).
         self.default_sampling = dict(self.engine.generation_defaults.sampling)
@@ -174,7 +176,7 @@ class AsyncLLMEngine:
         """
         params = sampling_params
         refuse_lora(lora_request)
-        priority = check_priority(priority, self.engine.scheduler_config.policy)
+        priority = check_priority(priority, self.scheduling_policy)
         await self.check_health()
         self.start()
         if request_id in self._streams:

@@ -27,6 +27,7 @@ class _Engine:
     """The part of AsyncLLMEngine the chat handler uses; generate() replays ``pieces``."""
 
     max_model_len = 512
+    scheduling_policy = "fcfs"
 
     def __init__(self, tokenizer, pieces, default_sampling=None):
         self.tokenizer, self.pieces = tokenizer, pieces
@@ -41,7 +42,7 @@ class _Engine:
     async def prepare_grammar(self, params):
         pass
 
-    async def generate(self, prompt, params, rid):
+    async def generate(self, prompt, params, rid, priority=0):
         for k in range(1, len(self.pieces) + 1):
             done = k == len(self.pieces)
             out = CompletionOutput(

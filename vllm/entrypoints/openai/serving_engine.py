@@ -288,7 +288,7 @@ class OpenAIServing:
         if req.use_beam_search:
             return self.engine.beam_search(prompt, params, request_id)
         try:
-            check_priority(req.priority, self.engine.engine.scheduler_config.policy)
+            check_priority(req.priority, self.engine.scheduling_policy)
         except ValueError as e:
             raise APIError(str(e), 400, "priority") from None
         return self.engine.generate(prompt, params, request_id, priority=req.priority)
