@@ -256,14 +256,32 @@ def parse_json_object(name: str, value: Any) -> dict | None:
 def apply_hf_overrides(hf_config: Any, overrides: dict) -> None:
     """Set ``overrides`` on a loaded Hugging Face config, as upstream's ``--hf-overrides``:
     a dict value whose attribute is itself a config (``text_config``) updates it key by
-    key; any other value replaces (or adds) the attribute. Each change is logged."""
+    key; any other value replaces (or adds) the attribute. Each change is logged.
+    ``rope_theta`` and ``rope_scaling`` also update transformers 5's ``rope_parameters``
+    (which the rotary embedding reads first).
+
+    Raises:
+        ValueError: a value the config refuses (transformers' type checks), naming it.
+    """
     for key, value in overrides.items():
         current = getattr(hf_config, key, None)
         if isinstance(value, dict) and hasattr(current, "to_dict"):
             apply_hf_overrides(current, value)
             continue
         logger.info("hf_overrides: %s = %r (was %r)", key, value, current)
-        setattr(hf_config, key, value)
+        try:
+            setattr(hf_config, key, value)
+        except Exception as e:  # transformers' strict dataclass validation, among others
+            raise ValueError(
+                f"hf_overrides: {key}={value!r} is refused by the config ({e})."
+            ) from None
+        rope = getattr(hf_config, "rope_parameters", None)
+        if isinstance(rope, dict) and key == "rope_theta":
+            rope["rope_theta"] = value
+        elif isinstance(rope, dict) and key == "rope_scaling" and isinstance(value, dict):
+            rope.update(value)
+            if "type" in value and "rope_type" not in value:
+                rope["rope_type"] = value["type"]
 
 
 def _resolve_dtype(name: str, device: str):

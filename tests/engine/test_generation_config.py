@@ -66,12 +66,24 @@ def test_override_flags_reach_the_model_config(tiny_llama_dir):
     assert mc.hf_config.rms_norm_eps == 0.01
     mc = cfg(hf_overrides={"max_position_embeddings": 64}).model_config
     assert mc.hf_config.max_position_embeddings == 64 and mc.max_model_len == 64
+    # rope_theta reaches what the rotary embedding reads (transformers 5's rope_parameters)
+    from vllm.model_executor.layers.rotary_embedding import get_rope_parameters
+
+    base = get_rope_parameters(cfg().model_config.hf_config)["rope_theta"]
+    mc = cfg(hf_overrides={"rope_theta": 123456.0}).model_config
+    assert base != 123456.0 and get_rope_parameters(mc.hf_config)["rope_theta"] == 123456.0
+    with pytest.raises(ValueError, match=r"hf_overrides: num_hidden_layers='x' is refused"):
+        cfg(hf_overrides={"num_hidden_layers": "x"})
     with pytest.raises(ValueError, match=r"hf_overrides is not valid JSON: '\{rms'"):
         cfg(hf_overrides="{rms")
     with pytest.raises(ValueError, match=r"override_generation_config must be a JSON object"):
         cfg(override_generation_config="[1]")
     with pytest.raises(ValueError, match=r"unknown field\(s\) \['temp'\]"):
         cfg(override_generation_config={"temp": 1})
+    with pytest.raises(ValueError, match=r"override_generation_config: temperature must be a "):
+        cfg(override_generation_config={"temperature": "hot"})
+    with pytest.raises(ValueError, match=r"override_generation_config: top_p must be in"):
+        cfg(override_generation_config={"top_p": 5})
 
 
 @pytest.mark.forked

@@ -238,10 +238,14 @@ def test_bad_server_flag_is_one_line(args, message, tiny_llama_dir):
     assert message in r.stderr and r.stderr.count("\n") == 1, r.stderr
 
 
+def _serve_parser():
+    return cli.make_parser()._subparsers._group_actions[0].choices["serve"]
+
+
 def _parse_serve(argv: list[str]):
     from vllm.entrypoints.config_file import expand_config_file
 
-    return cli.make_parser().parse_args(expand_config_file(argv))
+    return cli.make_parser().parse_args(expand_config_file(argv, _serve_parser()))
 
 
 def test_config_file_flags_and_precedence(tmp_path):
@@ -262,6 +266,13 @@ def test_config_file_flags_and_precedence(tmp_path):
     args = _parse_serve(["serve", "typed-model", f"--config={cfg}", "--port", "9000"])
     assert (args.model, args.port, args.cuda_graph_sizes) == ("typed-model", 9000, [1, 2, 4])
     assert _parse_serve(["version"]).command == "version"
+    # false turns an on-by-default switch off; true/false for an off-by-default one
+    cfg.write_text("enable-prefix-caching: false\nenforce-eager: true\n")
+    args = _parse_serve(["serve", "--config", str(cfg)])
+    assert args.enable_prefix_caching is False and args.enforce_eager is True
+    cfg.write_text("enable-prefix-caching: true\nenforce-eager: false\n")
+    args = _parse_serve(["serve", "--config", str(cfg)])
+    assert args.enable_prefix_caching is True and args.enforce_eager is False
 
 
 @pytest.mark.parametrize(
@@ -270,6 +281,8 @@ def test_config_file_flags_and_precedence(tmp_path):
         ("- port\n", r"expected a mapping of flag names to values, got list"),
         ("port: [8000\n", r"not valid YAML"),
         ("--port: 1\n", r"keys are flag names without '--'.*'--port'"),
+        ("max-model-lenght: 4\n", r"'max-model-lenght' is not a flag of vllm serve"),
+        ("config: other.yaml\n", r"a config file cannot name another one"),
     ],
 )
 def test_bad_config_file(tmp_path, text, message):
@@ -278,7 +291,7 @@ def test_bad_config_file(tmp_path, text, message):
     cfg = tmp_path / "serve.yaml"
     cfg.write_text(text)
     with pytest.raises(ValueError, match=message):
-        expand_config_file(["serve", "--config", str(cfg)])
+        expand_config_file(["serve", "--config", str(cfg)], _serve_parser())
     with pytest.raises(ValueError, match="no such file"):
         expand_config_file(["serve", "--config", str(tmp_path / "none.yaml")])
     with pytest.raises(ValueError, match="needs a YAML file path"):

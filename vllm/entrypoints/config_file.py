@@ -10,13 +10,15 @@ values, for example::
     allowed-origins: '["https://app.example"]'
 
 Each entry becomes command-line text placed before the flags actually typed, so a flag
-given on the command line wins over the file's. ``true`` turns a switch on and ``false``
-leaves it at its default; a list gives the flag several values (``cuda-graph-sizes: [1,
-2, 4]``); ``model`` becomes ``--model``.
+given on the command line wins over the file's. ``true`` / ``false`` set a switch either
+way (``enable-prefix-caching: false`` is ``--no-enable-prefix-caching``); a list gives the
+flag several values (``cuda-graph-sizes: [1, 2, 4]``); ``model`` becomes ``--model``. A key
+that is not a flag of ``vllm serve`` (or is ``config`` itself) is an error naming it.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 
 
@@ -46,19 +48,31 @@ def _config_path(argv: list[str]) -> tuple[str | None, list[str]]:
     return path, rest
 
 
-def _entry_args(key: object, value: object, path: str) -> list[str]:
-    """The command-line text of one entry of the file."""
+def _entry_args(
+    key: object, value: object, path: str, actions: dict[str, argparse.Action] | None
+) -> list[str]:
+    """The command-line text of one entry of the file (``actions``: the parser's actions
+    by option string, to check the key and spell booleans; None skips both)."""
     if not isinstance(key, str) or not key or key.startswith("-"):
         raise ValueError(
             f"{path}: keys are flag names without '--' (such as 'max-model-len'); got {key!r}."
         )
     flag = "--" + key.replace("_", "-")
+    if flag == "--config":
+        raise ValueError(f"{path}: a config file cannot name another one (config: {value!r}).")
+    action = None
+    if actions is not None:
+        action = actions.get(flag)
+        if action is None:
+            raise ValueError(f"{path}: {key!r} is not a flag of vllm serve (see --help).")
     if value is None:
         return []
-    if value is True:
-        return [flag]
-    if value is False:
-        return []
+    if isinstance(value, bool):
+        if isinstance(action, argparse.BooleanOptionalAction):
+            return [flag if value else "--no-" + flag[2:]]
+        if action is not None and action.nargs != 0:  # a flag that takes a value
+            return [flag, str(value).lower()]
+        return [flag] if value else []
     if isinstance(value, (list, tuple)):
         return [flag, *(str(v) for v in value)] if value else []
     if isinstance(value, dict):
@@ -68,17 +82,21 @@ def _entry_args(key: object, value: object, path: str) -> list[str]:
     return [flag, str(value)]
 
 
-def expand_config_file(argv: list[str]) -> list[str]:
+def expand_config_file(
+    argv: list[str], serve_parser: argparse.ArgumentParser | None = None
+) -> list[str]:
     """``argv`` of ``vllm serve`` with ``--config FILE`` replaced by the file's flags,
     placed after ``serve`` and before the typed flags (which therefore win).
 
     Args:
         argv: the arguments after the program name, e.g. ``["serve", "--config", "c.yaml"]``.
+        serve_parser: the ``vllm serve`` parser: keys are checked against its flags and
+            booleans spelled as its switches expect (None: neither).
     Returns:
         argv unchanged when it is not ``serve`` or has no ``--config``.
     Raises:
         ValueError: the file is missing, is not YAML, is not a mapping, or has a key that is
-            not a flag name (each message names the file and the value).
+            not a flag of ``vllm serve`` (each message names the file and the key).
     """
     if not argv or argv[0] != "serve":
         return argv
@@ -101,9 +119,12 @@ def expand_config_file(argv: list[str]) -> list[str]:
             f"--config {path}: expected a mapping of flag names to values, got "
             f"{type(data).__name__}."
         )
+    actions = None
+    if serve_parser is not None:
+        actions = {o: a for a in serve_parser._actions for o in a.option_strings}
     extra: list[str] = []
     for key, value in data.items():
-        extra += _entry_args(key, value, path)
+        extra += _entry_args(key, value, path, actions)
     # A typed MODEL stays first: after a list-valued flag argparse would take it as a value.
     lead = rest[:1] if rest and not rest[0].startswith("-") else []
     return ["serve", *lead, *extra, *rest[len(lead) :]]

@@ -89,7 +89,8 @@ def check_overrides(overrides: dict | None) -> None:
 
     Raises:
         ValueError: a key that is not one of the generation-config sampling fields (the
-            message lists them).
+            message lists them), or a value SamplingParams refuses (checked here, at
+            start-up, rather than in every request that leaves the field out).
     """
     unknown = sorted(set(overrides or ()) - set(_SAMPLING_FIELDS))
     if unknown:
@@ -98,6 +99,14 @@ def check_overrides(overrides: dict | None) -> None:
             f"{list(_SAMPLING_FIELDS)} (generation_config.json names: max_new_tokens, not "
             "max_tokens)."
         )
+    if overrides:
+        from vllm.sampling_params import SamplingParams
+
+        fields = {_SAMPLING_FIELDS[k]: v for k, v in overrides.items() if v is not None}
+        try:
+            SamplingParams(**fields)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"override_generation_config: {e}") from None
 
 
 def load_generation_defaults(
