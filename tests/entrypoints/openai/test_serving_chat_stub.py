@@ -167,13 +167,15 @@ def test_echo_and_continue_final_message(tokenizer):
 
 def test_generation_config_defaults_fill_what_the_request_leaves_out(tokenizer):
     """The engine's generation-config defaults (``--generation-config``) apply to fields
-    a request leaves out; what a request sets wins; max_new_tokens caps an open budget."""
+    a request leaves out; what a request sets wins, but max_new_tokens caps every budget
+    (upstream's get_max_tokens: the minimum of the request's, the context's and it)."""
     defaults = {"temperature": 0.3, "top_p": 0.8, "top_k": 20, "max_tokens": 5}
     handler = OpenAIServingChat(_Engine(tokenizer, [], defaults), ["m"], chat_template=TEMPLATE)
     req = ChatCompletionRequest(messages=MSGS, temperature=0.9)
     p = handler.sampling_params(req, handler.check_length(10, None, "messages"), None)
     assert (p.temperature, p.top_p, p.top_k, p.min_p, p.max_tokens) == (0.9, 0.8, 20, 0.0, 5)
-    assert handler.check_length(10, 7, "messages") == 7  # a request's own max_tokens
+    assert handler.check_length(10, 3, "messages") == 3  # a request's own max_tokens
+    assert handler.check_length(10, 7, "messages") == 5  # capped by max_new_tokens
     plain = OpenAIServingChat(_Engine(tokenizer, []), ["m"], chat_template=TEMPLATE)
     p = plain.sampling_params(ChatCompletionRequest(messages=MSGS), 502, None)
     assert (p.temperature, p.top_p, p.top_k, p.max_tokens) == (1.0, 1.0, -1, 502)

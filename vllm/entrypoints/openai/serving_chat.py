@@ -2,7 +2,8 @@
 (the request's ``chat_template``, else the server's ``--chat-template``, else the
 tokenizer's own; none of them -> 400) and tokenized without added special tokens; the
 engine gets both, so the request log shows the text. Streaming or not. max_tokens (or
-max_completion_tokens) absent or null -> the rest of the context. Structured outputs
+max_completion_tokens) absent or null -> the rest of the context; the generation config's
+max_new_tokens caps it. Structured outputs
 (response_format, guided_*) as guided_request.py; tools and tool_choice as tool_calls.py.
 
 The messages, ``tools`` and ``chat_template_kwargs`` reach the template as chat_utils.py

@@ -156,8 +156,10 @@ class OpenAIServing:
 
         Args:
             prompt_len: prompt tokens.
-            max_tokens: requested completion tokens, None for the rest of the context
-                (at most the generation config's max_new_tokens, when it sets one).
+            max_tokens: requested completion tokens, None for the rest of the context.
+                Either way the budget is at most the generation config's
+                ``max_new_tokens`` (or ``--override-generation-config``'s) when it sets one,
+                as upstream's ``get_max_tokens`` takes the minimum.
             kind: "prompt" or "messages", for the message.
         Raises:
             APIError 400: the prompt plus max_tokens exceeds max_model_len (both named).
@@ -184,7 +186,7 @@ class OpenAIServing:
                 # the prompt alone fits: max_tokens is what is too large
                 kind if prompt_len >= self.max_model_len else "max_tokens",
             )
-        return max_tokens
+        return min(max_tokens, self.default_sampling.get("max_tokens", max_tokens))
 
     @staticmethod
     def check_max_tokens(max_tokens: int | None, echo: bool | None = None) -> None:
