@@ -102,7 +102,7 @@ def test_priority_policy_order_and_equal_outputs(tiny_llama_dir):
 
 
 @pytest.mark.forked
-def test_cache_smaller_than_max_model_len_is_refused_at_start(tiny_llama_dir):
+def test_cache_smaller_than_max_model_len_is_refused_at_start(tiny_llama_dir, monkeypatch):
     """A KV cache that cannot hold one max_model_len sequence is a start-up error (as
     upstream), not requests cut short at whatever length the cache allows."""
     from vllm import LLM, SamplingParams
@@ -111,6 +111,10 @@ def test_cache_smaller_than_max_model_len_is_refused_at_start(tiny_llama_dir):
              r"engine \(3 blocks of 16\).*at most 48")  # fmt: skip
     with pytest.raises(ValueError, match=match):
         LLM(model=tiny_llama_dir, device="cpu", num_gpu_blocks_override=4, max_model_len=128)
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0.00001")  # 10 KiB: no block at all
+    with pytest.raises(ValueError, match=r"No KV-cache blocks fit .*VLLM_CPU_KVCACHE_SPACE"):
+        LLM(model=tiny_llama_dir, device="cpu", max_model_len=48)
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE")
     llm = LLM(model=tiny_llama_dir, device="cpu", num_gpu_blocks_override=4, max_model_len=48)
     params = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)
     out = llm.generate({"prompt_token_ids": [5, 6, 7]}, params, use_tqdm=False)[0].outputs[0]

@@ -298,6 +298,6 @@ def test_draft_graph_memory_comes_off_the_kv_budget(tiny_llama_dir, truncated_ll
     runner.estimate_graph_memory = lambda num_virtual_engines: 3 * tb + 1
     assert worker.determine_num_available_blocks() == (target + 1 - 4) * tb // (tb + db) - 1
     runner.estimate_graph_memory = lambda num_virtual_engines: (target + 1) * tb
-    with pytest.raises(RuntimeError, match=f"less {(target + 1) * tb} bytes of draft CUDA"):
+    with pytest.raises(ValueError, match=f"less {(target + 1) * tb} bytes of draft CUDA"):
         worker.determine_num_available_blocks()
     llm.llm_engine.shutdown()

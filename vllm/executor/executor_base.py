@@ -143,9 +143,15 @@ def check_kv_capacity(config: Any, num_blocks: int) -> None:
     Args:
         num_blocks: usable blocks per virtual engine (the scratch block excluded).
     Raises:
-        ValueError: naming max_model_len, the tokens the cache holds and the settings that
-            change either.
+        ValueError: no block fits, or too few for max_model_len; naming the numbers and
+            the settings that change them.
     """
+    if num_blocks < 1:
+        raise ValueError(
+            "No KV-cache blocks fit (after one scratch block per virtual engine): raise "
+            "gpu_memory_utilization on CUDA, VLLM_CPU_KVCACHE_SPACE on CPU, or "
+            "num_gpu_blocks_override."
+        )
     block_size = config.cache_config.block_size
     capacity = num_blocks * block_size
     max_len = config.model_config.max_model_len

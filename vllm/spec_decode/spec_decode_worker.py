@@ -109,10 +109,12 @@ class SpecDecodeWorker:
         the same number of blocks in both caches.
 
         Raises:
-            RuntimeError: when no block fits for both models.
+            ValueError: when the target has blocks but none fit for both models (with none
+                for the target alone, 0 is returned and the executor refuses it).
         """
         blocks = self.target.determine_num_available_blocks()
-        if self.draft_worker is None or self.config.cache_config.num_gpu_blocks_override:
+        if (self.draft_worker is None or self.config.cache_config.num_gpu_blocks_override
+                or blocks < 1):  # fmt: skip
             return blocks
         tb = self.target.get_cache_block_bytes()
         db = self.draft_worker.get_cache_block_bytes()
@@ -128,7 +130,7 @@ class SpecDecodeWorker:
             shared,
         )
         if shared < 1:
-            raise RuntimeError(
+            raise ValueError(
                 f"No KV-cache blocks fit for target and draft: {blocks + 1} target blocks of "
                 f"{tb} bytes, less {draft_graphs} bytes of draft CUDA graphs, shared with "
                 f"draft blocks of {db} bytes."

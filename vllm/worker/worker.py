@@ -95,10 +95,8 @@ class Worker:
         gpu_memory_utilization minus the peak of a profiling forward of
         max_num_batched_tokens tokens. ``num_gpu_blocks_override`` (blocks per stage) wins.
         The stage's count is split evenly across virtual engines, one block each kept back
-        as scratch.
-
-        Raises:
-            RuntimeError: when no block fits.
+        as scratch. The result may be below 1 (nothing fits): the executor refuses it with
+        the other capacity checks (``check_kv_capacity``).
         """
         cc = self.config.cache_config
         block_bytes = self.get_cache_block_bytes()
@@ -110,12 +108,13 @@ class Worker:
             total = self._profile_cuda_blocks(block_bytes)
         per_ve = total // self.num_virtual_engines - 1
         if per_ve < 1:
-            raise RuntimeError(
-                f"No KV-cache blocks fit: {total} blocks of {block_bytes} bytes for "
-                f"{self.num_virtual_engines} virtual engines; raise gpu_memory_utilization, "
-                "VLLM_CPU_KVCACHE_SPACE or num_gpu_blocks_override."
+            logger.warning(
+                "No KV-cache blocks fit: %d blocks of %d bytes for %d virtual engines.",
+                total,
+                block_bytes,
+                self.num_virtual_engines,
             )
-        return per_ve
+        return max(per_ve, 0)
 
     def _profile_cuda_blocks(self, block_bytes: int) -> int:
         """KV blocks that fit in total x gpu_memory_utilization - peak - graph memory

@@ -2,7 +2,8 @@
 
 max_tokens: absent -> 16, null -> the rest of the context (max_model_len - prompt),
 0 only with echo (the prompt and its logprobs, no completion tokens: the engine runs one
-token, which is dropped); the generation config's max_new_tokens caps it. Choice index = prompt index x n + sequence index.
+token, which is dropped); the generation config's max_new_tokens caps it. Choice index =
+prompt index x n + sequence index.
 
 ``truncate_prompt_tokens=k`` keeps each prompt's last k tokens (-1: the last
 max_model_len); the context check applies to what is kept. ``prompt_logprobs`` come back in
