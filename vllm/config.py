@@ -344,7 +344,8 @@ class CacheConfig:
     Args:
         block_size: tokens per block (1..256, a power of two for FlashInfer's sake).
         gpu_memory_utilization: fraction (0, 1] of GPU memory the engine may use in all.
-        num_gpu_blocks_override: fixed block count per virtual engine... per stage (testing).
+        num_gpu_blocks_override: fixed usable block count per stage, split over its virtual
+            engines; their scratch blocks come on top (testing).
         cpu_kvcache_space_bytes: KV cache bytes on CPU (env VLLM_CPU_KVCACHE_SPACE, in GiB;
             default 4 GiB as upstream).
         enable_prefix_caching: reuse the KV blocks of prompt prefixes seen before

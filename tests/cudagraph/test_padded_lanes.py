@@ -15,7 +15,7 @@ def _worker(model, num_blocks):
     from vllm.worker.worker import Worker
 
     cfg = EngineArgs(
-        model=model, device="cpu", num_gpu_blocks_override=num_blocks + 1
+        model=model, device="cpu", num_gpu_blocks_override=num_blocks
     ).create_engine_config()
     w = Worker(cfg)
     w.init_device()

@@ -48,13 +48,14 @@ def _llm(model, **kw):
 
 @pytest.mark.forked
 def test_num_gpu_blocks_override_is_per_stage(tiny_llama_dir):
-    """num_gpu_blocks_override=64 blocks per stage -> 64 // 2 VEs - 1 scratch = 31."""
+    """num_gpu_blocks_override=64 usable blocks per stage -> 64 // 2 VEs = 32 each (the
+    scratch blocks come on top)."""
     llm = _llm(tiny_llama_dir, num_gpu_blocks_override=64, max_model_len=256)
     try:
-        assert llm.llm_engine.config.cache_config.num_gpu_blocks == 31
+        assert llm.llm_engine.config.cache_config.num_gpu_blocks == 32
         assert llm.llm_engine.executor.collective_rpc("determine_num_available_blocks") == [
-            31,
-            31,
+            32,
+            32,
         ]
     finally:
         llm.llm_engine.shutdown()

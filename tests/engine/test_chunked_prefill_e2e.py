@@ -226,7 +226,7 @@ def test_prefix_caching_n4_and_preemption_equal_unchunked(tiny_llama_dir):
     ref = run(ref_llm)
     _close(ref_llm)
     llm = _engine(tiny_llama_dir, enable_chunked_prefill=True, max_num_batched_tokens=BS,
-                  enable_prefix_caching=True, num_gpu_blocks_override=10,
+                  enable_prefix_caching=True, num_gpu_blocks_override=9,
                   max_model_len=128)  # fmt: skip
     got = run(llm)
     preemptions = llm.llm_engine.schedulers[0].num_cumulative_preemption

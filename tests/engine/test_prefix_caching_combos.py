@@ -70,7 +70,7 @@ def test_n4_siblings_share_prompt_blocks(tiny_llama_dir):
 @pytest.mark.forked
 def test_preemption_under_pressure(tiny_llama_dir):
     prompts = _prompts(4, 6, tail=4)
-    kw = dict(num_gpu_blocks_override=14, max_num_seqs=6, max_model_len=48)
+    kw = dict(num_gpu_blocks_override=13, max_num_seqs=6, max_model_len=48)
     off, _, _, _ = _run(tiny_llama_dir, False, prompts, _greedy(24), waves=1, **kw)
     on, hits, preempted, _ = _run(tiny_llama_dir, True, prompts, _greedy(24), waves=1, **kw)
     assert preempted > 0, "no preemption: the test proves nothing"

@@ -107,7 +107,7 @@ def test_eviction_under_a_small_cache_equals_roomy_run(tiny_llama_dir):
     ]
     _close(roomy)
     llm = _engine(
-        tiny_llama_dir, caching=True, num_gpu_blocks_override=24, max_num_seqs=4, max_model_len=64
+        tiny_llama_dir, caching=True, num_gpu_blocks_override=23, max_num_seqs=4, max_model_len=64
     )
     bm = llm.llm_engine.schedulers[0].block_manager
     start = bm.get_num_free_gpu_blocks()

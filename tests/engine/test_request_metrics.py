@@ -94,7 +94,7 @@ def test_engine_metrics_agree_with_scheduler_and_outputs(tiny_llama_dir):
     from vllm.engine.async_llm_engine import AsyncLLMEngine
 
     args = EngineArgs(
-        model=tiny_llama_dir, device="cpu", block_size=4, num_gpu_blocks_override=14,
+        model=tiny_llama_dir, device="cpu", block_size=4, num_gpu_blocks_override=13,
         max_num_seqs=8, max_model_len=48, enable_prefix_caching=False,
     )  # fmt: skip
     prompts = [{"prompt_token_ids": [10 + i, 20 + i, 30 + i, 40 + i, 50 + i]} for i in range(8)]

@@ -26,7 +26,7 @@ def test_preemption_recompute_equals_roomy_run(tiny_llama_dir):
         model=tiny_llama_dir,
         device="cpu",
         block_size=16,
-        num_gpu_blocks_override=13,
+        num_gpu_blocks_override=12,
         max_model_len=128,
     )
     out = vllm_greedy(tight, PROMPTS, 48)
@@ -94,7 +94,7 @@ def test_priority_policy_order_and_equal_outputs(tiny_llama_dir):
         one.generate(PROMPTS, greedy, priority=[1.5] * 6)
     del one
 
-    tight = LLM(model=tiny_llama_dir, device="cpu", block_size=16, num_gpu_blocks_override=13,
+    tight = LLM(model=tiny_llama_dir, device="cpu", block_size=16, num_gpu_blocks_override=12,
                 max_model_len=128, scheduling_policy="priority")  # fmt: skip
     outs = tight.generate(PROMPTS, greedy, use_tqdm=False, priority=priority)
     assert sum(s.num_cumulative_preemption for s in tight.llm_engine.schedulers) > 0
@@ -110,12 +110,12 @@ def test_cache_smaller_than_max_model_len_is_refused_at_start(tiny_llama_dir, mo
     match = (r"max_model_len=128 is larger than the 48 tokens the KV cache holds per virtual "
              r"engine \(3 blocks of 16\).*at most 48")  # fmt: skip
     with pytest.raises(ValueError, match=match):
-        LLM(model=tiny_llama_dir, device="cpu", num_gpu_blocks_override=4, max_model_len=128)
+        LLM(model=tiny_llama_dir, device="cpu", num_gpu_blocks_override=3, max_model_len=128)
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0.00001")  # 10 KiB: no block at all
     with pytest.raises(ValueError, match=r"No KV-cache blocks fit .*VLLM_CPU_KVCACHE_SPACE"):
         LLM(model=tiny_llama_dir, device="cpu", max_model_len=48)
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE")
-    llm = LLM(model=tiny_llama_dir, device="cpu", num_gpu_blocks_override=4, max_model_len=48)
+    llm = LLM(model=tiny_llama_dir, device="cpu", num_gpu_blocks_override=3, max_model_len=48)
     params = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)
     out = llm.generate({"prompt_token_ids": [5, 6, 7]}, params, use_tqdm=False)[0].outputs[0]
     assert len(out.token_ids) == 45 and out.finish_reason == "length"  # the context is full

@@ -325,7 +325,7 @@ def test_chat_without_a_server_names_the_url():
 def test_kv_cache_below_max_model_len_is_one_line_and_exit_2(tiny_llama_dir):
     """Found only once the model is loaded, still one error line and status 2."""
     proc = _run_cli("serve", tiny_llama_dir, "--device", "cpu", "--port", "0",
-                    "--num-gpu-blocks-override", "4", "--max-model-len", "128")  # fmt: skip
+                    "--num-gpu-blocks-override", "3", "--max-model-len", "128")  # fmt: skip
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     last = proc.stderr.strip().splitlines()[-1]

@@ -214,7 +214,7 @@ def test_preemption_under_speculation_equals_roomy_run(tiny_llama_dir, truncated
     spec = dict(speculative_model=truncated_llama_dir, num_speculative_tokens=4, max_num_seqs=8)
     roomy, p0, _, _ = _engine_run(tiny_llama_dir, prompts, params, max_num_seqs=8)
     tight, p1, m, st = _engine_run(
-        tiny_llama_dir, prompts, params, num_gpu_blocks_override=12, max_model_len=128, **spec
+        tiny_llama_dir, prompts, params, num_gpu_blocks_override=11, max_model_len=128, **spec
     )
     assert p0 == 0 and p1 > 0, (p0, p1)
     check_outputs_equal(roomy, tight, "roomy, no spec", "preempted, spec", prompts)

@@ -171,10 +171,9 @@ class EngineArgs:
     )
     num_gpu_blocks_override: int | None = _f(
         None,
-        "Fixed KV-cache block count per stage, split over its virtual engines, each of "
-        "which keeps one back as the padding lanes' scratch block, so N gives N - 1 usable "
-        "blocks at PP = 1 (testing; default: sized by profiling on CUDA, by "
-        "VLLM_CPU_KVCACHE_SPACE on CPU).",
+        "Fixed KV-cache block count per stage, split over its virtual engines, all usable "
+        "(the scratch block each virtual engine keeps comes on top), as upstream (testing; "
+        "default: sized by profiling on CUDA, by VLLM_CPU_KVCACHE_SPACE on CPU).",
         group="cache",
     )
     enable_prefix_caching: bool = _f(

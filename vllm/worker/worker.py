@@ -93,16 +93,17 @@ class Worker:
 
         CPU: VLLM_CPU_KVCACHE_SPACE bytes / bytes per block. CUDA: total memory x
         gpu_memory_utilization minus the peak of a profiling forward of
-        max_num_batched_tokens tokens. ``num_gpu_blocks_override`` (blocks per stage) wins.
-        The stage's count is split evenly across virtual engines, one block each kept back
-        as scratch. The result may be below 1 (nothing fits): the executor refuses it with
-        the other capacity checks (``check_kv_capacity``).
+        max_num_batched_tokens tokens. The stage's count is split evenly across virtual
+        engines, one block each kept back as scratch (the padding lanes' slot).
+        ``num_gpu_blocks_override`` (blocks per stage, as upstream) wins and is the usable
+        count: the scratch blocks come on top. The result may be below 1 (nothing fits):
+        the executor refuses it with the other capacity checks (``check_kv_capacity``).
         """
         cc = self.config.cache_config
         block_bytes = self.get_cache_block_bytes()
         if cc.num_gpu_blocks_override is not None:
-            total = cc.num_gpu_blocks_override
-        elif self.device.type == "cpu":
+            return cc.num_gpu_blocks_override // self.num_virtual_engines
+        if self.device.type == "cpu":
             total = cc.cpu_kvcache_space_bytes // block_bytes
         else:
             total = self._profile_cuda_blocks(block_bytes)

@@ -72,7 +72,7 @@ def test_offline_add_request_refuses_unschedulable(tiny_llama_dir):
         max_model_len=MAX_LEN,
         max_num_batched_tokens=512,
         max_num_seqs=8,
-        num_gpu_blocks_override=22,
+        num_gpu_blocks_override=21,
         block_size=16,
     )
     # n x prompt tokens: prompt logprobs read no cache, so the 3 sequences share nothing
