@@ -215,15 +215,8 @@ class Scheduler:
                 out.ignored_seq_groups = ignored
         out.running_queue_size = len(self.running)
         if forced:
-            self.num_cumulative_preemption += len(forced)
+            self._note_preempted(forced, for_priority=True)
             out.preempted += len(forced)
-            logger.info(
-                "Preempted %d request(s) of lower priority by recompute (%s) for waiting "
-                "requests of higher priority. Total preemptions: %d.",
-                len(forced),
-                ", ".join(g.request_id for g in forced),
-                self.num_cumulative_preemption,
-            )
 
         now = time.time()
         num_prefills = out.num_prefill_groups
@@ -431,19 +424,25 @@ class Scheduler:
         out.preempted = len(preempted)
         return out
 
-    def _note_preempted(self, preempted: list[SequenceGroup]) -> None:
-        """Drop preempted groups from ``running``, count and log them."""
+    def _note_preempted(self, preempted: list[SequenceGroup], for_priority: bool = False) -> None:
+        """Drop preempted groups from ``running``, count and log them (why: too few KV-cache
+        blocks, or ``for_priority``: waiting requests of higher priority)."""
         if preempted:
             gone = {id(g) for g in preempted}
             self.running = [g for g in self.running if id(g) not in gone]
             self.num_cumulative_preemption += len(preempted)
+            bm = self.block_manager
+            why = (
+                "for waiting requests of higher priority"
+                if for_priority
+                else f"not enough KV-cache blocks ({bm.get_num_free_gpu_blocks()} free of "
+                f"{bm.get_num_total_gpu_blocks()})"
+            )
             logger.warning(
-                "Preempted %d request(s) by recompute (%s): not enough KV-cache blocks "
-                "(%d free of %d). Total preemptions: %d.",
+                "Preempted %d request(s) by recompute (%s): %s. Total preemptions: %d.",
                 len(preempted),
                 ", ".join(g.request_id for g in preempted),
-                self.block_manager.get_num_free_gpu_blocks(),
-                self.block_manager.get_num_total_gpu_blocks(),
+                why,
                 self.num_cumulative_preemption,
             )
 
