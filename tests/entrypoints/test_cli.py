@@ -293,9 +293,9 @@ def test_bad_config_file(tmp_path, text, message):
     with pytest.raises(ValueError, match=message):
         expand_config_file(["serve", "--config", str(cfg)], _serve_parser())
     with pytest.raises(ValueError, match="no such file"):
-        expand_config_file(["serve", "--config", str(tmp_path / "none.yaml")])
+        expand_config_file(["serve", "--config", str(tmp_path / "none.yaml")], _serve_parser())
     with pytest.raises(ValueError, match="needs a YAML file path"):
-        expand_config_file(["serve", "--config"])
+        expand_config_file(["serve", "--config"], _serve_parser())
 
 
 def test_config_file_reaches_validation(tmp_path, tiny_llama_dir):

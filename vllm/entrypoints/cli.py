@@ -155,17 +155,23 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.DEBUG if args.debug else logging.INFO, format=LOG_FORMAT, stream=sys.stderr
     )
-    from vllm.entrypoints.openai.api_server import bind_socket, run_server, validate_server_args
+    from vllm.entrypoints.openai.api_server import (
+        bind_socket,
+        build_engine,
+        run_server,
+        validate_server_args,
+    )
 
     try:
         engine_args = validate_server_args(args)
         sock = bind_socket(args.host, args.port)
+        engine = build_engine(args, engine_args)  # loads the model: KV capacity checked
     except ValueError as e:
         if args.debug:
             traceback.print_exc()
         sys.stderr.write(f"error: {e}\n")
         return 2
-    return run_server(args, engine_args, sock)
+    return run_server(args, engine, sock)
 
 
 if __name__ == "__main__":

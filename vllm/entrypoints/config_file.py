@@ -49,10 +49,10 @@ def _config_path(argv: list[str]) -> tuple[str | None, list[str]]:
 
 
 def _entry_args(
-    key: object, value: object, path: str, actions: dict[str, argparse.Action] | None
+    key: object, value: object, path: str, actions: dict[str, argparse.Action]
 ) -> list[str]:
     """The command-line text of one entry of the file (``actions``: the parser's actions
-    by option string, to check the key and spell booleans; None skips both)."""
+    by option string, to check the key and spell booleans)."""
     if not isinstance(key, str) or not key or key.startswith("-"):
         raise ValueError(
             f"{path}: keys are flag names without '--' (such as 'max-model-len'); got {key!r}."
@@ -60,17 +60,15 @@ def _entry_args(
     flag = "--" + key.replace("_", "-")
     if flag == "--config":
         raise ValueError(f"{path}: a config file cannot name another one (config: {value!r}).")
-    action = None
-    if actions is not None:
-        action = actions.get(flag)
-        if action is None:
-            raise ValueError(f"{path}: {key!r} is not a flag of vllm serve (see --help).")
+    action = actions.get(flag)
+    if action is None:
+        raise ValueError(f"{path}: {key!r} is not a flag of vllm serve (see --help).")
     if value is None:
         return []
     if isinstance(value, bool):
         if isinstance(action, argparse.BooleanOptionalAction):
             return [flag if value else "--no-" + flag[2:]]
-        if action is not None and action.nargs != 0:  # a flag that takes a value
+        if action.nargs != 0:  # a flag that takes a value
             return [flag, str(value).lower()]
         return [flag] if value else []
     if isinstance(value, (list, tuple)):
@@ -82,16 +80,14 @@ def _entry_args(
     return [flag, str(value)]
 
 
-def expand_config_file(
-    argv: list[str], serve_parser: argparse.ArgumentParser | None = None
-) -> list[str]:
+def expand_config_file(argv: list[str], serve_parser: argparse.ArgumentParser) -> list[str]:
     """``argv`` of ``vllm serve`` with ``--config FILE`` replaced by the file's flags,
     placed after ``serve`` and before the typed flags (which therefore win).
 
     Args:
         argv: the arguments after the program name, e.g. ``["serve", "--config", "c.yaml"]``.
         serve_parser: the ``vllm serve`` parser: keys are checked against its flags and
-            booleans spelled as its switches expect (None: neither).
+            booleans spelled as its switches expect.
     Returns:
         argv unchanged when it is not ``serve`` or has no ``--config``.
     Raises:
@@ -119,9 +115,7 @@ def expand_config_file(
             f"--config {path}: expected a mapping of flag names to values, got "
             f"{type(data).__name__}."
         )
-    actions = None
-    if serve_parser is not None:
-        actions = {o: a for a in serve_parser._actions for o in a.option_strings}
+    actions = {o: a for a in serve_parser._actions for o in a.option_strings}
     extra: list[str] = []
     for key, value in data.items():
         extra += _entry_args(key, value, path, actions)

@@ -31,8 +31,6 @@ import contextlib
 import logging
 import os
 import socket
-import sys
-import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -345,30 +343,37 @@ def event_loop_factory():
     return uvloop.new_event_loop
 
 
-def run_server(args: argparse.Namespace, engine_args: EngineArgs, sock: socket.socket) -> int:
-    """Build the engine and serve on ``sock`` until SIGINT/SIGTERM (returns 0) or until
-    the engine dies (returns 1); a setting the engine refuses at start-up (a ValueError,
-    such as a KV cache smaller than max_model_len) is one ``error:`` line (returns 2).
-    ``args`` and ``engine_args`` come from :func:`validate_server_args`, ``sock`` from
-    :func:`bind_socket`."""
+def _served_names(args: argparse.Namespace) -> list[str]:
+    """``--served-model-name``, else the model's short name."""
+    return args.served_model_name or [short_model_name(args.model)]
+
+
+def build_engine(args: argparse.Namespace, engine_args: EngineArgs) -> AsyncLLMEngine:
+    """The server's engine (model loaded, KV cache sized, graphs captured).
+
+    Raises:
+        ValueError: a setting the engine refuses only once the model is loaded (a KV cache
+            that cannot hold one max_model_len sequence); ``vllm serve`` reports it as
+            the other bad settings (one ``error:`` line, exit status 2).
+    """
+    if args.model_is_default:
+        logger.info("No MODEL given: serving the default SmolLM2-135M-Instruct GGUF %s", args.model)
+    return AsyncLLMEngine(
+        engine_args,
+        metrics=EngineMetrics(_served_names(args)[0]),
+        log_requests=not args.disable_log_requests,
+        max_log_len=args.max_log_len,
+    )
+
+
+def run_server(args: argparse.Namespace, engine: AsyncLLMEngine, sock: socket.socket) -> int:
+    """Serve ``engine`` on ``sock`` until SIGINT/SIGTERM (returns 0) or until the engine
+    dies (returns 1). ``args`` come from :func:`validate_server_args`, ``engine`` from
+    :func:`build_engine`, ``sock`` from :func:`bind_socket`."""
     import uvicorn
 
     _GracefulServer = graceful_server_class()
-    if args.model_is_default:
-        logger.info("No MODEL given: serving the default SmolLM2-135M-Instruct GGUF %s", args.model)
-    names = args.served_model_name or [short_model_name(args.model)]
-    try:
-        engine = AsyncLLMEngine(
-            engine_args,
-            metrics=EngineMetrics(names[0]),
-            log_requests=not args.disable_log_requests,
-            max_log_len=args.max_log_len,
-        )
-    except ValueError as e:  # a setting found wrong once the model is loaded (KV capacity)
-        if args.debug:
-            traceback.print_exc()
-        sys.stderr.write(f"error: {e}\n")
-        return 2
+    names = _served_names(args)
     limit = args.max_request_body_bytes or None
     api_key = args.api_key or envs.VLLM_API_KEY
     cors = CorsOptions(
