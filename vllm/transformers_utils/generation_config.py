@@ -84,9 +84,12 @@ def resolve_source(model: str, generation_config: str) -> str | None:
     return generation_config
 
 
-def check_overrides(overrides: dict | None) -> None:
-    """Check ``--override-generation-config``'s keys.
+def check_overrides(overrides: dict | None) -> dict[str, float | int]:
+    """Check ``--override-generation-config``.
 
+    Returns:
+        the overrides under their SamplingParams names (``max_new_tokens`` ->
+        ``max_tokens``), None values left out.
     Raises:
         ValueError: a key that is not one of the generation-config sampling fields (the
             message lists them), or a value SamplingParams refuses (checked here, at
@@ -99,14 +102,15 @@ def check_overrides(overrides: dict | None) -> None:
             f"{list(_SAMPLING_FIELDS)} (generation_config.json names: max_new_tokens, not "
             "max_tokens)."
         )
-    if overrides:
+    fields = {_SAMPLING_FIELDS[k]: v for k, v in (overrides or {}).items() if v is not None}
+    if fields:
         from vllm.sampling_params import SamplingParams
 
-        fields = {_SAMPLING_FIELDS[k]: v for k, v in overrides.items() if v is not None}
         try:
             SamplingParams(**fields)
         except (TypeError, ValueError) as e:
             raise ValueError(f"override_generation_config: {e}") from None
+    return fields
 
 
 def load_generation_defaults(
@@ -119,13 +123,8 @@ def load_generation_defaults(
         ValueError: a bad ``generation_config`` directory, a file transformers cannot
             parse (the message names the file), or an unknown override field.
     """
-    check_overrides(overrides)
+    extra = check_overrides(overrides)
     source = resolve_source(model, generation_config)
-    extra = {
-        ours: overrides[theirs]
-        for theirs, ours in _SAMPLING_FIELDS.items()
-        if (overrides or {}).get(theirs) is not None
-    }
     if source is None:
         return GenerationDefaults(sampling=extra, overridden=sorted(extra))
     from transformers import GenerationConfig
