@@ -628,6 +628,7 @@ class EngineConfig:
     compilation_config: CompilationConfig = field(default_factory=CompilationConfig)
     speculative_config: Any = None
     decoding_config: DecodingConfig = field(default_factory=DecodingConfig)
+    lora_config: Any = None  # vllm.lora.config.LoRAConfig with enable_lora
     # Test-only: several virtual engines without PP (docs/design.md guarantee 1 on one device).
     num_virtual_engines_override: int | None = None
 

@@ -130,6 +130,12 @@ _DECLARED = (
         "1 allows --max-model-len above the model's max_position_embeddings (with a warning).",
     ),
     EnvVar(
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING",
+        _flag,
+        False,
+        "1 enables vllm serve's POST /v1/load_lora_adapter and /v1/unload_lora_adapter.",
+    ),
+    EnvVar(
         "VLLM_TORCH_PROFILER_DIR",
         _str,
         None,

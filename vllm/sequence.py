@@ -137,6 +137,9 @@ class Sequence:
         self.token_logprobs: list[float] = []
         self.output_text = ""
         self.status = SequenceStatus.WAITING
+        # Hashed into every prefix-cache block of this sequence besides its tokens (the
+        # LoRA adapter's id: blocks computed with one adapter serve only that adapter).
+        self.block_hash_keys: tuple = ()
         self.stop_reason: int | str | None = None
         # Incremental detokenization state (see vllm/engine/detokenizer.py).
         self.read_offset = 0
@@ -236,10 +239,13 @@ class SequenceGroup:
         sampling_params: SamplingParams,
         arrival_time: float | None = None,
         priority: int = 0,
+        lora_request: Any = None,
     ):
         self.request_id = request_id
         self.seqs = seqs
         self.sampling_params = sampling_params
+        # The LoRA adapter it runs with (vllm.lora.request.LoRARequest), or None.
+        self.lora_request = lora_request
         self.metrics = RequestMetrics(arrival_time=arrival_time or time.time())
         # Scheduling priority (lower first) under the "priority" policy.
         self.priority = priority
@@ -252,6 +258,11 @@ class SequenceGroup:
         # each unfinished sequence whose KV is computed (or scheduled in the step in
         # flight); None when no partial prefill is under way.
         self.partial_prefill_tokens: int | None = None
+
+    @property
+    def lora_int_id(self) -> int:
+        """The adapter's id, 0 without one."""
+        return 0 if self.lora_request is None else self.lora_request.lora_int_id
 
     @property
     def is_partial_prefill(self) -> bool:
@@ -333,6 +344,7 @@ class SequenceGroupMetadata:
             vllm/model_executor/guided_decoding/step_masks.py StepMasks, filled when the
             sampler reads it, or its PackedMasks after a trip to another process); set by
             the engine after scheduling. None: no sequence of the group is constrained.
+        lora_request: the group's LoRA adapter (vllm.lora.request.LoRARequest), or None.
     """
 
     request_id: str
@@ -344,6 +356,7 @@ class SequenceGroupMetadata:
     computed_lens: dict[int, int] | None = None
     token_chunk_size: int | None = None
     guided_bitmasks: Any = None
+    lora_request: Any = None
 
 
 @dataclass

@@ -79,7 +79,7 @@ def test_abort_ends_the_stream_with_an_abort_output(tiny_llama_dir):
         try:
             assert (await engine.get_model_config()).max_model_len == 128
             assert (await engine.get_tokenizer()) is engine.tokenizer
-            with pytest.raises(ValueError, match="lora_request is not supported"):
+            with pytest.raises(ValueError, match="the engine runs without LoRA"):
                 await anext(engine.generate("x", sp, "l", lora_request=object()))
             # upstream's keyword names
             gen = engine.generate(prompt={"prompt_token_ids": [3]}, sampling_params=sp,

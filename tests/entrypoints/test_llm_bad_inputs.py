@@ -96,7 +96,7 @@ def test_bad_inputs_leave_llm_usable(tiny_llama_dir):
          lambda: llm.generate(PROMPT, SamplingParams(truncate_prompt_tokens=300)),
          r"truncate_prompt_tokens=300 is more than max_model_len=256"),
         ("lora", lambda: llm.generate(PROMPT, greedy, lora_request=object()),
-         r"lora_request is not supported"),
+         r"names a LoRA adapter but the engine runs without LoRA"),
         ("priority", lambda: llm.generate(PROMPT, greedy, priority=[1]),
          r"got priority=1 but priority scheduling is not enabled"),
     ]  # fmt: skip
@@ -160,7 +160,11 @@ def test_failed_step_leaves_llm_usable(tiny_llama_dir):
         (dict(max_num_seqs=2.5), r"max_num_seqs must be an int, got 2.5"),
         (dict(task="embed"), r"task='embed' is not supported: this engine serves generative"),
         (dict(runner="pooling"), r"runner='pooling' is not supported"),
-        (dict(enable_lora=True), r"enable_lora=True is not supported"),
+        (
+            dict(enable_lora=True, tensor_parallel_size=3),
+            r"enable_lora=True is not supported with tensor_parallel_size=3",
+        ),
+        (dict(enable_lora=True, max_loras=0), r"max_loras must be at least 1, got 0"),
         (dict(enable_chunked_prefill="false"), r"enable_chunked_prefill must be a bool, got"),
     ],
 )

@@ -151,21 +151,22 @@ class BlockSpaceManager:
         caching is off, or for a sequence never allocated); a multiple of block_size."""
         return self._cached_tokens.get(seq.seq_id, 0)
 
-    def num_cached_prefix_tokens(self, token_ids: list[int]) -> int:
+    def num_cached_prefix_tokens(self, token_ids: list[int], hash_keys: tuple = ()) -> int:
         """Tokens of a prompt ``token_ids`` that an allocation now would find cached: the
         leading full blocks present in the cache, capped as :meth:`allocate` caps them
-        (0 with caching off). Reads only; used to route requests between virtual engines."""
+        (0 with caching off). Reads only; used to route requests between virtual engines.
+        ``hash_keys``: the sequences' ``block_hash_keys``."""
         if not self.enable_caching or not token_ids:
             return 0
         hits = 0
         bs = self.block_size
-        for h in hash_full_blocks(token_ids[: (len(token_ids) - 1) // bs * bs], bs):
+        for h in hash_full_blocks(token_ids[: (len(token_ids) - 1) // bs * bs], bs, hash_keys):
             if self.pool.lookup(h) is None:
                 break
             hits += 1
         return hits * bs
 
-    def group_prefill_tokens(self, token_ids: list[list[int]]) -> int:
+    def group_prefill_tokens(self, token_ids: list[list[int]], hash_keys: tuple = ()) -> int:
         """Tokens the prefill of a group's sequences (``token_ids``, one list each, in
         allocation order) computes if allocated now: the first one's length less its
         prefix found in the cache (:meth:`num_cached_prefix_tokens`); each later one's
@@ -173,7 +174,8 @@ class BlockSpaceManager:
         allocation registers them before the later one looks them up (the n sequences of
         a request share their whole prompt but its last partial block). Siblings' own
         cache hits beyond those are not counted, so the result may exceed what is
-        computed, never fall short of it. Without caching: the sum of the lengths."""
+        computed, never fall short of it. Without caching: the sum of the lengths.
+        ``hash_keys``: the sequences' ``block_hash_keys``."""
         if not self.enable_caching:
             return sum(len(ids) for ids in token_ids)
         bs = self.block_size
@@ -181,16 +183,16 @@ class BlockSpaceManager:
         held: set[int] = set()  # full blocks of earlier siblings
         for i, ids in enumerate(token_ids):
             if i == 0:
-                total += len(ids) - self.num_cached_prefix_tokens(ids)
+                total += len(ids) - self.num_cached_prefix_tokens(ids, hash_keys)
             else:
                 hits = 0
-                for h in hash_full_blocks(ids[: (len(ids) - 1) // bs * bs], bs):
+                for h in hash_full_blocks(ids[: (len(ids) - 1) // bs * bs], bs, hash_keys):
                     if h not in held:
                         break
                     hits += 1
                 total += len(ids) - hits * bs
             if i + 1 < len(token_ids):  # only later siblings look these up
-                held.update(hash_full_blocks(ids, bs))
+                held.update(hash_full_blocks(ids, bs, hash_keys))
         return total
 
     def hit_rate(self) -> float:
@@ -264,7 +266,7 @@ class BlockSpaceManager:
         if not self.enable_caching:
             self._cached_tokens[seq.seq_id] = 0
             return pool.take(total)
-        hashes = hash_full_blocks(seq.get_token_ids(), bs)
+        hashes = hash_full_blocks(seq.get_token_ids(), bs, seq.block_hash_keys)
         max_hits = (n - 1) // bs if reads_cache else 0
         table: list[int] = []
         for h in hashes[:max_hits]:

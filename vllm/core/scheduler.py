@@ -94,7 +94,7 @@ class Scheduler:
         ValueError: when ``cache_config.num_gpu_blocks`` is unset or below 1.
     """
 
-    def __init__(self, scheduler_config: Any, cache_config: Any):
+    def __init__(self, scheduler_config: Any, cache_config: Any, lora_config: Any = None):
         if cache_config.num_gpu_blocks is None:
             raise ValueError(
                 "cache_config.num_gpu_blocks must be set (size the KV cache) before building "
@@ -116,6 +116,8 @@ class Scheduler:
         # without passing through it: aborted ones, and waiting groups found finished.
         self._aborted_ids: list[str] = []
         self.num_cumulative_preemption = 0
+        # LoRA: adapters the running groups may use at once (None without LoRA)
+        self.max_loras = None if lora_config is None else lora_config.max_loras
 
     # ------------------------------------------------------------------------- queue API
     @property
@@ -243,6 +245,8 @@ class Scheduler:
             md = SequenceGroupMetadata(
                 group.request_id, is_prompt, seq_data, group.sampling_params, tables
             )
+            if group.lora_request is not None:
+                md.lora_request = group.lora_request
             if is_prompt and chunks:
                 start, size = chunks[i]
                 md.token_chunk_size = size
@@ -371,23 +375,42 @@ class Scheduler:
         """Pop the first waiting group that could run, with its unfinished sequences; None
         when the queue is empty. On the way, a group that finished while waiting leaves
         (reported as aborted) and one that can never run is finished as FINISHED_IGNORED
-        and appended to ``ignored``. A caller that cannot admit the group puts it back with
-        ``self.waiting.appendleft`` (FIFO: nobody behind it goes first)."""
-        while self.waiting:
-            group = self.waiting.popleft()
-            seqs = group.get_unfinished_seqs()
-            if not seqs:  # finished while waiting: leaves the queue, reported as it leaves
-                self._aborted_ids.append(group.request_id)
-                continue
-            reason = self._never_fits(group)
-            if reason is not None:
-                logger.warning("Ignoring request %s: %s.", group.request_id, reason)
-                for seq in seqs:
-                    seq.status = SequenceStatus.FINISHED_IGNORED
-                ignored.append(group)
-                continue
-            return group, seqs
-        return None
+        and appended to ``ignored``; a group whose LoRA adapter would exceed ``max_loras``
+        adapters among the running groups is passed over (it keeps its place). A caller
+        that cannot admit the group puts it back with ``self.waiting.appendleft`` (FIFO:
+        nobody behind it goes first)."""
+        passed: list[SequenceGroup] = []
+        try:
+            while self.waiting:
+                group = self.waiting.popleft()
+                seqs = group.get_unfinished_seqs()
+                if not seqs:  # finished while waiting: leaves the queue, reported as it leaves
+                    self._aborted_ids.append(group.request_id)
+                    continue
+                reason = self._never_fits(group)
+                if reason is not None:
+                    logger.warning("Ignoring request %s: %s.", group.request_id, reason)
+                    for seq in seqs:
+                        seq.status = SequenceStatus.FINISHED_IGNORED
+                    ignored.append(group)
+                    continue
+                if not self._lora_fits(group):
+                    passed.append(group)
+                    continue
+                return group, seqs
+            return None
+        finally:
+            self.waiting.extendleft(reversed(passed))
+
+    def _lora_fits(self, group: SequenceGroup) -> bool:
+        """Whether ``group`` can run beside the running groups without more than
+        ``max_loras`` distinct LoRA adapters (upstream V0's rule: a step's adapters must fit
+        the device's slots, and every running group decodes in every step)."""
+        lora_id = group.lora_int_id
+        if not lora_id or self.max_loras is None:
+            return True
+        running = {g.lora_int_id for g in self.running if g.lora_int_id and not g.is_finished()}
+        return lora_id in running or len(running) < self.max_loras
 
     def _tokens_to_compute(self, group: SequenceGroup, seqs: list[Sequence]) -> int:
         """Prompt tokens the prefill of ``seqs`` would compute if allocated now: what the
@@ -396,7 +419,9 @@ class Scheduler:
         asks for prompt logprobs, which reads no cache)."""
         if group.sampling_params.prompt_logprobs is not None:
             return sum(s.get_len() for s in seqs)
-        return self.block_manager.group_prefill_tokens([s.get_token_ids() for s in seqs])
+        return self.block_manager.group_prefill_tokens(
+            [s.get_token_ids() for s in seqs], seqs[0].block_hash_keys
+        )
 
     def _schedule_decodes(self) -> SchedulerOutputs:
         cfg = self.scheduler_config

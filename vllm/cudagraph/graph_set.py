@@ -27,6 +27,7 @@ from vllm.cudagraph.capture import CapturedGraph, GraphCapturer, StaticInputs
 from vllm.cudagraph.decode_loop import LoopGraph, capture_loop_graph
 from vllm.cudagraph.piecewise import PieceBuffers, PieceGraphs, capture_pieces
 from vllm.cudagraph.sizes import GraphSpec, warn_eager_sizes
+from vllm.forward_context import set_forward_context
 from vllm.sequence import IntermediateTensors
 
 if TYPE_CHECKING:
@@ -127,46 +128,47 @@ class GraphSet:
             self.memory_trace.append((label, reserved, cap.memory_allocated(self.device) - live0))
 
         for ve in range(n_ves):
-            state = self.attn_backend.make_graph_state(scratch_slots[ve])
-            state.allocate(sizes.max_batchsize_to_capture)
-            if spec.prefill_sizes:
-                state.allocate_prefill(spec.prefill_sizes[-1])
-            static = StaticInputs(inputs_len, self.hidden_size, self.dtype, self.device,
-                                  self.first_stage)  # fmt: skip
-            self.attn_states.append(state)
-            self.inputs.append(static)
-            trace("state")
-            bufs = None
-            if piece_sizes:  # the largest activations of all: before every other graph
-                bufs = PieceBuffers(piece_sizes[-1], pm.piece_widths(), self.hidden_size,
-                                    self.dtype, self.device)  # fmt: skip
-                for tokens in reversed(piece_sizes):
-                    ids, _, inter = static.views(tokens)
-                    self.piecewise[ve][tokens] = capture_pieces(
-                        pm, bufs, len(kv_caches[ve]), ids, inter, cap, self.pool
-                    )
-                    trace(f"piecewise-{tokens}")
+            with set_forward_context(ve):  # layers with per-VE state capture VE ve's
+                state = self.attn_backend.make_graph_state(scratch_slots[ve])
+                state.allocate(sizes.max_batchsize_to_capture)
+                if spec.prefill_sizes:
+                    state.allocate_prefill(spec.prefill_sizes[-1])
+                static = StaticInputs(inputs_len, self.hidden_size, self.dtype, self.device,
+                                      self.first_stage)  # fmt: skip
+                self.attn_states.append(state)
+                self.inputs.append(static)
+                trace("state")
+                bufs = None
+                if piece_sizes:  # the largest activations of all: before every other graph
+                    bufs = PieceBuffers(piece_sizes[-1], pm.piece_widths(), self.hidden_size,
+                                        self.dtype, self.device)  # fmt: skip
+                    for tokens in reversed(piece_sizes):
+                        ids, _, inter = static.views(tokens)
+                        self.piecewise[ve][tokens] = capture_pieces(
+                            pm, bufs, len(kv_caches[ve]), ids, inter, cap, self.pool
+                        )
+                        trace(f"piecewise-{tokens}")
+                        bar.update(1)
+                self.piece_buffers.append(bufs)
+                for tokens in reversed(spec.prefill_sizes):  # the largest activations first
+                    graph = self._capture_one(ve, tokens, kv_caches[ve], prefill=True)
+                    self.prefill_graphs[ve][tokens] = graph
+                    trace(f"prefill-{tokens}")
                     bar.update(1)
-            self.piece_buffers.append(bufs)
-            for tokens in reversed(spec.prefill_sizes):  # the largest activations first
-                graph = self._capture_one(ve, tokens, kv_caches[ve], prefill=True)
-                self.prefill_graphs[ve][tokens] = graph
-                trace(f"prefill-{tokens}")
-                bar.update(1)
-            for size in sorted(sizes.sizes, reverse=True):
-                self.graph_runners[ve][size] = self._capture_one(ve, size, kv_caches[ve])
-                trace(size)
-                bar.update(1)
-            for size in reversed(spec.loop_sizes):  # after the plain graphs, largest first
-                ids, pos, _ = static.views(size)
-                loop = capture_loop_graph(
-                    self.model, self.sampler, state, ids, pos, kv_caches[ve], spec.loop_steps,
-                    cap, self.pool,
-                )  # fmt: skip
-                if loop is not None:
-                    self.loops[ve][size] = loop
-                trace(f"loop-{size}")
-                bar.update(1)
+                for size in sorted(sizes.sizes, reverse=True):
+                    self.graph_runners[ve][size] = self._capture_one(ve, size, kv_caches[ve])
+                    trace(size)
+                    bar.update(1)
+                for size in reversed(spec.loop_sizes):  # after the plain graphs, largest first
+                    ids, pos, _ = static.views(size)
+                    loop = capture_loop_graph(
+                        self.model, self.sampler, state, ids, pos, kv_caches[ve], spec.loop_steps,
+                        cap, self.pool,
+                    )  # fmt: skip
+                    if loop is not None:
+                        self.loops[ve][size] = loop
+                    trace(f"loop-{size}")
+                    bar.update(1)
         bar.close()
         cap.synchronize()
         self.capture_seconds = time.perf_counter() - t0

@@ -29,6 +29,7 @@ from vllm.config import (
 )
 from vllm.engine.compat_args import check_compat_args, check_model_kind
 from vllm.engine.speculative_args import resolve_speculative
+from vllm.lora.config import LoRAConfig
 
 
 def _f(default, help: str, group: str | None = None):
@@ -50,6 +51,7 @@ GROUPS = {
     "scheduler": "Batching limits of each scheduler step.",
     "parallel": "Pipeline stages and the executor that runs them.",
     "speculative": "Speculative decoding (a draft model or n-gram prompt lookup).",
+    "lora": "LoRA adapters served beside the base model.",
     "compilation": "CUDA graphs and the Triton decode paths (no effect on CPU).",
 }
 
@@ -91,7 +93,14 @@ class EngineArgs:
         "auto", "The model runner: auto or generate (pooling runners are not served here).",
         group="model",
     )  # fmt: skip
-    enable_lora: bool = _f(False, "LoRA adapters: not supported (refused).", group="model")
+    enable_lora: bool = _f(
+        False, "Serve LoRA adapters (PEFT directories) beside the base model.", group="lora"
+    )
+    max_loras: int = _f(1, "LoRA adapters one step may use (device slots).", group="lora")
+    max_lora_rank: int = _f(16, "Largest LoRA rank r served.", group="lora")
+    max_cpu_loras: int | None = _f(
+        None, "LoRA adapters kept read on the host (default: max_loras).", group="lora"
+    )
     dtype: str = _f(
         "auto",
         "Weights and activations: auto (bfloat16 on CUDA, float32 on CPU), float32, "
@@ -411,7 +420,7 @@ class EngineArgs:
             self.revision,
             self.download_dir,
         )
-        check_model_kind(self.task, self.runner, self.enable_lora)
+        check_model_kind(self.task, self.runner)
         device_config = DeviceConfig(self.device)
         parallel_config = ParallelConfig(
             pipeline_parallel_size=self.pipeline_parallel_size,
@@ -493,6 +502,7 @@ class EngineArgs:
             policy=self.scheduling_policy,
         )
         return EngineConfig(
+            lora_config=self._lora_config(speculative_config, parallel_config),
             speculative_config=speculative_config,
             model_config=model_config,
             cache_config=cache_config,
@@ -502,6 +512,26 @@ class EngineArgs:
             compilation_config=compilation_config,
             decoding_config=DecodingConfig(self.guided_decoding_backend),
         )
+
+    def _lora_config(self, spec, parallel: ParallelConfig) -> LoRAConfig | None:
+        """The LoRAConfig with ``enable_lora``, else None (LoRA flags then ignored).
+
+        Raises:
+            ValueError: with speculative decoding or tensor_parallel_size > 1.
+        """
+        if not self.enable_lora:
+            return None
+        if spec is not None:
+            raise ValueError(
+                "enable_lora=True cannot be combined with speculative decoding "
+                f"(speculative_model={spec.speculative_model!r}); use one or the other."
+            )
+        if parallel.tensor_parallel_size > 1:
+            raise ValueError(
+                "enable_lora=True is not supported with tensor_parallel_size="
+                f"{parallel.tensor_parallel_size}; use tensor_parallel_size=1."
+            )
+        return LoRAConfig(self.max_loras, self.max_lora_rank, self.max_cpu_loras)
 
 
 def _async_output_proc(disabled: bool, device: str, parallel: ParallelConfig, spec) -> bool:

@@ -40,9 +40,10 @@ from concurrent.futures import ThreadPoolExecutor
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.async_beam_search import beam_search
 from vllm.engine.async_steps import EngineSteps
-from vllm.engine.llm_engine import LLMEngine, PromptType, check_priority, refuse_lora
+from vllm.engine.llm_engine import LLMEngine, PromptType, check_priority
 from vllm.engine.metrics import EngineMetrics
 from vllm.engine.request_metrics import FinishedRequest
+from vllm.lora.request import LoRARequest
 from vllm.outputs import DeltaOutputs, RequestOutput
 from vllm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
@@ -100,6 +101,9 @@ class AsyncLLMEngine:
                 "enable_prefix_caching": cache.enable_prefix_caching,
                 "num_virtual_engines": len(self.engine.schedulers),
             },
+            None
+            if self.engine.config.lora_config is None
+            else self.engine.config.lora_config.max_loras,
         )
         self.log_requests = log_requests
         self.max_log_len = max_log_len
@@ -119,7 +123,7 @@ class AsyncLLMEngine:
         except Exception:
             self.tokenizer = tok
         self._streams: dict[str, asyncio.Queue] = {}
-        self._pending: list[tuple[str, PromptType, SamplingParams, float, int]] = []
+        self._pending: list[tuple] = []  # (id, prompt, params, arrival, priority, lora)
         self._aborts: list[str] = []
         self._wakeup: asyncio.Event | None = None
         self._loop_task: asyncio.Task | None = None
@@ -158,7 +162,7 @@ class AsyncLLMEngine:
         prompt: PromptType,
         sampling_params: SamplingParams,
         request_id: str,
-        lora_request: None = None,
+        lora_request: LoRARequest | None = None,
         priority: int = 0,
     ) -> AsyncIterator[RequestOutput]:
         """Queue a request and yield its RequestOutput after every step it is in (all of it
@@ -170,12 +174,13 @@ class AsyncLLMEngine:
         Raises:
             EngineDeadError: the engine is dead or shutting down.
             RequestFailedError: the request failed inside the engine.
-            ValueError: the engine refused the prompt or params; a ``lora_request`` (no
-                LoRA adapters here); a non-integer ``priority``, or a non-zero one without
-                ``scheduling_policy="priority"`` (lower is served first).
+            ValueError: the engine refused the prompt or params; a ``lora_request`` it
+                cannot serve (vllm/lora/registry.py); a non-integer ``priority``, or a
+                non-zero one without ``scheduling_policy="priority"`` (lower is served
+                first).
         """
         params = sampling_params
-        refuse_lora(lora_request)
+        self.engine.adapters.check(lora_request)
         priority = check_priority(priority, self.scheduling_policy)
         await self.check_health()
         self.start()
@@ -187,7 +192,7 @@ class AsyncLLMEngine:
             self._log_request(request_id, prompt, params)
         queue: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = queue
-        self._pending.append((request_id, prompt, params, time.time(), priority))
+        self._pending.append((request_id, prompt, params, time.time(), priority, lora_request))
         self._wakeup.set()
         finished = False
         kind = params.output_kind
@@ -420,9 +425,9 @@ class AsyncLLMEngine:
         ``replies``: (request id, what its stream gets now): a refused request's error, an
         aborted one's final output."""
         replies = []
-        for rid, prompt, params, arrival, priority in pending:
+        for rid, prompt, params, arrival, priority, lora in pending:
             try:
-                self.engine.add_request(rid, prompt, params, arrival, priority)
+                self.engine.add_request(rid, prompt, params, arrival, priority, lora)
             except Exception as e:
                 replies.append((rid, e))
         now = time.time()

@@ -256,6 +256,22 @@ class EngineSteps:
             prefix_queries=sum(s.block_manager.num_queried_tokens for s in schedulers),
             prefix_hits=sum(s.block_manager.num_hit_tokens for s in schedulers),
             preemptions=sum(s.num_cumulative_preemption for s in schedulers),
+            **self._lora_names(),
+        )
+
+    def _lora_names(self) -> dict:
+        """StepStats' ``lora_running`` / ``lora_waiting``: sorted adapter names (nothing
+        without LoRA)."""
+        if self.engine.config.lora_config is None:
+            return {}
+
+        def names(groups) -> tuple[str, ...]:
+            return tuple(sorted({g.lora_request.lora_name for g in groups if g.lora_request}))
+
+        schedulers = self.engine.schedulers
+        return dict(
+            lora_running=names(g for s in schedulers for g in s.running if not g.is_finished()),
+            lora_waiting=names(g for s in schedulers for g in s.waiting),
         )
 
     def stats(self, sched: ScheduledStep, outs: list[RequestOutput], times: _StepTimes):

@@ -18,8 +18,7 @@ what is supported otherwise, before any weight is read:
 - ``swap_space``: GiB of CPU swap per GPU in upstream V0, >= 0. Preempted sequences are
   recomputed here (as in upstream V1), so no swap space is allocated.
 - ``task`` / ``runner``: ``auto`` or ``generate``. Pooling models (embedding, scoring,
-  classification) are not served, so ``embed``, ``pooling`` and the like are refused, as is
-  ``enable_lora`` (no LoRA adapters).
+  classification) are not served, so ``embed``, ``pooling`` and the like are refused.
 """
 
 from __future__ import annotations
@@ -74,8 +73,8 @@ def check_compat_args(
 GENERATE_KINDS = ("auto", "generate")
 
 
-def check_model_kind(task: str, runner: str, enable_lora: bool) -> None:
-    """Refuse what asks for a pooling model or LoRA adapters (see the module docstring).
+def check_model_kind(task: str, runner: str) -> None:
+    """Refuse what asks for a pooling model (see the module docstring).
 
     Raises:
         ValueError: naming the flag, its value and what this engine serves.
@@ -87,5 +86,3 @@ def check_model_kind(task: str, runner: str, enable_lora: bool) -> None:
                 f"(use one of {list(GENERATE_KINDS)}); pooling, embedding, scoring and "
                 "classification models are not supported."
             )
-    if enable_lora:
-        raise ValueError("enable_lora=True is not supported: this engine has no LoRA adapters.")

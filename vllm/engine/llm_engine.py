@@ -24,7 +24,10 @@ from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.detokenizer import fill_decoded_tokens
 from vllm.engine.step_report import StepReport
 from vllm.inputs import PromptType
+from vllm.lora.registry import AdapterRegistry
+from vllm.lora.request import LoRARequest
 from vllm.model_executor.guided_decoding.manager import GuidedDecodingManager
+from vllm.model_executor.models import architectures_of, get_model_class
 from vllm.outputs import RequestOutput
 from vllm.sampling_params import SamplingParams
 from vllm.sequence import (
@@ -55,16 +58,6 @@ def get_executor_class(config: EngineConfig):
     from vllm.executor.ray_executor import RayExecutor
 
     return RayExecutor
-
-
-def refuse_lora(lora_request) -> None:
-    """Upstream's ``lora_request`` argument, accepted only as None.
-
-    Raises:
-        ValueError: a LoRA request (no adapters here).
-    """
-    if lora_request is not None:
-        raise ValueError("lora_request is not supported: this engine has no LoRA adapters.")
 
 
 def check_priority(priority: object, policy: str) -> int:
@@ -136,9 +129,15 @@ class LLMEngine:
         self.executor = executor_class(config)
         logger.info("%s", format_summary(config, self.executor.startup_summaries()))
         self.schedulers = [
-            Scheduler(config.scheduler_config, config.cache_config)
+            Scheduler(config.scheduler_config, config.cache_config, config.lora_config)
             for _ in range(config.num_virtual_engines)
         ]
+        hf_config = self.model_config.hf_config
+        self.adapters = AdapterRegistry(
+            config.lora_config,
+            hf_config,
+            get_model_class(architectures_of(hf_config)).lora_target_modules,
+        )
         self.seq_counter = itertools.count()
         self._requests: dict[str, SequenceGroup] = {}
         self._profiling = False  # start_profile() ran without stop_profile()
@@ -356,19 +355,23 @@ class LLMEngine:
         params: SamplingParams,
         arrival_time: float | None = None,
         priority: int = 0,
+        lora_request: LoRARequest | None = None,
     ) -> None:
         """Queue one request on the virtual engine :meth:`choose_virtual_engine` picks.
 
         Args:
             priority: lower is served first under ``--scheduling-policy priority`` (see
                 vllm/core/priority.py); must be 0 under "fcfs".
+            lora_request: the LoRA adapter to run it with (``enable_lora`` engines; see
+                vllm/lora/registry.py for the checks).
         Raises:
             ValueError: a duplicate request id, a bad prompt (see :meth:`process_prompt`),
                 params that do not fit the model (see :meth:`verify_params`), a request
                 the scheduler could never run (see :meth:`check_schedulable`), or a
                 guided-decoding constraint that does not parse (invalid JSON schema,
                 regex or grammar, unsupported schema feature), a priority the policy
-                does not allow (see :func:`check_priority`).
+                does not allow (see :func:`check_priority`), a LoRA adapter the engine
+                cannot serve.
 
         A request with ``guided_decoding`` whose grammar is still compiling (on the grammar
         cache's threads) is held back and given to a scheduler by a later :meth:`step`.
@@ -376,6 +379,7 @@ class LLMEngine:
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already running.")
         priority = check_priority(priority, self.scheduler_config.policy)
+        self.adapters.check(lora_request)
         text, ids = self.process_prompt(prompt)
         self.verify_params(params)
         ids = self.truncate_prompt(ids, params)
@@ -406,7 +410,12 @@ class LLMEngine:
             )
             for _ in range(params.n)
         ]
-        group = SequenceGroup(request_id, seqs, params, arrival_time or time.time(), priority)
+        if lora_request is not None:
+            for seq in seqs:
+                seq.block_hash_keys = (lora_request.lora_int_id,)
+        group = SequenceGroup(
+            request_id, seqs, params, arrival_time or time.time(), priority, lora_request
+        )
         self._requests[request_id] = group
         if grammar is None:
             self._schedule_group(group)
@@ -417,7 +426,7 @@ class LLMEngine:
             self._grammar_wait.append((group, grammar))
 
     def _schedule_group(self, group: SequenceGroup) -> None:
-        ve = self.choose_virtual_engine(list(group.prompt_token_ids))
+        ve = self.choose_virtual_engine(list(group.prompt_token_ids), group.seqs[0].block_hash_keys)
         group.virtual_engine = ve
         self.schedulers[ve].add_seq_group(group)
 
@@ -452,8 +461,9 @@ class LLMEngine:
         self._grammar_wait = still
         return failed
 
-    def choose_virtual_engine(self, token_ids: list[int]) -> int:
-        """The virtual engine a new request with prompt ``token_ids`` goes to.
+    def choose_virtual_engine(self, token_ids: list[int], hash_keys: tuple = ()) -> int:
+        """The virtual engine a new request with prompt ``token_ids`` (and its sequences'
+        ``block_hash_keys``) goes to.
 
         The least loaded one (fewest unfinished requests, lowest index on ties), unless
         prefix caching is on and another engine caches a longer prefix of the prompt: the
@@ -467,7 +477,9 @@ class LLMEngine:
         least = min(range(len(loads)), key=loads.__getitem__)
         if len(schedulers) == 1 or not self.config.cache_config.enable_prefix_caching:
             return least
-        cached = [s.block_manager.num_cached_prefix_tokens(token_ids) for s in schedulers]
+        cached = [
+            s.block_manager.num_cached_prefix_tokens(token_ids, hash_keys) for s in schedulers
+        ]
         best = min(range(len(loads)), key=lambda v: (-cached[v], loads[v], v))
         margin = self.config.cache_config.prefix_routing_margin
         if cached[best] > cached[least] and loads[best] - loads[least] <= margin:

@@ -93,6 +93,9 @@ class StepStats:
     prefix_queries: int = 0
     prefix_hits: int = 0
     preemptions: int = 0
+    # LoRA adapters (their names) of running / waiting requests; None without LoRA.
+    lora_running: tuple[str, ...] | None = None
+    lora_waiting: tuple[str, ...] | None = None
 
 
 logger = logging.getLogger(__name__)
@@ -216,6 +219,8 @@ class EngineMetrics:
         )
         self._preemptions_last = 0
         self.requests: RequestHistograms | None = None  # set by configure()
+        self.lora_info: Gauge | None = None  # set by configure() with LoRA on
+        self._loras_last: tuple[str, str] | None = None
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)
         GCCollector(registry=r)
@@ -227,12 +232,24 @@ class EngineMetrics:
         r.register(self.decode_steps)
         self._model_name = model_name
 
-    def configure(self, max_model_len: int, cache_info: dict[str, object]) -> None:
+    def configure(
+        self, max_model_len: int, cache_info: dict[str, object], max_loras: int | None = None
+    ) -> None:
         """Register what needs the built engine (idempotent): the per-request histograms
-        (token buckets up to ``max_model_len``) and ``vllm:cache_config_info`` with
-        ``cache_info`` as its labels (values shown with str())."""
+        (token buckets up to ``max_model_len``), ``vllm:cache_config_info`` with
+        ``cache_info`` as its labels (values shown with str()) and, with ``max_loras``
+        (LoRA on), upstream's ``vllm:lora_requests_info``: one series whose labels name the
+        running and waiting adapters (comma-separated) and ``max_lora``, valued at the time
+        they last changed (seconds since the epoch)."""
         if self.requests is not None:
             return
+        if max_loras is not None:
+            self._max_loras = str(max_loras)
+            self.lora_info = Gauge(
+                "vllm:lora_requests_info", "Running and waiting LoRA adapters.",
+                ["running_lora_adapters", "max_lora", "waiting_lora_adapters"],
+                registry=self.registry,
+            )  # fmt: skip
         self.requests = RequestHistograms(self.registry, self._model_name, max_model_len)
         labels = {k: str(v) for k, v in cache_info.items()}
         Gauge(
@@ -272,6 +289,7 @@ class EngineMetrics:
         if stats.spec_decode is not None:
             self._record_spec(stats.spec_decode)
         self._record_prefix(stats)
+        self._record_loras(stats)
         now = time.monotonic()
         if now - self._last_log >= _LOG_INTERVAL_S:
             elapsed = now - self._last_log
@@ -288,6 +306,17 @@ class EngineMetrics:
                 100.0 * stats.cache_usage,
                 100.0 * self._hit_rate,
             )
+
+    def _record_loras(self, stats: StepStats) -> None:
+        """One ``vllm:lora_requests_info`` series for the adapters now (see configure)."""
+        if self.lora_info is None or stats.lora_running is None:
+            return
+        key = (",".join(stats.lora_running), ",".join(stats.lora_waiting or ()))
+        if key == self._loras_last:
+            return
+        self._loras_last = key
+        self.lora_info.clear()
+        self.lora_info.labels(key[0], self._max_loras, key[1]).set(time.time())
 
     def _record_prefix(self, stats: StepStats) -> None:
         """Advance the prefix-cache counters to the cumulative totals; set the rate."""

@@ -11,9 +11,10 @@ from tqdm.auto import tqdm
 from vllm.beam_search import BeamSearch, BeamSearchOutput
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.default_model import resolve_model
-from vllm.engine.llm_engine import LLMEngine, PromptType, check_priority, refuse_lora
+from vllm.engine.llm_engine import LLMEngine, PromptType, check_priority
 from vllm.entrypoints.chat_utils import check_chat_options, render_chat, template_messages
 from vllm.logger import configure_logging
+from vllm.lora.request import LoRARequest
 from vllm.outputs import RequestOutput
 from vllm.sampling_params import BeamSearchParams, SamplingParams
 
@@ -65,7 +66,7 @@ class LLM:
         prompts: PromptType | SeqABC[PromptType],
         sampling_params: SamplingParams | SeqABC[SamplingParams] | None = None,
         use_tqdm: bool = True,
-        lora_request: None = None,
+        lora_request: LoRARequest | SeqABC[LoRARequest | None] | None = None,
         priority: list[int] | None = None,
     ) -> list[RequestOutput]:
         """Generate completions for ``prompts``, returned in the prompts' order.
@@ -76,7 +77,8 @@ class LLM:
             sampling_params: one for all prompts, or one per prompt (default:
                 :meth:`get_default_sampling_params`).
             use_tqdm: show a progress bar.
-            lora_request: upstream's; only None (no LoRA adapters).
+            lora_request: a LoRA adapter for every prompt, or one (or None) per prompt;
+                needs ``enable_lora=True``.
             priority: one integer per prompt, lower served first; non-zero values need
                 ``scheduling_policy="priority"`` (default: all 0).
         Returns:
@@ -89,10 +91,10 @@ class LLM:
             Exception: whatever a failed engine step raised; this call's unfinished
                 requests are aborted first, so the LLM stays usable.
         """
-        refuse_lora(lora_request)
         prompts = _prompt_list(prompts)
         if not prompts:
             return []
+        loras = _per_prompt(lora_request, len(prompts), "lora_request")
         policy = self.llm_engine.scheduler_config.policy
         if priority is None:
             priority = [0] * len(prompts)
@@ -124,12 +126,14 @@ class LLM:
             kept = self.llm_engine.truncate_prompt(ids, sp)
             self.llm_engine.check_schedulable(len(kept), sp.n, sp.prompt_logprobs is None)
             processed.append({"prompt": text, "prompt_token_ids": ids})
+        for lora in loras:
+            self.llm_engine.adapters.check(lora)
         prompts = processed
         ids = []
         try:
-            for prompt, sp, prio in zip(prompts, params, priority):
+            for prompt, sp, prio, lora in zip(prompts, params, priority, loras):
                 rid = str(next(self._counter))
-                self.llm_engine.add_request(rid, prompt, sp, priority=prio)
+                self.llm_engine.add_request(rid, prompt, sp, priority=prio, lora_request=lora)
                 ids.append(rid)
         except Exception:
             self.llm_engine.abort_request(ids)
@@ -146,7 +150,7 @@ class LLM:
         continue_final_message: bool = False,
         tools: list[dict[str, Any]] | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
-        lora_request: None = None,
+        lora_request: LoRARequest | SeqABC[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Generate replies to one conversation or a batch of them, using the model's chat
         template (``tokenizer.apply_chat_template``), as the server's chat endpoint renders
@@ -162,7 +166,7 @@ class LLM:
                 continues it (needs ``add_generation_prompt=False``).
             tools: OpenAI tool definitions, the template's ``tools`` variable.
             chat_template_kwargs: further template variables.
-            lora_request: upstream's; only None (see :meth:`generate`).
+            lora_request: as for :meth:`generate` (one per conversation when a list).
 
         Raises:
             ValueError: an empty conversation, no chat template (neither the tokenizer's
@@ -295,3 +299,17 @@ def _prompt_list(prompts) -> list:
     if prompts and isinstance(prompts, list) and isinstance(prompts[0], int):
         return [prompts]
     return list(prompts)
+
+
+def _per_prompt(value, n: int, name: str) -> list:
+    """``value`` for each of ``n`` prompts: a list or tuple of ``n`` as given, anything else
+    repeated.
+
+    Raises:
+        ValueError: a list or tuple of another length (naming ``name`` and both counts).
+    """
+    if not isinstance(value, (list, tuple)):
+        return [value] * n
+    if len(value) != n:
+        raise ValueError(f"got {len(value)} {name}s for {n} prompts; they must match.")
+    return list(value)

@@ -21,6 +21,7 @@ from vllm.config import EngineConfig
 from vllm.cudagraph import DecodeStepCounters, GraphCapturer, GraphRunner, graph_spec
 from vllm.cudagraph.memory import estimate_graph_memory
 from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+from vllm.forward_context import set_forward_context
 from vllm.model_executor.forward_batch import ForwardBatch
 from vllm.model_executor.layers.sampler import Sampler
 from vllm.model_executor.models import attention_fields
@@ -83,6 +84,7 @@ class ModelRunner:
         self.use_cuda_graph = device.type == "cuda" and not config.compilation_config.enforce_eager
         self.counters = DecodeStepCounters()
         self.graph_runner: GraphRunner | None = None  # built with the model (load_model)
+        self.lora = None  # vllm.lora.manager.LoRAManager with enable_lora (load_model)
 
     @property
     def is_first_stage(self) -> bool:
@@ -117,6 +119,19 @@ class ModelRunner:
             sampler=self.sampler,
             counters=self.counters,
         )
+        if self.config.lora_config is not None:  # before any capture: graphs read the slots
+            from vllm.lora.manager import LoRAManager
+
+            self.lora = LoRAManager(
+                self.model, self.config.lora_config, self.config.num_virtual_engines,
+                self._max_forward_tokens(), self.dtype, self.device,
+            )  # fmt: skip
+
+    def _max_forward_tokens(self) -> int:
+        """Tokens of the largest forward pass: the token budget, or a padded capture."""
+        spec, sc = self.graph_spec, self.config.scheduler_config
+        return max(sc.max_num_batched_tokens, sc.max_num_seqs, spec.sizes.max_batchsize_to_capture,
+                   *spec.prefill_sizes, *spec.piecewise_sizes)  # fmt: skip
 
     @property
     def num_local_layers(self) -> int:
@@ -191,9 +206,12 @@ class ModelRunner:
             generators=self.generators,
             pad_eager=self.pad_eager_batches,
         )
-        return model_input.prepare_model_input(
+        batch = model_input.prepare_model_input(
             ctx, seq_group_metadata_list, virtual_engine, scratch_slot, num_lookahead_slots
         )
+        if self.lora is not None:  # each token's adapter slot, in the VE's static buffer
+            self.lora.stage(batch, seq_group_metadata_list)
+        return batch
 
     def free_finished(self, request_seq_ids: list[int]) -> None:
         """Drop per-sequence state (seeded generators) of finished sequences."""
@@ -257,7 +275,8 @@ class ModelRunner:
         """The model forward of one step as the graph runner planned it (replay or eager,
         counted), without sampling: hidden states [num_tokens, hidden] on the last stage,
         else IntermediateTensors."""
-        return self.graph_runner.run(batch, kv_caches, intermediate_tensors)
+        with set_forward_context(batch.virtual_engine):
+            return self.graph_runner.run(batch, kv_caches, intermediate_tensors)
 
     @torch.inference_mode()
     def profile_run(self, num_tokens: int, num_seqs: int) -> None:

@@ -6,7 +6,8 @@ with the batch and with the sequences' lengths: 256 decode sequences of ~80 toke
 every stage, each step. Every stage receives every step in the same order, so the driver
 keeps, per sequence, how many tokens the stages already hold and sends only the rest:
 
-- a prefill group goes whole (and the stages keep its ``SequenceData`` and params);
+- a prefill group goes whole (and the stages keep its ``SequenceData``, params and LoRA
+  adapter);
 - a decode group goes as a plain tuple (:data:`DecodeRow`: request id, per sequence the
   output tokens appended since the last send and the cumulative logprob, block tables,
   and the group's few step fields): tuples pickle and unpickle several times faster than
@@ -71,6 +72,7 @@ class StageRequestCache:
     def __init__(self) -> None:
         self.data: dict[int, SequenceData] = {}
         self.params: dict[int, SamplingParams] = {}
+        self.loras: dict[int, object] = {}  # seq_id -> its group's LoRARequest (if any)
 
     def expand(self, request: ExecuteModelRequest | list) -> ExecuteModelRequest | list:
         """Restore whole groups in place (a list: a round of requests).
@@ -86,6 +88,8 @@ class StageRequestCache:
                 for seq_id, data in md.seq_data.items():
                     self.data[seq_id] = data
                     self.params[seq_id] = md.sampling_params
+                    if md.lora_request is not None:
+                        self.loras[seq_id] = md.lora_request
                 continue
             request_id, deltas, tables, do_sample, computed, chunk, masks = md
             seq_data = {}
@@ -96,13 +100,15 @@ class StageRequestCache:
                 data.output_token_ids.extend(new_ids)
                 data.cumulative_logprob = cum_lp
                 seq_data[seq_id] = data
-            params = self.params[next(iter(deltas))]
+            first = next(iter(deltas))
             groups[i] = SequenceGroupMetadata(
-                request_id, False, seq_data, params, tables, do_sample, computed, chunk, masks
-            )
+                request_id, False, seq_data, self.params[first], tables, do_sample, computed,
+                chunk, masks, self.loras.get(first),
+            )  # fmt: skip
         return request
 
     def forget(self, seq_ids: list[int]) -> None:
         for seq_id in seq_ids:
             self.data.pop(seq_id, None)
             self.params.pop(seq_id, None)
+            self.loras.pop(seq_id, None)

@@ -47,6 +47,8 @@ from vllm.engine.default_model import resolve_model, short_model_name
 from vllm.engine.metrics import EngineMetrics
 from vllm.entrypoints.chat_utils import load_chat_template
 from vllm.entrypoints.openai.api_errors import APIError, to_api_error
+from vllm.entrypoints.openai.lora_modules import lora_requests
+from vllm.entrypoints.openai.lora_routes import add_lora_routes
 from vllm.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -68,6 +70,7 @@ from vllm.entrypoints.openai.serving_tokenization import (
     TokenizeRequest,
 )
 from vllm.entrypoints.openai.tool_parsers import ToolParser, get_tool_parser, tool_parser_names
+from vllm.lora.request import LoRARequest
 from vllm.version import __version__
 
 logger = logging.getLogger("vllm.entrypoints.openai.api_server")
@@ -97,6 +100,7 @@ def build_app(
     response_role: str = "assistant",
     return_tokens_as_token_ids: bool = False,
     enable_prompt_tokens_details: bool = False,
+    lora_modules: list[LoRARequest] | None = None,
 ):
     """The FastAPI app serving ``engine`` (the engine loop starts with the app).
 
@@ -113,6 +117,9 @@ def build_app(
             prompt (default "assistant").
         return_tokens_as_token_ids: render every logprobs token as "token_id:ID".
         enable_prompt_tokens_details: report usage.prompt_tokens_details.cached_tokens.
+        lora_modules: LoRA adapters served under their ``lora_name`` (checked already);
+            with VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 more are added and removed at run time
+            (vllm/entrypoints/openai/lora_routes.py).
     """
 
     @contextlib.asynccontextmanager
@@ -125,9 +132,13 @@ def build_app(
 
     app = FastAPI(lifespan=lifespan, root_path=root_path or "")
     tokenize_pool = ThreadPoolExecutor(1, "vllm-tokenize")
+    loras = {lora.lora_name: lora for lora in lora_modules or ()}  # shared, see lora_routes
+    if envs.VLLM_ALLOW_RUNTIME_LORA_UPDATING:
+        add_lora_routes(app, engine, loras, served_model_names)
     as_ids = dict(
         return_tokens_as_token_ids=return_tokens_as_token_ids,
         enable_prompt_tokens_details=enable_prompt_tokens_details,
+        loras=loras,
     )
     completion = OpenAIServingCompletion(engine, served_model_names, tokenize_pool, **as_ids)
     chat = OpenAIServingChat(
@@ -221,6 +232,15 @@ def build_app(
             ModelCard(id=name, root=engine.model_config.model, max_model_len=engine.max_model_len)
             for name in served_model_names
         ]
+        cards += [
+            ModelCard(
+                id=lora.lora_name,
+                root=lora.lora_path,
+                max_model_len=engine.max_model_len,
+                parent=lora.base_model_name or served_model_names[0],
+            )  # fmt: skip
+            for lora in list(loras.values())
+        ]
         return ModelList(data=cards)
 
     async def answer(result):
@@ -301,6 +321,7 @@ def validate_server_args(args: argparse.Namespace) -> EngineArgs:
         args.tool_parser = None
     engine_args = EngineArgs.from_cli_args(args)
     engine_args.create_engine_config()
+    args.lora_requests = lora_requests(args.lora_modules, _served_names(args), args.enable_lora)
     return engine_args
 
 
@@ -358,12 +379,19 @@ def build_engine(args: argparse.Namespace, engine_args: EngineArgs) -> AsyncLLME
     """
     if args.model_is_default:
         logger.info("No MODEL given: serving the default SmolLM2-135M-Instruct GGUF %s", args.model)
-    return AsyncLLMEngine(
+    engine = AsyncLLMEngine(
         engine_args,
         metrics=EngineMetrics(_served_names(args)[0]),
         log_requests=not args.disable_log_requests,
         max_log_len=args.max_log_len,
     )
+    try:
+        for lora in args.lora_requests:  # each adapter read once, before serving
+            engine.engine.adapters.check(lora)
+    except ValueError:
+        engine.engine.shutdown()  # the loop never started: stop the workers only
+        raise
+    return engine
 
 
 def run_server(args: argparse.Namespace, engine: AsyncLLMEngine, sock: socket.socket) -> int:
@@ -394,6 +422,7 @@ def run_server(args: argparse.Namespace, engine: AsyncLLMEngine, sock: socket.so
         response_role=args.response_role,
         return_tokens_as_token_ids=args.return_tokens_as_token_ids,
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
+        lora_modules=args.lora_requests,
     )
     port = sock.getsockname()[1]
     config = uvicorn.Config(

@@ -11,6 +11,7 @@ import argparse
 import json
 
 from vllm.engine.arg_utils import EngineArgs
+from vllm.entrypoints.openai.lora_modules import parse_lora_module
 from vllm.entrypoints.openai.request_guards import DEFAULT_MAX_REQUEST_BODY_BYTES
 from vllm.entrypoints.openai.tool_parsers import tool_parser_names
 
@@ -72,6 +73,15 @@ def make_server_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
         default=None,
         help="Names the model answers to in requests; the first is reported (default: the "
         "model file's stem or the directory's last component).",
+    )
+    server.add_argument(
+        "--lora-modules",
+        nargs="+",
+        type=parse_lora_module,
+        default=None,
+        metavar="NAME=PATH",
+        help="LoRA adapters (PEFT directories) served as models of their own: NAME=PATH or "
+        'JSON {"name": ..., "path": ..., "base_model_name": ...}; needs --enable-lora.',
     )
     server.add_argument(
         "--chat-template",

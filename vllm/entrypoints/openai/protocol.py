@@ -72,8 +72,8 @@ class ModelPermission(OpenAIBaseModel):
 
 
 class ModelCard(OpenAIBaseModel):
-    """One entry of ``/v1/models``, with upstream's fields (``parent`` is None: no LoRA
-    adapters are served)."""
+    """One entry of ``/v1/models``, with upstream's fields (a LoRA adapter's ``root`` is
+    its directory and ``parent`` the base model's name; None for the base model)."""
 
     id: str
     object: str = "model"
@@ -400,3 +400,18 @@ class ChatCompletionStreamResponse(OpenAIBaseModel):
     model: str
     choices: list[ChatCompletionStreamChoice]
     usage: UsageInfo | None = None
+
+
+class LoadLoRAAdapterRequest(OpenAIBaseModel):
+    """``POST /v1/load_lora_adapter`` (with VLLM_ALLOW_RUNTIME_LORA_UPDATING=1)."""
+
+    lora_name: str
+    lora_path: str
+
+
+class UnloadLoRAAdapterRequest(OpenAIBaseModel):
+    """``POST /v1/unload_lora_adapter`` (with VLLM_ALLOW_RUNTIME_LORA_UPDATING=1);
+    ``lora_int_id`` is accepted as upstream and ignored (the name identifies it)."""
+
+    lora_name: str
+    lora_int_id: int | None = None

@@ -20,6 +20,7 @@ from vllm.engine.async_llm_engine import AsyncLLMEngine
 from vllm.engine.llm_engine import check_priority
 from vllm.entrypoints.openai.api_errors import APIError, param_of
 from vllm.entrypoints.openai.protocol import PromptTokenUsageInfo, SamplingFields, UsageInfo
+from vllm.lora.request import LoRARequest
 from vllm.sampling_params import BeamSearchParams, GuidedDecodingParams, SamplingParams
 
 
@@ -49,6 +50,9 @@ class OpenAIServing:
             (``--return-tokens-as-token-ids``; see :meth:`token_text`).
         enable_prompt_tokens_details: report ``usage.prompt_tokens_details.cached_tokens``
             (``--enable-prompt-tokens-details``; see :meth:`usage`).
+        loras: name -> LoRA adapter served as a model of that name (``--lora-modules``;
+            the server's map, changed in place when adapters are loaded at run time); a
+            request naming one runs with it.
     """
 
     def __init__(
@@ -58,8 +62,10 @@ class OpenAIServing:
         tokenize_pool: ThreadPoolExecutor | None = None,
         return_tokens_as_token_ids: bool = False,
         enable_prompt_tokens_details: bool = False,
+        loras: dict[str, LoRARequest] | None = None,
     ):
         self.engine = engine
+        self.loras = {} if loras is None else loras
         self.return_tokens_as_token_ids = return_tokens_as_token_ids
         self.enable_prompt_tokens_details = enable_prompt_tokens_details
         self.served_model_names = served_model_names
@@ -140,13 +146,17 @@ class OpenAIServing:
         """The model name a response reports: the request's ``model`` when it is one of the
         served names (as upstream), else the first served name."""
         model = getattr(req, "model", None)
-        return model if model in self.served_model_names else self.model_name
+        return model if model in self.served_model_names or model in self.loras else self.model_name
+
+    def lora_for(self, req) -> LoRARequest | None:
+        """The LoRA adapter the request's ``model`` names, or None (the base model)."""
+        return self.loras.get(getattr(req, "model", None))
 
     def check_model(self, model: str | None) -> None:
-        """Raises APIError 404, naming the served models, when ``model`` is given and is
-        not one of them."""
-        if model is not None and model not in self.served_model_names:
-            names = ", ".join(f"`{n}`" for n in self.served_model_names)
+        """Raises APIError 404, naming the served models and adapters, when ``model`` is
+        given and is neither."""
+        if model is not None and model not in self.served_model_names and model not in self.loras:
+            names = ", ".join(f"`{n}`" for n in [*self.served_model_names, *self.loras])
             raise APIError(
                 f"The model `{model}` does not exist. Available models: {names}.", 404, "model"
             )
@@ -287,13 +297,19 @@ class OpenAIServing:
     def start(self, req: SamplingFields, prompt: dict, params, request_id: str):
         """The request's output stream: a beam search of ``beam_params`` when the request
         asks for one, else ``engine.generate``."""
+        lora = self.lora_for(req)
         if req.use_beam_search:
+            if lora is not None:
+                raise APIError("use_beam_search is not supported with a LoRA adapter.", 400,
+                               "use_beam_search")  # fmt: skip
             return self.engine.beam_search(prompt, params, request_id)
         try:
             check_priority(req.priority, self.engine.scheduling_policy)
         except ValueError as e:
             raise APIError(str(e), 400, "priority") from None
-        return self.engine.generate(prompt, params, request_id, priority=req.priority)
+        return self.engine.generate(
+            prompt, params, request_id, lora_request=lora, priority=req.priority
+        )
 
     async def check_guided(self, params: SamplingParams, param: str | None) -> None:
         """Parse and compile ``params``' constraint before the request is queued, so a bad

@@ -18,6 +18,10 @@ group, where every layer holds the full matrix and computes exactly as ``nn.Line
 Each parameter carries ``weight_loader(param, loaded_weight, shard_id=None)`` that narrows a
 checkpoint tensor (or a lazy safetensors slice, so a rank reads only its rows or columns) to
 this rank's shard. ``forward`` returns the output tensor only (no ``(output, bias)`` pair).
+
+With LoRA adapters (vllm/lora) a layer carries ``lora``, its adapter slots, called on the
+layer's input and output; :meth:`LinearBase.output_slices` tells the slots where each fused
+output lies.
 """
 
 import torch
@@ -62,6 +66,13 @@ class LinearBase(nn.Module):
             self.bias.weight_loader = self.weight_loader
         else:
             self.register_parameter("bias", None)
+        # LoRA slots (vllm.lora.layers.LoRALinear): lora(x, y) adds the adapters' terms
+        self.lora = None
+
+    def output_slices(self) -> dict[object, tuple[int, int]]:
+        """Shard id -> (first output row, rows) of each fused output of this rank, in
+        order; one entry with shard id None for an unfused layer."""
+        return {None: (0, self.output_size)}
 
     def weight_loader(
         self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
@@ -72,7 +83,8 @@ class LinearBase(nn.Module):
         default_weight_loader(param, loaded_weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)  # [num_tokens, output_size]
+        y = F.linear(x, self.weight, self.bias)  # [num_tokens, output_size]
+        return y if self.lora is None else self.lora(x, y)
 
     def extra_repr(self) -> str:
         return (
@@ -128,7 +140,8 @@ class RowParallelLinear(LinearBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
-            return F.linear(x, self.weight, self.bias)  # [num_tokens, output_size]
+            y = F.linear(x, self.weight, self.bias)  # [num_tokens, output_size]
+            return y if self.lora is None else self.lora(x, y)
         y = tensor_model_parallel_all_reduce(F.linear(x, self.weight))  # [T, output_size]
         return y if self.bias is None else y + self.bias
 
@@ -172,6 +185,10 @@ class MergedColumnParallelLinear(LinearBase):
             loaded_weight = narrow_weight(loaded_weight, 0, self.tp_rank * size, size)
         offset = sum(self.output_sizes[:shard_id])
         _copy_rows(param, loaded_weight, offset, size, shard_id)
+
+    def output_slices(self) -> dict[object, tuple[int, int]]:
+        """Shard i -> (first row, rows) of merged output i on this rank."""
+        return {i: (sum(self.output_sizes[:i]), n) for i, n in enumerate(self.output_sizes)}
 
 
 class QKVParallelLinear(LinearBase):
@@ -241,6 +258,11 @@ class QKVParallelLinear(LinearBase):
         if self.tp_size > 1 and weight_shape(loaded_weight)[0] == full:
             loaded_weight = narrow_weight(loaded_weight, 0, src[shard_id], size)
         _copy_rows(param, loaded_weight, self._dest(shard_id), size, shard_id)
+
+    def output_slices(self) -> dict[object, tuple[int, int]]:
+        """ "q", "k", "v" -> (first row, rows) of this rank's heads of each."""
+        return {sid: (self._dest(sid), self.q_size if sid == "q" else self.kv_size)
+                for sid in ("q", "k", "v")}  # fmt: skip
 
     def _dest(self, shard_id: str) -> int:
         """First row of shard ``shard_id`` in this rank's fused parameter."""

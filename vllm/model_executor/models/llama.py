@@ -144,8 +144,10 @@ class LlamaDecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """hidden_states, residual: [T, hidden] -> (mlp output, residual before it)."""
         gemv = None
-        # the fused GEMV path has no all-reduce after o_proj / down_proj: TP = 1 only
-        if self.small_batch_gemv and self.self_attn.o_proj.tp_size == 1:
+        # the fused GEMV path has no all-reduce after o_proj / down_proj (TP = 1 only) and
+        # no LoRA term
+        attn = self.self_attn
+        if self.small_batch_gemv and attn.o_proj.tp_size == 1 and attn.qkv_proj.lora is None:
             # gate_up is the layer's largest projection, o_proj its smallest
             gemv = get_triton_gemv(
                 hidden_states, self.mlp.gate_up_proj.weight, self.self_attn.o_proj.weight
@@ -364,6 +366,12 @@ class LlamaForCausalLM(nn.Module):
         "up_proj": ("gate_up_proj", 1),
     }
     packed_shards = {"qkv_proj": {"q", "k", "v"}, "gate_up_proj": {0, 1}}
+    # PEFT module names a LoRA adapter may adapt (vllm/lora): the packed names above and
+    # the fused ones (a Phi-3 adapter names qkv_proj / gate_up_proj)
+    lora_target_modules = (
+        "q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj",
+        "gate_proj", "up_proj", "gate_up_proj", "down_proj",
+    )  # fmt: skip
     decoder_layer_cls: type[LlamaDecoderLayer] = LlamaDecoderLayer
     model_cls: type[LlamaModel] = LlamaModel
 

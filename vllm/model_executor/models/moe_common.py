@@ -41,6 +41,8 @@ class MoeWeightsMixin:
     (``mlp`` in Qwen3-MoE, ``block_sparse_moe`` in Mixtral); it is renamed to ``mlp``."""
 
     moe_block_name = "mlp"
+    # LoRA adapters (vllm/lora) adapt the attention only: the experts are not linear layers
+    lora_target_modules = ("q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj")
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Expert tensors go to ``w13_weight`` / ``w2_weight``; the rest as in Llama.
