@@ -175,3 +175,47 @@ def test_refused_adapters_leave_the_engine_serving(tiny_llama_dir, lora_adapters
     assert not llm.llm_engine.has_unfinished_requests()
     _check(_generate(llm, lora_adapters, [(2, "qv"), (0, None)]), [(2, "qv"), (0, None)], refs)
     _close(llm)
+
+
+# family fixture -> the PEFT target modules of its adapter (MoE: attention only)
+FAMILIES = {
+    "tiny_qwen3_dir": [
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    ],  # fmt: skip
+    "tiny_gemma3_dir": ["q_proj", "v_proj", "o_proj", "down_proj"],
+    "tiny_phi3_dir": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"],  # fused names
+    "tiny_mixtral_dir": ["q_proj", "k_proj", "v_proj", "o_proj"],
+}
+
+
+@pytest.mark.forked
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_families_equal_peft(family, request, tiny_models_dir):
+    """Every family's adapters (Phi-3's on its fused projections) equal PEFT's outputs,
+    batched with the base model."""
+    from tests.conftest import _built
+    from tests.lora.conftest import _save_adapter
+    from vllm.lora.request import LoRARequest
+
+    base = request.getfixturevalue(family)
+    path = _built(tiny_models_dir / f"lora_{family}",
+                  lambda p: _save_adapter(base, p, 8, 16, False, FAMILIES[family], 3))  # fmt: skip
+    prompt = PROMPTS[0]
+    ref_lora = peft_greedy(base, path, prompt, N)
+    ref_base = peft_greedy(base, None, prompt, N)
+    assert ref_lora[0] != ref_base[0]
+    llm = _llm(base, max_model_len=128)
+    from vllm import SamplingParams
+
+    sp = SamplingParams(max_tokens=N, temperature=0.0, logprobs=1, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": prompt}] * 2, sp, use_tqdm=False,
+                        lora_request=[LoRARequest("a", 1, path), None])  # fmt: skip
+    refs = {(0, "a"): ref_lora, (0, None): ref_base}
+    _check(outs, [(0, "a"), (0, None)], refs)
+    _close(llm)
