@@ -136,3 +136,35 @@ def test_engine_metrics_agree_with_scheduler_and_outputs(tiny_llama_dir):
     info = [k for k in s if k.startswith("vllm:cache_config_info")]
     assert blocks and info and f'num_gpu_blocks="{blocks}"' in info[0], info
     assert 'block_size="4"' in info[0] and 'enable_prefix_caching="False"' in info[0], info
+
+
+@pytest.mark.forked
+def test_generation_tokens_count_what_is_appended_under_speculation(tiny_llama_dir):
+    """The target as its own draft (every proposal accepted: 5 tokens per step with k = 4)
+    and max_tokens 7: the last step samples more tokens than the budget keeps, and
+    generation_tokens_total counts the kept ones (4 x 7), as the request histogram does."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.engine.async_llm_engine import AsyncLLMEngine
+
+    args = EngineArgs(model=tiny_llama_dir, device="cpu", max_model_len=128,
+                      speculative_model=tiny_llama_dir, num_speculative_tokens=4)  # fmt: skip
+    params = SamplingParams(temperature=0.0, max_tokens=7, ignore_eos=True)
+
+    async def main():
+        engine = AsyncLLMEngine(args, log_requests=False)
+        try:
+
+            async def one(i):
+                prompt = {"prompt_token_ids": [10 + i, 20 + i, 30 + i]}
+                return [o async for o in engine.generate(prompt, params, f"s{i}")][-1]
+
+            outs = await asyncio.gather(*(one(i) for i in range(4)))
+            return outs, engine.engine.spec_decode_metrics(), engine.metrics.render().decode()
+        finally:
+            await engine.shutdown()
+
+    outs, spec, text = asyncio.run(main())
+    assert [len(o.outputs[0].token_ids) for o in outs] == [7] * 4
+    assert spec["num_accepted_tokens"] == spec["num_draft_tokens"] > 0, spec
+    s = _series(text)
+    assert s["vllm:generation_tokens_total"] == 28 == s["vllm:request_generation_tokens_sum"]

@@ -51,6 +51,7 @@ class ScheduledStep:
     sched_out: object
     no_first_token: set[str] = field(default_factory=set)
     last_token_time: dict[str, float] = field(default_factory=dict)
+    output_lens: dict[str, int] = field(default_factory=dict)  # output tokens before it
 
 
 @dataclass
@@ -180,6 +181,7 @@ class EngineSteps:
         request, sched_out = self.engine.schedule_step(ve)
         s = ScheduledStep(request, sched_out)
         for g in sched_out.scheduled_seq_groups:
+            s.output_lens[g.request_id] = sum(seq.get_output_len() for seq in g.seqs)
             if g.metrics.first_token_time is None:
                 s.no_first_token.add(g.request_id)
             elif g.metrics.last_token_time is not None:
@@ -220,7 +222,7 @@ class EngineSteps:
         """A step's :class:`_StepTimes`, right after its samples were applied. Requests in
         ``gone`` add nothing: their samples were dropped. ``output.outputs`` (None: nothing
         ran) is aligned with the scheduled groups; a multi-token step, speculative or
-        multi-step, counts each token."""
+        multi-step, counts each token appended (not those sampled past a stop)."""
         times = _StepTimes()
         groups = sched.sched_out.scheduled_seq_groups
         outs = output.outputs if output is not None else [None] * len(groups)
@@ -228,8 +230,8 @@ class EngineSteps:
             rid, m = g.request_id, g.metrics
             if rid in gone:
                 continue
-            if out is not None:
-                times.generated += sum(len(s.token_ids) for s in out.samples)
+            if out is not None:  # tokens appended: a stop drops a multi-token step's rest
+                times.generated += sum(s.get_output_len() for s in g.seqs) - sched.output_lens[rid]
             if rid in sched.no_first_token and m.first_token_time is not None:
                 times.ttft.append(m.first_token_time - m.arrival_time)
             prev = sched.last_token_time.get(rid)
