@@ -629,6 +629,7 @@ class EngineConfig:
     speculative_config: Any = None
     decoding_config: DecodingConfig = field(default_factory=DecodingConfig)
     lora_config: Any = None  # vllm.lora.config.LoRAConfig with enable_lora
+    pooler_config: Any = None  # vllm.pooling.config.PoolerConfig with task embed
     # Test-only: several virtual engines without PP (docs/design.md guarantee 1 on one device).
     num_virtual_engines_override: int | None = None
 

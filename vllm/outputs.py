@@ -47,6 +47,52 @@ class RequestOutput:
     num_cached_tokens: int = field(default=0)
 
 
+@dataclass
+class PoolingOutput:
+    """A pooling request's result: ``data``, the pooled vector (a float32 CPU tensor)."""
+
+    data: object
+
+
+@dataclass
+class PoolingRequestOutput:
+    """The result of one pooling request (``LLM.encode``, ``AsyncLLMEngine.encode``):
+    upstream's shape, with ``outputs`` a :class:`PoolingOutput`."""
+
+    request_id: str
+    outputs: PoolingOutput
+    prompt_token_ids: list[int]
+    finished: bool
+    prompt: str | None = None
+    num_cached_tokens: int = 0
+
+
+@dataclass
+class EmbeddingOutput:
+    """An embedding as a list of floats (``LLM.embed``)."""
+
+    embedding: list[float]
+
+    @property
+    def hidden_size(self) -> int:
+        return len(self.embedding)
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """The result of one ``LLM.embed`` prompt (upstream's shape)."""
+
+    request_id: str
+    outputs: EmbeddingOutput
+    prompt_token_ids: list[int]
+    finished: bool
+
+    @classmethod
+    def from_base(cls, out: PoolingRequestOutput) -> EmbeddingRequestOutput:
+        return cls(out.request_id, EmbeddingOutput(out.outputs.data.tolist()),
+                   out.prompt_token_ids, out.finished)  # fmt: skip
+
+
 class DeltaOutputs:
     """Turns one request's cumulative RequestOutputs into deltas (``RequestOutputKind.DELTA``):
     each CompletionOutput keeps only the token ids, text and logprobs added since the last

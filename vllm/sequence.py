@@ -246,6 +246,9 @@ class SequenceGroup:
         self.sampling_params = sampling_params
         # The LoRA adapter it runs with (vllm.lora.request.LoRARequest), or None.
         self.lora_request = lora_request
+        # Embedding engines: the request's PoolingParams, and its vector once pooled.
+        self.pooling_params: Any = None
+        self.pooled: Any = None
         self.metrics = RequestMetrics(arrival_time=arrival_time or time.time())
         # Scheduling priority (lower first) under the "priority" policy.
         self.priority = priority
@@ -478,6 +481,7 @@ class CompletionSequenceGroupOutput:
 
     samples: list[SequenceOutput]
     prompt_logprobs: list[PositionLogprobs | None] | None = None
+    pooled: Any = None  # an embedding engine's vector of the group's prompt (vllm/pooling)
 
 
 @dataclass

@@ -108,8 +108,10 @@ def test_bad_inputs_leave_llm_usable(tiny_llama_dir):
         with pytest.raises(ValueError, match=match):
             llm.generate(PROMPT, SamplingParams(**kwargs))
     assert llm.generate([], greedy) == []  # as upstream: nothing to do
-    with pytest.raises(NotImplementedError, match="serves generative models only"):
+    with pytest.raises(ValueError, match="need an embedding engine: start it with task='embed'"):
         llm.embed("hi")
+    with pytest.raises(NotImplementedError, match="the pooling task served is embedding"):
+        llm.score("a", "b")
     # truncate_prompt_tokens keeps the last k tokens: the same as sending them alone.
     cut = SamplingParams(temperature=0.0, max_tokens=6, truncate_prompt_tokens=4)
     kept = llm.generate(PROMPT, cut, use_tqdm=False)[0]
@@ -158,8 +160,8 @@ def test_failed_step_leaves_llm_usable(tiny_llama_dir):
     [
         (dict(max_model_len="128"), r"max_model_len must be an int or None, got '128' \(str\)"),
         (dict(max_num_seqs=2.5), r"max_num_seqs must be an int, got 2.5"),
-        (dict(task="embed"), r"task='embed' is not supported: this engine serves generative"),
-        (dict(runner="pooling"), r"runner='pooling' is not supported"),
+        (dict(task="score"), r"task='score' is not supported; use one of"),
+        (dict(runner="draft"), r"runner='draft' is not supported"),
         (
             dict(enable_lora=True, tensor_parallel_size=3),
             r"enable_lora=True is not supported with tensor_parallel_size=3",

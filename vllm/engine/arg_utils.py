@@ -26,10 +26,12 @@ from vllm.config import (
     ParallelConfig,
     SchedulerConfig,
     SpeculativeConfig,
+    parse_json_object,
 )
-from vllm.engine.compat_args import check_compat_args, check_model_kind
+from vllm.engine.compat_args import check_compat_args
 from vllm.engine.speculative_args import resolve_speculative
 from vllm.lora.config import LoRAConfig
+from vllm.pooling.config import resolve_pooler
 
 
 def _f(default, help: str, group: str | None = None):
@@ -86,13 +88,19 @@ class EngineArgs:
         group="model",
     )
     task: str = _f(
-        "auto", "What the model does: auto or generate (the only one served here).",
+        "auto", "What the model does: auto (generate), generate, or embed (a pooling model).",
         group="model",
     )  # fmt: skip
     runner: str = _f(
-        "auto", "The model runner: auto or generate (pooling runners are not served here).",
+        "auto", "The model runner: auto, generate, or pooling (the same as --task embed).",
         group="model",
     )  # fmt: skip
+    override_pooler_config: str | dict | None = _f(
+        None,
+        'Pooler of --task embed as JSON: {"pooling_type": "LAST"|"MEAN"|"CLS", '
+        '"normalize": true|false} (default LAST, normalized).',
+        group="model",
+    )
     enable_lora: bool = _f(
         False, "Serve LoRA adapters (PEFT directories) beside the base model.", group="lora"
     )
@@ -420,7 +428,10 @@ class EngineArgs:
             self.revision,
             self.download_dir,
         )
-        check_model_kind(self.task, self.runner)
+        pooler_config = resolve_pooler(
+            self.task, self.runner, parse_json_object("override_pooler_config",
+                                                      self.override_pooler_config),
+        )  # fmt: skip
         device_config = DeviceConfig(self.device)
         parallel_config = ParallelConfig(
             pipeline_parallel_size=self.pipeline_parallel_size,
@@ -501,7 +512,9 @@ class EngineArgs:
             max_num_partial_prefills=self.max_num_partial_prefills,
             policy=self.scheduling_policy,
         )
+        _check_pooling(pooler_config, self, speculative_config, parallel_config, cache_config)
         return EngineConfig(
+            pooler_config=pooler_config,
             lora_config=self._lora_config(speculative_config, parallel_config),
             speculative_config=speculative_config,
             model_config=model_config,
@@ -532,6 +545,31 @@ class EngineArgs:
                 f"{parallel.tensor_parallel_size}; use tensor_parallel_size=1."
             )
         return LoRAConfig(self.max_loras, self.max_lora_rank, self.max_cpu_loras)
+
+
+def _check_pooling(pooler, args, spec, parallel: ParallelConfig, cache) -> None:
+    """Refuse what an embedding engine cannot run; turn prefix caching off for poolers
+    that read every prompt token (their hidden states must all be computed).
+
+    Raises:
+        ValueError: with speculative decoding, pipeline_parallel_size > 1, or chunked
+            prefill with a MEAN / CLS pooler.
+    """
+    if pooler is None:
+        return
+    if spec is not None:
+        raise ValueError("task='embed' cannot be combined with speculative decoding.")
+    if parallel.pipeline_parallel_size > 1:
+        raise ValueError(
+            f"task='embed' runs at pipeline_parallel_size=1, got {parallel.pipeline_parallel_size}."
+        )
+    if pooler.needs_whole_prompt:
+        if args.enable_chunked_prefill:
+            raise ValueError(
+                f"pooling_type={pooler.pooling_type!r} reads every prompt token and cannot be "
+                "combined with enable_chunked_prefill=True; use pooling_type 'LAST'."
+            )
+        cache.enable_prefix_caching = False
 
 
 def _async_output_proc(disabled: bool, device: str, parallel: ParallelConfig, spec) -> bool:

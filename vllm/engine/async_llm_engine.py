@@ -44,7 +44,8 @@ from vllm.engine.llm_engine import LLMEngine, PromptType, check_priority
 from vllm.engine.metrics import EngineMetrics
 from vllm.engine.request_metrics import FinishedRequest
 from vllm.lora.request import LoRARequest
-from vllm.outputs import DeltaOutputs, RequestOutput
+from vllm.outputs import DeltaOutputs, PoolingRequestOutput, RequestOutput
+from vllm.pooling_params import PoolingParams
 from vllm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -87,6 +88,8 @@ class AsyncLLMEngine:
         self.max_model_len = self.engine.scheduler_config.max_model_len
         # "fcfs" or "priority" (--scheduling-policy): whether requests may carry a priority.
         self.scheduling_policy = self.engine.scheduler_config.policy
+        # The pooler of an embedding engine (--task embed), None for generation.
+        self.pooler_config = self.engine.config.pooler_config
         # SamplingParams field -> default from generation_config.json, for requests that
         # leave the field out (vllm/transformers_utils/generation_config.py).
         self.default_sampling = dict(self.engine.generation_defaults.sampling)
@@ -212,6 +215,29 @@ class AsyncLLMEngine:
             self._streams.pop(request_id, None)
             if not finished:
                 self._request_abort(request_id)
+
+    def encode(
+        self,
+        prompt: PromptType,
+        pooling_params: PoolingParams,
+        request_id: str,
+        lora_request: LoRARequest | None = None,
+        priority: int = 0,
+    ) -> AsyncIterator[PoolingRequestOutput]:
+        """Queue a pooling request (an engine started with ``task="embed"``) and yield its
+        PoolingRequestOutput once pooled; as :meth:`generate` otherwise.
+
+        Raises:
+            ValueError: a generative engine, or ``dimensions`` the model cannot give (see
+                ``LLMEngine.pooling_sampling_params``); as :meth:`generate`.
+        """
+        self.check_pooling_params(pooling_params)  # its errors before queueing
+        return self.generate(prompt, pooling_params, request_id, lora_request, priority)
+
+    def check_pooling_params(self, params: PoolingParams) -> None:
+        """Raises ValueError when this engine cannot serve ``params`` (a generative engine,
+        or ``dimensions`` the model cannot give)."""
+        self.engine.pooling_sampling_params(params)
 
     async def prepare_grammar(self, params: SamplingParams) -> None:
         """Parse ``params.guided_decoding`` (on the engine thread, which owns the grammar

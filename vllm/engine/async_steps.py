@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from vllm.engine.llm_engine import LLMEngine
 from vllm.engine.metrics import StepStats
 from vllm.engine.request_metrics import FinishedRequest
-from vllm.outputs import RequestOutput
+from vllm.outputs import PoolingRequestOutput, RequestOutput
 
 logger = logging.getLogger(__name__)
 
@@ -291,7 +291,12 @@ class EngineSteps:
         for out in finished:
             group = groups.get(out.request_id)
             if group is not None:
-                reason = next((o.finish_reason for o in out.outputs if o.finish_reason), "abort")
+                if isinstance(out, PoolingRequestOutput):
+                    reason = "stop" if out.outputs.data is not None else "abort"
+                else:
+                    reason = next(
+                        (o.finish_reason for o in out.outputs if o.finish_reason), "abort"
+                    )
                 stats.finished.append(FinishedRequest.from_group(group, reason, now))
         try:
             stats.decode_steps = self.engine.decode_step_counters()

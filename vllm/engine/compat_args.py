@@ -17,8 +17,8 @@ what is supported otherwise, before any weight is read:
 - ``kv_cache_dtype``: ``auto`` (the model's dtype); fp8 caches are refused.
 - ``swap_space``: GiB of CPU swap per GPU in upstream V0, >= 0. Preempted sequences are
   recomputed here (as in upstream V1), so no swap space is allocated.
-- ``task`` / ``runner``: ``auto`` or ``generate``. Pooling models (embedding, scoring,
-  classification) are not served, so ``embed``, ``pooling`` and the like are refused.
+- ``task`` / ``runner``: see vllm/pooling/config.py (generation, or embeddings with
+  ``embed`` / ``pooling``; scoring and classification are refused).
 """
 
 from __future__ import annotations
@@ -67,22 +67,4 @@ def check_compat_args(
         if value is not None:
             logger.warning(
                 "%s=%r is ignored: the model is read from the local path %r.", name, value, model
-            )
-
-
-GENERATE_KINDS = ("auto", "generate")
-
-
-def check_model_kind(task: str, runner: str) -> None:
-    """Refuse what asks for a pooling model (see the module docstring).
-
-    Raises:
-        ValueError: naming the flag, its value and what this engine serves.
-    """
-    for name, value in (("task", task), ("runner", runner)):
-        if value not in GENERATE_KINDS:
-            raise ValueError(
-                f"{name}={value!r} is not supported: this engine serves generative models only "
-                f"(use one of {list(GENERATE_KINDS)}); pooling, embedding, scoring and "
-                "classification models are not supported."
             )

@@ -29,6 +29,7 @@ from vllm.lora.request import LoRARequest
 from vllm.model_executor.guided_decoding.manager import GuidedDecodingManager
 from vllm.model_executor.models import architectures_of, get_model_class
 from vllm.outputs import RequestOutput
+from vllm.pooling_params import PoolingParams
 from vllm.sampling_params import SamplingParams
 from vllm.sequence import (
     ExecuteModelRequest,
@@ -380,6 +381,11 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already running.")
         priority = check_priority(priority, self.scheduler_config.policy)
         self.adapters.check(lora_request)
+        pooling = None
+        if isinstance(params, PoolingParams):
+            pooling, params = params, self.pooling_sampling_params(params)
+        else:
+            self.check_generation(params)
         text, ids = self.process_prompt(prompt)
         self.verify_params(params)
         ids = self.truncate_prompt(ids, params)
@@ -416,6 +422,7 @@ class LLMEngine:
         group = SequenceGroup(
             request_id, seqs, params, arrival_time or time.time(), priority, lora_request
         )
+        group.pooling_params = pooling
         self._requests[request_id] = group
         if grammar is None:
             self._schedule_group(group)
@@ -424,6 +431,45 @@ class LLMEngine:
             self._schedule_group(group)
         else:
             self._grammar_wait.append((group, grammar))
+
+    def check_generation(self, params: object) -> None:
+        """Raises ValueError when an embedding engine (``task='embed'``) gets a generation
+        request."""
+        if self.config.pooler_config is not None:
+            raise ValueError(
+                "this engine serves embeddings (task='embed'): use LLM.embed / LLM.encode "
+                "(or /v1/embeddings), not generation."
+            )
+
+    def pooling_sampling_params(self, pooling: PoolingParams) -> SamplingParams:
+        """The SamplingParams a pooling request runs under: its prompt's prefill samples
+        one token that nobody reads (vllm/pooling).
+
+        Raises:
+            ValueError: a generative engine (no ``task='embed'``), or ``dimensions`` the
+                model cannot give (not a Matryoshka model, or above the hidden size).
+        """
+        if self.config.pooler_config is None:
+            raise ValueError(
+                "pooling requests (LLM.embed / LLM.encode, /v1/embeddings) need an "
+                "embedding engine: start it with task='embed' (--task embed)."
+            )
+        if pooling.dimensions is not None:
+            hf = self.model_config.hf_config
+            if not (
+                getattr(hf, "is_matryoshka", False) or getattr(hf, "matryoshka_dimensions", None)
+            ):
+                raise ValueError(
+                    f"dimensions={pooling.dimensions}: the model does not support Matryoshka "
+                    "representations (no is_matryoshka / matryoshka_dimensions in its config)."
+                )
+            if pooling.dimensions > hf.hidden_size:
+                raise ValueError(
+                    f"dimensions={pooling.dimensions} is above the model's hidden size "
+                    f"{hf.hidden_size}."
+                )
+        return SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, detokenize=False,
+                              truncate_prompt_tokens=pooling.truncate_prompt_tokens)  # fmt: skip
 
     def _schedule_group(self, group: SequenceGroup) -> None:
         ve = self.choose_virtual_engine(list(group.prompt_token_ids), group.seqs[0].block_hash_keys)
@@ -802,7 +848,15 @@ class LLMEngine:
 
     def _process_group_output(self, group: SequenceGroup, group_out) -> bool:
         """Append one step's samples of ``group`` (output_processor.append_samples); True
-        when its text is left to the step's report."""
+        when its text is left to the step's report. A pooled vector (embedding engines)
+        is kept, cut to the request's ``dimensions``."""
+        if group_out.pooled is not None and group.pooling_params is not None:
+            from vllm.pooling.pooler import cut_dimensions
+
+            group.pooled = cut_dimensions(
+                group_out.pooled, group.pooling_params.dimensions,
+                self.config.pooler_config.normalize,
+            )  # fmt: skip
         lps = group_out.prompt_logprobs
         if lps is not None:
             if group.sampling_params.detokenize:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from vllm.engine.detokenizer import decode_sequence_step, fill_decoded_tokens, finish_text
 from vllm.engine.stop_checker import check_stop, tokens_until_stop
-from vllm.outputs import CompletionOutput, RequestOutput
+from vllm.outputs import CompletionOutput, PoolingOutput, PoolingRequestOutput, RequestOutput
 from vllm.sequence import CompletionSequenceGroupOutput, SequenceGroup, SequenceStatus
 
 
@@ -116,10 +116,20 @@ def stop_holdback(params) -> int:
     return max(len(s) for s in params.stop) - 1
 
 
-def make_request_output(group: SequenceGroup) -> RequestOutput:
+def make_request_output(group: SequenceGroup) -> RequestOutput | PoolingRequestOutput:
     """Snapshot a group as a RequestOutput (texts, copies of the token ids and logprobs
     lists, finish reasons); ``finished`` when every sequence of the group is. A running
-    sequence's text omits its last :func:`stop_holdback` characters."""
+    sequence's text omits its last :func:`stop_holdback` characters. A pooling request
+    (embedding engines) gives a PoolingRequestOutput with its vector."""
+    if group.pooling_params is not None:
+        return PoolingRequestOutput(
+            request_id=group.request_id,
+            outputs=PoolingOutput(group.pooled),
+            prompt_token_ids=list(group.prompt_token_ids),
+            finished=group.is_finished(),
+            prompt=group.prompt,
+            num_cached_tokens=group.num_cached_tokens or 0,
+        )
     p = group.sampling_params
     hold = stop_holdback(p)
     outs = []

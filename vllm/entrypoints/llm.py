@@ -15,7 +15,8 @@ from vllm.engine.llm_engine import LLMEngine, PromptType, check_priority
 from vllm.entrypoints.chat_utils import check_chat_options, render_chat, template_messages
 from vllm.logger import configure_logging
 from vllm.lora.request import LoRARequest
-from vllm.outputs import RequestOutput
+from vllm.outputs import EmbeddingRequestOutput, PoolingRequestOutput, RequestOutput
+from vllm.pooling_params import PoolingParams
 from vllm.sampling_params import BeamSearchParams, SamplingParams
 
 
@@ -91,6 +92,46 @@ class LLM:
             Exception: whatever a failed engine step raised; this call's unfinished
                 requests are aborted first, so the LLM stays usable.
         """
+        if sampling_params is None:
+            sampling_params = self.get_default_sampling_params()
+        return self._run_requests(
+            prompts, sampling_params, use_tqdm, lora_request, priority, SamplingParams
+        )
+
+    def encode(
+        self,
+        prompts: PromptType | SeqABC[PromptType],
+        pooling_params: PoolingParams | SeqABC[PoolingParams] | None = None,
+        use_tqdm: bool = True,
+        lora_request: LoRARequest | SeqABC[LoRARequest | None] | None = None,
+        priority: list[int] | None = None,
+    ) -> list[PoolingRequestOutput]:
+        """Pool each prompt into one vector (an engine started with ``task="embed"``; see
+        vllm/pooling): ``outputs.data`` a float32 tensor [hidden] (or ``dimensions``).
+        Arguments and errors as for :meth:`generate`; a generative engine raises
+        ValueError."""
+        return self._run_requests(
+            prompts, pooling_params or PoolingParams(), use_tqdm, lora_request, priority,
+            PoolingParams,
+        )  # fmt: skip
+
+    def embed(
+        self,
+        prompts: PromptType | SeqABC[PromptType],
+        pooling_params: PoolingParams | SeqABC[PoolingParams] | None = None,
+        use_tqdm: bool = True,
+        lora_request: LoRARequest | SeqABC[LoRARequest | None] | None = None,
+        priority: list[int] | None = None,
+    ) -> list[EmbeddingRequestOutput]:
+        """:meth:`encode` with each vector as a list of floats (``outputs.embedding``), as
+        upstream's ``LLM.embed``."""
+        outs = self.encode(prompts, pooling_params, use_tqdm, lora_request, priority)
+        return [EmbeddingRequestOutput.from_base(o) for o in outs]
+
+    def _run_requests(self, prompts, params, use_tqdm, lora_request, priority, kind) -> list:
+        """Validate every request, queue them, run the engine until they finish (see
+        :meth:`generate`); ``params`` of type ``kind`` (SamplingParams or PoolingParams),
+        one for all prompts or one per prompt."""
         prompts = _prompt_list(prompts)
         if not prompts:
             return []
@@ -104,39 +145,36 @@ class LLM:
                 f"{priority!r}."
             )
         priority = [check_priority(p, policy) for p in priority]
-        if sampling_params is None:
-            sampling_params = self.get_default_sampling_params()
-        params = (
-            [sampling_params] * len(prompts)
-            if isinstance(sampling_params, SamplingParams)
-            else list(sampling_params)
-        )
+        what = "pooling" if kind is PoolingParams else "sampling"
+        params = [params] * len(prompts) if isinstance(params, kind) else list(params)
         if len(params) != len(prompts):
             raise ValueError(
-                f"got {len(params)} sampling params for {len(prompts)} prompts; they must match."
+                f"got {len(params)} {what} params for {len(prompts)} prompts; they must match."
             )
+        engine = self.llm_engine
         processed = []  # tokenized once: add_request takes the ids with their text
         for p, sp in zip(prompts, params):  # validate everything before queueing anything
-            if not isinstance(sp, SamplingParams):
-                raise ValueError(
-                    f"sampling_params must be SamplingParams, got {type(sp).__name__}."
-                )
-            text, ids = self.llm_engine.process_prompt(p)
-            self.llm_engine.verify_params(sp)
-            kept = self.llm_engine.truncate_prompt(ids, sp)
-            self.llm_engine.check_schedulable(len(kept), sp.n, sp.prompt_logprobs is None)
+            if not isinstance(sp, kind):
+                raise ValueError(f"{what}_params must be {kind.__name__}, got {type(sp).__name__}.")
+            if kind is PoolingParams:
+                sp = engine.pooling_sampling_params(sp)
+            else:
+                engine.check_generation(sp)
+            text, ids = engine.process_prompt(p)
+            engine.verify_params(sp)
+            kept = engine.truncate_prompt(ids, sp)
+            engine.check_schedulable(len(kept), sp.n, sp.prompt_logprobs is None)
             processed.append({"prompt": text, "prompt_token_ids": ids})
         for lora in loras:
-            self.llm_engine.adapters.check(lora)
-        prompts = processed
+            engine.adapters.check(lora)
         ids = []
         try:
-            for prompt, sp, prio, lora in zip(prompts, params, priority, loras):
+            for prompt, sp, prio, lora in zip(processed, params, priority, loras):
                 rid = str(next(self._counter))
-                self.llm_engine.add_request(rid, prompt, sp, priority=prio, lora_request=lora)
+                engine.add_request(rid, prompt, sp, priority=prio, lora_request=lora)
                 ids.append(rid)
         except Exception:
-            self.llm_engine.abort_request(ids)
+            engine.abort_request(ids)
             raise
         return self._run_engine(ids, use_tqdm)
 
@@ -236,18 +274,18 @@ class LLM:
             bar.close()
         return search.outputs(self.get_tokenizer())
 
-    def encode(self, *args: Any, **kwargs: Any):
-        """Pooling (upstream's ``encode``, ``embed``, ``score``, ``classify``): not served.
+    def score(self, *args: Any, **kwargs: Any):
+        """Upstream's ``score`` and ``classify`` (cross-encoders, classifiers): not served.
 
         Raises:
-            NotImplementedError: always; this engine runs generative models only.
+            NotImplementedError: always; embeddings are the one pooling task here.
         """
         raise NotImplementedError(
-            "LLM.encode/embed/score/classify are not supported: this engine serves generative "
-            "models only (no pooling, embedding, scoring or classification)."
+            "LLM.score/classify are not supported: the pooling task served is embedding "
+            "(task='embed', LLM.embed / LLM.encode)."
         )
 
-    embed = score = classify = encode
+    classify = score
 
     def start_profile(self) -> None:
         """Start the torch profiler of every worker (``VLLM_TORCH_PROFILER_DIR`` must name
@@ -275,7 +313,8 @@ class LLM:
                 for out in engine.step():
                     if out.finished and out.request_id not in done:
                         done[out.request_id] = out
-                        out_tokens += sum(len(o.token_ids) for o in out.outputs)
+                        if isinstance(out, RequestOutput):
+                            out_tokens += sum(len(o.token_ids) for o in out.outputs)
                         bar.update(1)
                         if bar.format_dict.get("elapsed"):
                             rate = out_tokens / max(bar.format_dict["elapsed"], 1e-9)

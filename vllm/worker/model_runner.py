@@ -247,7 +247,19 @@ class ModelRunner:
         logits = self.compute_logits(batch, hidden)
         if logits is None:  # a TP rank other than 0: the logits were gathered on rank 0
             return None
-        return self.sampler(logits, sm)
+        return self.attach_pooled(self.sampler(logits, sm), hidden, batch)
+
+    def attach_pooled(self, out: SamplerOutput, hidden: torch.Tensor, batch: ForwardBatch):
+        """With ``--task embed``: each group's pooled vector (vllm/pooling/pooler.py) into
+        its output's ``pooled``; ``out`` unchanged otherwise."""
+        pooler = self.config.pooler_config
+        if pooler is None or out is None:
+            return out
+        from vllm.pooling.pooler import pool
+
+        for group_out, vec in zip(out.outputs, pool(pooler, hidden, batch)):
+            group_out.pooled = vec
+        return out
 
     def compute_logits(self, batch: ForwardBatch, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits [num_rows, vocab] of the rows ``batch.sampling_metadata`` selects

@@ -270,7 +270,8 @@ class Worker:
         self.times.passes += 1
         with self.times.phase("sample"):
             logits = runner.compute_logits(batch, hidden)
-            return runner.sampler(logits, batch.sampling_metadata, request.async_callback)
+            out = runner.sampler(logits, batch.sampling_metadata, request.async_callback)
+            return runner.attach_pooled(out, hidden, batch)
 
     def _execute_pipeline_stage(self, batch, kv_caches) -> SamplerOutput | None:
         """One step of a stage of a pipeline with tensor parallelism (``tp_size > 1``;

@@ -28,6 +28,7 @@ class _Engine:
 
     max_model_len = 512
     scheduling_policy = "fcfs"
+    pooler_config = None
 
     def __init__(self, tokenizer, pieces, default_sampling=None):
         self.tokenizer, self.pieces = tokenizer, pieces
@@ -42,7 +43,7 @@ class _Engine:
     async def prepare_grammar(self, params):
         pass
 
-    async def generate(self, prompt, params, rid, priority=0):
+    async def generate(self, prompt, params, rid, lora_request=None, priority=0):
         for k in range(1, len(self.pieces) + 1):
             done = k == len(self.pieces)
             out = CompletionOutput(

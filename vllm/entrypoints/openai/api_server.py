@@ -64,6 +64,7 @@ from vllm.entrypoints.openai.request_guards import (
 from vllm.entrypoints.openai.server_lifecycle import ABORT_GRACE_S, graceful_server_class
 from vllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from vllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from vllm.entrypoints.openai.serving_embedding import EmbeddingRequest, OpenAIServingEmbedding
 from vllm.entrypoints.openai.serving_tokenization import (
     DetokenizeRequest,
     OpenAIServingTokenization,
@@ -141,6 +142,7 @@ def build_app(
         loras=loras,
     )
     completion = OpenAIServingCompletion(engine, served_model_names, tokenize_pool, **as_ids)
+    embedding = OpenAIServingEmbedding(engine, served_model_names, tokenize_pool, **as_ids)
     chat = OpenAIServingChat(
         engine,
         served_model_names,
@@ -268,6 +270,16 @@ def build_app(
     async def completions(body: CompletionRequest, raw: Request):
         try:
             return await answer(await completion.create_completion(body, raw))
+        except Exception as e:
+            return to_api_error(e).response()
+
+    @app.post("/v1/embeddings")
+    async def embeddings(body: EmbeddingRequest, raw: Request):
+        try:
+            result = await embedding.create_embedding(body, raw)
+            if result is None:  # the client went away; its requests were aborted
+                return Response(status_code=499)
+            return JSONResponse(result.model_dump())
         except Exception as e:
             return to_api_error(e).response()
 

@@ -147,6 +147,7 @@ class OpenAIServingChat(OpenAIServing):
             APIError: 400 / 404 with the OpenAI error body.
         """
         self.check_model(req.model)
+        self.check_generative("Chat Completions")
         max_tokens = req.max_completion_tokens
         if max_tokens is None:
             max_tokens = req.max_tokens

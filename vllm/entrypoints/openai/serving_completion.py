@@ -130,6 +130,7 @@ class OpenAIServingCompletion(OpenAIServing):
             APIError: 400 / 404 with the OpenAI error body.
         """
         self.check_model(req.model)
+        self.check_generative("Completions")
         self.check_max_tokens(req.max_tokens, bool(req.echo))
         self._check_unsupported(req)
         prompts = await self._prompts(req, self._kept_tokens(req))

@@ -148,6 +148,17 @@ class OpenAIServing:
         model = getattr(req, "model", None)
         return model if model in self.served_model_names or model in self.loras else self.model_name
 
+    def check_generative(self, api: str) -> None:
+        """Raises APIError 400 on an embedding engine (``--task embed``), which serves
+        /v1/embeddings only; ``api`` names the refused one."""
+        if self.engine.pooler_config is not None:
+            raise APIError(
+                f"The model does not support the {api} API: it is served for embeddings "
+                "(--task embed); use /v1/embeddings.",
+                400,
+                "model",
+            )
+
     def lora_for(self, req) -> LoRARequest | None:
         """The LoRA adapter the request's ``model`` names, or None (the base model)."""
         return self.loras.get(getattr(req, "model", None))

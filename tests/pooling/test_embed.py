@@ -1,0 +1,164 @@
+"""Embedding engines (``task="embed"``) on CPU float32: ``LLM.embed`` / ``LLM.encode``
+equal the pooled hidden states of transformers on the same weights (the model's final
+hidden states after its last norm: ``model.model(ids).last_hidden_state``), for LAST, MEAN
+and CLS pooling, normalized or not, batched, chunked, prefix-cached and with ``dimensions``
+on a Matryoshka config; what an embedding engine cannot do is refused before queueing."""
+
+import gc
+import json
+import shutil
+
+import pytest
+import torch
+
+PROMPTS = [[1, 5, 9, 22, 40, 7, 3, 100, 12, 14, 77, 31, 64, 65, 66, 67, 68], [1, 300, 41, 17],
+           [1, 8], [1, 64, 65, 66, 67, 68, 69, 70, 71, 90]]  # fmt: skip
+
+
+def _reference(model_dir, prompts, pooling="LAST", normalize=True):
+    """transformers' pooled final hidden states [hidden] float32 per prompt."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    out = []
+    with torch.no_grad():
+        for ids in prompts:
+            h = model.model(torch.tensor([ids])).last_hidden_state[0]  # [len, hidden]
+            vec = {"LAST": h[-1], "MEAN": h.mean(dim=0), "CLS": h[0]}[pooling]
+            out.append(torch.nn.functional.normalize(vec, dim=0) if normalize else vec)
+    return out
+
+
+def _llm(model, **kw):
+    from vllm import LLM
+
+    return LLM(model=model, device="cpu", dtype="float32", task="embed", **kw)
+
+
+def _close(llm):
+    llm.llm_engine.shutdown()
+    del llm
+    gc.collect()
+
+
+def _check(got, ref, what, atol=1e-5):
+    assert len(got) == len(ref)
+    for i, (g, r) in enumerate(zip(got, ref)):
+        g = torch.as_tensor(g, dtype=torch.float32)
+        assert g.shape == r.shape, f"{what} {i}: {g.shape} vs {r.shape}"
+        assert torch.allclose(g, r, atol=atol, rtol=0), f"{what} {i}: {(g - r).abs().max()}"
+
+
+@pytest.mark.forked
+@pytest.mark.parametrize("family", ["tiny_llama_dir", "tiny_qwen3_dir"])
+def test_last_token_embeddings_equal_transformers(family, request):
+    model = request.getfixturevalue(family)
+    ref = _reference(model, PROMPTS)
+    llm = _llm(model, max_model_len=128)
+    outs = llm.embed([{"prompt_token_ids": p} for p in PROMPTS], use_tqdm=False)
+    _check([o.outputs.embedding for o in outs], ref, family)
+    assert [o.prompt_token_ids for o in outs] == PROMPTS
+    assert all(abs(float(torch.tensor(o.outputs.embedding).norm()) - 1) < 1e-5 for o in outs)
+    encoded = llm.encode({"prompt_token_ids": PROMPTS[0]}, use_tqdm=False)[0]
+    assert encoded.outputs.data.dtype == torch.float32
+    _check([encoded.outputs.data], ref[:1], "encode")
+    _close(llm)
+
+
+@pytest.mark.forked
+@pytest.mark.parametrize("pooling,normalize", [("MEAN", True), ("CLS", False), ("LAST", False)])
+def test_pooler_config_overrides(tiny_llama_dir, pooling, normalize):
+    ref = _reference(tiny_llama_dir, PROMPTS, pooling, normalize)
+    override = json.dumps({"pooling_type": pooling, "normalize": normalize})
+    llm = _llm(tiny_llama_dir, max_model_len=128, override_pooler_config=override)
+    # MEAN / CLS read every prompt token: prefix caching is turned off for them
+    assert llm.llm_engine.config.cache_config.enable_prefix_caching is (pooling == "LAST")
+    outs = llm.embed([{"prompt_token_ids": p} for p in PROMPTS], use_tqdm=False)
+    _check([o.outputs.embedding for o in outs], ref, f"{pooling}-{normalize}")
+    _close(llm)
+
+
+@pytest.mark.forked
+def test_chunked_and_prefix_cached_prompts(tiny_llama_dir):
+    """LAST pooling needs the last chunk only, and a prompt whose prefix is cached still
+    computes its last token: both equal the plain run."""
+    ref = _reference(tiny_llama_dir, PROMPTS)
+    llm = _llm(tiny_llama_dir, max_model_len=128, enable_chunked_prefill=True,
+               max_num_batched_tokens=6, max_num_seqs=4, block_size=4)  # fmt: skip
+    outs = llm.embed([{"prompt_token_ids": p} for p in PROMPTS], use_tqdm=False)
+    _check([o.outputs.embedding for o in outs], ref, "chunked")
+    again = llm.encode({"prompt_token_ids": PROMPTS[0]}, use_tqdm=False)[0]
+    assert again.num_cached_tokens == 16  # 4 full blocks of the 17 tokens
+    _check([again.outputs.data], ref[:1], "cached")
+    _close(llm)
+
+
+@pytest.mark.forked
+def test_matryoshka_dimensions(tiny_llama_dir, tmp_path):
+    from vllm import PoolingParams
+
+    model = tmp_path / "m"
+    shutil.copytree(tiny_llama_dir, model)
+    cfg = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**cfg, "is_matryoshka": True}))
+    (ref,) = _reference(str(model), PROMPTS[:1], normalize=False)
+    llm = _llm(str(model), max_model_len=128)
+    (out,) = llm.embed({"prompt_token_ids": PROMPTS[0]}, PoolingParams(dimensions=16),
+                       use_tqdm=False)  # fmt: skip
+    _check([out.outputs.embedding], [torch.nn.functional.normalize(ref[:16], dim=0)], "dim16")
+    with pytest.raises(ValueError, match="dimensions=65 is above the model's hidden size 64"):
+        llm.embed(PROMPTS[0], PoolingParams(dimensions=65))
+    _close(llm)
+
+
+@pytest.mark.forked
+def test_what_embedding_engines_refuse(tiny_llama_dir):
+    from vllm import LLM, PoolingParams
+
+    llm = _llm(tiny_llama_dir, max_model_len=128)
+    with pytest.raises(ValueError, match=r"serves embeddings \(task='embed'\): use LLM.embed"):
+        llm.generate(PROMPTS[0])
+    with pytest.raises(ValueError, match="does not support Matryoshka representations"):
+        llm.embed(PROMPTS[0], PoolingParams(dimensions=8))
+    with pytest.raises(ValueError, match=r"longer than max_model_len=128"):
+        llm.embed(list(range(1, 200)))
+    assert not llm.llm_engine.has_unfinished_requests()
+    assert len(llm.embed(PROMPTS[1], use_tqdm=False)[0].outputs.embedding) == 64
+    _close(llm)
+    gen = LLM(model=tiny_llama_dir, device="cpu", max_model_len=128)
+    with pytest.raises(ValueError, match="need an embedding engine: start it with task='embed'"):
+        gen.embed(PROMPTS[0])
+    _close(gen)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(task="classify"), r"task='classify' is not supported"),
+        (dict(task="generate", runner="pooling"), r"contradict each other"),
+        (dict(task="embed", pipeline_parallel_size=2), r"runs at pipeline_parallel_size=1"),
+        (
+            dict(
+                task="embed",
+                override_pooler_config='{"pooling_type": "MEAN"}',
+                enable_chunked_prefill=True,
+            ),
+            r"cannot be combined with enable_chunked_prefill",
+        ),
+        (
+            dict(task="embed", override_pooler_config='{"pooling_type": "MAX"}'),
+            r"pooling_type='MAX' is not supported",
+        ),
+        (
+            dict(override_pooler_config='{"pooling_type": "MEAN"}'),
+            r"override_pooler_config needs task='embed'",
+        ),
+        (dict(task="embed", override_pooler_config='{"softmax": true}'), r"unknown keys"),
+    ],
+    ids=["classify", "contradiction", "pp", "mean_chunked", "max", "no_task", "unknown_key"],
+)
+def test_bad_pooling_flags(tiny_llama_dir, kwargs, match):
+    from vllm.engine.arg_utils import EngineArgs
+
+    with pytest.raises(ValueError, match=match):
+        EngineArgs(model=tiny_llama_dir, device="cpu", **kwargs).create_engine_config()

@@ -1,0 +1,88 @@
+"""`vllm serve --task embed`: /v1/embeddings equals LLM.embed on the same weights (float
+lists and base64 float32), with OpenAI's response shape and usage; the generation APIs
+answer 400 on it, and /v1/embeddings answers 400 on a generative server."""
+
+import base64
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.utils import RemoteOpenAIServer
+
+INPUTS = [[1, 5, 9, 22, 40, 7, 3, 100], [1, 300, 41, 17]]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama_dir):
+    srv = RemoteOpenAIServer(tiny_llama_dir, ["--device", "cpu", "--dtype", "float32",
+                                              "--max-model-len", "128", "--task", "embed",
+                                              "--served-model-name", "emb"])  # fmt: skip
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def _post(server, path, body):
+    return httpx.post(server.url_for("v1", path), json=body, timeout=120)
+
+
+def _reference(model_dir):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return [
+            torch.nn.functional.normalize(
+                model.model(torch.tensor([ids])).last_hidden_state[0, -1], dim=0
+            ).numpy()
+            for ids in INPUTS
+        ]
+
+
+def test_embeddings_equal_transformers(server, tiny_llama_dir):
+    ref = _reference(tiny_llama_dir)
+    r = _post(server, "embeddings", {"model": "emb", "input": INPUTS})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "list" and body["model"] == "emb" and body["id"].startswith("embd-")
+    assert body["usage"] == {"prompt_tokens": 12, "total_tokens": 12, "completion_tokens": None,
+                             "prompt_tokens_details": None}  # fmt: skip
+    assert [d["index"] for d in body["data"]] == [0, 1]
+    for d, want in zip(body["data"], ref):
+        assert d["object"] == "embedding"
+        np.testing.assert_allclose(np.array(d["embedding"]), want, atol=1e-5)
+    b64 = _post(server, "embeddings", {"input": INPUTS[1], "encoding_format": "base64"}).json()
+    vec = np.frombuffer(base64.b64decode(b64["data"][0]["embedding"]), dtype="<f4")
+    np.testing.assert_allclose(vec, ref[1], atol=1e-5)
+    text = _post(server, "embeddings", {"input": "Hello world"})
+    assert text.status_code == 200 and len(text.json()["data"][0]["embedding"]) == 64
+
+
+def test_embedding_server_refusals(server):
+    for path, body, param in [
+        ("completions", {"prompt": "hi"}, "model"),
+        ("chat/completions", {"messages": [{"role": "user", "content": "hi"}]}, "model"),
+        ("embeddings", {"input": []}, "input"),
+        ("embeddings", {"input": list(range(1, 200))}, "input"),
+        ("embeddings", {"input": "x", "dimensions": 8}, "dimensions"),
+    ]:
+        r = _post(server, path, body)
+        assert r.status_code == 400, (path, r.text)
+        assert r.json()["error"]["param"] == param, (path, r.json())
+    assert (
+        "maximum context length is 128"
+        in _post(server, "embeddings", {"input": list(range(1, 200))}).json()["error"]["message"]
+    )
+
+
+def test_generative_server_refuses_embeddings(tiny_llama_dir):
+    srv = RemoteOpenAIServer(tiny_llama_dir, ["--device", "cpu", "--max-model-len", "128"])
+    try:
+        r = _post(srv, "embeddings", {"input": "hi"})
+        assert r.status_code == 400
+        assert "does not support the Embeddings API" in r.json()["error"]["message"]
+    finally:
+        srv.stop()

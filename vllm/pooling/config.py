@@ -1,0 +1,81 @@
+"""PoolerConfig: how a prompt's hidden states become its embedding.
+
+A generative model served with ``--task embed`` (or ``--runner pooling``) returns, per
+prompt, a vector pooled from its final hidden states (after the model's last norm), as
+upstream serves decoder-only embedding models (Qwen3-Embedding, gte-Qwen2, e5-mistral):
+``LAST`` token (the default), ``MEAN`` over the prompt or the first (``CLS``) token, L2
+normalized unless ``normalize`` is false. ``--override-pooler-config '{"pooling_type":
+"MEAN", "normalize": false}'`` changes them (upstream V0's flag).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+POOLING_TYPES = ("LAST", "MEAN", "CLS")
+TASKS = ("auto", "generate", "embed")
+RUNNERS = ("auto", "generate", "pooling")
+
+
+@dataclass
+class PoolerConfig:
+    """The pooler of an embedding engine.
+
+    Args:
+        pooling_type: ``LAST``, ``MEAN`` or ``CLS`` (see the module doc).
+        normalize: L2-normalize each vector (default True).
+
+    Raises:
+        ValueError: an unknown pooling type.
+    """
+
+    pooling_type: str = "LAST"
+    normalize: bool = True
+
+    def __post_init__(self) -> None:
+        self.pooling_type = str(self.pooling_type).upper()
+        if self.pooling_type not in POOLING_TYPES:
+            raise ValueError(
+                f"pooling_type={self.pooling_type!r} is not supported; use one of "
+                f"{list(POOLING_TYPES)}."
+            )
+        if not isinstance(self.normalize, bool):
+            raise ValueError(f"normalize must be true or false, got {self.normalize!r}.")
+
+    @property
+    def needs_whole_prompt(self) -> bool:
+        """MEAN and CLS read hidden states of every (or the first) prompt token, so no
+        token may come from the prefix cache or an earlier chunk."""
+        return self.pooling_type != "LAST"
+
+
+def resolve_pooler(task: str, runner: str, overrides: dict | None) -> PoolerConfig | None:
+    """The PoolerConfig the flags ask for, None for a generative engine.
+
+    Raises:
+        ValueError: an unknown task or runner (pooling tasks other than embed: classify,
+            score, reward are not served), a generate task with the pooling runner, or
+            override keys other than ``pooling_type`` / ``normalize``.
+    """
+    for name, value, allowed in (("task", task, TASKS), ("runner", runner, RUNNERS)):
+        if value not in allowed:
+            raise ValueError(
+                f"{name}={value!r} is not supported; use one of {list(allowed)} (embedding "
+                "is the only pooling task served; classification, scoring and reward "
+                "models are not)."
+            )
+    embed = task == "embed" or runner == "pooling"
+    if embed and (task == "generate" or runner == "generate"):
+        raise ValueError(f"task={task!r} and runner={runner!r} contradict each other.")
+    if not embed:
+        if overrides:
+            raise ValueError("override_pooler_config needs task='embed' (--task embed).")
+        return None
+    overrides = dict(overrides or {})
+    unknown = set(overrides) - {"pooling_type", "normalize"}
+    if unknown:
+        raise ValueError(
+            f"override_pooler_config has unknown keys {sorted(unknown)}; supported: "
+            "pooling_type, normalize."
+        )
+    return PoolerConfig(**overrides)
