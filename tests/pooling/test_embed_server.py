@@ -17,7 +17,9 @@ INPUTS = [[1, 5, 9, 22, 40, 7, 3, 100], [1, 300, 41, 17]]
 def server(tiny_llama_dir):
     srv = RemoteOpenAIServer(tiny_llama_dir, ["--device", "cpu", "--dtype", "float32",
                                               "--max-model-len", "128", "--task", "embed",
-                                              "--served-model-name", "emb"])  # fmt: skip
+                                              "--served-model-name", "emb",
+                                              "--enable-request-id-headers",
+                                              "--disable-fastapi-docs"])  # fmt: skip
     try:
         yield srv
     finally:
@@ -46,6 +48,8 @@ def test_embeddings_equal_transformers(server, tiny_llama_dir):
     ref = _reference(tiny_llama_dir)
     r = _post(server, "embeddings", {"model": "emb", "input": INPUTS})
     assert r.status_code == 200, r.text
+    assert len(r.headers["x-request-id"]) == 32  # --enable-request-id-headers
+    assert httpx.get(server.url_for("docs"), timeout=30).status_code == 404  # no docs
     body = r.json()
     assert body["object"] == "list" and body["model"] == "emb" and body["id"].startswith("embd-")
     assert body["usage"] == {"prompt_tokens": 12, "total_tokens": 12, "completion_tokens": None,

@@ -28,7 +28,7 @@ from vllm.config import (
     SpeculativeConfig,
     parse_json_object,
 )
-from vllm.engine.compat_args import check_compat_args
+from vllm.engine.compat_args import check_compat_args, check_upstream_switches
 from vllm.engine.speculative_args import resolve_speculative
 from vllm.lora.config import LoRAConfig
 from vllm.pooling.config import resolve_pooler
@@ -82,6 +82,31 @@ class EngineArgs:
     download_dir: str | None = _f(
         None, "Accepted for upstream scripts; ignored (models are local paths).", group="model"
     )
+    tokenizer_revision: str | None = _f(
+        None, "Accepted for upstream scripts; ignored (tokenizers are local paths).",
+        group="model",
+    )  # fmt: skip
+    disable_sliding_window: bool = _f(
+        False, "Upstream's switch to cap the context at the sliding window instead; only "
+        "off (models with a window attend within it).", group="model",
+    )  # fmt: skip
+    cpu_offload_gb: float = _f(
+        0.0, "GiB of weights kept in CPU memory (upstream); only 0.", group="cache"
+    )
+    preemption_mode: str | None = _f(
+        None, "How preempted requests resume: recompute (the only mode; None means it too).",
+        group="scheduler",
+    )  # fmt: skip
+    disable_custom_all_reduce: bool = _f(
+        False, "Accepted for upstream scripts; tensor parallelism always uses "
+        "torch.distributed's all-reduce (NCCL on CUDA), so it changes nothing.",
+        group="parallel",
+    )  # fmt: skip
+    compilation_config: str | dict | None = _f(
+        None, "Upstream's torch.compile settings (JSON or a level); accepted and ignored: "
+        "this engine does not compile the model (CUDA graphs: --enforce-eager, "
+        "--cuda-graph-sizes, --max-cudagraph-capture-size).", group="compilation",
+    )  # fmt: skip
     quantization: str | None = _f(
         None,
         "None (the checkpoint's weights as stored) or gguf (a .gguf file; implied by one).",
@@ -428,6 +453,10 @@ class EngineArgs:
             self.revision,
             self.download_dir,
         )
+        check_upstream_switches(
+            self.model, self.tokenizer_revision, self.disable_sliding_window, self.cpu_offload_gb,
+            self.preemption_mode, self.disable_custom_all_reduce, self.compilation_config,
+        )  # fmt: skip
         pooler_config = resolve_pooler(
             self.task, self.runner, parse_json_object("override_pooler_config",
                                                       self.override_pooler_config),

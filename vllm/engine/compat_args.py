@@ -17,6 +17,10 @@ what is supported otherwise, before any weight is read:
 - ``kv_cache_dtype``: ``auto`` (the model's dtype); fp8 caches are refused.
 - ``swap_space``: GiB of CPU swap per GPU in upstream V0, >= 0. Preempted sequences are
   recomputed here (as in upstream V1), so no swap space is allocated.
+- ``tokenizer_revision``, ``disable_custom_all_reduce``, ``compilation_config``: logged as
+  ignored when set (local tokenizers; torch.distributed's all-reduce; no torch.compile).
+- ``disable_sliding_window`` (only False), ``cpu_offload_gb`` (only 0), ``preemption_mode``
+  (None or ``recompute``).
 - ``task`` / ``runner``: see vllm/pooling/config.py (generation, or embeddings with
   ``embed`` / ``pooling``; scoring and classification are refused).
 """
@@ -68,3 +72,39 @@ def check_compat_args(
             logger.warning(
                 "%s=%r is ignored: the model is read from the local path %r.", name, value, model
             )
+
+
+def check_upstream_switches(
+    model: str,
+    tokenizer_revision: str | None,
+    disable_sliding_window: bool,
+    cpu_offload_gb: float,
+    preemption_mode: str | None,
+    disable_custom_all_reduce: bool,
+    compilation_config: object,
+) -> None:
+    """Validate the upstream switches of the module docstring's second list.
+
+    Raises:
+        ValueError: a value other than the one supported, naming the flag.
+    """
+    if disable_sliding_window:
+        raise ValueError(
+            "disable_sliding_window=True is not supported: models with a sliding window "
+            "attend within it (Mistral's and Phi-3's cap max_model_len at the window)."
+        )
+    if cpu_offload_gb != 0:
+        raise ValueError(f"cpu_offload_gb={cpu_offload_gb} is not supported; only 0.")
+    if preemption_mode not in (None, "recompute"):
+        raise ValueError(
+            f"preemption_mode={preemption_mode!r} is not supported; preempted requests are "
+            "recomputed ('recompute', no swap space)."
+        )
+    for name, value, why in (
+        ("tokenizer_revision", tokenizer_revision, f"the tokenizer is read from {model!r}"),
+        ("disable_custom_all_reduce", disable_custom_all_reduce,
+         "tensor parallelism always uses torch.distributed's all-reduce"),
+        ("compilation_config", compilation_config, "the model is not compiled"),
+    ):  # fmt: skip
+        if value:
+            logger.warning("%s=%r is ignored: %s.", name, value, why)

@@ -185,6 +185,35 @@ class LLMEngine:
         config = engine_args.create_engine_config()
         return cls(config, get_executor_class(config), not engine_args.disable_log_stats)
 
+    # upstream V0's accessors, for scripts that read the configs through the engine
+    def get_model_config(self):
+        return self.model_config
+
+    def get_parallel_config(self):
+        return self.config.parallel_config
+
+    def get_scheduler_config(self):
+        return self.scheduler_config
+
+    def get_decoding_config(self):
+        return self.config.decoding_config
+
+    def get_lora_config(self):
+        return self.config.lora_config
+
+    @property
+    def cache_config(self):
+        return self.config.cache_config
+
+    @property
+    def parallel_config(self):
+        return self.config.parallel_config
+
+    @property
+    def vllm_config(self):
+        """Upstream's name of the engine's whole config (:class:`EngineConfig`)."""
+        return self.config
+
     def get_tokenizer(self):
         if self.tokenizer is None:
             raise ValueError("the tokenizer was not initialized (skip_tokenizer_init=True).")

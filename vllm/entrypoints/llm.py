@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Sequence as SeqABC
 from typing import Any
 
@@ -18,6 +19,8 @@ from vllm.lora.request import LoRARequest
 from vllm.outputs import EmbeddingRequestOutput, PoolingRequestOutput, RequestOutput
 from vllm.pooling_params import PoolingParams
 from vllm.sampling_params import BeamSearchParams, SamplingParams
+
+logger = logging.getLogger(__name__)
 
 
 class LLM:
@@ -64,11 +67,13 @@ class LLM:
 
     def generate(
         self,
-        prompts: PromptType | SeqABC[PromptType],
+        prompts: PromptType | SeqABC[PromptType] | None = None,
         sampling_params: SamplingParams | SeqABC[SamplingParams] | None = None,
         use_tqdm: bool = True,
         lora_request: LoRARequest | SeqABC[LoRARequest | None] | None = None,
         priority: list[int] | None = None,
+        *,
+        prompt_token_ids: list[int] | list[list[int]] | None = None,
     ) -> list[RequestOutput]:
         """Generate completions for ``prompts``, returned in the prompts' order.
 
@@ -82,6 +87,8 @@ class LLM:
                 needs ``enable_lora=True``.
             priority: one integer per prompt, lower served first; non-zero values need
                 ``scheduling_policy="priority"`` (default: all 0).
+            prompt_token_ids: upstream's deprecated spelling of token-id prompts (one list
+                or a list of them), instead of ``prompts``; use ``TokensPrompt`` dicts.
         Returns:
             One RequestOutput per prompt; an empty list for an empty list of prompts.
         Raises:
@@ -92,6 +99,7 @@ class LLM:
             Exception: whatever a failed engine step raised; this call's unfinished
                 requests are aborted first, so the LLM stays usable.
         """
+        prompts = _legacy_token_prompts(prompts, prompt_token_ids)
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()
         return self._run_requests(
@@ -352,3 +360,27 @@ def _per_prompt(value, n: int, name: str) -> list:
     if len(value) != n:
         raise ValueError(f"got {len(value)} {name}s for {n} prompts; they must match.")
     return list(value)
+
+
+def _legacy_token_prompts(prompts, prompt_token_ids) -> object:
+    """``prompts``, or upstream's deprecated ``prompt_token_ids`` as TokensPrompt dicts.
+
+    Raises:
+        ValueError: both or neither given.
+    """
+    if prompt_token_ids is None:
+        if prompts is None:
+            raise ValueError("generate() needs prompts.")
+        return prompts
+    if prompts is not None:
+        raise ValueError("give prompts or prompt_token_ids, not both.")
+    logger.warning(
+        "prompt_token_ids= is deprecated (as upstream): pass TokensPrompt dicts, "
+        '[{"prompt_token_ids": ids}, ...], as prompts.'
+    )
+    lists = (
+        [prompt_token_ids]
+        if prompt_token_ids and isinstance(prompt_token_ids[0], int)
+        else prompt_token_ids
+    )
+    return [{"prompt_token_ids": list(ids)} for ids in lists]

@@ -59,6 +59,7 @@ from vllm.entrypoints.openai.request_guards import (
     DEFAULT_MAX_REQUEST_BODY_BYTES,
     ApiKeyAuth,
     BodySizeLimit,
+    RequestIdHeader,
     validation_message,
 )
 from vllm.entrypoints.openai.server_lifecycle import ABORT_GRACE_S, graceful_server_class
@@ -102,6 +103,8 @@ def build_app(
     return_tokens_as_token_ids: bool = False,
     enable_prompt_tokens_details: bool = False,
     lora_modules: list[LoRARequest] | None = None,
+    enable_request_id_headers: bool = False,
+    disable_fastapi_docs: bool = False,
 ):
     """The FastAPI app serving ``engine`` (the engine loop starts with the app).
 
@@ -121,6 +124,8 @@ def build_app(
         lora_modules: LoRA adapters served under their ``lora_name`` (checked already);
             with VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 more are added and removed at run time
             (vllm/entrypoints/openai/lora_routes.py).
+        enable_request_id_headers: every response carries ``X-Request-Id``.
+        disable_fastapi_docs: no /docs, /redoc or /openapi.json.
     """
 
     @contextlib.asynccontextmanager
@@ -131,7 +136,10 @@ def build_app(
         await engine.shutdown()
         tokenize_pool.shutdown(wait=False)
 
-    app = FastAPI(lifespan=lifespan, root_path=root_path or "")
+    docs = (
+        {"docs_url": None, "redoc_url": None, "openapi_url": None} if disable_fastapi_docs else {}
+    )
+    app = FastAPI(lifespan=lifespan, root_path=root_path or "", **docs)
     tokenize_pool = ThreadPoolExecutor(1, "vllm-tokenize")
     loras = {lora.lora_name: lora for lora in lora_modules or ()}  # shared, see lora_routes
     if envs.VLLM_ALLOW_RUNTIME_LORA_UPDATING:
@@ -158,6 +166,8 @@ def build_app(
 
     if api_key:
         app.add_middleware(ApiKeyAuth, api_key=api_key)
+    if enable_request_id_headers:
+        app.add_middleware(RequestIdHeader)
     cors = cors or CorsOptions()
     app.add_middleware(  # added last: the outermost layer
         CORSMiddleware,
@@ -305,6 +315,11 @@ def validate_server_args(args: argparse.Namespace) -> EngineArgs:
         ValueError: naming the bad value (the caller prints it on one line, exit 2).
     """
     args.model_is_default = not (args.model or args.model_flag)
+    if args.model and args.model_flag and args.model != args.model_flag:
+        logger.warning(
+            "Both MODEL (%s) and --model (%s) were given; serving MODEL.", args.model,
+            args.model_flag,
+        )  # fmt: skip
     args.model = resolve_model(args.model or args.model_flag, log=False)
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}.")
@@ -435,6 +450,8 @@ def run_server(args: argparse.Namespace, engine: AsyncLLMEngine, sock: socket.so
         return_tokens_as_token_ids=args.return_tokens_as_token_ids,
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         lora_modules=args.lora_requests,
+        enable_request_id_headers=args.enable_request_id_headers,
+        disable_fastapi_docs=args.disable_fastapi_docs,
     )
     port = sock.getsockname()[1]
     config = uvicorn.Config(
@@ -454,3 +471,11 @@ def run_server(args: argparse.Namespace, engine: AsyncLLMEngine, sock: socket.so
         runner.run(server.serve(sockets=[sock]))
     logger.info("Server stopped (exit status %d).", server.exit_code)
     return server.exit_code
+
+
+if __name__ == "__main__":  # upstream V0's launch: python -m vllm.entrypoints.openai.api_server
+    import sys
+
+    from vllm.entrypoints.cli import main
+
+    sys.exit(main(["serve", *sys.argv[1:]]))

@@ -165,6 +165,22 @@ def make_server_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
         help="CA certificates file for verifying client certificates (default: none).",
     )
     server.add_argument(
+        "--enable-request-id-headers",
+        action="store_true",
+        help="Add X-Request-Id to every response (the request's own, else a new one).",
+    )
+    server.add_argument(
+        "--disable-fastapi-docs",
+        action="store_true",
+        help="Serve no /docs, /redoc or /openapi.json.",
+    )
+    server.add_argument(
+        "--disable-frontend-multiprocessing",
+        action="store_true",
+        help="Accepted for upstream scripts; the engine already runs inside the server "
+        "process (its workers in their own processes with PP or TP).",
+    )
+    server.add_argument(
         "--response-role",
         default="assistant",
         help="Role of the chat completion message the server returns.",

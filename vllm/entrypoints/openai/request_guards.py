@@ -4,6 +4,8 @@ request model (400, with a message that says what is wrong and where)."""
 
 from __future__ import annotations
 
+import uuid
+
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from vllm.entrypoints.openai.api_errors import APIError
@@ -67,6 +69,27 @@ class ApiKeyAuth:
                 resp = APIError("Unauthorized: missing or wrong API key.", 401).response()
                 return await resp(scope, receive, send)
         await self.app(scope, receive, send)
+
+
+class RequestIdHeader:
+    """ASGI middleware (``--enable-request-id-headers``, as upstream): every HTTP response
+    carries ``X-Request-Id``, the request's own header when it sent one, else a fresh
+    uuid4 hex. A plain ASGI wrapper for the reason :class:`ApiKeyAuth` gives."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        rid = dict(scope["headers"]).get(b"x-request-id") or uuid.uuid4().hex.encode()
+
+        async def with_id(msg):
+            if msg["type"] == "http.response.start":
+                msg = {**msg, "headers": [*msg.get("headers", []), (b"x-request-id", rid)]}
+            await send(msg)
+
+        await self.app(scope, receive, with_id)
 
 
 def validation_message(errs: list[dict]) -> tuple[str, str | None]:

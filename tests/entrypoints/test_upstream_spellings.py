@@ -1,0 +1,100 @@
+"""Upstream spellings that existing scripts use: the deprecated ``prompt_token_ids=`` of
+``LLM.generate``, ``LLMEngine``'s config accessors, switches accepted only with the value
+this engine implements, and ``python -m vllm.entrypoints.openai.api_server``."""
+
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.mark.forked
+def test_prompt_token_ids_keyword_and_engine_accessors(tiny_llama_dir):
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(tiny_llama_dir, device="cpu", max_model_len=128)
+    sp = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+    ids = [[1, 5, 9, 22], [1, 300, 41]]
+    new = llm.generate([{"prompt_token_ids": i} for i in ids], sp, use_tqdm=False)
+    old = llm.generate(prompt_token_ids=ids, sampling_params=sp, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in old] == [o.outputs[0].token_ids for o in new]
+    one = llm.generate(prompt_token_ids=ids[0], sampling_params=sp, use_tqdm=False)
+    assert one[0].outputs[0].token_ids == new[0].outputs[0].token_ids
+    with pytest.raises(ValueError, match="give prompts or prompt_token_ids, not both"):
+        llm.generate("hi", prompt_token_ids=ids)
+    engine = llm.llm_engine
+    assert engine.get_model_config() is engine.model_config
+    assert engine.get_scheduler_config() is engine.scheduler_config
+    assert engine.get_parallel_config() is engine.parallel_config is engine.config.parallel_config
+    assert engine.cache_config is engine.vllm_config.cache_config
+    assert engine.get_decoding_config() is engine.config.decoding_config
+    assert engine.get_lora_config() is None
+    engine.shutdown()
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(disable_sliding_window=True), r"disable_sliding_window=True is not supported"),
+        (dict(cpu_offload_gb=2), r"cpu_offload_gb=2 is not supported; only 0"),
+        (dict(preemption_mode="swap"), r"preemption_mode='swap' is not supported"),
+    ],
+)
+def test_switches_with_one_supported_value(tiny_llama_dir, kwargs, match):
+    from vllm.engine.arg_utils import EngineArgs
+
+    with pytest.raises(ValueError, match=match):
+        EngineArgs(model=tiny_llama_dir, device="cpu", **kwargs).create_engine_config()
+
+
+def test_accepted_upstream_serve_flags(tiny_llama_dir, caplog):
+    from vllm.entrypoints.cli import make_parser
+    from vllm.entrypoints.openai.api_server import validate_server_args
+
+    argv = ["serve", tiny_llama_dir, "--device", "cpu", "--disable-custom-all-reduce",
+            "--tokenizer-revision", "main", "--preemption-mode", "recompute",
+            "--compilation-config", '{"level": 3}', "--cpu-offload-gb", "0",
+            "--disable-frontend-multiprocessing", "--enable-request-id-headers",
+            "--disable-fastapi-docs", "--model", tiny_llama_dir + "-other"]  # fmt: skip
+    args = make_parser().parse_args(argv)
+    with caplog.at_level("WARNING"):
+        validate_server_args(args)
+    assert args.enable_request_id_headers and args.disable_fastapi_docs
+    text = caplog.text
+    for name in ("disable_custom_all_reduce=True", "tokenizer_revision='main'",
+                 "compilation_config=", "Both MODEL"):  # fmt: skip
+        assert name in text, name
+
+
+def test_request_id_header_middleware():
+    import asyncio
+
+    from vllm.entrypoints.openai.request_guards import RequestIdHeader
+
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    def run(headers):
+        sent = []
+
+        async def send(msg):
+            sent.append(msg)
+
+        scope = {"type": "http", "headers": headers}
+        asyncio.run(RequestIdHeader(app)(scope, None, send))
+        return dict(sent[0]["headers"])[b"x-request-id"]
+
+    assert run([(b"x-request-id", b"abc")]) == b"abc"
+    fresh = run([])
+    assert len(fresh) == 32 and fresh != run([])
+
+
+def test_api_server_module_runs_serve():
+    """The V0 launch command reaches ``vllm serve``'s checks (one error line, exit 2)."""
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
+           "/no/such/model.gguf", "--port", "0"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: ")
+    assert "/no/such/model.gguf" in proc.stderr
