@@ -100,3 +100,13 @@ def test_bad_options_and_arguments_name_the_field():
     with pytest.raises(ChatInputError) as exc:
         template_messages([{"role": "user", "content": [{"type": "image_url"}]}])
     assert exc.value.param == "messages.0.content.0.type"
+
+
+def test_text_parts_joined_by_newlines():
+    """A list of text parts reaches the template as one string, the parts joined by "\\n"
+    (upstream vLLM's rendering), never glued together."""
+    parts = [{"type": "text", "text": "Say"}, {"type": "text", "text": "hello"}]
+    conv = template_messages([{"role": "user", "content": parts}])
+    assert conv == [{"role": "user", "content": "Say\nhello"}]
+    one = template_messages([{"role": "user", "content": [{"type": "text", "text": "Hi"}]}])
+    assert one[0]["content"] == "Hi"

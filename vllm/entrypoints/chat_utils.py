@@ -1,11 +1,12 @@
 """Chat templates: ``--chat-template`` (a file or an inline Jinja string), the messages a
 template sees, and rendering a conversation to the prompt text the model sees.
 
-Messages reach the template as OpenAI sends them, text only: ``role``, ``content`` (text
-parts joined), and where given ``name``, an assistant's ``tool_calls`` (each call's
-``function.arguments`` decoded from its JSON text to an object, the form tool-use templates
-iterate over) and a tool message's ``tool_call_id``. The request's ``tools`` and
-``chat_template_kwargs`` are template variables as well.
+Messages reach the template as OpenAI sends them, text only: ``role``, ``content`` (a
+list of text parts becomes their texts joined by newlines, as upstream vLLM renders it),
+and where given ``name``, an assistant's ``tool_calls`` (each call's ``function.arguments``
+decoded from its JSON text to an object, the form tool-use templates iterate over) and a
+tool message's ``tool_call_id``. The request's ``tools`` and ``chat_template_kwargs`` are
+template variables as well.
 """
 
 from __future__ import annotations
@@ -71,8 +72,10 @@ class ChatInputError(ValueError):
 
 
 def _content_text(content: Any, i: int) -> str:
-    """A message's text; a content part other than text is refused (this engine is
-    text-only), never silently dropped."""
+    """A message's text: a string as given, a list of text parts joined by "\\n" (upstream
+    vLLM's rendering, so ``[{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]``
+    is ``"a\\nb"``); a content part other than text is refused (this engine is text-only),
+    never silently dropped."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -87,7 +90,7 @@ def _content_text(content: Any, i: int) -> str:
                 f"messages.{i}.content.{j}.type",
             )
         texts.append(str(part.get("text", "")))
-    return "".join(texts)
+    return "\n".join(texts)
 
 
 def _tool_call(call: dict, i: int, j: int) -> dict:
