@@ -1,6 +1,6 @@
 """`vllm serve` (SmolLM2 on CPU, one server for the module) with upstream's request fields
 and server flags: prompt_logprobs returned in each choice (equal to LLM.generate's),
-bad_words, truncate_prompt_tokens, return_tokens_as_token_ids,
+bad_words, truncate_prompt_tokens (completions and chat), return_tokens_as_token_ids,
 stream_options.continuous_usage_stats, use_beam_search (equal to LLM.beam_search), the
 400s for suffix and stream_options without stream, the field an error's ``param`` names,
 CORS (--allowed-origins) and --root-path; the server runs --scheduling-policy priority,
@@ -151,6 +151,27 @@ def test_truncate_prompt_tokens_keeps_the_last_k(server, reference):
         _bad(r, "truncate_prompt_tokens", str(k))
     r = _post(server, "completions", {**body, "prompt": ids, "truncate_prompt_tokens": 9001})
     _bad(r, "truncate_prompt_tokens", "9001", str(MAX_LEN))
+
+
+def test_chat_truncate_prompt_tokens_keeps_the_last_k(server):
+    """Chat takes truncate_prompt_tokens as completions do: the rendered prompt's last k
+    tokens, so a conversation longer than the context is served, and the reply equals a
+    completion of those k token ids."""
+    msgs = [{"role": "user", "content": "word " * 2000 + "What is the capital of France?"}]
+    rendered = _ok(httpx.post(server.url_for("tokenize"), json={"model": MODEL, "messages": msgs}))
+    ids = rendered["tokens"]
+    assert len(ids) > MAX_LEN
+    body = dict(max_tokens=3, temperature=0)
+    chat = _ok(
+        _post(server, "chat/completions", {**body, "messages": msgs, "truncate_prompt_tokens": 20})
+    )
+    assert chat["usage"]["prompt_tokens"] == 20
+    want = _ok(_post(server, "completions", {**body, "prompt": ids[-20:]}))
+    assert chat["choices"][0]["message"]["content"] == want["choices"][0]["text"]
+    r = _post(server, "chat/completions", {**body, "messages": msgs, "truncate_prompt_tokens": 0})
+    _bad(r, "truncate_prompt_tokens", "0")
+    r = _post(server, "chat/completions", {**body, "messages": msgs})
+    _bad(r, "messages", str(MAX_LEN))
 
 
 def test_return_tokens_as_token_ids(server):

@@ -315,6 +315,8 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: Literal["none", "auto", "required"] | ChatCompletionNamedToolChoiceParam | None = (
         None
     )
+    # Keep only the rendered prompt's last k tokens (k >= 1; -1: the last max_model_len).
+    truncate_prompt_tokens: int | None = None
 
 
 class FunctionCall(OpenAIBaseModel):

@@ -3,7 +3,8 @@
 tokenizer's own; none of them -> 400) and tokenized without added special tokens; the
 engine gets both, so the request log shows the text. Streaming or not. max_tokens (or
 max_completion_tokens) absent or null -> the rest of the context; the generation config's
-max_new_tokens caps it. Structured outputs
+max_new_tokens caps it. ``truncate_prompt_tokens=k`` keeps the rendered prompt's last k
+tokens (-1: the last max_model_len), as on /v1/completions. Structured outputs
 (response_format, guided_*) as guided_request.py; tools and tool_choice as tool_calls.py.
 
 The messages, ``tools`` and ``chat_template_kwargs`` reach the template as chat_utils.py
@@ -87,15 +88,18 @@ class OpenAIServingChat(OpenAIServing):
         self.tool_parser = tool_parser
         self.response_role = response_role  # --response-role: the reply's role
 
-    async def _prompt(self, req: ChatCompletionRequest) -> tuple[str, list[int], list[dict]]:
-        """Check the messages, then render and tokenize them on the tokenizer thread.
+    async def _prompt(self, req: ChatCompletionRequest) -> tuple[str | None, list[int], list[dict]]:
+        """Check the messages, then render and tokenize them on the tokenizer thread; with
+        ``truncate_prompt_tokens=k`` only the rendered prompt's last k tokens are kept.
 
         Returns:
-            (prompt text, prompt token ids, the messages as the template saw them).
+            (prompt text, None when truncation cut it; prompt token ids; the messages as the
+            template saw them).
         Raises:
             APIError 400: no messages, no tokenizer, no chat template, a message or option
-                that cannot be rendered, a template error.
+                that cannot be rendered, a template error, a bad truncate_prompt_tokens.
         """
+        keep = self.kept_tokens(req)
         if not req.messages:
             raise APIError("messages must not be empty (got an empty list).", 400, "messages")
         if self.tokenizer is None:
@@ -118,8 +122,8 @@ class OpenAIServingChat(OpenAIServing):
         except ChatInputError as e:
             raise APIError(str(e), 400, e.param) from None
         for i, m in enumerate(conv):
-            self.check_text(m["content"], f"messages[{i}].content")
-        self.check_text("".join(m["content"] for m in conv), "messages")
+            self.check_text(m["content"], f"messages[{i}].content", bounded=keep is None)
+        self.check_text("".join(m["content"] for m in conv), "messages", bounded=keep is None)
         tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
         try:
             text = await self.off_loop(
@@ -135,6 +139,8 @@ class OpenAIServingChat(OpenAIServing):
         except Exception as e:  # jinja / template errors are the request's fault
             raise APIError(f"could not apply the chat template: {e}", 400, "messages") from e
         ids = await self.off_loop(self._encode_rendered, text)
+        if keep is not None and len(ids) > keep:
+            return None, ids[-keep:], conv
         return text, ids, conv
 
     def _encode_rendered(self, text: str) -> list[int]:

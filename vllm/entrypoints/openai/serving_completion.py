@@ -80,32 +80,6 @@ class OpenAIServingCompletion(OpenAIServing):
                 out.append((None, ids if keep is None else ids[-keep:]))
         return out
 
-    def _kept_tokens(self, req: CompletionRequest) -> int | None:
-        """How many prompt tokens ``truncate_prompt_tokens`` keeps (None: all).
-
-        Raises:
-            APIError 400: k is 0, below -1, or above max_model_len.
-        """
-        k = req.truncate_prompt_tokens
-        if k is None:
-            return None
-        if k == -1:
-            return self.max_model_len
-        if k < 1:
-            raise APIError(
-                f"truncate_prompt_tokens must be >= 1 (or -1 for max_model_len), got {k}.",
-                400,
-                "truncate_prompt_tokens",
-            )
-        if k > self.max_model_len:
-            raise APIError(
-                f"truncate_prompt_tokens={k} is more than this model's maximum context length "
-                f"max_model_len={self.max_model_len}.",
-                400,
-                "truncate_prompt_tokens",
-            )
-        return k
-
     def _check_unsupported(self, req: CompletionRequest) -> None:
         """Raises APIError 400 for fields this server refuses (``suffix``,
         ``prompt_logprobs`` with ``stream``, ``best_of`` other than 1 or n)."""
@@ -133,7 +107,7 @@ class OpenAIServingCompletion(OpenAIServing):
         self.check_generative("Completions")
         self.check_max_tokens(req.max_tokens, bool(req.echo))
         self._check_unsupported(req)
-        prompts = await self._prompts(req, self._kept_tokens(req))
+        prompts = await self._prompts(req, self.kept_tokens(req))
         echo_only = req.echo and req.max_tokens == 0
         prompt_lp = req.prompt_logprobs
         if req.echo and req.logprobs is not None:

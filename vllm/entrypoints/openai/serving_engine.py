@@ -209,6 +209,33 @@ class OpenAIServing:
             )
         return min(max_tokens, self.default_sampling.get("max_tokens", max_tokens))
 
+    def kept_tokens(self, req) -> int | None:
+        """How many prompt tokens the request's ``truncate_prompt_tokens`` keeps (None:
+        all; -1: max_model_len). The last ones are kept (left truncation, as upstream).
+
+        Raises:
+            APIError 400: k is 0, below -1, or above max_model_len.
+        """
+        k = req.truncate_prompt_tokens
+        if k is None:
+            return None
+        if k == -1:
+            return self.max_model_len
+        if k < 1:
+            raise APIError(
+                f"truncate_prompt_tokens must be >= 1 (or -1 for max_model_len), got {k}.",
+                400,
+                "truncate_prompt_tokens",
+            )
+        if k > self.max_model_len:
+            raise APIError(
+                f"truncate_prompt_tokens={k} is more than this model's maximum context length "
+                f"max_model_len={self.max_model_len}.",
+                400,
+                "truncate_prompt_tokens",
+            )
+        return k
+
     @staticmethod
     def check_max_tokens(max_tokens: int | None, echo: bool | None = None) -> None:
         """Refuse max_tokens below 1; 0 is allowed for a completion with ``echo`` (the
