@@ -34,7 +34,7 @@ def test_serve_help_shows_defaults_in_groups(capsys):
     assert "--enforce-eager Never capture CUDA graphs. (default: off)" in text
     headers = [h for h in re.findall(r"(\w+) options:", text) if h != "positional"]
     assert headers == [
-        "model", "cache", "scheduler", "parallel", "speculative", "compilation", "server",
+        "model", "cache", "scheduler", "parallel", "speculative", "lora", "compilation", "server",
     ]  # fmt: skip
     # Every flag, grouped or not, states its default, and its help is in the output.
     serve = cli.make_parser()._subparsers._group_actions[0].choices["serve"]

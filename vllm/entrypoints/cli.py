@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import traceback
 
 from vllm.logger import LOG_FORMAT
 
@@ -152,26 +151,9 @@ def main(argv: list[str] | None = None) -> int:
         from vllm.entrypoints.bench import run_benchmark
 
         return run_benchmark(args.name, args.bench_args)
-    logging.basicConfig(
-        level=logging.DEBUG if args.debug else logging.INFO, format=LOG_FORMAT, stream=sys.stderr
-    )
-    from vllm.entrypoints.openai.api_server import (
-        bind_socket,
-        build_engine,
-        run_server,
-        validate_server_args,
-    )
+    from vllm.entrypoints.openai.api_server import serve
 
-    try:
-        engine_args = validate_server_args(args)
-        sock = bind_socket(args.host, args.port)
-        engine = build_engine(args, engine_args)  # loads the model: KV capacity checked
-    except ValueError as e:
-        if args.debug:
-            traceback.print_exc()
-        sys.stderr.write(f"error: {e}\n")
-        return 2
-    return run_server(args, engine, sock)
+    return serve(args)
 
 
 if __name__ == "__main__":

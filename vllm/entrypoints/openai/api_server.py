@@ -31,6 +31,8 @@ import contextlib
 import logging
 import os
 import socket
+import sys
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -72,6 +74,7 @@ from vllm.entrypoints.openai.serving_tokenization import (
     TokenizeRequest,
 )
 from vllm.entrypoints.openai.tool_parsers import ToolParser, get_tool_parser, tool_parser_names
+from vllm.logger import LOG_FORMAT
 from vllm.lora.request import LoRARequest
 from vllm.version import __version__
 
@@ -473,9 +476,41 @@ def run_server(args: argparse.Namespace, engine: AsyncLLMEngine, sock: socket.so
     return server.exit_code
 
 
-if __name__ == "__main__":  # upstream V0's launch: python -m vllm.entrypoints.openai.api_server
-    import sys
+def serve(args: argparse.Namespace) -> int:
+    """``vllm serve`` from parsed flags: check them, bind, build the engine, serve.
+    Returns the exit status (2: a bad flag or a setting the engine refuses, printed as one
+    ``error:`` line; ``--debug`` adds the traceback)."""
+    logging.basicConfig(
+        level=logging.DEBUG if args.debug else logging.INFO, format=LOG_FORMAT, stream=sys.stderr
+    )
+    try:
+        engine_args = validate_server_args(args)
+        sock = bind_socket(args.host, args.port)
+        engine = build_engine(args, engine_args)  # loads the model: KV capacity checked
+    except ValueError as e:
+        if args.debug:
+            traceback.print_exc()
+        sys.stderr.write(f"error: {e}\n")
+        return 2
+    return run_server(args, engine, sock)
 
-    from vllm.entrypoints.cli import main
 
-    sys.exit(main(["serve", *sys.argv[1:]]))
+def main(argv: list[str] | None = None) -> int:
+    """``python -m vllm.entrypoints.openai.api_server [MODEL] [flags]``: upstream V0's
+    launch command, the same as ``vllm serve`` (``--config`` included)."""
+    from vllm.entrypoints.config_file import expand_config_file
+    from vllm.entrypoints.openai.cli_args import make_server_parser
+
+    parser = argparse.ArgumentParser(prog="python -m vllm.entrypoints.openai.api_server")
+    make_server_parser(parser)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        argv = expand_config_file(argv, parser)
+    except ValueError as e:
+        sys.stderr.write(f"error: {e}\n")
+        return 2
+    return serve(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
