@@ -14,6 +14,11 @@ of the output lengths. Reported per run (one JSON line, ``{"bench": "throughput"
 requests/s, output tokens/s, total (prompt + output) tokens/s, elapsed seconds, and the
 engine's decode-step counters (steps that replayed a CUDA graph vs ran eagerly, and why).
 
+``--lora-path DIR`` (with ``--enable-lora``) runs request i with adapter i mod
+``--num-loras`` (default ``--max-loras``): the same PEFT directory under that many
+adapter ids, so the engine holds (and, above ``--max-loras``, swaps) that many adapters,
+as upstream's ``--lora-path``; the JSON line adds ``num_loras``.
+
 ``--hf-peer`` also times transformers ``generate()`` on the same prompts, model, dtype and
 device (see hf_peer.py) and adds its tokens/s and ``speedup_vs_hf``.
 ``--batch-sizes 1,8,64`` sweeps instead: for each size B, B requests run as one batch on an
@@ -81,6 +86,10 @@ def make_parser() -> argparse.ArgumentParser:
         default=None,
         help="Comma-separated batch sizes to sweep (graphs, eager, transformers).",
     )
+    p.add_argument("--lora-path", default=None, help="A PEFT LoRA adapter directory.")
+    p.add_argument(
+        "--num-loras", type=int, default=None, help="Adapter ids the requests cycle through."
+    )
     p.add_argument("--output-json", default=None, help="Append the JSON result lines here.")
     p.add_argument("--no-tqdm", action="store_true", help="Hide progress bars.")
     EngineArgs.add_cli_args(p)
@@ -124,6 +133,21 @@ def _check(args: argparse.Namespace, sizes: list[int]) -> None:
             )
     if any(b < 1 for b in sizes):
         raise ValueError(f"--batch-sizes must all be at least 1, got {sizes}.")
+    if args.lora_path is not None and (sizes or args.hf_peer or not args.enable_lora):
+        raise ValueError("--lora-path needs --enable-lora, without --batch-sizes or --hf-peer.")
+    if args.num_loras is not None and args.num_loras < 1:
+        raise ValueError(f"--num-loras must be at least 1, got {args.num_loras}.")
+
+
+def lora_requests(args: argparse.Namespace, num: int) -> list | None:
+    """Request i's adapter: id i mod ``--num-loras`` + 1 over ``--lora-path`` (None without
+    ``--lora-path``)."""
+    if args.lora_path is None:
+        return None
+    from vllm.lora.request import LoRARequest
+
+    n = args.num_loras or args.max_loras
+    return [LoRARequest(f"lora{i % n}", i % n + 1, args.lora_path) for i in range(num)]
 
 
 def start_engine(args: argparse.Namespace, max_seqs: int, enforce_eager: bool) -> LLM:
@@ -136,22 +160,24 @@ def start_engine(args: argparse.Namespace, max_seqs: int, enforce_eager: bool) -
     return LLM(model=args.model, **kwargs)
 
 
-def time_engine(llm: LLM, prompts, out_lens, iters: int, quiet: bool) -> dict:
+def time_engine(llm: LLM, prompts, out_lens, iters: int, quiet: bool, loras=None) -> dict:
     """Average elapsed seconds of ``iters`` timed runs (after one short warm-up run), the
-    decode-step counters of the timed runs and their wall window (epoch seconds)."""
+    decode-step counters of the timed runs and their wall window (epoch seconds);
+    ``loras``: each request's LoRARequest (or None)."""
     device = llm.llm_engine.config.device_config.device
     params = [SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=n) for n in out_lens]
     warm = [
         SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=min(n, 4)) for n in out_lens
     ]
-    llm.generate(prompts, warm, use_tqdm=False)
+    llm.generate(prompts, warm, use_tqdm=False, lora_request=loras)
     before = llm.llm_engine.decode_step_counters()
     times, produced = [], 0
     window_start = time.time()  # epoch seconds (benchmark_pipeline_parallel's busy window)
     for _ in tqdm(range(iters), desc="Timed runs", disable=quiet or iters == 1):
         sync(device)
         t0 = time.perf_counter()
-        outs = llm.generate(prompts, params, use_tqdm=not quiet and iters == 1)
+        outs = llm.generate(prompts, params, use_tqdm=not quiet and iters == 1,
+                            lora_request=loras)  # fmt: skip
         sync(device)
         times.append(time.perf_counter() - t0)
         produced = sum(len(o.outputs[0].token_ids) for o in outs)
@@ -204,8 +230,11 @@ def run_single(args: argparse.Namespace) -> list[dict]:
             output_tokens=sum(out_lens),
             num_iters=args.num_iters,
         )
+        loras = lora_requests(args, len(prompts))
+        if loras is not None:
+            cond.update(num_loras=len({r.lora_int_id for r in loras}), lora_path=args.lora_path)
         print_conditions("benchmark_throughput conditions", cond)
-        res = time_engine(llm, prompts, out_lens, args.num_iters, args.no_tqdm)
+        res = time_engine(llm, prompts, out_lens, args.num_iters, args.no_tqdm, loras)
     finally:
         release(llm)
     record = {"bench": "throughput", **cond, **res, **rates(res["elapsed_s"], prompts, out_lens)}

@@ -219,3 +219,22 @@ def test_families_equal_peft(family, request, tiny_models_dir):
     refs = {(0, "a"): ref_lora, (0, None): ref_base}
     _check(outs, [(0, "a"), (0, None)], refs)
     _close(llm)
+
+
+@pytest.mark.forked
+def test_throughput_benchmark_cycles_adapters(tiny_llama_dir, lora_adapters):
+    """benchmark_throughput --lora-path with three adapter ids over two slots: every
+    request completes with its tokens, and the JSON line names the adapters."""
+    import importlib
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
+    tp = importlib.import_module("benchmark_throughput")
+    (rec,) = tp.main(["--model", tiny_llama_dir, "--device", "cpu", "--num-prompts", "6",
+                      "--input-len", "8", "--output-len", "4", "--enable-lora", "--max-loras",
+                      "2", "--max-lora-rank", "8", "--lora-path", lora_adapters["all"],
+                      "--num-loras", "3", "--no-tqdm", "--max-model-len", "64"])  # fmt: skip
+    assert (rec["num_loras"], rec["output_tokens"]) == (3, 24)
+    with pytest.raises(ValueError, match="--lora-path needs --enable-lora"):
+        tp.main(["--model", tiny_llama_dir, "--lora-path", lora_adapters["all"]])
