@@ -410,15 +410,7 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already running.")
         priority = check_priority(priority, self.scheduler_config.policy)
         self.adapters.check(lora_request)
-        pooling = None
-        if isinstance(params, PoolingParams):
-            pooling, params = params, self.pooling_sampling_params(params)
-        else:
-            self.check_generation(params)
-        text, ids = self.process_prompt(prompt)
-        self.verify_params(params)
-        ids = self.truncate_prompt(ids, params)
-        self.check_schedulable(len(ids), params.n, params.prompt_logprobs is None)
+        params, pooling, text, ids = self.check_request(prompt, params)
         grammar = self.guided.grammar_future(params)
         if grammar is not None and grammar.done() and grammar.exception() is not None:
             kind = params.guided_decoding.kind
@@ -460,6 +452,27 @@ class LLMEngine:
             self._schedule_group(group)
         else:
             self._grammar_wait.append((group, grammar))
+
+    def check_request(self, prompt: PromptType, params: SamplingParams | PoolingParams):
+        """Check a request before it is queued: the params for this engine's task, the
+        prompt, the params against the model, whether the scheduler could ever run it.
+
+        Returns:
+            (the SamplingParams it runs with, its PoolingParams or None, the prompt's text
+            or None, its token ids after ``truncate_prompt_tokens``).
+        Raises:
+            ValueError: see :meth:`add_request`.
+        """
+        pooling = None
+        if isinstance(params, PoolingParams):
+            pooling, params = params, self.pooling_sampling_params(params)
+        else:
+            self.check_generation(params)
+        text, ids = self.process_prompt(prompt)
+        self.verify_params(params)
+        ids = self.truncate_prompt(ids, params)
+        self.check_schedulable(len(ids), params.n, params.prompt_logprobs is None)
+        return params, pooling, text, ids
 
     def check_generation(self, params: object) -> None:
         """Raises ValueError when an embedding engine (``task='embed'``) gets a generation

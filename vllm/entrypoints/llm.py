@@ -164,14 +164,7 @@ class LLM:
         for p, sp in zip(prompts, params):  # validate everything before queueing anything
             if not isinstance(sp, kind):
                 raise ValueError(f"{what}_params must be {kind.__name__}, got {type(sp).__name__}.")
-            if kind is PoolingParams:
-                sp = engine.pooling_sampling_params(sp)
-            else:
-                engine.check_generation(sp)
-            text, ids = engine.process_prompt(p)
-            engine.verify_params(sp)
-            kept = engine.truncate_prompt(ids, sp)
-            engine.check_schedulable(len(kept), sp.n, sp.prompt_logprobs is None)
+            _, _, text, ids = engine.check_request(p, sp)  # ids truncated: the same again
             processed.append({"prompt": text, "prompt_token_ids": ids})
         for lora in loras:
             engine.adapters.check(lora)
