@@ -123,17 +123,10 @@ class LLM:
             PoolingParams,
         )  # fmt: skip
 
-    def embed(
-        self,
-        prompts: PromptType | SeqABC[PromptType],
-        pooling_params: PoolingParams | SeqABC[PoolingParams] | None = None,
-        use_tqdm: bool = True,
-        lora_request: LoRARequest | SeqABC[LoRARequest | None] | None = None,
-        priority: list[int] | None = None,
-    ) -> list[EmbeddingRequestOutput]:
-        """:meth:`encode` with each vector as a list of floats (``outputs.embedding``), as
-        upstream's ``LLM.embed``."""
-        outs = self.encode(prompts, pooling_params, use_tqdm, lora_request, priority)
+    def embed(self, *args: Any, **kwargs: Any) -> list[EmbeddingRequestOutput]:
+        """:meth:`encode` (the same arguments) with each vector as a list of floats
+        (``outputs.embedding``), as upstream's ``LLM.embed``."""
+        outs = self.encode(*args, **kwargs)
         return [EmbeddingRequestOutput.from_base(o) for o in outs]
 
     def _run_requests(self, prompts, params, use_tqdm, lora_request, priority, kind) -> list:

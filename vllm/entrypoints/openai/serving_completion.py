@@ -54,30 +54,13 @@ class OpenAIServingCompletion(OpenAIServing):
             p = [p]
         if not p:
             raise APIError("prompt must not be empty (got an empty list).", 400, "prompt")
-        vocab = self.engine.model_config.vocab_size
         out = []
         for item in p:
-            if isinstance(item, str):
-                if not item:
-                    raise APIError("prompt must not be empty (got '').", 400, "prompt")
-                if self.tokenizer is None:
-                    raise APIError("text prompts need a tokenizer.", 400, "prompt")
-                ids = await self.encode(item, "prompt", bounded=keep is None)
-                if keep is not None and len(ids) > keep:
-                    item, ids = None, ids[-keep:]
-                out.append((item, ids))
-            else:
-                ids = list(item)
-                if not ids:
-                    raise APIError("prompt must not be empty (got no token ids).", 400, "prompt")
-                bad = [t for t in ids if t < 0 or t >= vocab]
-                if bad:
-                    raise APIError(
-                        f"prompt token id {bad[0]} is out of vocabulary (0..{vocab - 1}).",
-                        400,
-                        "prompt",
-                    )
-                out.append((None, ids if keep is None else ids[-keep:]))
+            ids = await self.item_ids(item, "prompt", bounded=keep is None)
+            text = item if isinstance(item, str) else None
+            if keep is not None and len(ids) > keep:
+                text, ids = None, ids[-keep:]
+            out.append((text, ids))
         return out
 
     def _check_unsupported(self, req: CompletionRequest) -> None:

@@ -66,23 +66,9 @@ class OpenAIServingEmbedding(OpenAIServing):
         if k is not None and k < 1:
             raise APIError(f"truncate_prompt_tokens must be >= 1, got {k}.", 400,
                            "truncate_prompt_tokens")  # fmt: skip
-        vocab = self.engine.model_config.vocab_size
         out = []
         for item in items:
-            if isinstance(item, str):
-                if not item:
-                    raise APIError("input must not contain an empty string.", 400, "input")
-                if self.tokenizer is None:
-                    raise APIError("text inputs need a tokenizer.", 400, "input")
-                ids = await self.encode(item, "input", bounded=k is None)
-            else:
-                ids = list(item)
-                if not ids:
-                    raise APIError("input must not contain an empty token list.", 400, "input")
-                bad = [t for t in ids if t < 0 or t >= vocab]
-                if bad:
-                    raise APIError(f"input token id {bad[0]} is out of vocabulary "
-                                   f"(0..{vocab - 1}).", 400, "input")  # fmt: skip
+            ids = await self.item_ids(item, "input", bounded=k is None)
             if k is not None:
                 ids = ids[-k:]
             if len(ids) > self.max_model_len:

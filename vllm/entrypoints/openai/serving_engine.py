@@ -109,6 +109,31 @@ class OpenAIServing:
                 field,
             )
 
+    async def item_ids(self, item: str | list[int], field: str, bounded: bool = True) -> list[int]:
+        """One prompt (or embedding input) of a request as token ids: a text tokenized
+        (:meth:`encode`), a list of ids checked against the vocabulary.
+
+        Raises:
+            APIError 400: an empty text or list, a text without a tokenizer, an id outside
+                the vocabulary (naming ``field``).
+        """
+        if isinstance(item, str):
+            if not item:
+                raise APIError(f"{field} must not be empty (got '').", 400, field)
+            if self.tokenizer is None:
+                raise APIError(f"text {field}s need a tokenizer.", 400, field)
+            return await self.encode(item, field, bounded)
+        ids = list(item)
+        if not ids:
+            raise APIError(f"{field} must not be empty (got no token ids).", 400, field)
+        vocab = self.engine.model_config.vocab_size
+        bad = [t for t in ids if t < 0 or t >= vocab]
+        if bad:
+            raise APIError(
+                f"{field} token id {bad[0]} is out of vocabulary (0..{vocab - 1}).", 400, field
+            )
+        return ids
+
     async def encode(self, text: str, field: str, bounded: bool = True) -> list[int]:
         """Check (:meth:`check_text`) and tokenize ``text`` on the tokenizer thread."""
         self.check_text(text, field, bounded)
