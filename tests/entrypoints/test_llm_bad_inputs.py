@@ -163,9 +163,14 @@ def test_failed_step_leaves_llm_usable(tiny_llama_dir):
         (dict(task="score"), r"task='score' is not supported; use one of"),
         (dict(runner="draft"), r"runner='draft' is not supported"),
         (
-            dict(enable_lora=True, tensor_parallel_size=3),
-            r"enable_lora=True is not supported with tensor_parallel_size=3",
-        ),
+            dict(
+                enable_lora=True,
+                speculative_model="[ngram]",
+                num_speculative_tokens=2,
+                ngram_prompt_lookup_max=2,
+            ),
+            r"enable_lora=True cannot be combined with speculative decoding",
+        ),  # fmt: skip
         (dict(enable_lora=True, max_loras=0), r"max_loras must be at least 1, got 0"),
         (dict(enable_chunked_prefill="false"), r"enable_chunked_prefill must be a bool, got"),
     ],

@@ -238,3 +238,33 @@ def test_throughput_benchmark_cycles_adapters(tiny_llama_dir, lora_adapters):
     assert (rec["num_loras"], rec["output_tokens"]) == (3, 24)
     with pytest.raises(ValueError, match="--lora-path needs --enable-lora"):
         tp.main(["--model", tiny_llama_dir, "--lora-path", lora_adapters["all"]])
+
+
+@pytest.mark.forked
+@pytest.mark.parametrize("family", ["tiny_llama_dir", "tiny_llama_hd64_dir"])
+def test_tensor_parallel_two_ranks(family, request, tiny_models_dir, monkeypatch):
+    """TP = 2 (mp, gloo): each rank holds its cut of the adapters (B's rows on q/k/v and
+    gate/up, A's columns on o/down, summed by the all-reduce); greedy ids equal PEFT's and
+    logprobs within 1e-4 (an all-reduce sums in another order). The hd64 model has one KV
+    head, so both ranks hold it (replicated k / v rows)."""
+    from tests.conftest import _built
+    from tests.lora.conftest import ADAPTERS, _save_adapter
+    from vllm.lora.request import LoRARequest
+
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0.05")
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    base = request.getfixturevalue(family)
+    path = _built(tiny_models_dir / f"lora_tp_{family}",
+                  lambda p: _save_adapter(base, p, *ADAPTERS["all"]))  # fmt: skip
+    refs = {(i, "a"): peft_greedy(base, path, PROMPTS[i], N) for i in range(2)}
+    refs[(2, None)] = peft_greedy(base, None, PROMPTS[2], N)
+    llm = _llm(base, max_loras=1, tensor_parallel_size=2, distributed_executor_backend="mp",
+               max_model_len=64)  # fmt: skip
+    from vllm import SamplingParams
+
+    sp = SamplingParams(max_tokens=N, temperature=0.0, logprobs=1, ignore_eos=True)
+    lora = LoRARequest("a", 1, path)
+    outs = llm.generate([{"prompt_token_ids": PROMPTS[i]} for i in range(3)], sp,
+                        lora_request=[lora, lora, None], use_tqdm=False)  # fmt: skip
+    _check(outs, [(0, "a"), (1, "a"), (2, None)], refs)
+    _close(llm)

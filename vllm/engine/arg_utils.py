@@ -544,7 +544,7 @@ class EngineArgs:
         _check_pooling(pooler_config, self, speculative_config, parallel_config, cache_config)
         return EngineConfig(
             pooler_config=pooler_config,
-            lora_config=self._lora_config(speculative_config, parallel_config),
+            lora_config=self._lora_config(speculative_config),
             speculative_config=speculative_config,
             model_config=model_config,
             cache_config=cache_config,
@@ -555,11 +555,11 @@ class EngineArgs:
             decoding_config=DecodingConfig(self.guided_decoding_backend),
         )
 
-    def _lora_config(self, spec, parallel: ParallelConfig) -> LoRAConfig | None:
+    def _lora_config(self, spec) -> LoRAConfig | None:
         """The LoRAConfig with ``enable_lora``, else None (LoRA flags then ignored).
 
         Raises:
-            ValueError: with speculative decoding or tensor_parallel_size > 1.
+            ValueError: with speculative decoding.
         """
         if not self.enable_lora:
             return None
@@ -567,11 +567,6 @@ class EngineArgs:
             raise ValueError(
                 "enable_lora=True cannot be combined with speculative decoding "
                 f"(speculative_model={spec.speculative_model!r}); use one or the other."
-            )
-        if parallel.tensor_parallel_size > 1:
-            raise ValueError(
-                "enable_lora=True is not supported with tensor_parallel_size="
-                f"{parallel.tensor_parallel_size}; use tensor_parallel_size=1."
             )
         return LoRAConfig(self.max_loras, self.max_lora_rank, self.max_cpu_loras)
 

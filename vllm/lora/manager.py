@@ -10,6 +10,10 @@ writes and the upload are queued on the device in step order, after the VE's pre
 step, so a step never sees another step's adapters. Adapters are read from disk once and
 kept on the host for the ``max_cpu_loras`` most recently used.
 
+Under tensor parallelism each rank holds its layers' part of every adapter, cut as the
+weights are (``LinearBase.lora_shard``: B's rows on column-parallel layers, A's columns on
+row-parallel ones, whose terms the all-reduce then sums).
+
 Slots are per VE because under pipeline parallelism the VEs' steps interleave on one
 stage: one VE's adapters must not replace another's between its passes.
 """
@@ -50,6 +54,7 @@ class LoRAManager:
         self.targets = {m: packed.get(m, (m, None)) for m in self.supported}
         own = {fused for fused, _ in self.targets.values()}
         self.layers: dict[tuple[int, str], LoRALinear] = {}  # (layer, module name) -> slots
+        self.modules: dict[tuple[int, str], LinearBase] = {}  # the layers they belong to
         decoder = model.model
         for i in range(decoder.start_layer, decoder.end_layer):
             for name, module in decoder.layers[i].named_modules():
@@ -61,6 +66,7 @@ class LoRAManager:
                     lora_config.max_loras, lora_config.max_lora_rank, self.ctx, dtype, device,
                 )  # fmt: skip
                 self.layers[(i, short)] = module.lora
+                self.modules[(i, short)] = module
         self.slot_ids: list[list[int | None]] = [
             [None] * lora_config.max_loras for _ in range(num_ves)
         ]
@@ -138,7 +144,8 @@ class LoRAManager:
             name, shard_id = self.targets[module]
             lora = self.layers.get((layer, name))
             if lora is not None:  # None: a layer of another pipeline stage
-                lora.write(ve, slot, shard_id, a, b)
+                a_r, b_r = self.modules[(layer, name)].lora_shard(shard_id, a, b)  # this rank's
+                lora.write(ve, slot, shard_id, a_r, b_r)
 
     def _tensors(self, req: LoRARequest) -> dict:
         """The adapter's tensors, from the host cache or read from disk."""

@@ -74,6 +74,14 @@ class LinearBase(nn.Module):
         order; one entry with shard id None for an unfused layer."""
         return {None: (0, self.output_size)}
 
+    def lora_shard(
+        self, shard_id: object, a: torch.Tensor, b: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's part of a LoRA adapter's A [r, in] and B [out, r] of shard
+        ``shard_id`` (None: the whole output), cut as the layer's weight is cut (a
+        replicated layer keeps both whole)."""
+        return a, b
+
     def weight_loader(
         self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
     ) -> None:
@@ -113,6 +121,10 @@ class ColumnParallelLinear(LinearBase):
         size = param.shape[0]
         default_weight_loader(param, narrow_weight(loaded_weight, 0, self.tp_rank * size, size))
 
+    def lora_shard(self, shard_id, a, b):
+        """A whole, B's rows of this rank (see :meth:`LinearBase.lora_shard`)."""
+        return a, b.narrow(0, self.tp_rank * self.output_size, self.output_size)
+
 
 class RowParallelLinear(LinearBase):
     """Input columns split over TP ranks (o_proj, down_proj): ``weight`` [output_size,
@@ -138,11 +150,19 @@ class RowParallelLinear(LinearBase):
             loaded_weight = narrow_weight(loaded_weight, 1, self.tp_rank * size, size)
         default_weight_loader(param, loaded_weight)
 
+    def lora_shard(self, shard_id, a, b):
+        """A's columns of this rank, B whole: each rank adds B (A_r x_r) before the
+        all-reduce, whose sum is B A x (see :meth:`LinearBase.lora_shard`)."""
+        return a.narrow(1, self.tp_rank * self.input_size, self.input_size), b
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
             y = F.linear(x, self.weight, self.bias)  # [num_tokens, output_size]
             return y if self.lora is None else self.lora(x, y)
-        y = tensor_model_parallel_all_reduce(F.linear(x, self.weight))  # [T, output_size]
+        y = F.linear(x, self.weight)  # [T, output_size], this rank's partial sums
+        if self.lora is not None:  # linear in x_r: the all-reduce sums the ranks' terms
+            y = self.lora(x, y)
+        y = tensor_model_parallel_all_reduce(y)
         return y if self.bias is None else y + self.bias
 
 
@@ -189,6 +209,18 @@ class MergedColumnParallelLinear(LinearBase):
     def output_slices(self) -> dict[object, tuple[int, int]]:
         """Shard i -> (first row, rows) of merged output i on this rank."""
         return {i: (sum(self.output_sizes[:i]), n) for i, n in enumerate(self.output_sizes)}
+
+    def lora_shard(self, shard_id, a, b):
+        """A whole, B's rows of this rank in output ``shard_id`` (or in every output when
+        None: B then stacks the full outputs; see :meth:`LinearBase.lora_shard`)."""
+        if shard_id is not None:
+            size = self.output_sizes[shard_id]
+            return a, b.narrow(0, self.tp_rank * size, size)
+        parts, start = [], 0
+        for size in self.output_sizes:
+            parts.append(b.narrow(0, start + self.tp_rank * size, size))
+            start += size * self.tp_size
+        return a, torch.cat(parts)  # [sum of this rank's outputs, r]
 
 
 class QKVParallelLinear(LinearBase):
@@ -258,6 +290,21 @@ class QKVParallelLinear(LinearBase):
         if self.tp_size > 1 and weight_shape(loaded_weight)[0] == full:
             loaded_weight = narrow_weight(loaded_weight, 0, src[shard_id], size)
         _copy_rows(param, loaded_weight, self._dest(shard_id), size, shard_id)
+
+    def lora_shard(self, shard_id, a, b):
+        """A whole, B's rows of this rank's heads of q, k or v (of all three when None: B
+        then stacks the full q, k, v; see :meth:`LinearBase.lora_shard`)."""
+        d = self.head_size
+        first = {"q": self.tp_rank * self.q_size, "k": self.kv_head_start * d,
+                 "v": self.kv_head_start * d}  # fmt: skip
+        if shard_id is not None:
+            size = self.q_size if shard_id == "q" else self.kv_size
+            return a, b.narrow(0, first[shard_id], size)
+        total_q, total_kv = self.total_num_heads * d, self.total_num_kv_heads * d
+        fused = {"q": 0, "k": total_q, "v": total_q + total_kv}
+        parts = [b.narrow(0, fused[sid] + first[sid], self.q_size if sid == "q" else self.kv_size)
+                 for sid in ("q", "k", "v")]  # fmt: skip
+        return a, torch.cat(parts)  # [q_size + 2 * kv_size, r]
 
     def output_slices(self) -> dict[object, tuple[int, int]]:
         """ "q", "k", "v" -> (first row, rows) of this rank's heads of each."""
