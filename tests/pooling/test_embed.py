@@ -162,3 +162,37 @@ def test_bad_pooling_flags(tiny_llama_dir, kwargs, match):
 
     with pytest.raises(ValueError, match=match):
         EngineArgs(model=tiny_llama_dir, device="cpu", **kwargs).create_engine_config()
+
+
+@pytest.mark.forked
+def test_headless_checkpoint_is_an_embedding_model(tiny_models_dir):
+    """A decoder stack saved without its LM head (architecture LlamaModel, tensors without
+    the ``model.`` prefix, as embedding checkpoints such as e5-mistral ship) is served as
+    an embedding model under task auto; generation is refused."""
+    from transformers import AutoModel
+
+    from tests.conftest import _built
+    from tests.models import tiny_models
+    from vllm import LLM
+
+    def build(path):
+        torch.manual_seed(0)
+        stack = AutoModel.from_config(tiny_models.tiny_llama_config(), dtype=torch.float32)
+        tiny_models.randomize_(stack, 0)
+        stack.save_pretrained(path)
+        tiny_models.load_smollm2_tokenizer().save_pretrained(path)
+        return path
+
+    path = _built(tiny_models_dir / "llama_headless", build)
+    stack = AutoModel.from_pretrained(path, dtype=torch.float32).eval()
+    assert type(stack).__name__ == "LlamaModel"
+    with torch.no_grad():
+        ref = [torch.nn.functional.normalize(stack(torch.tensor([p])).last_hidden_state[0, -1],
+                                             dim=0) for p in PROMPTS]  # fmt: skip
+    llm = LLM(model=path, device="cpu", dtype="float32", max_model_len=128)
+    assert llm.llm_engine.config.pooler_config is not None
+    outs = llm.embed([{"prompt_token_ids": p} for p in PROMPTS], use_tqdm=False)
+    _check([o.outputs.embedding for o in outs], ref, "headless")
+    _close(llm)
+    with pytest.raises(ValueError, match="without an LM head .* serves embeddings only"):
+        LLM(model=path, device="cpu", task="generate")

@@ -31,6 +31,7 @@ from vllm.config import (
 from vllm.engine.compat_args import check_compat_args, check_upstream_switches
 from vllm.engine.speculative_args import resolve_speculative
 from vllm.lora.config import LoRAConfig
+from vllm.model_executor.models import is_headless
 from vllm.pooling.config import resolve_pooler
 
 
@@ -457,10 +458,6 @@ class EngineArgs:
             self.model, self.tokenizer_revision, self.disable_sliding_window, self.cpu_offload_gb,
             self.preemption_mode, self.disable_custom_all_reduce, self.compilation_config,
         )  # fmt: skip
-        pooler_config = resolve_pooler(
-            self.task, self.runner, parse_json_object("override_pooler_config",
-                                                      self.override_pooler_config),
-        )  # fmt: skip
         device_config = DeviceConfig(self.device)
         parallel_config = ParallelConfig(
             pipeline_parallel_size=self.pipeline_parallel_size,
@@ -502,6 +499,11 @@ class EngineArgs:
             device=device_config.device,
             model_loader_extra_config=self.model_loader_extra_config,
         )
+        pooler_config = resolve_pooler(
+            self.task, self.runner, parse_json_object("override_pooler_config",
+                                                      self.override_pooler_config),
+            headless=is_headless(model_config.hf_config),
+        )  # fmt: skip
         spec = resolve_speculative(self)  # --speculative-config applied
         speculative_config = SpeculativeConfig.create(
             model_config,

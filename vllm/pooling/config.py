@@ -49,13 +49,18 @@ class PoolerConfig:
         return self.pooling_type != "LAST"
 
 
-def resolve_pooler(task: str, runner: str, overrides: dict | None) -> PoolerConfig | None:
-    """The PoolerConfig the flags ask for, None for a generative engine.
+def resolve_pooler(
+    task: str, runner: str, overrides: dict | None, headless: bool = False
+) -> PoolerConfig | None:
+    """The PoolerConfig the flags ask for, None for a generative engine. A ``headless``
+    checkpoint (a decoder stack without an LM head, ``LlamaModel`` ...) is an embedding
+    model under ``auto``, as upstream resolves it.
 
     Raises:
         ValueError: an unknown task or runner (pooling tasks other than embed: classify,
-            score, reward are not served), a generate task with the pooling runner, or
-            override keys other than ``pooling_type`` / ``normalize``.
+            score, reward are not served), a generate task with the pooling runner or a
+            headless checkpoint, or override keys other than ``pooling_type`` /
+            ``normalize``.
     """
     for name, value, allowed in (("task", task, TASKS), ("runner", runner, RUNNERS)):
         if value not in allowed:
@@ -67,6 +72,13 @@ def resolve_pooler(task: str, runner: str, overrides: dict | None) -> PoolerConf
     embed = task == "embed" or runner == "pooling"
     if embed and (task == "generate" or runner == "generate"):
         raise ValueError(f"task={task!r} and runner={runner!r} contradict each other.")
+    if headless:
+        if "generate" in (task, runner):
+            raise ValueError(
+                "the checkpoint is a decoder stack without an LM head (its architecture "
+                "ends in Model): it serves embeddings only (task='embed'), not generation."
+            )
+        embed = True
     if not embed:
         if overrides:
             raise ValueError("override_pooler_config needs task='embed' (--task embed).")

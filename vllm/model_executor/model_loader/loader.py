@@ -21,7 +21,7 @@ from torch import nn
 
 from vllm.distributed.parallel_state import get_tensor_model_parallel_world_size
 from vllm.model_executor.model_loader.gguf_loader import gguf_weights_iterator
-from vllm.model_executor.models import architectures_of, get_model_class
+from vllm.model_executor.models import architectures_of, get_model_class, is_headless
 from vllm.model_executor.weight_utils import (
     fill_dummy_weights,
     safetensors_weights_iterator,
@@ -70,6 +70,9 @@ def get_model(model_config, device, pp_rank: int = 0, pp_size: int = 1) -> nn.Mo
     hf_config = model_config.hf_config
     tp_size = get_tensor_model_parallel_world_size()
     model_cls = get_model_class(architectures_of(hf_config))
+    headless = is_headless(hf_config)
+    if headless:  # no LM head: the (unused) logits of an embedding engine use the embedding
+        hf_config.tie_word_embeddings = True
     load_format = resolve_load_format(model_config.model, model_config.load_format)
     if load_format == "sim":
         from vllm.model_executor.model_loader.sim_model import SimStageModel, SimTiming
@@ -93,6 +96,8 @@ def get_model(model_config, device, pp_rank: int = 0, pp_size: int = 1) -> nn.Mo
             weights = gguf_weights_iterator(model_config.model, num_heads, num_kv_heads, layers)
         else:  # under TP each rank reads only its shard of every tensor
             weights = safetensors_weights_iterator(model_config.model, lazy=tp_size > 1)
+            if headless:  # the stack's tensors are named as the causal LM's "model."
+                weights = ((n if n.startswith("model.") else f"model.{n}", t) for n, t in weights)
         with torch.no_grad():
             loaded = model.load_weights(weights)
         missing = sorted({name for name, _ in model.named_parameters()} - loaded)

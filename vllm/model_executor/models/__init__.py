@@ -17,7 +17,14 @@ _MODELS: dict[str, tuple[str, str]] = {
     "Qwen3MoeForCausalLM": ("qwen3_moe", "Qwen3MoeForCausalLM"),
     "MixtralForCausalLM": ("mixtral", "MixtralForCausalLM"),
     "Gemma3ForCausalLM": ("gemma3", "Gemma3ForCausalLM"),
+    # decoder stacks without an LM head (embedding checkpoints such as e5-mistral): served
+    # with --task embed by the causal LM class, whose lm_head then ties to the embedding
+    "LlamaModel": ("llama", "LlamaForCausalLM"),
+    "MistralModel": ("mistral", "MistralForCausalLM"),
+    "Qwen2Model": ("qwen2", "Qwen2ForCausalLM"),
+    "Qwen3Model": ("qwen3", "Qwen3ForCausalLM"),
 }
+HEADLESS_ARCHS = ("LlamaModel", "MistralModel", "Qwen2Model", "Qwen3Model")
 
 # config.model_type -> architecture, for configs without `architectures` (GGUF-derived ones)
 _MODEL_TYPE_TO_ARCH = {
@@ -62,6 +69,15 @@ class ModelRegistry:
             f"Model architectures {list(architectures or [])} are not supported for now. "
             f"Supported architectures: {ModelRegistry.get_supported_archs()}"
         )
+
+
+def is_headless(config) -> bool:
+    """Whether the checkpoint is a decoder stack without an LM head (``LlamaModel`` ...):
+    it serves embeddings only, and its tensors lack the ``model.`` prefix."""
+    try:
+        return ModelRegistry.resolve_model_cls(architectures_of(config))[1] in HEADLESS_ARCHS
+    except ValueError:
+        return False
 
 
 def get_model_class(architectures: list[str]) -> type[nn.Module]:
