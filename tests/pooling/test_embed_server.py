@@ -90,3 +90,26 @@ def test_generative_server_refuses_embeddings(tiny_llama_dir):
         assert "does not support the Embeddings API" in r.json()["error"]["message"]
     finally:
         srv.stop()
+
+
+def test_embeddings_truncate_prompt_tokens(server):
+    """truncate_prompt_tokens keeps each input's last k tokens; -1 keeps the last
+    max_model_len (128) of a longer input, as completions do; k above 128 is a 400."""
+    long_ids = list(range(1, 200))  # 199 tokens: above max_model_len alone
+
+    def vec(body):
+        r = _post(server, "embeddings", body)
+        assert r.status_code == 200, r.text
+        return np.array(r.json()["data"][0]["embedding"]), r.json()["usage"]["prompt_tokens"]
+
+    cut, n = vec({"input": long_ids, "truncate_prompt_tokens": -1})
+    want, _ = vec({"input": long_ids[-128:]})
+    assert n == 128
+    np.testing.assert_allclose(cut, want, atol=1e-6)
+    four, n = vec({"input": INPUTS[0], "truncate_prompt_tokens": 4})
+    assert n == 4
+    np.testing.assert_allclose(four, vec({"input": INPUTS[0][-4:]})[0], atol=1e-6)
+    for k in (129, 0, -2):
+        r = _post(server, "embeddings", {"input": INPUTS[0], "truncate_prompt_tokens": k})
+        assert r.status_code == 400, (k, r.text)
+        assert r.json()["error"]["param"] == "truncate_prompt_tokens"

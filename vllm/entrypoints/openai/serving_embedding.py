@@ -5,8 +5,9 @@ becomes one pooling request (vllm/pooling), all checked before any is queued.
 ``encoding_format`` "float" returns lists of floats, "base64" the float32 little-endian
 bytes in base64 (what OpenAI's clients decode). ``dimensions`` cuts a Matryoshka model's
 embeddings; other models refuse it. ``truncate_prompt_tokens`` keeps each input's last k
-tokens. A generative engine answers 400, as an embedding engine does to /v1/completions
-and /v1/chat/completions.
+tokens (-1: the last ``max_model_len``, as for completions; k above ``max_model_len`` is a
+400). A generative engine answers 400, as an embedding engine does to /v1/completions and
+/v1/chat/completions.
 """
 
 from __future__ import annotations
@@ -56,16 +57,14 @@ class OpenAIServingEmbedding(OpenAIServing):
     """Handler of /v1/embeddings."""
 
     async def _inputs(self, req: EmbeddingRequest) -> list[list[int]]:
-        """Token ids per input, each cut to its last ``truncate_prompt_tokens``."""
+        """Token ids per input, each cut to its last ``truncate_prompt_tokens`` (-1:
+        ``max_model_len``)."""
         items = req.input
         if isinstance(items, str) or (items and all(isinstance(t, int) for t in items)):
             items = [items]
         if not items:
             raise APIError("input must not be empty.", 400, "input")
-        k = req.truncate_prompt_tokens
-        if k is not None and k < 1:
-            raise APIError(f"truncate_prompt_tokens must be >= 1, got {k}.", 400,
-                           "truncate_prompt_tokens")  # fmt: skip
+        k = self.kept_tokens(req)  # -1: max_model_len; above it or below -1: 400
         out = []
         for item in items:
             ids = await self.item_ids(item, "input", bounded=k is None)
