@@ -16,11 +16,12 @@ class PoolingParams:
             when the pooler normalizes); only for models trained for it (Matryoshka
             representations: ``is_matryoshka`` or ``matryoshka_dimensions`` in the Hugging
             Face config). None: the whole hidden size.
-        truncate_prompt_tokens: keep only the last this many prompt tokens (None: all).
+        truncate_prompt_tokens: keep only the last this many prompt tokens (None: all; -1:
+            the last ``max_model_len``, as SamplingParams' field).
         output_kind: as SamplingParams' (an embedding arrives once, when it is done).
 
     Raises:
-        ValueError: ``dimensions`` or ``truncate_prompt_tokens`` below 1.
+        ValueError: ``dimensions`` below 1, ``truncate_prompt_tokens`` below 1 and not -1.
     """
 
     dimensions: int | None = None
@@ -31,6 +32,8 @@ class PoolingParams:
     def __post_init__(self) -> None:
         for name in ("dimensions", "truncate_prompt_tokens"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                      or value < 1):  # fmt: skip
-                raise ValueError(f"{name} must be a positive integer or None, got {value!r}.")
+            if value is None or (name == "truncate_prompt_tokens" and value == -1):
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                also = " (or -1 for max_model_len)" if name == "truncate_prompt_tokens" else ""
+                raise ValueError(f"{name} must be a positive integer{also} or None, got {value!r}.")

@@ -196,3 +196,27 @@ def test_headless_checkpoint_is_an_embedding_model(tiny_models_dir):
     _close(llm)
     with pytest.raises(ValueError, match="without an LM head .* serves embeddings only"):
         LLM(model=path, device="cpu", task="generate")
+
+
+@pytest.mark.forked
+def test_embed_truncate_prompt_tokens(tiny_llama_dir):
+    """LLM.embed / LLM.encode take upstream's truncate_prompt_tokens keyword: each prompt is
+    pooled over its last k tokens (-1: the last max_model_len, so a longer prompt fits),
+    the keyword wins over the pooling params' own value; a k above max_model_len is refused."""
+    from vllm.pooling_params import PoolingParams
+
+    long_prompt = [1] + list(range(200, 349))  # 150 tokens, above max_model_len=128
+    ref = _reference(tiny_llama_dir, [PROMPTS[0][-4:], long_prompt[-128:], PROMPTS[1][-2:]])
+    llm = _llm(tiny_llama_dir, max_model_len=128)
+    outs = llm.embed([{"prompt_token_ids": PROMPTS[0]}], use_tqdm=False, truncate_prompt_tokens=4)
+    _check([o.outputs.embedding for o in outs], ref[:1], "k=4")
+    outs = llm.encode({"prompt_token_ids": long_prompt}, use_tqdm=False, truncate_prompt_tokens=-1)
+    _check([o.outputs.data for o in outs], ref[1:2], "k=-1")
+    outs = llm.embed([{"prompt_token_ids": PROMPTS[1]}], [PoolingParams(truncate_prompt_tokens=3)],
+                     use_tqdm=False, truncate_prompt_tokens=2)  # fmt: skip
+    _check([o.outputs.embedding for o in outs], ref[2:], "keyword over params")
+    with pytest.raises(ValueError, match="truncate_prompt_tokens=129 is more than max_model_len"):
+        llm.embed({"prompt_token_ids": PROMPTS[0]}, use_tqdm=False, truncate_prompt_tokens=129)
+    with pytest.raises(ValueError, match="or -1 for max_model_len"):
+        PoolingParams(truncate_prompt_tokens=0)
+    _close(llm)

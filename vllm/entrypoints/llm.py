@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 from collections.abc import Sequence as SeqABC
@@ -113,15 +114,20 @@ class LLM:
         use_tqdm: bool = True,
         lora_request: LoRARequest | SeqABC[LoRARequest | None] | None = None,
         priority: list[int] | None = None,
+        *,
+        truncate_prompt_tokens: int | None = None,
     ) -> list[PoolingRequestOutput]:
         """Pool each prompt into one vector (an engine started with ``task="embed"``; see
         vllm/pooling): ``outputs.data`` a float32 tensor [hidden] (or ``dimensions``).
         Arguments and errors as for :meth:`generate`; a generative engine raises
-        ValueError."""
-        return self._run_requests(
-            prompts, pooling_params or PoolingParams(), use_tqdm, lora_request, priority,
-            PoolingParams,
-        )  # fmt: skip
+        ValueError. ``truncate_prompt_tokens=k`` (as upstream) pools only each prompt's
+        last k tokens (-1: the last ``max_model_len``), in place of the pooling params'
+        own value."""
+        params = pooling_params or PoolingParams()
+        if truncate_prompt_tokens is not None:
+            params = _with_truncation(params, truncate_prompt_tokens)
+        return self._run_requests(prompts, params, use_tqdm, lora_request, priority,
+                                  PoolingParams)  # fmt: skip
 
     def embed(self, *args: Any, **kwargs: Any) -> list[EmbeddingRequestOutput]:
         """:meth:`encode` (the same arguments) with each vector as a list of floats
@@ -346,6 +352,17 @@ def _per_prompt(value, n: int, name: str) -> list:
     if len(value) != n:
         raise ValueError(f"got {len(value)} {name}s for {n} prompts; they must match.")
     return list(value)
+
+
+def _with_truncation(params, k: int):
+    """``params`` (one PoolingParams or a sequence of them) with ``truncate_prompt_tokens=k``;
+    anything else is left for the per-prompt type check."""
+    if isinstance(params, PoolingParams):
+        return dataclasses.replace(params, truncate_prompt_tokens=k)
+    return [
+        dataclasses.replace(p, truncate_prompt_tokens=k) if isinstance(p, PoolingParams) else p
+        for p in params
+    ]
 
 
 def _legacy_token_prompts(prompts, prompt_token_ids) -> object:
