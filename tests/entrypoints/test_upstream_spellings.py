@@ -98,3 +98,22 @@ def test_api_server_module_runs_serve():
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1].startswith("error: ")
     assert "/no/such/model.gguf" in proc.stderr
+
+
+def test_api_server_module_help_matches_serve():
+    """``python -m vllm.entrypoints.openai.api_server --help`` shows what ``vllm serve
+    --help`` shows: the endpoints (embeddings included) and every flag's default."""
+    outs = []
+    for cmd in (["-m", "vllm.entrypoints.openai.api_server"], ["-m", "vllm.entrypoints.cli",
+                                                                "serve"]):  # fmt: skip
+        proc = subprocess.run([sys.executable, *cmd, "--help"], capture_output=True, text=True,
+                              timeout=120)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        outs.append(" ".join(proc.stdout.split()))  # argparse wraps lines
+    for text in outs:
+        assert "/v1/embeddings with --task embed" in text
+        assert "/tokenize, /detokenize" in text
+        assert "--port PORT Port to bind (0: a free one). (default: 8000)" in text
+        assert "--max-loras MAX_LORAS LoRA adapters one step may use (device slots). " \
+            "(default: 1)" in text  # fmt: skip
+    assert outs[0].split("positional arguments:")[1] == outs[1].split("positional arguments:")[1]

@@ -22,27 +22,8 @@ import argparse
 import logging
 import sys
 
+from vllm.entrypoints.help_format import HelpFormatter
 from vllm.logger import LOG_FORMAT
-
-
-class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Appends ``(default: X)`` to every flag whose help does not already state its
-    default (``off`` for a switch)."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        if action.default is argparse.SUPPRESS or not action.option_strings:
-            return text
-        if "default" in text.lower():
-            return text
-        default = action.default
-        if isinstance(action, argparse._StoreTrueAction):
-            shown = "on" if default else "off"
-        elif isinstance(default, (list, tuple)):
-            shown = " ".join(str(d) for d in default)
-        else:
-            shown = str(default)
-        return f"{text} (default: {shown})"
 
 
 class CLIParser(argparse.ArgumentParser):
@@ -65,7 +46,7 @@ def make_parser() -> argparse.ArgumentParser:
     """The ``vllm`` parser with its subcommands."""
     from vllm.entrypoints.bench import BENCHMARKS
     from vllm.entrypoints.cli_clients import add_client_args
-    from vllm.entrypoints.openai.cli_args import make_server_parser
+    from vllm.entrypoints.openai.cli_args import SERVE_DESCRIPTION, make_server_parser
     from vllm.entrypoints.openai.run_batch import add_run_batch_args
     from vllm.version import __version__
 
@@ -79,8 +60,7 @@ def make_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser(
         "serve",
         help="Start the OpenAI-compatible HTTP server.",
-        description="Start the OpenAI-compatible HTTP server (/v1/completions, "
-        "/v1/chat/completions, /v1/models, /health, /metrics).",
+        description=SERVE_DESCRIPTION,
         formatter_class=HelpFormatter,
     )
     make_server_parser(serve)

@@ -497,11 +497,17 @@ def serve(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m vllm.entrypoints.openai.api_server [MODEL] [flags]``: upstream V0's
-    launch command, the same as ``vllm serve`` (``--config`` included)."""
+    launch command, the same as ``vllm serve`` (``--config`` included; ``--help`` shows
+    the same description and every flag's default)."""
     from vllm.entrypoints.config_file import expand_config_file
-    from vllm.entrypoints.openai.cli_args import make_server_parser
+    from vllm.entrypoints.help_format import HelpFormatter
+    from vllm.entrypoints.openai.cli_args import SERVE_DESCRIPTION, make_server_parser
 
-    parser = argparse.ArgumentParser(prog="python -m vllm.entrypoints.openai.api_server")
+    parser = argparse.ArgumentParser(
+        prog="python -m vllm.entrypoints.openai.api_server",
+        description=SERVE_DESCRIPTION,
+        formatter_class=HelpFormatter,
+    )
     make_server_parser(parser)
     argv = list(sys.argv[1:] if argv is None else argv)
     try:

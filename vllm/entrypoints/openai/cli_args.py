@@ -15,6 +15,12 @@ from vllm.entrypoints.openai.lora_modules import parse_lora_module
 from vllm.entrypoints.openai.request_guards import DEFAULT_MAX_REQUEST_BODY_BYTES
 from vllm.entrypoints.openai.tool_parsers import tool_parser_names
 
+SERVE_DESCRIPTION = (
+    "Start the OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions,\n"
+    "/v1/embeddings with --task embed, /v1/models, /tokenize, /detokenize, /health,\n"
+    "/metrics)."
+)
+
 
 def json_list(raw: str) -> list[str]:
     """Parse a flag value that is a JSON list of strings (``'["*"]'``).
