@@ -220,3 +220,15 @@ def test_embed_truncate_prompt_tokens(tiny_llama_dir):
     with pytest.raises(ValueError, match="or -1 for max_model_len"):
         PoolingParams(truncate_prompt_tokens=0)
     _close(llm)
+
+
+def test_old_task_name_embedding(tiny_llama_dir, caplog):
+    """Upstream's older spelling --task embedding starts an embedding engine (warned)."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    with caplog.at_level("WARNING", logger="vllm.pooling.config"):
+        config = EngineArgs(
+            model=tiny_llama_dir, device="cpu", task="embedding"
+        ).create_engine_config()
+    assert config.pooler_config.pooling_type == "LAST" and config.pooler_config.normalize is True
+    assert "upstream's old name of task='embed'" in caplog.text

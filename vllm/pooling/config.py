@@ -10,7 +10,10 @@ normalized unless ``normalize`` is false. ``--override-pooler-config '{"pooling_
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+
+logger = logging.getLogger(__name__)
 
 POOLING_TYPES = ("LAST", "MEAN", "CLS")
 TASKS = ("auto", "generate", "embed")
@@ -56,12 +59,17 @@ def resolve_pooler(
     checkpoint (a decoder stack without an LM head, ``LlamaModel`` ...) is an embedding
     model under ``auto``, as upstream resolves it.
 
+    ``task="embedding"``, upstream's older name, is taken as ``embed`` with a warning.
+
     Raises:
         ValueError: an unknown task or runner (pooling tasks other than embed: classify,
             score, reward are not served), a generate task with the pooling runner or a
             headless checkpoint, or override keys other than ``pooling_type`` /
             ``normalize``.
     """
+    if task == "embedding":
+        logger.warning("task='embedding' is upstream's old name of task='embed'; using embed.")
+        task = "embed"
     for name, value, allowed in (("task", task, TASKS), ("runner", runner, RUNNERS)):
         if value not in allowed:
             raise ValueError(
