@@ -267,4 +267,39 @@ def test_tensor_parallel_two_ranks(family, request, tiny_models_dir, monkeypatch
     outs = llm.generate([{"prompt_token_ids": PROMPTS[i]} for i in range(3)], sp,
                         lora_request=[lora, lora, None], use_tqdm=False)  # fmt: skip
     _check(outs, [(0, "a"), (1, "a"), (2, None)], refs)
+
+
+@pytest.mark.forked
+def test_beam_search_runs_each_prompt_with_its_adapter(tiny_llama_dir, lora_adapters):
+    """LLM.beam_search(prompts, params, lora_request) (upstream's argument order): every
+    beam of a prompt runs with that prompt's adapter, so the beams equal a full-vocabulary
+    beam search over the PEFT model (and the base model for a prompt without one)."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from tests.entrypoints.test_llm_beam_search import _hf_beam_search
+    from vllm.sampling_params import BeamSearchParams
+
+    def hf(adapter):
+        model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32)
+        if adapter is not None:
+            model = PeftModel.from_pretrained(model, lora_adapters[adapter])
+        return model.eval()
+
+    cases = [(0, "all"), (1, None), (2, "qv")]
+    llm = _llm(tiny_llama_dir, max_loras=2, max_model_len=64)
+    params = BeamSearchParams(beam_width=2, max_tokens=3, ignore_eos=True)
+    outs = llm.beam_search([{"prompt_token_ids": PROMPTS[p]} for p, _ in cases], params,
+                           [_lora(lora_adapters, name) for _, name in cases])  # fmt: skip
+    for (p, name), out in zip(cases, outs):
+        ref = _hf_beam_search(hf(name), PROMPTS[p], 2, 3)
+        assert [s.tokens for s in out.sequences] == [t for t, _ in ref], (p, name)
+        for seq, (_, cum) in zip(out.sequences, ref):
+            assert seq.cum_logprob == pytest.approx(cum, abs=2e-4)
+    # one request for every prompt; the base model's beams differ from the adapter's
+    one = llm.beam_search({"prompt_token_ids": PROMPTS[0]}, params, _lora(lora_adapters, "all"))
+    assert one[0].sequences[0].tokens == outs[0].sequences[0].tokens
+    base = llm.beam_search({"prompt_token_ids": PROMPTS[0]}, params)
+    assert base[0].sequences[0].tokens != one[0].sequences[0].tokens
     _close(llm)

@@ -123,3 +123,21 @@ def test_adapters_loaded_and_unloaded_at_run_time(tiny_llama_dir, lora_adapters)
         assert post("unload_lora_adapter", {"lora_name": "mine"}).status_code == 404
     finally:
         srv.stop()
+
+
+def test_beam_search_with_an_adapter(server, tiny_llama_dir, lora_adapters):
+    """use_beam_search with an adapter's name searches with that adapter: width 1 is its
+    greedy output (PEFT's), and the base model's differs."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_llama_dir)
+    texts = {}
+    for model, adapter in [("all", "all"), ("base", None)]:
+        body = {"model": model, "prompt": PROMPT, "max_tokens": N, "use_beam_search": True,
+                "n": 1, "ignore_eos": True, "temperature": 0}  # fmt: skip
+        r = httpx.post(server.url_for("v1", "completions"), json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        ref_ids, _ = peft_greedy(tiny_llama_dir, adapter and lora_adapters[adapter], PROMPT, N)
+        texts[model] = r.json()["choices"][0]["text"]
+        assert texts[model] == tok.decode(ref_ids), model
+    assert texts["all"] != texts["base"]

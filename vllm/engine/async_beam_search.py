@@ -13,7 +13,7 @@ from vllm.sampling_params import BeamSearchParams
 
 
 async def beam_search(
-    engine, prompt: dict, params: BeamSearchParams, request_id: str
+    engine, prompt: dict, params: BeamSearchParams, request_id: str, lora_request=None
 ) -> AsyncIterator[RequestOutput]:
     """Yield one finished RequestOutput with ``params.beam_width`` outputs, best first.
 
@@ -22,6 +22,7 @@ async def beam_search(
         prompt: ``{"prompt_token_ids": [...], "prompt": text (optional)}``.
         params: the search's parameters.
         request_id: the id of the search; its steps' requests are ``<id>-s<step>-<beam>``.
+        lora_request: the LoRA adapter every step's requests run with (None: the base model).
     Raises:
         ValueError: ``2 x beam_width`` above max_logprobs.
         EngineDeadError / RequestFailedError: as :meth:`AsyncLLMEngine.generate`.
@@ -32,7 +33,9 @@ async def beam_search(
 
     async def one(tokens: list[int], rid: str) -> RequestOutput:
         last = None
-        async for out in engine.generate({"prompt_token_ids": tokens}, step_params, rid):
+        async for out in engine.generate(
+            {"prompt_token_ids": tokens}, step_params, rid, lora_request=lora_request
+        ):
             last = out
         return last
 

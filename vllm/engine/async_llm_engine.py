@@ -258,11 +258,16 @@ class AsyncLLMEngine:
             raise ValueError(f"invalid guided {kind}: could not compile it ({e}).") from e
 
     def beam_search(
-        self, prompt: dict, params: BeamSearchParams, request_id: str
+        self,
+        prompt: dict,
+        params: BeamSearchParams,
+        request_id: str,
+        lora_request: LoRARequest | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Beam search (vllm/engine/async_beam_search.py): yields one finished RequestOutput
-        whose ``outputs`` are the ``params.beam_width`` best sequences, best first."""
-        return beam_search(self, prompt, params, request_id)
+        whose ``outputs`` are the ``params.beam_width`` best sequences, best first; every
+        beam runs with ``lora_request``'s adapter when one is given."""
+        return beam_search(self, prompt, params, request_id, lora_request)
 
     def _check_executor(self) -> None:
         executor = self.engine.executor

@@ -240,6 +240,7 @@ class LLM:
         self,
         prompts: PromptType | SeqABC[PromptType],
         params: BeamSearchParams,
+        lora_request: LoRARequest | SeqABC[LoRARequest | None] | None = None,
         use_tqdm: bool = False,
     ) -> list[BeamSearchOutput]:
         """Beam search (vllm/beam_search.py): per prompt, the best ``params.beam_width``
@@ -248,6 +249,8 @@ class LLM:
         Args:
             prompts: as :meth:`generate` takes them.
             params: beam width, max_tokens, ignore_eos, length_penalty, ...
+            lora_request: as for :meth:`generate` (one for all prompts or one per prompt);
+                every beam of a prompt runs with its adapter. Third, as upstream orders it.
             use_tqdm: show a progress bar over the steps.
         Returns:
             One BeamSearchOutput per prompt, in the prompts' order.
@@ -257,15 +260,19 @@ class LLM:
         """
         engine = self.llm_engine
         ids = [engine.process_prompt(p)[1] for p in _prompt_list(prompts)]
+        loras = _per_prompt(lora_request, len(ids), "lora_request")
         for prompt_ids in ids:  # each beam is a request of its own (n = 1)
             engine.check_schedulable(len(prompt_ids), 1)
+        for lora in loras:
+            engine.adapters.check(lora)
         search = BeamSearch.for_engine(engine, ids, params)
         step = params.step_params()
         bar = tqdm(total=params.max_tokens, desc="Beam search steps", disable=not use_tqdm)
         try:
             while not search.done:
                 pending = search.pending()
-                outs = self.generate([{"prompt_token_ids": t} for _, _, t in pending], step, False)
+                outs = self.generate([{"prompt_token_ids": t} for _, _, t in pending], step, False,
+                                     [loras[i] for i, _, _ in pending])  # fmt: skip
                 search.advance(
                     {(i, j): o.outputs[0].logprobs[0] for (i, j, _), o in zip(pending, outs)}
                 )

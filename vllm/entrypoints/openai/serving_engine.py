@@ -362,10 +362,7 @@ class OpenAIServing:
         asks for one, else ``engine.generate``."""
         lora = self.lora_for(req)
         if req.use_beam_search:
-            if lora is not None:
-                raise APIError("use_beam_search is not supported with a LoRA adapter.", 400,
-                               "use_beam_search")  # fmt: skip
-            return self.engine.beam_search(prompt, params, request_id)
+            return self.engine.beam_search(prompt, params, request_id, lora)
         try:
             check_priority(req.priority, self.engine.scheduling_policy)
         except ValueError as e:
