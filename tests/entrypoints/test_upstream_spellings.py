@@ -117,3 +117,23 @@ def test_api_server_module_help_matches_serve():
         assert "--max-loras MAX_LORAS LoRA adapters one step may use (device slots). " \
             "(default: 1)" in text  # fmt: skip
     assert outs[0].split("positional arguments:")[1] == outs[1].split("positional arguments:")[1]
+
+
+@pytest.mark.parametrize(
+    "yaml_text, message",
+    [
+        ("model: /no/such/model-from-config.gguf\n", "/no/such/model-from-config.gguf"),
+        ("max-model-len: 64\nbogus-key: 1\n", "'bogus-key' is not a flag of vllm serve"),
+    ],
+)
+def test_api_server_module_reads_config_file(tmp_path, yaml_text, message):
+    """``--config FILE`` of the V0 launch command is read as ``vllm serve`` reads it (the
+    file's model is checked and its keys too), not skipped for the default model."""
+    cfg = tmp_path / "serve.yaml"
+    cfg.write_text(yaml_text)
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--config", str(cfg),
+           "--port", "0"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and message in last, last

@@ -510,8 +510,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     make_server_parser(parser)
     argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        argv = expand_config_file(argv, parser)
+    try:  # expand_config_file reads the arguments of a ``serve`` command line
+        argv = expand_config_file(["serve", *argv], parser)[1:]
     except ValueError as e:
         sys.stderr.write(f"error: {e}\n")
         return 2
