@@ -248,6 +248,20 @@ def _parse_serve(argv: list[str]):
     return cli.make_parser().parse_args(expand_config_file(argv, _serve_parser()))
 
 
+def test_config_file_lora_modules_as_mappings(tmp_path):
+    """lora-modules in YAML: NAME=PATH strings and name/path mappings (each passed as the
+    JSON form of the flag), mixed in one list."""
+    cfg = tmp_path / "serve.yaml"
+    cfg.write_text(
+        "enable-lora: true\nlora-modules:\n  - sql=/adapters/sql\n"
+        "  - {name: chat, path: /adapters/chat, base_model_name: base}\n"
+    )
+    args = _parse_serve(["serve", "--config", str(cfg)])
+    assert args.enable_lora is True
+    assert args.lora_modules == [("sql", "/adapters/sql", None),
+                                 ("chat", "/adapters/chat", "base")]  # fmt: skip
+
+
 def test_config_file_flags_and_precedence(tmp_path):
     cfg = tmp_path / "serve.yaml"
     cfg.write_text(

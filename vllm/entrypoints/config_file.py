@@ -12,7 +12,9 @@ values, for example::
 Each entry becomes command-line text placed before the flags actually typed, so a flag
 given on the command line wins over the file's. ``true`` / ``false`` set a switch either
 way (``enable-prefix-caching: false`` is ``--no-enable-prefix-caching``); a list gives the
-flag several values (``cuda-graph-sizes: [1, 2, 4]``); ``model`` becomes ``--model``. A key
+flag several values (``cuda-graph-sizes: [1, 2, 4]``); a mapping, alone or in a list, is
+passed as JSON (``speculative-config: {method: ngram, ...}``, ``lora-modules: [{name: sql,
+path: /adapters/sql}]``); ``model`` becomes ``--model``. A key
 that is not a flag of ``vllm serve`` (or is ``config`` itself) is an error naming it.
 """
 
@@ -72,12 +74,18 @@ def _entry_args(
             return [flag, str(value).lower()]
         return [flag] if value else []
     if isinstance(value, (list, tuple)):
-        return [flag, *(str(v) for v in value)] if value else []
+        return [flag, *(_entry_text(v) for v in value)] if value else []
+    return [flag, _entry_text(value)]
+
+
+def _entry_text(value: object) -> str:
+    """One value as command-line text: a mapping as JSON (the JSON-valued flags, such as
+    --speculative-config, and each --lora-modules entry), anything else as ``str``."""
     if isinstance(value, dict):
         import json
 
-        return [flag, json.dumps(value)]  # JSON-valued flags (--speculative-config ...)
-    return [flag, str(value)]
+        return json.dumps(value)
+    return str(value)
 
 
 def expand_config_file(argv: list[str], serve_parser: argparse.ArgumentParser) -> list[str]:
