@@ -46,3 +46,17 @@ def test_refused_values(tiny_llama_dir, flags, match):
 def test_gguf_quantization_with_a_gguf_file(smollm2_gguf):
     ea = _validate(smollm2_gguf, "--device", "cpu", "--quantization", "gguf")
     assert ea.quantization == "gguf"
+
+
+def test_upstream_lora_switches(tiny_llama_dir, caplog):
+    """--lora-dtype takes auto or the model's dtype (float32 on CPU), --fully-sharded-loras
+    is accepted and logged as ignored; another lora dtype is refused naming the model's."""
+    with caplog.at_level(logging.WARNING, logger="vllm.engine.compat_args"):
+        for dtype in ("auto", "float32"):
+            ea = _validate(tiny_llama_dir, "--device", "cpu", "--enable-lora", "--lora-dtype",
+                           dtype, "--fully-sharded-loras")  # fmt: skip
+            assert ea.lora_dtype == dtype and ea.fully_sharded_loras is True
+            assert ea.create_engine_config().lora_config.max_loras == 1
+    assert "fully_sharded_loras=True is ignored" in caplog.text
+    with pytest.raises(ValueError, match=r"lora_dtype='bfloat16' is not supported.*'float32'"):
+        _validate(tiny_llama_dir, "--device", "cpu", "--enable-lora", "--lora-dtype", "bfloat16")

@@ -28,7 +28,7 @@ from vllm.config import (
     SpeculativeConfig,
     parse_json_object,
 )
-from vllm.engine.compat_args import check_compat_args, check_upstream_switches
+from vllm.engine.compat_args import check_compat_args, check_lora_switches, check_upstream_switches
 from vllm.engine.speculative_args import resolve_speculative
 from vllm.lora.config import LoRAConfig
 from vllm.model_executor.models import is_headless
@@ -135,6 +135,14 @@ class EngineArgs:
     max_cpu_loras: int | None = _f(
         None, "LoRA adapters kept read on the host (default: max_loras).", group="lora"
     )
+    lora_dtype: str = _f(
+        "auto", "dtype of the adapters' weights on the device (upstream): auto, the model's "
+        "dtype, is the only one; naming the model's dtype is accepted too.", group="lora",
+    )  # fmt: skip
+    fully_sharded_loras: bool = _f(
+        False, "Accepted for upstream scripts; under tensor parallelism each rank already "
+        "holds its cut of every adapter, so it changes nothing.", group="lora",
+    )  # fmt: skip
     dtype: str = _f(
         "auto",
         "Weights and activations: auto (bfloat16 on CUDA, float32 on CPU), float32, "
@@ -546,7 +554,7 @@ class EngineArgs:
         _check_pooling(pooler_config, self, speculative_config, parallel_config, cache_config)
         return EngineConfig(
             pooler_config=pooler_config,
-            lora_config=self._lora_config(speculative_config),
+            lora_config=self._lora_config(speculative_config, model_config.dtype),
             speculative_config=speculative_config,
             model_config=model_config,
             cache_config=cache_config,
@@ -557,11 +565,12 @@ class EngineArgs:
             decoding_config=DecodingConfig(self.guided_decoding_backend),
         )
 
-    def _lora_config(self, spec) -> LoRAConfig | None:
+    def _lora_config(self, spec, model_dtype) -> LoRAConfig | None:
         """The LoRAConfig with ``enable_lora``, else None (LoRA flags then ignored).
 
         Raises:
-            ValueError: with speculative decoding.
+            ValueError: with speculative decoding, or a ``lora_dtype`` other than
+                ``auto`` / ``model_dtype``'s name.
         """
         if not self.enable_lora:
             return None
@@ -570,6 +579,7 @@ class EngineArgs:
                 "enable_lora=True cannot be combined with speculative decoding "
                 f"(speculative_model={spec.speculative_model!r}); use one or the other."
             )
+        check_lora_switches(self.lora_dtype, model_dtype, self.fully_sharded_loras)
         return LoRAConfig(self.max_loras, self.max_lora_rank, self.max_cpu_loras)
 
 

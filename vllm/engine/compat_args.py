@@ -21,6 +21,9 @@ what is supported otherwise, before any weight is read:
   ignored when set (local tokenizers; torch.distributed's all-reduce; no torch.compile).
 - ``disable_sliding_window`` (only False), ``cpu_offload_gb`` (only 0), ``preemption_mode``
   (None or ``recompute``).
+- With ``enable_lora``: ``lora_dtype`` (``auto``, the model's dtype, or that dtype's
+  name), ``fully_sharded_loras`` (logged as ignored: each TP rank holds its cut of an
+  adapter already).
 - ``task`` / ``runner``: see vllm/pooling/config.py (generation, or embeddings with
   ``embed`` / ``pooling``; scoring and classification are refused).
 """
@@ -108,3 +111,26 @@ def check_upstream_switches(
     ):  # fmt: skip
         if value:
             logger.warning("%s=%r is ignored: %s.", name, value, why)
+
+
+def check_lora_switches(lora_dtype: str, model_dtype, fully_sharded_loras: bool) -> None:
+    """Validate upstream's LoRA switches (an engine with ``enable_lora``).
+
+    Args:
+        lora_dtype: ``auto`` or a dtype name; the adapters' slots hold the model's dtype.
+        model_dtype: the resolved torch.dtype of the model.
+        fully_sharded_loras: upstream's tensor-parallel sharding of the LoRA GEMMs.
+    Raises:
+        ValueError: a lora_dtype other than ``auto`` and the model's dtype, naming both.
+    """
+    model_name = str(model_dtype).removeprefix("torch.")
+    if lora_dtype not in ("auto", model_name):
+        raise ValueError(
+            f"lora_dtype={lora_dtype!r} is not supported; adapters are held in the model's "
+            f"dtype ({model_name}): use 'auto' or {model_name!r}."
+        )
+    if fully_sharded_loras:
+        logger.warning(
+            "fully_sharded_loras=True is ignored: under tensor parallelism each rank holds "
+            "its cut of an adapter as of the weights."
+        )
