@@ -121,9 +121,10 @@ class OpenAIServingEmbedding(OpenAIServing):
             emb = vec.tolist() if req.encoding_format == "float" else _b64(vec)
             data.append(EmbeddingData(index=i, embedding=emb))
         n = sum(len(ids) for ids in inputs)
+        # completion_tokens 0, as upstream sends it: clients that add usages need a number
+        usage = UsageInfo(prompt_tokens=n, total_tokens=n, completion_tokens=0)
         return EmbeddingResponse(id=base, created=int(time.time()), model=self.model_for(req),
-                                 data=data, usage=UsageInfo(prompt_tokens=n, total_tokens=n,
-                                                            completion_tokens=None))  # fmt: skip
+                                 data=data, usage=usage)  # fmt: skip
 
 
 def _b64(vec: np.ndarray) -> str:
