@@ -93,8 +93,10 @@ def test_llm_chat_without_template_is_a_clear_error():
 
 def test_request_log_shows_text_cut_to_max_log_len(caplog):
     """The server's request log line: prompt text when known (chat prompts arrive rendered,
-    with their ids), token ids only for an id-only prompt; both cut to max_log_len."""
+    with their ids), token ids only for an id-only prompt; both cut to max_log_len; the
+    LoRA adapter a request names."""
     from vllm.engine.async_llm_engine import AsyncLLMEngine
+    from vllm.lora.request import LoRARequest
 
     engine = AsyncLLMEngine.__new__(AsyncLLMEngine)  # _log_request reads max_log_len only
     engine.max_log_len = 5
@@ -103,11 +105,15 @@ def test_request_log_shows_text_cut_to_max_log_len(caplog):
         engine._log_request("r1", {"prompt": "Hello world", "prompt_token_ids": [7, 8]}, params)
         engine._log_request("r2", {"prompt_token_ids": list(range(10))}, params)
         engine._log_request("r3", "plain text prompt", params)
+        engine._log_request("r4", "with adapter", params, LoRARequest("sql", 3, "/adapters/sql"))
     lines = [r.getMessage() for r in caplog.records]
     assert lines == [
         f"Received request r1: prompt: 'Hello', params: {params}.",
         f"Received request r2: prompt_token_ids: [0, 1, 2, 3, 4], params: {params}.",
         f"Received request r3: prompt: 'plain', params: {params}.",
+        f"Received request r4: prompt: 'with ', params: {params}, lora_request: "
+        "LoRARequest(lora_name='sql', lora_int_id=3, lora_path='/adapters/sql', "
+        "base_model_name=None).",
     ]
 
 

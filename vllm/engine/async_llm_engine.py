@@ -192,7 +192,7 @@ class AsyncLLMEngine:
         await self.prepare_grammar(params)
         await self.check_health()  # the loop may have stopped while the grammar compiled
         if self.log_requests:
-            self._log_request(request_id, prompt, params)
+            self._log_request(request_id, prompt, params, lora_request)
         queue: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = queue
         self._pending.append((request_id, prompt, params, time.time(), priority, lora_request))
@@ -560,10 +560,16 @@ class AsyncLLMEngine:
         for queue in list(self._streams.values()):
             queue.put_nowait(err)
 
-    def _log_request(self, request_id: str, prompt: PromptType, params: SamplingParams) -> None:
+    def _log_request(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams,
+        lora_request: LoRARequest | None = None,
+    ) -> None:
         """Log a request: its prompt as text (chat prompts rendered by their template)
         when the text is known, else its token ids; either cut to ``max_log_len``
-        characters / ids."""
+        characters / ids; then its LoRA adapter, when it names one (as upstream logs it)."""
         text, ids = None, None
         if isinstance(prompt, str):
             text = prompt
@@ -573,12 +579,15 @@ class AsyncLLMEngine:
         else:
             ids = prompt
         n = self.max_log_len
+        lora = "" if lora_request is None else f", lora_request: {lora_request}"
         if text is not None:
             logger.info(
-                "Received request %s: prompt: %r, params: %s.", request_id, text[:n], params
-            )
+                "Received request %s: prompt: %r, params: %s%s.", request_id, text[:n], params,
+                lora,
+            )  # fmt: skip
         else:
             shown = list(ids or [])[:n]
             logger.info(
-                "Received request %s: prompt_token_ids: %s, params: %s.", request_id, shown, params
-            )
+                "Received request %s: prompt_token_ids: %s, params: %s%s.", request_id, shown,
+                params, lora,
+            )  # fmt: skip
