@@ -112,6 +112,27 @@ def test_matryoshka_dimensions(tiny_llama_dir, tmp_path):
 
 
 @pytest.mark.forked
+def test_matryoshka_dimensions_listed_in_the_config(tiny_llama_dir, tmp_path):
+    """A config that lists matryoshka_dimensions serves only those sizes (as upstream):
+    a listed one is the normalized prefix, another is refused naming the list."""
+    from vllm import PoolingParams
+
+    model = tmp_path / "m"
+    shutil.copytree(tiny_llama_dir, model)
+    cfg = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**cfg, "matryoshka_dimensions": [16, 32]}))
+    (ref,) = _reference(str(model), PROMPTS[:1], normalize=False)
+    llm = _llm(str(model), max_model_len=128)
+    (out,) = llm.embed({"prompt_token_ids": PROMPTS[0]}, PoolingParams(dimensions=32),
+                       use_tqdm=False)  # fmt: skip
+    _check([out.outputs.embedding], [torch.nn.functional.normalize(ref[:32], dim=0)], "dim32")
+    for dims in (20, 64):
+        with pytest.raises(ValueError, match=rf"dimensions={dims}: .* \[16, 32\]"):
+            llm.embed(PROMPTS[0], PoolingParams(dimensions=dims))
+    _close(llm)
+
+
+@pytest.mark.forked
 def test_what_embedding_engines_refuse(tiny_llama_dir):
     from vllm import LLM, PoolingParams
 

@@ -489,7 +489,8 @@ class LLMEngine:
 
         Raises:
             ValueError: a generative engine (no ``task='embed'``), or ``dimensions`` the
-                model cannot give (not a Matryoshka model, or above the hidden size).
+                model cannot give (not a Matryoshka model, above the hidden size, or not
+                one of the config's ``matryoshka_dimensions`` when it lists them).
         """
         if self.config.pooler_config is None:
             raise ValueError(
@@ -509,6 +510,12 @@ class LLMEngine:
                 raise ValueError(
                     f"dimensions={pooling.dimensions} is above the model's hidden size "
                     f"{hf.hidden_size}."
+                )
+            listed = getattr(hf, "matryoshka_dimensions", None)
+            if listed and pooling.dimensions not in listed:  # as upstream: only those trained
+                raise ValueError(
+                    f"dimensions={pooling.dimensions}: the model supports only its "
+                    f"matryoshka_dimensions {list(listed)}; other sizes give poor embeddings."
                 )
         return SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, detokenize=False,
                               truncate_prompt_tokens=pooling.truncate_prompt_tokens)  # fmt: skip
