@@ -110,6 +110,16 @@ def test_adapters_loaded_and_unloaded_at_run_time(tiny_llama_dir, lora_adapters)
         )
         again = post("load_lora_adapter", {"lora_name": "mine", "lora_path": lora_adapters["all"]})
         assert again.status_code == 400 and "has already been loaded" in again.text
+        # load_inplace replaces the adapter served under the name (a base name stays refused)
+        body = {"lora_name": "mine", "lora_path": lora_adapters["all"], "load_inplace": True}
+        assert post("load_lora_adapter", body).status_code == 200
+        all_ids, _ = peft_greedy(tiny_llama_dir, lora_adapters["all"], PROMPT, N)
+        assert _complete(srv, "mine").json()["choices"][0]["text"] == AutoTokenizer.from_pretrained(
+            tiny_llama_dir
+        ).decode(all_ids)
+        assert all_ids != ref_ids
+        body = {"lora_name": "base", "lora_path": lora_adapters["all"], "load_inplace": True}
+        assert post("load_lora_adapter", body).status_code == 400
         bad = post(
             "load_lora_adapter", {"lora_name": "x", "lora_path": lora_adapters["qv"] + "/no"}
         )

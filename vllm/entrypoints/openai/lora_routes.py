@@ -5,7 +5,9 @@ With ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`` the server answers:
 - ``POST /v1/load_lora_adapter`` ``{"lora_name": ..., "lora_path": ...}``: the adapter is
   checked as a request's would be (vllm/lora/registry.py) and then served under its name;
   200 with a plain-text success line, 400 naming the problem (a name already served, LoRA
-  off, an adapter the engine refuses).
+  off, an adapter the engine refuses). With ``"load_inplace": true`` (as upstream) a name
+  already served as an adapter is replaced: new requests get the new directory's weights
+  (read again, under a new id), running ones keep the old.
 - ``POST /v1/unload_lora_adapter`` ``{"lora_name": ...}``: the name stops being served
   (requests already running keep their adapter); 404 when no adapter has that name.
 
@@ -40,7 +42,7 @@ def add_lora_routes(
         name, path = body.lora_name, body.lora_path
         if not name or not path:
             raise APIError("Both 'lora_name' and 'lora_path' must be provided.", 400, "lora_name")
-        if name in loras or name in served:
+        if name in served or (name in loras and not body.load_inplace):
             raise APIError(f"The lora adapter '{name}' has already been loaded.", 400, "lora_name")
         request = LoRARequest(name, next(next_id), path)
         try:  # reads the adapter's files: off the event loop

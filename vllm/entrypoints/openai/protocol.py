@@ -405,10 +405,12 @@ class ChatCompletionStreamResponse(OpenAIBaseModel):
 
 
 class LoadLoRAAdapterRequest(OpenAIBaseModel):
-    """``POST /v1/load_lora_adapter`` (with VLLM_ALLOW_RUNTIME_LORA_UPDATING=1)."""
+    """``POST /v1/load_lora_adapter`` (with VLLM_ALLOW_RUNTIME_LORA_UPDATING=1);
+    ``load_inplace`` (upstream's field) replaces an adapter already served under the name."""
 
     lora_name: str
     lora_path: str
+    load_inplace: bool = False
 
 
 class UnloadLoRAAdapterRequest(OpenAIBaseModel):
