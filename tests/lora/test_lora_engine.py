@@ -267,6 +267,7 @@ def test_tensor_parallel_two_ranks(family, request, tiny_models_dir, monkeypatch
     outs = llm.generate([{"prompt_token_ids": PROMPTS[i]} for i in range(3)], sp,
                         lora_request=[lora, lora, None], use_tqdm=False)  # fmt: skip
     _check(outs, [(0, "a"), (1, "a"), (2, None)], refs)
+    _close(llm)
 
 
 @pytest.mark.forked
