@@ -32,7 +32,8 @@ def _group(output_lens, prompt_len=7, n=2, max_tokens=10, **times):
         for k in output_lens
     ]
     params = SamplingParams(n=n, max_tokens=max_tokens)
-    return SimpleNamespace(seqs=seqs, sampling_params=params, metrics=RequestMetrics(**times))
+    return SimpleNamespace(seqs=seqs, sampling_params=params, metrics=RequestMetrics(**times),
+                           pooling_params=None)  # fmt: skip
 
 
 def test_one_two_five_buckets():

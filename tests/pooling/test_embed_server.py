@@ -113,3 +113,21 @@ def test_embeddings_truncate_prompt_tokens(server):
         r = _post(server, "embeddings", {"input": INPUTS[0], "truncate_prompt_tokens": k})
         assert r.status_code == 400, (k, r.text)
         assert r.json()["error"]["param"] == "truncate_prompt_tokens"
+
+
+def test_embeddings_count_prompt_tokens_not_generation_tokens(server):
+    """An embedding request computes its prompt and generates nothing: /metrics counts
+    its prompt tokens and no generation tokens."""
+
+    def series(name):
+        for line in httpx.get(server.url_for("metrics"), timeout=30).text.splitlines():
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    before = series("vllm:prompt_tokens_total")
+    r = _post(server, "embeddings", {"input": [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]]})
+    assert r.status_code == 200
+    assert series("vllm:generation_tokens_total") == 0
+    assert series("vllm:request_generation_tokens_sum") == 0
+    assert series("vllm:prompt_tokens_total") - before == 11

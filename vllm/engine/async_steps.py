@@ -230,7 +230,8 @@ class EngineSteps:
             rid, m = g.request_id, g.metrics
             if rid in gone:
                 continue
-            if out is not None:  # tokens appended: a stop drops a multi-token step's rest
+            if out is not None and g.pooling_params is None:  # (embeddings generate nothing)
+                # tokens appended: a stop drops a multi-token step's rest
                 times.generated += sum(s.get_output_len() for s in g.seqs) - sched.output_lens[rid]
             if rid in sched.no_first_token and m.first_token_time is not None:
                 times.ttft.append(m.first_token_time - m.arrival_time)

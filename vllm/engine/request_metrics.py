@@ -77,7 +77,9 @@ class FinishedRequest:
         aborted; ``now`` (time.time()) ends the request when it has no ``finished_time``."""
         m = group.metrics
         end = m.finished_time or now or time.time()
-        lens = [s.get_output_len() for s in group.seqs] or [0]
+        # an embedding request's one internal token is not output (vllm/pooling)
+        pooled = group.pooling_params is not None
+        lens = [0 if pooled else s.get_output_len() for s in group.seqs] or [0]
         params = group.sampling_params
         return cls(
             reason=reason,
