@@ -108,6 +108,8 @@ def test_adapters_loaded_and_unloaded_at_run_time(tiny_llama_dir, lora_adapters)
         assert body["choices"][0]["text"] == AutoTokenizer.from_pretrained(tiny_llama_dir).decode(
             ref_ids
         )
+        base = post("load_lora_adapter", {"lora_name": "base", "lora_path": lora_adapters["all"]})
+        assert base.status_code == 400 and "name of the served base model" in base.text
         again = post("load_lora_adapter", {"lora_name": "mine", "lora_path": lora_adapters["all"]})
         assert again.status_code == 400 and "has already been loaded" in again.text
         # load_inplace replaces the adapter served under the name (a base name stays refused)

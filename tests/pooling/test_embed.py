@@ -152,6 +152,14 @@ def test_what_embedding_engines_refuse(tiny_llama_dir):
     _close(gen)
 
 
+def test_pooler_config_is_the_newer_name(tiny_llama_dir):
+    from vllm.engine.arg_utils import EngineArgs
+
+    config = EngineArgs(model=tiny_llama_dir, device="cpu", task="embed",
+                        pooler_config='{"pooling_type": "CLS"}').create_engine_config()  # fmt: skip
+    assert config.pooler_config.pooling_type == "CLS"
+
+
 @pytest.mark.parametrize(
     "kwargs,match",
     [
@@ -175,8 +183,21 @@ def test_what_embedding_engines_refuse(tiny_llama_dir):
             r"override_pooler_config needs task='embed'",
         ),
         (dict(task="embed", override_pooler_config='{"softmax": true}'), r"unknown keys"),
+        (
+            dict(task="embed", override_pooler_config="{}", pooler_config="{}"),
+            r"give override_pooler_config or pooler_config, not both",
+        ),
     ],
-    ids=["classify", "contradiction", "pp", "mean_chunked", "max", "no_task", "unknown_key"],
+    ids=[
+        "classify",
+        "contradiction",
+        "pp",
+        "mean_chunked",
+        "max",
+        "no_task",
+        "unknown_key",
+        "both_names",
+    ],
 )
 def test_bad_pooling_flags(tiny_llama_dir, kwargs, match):
     from vllm.engine.arg_utils import EngineArgs

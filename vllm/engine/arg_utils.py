@@ -127,6 +127,10 @@ class EngineArgs:
         '"normalize": true|false} (default LAST, normalized).',
         group="model",
     )
+    pooler_config: str | dict | None = _f(
+        None, "Upstream's newer name of --override-pooler-config (give one of them).",
+        group="model",
+    )  # fmt: skip
     enable_lora: bool = _f(
         False, "Serve LoRA adapters (PEFT directories) beside the base model.", group="lora"
     )
@@ -508,8 +512,7 @@ class EngineArgs:
             model_loader_extra_config=self.model_loader_extra_config,
         )
         pooler_config = resolve_pooler(
-            self.task, self.runner, parse_json_object("override_pooler_config",
-                                                      self.override_pooler_config),
+            self.task, self.runner, self._pooler_overrides(),
             headless=is_headless(model_config.hf_config),
         )  # fmt: skip
         spec = resolve_speculative(self)  # --speculative-config applied
@@ -564,6 +567,18 @@ class EngineArgs:
             compilation_config=compilation_config,
             decoding_config=DecodingConfig(self.guided_decoding_backend),
         )
+
+    def _pooler_overrides(self) -> dict | None:
+        """``--override-pooler-config`` or its newer name ``--pooler-config`` as a dict.
+
+        Raises:
+            ValueError: both given, or one that is not a JSON object.
+        """
+        old, new = self.override_pooler_config, self.pooler_config
+        if old is not None and new is not None:
+            raise ValueError("give override_pooler_config or pooler_config, not both.")
+        name = "pooler_config" if new is not None else "override_pooler_config"
+        return parse_json_object(name, new if new is not None else old)
 
     def _lora_config(self, spec, model_dtype) -> LoRAConfig | None:
         """The LoRAConfig with ``enable_lora``, else None (LoRA flags then ignored).

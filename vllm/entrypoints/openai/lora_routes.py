@@ -42,7 +42,13 @@ def add_lora_routes(
         name, path = body.lora_name, body.lora_path
         if not name or not path:
             raise APIError("Both 'lora_name' and 'lora_path' must be provided.", 400, "lora_name")
-        if name in served or (name in loras and not body.load_inplace):
+        if name in served:
+            raise APIError(
+                f"'{name}' is the name of the served base model; give the adapter another name.",
+                400,
+                "lora_name",
+            )
+        if name in loras and not body.load_inplace:
             raise APIError(f"The lora adapter '{name}' has already been loaded.", 400, "lora_name")
         request = LoRARequest(name, next(next_id), path)
         try:  # reads the adapter's files: off the event loop
