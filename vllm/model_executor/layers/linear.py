@@ -78,9 +78,16 @@ class LinearBase(nn.Module):
         self, shard_id: object, a: torch.Tensor, b: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's part of a LoRA adapter's A [r, in] and B [out, r] of shard
-        ``shard_id`` (None: the whole output), cut as the layer's weight is cut (a
-        replicated layer keeps both whole)."""
-        return a, b
+        ``shard_id`` (None: the whole output), cut as the layer's weight is cut.
+
+        B's rows are the rows of the same output as the weight's, so the layer's own
+        ``weight_loader`` cuts them (into a [output_size, r] buffer laid out as the
+        weight); shard ``shard_id``'s rows of it are returned (all of them for None). A is
+        whole: the input is not split (see :meth:`RowParallelLinear.lora_shard`)."""
+        rows = b.new_zeros(self.output_size, b.shape[1])  # [output_size, r]
+        self.weight_loader(rows, b, shard_id)
+        offset, size = (0, self.output_size) if shard_id is None else self.output_slices()[shard_id]
+        return a, rows[offset : offset + size]
 
     def weight_loader(
         self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: object = None
@@ -120,10 +127,6 @@ class ColumnParallelLinear(LinearBase):
             raise ValueError(f"{type(self).__name__} has no shards, got shard_id={shard_id!r}")
         size = param.shape[0]
         default_weight_loader(param, narrow_weight(loaded_weight, 0, self.tp_rank * size, size))
-
-    def lora_shard(self, shard_id, a, b):
-        """A whole, B's rows of this rank (see :meth:`LinearBase.lora_shard`)."""
-        return a, b.narrow(0, self.tp_rank * self.output_size, self.output_size)
 
 
 class RowParallelLinear(LinearBase):
@@ -210,18 +213,6 @@ class MergedColumnParallelLinear(LinearBase):
         """Shard i -> (first row, rows) of merged output i on this rank."""
         return {i: (sum(self.output_sizes[:i]), n) for i, n in enumerate(self.output_sizes)}
 
-    def lora_shard(self, shard_id, a, b):
-        """A whole, B's rows of this rank in output ``shard_id`` (or in every output when
-        None: B then stacks the full outputs; see :meth:`LinearBase.lora_shard`)."""
-        if shard_id is not None:
-            size = self.output_sizes[shard_id]
-            return a, b.narrow(0, self.tp_rank * size, size)
-        parts, start = [], 0
-        for size in self.output_sizes:
-            parts.append(b.narrow(0, start + self.tp_rank * size, size))
-            start += size * self.tp_size
-        return a, torch.cat(parts)  # [sum of this rank's outputs, r]
-
 
 class QKVParallelLinear(LinearBase):
     """Fused query/key/value projection, split by heads (see module docstring).
@@ -290,21 +281,6 @@ class QKVParallelLinear(LinearBase):
         if self.tp_size > 1 and weight_shape(loaded_weight)[0] == full:
             loaded_weight = narrow_weight(loaded_weight, 0, src[shard_id], size)
         _copy_rows(param, loaded_weight, self._dest(shard_id), size, shard_id)
-
-    def lora_shard(self, shard_id, a, b):
-        """A whole, B's rows of this rank's heads of q, k or v (of all three when None: B
-        then stacks the full q, k, v; see :meth:`LinearBase.lora_shard`)."""
-        d = self.head_size
-        first = {"q": self.tp_rank * self.q_size, "k": self.kv_head_start * d,
-                 "v": self.kv_head_start * d}  # fmt: skip
-        if shard_id is not None:
-            size = self.q_size if shard_id == "q" else self.kv_size
-            return a, b.narrow(0, first[shard_id], size)
-        total_q, total_kv = self.total_num_heads * d, self.total_num_kv_heads * d
-        fused = {"q": 0, "k": total_q, "v": total_q + total_kv}
-        parts = [b.narrow(0, fused[sid] + first[sid], self.q_size if sid == "q" else self.kv_size)
-                 for sid in ("q", "k", "v")]  # fmt: skip
-        return a, torch.cat(parts)  # [q_size + 2 * kv_size, r]
 
     def output_slices(self) -> dict[object, tuple[int, int]]:
         """ "q", "k", "v" -> (first row, rows) of this rank's heads of each."""
