@@ -53,8 +53,8 @@ class LoRAManager:
         packed = {k: v for k, v in model.packed_modules_mapping.items() if k in self.supported}
         self.targets = {m: packed.get(m, (m, None)) for m in self.supported}
         own = {fused for fused, _ in self.targets.values()}
-        self.layers: dict[tuple[int, str], LoRALinear] = {}  # (layer, module name) -> slots
-        self.modules: dict[tuple[int, str], LinearBase] = {}  # the layers they belong to
+        # (layer, module name) -> the adapted linear layer (its slots: ``.lora``)
+        self.modules: dict[tuple[int, str], LinearBase] = {}
         decoder = model.model
         for i in range(decoder.start_layer, decoder.end_layer):
             for name, module in decoder.layers[i].named_modules():
@@ -65,7 +65,6 @@ class LoRAManager:
                     module.output_slices(), module.input_size, module.output_size, num_ves,
                     lora_config.max_loras, lora_config.max_lora_rank, self.ctx, dtype, device,
                 )  # fmt: skip
-                self.layers[(i, short)] = module.lora
                 self.modules[(i, short)] = module
         self.slot_ids: list[list[int | None]] = [
             [None] * lora_config.max_loras for _ in range(num_ves)
@@ -138,14 +137,14 @@ class LoRAManager:
 
     def _write(self, ve: int, slot: int, req: LoRARequest) -> None:
         tensors = self._tensors(req)
-        for lora in self.layers.values():
-            lora.clear(ve, slot)
-        for (layer, module), (a, b) in tensors.items():
-            name, shard_id = self.targets[module]
-            lora = self.layers.get((layer, name))
-            if lora is not None:  # None: a layer of another pipeline stage
-                a_r, b_r = self.modules[(layer, name)].lora_shard(shard_id, a, b)  # this rank's
-                lora.write(ve, slot, shard_id, a_r, b_r)
+        for module in self.modules.values():
+            module.lora.clear(ve, slot)
+        for (layer, peft_name), (a, b) in tensors.items():
+            name, shard_id = self.targets[peft_name]
+            module = self.modules.get((layer, name))
+            if module is not None:  # None: a layer of another pipeline stage
+                a_r, b_r = module.lora_shard(shard_id, a, b)  # this rank's
+                module.lora.write(ve, slot, shard_id, a_r, b_r)
 
     def _tensors(self, req: LoRARequest) -> dict:
         """The adapter's tensors, from the host cache or read from disk."""
