@@ -1,14 +1,14 @@
 """The OpenAI-compatible HTTP server (FastAPI + uvicorn) around an AsyncLLMEngine.
 
 Endpoints: /v1/models, /v1/completions, /v1/chat/completions, /tokenize, /detokenize
-(serving_tokenization.py), /health (and its alias /ping), /version, /metrics (Prometheus
-text, this server's own registry), POST /start_profile and /stop_profile (only with
-VLLM_TORCH_PROFILER_DIR set). Errors use OpenAI's body
-``{"error": {"message", "type", "param", "code"}}``: 400 for bad requests (malformed JSON,
-pydantic validation errors and ValueErrors included), 401 for a missing or wrong key when
-``--api-key`` is set, 404 for an unknown model, 413 for a body above
-``--max-request-body-bytes``, 500 when a request fails in the engine, 503 once the engine
-is dead.
+(serving_tokenization.py), the pooling APIs of an embedding engine (pooling_routes.py),
+/health (and its alias /ping), /version, /metrics (Prometheus text, this server's own
+registry), POST /start_profile and /stop_profile (only with VLLM_TORCH_PROFILER_DIR set).
+Errors use OpenAI's body ``{"error": {"message", "type", "param", "code"}}``: 400 for bad
+requests (malformed JSON, pydantic validation errors and ValueErrors included), 401 for a
+missing or wrong key when ``--api-key`` is set, 404 for an unknown model, 413 for a body
+above ``--max-request-body-bytes``, 500 when a request fails in the engine, 503 once the
+engine is dead.
 
 Shutdown: SIGINT/SIGTERM start a graceful exit: the server stops accepting and the requests
 in flight may finish for ``--shutdown-timeout`` seconds; those still running then are
@@ -51,6 +51,7 @@ from vllm.entrypoints.chat_utils import load_chat_template
 from vllm.entrypoints.openai.api_errors import APIError, to_api_error
 from vllm.entrypoints.openai.lora_modules import lora_requests
 from vllm.entrypoints.openai.lora_routes import add_lora_routes
+from vllm.entrypoints.openai.pooling_routes import add_pooling_routes
 from vllm.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -67,7 +68,6 @@ from vllm.entrypoints.openai.request_guards import (
 from vllm.entrypoints.openai.server_lifecycle import ABORT_GRACE_S, graceful_server_class
 from vllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from vllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
-from vllm.entrypoints.openai.serving_embedding import EmbeddingRequest, OpenAIServingEmbedding
 from vllm.entrypoints.openai.serving_tokenization import (
     DetokenizeRequest,
     OpenAIServingTokenization,
@@ -153,7 +153,6 @@ def build_app(
         loras=loras,
     )
     completion = OpenAIServingCompletion(engine, served_model_names, tokenize_pool, **as_ids)
-    embedding = OpenAIServingEmbedding(engine, served_model_names, tokenize_pool, **as_ids)
     chat = OpenAIServingChat(
         engine,
         served_model_names,
@@ -286,22 +285,14 @@ def build_app(
         except Exception as e:
             return to_api_error(e).response()
 
-    @app.post("/v1/embeddings")
-    async def embeddings(body: EmbeddingRequest, raw: Request):
-        try:
-            result = await embedding.create_embedding(body, raw)
-            if result is None:  # the client went away; its requests were aborted
-                return Response(status_code=499)
-            return JSONResponse(result.model_dump())
-        except Exception as e:
-            return to_api_error(e).response()
-
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, raw: Request):
         try:
             return await answer(await chat.create_chat_completion(body, raw))
         except Exception as e:
             return to_api_error(e).response()
+
+    add_pooling_routes(app, (engine, served_model_names, tokenize_pool), as_ids)
 
     return app
 

@@ -1,0 +1,35 @@
+"""The server's pooling routes, for an engine started with ``--task embed`` (a generative
+engine answers each with a 400 naming the API):
+
+- ``POST /v1/embeddings``: OpenAI's Embeddings API (serving_embedding.py);
+
+A client that goes away gets its requests aborted and a 499.
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from vllm.entrypoints.openai.api_errors import to_api_error
+from vllm.entrypoints.openai.serving_embedding import EmbeddingRequest, OpenAIServingEmbedding
+
+
+def add_pooling_routes(app: FastAPI, handler_args: tuple, handler_kwargs: dict) -> None:
+    """Register the pooling routes on ``app``; each handler is built with
+    ``(*handler_args, **handler_kwargs)``, the OpenAIServing arguments of the server's
+    other handlers (engine, served names, tokenizer thread, LoRA map, ...)."""
+    embedding = OpenAIServingEmbedding(*handler_args, **handler_kwargs)
+
+    async def answer(call, body, raw: Request):
+        try:
+            result = await call(body, raw)
+        except Exception as e:
+            return to_api_error(e).response()
+        if result is None:  # the client went away; its requests were aborted
+            return Response(status_code=499)
+        return JSONResponse(result.model_dump())
+
+    @app.post("/v1/embeddings")
+    async def embeddings(body: EmbeddingRequest, raw: Request):
+        return await answer(embedding.create_embedding, body, raw)
