@@ -2,6 +2,7 @@
 engine answers each with a 400 naming the API):
 
 - ``POST /v1/embeddings``: OpenAI's Embeddings API (serving_embedding.py);
+- ``POST /pooling``: upstream's Pooling API, the same inputs (serving_pooling.py);
 
 A client that goes away gets its requests aborted and a 499.
 """
@@ -13,6 +14,7 @@ from fastapi.responses import JSONResponse, Response
 
 from vllm.entrypoints.openai.api_errors import to_api_error
 from vllm.entrypoints.openai.serving_embedding import EmbeddingRequest, OpenAIServingEmbedding
+from vllm.entrypoints.openai.serving_pooling import OpenAIServingPooling, PoolingRequest
 
 
 def add_pooling_routes(app: FastAPI, handler_args: tuple, handler_kwargs: dict) -> None:
@@ -20,6 +22,7 @@ def add_pooling_routes(app: FastAPI, handler_args: tuple, handler_kwargs: dict) 
     ``(*handler_args, **handler_kwargs)``, the OpenAIServing arguments of the server's
     other handlers (engine, served names, tokenizer thread, LoRA map, ...)."""
     embedding = OpenAIServingEmbedding(*handler_args, **handler_kwargs)
+    pooling = OpenAIServingPooling(*handler_args, **handler_kwargs)
 
     async def answer(call, body, raw: Request):
         try:
@@ -33,3 +36,7 @@ def add_pooling_routes(app: FastAPI, handler_args: tuple, handler_kwargs: dict) 
     @app.post("/v1/embeddings")
     async def embeddings(body: EmbeddingRequest, raw: Request):
         return await answer(embedding.create_embedding, body, raw)
+
+    @app.post("/pooling")
+    async def create_pooling(body: PoolingRequest, raw: Request):
+        return await answer(pooling.create_pooling, body, raw)
