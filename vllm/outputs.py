@@ -93,6 +93,25 @@ class EmbeddingRequestOutput:
                    out.prompt_token_ids, out.finished)  # fmt: skip
 
 
+@dataclass
+class ScoringOutput:
+    """A pair's score (``LLM.score``): the cosine similarity of its two embeddings."""
+
+    score: float
+
+
+@dataclass
+class ScoringRequestOutput:
+    """The result of one ``LLM.score`` pair (upstream's shape): ``prompt_token_ids`` are
+    the first text's ids followed by the second's; ``request_id`` joins the two pooling
+    requests' ids with ``_``."""
+
+    request_id: str
+    outputs: ScoringOutput
+    prompt_token_ids: list[int]
+    finished: bool
+
+
 class DeltaOutputs:
     """Turns one request's cumulative RequestOutputs into deltas (``RequestOutputKind.DELTA``):
     each CompletionOutput keeps only the token ids, text and logprobs added since the last

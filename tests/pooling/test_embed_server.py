@@ -1,6 +1,7 @@
 """`vllm serve --task embed`: /v1/embeddings equals LLM.embed on the same weights (float
 lists and base64 float32), with OpenAI's response shape and usage; the generation APIs
-answer 400 on it, and /v1/embeddings answers 400 on a generative server."""
+answer 400 on it, and the pooling APIs (/v1/embeddings, /pooling, /score, /rerank) answer
+400 on a generative server."""
 
 import base64
 
@@ -82,12 +83,32 @@ def test_embedding_server_refusals(server):
     )
 
 
-def test_generative_server_refuses_embeddings(tiny_llama_dir):
+def test_generative_server_refuses_pooling_apis(tiny_llama_dir):
+    """Every pooling route answers 400 naming its API on a generative server; the score
+    routes say that cross-encoders are not served."""
     srv = RemoteOpenAIServer(tiny_llama_dir, ["--device", "cpu", "--max-model-len", "128"])
+    score = {"text_1": "a", "text_2": "b"}
+    rerank = {"query": "a", "documents": ["b"]}
     try:
-        r = _post(srv, "embeddings", {"input": "hi"})
-        assert r.status_code == 400
-        assert "does not support the Embeddings API" in r.json()["error"]["message"]
+        for path, body, api in [
+            (("v1", "embeddings"), {"input": "hi"}, "Embeddings"),
+            (("pooling",), {"input": "hi"}, "Pooling"),
+            (("score",), score, "Score"),
+            (("v1", "score"), score, "Score"),
+            (("rerank",), rerank, "Re-rank"),
+            (("v1", "rerank"), rerank, "Re-rank"),
+            (("v2", "rerank"), rerank, "Re-rank"),
+        ]:
+            r = httpx.post(srv.url_for(*path), json=body, timeout=120)
+            assert r.status_code == 400, (path, r.text)
+            err = r.json()["error"]
+            assert err["param"] == "model", (path, err)
+            assert f"does not support the {api} API (serve it with --task embed)" in err["message"]
+            if api in ("Score", "Re-rank"):
+                assert (
+                    "cross-encoder models (upstream's --task score) are not served"
+                    in (err["message"])
+                )
     finally:
         srv.stop()
 

@@ -3,6 +3,9 @@ engine answers each with a 400 naming the API):
 
 - ``POST /v1/embeddings``: OpenAI's Embeddings API (serving_embedding.py);
 - ``POST /pooling``: upstream's Pooling API, the same inputs (serving_pooling.py);
+- ``POST /score``, ``/v1/score``: cosine similarity of text pairs (serving_score.py);
+- ``POST /rerank``, ``/v1/rerank``, ``/v2/rerank``: documents ranked by their cosine
+  similarity to a query (Jina's and Cohere's shape; serving_score.py).
 
 A client that goes away gets its requests aborted and a 499.
 """
@@ -15,6 +18,11 @@ from fastapi.responses import JSONResponse, Response
 from vllm.entrypoints.openai.api_errors import to_api_error
 from vllm.entrypoints.openai.serving_embedding import EmbeddingRequest, OpenAIServingEmbedding
 from vllm.entrypoints.openai.serving_pooling import OpenAIServingPooling, PoolingRequest
+from vllm.entrypoints.openai.serving_score import (
+    OpenAIServingScores,
+    RerankRequest,
+    ScoreRequest,
+)
 
 
 def add_pooling_routes(app: FastAPI, handler_args: tuple, handler_kwargs: dict) -> None:
@@ -23,6 +31,7 @@ def add_pooling_routes(app: FastAPI, handler_args: tuple, handler_kwargs: dict) 
     other handlers (engine, served names, tokenizer thread, LoRA map, ...)."""
     embedding = OpenAIServingEmbedding(*handler_args, **handler_kwargs)
     pooling = OpenAIServingPooling(*handler_args, **handler_kwargs)
+    scores = OpenAIServingScores(*handler_args, **handler_kwargs)
 
     async def answer(call, body, raw: Request):
         try:
@@ -40,3 +49,14 @@ def add_pooling_routes(app: FastAPI, handler_args: tuple, handler_kwargs: dict) 
     @app.post("/pooling")
     async def create_pooling(body: PoolingRequest, raw: Request):
         return await answer(pooling.create_pooling, body, raw)
+
+    @app.post("/score")
+    @app.post("/v1/score")
+    async def create_score(body: ScoreRequest, raw: Request):
+        return await answer(scores.create_score, body, raw)
+
+    @app.post("/rerank")
+    @app.post("/v1/rerank")
+    @app.post("/v2/rerank")
+    async def do_rerank(body: RerankRequest, raw: Request):
+        return await answer(scores.do_rerank, body, raw)

@@ -175,11 +175,11 @@ class OpenAIServing:
 
     def check_generative(self, api: str) -> None:
         """Raises APIError 400 on an embedding engine (``--task embed``), which serves
-        /v1/embeddings only; ``api`` names the refused one."""
+        the pooling APIs only; ``api`` names the refused one."""
         if self.engine.pooler_config is not None:
             raise APIError(
                 f"The model does not support the {api} API: it is served for embeddings "
-                "(--task embed); use /v1/embeddings.",
+                "(--task embed); use /v1/embeddings, /pooling, /score or /rerank.",
                 400,
                 "model",
             )
