@@ -18,6 +18,7 @@ _LAZY = {
     "PoolingParams": "vllm.pooling_params",
     "PoolingRequestOutput": "vllm.outputs",
     "EmbeddingRequestOutput": "vllm.outputs",
+    "ScoringRequestOutput": "vllm.outputs",
     "AsyncLLMEngine": "vllm.engine.async_llm_engine",
     "AsyncEngineArgs": "vllm.engine.arg_utils",
     "TextPrompt": "vllm.inputs",

@@ -110,7 +110,7 @@ def test_bad_inputs_leave_llm_usable(tiny_llama_dir):
     assert llm.generate([], greedy) == []  # as upstream: nothing to do
     with pytest.raises(ValueError, match="need an embedding engine: start it with task='embed'"):
         llm.embed("hi")
-    with pytest.raises(NotImplementedError, match="the pooling task served is embedding"):
+    with pytest.raises(ValueError, match="LLM.score needs an embedding engine"):
         llm.score("a", "b")
     # truncate_prompt_tokens keeps the last k tokens: the same as sending them alone.
     cut = SamplingParams(temperature=0.0, max_tokens=6, truncate_prompt_tokens=4)

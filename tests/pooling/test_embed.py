@@ -11,22 +11,10 @@ import shutil
 import pytest
 import torch
 
+from tests.pooling.hf_reference import hf_embeddings as _reference
+
 PROMPTS = [[1, 5, 9, 22, 40, 7, 3, 100, 12, 14, 77, 31, 64, 65, 66, 67, 68], [1, 300, 41, 17],
            [1, 8], [1, 64, 65, 66, 67, 68, 69, 70, 71, 90]]  # fmt: skip
-
-
-def _reference(model_dir, prompts, pooling="LAST", normalize=True):
-    """transformers' pooled final hidden states [hidden] float32 per prompt."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    out = []
-    with torch.no_grad():
-        for ids in prompts:
-            h = model.model(torch.tensor([ids])).last_hidden_state[0]  # [len, hidden]
-            vec = {"LAST": h[-1], "MEAN": h.mean(dim=0), "CLS": h[0]}[pooling]
-            out.append(torch.nn.functional.normalize(vec, dim=0) if normalize else vec)
-    return out
 
 
 def _llm(model, **kw):

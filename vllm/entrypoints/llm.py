@@ -17,7 +17,13 @@ from vllm.engine.llm_engine import LLMEngine, PromptType, check_priority
 from vllm.entrypoints.chat_utils import check_chat_options, render_chat, template_messages
 from vllm.logger import configure_logging
 from vllm.lora.request import LoRARequest
-from vllm.outputs import EmbeddingRequestOutput, PoolingRequestOutput, RequestOutput
+from vllm.outputs import (
+    EmbeddingRequestOutput,
+    PoolingRequestOutput,
+    RequestOutput,
+    ScoringRequestOutput,
+)
+from vllm.pooling.scoring import check_pairs, scoring_outputs
 from vllm.pooling_params import PoolingParams
 from vllm.sampling_params import BeamSearchParams, SamplingParams
 
@@ -281,18 +287,53 @@ class LLM:
             bar.close()
         return search.outputs(self.get_tokenizer())
 
-    def score(self, *args: Any, **kwargs: Any):
-        """Upstream's ``score`` and ``classify`` (cross-encoders, classifiers): not served.
+    def score(
+        self,
+        text_1: PromptType | SeqABC[PromptType],
+        text_2: PromptType | SeqABC[PromptType],
+        /,
+        *,
+        truncate_prompt_tokens: int | None = None,
+        use_tqdm: bool = True,
+        pooling_params: PoolingParams | None = None,
+        lora_request: LoRARequest | None = None,
+    ) -> list[ScoringRequestOutput]:
+        """Score text pairs on an embedding engine (``task="embed"``), as upstream scores
+        them with an embedding model: a pair's score is the cosine similarity of its two
+        texts' embeddings (vllm/pooling/scoring.py). One ``text_1`` and N ``text_2``
+        (1-to-1, 1-to-N; the lone ``text_1`` is embedded once) or N of each (N-to-N, as
+        ``zip``); each a prompt as :meth:`encode` takes it. ``truncate_prompt_tokens``,
+        ``pooling_params`` and ``lora_request`` apply to every text, as in :meth:`encode`.
+
+        Returns:
+            One ScoringRequestOutput per pair, in pair order; ``outputs.score`` a float in
+            [-1, 1].
+        Raises:
+            ValueError: a generative engine (cross-encoders, upstream's ``task="score"``,
+                are not served), an empty list, N ``text_1`` for M != N ``text_2``, or
+                anything :meth:`encode` refuses; nothing is queued then.
+        """
+        if self.llm_engine.config.pooler_config is None:
+            raise ValueError(
+                "LLM.score needs an embedding engine (task='embed'): scores are the cosine "
+                "similarity of embeddings; cross-encoder models (task='score') are not served."
+            )
+        first, second = _prompt_list(text_1), _prompt_list(text_2)
+        check_pairs(first, second)
+        outs = self.encode(first + second, pooling_params, use_tqdm, lora_request,
+                           truncate_prompt_tokens=truncate_prompt_tokens)  # fmt: skip
+        return scoring_outputs(outs[: len(first)], outs[len(first) :])
+
+    def classify(self, *args: Any, **kwargs: Any):
+        """Upstream's ``classify`` (classification models): not served.
 
         Raises:
             NotImplementedError: always; embeddings are the one pooling task here.
         """
         raise NotImplementedError(
-            "LLM.score/classify are not supported: the pooling task served is embedding "
-            "(task='embed', LLM.embed / LLM.encode)."
+            "LLM.classify is not supported: the pooling task served is embedding "
+            "(task='embed', LLM.embed / LLM.encode / LLM.score)."
         )
-
-    classify = score
 
     def start_profile(self) -> None:
         """Start the torch profiler of every worker (``VLLM_TORCH_PROFILER_DIR`` must name
