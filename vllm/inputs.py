@@ -33,3 +33,13 @@ class TokensPrompt(TypedDict, total=False):
 
 
 PromptType = str | TextPrompt | TokensPrompt | dict[str, Any] | list[int]
+
+
+def prompt_list(prompts: PromptType | list[PromptType]) -> list[PromptType]:
+    """One prompt (text, a prompt dict, or a list of token ids) as a list of one; a sequence
+    of prompts as a list. A list whose first item is an int is one prompt of token ids."""
+    if isinstance(prompts, (str, dict)):
+        return [prompts]
+    if prompts and isinstance(prompts, list) and isinstance(prompts[0], int):
+        return [prompts]
+    return list(prompts)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 from collections.abc import Sequence as SeqABC
@@ -15,22 +14,18 @@ from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.default_model import resolve_model
 from vllm.engine.llm_engine import LLMEngine, PromptType, check_priority
 from vllm.entrypoints.chat_utils import check_chat_options, render_chat, template_messages
+from vllm.entrypoints.llm_pooling import PoolingMethods
+from vllm.inputs import prompt_list
 from vllm.logger import configure_logging
 from vllm.lora.request import LoRARequest
-from vllm.outputs import (
-    EmbeddingRequestOutput,
-    PoolingRequestOutput,
-    RequestOutput,
-    ScoringRequestOutput,
-)
-from vllm.pooling.scoring import check_pairs, scoring_outputs
+from vllm.outputs import RequestOutput
 from vllm.pooling_params import PoolingParams
 from vllm.sampling_params import BeamSearchParams, SamplingParams
 
 logger = logging.getLogger(__name__)
 
 
-class LLM:
+class LLM(PoolingMethods):
     """Offline inference, as upstream vLLM's ``LLM``.
 
     Args:
@@ -44,6 +39,9 @@ class LLM:
         TypeError: an unknown keyword argument.
         ValueError: a bad value or combination (raised in config validation, before any
             weight is loaded), or no model given and the default one not installed.
+
+    The pooling methods (``encode``, ``embed``, ``score``) are in
+    :class:`~vllm.entrypoints.llm_pooling.PoolingMethods`.
 
     The engine logs one start-up summary line (device, dtype, attention backend, KV cache,
     graphs, parallel layout); see vllm/worker/startup_summary.py.
@@ -113,39 +111,11 @@ class LLM:
             prompts, sampling_params, use_tqdm, lora_request, priority, SamplingParams
         )
 
-    def encode(
-        self,
-        prompts: PromptType | SeqABC[PromptType],
-        pooling_params: PoolingParams | SeqABC[PoolingParams] | None = None,
-        use_tqdm: bool = True,
-        lora_request: LoRARequest | SeqABC[LoRARequest | None] | None = None,
-        priority: list[int] | None = None,
-        *,
-        truncate_prompt_tokens: int | None = None,
-    ) -> list[PoolingRequestOutput]:
-        """Pool each prompt into one vector (an engine started with ``task="embed"``; see
-        vllm/pooling): ``outputs.data`` a float32 tensor [hidden] (or ``dimensions``).
-        Arguments and errors as for :meth:`generate`; a generative engine raises
-        ValueError. ``truncate_prompt_tokens=k`` (as upstream) pools only each prompt's
-        last k tokens (-1: the last ``max_model_len``), in place of the pooling params'
-        own value."""
-        params = pooling_params or PoolingParams()
-        if truncate_prompt_tokens is not None:
-            params = _with_truncation(params, truncate_prompt_tokens)
-        return self._run_requests(prompts, params, use_tqdm, lora_request, priority,
-                                  PoolingParams)  # fmt: skip
-
-    def embed(self, *args: Any, **kwargs: Any) -> list[EmbeddingRequestOutput]:
-        """:meth:`encode` (the same arguments) with each vector as a list of floats
-        (``outputs.embedding``), as upstream's ``LLM.embed``."""
-        outs = self.encode(*args, **kwargs)
-        return [EmbeddingRequestOutput.from_base(o) for o in outs]
-
     def _run_requests(self, prompts, params, use_tqdm, lora_request, priority, kind) -> list:
         """Validate every request, queue them, run the engine until they finish (see
         :meth:`generate`); ``params`` of type ``kind`` (SamplingParams or PoolingParams),
         one for all prompts or one per prompt."""
-        prompts = _prompt_list(prompts)
+        prompts = prompt_list(prompts)
         if not prompts:
             return []
         loras = _per_prompt(lora_request, len(prompts), "lora_request")
@@ -265,7 +235,7 @@ class LLM:
                 ``2 x beam_width`` above ``max_logprobs``.
         """
         engine = self.llm_engine
-        ids = [engine.process_prompt(p)[1] for p in _prompt_list(prompts)]
+        ids = [engine.process_prompt(p)[1] for p in prompt_list(prompts)]
         loras = _per_prompt(lora_request, len(ids), "lora_request")
         for prompt_ids in ids:  # each beam is a request of its own (n = 1)
             engine.check_schedulable(len(prompt_ids), 1)
@@ -286,54 +256,6 @@ class LLM:
         finally:
             bar.close()
         return search.outputs(self.get_tokenizer())
-
-    def score(
-        self,
-        text_1: PromptType | SeqABC[PromptType],
-        text_2: PromptType | SeqABC[PromptType],
-        /,
-        *,
-        truncate_prompt_tokens: int | None = None,
-        use_tqdm: bool = True,
-        pooling_params: PoolingParams | None = None,
-        lora_request: LoRARequest | None = None,
-    ) -> list[ScoringRequestOutput]:
-        """Score text pairs on an embedding engine (``task="embed"``), as upstream scores
-        them with an embedding model: a pair's score is the cosine similarity of its two
-        texts' embeddings (vllm/pooling/scoring.py). One ``text_1`` and N ``text_2``
-        (1-to-1, 1-to-N; the lone ``text_1`` is embedded once) or N of each (N-to-N, as
-        ``zip``); each a prompt as :meth:`encode` takes it. ``truncate_prompt_tokens``,
-        ``pooling_params`` and ``lora_request`` apply to every text, as in :meth:`encode`.
-
-        Returns:
-            One ScoringRequestOutput per pair, in pair order; ``outputs.score`` a float in
-            [-1, 1].
-        Raises:
-            ValueError: a generative engine (cross-encoders, upstream's ``task="score"``,
-                are not served), an empty list, N ``text_1`` for M != N ``text_2``, or
-                anything :meth:`encode` refuses; nothing is queued then.
-        """
-        if self.llm_engine.config.pooler_config is None:
-            raise ValueError(
-                "LLM.score needs an embedding engine (task='embed'): scores are the cosine "
-                "similarity of embeddings; cross-encoder models (task='score') are not served."
-            )
-        first, second = _prompt_list(text_1), _prompt_list(text_2)
-        check_pairs(first, second)
-        outs = self.encode(first + second, pooling_params, use_tqdm, lora_request,
-                           truncate_prompt_tokens=truncate_prompt_tokens)  # fmt: skip
-        return scoring_outputs(outs[: len(first)], outs[len(first) :])
-
-    def classify(self, *args: Any, **kwargs: Any):
-        """Upstream's ``classify`` (classification models): not served.
-
-        Raises:
-            NotImplementedError: always; embeddings are the one pooling task here.
-        """
-        raise NotImplementedError(
-            "LLM.classify is not supported: the pooling task served is embedding "
-            "(task='embed', LLM.embed / LLM.encode / LLM.score)."
-        )
 
     def start_profile(self) -> None:
         """Start the torch profiler of every worker (``VLLM_TORCH_PROFILER_DIR`` must name
@@ -378,16 +300,6 @@ class LLM:
         return [done[r] for r in request_ids if r in done]
 
 
-def _prompt_list(prompts) -> list:
-    """One prompt (text, a prompt dict, or a list of ids) as a list of one; a list of
-    prompts as a list."""
-    if isinstance(prompts, (str, dict)):
-        return [prompts]
-    if prompts and isinstance(prompts, list) and isinstance(prompts[0], int):
-        return [prompts]
-    return list(prompts)
-
-
 def _per_prompt(value, n: int, name: str) -> list:
     """``value`` for each of ``n`` prompts: a list or tuple of ``n`` as given, anything else
     repeated.
@@ -400,17 +312,6 @@ def _per_prompt(value, n: int, name: str) -> list:
     if len(value) != n:
         raise ValueError(f"got {len(value)} {name}s for {n} prompts; they must match.")
     return list(value)
-
-
-def _with_truncation(params, k: int):
-    """``params`` (one PoolingParams or a sequence of them) with ``truncate_prompt_tokens=k``;
-    anything else is left for the per-prompt type check."""
-    if isinstance(params, PoolingParams):
-        return dataclasses.replace(params, truncate_prompt_tokens=k)
-    return [
-        dataclasses.replace(p, truncate_prompt_tokens=k) if isinstance(p, PoolingParams) else p
-        for p in params
-    ]
 
 
 def _legacy_token_prompts(prompts, prompt_token_ids) -> object:
