@@ -1,6 +1,7 @@
 """`vllm run-batch` on SmolLM2 (CPU): each line answered as `vllm serve` would, in input
 order: a completion equal to LLM.generate's greedy text, a chat reply, a refused body with
-its 400 and error, and lines that are not requests with ``error`` set."""
+its 400 and error (an embeddings line on a generate model among them), and lines that are not
+requests with ``error`` set."""
 
 import json
 import subprocess
@@ -29,18 +30,19 @@ def test_run_batch_answers_each_line_as_the_server(smollm2_gguf, tmp_path):
         {"custom_id": "bad", "method": "POST", "url": "/v1/completions",
          "body": {"model": "m", "prompt": "x", "max_tokens": -1}},
         {"custom_id": "emb", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}},
+        {"custom_id": "models", "method": "POST", "url": "/v1/models", "body": {}},
     ]  # fmt: skip
     src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     src.write_text("\n".join(json.dumps(x) for x in lines[:3]) + "\nnot json\n"
-                   + json.dumps(lines[3]) + "\n")  # fmt: skip
+                   + "\n".join(json.dumps(x) for x in lines[3:]) + "\n")  # fmt: skip
     cmd = [sys.executable, "-m", "vllm.entrypoints.cli", "run-batch", "-i", str(src), "-o",
            str(dst), "--model", smollm2_gguf, "--device", "cpu", "--max-model-len", "512",
            "--served-model-name", "m"]  # fmt: skip
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     out = [json.loads(x) for x in dst.read_text().splitlines()]
-    assert [o["custom_id"] for o in out] == ["c1", "chat", "bad", None, "emb"]
-    c1, chat, bad, junk, emb = out
+    assert [o["custom_id"] for o in out] == ["c1", "chat", "bad", None, "emb", "models"]
+    c1, chat, bad, junk, emb, models = out
     assert c1["response"]["status_code"] == 200 and c1["error"] is None
     assert c1["response"]["body"]["choices"][0]["text"] == want
     assert chat["response"]["body"]["choices"][0]["message"]["content"]
@@ -48,8 +50,10 @@ def test_run_batch_answers_each_line_as_the_server(smollm2_gguf, tmp_path):
     assert bad["response"]["status_code"] == 400
     assert bad["response"]["body"]["error"]["param"] == "max_tokens"
     assert junk["response"] is None and junk["error"].startswith("invalid JSON")
-    assert emb["response"] is None and "url must be one of" in emb["error"]
-    assert len({o["id"] for o in out}) == 5
+    assert emb["response"]["status_code"] == 400 and emb["error"] is None
+    assert "embed" in emb["response"]["body"]["error"]["message"]
+    assert models["response"] is None and "url must be one of" in models["error"]
+    assert len({o["id"] for o in out}) == 6
 
 
 def test_run_batch_bad_input_file_is_one_line(tmp_path):

@@ -6,10 +6,12 @@ Each input line is one request of the OpenAI batch format::
 
     {"custom_id": "r1", "method": "POST", "url": "/v1/chat/completions", "body": {...}}
 
-with ``url`` ``/v1/completions`` or ``/v1/chat/completions``. Every request goes through the
-same FastAPI app as ``vllm serve`` (in process, over httpx's ASGI transport, no socket), so a
-body is validated and answered exactly as the server would; all requests run concurrently
-and share the engine's batches. Each output line, in input order::
+with ``url`` one of :data:`URLS` (completions and chat; on an embedding engine,
+``--task embed``, embeddings, score and rerank, as upstream's run-batch). Every request goes
+through the same FastAPI app as ``vllm serve`` (in process, over httpx's ASGI transport, no
+socket), so a body is validated and answered exactly as the server would (a generate engine
+refuses an embeddings line with the server's 400); all requests run concurrently and share
+the engine's batches. Each output line, in input order::
 
     {"id": "vllm-<hex>", "custom_id": "r1",
      "response": {"status_code": 200, "request_id": "vllm-batch-<hex>", "body": {...}},
@@ -35,7 +37,13 @@ from tqdm.auto import tqdm
 
 logger = logging.getLogger(__name__)
 
-URLS = ("/v1/completions", "/v1/chat/completions")
+URLS = (
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/v1/embeddings",
+    "/v1/score",
+    "/v1/rerank",
+)
 
 
 def add_run_batch_args(parser: argparse.ArgumentParser) -> None:
