@@ -4,6 +4,7 @@ seeded), one per cumulative output; FINAL_ONLY yields the final output alone; an
 the consumer ends its stream with an "abort" output."""
 
 import asyncio
+import re
 
 import pytest
 
@@ -108,3 +109,59 @@ def test_abort_ends_the_stream_with_an_abort_output(tiny_llama_dir):
     assert (
         rest[-1].outputs[0].finish_reason == "length" and len(rest[-1].outputs[0].token_ids) == 40
     )
+
+
+@pytest.mark.forked
+def test_request_ids_stay_unique(tiny_llama_dir):
+    """Two requests in flight under one id: without ``dedupe_request_id`` the second is
+    refused (also when both wait for a grammar, where the check and the claim were once
+    split by an await: the second then replaced the first's stream and the first never
+    ended); with it the second runs as ``<id>-<8 hex digits>`` and both get all their
+    tokens under their own ids."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.engine.async_llm_engine import AsyncLLMEngine
+    from vllm.sampling_params import GuidedDecodingParams
+
+    args = EngineArgs(model=tiny_llama_dir, device="cpu", max_model_len=128)
+    sp = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    guided = SamplingParams(
+        temperature=0.0, max_tokens=8, guided_decoding=GuidedDecodingParams(regex="[ab]{8}")
+    )
+    prompt = {"prompt_token_ids": [5, 6, 7]}
+
+    async def run(gen):
+        try:
+            return [o async for o in gen]
+        except ValueError as e:
+            return e
+
+    async def main():
+        engine = AsyncLLMEngine(args, log_requests=False)
+        try:
+            # both claim "g" while their grammar compiles
+            both = await asyncio.wait_for(
+                asyncio.gather(run(engine.generate(prompt, guided, "g")),
+                               run(engine.generate(prompt, guided, "g"))), 120,
+            )  # fmt: skip
+            first = engine.generate(prompt, sp, "x")
+            head = await anext(first)
+            refused = await run(engine.generate(prompt, sp, "x"))
+            second = await run(engine.generate(prompt, sp, "x", dedupe_request_id=True))
+            rest = [o async for o in first]
+            return both, [head, *rest], refused, second
+        finally:
+            await engine.shutdown()
+
+    both, first, refused, second = asyncio.run(main())
+    errors = [r for r in both if isinstance(r, ValueError)]
+    [ok] = [r for r in both if not isinstance(r, ValueError)]
+    assert len(errors) == 1 and "request id 'g' is already running" in str(errors[0])
+    assert ok[-1].request_id == "g" and re.fullmatch("[ab]{8}", ok[-1].outputs[0].text)
+    assert isinstance(refused, ValueError) and "'x' is already running" in str(refused)
+    assert {o.request_id for o in first} == {"x"}
+    assert len(first[-1].outputs[0].token_ids) == 30 and first[-1].finished
+    ids = {o.request_id for o in second}
+    [rid] = ids
+    assert rid.startswith("x-") and len(rid) == len("x-") + 8, rid
+    assert len(second[-1].outputs[0].token_ids) == 30 and second[-1].finished
+    assert second[-1].outputs[0].token_ids == first[-1].outputs[0].token_ids  # greedy

@@ -13,7 +13,12 @@ from vllm.sampling_params import BeamSearchParams
 
 
 async def beam_search(
-    engine, prompt: dict, params: BeamSearchParams, request_id: str, lora_request=None
+    engine,
+    prompt: dict,
+    params: BeamSearchParams,
+    request_id: str,
+    lora_request=None,
+    dedupe_request_id: bool = False,
 ) -> AsyncIterator[RequestOutput]:
     """Yield one finished RequestOutput with ``params.beam_width`` outputs, best first.
 
@@ -23,6 +28,8 @@ async def beam_search(
         params: the search's parameters.
         request_id: the id of the search; its steps' requests are ``<id>-s<step>-<beam>``.
         lora_request: the LoRA adapter every step's requests run with (None: the base model).
+        dedupe_request_id: a step request whose id is in use runs under a suffixed id
+            (see ``AsyncLLMEngine.generate``).
     Raises:
         ValueError: ``2 x beam_width`` above max_logprobs.
         EngineDeadError / RequestFailedError: as :meth:`AsyncLLMEngine.generate`.
@@ -34,8 +41,9 @@ async def beam_search(
     async def one(tokens: list[int], rid: str) -> RequestOutput:
         last = None
         async for out in engine.generate(
-            {"prompt_token_ids": tokens}, step_params, rid, lora_request=lora_request
-        ):
+            {"prompt_token_ids": tokens}, step_params, rid, lora_request=lora_request,
+            dedupe_request_id=dedupe_request_id,
+        ):  # fmt: skip
             last = out
         return last
 

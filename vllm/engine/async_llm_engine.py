@@ -34,6 +34,7 @@ import contextlib
 import copy
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -167,6 +168,8 @@ class AsyncLLMEngine:
         request_id: str,
         lora_request: LoRARequest | None = None,
         priority: int = 0,
+        *,
+        dedupe_request_id: bool = False,
     ) -> AsyncIterator[RequestOutput]:
         """Queue a request and yield its RequestOutput after every step it is in (all of it
         so far, only what is new, or only the finished output: ``params.output_kind``).
@@ -174,33 +177,41 @@ class AsyncLLMEngine:
         Leaving the iteration early (client disconnect, cancellation) aborts the request
         and frees its blocks.
 
+        Request ids are unique inside the engine: an id is in use while its stream is open
+        or the engine still holds its request (an abort not yet applied). The id is
+        claimed before the first suspension point, so two concurrent calls cannot both
+        take it. With ``dedupe_request_id`` (the server's ids, which clients may choose
+        through ``X-Request-Id``) an id in use gets a suffix, ``<request_id>-<8 hex
+        digits>``, and the request runs under that id (its outputs' ``request_id``);
+        without it the call is refused.
+
         Raises:
             EngineDeadError: the engine is dead or shutting down.
             RequestFailedError: the request failed inside the engine.
             ValueError: the engine refused the prompt or params; a ``lora_request`` it
                 cannot serve (vllm/lora/registry.py); a non-integer ``priority``, or a
                 non-zero one without ``scheduling_policy="priority"`` (lower is served
-                first).
+                first); ``request_id`` in use without ``dedupe_request_id``.
         """
         params = sampling_params
         self.engine.adapters.check(lora_request)
         priority = check_priority(priority, self.scheduling_policy)
-        await self.check_health()
+        await self.check_health()  # (no suspension point before the id is claimed)
         self.start()
-        if request_id in self._streams:
-            raise ValueError(f"request id {request_id!r} is already running.")
-        await self.prepare_grammar(params)
-        await self.check_health()  # the loop may have stopped while the grammar compiled
-        if self.log_requests:
-            self._log_request(request_id, prompt, params, lora_request)
+        request_id = self._claim_request_id(request_id, dedupe_request_id)
         queue: asyncio.Queue = asyncio.Queue()
         self._streams[request_id] = queue
-        self._pending.append((request_id, prompt, params, time.time(), priority, lora_request))
-        self._wakeup.set()
-        finished = False
+        queued = finished = False
         kind = params.output_kind
         delta = DeltaOutputs() if kind == RequestOutputKind.DELTA else None
         try:
+            await self.prepare_grammar(params)
+            await self.check_health()  # the loop may have stopped while the grammar compiled
+            if self.log_requests:
+                self._log_request(request_id, prompt, params, lora_request)
+            self._pending.append((request_id, prompt, params, time.time(), priority, lora_request))
+            queued = True
+            self._wakeup.set()
             while True:
                 item = await queue.get()
                 if isinstance(item, BaseException):
@@ -213,8 +224,31 @@ class AsyncLLMEngine:
                     return
         finally:
             self._streams.pop(request_id, None)
-            if not finished:
+            if queued and not finished:
                 self._request_abort(request_id)
+
+    def _request_id_in_use(self, request_id: str) -> bool:
+        """Event loop: an open stream has ``request_id``, or the engine still holds it (a
+        dict lookup, safe beside the engine thread)."""
+        return request_id in self._streams or self.engine.has_request(request_id)
+
+    def _claim_request_id(self, request_id: str, dedupe: bool) -> str:
+        """Event loop: ``request_id`` when free, else with ``dedupe`` a free
+        ``<request_id>-<8 hex digits>`` (see :meth:`generate`).
+
+        Raises:
+            ValueError: ``request_id`` in use and not ``dedupe``.
+        """
+        if not self._request_id_in_use(request_id):
+            return request_id
+        if not dedupe:
+            raise ValueError(f"request id {request_id!r} is already running.")
+        while True:
+            unique = f"{request_id}-{uuid.uuid4().hex[:8]}"
+            if not self._request_id_in_use(unique):
+                logger.info("Request id %s is in use: running this request as %s.",
+                            request_id, unique)  # fmt: skip
+                return unique
 
     def encode(
         self,
@@ -223,16 +257,22 @@ class AsyncLLMEngine:
         request_id: str,
         lora_request: LoRARequest | None = None,
         priority: int = 0,
+        *,
+        dedupe_request_id: bool = False,
     ) -> AsyncIterator[PoolingRequestOutput]:
         """Queue a pooling request (an engine started with ``task="embed"``) and yield its
-        PoolingRequestOutput once pooled; as :meth:`generate` otherwise.
+        PoolingRequestOutput once pooled; as :meth:`generate` otherwise (request ids and
+        ``dedupe_request_id`` too).
 
         Raises:
             ValueError: a generative engine, or ``dimensions`` the model cannot give (see
                 ``LLMEngine.pooling_sampling_params``); as :meth:`generate`.
         """
         self.check_pooling_params(pooling_params)  # its errors before queueing
-        return self.generate(prompt, pooling_params, request_id, lora_request, priority)
+        return self.generate(
+            prompt, pooling_params, request_id, lora_request, priority,
+            dedupe_request_id=dedupe_request_id,
+        )  # fmt: skip
 
     def check_pooling_params(self, params: PoolingParams) -> None:
         """Raises ValueError when this engine cannot serve ``params`` (a generative engine,
@@ -263,11 +303,14 @@ class AsyncLLMEngine:
         params: BeamSearchParams,
         request_id: str,
         lora_request: LoRARequest | None = None,
+        *,
+        dedupe_request_id: bool = False,
     ) -> AsyncIterator[RequestOutput]:
         """Beam search (vllm/engine/async_beam_search.py): yields one finished RequestOutput
         whose ``outputs`` are the ``params.beam_width`` best sequences, best first; every
-        beam runs with ``lora_request``'s adapter when one is given."""
-        return beam_search(self, prompt, params, request_id, lora_request)
+        beam runs with ``lora_request``'s adapter when one is given. Each step's requests
+        claim their ids as :meth:`generate` does (``dedupe_request_id`` too)."""
+        return beam_search(self, prompt, params, request_id, lora_request, dedupe_request_id)
 
     def _check_executor(self) -> None:
         executor = self.engine.executor

@@ -635,6 +635,11 @@ class LLMEngine:
             s.reset_prefix_cache()
         return True
 
+    def has_request(self, request_id: str) -> bool:
+        """Whether ``request_id`` names a request this engine still holds (queued, running,
+        or finished but not yet removed); a new request may not take that id."""
+        return request_id in self._requests
+
     def has_unfinished_requests(self) -> bool:
         """True while a request is held, queued or running, or a step's outputs are still
         to be returned (async output processing)."""
