@@ -88,6 +88,21 @@ def test_request_id_header_middleware():
     assert run([(b"x-request-id", b"abc")]) == b"abc"
     fresh = run([])
     assert len(fresh) == 32 and fresh != run([])
+    # the handler sees the fresh id (and derives the response and engine ids from it)
+    from vllm.entrypoints.openai.request_guards import FRESH_REQUEST_ID
+
+    seen, sent = [], []
+
+    async def app2(scope, receive, send):
+        seen.append(scope.get(FRESH_REQUEST_ID))
+        await app(scope, receive, send)
+
+    async def record(msg):
+        sent.append(msg)
+
+    for headers in ([], [(b"x-request-id", b"abc")]):
+        asyncio.run(RequestIdHeader(app2)({"type": "http", "headers": headers}, None, record))
+    assert seen[0] == dict(sent[0]["headers"])[b"x-request-id"].decode() and seen[1] is None
 
 
 def test_api_server_module_runs_serve():

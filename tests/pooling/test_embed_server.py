@@ -52,7 +52,8 @@ def test_embeddings_equal_transformers(server, tiny_llama_dir):
     assert len(r.headers["x-request-id"]) == 32  # --enable-request-id-headers
     assert httpx.get(server.url_for("docs"), timeout=30).status_code == 404  # no docs
     body = r.json()
-    assert body["object"] == "list" and body["model"] == "emb" and body["id"].startswith("embd-")
+    assert body["object"] == "list" and body["model"] == "emb"
+    assert body["id"] == "embd-" + r.headers["x-request-id"]  # the echoed fresh id
     assert body["usage"] == {"prompt_tokens": 12, "total_tokens": 12, "completion_tokens": 0,
                              "prompt_tokens_details": None}  # fmt: skip
     assert [d["index"] for d in body["data"]] == [0, 1]
@@ -64,6 +65,18 @@ def test_embeddings_equal_transformers(server, tiny_llama_dir):
     np.testing.assert_allclose(vec, ref[1], atol=1e-5)
     text = _post(server, "embeddings", {"input": "Hello world"})
     assert text.status_code == 200 and len(text.json()["data"][0]["embedding"]) == 64
+
+
+def test_request_id_header_names_the_embedding_requests(server):
+    """X-Request-Id is the base of the response id and of each input's engine id
+    (``embd-<id>-<i>``, seen in the request log) and is echoed back."""
+    r = httpx.post(server.url_for("v1", "embeddings"), json={"input": INPUTS},
+                   headers={"X-Request-Id": "emb-trace"}, timeout=120)  # fmt: skip
+    assert r.status_code == 200, r.text
+    assert r.json()["id"] == "embd-emb-trace" and r.headers["x-request-id"] == "emb-trace"
+    log = server.read_log()
+    for i in range(len(INPUTS)):
+        assert f"Received request embd-emb-trace-{i}: " in log
 
 
 def test_embedding_server_refusals(server):

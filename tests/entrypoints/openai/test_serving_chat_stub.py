@@ -32,6 +32,7 @@ class _Engine:
 
     def __init__(self, tokenizer, pieces, default_sampling=None):
         self.tokenizer, self.pieces = tokenizer, pieces
+        self.request_ids = []
         self.default_sampling = default_sampling or {}
 
     def verify_params(self, params):
@@ -43,7 +44,8 @@ class _Engine:
     async def prepare_grammar(self, params):
         pass
 
-    async def generate(self, prompt, params, rid, lora_request=None, priority=0):
+    async def generate(self, prompt, params, rid, lora_request=None, priority=0, **kw):
+        self.request_ids.append(rid)
         for k in range(1, len(self.pieces) + 1):
             done = k == len(self.pieces)
             out = CompletionOutput(

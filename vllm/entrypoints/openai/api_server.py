@@ -127,7 +127,11 @@ def build_app(
         lora_modules: LoRA adapters served under their ``lora_name`` (checked already);
             with VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 more are added and removed at run time
             (vllm/entrypoints/openai/lora_routes.py).
-        enable_request_id_headers: every response carries ``X-Request-Id``.
+        enable_request_id_headers: every response carries ``X-Request-Id`` (the request's
+            own, else a fresh one that also names the request in the engine, see
+            :class:`RequestIdHeader`). Without it a request's ``X-Request-Id`` still
+            names it: ids are ``chatcmpl-<id>`` / ``cmpl-<id>`` / ``embd-<id>``
+            (serving_engine.py ``base_request_id``).
         disable_fastapi_docs: no /docs, /redoc or /openapi.json.
     """
 

@@ -195,6 +195,8 @@ class CompletionRequest(SamplingFields):
     suffix: str | None = None
     # Keep only the last k prompt tokens (k >= 1; -1: the last max_model_len tokens).
     truncate_prompt_tokens: int | None = None
+    # The base of the response id and engine request ids (the X-Request-Id header wins).
+    request_id: str | None = None
 
 
 class CompletionLogProbs(OpenAIBaseModel):
@@ -317,6 +319,8 @@ class ChatCompletionRequest(SamplingFields):
     )
     # Keep only the rendered prompt's last k tokens (k >= 1; -1: the last max_model_len).
     truncate_prompt_tokens: int | None = None
+    # The base of the response id and engine request id (the X-Request-Id header wins).
+    request_id: str | None = None
 
 
 class FunctionCall(OpenAIBaseModel):

@@ -71,10 +71,17 @@ class ApiKeyAuth:
         await self.app(scope, receive, send)
 
 
+# ASGI scope key of the fresh id RequestIdHeader sends back to a request without one.
+FRESH_REQUEST_ID = "vllm.fresh_request_id"
+
+
 class RequestIdHeader:
     """ASGI middleware (``--enable-request-id-headers``, as upstream): every HTTP response
     carries ``X-Request-Id``, the request's own header when it sent one, else a fresh
-    uuid4 hex. A plain ASGI wrapper for the reason :class:`ApiKeyAuth` gives."""
+    uuid4 hex. The fresh id is also left in the scope (:data:`FRESH_REQUEST_ID`), where
+    the handlers take it as the base of the response's ``id`` and the engine request id
+    when the body names none (upstream's fresh header id is unrelated to them). A plain
+    ASGI wrapper for the reason :class:`ApiKeyAuth` gives."""
 
     def __init__(self, app):
         self.app = app
@@ -82,7 +89,10 @@ class RequestIdHeader:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        rid = dict(scope["headers"]).get(b"x-request-id") or uuid.uuid4().hex.encode()
+        rid = dict(scope["headers"]).get(b"x-request-id")
+        if not rid:
+            rid = uuid.uuid4().hex.encode()
+            scope = {**scope, FRESH_REQUEST_ID: rid.decode()}
 
         async def with_id(msg):
             if msg["type"] == "http.response.start":

@@ -19,7 +19,6 @@ tool-call mode holds back sends no chunk."""
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import AsyncIterator
 
 from fastapi import Request
@@ -52,7 +51,7 @@ from vllm.entrypoints.openai.protocol import (
     UsageInfo,
 )
 from vllm.entrypoints.openai.request_streams import collect_final
-from vllm.entrypoints.openai.serving_engine import OpenAIServing
+from vllm.entrypoints.openai.serving_engine import OpenAIServing, base_request_id
 from vllm.entrypoints.openai.sse_template import TextChunks
 from vllm.entrypoints.openai.tool_calls import (
     ToolCallStream,
@@ -185,7 +184,7 @@ class OpenAIServingChat(OpenAIServing):
             self.check_params(params, "top_logprobs")
             self.check_schedulable(len(ids), req.n, req.prompt_logprobs is None)
             await self.check_guided(params, param)
-        rid = f"chatcmpl-{uuid.uuid4().hex}"
+        rid = f"chatcmpl-{base_request_id(raw, req.request_id)}"
         gen = self.start(req, {"prompt": text, "prompt_token_ids": ids}, params, rid)
         created = int(time.time())
         role = self.response_role if req.add_generation_prompt else conv[-1]["role"]

@@ -15,7 +15,6 @@ on every chunk. ``suffix`` is refused (no fill-in-the-middle).
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import AsyncIterator
 
 from fastapi import Request
@@ -32,7 +31,7 @@ from vllm.entrypoints.openai.protocol import (
     UsageInfo,
 )
 from vllm.entrypoints.openai.request_streams import collect_final, merge
-from vllm.entrypoints.openai.serving_engine import OpenAIServing
+from vllm.entrypoints.openai.serving_engine import OpenAIServing, base_request_id
 from vllm.entrypoints.openai.sse_template import TextChunks
 from vllm.outputs import RequestOutput
 
@@ -110,7 +109,7 @@ class OpenAIServingCompletion(OpenAIServing):
         if params and not req.use_beam_search:  # the prompts' params differ only in max_tokens
             self.check_params(params[0])
             await self.check_guided(params[0], guided_field(req))
-        base = f"cmpl-{uuid.uuid4().hex}"
+        base = f"cmpl-{base_request_id(raw, req.request_id)}"
         gens = [
             self.start(req, {"prompt": text, "prompt_token_ids": ids}, sp, f"{base}-{i}")
             for i, ((text, ids), sp) in enumerate(zip(prompts, params))

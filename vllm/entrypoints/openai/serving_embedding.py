@@ -29,6 +29,8 @@ class EmbeddingRequest(OpenAIBaseModel):
     user: str | None = None
     truncate_prompt_tokens: int | None = None
     priority: int = 0
+    # The base of the response id and engine ids (the X-Request-Id header wins).
+    request_id: str | None = None
 
 
 class EmbeddingData(OpenAIBaseModel):

@@ -14,12 +14,14 @@ characters has more than ``max_model_len`` tokens whatever the tokenizer does wi
 from __future__ import annotations
 
 import asyncio
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 from vllm.engine.async_llm_engine import AsyncLLMEngine
 from vllm.engine.llm_engine import check_priority
 from vllm.entrypoints.openai.api_errors import APIError, param_of
 from vllm.entrypoints.openai.protocol import PromptTokenUsageInfo, SamplingFields, UsageInfo
+from vllm.entrypoints.openai.request_guards import FRESH_REQUEST_ID
 from vllm.lora.request import LoRARequest
 from vllm.sampling_params import BeamSearchParams, GuidedDecodingParams, SamplingParams
 
@@ -35,6 +37,25 @@ def max_chars_per_token(tokenizer) -> int | None:
         return max(1, max(len(t) for t in tokenizer.get_vocab()))
     except Exception:
         return None
+
+
+def base_request_id(raw, body_id: str | None = None) -> str:
+    """What a request's ids derive from, as upstream: the ``X-Request-Id`` header when the
+    client sent a non-empty one, else the body's ``request_id``, else a fresh uuid4 hex
+    (with ``--enable-request-id-headers`` the one the response's header carries). The
+    handlers prefix it (``cmpl-``, ``chatcmpl-``, ``embd-``) for the response's ``id`` and
+    the engine request id (a completion's prompt i runs as ``cmpl-<id>-<i>``, an
+    embedding input as ``embd-<id>-<i>``); an engine id already in use by a request in
+    flight gets a suffix (see :meth:`OpenAIServing.start`).
+
+    Args:
+        raw: the HTTP request (None when a handler is called directly).
+        body_id: the request body's ``request_id`` field.
+    """
+    if raw is None:
+        return body_id or uuid.uuid4().hex
+    header = raw.headers.get("x-request-id")
+    return header or body_id or raw.scope.get(FRESH_REQUEST_ID) or uuid.uuid4().hex
 
 
 class OpenAIServing:
@@ -359,17 +380,21 @@ class OpenAIServing:
 
     def start(self, req: SamplingFields, prompt: dict, params, request_id: str):
         """The request's output stream: a beam search of ``beam_params`` when the request
-        asks for one, else ``engine.generate``."""
+        asks for one, else ``engine.generate``. ``request_id`` comes from the client
+        (:func:`base_request_id`), so two requests in flight may name the same one: the
+        engine then runs the later one as ``<request_id>-<8 hex digits>``
+        (``dedupe_request_id``), and neither touches the other's stream."""
         lora = self.lora_for(req)
         if req.use_beam_search:
-            return self.engine.beam_search(prompt, params, request_id, lora)
+            return self.engine.beam_search(prompt, params, request_id, lora, dedupe_request_id=True)
         try:
             check_priority(req.priority, self.engine.scheduling_policy)
         except ValueError as e:
             raise APIError(str(e), 400, "priority") from None
         return self.engine.generate(
-            prompt, params, request_id, lora_request=lora, priority=req.priority
-        )
+            prompt, params, request_id, lora_request=lora, priority=req.priority,
+            dedupe_request_id=True,
+        )  # fmt: skip
 
     async def check_guided(self, params: SamplingParams, param: str | None) -> None:
         """Parse and compile ``params``' constraint before the request is queued, so a bad

@@ -19,9 +19,9 @@ from fastapi import Request
 
 from vllm.engine.llm_engine import check_priority
 from vllm.entrypoints.openai.api_errors import APIError
-from vllm.entrypoints.openai.protocol import UsageInfo, random_id
+from vllm.entrypoints.openai.protocol import UsageInfo
 from vllm.entrypoints.openai.request_streams import collect_final
-from vllm.entrypoints.openai.serving_engine import OpenAIServing
+from vllm.entrypoints.openai.serving_engine import OpenAIServing, base_request_id
 from vllm.pooling_params import PoolingParams
 
 
@@ -97,17 +97,17 @@ class PoolingServing(OpenAIServing):
         self.check_pooling_model(api)
         params = self.pooling_params(req.dimensions)
         inputs = await self.input_ids(as_items(req.input), "input", self.kept_tokens(req))
-        base = random_id(prefix)
+        base = f"{prefix}-{base_request_id(raw, getattr(req, 'request_id', None))}"
         vecs = await self.pool(inputs, params, base, req, raw)
         return None if vecs is None else (base, inputs, vecs)
 
     async def pool(
         self, inputs: list[list[int]], params: PoolingParams, base_id: str, req, raw: Request | None
     ) -> list[torch.Tensor] | None:
-        """Pool each input (one request ``{base_id}-{i}`` each, with the request's LoRA
-        adapter and priority) and return the vectors in input order, each a float32 CPU
-        tensor [hidden] (or [dimensions]); None when the client went away (every request
-        is aborted then).
+        """Pool each input (one request ``{base_id}-{i}`` each, suffixed when that id is in
+        flight already, with the request's LoRA adapter and priority) and return the
+        vectors in input order, each a float32 CPU tensor [hidden] (or [dimensions]); None
+        when the client went away (every request is aborted then).
 
         Raises:
             APIError 400: a priority the scheduling policy refuses, or a request the
@@ -120,7 +120,14 @@ class PoolingServing(OpenAIServing):
         except ValueError as e:
             raise APIError(str(e), 400, "priority") from None
         gens = [
-            self.engine.encode({"prompt_token_ids": ids}, params, f"{base_id}-{i}", lora, priority)
+            self.engine.encode(
+                {"prompt_token_ids": ids},
+                params,
+                f"{base_id}-{i}",
+                lora,
+                priority,
+                dedupe_request_id=True,
+            )  # fmt: skip
             for i, ids in enumerate(inputs)
         ]
         try:

@@ -20,7 +20,8 @@ from fastapi import Request
 from pydantic import BaseModel
 
 from vllm.entrypoints.openai.api_errors import APIError
-from vllm.entrypoints.openai.protocol import OpenAIBaseModel, UsageInfo, random_id
+from vllm.entrypoints.openai.protocol import OpenAIBaseModel, UsageInfo
+from vllm.entrypoints.openai.serving_engine import base_request_id
 from vllm.entrypoints.openai.serving_pooling_base import PoolingServing, prompt_usage
 from vllm.pooling.scoring import PairingError, check_pairs, cosine_scores
 
@@ -105,7 +106,7 @@ class OpenAIServingScores(PoolingServing):
         keep = self.kept_tokens(req)
         ids_1 = await self.input_ids(first, names[0], keep)
         ids_2 = await self.input_ids(second, names[1], keep)
-        base = random_id(prefix)
+        base = f"{prefix}-{base_request_id(raw)}"
         vecs = await self.pool(ids_1 + ids_2, self.pooling_params(), base, req, raw)
         if vecs is None:
             return None
