@@ -8,7 +8,10 @@ import pytest
 from vllm.entrypoints.chat_utils import (
     ChatInputError,
     check_chat_options,
+    detect_content_format,
+    message_text,
     render_chat,
+    resolve_content_format,
     template_messages,
 )
 
@@ -110,3 +113,68 @@ def test_text_parts_joined_by_newlines():
     assert conv == [{"role": "user", "content": "Say\nhello"}]
     one = template_messages([{"role": "user", "content": [{"type": "text", "text": "Hi"}]}])
     assert one[0]["content"] == "Hi"
+
+
+# Renders a string content as S:<text>, a list of parts as P:<text> per part.
+EITHER = (
+    "{% for m in messages %}<{{ m['role'] }}>{% if m['content'] is string %}"
+    "S:{{ m['content'] }}{% else %}{% for p in m['content'] %}P:{{ p['text'] }}"
+    "{% endfor %}{% endif %}{% endfor %}"
+)
+PLAIN = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+PARTS = [{"type": "text", "text": "Say"}, {"type": "text", "text": "hello"}]
+
+
+@pytest.mark.parametrize(
+    "fmt, text",
+    [("string", "<user>S:Say\nhello<assistant>S:ok<tool>S:"),
+     ("openai", "<user>P:SayP:hello<assistant>P:ok<tool>")],
+)  # fmt: skip
+def test_content_format_string_or_openai(tokenizer, fmt, text):
+    """``string`` hands the template one string per message, ``openai`` a list of text
+    parts (a string content one part, no content none): the rendered prompt and its
+    token ids follow."""
+    messages = [{"role": "user", "content": PARTS}, {"role": "assistant", "content": "ok"},
+                {"role": "tool", "content": None}]  # fmt: skip
+    conv = template_messages(messages, fmt)
+    if fmt == "openai":
+        assert conv[0]["content"] == PARTS and conv[2]["content"] == []
+        assert [message_text(m) for m in conv] == ["Say\nhello", "ok", ""]
+    rendered = render_chat(tokenizer, conv, EITHER, False)
+    assert rendered == text
+    assert tokenizer.encode(rendered, add_special_tokens=False) == tokenizer.encode(
+        text, add_special_tokens=False
+    )
+
+
+@pytest.mark.parametrize(
+    "template, want",
+    [
+        (EITHER, "openai"),
+        (PLAIN, "string"),
+        ("{% for m in messages %}{% for p in m.content %}{{ p.text }}{% endfor %}{% endfor %}",
+         "openai"),
+        # aliases of the list, a message and its content
+        ("{% set rest = messages[1:] %}{% for m in rest %}{% set c = m['content'] %}"
+         "{% for p in c %}{{ p['text'] }}{% endfor %}{% endfor %}", "openai"),
+        ("{% for p in messages[0]['content'] %}{{ p['text'] }}{% endfor %}", "openai"),
+        # Llama 3.1's system-message branch reads ['text'] but loops over no content
+        ("{% if messages[0]['content'] is string %}{% set s = messages[0]['content'] %}"
+         "{% else %}{% set s = messages[0]['content'][0]['text'] %}{% endif %}{{ s }}"
+         "{% for m in messages %}{{ m['content'] | trim }}{% endfor %}", "string"),
+        ("{% for m in messages %}{% for x in m['tool_calls'] %}{% endfor %}{% endfor %}",
+         "string"),
+        ("{% for %}", "string"),  # does not parse: rendering reports it
+    ],
+)  # fmt: skip
+def test_auto_content_format_detection(template, want):
+    assert detect_content_format(template) == want
+    assert resolve_content_format("auto", template) == want
+    assert resolve_content_format("string", EITHER) == "string"
+
+
+def test_auto_content_format_of_the_tokenizers_template(tokenizer):
+    """SmolLM2's own template prints ``message['content']``: string."""
+    assert resolve_content_format("auto", None, tokenizer) == "string"
+    with pytest.raises(ValueError, match="content format 'text' is not supported"):
+        resolve_content_format("text", None, tokenizer)

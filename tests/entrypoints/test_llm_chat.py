@@ -44,6 +44,17 @@ def test_chat_batch_equals_template_plus_generate(tiny_llama_dir):
     # a single conversation (not a list of them) gives one output
     single = llm.chat(convs[0], params, use_tqdm=False)
     assert len(single) == 1 and single[0].outputs[0].token_ids == chat[0].outputs[0].token_ids
+    # upstream's chat_template_content_format: the template gets a list of text parts
+    either = ("{% for m in messages %}{% if m['content'] is string %}S:{{ m['content'] }}"
+              "{% else %}{% for p in m['content'] %}P:{{ p['text'] }}{% endfor %}{% endif %}"
+              "{% endfor %}")  # fmt: skip
+    parts = [{"role": "user", "content": [{"type": "text", "text": "a"},
+                                          {"type": "text", "text": "b"}]}]  # fmt: skip
+    for fmt, text in (("openai", "P:aP:b"), ("auto", "P:aP:b"), ("string", "S:a\nb")):
+        [out] = llm.chat(parts, SamplingParams(max_tokens=1), use_tqdm=False,
+                         chat_template=either, chat_template_content_format=fmt)  # fmt: skip
+        assert out.prompt == text
+        assert list(out.prompt_token_ids) == tok.encode(text, add_special_tokens=False)
 
 
 @pytest.mark.forked

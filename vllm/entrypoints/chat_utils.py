@@ -1,19 +1,36 @@
 """Chat templates: ``--chat-template`` (a file or an inline Jinja string), the messages a
 template sees, and rendering a conversation to the prompt text the model sees.
 
-Messages reach the template as OpenAI sends them, text only: ``role``, ``content`` (a
-list of text parts becomes their texts joined by newlines, as upstream vLLM renders it),
-and where given ``name``, an assistant's ``tool_calls`` (each call's ``function.arguments``
+Messages reach the template as OpenAI sends them, text only: ``role``, ``content``, and
+where given ``name``, an assistant's ``tool_calls`` (each call's ``function.arguments``
 decoded from its JSON text to an object, the form tool-use templates iterate over) and a
 tool message's ``tool_call_id``. The request's ``tools`` and ``chat_template_kwargs`` are
 template variables as well.
+
+``content`` takes one of two forms (``--chat-template-content-format``, upstream's flag):
+
+- ``string``: one string; a list of text parts becomes their texts joined by newlines.
+- ``openai``: a list of parts ``[{"type": "text", "text": ...}]``, one per part sent (a
+  string content is one part; no content is an empty list), for templates that loop over
+  the parts.
+- ``auto`` (the default) picks per template, as upstream: ``openai`` when the template
+  loops over a message's content (``{% for part in message['content'] %}``, also through
+  a ``{% set %}`` alias of the messages, a message or its content), else ``string``.
+  Templates that only read ``messages[0]['content'][0]['text']`` in an ``is string``
+  branch (Llama 3.1's) render a string content elsewhere, so they get ``string``.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import os
 from typing import Any
+
+logger = logging.getLogger(__name__)
+
+CONTENT_FORMATS = ("auto", "string", "openai")
 
 # A value containing any of these is Jinja, not a path.
 _JINJA_MARKS = ("{{", "{%", "{#", "\n")
@@ -71,15 +88,14 @@ class ChatInputError(ValueError):
         self.param = param
 
 
-def _content_text(content: Any, i: int) -> str:
-    """A message's text: a string as given, a list of text parts joined by "\\n" (upstream
-    vLLM's rendering, so ``[{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]``
-    is ``"a\\nb"``); a content part other than text is refused (this engine is text-only),
-    never silently dropped."""
+def _content_texts(content: Any, i: int) -> list[str]:
+    """A message's text parts: none for no content, one for a string, the parts' texts for
+    a list; a content part other than text is refused (this engine is text-only), never
+    silently dropped."""
     if content is None:
-        return ""
+        return []
     if isinstance(content, str):
-        return content
+        return [content]
     texts = []
     for j, part in enumerate(content):
         kind = part.get("type", "text")
@@ -90,7 +106,26 @@ def _content_text(content: Any, i: int) -> str:
                 f"messages.{i}.content.{j}.type",
             )
         texts.append(str(part.get("text", "")))
+    return texts
+
+
+def _content(content: Any, i: int, content_format: str) -> str | list[dict]:
+    """A message's content in ``content_format``: ``string`` joins the text parts with
+    "\\n" (upstream vLLM's rendering, so ``[{"type": "text", "text": "a"}, {"type":
+    "text", "text": "b"}]`` is ``"a\\nb"``), ``openai`` lists them as text parts."""
+    texts = _content_texts(content, i)
+    if content_format == "openai":
+        return [{"type": "text", "text": t} for t in texts]
     return "\n".join(texts)
+
+
+def message_text(message: dict) -> str:
+    """The text of a message from :func:`template_messages`, whichever content form it
+    has (the parts' texts joined by "\\n", as the ``string`` form)."""
+    content = message["content"]
+    if isinstance(content, str):
+        return content
+    return "\n".join(part["text"] for part in content)
 
 
 def _tool_call(call: dict, i: int, j: int) -> dict:
@@ -108,19 +143,20 @@ def _tool_call(call: dict, i: int, j: int) -> dict:
     return {**call, "function": fn}
 
 
-def template_messages(messages: list[dict]) -> list[dict]:
+def template_messages(messages: list[dict], content_format: str = "string") -> list[dict]:
     """The messages a chat template sees (see the module docstring).
 
     Args:
         messages: OpenAI chat messages as dicts (``role``, ``content`` as a string or a
             list of text parts, optional ``name``, ``tool_calls``, ``tool_call_id``).
+        content_format: ``string`` or ``openai`` (see :func:`resolve_content_format`).
     Raises:
         ChatInputError: a content part that is not text, or tool-call arguments that are
             not JSON.
     """
     out = []
     for i, m in enumerate(messages):
-        msg = {"role": m["role"], "content": _content_text(m.get("content"), i)}
+        msg = {"role": m["role"], "content": _content(m.get("content"), i, content_format)}
         if m.get("name") is not None:
             msg["name"] = m["name"]
         if m.get("tool_calls") is not None:
@@ -181,3 +217,122 @@ def render_chat(
         tokenize=False,
         **(chat_template_kwargs or {}),
     )
+
+
+def resolve_content_format(option: str, template: str | None, tokenizer=None) -> str:
+    """``string`` or ``openai``: ``option`` itself, or for ``auto`` what
+    :func:`detect_content_format` finds in ``template`` (None: the tokenizer's own; a
+    tokenizer without a string template gets ``string``).
+
+    Raises:
+        ValueError: an ``option`` other than auto, string, openai.
+    """
+    if option not in CONTENT_FORMATS:
+        raise ValueError(
+            f"chat template content format {option!r} is not supported; use one of "
+            f"{list(CONTENT_FORMATS)}."
+        )
+    if option != "auto":
+        return option
+    if template is None:
+        template = getattr(tokenizer, "chat_template", None)
+    return detect_content_format(template) if isinstance(template, str) else "string"
+
+
+@functools.lru_cache(maxsize=32)
+def detect_content_format(template: str) -> str:
+    """``openai`` when ``template`` loops over a message's content, else ``string`` (also
+    for a template Jinja cannot parse: rendering it reports the error). Logged once per
+    template, as upstream logs its detection."""
+    ast = _parse_template(template)
+    found = "string" if ast is None else ("openai" if _loops_over_content(ast) else "string")
+    logger.info(
+        "Detected the chat template content format to be '%s'. You can set "
+        "--chat-template-content-format to override this.", found,
+    )  # fmt: skip
+    return found
+
+
+def _parse_template(template: str):
+    """The Jinja AST of ``template`` in transformers' template environment (its extra
+    tags parse too), else a plain environment's; None when neither parses it."""
+    import jinja2
+    import jinja2.ext
+
+    try:
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+
+        return _compile_jinja_template(template).environment.parse(template)
+    except Exception:
+        pass
+    try:
+        return jinja2.Environment(extensions=[jinja2.ext.loopcontrols]).parse(template)
+    except Exception:
+        return None
+
+
+def _chain(node) -> tuple[str | None, list]:
+    """The variable an expression reads and the keys it reads below it, through filters
+    and tests: ``message['content']|trim`` -> ("message", ["content"]); ``messages[1:]``
+    -> ("messages", [slice]); an index that is not a constant string is ``int``."""
+    import jinja2.nodes as n
+
+    keys: list = []
+    while True:
+        if isinstance(node, (n.Filter, n.Test)):
+            node = node.node
+        elif isinstance(node, n.Getattr):
+            keys.append(node.attr)
+            node = node.node
+        elif isinstance(node, n.Getitem):
+            arg = node.arg
+            if isinstance(arg, n.Slice):
+                keys.append(slice)
+            elif isinstance(arg, n.Const) and isinstance(arg.value, str):
+                keys.append(arg.value)
+            else:
+                keys.append(int)
+            node = node.node
+        elif isinstance(node, n.Name):
+            return node.name, keys[::-1]
+        else:
+            return None, []
+
+
+def _loops_over_content(ast) -> bool:
+    """Whether the template has a ``for`` loop over a message's ``content``: names bound
+    to the message list (``messages`` and its slices), to one message (a loop variable
+    over the list, or an item of it) and to a content (``set c = message['content']``)
+    are followed in document order."""
+    import jinja2.nodes as n
+
+    lists, items, contents = {"messages"}, set(), set()
+
+    def kind(expr) -> str | None:
+        """ "list", "item" or "content": what ``expr`` reads, None for anything else."""
+        name, keys = _chain(expr)
+        keys = [k for k in keys if k is not slice]  # a slice of the list is a list
+        is_item = name in items
+        if name in lists:
+            if not keys:
+                return "list"
+            is_item, keys = True, keys[1:]  # messages[i]
+        if is_item:
+            if not keys:
+                return "item"
+            return "content" if keys == ["content"] else None
+        return "content" if name in contents and not keys else None
+
+    for node in ast.find_all((n.For, n.Assign)):
+        target = node.target
+        if not isinstance(target, n.Name):
+            continue
+        what = kind(node.iter if isinstance(node, n.For) else node.node)
+        if isinstance(node, n.For):
+            if what == "content":
+                return True
+            if what == "list":
+                items.add(target.name)
+        elif what is not None:
+            {"list": lists, "item": items, "content": contents}[what].add(target.name)
+    return False

@@ -13,7 +13,12 @@ from vllm.beam_search import BeamSearch, BeamSearchOutput
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.default_model import resolve_model
 from vllm.engine.llm_engine import LLMEngine, PromptType, check_priority
-from vllm.entrypoints.chat_utils import check_chat_options, render_chat, template_messages
+from vllm.entrypoints.chat_utils import (
+    check_chat_options,
+    render_chat,
+    resolve_content_format,
+    template_messages,
+)
 from vllm.entrypoints.llm_pooling import PoolingMethods
 from vllm.inputs import prompt_list
 from vllm.logger import configure_logging
@@ -165,6 +170,7 @@ class LLM(PoolingMethods):
         tools: list[dict[str, Any]] | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
         lora_request: LoRARequest | SeqABC[LoRARequest | None] | None = None,
+        chat_template_content_format: str = "auto",
     ) -> list[RequestOutput]:
         """Generate replies to one conversation or a batch of them, using the model's chat
         template (``tokenizer.apply_chat_template``), as the server's chat endpoint renders
@@ -181,11 +187,15 @@ class LLM(PoolingMethods):
             tools: OpenAI tool definitions, the template's ``tools`` variable.
             chat_template_kwargs: further template variables.
             lora_request: as for :meth:`generate` (one per conversation when a list).
+            chat_template_content_format: how message contents reach the template:
+                ``auto`` (detected from the template), ``string`` or ``openai`` (a list of
+                text parts), as ``vllm serve --chat-template-content-format``.
 
         Raises:
             ValueError: an empty conversation, no chat template (neither the tokenizer's
                 nor ``chat_template``), ``continue_final_message`` with
-                ``add_generation_prompt``, or a message the template cannot get.
+                ``add_generation_prompt``, a message the template cannot get, or an
+                unknown content format.
         """
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         if not convs or any(not c for c in convs):
@@ -197,11 +207,12 @@ class LLM(PoolingMethods):
                 "chat_template= (a Jinja string) or use generate() with a plain prompt."
             )
         check_chat_options(add_generation_prompt, continue_final_message, chat_template_kwargs)
+        fmt = resolve_content_format(chat_template_content_format, chat_template, tok)
         prompts = []
         for conv in convs:
             text = render_chat(
                 tok,
-                template_messages(conv),
+                template_messages(conv, fmt),
                 chat_template,
                 add_generation_prompt,
                 continue_final_message,

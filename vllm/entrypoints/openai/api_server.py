@@ -108,6 +108,7 @@ def build_app(
     lora_modules: list[LoRARequest] | None = None,
     enable_request_id_headers: bool = False,
     disable_fastapi_docs: bool = False,
+    chat_template_content_format: str = "auto",
 ):
     """The FastAPI app serving ``engine`` (the engine loop starts with the app).
 
@@ -133,6 +134,8 @@ def build_app(
             names it: ids are ``chatcmpl-<id>`` / ``cmpl-<id>`` / ``embd-<id>``
             (serving_engine.py ``base_request_id``).
         disable_fastapi_docs: no /docs, /redoc or /openapi.json.
+        chat_template_content_format: ``auto``, ``string`` or ``openai``
+            (``--chat-template-content-format``, vllm/entrypoints/chat_utils.py).
     """
 
     @contextlib.asynccontextmanager
@@ -164,6 +167,7 @@ def build_app(
         chat_template=chat_template,
         tool_parser=tool_parser,
         response_role=response_role,
+        content_format=chat_template_content_format,
         **as_ids,
     )
     tokenization = OpenAIServingTokenization(chat)
@@ -450,6 +454,7 @@ def run_server(args: argparse.Namespace, engine: AsyncLLMEngine, sock: socket.so
         lora_modules=args.lora_requests,
         enable_request_id_headers=args.enable_request_id_headers,
         disable_fastapi_docs=args.disable_fastapi_docs,
+        chat_template_content_format=args.chat_template_content_format,
     )
     port = sock.getsockname()[1]
     config = uvicorn.Config(

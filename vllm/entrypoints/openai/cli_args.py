@@ -11,6 +11,7 @@ import argparse
 import json
 
 from vllm.engine.arg_utils import EngineArgs
+from vllm.entrypoints.chat_utils import CONTENT_FORMATS
 from vllm.entrypoints.openai.lora_modules import parse_lora_module
 from vllm.entrypoints.openai.request_guards import DEFAULT_MAX_REQUEST_BODY_BYTES
 from vllm.entrypoints.openai.tool_parsers import tool_parser_names
@@ -93,6 +94,14 @@ def make_server_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
         "--chat-template",
         default=None,
         help="Chat template: a file, or an inline Jinja string (default: the tokenizer's own).",
+    )
+    server.add_argument(
+        "--chat-template-content-format",
+        default="auto",
+        choices=CONTENT_FORMATS,
+        help="How message contents reach the chat template: string (text parts joined by "
+        'newlines), openai (a list of parts [{"type": "text", "text": ...}]), or auto '
+        "(openai for a template that loops over a message's content, else string).",
     )
     server.add_argument(
         "--enable-auto-tool-choice",

@@ -27,7 +27,9 @@ from vllm.entrypoints.chat_utils import (
     ChatInputError,
     check_chat_options,
     has_chat_template,
+    message_text,
     render_chat,
+    resolve_content_format,
     template_messages,
 )
 from vllm.entrypoints.openai.api_errors import APIError, to_api_error
@@ -71,6 +73,9 @@ class OpenAIServingChat(OpenAIServing):
             :func:`~vllm.entrypoints.chat_utils.load_chat_template`); None: the tokenizer's.
         tool_parser: the parser of tool_choice "auto" (``--tool-call-parser`` with
             ``--enable-auto-tool-choice``); None: "auto" with tools is refused.
+        content_format: ``--chat-template-content-format``: how message contents reach
+            the template, ``auto`` (detected per template), ``string`` or ``openai``
+            (see vllm/entrypoints/chat_utils.py).
         Others: as :class:`OpenAIServing`.
     """
 
@@ -80,9 +85,11 @@ class OpenAIServingChat(OpenAIServing):
         chat_template: str | None = None,
         tool_parser: ToolParser | None = None,
         response_role: str = "assistant",
+        content_format: str = "auto",
         **kwargs,
     ):
         super().__init__(*args, **kwargs)
+        self.content_format = content_format
         self.chat_template = chat_template
         self.tool_parser = tool_parser
         self.response_role = response_role  # --response-role: the reply's role
@@ -117,12 +124,15 @@ class OpenAIServingChat(OpenAIServing):
             check_chat_options(
                 req.add_generation_prompt, req.continue_final_message, req.chat_template_kwargs
             )
-            conv = template_messages([m.model_dump(exclude_none=True) for m in req.messages])
+            fmt = resolve_content_format(self.content_format, template, self.tokenizer)
+            messages = [m.model_dump(exclude_none=True) for m in req.messages]
+            conv = template_messages(messages, fmt)
         except ChatInputError as e:
             raise APIError(str(e), 400, e.param) from None
-        for i, m in enumerate(conv):
-            self.check_text(m["content"], f"messages[{i}].content", bounded=keep is None)
-        self.check_text("".join(m["content"] for m in conv), "messages", bounded=keep is None)
+        texts = [message_text(m) for m in conv]
+        for i, text in enumerate(texts):
+            self.check_text(text, f"messages[{i}].content", bounded=keep is None)
+        self.check_text("".join(texts), "messages", bounded=keep is None)
         tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
         try:
             text = await self.off_loop(
@@ -188,7 +198,7 @@ class OpenAIServingChat(OpenAIServing):
         gen = self.start(req, {"prompt": text, "prompt_token_ids": ids}, params, rid)
         created = int(time.time())
         role = self.response_role if req.add_generation_prompt else conv[-1]["role"]
-        echo = conv[-1]["content"] if req.echo and conv[-1]["role"] == role else ""
+        echo = message_text(conv[-1]) if req.echo and conv[-1]["role"] == role else ""
         as_id = req.return_tokens_as_token_ids  # None: the server's flag
         if req.stream:
             return self._stream(req, gen, rid, created, len(ids), mode, role, echo, as_id)
