@@ -210,7 +210,8 @@ def test_server_flags_of_upstream_parse():
         ["serve", "--allowed-origins", '["http://a.example"]', "--allowed-methods", '["GET"]',
          "--allowed-headers", '["X-Key"]', "--allow-credentials", "--root-path", "/api",
          "--ssl-keyfile", "k.pem", "--ssl-certfile", "c.pem", "--ssl-ca-certs", "ca.pem",
-         "--response-role", "bot", "--return-tokens-as-token-ids"]
+         "--response-role", "bot", "--return-tokens-as-token-ids",
+         "--disable-uvicorn-access-log"]
     )  # fmt: skip
     assert args.allowed_origins == ["http://a.example"] and args.allowed_methods == ["GET"]
     assert args.allowed_headers == ["X-Key"] and args.allow_credentials
@@ -218,10 +219,12 @@ def test_server_flags_of_upstream_parse():
     assert args.return_tokens_as_token_ids
     assert uvicorn_options(args) == {
         "ssl_keyfile": "k.pem", "ssl_certfile": "c.pem", "ssl_ca_certs": "ca.pem",
+        "access_log": False,
     }  # fmt: skip
     defaults = cli.make_parser().parse_args(["serve"])
     assert defaults.allowed_origins == ["*"] and not defaults.allow_credentials
-    assert defaults.response_role == "assistant" and uvicorn_options(defaults) == {}
+    assert defaults.response_role == "assistant"
+    assert uvicorn_options(defaults) == {"access_log": True}
 
 
 @pytest.mark.parametrize(

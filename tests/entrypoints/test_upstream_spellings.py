@@ -38,6 +38,11 @@ def test_prompt_token_ids_keyword_and_engine_accessors(tiny_llama_dir):
         (dict(disable_sliding_window=True), r"disable_sliding_window=True is not supported"),
         (dict(cpu_offload_gb=2), r"cpu_offload_gb=2 is not supported; only 0"),
         (dict(preemption_mode="swap"), r"preemption_mode='swap' is not supported"),
+        (
+            dict(long_lora_scaling_factors=(4.0,)),
+            r"long_lora_scaling_factors=\[4.0\] \(--long-lora-scaling-factors\) is not supported",
+        ),
+        (dict(lora_extra_vocab_size=-1), r"lora_extra_vocab_size must be >= 0, got -1"),
     ],
 )
 def test_switches_with_one_supported_value(tiny_llama_dir, kwargs, match):
@@ -55,15 +60,56 @@ def test_accepted_upstream_serve_flags(tiny_llama_dir, caplog):
             "--tokenizer-revision", "main", "--preemption-mode", "recompute",
             "--compilation-config", '{"level": 3}', "--cpu-offload-gb", "0",
             "--disable-frontend-multiprocessing", "--enable-request-id-headers",
-            "--disable-fastapi-docs", "--model", tiny_llama_dir + "-other"]  # fmt: skip
+            "--disable-fastapi-docs", "--model", tiny_llama_dir + "-other",
+            "--lora-extra-vocab-size", "512", "--disable-uvicorn-access-log",
+            "--chat-template-content-format", "openai", "--convert", "none"]  # fmt: skip
     args = make_parser().parse_args(argv)
     with caplog.at_level("WARNING"):
-        validate_server_args(args)
+        engine_args = validate_server_args(args)
     assert args.enable_request_id_headers and args.disable_fastapi_docs
+    assert args.chat_template_content_format == "openai"
+    assert engine_args.lora_extra_vocab_size == 512 and engine_args.convert == "none"
+    assert engine_args.create_engine_config().pooler_config is None  # generation
     text = caplog.text
-    for name in ("disable_custom_all_reduce=True", "tokenizer_revision='main'",
-                 "compilation_config=", "Both MODEL"):  # fmt: skip
+    for name in (
+        "disable_custom_all_reduce=True",
+        "tokenizer_revision='main'",
+        "compilation_config=",
+        "Both MODEL",
+        "lora_extra_vocab_size=512 is ignored",
+    ):
         assert name in text, name
+    import uvicorn
+
+    from vllm.entrypoints.openai.api_server import uvicorn_options
+
+    assert uvicorn.Config(app=None, **uvicorn_options(args)).access_log is False
+    defaults = make_parser().parse_args(["serve"])
+    assert uvicorn.Config(app=None, **uvicorn_options(defaults)).access_log is True
+    assert defaults.chat_template_content_format == "auto"
+    assert (defaults.lora_extra_vocab_size, defaults.convert) == (256, "auto")
+
+
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (["--long-lora-scaling-factors", "4.0", "8.0"],
+         ["--long-lora-scaling-factors", "is not supported"]),
+        (["--convert", "classify"], ["convert='classify' is not supported", "'embed'"]),
+        (["--chat-template-content-format", "text"],
+         ["argument --chat-template-content-format: invalid choice: 'text'"]),
+    ],
+)  # fmt: skip
+def test_refused_upstream_serve_flags(tiny_llama_dir, flags, words):
+    """One ``error:`` line naming the flag, exit status 2, before anything loads."""
+    cmd = [sys.executable, "-m", "vllm.entrypoints.cli", "serve", tiny_llama_dir, "--device",
+           "cpu", "--port", "0", *flags]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: "), proc.stderr[-2000:]
+    for w in words:
+        assert w in last, last
 
 
 def test_request_id_header_middleware():

@@ -148,6 +148,23 @@ def test_pooler_config_is_the_newer_name(tiny_llama_dir):
     assert config.pooler_config.pooling_type == "CLS"
 
 
+def test_convert_embed_is_task_embed(tiny_llama_dir):
+    """Upstream's ``--convert embed`` gives the pooler ``--task embed`` gives; ``auto`` and
+    ``none`` leave generation (or what task / runner ask for)."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    def pooler(**kw):
+        return EngineArgs(model=tiny_llama_dir, device="cpu", **kw).create_engine_config(
+        ).pooler_config  # fmt: skip
+
+    want = pooler(task="embed", pooler_config='{"pooling_type": "MEAN"}')
+    assert want is not None and want.pooling_type == "MEAN"
+    assert pooler(convert="embed", pooler_config='{"pooling_type": "MEAN"}') == want
+    assert pooler(convert="embed", runner="pooling") == pooler(task="embed")
+    assert pooler(convert="none") is None and pooler(convert="auto") is None
+    assert pooler(convert="none", task="embed") == pooler(task="embed")
+
+
 @pytest.mark.parametrize(
     "kwargs,match",
     [
@@ -175,6 +192,9 @@ def test_pooler_config_is_the_newer_name(tiny_llama_dir):
             dict(task="embed", override_pooler_config="{}", pooler_config="{}"),
             r"give override_pooler_config or pooler_config, not both",
         ),
+        (dict(convert="classify"), r"convert='classify' is not supported; use one of"),
+        (dict(convert="reward"), r"convert='reward' is not supported"),
+        (dict(convert="embed", runner="generate"), r"contradict each other"),
     ],
     ids=[
         "classify",
@@ -185,6 +205,9 @@ def test_pooler_config_is_the_newer_name(tiny_llama_dir):
         "no_task",
         "unknown_key",
         "both_names",
+        "convert_classify",
+        "convert_reward",
+        "convert_contradiction",
     ],
 )
 def test_bad_pooling_flags(tiny_llama_dir, kwargs, match):

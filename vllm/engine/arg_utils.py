@@ -28,7 +28,12 @@ from vllm.config import (
     SpeculativeConfig,
     parse_json_object,
 )
-from vllm.engine.compat_args import check_compat_args, check_lora_switches, check_upstream_switches
+from vllm.engine.compat_args import (
+    check_compat_args,
+    check_lora_switches,
+    check_upstream_lora_flags,
+    check_upstream_switches,
+)
 from vllm.engine.speculative_args import resolve_speculative
 from vllm.lora.config import LoRAConfig
 from vllm.model_executor.models import is_headless
@@ -121,6 +126,11 @@ class EngineArgs:
         "auto", "The model runner: auto, generate, or pooling (the same as --task embed).",
         group="model",
     )  # fmt: skip
+    convert: str = _f(
+        "auto", "Upstream's model conversion: auto or none (the model as --task / --runner "
+        "say, generation by default), or embed (serve it as an embedding model, the same "
+        "as --task embed); classify and reward are refused.", group="model",
+    )  # fmt: skip
     override_pooler_config: str | dict | None = _f(
         None,
         'Pooler of --task embed as JSON: {"pooling_type": "LAST"|"MEAN"|"CLS", '
@@ -146,6 +156,15 @@ class EngineArgs:
     fully_sharded_loras: bool = _f(
         False, "Accepted for upstream scripts; under tensor parallelism each rank already "
         "holds its cut of every adapter, so it changes nothing.", group="lora",
+    )  # fmt: skip
+    lora_extra_vocab_size: int = _f(
+        256, "Upstream's extra vocabulary rows per adapter (deprecated there); accepted "
+        "and ignored (another value is logged): adapters add no vocabulary here.",
+        group="lora",
+    )  # fmt: skip
+    long_lora_scaling_factors: list[float] | None = _f(
+        None, "Upstream's long-context LoRA scaling factors; not supported (refused when "
+        "given).", group="lora",
     )  # fmt: skip
     dtype: str = _f(
         "auto",
@@ -389,7 +408,8 @@ class EngineArgs:
             elif kind is bool:
                 target.add_argument(flag, action="store_true", default=default, help=help_text)
             elif kind is list:
-                target.add_argument(flag, type=int, nargs="+", default=default, help=help_text)
+                target.add_argument(flag, type=_list_item_type(hints[f.name]), nargs="+",
+                                    default=default, help=help_text)  # fmt: skip
             else:
                 parse = human_readable_int if f.name == "max_model_len" else kind
                 target.add_argument(flag, type=parse, default=default, help=help_text)
@@ -442,6 +462,9 @@ class EngineArgs:
                 ok = isinstance(value, numbers.Integral) and value in (0, 1)  # bools too
                 if ok:
                     setattr(self, f.name, bool(value))
+            elif kind is list and isinstance(value, tuple):  # upstream passes tuples too
+                ok = True
+                setattr(self, f.name, list(value))
             elif kind in (str, list):
                 ok = isinstance(value, kind)
             else:
@@ -470,6 +493,7 @@ class EngineArgs:
             self.model, self.tokenizer_revision, self.disable_sliding_window, self.cpu_offload_gb,
             self.preemption_mode, self.disable_custom_all_reduce, self.compilation_config,
         )  # fmt: skip
+        check_upstream_lora_flags(self.lora_extra_vocab_size, self.long_lora_scaling_factors)
         device_config = DeviceConfig(self.device)
         parallel_config = ParallelConfig(
             pipeline_parallel_size=self.pipeline_parallel_size,
@@ -513,7 +537,7 @@ class EngineArgs:
         )
         pooler_config = resolve_pooler(
             self.task, self.runner, self._pooler_overrides(),
-            headless=is_headless(model_config.hf_config),
+            headless=is_headless(model_config.hf_config), convert=self.convert,
         )  # fmt: skip
         spec = resolve_speculative(self)  # --speculative-config applied
         speculative_config = SpeculativeConfig.create(
@@ -678,6 +702,14 @@ def human_readable_int(text: str) -> int:
         raise argparse.ArgumentTypeError(
             f"invalid value {text!r}: expected an integer such as 4096, 4k (4000) or 4K (4096)"
         ) from None
+
+
+def _list_item_type(hint) -> type:
+    """The item type of a ``list[X]`` or ``list[X] | None`` hint (the flag's ``type``)."""
+    for arg in (hint, *typing.get_args(hint)):
+        if typing.get_origin(arg) is list:
+            return typing.get_args(arg)[0]
+    raise TypeError(f"not a list type: {hint!r}")
 
 
 def _base_type(hint) -> tuple[type, bool]:

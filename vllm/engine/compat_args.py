@@ -24,8 +24,11 @@ what is supported otherwise, before any weight is read:
 - With ``enable_lora``: ``lora_dtype`` (``auto``, the model's dtype, or that dtype's
   name), ``fully_sharded_loras`` (logged as ignored: each TP rank holds its cut of an
   adapter already).
-- ``task`` / ``runner``: see vllm/pooling/config.py (generation, or embeddings with
-  ``embed`` / ``pooling``; scoring and classification are refused).
+- ``task`` / ``runner`` / ``convert``: see vllm/pooling/config.py (generation, or
+  embeddings with ``embed`` / ``pooling``; scoring and classification are refused).
+- ``lora_extra_vocab_size`` (upstream's default 256; deprecated there): logged as ignored
+  when set to another value (adapters add no vocabulary rows here).
+  ``long_lora_scaling_factors``: refused when given (no long-context LoRA).
 """
 
 from __future__ import annotations
@@ -134,3 +137,36 @@ def check_lora_switches(lora_dtype: str, model_dtype, fully_sharded_loras: bool)
             "fully_sharded_loras=True is ignored: under tensor parallelism each rank holds "
             "its cut of an adapter as of the weights."
         )
+
+
+LORA_EXTRA_VOCAB_SIZE = 256  # upstream's default of --lora-extra-vocab-size
+
+
+def check_upstream_lora_flags(
+    lora_extra_vocab_size: int, long_lora_scaling_factors: list[float] | None
+) -> None:
+    """Validate upstream's LoRA flags that this engine has no use for (with or without
+    ``enable_lora``).
+
+    Args:
+        lora_extra_vocab_size: upstream's extra vocabulary rows per adapter (deprecated
+            there); any value other than 256 is logged as ignored.
+        long_lora_scaling_factors: upstream's long-context LoRA scaling factors; refused
+            when given.
+    Raises:
+        ValueError: ``long_lora_scaling_factors`` given (the message names its flag), or a
+            negative ``lora_extra_vocab_size``.
+    """
+    if long_lora_scaling_factors is not None:
+        raise ValueError(
+            f"long_lora_scaling_factors={list(long_lora_scaling_factors)} "
+            "(--long-lora-scaling-factors) is not supported: long-context LoRA adapters "
+            "are not implemented; serve adapters without it."
+        )
+    if lora_extra_vocab_size < 0:
+        raise ValueError(f"lora_extra_vocab_size must be >= 0, got {lora_extra_vocab_size}.")
+    if lora_extra_vocab_size != LORA_EXTRA_VOCAB_SIZE:
+        logger.warning(
+            "lora_extra_vocab_size=%d is ignored (upstream deprecated it): adapters add no "
+            "vocabulary rows (embedding adapters are refused).", lora_extra_vocab_size,
+        )  # fmt: skip

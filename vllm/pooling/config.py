@@ -18,6 +18,9 @@ logger = logging.getLogger(__name__)
 POOLING_TYPES = ("LAST", "MEAN", "CLS")
 TASKS = ("auto", "generate", "embed")
 RUNNERS = ("auto", "generate", "pooling")
+# Upstream's --convert: "embed" serves a generative checkpoint as an embedding model;
+# "classify" and "reward" (its other conversions) are not served.
+CONVERTS = ("auto", "none", "embed")
 
 
 @dataclass
@@ -53,33 +56,43 @@ class PoolerConfig:
 
 
 def resolve_pooler(
-    task: str, runner: str, overrides: dict | None, headless: bool = False
+    task: str,
+    runner: str,
+    overrides: dict | None,
+    headless: bool = False,
+    convert: str = "auto",
 ) -> PoolerConfig | None:
     """The PoolerConfig the flags ask for, None for a generative engine. A ``headless``
     checkpoint (a decoder stack without an LM head, ``LlamaModel`` ...) is an embedding
     model under ``auto``, as upstream resolves it.
 
     ``task="embedding"``, upstream's older name, is taken as ``embed`` with a warning.
+    ``convert`` is upstream's ``--convert``: ``embed`` asks for embeddings as
+    ``task="embed"`` does; ``auto`` and ``none`` leave the choice to task and runner.
 
     Raises:
-        ValueError: an unknown task or runner (pooling tasks other than embed: classify,
-            score, reward are not served), a generate task with the pooling runner or a
-            headless checkpoint, or override keys other than ``pooling_type`` /
-            ``normalize``.
+        ValueError: an unknown task, runner or convert (pooling tasks other than embed:
+            classify, score, reward are not served), a generate task or runner with the
+            pooling runner, ``convert="embed"`` or a headless checkpoint, or override keys
+            other than ``pooling_type`` / ``normalize``.
     """
     if task == "embedding":
         logger.warning("task='embedding' is upstream's old name of task='embed'; using embed.")
         task = "embed"
-    for name, value, allowed in (("task", task, TASKS), ("runner", runner, RUNNERS)):
+    for name, value, allowed in (
+        ("task", task, TASKS), ("runner", runner, RUNNERS), ("convert", convert, CONVERTS)
+    ):  # fmt: skip
         if value not in allowed:
             raise ValueError(
                 f"{name}={value!r} is not supported; use one of {list(allowed)} (embedding "
                 "is the only pooling task served; classification, scoring and reward "
                 "models are not)."
             )
-    embed = task == "embed" or runner == "pooling"
+    embed = task == "embed" or runner == "pooling" or convert == "embed"
     if embed and (task == "generate" or runner == "generate"):
-        raise ValueError(f"task={task!r} and runner={runner!r} contradict each other.")
+        raise ValueError(
+            f"task={task!r}, runner={runner!r} and convert={convert!r} contradict each other."
+        )
     if headless:
         if "generate" in (task, runner):
             raise ValueError(

@@ -1,4 +1,4 @@
-"""`vllm serve` and upstream's request ids, on a tiny Llama:
+"""`vllm serve` with upstream's request-id and chat-template flags, on a tiny Llama:
 
 - ``X-Request-Id`` names the request: response ids ``chatcmpl-<id>`` / ``cmpl-<id>``,
   engine ids ``chatcmpl-<id>`` / ``cmpl-<id>-<prompt index>`` (the request log shows
@@ -6,6 +6,9 @@
   id is the base of the ids, and the body's ``request_id`` is used when no header is sent.
 - A second request in flight under the same header runs as ``<id>-<8 hex digits>`` in the
   engine, and both get all their tokens.
+- ``--chat-template-content-format openai`` hands the template a list of text parts
+  (checked on /tokenize's ids); ``--disable-uvicorn-access-log`` leaves no access line
+  even at ``--uvicorn-log-level info``.
 """
 
 import json
@@ -16,11 +19,21 @@ import pytest
 
 from tests.utils import RemoteOpenAIServer
 
+# A template that renders a string content as S:<text> and a list of parts as P:<text>...
+TEMPLATE = (
+    "{% for m in messages %}<{{ m['role'] }}>{% if m['content'] is string %}"
+    "S:{{ m['content'] }}{% else %}{% for p in m['content'] %}P:{{ p['text'] }}"
+    "{% endfor %}{% endif %}{% endfor %}"
+)
+PARTS = [{"type": "text", "text": "hello"}, {"type": "text", "text": "world"}]
+
 
 @pytest.fixture(scope="module")
 def server(tiny_llama_dir):
     args = ["--device", "cpu", "--max-model-len", "512", "--served-model-name", "tiny",
-            "--enable-request-id-headers"]  # fmt: skip
+            "--enable-request-id-headers", "--disable-uvicorn-access-log",
+            "--uvicorn-log-level", "info", "--chat-template", TEMPLATE,
+            "--chat-template-content-format", "openai"]  # fmt: skip
     srv = RemoteOpenAIServer(tiny_llama_dir, args)
     try:
         yield srv
@@ -88,3 +101,18 @@ def test_same_header_twice_in_flight(server):
                   r"(chatcmpl-dup-[0-9a-f]{8})\.", log)  # fmt: skip
     assert m, log[-3000:]
     assert f"Received request {m.group(1)}: " in log
+
+
+def test_openai_content_format_and_no_access_log(server, tiny_llama_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_llama_dir)
+    r = httpx.post(server.url_for("tokenize"), json={
+        "model": "tiny", "messages": [{"role": "user", "content": PARTS},
+                                      {"role": "assistant", "content": "ok"}],
+        "add_generation_prompt": False}, timeout=60)  # fmt: skip
+    assert r.status_code == 200, r.text
+    want = tok.encode("<user>P:helloP:world<assistant>P:ok", add_special_tokens=False)
+    assert r.json()["tokens"] == want
+    # uvicorn's access line, e.g. 'INFO: 127.0.0.1:49308 - "POST /v1/completions HTTP/1.1" 200 OK'
+    assert 'HTTP/1.1" 200' not in server.read_log()

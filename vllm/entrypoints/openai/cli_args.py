@@ -137,6 +137,11 @@ def make_server_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     )
     server.add_argument("--uvicorn-log-level", default="warning", help="uvicorn's log level.")
     server.add_argument(
+        "--disable-uvicorn-access-log",
+        action="store_true",
+        help="No uvicorn access log line per HTTP request (shown from --uvicorn-log-level info).",
+    )
+    server.add_argument(
         "--root-path",
         default=None,
         help="URL prefix under which a reverse proxy serves this server (ASGI root_path): "
