@@ -1,5 +1,6 @@
 """`vllm run-batch` on SmolLM2 (CPU): each line answered as `vllm serve` would, in input
-order: a completion equal to LLM.generate's greedy text, a chat reply, a refused body with
+order: a completion equal to LLM.generate's greedy text, a chat reply rendered with
+``--chat-template-content-format openai`` (its prompt equal to LLM.chat's), a refused body with
 its 400 and error (an embeddings line on a generate model among them), and lines that are not
 requests with ``error`` set."""
 
@@ -10,6 +11,12 @@ import sys
 from tests.utils import run_in_fork
 
 PROMPT = "The capital of France is"
+# prints each content as it arrives: "auto" would detect "string" here (no loop over the
+# parts), so the parts list reaching it proves the flag reached the server's chat path
+PARTS_TEMPLATE = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
+PARTS = [
+    {"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "you"}]}
+]
 
 
 def test_run_batch_answers_each_line_as_the_server(smollm2_gguf, tmp_path):
@@ -17,16 +24,17 @@ def test_run_batch_answers_each_line_as_the_server(smollm2_gguf, tmp_path):
         from vllm import LLM, SamplingParams
 
         llm = LLM(smollm2_gguf, device="cpu", max_model_len=512)
-        return (
-            llm.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=8))[0].outputs[0].text
-        )
+        greedy = SamplingParams(temperature=0.0, max_tokens=8)
+        chat = llm.chat(PARTS, SamplingParams(max_tokens=2), chat_template=PARTS_TEMPLATE,
+                        chat_template_content_format="openai")  # fmt: skip
+        return llm.generate(PROMPT, greedy)[0].outputs[0].text, len(chat[0].prompt_token_ids)
 
-    want = run_in_fork(reference)
+    want, parts_tokens = run_in_fork(reference)
     lines = [
         {"custom_id": "c1", "method": "POST", "url": "/v1/completions",
          "body": {"model": "m", "prompt": PROMPT, "max_tokens": 8, "temperature": 0}},
         {"custom_id": "chat", "method": "POST", "url": "/v1/chat/completions",
-         "body": {"model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}},
+         "body": {"model": "m", "messages": PARTS, "max_tokens": 4}},
         {"custom_id": "bad", "method": "POST", "url": "/v1/completions",
          "body": {"model": "m", "prompt": "x", "max_tokens": -1}},
         {"custom_id": "emb", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}},
@@ -37,7 +45,8 @@ def test_run_batch_answers_each_line_as_the_server(smollm2_gguf, tmp_path):
                    + "\n".join(json.dumps(x) for x in lines[3:]) + "\n")  # fmt: skip
     cmd = [sys.executable, "-m", "vllm.entrypoints.cli", "run-batch", "-i", str(src), "-o",
            str(dst), "--model", smollm2_gguf, "--device", "cpu", "--max-model-len", "512",
-           "--served-model-name", "m"]  # fmt: skip
+           "--served-model-name", "m", "--chat-template", PARTS_TEMPLATE,
+           "--chat-template-content-format", "openai"]  # fmt: skip
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     out = [json.loads(x) for x in dst.read_text().splitlines()]
@@ -47,6 +56,8 @@ def test_run_batch_answers_each_line_as_the_server(smollm2_gguf, tmp_path):
     assert c1["response"]["body"]["choices"][0]["text"] == want
     assert chat["response"]["body"]["choices"][0]["message"]["content"]
     assert chat["response"]["body"]["usage"]["completion_tokens"] == 4
+    # the template read the parts list: the prompt is LLM.chat's with the same format
+    assert chat["response"]["body"]["usage"]["prompt_tokens"] == parts_tokens
     assert bad["response"]["status_code"] == 400
     assert bad["response"]["body"]["error"]["param"] == "max_tokens"
     assert junk["response"] is None and junk["error"].startswith("invalid JSON")

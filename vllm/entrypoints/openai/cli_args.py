@@ -95,14 +95,7 @@ def make_server_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
         default=None,
         help="Chat template: a file, or an inline Jinja string (default: the tokenizer's own).",
     )
-    server.add_argument(
-        "--chat-template-content-format",
-        default="auto",
-        choices=CONTENT_FORMATS,
-        help="How message contents reach the chat template: string (text parts joined by "
-        'newlines), openai (a list of parts [{"type": "text", "text": ...}]), or auto '
-        "(openai for a template that loops over a message's content, else string).",
-    )
+    add_content_format_arg(server)
     server.add_argument(
         "--enable-auto-tool-choice",
         action="store_true",
@@ -224,3 +217,15 @@ def make_server_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
         help="Log at DEBUG level and print tracebacks for configuration errors too.",
     )
     return parser
+
+
+def add_content_format_arg(parser) -> None:
+    """``--chat-template-content-format`` (``vllm serve`` and ``vllm run-batch``)."""
+    parser.add_argument(
+        "--chat-template-content-format",
+        default="auto",
+        choices=CONTENT_FORMATS,
+        help="How message contents reach the chat template: string (text parts joined by "
+        'newlines), openai (a list of parts [{"type": "text", "text": ...}]), or auto '
+        "(openai for a template that loops over a message's content, else string).",
+    )

@@ -49,6 +49,7 @@ URLS = (
 def add_run_batch_args(parser: argparse.ArgumentParser) -> None:
     """``vllm run-batch``'s flags: input / output files, the model and every engine flag."""
     from vllm.engine.arg_utils import EngineArgs
+    from vllm.entrypoints.openai.cli_args import add_content_format_arg
 
     parser.add_argument("-i", "--input-file", required=True, help="The batch file (JSON lines).")
     parser.add_argument("-o", "--output-file", required=True, help="Where results are written.")
@@ -60,6 +61,7 @@ def add_run_batch_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--chat-template", default=None, help="Template file or text.")
     parser.add_argument("--response-role", default="assistant", help="Role of chat replies.")
+    add_content_format_arg(parser)
     EngineArgs.add_cli_args(parser)
 
 
@@ -95,6 +97,7 @@ async def _run(args: argparse.Namespace, engine_args) -> list[dict]:
     app = build_app(
         engine, names, None, None, load_chat_template(args.chat_template),
         response_role=args.response_role,
+        chat_template_content_format=args.chat_template_content_format,
     )  # fmt: skip
     bar = tqdm(total=len(lines), desc="Batch requests")
 
