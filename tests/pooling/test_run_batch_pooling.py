@@ -32,6 +32,9 @@ def test_run_batch_embeddings_score_rerank(tiny_llama_dir, tmp_path):
          "body": {"model": "emb", "text_1": TEXTS[0], "text_2": TEXTS[1:]}},
         {"custom_id": "r", "url": "/v1/rerank",
          "body": {"model": "emb", "query": TEXTS[0], "documents": TEXTS[1:]}},
+        {"custom_id": "s0", "url": "/score", "body": {"text_1": TEXTS[0], "text_2": TEXTS[1:]}},
+        {"custom_id": "r2", "url": "/v2/rerank",
+         "body": {"query": TEXTS[0], "documents": TEXTS[1:]}},
     ]  # fmt: skip
     src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     src.write_text("".join(json.dumps({"method": "POST", **x}) + "\n" for x in lines))
@@ -49,3 +52,5 @@ def test_run_batch_embeddings_score_rerank(tiny_llama_dir, tmp_path):
     ranked = out["r"]["body"]["results"]
     assert [x["index"] for x in ranked] == sorted((0, 1), key=lambda i: -scores[i])
     assert [x["relevance_score"] for x in ranked] == pytest.approx(sorted(scores)[::-1])
+    assert out["s0"]["body"]["data"] == out["s"]["body"]["data"]  # the other spellings
+    assert out["r2"]["body"]["results"] == ranked

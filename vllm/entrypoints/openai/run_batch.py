@@ -7,11 +7,11 @@ Each input line is one request of the OpenAI batch format::
     {"custom_id": "r1", "method": "POST", "url": "/v1/chat/completions", "body": {...}}
 
 with ``url`` one of :data:`URLS` (completions and chat; on an embedding engine,
-``--task embed``, embeddings, score and rerank, as upstream's run-batch). Every request goes
-through the same FastAPI app as ``vllm serve`` (in process, over httpx's ASGI transport, no
-socket), so a body is validated and answered exactly as the server would (a generate engine
-refuses an embeddings line with the server's 400); all requests run concurrently and share
-the engine's batches. Each output line, in input order::
+``--task embed``, embeddings and every score and rerank spelling, as upstream's
+run-batch). Every request goes through the same FastAPI app as ``vllm serve`` (in process,
+over httpx's ASGI transport, no socket), so a body is validated and answered exactly as the
+server would (a generate engine refuses an embeddings line with the server's 400); all
+requests run concurrently and share the engine's batches. Each output line, in input order::
 
     {"id": "vllm-<hex>", "custom_id": "r1",
      "response": {"status_code": 200, "request_id": "vllm-batch-<hex>", "body": {...}},
@@ -41,8 +41,12 @@ URLS = (
     "/v1/completions",
     "/v1/chat/completions",
     "/v1/embeddings",
+    # every spelling the server routes ends in /score or /rerank, as upstream's validator
+    "/score",
     "/v1/score",
+    "/rerank",
     "/v1/rerank",
+    "/v2/rerank",
 )
 
 
