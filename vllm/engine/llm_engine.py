@@ -22,6 +22,7 @@ from vllm.core.scheduler import Scheduler, SchedulerOutputs
 from vllm.engine import output_processor
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.detokenizer import fill_decoded_tokens
+from vllm.engine.lora_api import LoRAMethods
 from vllm.engine.step_report import StepReport
 from vllm.inputs import PromptType
 from vllm.lora.registry import AdapterRegistry
@@ -84,7 +85,7 @@ def check_priority(priority: object, policy: str) -> int:
 _UNSUPPORTED_PROMPT_KEYS = ("multi_modal_data", "mm_processor_kwargs", "multi_modal_uuids")
 
 
-class LLMEngine:
+class LLMEngine(LoRAMethods):
     """The synchronous engine.
 
     Args:

@@ -34,6 +34,10 @@ class ExecutorBase(ABC):
     def execute_model(self, request: ExecuteModelRequest) -> SamplerOutput | None:
         """Run one step and return the last stage's sampler output."""
 
+    def collective_rpc(self, method: str, *args: Any, timeout: float | None = None) -> list:
+        """Call ``Worker.<method>(*args)`` on every worker; results by rank."""
+        raise NotImplementedError
+
     def free_sequences(self, seq_ids: list[int]) -> None:
         """Drop per-sequence worker state (seeded generators) of finished sequences."""
         return None

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Any
 
 from vllm.executor.executor_base import ExecutorBase, check_kv_capacity
 from vllm.sequence import ExecuteModelRequest, SamplerOutput
@@ -55,6 +56,11 @@ class UniProcExecutor(ExecutorBase):
         """The SpecDecodeWorker's counters (vllm/spec_decode/metrics.py), None without one."""
         metrics = getattr(self.__dict__.get("worker"), "metrics", None)
         return None if metrics is None else metrics.snapshot()
+
+    def collective_rpc(self, method: str, *args: Any, timeout: float | None = None) -> list:
+        """``[Worker.<method>(*args)]``, between steps (``timeout`` unused: in process)."""
+        with self._lock:
+            return [getattr(self.worker, method)(*args)]
 
     def profile(self, start: bool) -> None:
         with self._lock:

@@ -8,7 +8,8 @@ step does not use is reused, least recently used first; the scheduler admits at 
 the VE's static buffer, which eager passes and replayed CUDA graphs read alike. The slot
 writes and the upload are queued on the device in step order, after the VE's previous
 step, so a step never sees another step's adapters. Adapters are read from disk once and
-kept on the host for the ``max_cpu_loras`` most recently used.
+kept on the host for the ``max_cpu_loras`` most recently used, pinned ones always
+(:meth:`LoRAManager.pin`, upstream's ``pin_lora``).
 
 Under tensor parallelism each rank holds its layers' part of every adapter, cut as the
 weights are (``LinearBase.lora_shard``: B's rows on column-parallel layers, A's columns on
@@ -73,6 +74,30 @@ class LoRAManager:
         self.clean = [True] * num_ves  # the VE's token slots are all -1
         self.tick = 0
         self.host: OrderedDict[int, dict] = OrderedDict()  # lora id -> tensors, LRU
+        self.pinned: set[int] = set()  # never dropped from ``host``
+
+    def add(self, req: LoRARequest) -> None:
+        """Read ``req``'s adapter into the host cache now (upstream's ``add_lora``), not at
+        the first step that uses it."""
+        self._tensors(req)
+
+    def remove(self, lora_id: int) -> None:
+        """Forget adapter ``lora_id``: its host tensors, its pin and every slot holding it
+        (a later request with the id reads its directory again)."""
+        self.host.pop(lora_id, None)
+        self.pinned.discard(lora_id)
+        for ve, ids in enumerate(self.slot_ids):
+            for slot, held in enumerate(ids):
+                if held == lora_id:
+                    for module in self.modules.values():
+                        module.lora.clear(ve, slot)
+                    ids[slot] = None
+
+    def pin(self, req: LoRARequest) -> None:
+        """Keep ``req``'s adapter in the host cache whatever ``max_cpu_loras`` says (read
+        now if it is not there)."""
+        self.pinned.add(req.lora_int_id)
+        self._tensors(req)
 
     def stage(self, batch, metadata_list) -> None:
         """Put the adapters of ``batch``'s groups into slots of its VE and upload each
@@ -155,7 +180,9 @@ class LoRAManager:
             )
             got = load_adapter(spec)
             self.host[req.lora_int_id] = got
-            while len(self.host) > self.config.max_cpu_loras:
-                self.host.popitem(last=False)
         self.host.move_to_end(req.lora_int_id)
+        unpinned = [i for i in self.host if i not in self.pinned]  # least recent first
+        for lora_id in unpinned[: max(0, len(self.host) - self.config.max_cpu_loras)]:
+            if lora_id != req.lora_int_id:
+                del self.host[lora_id]
         return got

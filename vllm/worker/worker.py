@@ -188,6 +188,11 @@ class Worker:
         slots = [ce.scratch_slot for ce in self.cache_engines]
         self.model_runner.capture_graphs(self.kv_caches, slots, capturer)
 
+    def lora_call(self, method: str, arg) -> None:
+        """``LoRAManager.<method>(arg)`` on this rank (``add``, ``remove`` or ``pin``; see
+        vllm/lora/manager.py); the engine checks first that LoRA is on."""
+        getattr(self.model_runner.lora, method)(arg)
+
     def start_profile(self) -> None:
         """Start this rank's torch profiler (vllm/worker/profiler.py)."""
         self._profiler().start()
