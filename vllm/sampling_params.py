@@ -114,6 +114,27 @@ class GuidedDecodingParams:
 _CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object")
 
 
+@dataclass(frozen=True)
+class StructuredOutputsParams(GuidedDecodingParams):
+    """Upstream vLLM's current name for a constraint (``SamplingParams.structured_outputs``):
+    the fields of :class:`GuidedDecodingParams`, plus ``structural_tag``, which this build
+    does not serve.
+
+    Raises:
+        ValueError: ``structural_tag`` set, or any error of :class:`GuidedDecodingParams`.
+    """
+
+    structural_tag: str | dict | None = None
+
+    def __post_init__(self) -> None:
+        _check(
+            self.structural_tag is None,
+            "structural_tag is not supported by this build's structured outputs (use json, "
+            "regex, choice, grammar or json_object).",
+        )
+        super().__post_init__()
+
+
 # Fields that must be ints (None allowed where the field's default is None) or numbers.
 _INT_FIELDS = ("n", "top_k", "seed", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs",
                "truncate_prompt_tokens")  # fmt: skip
@@ -169,6 +190,9 @@ class SamplingParams:
     - ``guided_decoding`` (vLLM's name): a :class:`GuidedDecodingParams` constraint; each
       sequence (of the ``n``) follows it with its own grammar state, and stops (finish
       reason "stop") once the grammar is complete and EOS was generated.
+      ``structured_outputs`` (upstream's current name): a :class:`StructuredOutputsParams`;
+      when given it becomes ``guided_decoding`` (setting both to different constraints
+      is a ValueError).
     - ``output_kind`` (vLLM's name, :class:`RequestOutputKind`): what
       ``AsyncLLMEngine.generate`` yields after each step: everything so far (CUMULATIVE),
       only what is new (DELTA), or only the finished output (FINAL_ONLY). ``LLM`` returns
@@ -209,6 +233,7 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
     guided_decoding: GuidedDecodingParams | None = None
+    structured_outputs: StructuredOutputsParams | None = None
     bad_words: list[str] | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     truncate_prompt_tokens: int | None = None
@@ -246,6 +271,18 @@ class SamplingParams:
             self.bad_words = [self.bad_words]
         elif self.bad_words is not None:
             self.bad_words = list(self.bad_words)
+        if self.structured_outputs is not None:
+            _check(
+                isinstance(self.structured_outputs, GuidedDecodingParams),
+                "structured_outputs must be a StructuredOutputsParams, got "
+                f"{type(self.structured_outputs).__name__}.",
+            )
+            _check(
+                self.guided_decoding is None or self.guided_decoding is self.structured_outputs,
+                "structured_outputs and guided_decoding are two spellings of one constraint; "
+                "set only one.",
+            )
+            self.guided_decoding = self.structured_outputs
         self.verify()
 
     @property

@@ -17,7 +17,7 @@ import pytest
 
 from tests.structured_output.schemas import CHOICES, MAX_TOKENS, PERSON, REGEX
 from vllm import LLM, SamplingParams
-from vllm.sampling_params import GuidedDecodingParams
+from vllm.sampling_params import GuidedDecodingParams, StructuredOutputsParams
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "0.25")
 
@@ -205,6 +205,16 @@ def test_tiny_model_constraints_and_decoding_modes(tiny_llama_dir):
     )
     out = llm.generate(["Code:"], stop, use_tqdm=False)[0].outputs[0]
     assert out.finish_reason == "stop" and re.fullmatch("[a-z]{3}", out.text), out.text
+    # upstream's spelling, SamplingParams(structured_outputs=...): the same greedy output
+    spellings = [
+        SamplingParams(temperature=0, max_tokens=20, structured_outputs=so)
+        for so in (StructuredOutputsParams(regex=REGEX), StructuredOutputsParams(choice=CHOICES))
+    ] + [
+        SamplingParams(temperature=0, max_tokens=20, guided_decoding=gd)
+        for gd in (GuidedDecodingParams(regex=REGEX), GuidedDecodingParams(choice=CHOICES))
+    ]
+    texts = [o.outputs[0].text for o in llm.generate(["Code:"] * 4, spellings, use_tqdm=False)]
+    assert re.fullmatch(REGEX, texts[0]) and texts[1] in CHOICES and texts[:2] == texts[2:]
     # mixed batch: unconstrained outputs (greedy and seeded) equal those of a run without
     # the constrained requests; a seeded constrained output is the same alone and batched
     plain = [
