@@ -1,5 +1,6 @@
-"""`vllm serve` structured outputs: response_format (json_object, json_schema) and the
-guided_* extra fields on /v1/completions and /v1/chat/completions, chat tool calls
+"""`vllm serve` structured outputs: upstream's structured_outputs object, response_format
+(json_object, json_schema) and the guided_* extra fields on /v1/completions and
+/v1/chat/completions, chat tool calls
 (a named function and "required"), streamed and not, parsed by the official openai
 client; every bad constraint is an HTTP 400 naming it and the server keeps serving.
 One tiny-model server, started and stopped in a forked child."""
@@ -95,7 +96,35 @@ def test_structured_outputs_through_the_server(tiny_llama_dir):
         r = client.chat.completions.create(
             messages=MSGS, extra_body={"guided_json": PERSON, **COMPACT}, **common
         )
-        jsonschema.validate(json.loads(r.choices[0].message.content), PERSON)
+        guided_json_text = r.choices[0].message.content
+        jsonschema.validate(json.loads(guided_json_text), PERSON)
+
+        # structured_outputs (upstream's current field): the same constraint as guided_*
+        # gives the same greedy output (an unknown key is ignored)
+        outs = {}
+        for field, value in (
+            ("structured_outputs", {"choice": CHOICES}),
+            ("guided_choice", CHOICES),
+        ):
+            r = client.completions.create(
+                prompt="Answer:", extra_body={field: value, "not_a_field": 1}, **common
+            )
+            outs[field] = r.choices[0].text
+        assert outs["structured_outputs"] in CHOICES
+        assert outs["structured_outputs"] == outs["guided_choice"]
+        r = client.completions.create(
+            prompt="Code:", extra_body={"structured_outputs": {"regex": REGEX}}, **common
+        )
+        assert re.fullmatch(REGEX, r.choices[0].text), r.choices[0].text
+        so_json = {"json": PERSON, "disable_any_whitespace": True}
+        r = client.chat.completions.create(
+            messages=MSGS, extra_body={"structured_outputs": so_json}, **common
+        )
+        assert r.choices[0].message.content == guided_json_text
+        stream = client.chat.completions.create(
+            messages=MSGS, stream=True, extra_body={"structured_outputs": so_json}, **common
+        )
+        assert _stream_text(stream) == (guided_json_text, "stop")
 
         # chat: response_format json_object and json_schema, the latter streamed too
         r = client.chat.completions.create(
@@ -210,6 +239,45 @@ def test_structured_outputs_through_the_server(tiny_llama_dir):
                 "missing",
             ),
             (chat_url, {**chat, "tool_choice": "required"}, "tools"),
+            (
+                comp_url,
+                {**comp, "structured_outputs": {"regex": "a"}, "guided_regex": "a"},
+                "structured_outputs cannot be combined with guided_regex",
+            ),
+            (
+                chat_url,
+                {**chat, "structured_outputs": {"regex": "a"}, "response_format": fmt},
+                "structured_outputs cannot be combined with response_format",
+            ),
+            (
+                chat_url,
+                {
+                    **chat,
+                    "tools": TOOLS,
+                    "tool_choice": "required",
+                    "structured_outputs": {"regex": "a"},
+                },
+                "structured_outputs",
+            ),
+            (comp_url, {**comp, "structured_outputs": {"structural_tag": "{}"}}, "structural_tag"),
+            (comp_url, {**comp, "structured_outputs": {}}, "got none"),
+            (
+                comp_url,
+                {**comp, "structured_outputs": {"regex": "a", "choice": ["a"]}},
+                "exactly one",
+            ),
+            (comp_url, {**comp, "structured_outputs": {"json": {"type": "foo"}}}, "foo"),
+            (comp_url, {**comp, "structured_outputs": {"regex": "a(b"}}, "guided regex"),
+            (
+                chat_url,
+                {**chat, "stream": True, "structured_outputs": {"grammar": "root ::= "}},
+                "guided grammar",
+            ),
+            (
+                comp_url,
+                {**comp, "use_beam_search": True, "structured_outputs": {"regex": "a"}},
+                "structured_outputs is not supported with use_beam_search",
+            ),
         ]
         for url, body, named_in_message in cases:
             resp = httpx.post(url, json=body, timeout=60)

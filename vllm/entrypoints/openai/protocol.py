@@ -2,9 +2,9 @@
 
 Unknown fields are accepted and ignored (clients send many optional ones). vLLM's extra
 sampling fields (top_k, min_p, repetition_penalty, min_tokens, ignore_eos, ...) are
-accepted as upstream does, and so are its structured-output fields (``response_format``,
-``guided_json``, ``guided_regex``, ``guided_choice``, ``guided_grammar``,
-``guided_decoding_backend``) and chat ``tools`` / ``tool_choice``.
+accepted as upstream does, and so are its structured-output fields (``structured_outputs``,
+and the older ``response_format``, ``guided_json``, ``guided_regex``, ``guided_choice``,
+``guided_grammar``, ``guided_decoding_backend``) and chat ``tools`` / ``tool_choice``.
 """
 
 from __future__ import annotations
@@ -128,6 +128,21 @@ class ResponseFormat(OpenAIBaseModel):
     json_schema: JsonSchemaFormat | None = None
 
 
+class StructuredOutputs(OpenAIBaseModel):
+    """Upstream vLLM's ``structured_outputs``: exactly one of ``json`` (a JSON schema),
+    ``regex``, ``choice``, ``grammar`` (EBNF), ``json_object`` (true: any JSON object);
+    ``structural_tag`` is accepted by the model but refused with a 400 (not served here).
+    ``disable_any_whitespace``: JSON without free whitespace."""
+
+    json_schema: str | dict[str, Any] | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: str | dict[str, Any] | None = None
+    disable_any_whitespace: bool = False
+
+
 class SamplingFields(OpenAIBaseModel):
     """Sampling fields shared by completions and chat (OpenAI's plus vLLM's extras)."""
 
@@ -151,6 +166,7 @@ class SamplingFields(OpenAIBaseModel):
     logit_bias: dict[str, float] | None = None
     allowed_token_ids: list[int] | None = None
     response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
     guided_json: str | dict[str, Any] | None = None
     guided_regex: str | None = None
     guided_choice: list[str] | None = None

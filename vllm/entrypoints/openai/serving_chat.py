@@ -5,7 +5,8 @@ engine gets both, so the request log shows the text. Streaming or not. max_token
 max_completion_tokens) absent or null -> the rest of the context; the generation config's
 max_new_tokens caps it. ``truncate_prompt_tokens=k`` keeps the rendered prompt's last k
 tokens (-1: the last max_model_len), as on /v1/completions. Structured outputs
-(response_format, guided_*) as guided_request.py; tools and tool_choice as tool_calls.py.
+(structured_outputs, response_format, guided_*) as guided_request.py; tools and
+tool_choice as tool_calls.py.
 
 The messages, ``tools`` and ``chat_template_kwargs`` reach the template as chat_utils.py
 describes. The reply's role is "assistant", or with ``add_generation_prompt`` false the

@@ -96,7 +96,7 @@ class OpenAIServingCompletion(OpenAIServing):
             prompt_lp = max(req.logprobs, prompt_lp or 0)
         as_id = bool(req.return_tokens_as_token_ids) or self.return_tokens_as_token_ids
         params = []
-        guided = guided_params(req)  # response_format / guided_* (guided_request.py)
+        guided = guided_params(req)  # structured_outputs / response_format / guided_*
         # Every prompt is checked before any is queued.
         for _, ids in prompts:
             budget = self.check_length(len(ids), 1 if echo_only else req.max_tokens, "prompt")

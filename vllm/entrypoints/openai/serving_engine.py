@@ -349,8 +349,8 @@ class OpenAIServing:
     # (which scores the model's own logprobs and stops only at EOS or length) refuses them.
     _NOT_WITH_BEAM_SEARCH = (
         "stop", "stop_token_ids", "min_tokens", "logit_bias", "allowed_token_ids", "bad_words",
-        "response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
-        "prompt_logprobs", "priority",
+        "response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
+        "guided_grammar", "prompt_logprobs", "priority",
     )  # fmt: skip
 
     def beam_params(self, req: SamplingFields, max_tokens: int) -> BeamSearchParams:

@@ -89,9 +89,12 @@ def tool_mode(
     tools = {t.function.name: t.function for t in req.tools or []}
     if not tools:
         raise APIError(f"tool_choice={_show(choice)} needs a non-empty tools list.", 400, "tools")
-    if req.response_format is not None and req.response_format.type != "text":
+    if req.structured_outputs is not None or (
+        req.response_format is not None and req.response_format.type != "text"
+    ):
         raise APIError(
-            "tool_choice other than 'none' / 'auto' cannot be combined with response_format.",
+            "tool_choice other than 'none' / 'auto' cannot be combined with response_format "
+            "or structured_outputs.",
             400,
             "tool_choice",
         )

@@ -1,0 +1,121 @@
+"""Upstream's ``structured_outputs`` request object mapped onto guided decoding (which
+constraint, which 400) and ``SamplingParams(structured_outputs=...)``; no engine (the
+outputs are checked in test_structured_output_server.py)."""
+
+import pytest
+
+from tests.structured_output.schemas import CHOICES, PERSON, REGEX
+from vllm.entrypoints.openai.api_errors import APIError
+from vllm.entrypoints.openai.guided_request import guided_field, guided_params
+from vllm.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+from vllm.entrypoints.openai.tool_calls import tool_mode
+from vllm.sampling_params import GuidedDecodingParams, SamplingParams, StructuredOutputsParams
+
+MSGS = [{"role": "user", "content": "hi"}]
+FMT = {"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}
+
+
+def _completion(**fields) -> CompletionRequest:
+    return CompletionRequest.model_validate({"prompt": "x", **fields})
+
+
+@pytest.mark.parametrize(
+    "so,kind,value",
+    [
+        ({"json": PERSON}, "json", PERSON),
+        ({"regex": REGEX}, "regex", REGEX),
+        ({"choice": CHOICES}, "choice", CHOICES),
+        ({"grammar": 'root ::= "a"'}, "grammar", 'root ::= "a"'),
+        ({"json_object": True}, "json_object", True),
+        ({"regex": REGEX, "json_object": False}, "regex", REGEX),
+    ],
+)
+def test_each_key_maps_to_its_constraint(so, kind, value):
+    req = _completion(structured_outputs=so)
+    gd = guided_params(req)
+    assert isinstance(gd, StructuredOutputsParams) and gd.kind == kind
+    assert getattr(gd, kind) == value
+    assert guided_field(req) == "structured_outputs"
+    # the same constraint as the guided_* spelling: the same grammar (cache key)
+    if kind != "json_object":
+        assert gd.key() == guided_params(_completion(**{f"guided_{kind}": value})).key()
+
+
+def test_whitespace_option():
+    compact = GuidedDecodingParams(json=PERSON, disable_any_whitespace=True).key()
+    so = {"json": PERSON, "disable_any_whitespace": True}
+    assert guided_params(_completion(structured_outputs=so)).key() == compact
+    backend = {"guided_decoding_backend": "xgrammar:disable-any-whitespace"}
+    req = _completion(structured_outputs={"json": PERSON}, **backend)
+    assert guided_params(req).key() == compact
+
+
+@pytest.mark.parametrize(
+    "fields,match",
+    [
+        ({"guided_regex": "a"}, "structured_outputs cannot be combined with guided_regex"),
+        ({"guided_json": PERSON}, "structured_outputs cannot be combined with guided_json"),
+        ({"response_format": FMT}, "structured_outputs cannot be combined with response_format"),
+        (
+            {"response_format": {"type": "json_object"}},
+            "structured_outputs cannot be combined with response_format",
+        ),
+    ],
+)
+def test_two_spellings_are_a_400_naming_both(fields, match):
+    for req in (
+        _completion(structured_outputs={"regex": "a"}, **fields),
+        ChatCompletionRequest.model_validate(
+            {"messages": MSGS, "structured_outputs": {"regex": "a"}, **fields}
+        ),
+    ):
+        with pytest.raises(APIError, match=match) as e:
+            guided_params(req)
+        assert (e.value.code, e.value.param) == (400, "structured_outputs")
+    # response_format "text" is no constraint: nothing to combine
+    req = _completion(structured_outputs={"regex": "a"}, response_format={"type": "text"})
+    assert guided_params(req).regex == "a"
+
+
+@pytest.mark.parametrize(
+    "so,match",
+    [
+        ({"structural_tag": '{"structures": []}'}, "structural_tag is not supported"),
+        ({"structural_tag": {"structures": []}, "regex": "a"}, "structural_tag is not supported"),
+        ({}, "exactly one of json, regex, choice, grammar, json_object; got none"),
+        ({"json_object": False}, "got none"),
+        ({"regex": "a", "choice": ["a"]}, r"exactly one .* got \['regex', 'choice'\]"),
+        ({"choice": []}, "guided choice must be a non-empty list"),
+        ({"regex": ""}, "guided regex must be a non-empty string"),
+    ],
+)
+def test_unservable_structured_outputs_are_a_400(so, match):
+    with pytest.raises(APIError, match=match) as e:
+        guided_params(_completion(structured_outputs=so))
+    assert (e.value.code, e.value.param) == (400, "structured_outputs")
+
+
+def test_named_tool_with_structured_outputs_is_a_400():
+    tools = [{"type": "function", "function": {"name": "f", "parameters": PERSON}}]
+    req = ChatCompletionRequest.model_validate(
+        {
+            "messages": MSGS,
+            "tools": tools,
+            "tool_choice": "required",
+            "structured_outputs": {"regex": "a"},
+        }
+    )
+    with pytest.raises(APIError, match="cannot be combined with .*structured_outputs"):
+        tool_mode(req)
+
+
+def test_sampling_params_structured_outputs():
+    so = StructuredOutputsParams(choice=CHOICES)
+    p = SamplingParams(structured_outputs=so)
+    assert p.guided_decoding is so and p.clone().guided_decoding is so
+    with pytest.raises(ValueError, match="two spellings of one constraint"):
+        SamplingParams(structured_outputs=so, guided_decoding=GuidedDecodingParams(regex="a"))
+    with pytest.raises(ValueError, match="structured_outputs must be a StructuredOutputsParams"):
+        SamplingParams(structured_outputs={"choice": CHOICES})
+    with pytest.raises(ValueError, match="structural_tag is not supported"):
+        StructuredOutputsParams(structural_tag="{}")
