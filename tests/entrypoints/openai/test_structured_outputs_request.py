@@ -1,6 +1,10 @@
 """Upstream's ``structured_outputs`` request object mapped onto guided decoding (which
-constraint, which 400) and ``SamplingParams(structured_outputs=...)``; no engine (the
-outputs are checked in test_structured_output_server.py)."""
+constraint, which 400), ``SamplingParams(structured_outputs=...)``, and the warning that
+names a request's ignored fields; no engine (the outputs are checked in
+test_structured_output_server.py)."""
+
+import ast
+import logging
 
 import pytest
 
@@ -8,6 +12,7 @@ from tests.structured_output.schemas import CHOICES, PERSON, REGEX
 from vllm.entrypoints.openai.api_errors import APIError
 from vllm.entrypoints.openai.guided_request import guided_field, guided_params
 from vllm.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+from vllm.entrypoints.openai.serving_embedding import EmbeddingRequest
 from vllm.entrypoints.openai.tool_calls import tool_mode
 from vllm.sampling_params import GuidedDecodingParams, SamplingParams, StructuredOutputsParams
 
@@ -119,3 +124,51 @@ def test_sampling_params_structured_outputs():
         SamplingParams(structured_outputs={"choice": CHOICES})
     with pytest.raises(ValueError, match="structural_tag is not supported"):
         StructuredOutputsParams(structural_tag="{}")
+
+
+def _ignored_warnings(caplog) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.WARNING and "present in the request but ignored" in r.getMessage()
+    ]
+
+
+@pytest.mark.parametrize(
+    "model,body,ignored",
+    [
+        (CompletionRequest, {"prompt": "x", "foo": 1,
+                             "structured_outputs": {"regex": "a", "bar": 2}},
+         {"foo", "bar"}),
+        (ChatCompletionRequest, {"messages": MSGS, "foo": 1, "stream_options": None,
+                                 "response_format": {"type": "text", "baz": 1}},
+         {"foo", "baz"}),
+        (EmbeddingRequest, {"input": "x", "foo": 1}, {"foo"}),
+        # known fields and aliases ("schema", "json") are not reported
+        (ChatCompletionRequest, {"messages": MSGS, "response_format": FMT, "top_k": 3}, set()),
+        (CompletionRequest, {"prompt": "x", "structured_outputs": {"json": PERSON}}, set()),
+        # a field's Python name is not an accepted key where an alias replaces it
+        (CompletionRequest, {"prompt": "x", "structured_outputs": {"json_schema": PERSON,
+                                                                    "regex": "a"}},
+         {"json_schema"}),
+    ],
+)  # fmt: skip
+def test_ignored_fields_logged_once_per_request(caplog, model, body, ignored):
+    caplog.set_level(logging.WARNING)
+    model.model_validate(body)
+    warnings = _ignored_warnings(caplog)
+    if not ignored:
+        assert warnings == []
+    else:
+        assert len(warnings) == 1, warnings
+        prefix = "The following fields were present in the request but ignored: "
+        assert warnings[0].startswith(prefix), warnings
+        assert ast.literal_eval(warnings[0][len(prefix) :]) == ignored
+
+
+def test_no_warning_for_a_failed_request_or_a_response(caplog):
+    caplog.set_level(logging.WARNING)
+    with pytest.raises(ValueError):
+        CompletionRequest.model_validate({"foo": 1})  # no prompt: a 400, not a warning
+    CompletionRequest(prompt="x", max_tokens=3)
+    assert _ignored_warnings(caplog) == []

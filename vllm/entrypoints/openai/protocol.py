@@ -1,16 +1,19 @@
 """Pydantic models of the OpenAI-compatible API (the fields this server implements).
 
-Unknown fields are accepted and ignored (clients send many optional ones). vLLM's extra
-sampling fields (top_k, min_p, repetition_penalty, min_tokens, ignore_eos, ...) are
-accepted as upstream does, and so are its structured-output fields (``structured_outputs``,
-and the older ``response_format``, ``guided_json``, ``guided_regex``, ``guided_choice``,
-``guided_grammar``, ``guided_decoding_backend``) and chat ``tools`` / ``tool_choice``.
+Unknown fields are accepted and ignored (clients send many optional ones); as upstream,
+one warning per request names them. vLLM's extra sampling fields (top_k, min_p,
+repetition_penalty, min_tokens, ignore_eos, ...) are accepted as upstream does, and so are
+its structured-output fields (``structured_outputs``, and the older ``response_format``,
+``guided_json``, ``guided_regex``, ``guided_choice``, ``guided_grammar``,
+``guided_decoding_backend``) and chat ``tools`` / ``tool_choice``.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
+from contextvars import ContextVar
 from typing import Any, Literal
 
 from pydantic import (
@@ -20,8 +23,15 @@ from pydantic import (
     ValidationInfo,
     field_validator,
     model_serializer,
+    model_validator,
 )
 from pydantic_core import PydanticCustomError
+
+logger = logging.getLogger(__name__)
+
+# The ignored keys found so far while one top-level model validates (nested models add
+# theirs), so that a request logs one warning; None outside a validation.
+_ignored_keys: ContextVar[set[str] | None] = ContextVar("_ignored_keys", default=None)
 
 
 def random_id(prefix: str) -> str:
@@ -29,7 +39,50 @@ def random_id(prefix: str) -> str:
 
 
 class OpenAIBaseModel(BaseModel):
+    """Unknown keys are dropped, and logged: one warning per validated object (the keys of
+    nested objects included), as upstream's "The following fields were present in the
+    request but ignored"."""
+
     model_config = ConfigDict(extra="ignore")
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _warn_ignored_keys(cls, data: Any, handler):
+        parent = _ignored_keys.get()
+        found: set[str] = set()
+        if isinstance(data, dict):
+            found.update(k for k in data if k not in _known_keys(cls))
+        token = _ignored_keys.set(found)
+        try:
+            result = handler(data)
+        finally:
+            _ignored_keys.reset(token)
+        # Only a successful validation counts (a union member that does not match adds
+        # nothing); the outermost object logs what it and its nested objects ignored.
+        if parent is not None:
+            parent.update(found)
+        elif found:
+            logger.warning(
+                "The following fields were present in the request but ignored: %s", found
+            )
+        return result
+
+
+def _known_keys(cls: type[BaseModel]) -> frozenset[str]:
+    """The keys a model reads: each field's alias, and its name where no alias replaces
+    it (cached on the class itself)."""
+    known = cls.__dict__.get("_known_keys_cache")
+    if known is None:
+        by_name = bool(cls.model_config.get("populate_by_name"))
+        keys = set()
+        for name, f in cls.model_fields.items():
+            aliases = [a for a in (f.alias, f.validation_alias) if isinstance(a, str)]
+            keys.update(aliases)
+            if by_name or not aliases:
+                keys.add(name)
+        known = frozenset(keys)
+        type.__setattr__(cls, "_known_keys_cache", known)
+    return known
 
 
 class SetFieldsOnly(OpenAIBaseModel):
