@@ -14,7 +14,7 @@ import logging
 import time
 import uuid
 from contextvars import ContextVar
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -39,16 +39,25 @@ def random_id(prefix: str) -> str:
 
 
 class OpenAIBaseModel(BaseModel):
-    """Unknown keys are dropped, and logged: one warning per validated object (the keys of
-    nested objects included), as upstream's "The following fields were present in the
-    request but ignored"."""
+    """Unknown keys are dropped (clients send many optional ones). Responses and stream
+    chunks use this base alone: no Python validator, so building one stays cheap."""
 
     model_config = ConfigDict(extra="ignore")
+
+
+class RequestFields(OpenAIBaseModel):
+    """The base of an object inside a request body (``structured_outputs``, ``tools``,
+    ...): its ignored keys join its request's warning (:class:`OpenAIRequest`)."""
+
+    # whether validating this model alone logs its ignored keys (a request body's model)
+    warns_ignored_keys: ClassVar[bool] = False
 
     @model_validator(mode="wrap")
     @classmethod
     def _warn_ignored_keys(cls, data: Any, handler):
         parent = _ignored_keys.get()
+        if parent is None and not cls.warns_ignored_keys:
+            return handler(data)  # built on its own, not inside a request body
         found: set[str] = set()
         if isinstance(data, dict):
             found.update(k for k in data if k not in _known_keys(cls))
@@ -83,6 +92,14 @@ def _known_keys(cls: type[BaseModel]) -> frozenset[str]:
         known = frozenset(keys)
         type.__setattr__(cls, "_known_keys_cache", known)
     return known
+
+
+class OpenAIRequest(RequestFields):
+    """The base of a request body's model: validating it logs one warning naming the keys
+    it and its nested :class:`RequestFields` objects ignored, as upstream's "The following
+    fields were present in the request but ignored"."""
+
+    warns_ignored_keys: ClassVar[bool] = True
 
 
 class SetFieldsOnly(OpenAIBaseModel):
@@ -156,7 +173,7 @@ class UsageInfo(OpenAIBaseModel):
     prompt_tokens_details: PromptTokenUsageInfo | None = None
 
 
-class StreamOptions(OpenAIBaseModel):
+class StreamOptions(RequestFields):
     """``stream_options``: ``include_usage`` adds a final chunk with the usage;
     ``continuous_usage_stats`` (vLLM's) puts the usage so far on every chunk."""
 
@@ -164,7 +181,7 @@ class StreamOptions(OpenAIBaseModel):
     continuous_usage_stats: bool | None = False
 
 
-class JsonSchemaFormat(OpenAIBaseModel):
+class JsonSchemaFormat(RequestFields):
     """``response_format.json_schema``: ``schema`` is the JSON schema itself."""
 
     name: str | None = None
@@ -173,7 +190,7 @@ class JsonSchemaFormat(OpenAIBaseModel):
     strict: bool | None = None
 
 
-class ResponseFormat(OpenAIBaseModel):
+class ResponseFormat(RequestFields):
     """OpenAI's ``response_format``: "text" (no constraint), "json_object" (any JSON
     object) or "json_schema" (valid against ``json_schema.schema``)."""
 
@@ -181,7 +198,7 @@ class ResponseFormat(OpenAIBaseModel):
     json_schema: JsonSchemaFormat | None = None
 
 
-class StructuredOutputs(OpenAIBaseModel):
+class StructuredOutputs(RequestFields):
     """Upstream vLLM's ``structured_outputs``: exactly one of ``json`` (a JSON schema),
     ``regex``, ``choice``, ``grammar`` (EBNF), ``json_object`` (true: any JSON object);
     ``structural_tag`` is accepted by the model but refused with a 400 (not served here).
@@ -196,7 +213,7 @@ class StructuredOutputs(OpenAIBaseModel):
     disable_any_whitespace: bool = False
 
 
-class SamplingFields(OpenAIBaseModel):
+class SamplingFields(OpenAIRequest):
     """Sampling fields shared by completions and chat (OpenAI's plus vLLM's extras)."""
 
     n: int = 1
@@ -344,22 +361,22 @@ class ChatMessage(OpenAIBaseModel):
     tool_call_id: str | None = None
 
 
-class FunctionDefinition(OpenAIBaseModel):
+class FunctionDefinition(RequestFields):
     name: str
     description: str | None = None
     parameters: dict[str, Any] | None = None
 
 
-class ChatCompletionToolsParam(OpenAIBaseModel):
+class ChatCompletionToolsParam(RequestFields):
     type: Literal["function"] = "function"
     function: FunctionDefinition
 
 
-class ChatCompletionNamedFunction(OpenAIBaseModel):
+class ChatCompletionNamedFunction(RequestFields):
     name: str
 
 
-class ChatCompletionNamedToolChoiceParam(OpenAIBaseModel):
+class ChatCompletionNamedToolChoiceParam(RequestFields):
     type: Literal["function"] = "function"
     function: ChatCompletionNamedFunction
 
@@ -477,7 +494,7 @@ class ChatCompletionStreamResponse(OpenAIBaseModel):
     usage: UsageInfo | None = None
 
 
-class LoadLoRAAdapterRequest(OpenAIBaseModel):
+class LoadLoRAAdapterRequest(OpenAIRequest):
     """``POST /v1/load_lora_adapter`` (with VLLM_ALLOW_RUNTIME_LORA_UPDATING=1);
     ``load_inplace`` (upstream's field) replaces an adapter already served under the name."""
 
@@ -486,7 +503,7 @@ class LoadLoRAAdapterRequest(OpenAIBaseModel):
     load_inplace: bool = False
 
 
-class UnloadLoRAAdapterRequest(OpenAIBaseModel):
+class UnloadLoRAAdapterRequest(OpenAIRequest):
     """``POST /v1/unload_lora_adapter`` (with VLLM_ALLOW_RUNTIME_LORA_UPDATING=1);
     ``lora_int_id`` is accepted as upstream and ignored (the name identifies it)."""
 

@@ -17,11 +17,11 @@ from typing import Literal
 
 from fastapi import Request
 
-from vllm.entrypoints.openai.protocol import OpenAIBaseModel, UsageInfo
+from vllm.entrypoints.openai.protocol import OpenAIBaseModel, OpenAIRequest, UsageInfo
 from vllm.entrypoints.openai.serving_pooling_base import PoolingServing, prompt_usage, vector_json
 
 
-class EmbeddingRequest(OpenAIBaseModel):
+class EmbeddingRequest(OpenAIRequest):
     model: str | None = None
     input: str | list[str] | list[int] | list[list[int]]
     encoding_format: Literal["float", "base64"] = "float"

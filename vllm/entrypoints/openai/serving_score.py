@@ -20,7 +20,7 @@ from fastapi import Request
 from pydantic import BaseModel
 
 from vllm.entrypoints.openai.api_errors import APIError
-from vllm.entrypoints.openai.protocol import OpenAIBaseModel, UsageInfo
+from vllm.entrypoints.openai.protocol import OpenAIBaseModel, OpenAIRequest, UsageInfo
 from vllm.entrypoints.openai.serving_engine import base_request_id
 from vllm.entrypoints.openai.serving_pooling_base import PoolingServing, prompt_usage
 from vllm.pooling.scoring import PairingError, check_pairs, cosine_scores
@@ -31,7 +31,7 @@ _NOT_CROSS_ENCODERS = (
 )
 
 
-class ScoreRequest(OpenAIBaseModel):
+class ScoreRequest(OpenAIRequest):
     model: str | None = None
     text_1: str | list[str]
     text_2: str | list[str]
@@ -54,7 +54,7 @@ class ScoreResponse(OpenAIBaseModel):
     usage: UsageInfo
 
 
-class RerankRequest(OpenAIBaseModel):
+class RerankRequest(OpenAIRequest):
     model: str | None = None
     query: str
     documents: list[str]

@@ -23,11 +23,12 @@ from vllm.entrypoints.openai.protocol import (
     ChatCompletionToolsParam,
     ChatMessage,
     OpenAIBaseModel,
+    OpenAIRequest,
 )
 from vllm.entrypoints.openai.serving_chat import OpenAIServingChat
 
 
-class TokenizeRequest(OpenAIBaseModel):
+class TokenizeRequest(OpenAIRequest):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
@@ -48,7 +49,7 @@ class TokenizeResponse(OpenAIBaseModel):
     token_strs: list[str] | None = None
 
 
-class DetokenizeRequest(OpenAIBaseModel):
+class DetokenizeRequest(OpenAIRequest):
     model: str | None = None
     tokens: list[int]
 
