@@ -63,6 +63,34 @@ def test_pooler_config_overrides(tiny_llama_dir, pooling, normalize):
     assert llm.llm_engine.config.cache_config.enable_prefix_caching is (pooling == "LAST")
     outs = llm.embed([{"prompt_token_ids": p} for p in PROMPTS], use_tqdm=False)
     _check([o.outputs.embedding for o in outs], ref, f"{pooling}-{normalize}")
+    if not normalize:  # a request's normalize=True overrides the config's False
+        from vllm import PoolingParams
+
+        outs = llm.embed([{"prompt_token_ids": p} for p in PROMPTS],
+                         PoolingParams(normalize=True), use_tqdm=False)  # fmt: skip
+        unit = [torch.nn.functional.normalize(r, dim=0) for r in ref]
+        _check([o.outputs.embedding for o in outs], unit, f"{pooling}-{normalize}-request-true")
+    _close(llm)
+
+
+@pytest.mark.forked
+def test_normalize_per_request_in_one_batch(tiny_llama_dir):
+    """PoolingParams.normalize: False returns transformers' raw pooled vector, True and
+    None (the config's default, True) the unit one; the four are queued together and
+    fit one prefill step, so a step mixes both."""
+    from vllm import PoolingParams
+
+    raw = _reference(tiny_llama_dir, PROMPTS, normalize=False)
+    unit = _reference(tiny_llama_dir, PROMPTS)
+    assert all(abs(float(r.norm()) - 1) > 0.1 for r in raw)  # raw differs from unit
+    llm = _llm(tiny_llama_dir, max_model_len=128)
+    flags = [False, True, None, False]
+    outs = llm.embed([{"prompt_token_ids": p} for p in PROMPTS],
+                     [PoolingParams(normalize=f) for f in flags], use_tqdm=False)  # fmt: skip
+    want = [r if f is False else u for f, r, u in zip(flags, raw, unit)]
+    _check([o.outputs.embedding for o in outs], want, "mixed normalize")
+    with pytest.raises(ValueError, match="normalize must be true, false or None"):
+        PoolingParams(normalize="no")
     _close(llm)
 
 
@@ -94,6 +122,9 @@ def test_matryoshka_dimensions(tiny_llama_dir, tmp_path):
     (out,) = llm.embed({"prompt_token_ids": PROMPTS[0]}, PoolingParams(dimensions=16),
                        use_tqdm=False)  # fmt: skip
     _check([out.outputs.embedding], [torch.nn.functional.normalize(ref[:16], dim=0)], "dim16")
+    (out,) = llm.embed({"prompt_token_ids": PROMPTS[0]},
+                       PoolingParams(dimensions=16, normalize=False), use_tqdm=False)  # fmt: skip
+    _check([out.outputs.embedding], [ref[:16]], "dim16 raw")  # cut, not normalized
     with pytest.raises(ValueError, match="dimensions=65 is above the model's hidden size 64"):
         llm.embed(PROMPTS[0], PoolingParams(dimensions=65))
     _close(llm)

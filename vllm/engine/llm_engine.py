@@ -904,14 +904,14 @@ class LLMEngine(LoRAMethods):
     def _process_group_output(self, group: SequenceGroup, group_out) -> bool:
         """Append one step's samples of ``group`` (output_processor.append_samples); True
         when its text is left to the step's report. A pooled vector (embedding engines)
-        is kept, cut to the request's ``dimensions``."""
+        is kept, cut to the request's ``dimensions`` and normalized as it asks
+        (vllm/pooling/pooler.py ``finish_vector``)."""
         if group_out.pooled is not None and group.pooling_params is not None:
-            from vllm.pooling.pooler import cut_dimensions
+            from vllm.pooling.pooler import finish_vector
 
-            group.pooled = cut_dimensions(
-                group_out.pooled, group.pooling_params.dimensions,
-                self.config.pooler_config.normalize,
-            )  # fmt: skip
+            group.pooled = finish_vector(
+                group_out.pooled, group.pooling_params, self.config.pooler_config
+            )
         lps = group_out.prompt_logprobs
         if lps is not None:
             if group.sampling_params.detokenize:

@@ -6,6 +6,11 @@ its last real token (a one-prompt step padded to a prefill-graph size keeps its 
 after it). A prompt whose step computes its last token (``do_sample``) is pooled: LAST
 takes that token's hidden state, MEAN averages the prompt's tokens, CLS takes its first.
 Values are computed in float32.
+
+The worker returns each vector raw; the engine finishes it per request
+(:func:`finish_vector`): cut to the request's ``dimensions``, then L2-normalized when the
+request's ``normalize`` (or, when that is None, the pooler config's) asks for it, as
+upstream's embedding head does. A step may so mix requests with and without normalization.
 """
 
 from __future__ import annotations
@@ -14,11 +19,13 @@ import torch
 import torch.nn.functional as F
 
 from vllm.pooling.config import PoolerConfig
+from vllm.pooling_params import PoolingParams
 
 
 def pool(config: PoolerConfig, hidden: torch.Tensor, batch) -> list[torch.Tensor | None]:
-    """Per scheduled group, its embedding [hidden] float32 on the CPU, or None for a group
-    whose prompt is not complete in this step.
+    """Per scheduled group, its pooled vector [hidden] float32 on the CPU (not normalized:
+    see :func:`finish_vector`), or None for a group whose prompt is not complete in this
+    step.
 
     Args:
         hidden: [num_tokens, hidden] the last stage's hidden states of the step.
@@ -40,18 +47,16 @@ def pool(config: PoolerConfig, hidden: torch.Tensor, batch) -> list[torch.Tensor
                 vec = hidden[start : last + 1].float().mean(dim=0)  # [hidden]
             else:  # CLS
                 vec = hidden[start]  # [hidden]
-            vec = vec.float()
-            if config.normalize:
-                vec = F.normalize(vec, p=2, dim=0)
-            out.append(vec.cpu())
+            out.append(vec.float().cpu())
         start += query_lens[row]
     return out
 
 
-def cut_dimensions(vec: torch.Tensor, dimensions: int | None, normalize: bool) -> torch.Tensor:
-    """``vec`` [hidden] cut to its first ``dimensions`` values (a Matryoshka embedding),
-    renormalized when the pooler normalizes; unchanged for None."""
-    if dimensions is None or dimensions >= vec.shape[0]:
-        return vec
-    vec = vec[:dimensions]  # [dimensions]
+def finish_vector(vec: torch.Tensor, params: PoolingParams, config: PoolerConfig) -> torch.Tensor:
+    """A request's embedding from its raw pooled ``vec`` [hidden] float32: cut to its first
+    ``params.dimensions`` values (a Matryoshka embedding; None: all), then L2-normalized
+    when ``params.normalize`` is true, or is None and ``config.normalize`` is true."""
+    if params.dimensions is not None and params.dimensions < vec.shape[0]:
+        vec = vec[: params.dimensions]  # [dimensions]
+    normalize = config.normalize if params.normalize is None else params.normalize
     return F.normalize(vec, p=2, dim=0) if normalize else vec
