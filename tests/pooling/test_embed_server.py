@@ -165,3 +165,97 @@ def test_embeddings_count_prompt_tokens_not_generation_tokens(server):
     assert series("vllm:generation_tokens_total") == 0
     assert series("vllm:request_generation_tokens_sum") == 0
     assert series("vllm:prompt_tokens_total") - before == 11
+
+
+def test_normalize_per_request(server, tiny_llama_dir):
+    """ "normalize": false gives transformers' raw pooled vector, true and absent the unit
+    one (the default pooler config normalizes), on /v1/embeddings and /pooling; requests
+    with and without normalization sent at once share the engine's steps."""
+    import asyncio
+
+    import torch
+
+    from tests.pooling.hf_reference import hf_embeddings
+
+    raw = [v.numpy() for v in hf_embeddings(tiny_llama_dir, INPUTS, normalize=False)]
+    unit = [v / np.linalg.norm(v) for v in raw]
+
+    async def send_all(bodies):
+        async with httpx.AsyncClient(timeout=120) as client:
+            rs = await asyncio.gather(*(client.post(server.url_for(*p), json=b) for p, b in bodies))
+        return [r.json() for r in rs]
+
+    flags = (False, True, None)
+    bodies = [(("v1", "embeddings"), {"input": INPUTS, "normalize": f}) for f in flags]
+    bodies.append((("pooling",), {"input": INPUTS, "normalize": False}))
+    got = asyncio.run(send_all(bodies))
+    for body, want in zip(got, [raw, unit, unit, raw]):
+        vecs = [d.get("embedding", d.get("data")) for d in body["data"]]
+        for v, w in zip(vecs, want):
+            np.testing.assert_allclose(np.array(v), w, atol=1e-5)
+    assert abs(float(torch.tensor(raw[0]).norm()) - 1) > 0.1  # the raw vector is not unit
+    r = _post(server, "embeddings", {"input": "x", "normalize": "sometimes"})
+    assert r.status_code == 400 and "normalize" in r.text
+
+
+MESSAGES = [{"role": "system", "content": "You embed."},
+            {"role": "user", "content": "Where is Paris?"}]  # fmt: skip
+TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+
+
+def _tokenize(server, **body):
+    r = httpx.post(server.url_for("tokenize"), json={"messages": MESSAGES, **body}, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()["tokens"]
+
+
+def test_messages_embed_the_rendered_chat(server, tiny_llama_dir):
+    """messages are rendered with the chat template as /tokenize renders them
+    (add_generation_prompt false by default, as upstream for embeddings): the embedding
+    is the one of those token ids given as input, and transformers' on them; the
+    request's chat_template and add_generation_prompt apply, on /pooling too."""
+    from tests.pooling.hf_reference import hf_embeddings
+
+    for extra in ({}, {"add_generation_prompt": True}, {"chat_template": TEMPLATE}):
+        ids = _tokenize(server, **{"add_generation_prompt": False, **extra})
+        r = _post(server, "embeddings", {"messages": MESSAGES, **extra})
+        assert r.status_code == 200, (extra, r.text)
+        assert r.json()["usage"]["prompt_tokens"] == len(ids), extra
+        got = np.array(r.json()["data"][0]["embedding"])
+        by_ids = _post(server, "embeddings", {"input": ids}).json()["data"][0]["embedding"]
+        np.testing.assert_allclose(got, np.array(by_ids), atol=1e-6)
+        (want,) = hf_embeddings(tiny_llama_dir, [ids])
+        np.testing.assert_allclose(got, want.numpy(), atol=1e-5)
+    default, with_gen = _tokenize(server, add_generation_prompt=False), _tokenize(server)
+    assert default != with_gen  # add_generation_prompt changes the rendered ids
+    assert _tokenize(server, add_generation_prompt=False, chat_template=TEMPLATE) != default
+    pooled = httpx.post(server.url_for("pooling"), timeout=120,
+                        json={"messages": MESSAGES, "normalize": False}).json()  # fmt: skip
+    (raw,) = hf_embeddings(tiny_llama_dir, [default], normalize=False)
+    np.testing.assert_allclose(np.array(pooled["data"][0]["data"]), raw.numpy(), atol=1e-5)
+
+
+def test_messages_refusals(server):
+    """Exactly one of input and messages; the chat endpoint's refusals of bad messages
+    and options; truncate_prompt_tokens keeps the rendered prompt's last tokens."""
+    for path in (("v1", "embeddings"), ("pooling",)):
+        for body in ({"input": "hi", "messages": MESSAGES}, {}):
+            r = httpx.post(server.url_for(*path), json=body, timeout=60)
+            assert r.status_code == 400, (path, body, r.text)
+            err = r.json()["error"]
+            assert err["param"] == "input" and "exactly one of input and messages" in err[
+                "message"], err  # fmt: skip
+    for body, param in [
+        ({"messages": []}, "messages"),
+        ({"messages": MESSAGES, "add_generation_prompt": True, "continue_final_message": True},
+         "continue_final_message"),
+        ({"messages": MESSAGES, "chat_template": "{{ messages[0].nope() }}"}, "messages"),
+    ]:  # fmt: skip
+        r = _post(server, "embeddings", body)
+        assert r.status_code == 400, (body, r.text)
+        assert r.json()["error"]["param"] == param, r.json()
+    ids = _tokenize(server, add_generation_prompt=False)
+    r = _post(server, "embeddings", {"messages": MESSAGES, "truncate_prompt_tokens": 3})
+    assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == 3, r.text
+    want = _post(server, "embeddings", {"input": ids[-3:]}).json()["data"][0]["embedding"]
+    np.testing.assert_allclose(r.json()["data"][0]["embedding"], want, atol=1e-6)

@@ -300,7 +300,7 @@ def build_app(
         except Exception as e:
             return to_api_error(e).response()
 
-    add_pooling_routes(app, (engine, served_model_names, tokenize_pool), as_ids)
+    add_pooling_routes(app, (engine, served_model_names, tokenize_pool), as_ids, chat)
 
     return app
 

@@ -25,12 +25,13 @@ from vllm.entrypoints.openai.serving_score import (
 )
 
 
-def add_pooling_routes(app: FastAPI, handler_args: tuple, handler_kwargs: dict) -> None:
+def add_pooling_routes(app: FastAPI, handler_args: tuple, handler_kwargs: dict, chat=None) -> None:
     """Register the pooling routes on ``app``; each handler is built with
     ``(*handler_args, **handler_kwargs)``, the OpenAIServing arguments of the server's
-    other handlers (engine, served names, tokenizer thread, LoRA map, ...)."""
-    embedding = OpenAIServingEmbedding(*handler_args, **handler_kwargs)
-    pooling = OpenAIServingPooling(*handler_args, **handler_kwargs)
+    other handlers (engine, served names, tokenizer thread, LoRA map, ...). ``chat``, the
+    server's chat handler, renders the ``messages`` of /v1/embeddings and /pooling."""
+    embedding = OpenAIServingEmbedding(*handler_args, chat=chat, **handler_kwargs)
+    pooling = OpenAIServingPooling(*handler_args, chat=chat, **handler_kwargs)
     scores = OpenAIServingScores(*handler_args, **handler_kwargs)
 
     async def answer(call, body, raw: Request):

@@ -95,9 +95,13 @@ class OpenAIServingChat(OpenAIServing):
         self.tool_parser = tool_parser
         self.response_role = response_role  # --response-role: the reply's role
 
-    async def _prompt(self, req: ChatCompletionRequest) -> tuple[str | None, list[int], list[dict]]:
+    async def _prompt(
+        self, req: ChatCompletionRequest, add_special_tokens: bool = False
+    ) -> tuple[str | None, list[int], list[dict]]:
         """Check the messages, then render and tokenize them on the tokenizer thread; with
-        ``truncate_prompt_tokens=k`` only the rendered prompt's last k tokens are kept.
+        ``truncate_prompt_tokens=k`` only the rendered prompt's last k tokens are kept. The
+        template writes the special tokens itself; ``add_special_tokens`` adds the
+        tokenizer's (a BOS ...) on top, as upstream's field of that name.
 
         Returns:
             (prompt text, None when truncation cut it; prompt token ids; the messages as the
@@ -148,13 +152,13 @@ class OpenAIServingChat(OpenAIServing):
             )
         except Exception as e:  # jinja / template errors are the request's fault
             raise APIError(f"could not apply the chat template: {e}", 400, "messages") from e
-        ids = await self.off_loop(self._encode_rendered, text)
+        ids = await self.off_loop(self._encode_rendered, text, add_special_tokens)
         if keep is not None and len(ids) > keep:
             return None, ids[-keep:], conv
         return text, ids, conv
 
-    def _encode_rendered(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+    def _encode_rendered(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
     async def create_chat_completion(self, req: ChatCompletionRequest, raw: Request | None):
         """Returns a ChatCompletionResponse, or an async iterator of SSE strings.

@@ -130,9 +130,16 @@ class OpenAIServing:
                 field,
             )
 
-    async def item_ids(self, item: str | list[int], field: str, bounded: bool = True) -> list[int]:
+    async def item_ids(
+        self,
+        item: str | list[int],
+        field: str,
+        bounded: bool = True,
+        add_special_tokens: bool = True,
+    ) -> list[int]:
         """One prompt (or embedding input) of a request as token ids: a text tokenized
-        (:meth:`encode`), a list of ids checked against the vocabulary.
+        (:meth:`encode`, the tokenizer's special tokens added unless ``add_special_tokens``
+        is false), a list of ids checked against the vocabulary.
 
         Raises:
             APIError 400: an empty text or list, a text without a tokenizer, an id outside
@@ -143,7 +150,7 @@ class OpenAIServing:
                 raise APIError(f"{field} must not be empty (got '').", 400, field)
             if self.tokenizer is None:
                 raise APIError(f"text {field}s need a tokenizer.", 400, field)
-            return await self.encode(item, field, bounded)
+            return await self.encode(item, field, bounded, add_special_tokens)
         ids = list(item)
         if not ids:
             raise APIError(f"{field} must not be empty (got no token ids).", 400, field)
@@ -155,10 +162,15 @@ class OpenAIServing:
             )
         return ids
 
-    async def encode(self, text: str, field: str, bounded: bool = True) -> list[int]:
+    async def encode(
+        self, text: str, field: str, bounded: bool = True, add_special_tokens: bool = True
+    ) -> list[int]:
         """Check (:meth:`check_text`) and tokenize ``text`` on the tokenizer thread."""
         self.check_text(text, field, bounded)
-        return list(await self.off_loop(self.tokenizer.encode, text))
+        tok = self.tokenizer
+        return list(
+            await self.off_loop(lambda: tok.encode(text, add_special_tokens=add_special_tokens))
+        )
 
     def check_params(self, params: SamplingParams, logprobs_field: str = "logprobs") -> None:
         """Raises APIError 400 for params the model cannot serve (logprobs above

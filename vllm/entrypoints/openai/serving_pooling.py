@@ -1,7 +1,8 @@
 """/pooling (upstream's Pooling API) on an engine started with ``--task embed``.
 
 The request is the Embeddings API's (``input``: a text, texts, token ids or lists of them;
-``encoding_format``, ``dimensions``, ``truncate_prompt_tokens``, ``priority``); each input's
+or chat ``messages``; ``encoding_format``, ``dimensions``, ``normalize``,
+``truncate_prompt_tokens``, ``priority``); each input's
 pooled vector comes back as ``data[i].data`` with ``object`` "pooling". For the embedding
 models served here that vector is the embedding itself, so ``/pooling`` and
 ``/v1/embeddings`` return the same numbers (and ``LLM.encode``'s ``outputs.data``).
