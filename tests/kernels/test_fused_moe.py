@@ -7,7 +7,7 @@ import importlib.util
 import pytest
 import torch
 
-from tests.utils import run_interpreted
+from tests.utils import run_interpreted, skip_old_interpreter
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("triton") is None,
@@ -55,6 +55,7 @@ def _cases(device="cpu", dtype=torch.float32, tol=1e-4):
 
 
 def test_fused_experts_interpreted():
+    skip_old_interpreter()  # a CUDA host's Triton 3.6 runs the compiled case below
     run_interpreted(__file__, "_cases")
 
 
