@@ -1,8 +1,12 @@
-"""Small shared helpers."""
+"""Small shared helpers (and upstream's ``vllm.utils.FlexibleArgumentParser``)."""
 
 from __future__ import annotations
 
 import torch
+
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+__all__ = ["FlexibleArgumentParser", "pin_for", "to_device"]
 
 
 def to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
