@@ -36,9 +36,11 @@ from bench_common import add_served_args, device_name, emit, percentile
 from benchmark_prefix_caching import Server, _device, _turn
 from stream_clients import StreamClients
 
+from vllm.utils import FlexibleArgumentParser
+
 
 def make_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = FlexibleArgumentParser(description=__doc__.split("\n\n")[0])
     add_served_args(p)
     p.add_argument("--streams", type=int, default=32)
     p.add_argument("--stream-prompt-len", type=int, default=64)

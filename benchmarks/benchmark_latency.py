@@ -43,13 +43,14 @@ from tqdm.auto import tqdm
 
 from vllm import LLM, SamplingParams
 from vllm.engine.arg_utils import EngineArgs
+from vllm.utils import FlexibleArgumentParser
 
 H200_PEAK_BYTES_PER_S = 4.8e12  # HBM3e, NVIDIA H200 datasheet
 
 
 def make_parser() -> argparse.ArgumentParser:
     """The latency flags plus every EngineArgs flag."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = FlexibleArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default=default_model(), help="HF directory or .gguf file.")
     p.add_argument("--input-len", type=int, default=32, help="Prompt tokens per request.")
     p.add_argument("--output-len", type=int, default=128, help="Generated tokens per request.")

@@ -26,6 +26,8 @@ import time
 
 from bench_common import run_against_baseline
 
+from vllm.utils import FlexibleArgumentParser
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -91,7 +93,7 @@ def run_one(pp: int, args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = FlexibleArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default=os.path.join(HERE, "configs", "qwen2.5-1.5b"))
     p.add_argument("--load-format", default="dummy")
     p.add_argument("--dtype", default="bfloat16")

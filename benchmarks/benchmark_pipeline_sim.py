@@ -48,7 +48,6 @@ Example (every combination of the table in docs/benchmarks.md)::
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -58,6 +57,7 @@ import time
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.llm_engine import LLMEngine
 from vllm.sampling_params import SamplingParams
+from vllm.utils import FlexibleArgumentParser
 
 HOST_KEYS = ("schedule", "submit", "prepare", "transfer", "sample", "process_outputs")
 
@@ -205,7 +205,7 @@ def run_one(args, model_dir: str, pp: int, steps: int) -> dict:
 
 def main(argv: list[str] | None = None) -> list[dict]:
     """Run every (pp, num_scheduler_steps) combination; print conditions and JSON lines."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = FlexibleArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--pp", type=int, nargs="+", default=[1, 2, 4])
     p.add_argument("--num-scheduler-steps", type=int, nargs="+", default=[1, 8])
     p.add_argument("--executor", choices=["mp", "ray"], default="mp")

@@ -45,10 +45,11 @@ from bench_common import add_served_args, device_name, emit, percentile, release
 from stream_clients import StreamClients
 
 from vllm import LLM, SamplingParams
+from vllm.utils import FlexibleArgumentParser
 
 
 def make_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = FlexibleArgumentParser(description=__doc__.split("\n\n")[0])
     add_served_args(p)
     p.add_argument("--conversations", type=int, default=64)
     p.add_argument("--turns", type=int, default=4)

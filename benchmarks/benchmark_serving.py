@@ -20,7 +20,6 @@ Prints the conditions, a table, then one JSON line (prefix ``RESULT_JSON ``).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import random
@@ -29,6 +28,8 @@ import time
 
 import httpx
 from stream_clients import StreamClients
+
+from vllm.utils import FlexibleArgumentParser
 
 WORDS = "the of and to in is was for on that with as by at from his her it an are were".split()
 
@@ -166,7 +167,7 @@ async def run(args) -> dict:
 def main() -> int:
     """Run, print the summary and the RESULT_JSON line; returns 1 when no request
     completed (nothing was measured), else 0."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = FlexibleArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
         "--backend", choices=("vllm", "openai"), default="vllm",
         help="upstream's; both stream /v1/completions (the only API this client drives)",

@@ -30,6 +30,7 @@ from bench_common import (
 )
 
 from vllm import LLM, SamplingParams
+from vllm.utils import FlexibleArgumentParser
 
 REPETITIVE = [
     "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\n"
@@ -48,7 +49,7 @@ PLAIN = [
 
 
 def make_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = FlexibleArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default=default_model(), help="Target: HF dir or .gguf.")
     p.add_argument("--draft-model", default=None, help="Draft model (default: the target itself).")
     p.add_argument("--workload", choices=("repetitive", "plain"), default="repetitive")

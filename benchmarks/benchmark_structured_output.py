@@ -29,6 +29,7 @@ from bench_common import default_model, emit, engine_conditions, print_condition
 
 from vllm import LLM, SamplingParams
 from vllm.sampling_params import GuidedDecodingParams
+from vllm.utils import FlexibleArgumentParser
 
 RECORD = {
     "type": "object",
@@ -54,7 +55,7 @@ PROMPTS = [
 
 
 def make_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = FlexibleArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default=default_model(), help="HF dir or .gguf.")
     p.add_argument("--batch-sizes", default="1,32", help="Comma-separated batch sizes.")
     p.add_argument("--output-len", type=int, default=128)

@@ -48,11 +48,12 @@ from tqdm.auto import tqdm
 from vllm import LLM, SamplingParams
 from vllm.config import load_hf_config
 from vllm.engine.arg_utils import EngineArgs
+from vllm.utils import FlexibleArgumentParser
 
 
 def make_parser() -> argparse.ArgumentParser:
     """The throughput flags plus every EngineArgs flag (``--seed`` seeds the workload)."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = FlexibleArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default=default_model(), help="HF directory or .gguf file.")
     p.add_argument(
         "--dataset",

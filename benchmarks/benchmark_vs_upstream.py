@@ -51,6 +51,11 @@ import random
 import time
 from typing import Any
 
+try:  # upstream moved it to vllm.utils.argparse_utils (this fork has both)
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+except ImportError:  # an older upstream
+    from vllm.utils import FlexibleArgumentParser
+
 # This engine's offline flags from the README ("GPU quick start"); upstream keeps its defaults.
 DEFAULT_ENGINE_KWARGS = {
     "fork": {"num_scheduler_steps": 32, "max_num_batched_tokens": 16384},
@@ -280,7 +285,7 @@ def summarize(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def make_parser() -> argparse.ArgumentParser:
     """The flags (see the module docstring)."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = FlexibleArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default=None, help="HF directory (or config-only, with dummy).")
     p.add_argument("--load-format", default="auto", choices=("auto", "dummy"))
     p.add_argument("--dtype", default="bfloat16")

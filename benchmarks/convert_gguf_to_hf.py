@@ -15,11 +15,12 @@ the output directory, the dtype, the number of parameters and the seconds it too
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import time
+
+from vllm.utils import FlexibleArgumentParser
 
 DTYPES = ("bfloat16", "float16", "float32")
 
@@ -78,7 +79,7 @@ def convert(gguf_path: str, out_dir: str, dtype: str = "bfloat16") -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     """Parse ``argv`` (default: sys.argv), convert, print and return the summary."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = FlexibleArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--gguf", default=None, help="GGUF file (default: the SmolLM2 GGUF).")
     p.add_argument("--out", required=True, help="New (or empty) output directory.")
     p.add_argument("--dtype", default="bfloat16", choices=DTYPES)

@@ -22,11 +22,12 @@ context). GPU only, FlashInfer installed. Example::
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import torch
 from bench_common import device_name, graph_time_us, print_conditions
+
+from vllm.utils import FlexibleArgumentParser
 
 # (query heads, kv heads, head_dim) of the shipped benchmark shapes
 SHAPES = {"smollm2": (9, 3, 64), "qwen2.5-0.5b": (14, 2, 64), "llama-3.1-8b": (32, 8, 128)}
@@ -110,7 +111,7 @@ def _case(shape: str, batch: int, ctx: int, layers: int, args) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = FlexibleArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--shapes", default="smollm2,qwen2.5-0.5b,llama-3.1-8b")
     p.add_argument("--batch-sizes", default="1,4,8")
     p.add_argument("--contexts", default="64,256,1024,4096")

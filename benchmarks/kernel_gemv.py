@@ -27,7 +27,6 @@ only. Example::
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import math
@@ -37,6 +36,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 from bench_common import graph_time_us
+
+from vllm.utils import FlexibleArgumentParser
 
 # (hidden, intermediate, q heads, kv heads, head_dim, vocab) of the benchmark shapes
 SHAPES = {
@@ -151,7 +152,7 @@ def read_ceiling_gb_s(nbytes: int = 2 << 30, iters: int = 20) -> float:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = FlexibleArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--models", default="smollm2,llama-3.1-8b")
     p.add_argument("--rows", default="1,2,4,8,16")
     p.add_argument("--dtype", default="bfloat16")

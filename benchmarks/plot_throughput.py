@@ -12,10 +12,11 @@ runner: the engine with CUDA graphs, the engine with ``--enforce-eager`` and tra
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
+
+from vllm.utils import FlexibleArgumentParser
 
 SERIES = (
     ("graphs_output_tokens_per_s", "engine, CUDA graphs", "o-"),
@@ -96,7 +97,7 @@ def plot(records: list[dict], out: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> str:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = FlexibleArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("inputs", nargs="+", help="Files with the sweep's JSON lines.")
     p.add_argument("--out", default=DEFAULT_OUT, help="PNG to write.")
     args = p.parse_args(argv)

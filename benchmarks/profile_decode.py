@@ -21,7 +21,6 @@ A step whose CUDA-busy time is far below its wall time is host-bound. Example (H
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import io
 import pstats
@@ -31,10 +30,11 @@ from bench_common import default_model, emit, engine_conditions, print_condition
 
 from vllm import LLM, SamplingParams
 from vllm.engine.arg_utils import EngineArgs
+from vllm.utils import FlexibleArgumentParser
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = FlexibleArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default=default_model())
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--input-len", type=int, default=32)

@@ -27,7 +27,6 @@ Prints the conditions, then one JSON line per step count:
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import platform
@@ -44,6 +43,7 @@ import vllm.worker.multi_step as multi_step
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.llm_engine import LLMEngine
 from vllm.sampling_params import SamplingParams
+from vllm.utils import FlexibleArgumentParser
 
 PHASES = ("schedule", "prepare", "unpack", "apply")
 
@@ -149,7 +149,7 @@ def run_one(args, model_dir: str, steps: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = FlexibleArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--num-scheduler-steps", type=int, nargs="+", default=[8, 16])
     p.add_argument("--num-requests", type=int, default=256)
     p.add_argument("--prompt-len", type=int, default=200)

@@ -20,7 +20,6 @@ Prints the conditions, then one JSON line per batch size:
 
 from __future__ import annotations
 
-import argparse
 import platform
 import random
 import statistics
@@ -33,6 +32,7 @@ from bench_common import emit, print_conditions
 from vllm.attention.backends.abstract import ForwardMode, StepInputs
 from vllm.attention.backends.flashinfer.paged_cache import paged_kv_host, slot_rows_host
 from vllm.attention.backends.torch_sdpa import _slots, decode_tables
+from vllm.utils import FlexibleArgumentParser
 
 # ---- the list-based builders before vectorization (reference and "before" timing) ------
 
@@ -134,7 +134,7 @@ def time_us(fn, reps: int) -> float:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = FlexibleArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64, 256])
     p.add_argument("--min-len", type=int, default=100)
     p.add_argument("--max-len", type=int, default=2048)

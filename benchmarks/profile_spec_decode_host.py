@@ -24,7 +24,6 @@ Then a cProfile of one prompt, top functions by cumulative time. Example (CPU)::
 
 from __future__ import annotations
 
-import argparse
 import collections
 import cProfile
 import io
@@ -39,6 +38,7 @@ from benchmark_spec_decode import REPETITIVE
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from vllm import LLM, SamplingParams
+from vllm.utils import FlexibleArgumentParser
 
 
 class _State:
@@ -161,7 +161,7 @@ def _summary(records: list, kind: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = FlexibleArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default=default_model())
     p.add_argument("--speculative-model", default="[ngram]")
     p.add_argument("--num-speculative-tokens", type=int, default=4)

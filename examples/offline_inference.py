@@ -18,6 +18,7 @@ import sys
 import time
 
 from vllm import LLM, SamplingParams
+from vllm.utils import FlexibleArgumentParser
 
 PROMPTS = [
     "The capital of France is",
@@ -28,7 +29,7 @@ PROMPTS = [
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = FlexibleArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--model",
         default=None,

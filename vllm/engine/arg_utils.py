@@ -387,7 +387,12 @@ class EngineArgs:
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         """Add one flag per field to ``parser`` (``--max-num-seqs`` for ``max_num_seqs``),
         each in its :data:`GROUPS` argument group (``parser.flag_groups`` maps a group
-        name to its argparse group, so callers can add flags to them)."""
+        name to its argparse group, so callers can add flags to them); returns ``parser``.
+
+        ``--model`` is added only when ``parser`` has no argument storing ``model`` yet:
+        ``vllm serve`` declares a positional MODEL first, the benchmark scripts their own
+        ``--model`` with a default; a bare parser (upstream's example scripts:
+        ``EngineArgs.add_cli_args(FlexibleArgumentParser())``) gets ``--model``."""
         hints = typing.get_type_hints(cls)
         groups = getattr(parser, "flag_groups", None)
         if groups is None:
@@ -395,8 +400,8 @@ class EngineArgs:
                       for name, desc in GROUPS.items()}  # fmt: skip
             parser.flag_groups = groups
         for f in dataclasses.fields(cls):
-            if f.name == "model":
-                continue  # positional for `vllm serve`, --model for others (see cli.py)
+            if f.name == "model" and any(a.dest == "model" for a in parser._actions):
+                continue  # declared by the caller (vllm serve's positional MODEL)
             flag = "--" + f.name.replace("_", "-")
             kind, optional = _base_type(hints[f.name])
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()

@@ -24,10 +24,13 @@ import sys
 
 from vllm.entrypoints.help_format import HelpFormatter
 from vllm.logger import LOG_FORMAT
+from vllm.utils.argparse_utils import FlexibleArgumentParser
 
 
-class CLIParser(argparse.ArgumentParser):
-    """An ArgumentParser whose usage errors are one line on stderr (exit status 2)."""
+class CLIParser(FlexibleArgumentParser):
+    """A FlexibleArgumentParser (no abbreviations, ``--foo_bar`` read as ``--foo-bar``)
+    whose usage errors are one line on stderr (exit status 2); its subcommands' parsers
+    are of this class too."""
 
     def error(self, message: str):
         prog = self.prog

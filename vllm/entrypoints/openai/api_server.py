@@ -503,8 +503,9 @@ def main(argv: list[str] | None = None) -> int:
     from vllm.entrypoints.config_file import expand_config_file
     from vllm.entrypoints.help_format import HelpFormatter
     from vllm.entrypoints.openai.cli_args import SERVE_DESCRIPTION, make_server_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    parser = argparse.ArgumentParser(
+    parser = FlexibleArgumentParser(
         prog="python -m vllm.entrypoints.openai.api_server",
         description=SERVE_DESCRIPTION,
         formatter_class=HelpFormatter,

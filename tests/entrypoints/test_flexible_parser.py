@@ -1,0 +1,82 @@
+"""FlexibleArgumentParser and EngineArgs.add_cli_args as upstream's scripts use them:
+underscore spellings, no abbreviations, ``--model`` added when the parser has none."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm.engine.arg_utils import EngineArgs
+from vllm.entrypoints import cli
+from vllm.utils import FlexibleArgumentParser
+from vllm.utils.argparse_utils import FlexibleArgumentParser as FromSubmodule
+
+
+def _engine_parser() -> FlexibleArgumentParser:
+    return EngineArgs.add_cli_args(FlexibleArgumentParser())
+
+
+def test_both_import_paths_name_one_class():
+    assert FlexibleArgumentParser is FromSubmodule
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--max_model_len", "99", "--enable_prefix_caching"],
+        ["--max_model_len=99", "--enable_prefix_caching"],
+        ["--max-model-len=99", "--enable-prefix-caching"],
+    ],
+)
+def test_underscore_spellings(argv):
+    args = _engine_parser().parse_args(argv)
+    assert args.max_model_len == 99 and args.enable_prefix_caching is True
+
+
+def test_only_the_flag_name_is_respelled():
+    p = FlexibleArgumentParser()
+    p.add_argument("--chat-template")
+    p.add_argument("rest", nargs="*")
+    args = p.parse_args(["--chat_template=a_b", "--", "--x_y"])
+    assert args.chat_template == "a_b" and args.rest == ["--x_y"]
+
+
+@pytest.mark.parametrize("argv", [["--max-model", "99"], ["--model-loader", "{}"]])
+def test_no_abbreviations(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        _engine_parser().parse_args(argv)
+    assert exc.value.code == 2
+    assert f"unrecognized arguments: {' '.join(argv)}" in capsys.readouterr().err
+
+
+def test_serve_refuses_abbreviations(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.make_parser().parse_args(["serve", "m", "--max-model", "99"])
+    assert exc.value.code == 2
+    assert "error: unrecognized arguments: --max-model 99" in capsys.readouterr().err
+
+
+def test_serve_reads_underscores_and_keeps_its_positional_model():
+    args = cli.make_parser().parse_args(["serve", "/m", "--max_model_len=64", "--port", "1"])
+    assert (args.model, args.model_flag, args.max_model_len) == ("/m", None, 64)
+    args = cli.make_parser().parse_args(["serve", "--model", "/m"])
+    assert (args.model, args.model_flag) == (None, "/m")
+
+
+def test_add_cli_args_adds_model_and_returns_the_parser(tiny_llama_dir):
+    """Upstream's example pattern end to end: before --model existed here, argparse's
+    prefix matching stored ``--model X`` in --model-loader-extra-config and
+    from_cli_args failed with "model must be given"."""
+    parser = FlexibleArgumentParser(description="example")
+    parser = EngineArgs.add_cli_args(parser)
+    args = parser.parse_args(["--model", tiny_llama_dir, "--max-model-len", "64"])
+    engine_args = EngineArgs.from_cli_args(args)
+    assert engine_args.model == tiny_llama_dir and engine_args.max_model_len == 64
+    assert engine_args.model_loader_extra_config is None
+
+
+def test_add_cli_args_keeps_a_model_the_caller_declared():
+    p = FlexibleArgumentParser()
+    p.add_argument("--model", default="/default")
+    EngineArgs.add_cli_args(p)
+    assert p.parse_args([]).model == "/default"
+    assert sum(a.dest == "model" for a in p._actions) == 1
