@@ -173,7 +173,7 @@ def test_public_names():
         vllm.SamplingParams(best_of=3)
 
 
-@pytest.mark.parametrize("name", ["latency", "throughput", "serving"])
+@pytest.mark.parametrize("name", ["latency", "throughput", "serve", "serving"])
 def test_bench_help_is_the_scripts(name, capsys):
     with pytest.raises(SystemExit) as exc:
         cli.main(["bench", name, "--help"])
@@ -181,7 +181,7 @@ def test_bench_help_is_the_scripts(name, capsys):
     out = capsys.readouterr().out
     assert out.startswith(f"usage: vllm bench {name}")  # the command typed, as upstream's
     assert "--num-iters" in out if name == "latency" else "--help" in out
-    if name == "serving":  # upstream's --backend is accepted
+    if name in ("serve", "serving"):  # upstream's --backend is accepted
         assert "--backend {vllm,openai}" in out
 
 

@@ -1,6 +1,7 @@
-"""``vllm bench NAME [flags]``: runs ``benchmarks/benchmark_NAME.py`` of the source tree
-with those flags, exactly as ``python benchmarks/benchmark_NAME.py [flags]`` would (the
-scripts print their conditions and one JSON line each; ``--help`` lists their flags).
+"""``vllm bench NAME [flags]``: runs the script of ``benchmarks/`` that NAME names
+(:data:`BENCHMARKS`; ``serve`` is ``benchmark_serving.py``, ``serving`` an alias) with
+those flags, exactly as ``python benchmarks/benchmark_NAME.py [flags]`` would (the scripts
+print their conditions and one JSON line each; ``--help`` lists their flags).
 
 The scripts live next to the ``vllm`` package in a checkout (an editable install), not
 inside it: this wrapper only finds and runs them.
@@ -15,8 +16,9 @@ import types
 BENCHMARKS = {
     "latency": "benchmark_latency.py",
     "throughput": "benchmark_throughput.py",
-    "serving": "benchmark_serving.py",
+    "serve": "benchmark_serving.py",  # upstream's name
 }
+ALIASES = {"serving": "serve"}  # this project's earlier name
 
 
 def benchmarks_dir() -> str:
@@ -26,13 +28,14 @@ def benchmarks_dir() -> str:
 
 
 def run_benchmark(name: str, argv: list[str]) -> int:
-    """Run benchmark ``name`` ("latency", "throughput" or "serving") with ``argv``.
+    """Run benchmark ``name`` ("latency", "throughput", "serve" or its alias "serving")
+    with ``argv``.
 
     Returns:
         0 when the script finished, 2 when it is missing; a script's own ``SystemExit``
         status (argparse errors, ``--help``) passes through.
     """
-    script = os.path.join(benchmarks_dir(), BENCHMARKS[name])
+    script = os.path.join(benchmarks_dir(), BENCHMARKS[ALIASES.get(name, name)])
     if not os.path.isfile(script):
         sys.stderr.write(
             f"error: `vllm bench {name}` runs {script}, which does not exist: it needs a "

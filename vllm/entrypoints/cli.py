@@ -2,7 +2,7 @@
 
     vllm serve [MODEL] [server flags] [engine flags]   the OpenAI-compatible HTTP server
     vllm version                                       print the version
-    vllm bench {latency,throughput,serving} [flags]    the scripts in benchmarks/
+    vllm bench {latency,throughput,serve} [flags]      the scripts in benchmarks/
     vllm chat | vllm complete [--url URL] [-q TEXT]    terminal clients of a running server
     vllm collect-env                                   versions, GPUs and VLLM_* settings
     vllm run-batch -i IN.jsonl -o OUT.jsonl [flags]    an OpenAI batch file, offline
@@ -47,7 +47,7 @@ class CLIParser(FlexibleArgumentParser):
 
 def make_parser() -> argparse.ArgumentParser:
     """The ``vllm`` parser with its subcommands."""
-    from vllm.entrypoints.bench import BENCHMARKS
+    from vllm.entrypoints.bench import ALIASES, BENCHMARKS
     from vllm.entrypoints.cli_clients import add_client_args
     from vllm.entrypoints.openai.cli_args import SERVE_DESCRIPTION, make_server_parser
     from vllm.entrypoints.openai.run_batch import add_run_batch_args
@@ -70,12 +70,17 @@ def make_parser() -> argparse.ArgumentParser:
     sub.add_parser("version", help="Print the version.", formatter_class=HelpFormatter)
     bench = sub.add_parser(
         "bench",
-        help="Run a benchmark (latency, throughput, serving) from benchmarks/.",
+        help="Run a benchmark (latency, throughput, serve) from benchmarks/.",
         description="Run benchmarks/benchmark_<NAME>.py with the flags that follow; "
         "`vllm bench NAME --help` lists them.",
         formatter_class=HelpFormatter,
     )
-    bench.add_argument("name", choices=sorted(BENCHMARKS), help="Which benchmark.")
+    bench.add_argument(
+        "name",
+        choices=[*BENCHMARKS, *ALIASES],
+        metavar="{" + ",".join(BENCHMARKS) + "}",
+        help="Which benchmark (serving: the same as serve).",
+    )
     bench.add_argument("bench_args", nargs=argparse.REMAINDER, help="The benchmark's flags.")
     for name, chat, text in (
         ("chat", True, "Chat with a running server (one message per line; Ctrl-D ends)."),
