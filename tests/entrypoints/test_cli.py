@@ -347,3 +347,40 @@ def test_kv_cache_below_max_model_len_is_one_line_and_exit_2(tiny_llama_dir):
     assert "Traceback" not in proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: max_model_len=128 is larger than the 48 tokens"), last
+
+
+@pytest.mark.parametrize("name", ["serve", "serving"])
+def test_bench_serve_help_exits_0(name):
+    proc = _run_cli("bench", name, "--help")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"usage: vllm bench {name}") and "--base-url" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["latency", "--model", "/nope"], "error: model '/nope' does not exist"),
+        (["throughput", "--model", "/nope"], "error: '/nope' has no config.json"),
+        (["latency", "--num-iters", "0"], "error: --num-iters must be at least 1, got 0."),
+    ],
+)
+def test_bench_user_error_is_one_line_and_exit_2(args, message):
+    """Before setup_checks, these printed 30-60 line tracebacks."""
+    proc = _run_cli("bench", *args, "--device", "cpu")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr
+    assert proc.stderr.startswith(message) and proc.stdout == ""
+
+
+def test_bench_prompt_longer_than_max_model_len_is_one_line(tiny_llama_dir):
+    proc = _run_cli(
+        "bench", "latency", "--model", tiny_llama_dir, "--device", "cpu", "--max-model-len",
+        "32", "--input-len", "40", "--output-len", "2", "--num-iters", "1",
+        env={"VLLM_CPU_KVCACHE_SPACE": "0.05"},
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "error: The prompt (40 tokens) is longer than max_model_len=32: shorten it, or raise "
+        "--max-model-len."
+    )

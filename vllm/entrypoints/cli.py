@@ -71,7 +71,8 @@ def make_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser(
         "bench",
         help="Run a benchmark (latency, throughput, serve) from benchmarks/.",
-        description="Run benchmarks/benchmark_<NAME>.py with the flags that follow; "
+        description="Run benchmarks/benchmark_<NAME>.py (serve: benchmark_serving.py) with "
+        "the flags that follow; "
         "`vllm bench NAME --help` lists them.",
         formatter_class=HelpFormatter,
     )
