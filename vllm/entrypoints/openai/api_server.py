@@ -45,7 +45,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from vllm import envs
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.async_llm_engine import AsyncLLMEngine
-from vllm.engine.default_model import resolve_model, short_model_name
+from vllm.engine.default_model import resolve_model, served_model_names
 from vllm.engine.metrics import EngineMetrics
 from vllm.entrypoints.chat_utils import load_chat_template
 from vllm.entrypoints.openai.api_errors import APIError, to_api_error
@@ -395,8 +395,8 @@ def event_loop_factory():
 
 
 def _served_names(args: argparse.Namespace) -> list[str]:
-    """``--served-model-name``, else the model's short name."""
-    return args.served_model_name or [short_model_name(args.model)]
+    """``--served-model-name``, else the model string given and its short name."""
+    return args.served_model_name or served_model_names(args.model, not args.model_is_default)
 
 
 def build_engine(args: argparse.Namespace, engine_args: EngineArgs) -> AsyncLLMEngine:

@@ -90,14 +90,14 @@ def parse_line(raw: str) -> tuple[dict | None, str | None]:
 
 async def _run(args: argparse.Namespace, engine_args) -> list[dict]:
     from vllm.engine.async_llm_engine import AsyncLLMEngine
-    from vllm.engine.default_model import short_model_name
+    from vllm.engine.default_model import served_model_names
     from vllm.entrypoints.chat_utils import load_chat_template
     from vllm.entrypoints.openai.api_server import build_app
 
     with open(args.input_file) as f:
         lines = [line for line in f if line.strip()]
     engine = AsyncLLMEngine(engine_args, log_requests=False)
-    names = args.served_model_name or [short_model_name(engine_args.model)]
+    names = args.served_model_name or served_model_names(args.model, not args.model_is_default)
     app = build_app(
         engine, names, None, None, load_chat_template(args.chat_template),
         response_role=args.response_role,
@@ -142,6 +142,7 @@ def run_batch(args: argparse.Namespace) -> int:
     from vllm.engine.default_model import resolve_model
 
     try:
+        args.model_is_default = not args.model
         args.model = resolve_model(args.model, log=False)
         engine_args = EngineArgs.from_cli_args(args)
         engine_args.create_engine_config()  # every flag checked before anything loads
