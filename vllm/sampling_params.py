@@ -168,7 +168,8 @@ class SamplingParams:
       sequences are returned, none is generated only to be ranked away.
     - ``logprobs=k`` returns the sampled token's logprob plus the top-k per position;
       ``prompt_logprobs=k`` does the same for prompt positions (the engine also rejects k
-      above the vocabulary size).
+      above the vocabulary size). ``-1`` (as upstream) means every token of the
+      vocabulary, allowed only when ``max_logprobs`` is -1 or at least the vocabulary size.
     - ``seed``: the request's sequences draw from their own generators, seeded with
       ``seed + i`` for the i-th of the ``n`` sequences: reproducible whatever else is in
       the batch, and different from each other. A 64-bit signed integer.
@@ -378,13 +379,10 @@ class SamplingParams:
                 f"seed must be a 64-bit signed integer in [{_INT64_MIN}, {_INT64_MAX}], "
                 f"got {self.seed}.",
             )
-        if self.logprobs is not None:
-            _check(self.logprobs >= 0, f"logprobs must be >= 0, got {self.logprobs}.")
-        if self.prompt_logprobs is not None:
-            _check(
-                self.prompt_logprobs >= 0,
-                f"prompt_logprobs must be >= 0, got {self.prompt_logprobs}.",
-            )
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(self, name)
+            if k is not None:
+                _check(k >= -1, f"{name} must be >= 0, or -1 for the full vocabulary, got {k}.")
         for s in self.stop:
             _check(
                 isinstance(s, str) and len(s) > 0,

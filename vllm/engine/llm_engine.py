@@ -313,6 +313,11 @@ class LLMEngine(LoRAMethods):
         limit = self.model_config.max_logprobs
         for name in ("logprobs", "prompt_logprobs"):
             k = getattr(params, name)
+            if k == -1 and limit >= 0 and vocab > limit:
+                raise ValueError(
+                    f"{name}=-1 asks for the full vocabulary ({vocab}), more than "
+                    f"max_logprobs={limit} (set --max-logprobs -1 for no limit)."
+                )
             if k is not None and limit >= 0 and k > limit:
                 raise ValueError(
                     f"{name}={k} is more than max_logprobs={limit} (raise --max-logprobs, "
@@ -419,6 +424,11 @@ class LLMEngine(LoRAMethods):
                 f"invalid guided {kind}: could not compile it ({grammar.exception()})."
             )
         params = params.clone()
+        vocab = self.model_config.vocab_size  # -1: every token (checked in verify_params)
+        if params.logprobs == -1:
+            params.logprobs = vocab
+        if params.prompt_logprobs == -1:
+            params.prompt_logprobs = vocab
         if self.eos_token_id is not None and not params.ignore_eos:
             params.all_stop_token_ids.add(self.eos_token_id)
         if self.extra_stop_token_ids and not params.ignore_eos:
