@@ -598,7 +598,8 @@ class DecodingConfig:
 
     Attributes:
         guided_decoding_backend: the library that turns JSON schemas, regexes, choices and
-            grammars into token masks; only "xgrammar" is built in.
+            grammars into token masks; only "xgrammar" is built in ("auto", upstream's
+            default, is stored as "xgrammar").
 
     Raises:
         ValueError: an unknown backend (the message lists the known ones).
@@ -607,13 +608,21 @@ class DecodingConfig:
     guided_decoding_backend: str = "xgrammar"
 
     def __post_init__(self) -> None:
-        from vllm.sampling_params import GUIDED_DECODING_BACKENDS
+        from vllm.sampling_params import (
+            AUTO_GUIDED_BACKEND,
+            GUIDED_DECODING_BACKENDS,
+            resolve_guided_backend,
+        )
 
-        if self.guided_decoding_backend not in GUIDED_DECODING_BACKENDS:
+        backend = self.guided_decoding_backend
+        if not isinstance(backend, str) or resolve_guided_backend(backend) not in (
+            GUIDED_DECODING_BACKENDS
+        ):
             raise ValueError(
-                f"guided_decoding_backend must be one of {list(GUIDED_DECODING_BACKENDS)}, "
-                f"got {self.guided_decoding_backend!r}."
+                "guided_decoding_backend must be one of "
+                f"{[AUTO_GUIDED_BACKEND, *GUIDED_DECODING_BACKENDS]}, got {backend!r}."
             )
+        self.guided_decoding_backend = resolve_guided_backend(backend)
 
 
 @dataclass

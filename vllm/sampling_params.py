@@ -15,6 +15,13 @@ _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 # The guided-decoding backends this build has (upstream's flag value).
 GUIDED_DECODING_BACKENDS = ("xgrammar",)
+# Upstream's default backend name, "let the engine choose": here always xgrammar.
+AUTO_GUIDED_BACKEND = "auto"
+
+
+def resolve_guided_backend(name: str) -> str:
+    """``name`` with upstream's "auto" replaced by this build's backend (xgrammar)."""
+    return GUIDED_DECODING_BACKENDS[0] if name == AUTO_GUIDED_BACKEND else name
 
 
 @dataclass(frozen=True)
@@ -84,10 +91,15 @@ class GuidedDecodingParams:
         if self.backend is not None:
             name, _, option = self.backend.partition(":")
             _check(
-                name in GUIDED_DECODING_BACKENDS and option in ("", "disable-any-whitespace"),
-                f"guided decoding backend must be one of {list(GUIDED_DECODING_BACKENDS)} "
+                resolve_guided_backend(name) in GUIDED_DECODING_BACKENDS
+                and option in ("", "disable-any-whitespace"),
+                f"guided decoding backend must be one of "
+                f"{[AUTO_GUIDED_BACKEND, *GUIDED_DECODING_BACKENDS]} "
                 f"(option ':disable-any-whitespace'), got {self.backend!r}.",
             )
+            if name == AUTO_GUIDED_BACKEND:
+                resolved = resolve_guided_backend(name) + (f":{option}" if option else "")
+                object.__setattr__(self, "backend", resolved)
             if option:
                 object.__setattr__(self, "disable_any_whitespace", True)
 

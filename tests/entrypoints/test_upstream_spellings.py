@@ -98,6 +98,10 @@ def test_accepted_upstream_serve_flags(tiny_llama_dir, caplog):
         (["--convert", "classify"], ["convert='classify' is not supported", "'embed'"]),
         (["--chat-template-content-format", "text"],
          ["argument --chat-template-content-format: invalid choice: 'text'"]),
+        (["--enable-log-requests", "--disable-log-requests"],
+         ["--enable-log-requests and --disable-log-requests contradict"]),
+        (["--guided-decoding-backend", "outlines"],
+         ["guided_decoding_backend must be one of ['auto', 'xgrammar'], got 'outlines'"]),
     ],
 )  # fmt: skip
 def test_refused_upstream_serve_flags(tiny_llama_dir, flags, words):
@@ -198,3 +202,42 @@ def test_api_server_module_reads_config_file(tmp_path, yaml_text, message):
     assert proc.returncode == 2, proc.stderr[-2000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: ") and message in last, last
+
+
+def test_auto_guided_backend_and_enable_log_requests_flags(tiny_llama_dir):
+    """``--guided-decoding-backend auto`` (upstream's default) runs xgrammar;
+    ``--enable-log-requests`` (upstream's current flag) logs requests, as the default does.
+    Guards: both refused as unknown values / flags."""
+    from vllm.entrypoints.cli import make_parser
+    from vllm.entrypoints.openai.api_server import validate_server_args
+    from vllm.sampling_params import GuidedDecodingParams
+
+    argv = ["serve", tiny_llama_dir, "--device", "cpu", "--guided-decoding-backend", "auto",
+            "--enable-log-requests"]  # fmt: skip
+    args = make_parser().parse_args(argv)
+    config = validate_server_args(args).create_engine_config()
+    assert config.decoding_config.guided_decoding_backend == "xgrammar"
+    assert args.enable_log_requests and not args.disable_log_requests
+    defaults = make_parser().parse_args(["serve"])
+    assert (defaults.enable_log_requests, defaults.disable_log_requests) == (False, False)
+    assert GuidedDecodingParams(regex="a", backend="auto").backend == "xgrammar"
+    spaced = GuidedDecodingParams(json={"type": "object"}, backend="auto:disable-any-whitespace")
+    assert spaced.backend == "xgrammar:disable-any-whitespace" and spaced.disable_any_whitespace
+    with pytest.raises(ValueError, match=r"one of \['auto', 'xgrammar'\].*got 'outlines'"):
+        GuidedDecodingParams(regex="a", backend="outlines")
+
+
+@pytest.mark.forked
+def test_llm_auto_guided_backend_constrains_output(tiny_llama_dir):
+    """``LLM(guided_decoding_backend="auto")`` and a request's ``backend="auto"`` run the
+    xgrammar constraint: every sample is one of the choices."""
+    from vllm import LLM, SamplingParams
+    from vllm.sampling_params import GuidedDecodingParams
+
+    llm = LLM(tiny_llama_dir, device="cpu", max_model_len=64, guided_decoding_backend="auto")
+    assert llm.llm_engine.config.decoding_config.guided_decoding_backend == "xgrammar"
+    choices = ["apple pie", "banana split"]
+    guided = GuidedDecodingParams(choice=choices, backend="auto")
+    sp = SamplingParams(n=4, temperature=1.0, seed=0, max_tokens=16, guided_decoding=guided)
+    out = llm.generate({"prompt_token_ids": [1, 300, 41]}, sp, use_tqdm=False)[0]
+    assert [o.text in choices for o in out.outputs] == [True] * 4

@@ -335,6 +335,8 @@ def validate_server_args(args: argparse.Namespace) -> EngineArgs:
             raise ValueError(f"--{flag.replace('_', '-')} {path!r} is not a file.")
     if args.root_path and not args.root_path.startswith("/"):
         raise ValueError(f"--root-path must start with '/', got {args.root_path!r}.")
+    if args.enable_log_requests and args.disable_log_requests:
+        raise ValueError("--enable-log-requests and --disable-log-requests contradict: give one.")
     if not args.response_role:
         raise ValueError("--response-role must not be empty.")
     args.chat_template = load_chat_template(args.chat_template)

@@ -116,6 +116,11 @@ def make_server_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     )
     server.add_argument("--disable-log-requests", action="store_true", help="Do not log requests.")
     server.add_argument(
+        "--enable-log-requests",
+        action="store_true",
+        help="Log requests (upstream's current spelling; on unless --disable-log-requests).",
+    )
+    server.add_argument(
         "--shutdown-timeout",
         type=float,
         default=30.0,
