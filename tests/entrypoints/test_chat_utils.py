@@ -178,3 +178,26 @@ def test_auto_content_format_of_the_tokenizers_template(tokenizer):
     assert resolve_content_format("auto", None, tokenizer) == "string"
     with pytest.raises(ValueError, match="content format 'text' is not supported"):
         resolve_content_format("text", None, tokenizer)
+
+
+def test_explicit_content_format_mismatch_names_the_format(tokenizer):
+    """A template joining string content (``'>' + content``) under an explicit
+    ``openai`` format: a ChatInputError naming chat_template_content_format and the value
+    to try ('string', which renders). Guards: the bare Jinja TypeError."""
+    concat = "{% for m in messages %}{{ '<' + m['role'] + '>' + m['content'] }}{% endfor %}"
+    messages = [{"role": "user", "content": PARTS}]
+    with pytest.raises(ChatInputError) as e:
+        render_chat(tokenizer, template_messages(messages, "openai"), concat, False,
+                    content_format_option="openai")  # fmt: skip
+    assert e.value.param == "chat_template_content_format"
+    assert "chat_template_content_format='openai'" in str(e.value)
+    assert 'can only concatenate str (not "list") to str' in str(e.value)
+    assert "try chat_template_content_format='string'" in str(e.value)
+    assert isinstance(e.value, ValueError)
+    as_string = template_messages(messages, "string")
+    assert render_chat(tokenizer, as_string, concat, False, content_format_option="string") == (
+        "<user>Say\nhello"
+    )
+    assert resolve_content_format("auto", concat) == "string"  # auto picks the right one
+    with pytest.raises(TypeError):  # auto (no explicit choice): the template's own error
+        render_chat(tokenizer, template_messages(messages, "openai"), concat, False)

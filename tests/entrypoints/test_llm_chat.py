@@ -55,6 +55,15 @@ def test_chat_batch_equals_template_plus_generate(tiny_llama_dir):
                          chat_template=either, chat_template_content_format=fmt)  # fmt: skip
         assert out.prompt == text
         assert list(out.prompt_token_ids) == tok.encode(text, add_special_tokens=False)
+    # a template for string content under an explicit "openai": a ValueError that says
+    # which format to try, not Jinja's bare TypeError
+    concat = "{% for m in messages %}{{ m['role'] + ':' + m['content'] }}{% endfor %}"
+    with pytest.raises(ValueError, match=r"try chat_template_content_format='string'"):
+        llm.chat(parts, SamplingParams(max_tokens=1), use_tqdm=False, chat_template=concat,
+                 chat_template_content_format="openai")  # fmt: skip
+    [out] = llm.chat(parts, SamplingParams(max_tokens=1), use_tqdm=False, chat_template=concat,
+                     chat_template_content_format="string")  # fmt: skip
+    assert out.prompt == "user:a\nb"
 
 
 @pytest.mark.forked

@@ -201,22 +201,44 @@ def render_chat(
     continue_final_message: bool = False,
     tools: list[dict] | None = None,
     chat_template_kwargs: dict | None = None,
+    content_format_option: str = "auto",
 ) -> str:
     """The prompt text of ``conversation`` (from :func:`template_messages`) under
     ``template`` (None: the tokenizer's own), with ``tools`` and ``chat_template_kwargs``
     as template variables. With ``continue_final_message`` the text ends where the last
     message's content ends (no end-of-turn marker), so the model continues that message.
     Tokenize it with ``add_special_tokens=False``: the template writes the special tokens
-    itself."""
-    return tokenizer.apply_chat_template(
-        conversation,
-        tools=tools or None,
-        chat_template=template,
-        add_generation_prompt=add_generation_prompt,
-        continue_final_message=continue_final_message,
-        tokenize=False,
-        **(chat_template_kwargs or {}),
-    )
+    itself.
+
+    Raises:
+        ChatInputError: the template failed while ``content_format_option`` was set
+            explicitly ("string" or "openai"): the likely cause is a template written for
+            the other format (a Jinja ``TypeError`` joining a list to a string, say), so
+            the message names ``chat_template_content_format`` and the value to try.
+        Exception: the template's own error otherwise.
+    """
+    try:
+        return tokenizer.apply_chat_template(
+            conversation,
+            tools=tools or None,
+            chat_template=template,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            tokenize=False,
+            **(chat_template_kwargs or {}),
+        )
+    except Exception as e:
+        if content_format_option not in ("string", "openai"):
+            raise
+        other = "string" if content_format_option == "openai" else "openai"
+        given = "a list of parts" if content_format_option == "openai" else "a string"
+        raise ChatInputError(
+            f"the chat template failed with chat_template_content_format="
+            f"{content_format_option!r} (each message's content given as {given}): "
+            f"{type(e).__name__}: {e}. The template may expect the other format: try "
+            f"chat_template_content_format={other!r}, or 'auto' to detect it.",
+            "chat_template_content_format",
+        ) from e
 
 
 def resolve_content_format(option: str, template: str | None, tokenizer=None) -> str:

@@ -194,8 +194,9 @@ class LLM(PoolingMethods):
         Raises:
             ValueError: an empty conversation, no chat template (neither the tokenizer's
                 nor ``chat_template``), ``continue_final_message`` with
-                ``add_generation_prompt``, a message the template cannot get, or an
-                unknown content format.
+                ``add_generation_prompt``, a message the template cannot get, an
+                unknown content format, or a template that fails under an explicit
+                ``string`` / ``openai`` format (the message names the value to try).
         """
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         if not convs or any(not c for c in convs):
@@ -218,6 +219,7 @@ class LLM(PoolingMethods):
                 continue_final_message,
                 tools,
                 chat_template_kwargs,
+                chat_template_content_format,
             )
             ids = tok.encode(text, add_special_tokens=False)
             prompts.append({"prompt": text, "prompt_token_ids": list(ids)})

@@ -116,3 +116,20 @@ def test_openai_content_format_and_no_access_log(server, tiny_llama_dir):
     assert r.json()["tokens"] == want
     # uvicorn's access line, e.g. 'INFO: 127.0.0.1:49308 - "POST /v1/completions HTTP/1.1" 200 OK'
     assert 'HTTP/1.1" 200' not in server.read_log()
+
+
+def test_explicit_content_format_mismatch_is_a_400_naming_the_format(server):
+    """A template that joins string content (``'|' + content``) fails on the server's
+    ``--chat-template-content-format openai`` parts list: a 400 naming the format and
+    the value to try. Guards: a bare Jinja TypeError ("can only concatenate str (not
+    "list") to str")."""
+    concat = "{% for m in messages %}{{ '<' + m['role'] + '>' + m['content'] }}{% endfor %}"
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
+            "chat_template": concat}  # fmt: skip
+    r = _post(server, "chat/completions", body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "messages"
+    assert "chat_template_content_format='openai'" in err["message"]
+    assert "can only concatenate str" in err["message"]
+    assert "try chat_template_content_format='string'" in err["message"]

@@ -149,7 +149,10 @@ class OpenAIServingChat(OpenAIServing):
                 req.continue_final_message,
                 tools,
                 req.chat_template_kwargs,
+                self.content_format,
             )
+        except ChatInputError as e:  # an explicit --chat-template-content-format's mismatch
+            raise APIError(f"could not apply the chat template: {e}", 400, "messages") from e
         except Exception as e:  # jinja / template errors are the request's fault
             raise APIError(f"could not apply the chat template: {e}", 400, "messages") from e
         ids = await self.off_loop(self._encode_rendered, text, add_special_tokens)
