@@ -135,7 +135,10 @@ BAD_PARAMS = [
     (dict(choice=[]), r"guided choice must be a non-empty list"),
     (dict(choice=["a", ""]), r"guided choice must be a non-empty list"),
     (dict(json=3), r"guided json must be a JSON schema"),
-    (dict(regex="a", backend="outlines"), r"backend must be one of \['xgrammar'\].*'outlines'"),
+    (
+        dict(regex="a", backend="outlines"),
+        r"backend must be one of \['auto', 'xgrammar'\].*'outlines'",
+    ),
 ]
 
 

@@ -1,8 +1,9 @@
 """`vllm serve` as a new user meets it, on a tiny Llama checkpoint without a chat template:
-the short default served name, the 404 that lists the served names, the start-up summary
-in the server log, --chat-template (inline Jinja) rendering chat prompts, and the request
-log showing that rendered text cut to --max-log-len (not token ids). A checkpoint without a
-template and no --chat-template answers chat with a clear 400."""
+the default served names (the path given, then the short one), the 404 that lists them,
+the start-up summary in the server log, --chat-template (inline Jinja) rendering chat
+prompts, and the request log showing that rendered text cut to --max-log-len (not token
+ids). A checkpoint without a template and no --chat-template answers chat with a clear
+400."""
 
 import asyncio
 import os
@@ -63,14 +64,15 @@ def server(no_template_dir):
         srv.stop()
 
 
-def test_default_served_name_and_the_404_lists_it(server):
+def test_default_served_name_and_the_404_lists_it(server, no_template_dir):
+    """The path given (upstream's served name) first, then the short name."""
     models = httpx.get(server.url_for("v1", "models"), timeout=30).json()
-    assert [m["id"] for m in models["data"]] == [NAME]
+    assert [m["id"] for m in models["data"]] == [no_template_dir, NAME]
     body = {"model": "smollm2", "prompt": "Hi", "max_tokens": 1}
     r = httpx.post(server.url_for("v1", "completions"), json=body, timeout=60)
     assert r.status_code == 404
     assert r.json()["error"]["message"] == (
-        f"The model `smollm2` does not exist. Available models: `{NAME}`."
+        f"The model `smollm2` does not exist. Available models: `{no_template_dir}`, `{NAME}`."
     )
 
 
