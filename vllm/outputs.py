@@ -19,6 +19,7 @@ class CompletionOutput:
         logprobs: per generated position, token id -> Logprob (when logprobs was asked).
         finish_reason: "stop", "length", "abort" or None while running.
         stop_reason: the stop string or stop token id that ended it, else None.
+        lora_request: the request's LoRA adapter (vllm.lora.request.LoRARequest), or None.
     """
 
     index: int
@@ -28,6 +29,7 @@ class CompletionOutput:
     logprobs: list[PositionLogprobs] | None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    lora_request: object = None
 
     def finished(self) -> bool:
         return self.finish_reason is not None
@@ -35,7 +37,9 @@ class CompletionOutput:
 
 @dataclass
 class RequestOutput:
-    """The state of one request after a step (or at its end when ``finished``)."""
+    """The state of one request after a step (or at its end when ``finished``);
+    ``lora_request`` is the request's LoRA adapter (vllm.lora.request.LoRARequest) or None,
+    as upstream's."""
 
     request_id: str
     prompt: str | None
@@ -45,6 +49,7 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics | None = None
     num_cached_tokens: int = field(default=0)
+    lora_request: object = None
 
 
 @dataclass

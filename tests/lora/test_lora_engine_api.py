@@ -23,8 +23,11 @@ def test_add_pin_remove_list(tiny_llama_dir, lora_adapters):
         host = eng.executor.worker.model_runner.lora.host  # the worker's host cache
         sp = SamplingParams(max_tokens=N, temperature=0.0, ignore_eos=True)
 
+        carried = []
+
         def ids(lora):
             out = llm.generate([{"prompt_token_ids": PROMPT}], sp, lora_request=lora)
+            carried.append(out[0].lora_request == lora == out[0].outputs[0].lora_request)
             return list(out[0].outputs[0].token_ids)
 
         seen = {"start": (sorted(eng.list_loras()), list(host))}
@@ -43,9 +46,11 @@ def test_add_pin_remove_list(tiny_llama_dir, lora_adapters):
                 call()
             except ValueError as e:
                 errors.append(str(e))
-        return seen, got_all, got_reused, errors
+        ids(None)  # the base model: lora_request None on both outputs
+        return seen, got_all, got_reused, errors, carried
 
-    seen, got_all, got_reused, errors = run_in_fork(run)
+    seen, got_all, got_reused, errors, carried = run_in_fork(run)
+    assert carried == [True, True, True]  # RequestOutput / CompletionOutput.lora_request
     assert seen["start"] == [[], []]
     assert seen["added"] == [[1], [1]]  # read before any request used it
     assert seen["pinned"] == [[1, 2], [1, 2]]  # the pin kept 1 beyond max_cpu_loras

@@ -146,6 +146,7 @@ def make_request_output(group: SequenceGroup) -> RequestOutput | PoolingRequestO
                 logprobs=list(seq.output_logprobs) if p.logprobs is not None else None,
                 finish_reason=SequenceStatus.get_finished_reason(seq.status),
                 stop_reason=seq.stop_reason,
+                lora_request=group.lora_request,
             )
         )
     return RequestOutput(
@@ -157,4 +158,5 @@ def make_request_output(group: SequenceGroup) -> RequestOutput | PoolingRequestO
         finished=group.is_finished(),
         metrics=group.metrics,
         num_cached_tokens=group.num_cached_tokens or 0,
+        lora_request=group.lora_request,
     )
