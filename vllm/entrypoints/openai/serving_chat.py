@@ -95,6 +95,23 @@ class OpenAIServingChat(OpenAIServing):
         self.tool_parser = tool_parser
         self.response_role = response_role  # --response-role: the reply's role
 
+    async def message_ids(self, req, add_special_tokens: bool = False, **extra) -> list[int]:
+        """Token ids of another API's chat-style ``messages`` (/tokenize, /v1/embeddings,
+        /pooling), rendered as this endpoint renders them: ``req``'s model, messages,
+        add_generation_prompt, continue_final_message, chat_template and
+        chat_template_kwargs, plus ``extra`` ChatCompletionRequest fields (tools,
+        truncate_prompt_tokens). Raises what :meth:`_prompt` raises."""
+        as_chat = ChatCompletionRequest(
+            model=req.model,
+            messages=req.messages,
+            add_generation_prompt=req.add_generation_prompt,
+            continue_final_message=req.continue_final_message,
+            chat_template=req.chat_template,
+            chat_template_kwargs=req.chat_template_kwargs,
+            **extra,
+        )
+        return (await self._prompt(as_chat, add_special_tokens))[1]
+
     async def _prompt(
         self, req: ChatCompletionRequest, add_special_tokens: bool = False
     ) -> tuple[str | None, list[int], list[dict]]:

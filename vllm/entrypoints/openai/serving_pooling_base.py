@@ -27,7 +27,7 @@ from fastapi import Request
 
 from vllm.engine.llm_engine import check_priority
 from vllm.entrypoints.openai.api_errors import APIError
-from vllm.entrypoints.openai.protocol import ChatCompletionRequest, UsageInfo
+from vllm.entrypoints.openai.protocol import UsageInfo
 from vllm.entrypoints.openai.request_streams import collect_final
 from vllm.entrypoints.openai.serving_engine import OpenAIServing, base_request_id
 from vllm.pooling_params import PoolingParams
@@ -103,17 +103,10 @@ class PoolingServing(OpenAIServing):
         """
         if self.chat is None:
             raise APIError("messages inputs are not served by this endpoint.", 400, "messages")
-        as_chat = ChatCompletionRequest(
-            model=req.model,
-            messages=req.messages,
-            add_generation_prompt=req.add_generation_prompt,
-            continue_final_message=req.continue_final_message,
-            chat_template=req.chat_template,
-            chat_template_kwargs=req.chat_template_kwargs,
-            truncate_prompt_tokens=req.truncate_prompt_tokens,
-        )
         add_special = bool(req.add_special_tokens)  # None: false for messages, as upstream
-        _, ids, _ = await self.chat._prompt(as_chat, add_special)
+        ids = await self.chat.message_ids(
+            req, add_special, truncate_prompt_tokens=req.truncate_prompt_tokens
+        )
         self.check_fits(ids, "messages")
         return ids
 

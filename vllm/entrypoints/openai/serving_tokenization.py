@@ -19,7 +19,6 @@ from pydantic import Field
 
 from vllm.entrypoints.openai.api_errors import APIError
 from vllm.entrypoints.openai.protocol import (
-    ChatCompletionRequest,
     ChatCompletionToolsParam,
     ChatMessage,
     OpenAIBaseModel,
@@ -88,16 +87,7 @@ class OpenAIServingTokenization:
         if (req.prompt is None) == (req.messages is None):
             raise APIError("give exactly one of prompt and messages.", 400, "prompt")
         if req.messages is not None:
-            as_chat = ChatCompletionRequest(
-                model=req.model,
-                messages=req.messages,
-                add_generation_prompt=req.add_generation_prompt,
-                continue_final_message=req.continue_final_message,
-                chat_template=req.chat_template,
-                chat_template_kwargs=req.chat_template_kwargs,
-                tools=req.tools,
-            )
-            _, ids, _ = await chat._prompt(as_chat)
+            ids = await chat.message_ids(req, tools=req.tools)
         else:
             chat.check_text(req.prompt, "prompt")
             ids = await chat.off_loop(
