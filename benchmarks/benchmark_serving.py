@@ -164,9 +164,21 @@ async def run(args) -> dict:
     }
 
 
+def _bad_value(args) -> str | None:
+    """Why a flag's value cannot run (a count below 1, a rate not above 0), else None."""
+    for name in ("num_prompts", "input_len", "output_len", "max_concurrency"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            return f"--{name.replace('_', '-')} must be at least 1, got {value}."
+    if not args.request_rate > 0:
+        return f"--request-rate must be above 0 (inf: all at once), got {args.request_rate}."
+    return None
+
+
 def main() -> int:
-    """Run, print the summary and the RESULT_JSON line; returns 1 when no request
-    completed (nothing was measured), else 0."""
+    """Run, print the summary and the RESULT_JSON line; returns 2 for a flag value that
+    cannot run (one ``error:`` line), 1 when no request completed (nothing was
+    measured), else 0."""
     ap = FlexibleArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
         "--backend", choices=("vllm", "openai"), default="vllm",
@@ -193,6 +205,10 @@ def main() -> int:
     )
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    why = _bad_value(args)
+    if why is not None:  # one line and exit 2, as `vllm serve` refuses a flag
+        print(f"error: {why}", file=sys.stderr)
+        return 2
     args.base_url = args.base_url or f"http://{args.host}:{args.port}"
     print(
         f"benchmark_serving: {args.base_url} num_prompts={args.num_prompts} "

@@ -369,11 +369,14 @@ def test_bench_serve_help_exits_0(name):
         (["latency", "--model", "/nope"], "error: model '/nope' does not exist"),
         (["throughput", "--model", "/nope"], "error: '/nope' has no config.json"),
         (["latency", "--num-iters", "0"], "error: --num-iters must be at least 1, got 0."),
+        (["serve", "--num-prompts", "0"], "error: --num-prompts must be at least 1, got 0."),
+        (["serve", "--request-rate", "0"], "error: --request-rate must be above 0"),
     ],
 )
 def test_bench_user_error_is_one_line_and_exit_2(args, message):
-    """Before setup_checks, these printed 30-60 line tracebacks."""
-    proc = _run_cli("bench", *args, "--device", "cpu")
+    """A user error found before the run is one line and exit 2, not a traceback."""
+    device = [] if args[0] == "serve" else ["--device", "cpu"]  # the client has no device
+    proc = _run_cli("bench", *args, *device)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr
     assert proc.stderr.startswith(message) and proc.stdout == ""
