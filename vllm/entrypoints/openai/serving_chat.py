@@ -168,9 +168,7 @@ class OpenAIServingChat(OpenAIServing):
                 req.chat_template_kwargs,
                 self.content_format,
             )
-        except ChatInputError as e:  # an explicit --chat-template-content-format's mismatch
-            raise APIError(f"could not apply the chat template: {e}", 400, "messages") from e
-        except Exception as e:  # jinja / template errors are the request's fault
+        except Exception as e:  # jinja errors and content-format mismatches are the request's
             raise APIError(f"could not apply the chat template: {e}", 400, "messages") from e
         ids = await self.off_loop(self._encode_rendered, text, add_special_tokens)
         if keep is not None and len(ids) > keep:

@@ -185,16 +185,26 @@ class OpenAIServing:
                 param = logprobs_field
             raise APIError(str(e), 400, param) from None
 
-    def check_schedulable(self, prompt_len: int, n: int, reads_cache: bool = True) -> None:
+    def check_schedulable(
+        self, prompt_len: int, n: int, reads_cache: bool = True, param: str = "prompt"
+    ) -> None:
         """Raises APIError 400 when the scheduler could never run ``n`` sequences of
         ``prompt_len`` tokens (their prefill above max_num_batched_tokens, n above
         max_num_seqs, more KV blocks than the cache has; ``reads_cache``: False with
-        prompt logprobs, see ``LLMEngine.check_schedulable``)."""
+        prompt logprobs, see ``LLMEngine.check_schedulable``). The error names ``n``
+        when n is the cause, else ``param`` (the input field)."""
         try:
             self.engine.check_schedulable(prompt_len, n, reads_cache)
         except ValueError as e:
-            param = "n" if "max_num_seqs" in str(e) else "prompt"
-            raise APIError(str(e), 400, param) from None
+            raise APIError(str(e), 400, "n" if "max_num_seqs" in str(e) else param) from None
+
+    def check_priority(self, priority: int) -> None:
+        """Raises APIError 400 naming ``priority`` when the scheduling policy refuses it
+        (non-zero under ``fcfs``; see ``check_priority`` in vllm.engine.llm_engine)."""
+        try:
+            check_priority(priority, self.engine.scheduling_policy)
+        except ValueError as e:
+            raise APIError(str(e), 400, "priority") from None
 
     @property
     def model_name(self) -> str:
@@ -399,10 +409,7 @@ class OpenAIServing:
         lora = self.lora_for(req)
         if req.use_beam_search:
             return self.engine.beam_search(prompt, params, request_id, lora, dedupe_request_id=True)
-        try:
-            check_priority(req.priority, self.engine.scheduling_policy)
-        except ValueError as e:
-            raise APIError(str(e), 400, "priority") from None
+        self.check_priority(req.priority)
         return self.engine.generate(
             prompt, params, request_id, lora_request=lora, priority=req.priority,
             dedupe_request_id=True,

@@ -25,7 +25,6 @@ import base64
 import torch
 from fastapi import Request
 
-from vllm.engine.llm_engine import check_priority
 from vllm.entrypoints.openai.api_errors import APIError
 from vllm.entrypoints.openai.protocol import UsageInfo
 from vllm.entrypoints.openai.request_streams import collect_final
@@ -121,10 +120,7 @@ class PoolingServing(OpenAIServing):
                 400,
                 field,
             )
-        try:
-            self.engine.check_schedulable(len(ids), 1)
-        except ValueError as e:
-            raise APIError(str(e), 400, field) from None
+        self.check_schedulable(len(ids), 1, param=field)
 
     async def pooled_inputs(self, req, raw: Request | None, api: str, prefix: str):
         """Check ``req`` (an EmbeddingRequest's fields) and pool each of its inputs (or its
@@ -165,10 +161,7 @@ class PoolingServing(OpenAIServing):
         """
         lora = self.lora_for(req)
         priority = getattr(req, "priority", 0)
-        try:
-            check_priority(priority, self.engine.scheduling_policy)
-        except ValueError as e:
-            raise APIError(str(e), 400, "priority") from None
+        self.check_priority(priority)
         gens = [
             self.engine.encode(
                 {"prompt_token_ids": ids},

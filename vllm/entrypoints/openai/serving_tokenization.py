@@ -89,10 +89,7 @@ class OpenAIServingTokenization:
         if req.messages is not None:
             ids = await chat.message_ids(req, tools=req.tools)
         else:
-            chat.check_text(req.prompt, "prompt")
-            ids = await chat.off_loop(
-                lambda: list(tok.encode(req.prompt, add_special_tokens=req.add_special_tokens))
-            )
+            ids = await chat.encode(req.prompt, "prompt", add_special_tokens=req.add_special_tokens)
         strs = tok.convert_ids_to_tokens(ids) if req.return_token_strs else None
         return TokenizeResponse(
             count=len(ids), max_model_len=chat.max_model_len, tokens=ids, token_strs=strs
