@@ -61,7 +61,8 @@ def get_model(model_config, device, pp_rank: int = 0, pp_size: int = 1) -> nn.Mo
 
     Uses ``model_config.model`` (HF directory or ``.gguf`` file), ``.hf_config``, ``.dtype``,
     ``.load_format`` and ``.seed``. Parameters are created directly on ``device`` in
-    ``dtype``. Returns the model in eval mode.
+    ``dtype``. Returns the model in eval mode with parameters that need no gradient (as
+    upstream's), so code reaching it (``LLM.apply_model``) may update weights in place.
 
     Raises:
         ValueError: unsupported architecture (listing the supported ones), bad load format,
@@ -79,7 +80,7 @@ def get_model(model_config, device, pp_rank: int = 0, pp_size: int = 1) -> nn.Mo
 
         timing = SimTiming.from_extra_config(model_config.model_loader_extra_config)
         model = SimStageModel(hf_config, pp_rank, pp_size, timing, model_config.dtype)
-        return model.to(device).eval()
+        return model.to(device).requires_grad_(False).eval()
     start = time.perf_counter()
     with _default_dtype(model_config.dtype), torch.device(device):
         model = model_cls(hf_config, pp_rank=pp_rank, pp_size=pp_size)
@@ -117,4 +118,4 @@ def get_model(model_config, device, pp_rank: int = 0, pp_size: int = 1) -> nn.Mo
         getattr(model, "end_layer", 0),
         time.perf_counter() - start,
     )
-    return model.eval()
+    return model.requires_grad_(False).eval()
