@@ -86,6 +86,9 @@ def test_ray_pp2_equals_pp1_and_cleans_up(tiny_llama_dir):
                 assert placement_group_table(ex.placement_group)["state"] == "CREATED"
                 assert ray.available_resources().get("CPU", 0) == 0  # both CPUs reserved
                 pids = [i["pid"] for i in ex.node_infos]
+                # Ray pickles calls with cloudpickle: a lambda reaches each stage's model
+                ranges = llm.apply_model(lambda m: (m.model.start_layer, m.model.end_layer))
+                assert ranges == [(0, 2), (2, 3)]  # get_pp_indices(3 layers, rank, 2)
             finally:
                 llm.llm_engine.shutdown()
             print(f"PP=2 ray: {time.perf_counter() - t0:.1f} s")

@@ -37,6 +37,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.async_beam_search import beam_search
@@ -438,6 +439,17 @@ class AsyncLLMEngine:
     async def reset_prefix_cache(self) -> bool:
         """:meth:`LLMEngine.reset_prefix_cache` on the engine thread (between schedules)."""
         return await self._on_engine(self.engine.reset_prefix_cache)
+
+    async def collective_rpc(
+        self,
+        method: str | Callable[..., Any],
+        timeout: float | None = None,
+        args: tuple = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> list[Any]:
+        """:meth:`LLMEngine.collective_rpc` (vllm/engine/rpc_api.py) on the engine thread,
+        between steps: ``method`` on every worker rank, the results by rank."""
+        return await self._on_engine(self.engine.collective_rpc, method, timeout, args, kwargs)
 
     # -------------------------------------------------------------------- the loop
     async def _on_engine(self, fn, *args):

@@ -23,6 +23,7 @@ from vllm.engine import output_processor
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.detokenizer import fill_decoded_tokens
 from vllm.engine.lora_api import LoRAMethods
+from vllm.engine.rpc_api import WorkerCallMethods
 from vllm.engine.step_report import StepReport
 from vllm.inputs import PromptType
 from vllm.lora.registry import AdapterRegistry
@@ -85,7 +86,7 @@ def check_priority(priority: object, policy: str) -> int:
 _UNSUPPORTED_PROMPT_KEYS = ("multi_modal_data", "mm_processor_kwargs", "multi_modal_uuids")
 
 
-class LLMEngine(LoRAMethods):
+class LLMEngine(LoRAMethods, WorkerCallMethods):
     """The synchronous engine.
 
     Args:

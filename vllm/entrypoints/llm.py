@@ -20,6 +20,7 @@ from vllm.entrypoints.chat_utils import (
     template_messages,
 )
 from vllm.entrypoints.llm_pooling import PoolingMethods
+from vllm.entrypoints.llm_rpc import WorkerCalls
 from vllm.inputs import prompt_list
 from vllm.logger import configure_logging
 from vllm.lora.request import LoRARequest
@@ -30,7 +31,7 @@ from vllm.sampling_params import BeamSearchParams, SamplingParams
 logger = logging.getLogger(__name__)
 
 
-class LLM(PoolingMethods):
+class LLM(PoolingMethods, WorkerCalls):
     """Offline inference, as upstream vLLM's ``LLM``.
 
     Args:

@@ -213,7 +213,14 @@ class MultiprocessingExecutor(PipelineExecutorBase):
     def _broadcast(self, msg: tuple, ranks: range | list[int] | None = None) -> None:
         """Pickle ``msg`` once and write it to the given stages (all by default); caller
         holds ``self._lock`` so every stage receives messages in the same order."""
-        data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+        except (pickle.PicklingError, AttributeError, TypeError) as e:
+            raise TypeError(
+                f"cannot send this call to the worker processes: {e}. The mp executor "
+                "pickles it: pass a module-level function (or a functools.partial of one), "
+                "not a lambda, closure or local function."
+            ) from e
         for rank in ranks if ranks is not None else range(self.world_size):
             try:
                 self._conns[rank].send_bytes(data)
@@ -259,7 +266,11 @@ class MultiprocessingExecutor(PipelineExecutorBase):
             self._check_alive()
             call_id = next(self._call_ids)
             self._calls[call_id] = (fut, {})
-            self._broadcast((wp.CALL, call_id, method, args))
+            try:
+                self._broadcast((wp.CALL, call_id, method, args))
+            except TypeError:  # nothing was sent: the call could not be pickled
+                del self._calls[call_id]
+                raise
         return fut.result(timeout=timeout)
 
     def free_sequences(self, seq_ids: list[int]) -> None:

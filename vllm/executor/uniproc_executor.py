@@ -20,6 +20,7 @@ from typing import Any
 from vllm.executor.executor_base import ExecutorBase, check_kv_capacity
 from vllm.sequence import ExecuteModelRequest, SamplerOutput
 from vllm.worker.worker import Worker
+from vllm.worker.worker_process import run_call
 
 logger = logging.getLogger(__name__)
 
@@ -58,9 +59,10 @@ class UniProcExecutor(ExecutorBase):
         return None if metrics is None else metrics.snapshot()
 
     def collective_rpc(self, method: str, *args: Any, timeout: float | None = None) -> list:
-        """``[Worker.<method>(*args)]``, between steps (``timeout`` unused: in process)."""
+        """``[Worker.<method>(*args)]`` (or the helper of that name, see ``run_call`` in
+        vllm/worker/worker_process.py), between steps (``timeout`` unused: in process)."""
         with self._lock:
-            return [getattr(self.worker, method)(*args)]
+            return [run_call(self.worker, method, args)]
 
     def profile(self, start: bool) -> None:
         with self._lock:

@@ -30,6 +30,7 @@ import pickle
 import queue
 import threading
 import traceback
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -55,10 +56,27 @@ def _attn_backend_name(worker) -> str:
     return worker.model_runner.attn_backend_name
 
 
+def _apply_model(worker, func: Callable[[Any], Any]) -> Any:
+    """``func(model)`` on this rank's model (the target model under speculative decoding):
+    upstream's ``LLM.apply_model``."""
+    return func(worker.model_runner.model)
+
+
+def _rpc(worker, method: str | Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    """A user's call (vllm/engine/rpc_api.py): ``method(worker, *args, **kwargs)`` for a
+    callable, else the helper or Worker method of that name."""
+    if callable(method):
+        return method(worker, *args, **kwargs)
+    fn = _HELPERS.get(method)
+    return fn(worker, *args, **kwargs) if fn else getattr(worker, method)(*args, **kwargs)
+
+
 # Calls the driver may make that are not Worker methods.
 _HELPERS = {
     "decode_step_counters": _decode_step_counters,
     "attn_backend_name": _attn_backend_name,
+    "apply_model": _apply_model,
+    "rpc": _rpc,
 }
 
 
