@@ -7,6 +7,8 @@ continue_final_message together with add_generation_prompt."""
 
 import asyncio
 import json
+import logging
+import sys
 
 import pytest
 
@@ -182,3 +184,51 @@ def test_generation_config_defaults_fill_what_the_request_leaves_out(tokenizer):
     plain = OpenAIServingChat(_Engine(tokenizer, []), ["m"], chat_template=TEMPLATE)
     p = plain.sampling_params(ChatCompletionRequest(messages=MSGS), 502, None)
     assert (p.temperature, p.top_p, p.top_k, p.max_tokens) == (1.0, 1.0, -1, 502)
+
+
+class _NoGrammarEngine(_Engine):
+    """A server without xgrammar: compiling a constraint fails as the real compiler does."""
+
+    async def prepare_grammar(self, params):
+        from vllm.model_executor.guided_decoding import compiler
+
+        compiler.parse_grammar(params.guided_decoding)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"response_format": {"type": "json_object"}},
+        {"structured_outputs": {"regex": "a+"}},
+        {"tools": TOOLS, "tool_choice": "required"},
+    ],
+)
+def test_missing_xgrammar_is_a_400_naming_the_package(tokenizer, monkeypatch, body, stream):
+    monkeypatch.setitem(sys.modules, "xgrammar", None)  # makes `import xgrammar` fail
+    engine = _NoGrammarEngine(tokenizer, ["x"])
+    handler = OpenAIServingChat(engine, ["m"], chat_template=TEMPLATE)
+    req = ChatCompletionRequest(messages=MSGS, max_tokens=4, stream=stream, **body)
+    with pytest.raises(APIError) as err:
+        asyncio.run(handler.create_chat_completion(req, None))
+    assert err.value.code == 400
+    assert "need the xgrammar package" in err.value.message
+    assert "pip install --no-deps xgrammar==" in err.value.message
+    assert engine.request_ids == []  # nothing was queued
+
+
+def test_unexpected_error_is_a_logged_500(caplog):
+    from vllm.entrypoints.openai.api_errors import to_api_error
+
+    def fail():
+        raise RuntimeError("boom in a handler")
+
+    try:
+        fail()
+    except RuntimeError as e:
+        raised = e
+        with caplog.at_level(logging.ERROR, logger="vllm.entrypoints.openai.api_errors"):
+            err = to_api_error(e)
+    assert (err.code, err.message) == (500, "RuntimeError: boom in a handler")
+    [rec] = caplog.records
+    assert rec.exc_info[1] is raised and "in fail" in caplog.text  # the traceback is logged

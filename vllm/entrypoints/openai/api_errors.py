@@ -6,6 +6,7 @@ while serving to those errors."""
 from __future__ import annotations
 
 import json
+import logging
 import re
 from http import HTTPStatus
 
@@ -17,6 +18,8 @@ from vllm.entrypoints.openai.protocol import (
     ErrorInfo,
     ErrorResponse,
 )
+
+logger = logging.getLogger(__name__)
 
 _ERROR_TYPES = {
     400: "BadRequestError",
@@ -67,7 +70,8 @@ def param_of(message: str) -> str | None:
 
 def to_api_error(e: Exception) -> APIError:
     """Map an exception raised while serving to an APIError: ValueError -> 400, a request
-    failed in the engine -> 500, a dead or stopping engine -> 503, anything else -> 500."""
+    failed in the engine -> 500, a dead or stopping engine -> 503, anything else -> 500,
+    logged with its traceback (the engine logs its own failures)."""
     from vllm.engine.async_llm_engine import EngineDeadError, RequestFailedError
 
     if isinstance(e, APIError):
@@ -78,4 +82,5 @@ def to_api_error(e: Exception) -> APIError:
         return APIError(str(e), 503)
     if isinstance(e, ValueError):
         return APIError(str(e), 400, param_of(str(e)))
+    logger.error("Internal error while serving a request", exc_info=e)  # a server bug
     return APIError(f"{type(e).__name__}: {e}", 500)

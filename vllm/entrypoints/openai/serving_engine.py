@@ -420,13 +420,15 @@ class OpenAIServing:
         schema, regex or grammar is a 400 even for a streamed request.
 
         Raises:
-            APIError 400: naming the constraint and the reason.
+            APIError 400: naming the constraint and the reason, or, when xgrammar is not
+                installed where the server runs, naming the package to install (the
+                request asks for what this server cannot serve; a 5xx would be retried).
         """
         if params.guided_decoding is None:
             return
         try:
             await self.engine.prepare_grammar(params)
-        except ValueError as e:
+        except (ValueError, ImportError) as e:
             raise APIError(str(e), 400, param) from None
 
     def usage(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> UsageInfo:
