@@ -76,6 +76,20 @@ def test_run_batch_bad_input_file_is_one_line(tmp_path):
     assert r.returncode == 2 and "error:" in r.stderr and "missing.jsonl" in r.stderr, r.stderr
 
 
+def test_run_batch_unwritable_output_is_one_line_before_loading(tmp_path):
+    src = tmp_path / "in.jsonl"
+    src.write_text("")
+    for dst, why in [(tmp_path / "no" / "o.jsonl", "does not exist"),
+                     (tmp_path, "is a directory")]:  # fmt: skip
+        cmd = [sys.executable, "-m", "vllm.entrypoints.cli", "run-batch", "-i", str(src), "-o",
+               str(dst), "--device", "cpu"]  # fmt: skip
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 2, r.stderr
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error:") and why in lines[0], r.stderr
+    assert not (tmp_path / "no").exists()
+
+
 def test_run_batch_serves_the_given_model_string(tiny_llama_dir, tmp_path):
     """Without --served-model-name a line's ``model`` may be the exact --model string (as
     upstream) or its short name; another name is 404. Guards: the given path answered 404."""

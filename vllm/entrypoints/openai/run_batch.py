@@ -29,6 +29,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 import uuid
 
@@ -135,9 +136,23 @@ async def _run(args: argparse.Namespace, engine_args) -> list[dict]:
         await engine.shutdown()
 
 
+def check_writable(path: str) -> None:
+    """Raises OSError naming ``path`` when the output file could not be written: its
+    directory is missing or not writable, or the path is a directory or a read-only
+    file. Nothing is created."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise OSError(f"the output file {path!r} is a directory.")
+    if not os.path.isdir(folder):
+        raise OSError(f"the output file's directory {folder!r} does not exist.")
+    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise OSError(f"the output file {path!r} is not writable.")
+
+
 def run_batch(args: argparse.Namespace) -> int:
     """Run ``args.input_file`` and write ``args.output_file``; returns 0, or 2 for a bad
-    flag or an unreadable input file (printed on one line)."""
+    flag, an unreadable input file or an output file that cannot be written (printed on
+    one line, before the model loads)."""
     from vllm.engine.arg_utils import EngineArgs
     from vllm.engine.default_model import resolve_model
 
@@ -147,6 +162,7 @@ def run_batch(args: argparse.Namespace) -> int:
         engine_args = EngineArgs.from_cli_args(args)
         engine_args.create_engine_config()  # every flag checked before anything loads
         open(args.input_file).close()
+        check_writable(args.output_file)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
