@@ -371,6 +371,15 @@ def test_bench_serve_help_exits_0(name):
         (["latency", "--num-iters", "0"], "error: --num-iters must be at least 1, got 0."),
         (["serve", "--num-prompts", "0"], "error: --num-prompts must be at least 1, got 0."),
         (["serve", "--request-rate", "0"], "error: --request-rate must be above 0"),
+        (
+            ["latency", "--max-model", "64"],
+            "error: unrecognized arguments: --max-model 64 (see `vllm bench latency --help`)",
+        ),
+        (
+            ["throughput", "--input_len", "x"],
+            "error: argument --input-len/--random-input-len: invalid int value: 'x'",
+        ),
+        (["serve", "--num-prom", "3"], "error: unrecognized arguments: --num-prom 3"),
     ],
 )
 def test_bench_user_error_is_one_line_and_exit_2(args, message):

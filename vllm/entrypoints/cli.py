@@ -28,21 +28,16 @@ from vllm.utils.argparse_utils import FlexibleArgumentParser
 
 
 class CLIParser(FlexibleArgumentParser):
-    """A FlexibleArgumentParser (no abbreviations, ``--foo_bar`` read as ``--foo-bar``)
-    whose usage errors are one line on stderr (exit status 2); its subcommands' parsers
-    are of this class too."""
+    """A FlexibleArgumentParser (no abbreviations, ``--foo_bar`` read as ``--foo-bar``,
+    usage errors on one line, exit status 2) whose errors about a subcommand's unknown
+    flags name that subcommand's ``--help``; its subcommands' parsers are of this class
+    too."""
 
-    def error(self, message: str):
-        prog = self.prog
+    def help_prog(self) -> str:
         sub = sys.argv[1] if len(sys.argv) > 1 else ""
-        if prog == "vllm" and sub in (
-            "serve",
-            "bench",
-            "run-batch",
-        ):  # unknown flags of a subcommand
-            prog = f"vllm {sub}"
-        sys.stderr.write(f"error: {message} (see `{prog} --help`)\n")
-        sys.exit(2)
+        if self.prog == "vllm" and sub in ("serve", "bench", "run-batch"):
+            return f"vllm {sub}"  # unknown flags of a subcommand: name its --help
+        return self.prog
 
 
 def make_parser() -> argparse.ArgumentParser:

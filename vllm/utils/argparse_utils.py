@@ -1,17 +1,20 @@
 """``FlexibleArgumentParser``: the argparse parser every command line of vLLM is built on
 (upstream's name and import paths: ``vllm.utils`` and ``vllm.utils.argparse_utils``).
 
-Two differences from ``argparse.ArgumentParser``, both as upstream has them:
+Three differences from ``argparse.ArgumentParser``, the first two as upstream has them:
 
 - no abbreviations (``allow_abbrev=False``): ``--max-model 99`` is an error, never a
   silent ``--max-model-len 99``, and ``--model`` never lands in
   ``--model-loader-extra-config``;
 - a long flag may be spelled with underscores: ``--max_model_len 99`` and
   ``--max_model_len=99`` are ``--max-model-len 99`` (only the name before ``=`` changes;
-  nothing after a bare ``--`` is touched).
+  nothing after a bare ``--`` is touched);
+- a usage error is one line on stderr, ``error: MESSAGE (see `PROG --help`)``, and exit
+  status 2, instead of the whole usage first (the CLI's, the benchmarks' and the
+  examples' errors read alike).
 
 Subparsers made with ``add_subparsers().add_parser`` are of the same class, so they
-inherit both.
+inherit all three.
 """
 
 from __future__ import annotations
@@ -42,6 +45,15 @@ class FlexibleArgumentParser(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs) -> None:
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        """Print ``message`` as one ``error:`` line naming ``--help``, exit with status 2."""
+        sys.stderr.write(f"error: {message} (see `{self.help_prog()} --help`)\n")
+        sys.exit(2)
+
+    def help_prog(self) -> str:
+        """The command whose ``--help`` an error line points to (``prog``)."""
+        return self.prog
 
     def parse_known_args(self, args=None, namespace=None):
         args = sys.argv[1:] if args is None else args
