@@ -74,6 +74,8 @@ def test_default_served_name_and_the_404_lists_it(server, no_template_dir):
     assert r.json()["error"]["message"] == (
         f"The model `smollm2` does not exist. Available models: `{no_template_dir}`, `{NAME}`."
     )
+    r = httpx.post(server.url_for("v1", "completions"), json={**body, "model": ""}, timeout=60)
+    assert r.status_code == 200 and r.json()["model"] == no_template_dir  # "": the default
 
 
 def test_startup_summary_in_the_server_log(server):

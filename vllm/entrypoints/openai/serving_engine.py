@@ -233,8 +233,9 @@ class OpenAIServing:
 
     def check_model(self, model: str | None) -> None:
         """Raises APIError 404, naming the served models and adapters, when ``model`` is
-        given and is neither."""
-        if model is not None and model not in self.served_model_names and model not in self.loras:
+        given and is neither (an empty name, like none, is the first served model, as
+        upstream)."""
+        if model and model not in self.served_model_names and model not in self.loras:
             names = ", ".join(f"`{n}`" for n in [*self.served_model_names, *self.loras])
             raise APIError(
                 f"The model `{model}` does not exist. Available models: {names}.", 404, "model"
