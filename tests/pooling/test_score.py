@@ -93,7 +93,7 @@ def test_llm_score_refusals(tiny_llama_dir):
         with pytest.raises(ValueError, match=match):
             llm.score(*args)
         assert not llm.llm_engine.has_unfinished_requests()
-    with pytest.raises(NotImplementedError, match="LLM.classify is not supported"):
+    with pytest.raises(ValueError, match="LLM.classify is not supported"):
         llm.classify(TEXTS[0])
     llm.llm_engine.shutdown()
     del llm

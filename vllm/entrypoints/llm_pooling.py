@@ -88,9 +88,10 @@ class PoolingMethods:
         """Upstream's ``classify`` (classification models): not served.
 
         Raises:
-            NotImplementedError: always; embeddings are the one pooling task here.
+            ValueError: always (as upstream's on a model without a classification head);
+                embeddings are the one pooling task here.
         """
-        raise NotImplementedError(
+        raise ValueError(
             "LLM.classify is not supported: the pooling task served is embedding "
             "(task='embed', LLM.embed / LLM.encode / LLM.score)."
         )
