@@ -160,6 +160,8 @@ def test_bad_requests_are_refused_before_queueing(server):
         ("/v1/rerank", {"query": "a", "documents": ["b"], "top_n": -1}, "top_n",
          "top_n must be >= 0"),
         ("/v2/rerank", {"query": "", "documents": ["b"]}, "query", "query must not be empty"),
+        ("/pooling", {"messages": [{"role": "user", "content": "hi"}], "chat_template": "{{ '' }}"},
+         "messages", "messages gives no tokens"),
     ]  # fmt: skip
     for path, body, param, match in cases:
         r = _post(server, path, body)

@@ -110,8 +110,11 @@ class PoolingServing(OpenAIServing):
         return ids
 
     def check_fits(self, ids: list[int], field: str) -> None:
-        """Raises APIError 400 naming ``field`` for an input above ``max_model_len`` or
-        one the scheduler could never run."""
+        """Raises APIError 400 naming ``field`` for an input without tokens (``messages``
+        a template rendered to nothing, say), above ``max_model_len``, or one the
+        scheduler could never run."""
+        if not ids:
+            raise APIError(f"{field} gives no tokens: there is nothing to pool.", 400, field)
         if len(ids) > self.max_model_len:
             raise APIError(
                 f"This model's maximum context length is {self.max_model_len} tokens. "
