@@ -77,6 +77,11 @@ def test_request_id_header_names_the_embedding_requests(server):
     log = server.read_log()
     for i in range(len(INPUTS)):
         assert f"Received request embd-emb-trace-{i}: " in log
+    # the body's request_id names /score and /rerank requests too
+    pair = {"text_1": "a b", "text_2": "c d", "request_id": "pair-7"}
+    assert _post(server, "score", pair).json()["id"] == "score-pair-7"
+    ranked = {"query": "a b", "documents": ["c d"], "request_id": "rank-7"}
+    assert _post(server, "rerank", ranked).json()["id"] == "rerank-rank-7"
 
 
 def test_embedding_server_refusals(server):

@@ -8,8 +8,9 @@ Score: ``text_1`` and ``text_2``, each a text or a list of texts (1-to-1, 1-to-N
 ``data[i].score`` is pair i's. Rerank (Jina's and Cohere's shape): one ``query`` and its
 ``documents``; ``results`` holds the ``top_n`` best (0, the default: all) sorted by
 ``relevance_score``, highest first, each with its ``index`` among the documents and the
-``document`` text. Both take ``truncate_prompt_tokens`` (each text's last k tokens) and
-``priority``. Every text is embedded once and its tokens counted once in ``usage``.
+``document`` text. Both take ``truncate_prompt_tokens`` (each text's last k tokens),
+``priority`` and ``request_id`` (the base of the response id, as the X-Request-Id
+header). Every text is embedded once and its tokens counted once in ``usage``.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class ScoreRequest(OpenAIRequest):
     text_2: str | list[str]
     truncate_prompt_tokens: int | None = None
     priority: int = 0
+    request_id: str | None = None  # the base of the response id (X-Request-Id wins)
 
 
 class ScoreData(OpenAIBaseModel):
@@ -61,6 +63,7 @@ class RerankRequest(OpenAIRequest):
     top_n: int = 0
     truncate_prompt_tokens: int | None = None
     priority: int = 0
+    request_id: str | None = None  # the base of the response id (X-Request-Id wins)
 
 
 class RerankDocument(BaseModel):
@@ -106,7 +109,7 @@ class OpenAIServingScores(PoolingServing):
         keep = self.kept_tokens(req)
         ids_1 = await self.input_ids(first, names[0], keep)
         ids_2 = await self.input_ids(second, names[1], keep)
-        base = f"{prefix}-{base_request_id(raw)}"
+        base = f"{prefix}-{base_request_id(raw, req.request_id)}"
         vecs = await self.pool(ids_1 + ids_2, self.pooling_params(), base, req, raw)
         if vecs is None:
             return None
