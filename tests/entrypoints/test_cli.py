@@ -76,6 +76,10 @@ def _run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess
             "error: --enable-auto-tool-choice needs --tool-call-parser (one of hermes, "
             "llama3_json).",
         ),
+        (
+            ["--reasoning-parser", "r1"],
+            "error: --reasoning-parser 'r1' is not known; use one of deepseek_r1, qwen3.",
+        ),
     ],
 )
 def test_bad_flag_is_one_line_and_exit_2(args, message, tiny_llama_dir):

@@ -17,6 +17,7 @@ from vllm.entrypoints.openai.protocol import ChatCompletionRequest
 from vllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from vllm.entrypoints.openai.tool_parsers import get_tool_parser
 from vllm.outputs import CompletionOutput, RequestOutput
+from vllm.reasoning import get_reasoning_parser
 
 TEMPLATE = "{% for m in messages %}<{{m['role']}}>{{m['content']}}{% endfor %}"
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
@@ -65,13 +66,14 @@ def tokenizer(tiny_llama_dir):
     return AutoTokenizer.from_pretrained(tiny_llama_dir)
 
 
-def _answer(tokenizer, pieces, parser=None, role="assistant", **body):
+def _answer(tokenizer, pieces, parser=None, role="assistant", reasoning=None, **body):
     handler = OpenAIServingChat(
         _Engine(tokenizer, pieces),
         ["m"],
         chat_template=TEMPLATE,
         tool_parser=parser,
         response_role=role,
+        reasoning_parser=get_reasoning_parser(reasoning) if reasoning else None,
     )
     req = ChatCompletionRequest(**{"messages": MSGS, "max_tokens": 32, **body})
 
@@ -146,6 +148,7 @@ def test_echo_and_continue_final_message(tokenizer):
     assert r["choices"][0]["message"] == {
         "role": "assistant",
         "content": "It is sunny.",
+        "reasoning": None,
         "tool_calls": [],
     }
     chunks = _answer(tokenizer, [" sunny", "."], echo=True, stream=True, **body)
@@ -232,3 +235,55 @@ def test_unexpected_error_is_a_logged_500(caplog):
     assert (err.code, err.message) == (500, "RuntimeError: boom in a handler")
     [rec] = caplog.records
     assert rec.exc_info[1] is raised and "in fail" in caplog.text  # the traceback is logged
+
+
+R1 = ["<think>", "Rain is", " likely", ".</th", "ink>", "\n\nTake", " an umbrella."]
+
+
+def test_reasoning_split_streamed_and_not(tokenizer):
+    """--reasoning-parser deepseek_r1: the reply's <think> text is ``reasoning``, the rest
+    ``content``; streamed, reasoning deltas come first, no tag text in any delta, and the
+    joined deltas equal the whole reply's fields."""
+    r = _answer(tokenizer, R1, reasoning="deepseek_r1")
+    msg = r["choices"][0]["message"]
+    assert (msg["reasoning"], msg["content"]) == ("Rain is likely.", "\n\nTake an umbrella.")
+    chunks = _answer(tokenizer, R1, reasoning="deepseek_r1", stream=True)
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    assert deltas == [
+        {"role": "assistant", "content": ""},
+        {"reasoning": "Rain is"},
+        {"reasoning": " likely"},
+        {"reasoning": "."},  # ".</th" holds back its possible tag
+        {"content": "\n\nTake"},
+        {"content": " an umbrella."},
+    ]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    # include_reasoning false: the reasoning is dropped, the content unchanged
+    r = _answer(tokenizer, R1, reasoning="deepseek_r1", include_reasoning=False)
+    assert r["choices"][0]["message"]["reasoning"] is None
+    assert r["choices"][0]["message"]["content"] == "\n\nTake an umbrella."
+    chunks = _answer(tokenizer, R1, reasoning="deepseek_r1", include_reasoning=False, stream=True)
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == msg["content"]
+    assert not any("reasoning" in c["choices"][0]["delta"] for c in chunks)
+    # a reply cut inside its reasoning: no content at all
+    cut = _answer(tokenizer, R1[:3], reasoning="deepseek_r1")["choices"][0]["message"]
+    assert (cut["reasoning"], cut["content"]) == ("Rain is likely", None)
+
+
+def test_reasoning_then_tool_call(tokenizer):
+    """With both parsers, tool calls are parsed from the content after the reasoning."""
+    pieces = ["<think>Need", " the weather", ".</think>", *HERMES]
+    hermes = get_tool_parser("hermes")
+    r = _answer(tokenizer, pieces, hermes, reasoning="qwen3", tools=TOOLS)
+    choice = r["choices"][0]
+    assert choice["message"]["reasoning"] == "Need the weather."
+    assert choice["message"]["content"] == "Let me check. "
+    [call] = choice["message"]["tool_calls"]
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    chunks = _answer(tokenizer, pieces, hermes, reasoning="qwen3", tools=TOOLS, stream=True)
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    assert "".join(d.get("reasoning", "") for d in deltas) == "Need the weather."
+    assert "".join(d.get("content", "") for d in deltas[1:]) == "Let me check. "
+    [streamed] = [tc for d in deltas for tc in d.get("tool_calls", [])]
+    assert streamed["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"

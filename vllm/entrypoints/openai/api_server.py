@@ -76,6 +76,7 @@ from vllm.entrypoints.openai.serving_tokenization import (
 from vllm.entrypoints.openai.tool_parsers import ToolParser, get_tool_parser, tool_parser_names
 from vllm.logger import LOG_FORMAT
 from vllm.lora.request import LoRARequest
+from vllm.reasoning import ReasoningParser, get_reasoning_parser
 from vllm.version import __version__
 
 logger = logging.getLogger("vllm.entrypoints.openai.api_server")
@@ -109,6 +110,7 @@ def build_app(
     enable_request_id_headers: bool = False,
     disable_fastapi_docs: bool = False,
     chat_template_content_format: str = "auto",
+    reasoning_parser: ReasoningParser | None = None,
 ):
     """The FastAPI app serving ``engine`` (the engine loop starts with the app).
 
@@ -136,6 +138,8 @@ def build_app(
         disable_fastapi_docs: no /docs, /redoc or /openapi.json.
         chat_template_content_format: ``auto``, ``string`` or ``openai``
             (``--chat-template-content-format``, vllm/entrypoints/chat_utils.py).
+        reasoning_parser: ``--reasoning-parser``: chat replies' reasoning goes to
+            ``reasoning`` (vllm/reasoning); None: replies are all content.
     """
 
     @contextlib.asynccontextmanager
@@ -168,6 +172,7 @@ def build_app(
         tool_parser=tool_parser,
         response_role=response_role,
         content_format=chat_template_content_format,
+        reasoning_parser=reasoning_parser,
         **as_ids,
     )
     tokenization = OpenAIServingTokenization(chat)
@@ -310,8 +315,8 @@ def validate_server_args(args: argparse.Namespace) -> EngineArgs:
     none is given), load ``--chat-template``, build and validate the engine config.
 
     Sets ``args.model`` (the path), ``args.model_is_default``, ``args.chat_template``
-    (the template text) and ``args.tool_parser`` (the parser of tool_choice "auto", or
-    None).
+    (the template text), ``args.tool_parser`` (the parser of tool_choice "auto", or
+    None) and ``args.reasoning`` (the ``--reasoning-parser``, or None).
 
     Raises:
         ValueError: naming the bad value (the caller prints it on one line, exit 2).
@@ -350,6 +355,9 @@ def validate_server_args(args: argparse.Namespace) -> EngineArgs:
         )
     if not args.enable_auto_tool_choice:
         args.tool_parser = None
+    args.reasoning = None
+    if args.reasoning_parser is not None:
+        args.reasoning = get_reasoning_parser(args.reasoning_parser)
     engine_args = EngineArgs.from_cli_args(args)
     engine_args.create_engine_config()
     args.lora_requests = lora_requests(args.lora_modules, _served_names(args), args.enable_lora)
@@ -458,6 +466,7 @@ def run_server(args: argparse.Namespace, engine: AsyncLLMEngine, sock: socket.so
         enable_request_id_headers=args.enable_request_id_headers,
         disable_fastapi_docs=args.disable_fastapi_docs,
         chat_template_content_format=args.chat_template_content_format,
+        reasoning_parser=args.reasoning,
     )
     port = sock.getsockname()[1]
     config = uvicorn.Config(

@@ -15,6 +15,7 @@ from vllm.entrypoints.chat_utils import CONTENT_FORMATS
 from vllm.entrypoints.openai.lora_modules import parse_lora_module
 from vllm.entrypoints.openai.request_guards import DEFAULT_MAX_REQUEST_BODY_BYTES
 from vllm.entrypoints.openai.tool_parsers import tool_parser_names
+from vllm.reasoning import reasoning_parser_names
 
 SERVE_DESCRIPTION = (
     "Start the OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions,\n"
@@ -107,6 +108,14 @@ def make_server_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
         default=None,
         metavar="{" + ",".join(tool_parser_names()) + "}",
         help="The model's tool-call format, for --enable-auto-tool-choice.",
+    )
+    server.add_argument(
+        "--reasoning-parser",
+        default=None,
+        metavar="{" + ",".join(reasoning_parser_names()) + "}",
+        help="Split chat replies of a reasoning model into `reasoning` (its <think> ... "
+        "</think> text) and `content`, streamed or not; deepseek_r1: replies start in "
+        "reasoning; qwen3: only a reply that opens with <think> has reasoning.",
     )
     server.add_argument(
         "--max-log-len",

@@ -396,6 +396,8 @@ class ChatCompletionRequest(SamplingFields):
     chat_template: str | None = None
     # extra variables of the chat template
     chat_template_kwargs: dict[str, Any] | None = None
+    # with --reasoning-parser: false drops the reasoning from the reply (as upstream)
+    include_reasoning: bool = True
     tools: list[ChatCompletionToolsParam] | None = None
     # "none", "auto", "required", or {"type": "function", "function": {"name": ...}};
     # None: "auto" when tools are given and the server parses tool calls
@@ -435,6 +437,8 @@ class DeltaToolCall(SetFieldsOnly):
 class ResponseMessage(OpenAIBaseModel):
     role: str = "assistant"
     content: str | None = None
+    # the model's reasoning, split off by --reasoning-parser (upstream's field name)
+    reasoning: str | None = None
     tool_calls: list[ToolCall] = Field(default_factory=list)
 
 
@@ -474,6 +478,7 @@ class ChatCompletionResponse(OpenAIBaseModel):
 class DeltaMessage(SetFieldsOnly):
     role: str | None = None
     content: str | None = None
+    reasoning: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
 
 

@@ -63,6 +63,7 @@ from vllm.entrypoints.openai.tool_calls import (
     tool_mode,
 )
 from vllm.entrypoints.openai.tool_parsers import ToolParser
+from vllm.reasoning import ReasoningParser
 from vllm.sequence import PositionLogprobs
 
 
@@ -77,6 +78,8 @@ class OpenAIServingChat(OpenAIServing):
         content_format: ``--chat-template-content-format``: how message contents reach
             the template, ``auto`` (detected per template), ``string`` or ``openai``
             (see vllm/entrypoints/chat_utils.py).
+        reasoning_parser: ``--reasoning-parser``: splits each reply into ``reasoning``
+            and ``content`` (vllm/reasoning); tool calls are parsed from the content.
         Others: as :class:`OpenAIServing`.
     """
 
@@ -87,9 +90,11 @@ class OpenAIServingChat(OpenAIServing):
         tool_parser: ToolParser | None = None,
         response_role: str = "assistant",
         content_format: str = "auto",
+        reasoning_parser: ReasoningParser | None = None,
         **kwargs,
     ):
         super().__init__(*args, **kwargs)
+        self.reasoning_parser = reasoning_parser
         self.content_format = content_format
         self.chat_template = chat_template
         self.tool_parser = tool_parser
@@ -234,10 +239,18 @@ class OpenAIServingChat(OpenAIServing):
             lps = None
             if req.logprobs:
                 lps = self._logprobs(o.token_ids, o.logprobs or [], k, as_id)
-            calls, content = parse_tool_calls(mode, o.text) if mode.active else (None, o.text)
+            reasoning, text = None, o.text
+            if self.reasoning_parser is not None:
+                reasoning, text = self.reasoning_parser.extract(o.text)
+                reasoning = reasoning if req.include_reasoning else None
+            calls, content = parse_tool_calls(mode, text or "") if mode.active else (None, text)
             if echo:
                 content = echo + (content or "")
-            message = ResponseMessage(role=role, content=content, tool_calls=calls or [])
+            if self.reasoning_parser is not None and not content:
+                content = None  # all reasoning (or nothing): no content, as upstream
+            message = ResponseMessage(
+                role=role, content=content, reasoning=reasoning, tool_calls=calls or []
+            )
             finish = mode.finish_reason(o.finish_reason, calls is not None)
             choices.append(
                 ChatCompletionResponseChoice(
@@ -280,6 +293,8 @@ class OpenAIServingChat(OpenAIServing):
         continuous = include_usage and bool(opts.continuous_usage_stats)
         sent_tokens, sent_chars = [0] * n, [0] * n
         tools = [ToolCallStream(mode) for _ in range(n)] if mode.active else None
+        parser = self.reasoning_parser
+        splits = [parser.stream() for _ in range(n)] if parser is not None else None
         completion_tokens = 0
         plain = TextChunks(  # the usual chunk: content only (no logprobs, finish or tools)
             lambda index, text: ChatCompletionStreamResponse(
@@ -335,9 +350,16 @@ class OpenAIServingChat(OpenAIServing):
                     sent_chars[i] = max(sent_chars[i], len(o.text))
                     completion_tokens += len(new_ids)
                     fields, finish = {"content": delta}, o.finish_reason
+                    if splits is not None:  # reasoning first, then the content (or tools)
+                        thought, delta = splits[i].delta(delta, finish is not None)
+                        fields = {"content": delta} if delta else {}
+                        if thought and req.include_reasoning:
+                            fields = {"reasoning": thought, **fields}
                     if tools is not None:
-                        fields = tools[i].delta(delta, finish is not None)
+                        fields = {k: v for k, v in fields.items() if k == "reasoning"}
+                        fields.update(tools[i].delta(delta, finish is not None))
                         finish = mode.finish_reason(finish, "tool_calls" in fields)
+                    if tools is not None or splits is not None:
                         if not fields and finish is None and lps is None:
                             continue
                     elif lps is None and finish is None and o.stop_reason is None:

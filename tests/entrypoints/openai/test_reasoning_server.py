@@ -1,0 +1,62 @@
+"""`vllm serve --reasoning-parser deepseek_r1` on a tiny random Llama, whose replies have
+no think tags: under deepseek_r1's rule a reply starts in reasoning, so the whole greedy
+reply (equal to LLM.chat's text) is ``reasoning`` and ``content`` is null, streamed or
+not; ``include_reasoning: false`` drops it. (The split itself, tags cut across tokens,
+is tested over a stub engine in test_serving_chat_stub.py.)"""
+
+import json
+
+import httpx
+import pytest
+
+from tests.utils import RemoteOpenAIServer, run_in_fork
+
+MSGS = [{"role": "user", "content": "Why is the sky blue?"}]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama_dir):
+    args = ["--device", "cpu", "--dtype", "float32", "--max-model-len", "256",
+            "--served-model-name", "tiny", "--reasoning-parser", "deepseek_r1"]  # fmt: skip
+    srv = RemoteOpenAIServer(tiny_llama_dir, args)
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="module")
+def offline_text(tiny_llama_dir):
+    def run():
+        from vllm import LLM, SamplingParams
+
+        llm = LLM(model=tiny_llama_dir, device="cpu", dtype="float32", max_model_len=256)
+        sp = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+        return llm.chat(MSGS, sp, use_tqdm=False)[0].outputs[0].text
+
+    return run_in_fork(run)
+
+
+def _chat(server, **kw):
+    body = {"model": "tiny", "messages": MSGS, "max_tokens": 12, "temperature": 0.0,
+            "ignore_eos": True, **kw}  # fmt: skip
+    return httpx.post(server.url_for("v1", "chat", "completions"), json=body, timeout=120)
+
+
+def test_whole_reply_is_reasoning(server, offline_text):
+    assert offline_text  # a reply with text, so the split below is tested
+    r = _chat(server)
+    assert r.status_code == 200, r.text
+    msg = r.json()["choices"][0]["message"]
+    assert (msg["reasoning"], msg["content"]) == (offline_text, None)
+    body = {"model": "tiny", "messages": MSGS, "max_tokens": 12, "temperature": 0.0,
+            "ignore_eos": True, "stream": True}  # fmt: skip
+    with httpx.stream("POST", server.url_for("v1", "chat", "completions"), json=body,
+                      timeout=120) as s:  # fmt: skip
+        lines = [x[len("data: ") :] for x in s.iter_lines() if x.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    deltas = [json.loads(x)["choices"][0]["delta"] for x in lines[:-1]]
+    assert "".join(d.get("reasoning", "") for d in deltas) == offline_text
+    assert "".join(d.get("content", "") for d in deltas) == ""  # the role chunk's "" only
+    dropped = _chat(server, include_reasoning=False).json()["choices"][0]["message"]
+    assert (dropped["reasoning"], dropped["content"]) == (None, None)
