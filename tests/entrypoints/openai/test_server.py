@@ -35,6 +35,7 @@ SHUTDOWN_TIMEOUT = 600
 def server(smollm2_gguf):
     args = ["--device", "cpu", "--max-model-len", str(MAX_LEN)]
     args += ["--served-model-name", MODEL, "--api-key", KEY, "--max-log-len", "40"]
+    args += ["--root-path", "/pfx"]  # the key guards the prefixed routes too
     # generous: the SIGTERM test's drain must not depend on how fast this machine generates
     args += ["--shutdown-timeout", str(SHUTDOWN_TIMEOUT)]
     srv = RemoteOpenAIServer(smollm2_gguf, args, launcher=FAULT_SERVER)
@@ -331,6 +332,15 @@ def test_api_key(server):
         assert r.status_code == 401 and r.json()["error"]["code"] == 401
     with pytest.raises(openai.AuthenticationError):
         server.get_client(api_key="wrong").models.list()
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 1}
+    for path in ("pfx/v1/completions", "v1/completions"):  # with and without --root-path
+        for key in (None, "wrong"):
+            headers = {"Authorization": f"Bearer {key}"} if key else {}
+            r = httpx.post(server.url_for(path), json=body, headers=headers, timeout=60)
+            assert r.status_code == 401, (path, key, r.text)
+        auth = {"Authorization": f"Bearer {KEY}"}
+        assert httpx.post(server.url_for(path), json=body, headers=auth, timeout=60).is_success
+    assert httpx.get(server.url_for("pfx", "health")).status_code == 200  # not under /v1
 
 
 def test_64_concurrent_streams_counted_by_metrics(server):

@@ -50,9 +50,17 @@ class BodySizeLimit:
         await self.app(scope, limited_receive, send)
 
 
+def _app_path(scope) -> str:
+    """The request's path inside the app: without the ``--root-path`` prefix, which the
+    routes also answer under (``/api/v1/models`` is ``/v1/models``)."""
+    path, root = scope["path"], scope.get("root_path") or ""
+    return path[len(root) :] if root and path.startswith(root) else path
+
+
 class ApiKeyAuth:
-    """ASGI middleware answering 401 to a ``/v1`` request whose ``Authorization`` header is
-    not ``Bearer <api_key>``; every other request passes untouched.
+    """ASGI middleware answering 401 to a ``/v1`` request (with or without the
+    ``--root-path`` prefix) whose ``Authorization`` header is not ``Bearer <api_key>``;
+    every other request passes untouched.
 
     A plain ASGI wrapper, not Starlette's ``@app.middleware("http")``: that one runs each
     response through an extra memory stream and task, a cost paid on every streamed chunk
@@ -64,7 +72,7 @@ class ApiKeyAuth:
         self.expected = f"Bearer {api_key}".encode()
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["path"].startswith("/v1"):
+        if scope["type"] == "http" and _app_path(scope).startswith("/v1"):
             if dict(scope["headers"]).get(b"authorization") != self.expected:
                 resp = APIError("Unauthorized: missing or wrong API key.", 401).response()
                 return await resp(scope, receive, send)
