@@ -5,6 +5,8 @@ least likely token of the unchanged model), and restoring it restores the output
 PP = 2 on the mp executor each stage answers with its own layer range, a call that cannot
 be pickled is one TypeError, and the engine keeps serving after it."""
 
+import time
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -19,6 +21,18 @@ def stage_layers(worker, *, with_head: bool) -> list:
     m = worker.model_runner.model
     out = [m.model.start_layer, m.model.end_layer]
     return out + [m.lm_head is not None] if with_head else out
+
+
+def fail_on_rank(worker, rank: int) -> int:
+    """Raise on pipeline rank ``rank``; elsewhere return the rank."""
+    if worker.rank == rank:
+        raise ValueError(f"refused on rank {rank}")
+    return worker.rank
+
+
+def nap(worker, seconds: float) -> int:
+    time.sleep(seconds)
+    return worker.rank
 
 
 def negate_lm_head(model) -> None:
@@ -114,6 +128,14 @@ def test_pipeline_stages_answer_by_rank(tiny_llama_dir, monkeypatch):
         assert llm.collective_rpc(stage_layers, kwargs={"with_head": False}) == [
             w[:2] for w in want
         ]
+        # a failing call fails alone, naming the rank and the remote error
+        with pytest.raises(RuntimeError, match=r"rank 1 failed in 'rpc'(.|\n)*refused on rank 1"):
+            llm.collective_rpc(fail_on_rank, args=(1,))
+        with pytest.raises(RuntimeError, match=r"rank 0 (.|\n)*has no attribute 'no_such'"):
+            llm.collective_rpc("no_such")
+        with pytest.raises(TimeoutError, match=r"did not finish 'rpc' within 0.2 s"):
+            llm.collective_rpc(nap, timeout=0.2, args=(1.0,))
+        assert llm.collective_rpc(fail_on_rank, args=(5,)) == [0, 1]  # not the late naps
         after = llm.generate([{"prompt_token_ids": PROMPT}], sp, use_tqdm=False)
         assert after[0].outputs[0].token_ids == before[0].outputs[0].token_ids
     finally:

@@ -39,9 +39,11 @@ class WorkerCallMethods:
         Raises:
             TypeError: ``args`` is not a tuple or list, ``kwargs`` not a dict, or (mp
                 executor) the call cannot be pickled.
-            AttributeError: the worker has no method of that name.
-            RuntimeError: a worker process failed while running it (naming its rank).
-            TimeoutError: ``timeout`` passed first.
+            AttributeError: the worker has no method of that name (in process).
+            RuntimeError: a worker process or actor failed while running it (naming its
+                rank and the remote error); only this call fails, the engine goes on.
+            TimeoutError: ``timeout`` passed first (mp executor; Ray raises
+                RuntimeError).
         """
         if not isinstance(args, (tuple, list)):
             raise TypeError(f"collective_rpc args must be a tuple, got {type(args).__name__}.")

@@ -28,8 +28,9 @@ class WorkerCalls:
 
         Raises:
             TypeError: bad ``args`` / ``kwargs``, or a call the mp executor cannot pickle.
-            AttributeError: no Worker method of that name.
-            RuntimeError: a worker process failed while running it (naming its rank).
+            AttributeError: no Worker method of that name (one in-process worker).
+            RuntimeError: a worker process failed while running it (naming its rank and
+                the remote error); the LLM stays usable.
             TimeoutError: ``timeout`` seconds passed first.
         """
         return self.llm_engine.collective_rpc(method, timeout, args, kwargs)

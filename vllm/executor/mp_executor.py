@@ -32,13 +32,14 @@ chosen by a scheduler are valid on all of them.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import multiprocessing
 import pickle
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from multiprocessing.connection import wait
 from typing import Any
 
@@ -72,7 +73,8 @@ class MultiprocessingExecutor(PipelineExecutorBase):
         self._step_ids = itertools.count()
         self._call_ids = itertools.count()
         self._steps: dict[int, Future] = {}
-        self._calls: dict[int, tuple[Future, dict[int, Any]]] = {}
+        # call id -> (future, {rank: (result, error text)}, the method's name)
+        self._calls: dict[int, tuple[Future, dict[int, Any], str]] = {}
         self._error: RuntimeError | None = None
         self._closing = False
         self._closed = False
@@ -167,7 +169,7 @@ class MultiprocessingExecutor(PipelineExecutorBase):
 
     def _dispatch(self, msg: tuple) -> None:
         kind, tag, rank, payload, err = msg
-        if err is not None:
+        if err is not None and not self._user_call(kind, tag):
             # A neighbour's death (the cause) often surfaces first as this stage's
             # communication error. A dying process closes its sockets and its sentinel
             # together, before it becomes reapable: a ready sentinel marks it dead.
@@ -187,11 +189,26 @@ class MultiprocessingExecutor(PipelineExecutorBase):
                 if fut is not None and not fut.done():
                     fut.set_result(payload)
             elif kind == wp.CALL and tag in self._calls:
-                fut, results = self._calls[tag]
-                results[rank] = payload
+                fut, results, method = self._calls[tag]
+                results[rank] = (payload, err)
                 if len(results) == self.world_size:
                     del self._calls[tag]
-                    fut.set_result([results[r] for r in range(self.world_size)])
+                    failed = [(r, e) for r, (_, e) in sorted(results.items()) if e is not None]
+                    with contextlib.suppress(InvalidStateError):  # cancelled: timed out
+                        if failed:
+                            r, e = failed[0]
+                            fut.set_exception(
+                                RuntimeError(f"pipeline worker rank {r} failed in {method!r}:\n{e}")
+                            )
+                        else:
+                            fut.set_result([results[r][0] for r in range(self.world_size)])
+
+    def _user_call(self, kind: str, tag: int) -> bool:
+        """Whether a reply belongs to a user's call (``LLM.collective_rpc``, the ``rpc``
+        helper): its failure fails that call only, and the workers keep serving. Any
+        other call's or step's failure stops the executor."""
+        with self._lock:
+            return kind == wp.CALL and tag in self._calls and self._calls[tag][2] == "rpc"
 
     def _fail(self, rank: int, what: str) -> None:
         """Mark the executor failed and fail every pending future with the rank's error."""
@@ -202,7 +219,7 @@ class MultiprocessingExecutor(PipelineExecutorBase):
                     f"pipeline worker rank {rank} (pid {pid}) {what}; the engine cannot continue."
                 )
                 logger.error("%s", self._error)
-            pending = [*self._steps.values(), *(f for f, _ in self._calls.values())]
+            pending = [*self._steps.values(), *(c[0] for c in self._calls.values())]
             self._steps.clear()
             self._calls.clear()
         for fut in pending:
@@ -259,19 +276,30 @@ class MultiprocessingExecutor(PipelineExecutorBase):
         Returns:
             The results, indexed by rank.
         Raises:
-            RuntimeError: a stage failed or died (naming its rank).
+            RuntimeError: a stage failed or died (naming its rank); for a user's call
+                (``rpc``, see :meth:`_user_call`) only that call fails.
+            TimeoutError: ``timeout`` seconds passed first (the call still runs on the
+                stages; its results are dropped).
         """
         fut: Future = Future()
         with self._lock:
             self._check_alive()
             call_id = next(self._call_ids)
-            self._calls[call_id] = (fut, {})
+            self._calls[call_id] = (fut, {}, method)
             try:
                 self._broadcast((wp.CALL, call_id, method, args))
             except TypeError:  # nothing was sent: the call could not be pickled
                 del self._calls[call_id]
                 raise
-        return fut.result(timeout=timeout)
+        try:
+            return fut.result(timeout=timeout)
+        except TimeoutError:
+            if not fut.cancel():  # the results came in just now
+                return fut.result()
+            raise TimeoutError(
+                f"pipeline workers did not finish {method!r} within {timeout} s (it still runs "
+                "there; its results will be dropped)."
+            ) from None
 
     def free_sequences(self, seq_ids: list[int]) -> None:
         if not seq_ids or self._error is not None or self._closing or self._closed:
@@ -311,7 +339,7 @@ class MultiprocessingExecutor(PipelineExecutorBase):
                 pass
         err = RuntimeError("the multiprocessing executor was shut down.")
         with self._lock:
-            pending = [*self._steps.values(), *(f for f, _ in self._calls.values())]
+            pending = [*self._steps.values(), *(c[0] for c in self._calls.values())]
             self._steps.clear()
             self._calls.clear()
         self._finish_shutdown(pending, self._error or err)
