@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 import numbers
 from dataclasses import dataclass, field
 from typing import Any
@@ -328,6 +329,7 @@ class SamplingParams:
                 isinstance(value, numbers.Real) and not isinstance(value, bool),
                 f"{name} must be a number, got {value!r} ({type(value).__name__}).",
             )
+            _check(math.isfinite(value), f"{name} must be a finite number, got {value!r}.")
         if self.truncate_prompt_tokens is not None:  # an int, checked above
             _check(
                 self.truncate_prompt_tokens >= 1 or self.truncate_prompt_tokens == -1,
@@ -510,8 +512,10 @@ class BeamSearchParams:
             raise ValueError(f"beam_width must be at least 1, got {self.beam_width}.")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}.")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be non-negative, got {self.temperature}.")
+        if not self.temperature >= 0 or not math.isfinite(self.temperature):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}.")
+        if not math.isfinite(self.length_penalty):
+            raise ValueError(f"length_penalty must be a finite number, got {self.length_penalty}.")
 
     def check_limits(self, max_logprobs: int) -> None:
         """Raises ValueError when a step's ``2 x beam_width`` logprobs exceed the engine's

@@ -44,6 +44,11 @@ PARAM_CASES = [
     ("seed<int64", dict(seed=-(2**63) - 1), r"seed must be a 64-bit.*got -9223372036854775809"),
     ("logprobs float", dict(logprobs=2.5), r"logprobs must be an integer, got 2.5 \(float\)"),
     ("temperature str", dict(temperature="0.5"), r"temperature must be a number, got '0.5'"),
+    ("temperature inf", dict(temperature=float("inf")),
+     r"temperature must be a finite number, got inf"),
+    ("repetition inf", dict(repetition_penalty=float("inf")),
+     r"repetition_penalty must be a finite number, got inf"),
+    ("top_p nan", dict(top_p=float("nan")), r"top_p must be a finite number, got nan"),
     ("truncate 0", dict(truncate_prompt_tokens=0), r"truncate_prompt_tokens must be >= 1.*got 0"),
     ("seed str", dict(seed="1"), r"seed must be an integer, got '1' \(str\)"),
     ("logits_processors", dict(logits_processors=[lambda ids, logits: logits]),
@@ -55,6 +60,21 @@ PARAM_CASES = [
 def test_bad_sampling_params(name, kwargs, match):
     with pytest.raises(ValueError, match=match):
         SamplingParams(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(length_penalty=float("nan")), r"length_penalty must be a finite number, got nan"),
+        (dict(temperature=float("inf")), r"temperature must be a finite number >= 0, got inf"),
+        (dict(temperature=-1.0), r"temperature must be a finite number >= 0, got -1.0"),
+    ],
+)
+def test_bad_beam_search_params(kwargs, match):
+    from vllm.sampling_params import BeamSearchParams
+
+    with pytest.raises(ValueError, match=match):
+        BeamSearchParams(beam_width=2, max_tokens=4, **kwargs)
 
 
 @pytest.mark.forked

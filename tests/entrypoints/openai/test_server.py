@@ -10,6 +10,7 @@ and SIGTERM -> in-flight request finishes and the process exits 0 (the last test
 """
 
 import asyncio
+import json
 import os
 import re
 import threading
@@ -258,7 +259,9 @@ def test_tokenize_and_detokenize(server, client):
 
 def _bad(server, path, body, key=KEY):
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    return httpx.post(server.url_for("v1", path), json=body, headers=headers, timeout=60)
+    headers["Content-Type"] = "application/json"
+    content = json.dumps(body)  # as Python writes it: Infinity and NaN as such
+    return httpx.post(server.url_for("v1", path), content=content, headers=headers, timeout=60)
 
 
 @pytest.mark.parametrize(
@@ -304,6 +307,24 @@ def _bad(server, path, body, key=KEY):
             ["top_logprobs=2 needs logprobs=true"],
         ),
         ("completions", {"model": MODEL}, 400, ["prompt"]),
+        (
+            "completions",
+            {"model": MODEL, "prompt": "hi", "temperature": float("inf")},
+            400,
+            ["temperature must be a finite number, got inf"],
+        ),
+        (
+            "chat/completions",
+            {
+                "model": MODEL,
+                "messages": CHAT,
+                "use_beam_search": True,
+                "n": 2,
+                "length_penalty": float("nan"),
+            },
+            400,
+            ["length_penalty", "nan"],
+        ),
         ("completions", {"model": "nope", "prompt": "hi"}, 404, ["nope"]),
         ("chat/completions", {"model": "nope", "messages": CHAT}, 404, ["nope"]),
     ],
