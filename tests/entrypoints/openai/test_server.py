@@ -99,6 +99,9 @@ def test_models_health_version_metrics(server, client):
     assert httpx.get(server.url_for("health")).status_code == 200
     assert httpx.get(server.url_for("ping")).status_code == 200  # upstream's alias
     assert httpx.post(server.url_for("ping")).status_code == 200
+    schema = httpx.get(server.url_for("openapi.json"), timeout=60).json()
+    ids = [op["operationId"] for ops in schema["paths"].values() for op in ops.values()]
+    assert len(ids) == len(set(ids)) and "health_ping_post" in ids  # one id per route
     assert httpx.get(server.url_for("version")).json()["version"]
     text = httpx.get(server.url_for("metrics")).text
     for name in [

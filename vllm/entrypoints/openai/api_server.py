@@ -215,7 +215,8 @@ def build_app(
         return to_api_error(exc).response()
 
     @app.get("/health")
-    @app.api_route("/ping", methods=["GET", "POST"])  # upstream's SageMaker-style alias
+    @app.get("/ping")  # upstream's SageMaker-style alias, GET and POST (one route each,
+    @app.post("/ping")  # so the OpenAPI schema has distinct operation ids)
     async def health():
         try:
             await engine.check_health()
