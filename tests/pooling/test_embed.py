@@ -303,6 +303,11 @@ def test_embed_truncate_prompt_tokens(tiny_llama_dir):
         llm.embed({"prompt_token_ids": PROMPTS[0]}, use_tqdm=False, truncate_prompt_tokens=129)
     with pytest.raises(ValueError, match="or -1 for max_model_len"):
         PoolingParams(truncate_prompt_tokens=0)
+    # upstream's pooling_task keyword: "embed" is this engine's task, others are refused
+    outs = llm.encode({"prompt_token_ids": PROMPTS[0][-4:]}, use_tqdm=False, pooling_task="embed")
+    _check([o.outputs.data for o in outs], ref[:1], "pooling_task=embed")
+    with pytest.raises(ValueError, match=r"pooling_task='token_embed' is not supported"):
+        llm.encode({"prompt_token_ids": PROMPTS[0]}, use_tqdm=False, pooling_task="token_embed")
     _close(llm)
 
 

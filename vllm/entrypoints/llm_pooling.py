@@ -28,13 +28,20 @@ class PoolingMethods:
         priority: list[int] | None = None,
         *,
         truncate_prompt_tokens: int | None = None,
+        pooling_task: str | None = None,
     ) -> list[PoolingRequestOutput]:
         """Pool each prompt into one vector (an engine started with ``task="embed"``; see
         vllm/pooling): ``outputs.data`` a float32 tensor [hidden] (or ``dimensions``).
         Arguments and errors as for :meth:`generate`; a generative engine raises
         ValueError. ``truncate_prompt_tokens=k`` (as upstream) pools only each prompt's
         last k tokens (-1: the last ``max_model_len``), in place of the pooling params'
-        own value."""
+        own value. ``pooling_task`` (upstream's keyword) may be None or ``"embed"``, the
+        one task served; another is a ValueError."""
+        if pooling_task not in (None, "embed"):
+            raise ValueError(
+                f"pooling_task={pooling_task!r} is not supported: the pooling task served is "
+                "'embed' (sequence embeddings)."
+            )
         params = pooling_params or PoolingParams()
         if truncate_prompt_tokens is not None:
             params = _with_truncation(params, truncate_prompt_tokens)
