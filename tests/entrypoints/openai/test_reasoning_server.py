@@ -2,7 +2,10 @@
 no think tags: under deepseek_r1's rule a reply starts in reasoning, so the whole greedy
 reply (equal to LLM.chat's text) is ``reasoning`` and ``content`` is null, streamed or
 not; ``include_reasoning: false`` drops it. (The split itself, tags cut across tokens,
-is tested over a stub engine in test_serving_chat_stub.py.)"""
+is tested over a stub engine in test_serving_chat_stub.py.)
+
+The same server runs ``--enable-force-include-usage`` (every stream ends with a usage
+chunk) and ``--enable-server-load-tracking`` (``GET /load`` back to 0 after requests)."""
 
 import json
 
@@ -17,7 +20,8 @@ MSGS = [{"role": "user", "content": "Why is the sky blue?"}]
 @pytest.fixture(scope="module")
 def server(tiny_llama_dir):
     args = ["--device", "cpu", "--dtype", "float32", "--max-model-len", "256",
-            "--served-model-name", "tiny", "--reasoning-parser", "deepseek_r1"]  # fmt: skip
+            "--served-model-name", "tiny", "--reasoning-parser", "deepseek_r1",
+            "--enable-force-include-usage", "--enable-server-load-tracking"]  # fmt: skip
     srv = RemoteOpenAIServer(tiny_llama_dir, args)
     try:
         yield srv
@@ -55,8 +59,16 @@ def test_whole_reply_is_reasoning(server, offline_text):
                       timeout=120) as s:  # fmt: skip
         lines = [x[len("data: ") :] for x in s.iter_lines() if x.startswith("data: ")]
     assert lines[-1] == "[DONE]"
-    deltas = [json.loads(x)["choices"][0]["delta"] for x in lines[:-1]]
+    usage = json.loads(lines[-2])  # forced: no stream_options in the request
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 12
+    deltas = [json.loads(x)["choices"][0]["delta"] for x in lines[:-2]]
     assert "".join(d.get("reasoning", "") for d in deltas) == offline_text
     assert "".join(d.get("content", "") for d in deltas) == ""  # the role chunk's "" only
     dropped = _chat(server, include_reasoning=False).json()["choices"][0]["message"]
     assert (dropped["reasoning"], dropped["content"]) == (None, None)
+
+    body = {"model": "tiny", "prompt": "hi", "max_tokens": 3, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", server.url_for("v1", "completions"), json=body, timeout=120) as s:
+        lines = [x[len("data: ") :] for x in s.iter_lines() if x.startswith("data: ")]
+    assert lines[-1] == "[DONE]" and json.loads(lines[-2])["usage"]["completion_tokens"] == 3
+    assert httpx.get(server.url_for("load"), timeout=30).json() == {"server_load": 0}

@@ -287,3 +287,32 @@ def test_reasoning_then_tool_call(tokenizer):
     [streamed] = [tc for d in deltas for tc in d.get("tool_calls", [])]
     assert streamed["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_load_tracker_counts_model_requests_until_they_end():
+    """--enable-server-load-tracking's middleware: a model-API request counts from its
+    arrival until the app returns (a stream: after its last chunk), also when the app
+    fails; other paths are not counted."""
+    from vllm.entrypoints.openai.request_guards import LoadCounter, LoadTracker
+
+    async def run():
+        gate, counter = asyncio.Event(), LoadCounter()
+
+        async def app(scope, receive, send):
+            await gate.wait()
+            if scope["path"].endswith("/rerank"):
+                raise RuntimeError("boom")
+
+        tracker = LoadTracker(app, counter)
+        scopes = [{"type": "http", "path": p, "root_path": r} for p, r in
+                  [("/v1/completions", ""), ("/api/v1/chat/completions", "/api"),
+                   ("/v2/rerank", ""), ("/health", ""), ("/v1/models", "")]]  # fmt: skip
+        tasks = [asyncio.ensure_future(tracker(s, None, None)) for s in scopes]
+        await asyncio.sleep(0)
+        seen = counter.value
+        gate.set()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        return seen, counter.value, [type(r).__name__ for r in results]
+
+    assert asyncio.run(run()) == (3, 0, ["NoneType", "NoneType", "RuntimeError", "NoneType",
+                                         "NoneType"])  # fmt: skip

@@ -62,6 +62,8 @@ from vllm.entrypoints.openai.request_guards import (
     DEFAULT_MAX_REQUEST_BODY_BYTES,
     ApiKeyAuth,
     BodySizeLimit,
+    LoadCounter,
+    LoadTracker,
     RequestIdHeader,
     validation_message,
 )
@@ -111,6 +113,8 @@ def build_app(
     disable_fastapi_docs: bool = False,
     chat_template_content_format: str = "auto",
     reasoning_parser: ReasoningParser | None = None,
+    enable_force_include_usage: bool = False,
+    enable_server_load_tracking: bool = False,
 ):
     """The FastAPI app serving ``engine`` (the engine loop starts with the app).
 
@@ -140,6 +144,10 @@ def build_app(
             (``--chat-template-content-format``, vllm/entrypoints/chat_utils.py).
         reasoning_parser: ``--reasoning-parser``: chat replies' reasoning goes to
             ``reasoning`` (vllm/reasoning); None: replies are all content.
+        enable_force_include_usage: every completion and chat stream ends with a usage
+            chunk (``--enable-force-include-usage``).
+        enable_server_load_tracking: ``GET /load`` reports the API requests in flight
+            (:class:`~vllm.entrypoints.openai.request_guards.LoadTracker`); without it, 0.
     """
 
     @contextlib.asynccontextmanager
@@ -162,6 +170,7 @@ def build_app(
         return_tokens_as_token_ids=return_tokens_as_token_ids,
         enable_prompt_tokens_details=enable_prompt_tokens_details,
         loras=loras,
+        enable_force_include_usage=enable_force_include_usage,
     )
     completion = OpenAIServingCompletion(engine, served_model_names, tokenize_pool, **as_ids)
     chat = OpenAIServingChat(
@@ -178,6 +187,9 @@ def build_app(
     tokenization = OpenAIServingTokenization(chat)
     if max_request_body_bytes is not None:
         app.add_middleware(BodySizeLimit, limit=max_request_body_bytes)
+    load = LoadCounter()  # stays 0 without tracking
+    if enable_server_load_tracking:
+        app.add_middleware(LoadTracker, counter=load)
 
     if api_key:
         app.add_middleware(ApiKeyAuth, api_key=api_key)
@@ -227,6 +239,10 @@ def build_app(
     @app.get("/version")
     async def version():
         return {"version": __version__}
+
+    @app.get("/load")
+    async def server_load():
+        return {"server_load": load.value}
 
     @app.get("/metrics")
     async def metrics():
@@ -468,6 +484,8 @@ def run_server(args: argparse.Namespace, engine: AsyncLLMEngine, sock: socket.so
         disable_fastapi_docs=args.disable_fastapi_docs,
         chat_template_content_format=args.chat_template_content_format,
         reasoning_parser=args.reasoning,
+        enable_force_include_usage=args.enable_force_include_usage,
+        enable_server_load_tracking=args.enable_server_load_tracking,
     )
     port = sock.getsockname()[1]
     config = uvicorn.Config(

@@ -213,6 +213,18 @@ def make_server_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
         help="Role of the chat completion message the server returns.",
     )
     server.add_argument(
+        "--enable-force-include-usage",
+        action="store_true",
+        help="End every streamed completion and chat with a usage chunk, as if the "
+        "request set stream_options.include_usage.",
+    )
+    server.add_argument(
+        "--enable-server-load-tracking",
+        action="store_true",
+        help="Count the API requests in flight (streams until their last chunk); GET /load "
+        'answers {"server_load": N} (0 without this flag).',
+    )
+    server.add_argument(
         "--enable-prompt-tokens-details",
         action="store_true",
         help="Add usage.prompt_tokens_details.cached_tokens (prompt tokens read from the "

@@ -119,3 +119,37 @@ def validation_message(errs: list[dict]) -> tuple[str, str | None]:
     param = ".".join(str(p) for p in errs[0]["loc"][1:]) if errs else None
     msg = "; ".join(f"{'.'.join(str(p) for p in e['loc'][1:]) or 'body'}: {e['msg']}" for e in errs)
     return msg, param or None
+
+
+# The model APIs whose requests --enable-server-load-tracking counts (paths inside the app).
+LOAD_TRACKED_PATHS = frozenset({
+    "/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/pooling", "/score",
+    "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank", "/tokenize", "/detokenize",
+})  # fmt: skip
+
+
+class LoadCounter:
+    """The number of model-API requests in flight (``GET /load``'s ``server_load``)."""
+
+    def __init__(self):
+        self.value = 0
+
+
+class LoadTracker:
+    """ASGI middleware (``--enable-server-load-tracking``, as upstream): counts each request
+    to :data:`LOAD_TRACKED_PATHS` in ``counter`` from its arrival until its response is
+    sent in full (a stream until its last chunk) or the client goes away. A plain ASGI
+    wrapper for the reason :class:`ApiKeyAuth` gives."""
+
+    def __init__(self, app, counter: LoadCounter):
+        self.app = app
+        self.counter = counter
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or _app_path(scope) not in LOAD_TRACKED_PATHS:
+            return await self.app(scope, receive, send)
+        self.counter.value += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.counter.value -= 1

@@ -289,8 +289,8 @@ class OpenAIServingChat(OpenAIServing):
         well, every chunk carries its choice's usage so far."""
         n = req.n
         opts = req.stream_options
-        include_usage = opts is not None and bool(opts.include_usage)
-        continuous = include_usage and bool(opts.continuous_usage_stats)
+        include_usage = self.force_include_usage or (opts is not None and bool(opts.include_usage))
+        continuous = include_usage and opts is not None and bool(opts.continuous_usage_stats)
         sent_tokens, sent_chars = [0] * n, [0] * n
         tools = [ToolCallStream(mode) for _ in range(n)] if mode.active else None
         parser = self.reasoning_parser

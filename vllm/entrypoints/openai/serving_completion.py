@@ -258,7 +258,7 @@ class OpenAIServingCompletion(OpenAIServing):
                         ],
                     )
                     yield f"data: {chunk.model_dump_json(exclude_unset=False)}\n\n"
-            if opts is not None and opts.include_usage:
+            if self.force_include_usage or (opts is not None and opts.include_usage):
                 chunk = CompletionStreamResponse(
                     id=base, created=created, model=self.model_for(req), choices=[], usage=usage()
                 )

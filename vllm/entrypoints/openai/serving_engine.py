@@ -71,6 +71,8 @@ class OpenAIServing:
             (``--return-tokens-as-token-ids``; see :meth:`token_text`).
         enable_prompt_tokens_details: report ``usage.prompt_tokens_details.cached_tokens``
             (``--enable-prompt-tokens-details``; see :meth:`usage`).
+        enable_force_include_usage: every stream ends with a usage chunk, as if it asked
+            for ``stream_options.include_usage`` (``--enable-force-include-usage``).
         loras: name -> LoRA adapter served as a model of that name (``--lora-modules``;
             the server's map, changed in place when adapters are loaded at run time); a
             request naming one runs with it.
@@ -84,8 +86,10 @@ class OpenAIServing:
         return_tokens_as_token_ids: bool = False,
         enable_prompt_tokens_details: bool = False,
         loras: dict[str, LoRARequest] | None = None,
+        enable_force_include_usage: bool = False,
     ):
         self.engine = engine
+        self.force_include_usage = enable_force_include_usage
         self.loras = {} if loras is None else loras
         self.return_tokens_as_token_ids = return_tokens_as_token_ids
         self.enable_prompt_tokens_details = enable_prompt_tokens_details
