@@ -80,6 +80,15 @@ def _run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess
             ["--reasoning-parser", "r1"],
             "error: --reasoning-parser 'r1' is not known; use one of deepseek_r1, qwen3.",
         ),
+        (
+            ["--middleware", "no_such_module.Thing"],
+            "error: --middleware 'no_such_module.Thing' cannot be imported: No module named",
+        ),
+        (
+            ["--middleware", "tests.entrypoints.openai.middleware_examples.NOT_MIDDLEWARE"],
+            "error: --middleware 'tests.entrypoints.openai.middleware_examples.NOT_MIDDLEWARE' "
+            "is a int: it must be an ASGI middleware class or an async function",
+        ),
     ],
 )
 def test_bad_flag_is_one_line_and_exit_2(args, message, tiny_llama_dir):

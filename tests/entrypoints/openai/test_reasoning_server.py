@@ -5,7 +5,9 @@ not; ``include_reasoning: false`` drops it. (The split itself, tags cut across t
 is tested over a stub engine in test_serving_chat_stub.py.)
 
 The same server runs ``--enable-force-include-usage`` (every stream ends with a usage
-chunk) and ``--enable-server-load-tracking`` (``GET /load`` back to 0 after requests)."""
+chunk), ``--enable-server-load-tracking`` (``GET /load`` back to 0 after requests) and two
+``--middleware`` (a class and a function, each stamping a header on every response,
+401s of the API key check included)."""
 
 import json
 
@@ -15,13 +17,17 @@ import pytest
 from tests.utils import RemoteOpenAIServer, run_in_fork
 
 MSGS = [{"role": "user", "content": "Why is the sky blue?"}]
+HELPERS = "tests.entrypoints.openai.middleware_examples"
+AUTH = {"Authorization": "Bearer k"}
 
 
 @pytest.fixture(scope="module")
 def server(tiny_llama_dir):
     args = ["--device", "cpu", "--dtype", "float32", "--max-model-len", "256",
             "--served-model-name", "tiny", "--reasoning-parser", "deepseek_r1",
-            "--enable-force-include-usage", "--enable-server-load-tracking"]  # fmt: skip
+            "--enable-force-include-usage", "--enable-server-load-tracking",
+            "--api-key", "k", "--middleware", f"{HELPERS}.StampHeader",
+            "--middleware", f"{HELPERS}.stamp_function"]  # fmt: skip
     srv = RemoteOpenAIServer(tiny_llama_dir, args)
     try:
         yield srv
@@ -44,7 +50,8 @@ def offline_text(tiny_llama_dir):
 def _chat(server, **kw):
     body = {"model": "tiny", "messages": MSGS, "max_tokens": 12, "temperature": 0.0,
             "ignore_eos": True, **kw}  # fmt: skip
-    return httpx.post(server.url_for("v1", "chat", "completions"), json=body, timeout=120)
+    return httpx.post(server.url_for("v1", "chat", "completions"), json=body, headers=AUTH,
+                      timeout=120)  # fmt: skip
 
 
 def test_whole_reply_is_reasoning(server, offline_text):
@@ -56,7 +63,7 @@ def test_whole_reply_is_reasoning(server, offline_text):
     body = {"model": "tiny", "messages": MSGS, "max_tokens": 12, "temperature": 0.0,
             "ignore_eos": True, "stream": True}  # fmt: skip
     with httpx.stream("POST", server.url_for("v1", "chat", "completions"), json=body,
-                      timeout=120) as s:  # fmt: skip
+                      headers=AUTH, timeout=120) as s:  # fmt: skip
         lines = [x[len("data: ") :] for x in s.iter_lines() if x.startswith("data: ")]
     assert lines[-1] == "[DONE]"
     usage = json.loads(lines[-2])  # forced: no stream_options in the request
@@ -68,7 +75,14 @@ def test_whole_reply_is_reasoning(server, offline_text):
     assert (dropped["reasoning"], dropped["content"]) == (None, None)
 
     body = {"model": "tiny", "prompt": "hi", "max_tokens": 3, "ignore_eos": True, "stream": True}
-    with httpx.stream("POST", server.url_for("v1", "completions"), json=body, timeout=120) as s:
+    with httpx.stream("POST", server.url_for("v1", "completions"), json=body, headers=AUTH,
+                      timeout=120) as s:  # fmt: skip
         lines = [x[len("data: ") :] for x in s.iter_lines() if x.startswith("data: ")]
     assert lines[-1] == "[DONE]" and json.loads(lines[-2])["usage"]["completion_tokens"] == 3
     assert httpx.get(server.url_for("load"), timeout=30).json() == {"server_load": 0}
+
+
+def test_middleware_wraps_every_response(server):
+    for r in (_chat(server), httpx.get(server.url_for("v1", "models"), timeout=30)):
+        assert r.headers["x-stamp"] == "class" and r.headers["x-stamp-fn"] == "function"
+    assert r.status_code == 401  # the models list without the key: stamped too

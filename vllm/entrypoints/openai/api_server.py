@@ -28,6 +28,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib
+import inspect
 import logging
 import os
 import socket
@@ -115,6 +117,7 @@ def build_app(
     reasoning_parser: ReasoningParser | None = None,
     enable_force_include_usage: bool = False,
     enable_server_load_tracking: bool = False,
+    middleware: list | None = None,
 ):
     """The FastAPI app serving ``engine`` (the engine loop starts with the app).
 
@@ -148,6 +151,8 @@ def build_app(
             chunk (``--enable-force-include-usage``).
         enable_server_load_tracking: ``GET /load`` reports the API requests in flight
             (:class:`~vllm.entrypoints.openai.request_guards.LoadTracker`); without it, 0.
+        middleware: ``--middleware`` objects (see :func:`load_middleware`), added in
+            order inside CORS and outside the API key check.
     """
 
     @contextlib.asynccontextmanager
@@ -195,6 +200,11 @@ def build_app(
         app.add_middleware(ApiKeyAuth, api_key=api_key)
     if enable_request_id_headers:
         app.add_middleware(RequestIdHeader)
+    for obj in middleware or ():
+        if inspect.isclass(obj):
+            app.add_middleware(obj)
+        else:
+            app.middleware("http")(obj)
     cors = cors or CorsOptions()
     app.add_middleware(  # added last: the outermost layer
         CORSMiddleware,
@@ -327,13 +337,34 @@ def build_app(
     return app
 
 
+def load_middleware(path: str):
+    """The object ``--middleware PATH`` names (``package.module.Name``): an ASGI middleware
+    class, or an async function ``(request, call_next)``, as upstream's flag.
+
+    Raises:
+        ValueError: the path cannot be imported, or names something else.
+    """
+    module_path, _, name = path.rpartition(".")
+    try:
+        obj = getattr(importlib.import_module(module_path), name)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise ValueError(f"--middleware {path!r} cannot be imported: {e}") from None
+    if not (inspect.isclass(obj) or inspect.iscoroutinefunction(obj)):
+        raise ValueError(
+            f"--middleware {path!r} is a {type(obj).__name__}: it must be an ASGI middleware "
+            "class or an async function (request, call_next)."
+        )
+    return obj
+
+
 def validate_server_args(args: argparse.Namespace) -> EngineArgs:
     """Check every flag before anything is loaded: resolve the model (the default when
     none is given), load ``--chat-template``, build and validate the engine config.
 
     Sets ``args.model`` (the path), ``args.model_is_default``, ``args.chat_template``
     (the template text), ``args.tool_parser`` (the parser of tool_choice "auto", or
-    None) and ``args.reasoning`` (the ``--reasoning-parser``, or None).
+    None), ``args.reasoning`` (the ``--reasoning-parser``, or None) and
+    ``args.middleware_objects`` (what each ``--middleware`` names).
 
     Raises:
         ValueError: naming the bad value (the caller prints it on one line, exit 2).
@@ -375,6 +406,7 @@ def validate_server_args(args: argparse.Namespace) -> EngineArgs:
     args.reasoning = None
     if args.reasoning_parser is not None:
         args.reasoning = get_reasoning_parser(args.reasoning_parser)
+    args.middleware_objects = [load_middleware(path) for path in args.middleware]
     engine_args = EngineArgs.from_cli_args(args)
     engine_args.create_engine_config()
     args.lora_requests = lora_requests(args.lora_modules, _served_names(args), args.enable_lora)
@@ -486,6 +518,7 @@ def run_server(args: argparse.Namespace, engine: AsyncLLMEngine, sock: socket.so
         reasoning_parser=args.reasoning,
         enable_force_include_usage=args.enable_force_include_usage,
         enable_server_load_tracking=args.enable_server_load_tracking,
+        middleware=args.middleware_objects,
     )
     port = sock.getsockname()[1]
     config = uvicorn.Config(

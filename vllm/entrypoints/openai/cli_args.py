@@ -179,6 +179,15 @@ def make_server_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
         help="CORS: allow cookies and Authorization headers in cross-origin requests.",
     )
     server.add_argument(
+        "--middleware",
+        action="append",
+        default=[],
+        metavar="IMPORT.PATH",
+        help="An ASGI middleware to add: the import path of a class (app.add_middleware) or "
+        "of an async function (an http middleware, `async def f(request, call_next)`); "
+        "repeat the flag for more. They run inside CORS, outside the API key check.",
+    )
+    server.add_argument(
         "--ssl-keyfile", default=None, help="TLS private key file; serve HTTPS (default: none)."
     )
     server.add_argument(
