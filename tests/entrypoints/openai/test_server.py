@@ -365,6 +365,8 @@ def test_api_key(server):
         auth = {"Authorization": f"Bearer {KEY}"}
         assert httpx.post(server.url_for(path), json=body, headers=auth, timeout=60).is_success
     assert httpx.get(server.url_for("pfx", "health")).status_code == 200  # not under /v1
+    rerank = {"query": "a", "documents": ["b"]}  # /v2 is guarded too, as upstream
+    assert httpx.post(server.url_for("v2", "rerank"), json=rerank, timeout=60).status_code == 401
 
 
 def test_64_concurrent_streams_counted_by_metrics(server):

@@ -58,8 +58,8 @@ def _app_path(scope) -> str:
 
 
 class ApiKeyAuth:
-    """ASGI middleware answering 401 to a ``/v1`` request (with or without the
-    ``--root-path`` prefix) whose ``Authorization`` header is not ``Bearer <api_key>``;
+    """ASGI middleware answering 401 to a ``/v1`` or ``/v2`` request (as upstream; with or
+    without the ``--root-path`` prefix) whose ``Authorization`` header is not ``Bearer <api_key>``;
     every other request passes untouched.
 
     A plain ASGI wrapper, not Starlette's ``@app.middleware("http")``: that one runs each
@@ -72,7 +72,7 @@ class ApiKeyAuth:
         self.expected = f"Bearer {api_key}".encode()
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and _app_path(scope).startswith("/v1"):
+        if scope["type"] == "http" and _app_path(scope).startswith(("/v1", "/v2")):
             if dict(scope["headers"]).get(b"authorization") != self.expected:
                 resp = APIError("Unauthorized: missing or wrong API key.", 401).response()
                 return await resp(scope, receive, send)
