@@ -86,3 +86,22 @@ def test_middleware_wraps_every_response(server):
     for r in (_chat(server), httpx.get(server.url_for("v1", "models"), timeout=30)):
         assert r.headers["x-stamp"] == "class" and r.headers["x-stamp-fn"] == "function"
     assert r.status_code == 401  # the models list without the key: stamped too
+
+
+def test_responses_api_reasoning_item(server, offline_text):
+    """POST /v1/responses through the OpenAI client: the reply is one reasoning item whose
+    text is LLM.chat's, ``incomplete`` at max_output_tokens; streamed, the reasoning deltas
+    join to it and the last event is response.incomplete."""
+    client = server.get_client(api_key="k")
+    common = dict(model="tiny", input=MSGS, max_output_tokens=12, temperature=0.0,
+                  extra_body={"ignore_eos": True})  # fmt: skip
+    resp = client.responses.create(**common)
+    assert resp.status == "incomplete" and resp.incomplete_details.reason == "max_output_tokens"
+    [item] = resp.output
+    assert item.type == "reasoning" and item.content[0].text == offline_text
+    assert resp.usage.output_tokens == 12 and resp.output_text == ""
+    events = list(client.responses.create(**common, stream=True))
+    deltas = [e.delta for e in events if e.type == "response.reasoning_text.delta"]
+    assert "".join(deltas) == offline_text
+    assert events[-1].type == "response.incomplete"
+    assert events[-1].response.output[0].content[0].text == offline_text

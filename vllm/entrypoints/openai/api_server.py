@@ -1,6 +1,7 @@
 """The OpenAI-compatible HTTP server (FastAPI + uvicorn) around an AsyncLLMEngine.
 
-Endpoints: /v1/models, /v1/completions, /v1/chat/completions, /tokenize, /detokenize
+Endpoints: /v1/models, /v1/completions, /v1/chat/completions, /v1/responses
+(serving_responses.py), /tokenize, /detokenize
 (serving_tokenization.py), the pooling APIs of an embedding engine (pooling_routes.py),
 /health (and its alias /ping), /version, /metrics (Prometheus text, this server's own
 registry), POST /start_profile and /stop_profile (only with VLLM_TORCH_PROFILER_DIR set).
@@ -69,9 +70,11 @@ from vllm.entrypoints.openai.request_guards import (
     RequestIdHeader,
     validation_message,
 )
+from vllm.entrypoints.openai.responses_input import ResponsesRequest
 from vllm.entrypoints.openai.server_lifecycle import ABORT_GRACE_S, graceful_server_class
 from vllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from vllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from vllm.entrypoints.openai.serving_responses import OpenAIServingResponses
 from vllm.entrypoints.openai.serving_tokenization import (
     DetokenizeRequest,
     OpenAIServingTokenization,
@@ -331,6 +334,20 @@ def build_app(
             return await answer(await chat.create_chat_completion(body, raw))
         except Exception as e:
             return to_api_error(e).response()
+
+    responses = OpenAIServingResponses(chat)
+
+    @app.post("/v1/responses")
+    async def create_response(body: ResponsesRequest, raw: Request):
+        try:
+            result = await responses.create_response(body, raw)
+        except Exception as e:
+            return to_api_error(e).response()
+        if result is None:  # the client went away; its request was aborted
+            return Response(status_code=499)
+        if isinstance(result, dict):
+            return JSONResponse(result)
+        return StreamingResponse(result, media_type="text/event-stream")
 
     add_pooling_routes(app, (engine, served_model_names, tokenize_pool), as_ids, chat)
 

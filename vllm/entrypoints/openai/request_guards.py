@@ -123,8 +123,8 @@ def validation_message(errs: list[dict]) -> tuple[str, str | None]:
 
 # The model APIs whose requests --enable-server-load-tracking counts (paths inside the app).
 LOAD_TRACKED_PATHS = frozenset({
-    "/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/pooling", "/score",
-    "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank", "/tokenize", "/detokenize",
+    "/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/embeddings", "/pooling",
+    "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank", "/tokenize", "/detokenize",
 })  # fmt: skip
 
 
