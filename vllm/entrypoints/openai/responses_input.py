@@ -11,16 +11,18 @@ What maps where (the conversation is rendered with the model's chat template, as
   message; ``reasoning`` items are dropped (the template gets the answer only).
 - ``max_output_tokens`` -> ``max_tokens``; ``temperature``, ``top_p`` and vLLM's extras
   (``top_k``, ``min_p``, ``repetition_penalty``, ``seed``, ``priority``,
-  ``ignore_eos``, ``request_id``) as given.
+  ``ignore_eos``, ``request_id``, ``structured_outputs``, ``guided_decoding_backend``) as
+  given.
 - ``tools`` (``{"type": "function", "name", "description", "parameters"}``) and
   ``tool_choice`` (``"auto"``, ``"none"``, ``"required"`` or ``{"type": "function",
   "name"}``) -> chat's nested forms; ``text.format`` (``text``, ``json_object``,
   ``json_schema`` with ``name`` / ``schema`` / ``strict``) -> ``response_format``.
 
-Refused with a 400 naming the field: ``previous_response_id`` and ``background`` (this
-server stores no responses), image / file / audio input parts, and tools other than
-functions. ``store``, ``metadata``, ``include``, ``reasoning``, ``truncation`` and ``user``
-are accepted; ``metadata`` is echoed back, nothing is stored.
+Refused with a 400 naming the field: ``previous_response_id``, ``conversation`` and
+``background`` (this server stores no responses), a forced ``tool_choice`` without tools,
+image / file / audio input parts, and tools other than functions. ``store``,
+``metadata``, ``include``, ``reasoning``, ``truncation`` and ``user`` are accepted;
+``metadata`` is echoed back, nothing is stored.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ from vllm.entrypoints.openai.request_guards import validation_message
 
 _TEXT_PARTS = ("input_text", "output_text", "text")
 _PASSED = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed", "priority",
-           "user", "request_id", "ignore_eos")  # fmt: skip
+           "user", "request_id", "ignore_eos", "structured_outputs",
+           "guided_decoding_backend")  # fmt: skip
 
 
 class ResponsesRequest(OpenAIRequest):
@@ -55,6 +58,7 @@ class ResponsesRequest(OpenAIRequest):
     store: bool = True
     background: bool = False
     previous_response_id: str | None = None
+    conversation: Any = None
     metadata: dict[str, Any] | None = None
     include: list[str] | None = None
     reasoning: dict[str, Any] | None = None
@@ -68,6 +72,8 @@ class ResponsesRequest(OpenAIRequest):
     priority: int = 0
     request_id: str | None = None
     ignore_eos: bool = False
+    structured_outputs: dict[str, Any] | None = None
+    guided_decoding_backend: str | None = None
 
 
 def _content(content: Any, where: str) -> str | list[dict[str, str]]:
@@ -105,9 +111,14 @@ def chat_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
         where = f"input[{i}]"
         kind = item.get("type", "message")
         if kind == "message":
-            role = {"developer": "system"}.get(item.get("role"), item.get("role"))
-            if role not in ("system", "user", "assistant"):
-                raise APIError(f"{where}.role {item.get('role')!r} is not known.", 400, "input")
+            role = item.get("role")
+            if role not in ("system", "developer", "user", "assistant"):
+                raise APIError(
+                    f"{where}.role {role!r} is not known (system, developer, user, assistant).",
+                    400,
+                    "input",
+                )
+            role = "system" if role == "developer" else role
             messages.append({"role": role, "content": _content(item.get("content"), where)})
         elif kind == "function_call":
             fn = {"name": item.get("name"), "arguments": item.get("arguments")}
@@ -149,11 +160,17 @@ def _tools(req: ResponsesRequest) -> tuple[list | None, Any]:
         if choice.get("type") != "function" or not isinstance(choice.get("name"), str):
             raise APIError(f"tool_choice {choice!r} is not supported.", 400, "tool_choice")
         choice = {"type": "function", "function": {"name": choice["name"]}}
+    if not tools and choice not in ("auto", "none"):
+        raise APIError(
+            f"tool_choice {req.tool_choice!r} needs a non-empty tools list.", 400, "tool_choice"
+        )
     return (tools or None), (choice if tools else None)
 
 
 def _response_format(req: ResponsesRequest) -> dict[str, Any] | None:
     fmt = (req.text or {}).get("format")
+    if fmt is not None and not isinstance(fmt, dict):
+        raise APIError(f"text.format must be an object, got {fmt!r}.", 400, "text")
     if fmt is None or fmt.get("type") == "text":
         return None
     if fmt.get("type") == "json_object":
@@ -180,6 +197,13 @@ def to_chat_request(req: ResponsesRequest, stream: bool) -> ChatCompletionReques
         )
     if req.background:
         raise APIError("background responses are not supported.", 400, "background")
+    if req.conversation is not None:
+        raise APIError(
+            "conversation is not supported: this server stores no conversations; send the "
+            "conversation in input.",
+            400,
+            "conversation",
+        )
     if req.max_output_tokens is not None and req.max_output_tokens < 1:
         raise APIError(
             f"max_output_tokens must be at least 1, got {req.max_output_tokens}.",

@@ -122,7 +122,8 @@ class OpenAIServingResponses:
         if msg.get("reasoning"):
             output.append(_reasoning(_item_id("rs"), msg["reasoning"]))
         if msg.get("content"):
-            output.append(_message(_item_id("msg"), msg["content"]))
+            cut = "incomplete" if choice["finish_reason"] == "length" else "completed"
+            output.append(_message(_item_id("msg"), msg["content"], cut))
         for call in msg.get("tool_calls") or []:
             fn = call["function"]
             output.append(_call(_item_id("fc"), call["id"], fn["name"], fn["arguments"]))
@@ -160,7 +161,7 @@ class OpenAIServingResponses:
                     finish = choice.get("finish_reason") or finish
         finally:
             await chunks.aclose()  # a client gone: the chat stream aborts its request
-        for piece in w.close():
+        for piece in w.close(finish):
             yield piece
         if rid is not None:
             final = self._response(req, rid, created, model, w.output, finish, usage)
@@ -182,8 +183,9 @@ class _EventWriter:
         self.seq += 1
         return f"event: {kind}\ndata: {data}\n\n"
 
-    def close(self) -> list[str]:
-        """The done events of the open item, which joins ``output``."""
+    def close(self, finish: str | None = None) -> list[str]:
+        """The done events of the open item, which joins ``output`` (a message the budget
+        cut, ``finish`` "length", is ``incomplete``)."""
         it, self.item = self.item, None
         if it is None:
             return []
@@ -193,7 +195,7 @@ class _EventWriter:
             item = _reasoning(it["id"], text)
             out = [self.event("response.reasoning_text.done", **at, content_index=0, text=text)]
         elif it["kind"] == "message":
-            item = _message(it["id"], text)
+            item = _message(it["id"], text, "incomplete" if finish == "length" else "completed")
             out = [
                 self.event("response.output_text.done", **at, content_index=0, text=text,
                            logprobs=[]),
