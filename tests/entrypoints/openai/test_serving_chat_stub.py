@@ -316,3 +316,36 @@ def test_load_tracker_counts_model_requests_until_they_end():
 
     assert asyncio.run(run()) == (3, 0, ["NoneType", "NoneType", "RuntimeError", "NoneType",
                                          "NoneType"])  # fmt: skip
+
+
+def test_constrained_reply_is_content_under_a_reasoning_parser(tokenizer):
+    """A constraint holds the reply to its grammar from the first token, so a reasoning
+    parser leaves it whole as content: a JSON reply stays content, a forced call a call."""
+    r = _answer(tokenizer, ['{"a": ', "1}"], reasoning="deepseek_r1",
+                response_format={"type": "json_object"})  # fmt: skip
+    msg = r["choices"][0]["message"]
+    assert (msg["reasoning"], msg["content"]) == (None, '{"a": 1}')
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    for stream in (False, True):
+        out = _answer(tokenizer, ['{"city": ', '"Paris"}'], reasoning="deepseek_r1",
+                      tools=TOOLS, tool_choice=named, stream=stream)  # fmt: skip
+        if stream:
+            assert not any("reasoning" in c["choices"][0]["delta"] for c in out)
+        else:
+            [call] = out["choices"][0]["message"]["tool_calls"]
+            assert call["function"]["arguments"] == '{"city": "Paris"}'
+
+
+def test_named_call_cut_short_is_a_call_streamed_or_not(tokenizer):
+    """A named function's reply cut before its JSON closes (max_tokens) is still the call,
+    its arguments as generated, in both modes (upstream's behaviour)."""
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    pieces = ['{"city": ', '"Par']
+    whole = _answer(tokenizer, pieces, tools=TOOLS, tool_choice=named)
+    [call] = whole["choices"][0]["message"]["tool_calls"]
+    assert call["function"]["arguments"] == '{"city": "Par'
+    assert whole["choices"][0]["message"]["content"] is None
+    chunks = _answer(tokenizer, pieces, tools=TOOLS, tool_choice=named, stream=True)
+    args = "".join(tc["function"].get("arguments", "") for c in chunks
+                   for tc in c["choices"][0]["delta"].get("tool_calls", []))  # fmt: skip
+    assert args == call["function"]["arguments"]

@@ -228,8 +228,11 @@ class OpenAIServingChat(OpenAIServing):
         role = self.response_role if req.add_generation_prompt else conv[-1]["role"]
         echo = message_text(conv[-1]) if req.echo and conv[-1]["role"] == role else ""
         as_id = req.return_tokens_as_token_ids  # None: the server's flag
+        # A constrained reply (guided decoding, a forced tool call) is held to its grammar
+        # from the first token, so it has no reasoning to split off: all of it is content.
+        splitter = self.reasoning_parser if guided is None else None
         if req.stream:
-            return self._stream(req, gen, rid, created, len(ids), mode, role, echo, as_id)
+            return self._stream(req, gen, rid, created, len(ids), mode, role, echo, as_id, splitter)
         final = await collect_final(gen, raw)
         if final is None:
             return None
@@ -240,13 +243,13 @@ class OpenAIServingChat(OpenAIServing):
             if req.logprobs:
                 lps = self._logprobs(o.token_ids, o.logprobs or [], k, as_id)
             reasoning, text = None, o.text
-            if self.reasoning_parser is not None:
-                reasoning, text = self.reasoning_parser.extract(o.text)
+            if splitter is not None:
+                reasoning, text = splitter.extract(o.text)
                 reasoning = reasoning if req.include_reasoning else None
             calls, content = parse_tool_calls(mode, text or "") if mode.active else (None, text)
             if echo:
                 content = echo + (content or "")
-            if self.reasoning_parser is not None and not content:
+            if splitter is not None and not content:
                 content = None  # all reasoning (or nothing): no content, as upstream
             message = ResponseMessage(
                 role=role, content=content, reasoning=reasoning, tool_calls=calls or []
@@ -280,7 +283,17 @@ class OpenAIServingChat(OpenAIServing):
         )
 
     async def _stream(
-        self, req, gen, rid, created, prompt_len, mode: ToolMode, role: str, echo: str, as_id
+        self,
+        req,
+        gen,
+        rid,
+        created,
+        prompt_len,
+        mode: ToolMode,
+        role: str,
+        echo: str,
+        as_id,
+        splitter: ReasoningParser | None,
     ) -> AsyncIterator[str]:
         """A role chunk per choice (then the echoed content, if any), then a chunk per
         generated token that adds something (tool-call deltas instead of content when
@@ -293,8 +306,7 @@ class OpenAIServingChat(OpenAIServing):
         continuous = include_usage and opts is not None and bool(opts.continuous_usage_stats)
         sent_tokens, sent_chars = [0] * n, [0] * n
         tools = [ToolCallStream(mode) for _ in range(n)] if mode.active else None
-        parser = self.reasoning_parser
-        splits = [parser.stream() for _ in range(n)] if parser is not None else None
+        splits = [splitter.stream() for _ in range(n)] if splitter is not None else None
         completion_tokens = 0
         plain = TextChunks(  # the usual chunk: content only (no logprobs, finish or tools)
             lambda index, text: ChatCompletionStreamResponse(

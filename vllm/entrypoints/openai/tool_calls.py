@@ -137,8 +137,9 @@ def _show(choice) -> str:
 
 def parse_tool_calls(mode: ToolMode, text: str) -> tuple[list[ToolCall] | None, str | None]:
     """The tool calls of a finished output and the message content that goes with them.
-    No calls (None) when the text is not a complete call (e.g. cut by max_tokens): the
-    content is then the whole text."""
+    A named function's call is the whole text, as streamed (its arguments cut short when
+    max_tokens cut the reply, as upstream). Otherwise no calls (None) when the text is not
+    a complete call (e.g. cut by max_tokens): the content is then the whole text."""
     if mode.parser is not None:
         found = mode.parser.extract(text)
         return (found.calls, found.content) if found.calls else (None, text)
@@ -147,11 +148,7 @@ def parse_tool_calls(mode: ToolMode, text: str) -> tuple[list[ToolCall] | None, 
 
 
 def _forced_calls(mode: ToolMode, text: str) -> list[ToolCall] | None:
-    if mode.function is not None:
-        try:
-            json.loads(text)
-        except ValueError:
-            return None
+    if mode.function is not None:  # the arguments as generated, complete JSON or not
         return [ToolCall(function=FunctionCall(name=mode.function, arguments=text))]
     try:
         calls = json.loads(text)
