@@ -80,7 +80,8 @@ def test_run_batch_unwritable_output_is_one_line_before_loading(tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_text("")
     for dst, why in [(tmp_path / "no" / "o.jsonl", "does not exist"),
-                     (tmp_path, "is a directory")]:  # fmt: skip
+                     (tmp_path, "is a directory"),
+                     ("/proc/version", "is not writable")]:  # fmt: skip
         cmd = [sys.executable, "-m", "vllm.entrypoints.cli", "run-batch", "-i", str(src), "-o",
                str(dst), "--device", "cpu"]  # fmt: skip
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -88,6 +89,10 @@ def test_run_batch_unwritable_output_is_one_line_before_loading(tmp_path):
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error:") and why in lines[0], r.stderr
     assert not (tmp_path / "no").exists()
+    from vllm.entrypoints.openai.run_batch import check_writable
+
+    check_writable(str(tmp_path / "new.jsonl"))  # writable: nothing is left behind
+    assert not (tmp_path / "new.jsonl").exists()
 
 
 def test_run_batch_serves_the_given_model_string(tiny_llama_dir, tmp_path):

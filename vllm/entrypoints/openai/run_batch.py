@@ -138,15 +138,21 @@ async def _run(args: argparse.Namespace, engine_args) -> list[dict]:
 
 def check_writable(path: str) -> None:
     """Raises OSError naming ``path`` when the output file could not be written: its
-    directory is missing or not writable, or the path is a directory or a read-only
-    file. Nothing is created."""
+    directory is missing, the path is a directory, or opening it for writing fails (a
+    read-only file or directory, a /proc or /sys file; tried for real, since root passes
+    permission checks). An existing file is left as it is; a new one is removed again."""
     folder = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
         raise OSError(f"the output file {path!r} is a directory.")
     if not os.path.isdir(folder):
         raise OSError(f"the output file's directory {folder!r} does not exist.")
-    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
-        raise OSError(f"the output file {path!r} is not writable.")
+    existed = os.path.exists(path)
+    try:
+        open(path, "a").close()  # append: an existing file keeps its content
+    except OSError as e:
+        raise OSError(f"the output file {path!r} is not writable: {e.strerror}.") from None
+    if not existed:
+        os.remove(path)
 
 
 def run_batch(args: argparse.Namespace) -> int:
