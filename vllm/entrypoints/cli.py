@@ -77,7 +77,9 @@ def make_parser() -> argparse.ArgumentParser:
         metavar="{" + ",".join(BENCHMARKS) + "}",
         help="Which benchmark (serving: the same as serve).",
     )
-    bench.add_argument("bench_args", nargs=argparse.REMAINDER, help="The benchmark's flags.")
+    bench.add_argument(
+        "bench_args", nargs=argparse.REMAINDER, metavar="FLAGS", help="The benchmark's flags."
+    )
     for name, chat, text in (
         ("chat", True, "Chat with a running server (one message per line; Ctrl-D ends)."),
         ("complete", False, "Complete prompts on a running server (one per line; Ctrl-D ends)."),
