@@ -67,14 +67,14 @@ def _run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess
         (["--tensor-parallel-size", "3"], "error: num_attention_heads=4 is not divisible by"),
         (["--max-num-seqs", "many"], "error: argument --max-num-seqs: invalid int value"),
         (
-            ["--enable-auto-tool-choice", "--tool-call-parser", "mistral"],
-            "error: --tool-call-parser 'mistral' is not a known parser; choose one of hermes, "
-            "llama3_json.",
+            ["--enable-auto-tool-choice", "--tool-call-parser", "granite"],
+            "error: --tool-call-parser 'granite' is not a known parser; choose one of hermes, "
+            "llama3_json, mistral, pythonic.",
         ),
         (
             ["--enable-auto-tool-choice"],
             "error: --enable-auto-tool-choice needs --tool-call-parser (one of hermes, "
-            "llama3_json).",
+            "llama3_json, mistral, pythonic).",
         ),
         (
             ["--reasoning-parser", "r1"],

@@ -49,6 +49,7 @@ class _Engine:
 
     async def generate(self, prompt, params, rid, lora_request=None, priority=0, **kw):
         self.request_ids.append(rid)
+        self.params = params
         for k in range(1, len(self.pieces) + 1):
             done = k == len(self.pieces)
             out = CompletionOutput(
@@ -349,3 +350,25 @@ def test_named_call_cut_short_is_a_call_streamed_or_not(tokenizer):
     args = "".join(tc["function"].get("arguments", "") for c in chunks
                    for tc in c["choices"][0]["delta"].get("tool_calls", []))  # fmt: skip
     assert args == call["function"]["arguments"]
+
+
+def test_mistral_parser_keeps_special_tokens(tokenizer):
+    """The mistral format's [TOOL_CALLS] is a special token: with its parser the request is
+    detokenized keeping special tokens, and the calls after it are parsed."""
+    pieces = ["Sure.", "[TOOL_CALLS]", '[{"name": "get_weather", ',
+              '"arguments": {"city": "Paris"}}]']  # fmt: skip
+    for name, keeps in (("mistral", True), ("hermes", False)):
+        engine = _Engine(tokenizer, pieces)
+        handler = OpenAIServingChat(engine, ["m"], chat_template=TEMPLATE,
+                                    tool_parser=get_tool_parser(name))  # fmt: skip
+        req = ChatCompletionRequest(messages=MSGS, max_tokens=8, tools=TOOLS)
+        asyncio.run(handler.create_chat_completion(req, None))
+        assert engine.params.skip_special_tokens is not keeps
+    engine = _Engine(tokenizer, pieces)
+    handler = OpenAIServingChat(engine, ["m"], chat_template=TEMPLATE,
+                                tool_parser=get_tool_parser("mistral"))  # fmt: skip
+    req = ChatCompletionRequest(messages=MSGS, max_tokens=8, tools=TOOLS)
+    msg = asyncio.run(handler.create_chat_completion(req, None)).model_dump()["choices"][0]
+    assert msg["finish_reason"] == "tool_calls" and msg["message"]["content"] == "Sure."
+    [call] = msg["message"]["tool_calls"]
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}

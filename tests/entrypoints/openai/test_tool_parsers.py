@@ -1,6 +1,7 @@
-"""Tool-call parsers for tool_choice "auto" (hermes, llama3_json) on text, the registry
-that picks them by name, the "auto" default and refusal in tool_mode, and the streamed
-deltas of an "auto" choice (content as it comes, calls whole at the finish)."""
+"""Tool-call parsers for tool_choice "auto" (hermes, llama3_json, mistral, pythonic) on
+text, the registry that picks them by name, the "auto" default and refusal in tool_mode,
+and the streamed deltas of an "auto" choice (content as it comes, calls whole at the
+finish)."""
 
 import json
 
@@ -21,12 +22,13 @@ def _calls(found):
 
 
 def test_registry_lists_and_refuses_unknown_names():
-    assert tool_parser_names() == ["hermes", "llama3_json"]
+    assert tool_parser_names() == ["hermes", "llama3_json", "mistral", "pythonic"]
     assert get_tool_parser("hermes").name == "hermes"
     with pytest.raises(ValueError) as exc:
-        get_tool_parser("mistral")
+        get_tool_parser("granite")
     assert str(exc.value) == (
-        "--tool-call-parser 'mistral' is not a known parser; choose one of hermes, llama3_json."
+        "--tool-call-parser 'granite' is not a known parser; choose one of hermes, llama3_json, "
+        "mistral, pythonic."
     )
 
 
@@ -123,3 +125,39 @@ def test_auto_stream_sends_content_as_it_comes_and_calls_at_the_finish():
     # an unclosed block is content, sent whole at the finish
     deltas = _stream(mode, ["A", "<tool_call>", "{"])
     assert deltas == [{"content": "A"}, {}, {"content": "<tool_call>{"}]
+
+
+def test_mistral_array_and_named_forms():
+    p = get_tool_parser("mistral")
+    assert p.keeps_special_tokens  # [TOOL_CALLS] is a special token
+    arr = 'Checking.[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}, ' \
+          '{"name": "get_time", "arguments": {}}]'  # fmt: skip
+    found = p.extract(arr)
+    assert _calls(found) == [("get_weather", {"city": "Paris"}), ("get_time", {})]
+    assert found.content == "Checking."
+    named = '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_time{}'
+    found = p.extract(named)
+    assert _calls(found) == [("get_weather", {"city": "Paris"}), ("get_time", {})]
+    assert found.content is None
+    # no tag, a cut array, a body that is no call: all content
+    for plain in ["Paris is sunny.", '[TOOL_CALLS][{"name": "get_weather", "argu',
+                  "[TOOL_CALLS]not a call", "[TOOL_CALLS][1, 2]"]:  # fmt: skip
+        found = p.extract(plain)
+        assert found.calls == [] and found.content == plain
+    assert p.content_prefix("Hello [TOOL") == 6
+    assert p.content_prefix("Hello") == 5 and p.content_prefix("[TOOL_CALLS][") == 0
+
+
+def test_pythonic_list_of_calls():
+    p = get_tool_parser("pythonic")
+    text = '[get_weather(city="Paris", days=3, units=None), get_time(), note(tags=["a", 1])]'
+    found = p.extract(text)
+    assert _calls(found) == [("get_weather", {"city": "Paris", "days": 3, "units": None}),
+                             ("get_time", {}), ("note", {"tags": ["a", 1]})]  # fmt: skip
+    assert found.content is None
+    # prose, a cut list, positional or computed arguments, an empty list: content
+    for plain in ["Paris is sunny.", '[get_weather(city="Par', '[get_weather("Paris")]',
+                  "[f(x=open('y'))]", "[]", "[1, 2]"]:  # fmt: skip
+        found = p.extract(plain)
+        assert found.calls == [] and found.content == plain
+    assert p.content_prefix("Sure: [x()]") == 11 and p.content_prefix(" [get") == 0

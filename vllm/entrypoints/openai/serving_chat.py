@@ -219,6 +219,8 @@ class OpenAIServingChat(OpenAIServing):
             self.check_schedulable(len(ids), 1, True)
         else:
             params = self.sampling_params(req, budget, k, req.prompt_logprobs, guided)
+            if mode.parser is not None and mode.parser.keeps_special_tokens:
+                params.skip_special_tokens = False  # its markers are special tokens
             self.check_params(params, "top_logprobs")
             self.check_schedulable(len(ids), req.n, req.prompt_logprobs is None)
             await self.check_guided(params, param)

@@ -1,6 +1,11 @@
 """Tool-call parsers for tool_choice "auto", chosen by name (``--tool-call-parser``)."""
 
-from vllm.entrypoints.openai.tool_parsers import hermes, llama3_json  # noqa: F401  (register)
+from vllm.entrypoints.openai.tool_parsers import (  # noqa: F401  (register)
+    hermes,
+    llama3_json,
+    mistral,
+    pythonic,
+)
 from vllm.entrypoints.openai.tool_parsers.abstract import (
     ExtractedToolCalls,
     ToolParser,

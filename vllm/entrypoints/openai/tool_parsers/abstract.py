@@ -35,6 +35,8 @@ class ToolParser:
     """Base of the tool-call parsers; subclasses register with :func:`register_tool_parser`."""
 
     name: ClassVar[str]
+    # the format's markers are special tokens: replies are detokenized keeping them
+    keeps_special_tokens: ClassVar[bool] = False
 
     def extract(self, text: str) -> ExtractedToolCalls:
         """The tool calls in ``text``, a finished reply. Text that holds no complete,

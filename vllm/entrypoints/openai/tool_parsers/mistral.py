@@ -1,0 +1,80 @@
+"""The ``mistral`` tool-call format (Mistral 7B v0.3, Mistral Small / Nemo and later): the
+``[TOOL_CALLS]`` control token, then either a JSON array of ``{"name", "arguments"}``
+objects (older tokenizers) or one or more ``NAME[ARGS]{...}`` / ``NAME{...}`` calls, each
+after its own ``[TOOL_CALLS]`` (newer ones); text before the first ``[TOOL_CALLS]`` is
+content. ``[TOOL_CALLS]`` is a special token, so this parser asks for replies detokenized
+with special tokens kept (:attr:`ToolParser.keeps_special_tokens`)."""
+
+from __future__ import annotations
+
+import json
+
+from vllm.entrypoints.openai.tool_parsers.abstract import (
+    ExtractedToolCalls,
+    ToolParser,
+    make_call,
+    register_tool_parser,
+)
+
+TAG, ARGS = "[TOOL_CALLS]", "[ARGS]"
+_DECODER = json.JSONDecoder()
+
+
+@register_tool_parser("mistral")
+class MistralToolParser(ToolParser):
+    """Parses what follows the first ``[TOOL_CALLS]``; a body that does not parse
+    completely (e.g. cut by max_tokens) makes the whole text content."""
+
+    keeps_special_tokens = True
+
+    def extract(self, text: str) -> ExtractedToolCalls:
+        """See :meth:`ToolParser.extract`."""
+        start = text.find(TAG)
+        if start == -1:
+            return ExtractedToolCalls(content=text)
+        calls = _array_calls(text[start + len(TAG) :])
+        if calls is None:
+            calls = [_named_call(body) for body in text[start:].split(TAG)[1:]]
+        if not calls or any(c is None for c in calls):
+            return ExtractedToolCalls(content=text)
+        content = text[:start]
+        return ExtractedToolCalls(calls=calls, content=content if content.strip() else None)
+
+    def content_prefix(self, text: str) -> int:
+        """Text before ``[TOOL_CALLS]`` (and before a tail that may begin it); nothing
+        while that text is only whitespace."""
+        cut = text.find(TAG)
+        if cut == -1:
+            cut = len(text)
+            for k in range(min(len(TAG) - 1, len(text)), 0, -1):
+                if TAG.startswith(text[-k:]):
+                    cut = len(text) - k
+                    break
+        return cut if text[:cut].strip() else 0
+
+
+def _array_calls(body: str) -> list | None:
+    """``[{"name", "arguments"}, ...]`` -> calls; None when ``body`` is not such an array."""
+    try:
+        obj, end = _DECODER.raw_decode(body.lstrip())
+    except ValueError:
+        return None
+    if not isinstance(obj, list) or body.lstrip()[end:].strip():
+        return None
+    return [make_call(o.get("name"), o.get("arguments")) if isinstance(o, dict) else None
+            for o in obj]  # fmt: skip
+
+
+def _named_call(body: str):
+    """``NAME[ARGS]{...}`` or ``NAME{...}`` -> a call; None when it does not parse."""
+    name, sep, args = body.partition(ARGS)
+    if not sep:
+        brace = body.find("{")
+        if brace <= 0:
+            return None
+        name, args = body[:brace], body[brace:]
+    try:
+        arguments = json.loads(args)
+    except ValueError:
+        return None
+    return make_call(name.strip(), arguments)
