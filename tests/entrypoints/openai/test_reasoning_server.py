@@ -7,7 +7,9 @@ is tested over a stub engine in test_serving_chat_stub.py.)
 The same server runs ``--enable-force-include-usage`` (every stream ends with a usage
 chunk), ``--enable-server-load-tracking`` (``GET /load`` back to 0 after requests) and two
 ``--middleware`` (a class and a function, each stamping a header on every response,
-401s of the API key check included)."""
+401s of the API key check included), and ``--tool-call-parser pythonic``: a reply forced
+by guided_regex into a pythonic call list comes back as tool_calls (a constrained reply
+is not split as reasoning)."""
 
 import json
 
@@ -27,7 +29,8 @@ def server(tiny_llama_dir):
             "--served-model-name", "tiny", "--reasoning-parser", "deepseek_r1",
             "--enable-force-include-usage", "--enable-server-load-tracking",
             "--api-key", "k", "--middleware", f"{HELPERS}.StampHeader",
-            "--middleware", f"{HELPERS}.stamp_function"]  # fmt: skip
+            "--middleware", f"{HELPERS}.stamp_function",
+            "--enable-auto-tool-choice", "--tool-call-parser", "pythonic"]  # fmt: skip
     srv = RemoteOpenAIServer(tiny_llama_dir, args)
     try:
         yield srv
@@ -105,3 +108,28 @@ def test_responses_api_reasoning_item(server, offline_text):
     assert "".join(deltas) == offline_text
     assert events[-1].type == "response.incomplete"
     assert events[-1].response.output[0].content[0].text == offline_text
+
+
+def test_pythonic_tool_calls(server):
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                },
+            },
+        }
+    ]
+    regex = r'\[get_weather\(city="Paris", days=3\), get_weather\(city="Lyon", days=1\)\]'
+    r = _chat(server, tools=tools, guided_regex=regex, max_tokens=40, ignore_eos=False)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls", choice
+    calls = [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+             for c in choice["message"]["tool_calls"]]  # fmt: skip
+    assert calls == [("get_weather", {"city": "Paris", "days": 3}),
+                     ("get_weather", {"city": "Lyon", "days": 1})]  # fmt: skip
+    assert choice["message"]["content"] is None and choice["message"]["reasoning"] is None
