@@ -22,15 +22,9 @@ grew by, so the joined deltas equal the one-shot split of the final text.
 
 from __future__ import annotations
 
+from vllm.utils.text_utils import partial_marker_len
+
 START, END = "<think>", "</think>"
-
-
-def _tag_prefix_len(text: str, tag: str) -> int:
-    """Length of the longest proper prefix of ``tag`` that ``text`` ends with (0: none)."""
-    for k in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:k]):
-            return k
-    return 0
 
 
 class ReasoningParser:
@@ -58,7 +52,7 @@ class ReasoningParser:
         end = body.find(END)
         if end >= 0:
             return body[:end], body[end + len(END) :]
-        held = 0 if final else _tag_prefix_len(body, END)
+        held = 0 if final else partial_marker_len(body, END)
         return body[: len(body) - held], ""
 
     def extract(self, text: str) -> tuple[str | None, str | None]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from vllm.entrypoints.openai.protocol import FunctionCall, ToolCall
+from vllm.utils.text_utils import partial_marker_len
 
 _PARSERS: dict[str, type[ToolParser]] = {}
 
@@ -47,6 +48,16 @@ class ToolParser:
         """How many leading characters of ``text`` (a reply so far) are content whatever
         follows; never fewer than for any prefix of ``text``."""
         raise NotImplementedError
+
+
+def content_before(text: str, marker: str) -> int:
+    """:meth:`ToolParser.content_prefix` of a format whose calls start at ``marker``: the
+    text before the first ``marker`` (and before a tail that may begin one); nothing while
+    that text is only whitespace (it may turn out to be no content)."""
+    cut = text.find(marker)
+    if cut == -1:
+        cut = len(text) - partial_marker_len(text, marker)
+    return cut if text[:cut].strip() else 0
 
 
 def make_call(name: Any, arguments: Any) -> ToolCall | None:

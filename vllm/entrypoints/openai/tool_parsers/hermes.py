@@ -9,6 +9,7 @@ import json
 from vllm.entrypoints.openai.tool_parsers.abstract import (
     ExtractedToolCalls,
     ToolParser,
+    content_before,
     make_call,
     register_tool_parser,
 )
@@ -47,13 +48,5 @@ class HermesToolParser(ToolParser):
         return ExtractedToolCalls(calls=calls, content=content if content.strip() else None)
 
     def content_prefix(self, text: str) -> int:
-        """Text before the first ``<tool_call>`` (and before a tail that may begin one);
-        nothing while that text is only whitespace (it may turn out to be no content)."""
-        cut = text.find(START)
-        if cut == -1:
-            cut = len(text)
-            for k in range(min(len(START) - 1, len(text)), 0, -1):
-                if START.startswith(text[-k:]):
-                    cut = len(text) - k
-                    break
-        return cut if text[:cut].strip() else 0
+        """Text before the first ``<tool_call>`` (see :func:`content_before`)."""
+        return content_before(text, START)

@@ -12,6 +12,7 @@ import json
 from vllm.entrypoints.openai.tool_parsers.abstract import (
     ExtractedToolCalls,
     ToolParser,
+    content_before,
     make_call,
     register_tool_parser,
 )
@@ -41,16 +42,8 @@ class MistralToolParser(ToolParser):
         return ExtractedToolCalls(calls=calls, content=content if content.strip() else None)
 
     def content_prefix(self, text: str) -> int:
-        """Text before ``[TOOL_CALLS]`` (and before a tail that may begin it); nothing
-        while that text is only whitespace."""
-        cut = text.find(TAG)
-        if cut == -1:
-            cut = len(text)
-            for k in range(min(len(TAG) - 1, len(text)), 0, -1):
-                if TAG.startswith(text[-k:]):
-                    cut = len(text) - k
-                    break
-        return cut if text[:cut].strip() else 0
+        """Text before the first ``[TOOL_CALLS]`` (see :func:`content_before`)."""
+        return content_before(text, TAG)
 
 
 def _array_calls(body: str) -> list | None:
