@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from vllm.worker.worker_process import USER_CALL
+
 
 class WorkerCallMethods:
     """The call; the class it is mixed into provides ``executor`` (with
@@ -50,4 +52,4 @@ class WorkerCallMethods:
         if kwargs is not None and not isinstance(kwargs, dict):
             raise TypeError(f"collective_rpc kwargs must be a dict, got {type(kwargs).__name__}.")
         call = (method, tuple(args), dict(kwargs or {}))
-        return self.executor.collective_rpc("rpc", *call, timeout=timeout)
+        return self.executor.collective_rpc(USER_CALL, *call, timeout=timeout)

@@ -208,7 +208,7 @@ class MultiprocessingExecutor(PipelineExecutorBase):
         helper): its failure fails that call only, and the workers keep serving. Any
         other call's or step's failure stops the executor."""
         with self._lock:
-            return kind == wp.CALL and tag in self._calls and self._calls[tag][2] == "rpc"
+            return kind == wp.CALL and tag in self._calls and self._calls[tag][2] == wp.USER_CALL
 
     def _fail(self, rank: int, what: str) -> None:
         """Mark the executor failed and fail every pending future with the rank's error."""

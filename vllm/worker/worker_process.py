@@ -43,6 +43,8 @@ CALL = "call"
 FREE = "free"
 SHUTDOWN = "shutdown"
 READY = "ready"
+# The helper that runs a user's call (LLM.collective_rpc): its failure fails that call only.
+USER_CALL = "rpc"
 
 
 def _decode_step_counters(worker) -> dict:
@@ -76,7 +78,7 @@ _HELPERS = {
     "decode_step_counters": _decode_step_counters,
     "attn_backend_name": _attn_backend_name,
     "apply_model": _apply_model,
-    "rpc": _rpc,
+    USER_CALL: _rpc,
 }
 
 
