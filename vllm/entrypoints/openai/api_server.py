@@ -305,7 +305,7 @@ def build_app(
             return Response(status_code=499)
         if hasattr(result, "__aiter__"):
             return StreamingResponse(result, media_type="text/event-stream")
-        return JSONResponse(result.model_dump())
+        return JSONResponse(result if isinstance(result, dict) else result.model_dump())
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest):
@@ -340,14 +340,9 @@ def build_app(
     @app.post("/v1/responses")
     async def create_response(body: ResponsesRequest, raw: Request):
         try:
-            result = await responses.create_response(body, raw)
+            return await answer(await responses.create_response(body, raw))
         except Exception as e:
             return to_api_error(e).response()
-        if result is None:  # the client went away; its request was aborted
-            return Response(status_code=499)
-        if isinstance(result, dict):
-            return JSONResponse(result)
-        return StreamingResponse(result, media_type="text/event-stream")
 
     add_pooling_routes(app, (engine, served_model_names, tokenize_pool), as_ids, chat)
 
