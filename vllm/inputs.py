@@ -8,8 +8,13 @@ A prompt is one of:
   text they came from (then not tokenized again; the text is reported in outputs);
 - a list of token ids.
 
-``LLMEngine.process_prompt`` validates them (empty prompts and ids outside the
-vocabulary are refused with a ValueError).
+A prompt dict may carry ``cache_salt`` (upstream's field): a non-empty string mixed into
+the prefix-cache hash of every block of the request, so its cached blocks are shared only
+with requests of the same salt (one tenant's prompts cannot be probed by another's
+cache hits).
+
+``LLMEngine.process_prompt`` validates them (empty prompts, ids outside the vocabulary
+and a salt that is not a non-empty string are refused with a ValueError).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ class TextPrompt(TypedDict, total=False):
     tokenizer does by default)."""
 
     prompt: Required[str]
+    cache_salt: str
 
 
 class TokensPrompt(TypedDict, total=False):
@@ -30,6 +36,7 @@ class TokensPrompt(TypedDict, total=False):
 
     prompt_token_ids: Required[list[int]]
     prompt: str
+    cache_salt: str
 
 
 PromptType = str | TextPrompt | TokensPrompt | dict[str, Any] | list[int]
@@ -43,3 +50,17 @@ def prompt_list(prompts: PromptType | list[PromptType]) -> list[PromptType]:
     if prompts and isinstance(prompts, list) and isinstance(prompts[0], int):
         return [prompts]
     return list(prompts)
+
+
+def prompt_cache_salt(prompt: PromptType) -> str | None:
+    """The prompt's ``cache_salt`` (None when it has none; only prompt dicts carry one).
+
+    Raises:
+        ValueError: the salt is not a non-empty string.
+    """
+    if not isinstance(prompt, dict) or prompt.get("cache_salt") is None:
+        return None
+    salt = prompt["cache_salt"]
+    if not isinstance(salt, str) or not salt:
+        raise ValueError(f"cache_salt must be a non-empty string, got {salt!r}.")
+    return salt

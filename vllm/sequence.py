@@ -138,7 +138,8 @@ class Sequence:
         self.output_text = ""
         self.status = SequenceStatus.WAITING
         # Hashed into every prefix-cache block of this sequence besides its tokens (the
-        # LoRA adapter's id: blocks computed with one adapter serve only that adapter).
+        # LoRA adapter's id: blocks computed with one adapter serve only that adapter; the
+        # prompt's cache_salt: blocks are shared only between requests of one salt).
         self.block_hash_keys: tuple = ()
         self.stop_reason: int | str | None = None
         # Incremental detokenization state (see vllm/engine/detokenizer.py).

@@ -119,3 +119,38 @@ def test_eviction_under_a_small_cache_equals_roomy_run(tiny_llama_dir):
     assert bm.num_hit_tokens > 0
     assert bm.pool.num_cached() > 0 and bm.pool.num_evictions > 0
     assert bm.get_num_free_gpu_blocks() == start == bm.get_num_total_gpu_blocks()
+
+
+@pytest.mark.forked
+def test_cache_salt_shares_blocks_only_within_a_salt(tiny_llama_dir):
+    """``cache_salt`` in a prompt dict: blocks cached under one salt are found only by
+    requests of that salt (not by another salt, nor by unsalted requests, nor the other
+    way round), the outputs equal the uncached run, and a salt that is not a non-empty
+    string is a ValueError naming it, after which the engine still serves."""
+    rng = random.Random(3)
+    shared = [rng.randrange(10, 300) for _ in range(3 * BS)]
+    prompts = [shared + [rng.randrange(10, 300) for _ in range(3)] for _ in range(6)]
+    fresh = _engine(tiny_llama_dir, caching=False)
+    refs = [completion_tuple(fresh.generate([{"prompt_token_ids": p}], _params(),
+                                            use_tqdm=False)[0]) for p in prompts]  # fmt: skip
+    _close(fresh)
+
+    llm = _engine(tiny_llama_dir, caching=True)
+    # (salt, cached tokens expected): each salt's first request finds nothing
+    runs = [("a", 0), ("b", 0), ("a", 3 * BS), (None, 0), ("b", 3 * BS), (None, 3 * BS)]
+    for i, (salt, expected) in enumerate(runs):
+        prompt = {"prompt_token_ids": prompts[i]}
+        if salt is not None:
+            prompt["cache_salt"] = salt
+        (out,) = llm.generate([prompt], _params(), use_tqdm=False)
+        assert out.num_cached_tokens == expected, f"run {i} salt={salt!r}"
+        _assert_same(refs[i], completion_tuple(out), f"run {i} salt={salt!r}")
+    for bad in ("", 7):
+        with pytest.raises(ValueError, match=f"cache_salt must be a non-empty string, got {bad!r}"):
+            llm.generate([{"prompt_token_ids": prompts[0], "cache_salt": bad}], _params(),
+                         use_tqdm=False)  # fmt: skip
+    (out,) = llm.generate([{"prompt_token_ids": prompts[0], "cache_salt": "a"}], _params(),
+                          use_tqdm=False)  # fmt: skip
+    assert out.num_cached_tokens == 3 * BS
+    _assert_same(refs[0], completion_tuple(out), "after the errors")
+    _close(llm)

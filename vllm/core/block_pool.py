@@ -16,8 +16,9 @@ being kept, but not the other way round: a deep block is only hit after all its 
 Block identity (prefix caching): a *full* block's hash is ``hash((parent_hash, token_ids,
 extra_keys))`` with ``parent_hash`` the previous block's hash (None for the first block), so
 equal hashes mean equal token prefixes up to the 64-bit hash (collisions are as unlikely as
-in upstream vLLM, which uses the same construction). ``extra_keys`` is an empty tuple today
-and reserved for what changes the KV of equal tokens (a LoRA id, for example).
+in upstream vLLM, which uses the same construction). ``extra_keys`` are the request's
+``Sequence.block_hash_keys``: what changes the KV of equal tokens (the LoRA adapter's id)
+and who may share them (the prompt's ``cache_salt``); empty for most requests.
 """
 
 from __future__ import annotations

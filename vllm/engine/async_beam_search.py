@@ -24,7 +24,8 @@ async def beam_search(
 
     Args:
         engine: the AsyncLLMEngine.
-        prompt: ``{"prompt_token_ids": [...], "prompt": text (optional)}``.
+        prompt: ``{"prompt_token_ids": [...], "prompt": text (optional), "cache_salt":
+            salt (optional, passed to every step's requests)}``.
         params: the search's parameters.
         request_id: the id of the search; its steps' requests are ``<id>-s<step>-<beam>``.
         lora_request: the LoRA adapter every step's requests run with (None: the base model).
@@ -37,11 +38,12 @@ async def beam_search(
     ids = list(prompt["prompt_token_ids"])
     search = BeamSearch.for_engine(engine.engine, [ids], params)
     step_params = params.step_params()
+    salt = {k: prompt[k] for k in ("cache_salt",) if prompt.get(k) is not None}
 
     async def one(tokens: list[int], rid: str) -> RequestOutput:
         last = None
         async for out in engine.generate(
-            {"prompt_token_ids": tokens}, step_params, rid, lora_request=lora_request,
+            {"prompt_token_ids": tokens, **salt}, step_params, rid, lora_request=lora_request,
             dedupe_request_id=dedupe_request_id,
         ):  # fmt: skip
             last = out

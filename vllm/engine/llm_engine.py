@@ -25,7 +25,7 @@ from vllm.engine.detokenizer import fill_decoded_tokens
 from vllm.engine.lora_api import LoRAMethods
 from vllm.engine.rpc_api import WorkerCallMethods
 from vllm.engine.step_report import StepReport
-from vllm.inputs import PromptType
+from vllm.inputs import PromptType, prompt_cache_salt
 from vllm.lora.registry import AdapterRegistry
 from vllm.lora.request import LoRARequest
 from vllm.model_executor.guided_decoding.manager import GuidedDecodingManager
@@ -234,10 +234,12 @@ class LLMEngine(LoRAMethods, WorkerCallMethods):
 
         Raises:
             ValueError: empty prompt, ids outside [0, vocab_size), text without a tokenizer,
-                multimodal fields (``multi_modal_data``, ``mm_processor_kwargs``).
+                multimodal fields (``multi_modal_data``, ``mm_processor_kwargs``), a
+                ``cache_salt`` that is not a non-empty string.
         """
         text: str | None = None
         ids = None
+        prompt_cache_salt(prompt)
         if isinstance(prompt, dict):
             unsupported = [k for k in _UNSUPPORTED_PROMPT_KEYS if prompt.get(k)]
             if unsupported:
@@ -449,9 +451,12 @@ class LLMEngine(LoRAMethods, WorkerCallMethods):
             )
             for _ in range(params.n)
         ]
-        if lora_request is not None:
-            for seq in seqs:
-                seq.block_hash_keys = (lora_request.lora_int_id,)
+        # what changes a block's KV (the adapter) or who may share it (the salt)
+        keys = () if lora_request is None else (lora_request.lora_int_id,)
+        salt = prompt_cache_salt(prompt)
+        keys += () if salt is None else (("cache_salt", salt),)
+        for seq in seqs:
+            seq.block_hash_keys = keys
         group = SequenceGroup(
             request_id, seqs, params, arrival_time or time.time(), priority, lora_request
         )

@@ -21,7 +21,7 @@ from vllm.entrypoints.chat_utils import (
 )
 from vllm.entrypoints.llm_pooling import PoolingMethods
 from vllm.entrypoints.llm_rpc import WorkerCalls
-from vllm.inputs import prompt_list
+from vllm.inputs import prompt_cache_salt, prompt_list
 from vllm.logger import configure_logging
 from vllm.lora.request import LoRARequest
 from vllm.outputs import RequestOutput
@@ -146,7 +146,9 @@ class LLM(PoolingMethods, WorkerCalls):
             if not isinstance(sp, kind):
                 raise ValueError(f"{what}_params must be {kind.__name__}, got {type(sp).__name__}.")
             _, _, text, ids = engine.check_request(p, sp)  # ids truncated: the same again
-            processed.append({"prompt": text, "prompt_token_ids": ids})
+            salt = prompt_cache_salt(p)
+            salted = {} if salt is None else {"cache_salt": salt}
+            processed.append({"prompt": text, "prompt_token_ids": ids, **salted})
         for lora in loras:
             engine.adapters.check(lora)
         ids = []

@@ -1,7 +1,8 @@
 """`vllm serve --enable-prefix-caching`: /metrics shows the prefix-cache hit rate after two
 requests sharing a prefix, each response's usage.prompt_tokens_details.cached_tokens says
-how many of its prompt tokens were found (--enable-prompt-tokens-details), and POST
-/reset_prefix_cache empties the cache (tiny Llama, CPU)."""
+how many of its prompt tokens were found (--enable-prompt-tokens-details), POST
+/reset_prefix_cache empties the cache, and a request's ``cache_salt`` shares blocks only
+with requests of the same salt (tiny Llama, CPU)."""
 
 import json
 import os
@@ -24,11 +25,12 @@ def _metrics(server) -> dict[str, float]:
     return out
 
 
-def _complete(server, model, tokens, stream=False) -> int:
-    """One greedy completion of ``tokens``; ``model`` is the checkpoint path, served under
-    its short name (the directory's last component). Returns usage's cached_tokens."""
+def _complete(server, model, tokens, stream=False, **extra) -> int:
+    """One greedy completion of ``tokens`` (``extra``: more body fields); ``model`` is the
+    checkpoint path, served under its short name (the directory's last component).
+    Returns usage's cached_tokens."""
     name = os.path.basename(model.rstrip("/"))
-    body = {"model": name, "prompt": tokens, "max_tokens": 4, "temperature": 0}
+    body = {"model": name, "prompt": tokens, "max_tokens": 4, "temperature": 0, **extra}
     if stream:
         body.update(stream=True, stream_options={"include_usage": True})
     r = httpx.post(server.url_for("v1", "completions"), json=body, timeout=120)
@@ -63,5 +65,19 @@ def test_metrics_show_hit_rate_and_reset_empties_the_cache(tiny_llama_dir):
         assert m["vllm:gpu_prefix_cache_hits_total"] == 48  # nothing found after the reset
         assert m["vllm:gpu_prefix_cache_queries_total"] == 101 + 49
         assert _complete(srv, tiny_llama_dir, SHARED + [600], stream=True) == 48
+        # cache_salt: a salted request finds none of the unsalted blocks, nor another
+        # salt's; a second request of the same salt finds them (streamed too)
+        assert _complete(srv, tiny_llama_dir, SHARED + [700], cache_salt="t1") == 0
+        assert _complete(srv, tiny_llama_dir, SHARED + [701], cache_salt="t2") == 0
+        assert _complete(srv, tiny_llama_dir, SHARED + [702], True, cache_salt="t1") == 48
+        name = os.path.basename(tiny_llama_dir.rstrip("/"))
+        chat = {"model": name, "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 2, "cache_salt": ""}  # fmt: skip
+        for route, body in (("completions", {"model": name, "prompt": SHARED, "cache_salt": ""}),
+                            ("chat/completions", chat)):  # fmt: skip
+            r = httpx.post(srv.url_for("v1", route), json=body, timeout=30)
+            assert r.status_code == 400, r.text
+            assert r.json()["error"]["param"] == "cache_salt", r.text
+            assert "non-empty string" in r.json()["error"]["message"]
     finally:
         srv.stop()

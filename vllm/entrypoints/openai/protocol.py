@@ -253,9 +253,20 @@ class SamplingFields(OpenAIRequest):
     length_penalty: float = 1.0
     # vLLM's: lower is served first (needs --scheduling-policy priority unless 0)
     priority: int = 0
+    # vLLM's: prefix-cache blocks are shared only between requests of the same salt
+    cache_salt: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+
+    @field_validator("cache_salt")
+    @classmethod
+    def _cache_salt_not_empty(cls, value):
+        if value is not None and not value:
+            raise PydanticCustomError(
+                "cache_salt", "cache_salt must be a non-empty string if given (got '')."
+            )
+        return value
 
     @field_validator("stream_options")
     @classmethod

@@ -38,7 +38,7 @@ from vllm.entrypoints.openai.request_guards import validation_message
 _TEXT_PARTS = ("input_text", "output_text", "text")
 _PASSED = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed", "priority",
            "user", "request_id", "ignore_eos", "structured_outputs",
-           "guided_decoding_backend")  # fmt: skip
+           "guided_decoding_backend", "cache_salt")  # fmt: skip
 
 
 class ResponsesRequest(OpenAIRequest):
@@ -74,6 +74,7 @@ class ResponsesRequest(OpenAIRequest):
     ignore_eos: bool = False
     structured_outputs: dict[str, Any] | None = None
     guided_decoding_backend: str | None = None
+    cache_salt: str | None = None
 
 
 def _content(content: Any, where: str) -> str | list[dict[str, str]]:

@@ -410,8 +410,11 @@ class OpenAIServing:
         asks for one, else ``engine.generate``. ``request_id`` comes from the client
         (:func:`base_request_id`), so two requests in flight may name the same one: the
         engine then runs the later one as ``<request_id>-<8 hex digits>``
-        (``dedupe_request_id``), and neither touches the other's stream."""
+        (``dedupe_request_id``), and neither touches the other's stream. The request's
+        ``cache_salt`` goes into ``prompt``."""
         lora = self.lora_for(req)
+        if req.cache_salt is not None:
+            prompt = {**prompt, "cache_salt": req.cache_salt}
         if req.use_beam_search:
             return self.engine.beam_search(prompt, params, request_id, lora, dedupe_request_id=True)
         self.check_priority(req.priority)
