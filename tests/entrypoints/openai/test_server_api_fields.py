@@ -1,14 +1,16 @@
 """`vllm serve` (SmolLM2 on CPU, one server for the module) with upstream's request fields
 and server flags: prompt_logprobs returned in each choice (equal to LLM.generate's),
 bad_words, truncate_prompt_tokens (completions and chat), return_tokens_as_token_ids,
+return_token_ids (completions and chat, streamed or not),
 stream_options.continuous_usage_stats, use_beam_search (equal to LLM.beam_search), the
 400s for suffix and stream_options without stream, the field an error's ``param`` names,
 CORS (--allowed-origins) and --root-path; the server runs --scheduling-policy priority,
 whose per-request ``priority`` leaves the greedy output unchanged.
 
 Guards: prompt_logprobs computed but dropped from the response; bad_words,
-truncate_prompt_tokens, return_tokens_as_token_ids and continuous_usage_stats accepted and
-ignored; guided_regex errors naming response_format; stop_token_ids errors naming stop.
+truncate_prompt_tokens, return_tokens_as_token_ids, return_token_ids and
+continuous_usage_stats accepted and ignored; guided_regex errors naming response_format;
+stop_token_ids errors naming stop.
 """
 
 import json
@@ -183,6 +185,57 @@ def test_return_tokens_as_token_ids(server):
     assert lps["tokens"][: len(prompt_ids)] == [f"token_id:{t}" for t in prompt_ids]
     assert all(t.startswith("token_id:") for t in lps["tokens"])
     assert all(k.startswith("token_id:") for top in lps["top_logprobs"][1:] for k in top)
+
+
+def _events(server, path, body) -> list[dict]:
+    """The JSON chunks of a streamed request (without the final ``[DONE]``)."""
+    with httpx.stream(
+        "POST", server.url_for("v1", path), json={"model": MODEL, **body}, timeout=120
+    ) as r:
+        assert r.status_code == 200
+        events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    return [json.loads(e) for e in events[:-1]]
+
+
+def test_return_token_ids(server):
+    """return_token_ids: the prompt's ids (as /tokenize gives them) and the generated ids
+    (as return_tokens_as_token_ids names them in the logprobs); streamed, the prompt's ids
+    come once, in the first chunk, and the chunks' ids join to the unstreamed ones; without
+    the field neither key appears."""
+    prompt_ids = _ok(
+        httpx.post(server.url_for("tokenize"), json={"model": MODEL, "prompt": PROMPT})
+    )["tokens"]
+    body = dict(prompt=PROMPT, max_tokens=5, temperature=0, ignore_eos=True, logprobs=0)
+    body["return_tokens_as_token_ids"] = True
+    choice = _ok(_post(server, "completions", {**body, "return_token_ids": True}))["choices"][0]
+    want = [int(t.split(":")[1]) for t in choice["logprobs"]["tokens"]]
+    assert choice["prompt_token_ids"] == prompt_ids and choice["token_ids"] == want
+    assert len(want) == 5
+    plain = _ok(_post(server, "completions", body))["choices"][0]
+    assert "token_ids" not in plain and "prompt_token_ids" not in plain
+    stream = dict(body, stream=True, return_token_ids=True, logprobs=None)
+    chunks = _events(server, "completions", stream)
+    assert chunks[0]["choices"][0]["prompt_token_ids"] == prompt_ids
+    assert all("prompt_token_ids" not in c["choices"][0] for c in chunks[1:])
+    assert [t for c in chunks for t in c["choices"][0]["token_ids"]] == want
+
+    msgs = [{"role": "user", "content": PROMPT}]
+    chat_prompt = _ok(
+        httpx.post(server.url_for("tokenize"), json={"model": MODEL, "messages": msgs})
+    )["tokens"]
+    chat = dict(messages=msgs, max_tokens=5, temperature=0, ignore_eos=True, logprobs=True)
+    chat["return_tokens_as_token_ids"] = True
+    resp = _ok(_post(server, "chat/completions", {**chat, "return_token_ids": True}))
+    want = [int(e["token"].split(":")[1]) for e in resp["choices"][0]["logprobs"]["content"]]
+    assert resp["prompt_token_ids"] == chat_prompt and resp["choices"][0]["token_ids"] == want
+    plain = _ok(_post(server, "chat/completions", chat))
+    assert "prompt_token_ids" not in plain and "token_ids" not in plain["choices"][0]
+    chunks = _events(server, "chat/completions",
+                     dict(chat, stream=True, return_token_ids=True, logprobs=False))  # fmt: skip
+    assert chunks[0]["prompt_token_ids"] == chat_prompt
+    assert all("prompt_token_ids" not in c for c in chunks[1:])
+    assert [t for c in chunks for t in c["choices"][0].get("token_ids", [])] == want
 
 
 def test_continuous_usage_stats_on_every_chunk(server):

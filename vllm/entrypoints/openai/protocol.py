@@ -38,6 +38,16 @@ def random_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
+def _is_none(value: Any) -> bool:
+    return value is None
+
+
+def omitted_when_none() -> Any:
+    """A response field that defaults to None and is left out of the JSON while None
+    (vLLM's additions to OpenAI's objects, such as ``token_ids``, appear only when asked)."""
+    return Field(default=None, exclude_if=_is_none)
+
+
 class OpenAIBaseModel(BaseModel):
     """Unknown keys are dropped (clients send many optional ones). Responses and stream
     chunks use this base alone: no Python validator, so building one stays cheap."""
@@ -248,6 +258,9 @@ class SamplingFields(OpenAIRequest):
     prompt_logprobs: int | None = None
     # Logprobs tokens as "token_id:ID" (also the server flag --return-tokens-as-token-ids).
     return_tokens_as_token_ids: bool | None = None
+    # vLLM's: the prompt's and each choice's token ids in the response (streamed: the
+    # prompt's in the first chunk, each chunk's new ids in it)
+    return_token_ids: bool | None = None
     # vLLM's: beam search of width n instead of sampling (vllm/beam_search.py)
     use_beam_search: bool = False
     length_penalty: float = 1.0
@@ -317,6 +330,10 @@ class CompletionStreamChoice(OpenAIBaseModel):
     logprobs: CompletionLogProbs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    # with return_token_ids: the choice's prompt (streamed: its first chunk only) and the
+    # ids this choice (chunk) adds
+    prompt_token_ids: list[int] | None = omitted_when_none()
+    token_ids: list[int] | None = omitted_when_none()
 
 
 class CompletionResponseChoice(CompletionStreamChoice):
@@ -473,6 +490,7 @@ class ChatCompletionResponseChoice(OpenAIBaseModel):
     logprobs: ChatLogProbs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = omitted_when_none()  # with return_token_ids
 
 
 class ChatCompletionResponse(OpenAIBaseModel):
@@ -484,6 +502,7 @@ class ChatCompletionResponse(OpenAIBaseModel):
     usage: UsageInfo
     # with the request's prompt_logprobs: as a completion choice's (upstream's place)
     prompt_logprobs: list[dict[int, PromptLogprob] | None] | None = None
+    prompt_token_ids: list[int] | None = omitted_when_none()  # with return_token_ids
 
 
 class DeltaMessage(SetFieldsOnly):
@@ -499,6 +518,7 @@ class ChatCompletionStreamChoice(OpenAIBaseModel):
     logprobs: ChatLogProbs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = omitted_when_none()  # with return_token_ids: the new ids
 
 
 class ChatCompletionStreamResponse(OpenAIBaseModel):
@@ -508,6 +528,7 @@ class ChatCompletionStreamResponse(OpenAIBaseModel):
     model: str
     choices: list[ChatCompletionStreamChoice]
     usage: UsageInfo | None = None
+    prompt_token_ids: list[int] | None = omitted_when_none()  # return_token_ids: 1st chunk
 
 
 class LoadLoRAAdapterRequest(OpenAIRequest):

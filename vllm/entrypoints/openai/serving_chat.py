@@ -234,7 +234,7 @@ class OpenAIServingChat(OpenAIServing):
         # from the first token, so it has no reasoning to split off: all of it is content.
         splitter = self.reasoning_parser if guided is None else None
         if req.stream:
-            return self._stream(req, gen, rid, created, len(ids), mode, role, echo, as_id, splitter)
+            return self._stream(req, gen, rid, created, ids, mode, role, echo, as_id, splitter)
         final = await collect_final(gen, raw)
         if final is None:
             return None
@@ -264,6 +264,7 @@ class OpenAIServingChat(OpenAIServing):
                     logprobs=lps,
                     finish_reason=finish,
                     stop_reason=o.stop_reason,
+                    token_ids=list(o.token_ids) if req.return_token_ids else None,
                 )
             )
         usage = self.usage(len(ids), completion_tokens, final.num_cached_tokens)
@@ -282,6 +283,7 @@ class OpenAIServingChat(OpenAIServing):
             choices=choices,
             usage=usage,
             prompt_logprobs=plps,
+            prompt_token_ids=list(ids) if req.return_token_ids else None,
         )
 
     async def _stream(
@@ -290,7 +292,7 @@ class OpenAIServingChat(OpenAIServing):
         gen,
         rid,
         created,
-        prompt_len,
+        prompt_ids: list[int],
         mode: ToolMode,
         role: str,
         echo: str,
@@ -301,8 +303,14 @@ class OpenAIServingChat(OpenAIServing):
         generated token that adds something (tool-call deltas instead of content when
         tool_choice is not "none", see tool_calls.py). With ``stream_options``
         ``include_usage`` a last chunk has the usage; with ``continuous_usage_stats`` as
-        well, every chunk carries its choice's usage so far."""
+        well, every chunk carries its choice's usage so far. With ``return_token_ids`` the
+        first chunk has ``prompt_token_ids`` and every later chunk the ids generated since
+        its choice's previous chunk (tokens whose text a tool or reasoning mode holds back
+        go out with the next chunk)."""
         n = req.n
+        prompt_len = len(prompt_ids)
+        with_ids = bool(req.return_token_ids)
+        unsent_ids: list[list[int]] = [[] for _ in range(n)]
         opts = req.stream_options
         include_usage = self.force_include_usage or (opts is not None and bool(opts.include_usage))
         continuous = include_usage and opts is not None and bool(opts.continuous_usage_stats)
@@ -326,12 +334,13 @@ class OpenAIServingChat(OpenAIServing):
             done = completion_tokens if index is None else sent_tokens[index]
             return self.usage(prompt_len, done, cached)
 
-        def chunk(choices, usage=None) -> str:
+        def chunk(choices, usage=None, prompt_token_ids=None) -> str:
             if usage is None and continuous:
                 usage = usage_so_far(choices[0].index if choices else None)
             resp = ChatCompletionStreamResponse(
-                id=rid, created=created, model=self.model_for(req), choices=choices, usage=usage
-            )
+                id=rid, created=created, model=self.model_for(req), choices=choices, usage=usage,
+                prompt_token_ids=prompt_token_ids,
+            )  # fmt: skip
             return f"data: {resp.model_dump_json()}\n\n"
 
         def chunk_text(index: int, text: str) -> str:
@@ -344,7 +353,8 @@ class OpenAIServingChat(OpenAIServing):
         try:
             for i in range(n):
                 first = DeltaMessage(role=role, content="")
-                yield chunk([ChatCompletionStreamChoice(index=i, delta=first)])
+                prompt = list(prompt_ids) if with_ids and i == 0 else None
+                yield chunk([ChatCompletionStreamChoice(index=i, delta=first)], None, prompt)
                 if echo:
                     yield chunk_text(i, echo)
             async for out in gen:
@@ -360,6 +370,7 @@ class OpenAIServingChat(OpenAIServing):
                             new_ids, o.logprobs[sent_tokens[i] :], req.top_logprobs or 0, as_id
                         )
                     delta = o.text[sent_chars[i] :]
+                    unsent_ids[i] += new_ids
                     sent_tokens[i] += len(new_ids)
                     sent_chars[i] = max(sent_chars[i], len(o.text))
                     completion_tokens += len(new_ids)
@@ -376,7 +387,7 @@ class OpenAIServingChat(OpenAIServing):
                     if tools is not None or splits is not None:
                         if not fields and finish is None and lps is None:
                             continue
-                    elif lps is None and finish is None and o.stop_reason is None:
+                    elif lps is None and finish is None and o.stop_reason is None and not with_ids:
                         yield chunk_text(i, delta)
                         continue
                     yield chunk(
@@ -387,9 +398,11 @@ class OpenAIServingChat(OpenAIServing):
                                 logprobs=lps,
                                 finish_reason=finish,
                                 stop_reason=o.stop_reason,
+                                token_ids=unsent_ids[i] if with_ids else None,
                             )
                         ]
                     )
+                    unsent_ids[i] = []
             if include_usage:
                 yield chunk([], usage_so_far())
         except Exception as e:

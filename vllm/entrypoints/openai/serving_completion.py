@@ -158,6 +158,8 @@ class OpenAIServingCompletion(OpenAIServing):
                     choice.prompt_logprobs = prompt_logprobs(
                         ids, out.prompt_logprobs, req.prompt_logprobs, name
                     )
+                if req.return_token_ids:
+                    choice.prompt_token_ids, choice.token_ids = list(ids), tok_ids
                 choices.append(choice)
         prompt_tokens = sum(len(ids) for _, ids in prompts)
         cached = sum(last[i].num_cached_tokens for i in range(len(prompts)))
@@ -193,6 +195,8 @@ class OpenAIServingCompletion(OpenAIServing):
         sent_chars = [0] * (len(prompts) * n)
         next_offset = [0] * (len(prompts) * n)  # text_offset of the next logprobs token
         echoed = [False] * (len(prompts) * n)
+        with_ids = bool(req.return_token_ids)
+        ids_sent = [False] * (len(prompts) * n)  # the choice's prompt_token_ids went out
         plain = TextChunks(  # the usual chunk: only its text changes
             lambda index, text: CompletionStreamResponse(
                 id=base,
@@ -239,6 +243,7 @@ class OpenAIServingCompletion(OpenAIServing):
                         and not echo_only
                         and o.stop_reason is None
                         and not continuous
+                        and not with_ids
                     ):
                         yield plain.format(idx, delta)
                         continue
@@ -254,9 +259,14 @@ class OpenAIServingCompletion(OpenAIServing):
                                 logprobs=logprobs,
                                 finish_reason="length" if echo_only and finish else finish,
                                 stop_reason=None if echo_only else o.stop_reason,
+                                prompt_token_ids=(
+                                    list(ids) if with_ids and not ids_sent[idx] else None
+                                ),
+                                token_ids=new_ids if with_ids else None,
                             )
                         ],
                     )
+                    ids_sent[idx] = True
                     yield f"data: {chunk.model_dump_json(exclude_unset=False)}\n\n"
             if self.force_include_usage or (opts is not None and opts.include_usage):
                 chunk = CompletionStreamResponse(
