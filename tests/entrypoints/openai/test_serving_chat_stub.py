@@ -2,8 +2,10 @@
 OpenAI's stream shape (first delta {"role", "content": ""}, later deltas only what they
 set, one chunk per token for text, none for a held tool-call token), tool_choice "auto"
 with the hermes parser (non-streamed and streamed), "required" streamed without empty
-chunks, echo and the reply role with continue_final_message, and the 400 for
-continue_final_message together with add_generation_prompt."""
+chunks, echo and the reply role with continue_final_message, the 400 for
+continue_final_message together with add_generation_prompt, ``add_special_tokens`` (chat
+and completions: whether the tokenizer's own special tokens are added to the prompt) and
+``return_token_ids`` while a tool parser holds tokens back."""
 
 import asyncio
 import json
@@ -49,7 +51,7 @@ class _Engine:
 
     async def generate(self, prompt, params, rid, lora_request=None, priority=0, **kw):
         self.request_ids.append(rid)
-        self.params = params
+        self.params, self.prompt = params, prompt
         for k in range(1, len(self.pieces) + 1):
             done = k == len(self.pieces)
             out = CompletionOutput(
@@ -67,9 +69,27 @@ def tokenizer(tiny_llama_dir):
     return AutoTokenizer.from_pretrained(tiny_llama_dir)
 
 
-def _answer(tokenizer, pieces, parser=None, role="assistant", reasoning=None, **body):
+class _BosTokenizer:
+    """``tokenizer`` whose own special tokens are one BOS id (BOS_ID) before the text, as
+    a Llama tokenizer adds (the tiny models' SmolLM2 tokenizer adds none)."""
+
+    BOS_ID = 7
+
+    def __init__(self, tokenizer):
+        self._tok = tokenizer
+
+    def __getattr__(self, name):
+        return getattr(self._tok, name)
+
+    def encode(self, text, add_special_tokens=True):
+        ids = self._tok.encode(text, add_special_tokens=False)
+        return [self.BOS_ID, *ids] if add_special_tokens else ids
+
+
+def _answer(tokenizer, pieces, parser=None, role="assistant", reasoning=None, engine=None,
+            **body):  # fmt: skip
     handler = OpenAIServingChat(
-        _Engine(tokenizer, pieces),
+        engine or _Engine(tokenizer, pieces),
         ["m"],
         chat_template=TEMPLATE,
         tool_parser=parser,
@@ -372,3 +392,44 @@ def test_mistral_parser_keeps_special_tokens(tokenizer):
     assert msg["finish_reason"] == "tool_calls" and msg["message"]["content"] == "Sure."
     [call] = msg["message"]["tool_calls"]
     assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+
+
+def test_add_special_tokens(tokenizer):
+    """Chat prompts get the tokenizer's special tokens only with add_special_tokens (the
+    template writes its own); completion texts get them unless it is false (upstream's
+    defaults)."""
+    from vllm.entrypoints.openai.protocol import CompletionRequest
+    from vllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
+
+    bos = _BosTokenizer(tokenizer)
+    text = "<user>Weather in Paris?"
+    plain = tokenizer.encode(text, add_special_tokens=False)
+    for extra, want in (({}, plain), ({"add_special_tokens": True}, [bos.BOS_ID, *plain])):
+        engine = _Engine(bos, ["ok"])
+        _answer(bos, ["ok"], engine=engine, chat_template=TEMPLATE, add_generation_prompt=False,
+                **extra)  # fmt: skip
+        assert engine.prompt["prompt_token_ids"] == want, extra
+
+    for extra, first in (({}, [bos.BOS_ID]), ({"add_special_tokens": False}, [])):
+        engine = _Engine(bos, ["ok"])
+        handler = OpenAIServingCompletion(engine, ["m"])
+        req = CompletionRequest(model="m", prompt=text, max_tokens=2, **extra)
+        asyncio.run(handler.create_completion(req, None))
+        assert engine.prompt["prompt_token_ids"] == first + plain, extra
+
+
+def test_return_token_ids_while_a_parser_holds_tokens(tokenizer):
+    """Streamed with the hermes parser, the tokens of the held tool-call text reach the
+    client with the chunk that follows them: the chunks' ids join to every generated id,
+    and the first chunk carries the prompt's ids."""
+    hermes = get_tool_parser("hermes")
+    engine = _Engine(tokenizer, HERMES)
+    chunks = _answer(tokenizer, HERMES, hermes, engine=engine, tools=TOOLS, stream=True,
+                     return_token_ids=True)  # fmt: skip
+    assert chunks[0]["prompt_token_ids"] == engine.prompt["prompt_token_ids"]
+    assert all("prompt_token_ids" not in c for c in chunks[1:])
+    ids = [t for c in chunks for t in c["choices"][0].get("token_ids", [])]
+    assert ids == list(range(len(HERMES)))  # the stub's token ids
+    assert len(chunks) == 5  # role, three content chunks, the call: none added for the ids
+    whole = _answer(tokenizer, HERMES, hermes, tools=TOOLS, return_token_ids=True)
+    assert whole["choices"][0]["token_ids"] == list(range(len(HERMES)))

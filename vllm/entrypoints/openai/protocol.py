@@ -307,6 +307,8 @@ class CompletionRequest(SamplingFields):
     truncate_prompt_tokens: int | None = None
     # The base of the response id and engine request ids (the X-Request-Id header wins).
     request_id: str | None = None
+    # vLLM's: the tokenizer's special tokens (a BOS ...) added to text prompts
+    add_special_tokens: bool = True
 
 
 class CompletionLogProbs(OpenAIBaseModel):
@@ -417,6 +419,9 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool | None = False
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
+    # vLLM's: the tokenizer's special tokens added on top of the template's (default off:
+    # the template writes them)
+    add_special_tokens: bool = False
     # the last message is continued: the prompt ends with its content, no end of turn
     continue_final_message: bool = False
     # the reply's content starts with the last message's when that has the reply's role

@@ -195,7 +195,7 @@ class OpenAIServingChat(OpenAIServing):
         if max_tokens is None:
             max_tokens = req.max_tokens
         self.check_max_tokens(max_tokens)
-        text, ids, conv = await self._prompt(req)
+        text, ids, conv = await self._prompt(req, req.add_special_tokens)
         budget = self.check_length(len(ids), max_tokens, "messages")
         k = None
         if req.top_logprobs is not None and not req.logprobs:

@@ -43,7 +43,8 @@ class OpenAIServingCompletion(OpenAIServing):
         self, req: CompletionRequest, keep: int | None
     ) -> list[tuple[str | None, list[int]]]:
         """(text or None, token ids) per prompt, each cut to its last ``keep`` tokens
-        (None: all); a cut text prompt's text is None (its echo is the kept tokens)."""
+        (None: all); a cut text prompt's text is None (its echo is the kept tokens). Texts
+        get the tokenizer's special tokens unless ``add_special_tokens`` is false."""
         p = req.prompt
         if isinstance(p, list) and p and any(isinstance(t, int) for t in p):
             if not all(isinstance(t, int) for t in p):
@@ -55,7 +56,7 @@ class OpenAIServingCompletion(OpenAIServing):
             raise APIError("prompt must not be empty (got an empty list).", 400, "prompt")
         out = []
         for item in p:
-            ids = await self.item_ids(item, "prompt", bounded=keep is None)
+            ids = await self.item_ids(item, "prompt", keep is None, req.add_special_tokens)
             text = item if isinstance(item, str) else None
             if keep is not None and len(ids) > keep:
                 text, ids = None, ids[-keep:]
