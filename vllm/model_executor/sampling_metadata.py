@@ -20,6 +20,24 @@ from vllm.sampling_params import SamplingParams
 from vllm.sequence import SequenceData, SequenceGroupMetadata
 from vllm.utils import to_device
 
+_MASK64 = (1 << 64) - 1
+_STREAM_MIX = 0x9E3779B97F4A7C15  # an odd 64-bit constant: 2^64 / the golden ratio
+
+
+def stream_seed(seed: int, stream: int) -> int:
+    """The generator seed of a sequence's ``seed`` in random stream ``stream``.
+
+    Stream 0 (the runner that samples the output) uses ``seed`` itself. Any other stream
+    (a draft model's runner) uses ``seed`` XOR a multiple of _STREAM_MIX (a value in
+    [0, 2^64), which torch.Generator.manual_seed takes), so the two runners that sample for
+    one seeded sequence draw unrelated noise: with equal seeds the draft would replay the
+    target's earlier draws and propose the tokens the target had just sampled, and the
+    rejection sampler's output would no longer follow the target's distribution.
+    """
+    if stream == 0:
+        return seed
+    return (seed & _MASK64) ^ ((_STREAM_MIX * stream) & _MASK64)
+
 
 @dataclass
 class SeqGroupRows:
@@ -131,6 +149,7 @@ class SamplingMetadata:
         vocab_size: int,
         device: torch.device,
         generators: dict[int, torch.Generator],
+        seed_stream: int = 0,
     ) -> SamplingMetadata:
         """Lay out rows for the scheduled groups.
 
@@ -153,6 +172,8 @@ class SamplingMetadata:
                 seeded request differ from each other yet each is reproducible. The
                 generator lives until the sequence is freed, so preemption (recompute)
                 continues the same random stream.
+            seed_stream: which random stream the runner draws (:func:`stream_seed`): 0 for
+                the model that samples the output, another for a draft model.
         """
         groups: list[SeqGroupRows] = []
         selected: list[int] = []
@@ -220,7 +241,7 @@ class SamplingMetadata:
             g = generators.get(seq_id)
             if g is None:
                 g = torch.Generator(device=device)
-                g.manual_seed(seed + idx)
+                g.manual_seed(stream_seed(seed + idx, seed_stream))
                 generators[seq_id] = g
             gens[row] = g
         long = dict(dtype=torch.long)

@@ -23,12 +23,16 @@ from vllm.spec_decode.batch_expansion import (
 )
 from vllm.utils import to_device
 
+DRAFT_SEED_STREAM = 1  # the draft runner's random stream (sampling_metadata.stream_seed)
+
 
 class DraftModelProposer:
     """Proposes with a draft :class:`vllm.worker.worker.Worker`.
 
     Args:
         worker: the draft worker (its config's speculative_config is None: capture k = 0).
+            Built with ``seed_stream=DRAFT_SEED_STREAM``, so its runner's seeded generators
+            do not replay the target's draws.
         draft_limit: the draft's context limit (speculative_max_model_len).
     """
 

@@ -26,7 +26,7 @@ from vllm.sequence import (
     SequenceOutput,
 )
 from vllm.spec_decode.batch_expansion import flat_seqs, score_proposals
-from vllm.spec_decode.draft_proposer import DraftModelProposer
+from vllm.spec_decode.draft_proposer import DRAFT_SEED_STREAM, DraftModelProposer
 from vllm.spec_decode.metrics import SpecDecodeMetrics
 from vllm.spec_decode.ngram_proposer import NGramProposer, proposal_len
 from vllm.spec_decode.rejection_sampler import greedy_num_accepted, sample_expanded
@@ -69,7 +69,7 @@ class SpecDecodeWorker:
                 self.spec.ngram_prompt_lookup_max, self.spec.ngram_prompt_lookup_min
             )
         else:
-            self.draft_worker = Worker(draft_engine_config(config))
+            self.draft_worker = Worker(draft_engine_config(config), seed_stream=DRAFT_SEED_STREAM)
             self.proposer = DraftModelProposer(
                 self.draft_worker, self.spec.speculative_max_model_len
             )

@@ -44,6 +44,8 @@ class InputContext:
         samples: this stage samples (the last PP stage).
         generators: per sequence id, its seeded generator (sampling metadata).
         pad_eager: pad eager steps like graphs (debug switch).
+        seed_stream: the random stream of the generators (``stream_seed``; a draft
+            model's runner draws another than the target's).
     """
 
     block_size: int
@@ -54,6 +56,7 @@ class InputContext:
     samples: bool
     generators: dict[int, torch.Generator]
     pad_eager: bool = False
+    seed_stream: int = 0
 
 
 def place_input(values: list[int], graph_size: int | None, device: torch.device) -> torch.Tensor:
@@ -190,7 +193,12 @@ def prepare_model_input(
     sm = None
     if ctx.samples:
         sm = SamplingMetadata.build(
-            seq_group_metadata_list, real_query_lens, ctx.vocab_size, ctx.device, ctx.generators
+            seq_group_metadata_list,
+            real_query_lens,
+            ctx.vocab_size,
+            ctx.device,
+            ctx.generators,
+            ctx.seed_stream,
         )
     return ForwardBatch(
         mode=mode,

@@ -74,6 +74,7 @@ class ModelRunner:
         self.attn_backend = get_attn_backend(self.attn_backend_name)(self.attn_spec)
         self.sampler = Sampler()
         self.generators: dict[int, torch.Generator] = {}
+        self.seed_stream = 0  # the generators' random stream (a draft model's: another)
         self.pad_eager_batches = False
         self.model = None
         # The sizes to capture (as if graphs were on: they are also the padding targets of
@@ -205,6 +206,7 @@ class ModelRunner:
             samples=self.is_last_stage,
             generators=self.generators,
             pad_eager=self.pad_eager_batches,
+            seed_stream=self.seed_stream,
         )
         batch = model_input.prepare_model_input(
             ctx, seq_group_metadata_list, virtual_engine, scratch_slot, num_lookahead_slots

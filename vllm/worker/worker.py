@@ -42,10 +42,15 @@ class Worker:
         config: the engine config.
         rank: global rank ``pp_rank * tp + tp_rank`` (0 for a single device).
         local_rank: device index on this host (CUDA).
+        seed_stream: the random stream of its runner's seeded generators (0; a draft
+            model's worker another, see ``sampling_metadata.stream_seed``).
     """
 
-    def __init__(self, config: EngineConfig, rank: int = 0, local_rank: int = 0):
+    def __init__(
+        self, config: EngineConfig, rank: int = 0, local_rank: int = 0, seed_stream: int = 0
+    ):
         self.config = config
+        self.seed_stream = seed_stream
         self.rank = rank
         self.local_rank = local_rank
         self.pp_size = config.parallel_config.pipeline_parallel_size
@@ -74,6 +79,7 @@ class Worker:
             torch.set_num_threads(cpu_threads(parallel.world_size, parallel.cpu_threads))
         torch.manual_seed(self.config.model_config.seed)
         self.model_runner = ModelRunner(self.config, self.device, self.pp_rank, self.pp_size)
+        self.model_runner.seed_stream = self.seed_stream
 
     def load_model(self) -> None:
         self.model_runner.load_model()
