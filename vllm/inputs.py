@@ -44,9 +44,18 @@ PromptType = str | TextPrompt | TokensPrompt | dict[str, Any] | list[int]
 
 def prompt_list(prompts: PromptType | list[PromptType]) -> list[PromptType]:
     """One prompt (text, a prompt dict, or a list of token ids) as a list of one; a sequence
-    of prompts as a list. A list whose first item is an int is one prompt of token ids."""
+    of prompts as a list. A list whose first item is an int is one prompt of token ids.
+
+    Raises:
+        ValueError: ``prompts`` is none of these (a number, say).
+    """
     if isinstance(prompts, (str, dict)):
         return [prompts]
+    if not isinstance(prompts, (list, tuple)):
+        raise ValueError(
+            "prompts must be a string, a prompt dict, a list of token ids or a list of "
+            f"prompts, got {type(prompts).__name__}."
+        )
     if prompts and isinstance(prompts, list) and isinstance(prompts[0], int):
         return [prompts]
     return list(prompts)

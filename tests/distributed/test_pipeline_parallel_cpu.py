@@ -96,7 +96,7 @@ def test_layer_partition_env_override(tiny_llama_dir, monkeypatch):
         llm = _llm(tiny_llama_dir, pipeline_parallel_size=2)
         try:
             out = vllm_greedy(llm, TINY_PROMPTS[:3], 12)
-            layers = llm.llm_engine.executor.collective_rpc("get_cache_block_bytes")
+            layers = llm.llm_engine.executor.collective_rpc("get_cache_block_size_bytes")
         finally:
             llm.llm_engine.shutdown()
     check_outputs_equal(ref[0], out, "pp1", "pp2-1,2", TINY_PROMPTS[:3])

@@ -142,7 +142,7 @@ def test_killed_actor_error_names_rank(tiny_llama_dir):
             assert time.perf_counter() - t0 < 30
             assert len(calls) >= 3 and ex.failed
             with pytest.raises(RuntimeError, match="rank 1"):
-                ex.collective_rpc("get_cache_block_bytes")
+                ex.collective_rpc("get_cache_block_size_bytes")
         finally:
             llm.llm_engine.shutdown()
         assert ex.actors == []

@@ -80,7 +80,7 @@ def _tp2_case(model_dir: str, kv_heads: int) -> None:
     try:
         # KV cache per rank: each holds max(1, kv_heads / 2) heads, so a block takes
         # that share of one rank's bytes; every rank allocates the minimum block count.
-        block_bytes = ex.collective_rpc("get_cache_block_bytes")
+        block_bytes = ex.collective_rpc("get_cache_block_size_bytes")
         from vllm.worker.cache_engine import cache_block_bytes
 
         mc = llm.llm_engine.config.model_config
@@ -117,7 +117,7 @@ def test_llama_tp2_pp2_more_ranks_than_kv_heads_then_killed_rank(tiny_llama_hd64
             assert len(ex.worker_pids) == 4
             cfg = engine.config
             layer = cache_block_bytes(cfg.model_config, cfg.cache_config.block_size, 1)
-            assert ex.collective_rpc("get_cache_block_bytes") == [2 * layer] * 2 + [layer] * 2
+            assert ex.collective_rpc("get_cache_block_size_bytes") == [2 * layer] * 2 + [layer] * 2
             blocks = ex.collective_rpc("determine_num_available_blocks")
             assert blocks[2] > blocks[0] and cfg.cache_config.num_gpu_blocks == min(blocks)
             out = vllm_greedy(llm, PROMPTS, MAX_TOKENS, logprobs=5)

@@ -4,9 +4,10 @@ output as before."""
 
 import os
 
+import numpy as np
 import pytest
 
-from vllm import LLM, SamplingParams
+from vllm import LLM, PoolingParams, SamplingParams
 from vllm.sampling_params import GuidedDecodingParams
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -119,6 +120,16 @@ def test_bad_inputs_leave_llm_usable(tiny_llama_dir):
          r"names a LoRA adapter but the engine runs without LoRA"),
         ("priority", lambda: llm.generate(PROMPT, greedy, priority=[1]),
          r"got priority=1 but priority scheduling is not enabled"),
+        ("params as a dict", lambda: llm.generate(PROMPT, {"max_tokens": 3}),
+         r"sampling_params must be SamplingParams or a list of them \(one per prompt\), "
+         r"got dict"),
+        ("pooling params", lambda: llm.generate([PROMPT], PoolingParams()),
+         r"sampling_params must be SamplingParams .*got PoolingParams"),
+        ("prompt a number", lambda: llm.generate(123, greedy),
+         r"prompts must be a string, a prompt dict, .*got int"),
+        ("float id", lambda: llm.generate({"prompt_token_ids": [1, 504.0]}, greedy),
+         r"Token id 504.0 is not an integer"),
+        ("reward", lambda: llm.reward("hi"), r"LLM.reward is not supported"),
     ]  # fmt: skip
     for name, call, match in cases:
         with pytest.raises(ValueError, match=match):
@@ -141,6 +152,9 @@ def test_bad_inputs_leave_llm_usable(tiny_llama_dir):
     assert kept.outputs[0].token_ids == alone.outputs[0].token_ids
     after = llm.generate(PROMPT, greedy, use_tqdm=False)[0].outputs[0]
     assert list(after.token_ids) == list(before.token_ids) and after.text == before.text
+    # numpy integer ids are ints
+    np_ids = {"prompt_token_ids": list(np.array(PROMPT["prompt_token_ids"], dtype=np.int64))}
+    assert llm.generate(np_ids, greedy, use_tqdm=False)[0].outputs[0].token_ids == after.token_ids
     # With max_logprobs=-1 the vocabulary size is the limit.
     llm.llm_engine.model_config.max_logprobs = -1
     with pytest.raises(ValueError, match=rf"logprobs={vocab + 1} is more than the vocab"):

@@ -323,8 +323,8 @@ def test_draft_graph_memory_comes_off_the_kv_budget(tiny_llama_dir, truncated_ll
     )  # fmt: skip
     worker = llm.llm_engine.executor.worker
     target = worker.target.determine_num_available_blocks()
-    tb = worker.target.get_cache_block_bytes()
-    db = worker.draft_worker.get_cache_block_bytes()
+    tb = worker.target.get_cache_block_size_bytes()
+    db = worker.draft_worker.get_cache_block_size_bytes()
     assert worker.determine_num_available_blocks() == (target + 1) * tb // (tb + db) - 1
     runner = worker.draft_worker.model_runner
     runner.estimate_graph_memory = lambda num_virtual_engines: 3 * tb + 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import itertools
 import logging
+import numbers
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -268,8 +269,16 @@ class LLMEngine(LoRAMethods, WorkerCallMethods):
             ids = self.tokenizer.encode(text)
         if not ids:
             raise ValueError(f"The prompt is empty (prompt={text!r}): it has no tokens.")
+        # numpy / torch integer scalars count as ints; floats and bools do not
+        ids = [int(t) if isinstance(t, numbers.Integral) and not isinstance(t, bool) else t
+               for t in ids]  # fmt: skip
+        not_int = [t for t in ids if not isinstance(t, int) or isinstance(t, bool)]
+        if not_int:
+            raise ValueError(
+                f"Token id {not_int[0]!r} is not an integer (prompt token ids are ints)."
+            )
         vocab = self.model_config.vocab_size
-        bad = [t for t in ids if not isinstance(t, int) or t < 0 or t >= vocab]
+        bad = [t for t in ids if t < 0 or t >= vocab]
         if bad:
             raise ValueError(
                 f"Token id {bad[0]!r} is out of vocabulary (valid ids: 0..{vocab - 1})."

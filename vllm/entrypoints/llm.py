@@ -135,6 +135,11 @@ class LLM(PoolingMethods, WorkerCalls):
             )
         priority = [check_priority(p, policy) for p in priority]
         what = "pooling" if kind is PoolingParams else "sampling"
+        if not isinstance(params, (kind, list, tuple)):
+            raise ValueError(
+                f"{what}_params must be {kind.__name__} or a list of them (one per prompt), "
+                f"got {type(params).__name__}."
+            )
         params = [params] * len(prompts) if isinstance(params, kind) else list(params)
         if len(params) != len(prompts):
             raise ValueError(

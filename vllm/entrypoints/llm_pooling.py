@@ -103,6 +103,17 @@ class PoolingMethods:
             "(task='embed', LLM.embed / LLM.encode / LLM.score)."
         )
 
+    def reward(self, *args: Any, **kwargs: Any):
+        """Upstream's ``reward`` (reward models): not served.
+
+        Raises:
+            ValueError: always; embeddings are the one pooling task here.
+        """
+        raise ValueError(
+            "LLM.reward is not supported: the pooling task served is embedding "
+            "(task='embed', LLM.embed / LLM.encode / LLM.score)."
+        )
+
 
 def _with_truncation(params, k: int):
     """``params`` (one PoolingParams or a sequence of them) with ``truncate_prompt_tokens=k``;

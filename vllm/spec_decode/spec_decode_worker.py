@@ -116,8 +116,8 @@ class SpecDecodeWorker:
         if (self.draft_worker is None or self.config.cache_config.num_gpu_blocks_override
                 or blocks < 1):  # fmt: skip
             return blocks
-        tb = self.target.get_cache_block_bytes()
-        db = self.draft_worker.get_cache_block_bytes()
+        tb = self.target.get_cache_block_size_bytes()
+        db = self.draft_worker.get_cache_block_size_bytes()
         draft_graphs = self.draft_worker.model_runner.estimate_graph_memory(
             self.target.num_virtual_engines
         )

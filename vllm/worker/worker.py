@@ -84,8 +84,8 @@ class Worker:
     def load_model(self) -> None:
         self.model_runner.load_model()
 
-    def get_cache_block_bytes(self) -> int:
-        """Bytes of one KV block over this stage's layers."""
+    def get_cache_block_size_bytes(self) -> int:
+        """Bytes of one KV block over this stage's layers (upstream V0's worker method name)."""
         return cache_block_bytes(
             self.config.model_config,
             self.config.cache_config.block_size,
@@ -106,7 +106,7 @@ class Worker:
         the executor refuses it with the other capacity checks (``check_kv_capacity``).
         """
         cc = self.config.cache_config
-        block_bytes = self.get_cache_block_bytes()
+        block_bytes = self.get_cache_block_size_bytes()
         if cc.num_gpu_blocks_override is not None:
             return cc.num_gpu_blocks_override // self.num_virtual_engines
         if self.device.type == "cpu":
@@ -182,7 +182,7 @@ class Worker:
             num_blocks,
             n_kv,
             self.num_virtual_engines,
-            self.num_virtual_engines * (num_blocks + 1) * self.get_cache_block_bytes() / 2**30,
+            self.num_virtual_engines * (num_blocks + 1) * self.get_cache_block_size_bytes() / 2**30,
         )
 
     def capture_graphs(self, capturer: GraphCapturer | None = None) -> None:
