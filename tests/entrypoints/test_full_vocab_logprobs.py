@@ -56,3 +56,35 @@ def test_minus_one_is_checked_against_max_logprobs(tiny_llama_dir):
     llm.llm_engine.model_config.max_logprobs = vocab
     out = llm.generate(PROMPT, SamplingParams(max_tokens=1, logprobs=-1), use_tqdm=False)[0]
     assert len(out.outputs[0].logprobs[0]) == vocab
+
+
+@pytest.mark.forked
+def test_server_shows_the_whole_vocabulary_for_minus_one(tiny_llama_dir):
+    """`vllm serve --max-logprobs -1`: completions ``logprobs=-1`` (with ``echo``, so the
+    prompt's positions too), ``prompt_logprobs=-1`` and chat ``top_logprobs=-1`` list every
+    vocabulary token at each position (tokens as ``token_id:ID``, so no two share a key)."""
+    import httpx
+
+    from tests.utils import RemoteOpenAIServer
+
+    vocab = 49152  # the tiny models' SmolLM2 tokenizer
+    srv = RemoteOpenAIServer(tiny_llama_dir, ["--device", "cpu", "--max-logprobs", "-1"])
+    name = tiny_llama_dir.rstrip("/").rsplit("/", 1)[-1]
+    ids = [300, 41, 7]
+    try:
+        body = {"model": name, "prompt": ids, "max_tokens": 1, "temperature": 0,
+                "logprobs": -1, "echo": True, "prompt_logprobs": -1,
+                "return_tokens_as_token_ids": True}  # fmt: skip
+        r = httpx.post(srv.url_for("v1", "completions"), json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        tops = choice["logprobs"]["top_logprobs"]
+        assert tops[0] is None and [len(t) for t in tops[1:]] == [vocab] * 3
+        assert [len(p) for p in choice["prompt_logprobs"][1:]] == [vocab] * 2
+        chat = {"model": name, "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 1, "logprobs": True, "top_logprobs": -1}  # fmt: skip
+        r = httpx.post(srv.url_for("v1", "chat", "completions"), json=chat, timeout=120)
+        assert r.status_code == 200, r.text
+        assert len(r.json()["choices"][0]["logprobs"]["content"][0]["top_logprobs"]) == vocab
+    finally:
+        srv.stop()

@@ -20,6 +20,12 @@ from vllm.sequence import Logprob, PositionLogprobs
 MIN_LOGPROB = -9999.0
 
 
+def top_k(ranked: list, k: int) -> list:
+    """The first ``k`` of ``ranked`` (most likely first); all of it for k = -1 (vLLM's
+    ``logprobs=-1``: the whole vocabulary)."""
+    return ranked if k < 0 else ranked[:k]
+
+
 def json_logprob(logprob: float) -> float:
     """``logprob`` for a JSON response: at least :data:`MIN_LOGPROB` (so never -inf)."""
     return max(logprob, MIN_LOGPROB)
@@ -33,8 +39,9 @@ def completion_logprobs(
     name: Callable[[int, Logprob | None], str],
 ) -> CompletionLogProbs:
     """OpenAI completion logprobs: the chosen token's logprob and the top-k per position
-    (the chosen token included); None at a position without logprobs (the first prompt
-    token). ``start_offset`` is the text offset of the first token."""
+    (the chosen token included; every token for k = -1); None at a position without
+    logprobs (the first prompt token). ``start_offset`` is the text offset of the first
+    token."""
     out = CompletionLogProbs()
     offset = start_offset
     for tid, pos in zip(token_ids, positions):
@@ -50,7 +57,7 @@ def completion_logprobs(
         out.token_logprobs.append(json_logprob(chosen.logprob) if chosen is not None else None)
         ranked = sorted(pos.items(), key=lambda kv: -kv[1].logprob)
         top = {}
-        for t, lp in ranked[: max(k, 0)]:
+        for t, lp in top_k(ranked, k):
             top[name(t, lp)] = json_logprob(lp.logprob)
         if chosen is not None:
             top.setdefault(tok, json_logprob(chosen.logprob))
@@ -65,8 +72,8 @@ def prompt_logprobs(
     name: Callable[[int, Logprob | None], str],
 ) -> list[dict[int, PromptLogprob] | None]:
     """Per prompt token: the token itself and the ``k`` most likely tokens at its position
-    (rank <= k; the engine may have computed more when echo asked for more), each with its
-    logprob, rank (1 = most likely) and text."""
+    (rank <= k; the engine may have computed more when echo asked for more; every token for
+    k = -1), each with its logprob, rank (1 = most likely) and text."""
     positions = positions or [None] * len(prompt_ids)
     out: list[dict[int, PromptLogprob] | None] = []
     for tid, pos in zip(prompt_ids, positions):
@@ -75,7 +82,7 @@ def prompt_logprobs(
             continue
         entry = {}
         for t, lp in sorted(pos.items(), key=lambda kv: -kv[1].logprob):
-            if t == tid or (lp.rank is not None and lp.rank <= k):
+            if t == tid or k < 0 or (lp.rank is not None and lp.rank <= k):
                 entry[t] = PromptLogprob(
                     logprob=json_logprob(lp.logprob), rank=lp.rank, decoded_token=name(t, lp)
                 )

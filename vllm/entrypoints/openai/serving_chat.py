@@ -38,6 +38,7 @@ from vllm.entrypoints.openai.completion_logprobs import (
     MIN_LOGPROB,
     json_logprob,
     prompt_logprobs,
+    top_k,
 )
 from vllm.entrypoints.openai.guided_request import guided_field, guided_params
 from vllm.entrypoints.openai.protocol import (
@@ -415,12 +416,12 @@ class OpenAIServingChat(OpenAIServing):
         self, token_ids, positions: list[PositionLogprobs], k: int, as_id: bool | None = None
     ) -> ChatLogProbs:
         """OpenAI chat logprobs of ``token_ids``: each token's logprob and its top ``k``
-        (tokens named by :meth:`token_text` with ``as_id``)."""
+        (every token for k = -1; tokens named by :meth:`token_text` with ``as_id``)."""
         content = []
         for tid, pos in zip(token_ids, positions):
             chosen = pos.get(tid)
             tok = self.token_text(tid, as_id, chosen)
-            ranked = sorted(pos.items(), key=lambda kv: -kv[1].logprob)[:k]
+            ranked = top_k(sorted(pos.items(), key=lambda kv: -kv[1].logprob), k)
             content.append(
                 ChatLogProbsContent(
                     token=tok,

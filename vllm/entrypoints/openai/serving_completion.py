@@ -93,8 +93,9 @@ class OpenAIServingCompletion(OpenAIServing):
         prompts = await self._prompts(req, self.kept_tokens(req))
         echo_only = req.echo and req.max_tokens == 0
         prompt_lp = req.prompt_logprobs
-        if req.echo and req.logprobs is not None:
-            prompt_lp = max(req.logprobs, prompt_lp or 0)
+        if req.echo and req.logprobs is not None:  # -1 (every token) covers any k
+            both = (req.logprobs, prompt_lp if prompt_lp is not None else 0)
+            prompt_lp = -1 if -1 in both else max(both)
         as_id = bool(req.return_tokens_as_token_ids) or self.return_tokens_as_token_ids
         params = []
         guided = guided_params(req)  # structured_outputs / response_format / guided_*
