@@ -160,3 +160,24 @@ def test_budget_refusal_only_without_chunking():
     reason = plain.never_fits_reason([200, 200])
     assert reason is not None and "max_num_batched_tokens=256" in reason
     assert "max_model_len=256" in chunked.never_fits_reason([300])
+
+
+def test_prompt_token_count_is_once_per_request_with_the_cached_part():
+    """``num_prompt_tokens`` (vllm:prompt_tokens_total): each request's prompt once, whatever
+    its n, chunk by chunk, a first chunk after a prefix-cache hit counting the cached tokens
+    too; ``num_prefill_tokens`` (the budget's) counts what is computed, per sequence."""
+    for chunked in (True, False):
+        sched = make_scheduler(budget=16, caching=True, chunked=chunked)
+        sched.add_seq_group(make_group("a", 20, n=2))
+        counts = []
+        for _ in range(4):
+            _, out = step(sched)
+            counts.append((out.num_prompt_tokens, out.num_prefill_tokens))
+        # chunked: 16 // 2 = 8 tokens per sequence, 8 + 8 + 4; unchunked: all 20 at once,
+        # the second sequence computing only its last, partial block (4 tokens) since it
+        # finds the first one's full prompt blocks
+        want = [(8, 16), (8, 16), (4, 8), (0, 0)] if chunked else [(20, 24)] + [(0, 0)] * 3
+        assert counts == want, (chunked, counts)
+        sched.add_seq_group(make_group("b", 20))  # 16 of its 20 tokens are cached
+        _, out = step(sched)
+        assert (out.num_prompt_tokens, out.num_prefill_tokens) == (20, 4), chunked

@@ -57,11 +57,13 @@ class _Chunks:
         self.groups: list[SequenceGroup] = []
         self.chunks: list[tuple[int, int]] = []  # (start, size) per group
         self.tokens = 0  # prefill tokens computed
+        self.prompt_tokens = 0  # prompt tokens covered, once per request (metrics)
         self.left_partial = 0  # groups this step leaves partly prefilled
 
-    def add(self, group: SequenceGroup, start: int, seqs: list) -> bool:
-        """Schedule the next chunk of ``group`` (its sequences ``seqs``, at ``start``);
-        False when the budget has no room for one token per sequence."""
+    def add(self, group: SequenceGroup, start: int, seqs: list, first: bool = False) -> bool:
+        """Schedule the next chunk of ``group`` (its sequences ``seqs``, at ``start``;
+        ``first``: its first chunk, which starts after its prefix-cached tokens); False
+        when the budget has no room for one token per sequence."""
         n = len(seqs)
         size = min(seqs[0].get_len() - start, (self.budget - self.used) // n, self.cap)
         if size < 1:
@@ -78,6 +80,7 @@ class _Chunks:
         self.chunks.append((start, size))
         self.used += size * n
         self.tokens += size * n
+        self.prompt_tokens += end if first else size  # once per request, cached included
         return True
 
 
@@ -103,6 +106,7 @@ def schedule_chunked(sched: Scheduler, out: SchedulerOutputs) -> SchedulerOutput
     out.num_prefill_groups = len(chunks.groups)
     out.prefill_chunks = chunks.chunks
     out.num_prefill_tokens = chunks.tokens
+    out.num_prompt_tokens = chunks.prompt_tokens
     out.num_batched_tokens = chunks.tokens + out.num_decode_tokens
     return out
 
@@ -134,7 +138,7 @@ def _admit_waiting(sched: Scheduler, chunks: _Chunks) -> list[SequenceGroup]:
             group.num_cached_tokens = cached
         sched.running.append(group)
         num_seqs += len(seqs)
-        chunks.add(group, cached, seqs)
+        chunks.add(group, cached, seqs, first=True)
     return ignored
 
 

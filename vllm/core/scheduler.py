@@ -54,6 +54,9 @@ class SchedulerOutputs:
         num_batched_tokens: tokens computed this step: prefill tokens plus decode rows.
         num_prefill_tokens / num_decode_tokens: the two parts of ``num_batched_tokens``
             (prompt tokens computed, prefix-cached ones excluded; one per decode row).
+        num_prompt_tokens: prompt tokens this step's prefills cover, once per request
+            (a whole prompt, or a chunk; a request's first prefill or chunk includes its
+            prefix-cached tokens): upstream's ``vllm:prompt_tokens_total`` count.
         prefill_chunks: chunked prefill: per prefill group, (start, size): each of its
             sequences computes tokens ``start .. start + size - 1`` this step; empty when
             every prefill computes its whole sequence.
@@ -68,6 +71,7 @@ class SchedulerOutputs:
     num_prefill_groups: int = 0
     num_batched_tokens: int = 0
     num_prefill_tokens: int = 0
+    num_prompt_tokens: int = 0
     num_decode_tokens: int = 0
     prefill_chunks: list[tuple[int, int]] = field(default_factory=list)
     ignored_seq_groups: list[SequenceGroup] = field(default_factory=list)
@@ -345,6 +349,7 @@ class Scheduler:
             computed = sum(s.get_len() - self.block_manager.get_num_cached_tokens(s) for s in seqs)
             budget_used += computed
             out.num_prefill_tokens += computed
+            out.num_prompt_tokens += seqs[0].get_len()
             num_seqs += len(seqs)
         out.num_prefill_groups = len(out.scheduled_seq_groups)
         out.num_batched_tokens = out.num_prefill_tokens

@@ -281,7 +281,7 @@ class EngineSteps:
         """A step's :class:`StepStats`: the gauges now, its prompt tokens, its
         :class:`_StepTimes`, and the requests that finished in its outputs."""
         stats = self.gauges()
-        stats.prompt_tokens = sched.sched_out.num_prefill_tokens
+        stats.prompt_tokens = sched.sched_out.num_prompt_tokens
         stats.generation_tokens = times.generated
         stats.ttft, stats.tpot = list(times.ttft), list(times.tpot)
         finished = [out for out in outs if out.finished]

@@ -7,8 +7,9 @@ Definitions (all times in seconds, from ``time.time()`` stamps of RequestMetrics
 - ``vllm:time_to_first_token_seconds``: first token time - arrival time, once per request.
 - ``vllm:time_per_output_token_seconds``: the gap between consecutive tokens of a request,
   one observation per decode step it took part in.
-- ``vllm:prompt_tokens_total``: prompt tokens computed (prefills and prefill chunks, cached
-  prefix tokens excluded; a recomputed preempted request counts again, as upstream);
+- ``vllm:prompt_tokens_total``: prompt tokens prefilled (whole prompts and prefill chunks,
+  once per request whatever its n, prefix-cached tokens included, as upstream counts them;
+  a recomputed preempted request counts again, as upstream);
   ``vllm:generation_tokens_total``: sampled tokens; ``vllm:iteration_tokens_total``: a
   histogram of prompt + generation tokens per engine step (with chunked prefill a step
   holds both). The stats log line shows both rates over its interval.
@@ -72,7 +73,8 @@ class StepStats:
     Attributes:
         num_running / num_waiting: requests over all virtual engines after the step.
         cache_usage: KV-cache usage in [0, 1] (mean over virtual engines).
-        prompt_tokens / generation_tokens: tokens computed by prefill / sampled this step.
+        prompt_tokens / generation_tokens: prompt tokens prefilled this step (once per
+            request, prefix-cached ones included) / tokens sampled this step.
         ttft / tpot: seconds, one entry per observation (see the module docstring).
         finished: one :class:`FinishedRequest` per request that ended this step.
         preemptions: preemptions since the engine started (cumulative, all virtual engines).

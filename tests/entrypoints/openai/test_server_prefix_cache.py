@@ -1,6 +1,7 @@
 """`vllm serve --enable-prefix-caching`: /metrics shows the prefix-cache hit rate after two
 requests sharing a prefix, each response's usage.prompt_tokens_details.cached_tokens says
-how many of its prompt tokens were found (--enable-prompt-tokens-details), POST
+how many of its prompt tokens were found (--enable-prompt-tokens-details),
+vllm:prompt_tokens_total counts the cached tokens too (as upstream), POST
 /reset_prefix_cache empties the cache, and a request's ``cache_salt`` shares blocks only
 with requests of the same salt (tiny Llama, CPU)."""
 
@@ -58,6 +59,8 @@ def test_metrics_show_hit_rate_and_reset_empties_the_cache(tiny_llama_dir):
         assert m["vllm:gpu_prefix_cache_queries_total"] == 51 + 50
         assert m["vllm:gpu_prefix_cache_hits_total"] == 48
         assert m["vllm:gpu_prefix_cache_hit_rate"] == pytest.approx(48 / 101)
+        # prompt tokens count whole prompts, the cached part included (as upstream)
+        assert m["vllm:prompt_tokens_total"] - before["vllm:prompt_tokens_total"] == 50
         r = httpx.post(srv.url_for("reset_prefix_cache"), timeout=30)
         assert r.status_code == 200
         assert _complete(srv, tiny_llama_dir, SHARED + [500], stream=True) == 0
