@@ -344,6 +344,29 @@ def test_siblings_share_the_prompt_prefill_with_prefix_caching(caching):
     assert "prefill of 51 tokens" in sched.never_fits_reason([17] * 3, shared_prefix=0)
 
 
+@pytest.mark.parametrize("caching", [False, True])
+def test_siblings_count_the_shared_prompt_blocks_once(caching):
+    """n = 2 sequences of a 17-token prompt (block size 4) in a 6-block cache: each needs 5
+    blocks, but with prefix caching the second shares the first's 4 full prompt blocks, so
+    the group takes 6 blocks and runs; without caching it needs 10: refused up front and
+    ignored. The free count after admission shows the sharing."""
+    sched = make_scheduler(num_gpu_blocks=6, enable_prefix_caching=caching)
+    sched.block_manager.watermark_blocks = 0
+    group = make_group("n2", 17, n=2)
+    reason = sched.never_fits_reason([17] * 2, shared_prefix=17)
+    assert sched.block_manager.blocks_needed([17, 17], 17) == (6 if caching else 10)
+    sched.add_seq_group(group)
+    _, out = sched.schedule()
+    if caching:
+        assert reason is None and ids(out.scheduled_seq_groups) == ["n2"]
+        assert sched.block_manager.get_num_free_gpu_blocks() == 0
+    else:
+        assert "needs more KV-cache blocks (10) than the 6 blocks" in reason
+        assert ids(out.ignored_seq_groups) == ["n2"]
+    # prompt logprobs read no cache, so nothing is shared: 10 blocks either way
+    assert sched.block_manager.blocks_needed([17, 17], 0) == 10
+
+
 def test_abort_frees_blocks_in_both_queues():
     sched = make_scheduler(num_gpu_blocks=8, max_num_seqs=2)
     groups = [make_group(f"r{i}", 8) for i in range(3)]

@@ -216,11 +216,33 @@ class BlockSpaceManager:
         return max(0, _cdiv(num_tokens, self.block_size) - have)
 
     # ---------------------------------------------------------------------------- prefill
+    def blocks_needed(self, seq_lens: list[int], shared_prefix: int = 0) -> int:
+        """Fresh blocks that sequences of ``seq_lens`` tokens of one request take at
+        allocation: ceil(len / block_size) each, less, for every sequence after the first,
+        the full blocks of the ``shared_prefix`` tokens all of them start with (the
+        prompt; 0 when the request reads no cache, with prompt logprobs) up to its last
+        token's block: with caching on and the blocks registered at allocation (not
+        chunked prefill) a sibling finds the first sequence's blocks and shares them.
+        Cached blocks of earlier requests are not counted off."""
+        bs = self.block_size
+        share = shared_prefix // bs if self.enable_caching and not self.defer_registration else 0
+        needed = _cdiv(seq_lens[0], bs) if seq_lens else 0
+        for n in seq_lens[1:]:
+            needed += _cdiv(n, bs) - min(share, (n - 1) // bs)
+        return needed
+
+    def _group_blocks(self, seqs: list[Sequence], seq_group: SequenceGroup) -> int:
+        """:meth:`blocks_needed` of ``seqs`` of ``seq_group`` (they share its prompt)."""
+        reads_cache = seq_group.sampling_params.prompt_logprobs is None
+        shared = len(seq_group.prompt_token_ids) if reads_cache else 0
+        return self.blocks_needed([s.get_len() for s in seqs], shared)
+
     def can_allocate(self, seq_group: SequenceGroup) -> AllocStatus:
         """Whether the group's unfinished sequences can get fresh tables now.
 
-        Needed blocks = sum over unfinished sequences of ceil(seq.get_len() / block_size)
-        (prompt plus any outputs kept by a recompute preemption).
+        Needed blocks: :meth:`blocks_needed` of the unfinished sequences (prompt plus any
+        outputs kept by a recompute preemption; siblings share the prompt's full blocks
+        when caching registers them at allocation).
 
         Returns:
             NEVER when even an empty cache, minus the watermark, is too small
@@ -228,7 +250,7 @@ class BlockSpaceManager:
             ``needed > num_gpu_blocks``), LATER when ``free - needed < watermark_blocks``,
             else OK.
         """
-        needed = sum(_cdiv(s.get_len(), self.block_size) for s in seq_group.get_unfinished_seqs())
+        needed = self._group_blocks(seq_group.get_unfinished_seqs(), seq_group)
         if self.num_total_gpu_blocks - needed < self.watermark_blocks:
             return AllocStatus.NEVER
         if self.pool.num_free() - needed < self.watermark_blocks:
@@ -253,8 +275,7 @@ class BlockSpaceManager:
                     f"sequence {seq.seq_id} of request {seq_group.request_id} already has a "
                     f"block table of {len(self._tables[seq.seq_id])} blocks."
                 )
-        needed = sum(_cdiv(s.get_len(), self.block_size) for s in seqs)
-        self._check_free(needed, seq_group.request_id)
+        self._check_free(self._group_blocks(seqs, seq_group), seq_group.request_id)
         reads_cache = seq_group.sampling_params.prompt_logprobs is None
         for seq in seqs:
             self._tables[seq.seq_id] = self._allocate_seq(seq, reads_cache)

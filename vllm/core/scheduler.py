@@ -305,7 +305,7 @@ class Scheduler:
         if n > cfg.max_num_seqs:
             return f"{n} sequences are more than max_num_seqs={cfg.max_num_seqs}"
         total = bm.get_num_total_gpu_blocks()
-        needed = sum(-(-length_ // bs) for length_ in seq_lens)
+        needed = bm.blocks_needed(seq_lens, shared)
         if total - needed < bm.watermark_blocks:
             return (
                 f"prompt of {length} tokens ({n} sequences) needs more KV-cache blocks "

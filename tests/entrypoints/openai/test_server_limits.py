@@ -82,10 +82,15 @@ def test_offline_add_request_refuses_unschedulable(tiny_llama_dir):
         llm.generate({"prompt_token_ids": [28] * 200}, many)
     with pytest.raises(ValueError, match=r"9 sequences are more than max_num_seqs=8"):
         llm.llm_engine.add_request("a", [28] * 4, SamplingParams(n=9, max_tokens=2))
-    # 2 x 170 tokens: 22 blocks of 16 for the prefill > the 21 the cache has
+    # 2 x 170 tokens reading no cache (prompt logprobs): 22 blocks of 16 > the 21 there are
+    alone = SamplingParams(n=2, max_tokens=2, prompt_logprobs=1)
     with pytest.raises(ValueError, match=r"blocks \(22\) than the 21 blocks of 16"):
-        llm.llm_engine.add_request("b", [28] * 170, SamplingParams(n=2, max_tokens=2))
+        llm.llm_engine.add_request("b", [28] * 170, alone)
     assert not llm.llm_engine.has_unfinished_requests()
+    # the same two sequences sharing the prompt's 10 full blocks take 12: they run
+    two = llm.generate([[28] * 170], SamplingParams(n=2, max_tokens=2, ignore_eos=True),
+                       use_tqdm=False)  # fmt: skip
+    assert [len(o.token_ids) for o in two[0].outputs] == [2, 2]
     out = llm.generate([[28] * 150], SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) == 3
 
