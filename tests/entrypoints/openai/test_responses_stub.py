@@ -156,3 +156,32 @@ def test_refusals_name_the_field(tokenizer, body, param, words):
         _respond(tokenizer, ["x"], **body)
     assert err.value.code == 400 and err.value.param == param, err.value.message
     assert words in err.value.message
+
+
+@pytest.mark.parametrize(
+    "body,param,words,not_words",
+    [
+        ({"max_output_tokens": 10**6}, "max_output_tokens",
+         "(max_output_tokens)", "max_tokens)"),
+        ({"input": []}, "input", "input must not be empty", "messages"),
+        ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text", "text.format",
+         "response_format"),
+    ],
+)  # fmt: skip
+def test_refusals_speak_of_the_responses_fields(tokenizer, body, param, words, not_words):
+    """A refusal the chat handler raises names the Responses API's fields, in its param
+    and in its message."""
+    with pytest.raises(APIError) as err:
+        _respond(tokenizer, ["x"], **body)
+    assert err.value.param == param and words in err.value.message, err.value.message
+    assert not_words not in err.value.message, err.value.message
+
+
+def test_chat_words_become_responses_words():
+    from vllm.entrypoints.openai.serving_responses import as_responses_error
+
+    param, msg = as_responses_error(
+        "messages", "messages must not be empty; messages[0] is bad; the Chat Completions API"
+    )
+    assert param == "input"
+    assert msg == "input must not be empty; messages[0] is bad; the Responses API"

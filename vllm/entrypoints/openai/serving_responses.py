@@ -21,6 +21,7 @@ Streamed (``stream: true``), the chat stream's chunks become OpenAI's typed even
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -35,6 +36,22 @@ from vllm.entrypoints.openai.serving_chat import OpenAIServingChat
 # chat's names of the request fields -> the Responses API's
 _CHAT_TO_RESPONSES = {"messages": "input", "max_tokens": "max_output_tokens",
                       "response_format": "text"}  # fmt: skip
+# The chat handler's words for what a Responses request calls otherwise, in its messages
+# (an indexed ``messages[i]`` stays: it names the rendered conversation, which starts
+# with the instructions when there are some).
+_CHAT_WORDS = (
+    (re.compile(r"\bmessages\b(?!\[)"), "input"),
+    (re.compile(r"\bmax_tokens\b"), "max_output_tokens"),
+    (re.compile(r"\bresponse_format\b"), "text.format"),
+    (re.compile(r"\bChat Completions API\b"), "Responses API"),
+)
+
+
+def as_responses_error(param: str | None, message: str) -> tuple[str | None, str]:
+    """A chat handler's error (``param``, ``message``) in the Responses API's names."""
+    for pattern, word in _CHAT_WORDS:
+        message = pattern.sub(word, message)
+    return _CHAT_TO_RESPONSES.get(param, param), message
 
 
 def _item_id(prefix: str) -> str:
@@ -108,7 +125,7 @@ class OpenAIServingResponses:
         try:
             result = await self.chat.create_chat_completion(chat_req, raw)
         except APIError as e:  # named as this API names the field
-            e.param = _CHAT_TO_RESPONSES.get(e.param, e.param)
+            e.param, e.message = as_responses_error(e.param, e.message)
             raise
         if result is None:
             return None
@@ -143,8 +160,8 @@ class OpenAIServingResponses:
                 chunk = json.loads(raw[len("data: ") :])
                 if "error" in chunk:
                     err = chunk["error"]
-                    yield w.event("error", code=err.get("code"), message=err.get("message"),
-                                  param=err.get("param"))  # fmt: skip
+                    param, message = as_responses_error(err.get("param"), err.get("message", ""))
+                    yield w.event("error", code=err.get("code"), message=message, param=param)
                     return
                 if rid is None:
                     rid = "resp_" + chunk["id"].removeprefix("chatcmpl-")
