@@ -12,6 +12,7 @@ runner: the engine with CUDA graphs, the engine with ``--enforce-eager`` and tra
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -101,6 +102,8 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("inputs", nargs="+", help="Files with the sweep's JSON lines.")
     p.add_argument("--out", default=DEFAULT_OUT, help="PNG to write.")
     args = p.parse_args(argv)
+    if importlib.util.find_spec("matplotlib") is None:
+        p.error("plotting needs matplotlib: pip install matplotlib (or -r requirements-test.txt)")
     path = plot(read_sweep(args.inputs), args.out)
     print(f"wrote {os.path.normpath(path)}")
     return path

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU suite: the GPU tests and the benchmarks behind README.md's H200 table.
 #
-# Run from anywhere on a CUDA host where the package is installed (README "GPU host"):
+# Run from anywhere on a CUDA host where the package is installed (README "GPU quick start"):
 #
 #   benchmarks/run_gpu_suite.sh [--out DIR] COMMAND
 #

@@ -32,10 +32,12 @@ def test_serve_help_shows_defaults_in_groups(capsys):
         "(default: 127.0.0.1)" in text  # fmt: skip
     assert "--max-num-seqs MAX_NUM_SEQS Most sequences in one step. (default: 256)" in text
     assert "--enforce-eager Never capture CUDA graphs. (default: off)" in text
-    headers = [h for h in re.findall(r"(\w+) options:", text) if h != "positional"]
+    headers = re.findall(r"((?:structured )?[a-z]+) options: [A-Z]", text)
     assert headers == [
-        "model", "cache", "scheduler", "parallel", "speculative", "lora", "compilation", "server",
+        "model", "cache", "scheduler", "parallel", "speculative", "lora", "compilation",
+        "structured outputs", "observability", "server",
     ]  # fmt: skip
+    assert "options: -h, --help show this help message and exit model options:" in text
     # Every flag, grouped or not, states its default, and its help is in the output.
     serve = cli.make_parser()._subparsers._group_actions[0].choices["serve"]
     formatter = cli.HelpFormatter("vllm serve")

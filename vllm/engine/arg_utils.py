@@ -61,6 +61,8 @@ GROUPS = {
     "speculative": "Speculative decoding (a draft model or n-gram prompt lookup).",
     "lora": "LoRA adapters served beside the base model.",
     "compilation": "CUDA graphs and the Triton decode paths (no effect on CPU).",
+    "structured outputs": "Guided decoding (JSON schema, regex, choice, grammar).",
+    "observability": "Engine statistics.",
 }
 
 
@@ -266,6 +268,7 @@ class EngineArgs:
     guided_decoding_backend: str = _f(
         "xgrammar",
         "Structured outputs (JSON schema, regex, choice, grammar): the backend; only xgrammar.",
+        group="structured outputs",
     )
     max_num_seqs: int = _f(256, "Most sequences in one step.", group="scheduler")
     max_num_batched_tokens: int | None = _f(
@@ -381,7 +384,7 @@ class EngineArgs:
         "runs it (overlapped by default on one CUDA device without speculative decoding).",
         group="scheduler",
     )
-    disable_log_stats: bool = _f(False, "Do not log engine statistics.")
+    disable_log_stats: bool = _f(False, "Do not log engine statistics.", group="observability")
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -22,9 +22,8 @@ import argparse
 import logging
 import sys
 
-from vllm.entrypoints.help_format import HelpFormatter
 from vllm.logger import LOG_FORMAT
-from vllm.utils.argparse_utils import FlexibleArgumentParser
+from vllm.utils.argparse_utils import FlexibleArgumentParser, HelpFormatter
 
 
 class CLIParser(FlexibleArgumentParser):

@@ -1,7 +1,7 @@
 """``FlexibleArgumentParser``: the argparse parser every command line of vLLM is built on
 (upstream's name and import paths: ``vllm.utils`` and ``vllm.utils.argparse_utils``).
 
-Three differences from ``argparse.ArgumentParser``, the first two as upstream has them:
+Four differences from ``argparse.ArgumentParser``, the first two as upstream has them:
 
 - no abbreviations (``allow_abbrev=False``): ``--max-model 99`` is an error, never a
   silent ``--max-model-len 99``, and ``--model`` never lands in
@@ -11,10 +11,12 @@ Three differences from ``argparse.ArgumentParser``, the first two as upstream ha
   nothing after a bare ``--`` is touched);
 - a usage error is one line on stderr, ``error: MESSAGE (see `PROG --help`)``, and exit
   status 2, instead of the whole usage first (the CLI's, the benchmarks' and the
-  examples' errors read alike).
+  examples' errors read alike);
+- ``--help`` states every flag's default (:class:`HelpFormatter`, unless a parser names
+  another ``formatter_class``).
 
 Subparsers made with ``add_subparsers().add_parser`` are of the same class, so they
-inherit all three.
+inherit all four.
 """
 
 from __future__ import annotations
@@ -38,12 +40,33 @@ def dashed_flags(args: Sequence[str]) -> list[str]:
     return out
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Appends ``(default: X)`` to every flag whose help does not already state its
+    default (``off`` for a switch); descriptions keep their line breaks."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default is argparse.SUPPRESS or not action.option_strings:
+            return text
+        if "(default" in text.lower():  # the help states its default itself
+            return text
+        default = action.default
+        if isinstance(action, argparse._StoreTrueAction):
+            shown = "on" if default else "off"
+        elif isinstance(default, (list, tuple)):
+            shown = " ".join(str(d) for d in default)
+        else:
+            shown = str(default)
+        return f"{text} (default: {shown})"
+
+
 class FlexibleArgumentParser(argparse.ArgumentParser):
     """An ``ArgumentParser`` without abbreviations that reads ``--foo_bar`` as
-    ``--foo-bar`` (see the module docstring)."""
+    ``--foo-bar`` and shows defaults in ``--help`` (see the module docstring)."""
 
     def __init__(self, *args, **kwargs) -> None:
         kwargs.setdefault("allow_abbrev", False)
+        kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
 
     def error(self, message: str):

@@ -576,9 +576,8 @@ def main(argv: list[str] | None = None) -> int:
     launch command, the same as ``vllm serve`` (``--config`` included; ``--help`` shows
     the same description and every flag's default)."""
     from vllm.entrypoints.config_file import expand_config_file
-    from vllm.entrypoints.help_format import HelpFormatter
     from vllm.entrypoints.openai.cli_args import SERVE_DESCRIPTION, make_server_parser
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser, HelpFormatter
 
     parser = FlexibleArgumentParser(
         prog="python -m vllm.entrypoints.openai.api_server",

@@ -19,8 +19,9 @@ from vllm.reasoning import reasoning_parser_names
 
 SERVE_DESCRIPTION = (
     "Start the OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions,\n"
-    "/v1/embeddings with --task embed, /v1/models, /tokenize, /detokenize, /health,\n"
-    "/metrics)."
+    "/v1/responses, /v1/models, /tokenize, /detokenize, /health, /ping, /version, /metrics,\n"
+    "/load with --enable-server-load-tracking; with --task embed /v1/embeddings, /pooling,\n"
+    "/score and /rerank)."
 )
 
 
@@ -53,7 +54,11 @@ def make_server_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     )
     EngineArgs.add_cli_args(parser)
     parser.flag_groups["model"].add_argument(
-        "--model", dest="model_flag", default=None, help="Same as MODEL (default: MODEL)."
+        "--model",
+        dest="model_flag",
+        metavar="MODEL",
+        default=None,
+        help="Same as MODEL (default: MODEL).",
     )
     server = parser.add_argument_group("server options", "The HTTP server and its logs.")
     server.add_argument(
