@@ -19,6 +19,7 @@ and a salt that is not a non-empty string are refused with a ValueError).
 
 from __future__ import annotations
 
+import numbers
 from typing import Any, Required, TypedDict
 
 
@@ -56,7 +57,7 @@ def prompt_list(prompts: PromptType | list[PromptType]) -> list[PromptType]:
             "prompts must be a string, a prompt dict, a list of token ids or a list of "
             f"prompts, got {type(prompts).__name__}."
         )
-    if prompts and isinstance(prompts, list) and isinstance(prompts[0], int):
+    if prompts and isinstance(prompts, list) and isinstance(prompts[0], numbers.Integral):
         return [prompts]
     return list(prompts)
 

@@ -274,13 +274,13 @@ class SamplingParams:
             self.stop = list(self.stop)
         else:
             raise ValueError(f"stop must be a string or a list of strings, got {self.stop!r}.")
-        self.stop_token_ids = list(self.stop_token_ids or [])
+        self.stop_token_ids = [_as_int(t) for t in self.stop_token_ids or []]
         self.all_stop_token_ids = set(self.stop_token_ids)
-        if isinstance(self.seed, numbers.Integral) and not isinstance(self.seed, bool):
-            self.seed = int(self.seed)  # numpy ints too; anything else fails verify()
+        for name in _INT_FIELDS:  # numpy ints too; anything else fails verify()
+            setattr(self, name, _as_int(getattr(self, name)))
         self.logit_bias = _token_bias(self.logit_bias) or None
         if self.allowed_token_ids is not None:
-            self.allowed_token_ids = list(self.allowed_token_ids)
+            self.allowed_token_ids = [_as_int(t) for t in self.allowed_token_ids]
         if isinstance(self.bad_words, str):
             self.bad_words = [self.bad_words]
         elif self.bad_words is not None:
@@ -447,6 +447,14 @@ def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _as_int(value):
+    """``value`` as a Python int when it is an integer of another type (numpy's, say);
+    anything else unchanged (bools too), for the checks to name."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, (bool, int)):
+        return int(value)
+    return value
+
+
 def _token_bias(bias) -> dict[int, float]:
     """``logit_bias`` with int keys and float values, checked (OpenAI's limits).
 
@@ -463,7 +471,7 @@ def _token_bias(bias) -> dict[int, float]:
         )
     out: dict[int, float] = {}
     for key, value in bias.items():
-        tok = key
+        tok = _as_int(key)
         if isinstance(key, str) and key.strip().isdigit():
             tok = int(key)
         if not _is_int(tok) or tok < 0:

@@ -130,6 +130,13 @@ def test_bad_inputs_leave_llm_usable(tiny_llama_dir):
         ("float id", lambda: llm.generate({"prompt_token_ids": [1, 504.0]}, greedy),
          r"Token id 504.0 is not an integer"),
         ("reward", lambda: llm.reward("hi"), r"LLM.reward is not supported"),
+        ("ids None", lambda: llm.generate({"prompt_token_ids": None}, greedy),
+         r"prompt_token_ids must be a list of token ids, got None"),
+        ("prompt not text", lambda: llm.generate({"prompt": 5}, greedy),
+         r"'prompt' must be a string, got 5"),
+        ("chat text", lambda: llm.chat("hi", greedy), r"messages must be a list .*got str"),
+        ("chat no role", lambda: llm.chat([{"content": "x"}], greedy),
+         r"messages\[0\] must be a dict with a 'role'"),
     ]  # fmt: skip
     for name, call, match in cases:
         with pytest.raises(ValueError, match=match):
@@ -152,9 +159,12 @@ def test_bad_inputs_leave_llm_usable(tiny_llama_dir):
     assert kept.outputs[0].token_ids == alone.outputs[0].token_ids
     after = llm.generate(PROMPT, greedy, use_tqdm=False)[0].outputs[0]
     assert list(after.token_ids) == list(before.token_ids) and after.text == before.text
-    # numpy integer ids are ints
-    np_ids = {"prompt_token_ids": list(np.array(PROMPT["prompt_token_ids"], dtype=np.int64))}
-    assert llm.generate(np_ids, greedy, use_tqdm=False)[0].outputs[0].token_ids == after.token_ids
+    # numpy integer ids are ints, in a prompt dict, as a bare list and in SamplingParams
+    np_list = list(np.array(PROMPT["prompt_token_ids"], dtype=np.int64))
+    np_greedy = SamplingParams(temperature=0.0, max_tokens=np.int64(12))
+    for prompt in ({"prompt_token_ids": np_list}, np_list):
+        got = llm.generate(prompt, np_greedy, use_tqdm=False)[0].outputs[0].token_ids
+        assert got == after.token_ids
     # With max_logprobs=-1 the vocabulary size is the limit.
     llm.llm_engine.model_config.max_logprobs = -1
     with pytest.raises(ValueError, match=rf"logprobs={vocab + 1} is more than the vocab"):

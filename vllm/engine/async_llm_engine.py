@@ -319,10 +319,12 @@ class AsyncLLMEngine:
             err = getattr(executor, "_error", None)
             raise EngineDeadError(f"the executor failed: {err}")
 
-    def check_schedulable(self, prompt_len: int, n: int, reads_cache: bool = True) -> None:
+    def check_schedulable(
+        self, prompt_len: int, n: int, reads_cache: bool = True, max_tokens: int | None = None
+    ) -> None:
         """Raises ValueError for a request the scheduler could never run (see
         :meth:`LLMEngine.check_schedulable`; safe to call from the event loop)."""
-        self.engine.check_schedulable(prompt_len, n, reads_cache)
+        self.engine.check_schedulable(prompt_len, n, reads_cache, max_tokens)
 
     def verify_params(self, params) -> None:
         """Raises ValueError for params the model cannot serve (logprobs above

@@ -249,10 +249,17 @@ class LLMEngine(LoRAMethods, WorkerCallMethods):
                     "text-only models (prompt text or prompt_token_ids)."
                 )
             if "prompt_token_ids" in prompt:
-                ids = list(prompt["prompt_token_ids"])
+                given = prompt["prompt_token_ids"]
+                if isinstance(given, (str, bytes)) or not hasattr(given, "__iter__"):
+                    raise ValueError(
+                        f"prompt_token_ids must be a list of token ids, got {given!r}."
+                    )
+                ids = list(given)
                 text = prompt.get("prompt")
             elif "prompt" in prompt:
                 text = prompt["prompt"]
+                if not isinstance(text, str):
+                    raise ValueError(f"a prompt dict's 'prompt' must be a string, got {text!r}.")
             else:
                 raise ValueError(
                     f"a prompt dict needs 'prompt' or 'prompt_token_ids', got {list(prompt)}."
@@ -359,9 +366,17 @@ class LLMEngine(LoRAMethods, WorkerCallMethods):
                     f"{name} token ids {bad} are out of vocabulary (valid ids: 0..{vocab - 1})."
                 )
 
-    def check_schedulable(self, prompt_len: int, n: int, reads_cache: bool = True) -> None:
+    def check_schedulable(
+        self, prompt_len: int, n: int, reads_cache: bool = True, max_tokens: int | None = None
+    ) -> None:
         """Refuse a request the scheduler could never run (the scheduler's own rule,
         :meth:`Scheduler.never_fits_reason`; every virtual engine has the same limits).
+
+        With ``n`` > 1 the rule applies to the sequences at their longest too (prompt plus
+        ``max_tokens``, None: up to ``max_model_len``): the scheduler preempts a group as a
+        whole and recomputes all its sequences together, so a group whose sequences could
+        outgrow the whole cache together would be cut short after a preemption (one
+        sequence of ``max_model_len`` tokens always fits: the engine checks it at start).
 
         A prompt longer than ``max_model_len`` is refused too, as upstream's V1 does (its V0
         queued it and finished it with no tokens). Thread-safe: reads only configuration
@@ -395,6 +410,19 @@ class LLMEngine(LoRAMethods, WorkerCallMethods):
                 f"This request can never be scheduled: {reason} (prompt of {prompt_len} "
                 f"tokens, n={n})."
             )
+        if n > 1:
+            longest = max_len if max_tokens is None else min(prompt_len + max_tokens, max_len)
+            bm = self.schedulers[0].block_manager
+            needed = bm.blocks_needed([longest] * n, shared)
+            total = bm.get_num_total_gpu_blocks()
+            if total - needed < bm.watermark_blocks:
+                raise ValueError(
+                    f"This request can never be scheduled: its n={n} sequences may grow to "
+                    f"{longest} tokens each (prompt of {prompt_len} + max_tokens), which "
+                    f"takes {needed} KV-cache blocks, more than the {total} blocks of "
+                    f"{bm.block_size} tokens (watermark {bm.watermark_blocks} blocks): lower "
+                    "n or max_tokens."
+                )
 
     def add_request(
         self,
@@ -497,7 +525,9 @@ class LLMEngine(LoRAMethods, WorkerCallMethods):
         text, ids = self.process_prompt(prompt)
         self.verify_params(params)
         ids = self.truncate_prompt(ids, params)
-        self.check_schedulable(len(ids), params.n, params.prompt_logprobs is None)
+        self.check_schedulable(
+            len(ids), params.n, params.prompt_logprobs is None, params.max_tokens
+        )
         return params, pooling, text, ids
 
     def check_generation(self, params: object) -> None:

@@ -200,15 +200,27 @@ class LLM(PoolingMethods, WorkerCalls):
                 text parts), as ``vllm serve --chat-template-content-format``.
 
         Raises:
-            ValueError: an empty conversation, no chat template (neither the tokenizer's
+            ValueError: messages that are not lists of dicts with a ``role``, an empty
+                conversation, no chat template (neither the tokenizer's
                 nor ``chat_template``), ``continue_final_message`` with
                 ``add_generation_prompt``, a message the template cannot get, an
                 unknown content format, or a template that fails under an explicit
                 ``string`` / ``openai`` format (the message names the value to try).
         """
+        if not isinstance(messages, (list, tuple)):
+            raise ValueError(
+                "messages must be a list of message dicts (or a list of such lists), got "
+                f"{type(messages).__name__}."
+            )
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         if not convs or any(not c for c in convs):
             raise ValueError("messages is empty: pass at least one message per conversation.")
+        for conv in convs:
+            for i, m in enumerate(conv if isinstance(conv, (list, tuple)) else [conv]):
+                if not isinstance(m, dict) or "role" not in m:
+                    raise ValueError(
+                        f"messages[{i}] must be a dict with a 'role' (and 'content'), got {m!r}."
+                    )
         tok = self.get_tokenizer()
         if chat_template is None and not getattr(tok, "chat_template", None):
             raise ValueError(

@@ -91,6 +91,27 @@ def test_offline_add_request_refuses_unschedulable(tiny_llama_dir):
     two = llm.generate([[28] * 170], SamplingParams(n=2, max_tokens=2, ignore_eos=True),
                        use_tqdm=False)  # fmt: skip
     assert [len(o.token_ids) for o in two[0].outputs] == [2, 2]
+    # n > 1 is checked at its longest too (the scheduler preempts and recomputes a group
+    # whole, so a group that could outgrow the cache together is refused, not cut short):
+    # 4 x (100 + 100) tokens take 13 + 3 x 7 = 34 blocks (6 shared prompt blocks) > 21
+    with pytest.raises(
+        ValueError,
+        match=r"n=4 sequences may grow to 200 tokens each "
+        r"\(prompt of 100 \+ max_tokens\), which takes 34 "
+        r"KV-cache blocks, more than the 21 blocks",
+    ):
+        llm.generate({"prompt_token_ids": [28] * 100}, SamplingParams(n=4, max_tokens=100))
+    # 4 x (20 + 60) take 5 + 3 x 4 = 17 blocks: admitted; beside two 150-token prompts it
+    # is preempted and recomputed, and every sequence still gets all its tokens
+    group = SamplingParams(n=4, max_tokens=60, ignore_eos=True, temperature=0.0)
+    single = SamplingParams(max_tokens=20, ignore_eos=True)
+    outs = llm.generate([[28] * 20, [29] * 150, [30] * 150], [group, single, single],
+                        use_tqdm=False)  # fmt: skip
+    assert [len(o.token_ids) for o in outs[0].outputs] == [60] * 4
+    assert len({tuple(o.token_ids) for o in outs[0].outputs}) == 1  # greedy siblings
+    assert [len(o.outputs[0].token_ids) for o in outs[1:]] == [20, 20]
+    assert sum(s.num_cumulative_preemption for s in llm.llm_engine.schedulers) > 0
+    assert not llm.llm_engine.has_unfinished_requests()
     out = llm.generate([[28] * 150], SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) == 3
 

@@ -43,7 +43,7 @@ class _Engine:
     def verify_params(self, params):
         pass
 
-    def check_schedulable(self, prompt_len, n, reads_cache=True):
+    def check_schedulable(self, prompt_len, n, reads_cache=True, max_tokens=None):
         pass
 
     async def prepare_grammar(self, params):
@@ -433,3 +433,45 @@ def test_return_token_ids_while_a_parser_holds_tokens(tokenizer):
     assert len(chunks) == 5  # role, three content chunks, the call: none added for the ids
     whole = _answer(tokenizer, HERMES, hermes, tools=TOOLS, return_token_ids=True)
     assert whole["choices"][0]["token_ids"] == list(range(len(HERMES)))
+
+
+def test_tokenize_add_special_tokens(tokenizer):
+    """/tokenize: a prompt gets the tokenizer's special tokens unless add_special_tokens
+    is false; rendered messages only when it is true (upstream's defaults)."""
+    from vllm.entrypoints.openai.serving_tokenization import (
+        OpenAIServingTokenization,
+        TokenizeRequest,
+    )
+
+    bos = _BosTokenizer(tokenizer)
+    chat = OpenAIServingChat(_Engine(bos, ["ok"]), ["m"], chat_template=TEMPLATE)
+    tok = OpenAIServingTokenization(chat)
+
+    def ids(**body):
+        return asyncio.run(tok.tokenize(TokenizeRequest(model="m", **body))).tokens
+
+    plain = tokenizer.encode("hi", add_special_tokens=False)
+    assert ids(prompt="hi") == [bos.BOS_ID, *plain]
+    assert ids(prompt="hi", add_special_tokens=False) == plain
+    rendered = tokenizer.encode("<user>hi", add_special_tokens=False)
+    msgs = [{"role": "user", "content": "hi"}]
+    assert ids(messages=msgs, add_generation_prompt=False) == rendered
+    assert ids(messages=msgs, add_generation_prompt=False, add_special_tokens=True) == [
+        bos.BOS_ID, *rendered
+    ]  # fmt: skip
+
+
+def test_top_logprobs_errors_name_top_logprobs(tokenizer):
+    """Chat calls the per-token logprobs count top_logprobs: its errors say so, in the
+    param and in the message (the engine's messages say logprobs)."""
+    from vllm.entrypoints.openai.serving_engine import renamed_logprobs
+
+    with pytest.raises(APIError) as err:
+        _answer(tokenizer, ["x"], logprobs=True, top_logprobs=-2)
+    assert err.value.param == "top_logprobs"
+    assert err.value.message.startswith("top_logprobs must be >= 0"), err.value.message
+    msg = "logprobs=-1 asks for the full vocabulary (49152), more than max_logprobs=20"
+    assert renamed_logprobs(msg, "top_logprobs") == "top_" + msg
+    assert (
+        renamed_logprobs("prompt_logprobs=5 is more", "top_logprobs") == "prompt_logprobs=5 is more"
+    )

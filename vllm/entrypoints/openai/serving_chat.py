@@ -219,11 +219,13 @@ class OpenAIServingChat(OpenAIServing):
             params = self.beam_params(req, budget)
             self.check_schedulable(len(ids), 1, True)
         else:
-            params = self.sampling_params(req, budget, k, req.prompt_logprobs, guided)
+            params = self.sampling_params(req, budget, k, req.prompt_logprobs, guided,
+                                          logprobs_field="top_logprobs")  # fmt: skip
             if mode.parser is not None and mode.parser.keeps_special_tokens:
                 params.skip_special_tokens = False  # its markers are special tokens
             self.check_params(params, "top_logprobs")
-            self.check_schedulable(len(ids), req.n, req.prompt_logprobs is None)
+            self.check_schedulable(len(ids), req.n, req.prompt_logprobs is None,
+                                   max_tokens=params.max_tokens)  # fmt: skip
             await self.check_guided(params, param)
         rid = f"chatcmpl-{base_request_id(raw, req.request_id)}"
         gen = self.start(req, {"prompt": text, "prompt_token_ids": ids}, params, rid)

@@ -107,7 +107,8 @@ class OpenAIServingCompletion(OpenAIServing):
                 self.check_schedulable(len(ids), 1, True)
                 continue
             params.append(self.sampling_params(req, budget, req.logprobs, prompt_lp, guided))
-            self.check_schedulable(len(ids), req.n, req.prompt_logprobs is None)
+            self.check_schedulable(len(ids), req.n, req.prompt_logprobs is None,
+                                   max_tokens=params[-1].max_tokens)  # fmt: skip
         if params and not req.use_beam_search:  # the prompts' params differ only in max_tokens
             self.check_params(params[0])
             await self.check_guided(params[0], guided_field(req))

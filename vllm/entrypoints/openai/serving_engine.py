@@ -14,6 +14,7 @@ characters has more than ``max_model_len`` tokens whatever the tokenizer does wi
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -56,6 +57,15 @@ def base_request_id(raw, body_id: str | None = None) -> str:
         return body_id or uuid.uuid4().hex
     header = raw.headers.get("x-request-id")
     return header or body_id or raw.scope.get(FRESH_REQUEST_ID) or uuid.uuid4().hex
+
+
+_LOGPROBS_WORD = re.compile(r"(?<![\w])logprobs(?![\w])")
+
+
+def renamed_logprobs(message: str, field: str) -> str:
+    """``message`` with its first bare ``logprobs`` (not ``prompt_logprobs`` or
+    ``max_logprobs``) named ``field`` (chat's ``top_logprobs``)."""
+    return _LOGPROBS_WORD.sub(field, message, count=1)
 
 
 class OpenAIServing:
@@ -184,23 +194,26 @@ class OpenAIServing:
         try:
             self.engine.verify_params(params)
         except ValueError as e:
-            param = param_of(str(e))
-            if param == "logprobs":
-                param = logprobs_field
-            raise APIError(str(e), 400, param) from None
+            param, msg = param_of(str(e)), str(e)
+            if param == "logprobs" and logprobs_field != "logprobs":
+                param, msg = logprobs_field, renamed_logprobs(msg, logprobs_field)
+            raise APIError(msg, 400, param) from None
 
     def check_schedulable(
-        self, prompt_len: int, n: int, reads_cache: bool = True, param: str = "prompt"
-    ) -> None:
+        self, prompt_len: int, n: int, reads_cache: bool = True, param: str = "prompt",
+        max_tokens: int | None = None,
+    ) -> None:  # fmt: skip
         """Raises APIError 400 when the scheduler could never run ``n`` sequences of
         ``prompt_len`` tokens (their prefill above max_num_batched_tokens, n above
-        max_num_seqs, more KV blocks than the cache has; ``reads_cache``: False with
-        prompt logprobs, see ``LLMEngine.check_schedulable``). The error names ``n``
-        when n is the cause, else ``param`` (the input field)."""
+        max_num_seqs, more KV blocks than the cache has, or with n > 1 more than it has
+        once they reach ``max_tokens``; ``reads_cache``: False with prompt logprobs, see
+        ``LLMEngine.check_schedulable``). The error names ``n`` when n is the cause, else
+        ``param`` (the input field)."""
         try:
-            self.engine.check_schedulable(prompt_len, n, reads_cache)
+            self.engine.check_schedulable(prompt_len, n, reads_cache, max_tokens)
         except ValueError as e:
-            raise APIError(str(e), 400, "n" if "max_num_seqs" in str(e) else param) from None
+            by_n = "max_num_seqs" in str(e) or "lower n or max_tokens" in str(e)
+            raise APIError(str(e), 400, "n" if by_n else param) from None
 
     def check_priority(self, priority: int) -> None:
         """Raises APIError 400 naming ``priority`` when the scheduling policy refuses it
@@ -329,9 +342,11 @@ class OpenAIServing:
         logprobs: int | None,
         prompt_logprobs: int | None = None,
         guided: GuidedDecodingParams | None = None,
+        logprobs_field: str = "logprobs",
     ) -> SamplingParams:
         """SamplingParams for a request; raises APIError 400 on a bad value (the
-        SamplingParams ValueError's message names the field and the limit). ``guided``:
+        SamplingParams ValueError's message names the field and the limit; the request's
+        name for the per-token logprobs count is ``logprobs_field``). ``guided``:
         the structured-output constraint (see guided_request.py / tool_calls.py).
         temperature, top_p, top_k, min_p and repetition_penalty left out of the request
         take the generation config's value when it sets one (``--generation-config``),
@@ -370,7 +385,11 @@ class OpenAIServing:
         try:
             return SamplingParams(**kw)
         except (ValueError, TypeError) as e:
-            raise APIError(str(e), 400, param_of(str(e))) from e
+            param = param_of(str(e))
+            if param == "logprobs" and logprobs_field != "logprobs":
+                msg = renamed_logprobs(str(e), logprobs_field)
+                raise APIError(msg, 400, logprobs_field) from e
+            raise APIError(str(e), 400, param) from e
 
     # Fields that change which tokens may come or where a sequence stops: beam search
     # (which scores the model's own logprobs and stops only at EOS or length) refuses them.

@@ -3,7 +3,8 @@
 ``/tokenize`` takes a ``prompt`` (text, tokenized as ``/v1/completions`` does, special
 tokens added unless ``add_special_tokens`` is false) or chat ``messages`` (rendered with
 the chat template as ``/v1/chat/completions`` does, with its ``tools``,
-``chat_template_kwargs`` and ``continue_final_message``) and answers
+``chat_template_kwargs`` and ``continue_final_message``; the tokenizer's special tokens
+only with ``add_special_tokens`` true) and answers
 ``{"count", "max_model_len", "tokens", "token_strs"}`` (``token_strs``, each id's token
 string, only with ``return_token_strs``). ``/detokenize`` takes ``tokens`` and answers
 ``{"prompt"}``. Both run on the tokenizer thread, check ``model`` like the other
@@ -31,7 +32,9 @@ class TokenizeRequest(OpenAIRequest):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
-    add_special_tokens: bool = True
+    # the tokenizer's special tokens: None -> added to a prompt, not to rendered messages
+    # (whose template writes them), as upstream's two tokenize requests default
+    add_special_tokens: bool | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template: str | None = None
@@ -87,9 +90,10 @@ class OpenAIServingTokenization:
         if (req.prompt is None) == (req.messages is None):
             raise APIError("give exactly one of prompt and messages.", 400, "prompt")
         if req.messages is not None:
-            ids = await chat.message_ids(req, tools=req.tools)
+            ids = await chat.message_ids(req, bool(req.add_special_tokens), tools=req.tools)
         else:
-            ids = await chat.encode(req.prompt, "prompt", add_special_tokens=req.add_special_tokens)
+            add = req.add_special_tokens is not False
+            ids = await chat.encode(req.prompt, "prompt", add_special_tokens=add)
         strs = tok.convert_ids_to_tokens(ids) if req.return_token_strs else None
         return TokenizeResponse(
             count=len(ids), max_model_len=chat.max_model_len, tokens=ids, token_strs=strs
