@@ -176,8 +176,8 @@ def test_api_server_module_help_matches_serve():
         assert proc.returncode == 0, proc.stderr[-2000:]
         outs.append(" ".join(proc.stdout.split()))  # argparse wraps lines
     for text in outs:
-        assert "/v1/embeddings with --task embed" in text
-        assert "/tokenize, /detokenize" in text
+        assert "with --task embed /v1/embeddings, /pooling, /score and /rerank" in text
+        assert "/v1/responses, /v1/models, /tokenize, /detokenize" in text
         assert "--port PORT Port to bind (0: a free one). (default: 8000)" in text
         assert "--max-loras MAX_LORAS LoRA adapters one step may use (device slots). " \
             "(default: 1)" in text  # fmt: skip
