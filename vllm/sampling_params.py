@@ -274,13 +274,13 @@ class SamplingParams:
             self.stop = list(self.stop)
         else:
             raise ValueError(f"stop must be a string or a list of strings, got {self.stop!r}.")
-        self.stop_token_ids = [_as_int(t) for t in self.stop_token_ids or []]
+        self.stop_token_ids = [as_int(t) for t in self.stop_token_ids or []]
         self.all_stop_token_ids = set(self.stop_token_ids)
         for name in _INT_FIELDS:  # numpy ints too; anything else fails verify()
-            setattr(self, name, _as_int(getattr(self, name)))
+            setattr(self, name, as_int(getattr(self, name)))
         self.logit_bias = _token_bias(self.logit_bias) or None
         if self.allowed_token_ids is not None:
-            self.allowed_token_ids = [_as_int(t) for t in self.allowed_token_ids]
+            self.allowed_token_ids = [as_int(t) for t in self.allowed_token_ids]
         if isinstance(self.bad_words, str):
             self.bad_words = [self.bad_words]
         elif self.bad_words is not None:
@@ -413,7 +413,7 @@ class SamplingParams:
             )
             for t in self.allowed_token_ids:
                 _check(
-                    _is_int(t) and t >= 0,
+                    is_int(t) and t >= 0,
                     f"allowed_token_ids must be integers >= 0, got {t!r}.",
                 )
         for w in self.bad_words or ():
@@ -443,11 +443,12 @@ def _check(ok: bool, message: str) -> None:
         raise ValueError(message)
 
 
-def _is_int(value) -> bool:
+def is_int(value) -> bool:
+    """Whether ``value`` is a Python int that is not a bool."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _as_int(value):
+def as_int(value):
     """``value`` as a Python int when it is an integer of another type (numpy's, say);
     anything else unchanged (bools too), for the checks to name."""
     if isinstance(value, numbers.Integral) and not isinstance(value, (bool, int)):
@@ -471,10 +472,10 @@ def _token_bias(bias) -> dict[int, float]:
         )
     out: dict[int, float] = {}
     for key, value in bias.items():
-        tok = _as_int(key)
+        tok = as_int(key)
         if isinstance(key, str) and key.strip().isdigit():
             tok = int(key)
-        if not _is_int(tok) or tok < 0:
+        if not is_int(tok) or tok < 0:
             raise ValueError(f"logit_bias keys must be token ids (integers >= 0), got {key!r}.")
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         if not ok or not -100.0 <= value <= 100.0:

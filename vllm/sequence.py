@@ -281,6 +281,15 @@ class SequenceGroup:
     def prompt_token_ids(self) -> tuple[int, ...]:
         return self.seqs[0].prompt_token_ids
 
+    @property
+    def shared_prompt_len(self) -> int:
+        """Prompt tokens whose KV the group's sequences may share through the prefix
+        cache: the whole prompt, or 0 when the request asks for prompt logprobs (its
+        prefill reads no cache)."""
+        if self.sampling_params.prompt_logprobs is not None:
+            return 0
+        return len(self.prompt_token_ids)
+
     def get_seqs(self, status: SequenceStatus | None = None) -> list[Sequence]:
         """A new list of the group's sequences, all of them or those with ``status``."""
         seqs = self.seqs

@@ -233,9 +233,7 @@ class BlockSpaceManager:
 
     def _group_blocks(self, seqs: list[Sequence], seq_group: SequenceGroup) -> int:
         """:meth:`blocks_needed` of ``seqs`` of ``seq_group`` (they share its prompt)."""
-        reads_cache = seq_group.sampling_params.prompt_logprobs is None
-        shared = len(seq_group.prompt_token_ids) if reads_cache else 0
-        return self.blocks_needed([s.get_len() for s in seqs], shared)
+        return self.blocks_needed([s.get_len() for s in seqs], seq_group.shared_prompt_len)
 
     def can_allocate(self, seq_group: SequenceGroup) -> AllocStatus:
         """Whether the group's unfinished sequences can get fresh tables now.

@@ -316,10 +316,8 @@ class Scheduler:
 
     def _never_fits(self, group: SequenceGroup) -> str | None:
         """Why the waiting group can never be scheduled (see :meth:`never_fits_reason`)."""
-        shared = (
-            0 if group.sampling_params.prompt_logprobs is not None else len(group.prompt_token_ids)
-        )
-        return self.never_fits_reason([s.get_len() for s in group.get_unfinished_seqs()], shared)
+        seq_lens = [s.get_len() for s in group.get_unfinished_seqs()]
+        return self.never_fits_reason(seq_lens, group.shared_prompt_len)
 
     def _schedule_prefills(self) -> SchedulerOutputs:
         cfg = self.scheduler_config

@@ -10,7 +10,6 @@ from __future__ import annotations
 import gc
 import itertools
 import logging
-import numbers
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -33,7 +32,7 @@ from vllm.model_executor.guided_decoding.manager import GuidedDecodingManager
 from vllm.model_executor.models import architectures_of, get_model_class
 from vllm.outputs import RequestOutput
 from vllm.pooling_params import PoolingParams
-from vllm.sampling_params import SamplingParams
+from vllm.sampling_params import SamplingParams, as_int, is_int
 from vllm.sequence import (
     ExecuteModelRequest,
     SamplerOutput,
@@ -276,10 +275,8 @@ class LLMEngine(LoRAMethods, WorkerCallMethods):
             ids = self.tokenizer.encode(text)
         if not ids:
             raise ValueError(f"The prompt is empty (prompt={text!r}): it has no tokens.")
-        # numpy / torch integer scalars count as ints; floats and bools do not
-        ids = [int(t) if isinstance(t, numbers.Integral) and not isinstance(t, bool) else t
-               for t in ids]  # fmt: skip
-        not_int = [t for t in ids if not isinstance(t, int) or isinstance(t, bool)]
+        ids = [as_int(t) for t in ids]  # numpy integers count as ints; floats, bools do not
+        not_int = [t for t in ids if not is_int(t)]
         if not_int:
             raise ValueError(
                 f"Token id {not_int[0]!r} is not an integer (prompt token ids are ints)."

@@ -68,6 +68,16 @@ def renamed_logprobs(message: str, field: str) -> str:
     return _LOGPROBS_WORD.sub(field, message, count=1)
 
 
+def params_error(e: Exception, logprobs_field: str = "logprobs") -> APIError:
+    """The 400 of a SamplingParams error ``e``: its ``param`` is the field the message
+    names, the per-token logprobs count under the request's name ``logprobs_field``."""
+    msg = str(e)
+    param = param_of(msg)
+    if param == "logprobs" and logprobs_field != "logprobs":
+        param, msg = logprobs_field, renamed_logprobs(msg, logprobs_field)
+    return APIError(msg, 400, param)
+
+
 class OpenAIServing:
     """Base of the completion and chat handlers.
 
@@ -194,10 +204,7 @@ class OpenAIServing:
         try:
             self.engine.verify_params(params)
         except ValueError as e:
-            param, msg = param_of(str(e)), str(e)
-            if param == "logprobs" and logprobs_field != "logprobs":
-                param, msg = logprobs_field, renamed_logprobs(msg, logprobs_field)
-            raise APIError(msg, 400, param) from None
+            raise params_error(e, logprobs_field) from None
 
     def check_schedulable(
         self, prompt_len: int, n: int, reads_cache: bool = True, param: str = "prompt",
@@ -385,11 +392,7 @@ class OpenAIServing:
         try:
             return SamplingParams(**kw)
         except (ValueError, TypeError) as e:
-            param = param_of(str(e))
-            if param == "logprobs" and logprobs_field != "logprobs":
-                msg = renamed_logprobs(str(e), logprobs_field)
-                raise APIError(msg, 400, logprobs_field) from e
-            raise APIError(str(e), 400, param) from e
+            raise params_error(e, logprobs_field) from e
 
     # Fields that change which tokens may come or where a sequence stops: beam search
     # (which scores the model's own logprobs and stops only at EOS or length) refuses them.
