@@ -247,6 +247,7 @@ def test_server_flags_of_upstream_parse():
     assert defaults.allowed_origins == ["*"] and not defaults.allow_credentials
     assert defaults.response_role == "assistant"
     assert uvicorn_options(defaults) == {"access_log": True}
+    assert defaults.uvicorn_log_level == "info"  # upstream's default: access lines shown
 
 
 @pytest.mark.parametrize(
@@ -255,6 +256,8 @@ def test_server_flags_of_upstream_parse():
         (["--allowed-origins", "*"], "argument --allowed-origins: expected a JSON list"),
         (["--ssl-keyfile", "/nonexistent.key"], "--ssl-keyfile and --ssl-certfile must be"),
         (["--root-path", "api"], "--root-path must start with '/', got 'api'"),
+        (["--uvicorn-log-level", "bogus"], "--uvicorn-log-level: invalid choice: 'bogus'"),
+        (["--shutdown-timeout", "-3"], "--shutdown-timeout must be >= 0 seconds, got -3.0."),
     ],
 )
 def test_bad_server_flag_is_one_line(args, message, tiny_llama_dir):
@@ -418,3 +421,11 @@ def test_bench_prompt_longer_than_max_model_len_is_one_line(tiny_llama_dir):
         "error: The prompt (40 tokens) is longer than max_model_len=32: shorten it, or raise "
         "--max-model-len."
     )
+
+
+def test_server_url_brackets_ipv6_hosts():
+    from vllm.entrypoints.openai.api_server import server_url
+
+    assert server_url("http", "::", 8000) == "http://[::]:8000"
+    assert server_url("https", "::1", 443) == "https://[::1]:443"
+    assert server_url("http", "127.0.0.1", 8000) == "http://127.0.0.1:8000"

@@ -95,7 +95,9 @@ class AsyncLLMEngine:
         # SamplingParams field -> default from generation_config.json, for requests that
         # leave the field out (vllm/transformers_utils/generation_config.py).
         self.default_sampling = dict(self.engine.generation_defaults.sampling)
-        self.metrics = metrics or EngineMetrics(engine_args.model)
+        self.metrics = metrics or EngineMetrics(
+            engine_args.model, log_stats=not engine_args.disable_log_stats
+        )
         cache = self.engine.config.cache_config
         self.metrics.configure(
             self.max_model_len,
@@ -133,6 +135,10 @@ class AsyncLLMEngine:
         self._wakeup: asyncio.Event | None = None
         self._loop_task: asyncio.Task | None = None
         self._stopping = False
+        # Why abort_all ran (a server's shutdown), else None: a request that only wanted
+        # its final output (RequestOutputKind.FINAL_ONLY) and was aborted by it fails with
+        # EngineDeadError instead of ending with what it had (see generate).
+        self._aborted_all_reason: str | None = None
         self.errored: BaseException | None = None
         # Called once (on the event loop) with the error when the engine dies.
         self.on_dead: Callable[[BaseException], None] | None = None
@@ -219,6 +225,8 @@ class AsyncLLMEngine:
                     finished = True
                     raise item
                 finished = item.finished
+                if finished and kind == RequestOutputKind.FINAL_ONLY:
+                    self._raise_if_aborted_all(item)
                 if finished or kind != RequestOutputKind.FINAL_ONLY:
                     yield delta.apply(item) if delta is not None else item
                 if finished:
@@ -227,6 +235,14 @@ class AsyncLLMEngine:
             self._streams.pop(request_id, None)
             if queued and not finished:
                 self._request_abort(request_id)
+
+    def _raise_if_aborted_all(self, out: RequestOutput) -> None:
+        """Raise EngineDeadError for a final output that :meth:`abort_all` cut short: a
+        caller that waits for the whole result (the server's non-streamed requests) gets
+        an error it can retry elsewhere (503) rather than a partial or empty result."""
+        reason = self._aborted_all_reason
+        if reason is not None and any(o.finish_reason == "abort" for o in out.outputs):
+            raise EngineDeadError(f"the request was aborted: {reason}.")
 
     def _request_id_in_use(self, request_id: str) -> bool:
         """Event loop: an open stream has ``request_id``, or the engine still holds it (a
@@ -341,11 +357,15 @@ class AsyncLLMEngine:
     async def abort_all(self, reason: str) -> int:
         """Abort every queued and running request; each open stream gets a final output
         whose sequences finish with finish_reason "abort" (used when a graceful shutdown
-        runs out of time). Returns how many requests were aborted.
+        runs out of time), except a request that asked only for its final output
+        (``RequestOutputKind.FINAL_ONLY``, the server's non-streamed requests): that one
+        fails with EngineDeadError naming ``reason``. Returns how many requests were
+        aborted.
 
         Cancelling the call does not cancel the abort: once it has reached the engine
         thread, its outputs are still delivered. An error there (the held step's report
         may be lost with it) stops the loop, as a failed delivery does."""
+        self._aborted_all_reason = reason
         pending, self._pending = self._pending, []
         for rid, *_ in pending:
             self._deliver(rid, EngineDeadError(reason))

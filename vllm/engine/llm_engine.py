@@ -24,6 +24,7 @@ from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.detokenizer import fill_decoded_tokens
 from vllm.engine.lora_api import LoRAMethods
 from vllm.engine.rpc_api import WorkerCallMethods
+from vllm.engine.stats_log import ThroughputLog
 from vllm.engine.step_report import StepReport
 from vllm.inputs import PromptType, prompt_cache_salt
 from vllm.lora.registry import AdapterRegistry
@@ -107,6 +108,9 @@ class LLMEngine(LoRAMethods, WorkerCallMethods):
         self.model_config = config.model_config
         self.scheduler_config = config.scheduler_config
         self.log_stats = log_stats
+        # The periodic stats line of step()'s callers (the offline LLM with
+        # disable_log_stats=False); the async engine logs through its EngineMetrics.
+        self.stats_log = ThroughputLog() if log_stats else None
         self.tokenizer = None
         if not self.model_config.skip_tokenizer_init:
             mc = self.model_config
@@ -735,15 +739,32 @@ class LLMEngine(LoRAMethods, WorkerCallMethods):
         idle = not busy and not any(s.has_unfinished_seqs() for s in self.schedulers)
         failed = self.admit_compiled(block=idle)
         if self._pp_multi_step:
-            return failed + self._step_round()
-        if self._pipelined:
-            return failed + self._step_pipelined()
-        for _ in range(len(self.schedulers)):
-            ve = self._next_ve
-            self._next_ve = (self._next_ve + 1) % len(self.schedulers)
-            if self.has_work(ve):
-                return failed + self.step_virtual_engine(ve)
-        return failed
+            outs = failed + self._step_round()
+        elif self._pipelined:
+            outs = failed + self._step_pipelined()
+        else:
+            outs = failed
+            for _ in range(len(self.schedulers)):
+                ve = self._next_ve
+                self._next_ve = (self._next_ve + 1) % len(self.schedulers)
+                if self.has_work(ve):
+                    outs = failed + self.step_virtual_engine(ve)
+                    break
+        if self.stats_log is not None and self.stats_log.due():
+            self._log_stats()
+        return outs
+
+    def _log_stats(self) -> None:
+        """The periodic stats line (vllm/engine/stats_log.py) with the gauges now."""
+        schedulers = self.schedulers
+        queried = sum(s.block_manager.num_queried_tokens for s in schedulers)
+        hits = sum(s.block_manager.num_hit_tokens for s in schedulers)
+        self.stats_log.log(
+            sum(s.num_running for s in schedulers),
+            sum(s.num_waiting for s in schedulers),
+            sum(s.block_manager.usage() for s in schedulers) / len(schedulers),
+            hits / queried if queried else 0.0,
+        )
 
     def _step_pipelined(self) -> list[RequestOutput]:
         """Submit a step for every idle virtual engine with work, then wait for the oldest
@@ -884,11 +905,15 @@ class LLMEngine(LoRAMethods, WorkerCallMethods):
         now = time.time()
         pending: list[SequenceGroup] = []
         requests = self._requests
+        if self.stats_log is not None:
+            self.stats_log.add(sched_out.num_prompt_tokens, 0)
         if output is not None:
             process = self._process_group_output
             for group, group_out in zip(sched_out.scheduled_seq_groups, output.outputs):
                 if requests.get(group.request_id) is not group:
                     continue  # aborted while its step ran (pipelined): freed, no output
+                if self.stats_log is not None:  # (tokens sampled, a stop's rest included)
+                    self.stats_log.add(0, sum(len(o.token_ids) for o in group_out.samples))
                 try:
                     if process(group, group_out):
                         pending.append(group)

@@ -39,7 +39,6 @@ Definitions (all times in seconds, from ``time.time()`` stamps of RequestMetrics
 
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import dataclass, field
 
@@ -56,6 +55,7 @@ from prometheus_client import (
 
 from vllm.engine.decode_step_metrics import DecodeStepsCollector
 from vllm.engine.request_metrics import FinishedRequest, RequestHistograms
+from vllm.engine.stats_log import ThroughputLog
 
 _TTFT_BUCKETS = [0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                  7.5, 10.0, 20.0, 40.0, 80.0]  # fmt: skip
@@ -100,19 +100,16 @@ class StepStats:
     lora_waiting: tuple[str, ...] | None = None
 
 
-logger = logging.getLogger(__name__)
-# Seconds between two stats log lines.
-_LOG_INTERVAL_S = 10.0
-
-
 class EngineMetrics:
     """The Prometheus metrics of one engine, in their own registry.
 
     Args:
         model_name: the served model name, the ``model_name`` label of every metric.
+        log_stats: write the periodic stats line (vllm/engine/stats_log.py); False for
+            ``--disable-log-stats``. The metrics are kept either way.
     """
 
-    def __init__(self, model_name: str):
+    def __init__(self, model_name: str, log_stats: bool = True):
         self.registry = CollectorRegistry(auto_describe=True)
         r, lbl, m = self.registry, ["model_name"], model_name
         self.num_running = Gauge(
@@ -228,8 +225,8 @@ class EngineMetrics:
         GCCollector(registry=r)
         self._prefix_last = (0, 0)
         self._hit_rate = 0.0
-        self._last_log = time.monotonic()
-        self._interval_tokens = [0, 0]  # prompt, generation tokens since the last log line
+        # The periodic stats line (vllm/engine/stats_log.py); None: --disable-log-stats.
+        self.stats_log = ThroughputLog() if log_stats else None
         self.decode_steps = DecodeStepsCollector()
         r.register(self.decode_steps)
         self._model_name = model_name
@@ -274,8 +271,6 @@ class EngineMetrics:
             self.generation_tokens.inc(stats.generation_tokens)
         if stats.prompt_tokens or stats.generation_tokens:
             self.iteration_tokens.observe(stats.prompt_tokens + stats.generation_tokens)
-        self._interval_tokens[0] += stats.prompt_tokens
-        self._interval_tokens[1] += stats.generation_tokens
         for t in stats.ttft:
             self.ttft.observe(t)
         for t in stats.tpot:
@@ -292,22 +287,12 @@ class EngineMetrics:
             self._record_spec(stats.spec_decode)
         self._record_prefix(stats)
         self._record_loras(stats)
-        now = time.monotonic()
-        if now - self._last_log >= _LOG_INTERVAL_S:
-            elapsed = now - self._last_log
-            self._last_log = now
-            (prompt, generation), self._interval_tokens = self._interval_tokens, [0, 0]
-            logger.info(
-                "Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f "
-                "tokens/s, Running: %d reqs, Waiting: %d reqs, GPU KV cache usage: %.1f%%, "
-                "Prefix cache hit rate: GPU: %.2f%%",
-                prompt / elapsed,
-                generation / elapsed,
-                stats.num_running,
-                stats.num_waiting,
-                100.0 * stats.cache_usage,
-                100.0 * self._hit_rate,
-            )
+        if self.stats_log is not None:
+            self.stats_log.add(stats.prompt_tokens, stats.generation_tokens)
+            if self.stats_log.due():
+                self.stats_log.log(
+                    stats.num_running, stats.num_waiting, stats.cache_usage, self._hit_rate
+                )
 
     def _record_loras(self, stats: StepStats) -> None:
         """One ``vllm:lora_requests_info`` series for the adapters now (see configure)."""

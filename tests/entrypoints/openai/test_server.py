@@ -369,6 +369,25 @@ def test_api_key(server):
     assert httpx.post(server.url_for("v2", "rerank"), json=rerank, timeout=60).status_code == 401
 
 
+def test_invocations_dispatches_on_the_body(server, reference):
+    """SageMaker's /invocations: `prompt` is a completion, `messages` a chat completion,
+    each equal to LLM.generate / LLM.chat; the API key guards it; a body with neither, or
+    a bad field, is a 400 that says so."""
+    url, auth = server.url_for("invocations"), {"Authorization": f"Bearer {KEY}"}
+    greedy = {"max_tokens": 8, "temperature": 0}
+    r = httpx.post(url, json={"prompt": PROMPTS[0], **greedy}, headers=auth, timeout=120)
+    assert r.status_code == 200 and r.json()["object"] == "text_completion", r.text
+    assert r.json()["choices"][0]["text"] == reference["text"][0]
+    r = httpx.post(url, json={"messages": CHAT, **greedy}, headers=auth, timeout=120)
+    assert r.json()["object"] == "chat.completion", r.text
+    assert r.json()["choices"][0]["message"]["content"] == reference["chat"]
+    assert httpx.post(url, json={"prompt": "hi"}, timeout=60).status_code == 401
+    r = httpx.post(url, json={"input": "hi"}, headers=auth, timeout=60)
+    assert r.status_code == 400 and "`messages`" in r.json()["error"]["message"], r.text
+    r = httpx.post(url, json={"prompt": "hi", "max_tokens": "x"}, headers=auth, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens", r.text
+
+
 def test_64_concurrent_streams_counted_by_metrics(server):
     before = _metrics(server)
 

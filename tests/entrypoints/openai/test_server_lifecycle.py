@@ -36,9 +36,9 @@ def _assert_gone(procs: list[psutil.Process], timeout: float = 15) -> None:
     raise AssertionError(f"processes left behind: {[p.pid for p in alive]}")
 
 
-def _assert_aborted_cleanly(server, streams, procs) -> None:
+def _assert_aborted_cleanly(server, streams, procs, aborted: int = 3) -> None:
     """Each 500-token stream ended early with finish_reason "abort" and [DONE]; the log has
-    no traceback and reports the three aborts; no process is left."""
+    no traceback and reports the ``aborted`` requests; no process is left."""
     for s in streams:
         s.join(30)
         chunks = s.chunks()
@@ -46,7 +46,7 @@ def _assert_aborted_cleanly(server, streams, procs) -> None:
         assert chunks[-1]["choices"][0]["finish_reason"] == "abort"
         assert 1 <= len(chunks) < 500
     log = server.read_log()
-    assert "Traceback" not in log and "Aborted 3 request(s)" in log, server.log_tail()
+    assert "Traceback" not in log and f"Aborted {aborted} request(s)" in log, server.log_tail()
     _assert_gone(procs)
 
 
@@ -136,22 +136,54 @@ def test_sigterm_drains_streams_within_shutdown_timeout(tiny_llama_dir):
 
 
 @pytest.mark.forked
+class _Whole(threading.Thread):
+    """One non-streamed 500-token completion; ``status`` and ``body`` of its answer."""
+
+    def __init__(self, server):
+        super().__init__(daemon=True)
+        self.url = server.url_for("v1", "completions")
+        self.status, self.body = None, None
+
+    def run(self):
+        body = {"prompt": "Once upon a time", "max_tokens": 500, "ignore_eos": True}
+        r = httpx.post(self.url, json=body, timeout=600)
+        self.status, self.body = r.status_code, r.json()
+
+
+def _running(server) -> float:
+    """vllm:num_requests_running from /metrics."""
+    text = httpx.get(server.url_for("metrics"), timeout=30).text
+    line = next(ln for ln in text.splitlines() if ln.startswith("vllm:num_requests_running{"))
+    return float(line.rsplit(" ", 1)[1])
+
+
 def test_sigterm_aborts_what_outlives_shutdown_timeout(tiny_llama_dir):
     """--shutdown-timeout 0.5 against 500-token streams: each gets a final chunk with
-    finish_reason "abort" and [DONE]; the process exits 0 within the timeout + 5 s."""
+    finish_reason "abort" and [DONE]; a non-streamed request cut short the same way gets a
+    503 naming the shutdown (never a 200 with a partial or empty answer); the process exits
+    0 within the timeout + 5 s."""
     args = ["--device", "cpu", "--max-model-len", "512", "--shutdown-timeout", "0.5"]
     server = RemoteOpenAIServer(tiny_llama_dir, args)
     try:
         procs = _descendants(server)
+        whole = _Whole(server)
+        whole.start()
         streams = [_Stream(server, 500) for _ in range(3)]
         for s in streams:
             s.start()
         assert all(s.first.wait(120) for s in streams)
+        deadline = time.monotonic() + 60
+        while _running(server) < 4 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _running(server) == 4
         t0 = time.monotonic()
         server.proc.send_signal(signal.SIGTERM)
         assert server.proc.wait(30) == 0, server.log_tail()
         assert time.monotonic() - t0 < 0.5 + 5
-        _assert_aborted_cleanly(server, streams, procs)
+        whole.join(30)
+        assert whole.status == 503, (whole.status, whole.body)
+        assert "shutting down" in whole.body["error"]["message"], whole.body
+        _assert_aborted_cleanly(server, streams, procs, aborted=4)
     finally:
         server.stop()
 

@@ -3,7 +3,8 @@
 Endpoints: /v1/models, /v1/completions, /v1/chat/completions, /v1/responses
 (serving_responses.py), /tokenize, /detokenize
 (serving_tokenization.py), the pooling APIs of an embedding engine (pooling_routes.py),
-/health (and its alias /ping), /version, /metrics (Prometheus text, this server's own
+/invocations (SageMaker's route: chat or completion by the body), /health (and its alias
+/ping), /version, /metrics (Prometheus text, this server's own
 registry), POST /start_profile and /stop_profile (only with VLLM_TORCH_PROFILER_DIR set).
 Errors use OpenAI's body ``{"error": {"message", "type", "param", "code"}}``: 400 for bad
 requests (malformed JSON, pydantic validation errors and ValueErrors included), 401 for a
@@ -14,7 +15,7 @@ engine is dead.
 Shutdown: SIGINT/SIGTERM start a graceful exit: the server stops accepting and the requests
 in flight may finish for ``--shutdown-timeout`` seconds; those still running then are
 aborted (streams get a final chunk with finish_reason "abort" and ``[DONE]``, other
-requests their outputs so far), then the app's lifespan stops the engine
+requests a 503 naming the shutdown), then the app's lifespan stops the engine
 (``AsyncLLMEngine.shutdown`` -> ``LLMEngine.shutdown``) and the process exits with 0. A
 second signal aborts the requests at once; a third exits without waiting
 (server_lifecycle.py).
@@ -43,6 +44,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from vllm import envs
@@ -344,6 +346,32 @@ def build_app(
         except Exception as e:
             return to_api_error(e).response()
 
+    @app.post("/invocations")
+    async def invocations(raw: Request):
+        """SageMaker's inference route (as upstream): a body with ``messages`` is a chat
+        completion, one with ``prompt`` a completion; the answer is that route's."""
+        try:
+            body = await raw.json()
+        except ValueError as e:
+            return APIError(f"The request body is not valid JSON: {e}.", 400).response()
+        kind = next(
+            (k for k in ("messages", "prompt") if isinstance(body, dict) and k in body), None
+        )
+        if kind is None:
+            return APIError(
+                "/invocations needs a JSON object with `messages` (a chat completion) or "
+                "`prompt` (a completion).", 400,
+            ).response()  # fmt: skip
+        model = ChatCompletionRequest if kind == "messages" else CompletionRequest
+        try:
+            req = model.model_validate(body)
+        except ValidationError as e:
+            errs = [{**err, "loc": ("body", *err["loc"])} for err in e.errors()]
+            msg, param = validation_message(errs)
+            return APIError(msg, 400, param).response()
+        route = chat_completions if kind == "messages" else completions
+        return await route(req, raw)
+
     add_pooling_routes(app, (engine, served_model_names, tokenize_pool), as_ids, chat)
 
     return app
@@ -392,6 +420,8 @@ def validate_server_args(args: argparse.Namespace) -> EngineArgs:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}.")
     if args.max_log_len is not None and args.max_log_len < 0:
         raise ValueError(f"--max-log-len must be >= 0, got {args.max_log_len}.")
+    if not args.shutdown_timeout >= 0:  # (NaN too)
+        raise ValueError(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout}.")
     if bool(args.ssl_keyfile) != bool(args.ssl_certfile):
         raise ValueError("--ssl-keyfile and --ssl-certfile must be given together.")
     for flag in ("ssl_keyfile", "ssl_certfile", "ssl_ca_certs"):
@@ -423,6 +453,11 @@ def validate_server_args(args: argparse.Namespace) -> EngineArgs:
     engine_args.create_engine_config()
     args.lora_requests = lora_requests(args.lora_modules, _served_names(args), args.enable_lora)
     return engine_args
+
+
+def server_url(scheme: str, host: str, port: int) -> str:
+    """``scheme://host:port``, an IPv6 host in brackets (RFC 3986: ``http://[::1]:8000``)."""
+    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -482,7 +517,7 @@ def build_engine(args: argparse.Namespace, engine_args: EngineArgs) -> AsyncLLME
         logger.info("No MODEL given: serving the default SmolLM2-135M-Instruct GGUF %s", args.model)
     engine = AsyncLLMEngine(
         engine_args,
-        metrics=EngineMetrics(_served_names(args)[0]),
+        metrics=EngineMetrics(_served_names(args)[0], log_stats=not args.disable_log_stats),
         log_requests=not args.disable_log_requests,
         max_log_len=args.max_log_len,
     )
@@ -544,7 +579,9 @@ def run_server(args: argparse.Namespace, engine: AsyncLLMEngine, sock: socket.so
     engine.on_dead = server.engine_died
     scheme = "https" if args.ssl_certfile else "http"
     logger.info(
-        "vLLM API server version %s listening on %s://%s:%d", __version__, scheme, args.host, port
+        "vLLM API server version %s listening on %s",
+        __version__,
+        server_url(scheme, args.host, port),
     )
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
         runner.run(server.serve(sockets=[sock]))

@@ -147,7 +147,12 @@ def make_server_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
         default=DEFAULT_MAX_REQUEST_BODY_BYTES,
         help="Largest request body in bytes, larger ones get HTTP 413 (16 MiB; 0: no limit).",
     )
-    server.add_argument("--uvicorn-log-level", default="warning", help="uvicorn's log level.")
+    server.add_argument(
+        "--uvicorn-log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug", "trace"],
+        help="uvicorn's log level (info shows the access log line of every request).",
+    )
     server.add_argument(
         "--disable-uvicorn-access-log",
         action="store_true",

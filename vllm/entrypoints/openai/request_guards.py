@@ -57,8 +57,13 @@ def _app_path(scope) -> str:
     return path[len(root) :] if root and path.startswith(root) else path
 
 
+# Path prefixes (inside the app) that need the API key.
+_GUARDED = ("/v1", "/v2", "/invocations")
+
+
 class ApiKeyAuth:
-    """ASGI middleware answering 401 to a ``/v1`` or ``/v2`` request (as upstream; with or
+    """ASGI middleware answering 401 to a ``/v1``, ``/v2`` or ``/invocations`` request
+    (upstream guards ``/v1`` and ``/v2``; ``/invocations`` runs the same models; with or
     without the ``--root-path`` prefix) whose ``Authorization`` header is not ``Bearer <api_key>``;
     every other request passes untouched.
 
@@ -72,7 +77,7 @@ class ApiKeyAuth:
         self.expected = f"Bearer {api_key}".encode()
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and _app_path(scope).startswith(("/v1", "/v2")):
+        if scope["type"] == "http" and _app_path(scope).startswith(_GUARDED):
             if dict(scope["headers"]).get(b"authorization") != self.expected:
                 resp = APIError("Unauthorized: missing or wrong API key.", 401).response()
                 return await resp(scope, receive, send)
@@ -125,6 +130,7 @@ def validation_message(errs: list[dict]) -> tuple[str, str | None]:
 LOAD_TRACKED_PATHS = frozenset({
     "/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/embeddings", "/pooling",
     "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank", "/tokenize", "/detokenize",
+    "/invocations",
 })  # fmt: skip
 
 

@@ -24,7 +24,12 @@ from vllm.entrypoints.openai.api_errors import APIError, param_of
 from vllm.entrypoints.openai.protocol import PromptTokenUsageInfo, SamplingFields, UsageInfo
 from vllm.entrypoints.openai.request_guards import FRESH_REQUEST_ID
 from vllm.lora.request import LoRARequest
-from vllm.sampling_params import BeamSearchParams, GuidedDecodingParams, SamplingParams
+from vllm.sampling_params import (
+    BeamSearchParams,
+    GuidedDecodingParams,
+    RequestOutputKind,
+    SamplingParams,
+)
 
 
 def max_chars_per_token(tokenizer) -> int | None:
@@ -388,6 +393,11 @@ class OpenAIServing:
             allowed_token_ids=req.allowed_token_ids,
             bad_words=req.bad_words,
             guided_decoding=guided,
+            # A non-streamed request reads only its final output; it also fails (503)
+            # instead of ending short when a shutdown aborts it (AsyncLLMEngine.abort_all).
+            output_kind=RequestOutputKind.CUMULATIVE
+            if req.stream
+            else RequestOutputKind.FINAL_ONLY,
         )
         try:
             return SamplingParams(**kw)
