@@ -187,8 +187,9 @@ class SamplingParams:
       ``seed + i`` for the i-th of the ``n`` sequences: reproducible whatever else is in
       the batch, and different from each other. A 64-bit signed integer.
     - ``min_tokens``: EOS and ``stop_token_ids`` are masked out (logit -inf) until that
-      many tokens were generated; stop strings are not checked before it either. Not
-      allowed together with ``guided_decoding`` (a ValueError).
+      many tokens were generated; stop strings are not checked before it either. With
+      ``guided_decoding`` a grammar that completes sooner still ends the sequence (its
+      end-of-sequence token is the one token it allows; vllm/engine/stop_checker.py).
     - Stop handling (EOS, stop_token_ids, stop strings) is described in
       ``vllm/engine/stop_checker.py``.
     - ``logit_bias`` (OpenAI API): token id -> bias in [-100, 100], added to that token's
@@ -375,12 +376,6 @@ class SamplingParams:
                 f"max_tokens must be an integer >= 1 (or None), got {self.max_tokens!r}.",
             )
         _check(self.min_tokens >= 0, f"min_tokens must be at least 0, got {self.min_tokens}.")
-        _check(
-            self.min_tokens == 0 or self.guided_decoding is None,
-            f"min_tokens={self.min_tokens} cannot be combined with guided decoding: a "
-            "constraint that completes sooner could only end with the end-of-sequence token "
-            "that min_tokens forbids (use 0, or let the constraint set the length).",
-        )
         if self.max_tokens is not None:
             _check(
                 self.min_tokens <= self.max_tokens,

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from vllm import LLM, PoolingParams, SamplingParams
-from vllm.sampling_params import GuidedDecodingParams
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
@@ -32,11 +31,6 @@ PARAM_CASES = [
     ("presence", dict(presence_penalty=3.0), r"presence_penalty must be in \[-2, 2\], got 3.0"),
     ("repetition", dict(repetition_penalty=0.0), r"repetition_penalty.*got 0.0"),
     ("min>max tokens", dict(min_tokens=5, max_tokens=2), r"min_tokens.*max_tokens=2.*got 5"),
-    (
-        "min_tokens with a constraint",
-        dict(min_tokens=2, guided_decoding=GuidedDecodingParams(choice=["yes", "no"])),
-        r"min_tokens=2 cannot be combined with guided decoding",
-    ),
     (
         "seed>int64",
         dict(seed=2**64),

@@ -272,6 +272,27 @@ def test_tiny_model_constraints_and_decoding_modes(tiny_llama_dir):
 
 
 @pytest.mark.forked
+def test_min_tokens_with_a_constraint(tiny_llama_dir):
+    """min_tokens masks the end of sequence while the grammar allows anything else (the
+    regex's optional digits are all taken), and yields to a grammar that allows only its
+    end (a choice ends as without min_tokens)."""
+    llm = LLM(tiny_llama_dir, max_model_len=512, seed=0)
+    regex = GuidedDecodingParams(regex=REGEX)
+    choice = GuidedDecodingParams(choice=CHOICES)
+    params = [
+        SamplingParams(temperature=0, max_tokens=40, min_tokens=30, guided_decoding=regex),
+        SamplingParams(temperature=0, max_tokens=20, min_tokens=15, guided_decoding=choice),
+        SamplingParams(temperature=0, max_tokens=20, guided_decoding=choice),
+    ]
+    outs = [o.outputs[0] for o in llm.generate(["Code:"] * 3, params, use_tqdm=False)]
+    assert re.fullmatch(r"[a-z]{3}-[0-9]{4}", outs[0].text), outs[0].text
+    assert outs[0].finish_reason == "stop" and len(outs[0].token_ids) < 30
+    assert outs[1].text in CHOICES and outs[1].finish_reason == "stop"
+    assert outs[1].token_ids == outs[2].token_ids
+    llm.llm_engine.shutdown()
+
+
+@pytest.mark.forked
 def test_smollm2_json_schema(smollm2_gguf):
     llm = LLM(smollm2_gguf, max_model_len=512, seed=0)
     # 20 outputs: greedy, seeded and n=2 requests on the real weights; the 50-output batch

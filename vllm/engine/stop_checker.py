@@ -1,6 +1,8 @@
 """Stop conditions, applied after every appended token (upstream vLLM's order).
 
-1. ``min_tokens`` not yet generated: only the length limits can stop the sequence.
+1. ``min_tokens`` not yet generated: only the length limits can stop the sequence, and
+   the end-of-sequence token of a structured-output request (its grammar completed
+   before ``min_tokens``; the sampler lets that token through only then).
 2. EOS (unless ``ignore_eos``), then ``stop_token_ids``: FINISHED_STOPPED with
    ``stop_reason`` None for EOS and the token id for a stop token. The token stays in
    ``token_ids``; its text is left out of the output text unless
@@ -53,6 +55,8 @@ def check_stop(
     out_len = len(out_ids)
     can_stop = out_len >= params.min_tokens
     last = out_ids[-1] if out_ids else data.prompt_token_ids[-1]
+    if not can_stop and params.guided_decoding is not None:
+        can_stop = last == seq.eos_token_id  # the grammar's end (see the module docstring)
     if can_stop:
         eos = seq.eos_token_id
         is_eos = eos is not None and last == eos
@@ -99,9 +103,12 @@ def tokens_until_stop(
     n = len(data.output_token_ids)
     if eos is None and not stops:  # only the length can stop it: at the cap, else never
         return min(len(tokens), max(1, cap - n))
+    guided = params.guided_decoding is not None
     for j, token in enumerate(tokens):
         n += 1  # the output length with this token
         if n >= cap or (n >= min_tokens and (token == eos or token in stops)):
+            return j + 1
+        if guided and token == eos:  # a grammar's end before min_tokens (check_stop)
             return j + 1
     return len(tokens)
 

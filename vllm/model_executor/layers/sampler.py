@@ -133,9 +133,10 @@ def sample_exponential(
 
 
 def processed_sample_logits(logits: torch.Tensor, sm: SamplingMetadata) -> torch.Tensor:
-    """The sample rows' logits after logit_bias / allowed_token_ids, penalties,
-    min_tokens masking and the structured-output token bitmask of constrained rows (-inf
-    for tokens their grammar forbids). The sampler's first stage; every sampling path goes
+    """The sample rows' logits after logit_bias / allowed_token_ids, penalties, the
+    structured-output token bitmask of constrained rows (-inf for tokens their grammar
+    forbids) and min_tokens masking (which spares a constrained row whose grammar allows
+    nothing but the stop tokens it masks). The sampler's first stage; every sampling path goes
     through it: plain and Triton greedy, multi-step, the speculative scorer, hence the
     rejection sampler's target probabilities, and the draft proposer.
 
@@ -167,10 +168,17 @@ def processed_sample_logits(logits: torch.Tensor, sm: SamplingMetadata) -> torch
         apply_penalties(
             x, pen.prompt_tokens, pen.output_tokens, pen.presence, pen.frequency, pen.repetition
         )
-        if pen.min_tokens_mask is not None:
-            x.masked_fill_(pen.min_tokens_mask, float("-inf"))
     if sm.guided_rows is not None:
         apply_token_bitmask(x, sm.guided_rows, sm.guided_bitmask.tensor())
+    if pen is not None and pen.min_tokens_mask is not None:
+        mask = pen.min_tokens_mask  # [num_samples, vocab] bool
+        if sm.guided_rows is not None:
+            # A grammar that is complete allows only the end of sequence: min_tokens
+            # yields to it rather than leave a row with nothing to sample (the stop
+            # checker ends such a sequence at that token, vllm/engine/stop_checker.py).
+            left = x.masked_fill(mask, float("-inf")).amax(dim=-1, keepdim=True)  # [num_samples, 1]
+            mask = mask & (left > float("-inf"))  # [num_samples, vocab]
+        x.masked_fill_(mask, float("-inf"))
     return x
 
 
