@@ -2,7 +2,8 @@
 the chat template gets tools, chat_template_kwargs and the messages' name, tool_calls and
 tool_call_id (seen in the request log); a reply forced by guided_regex into a hermes
 <tool_call> block comes back as tool_calls, streamed and not; the raw stream has OpenAI's
-shape; continue_final_message with echo continues the last message."""
+shape; continue_final_message with echo continues the last message; streamed with n > 1
+(chat and completions, text and tool calls), each choice has one final chunk."""
 
 import json
 
@@ -121,3 +122,132 @@ def test_stream_shape_and_continue_final_message_with_echo(server):
     r = _post(server, {**body, "add_generation_prompt": True})
     assert r.status_code == 400
     assert r.json()["error"]["param"] == "continue_final_message"
+
+
+# Choices of one n > 1 request that finish at different steps: the engine reports every
+# choice on every step until the last one ends, so a finished choice is seen again.
+PICK_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "enum": ["Rome", "Amsterdam Zuid"]}},
+                "required": ["city"],
+            },
+        },
+    }
+]
+PICK_REGEX = (
+    r'<tool_call>\{"name": "get_weather", "arguments": '
+    r'\{"city": "(Rome|Amsterdam Zuidoost, Netherlands)"\}\}</tool_call>'
+)
+SAMPLED = {"n": 3, "temperature": 1, "seed": 5}
+USAGE = {"stream_options": {"include_usage": True}}  # streamed only
+
+
+def _finals(chunks: list[dict]) -> dict[int, int]:
+    """Per choice index: how many chunks carry its finish_reason."""
+    count: dict[int, int] = {}
+    for c in chunks:
+        for ch in c["choices"]:
+            if ch.get("finish_reason") is not None:
+                count[ch["index"]] = count.get(ch["index"], 0) + 1
+    return count
+
+
+def _streamed_calls(chunks: list[dict]) -> dict[int, list[dict]]:
+    """Per choice index, its tool calls put together from the deltas as a client does."""
+    calls: dict[int, dict[int, dict]] = {}
+    for c in chunks:
+        for ch in c["choices"]:
+            for tc in ch["delta"].get("tool_calls") or []:
+                call = calls.setdefault(ch["index"], {}).setdefault(
+                    tc["index"], {"ids": [], "name": "", "arguments": ""}
+                )
+                if tc.get("id"):
+                    call["ids"].append(tc["id"])
+                call["name"] += tc["function"].get("name") or ""
+                call["arguments"] += tc["function"].get("arguments") or ""
+    return {i: [calls[i][j] for j in sorted(calls[i])] for i in calls}
+
+
+def _steps(chunks: list[dict]) -> list[int]:
+    """Per choice index (0-2): how many chunks name it (its tokens, if sent once each)."""
+    return [sum(ch["index"] == i for c in chunks for ch in c["choices"]) for i in range(3)]
+
+
+def test_stream_n_sends_one_final_chunk_per_choice(server):
+    """Regression: with n > 1 a choice that finished before its siblings was sent again,
+    finish_reason and all, on every later step."""
+    body = {"messages": [{"role": "user", "content": "Say OK"}], "max_tokens": 40, **SAMPLED}
+    whole = _post(server, body).json()
+    chunks = _sse(server, {**body, **USAGE})
+    assert _finals(chunks) == {0: 1, 1: 1, 2: 1}
+    assert len(set(_steps(chunks))) > 1  # the choices finished at different steps
+    texts = [
+        "".join(
+            ch["delta"].get("content") or ""
+            for c in chunks
+            for ch in c["choices"]
+            if ch["index"] == i
+        )
+        for i in range(3)
+    ]
+    assert texts == [ch["message"]["content"] for ch in whole["choices"]]
+    assert chunks[-1]["usage"]["completion_tokens"] == whole["usage"]["completion_tokens"]
+
+
+def test_completions_stream_n_sends_one_final_chunk_per_choice(server):
+    """Regression: /v1/completions with n > 1 sent a choice's final chunk again on every
+    step after it stopped (here at its first '.') until the last sibling ended."""
+    body = {"model": MODEL, "prompt": "Say OK", "max_tokens": 40, "stop": ["."], **SAMPLED}
+    url = server.url_for("v1", "completions")
+    whole = httpx.post(url, json=body, timeout=300).json()
+    r = httpx.post(url, json={**body, "stream": True, **USAGE}, timeout=300)
+    lines = [x[len("data: ") :] for x in r.text.split("\n\n") if x.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    chunks = [json.loads(x) for x in lines[:-1]]
+    assert _finals(chunks) == {0: 1, 1: 1, 2: 1}
+    assert len(set(_steps(chunks))) > 1  # the choices finished at different steps
+    texts = ["".join(ch["text"] for c in chunks for ch in c["choices"] if ch["index"] == i)
+             for i in range(3)]  # fmt: skip
+    assert texts == [ch["text"] for ch in whole["choices"]]
+    assert chunks[-1]["usage"]["completion_tokens"] == whole["usage"]["completion_tokens"]
+
+
+@pytest.mark.parametrize(
+    "choice",
+    [
+        None,  # "auto" with the hermes parser, its calls forced by a regex
+        "required",
+        {"type": "function", "function": {"name": "get_weather"}},
+    ],
+)
+def test_stream_n_tool_calls_equal_the_whole_response(server, choice):
+    """Regression: with n > 1 and tool calls, a finished choice's calls were sent again
+    (with new ids) on every later step. Each choice's calls, put together from the stream,
+    equal the non-streamed response's, each with one id."""
+    body = {"messages": [MESSAGES[0]], "tools": PICK_TOOLS, "max_tokens": 60, **SAMPLED}
+    if choice is None:
+        body["guided_regex"] = PICK_REGEX
+    else:
+        body["tool_choice"] = choice
+    whole = _post(server, body).json()
+    want = {
+        ch["index"]: [
+            (tc["function"]["name"], tc["function"]["arguments"])
+            for tc in ch["message"]["tool_calls"]
+        ]  # fmt: skip
+        for ch in whole["choices"]
+    }
+    chunks = _sse(server, {**body, **USAGE})
+    assert _finals(chunks) == {0: 1, 1: 1, 2: 1}
+    got = _streamed_calls(chunks)
+    assert {i: [(c["name"], c["arguments"]) for c in got.get(i, [])] for i in range(3)} == want, (
+        whole
+    )
+    assert all(len(c["ids"]) == 1 for calls in got.values() for c in calls)
+    # the choices' calls differ in length, so they finished at different steps
+    assert len({str(calls) for calls in want.values()}) > 1, want

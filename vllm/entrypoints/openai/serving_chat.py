@@ -304,7 +304,9 @@ class OpenAIServingChat(OpenAIServing):
     ) -> AsyncIterator[str]:
         """A role chunk per choice (then the echoed content, if any), then a chunk per
         generated token that adds something (tool-call deltas instead of content when
-        tool_choice is not "none", see tool_calls.py). With ``stream_options``
+        tool_choice is not "none", see tool_calls.py); each choice's last chunk, the one
+        with its finish_reason, is sent once, although the engine repeats a finished
+        choice on every step until its siblings end. With ``stream_options``
         ``include_usage`` a last chunk has the usage; with ``continuous_usage_stats`` as
         well, every chunk carries its choice's usage so far. With ``return_token_ids`` the
         first chunk has ``prompt_token_ids`` and every later chunk the ids generated since
@@ -318,6 +320,7 @@ class OpenAIServingChat(OpenAIServing):
         include_usage = self.force_include_usage or (opts is not None and bool(opts.include_usage))
         continuous = include_usage and opts is not None and bool(opts.continuous_usage_stats)
         sent_tokens, sent_chars = [0] * n, [0] * n
+        finished = [False] * n  # the choice's final chunk went out (later outputs repeat it)
         tools = [ToolCallStream(mode) for _ in range(n)] if mode.active else None
         splits = [splitter.stream() for _ in range(n)] if splitter is not None else None
         completion_tokens = 0
@@ -365,8 +368,9 @@ class OpenAIServingChat(OpenAIServing):
                 for o in out.outputs:
                     i = o.index
                     new_ids = list(o.token_ids[sent_tokens[i] :])
-                    if not new_ids and not o.finish_reason:
+                    if finished[i] or (not new_ids and not o.finish_reason):
                         continue
+                    finished[i] = o.finish_reason is not None
                     lps = None
                     if req.logprobs and o.logprobs is not None:
                         lps = self._logprobs(

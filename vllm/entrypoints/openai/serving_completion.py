@@ -174,7 +174,8 @@ class OpenAIServingCompletion(OpenAIServing):
     async def _stream(
         self, req, prompts, gens, base, created, echo_only, as_id
     ) -> AsyncIterator[str]:
-        """One chunk per generated token of each choice (the last one has finish_reason);
+        """One chunk per generated token of each choice (the last one, sent once, has
+        finish_reason);
         with ``continuous_usage_stats`` each carries its choice's usage so far (its prompt
         and its tokens, as upstream); the final usage chunk counts every choice."""
         n = req.n
@@ -198,6 +199,7 @@ class OpenAIServingCompletion(OpenAIServing):
         sent_chars = [0] * (len(prompts) * n)
         next_offset = [0] * (len(prompts) * n)  # text_offset of the next logprobs token
         echoed = [False] * (len(prompts) * n)
+        finished = [False] * (len(prompts) * n)  # the choice's final chunk went out
         with_ids = bool(req.return_token_ids)
         ids_sent = [False] * (len(prompts) * n)  # the choice's prompt_token_ids went out
         plain = TextChunks(  # the usual chunk: only its text changes
@@ -215,6 +217,9 @@ class OpenAIServingCompletion(OpenAIServing):
                 cached[i] = out.num_cached_tokens
                 for o in out.outputs:
                     idx = i * n + o.index
+                    if finished[idx]:  # a finished sibling repeats until the request ends
+                        continue
+                    finished[idx] = o.finish_reason is not None
                     new_ids = list(o.token_ids[sent_tokens[idx] :])
                     if echo_only:
                         if not o.finish_reason:
