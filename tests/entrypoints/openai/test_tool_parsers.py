@@ -161,3 +161,25 @@ def test_pythonic_list_of_calls():
         found = p.extract(plain)
         assert found.calls == [] and found.content == plain
     assert p.content_prefix("Sure: [x()]") == 11 and p.content_prefix(" [get") == 0
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[f(z=2j)]",  # a complex number: a literal JSON cannot write
+        "[f(tags={3, [5]})]",  # a set holding a list: literal_eval raises TypeError
+        "[f(tags={1, 2})]",  # a set
+        "[f(d={(1, 2): 3})]",  # a tuple key
+        "[f(x=b'raw')]",  # bytes
+        "[f(x=...)]",  # Ellipsis
+        "[get_time(), f(z=1+2j)]",  # one bad call makes the whole list content
+    ],
+)
+def test_pythonic_values_json_cannot_hold_are_content(text):
+    """Regression: a call whose literal arguments cannot become JSON raised (HTTP 500)
+    instead of leaving the reply as content; streamed, the finish parses the same way."""
+    found = get_tool_parser("pythonic").extract(text)
+    assert found.calls == [] and found.content == text
+    mode = ToolMode(parser=get_tool_parser("pythonic"))
+    deltas = _stream(mode, [text[:3], text[3:]])
+    assert deltas == [{}, {"content": text}]

@@ -62,10 +62,14 @@ def content_before(text: str, marker: str) -> int:
 
 def make_call(name: Any, arguments: Any) -> ToolCall | None:
     """A ToolCall of function ``name`` with ``arguments`` (an object) as JSON text; None
-    when the name is not a string or the arguments not an object."""
+    when the name is not a string, the arguments not an object, or they hold a value JSON
+    cannot write (a complex number, a set, a tuple key, ...)."""
     if not isinstance(name, str) or not isinstance(arguments, dict):
         return None
-    text = json.dumps(arguments, ensure_ascii=False)
+    try:
+        text = json.dumps(arguments, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError):
+        return None
     return ToolCall(function=FunctionCall(name=name, arguments=text))
 
 

@@ -19,7 +19,7 @@ from vllm.entrypoints.openai.tool_parsers.abstract import (
 class PythonicToolParser(ToolParser):
     """Parses a reply that starts with ``[`` as a list of calls; anything else, or a list
     that does not parse completely (cut by max_tokens, positional arguments, non-literal
-    values), is content."""
+    values, values JSON cannot hold such as ``2j`` or ``{1, 2}``), is content."""
 
     def extract(self, text: str) -> ExtractedToolCalls:
         """See :meth:`ToolParser.extract`."""
@@ -41,12 +41,14 @@ class PythonicToolParser(ToolParser):
 
 
 def _call(node: ast.expr):
+    """``name(key=literal, ...)`` -> a call; None when ``node`` is not such a call or its
+    arguments cannot be written as a JSON object."""
     if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name) or node.args:
         return None
     try:
         arguments = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords}
-    except ValueError:
-        return None
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return None  # not a literal, or one Python cannot build (a set holding a list)
     if None in arguments:  # a **kwargs expansion
         return None
     return make_call(node.func.id, arguments)
