@@ -81,6 +81,16 @@ def test_continue_final_message_ends_inside_it(tokenizer):
     assert cont == closed[: -len("<|im_end|>\n")]
 
 
+@pytest.mark.parametrize("args", ["", "  "])
+def test_empty_arguments_text_is_an_empty_object(args):
+    """Regression: a replayed zero-argument call (``"arguments": ""``) was a 400 saying
+    the arguments are not JSON; it reaches the template as ``{}``."""
+    msgs = [{"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "f",
+            "arguments": args}}]}]  # fmt: skip
+    [msg] = template_messages(msgs)
+    assert msg["tool_calls"] == [{**CALL, "function": {"name": "f", "arguments": {}}}]
+
+
 def test_bad_options_and_arguments_name_the_field():
     with pytest.raises(ChatInputError) as exc:
         check_chat_options(True, True, None)

@@ -3,9 +3,9 @@ template sees, and rendering a conversation to the prompt text the model sees.
 
 Messages reach the template as OpenAI sends them, text only: ``role``, ``content``, and
 where given ``name``, an assistant's ``tool_calls`` (each call's ``function.arguments``
-decoded from its JSON text to an object, the form tool-use templates iterate over) and a
-tool message's ``tool_call_id``. The request's ``tools`` and ``chat_template_kwargs`` are
-template variables as well.
+decoded from its JSON text to an object, the form tool-use templates iterate over; empty
+text is ``{}``, as upstream) and a tool message's ``tool_call_id``. The request's
+``tools`` and ``chat_template_kwargs`` are template variables as well.
 
 ``content`` takes one of two forms (``--chat-template-content-format``, upstream's flag):
 
@@ -129,9 +129,17 @@ def message_text(message: dict) -> str:
 
 
 def _tool_call(call: dict, i: int, j: int) -> dict:
+    """Message ``i``'s tool call ``j`` with its ``function.arguments`` decoded to an object;
+    empty (or blank) arguments text is ``{}``, as clients replay calls without arguments.
+
+    Raises:
+        ChatInputError: arguments text that is not JSON.
+    """
     fn = dict(call.get("function") or {})
     args = fn.get("arguments")
-    if isinstance(args, str):
+    if isinstance(args, str) and not args.strip():
+        fn["arguments"] = {}
+    elif isinstance(args, str):
         try:
             fn["arguments"] = json.loads(args)
         except ValueError as e:
