@@ -5,7 +5,7 @@ Messages reach the template as OpenAI sends them, text only: ``role``, ``content
 where given ``name``, an assistant's ``tool_calls`` (each call's ``function.arguments``
 decoded from its JSON text to an object, the form tool-use templates iterate over; empty
 text is ``{}``, as upstream) and a tool message's ``tool_call_id``. The request's
-``tools`` and ``chat_template_kwargs`` are template variables as well.
+``tools``, ``documents`` and ``chat_template_kwargs`` are template variables as well.
 
 ``content`` takes one of two forms (``--chat-template-content-format``, upstream's flag):
 
@@ -210,13 +210,15 @@ def render_chat(
     tools: list[dict] | None = None,
     chat_template_kwargs: dict | None = None,
     content_format_option: str = "auto",
+    documents: list[dict] | None = None,
 ) -> str:
     """The prompt text of ``conversation`` (from :func:`template_messages`) under
-    ``template`` (None: the tokenizer's own), with ``tools`` and ``chat_template_kwargs``
-    as template variables. With ``continue_final_message`` the text ends where the last
-    message's content ends (no end-of-turn marker), so the model continues that message.
-    Tokenize it with ``add_special_tokens=False``: the template writes the special tokens
-    itself.
+    ``template`` (None: the tokenizer's own), with ``tools``, ``documents`` and
+    ``chat_template_kwargs`` as template variables (a ``documents`` key of
+    ``chat_template_kwargs`` wins over ``documents``, as upstream). With
+    ``continue_final_message`` the text ends where the last message's content ends (no
+    end-of-turn marker), so the model continues that message. Tokenize it with
+    ``add_special_tokens=False``: the template writes the special tokens itself.
 
     Raises:
         ChatInputError: the template failed while ``content_format_option`` was set
@@ -225,6 +227,7 @@ def render_chat(
             the message names ``chat_template_content_format`` and the value to try.
         Exception: the template's own error otherwise.
     """
+    variables = {"documents": documents, **(chat_template_kwargs or {})}
     try:
         return tokenizer.apply_chat_template(
             conversation,
@@ -233,7 +236,7 @@ def render_chat(
             add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message,
             tokenize=False,
-            **(chat_template_kwargs or {}),
+            **variables,
         )
     except Exception as e:
         if content_format_option not in ("string", "openai"):

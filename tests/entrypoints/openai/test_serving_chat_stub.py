@@ -475,3 +475,27 @@ def test_top_logprobs_errors_name_top_logprobs(tokenizer):
     assert (
         renamed_logprobs("prompt_logprobs=5 is more", "top_logprobs") == "prompt_logprobs=5 is more"
     )
+
+
+DOC_TEMPLATE = (
+    "{% for d in documents or [] %}[{{d['title']}}: {{d['text']}}]{% endfor %}"
+    "{% for m in messages %}<{{m['role']}}>{{m['content']}}{% endfor %}"
+)
+
+
+def test_documents_reach_the_chat_template(tokenizer):
+    """Regression: the request's ``documents`` were ignored as an unknown field, so a
+    retrieval template rendered without them."""
+    engine = _Engine(tokenizer, ["x"])
+    docs = [{"title": "Paris", "text": "Sunny all week."}, {"title": "Rome", "text": "Rain."}]
+    _answer(tokenizer, ["x"], engine=engine, chat_template=DOC_TEMPLATE, documents=docs)
+    assert engine.prompt["prompt"] == (
+        "[Paris: Sunny all week.][Rome: Rain.]<user>Weather in Paris?"
+    )
+    # chat_template_kwargs' documents win, as upstream
+    kwargs = {"documents": [{"title": "Oslo", "text": "Snow."}]}
+    _answer(tokenizer, ["x"], engine=engine, chat_template=DOC_TEMPLATE, documents=docs,
+            chat_template_kwargs=kwargs)  # fmt: skip
+    assert engine.prompt["prompt"] == "[Oslo: Snow.]<user>Weather in Paris?"
+    _answer(tokenizer, ["x"], engine=engine, chat_template=DOC_TEMPLATE)
+    assert engine.prompt["prompt"] == "<user>Weather in Paris?"

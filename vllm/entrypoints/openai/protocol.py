@@ -429,6 +429,9 @@ class ChatCompletionRequest(SamplingFields):
     chat_template: str | None = None
     # extra variables of the chat template
     chat_template_kwargs: dict[str, Any] | None = None
+    # the template's ``documents`` variable (retrieval-augmented templates), as upstream:
+    # each a dict of strings such as {"title": ..., "text": ...}
+    documents: list[dict[str, str]] | None = None
     # with --reasoning-parser: false drops the reasoning from the reply (as upstream)
     include_reasoning: bool = True
     tools: list[ChatCompletionToolsParam] | None = None

@@ -8,11 +8,12 @@ tokens (-1: the last max_model_len), as on /v1/completions. Structured outputs
 (structured_outputs, response_format, guided_*) as guided_request.py; tools and
 tool_choice as tool_calls.py.
 
-The messages, ``tools`` and ``chat_template_kwargs`` reach the template as chat_utils.py
-describes. The reply's role is "assistant", or with ``add_generation_prompt`` false the
-last message's role; ``continue_final_message`` (which needs ``add_generation_prompt``
-false) ends the prompt inside that message, and ``echo`` starts the reply's content with
-the last message's content when that message has the reply's role. Streamed chunks follow
+The messages, ``tools``, ``documents`` and ``chat_template_kwargs`` reach the template as
+chat_utils.py describes. The reply's role is "assistant", or with ``add_generation_prompt``
+false the last message's role; ``continue_final_message`` (which needs
+``add_generation_prompt`` false) ends the prompt inside that message, and ``echo`` starts
+the reply's content with the last message's content when that message has the reply's
+role. Streamed chunks follow
 OpenAI's shape: the first delta of a choice is ``{"role": ..., "content": ""}``, later
 deltas hold only the fields they set (one per token for text), and a token whose text a
 tool-call mode holds back sends no chunk."""
@@ -173,6 +174,7 @@ class OpenAIServingChat(OpenAIServing):
                 tools,
                 req.chat_template_kwargs,
                 self.content_format,
+                req.documents,
             )
         except Exception as e:  # jinja errors and content-format mismatches are the request's
             raise APIError(f"could not apply the chat template: {e}", 400, "messages") from e
