@@ -499,3 +499,25 @@ def test_documents_reach_the_chat_template(tokenizer):
     assert engine.prompt["prompt"] == "[Oslo: Snow.]<user>Weather in Paris?"
     _answer(tokenizer, ["x"], engine=engine, chat_template=DOC_TEMPLATE)
     assert engine.prompt["prompt"] == "<user>Weather in Paris?"
+
+
+@pytest.mark.parametrize(
+    "body, field, text",
+    [
+        ({"max_completion_tokens": -1}, "max_completion_tokens",
+         "max_completion_tokens must be at least 1, got -1."),
+        ({"max_completion_tokens": 0, "max_tokens": None}, "max_completion_tokens",
+         "max_completion_tokens must be at least 1, got 0."),
+        ({"max_tokens": -1}, "max_tokens", "max_tokens must be at least 1, got -1."),
+        ({"max_completion_tokens": 10_000}, "max_completion_tokens",
+         "or the completion (max_completion_tokens)."),
+        ({"max_tokens": 10_000}, "max_tokens", "or the completion (max_tokens)."),
+    ],
+)  # fmt: skip
+def test_token_limit_errors_name_the_field_sent(tokenizer, body, field, text):
+    """Regression: a bad max_completion_tokens was reported as max_tokens, a field the
+    client never sent."""
+    with pytest.raises(APIError) as exc:
+        _answer(tokenizer, ["x"], **body)
+    assert (exc.value.code, exc.value.param) == (400, field)
+    assert exc.value.message.endswith(text), exc.value.message

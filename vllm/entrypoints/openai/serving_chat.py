@@ -194,12 +194,12 @@ class OpenAIServingChat(OpenAIServing):
         """
         self.check_model(req.model)
         self.check_generative("Chat Completions")
-        max_tokens = req.max_completion_tokens
+        max_tokens, field = req.max_completion_tokens, "max_completion_tokens"
         if max_tokens is None:
-            max_tokens = req.max_tokens
-        self.check_max_tokens(max_tokens)
+            max_tokens, field = req.max_tokens, "max_tokens"
+        self.check_max_tokens(max_tokens, field=field)
         text, ids, conv = await self._prompt(req, req.add_special_tokens)
-        budget = self.check_length(len(ids), max_tokens, "messages")
+        budget = self.check_length(len(ids), max_tokens, "messages", field)
         k = None
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError(

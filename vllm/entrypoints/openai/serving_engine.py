@@ -270,7 +270,9 @@ class OpenAIServing:
                 f"The model `{model}` does not exist. Available models: {names}.", 404, "model"
             )
 
-    def check_length(self, prompt_len: int, max_tokens: int | None, kind: str) -> int:
+    def check_length(
+        self, prompt_len: int, max_tokens: int | None, kind: str, field: str = "max_tokens"
+    ) -> int:
         """Validate a prompt's length and return the completion budget.
 
         Args:
@@ -280,6 +282,8 @@ class OpenAIServing:
                 ``max_new_tokens`` (or ``--override-generation-config``'s) when it sets one,
                 as upstream's ``get_max_tokens`` takes the minimum.
             kind: "prompt" or "messages", for the message.
+            field: the request field that set ``max_tokens`` (chat's
+                ``max_completion_tokens``), named in the error.
         Raises:
             APIError 400: the prompt plus max_tokens exceeds max_model_len (both named).
         """
@@ -300,10 +304,10 @@ class OpenAIServing:
                 f"This model's maximum context length is {self.max_model_len} tokens. "
                 f"However, you requested {prompt_len + max_tokens} tokens ({prompt_len} in "
                 f"the {kind}, {max_tokens} in the completion). Please reduce the length of "
-                f"the {kind} or the completion (max_tokens).",
+                f"the {kind} or the completion ({field}).",
                 400,
                 # the prompt alone fits: max_tokens is what is too large
-                kind if prompt_len >= self.max_model_len else "max_tokens",
+                kind if prompt_len >= self.max_model_len else field,
             )
         return min(max_tokens, self.default_sampling.get("max_tokens", max_tokens))
 
@@ -335,17 +339,20 @@ class OpenAIServing:
         return k
 
     @staticmethod
-    def check_max_tokens(max_tokens: int | None, echo: bool | None = None) -> None:
+    def check_max_tokens(
+        max_tokens: int | None, echo: bool | None = None, field: str = "max_tokens"
+    ) -> None:
         """Refuse max_tokens below 1; 0 is allowed for a completion with ``echo`` (the
-        prompt alone). ``echo`` None: the endpoint has no such option (chat).
+        prompt alone). ``echo`` None: the endpoint has no such option (chat). ``field``: the
+        request field that set it (chat's ``max_completion_tokens``).
 
         Raises:
-            APIError 400 naming max_tokens.
+            APIError 400 naming ``field``.
         """
         if max_tokens is None or max_tokens >= 1 or (max_tokens == 0 and echo):
             return
         hint = "" if echo is None else " (0 is allowed with echo=true)"
-        raise APIError(f"max_tokens must be at least 1{hint}, got {max_tokens}.", 400, "max_tokens")
+        raise APIError(f"{field} must be at least 1{hint}, got {max_tokens}.", 400, field)
 
     def sampling_params(
         self,
