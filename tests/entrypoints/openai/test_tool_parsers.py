@@ -183,3 +183,17 @@ def test_pythonic_values_json_cannot_hold_are_content(text):
     mode = ToolMode(parser=get_tool_parser("pythonic"))
     deltas = _stream(mode, [text[:3], text[3:]])
     assert deltas == [{}, {"content": text}]
+
+
+def test_mistral_call_ids_are_nine_letters_and_digits():
+    """Regression: mistral calls had ``chatcmpl-tool-<hex>`` ids, which Mistral's
+    templates and mistral-common refuse when the calls are sent back; streamed too."""
+    text = '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_time{}'
+    ids = [c.id for c in get_tool_parser("mistral").extract(text).calls]
+    [last] = _stream(ToolMode(parser=get_tool_parser("mistral")), [text[:20], text[20:]])[1:]
+    ids += [c.id for c in last["tool_calls"]]
+    assert len(ids) == 4 and len(set(ids)) == 4
+    assert all(len(i) == 9 and i.isascii() and i.isalnum() for i in ids), ids
+    # the other parsers keep OpenAI-style ids
+    found = get_tool_parser("hermes").extract(f"<tool_call>{WEATHER}</tool_call>")
+    assert found.calls[0].id.startswith("chatcmpl-tool-")

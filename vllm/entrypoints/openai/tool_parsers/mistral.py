@@ -3,11 +3,15 @@
 objects (older tokenizers) or one or more ``NAME[ARGS]{...}`` / ``NAME{...}`` calls, each
 after its own ``[TOOL_CALLS]`` (newer ones); text before the first ``[TOOL_CALLS]`` is
 content. ``[TOOL_CALLS]`` is a special token, so this parser asks for replies detokenized
-with special tokens kept (:attr:`ToolParser.keeps_special_tokens`)."""
+with special tokens kept (:attr:`ToolParser.keeps_special_tokens`). Call ids are 9
+letters and digits, the only form Mistral's chat templates and mistral-common accept when
+the calls come back in the conversation."""
 
 from __future__ import annotations
 
 import json
+import secrets
+import string
 
 from vllm.entrypoints.openai.tool_parsers.abstract import (
     ExtractedToolCalls,
@@ -19,6 +23,13 @@ from vllm.entrypoints.openai.tool_parsers.abstract import (
 
 TAG, ARGS = "[TOOL_CALLS]", "[ARGS]"
 _DECODER = json.JSONDecoder()
+_ID_CHARS = string.ascii_letters + string.digits
+ID_LENGTH = 9
+
+
+def mistral_call_id() -> str:
+    """A fresh call id in Mistral's form: 9 random ASCII letters and digits."""
+    return "".join(secrets.choice(_ID_CHARS) for _ in range(ID_LENGTH))
 
 
 @register_tool_parser("mistral")
@@ -38,6 +49,7 @@ class MistralToolParser(ToolParser):
             calls = [_named_call(body) for body in text[start:].split(TAG)[1:]]
         if not calls or any(c is None for c in calls):
             return ExtractedToolCalls(content=text)
+        calls = [c.model_copy(update={"id": mistral_call_id()}) for c in calls]
         content = text[:start]
         return ExtractedToolCalls(calls=calls, content=content if content.strip() else None)
 
