@@ -41,7 +41,7 @@ def test_hermes_blocks_become_calls_and_the_rest_content():
         ("get_weather", {"city": "Paris", "unit": "c"}),
         ("get_time", {}),
     ]
-    assert found.content == "Let me check.\n\n"
+    assert found.content == "Let me check.\n"
     assert found.calls[0].id.startswith("chatcmpl-tool-")
     assert found.calls[0].function.arguments == '{"city": "Paris", "unit": "c"}'
     only = p.extract(f"<tool_call>{WEATHER}</tool_call>\n")
@@ -197,3 +197,17 @@ def test_mistral_call_ids_are_nine_letters_and_digits():
     # the other parsers keep OpenAI-style ids
     found = get_tool_parser("hermes").extract(f"<tool_call>{WEATHER}</tool_call>")
     assert found.calls[0].id.startswith("chatcmpl-tool-")
+
+
+def test_hermes_content_is_the_text_before_the_first_call():
+    """Regression: text between and after the calls was joined into the content; as
+    upstream, the content is only the text before the first <tool_call>, streamed or not."""
+    p = get_tool_parser("hermes")
+    block = f"<tool_call>{WEATHER}</tool_call>"
+    text = f"Checking. {block} and {block} Done."
+    found = p.extract(text)
+    assert len(found.calls) == 2 and found.content == "Checking. "
+    assert p.extract(f"{block} Done.").content is None
+    deltas = _stream(ToolMode(parser=p), [text[:12], text[12:40], text[40:]])
+    assert "".join(d.get("content", "") for d in deltas) == found.content
+    assert len(deltas[-1]["tool_calls"]) == 2

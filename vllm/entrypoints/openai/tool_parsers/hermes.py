@@ -1,6 +1,7 @@
 """The ``hermes`` tool-call format (Hermes 2 Pro, Qwen2.5 and others): each call is a JSON
 object ``{"name": ..., "arguments": {...}}`` between ``<tool_call>`` and ``</tool_call>``;
-text around the blocks is content."""
+the text before the first block is content, and text between or after the blocks is
+dropped, as upstream's parser does (streamed or not)."""
 
 from __future__ import annotations
 
@@ -26,12 +27,11 @@ class HermesToolParser(ToolParser):
         """See :meth:`ToolParser.extract`."""
         if START not in text:
             return ExtractedToolCalls(content=text)
-        calls, outside, pos = [], [], 0
+        calls, pos = [], 0
         while (start := text.find(START, pos)) != -1:
             end = text.find(END, start)
             if end == -1:
                 return ExtractedToolCalls(content=text)
-            outside.append(text[pos:start])
             try:
                 obj = json.loads(text[start + len(START) : end])
             except ValueError:
@@ -43,8 +43,7 @@ class HermesToolParser(ToolParser):
                 return ExtractedToolCalls(content=text)
             calls.append(call)
             pos = end + len(END)
-        outside.append(text[pos:])
-        content = "".join(outside)
+        content = text[: text.find(START)]
         return ExtractedToolCalls(calls=calls, content=content if content.strip() else None)
 
     def content_prefix(self, text: str) -> int:
