@@ -4,8 +4,10 @@ set, one chunk per token for text, none for a held tool-call token), tool_choice
 with the hermes parser (non-streamed and streamed), "required" streamed without empty
 chunks, echo and the reply role with continue_final_message, the 400 for
 continue_final_message together with add_generation_prompt, ``add_special_tokens`` (chat
-and completions: whether the tokenizer's own special tokens are added to the prompt) and
-``return_token_ids`` while a tool parser holds tokens back."""
+and completions: whether the tokenizer's own special tokens are added to the prompt),
+``return_token_ids`` while a tool parser holds tokens back, ``documents`` reaching the
+template, token-limit errors naming the field sent, and the 400 for a grammar xgrammar
+cannot read."""
 
 import asyncio
 import json
@@ -521,3 +523,29 @@ def test_token_limit_errors_name_the_field_sent(tokenizer, body, field, text):
         _answer(tokenizer, ["x"], **body)
     assert (exc.value.code, exc.value.param) == (400, field)
     assert exc.value.message.endswith(text), exc.value.message
+
+
+class _ParsingEngine(_Engine):
+    """An engine whose grammar check parses the constraint as the real one does."""
+
+    async def prepare_grammar(self, params):
+        from vllm.model_executor.guided_decoding import compiler
+
+        compiler.parse_grammar(params.guided_decoding)
+
+
+@pytest.mark.parametrize(
+    "grammar, lark", [('?start: "yes" | "no"', True), ('start ::= "yes"', False)]
+)
+def test_grammar_errors_say_which_syntax_is_read(tokenizer, grammar, lark):
+    """Regression: a Lark guided_grammar got xgrammar's bare lexer error; the 400 says the
+    grammar must be EBNF / GBNF with a root rule, and that Lark is not accepted."""
+    pytest.importorskip("xgrammar")
+    engine = _ParsingEngine(tokenizer, ["x"])
+    with pytest.raises(APIError) as exc:
+        _answer(tokenizer, ["x"], engine=engine, guided_grammar=grammar)
+    msg = exc.value.message
+    assert exc.value.code == 400 and msg.startswith("invalid guided grammar: EBNF")
+    assert "must be EBNF / GBNF as xgrammar reads it" in msg and "root ::=" in msg
+    assert ("Lark grammar, which is not accepted" in msg) is lark
+    assert engine.request_ids == []

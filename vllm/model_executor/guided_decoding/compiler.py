@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -67,7 +68,27 @@ def parse_grammar(gd: GuidedDecodingParams):
         return xgr.Grammar.from_ebnf(text)
     except (RuntimeError, ValueError, TypeError) as e:
         reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
-        raise ValueError(f"invalid guided {kind}: {_strip_location(reason)}") from None
+        hint = _grammar_hint(text) if kind == "grammar" else ""
+        raise ValueError(f"invalid guided {kind}: {_strip_location(reason)}{hint}") from None
+
+
+# A Lark rule definition: ``name: ...`` (optionally ``?name`` / ``!name``), not ``::=``.
+_LARK_RULE = re.compile(r"^\s*[?!]?[A-Za-z_][\w.]*\s*:(?!:=)", re.MULTILINE)
+
+
+def _grammar_hint(text: str) -> str:
+    """What to tell the sender of a grammar xgrammar refused: the syntax it reads, and,
+    when ``text`` reads as Lark (``start: ...`` rules), that Lark is not accepted (xgrammar
+    has no Lark reader)."""
+    lark = (
+        " This looks like a Lark grammar, which is not accepted."
+        if ("::=" not in text and _LARK_RULE.search(text))
+        else ""
+    )
+    return (
+        f".{lark} A grammar must be EBNF / GBNF as xgrammar reads it: rules "
+        '`name ::= ...` with the start rule named root, e.g. root ::= "yes" | "no"'
+    )
 
 
 def _ebnf_literal(s: str) -> str:
