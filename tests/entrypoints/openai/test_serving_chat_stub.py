@@ -549,3 +549,31 @@ def test_grammar_errors_say_which_syntax_is_read(tokenizer, grammar, lark):
     assert "must be EBNF / GBNF as xgrammar reads it" in msg and "root ::=" in msg
     assert ("Lark grammar, which is not accepted" in msg) is lark
     assert engine.request_ids == []
+
+
+TWO_CALLS = [*HERMES, " <tool_call>", '{"name": "get_time", "arguments": {}}', "</tool_call>"]
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_parallel_tool_calls_false_keeps_one_call(tokenizer, parallel):
+    """Regression: parallel_tool_calls was ignored; false keeps only a choice's first call,
+    streamed and not (tool_choice "auto" and "required")."""
+    hermes = get_tool_parser("hermes")
+    want = ["get_weather", "get_time"] if parallel else ["get_weather"]
+    body = dict(tools=TOOLS, parallel_tool_calls=parallel)
+    whole = _answer(tokenizer, TWO_CALLS, hermes, **body)["choices"][0]
+    assert [c["function"]["name"] for c in whole["message"]["tool_calls"]] == want
+    assert whole["finish_reason"] == "tool_calls"
+    chunks = _answer(tokenizer, TWO_CALLS, hermes, stream=True, **body)
+    calls = [tc for c in chunks for tc in c["choices"][0]["delta"].get("tool_calls", [])]
+    assert [c["function"]["name"] for c in calls] == want
+    assert [c["index"] for c in calls] == list(range(len(want)))
+    pieces = ['[{"name": "get_weather", "parameters": {}}, ',
+              '{"name": "get_time", "parameters": {}}]']  # fmt: skip
+    for stream in (False, True):
+        out = _answer(tokenizer, pieces, tool_choice="required", stream=stream, **body)
+        if stream:
+            calls = [tc for c in out for tc in c["choices"][0]["delta"].get("tool_calls", [])]
+        else:
+            calls = out["choices"][0]["message"]["tool_calls"]
+        assert [c["function"]["name"] for c in calls] == ["get_weather", "get_time"][: len(want)]

@@ -211,3 +211,14 @@ def test_hermes_content_is_the_text_before_the_first_call():
     deltas = _stream(ToolMode(parser=p), [text[:12], text[12:40], text[40:]])
     assert "".join(d.get("content", "") for d in deltas) == found.content
     assert len(deltas[-1]["tool_calls"]) == 2
+
+
+def test_required_schema_allows_one_item_without_parallel_calls():
+    """parallel_tool_calls false constrains "required" to a one-call array."""
+    req = ChatCompletionRequest(messages=MSGS, tools=TOOLS, tool_choice="required")
+    mode, guided = tool_mode(req)
+    assert not mode.single and "maxItems" not in guided.json
+    req = ChatCompletionRequest(messages=MSGS, tools=TOOLS, tool_choice="required",
+                                parallel_tool_calls=False)  # fmt: skip
+    mode, guided = tool_mode(req)
+    assert mode.single and guided.json["maxItems"] == 1 and guided.json["minItems"] == 1

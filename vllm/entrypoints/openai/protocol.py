@@ -441,6 +441,8 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: Literal["none", "auto", "required"] | ChatCompletionNamedToolChoiceParam | None = (
         None
     )
+    # false: at most one tool call per choice (the first), as upstream
+    parallel_tool_calls: bool | None = True
     # Keep only the rendered prompt's last k tokens (k >= 1; -1: the last max_model_len).
     truncate_prompt_tokens: int | None = None
     # The base of the response id and engine request id (the X-Request-Id header wins).

@@ -11,7 +11,9 @@
   parser (tool_parsers/) finds the calls in the model's text; finish reason "tool_calls"
   when it found any. Without those flags "auto" with tools is refused.
 - "none" (the default otherwise): no constraint and no parsing.
-The tools are variables of the chat template whatever the choice.
+The tools are variables of the chat template whatever the choice. With
+``parallel_tool_calls: false`` a choice has at most one call: "required" constrains the
+array to one item, and "auto" keeps the first call the parser found (streamed or not).
 """
 
 from __future__ import annotations
@@ -41,11 +43,13 @@ class ToolMode:
         function: the forced function's name (named tool choice), else None.
         required: tool_choice "required" (a JSON array of calls).
         parser: tool_choice "auto": the parser that finds calls in the text.
+        single: ``parallel_tool_calls`` false: at most one call (the first) per choice.
     """
 
     function: str | None = None
     required: bool = False
     parser: ToolParser | None = None
+    single: bool = False
 
     @property
     def active(self) -> bool:
@@ -72,6 +76,7 @@ def tool_mode(
             parser, or is combined with another constraint.
     """
     choice = req.tool_choice
+    single = req.parallel_tool_calls is False
     if choice is None:
         choice = "auto" if req.tools and auto_parser is not None else "none"
     if choice == "none" or (choice == "auto" and not req.tools):
@@ -85,7 +90,7 @@ def tool_mode(
                 400,
                 "tool_choice",
             )
-        return ToolMode(parser=auto_parser), None
+        return ToolMode(parser=auto_parser, single=single), None
     tools = {t.function.name: t.function for t in req.tools or []}
     if not tools:
         raise APIError(f"tool_choice={_show(choice)} needs a non-empty tools list.", 400, "tools")
@@ -121,7 +126,9 @@ def tool_mode(
         for name, fn in tools.items()
     ]
     schema = {"type": "array", "minItems": 1, "items": {"anyOf": items}}
-    return ToolMode(required=True), _guided(schema, req)
+    if single:
+        schema["maxItems"] = 1
+    return ToolMode(required=True, single=single), _guided(schema, req)
 
 
 def _guided(schema: dict, req: ChatCompletionRequest) -> GuidedDecodingParams:
@@ -139,12 +146,17 @@ def parse_tool_calls(mode: ToolMode, text: str) -> tuple[list[ToolCall] | None, 
     """The tool calls of a finished output and the message content that goes with them.
     A named function's call is the whole text, as streamed (its arguments cut short when
     max_tokens cut the reply, as upstream). Otherwise no calls (None) when the text is not
-    a complete call (e.g. cut by max_tokens): the content is then the whole text."""
+    a complete call (e.g. cut by max_tokens): the content is then the whole text. With
+    ``mode.single`` only the parser's first call is kept."""
     if mode.parser is not None:
         found = mode.parser.extract(text)
-        return (found.calls, found.content) if found.calls else (None, text)
+        if not found.calls:
+            return None, text
+        return (found.calls[:1] if mode.single else found.calls), found.content
     calls = _forced_calls(mode, text)
-    return calls, None if calls is not None else text
+    if calls is None:
+        return None, text
+    return (calls[:1] if mode.single else calls), None
 
 
 def _forced_calls(mode: ToolMode, text: str) -> list[ToolCall] | None:
