@@ -6,8 +6,9 @@ chunks, echo and the reply role with continue_final_message, the 400 for
 continue_final_message together with add_generation_prompt, ``add_special_tokens`` (chat
 and completions: whether the tokenizer's own special tokens are added to the prompt),
 ``return_token_ids`` while a tool parser holds tokens back, ``documents`` reaching the
-template, token-limit errors naming the field sent, and the 400 for a grammar xgrammar
-cannot read."""
+template, token-limit errors naming the field sent, the 400 for a grammar xgrammar
+cannot read, parallel_tool_calls false, and the handler's options behind
+--exclude-tools-when-tool-choice-none and --default-chat-template-kwargs."""
 
 import asyncio
 import json
@@ -577,3 +578,43 @@ def test_parallel_tool_calls_false_keeps_one_call(tokenizer, parallel):
         else:
             calls = out["choices"][0]["message"]["tool_calls"]
         assert [c["function"]["name"] for c in calls] == ["get_weather", "get_time"][: len(want)]
+
+
+VARS_TEMPLATE = (
+    "{% if tools %}TOOLS={{tools|length}};{% endif %}{% if foo is defined %}FOO={{foo}};"
+    "{% endif %}{% if bar is defined %}BAR={{bar}};{% endif %}"
+    "{% for m in messages %}<{{m['role']}}>{{m['content']}}{% endfor %}"
+)
+
+
+def _rendered(tokenizer, handler_kwargs: dict, **body) -> str:
+    """The prompt text a handler built with ``handler_kwargs`` sends for ``body``."""
+    engine = _Engine(tokenizer, ["x"])
+    handler = OpenAIServingChat(engine, ["m"], chat_template=VARS_TEMPLATE, **handler_kwargs)
+    req = ChatCompletionRequest(**{"messages": MSGS, "max_tokens": 4, **body})
+    asyncio.run(handler.create_chat_completion(req, None))
+    return engine.prompt["prompt"]
+
+
+def test_exclude_tools_when_tool_choice_none(tokenizer):
+    """exclude_tools_when_tool_choice_none (``--exclude-tools-when-tool-choice-none``):
+    a request with tool_choice "none" renders without tools; other choices keep them."""
+    on = {"exclude_tools_when_tool_choice_none": True}
+    assert _rendered(tokenizer, on, tools=TOOLS, tool_choice="none") == ("<user>Weather in Paris?")
+    assert _rendered(tokenizer, {}, tools=TOOLS, tool_choice="none").startswith("TOOLS=1;")
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    assert _rendered(tokenizer, on, tools=TOOLS, tool_choice=named).startswith("TOOLS=1;")
+
+
+def test_default_chat_template_kwargs_under_the_requests(tokenizer):
+    """default_chat_template_kwargs (``--default-chat-template-kwargs``) reach every
+    request's template; a request's chat_template_kwargs win key by key."""
+    defaults = {"default_chat_template_kwargs": {"foo": "d", "bar": 1}}
+    assert _rendered(tokenizer, defaults) == "FOO=d;BAR=1;<user>Weather in Paris?"
+    assert _rendered(tokenizer, defaults, chat_template_kwargs={"foo": "r"}) == (
+        "FOO=r;BAR=1;<user>Weather in Paris?"
+    )
+    assert _rendered(tokenizer, {}) == "<user>Weather in Paris?"
+    for bad, match in (({"tools": []}, r"must not set \['tools'\]"), ([1], "JSON object")):
+        with pytest.raises(ValueError, match=match):
+            OpenAIServingChat(_Engine(tokenizer, []), ["m"], default_chat_template_kwargs=bad)

@@ -9,23 +9,26 @@ tokens (-1: the last max_model_len), as on /v1/completions. Structured outputs
 tool_choice as tool_calls.py.
 
 The messages, ``tools``, ``documents`` and ``chat_template_kwargs`` reach the template as
-chat_utils.py describes. The reply's role is "assistant", or with ``add_generation_prompt``
-false the last message's role; ``continue_final_message`` (which needs
-``add_generation_prompt`` false) ends the prompt inside that message, and ``echo`` starts
-the reply's content with the last message's content when that message has the reply's
-role. Streamed chunks follow
-OpenAI's shape: the first delta of a choice is ``{"role": ..., "content": ""}``, later
-deltas hold only the fields they set (one per token for text), and a token whose text a
+chat_utils.py describes (with ``--exclude-tools-when-tool-choice-none``, no ``tools`` when
+tool_choice is "none"; ``--default-chat-template-kwargs`` under the request's own). The
+reply's role is "assistant", or with ``add_generation_prompt`` false the last message's
+role; ``continue_final_message`` (which needs ``add_generation_prompt`` false) ends the
+prompt inside that message, and ``echo`` starts the reply's content with the last
+message's content when that message has the reply's role. Streamed chunks follow OpenAI's
+shape: the first delta of a choice is ``{"role": ..., "content": ""}``, later deltas hold
+only the fields they set (one per token for text), and a token whose text a
 tool-call mode holds back sends no chunk."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import Request
 
 from vllm.entrypoints.chat_utils import (
+    RESERVED_TEMPLATE_KWARGS,
     ChatInputError,
     check_chat_options,
     has_chat_template,
@@ -82,7 +85,16 @@ class OpenAIServingChat(OpenAIServing):
             (see vllm/entrypoints/chat_utils.py).
         reasoning_parser: ``--reasoning-parser``: splits each reply into ``reasoning``
             and ``content`` (vllm/reasoning); tool calls are parsed from the content.
+        exclude_tools_when_tool_choice_none: ``--exclude-tools-when-tool-choice-none``: a
+            request whose tool_choice is "none" renders its template without ``tools``.
+        default_chat_template_kwargs: ``--default-chat-template-kwargs``: template
+            variables every request gets; a request's ``chat_template_kwargs`` override
+            them key by key.
         Others: as :class:`OpenAIServing`.
+
+    Raises:
+        ValueError: ``default_chat_template_kwargs`` is not a dict, or sets an argument of
+            its own (``tools``, ``add_generation_prompt``, ...).
     """
 
     def __init__(
@@ -93,9 +105,25 @@ class OpenAIServingChat(OpenAIServing):
         response_role: str = "assistant",
         content_format: str = "auto",
         reasoning_parser: ReasoningParser | None = None,
+        exclude_tools_when_tool_choice_none: bool = False,
+        default_chat_template_kwargs: dict[str, Any] | None = None,
         **kwargs,
     ):
         super().__init__(*args, **kwargs)
+        defaults = default_chat_template_kwargs or {}
+        if not isinstance(defaults, dict):
+            raise ValueError(
+                "--default-chat-template-kwargs must be a JSON object, got "
+                f"{type(defaults).__name__}."
+            )
+        clash = sorted(RESERVED_TEMPLATE_KWARGS & set(defaults))
+        if clash:
+            raise ValueError(
+                f"--default-chat-template-kwargs must not set {clash}: they are arguments of "
+                "their own, set per request."
+            )
+        self.default_chat_template_kwargs = dict(defaults)
+        self.exclude_tools_when_tool_choice_none = exclude_tools_when_tool_choice_none
         self.reasoning_parser = reasoning_parser
         self.content_format = content_format
         self.chat_template = chat_template
@@ -163,6 +191,9 @@ class OpenAIServingChat(OpenAIServing):
             self.check_text(text, f"messages[{i}].content", bounded=keep is None)
         self.check_text("".join(texts), "messages", bounded=keep is None)
         tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
+        if self.exclude_tools_when_tool_choice_none and req.tool_choice == "none":
+            tools = []
+        kwargs = {**self.default_chat_template_kwargs, **(req.chat_template_kwargs or {})}
         try:
             text = await self.off_loop(
                 render_chat,
@@ -172,7 +203,7 @@ class OpenAIServingChat(OpenAIServing):
                 req.add_generation_prompt,
                 req.continue_final_message,
                 tools,
-                req.chat_template_kwargs,
+                kwargs,
                 self.content_format,
                 req.documents,
             )
