@@ -233,8 +233,11 @@ def test_server_flags_of_upstream_parse():
          "--allowed-headers", '["X-Key"]', "--allow-credentials", "--root-path", "/api",
          "--ssl-keyfile", "k.pem", "--ssl-certfile", "c.pem", "--ssl-ca-certs", "ca.pem",
          "--response-role", "bot", "--return-tokens-as-token-ids",
-         "--disable-uvicorn-access-log"]
+         "--disable-uvicorn-access-log", "--exclude-tools-when-tool-choice-none",
+         "--default-chat-template-kwargs", '{"enable_thinking": false}']
     )  # fmt: skip
+    assert args.exclude_tools_when_tool_choice_none
+    assert args.default_chat_template_kwargs == {"enable_thinking": False}
     assert args.allowed_origins == ["http://a.example"] and args.allowed_methods == ["GET"]
     assert args.allowed_headers == ["X-Key"] and args.allow_credentials
     assert args.root_path == "/api" and args.response_role == "bot"
@@ -258,6 +261,8 @@ def test_server_flags_of_upstream_parse():
         (["--root-path", "api"], "--root-path must start with '/', got 'api'"),
         (["--uvicorn-log-level", "bogus"], "--uvicorn-log-level: invalid choice: 'bogus'"),
         (["--shutdown-timeout", "-3"], "--shutdown-timeout must be >= 0 seconds, got -3.0."),
+        (["--default-chat-template-kwargs", "[1]"], "expected a JSON object"),
+        (["--default-chat-template-kwargs", '{"tools": []}'], "must not set ['tools']"),
     ],
 )
 def test_bad_server_flag_is_one_line(args, message, tiny_llama_dir):

@@ -52,7 +52,7 @@ from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.async_llm_engine import AsyncLLMEngine
 from vllm.engine.default_model import resolve_model, served_model_names
 from vllm.engine.metrics import EngineMetrics
-from vllm.entrypoints.chat_utils import load_chat_template
+from vllm.entrypoints.chat_utils import RESERVED_TEMPLATE_KWARGS, load_chat_template
 from vllm.entrypoints.openai.api_errors import APIError, to_api_error
 from vllm.entrypoints.openai.lora_modules import lora_requests
 from vllm.entrypoints.openai.lora_routes import add_lora_routes
@@ -123,6 +123,8 @@ def build_app(
     enable_force_include_usage: bool = False,
     enable_server_load_tracking: bool = False,
     middleware: list | None = None,
+    exclude_tools_when_tool_choice_none: bool = False,
+    default_chat_template_kwargs: dict | None = None,
 ):
     """The FastAPI app serving ``engine`` (the engine loop starts with the app).
 
@@ -158,6 +160,8 @@ def build_app(
             (:class:`~vllm.entrypoints.openai.request_guards.LoadTracker`); without it, 0.
         middleware: ``--middleware`` objects (see :func:`load_middleware`), added in
             order inside CORS and outside the API key check.
+        exclude_tools_when_tool_choice_none / default_chat_template_kwargs: the flags of
+            those names (see :class:`OpenAIServingChat`).
     """
 
     @contextlib.asynccontextmanager
@@ -192,6 +196,8 @@ def build_app(
         response_role=response_role,
         content_format=chat_template_content_format,
         reasoning_parser=reasoning_parser,
+        exclude_tools_when_tool_choice_none=exclude_tools_when_tool_choice_none,
+        default_chat_template_kwargs=default_chat_template_kwargs,
         **as_ids,
     )
     tokenization = OpenAIServingTokenization(chat)
@@ -434,6 +440,12 @@ def validate_server_args(args: argparse.Namespace) -> EngineArgs:
         raise ValueError("--enable-log-requests and --disable-log-requests contradict: give one.")
     if not args.response_role:
         raise ValueError("--response-role must not be empty.")
+    clash = sorted(RESERVED_TEMPLATE_KWARGS & set(args.default_chat_template_kwargs or {}))
+    if clash:
+        raise ValueError(
+            f"--default-chat-template-kwargs must not set {clash}: they are arguments of their "
+            "own, set per request."
+        )
     args.chat_template = load_chat_template(args.chat_template)
     args.tool_parser = None
     if args.tool_call_parser is not None:
@@ -566,6 +578,8 @@ def run_server(args: argparse.Namespace, engine: AsyncLLMEngine, sock: socket.so
         enable_force_include_usage=args.enable_force_include_usage,
         enable_server_load_tracking=args.enable_server_load_tracking,
         middleware=args.middleware_objects,
+        exclude_tools_when_tool_choice_none=args.exclude_tools_when_tool_choice_none,
+        default_chat_template_kwargs=args.default_chat_template_kwargs,
     )
     port = sock.getsockname()[1]
     config = uvicorn.Config(

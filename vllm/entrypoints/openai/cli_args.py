@@ -43,6 +43,23 @@ def json_list(raw: str) -> list[str]:
     return value
 
 
+def json_object(raw: str) -> dict:
+    """Parse a flag value that is a JSON object (``'{"enable_thinking": false}'``).
+
+    Raises:
+        argparse.ArgumentTypeError: not JSON, or not an object.
+    """
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(
+            f"expected a JSON object such as '{{\"enable_thinking\": false}}', got {raw!r}"
+        )
+    return value
+
+
 def make_server_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the server flags (group "server") and every EngineArgs flag to ``parser``."""
     parser.add_argument(
@@ -113,6 +130,18 @@ def make_server_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
         default=None,
         metavar="{" + ",".join(tool_parser_names()) + "}",
         help="The model's tool-call format, for --enable-auto-tool-choice.",
+    )
+    server.add_argument(
+        "--exclude-tools-when-tool-choice-none",
+        action="store_true",
+        help='Render chat templates without the request\'s tools when its tool_choice is "none".',
+    )
+    server.add_argument(
+        "--default-chat-template-kwargs",
+        type=json_object,
+        default=None,
+        help="Chat template variables (a JSON object) every chat request gets; a request's "
+        "chat_template_kwargs override them key by key.",
     )
     server.add_argument(
         "--reasoning-parser",
