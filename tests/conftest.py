@@ -307,6 +307,19 @@ def tiny_gemma3_dir(tiny_models_dir) -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_gemma3_softcap_dir(tiny_models_dir) -> str:
+    """Like ``tiny_gemma3_dir`` but with ``attn_logit_softcapping`` 5.0 in its config, a cap
+    small enough to change the outputs of a model that applied it."""
+    config = tiny_models.tiny_gemma3_config(attn_logit_softcapping=5.0)
+    return _built(
+        tiny_models_dir / "gemma3_softcap",
+        lambda p: tiny_models.save_tiny_hf_checkpoint(
+            config, p, seed=12, embed_std=tiny_models.GEMMA3_EMBED_STD
+        ),
+    )
+
+
+@pytest.fixture(scope="session")
 def tiny_gemma3_gguf(tiny_models_dir) -> str:
     """F32 GGUF of a 6-layer tiny Gemma 3 (5 sliding layers, window 8, then a global one; the
     settings a GGUF carries, see ``tiny_gemma3_gguf_config``), norms stored as 1 + w."""

@@ -8,8 +8,10 @@ Built on :mod:`vllm.model_executor.models.llama`'s pieces, with Gemma's differen
 - token embeddings multiplied by ``sqrt(hidden_size)`` (rounded to the model dtype first,
   as transformers does);
 - per-head RMSNorm on queries and keys (as Qwen3), softmax scale
-  ``query_pre_attn_scalar ** -0.5``, attention scores soft-capped by
-  ``attn_logit_softcapping`` and final logits by ``final_logit_softcapping`` when set;
+  ``query_pre_attn_scalar ** -0.5``, final logits soft-capped by
+  ``final_logit_softcapping`` when set. ``attn_logit_softcapping`` is ignored: Gemma 3
+  replaced Gemma 2's attention soft-cap by the q/k norms, and transformers' Gemma 3 (like
+  upstream vLLM's) applies no cap to attention scores whatever the config says;
 - interleaved layers: ``sliding_attention`` layers attend to the last ``sliding_window``
   positions and rotate with their own RoPE base (``rope_local_base_freq``; transformers 5:
   ``rope_parameters["sliding_attention"]``), ``full_attention`` layers attend to the whole
@@ -98,8 +100,8 @@ class Gemma3Embedding(VocabParallelEmbedding):
 
 
 class Gemma3Attention(Qwen3Attention):
-    """Attention with Gemma q/k norms, ``query_pre_attn_scalar ** -0.5`` scale, the layer's
-    sliding window (sliding layers) and ``attn_logit_softcapping``."""
+    """Attention with Gemma q/k norms, ``query_pre_attn_scalar ** -0.5`` scale and the
+    layer's sliding window (sliding layers); no score soft-cap (module docstring)."""
 
     def __init__(self, config: PretrainedConfig, *args, prefix: str, **kwargs) -> None:
         super().__init__(config, *args, prefix=prefix, **kwargs)
@@ -120,7 +122,6 @@ class Gemma3Attention(Qwen3Attention):
             num_kv_heads=self.num_kv_heads,
             prefix=f"{prefix}.attn",
             sliding_window=window,
-            logits_soft_cap=getattr(config, "attn_logit_softcapping", None),
         )
 
 
@@ -225,13 +226,13 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
 
 
 def gemma3_attention_fields(config: PretrainedConfig) -> dict:
-    """``AttentionSpec`` fields of a Gemma 3 config: its distinct sliding windows, softmax
-    scale and attention score cap (what a backend must plan for)."""
+    """``AttentionSpec`` fields of a Gemma 3 config: its distinct sliding windows and softmax
+    scale (what a backend must plan for); no score cap, as ``attn_logit_softcapping`` is
+    ignored (module docstring)."""
     windows = sorted({w for w in gemma3_layer_windows(config) if w is not None})
     return dict(
         sliding_windows=tuple(windows),
         scale=config.query_pre_attn_scalar**-0.5,
-        logits_soft_cap=getattr(config, "attn_logit_softcapping", None),
     )
 
 
