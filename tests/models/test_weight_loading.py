@@ -152,6 +152,20 @@ def test_missing_weight_is_named(tiny_llama_dir, tmp_path):
     assert "model.norm.weight" in str(info.value)
 
 
+@pytest.mark.parametrize("damage", ["truncated", "garbage header"])
+def test_unreadable_safetensors_file_is_named(tiny_llama_dir, tmp_path, damage):
+    """A truncated or corrupt safetensors file fails with a ValueError naming the file
+    (safetensors' own error does not say which file it was reading)."""
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_llama_dir, broken)
+    path = broken / "model.safetensors"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"\x10" * 64)
+    with pytest.raises(ValueError, match="cannot read safetensors file") as info:
+        get_model(model_config(str(broken), load_hf_config(tiny_llama_dir)), "cpu")
+    assert repr(str(path)) in str(info.value)
+
+
 def test_unexpected_weight_raises(tiny_llama_dir):
     model = get_model(model_config(tiny_llama_dir, load_hf_config(tiny_llama_dir)), "cpu")
     with pytest.raises(ValueError, match="model.layers.0.mlp.extra_proj.weight"):

@@ -88,14 +88,34 @@ def safetensors_weights_iterator(
     With ``lazy`` (tensor parallelism) each item is a safetensors slice (``get_slice``)
     instead, valid until the next item: the weight loaders read only this rank's rows or
     columns of it (:func:`narrow_weight`), so no rank materialises the full model.
+
+    Raises:
+        FileNotFoundError: the directory holds no safetensors file.
+        ValueError: a file safetensors cannot read (truncated or corrupt), naming it.
     """
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     files = safetensors_files(model_dir)
     for path in tqdm(files, desc="Loading safetensors weights", unit="file"):
-        with safe_open(path, framework="pt", device="cpu") as f:
+        try:
+            f = safe_open(path, framework="pt", device="cpu")
+        except SafetensorError as e:
+            raise _unreadable(path, e) from e
+        with f:
             for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
-                yield name, (f.get_slice(name) if lazy else f.get_tensor(name))
+                try:
+                    tensor = f.get_slice(name) if lazy else f.get_tensor(name)
+                except SafetensorError as e:
+                    raise _unreadable(path, e, name) from e
+                yield name, tensor
+
+
+def _unreadable(path: str, error: Exception, tensor: str | None = None) -> ValueError:
+    """The error of a safetensors file that cannot be read (``tensor``: the one that failed)."""
+    what = f"tensor {tensor!r} of " if tensor is not None else ""
+    return ValueError(
+        f"cannot read {what}safetensors file {path!r}: {error} (is the file truncated or corrupt?)"
+    )
 
 
 def dummy_seed(name: str, seed: int) -> int:
