@@ -63,8 +63,10 @@ class ModelConfig:
         model_loader_extra_config: options of the load format, a dict or its JSON text;
             "sim" reads ``step_ms``, ``per_row_us``, ``per_token_us``
             (vllm/model_executor/model_loader/sim_model.py).
-        tokenizer_mode, trust_remote_code: how the tokenizer is loaded ("auto" or "slow";
-            see vllm/engine/compat_args.py).
+        tokenizer_mode: how the tokenizer is loaded ("auto" or "slow"; see
+            vllm/engine/compat_args.py).
+        trust_remote_code: let transformers run the checkpoint's own config and tokenizer
+            code (``auto_map``); the model classes are always this engine's.
         generation_config: where the model's ``generation_config.json`` comes from:
             "auto" (the model directory), "vllm" (ignored) or a directory; see
             vllm/transformers_utils/generation_config.py.
@@ -139,7 +141,7 @@ class ModelConfig:
         resolve_source(self.model, self.generation_config)  # ValueError for a bad directory
         check_overrides(self.override_generation_config)
         if self.hf_config is None:
-            self.hf_config = load_hf_config(self.model)
+            self.hf_config = load_hf_config(self.model, self.trust_remote_code)
             if self.hf_overrides:
                 apply_hf_overrides(self.hf_config, self.hf_overrides)
         self._verify_architecture()
@@ -299,19 +301,23 @@ def _resolve_dtype(name: str, device: str):
     }[name]
 
 
-def load_hf_config(model: str):
+def load_hf_config(model: str, trust_remote_code: bool = False):
     """Load a transformers config from an HF directory or a .gguf file (a private copy).
 
-    Parsed configs are cached per process by path and modification time (a GGUF's metadata
-    takes seconds to parse; a GGUF's config is also kept on disk:
-    :mod:`vllm.transformers_utils.gguf_metadata`); each call returns a deep copy.
+    Parsed configs are cached per process by path, modification time and
+    ``trust_remote_code`` (a GGUF's metadata takes seconds to parse; a GGUF's config is also
+    kept on disk: :mod:`vllm.transformers_utils.gguf_metadata`); each call returns a deep
+    copy. ``trust_remote_code`` is passed to ``AutoConfig.from_pretrained`` (always
+    explicitly, so transformers never asks on the terminal).
 
     Raises:
-        ValueError: when the directory has no config.json or the file is not readable.
+        ValueError: when the directory has no config.json or the file is not readable, or
+            when the config needs its own code (``auto_map``) and ``trust_remote_code`` is
+            False (naming ``--trust-remote-code``).
     """
     import copy
 
-    return copy.deepcopy(_load_hf_config_cached(model, _mtime(model)))
+    return copy.deepcopy(_load_hf_config_cached(model, _mtime(model), bool(trust_remote_code)))
 
 
 def _mtime(path: str) -> float:
@@ -320,7 +326,7 @@ def _mtime(path: str) -> float:
 
 
 @functools.lru_cache(maxsize=8)
-def _load_hf_config_cached(model: str, mtime: float):
+def _load_hf_config_cached(model: str, mtime: float, trust_remote_code: bool):
     from transformers import AutoConfig
 
     if os.path.isfile(model) and model.endswith(".gguf"):
@@ -334,7 +340,15 @@ def _load_hf_config_cached(model: str, mtime: float):
         return cfg
     if not os.path.isfile(os.path.join(model, "config.json")):
         raise ValueError(f"{model!r} has no config.json (expected a Hugging Face directory).")
-    return AutoConfig.from_pretrained(model)
+    try:
+        return AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code)
+    except ValueError as e:
+        if trust_remote_code or "trust_remote_code" not in str(e):
+            raise
+        raise ValueError(
+            f"the config of {model!r} needs its own code (auto_map in config.json), which "
+            "runs only with --trust-remote-code (LLM(..., trust_remote_code=True))."
+        ) from None
 
 
 @dataclass
@@ -816,6 +830,7 @@ class SpeculativeConfig:
                 seed=target.seed,
                 max_model_len=None,
                 skip_tokenizer_init=True,
+                trust_remote_code=target.trust_remote_code,
                 device=target.device,
             )
             if draft.vocab_size != target.vocab_size:

@@ -81,6 +81,40 @@ def test_unknown_architecture(tiny_llama_dir, tmp_path):
     assert "LlamaForCausalLM" in str(e.value) and "Qwen2ForCausalLM" in str(e.value)
 
 
+def _remote_code_checkpoint(tiny_llama_dir, path) -> str:
+    """A copy of ``tiny_llama_dir`` whose config class is the checkpoint's own code
+    (``auto_map``: a LlamaConfig subclass of model_type ``my_llama`` that transformers does
+    not know)."""
+    import json
+    import shutil
+
+    shutil.copytree(tiny_llama_dir, path)
+    (path / "configuration_my.py").write_text(
+        "from transformers import LlamaConfig\n\n\n"
+        "class MyLlamaConfig(LlamaConfig):\n    model_type = 'my_llama'\n"
+    )
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["model_type"] = "my_llama"
+    cfg["auto_map"] = {"AutoConfig": "configuration_my.MyLlamaConfig"}
+    (path / "config.json").write_text(json.dumps(cfg))
+    return str(path)
+
+
+def test_trust_remote_code_reaches_the_config(tiny_llama_dir, tmp_path, monkeypatch):
+    """A config that needs its own code (auto_map) loads with trust_remote_code=True, and
+    without it fails with an error naming --trust-remote-code instead of transformers asking
+    on the terminal (stdin is made to fail, so a prompt would show here)."""
+    import io
+
+    model = _remote_code_checkpoint(tiny_llama_dir, tmp_path / "remote")
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))  # input() raises EOFError
+    with pytest.raises(ValueError, match="needs its own code .* only with --trust-remote-code"):
+        EngineArgs(model=model).create_engine_config()
+    config = EngineArgs(model=model, trust_remote_code=True).create_engine_config()
+    assert type(config.model_config.hf_config).__name__ == "MyLlamaConfig"
+    assert config.model_config.hf_config.num_hidden_layers == 3
+
+
 def test_bad_cpu_kvcache_space(tiny_llama_dir, monkeypatch):
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "lots")
     with pytest.raises(ValueError, match="VLLM_CPU_KVCACHE_SPACE"):

@@ -80,8 +80,8 @@ class EngineArgs:
     )
     trust_remote_code: bool = _f(
         False,
-        "Let transformers run a tokenizer's own code from the model directory (model "
-        "classes are always this engine's).",
+        "Let transformers run the config's and the tokenizer's own code from the model "
+        "directory (auto_map); model classes are always this engine's.",
         group="model",
     )
     revision: str | None = _f(

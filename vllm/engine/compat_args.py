@@ -7,9 +7,9 @@ what is supported otherwise, before any weight is read:
 
 - ``tokenizer_mode``: ``auto`` (a fast tokenizer when there is one) or ``slow``
   (``use_fast=False``); ``mistral`` and custom modes are refused.
-- ``trust_remote_code``: passed to transformers when the tokenizer is loaded. The model
-  classes are this engine's own (``ModelRegistry``), so a checkpoint's custom modelling
-  code is never run.
+- ``trust_remote_code``: passed to transformers when the config and the tokenizer are
+  loaded (a config with ``auto_map`` needs it). The model classes are this engine's own
+  (``ModelRegistry``), so a checkpoint's custom modelling code is never run.
 - ``revision``, ``download_dir``: models are read from local paths only (no model hub),
   where neither applies; a value other than the default is logged as ignored.
 - ``quantization``: None, or ``gguf`` for a .gguf file (what the file's own tensor types
