@@ -260,17 +260,25 @@ def apply_hf_overrides(hf_config: Any, overrides: dict) -> None:
     a dict value whose attribute is itself a config (``text_config``) updates it key by
     key; any other value replaces (or adds) the attribute. Each change is logged.
     ``rope_theta`` and ``rope_scaling`` also update transformers 5's ``rope_parameters``
-    (which the rotary embedding reads first).
+    (which the rotary embedding reads first). A ``rope_scaling`` dict replaces the scaling
+    and keeps the model's ``rope_theta`` unless it names one, as transformers reads a
+    config.json holding both (transformers 5 itself drops the theta when ``rope_scaling``
+    is assigned).
 
     Raises:
         ValueError: a value the config refuses (transformers' type checks), naming it.
     """
+    from vllm.model_executor.layers.rotary_embedding import get_rope_parameters
+
     for key, value in overrides.items():
         current = getattr(hf_config, key, None)
         if isinstance(value, dict) and hasattr(current, "to_dict"):
             apply_hf_overrides(current, value)
             continue
         logger.info("hf_overrides: %s = %r (was %r)", key, value, current)
+        theta = get_rope_parameters(hf_config)["rope_theta"]
+        if isinstance(value, dict):
+            value = dict(value)  # the config may keep (and change) the dict it is given
         try:
             setattr(hf_config, key, value)
         except Exception as e:  # transformers' strict dataclass validation, among others
@@ -284,6 +292,8 @@ def apply_hf_overrides(hf_config: Any, overrides: dict) -> None:
             rope.update(value)
             if "type" in value and "rope_type" not in value:
                 rope["rope_type"] = value["type"]
+            if rope.get("rope_theta") is None:
+                rope["rope_theta"] = theta
 
 
 def _resolve_dtype(name: str, device: str):

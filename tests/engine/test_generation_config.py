@@ -72,6 +72,11 @@ def test_override_flags_reach_the_model_config(tiny_llama_dir):
     base = get_rope_parameters(cfg().model_config.hf_config)["rope_theta"]
     mc = cfg(hf_overrides={"rope_theta": 123456.0}).model_config
     assert base != 123456.0 and get_rope_parameters(mc.hf_config)["rope_theta"] == 123456.0
+    # rope_scaling replaces the scaling and keeps the model's rope_theta (transformers 5
+    # drops the theta when rope_scaling is assigned)
+    mc = cfg(hf_overrides='{"rope_scaling": {"type": "linear", "factor": 2.0}}').model_config
+    rope = get_rope_parameters(mc.hf_config)
+    assert (rope["rope_type"], rope["factor"], rope["rope_theta"]) == ("linear", 2.0, base)
     with pytest.raises(ValueError, match=r"hf_overrides: num_hidden_layers='x' is refused"):
         cfg(hf_overrides={"num_hidden_layers": "x"})
     with pytest.raises(ValueError, match=r"hf_overrides is not valid JSON: '\{rms'"):

@@ -56,3 +56,28 @@ def test_token_id_prompts_equal_text_prompts(smollm2_gguf):
     by_text = vllm_greedy(llm, prompts, 8)
     by_ids = vllm_greedy(llm, [{"prompt_token_ids": tok.encode(p)} for p in prompts], 8)
     check_outputs_equal(by_text, by_ids, "text", "ids")
+
+
+@pytest.mark.forked
+def test_hf_overrides_rope_scaling_matches_config_json(tiny_llama_dir, tmp_path):
+    """``--hf-overrides '{"rope_scaling": ...}'`` gives the tokens transformers gives for a
+    config.json holding that rope_scaling next to the model's rope_theta. Guards the
+    override dropping rope_theta (transformers 5 assigns rope_scaling over rope_parameters),
+    which failed in the rotary embedding with a None base."""
+    import json
+    import shutil
+
+    scaling = {"rope_type": "linear", "factor": 2.0}
+    edited = tmp_path / "linear"
+    shutil.copytree(tiny_llama_dir, edited)
+    cfg = json.loads((edited / "config.json").read_text())
+    theta = cfg.pop("rope_parameters", {}).get("rope_theta", cfg.get("rope_theta"))
+    cfg.update(rope_scaling=scaling, rope_theta=theta)
+    (edited / "config.json").write_text(json.dumps(cfg))
+    ref = hf_greedy(str(edited), TINY_PROMPTS, MAX_TOKENS)
+    plain = hf_greedy(tiny_llama_dir, TINY_PROMPTS, MAX_TOKENS)
+    assert [r[0] for r in ref] != [p[0] for p in plain]  # the scaling changes the outputs
+    for ids, _, _ in ref:  # distinct-token guard (docs/design.md)
+        assert len(set(ids)) >= 4, f"degenerate output {ids}"
+    llm = _engine(tiny_llama_dir, hf_overrides=json.dumps({"rope_scaling": scaling}))
+    check_outputs_equal(ref, vllm_greedy(llm, TINY_PROMPTS, MAX_TOKENS), "hf", "hf_overrides")
