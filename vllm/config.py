@@ -193,15 +193,15 @@ class ModelConfig:
                     f"max_position_embeddings={limit} (VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 allows "
                     "it, for models whose positions extend past the config's limit)."
                 )
+            # The config keeps its max_position_embeddings (RoPE scalings such as Phi-3's
+            # LongRoPE derive factors from it); the model sizes its rotary tables from
+            # max_model_len (vllm/model_executor/model_loader/loader.py).
             logger.warning(
                 "max_model_len=%d is greater than the model's max_position_embeddings=%d "
                 "(allowed by VLLM_ALLOW_LONG_MAX_MODEL_LEN): outputs past it may be wrong.",
                 self.max_model_len,
                 limit,
             )
-            # The rotary tables are built for max_position_embeddings positions: extend
-            # them to every position a sequence can reach.
-            self.hf_config.max_position_embeddings = self.max_model_len
 
     # Shapes used by the cache and attention backends.
     @property

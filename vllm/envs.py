@@ -127,7 +127,9 @@ _DECLARED = (
         "VLLM_ALLOW_LONG_MAX_MODEL_LEN",
         _flag,
         False,
-        "1 allows --max-model-len above the model's max_position_embeddings (with a warning).",
+        "1 allows --max-model-len above the model's max_position_embeddings (with a "
+        "warning); the RoPE scaling stays the config's, its tables cover max_model_len "
+        "positions.",
     ),
     EnvVar(
         "VLLM_ALLOW_RUNTIME_LORA_UPDATING",

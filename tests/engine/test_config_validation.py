@@ -216,8 +216,9 @@ def test_long_max_model_len_allowed_by_env(tiny_llama_dir, monkeypatch):
     monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
     config = EngineArgs(model=tiny_llama_dir, max_model_len=limit + 16).create_engine_config()
     assert config.model_config.max_model_len == limit + 16
-    # The rotary tables then cover every position a sequence can reach.
-    assert config.model_config.hf_config.max_position_embeddings == limit + 16
+    # The config the model was trained with is kept (RoPE scalings read it); the rotary
+    # tables are sized from max_model_len instead (next test).
+    assert config.model_config.hf_config.max_position_embeddings == limit
 
 
 @pytest.mark.forked

@@ -137,6 +137,25 @@ def test_uniform_window_caps_max_model_len(tiny_mistral_dir):
         ModelConfig(model=tiny_mistral_dir, max_model_len=300)
 
 
+@pytest.mark.forked
+def test_long_max_model_len_keeps_longrope_scaling(tiny_phi3_dir, monkeypatch):
+    """max_model_len above max_position_embeddings (VLLM_ALLOW_LONG_MAX_MODEL_LEN) leaves
+    the model's RoPE as trained: Phi-3's LongRoPE attention factor comes from the config's
+    max_position_embeddings, so rewriting that to max_model_len changed the outputs of
+    prompts far inside the original context. Tokens and logprobs equal transformers'."""
+    monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
+    ref = hf_greedy(tiny_phi3_dir, PROMPTS, MAX_TOKENS)
+    for ids, _, _ in ref:  # distinct-token guard (docs/design.md)
+        assert len(set(ids)) >= 8, f"degenerate output {ids}"
+    llm = _engine(tiny_phi3_dir, max_model_len=2048)
+    config = llm.llm_engine.model_config
+    assert config.max_model_len == 2048 and config.hf_config.max_position_embeddings == 512
+    out = vllm_greedy(llm, PROMPTS, MAX_TOKENS, logprobs=5)
+    check_outputs_equal(ref, out, "hf", "phi3-max_model_len-2048", PROMPTS)
+    _check_logprobs(ref, out, "phi3-max_model_len-2048")
+    llm.llm_engine.shutdown()
+
+
 def test_longrope_cache_rows_equal_transformers():
     """Each cos/sin row equals transformers' Phi-3 rotary for a forward whose longest
     position is that row: short factors below the original context (128), long ones from it,

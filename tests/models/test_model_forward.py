@@ -81,7 +81,12 @@ def load(path: str, pp_size: int = 1) -> list[torch.nn.Module]:
 
     hf_config = load_hf_config(path)
     cfg = SimpleNamespace(
-        model=path, hf_config=hf_config, dtype=torch.float32, load_format="auto", seed=0
+        model=path,
+        hf_config=hf_config,
+        dtype=torch.float32,
+        load_format="auto",
+        seed=0,
+        max_model_len=None,
     )
     return [get_model(cfg, "cpu", rank, pp_size) for rank in range(pp_size)]
 

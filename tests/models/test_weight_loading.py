@@ -21,7 +21,12 @@ from vllm.model_executor.models import ModelRegistry, get_model_class
 def model_config(path: str, hf_config, load_format: str = "auto", seed: int = 0):
     """The attributes of vllm.config.ModelConfig that get_model relies on."""
     return SimpleNamespace(
-        model=path, hf_config=hf_config, dtype=torch.float32, load_format=load_format, seed=seed
+        model=path,
+        hf_config=hf_config,
+        dtype=torch.float32,
+        load_format=load_format,
+        seed=seed,
+        max_model_len=None,
     )
 
 

@@ -91,9 +91,17 @@ def longrope_attention_factor(rope_parameters: dict[str, Any], max_position: int
 class RotaryEmbedding(nn.Module):
     """Applies RoPE to flattened query/key tensors, looking angles up by position.
 
-    ``cos_sin_cache`` [max_position, rotary_dim] (float32, non-persistent buffer) holds
+    Args:
+        head_size, rotary_dim: the head size and how much of it rotates (equal here).
+        max_position: the model's ``max_position_embeddings``, the context it was trained
+            for; LongRoPE derives its attention factor from it.
+        rope_parameters: :func:`get_rope_parameters` of the config.
+        num_positions: rows of the cos/sin table (default ``max_position``): the engine's
+            ``max_model_len`` when that is longer. More rows change no row's value.
+
+    ``cos_sin_cache`` [num_positions, rotary_dim] (float32, non-persistent buffer) holds
     ``cat(cos(pos * inv_freq), sin(pos * inv_freq))`` for every position below
-    ``max_position``.
+    ``num_positions``.
 
     longrope: rows below ``original_max_position_embeddings`` use the short factors, rows
     at or above it the long ones, both times the attention factor. transformers' Phi-3
@@ -109,6 +117,7 @@ class RotaryEmbedding(nn.Module):
         rotary_dim: int,
         max_position: int,
         rope_parameters: dict[str, Any],
+        num_positions: int | None = None,
     ) -> None:
         super().__init__()
         if rotary_dim != head_size:
@@ -119,7 +128,8 @@ class RotaryEmbedding(nn.Module):
         self.head_size = head_size
         self.rotary_dim = rotary_dim
         self.max_position = max_position
-        positions = torch.arange(max_position, dtype=torch.float32)  # [max_position]
+        self.num_positions = num_positions or max_position
+        positions = torch.arange(self.num_positions, dtype=torch.float32)  # [num_positions]
         cache = self._cos_sin(positions, compute_inv_freq(rotary_dim, rope_parameters))
         rope_type = rope_parameters.get("rope_type", rope_parameters.get("type", "default"))
         if rope_type == "longrope":
@@ -142,7 +152,7 @@ class RotaryEmbedding(nn.Module):
         """Rotate query and key.
 
         Args:
-            positions: [num_tokens] int64, each below ``max_position``.
+            positions: [num_tokens] int64, each below ``num_positions``.
             query: [num_tokens, num_heads * head_size].
             key: [num_tokens, num_kv_heads * head_size].
 
@@ -206,7 +216,10 @@ class RotaryEmbedding(nn.Module):
         return out.reshape(num_tokens, -1)  # [T, heads * head_size]
 
     def extra_repr(self) -> str:
-        return f"head_size={self.head_size}, max_position={self.max_position}"
+        return (
+            f"head_size={self.head_size}, max_position={self.max_position}, "
+            f"num_positions={self.num_positions}"
+        )
 
 
 def get_rope_parameters(config: Any) -> dict[str, Any]:

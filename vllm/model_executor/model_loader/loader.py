@@ -60,9 +60,11 @@ def get_model(model_config, device, pp_rank: int = 0, pp_size: int = 1) -> nn.Mo
     """Build the model of ``model_config`` for stage ``pp_rank`` of ``pp_size`` and load it.
 
     Uses ``model_config.model`` (HF directory or ``.gguf`` file), ``.hf_config``, ``.dtype``,
-    ``.load_format`` and ``.seed``. Parameters are created directly on ``device`` in
-    ``dtype``. Returns the model in eval mode with parameters that need no gradient (as
-    upstream's), so code reaching it (``LLM.apply_model``) may update weights in place.
+    ``.load_format``, ``.seed`` and ``.max_model_len`` (the rotary tables' length when it
+    exceeds the config's ``max_position_embeddings``). Parameters are created directly on
+    ``device`` in ``dtype``. Returns the model in eval mode with parameters that need no
+    gradient (as upstream's), so code reaching it (``LLM.apply_model``) may update weights
+    in place.
 
     Raises:
         ValueError: unsupported architecture (listing the supported ones), bad load format,
@@ -83,7 +85,9 @@ def get_model(model_config, device, pp_rank: int = 0, pp_size: int = 1) -> nn.Mo
         return model.to(device).requires_grad_(False).eval()
     start = time.perf_counter()
     with _default_dtype(model_config.dtype), torch.device(device):
-        model = model_cls(hf_config, pp_rank=pp_rank, pp_size=pp_size)
+        model = model_cls(
+            hf_config, pp_rank=pp_rank, pp_size=pp_size, max_model_len=model_config.max_model_len
+        )
     if load_format == "dummy":
         aliases = {}
         if getattr(hf_config, "tie_word_embeddings", False):

@@ -169,7 +169,9 @@ class Gemma3Model(LlamaModel):
     def make_norm(self, config: PretrainedConfig) -> nn.Module:
         return GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def make_rotary_embs(self, config: PretrainedConfig) -> list[RotaryEmbedding]:
+    def make_rotary_embs(
+        self, config: PretrainedConfig, num_positions: int
+    ) -> list[RotaryEmbedding]:
         head_dim = config.head_dim
         types = gemma3_layer_types(config)
         by_type = {
@@ -178,7 +180,8 @@ class Gemma3Model(LlamaModel):
                 head_dim,
                 config.max_position_embeddings,
                 gemma3_rope_parameters(config, t),
-            )  # fmt: skip
+                num_positions=num_positions,
+            )
             for t in sorted(set(types))
         }
         return [by_type[t] for t in types]
@@ -195,7 +198,13 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
     decoder_layer_cls = Gemma3DecoderLayer
     model_cls = Gemma3Model
 
-    def __init__(self, config: PretrainedConfig, pp_rank: int = 0, pp_size: int = 1) -> None:
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        pp_rank: int = 0,
+        pp_size: int = 1,
+        max_model_len: int | None = None,
+    ) -> None:
         if getattr(config, "use_bidirectional_attention", False):
             raise ValueError(
                 "Gemma3ForCausalLM with use_bidirectional_attention=True is not supported "
@@ -205,7 +214,7 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
             raise ValueError(
                 f"Gemma 3 sliding layers need sliding_window >= 1, got {config.sliding_window}"
             )
-        super().__init__(config, pp_rank=pp_rank, pp_size=pp_size)
+        super().__init__(config, pp_rank=pp_rank, pp_size=pp_size, max_model_len=max_model_len)
         self.final_logit_softcapping = getattr(config, "final_logit_softcapping", None)
 
     @staticmethod

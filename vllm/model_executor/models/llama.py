@@ -227,7 +227,8 @@ class LlamaModel(nn.Module):
 
     def __init__(self, config: PretrainedConfig, pp_rank: int, pp_size: int, qkv_bias: bool,
                  o_bias: bool, mlp_bias: bool,
-                 layer_cls: type[LlamaDecoderLayer] = LlamaDecoderLayer) -> None:  # fmt: skip
+                 layer_cls: type[LlamaDecoderLayer] = LlamaDecoderLayer,
+                 max_model_len: int | None = None) -> None:  # fmt: skip
         super().__init__()
         self.config = config
         self.is_first_rank = pp_rank == 0
@@ -235,7 +236,10 @@ class LlamaModel(nn.Module):
         num_layers = config.num_hidden_layers
         self.start_layer, self.end_layer = get_pp_indices(num_layers, pp_rank, pp_size)
         self.embed_tokens = self.make_embedding(config) if self.is_first_rank else None
-        rotary_embs = self.make_rotary_embs(config)
+        # the rotary tables cover every position a sequence can reach; the scaling stays the
+        # one of the config's max_position_embeddings (the context the model was trained for)
+        num_positions = max(config.max_position_embeddings, max_model_len or 0)
+        rotary_embs = self.make_rotary_embs(config, num_positions)
         self.layers = nn.ModuleList(
             layer_cls(config, rotary_embs[i], qkv_bias, o_bias, mlp_bias, f"model.layers.{i}")
             if self.start_layer <= i < self.end_layer
@@ -252,13 +256,20 @@ class LlamaModel(nn.Module):
         """The final norm of the last stage."""
         return RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def make_rotary_embs(self, config: PretrainedConfig) -> list[RotaryEmbedding]:
-        """The rotary embedding of each layer index (Llama: one instance shared by all)."""
+    def make_rotary_embs(
+        self, config: PretrainedConfig, num_positions: int
+    ) -> list[RotaryEmbedding]:
+        """The rotary embedding of each layer index (Llama: one instance shared by all), with
+        tables of ``num_positions`` rows."""
         head_dim = (
             getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         )
         rotary_emb = RotaryEmbedding(
-            head_dim, head_dim, config.max_position_embeddings, get_rope_parameters(config)
+            head_dim,
+            head_dim,
+            config.max_position_embeddings,
+            get_rope_parameters(config),
+            num_positions=num_positions,
         )
         return [rotary_emb] * config.num_hidden_layers
 
@@ -355,6 +366,9 @@ class LlamaForCausalLM(nn.Module):
         config: a transformers ``LlamaConfig``-like config.
         pp_rank, pp_size: this stage and the number of stages; the stage owns layers
             ``[start_layer, end_layer)`` from :func:`get_pp_indices`.
+        max_model_len: the longest sequence the engine runs; when it exceeds the config's
+            ``max_position_embeddings`` (``VLLM_ALLOW_LONG_MAX_MODEL_LEN``) the rotary tables
+            get that many rows, while every RoPE scaling still uses the config's value.
     """
 
     # checkpoint sub-name -> (fused parameter sub-name, shard id)
@@ -375,14 +389,21 @@ class LlamaForCausalLM(nn.Module):
     decoder_layer_cls: type[LlamaDecoderLayer] = LlamaDecoderLayer
     model_cls: type[LlamaModel] = LlamaModel
 
-    def __init__(self, config: PretrainedConfig, pp_rank: int = 0, pp_size: int = 1) -> None:
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        pp_rank: int = 0,
+        pp_size: int = 1,
+        max_model_len: int | None = None,
+    ) -> None:
         super().__init__()
         self.config = config
         self.pp_rank, self.pp_size = pp_rank, pp_size
         qkv_bias, o_bias, mlp_bias = self._biases(config)
         self.model = self.model_cls(
-            config, pp_rank, pp_size, qkv_bias, o_bias, mlp_bias, self.decoder_layer_cls
-        )
+            config, pp_rank, pp_size, qkv_bias, o_bias, mlp_bias, self.decoder_layer_cls,
+            max_model_len,
+        )  # fmt: skip
         self.start_layer, self.end_layer = self.model.start_layer, self.model.end_layer
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         self.lm_head = None

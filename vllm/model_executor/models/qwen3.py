@@ -50,13 +50,19 @@ class Qwen3ForCausalLM(LlamaForCausalLM):
 
     decoder_layer_cls = Qwen3DecoderLayer
 
-    def __init__(self, config: PretrainedConfig, pp_rank: int = 0, pp_size: int = 1) -> None:
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        pp_rank: int = 0,
+        pp_size: int = 1,
+        max_model_len: int | None = None,
+    ) -> None:
         if getattr(config, "use_sliding_window", False):
             raise ValueError(
                 f"{type(self).__name__} with use_sliding_window=True is not supported "
                 "(full attention only)"
             )
-        super().__init__(config, pp_rank=pp_rank, pp_size=pp_size)
+        super().__init__(config, pp_rank=pp_rank, pp_size=pp_size, max_model_len=max_model_len)
 
     @staticmethod
     def _biases(config: PretrainedConfig) -> tuple[bool, bool, bool]:
