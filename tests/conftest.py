@@ -225,6 +225,26 @@ def tiny_llama_gguf(tiny_llama_dir, tiny_models_dir) -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_llama31_dir(tiny_models_dir) -> str:
+    """Like ``tiny_llama_dir`` with Llama 3.1's llama3 RoPE scaling (tiny_llama31_config)."""
+    config = tiny_models.tiny_llama31_config()
+    return _built(
+        tiny_models_dir / "llama31",
+        lambda p: tiny_models.save_tiny_hf_checkpoint(config, p, seed=0),
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_llama31_gguf(tiny_llama31_dir, tiny_models_dir) -> str:
+    """F32 GGUF of ``tiny_llama31_dir`` written as llama.cpp's converter writes Llama 3.1:
+    the llama3 scaling as a ``rope_freqs.weight`` tensor, no rope-scaling metadata."""
+    return _built(
+        tiny_models_dir / "tiny-llama31-f32.gguf",
+        lambda p: tiny_models.write_tiny_gguf(tiny_llama31_dir, p, "llama"),
+    )
+
+
+@pytest.fixture(scope="session")
 def tiny_qwen2_gguf(tiny_qwen2_dir, tiny_models_dir) -> str:
     """F32 GGUF of ``tiny_qwen2_dir``'s weights (no permutation, no output.weight: tied)."""
     return _built(

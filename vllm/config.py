@@ -340,9 +340,14 @@ def _load_hf_config_cached(model: str, mtime: float, trust_remote_code: bool):
     from transformers import AutoConfig
 
     if os.path.isfile(model) and model.endswith(".gguf"):
-        from vllm.transformers_utils.gguf_metadata import gguf_metadata_dir
+        from vllm.model_executor.layers.rotary_embedding import set_freq_factors
+        from vllm.transformers_utils.gguf_metadata import gguf_metadata_dir, rope_freq_factors
 
-        cfg = AutoConfig.from_pretrained(gguf_metadata_dir(model))
+        meta_dir = gguf_metadata_dir(model)
+        cfg = AutoConfig.from_pretrained(meta_dir)
+        factors = rope_freq_factors(meta_dir)
+        if factors is not None:  # llama.cpp's rope_freqs (transformers drops them)
+            set_freq_factors(cfg, factors)
         if not getattr(cfg, "architectures", None):
             from vllm.model_executor.models import architectures_of
 

@@ -177,6 +177,26 @@ def test_longrope_cache_rows_equal_transformers():
         )
 
 
+def test_freq_factors_reproduce_llama3_inv_freq():
+    """Default inverse frequencies divided by llama.cpp's rope_freqs for a llama3 scaling
+    equal transformers' llama3 ones (within float32 rounding of the blended band), and a
+    factor list of the wrong length is refused."""
+    import torch
+    from tiny_models import llama3_rope_freqs, tiny_llama31_config
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from vllm.model_executor.layers.rotary_embedding import compute_inv_freq, get_rope_parameters
+
+    config = tiny_llama31_config()
+    factors = llama3_rope_freqs(get_rope_parameters(config), 16).tolist()
+    assert factors[0] == 1.0 and factors[-1] == 8.0 and 1.0 < factors[1] < 8.0
+    params = {"rope_type": "default", "rope_theta": 10000.0, "freq_factors": factors}
+    hf, _ = ROPE_INIT_FUNCTIONS["llama3"](config, "cpu")  # [8]
+    torch.testing.assert_close(compute_inv_freq(16, params), hf, rtol=1e-6, atol=0)
+    with pytest.raises(ValueError, match=r"freq_factors has 3 entries, expected .* = 8"):
+        compute_inv_freq(16, {**params, "freq_factors": [1.0, 2.0, 3.0]})
+
+
 def test_unsupported_combinations_are_refused(tmp_path, tiny_gemma3_dir):
     """Validation refuses what the README's model table marks "no": a GGUF file of an
     architecture without GGUF support (Mistral here), and an architecture outside the

@@ -81,3 +81,23 @@ def test_hf_overrides_rope_scaling_matches_config_json(tiny_llama_dir, tmp_path)
         assert len(set(ids)) >= 4, f"degenerate output {ids}"
     llm = _engine(tiny_llama_dir, hf_overrides=json.dumps({"rope_scaling": scaling}))
     check_outputs_equal(ref, vllm_greedy(llm, TINY_PROMPTS, MAX_TOKENS), "hf", "hf_overrides")
+
+
+@pytest.mark.forked
+def test_llama31_gguf_rope_freqs_match_the_original_model(tiny_llama31_dir, tiny_llama31_gguf):
+    """A GGUF holding llama3 RoPE scaling as llama.cpp writes it (a rope_freqs tensor, no
+    rope-scaling keys) gives the tokens of the original HF checkpoint with llama3 scaling.
+    Guards the tensor being skipped, which ran the model with unscaled RoPE."""
+    ref = hf_greedy(tiny_llama31_dir, TINY_PROMPTS, MAX_TOKENS)
+    for ids, _, _ in ref:  # distinct-token guard (docs/design.md)
+        assert len(set(ids)) >= 4, f"degenerate output {ids}"
+    llm = _engine(tiny_llama31_gguf)
+    rope = llm.llm_engine.model_config.hf_config.rope_parameters
+    assert rope["rope_type"] == "default" and len(rope["freq_factors"]) == 8, rope
+    out = vllm_greedy(llm, TINY_PROMPTS, MAX_TOKENS, logprobs=5)
+    check_outputs_equal(ref, out, "hf-llama3", "gguf-rope_freqs", TINY_PROMPTS)
+    # Not bit-exact: the blended band's divisor 1 / ((1 - s) / factor + s) is rounded to
+    # float32 once, where transformers rounds (1 - s) * f / factor + s * f step by step.
+    for (_, _, ref_lps), (_, _, lps) in zip(ref, out):
+        for a, b in zip(ref_lps, lps):
+            assert max(abs(a[t] - b[t]) for t in set(a) & set(b)) <= 1e-4, (a, b)

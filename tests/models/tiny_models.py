@@ -78,6 +78,43 @@ def tiny_llama_config(**overrides):
     return _config("LlamaConfig", "LlamaForCausalLM", family, overrides)
 
 
+def tiny_llama31_config(**overrides):
+    """``tiny_llama_config`` with Llama 3.1's llama3 RoPE scaling (factor 8, low / high
+    frequency factors 1 / 4) over an original context of 64 positions: with head_dim 16 and
+    base 10000 its 8 frequencies fall in all three bands (kept, blended, divided by 8)."""
+    scaling = dict(rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0,
+                   high_freq_factor=4.0, original_max_position_embeddings=64)  # fmt: skip
+    return tiny_llama_config(**{"rope_parameters": scaling, **overrides})
+
+
+def llama3_rope_freqs(rope_parameters: dict, head_dim: int) -> np.ndarray:
+    """The ``rope_freqs`` tensor llama.cpp's ``convert_hf_to_gguf.py`` writes for llama3 RoPE
+    scaling: float32 [head_dim / 2], one divisor per frequency ``f = theta ** (-2i / d)``
+    with wavelength ``w = 2 pi / f`` and ``L = original_max_position_embeddings``:
+    1 where ``w < L / high_freq_factor``, ``factor`` where ``w > L / low_freq_factor``, and
+    in between ``1 / ((1 - s) / factor + s)`` with
+    ``s = (L / w - low_freq_factor) / (high_freq_factor - low_freq_factor)``. llama.cpp
+    divides each frequency by its entry (ggml_rope_ext's ``freq_factors``)."""
+    import math
+
+    theta = rope_parameters["rope_theta"]
+    factor = rope_parameters["factor"]
+    low, high = rope_parameters["low_freq_factor"], rope_parameters["high_freq_factor"]
+    context = rope_parameters["original_max_position_embeddings"]
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim
+    divisors = []
+    for freq in (1.0 / theta**exponents).tolist():  # float32 frequencies, as the converter
+        wavelength = 2 * math.pi / freq
+        if wavelength < context / high:
+            divisors.append(1.0)
+        elif wavelength > context / low:
+            divisors.append(factor)
+        else:
+            s = (context / wavelength - low) / (high - low)
+            divisors.append(1.0 / ((1.0 - s) / factor + s))
+    return np.array(divisors, dtype=np.float32)
+
+
 def tiny_qwen2_config(**overrides):
     """Qwen2Config: 2 layers, hidden 64, 4 heads / 2 KV heads, intermediate 128, tied."""
     family = dict(rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True,
@@ -279,6 +316,8 @@ def write_tiny_gguf(hf_dir: str, out_path: str, arch: str) -> str:
     ``convert_hf_to_gguf.py`` does; the metadata transformers needs to rebuild the config is
     written, and the SmolLM2 ``tokenizer.ggml.*`` metadata is copied when available. A tied
     model gets no ``output.weight`` (transformers then infers tie_word_embeddings=True).
+    A Llama with llama3 RoPE scaling gets it as llama.cpp writes it: a ``rope_freqs.weight``
+    tensor (:func:`llama3_rope_freqs`) and no rope-scaling metadata.
     """
     import gguf
     from safetensors.torch import load_file
@@ -313,6 +352,9 @@ def write_tiny_gguf(hf_dir: str, out_path: str, arch: str) -> str:
     writer.add_value_length(head_dim)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     _copy_tokenizer_metadata(writer)
+    rope = get_rope_parameters(config)
+    if arch == "llama" and rope["rope_type"] == "llama3":
+        writer.add_tensor("rope_freqs.weight", llama3_rope_freqs(rope, head_dim))
     for name, tensor in tensors.items():
         if name == "lm_head.weight" and config.tie_word_embeddings:
             continue

@@ -7,10 +7,13 @@ process that starts an engine on the file. The first process saves what transfor
 (``save_pretrained``: config.json, and tokenizer.json with its companions when the file
 carries a tokenizer) under ``$VLLM_CACHE_ROOT/gguf_metadata/<key>``; later processes load
 that directory, which transformers reads in well under a second. A fast tokenizer saved
-and reloaded this way encodes and decodes identically.
+and reloaded this way encodes and decodes identically. A file's ``rope_freqs`` tensor
+(llama.cpp's per-frequency RoPE divisors, which transformers ignores) is kept beside them
+as ``rope_freqs.json``: :func:`rope_freq_factors`.
 
-The key is the file's absolute path, size and modification time and the transformers
-version, so a changed or replaced file is converted again. Nothing depends on the cache
+The key is the file's absolute path, size and modification time, the transformers
+version and ``FORMAT`` (what this module writes), so a changed or replaced file is
+converted again. Nothing depends on the cache
 being writable: when it is not, the file is converted once per process into a temporary
 directory.
 """
@@ -25,6 +28,8 @@ import threading
 
 _LOCK = threading.Lock()
 TOKENIZER_MARKER = "tokenizer_config.json"
+ROPE_FREQS_FILE = "rope_freqs.json"
+FORMAT = 2  # 2: rope_freqs.json
 # key -> temporary directory, for a process whose cache root cannot be written
 _PRIVATE: dict[str, str] = {}
 
@@ -40,7 +45,9 @@ def _key(path: str) -> str:
     import transformers
 
     st = os.stat(path)
-    src = json.dumps([os.path.abspath(path), st.st_size, st.st_mtime_ns, transformers.__version__])
+    src = json.dumps(
+        [os.path.abspath(path), st.st_size, st.st_mtime_ns, transformers.__version__, FORMAT]
+    )
     return hashlib.sha256(src.encode()).hexdigest()[:24]
 
 
@@ -52,8 +59,14 @@ def _convert(path: str, out: str) -> None:
     """
     from transformers import AutoConfig, AutoTokenizer
 
+    from vllm.model_executor.model_loader.gguf_loader import gguf_rope_freq_factors
+
     d, f = os.path.dirname(os.path.abspath(path)), os.path.basename(path)
     AutoConfig.from_pretrained(d, gguf_file=f).save_pretrained(out)
+    factors = gguf_rope_freq_factors(path)
+    if factors is not None:
+        with open(os.path.join(out, ROPE_FREQS_FILE), "w") as fh:
+            json.dump(factors, fh)
     try:
         tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
     except Exception:  # no tokenizer in the file: load_tokenizer reports it when asked
@@ -107,6 +120,16 @@ def gguf_metadata_dir(path: str) -> str:
 
 def _complete(meta_dir: str) -> bool:
     return os.path.isfile(os.path.join(meta_dir, "config.json"))
+
+
+def rope_freq_factors(meta_dir: str) -> list[float] | None:
+    """The GGUF file's ``rope_freqs`` divisors (float32 values, head_dim / 2 of them) that
+    :func:`gguf_metadata_dir` kept in ``meta_dir``, or None when the file had none."""
+    path = os.path.join(meta_dir, ROPE_FREQS_FILE)
+    if not os.path.isfile(path):
+        return None
+    with open(path) as fh:
+        return json.load(fh)
 
 
 def has_tokenizer(meta_dir: str) -> bool:

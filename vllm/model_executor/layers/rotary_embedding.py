@@ -10,6 +10,10 @@ The inverse frequencies follow transformers' ``modeling_rope_utils`` for the rop
 ``default``, ``linear`` (inv_freq / factor), ``llama3`` (wavelength-banded scaling) and
 ``longrope`` (Phi-3: per-frequency short / long factors, cos and sin scaled by an attention
 factor), so float32 results are bit-identical to the reference.
+
+Any rope type may also carry ``freq_factors``: one divisor per frequency, applied after the
+type's own scaling, as llama.cpp applies a GGUF file's ``rope_freqs`` tensor (its converter
+stores Llama 3.1's llama3 scaling that way, with no rope-scaling metadata).
 """
 
 import math
@@ -31,10 +35,13 @@ def compute_inv_freq(
     ``rope_parameters`` holds ``rope_theta`` and ``rope_type`` (plus ``factor``,
     ``low_freq_factor``, ``high_freq_factor``, ``original_max_position_embeddings`` for
     llama3; ``short_factor`` and ``long_factor`` for longrope, ``long`` picking the second).
-    Formula: ``1 / theta ** (arange(0, D, 2) / D)`` (RoFormer / transformers).
+    Formula: ``1 / theta ** (arange(0, D, 2) / D)`` (RoFormer / transformers). Optional
+    ``freq_factors`` (any type; rotary_dim // 2 numbers): the result is divided by them
+    elementwise (llama.cpp's ``rope_freqs``, module docstring).
 
     Raises:
-        ValueError: a rope type outside ``SUPPORTED_ROPE_TYPES``.
+        ValueError: a rope type outside ``SUPPORTED_ROPE_TYPES``, or longrope factors or
+            ``freq_factors`` whose length is not rotary_dim // 2.
     """
     rope_type = rope_parameters.get("rope_type", rope_parameters.get("type", "default"))
     if rope_type not in SUPPORTED_ROPE_TYPES:
@@ -44,20 +51,49 @@ def compute_inv_freq(
     base = rope_parameters["rope_theta"]
     exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64).to(torch.float) / rotary_dim
     if rope_type == "longrope":
-        factors = rope_parameters["long_factor" if long else "short_factor"]
-        if len(factors) != rotary_dim // 2:
-            raise ValueError(
-                f"longrope factors have {len(factors)} entries, expected rotary_dim // 2 = "
-                f"{rotary_dim // 2}"
-            )
-        ext = torch.tensor(factors, dtype=torch.float32)  # [rotary_dim // 2]
-        return 1.0 / (ext * base**exponents)
-    inv_freq = 1.0 / (base**exponents)  # [rotary_dim // 2]
+        key = "long_factor" if long else "short_factor"
+        ext = _per_frequency(rope_parameters[key], rotary_dim, f"longrope {key}")
+        inv_freq = 1.0 / (ext * base**exponents)  # [rotary_dim // 2]
+    else:
+        inv_freq = 1.0 / (base**exponents)  # [rotary_dim // 2]
     if rope_type == "linear":
         inv_freq = inv_freq / rope_parameters["factor"]
     elif rope_type == "llama3":
         inv_freq = _llama3_scale(inv_freq, rope_parameters)
+    if rope_parameters.get("freq_factors") is not None:
+        divisors = _per_frequency(rope_parameters["freq_factors"], rotary_dim, "freq_factors")
+        inv_freq = inv_freq / divisors  # [rotary_dim // 2]
     return inv_freq
+
+
+def _per_frequency(values: Any, rotary_dim: int, what: str) -> torch.Tensor:
+    """``values`` as a float32 tensor [rotary_dim // 2].
+
+    Raises:
+        ValueError: another number of values (naming ``what``).
+    """
+    if len(values) != rotary_dim // 2:
+        raise ValueError(
+            f"{what} has {len(values)} entries, expected rotary_dim // 2 = {rotary_dim // 2}"
+        )
+    return torch.tensor(values, dtype=torch.float32)  # [rotary_dim // 2]
+
+
+def set_freq_factors(config: Any, factors: list[float]) -> None:
+    """Give ``config``'s rope settings llama.cpp's per-frequency divisors (``freq_factors``,
+    see :func:`compute_inv_freq`): added to transformers 5's ``rope_parameters`` dict.
+
+    Raises:
+        ValueError: a config without one flat ``rope_parameters`` dict (per-layer-type rope
+            settings, such as Gemma 3's, or a config from before transformers 5).
+    """
+    params = getattr(config, "rope_parameters", None)
+    if not isinstance(params, dict) or any(isinstance(v, dict) for v in params.values()):
+        raise ValueError(
+            f"rope frequency factors (a GGUF rope_freqs tensor) need a config with one "
+            f"rope_parameters dict, got rope_parameters={params!r}"
+        )
+    params["freq_factors"] = [float(f) for f in factors]
 
 
 def _llama3_scale(inv_freq: torch.Tensor, params: dict[str, Any]) -> torch.Tensor:

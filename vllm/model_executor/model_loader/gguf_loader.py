@@ -9,6 +9,11 @@ rotary pairs are interleaved (GPT-J style): per head, ``w.reshape(2, D/2, in)`` 
 ``w.reshape(D/2, 2, in)``. We undo it per head (interleaved pairs -> halves) to recover the
 HF NeoX layout. Qwen2 files are not permuted. Gemma 3 files store every norm weight as
 ``1 + w`` (llama.cpp's converter), and name its four per-layer norms differently.
+
+``rope_freqs.weight`` (float32 [head_dim / 2]) is no weight but a rope setting: llama.cpp's
+converter writes Llama 3.1's llama3 scaling as these per-frequency divisors and no
+rope-scaling metadata. :func:`gguf_rope_freq_factors` reads it for the config
+(vllm/transformers_utils/gguf_metadata.py); the weight iterator skips it.
 """
 
 import re
@@ -47,7 +52,8 @@ _ARCH_BLOCK_NAMES = {
 }
 # architectures whose converter stores every norm weight w as 1 + w (Gemma's scale)
 _NORM_SHIFTED_ARCHS = {"gemma3"}
-_SKIPPED = {"rope_freqs"}  # precomputed rotary factors: we compute our own
+ROPE_FREQS = "rope_freqs"
+_SKIPPED = {ROPE_FREQS}  # rotary frequency divisors: part of the config, not a weight
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
 _PERMUTED_ARCHS = {"llama"}
 
@@ -56,7 +62,8 @@ def gguf_to_hf_name(gguf_name: str, arch: str = "") -> str | None:
     """``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight`` (``arch``: the
     file's ``general.architecture``, for the names that differ per architecture).
 
-    Returns None for tensors we skip (``rope_freqs``). Raises ValueError for an unknown name.
+    Returns None for tensors that are no weights (``rope_freqs``). Raises ValueError for an
+    unknown name.
     """
     match = _BLOCK_RE.match(gguf_name)
     if match:
@@ -89,6 +96,19 @@ def permute_rows(weight: np.ndarray, n_head: int) -> np.ndarray:
     rows = weight.shape[0]
     w = weight.reshape(n_head, 2, rows // n_head // 2, *weight.shape[1:])
     return w.swapaxes(1, 2).reshape(weight.shape)
+
+
+def gguf_rope_freq_factors(path: str) -> list[float] | None:
+    """The ``rope_freqs.weight`` tensor of the GGUF file at ``path`` (float32 [head_dim / 2]:
+    each frequency's divisor) as a list, or None when the file has none."""
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    for tensor in reader.tensors:
+        if tensor.name == f"{ROPE_FREQS}.weight":
+            values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)  # [head_dim / 2]
+            return [float(v) for v in np.asarray(values, dtype=np.float32).reshape(-1)]
+    return None
 
 
 def _field_str(reader, key: str) -> str | None:
