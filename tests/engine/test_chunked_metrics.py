@@ -19,7 +19,7 @@ def test_iteration_tokens_and_log_line(caplog):
     assert 'vllm:iteration_tokens_total_sum{model_name="m"} 19.0' in text
     assert 'vllm:iteration_tokens_total_bucket{le="8.0",model_name="m"} 1.0' in text
     assert 'vllm:iteration_tokens_total_bucket{le="16.0",model_name="m"} 2.0' in text
-    em._last_log -= 20.0  # the next record logs: 20 s since the last line
+    em.stats_log._last -= 20.0  # the next record logs: 20 s since the last line
     with caplog.at_level(logging.INFO, logger="vllm.engine.metrics"):
         em.record(StepStats(prompt_tokens=6, generation_tokens=1))
     line = caplog.records[-1].getMessage()
