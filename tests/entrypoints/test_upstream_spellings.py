@@ -102,6 +102,12 @@ def test_accepted_upstream_serve_flags(tiny_llama_dir, caplog):
          ["--enable-log-requests and --disable-log-requests contradict"]),
         (["--guided-decoding-backend", "outlines"],
          ["guided_decoding_backend must be one of ['auto', 'xgrammar'], got 'outlines'"]),
+        (["--structured-outputs-config", '{"backend": "outlines"}'],
+         ["guided_decoding_backend must be one of ['auto', 'xgrammar'], got 'outlines'"]),
+        (["--structured-outputs-config", '{"reasoning_parser": "qwen3"}'],
+         ["structured_outputs_config key 'reasoning_parser' is not supported"]),
+        (["--structured-outputs-config", '{"disable_any_whitespace": true}'],
+         ["structured_outputs_config disable_any_whitespace=True is not supported"]),
     ],
 )  # fmt: skip
 def test_refused_upstream_serve_flags(tiny_llama_dir, flags, words):
@@ -216,6 +222,11 @@ def test_auto_guided_backend_and_enable_log_requests_flags(tiny_llama_dir):
             "--enable-log-requests"]  # fmt: skip
     args = make_parser().parse_args(argv)
     config = validate_server_args(args).create_engine_config()
+    assert config.decoding_config.guided_decoding_backend == "xgrammar"
+    # upstream's current flag: the backend (and the defaults this engine implements)
+    so = '{"backend": "auto", "disable_fallback": true, "enable_in_reasoning": false}'
+    argv = ["serve", tiny_llama_dir, "--device", "cpu", "--structured-outputs-config", so]
+    config = validate_server_args(make_parser().parse_args(argv)).create_engine_config()
     assert config.decoding_config.guided_decoding_backend == "xgrammar"
     assert args.enable_log_requests and not args.disable_log_requests
     defaults = make_parser().parse_args(["serve"])
