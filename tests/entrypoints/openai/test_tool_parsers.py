@@ -173,6 +173,7 @@ def test_pythonic_list_of_calls():
         "[f(x=b'raw')]",  # bytes
         "[f(x=...)]",  # Ellipsis
         "[get_time(), f(z=1+2j)]",  # one bad call makes the whole list content
+        "[f(a=1e999)]",  # infinity: strict JSON has no literal for it
     ],
 )
 def test_pythonic_values_json_cannot_hold_are_content(text):
@@ -197,6 +198,36 @@ def test_mistral_call_ids_are_nine_letters_and_digits():
     # the other parsers keep OpenAI-style ids
     found = get_tool_parser("hermes").extract(f"<tool_call>{WEATHER}</tool_call>")
     assert found.calls[0].id.startswith("chatcmpl-tool-")
+
+
+def test_nan_and_infinity_arguments_are_content():
+    """Arguments must be strict JSON (a client's JSON.parse refuses NaN / Infinity): a
+    hermes call holding them leaves the reply as content."""
+    for bad in ("NaN", "Infinity", "-Infinity"):
+        text = f'<tool_call>{{"name": "f", "arguments": {{"a": {bad}}}}}</tool_call>'
+        found = get_tool_parser("hermes").extract(text)
+        assert found.calls == [] and found.content == text
+
+
+def test_forced_calls_take_the_server_parsers_ids():
+    """tool_choice "required" and a named function on a server whose parser is mistral
+    get Mistral's 9-character ids (the chat template refuses others), streamed or not;
+    without a parser, upstream's ``chatcmpl-tool-`` ids."""
+    from vllm.entrypoints.openai.tool_calls import parse_tool_calls
+
+    mistral = get_tool_parser("mistral")
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    for choice, text in (("required", '[{"name": "get_weather", "parameters": {}}]'),
+                         (named, '{"city": "Paris"}')):  # fmt: skip
+        req = ChatCompletionRequest(messages=MSGS, tools=TOOLS, tool_choice=choice)
+        mode, _ = tool_mode(req, mistral)
+        ids = [c.id for c in parse_tool_calls(mode, text)[0]]
+        ids += [c.id for c in _stream(mode, [text[:5], text[5:]])[-1]["tool_calls"] if c.id]
+        if choice == named:
+            ids.append(_stream(mode, [text[:5], text[5:]])[0]["tool_calls"][0].id)
+        assert len(ids) >= 2 and all(len(i) == 9 and i.isalnum() for i in ids), ids
+        plain, _ = tool_mode(req)
+        assert parse_tool_calls(plain, text)[0][0].id.startswith("chatcmpl-tool-")
 
 
 def test_hermes_content_is_the_text_before_the_first_call():

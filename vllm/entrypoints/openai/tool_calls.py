@@ -44,12 +44,19 @@ class ToolMode:
         required: tool_choice "required" (a JSON array of calls).
         parser: tool_choice "auto": the parser that finds calls in the text.
         single: ``parallel_tool_calls`` false: at most one call (the first) per choice.
+        ids: the server's parser (``--tool-call-parser``), whose :meth:`ToolParser.call_id`
+            names "required" and named calls too; None: upstream's default ids.
     """
 
     function: str | None = None
     required: bool = False
     parser: ToolParser | None = None
     single: bool = False
+    ids: ToolParser | None = None
+
+    def call_id(self) -> str:
+        """A fresh id for one of this mode's calls."""
+        return (self.ids or self.parser or ToolParser()).call_id()
 
     @property
     def active(self) -> bool:
@@ -113,7 +120,7 @@ def tool_mode(
                 "tool_choice",
             )
         schema = fn.parameters or _ANY_OBJECT
-        return ToolMode(function=fn.name), _guided(schema, req)
+        return ToolMode(function=fn.name, ids=auto_parser), _guided(schema, req)
     items = [
         {
             "type": "object",
@@ -128,7 +135,7 @@ def tool_mode(
     schema = {"type": "array", "minItems": 1, "items": {"anyOf": items}}
     if single:
         schema["maxItems"] = 1
-    return ToolMode(required=True, single=single), _guided(schema, req)
+    return ToolMode(required=True, single=single, ids=auto_parser), _guided(schema, req)
 
 
 def _guided(schema: dict, req: ChatCompletionRequest) -> GuidedDecodingParams:
@@ -161,11 +168,15 @@ def parse_tool_calls(mode: ToolMode, text: str) -> tuple[list[ToolCall] | None, 
 
 def _forced_calls(mode: ToolMode, text: str) -> list[ToolCall] | None:
     if mode.function is not None:  # the arguments as generated, complete JSON or not
-        return [ToolCall(function=FunctionCall(name=mode.function, arguments=text))]
+        fn = FunctionCall(name=mode.function, arguments=text)
+        return [ToolCall(id=mode.call_id(), function=fn)]
     try:
         calls = json.loads(text)
         return [
-            ToolCall(function=FunctionCall(name=c["name"], arguments=json.dumps(c["parameters"])))
+            ToolCall(
+                id=mode.call_id(),
+                function=FunctionCall(name=c["name"], arguments=json.dumps(c["parameters"])),
+            )
             for c in calls
         ]
     except (ValueError, TypeError, KeyError):
@@ -196,7 +207,7 @@ class ToolCallStream:
 
         if self.mode.function is not None:
             if self._id is None:
-                self._id = ToolCall(function=FunctionCall(name="", arguments="")).id
+                self._id = self.mode.call_id()
                 fn = DeltaFunctionCall(name=self.mode.function, arguments=text)
                 call = DeltaToolCall(index=0, id=self._id, type="function", function=fn)
             else:

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from vllm.entrypoints.openai.protocol import FunctionCall, ToolCall
+from vllm.entrypoints.openai.protocol import FunctionCall, ToolCall, random_id
 from vllm.utils.text_utils import partial_marker_len
 
 _PARSERS: dict[str, type[ToolParser]] = {}
@@ -49,6 +49,12 @@ class ToolParser:
         follows; never fewer than for any prefix of ``text``."""
         raise NotImplementedError
 
+    def call_id(self) -> str:
+        """A fresh tool-call id in the form the model's chat template accepts back
+        (``chatcmpl-tool-<32 hex digits>``, upstream's, unless the format needs another);
+        also used for tool_choice "required" and named calls on a server with this parser."""
+        return random_id("chatcmpl-tool")
+
 
 def content_before(text: str, marker: str) -> int:
     """:meth:`ToolParser.content_prefix` of a format whose calls start at ``marker``: the
@@ -63,11 +69,12 @@ def content_before(text: str, marker: str) -> int:
 def make_call(name: Any, arguments: Any) -> ToolCall | None:
     """A ToolCall of function ``name`` with ``arguments`` (an object) as JSON text; None
     when the name is not a string, the arguments not an object, or they hold a value JSON
-    cannot write (a complex number, a set, a tuple key, ...)."""
+    cannot write (a complex number, a set, a tuple key, ...) or strict JSON has no literal
+    for (NaN, Infinity: ``allow_nan=False``)."""
     if not isinstance(name, str) or not isinstance(arguments, dict):
         return None
     try:
-        text = json.dumps(arguments, ensure_ascii=False)
+        text = json.dumps(arguments, ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError, RecursionError):
         return None
     return ToolCall(function=FunctionCall(name=name, arguments=text))

@@ -49,13 +49,17 @@ class MistralToolParser(ToolParser):
             calls = [_named_call(body) for body in text[start:].split(TAG)[1:]]
         if not calls or any(c is None for c in calls):
             return ExtractedToolCalls(content=text)
-        calls = [c.model_copy(update={"id": mistral_call_id()}) for c in calls]
+        calls = [c.model_copy(update={"id": self.call_id()}) for c in calls]
         content = text[:start]
         return ExtractedToolCalls(calls=calls, content=content if content.strip() else None)
 
     def content_prefix(self, text: str) -> int:
         """Text before the first ``[TOOL_CALLS]`` (see :func:`content_before`)."""
         return content_before(text, TAG)
+
+    def call_id(self) -> str:
+        """Mistral's form (:func:`mistral_call_id`)."""
+        return mistral_call_id()
 
 
 def _array_calls(body: str) -> list | None:
