@@ -198,13 +198,9 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
     decoder_layer_cls = Gemma3DecoderLayer
     model_cls = Gemma3Model
 
-    def __init__(
-        self,
-        config: PretrainedConfig,
-        pp_rank: int = 0,
-        pp_size: int = 1,
-        max_model_len: int | None = None,
-    ) -> None:
+    @classmethod
+    def check_config(cls, config: PretrainedConfig) -> None:
+        """See the class docstring."""
         if getattr(config, "use_bidirectional_attention", False):
             raise ValueError(
                 "Gemma3ForCausalLM with use_bidirectional_attention=True is not supported "
@@ -214,8 +210,6 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
             raise ValueError(
                 f"Gemma 3 sliding layers need sliding_window >= 1, got {config.sliding_window}"
             )
-        super().__init__(config, pp_rank=pp_rank, pp_size=pp_size, max_model_len=max_model_len)
-        self.final_logit_softcapping = getattr(config, "final_logit_softcapping", None)
 
     @staticmethod
     def _biases(config: PretrainedConfig) -> tuple[bool, bool, bool]:
@@ -228,7 +222,7 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         ``cap * tanh(logits / cap)`` when ``final_logit_softcapping`` is set. Always
         float32 (``float32`` is accepted for the interface): the cap is applied there."""
         logits = super().compute_logits(hidden_states)  # [N, vocab_size]
-        cap = self.final_logit_softcapping
+        cap = getattr(self.config, "final_logit_softcapping", None)
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap
         return logits

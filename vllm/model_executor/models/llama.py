@@ -389,6 +389,15 @@ class LlamaForCausalLM(nn.Module):
     decoder_layer_cls: type[LlamaDecoderLayer] = LlamaDecoderLayer
     model_cls: type[LlamaModel] = LlamaModel
 
+    @classmethod
+    def check_config(cls, config: PretrainedConfig) -> None:
+        """Refuse what this class does not implement, before anything is built (Llama:
+        nothing; a family overrides it).
+
+        Raises:
+            ValueError: naming the unsupported setting and its value.
+        """
+
     def __init__(
         self,
         config: PretrainedConfig,
@@ -396,6 +405,7 @@ class LlamaForCausalLM(nn.Module):
         pp_size: int = 1,
         max_model_len: int | None = None,
     ) -> None:
+        self.check_config(config)
         super().__init__()
         self.config = config
         self.pp_rank, self.pp_size = pp_rank, pp_size

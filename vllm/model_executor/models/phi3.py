@@ -22,13 +22,9 @@ class Phi3ForCausalLM(LlamaForCausalLM):
             supported).
     """
 
-    def __init__(
-        self,
-        config: PretrainedConfig,
-        pp_rank: int = 0,
-        pp_size: int = 1,
-        max_model_len: int | None = None,
-    ) -> None:
+    @classmethod
+    def check_config(cls, config: PretrainedConfig) -> None:
+        """See the class docstring."""
         params = getattr(config, "rope_parameters", None) or {}
         partial = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1))
         if partial is not None and float(partial) != 1.0:
@@ -36,7 +32,6 @@ class Phi3ForCausalLM(LlamaForCausalLM):
                 f"Phi3ForCausalLM with partial_rotary_factor={partial} is not supported "
                 "(rotary over the whole head only, factor 1.0)"
             )
-        super().__init__(config, pp_rank=pp_rank, pp_size=pp_size, max_model_len=max_model_len)
 
     @staticmethod
     def _biases(config: PretrainedConfig) -> tuple[bool, bool, bool]:

@@ -10,6 +10,15 @@ from transformers import PretrainedConfig
 from vllm.model_executor.models.llama import LlamaForCausalLM
 
 
+def refuse_sliding_window(cls: type, config: PretrainedConfig) -> None:
+    """A Qwen config with ``use_sliding_window`` true is refused (ValueError naming ``cls``):
+    these classes run full attention only (released checkpoints leave it off)."""
+    if getattr(config, "use_sliding_window", False):
+        raise ValueError(
+            f"{cls.__name__} with use_sliding_window=True is not supported (full attention only)"
+        )
+
+
 class Qwen2ForCausalLM(LlamaForCausalLM):
     """Qwen2 causal LM for one pipeline stage; same signature and API as LlamaForCausalLM.
 
@@ -18,18 +27,10 @@ class Qwen2ForCausalLM(LlamaForCausalLM):
             supported).
     """
 
-    def __init__(
-        self,
-        config: PretrainedConfig,
-        pp_rank: int = 0,
-        pp_size: int = 1,
-        max_model_len: int | None = None,
-    ) -> None:
-        if getattr(config, "use_sliding_window", False):
-            raise ValueError(
-                "Qwen2 with use_sliding_window=True is not supported (full attention only)"
-            )
-        super().__init__(config, pp_rank=pp_rank, pp_size=pp_size, max_model_len=max_model_len)
+    @classmethod
+    def check_config(cls, config: PretrainedConfig) -> None:
+        """See the class docstring."""
+        refuse_sliding_window(cls, config)
 
     @staticmethod
     def _biases(config: PretrainedConfig) -> tuple[bool, bool, bool]:

@@ -16,6 +16,7 @@ from vllm.model_executor.models.llama import (
     LlamaDecoderLayer,
     LlamaForCausalLM,
 )
+from vllm.model_executor.models.qwen2 import refuse_sliding_window
 
 
 class Qwen3Attention(LlamaAttention):
@@ -50,19 +51,10 @@ class Qwen3ForCausalLM(LlamaForCausalLM):
 
     decoder_layer_cls = Qwen3DecoderLayer
 
-    def __init__(
-        self,
-        config: PretrainedConfig,
-        pp_rank: int = 0,
-        pp_size: int = 1,
-        max_model_len: int | None = None,
-    ) -> None:
-        if getattr(config, "use_sliding_window", False):
-            raise ValueError(
-                f"{type(self).__name__} with use_sliding_window=True is not supported "
-                "(full attention only)"
-            )
-        super().__init__(config, pp_rank=pp_rank, pp_size=pp_size, max_model_len=max_model_len)
+    @classmethod
+    def check_config(cls, config: PretrainedConfig) -> None:
+        """See the class docstring."""
+        refuse_sliding_window(cls, config)
 
     @staticmethod
     def _biases(config: PretrainedConfig) -> tuple[bool, bool, bool]:
