@@ -31,8 +31,8 @@ def tokenizer(tiny_llama_dir):
     return AutoTokenizer.from_pretrained(tiny_llama_dir)
 
 
-def _respond(tokenizer, pieces, reasoning=None, hermes=False, **body):
-    engine = _Engine(tokenizer, pieces)
+def _respond(tokenizer, pieces, reasoning=None, hermes=False, finish="stop", **body):
+    engine = _Engine(tokenizer, pieces, finish=finish)
     chat = OpenAIServingChat(
         engine, ["m"], chat_template=TEMPLATE,
         tool_parser=get_tool_parser("hermes") if hermes else None,
@@ -62,7 +62,7 @@ def test_text_response_and_its_stream(tokenizer):
     assert resp.output_text == "Sunny, 21 C." and resp.status == "completed"
     assert [item.type for item in resp.output] == ["message"]
     assert resp.usage.output_tokens == 3 and resp.model == "m"
-    assert resp.id.startswith("resp_") and engine.request_ids[0].startswith("chatcmpl-")
+    assert resp.id.startswith("resp_") and engine.request_ids == [resp.id]  # one id in logs
     events, _ = _respond(tokenizer, ["Sunny", ",", " 21 C."], stream=True)
     for e in events:
         EVENT.validate_python(e)
@@ -185,3 +185,28 @@ def test_chat_words_become_responses_words():
     )
     assert param == "input"
     assert msg == "input must not be empty; messages[0] is bad; the Responses API"
+
+
+def test_the_item_max_output_tokens_cut_is_incomplete(tokenizer):
+    """The budget ran out inside a named function's arguments (or the reasoning): that
+    item is "incomplete" like the response, streamed or not; earlier items are complete."""
+    named = {"type": "function", "name": "get_weather"}
+    cut = ['{"city"', ': "Par']
+    body, _ = _respond(tokenizer, cut, finish="length", tools=[FN_TOOL], tool_choice=named,
+                       max_output_tokens=2)  # fmt: skip
+    resp = Response.model_validate(body)
+    assert resp.status == "incomplete" and resp.output[-1].type == "function_call"
+    assert resp.output[-1].status == "incomplete"
+    events, _ = _respond(tokenizer, cut, finish="length", tools=[FN_TOOL], tool_choice=named,
+                         max_output_tokens=2, stream=True)  # fmt: skip
+    for e in events:
+        EVENT.validate_python(e)
+    assert events[-1]["type"] == "response.incomplete"
+    assert events[-1]["response"]["output"][-1]["status"] == "incomplete"
+    thinking = ["<think>Need", " the"]
+    body, _ = _respond(tokenizer, thinking, reasoning="qwen3", finish="length", max_output_tokens=2)
+    assert [(o["type"], o["status"]) for o in body["output"]] == [("reasoning", "incomplete")]
+    body, _ = _respond(tokenizer, [*thinking, "</think>", "Sun"], reasoning="qwen3",
+                       finish="length", max_output_tokens=4)  # fmt: skip
+    assert [(o["type"], o["status"]) for o in body["output"]] == [
+        ("reasoning", "completed"), ("message", "incomplete")]  # fmt: skip

@@ -280,6 +280,30 @@ def test_min_tokens_yields_to_a_completed_grammar(server):
     assert choice["text"] in ("a", "b") and choice["finish_reason"] == "stop", choice
 
 
+def test_responses_output_text_logprobs_equal_chats(server):
+    """/v1/responses with include message.output_text.logprobs and top_logprobs: one
+    entry per output token with its alternatives, equal to chat's for the same request,
+    streamed (on the output_text.delta events) or not."""
+    msgs = [{"role": "user", "content": "Hi"}]
+    chat = _ok(_post(server, "chat/completions", dict(messages=msgs, max_tokens=4,
+                                                      temperature=0, logprobs=True,
+                                                      top_logprobs=2)))  # fmt: skip
+    want = chat["choices"][0]["logprobs"]["content"]
+    body = dict(input=msgs, max_output_tokens=4, temperature=0, top_logprobs=2,
+                include=["message.output_text.logprobs"])  # fmt: skip
+    resp = _ok(_post(server, "responses", body))
+    got = resp["output"][-1]["content"][0]["logprobs"]
+    assert len(got) == resp["usage"]["output_tokens"] == 4
+    assert [(e["token"], len(e["top_logprobs"])) for e in got] == [(w["token"], 2) for w in want]
+    assert [e["logprob"] for e in got] == pytest.approx([w["logprob"] for w in want], abs=1e-4)
+    with httpx.stream("POST", server.url_for("v1", "responses"), timeout=120,
+                      json={"model": MODEL, **body, "stream": True}) as r:  # fmt: skip
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    streamed = [e for ev in events if ev["type"] == "response.output_text.delta"
+                for e in ev["logprobs"]]  # fmt: skip
+    assert [e["token"] for e in streamed] == [e["token"] for e in got]
+
+
 def test_response_names_the_requested_model(server):
     """With several served names a response reports the one asked for (as upstream)."""
     for name in (MODEL, ALIAS):

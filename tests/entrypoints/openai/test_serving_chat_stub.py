@@ -38,8 +38,8 @@ class _Engine:
     scheduling_policy = "fcfs"
     pooler_config = None
 
-    def __init__(self, tokenizer, pieces, default_sampling=None):
-        self.tokenizer, self.pieces = tokenizer, pieces
+    def __init__(self, tokenizer, pieces, default_sampling=None, finish="stop"):
+        self.tokenizer, self.pieces, self.finish = tokenizer, pieces, finish
         self.request_ids = []
         self.default_sampling = default_sampling or {}
 
@@ -58,7 +58,12 @@ class _Engine:
         for k in range(1, len(self.pieces) + 1):
             done = k == len(self.pieces)
             out = CompletionOutput(
-                0, "".join(self.pieces[:k]), list(range(k)), None, None, "stop" if done else None
+                0,
+                "".join(self.pieces[:k]),
+                list(range(k)),
+                None,
+                None,
+                self.finish if done else None,
             )
             yield RequestOutput(
                 rid, prompt["prompt"], prompt["prompt_token_ids"], None, [out], done

@@ -61,6 +61,7 @@ class ResponsesRequest(OpenAIRequest):
     conversation: Any = None
     metadata: dict[str, Any] | None = None
     include: list[str] | None = None
+    top_logprobs: int | None = None
     reasoning: dict[str, Any] | None = None
     truncation: str | None = "disabled"
     user: str | None = None
@@ -182,6 +183,17 @@ def _response_format(req: ResponsesRequest) -> dict[str, Any] | None:
     raise APIError(f"text.format type {fmt.get('type')!r} is not supported.", 400, "text")
 
 
+# The ``include`` entry that asks for the output text's per-token logprobs.
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+
+
+def wants_logprobs(req: ResponsesRequest) -> bool:
+    """Whether the output text carries per-token logprobs: ``include`` names
+    :data:`LOGPROBS_INCLUDE` or ``top_logprobs`` is set (its count of alternatives, 0 by
+    default)."""
+    return LOGPROBS_INCLUDE in (req.include or ()) or req.top_logprobs is not None
+
+
 def to_chat_request(req: ResponsesRequest, stream: bool) -> ChatCompletionRequest:
     """The chat request that serves ``req`` (``stream``: with the usage chunk).
 
@@ -224,6 +236,8 @@ def to_chat_request(req: ResponsesRequest, stream: bool) -> ChatCompletionReques
     }
     if stream:
         body["stream_options"] = {"include_usage": True}
+    if wants_logprobs(req):
+        body["logprobs"], body["top_logprobs"] = True, req.top_logprobs or 0
     try:
         return ChatCompletionRequest.model_validate(body)
     except ValidationError as e:  # a message's shape, say: named as chat names it

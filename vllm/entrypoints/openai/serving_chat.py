@@ -217,8 +217,12 @@ class OpenAIServingChat(OpenAIServing):
     def _encode_rendered(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
-    async def create_chat_completion(self, req: ChatCompletionRequest, raw: Request | None):
-        """Returns a ChatCompletionResponse, or an async iterator of SSE strings.
+    async def create_chat_completion(
+        self, req: ChatCompletionRequest, raw: Request | None, id_prefix: str = "chatcmpl-"
+    ):
+        """Returns a ChatCompletionResponse, or an async iterator of SSE strings. The
+        response id, which is also the engine's request id (logs, aborts), is
+        ``id_prefix`` + the request's id (``resp_`` for the Responses API).
 
         Raises:
             APIError: 400 / 404 with the OpenAI error body.
@@ -260,7 +264,7 @@ class OpenAIServingChat(OpenAIServing):
             self.check_schedulable(len(ids), req.n, req.prompt_logprobs is None,
                                    max_tokens=params.max_tokens)  # fmt: skip
             await self.check_guided(params, param)
-        rid = f"chatcmpl-{base_request_id(raw, req.request_id)}"
+        rid = f"{id_prefix}{base_request_id(raw, req.request_id)}"
         gen = self.start(req, {"prompt": text, "prompt_token_ids": ids}, params, rid)
         created = int(time.time())
         role = self.response_role if req.add_generation_prompt else conv[-1]["role"]

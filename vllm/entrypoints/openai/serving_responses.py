@@ -5,8 +5,12 @@ and runs it (reasoning parser, tool parser and structured outputs included), and
 becomes a ``response`` object: ``output`` holds a ``reasoning`` item (with
 ``--reasoning-parser``), a ``message`` item with one ``output_text`` part, and one
 ``function_call`` item per tool call, in that order; ``status`` is ``incomplete`` with
-``incomplete_details.reason`` ``max_output_tokens`` when the budget ran out; ``usage``
-counts ``input_tokens`` / ``output_tokens``.
+``incomplete_details.reason`` ``max_output_tokens`` when the budget ran out (and so is the
+item it cut, the last); ``usage`` counts ``input_tokens`` / ``output_tokens``. The
+response id ``resp_<id>`` is also the engine's request id. With ``include:
+["message.output_text.logprobs"]`` or ``top_logprobs: N`` the output text carries its
+per-token logprobs with N alternatives each (``output_text.logprobs``, and each
+``response.output_text.delta`` event's own).
 
 Streamed (``stream: true``), the chat stream's chunks become OpenAI's typed events, each
 ``event: TYPE`` / ``data: {..., "sequence_number": k}``: ``response.created``,
@@ -75,20 +79,22 @@ def _usage(usage: dict | None) -> dict | None:
     }
 
 
-def _message(item_id: str, text: str, status: str = "completed") -> dict:
-    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def _message(item_id: str, text: str, status: str = "completed", logprobs=None) -> dict:
+    """A message item; ``logprobs``: its output text's per-token entries (chat's
+    ``logprobs.content`` entries: token, logprob, bytes, top_logprobs, OpenAI's shape)."""
+    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
     return {"type": "message", "id": item_id, "status": status, "role": "assistant",
             "content": [part]}  # fmt: skip
 
 
-def _reasoning(item_id: str, text: str) -> dict:
-    return {"type": "reasoning", "id": item_id, "summary": [], "status": "completed",
+def _reasoning(item_id: str, text: str, status: str = "completed") -> dict:
+    return {"type": "reasoning", "id": item_id, "summary": [], "status": status,
             "content": [{"type": "reasoning_text", "text": text}]}  # fmt: skip
 
 
-def _call(item_id: str, call_id: str, name: str, arguments: str) -> dict:
+def _call(item_id: str, call_id: str, name: str, arguments: str, status: str = "completed"):
     return {"type": "function_call", "id": item_id, "call_id": call_id, "name": name,
-            "arguments": arguments, "status": "completed"}  # fmt: skip
+            "arguments": arguments, "status": status}  # fmt: skip
 
 
 class OpenAIServingResponses:
@@ -123,7 +129,7 @@ class OpenAIServingResponses:
         """
         chat_req = to_chat_request(req, req.stream)
         try:
-            result = await self.chat.create_chat_completion(chat_req, raw)
+            result = await self.chat.create_chat_completion(chat_req, raw, id_prefix="resp_")
         except APIError as e:  # named as this API names the field
             e.param, e.message = as_responses_error(e.param, e.message)
             raise
@@ -139,13 +145,14 @@ class OpenAIServingResponses:
         if msg.get("reasoning"):
             output.append(_reasoning(_item_id("rs"), msg["reasoning"]))
         if msg.get("content"):
-            cut = "incomplete" if choice["finish_reason"] == "length" else "completed"
-            output.append(_message(_item_id("msg"), msg["content"], cut))
+            lps = (choice.get("logprobs") or {}).get("content")
+            output.append(_message(_item_id("msg"), msg["content"], logprobs=lps))
         for call in msg.get("tool_calls") or []:
             fn = call["function"]
             output.append(_call(_item_id("fc"), call["id"], fn["name"], fn["arguments"]))
-        rid = "resp_" + body["id"].removeprefix("chatcmpl-")
-        return self._response(req, rid, created, body["model"], output,
+        if output and choice["finish_reason"] == "length":
+            output[-1]["status"] = "incomplete"  # the item max_output_tokens cut
+        return self._response(req, body["id"], created, body["model"], output,
                               choice["finish_reason"], body["usage"])  # fmt: skip
 
     async def _events(self, req: ResponsesRequest, chunks: AsyncIterator[str],
@@ -164,7 +171,7 @@ class OpenAIServingResponses:
                     yield w.event("error", code=err.get("code"), message=message, param=param)
                     return
                 if rid is None:
-                    rid = "resp_" + chunk["id"].removeprefix("chatcmpl-")
+                    rid = chunk["id"]
                     model = chunk["model"]
                     head = {**self._response(req, rid, created, model, [], None, None),
                             "status": "in_progress"}  # fmt: skip
@@ -173,7 +180,8 @@ class OpenAIServingResponses:
                 if chunk.get("usage") and not chunk["choices"]:
                     usage = chunk["usage"]
                 for choice in chunk["choices"]:
-                    for piece in w.delta(choice.get("delta") or {}):
+                    lps = (choice.get("logprobs") or {}).get("content") or []
+                    for piece in w.delta(choice.get("delta") or {}, lps):
                         yield piece
                     finish = choice.get("finish_reason") or finish
         finally:
@@ -201,26 +209,27 @@ class _EventWriter:
         return f"event: {kind}\ndata: {data}\n\n"
 
     def close(self, finish: str | None = None) -> list[str]:
-        """The done events of the open item, which joins ``output`` (a message the budget
+        """The done events of the open item, which joins ``output`` (the item the budget
         cut, ``finish`` "length", is ``incomplete``)."""
         it, self.item = self.item, None
         if it is None:
             return []
         at = {"item_id": it["id"], "output_index": it["index"]}
         text = it["text"]
+        status = "incomplete" if finish == "length" else "completed"
         if it["kind"] == "reasoning":
-            item = _reasoning(it["id"], text)
+            item = _reasoning(it["id"], text, status)
             out = [self.event("response.reasoning_text.done", **at, content_index=0, text=text)]
         elif it["kind"] == "message":
-            item = _message(it["id"], text, "incomplete" if finish == "length" else "completed")
+            item = _message(it["id"], text, status, it["logprobs"])
             out = [
                 self.event("response.output_text.done", **at, content_index=0, text=text,
-                           logprobs=[]),
+                           logprobs=it["logprobs"]),
                 self.event("response.content_part.done", **at, content_index=0,
                            part=item["content"][0]),
             ]  # fmt: skip
         else:
-            item = _call(it["id"], it["call_id"], it["name"], text)
+            item = _call(it["id"], it["call_id"], it["name"], text, status)
             out = [self.event("response.function_call_arguments.done", **at, arguments=text,
                               name=it["name"])]  # fmt: skip
         self.output.append(item)
@@ -231,7 +240,7 @@ class _EventWriter:
         out = self.close()
         prefix = {"reasoning": "rs", "message": "msg", "function_call": "fc"}[kind]
         iid, idx = _item_id(prefix), len(self.output)
-        self.item = {"kind": kind, "index": idx, "id": iid, "text": "", **extra}
+        self.item = {"kind": kind, "index": idx, "id": iid, "text": "", "logprobs": [], **extra}
         if kind == "reasoning":
             item = {**_reasoning(iid, ""), "status": "in_progress", "content": []}
         elif kind == "message":
@@ -251,8 +260,9 @@ class _EventWriter:
         at = {"item_id": self.item["id"], "output_index": self.item["index"]}
         return [*out, self.event(event, **at, **fields)]
 
-    def delta(self, delta: dict) -> list[str]:
-        """The events of one chat delta: reasoning, content, tool-call pieces."""
+    def delta(self, delta: dict, logprobs: list | None = None) -> list[str]:
+        """The events of one chat delta: reasoning, content, tool-call pieces; ``logprobs``:
+        the chunk's per-token entries, carried by its output-text delta."""
         out = []
         if delta.get("reasoning"):
             text = delta["reasoning"]
@@ -261,7 +271,8 @@ class _EventWriter:
         if delta.get("content"):
             text = delta["content"]
             out += self._add("message", "response.output_text.delta", text, content_index=0,
-                             delta=text, logprobs=[])  # fmt: skip
+                             delta=text, logprobs=logprobs or [])  # fmt: skip
+            self.item["logprobs"] += logprobs or []
         for call in delta.get("tool_calls") or []:
             fn = call.get("function") or {}
             if call.get("id"):  # a new call
