@@ -59,6 +59,7 @@ def rejection_sample(
     greedy: torch.Tensor,
     generators: list,
     all_greedy: bool | None = None,
+    host_lens: list[int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Choose the emitted tokens of one speculative step (on the device, no host reads
     when ``all_greedy`` is given).
@@ -73,6 +74,11 @@ def rejection_sample(
         generators: B entries, a torch.Generator for seeded rows, else None.
         all_greedy: whether every entry of ``greedy`` is True, when the caller knows it
             (None reads it from ``greedy``: one device-to-host sync).
+        host_lens: ``lens`` on the host, when the caller has them: a seeded row then draws
+            one uniform per proposal it has, so a row without proposals advances its
+            generator only by the final draw, as a step without speculation would (its
+            tokens do not depend on what was proposed for other rows); None: k uniforms
+            per seeded row.
     Returns:
         (tokens [B, k+1] int64 with -1 after the last emitted token, num_accepted [B] int64);
         row b emits num_accepted[b] + 1 tokens.
@@ -93,8 +99,9 @@ def rejection_sample(
         p_x = p.gather(2, draft_token_ids[:, :, None]).squeeze(2)  # [B, k]
         u = torch.rand(bsz, k, device=device)  # [B, k]
         for b, gen in enumerate(generators):
-            if gen is not None:
-                u[b] = torch.rand(k, device=device, generator=gen)
+            n = k if host_lens is None else host_lens[b]
+            if gen is not None and n > 0:
+                u[b, :n] = torch.rand(n, device=device, generator=gen)
         if draft_probs is None:  # one-hot q: q(x) = 1, accept with probability p(x)
             sampled_accept = u < p_x
         else:
@@ -178,5 +185,6 @@ def sample_expanded(
         greedy_t.bool(),
         [gens[s] if gens else None for s in starts[:-1]],
         all_greedy=False,
+        host_lens=[len(p) for p in proposals],
     )
     return out.view(-1)[flat]  # [R]
