@@ -83,8 +83,9 @@ class AsyncLLMEngine:
         max_log_len: int | None = None,
     ):
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="vllm-engine")
+        # (the stats line is EngineMetrics'; the LLMEngine's own, for step(), stays off)
         self.engine: LLMEngine = self._thread.submit(
-            LLMEngine.from_engine_args, engine_args
+            LLMEngine.from_engine_args, engine_args, log_stats=False
         ).result()
         self.model_config = self.engine.model_config
         self.max_model_len = self.engine.scheduler_config.max_model_len

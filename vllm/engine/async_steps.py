@@ -243,7 +243,6 @@ class EngineSteps:
     # ------------------------------------------------------------------ statistics
     def gauges(self) -> StepStats:
         """Running / waiting requests and KV-cache usage now."""
-        schedulers = self.engine.schedulers
         spec = None
         now = time.monotonic()
         # Spec-decode counters are collected at an interval (1 s), not every step.
@@ -251,16 +250,7 @@ class EngineSteps:
             self._spec_collected = now
             get = getattr(self.engine, "spec_decode_metrics", None)
             spec = get() if get is not None else None
-        return StepStats(
-            num_running=sum(s.num_running for s in schedulers),
-            num_waiting=sum(s.num_waiting for s in schedulers),
-            cache_usage=sum(s.block_manager.usage() for s in schedulers) / len(schedulers),
-            spec_decode=spec,
-            prefix_queries=sum(s.block_manager.num_queried_tokens for s in schedulers),
-            prefix_hits=sum(s.block_manager.num_hit_tokens for s in schedulers),
-            preemptions=sum(s.num_cumulative_preemption for s in schedulers),
-            **self._lora_names(),
-        )
+        return StepStats(**self.engine.scheduler_gauges(), spec_decode=spec, **self._lora_names())
 
     def _lora_names(self) -> dict:
         """StepStats' ``lora_running`` / ``lora_waiting``: sorted adapter names (nothing

@@ -187,9 +187,13 @@ class LLMEngine(LoRAMethods, WorkerCallMethods):
         gc.freeze()
 
     @classmethod
-    def from_engine_args(cls, engine_args: EngineArgs) -> LLMEngine:
+    def from_engine_args(cls, engine_args: EngineArgs, log_stats: bool | None = None) -> LLMEngine:
+        """The engine of ``engine_args``; ``log_stats`` (the stats line of :meth:`step`):
+        None takes ``not engine_args.disable_log_stats``."""
         config = engine_args.create_engine_config()
-        return cls(config, get_executor_class(config), not engine_args.disable_log_stats)
+        if log_stats is None:
+            log_stats = not engine_args.disable_log_stats
+        return cls(config, get_executor_class(config), log_stats)
 
     # upstream V0's accessors, for scripts that read the configs through the engine
     def get_model_config(self):
@@ -756,14 +760,27 @@ class LLMEngine(LoRAMethods, WorkerCallMethods):
 
     def _log_stats(self) -> None:
         """The periodic stats line (vllm/engine/stats_log.py) with the gauges now."""
-        schedulers = self.schedulers
-        queried = sum(s.block_manager.num_queried_tokens for s in schedulers)
-        hits = sum(s.block_manager.num_hit_tokens for s in schedulers)
+        g = self.scheduler_gauges()
+        queried, hits = g["prefix_queries"], g["prefix_hits"]
         self.stats_log.log(
-            sum(s.num_running for s in schedulers),
-            sum(s.num_waiting for s in schedulers),
-            sum(s.block_manager.usage() for s in schedulers) / len(schedulers),
-            hits / queried if queried else 0.0,
+            g["num_running"], g["num_waiting"], g["cache_usage"], hits / queried if queried else 0.0
+        )
+
+    def scheduler_gauges(self) -> dict:
+        """The schedulers' state now, summed over virtual engines (thread: the engine's):
+        ``num_running`` / ``num_waiting`` requests, ``cache_usage`` (KV blocks in use, a
+        fraction in [0, 1], mean over virtual engines), ``prefix_queries`` /
+        ``prefix_hits`` (prompt tokens looked up in / found in the prefix cache since the
+        start) and ``preemptions`` (since the start); the names of :class:`StepStats`'
+        fields (vllm/engine/metrics.py)."""
+        schedulers = self.schedulers
+        return dict(
+            num_running=sum(s.num_running for s in schedulers),
+            num_waiting=sum(s.num_waiting for s in schedulers),
+            cache_usage=sum(s.block_manager.usage() for s in schedulers) / len(schedulers),
+            prefix_queries=sum(s.block_manager.num_queried_tokens for s in schedulers),
+            prefix_hits=sum(s.block_manager.num_hit_tokens for s in schedulers),
+            preemptions=sum(s.num_cumulative_preemption for s in schedulers),
         )
 
     def _step_pipelined(self) -> list[RequestOutput]:
