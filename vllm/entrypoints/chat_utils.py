@@ -192,13 +192,39 @@ def check_chat_options(
             "add_generation_prompt=false (got true).",
             "continue_final_message",
         )
-    clash = sorted(RESERVED_TEMPLATE_KWARGS & set(chat_template_kwargs or {}))
+    clash = reserved_keys(chat_template_kwargs)
     if clash:
         raise ChatInputError(
             f"chat_template_kwargs must not set {clash}: they are arguments of their own "
             "(send them as request fields).",
             "chat_template_kwargs",
         )
+
+
+def reserved_keys(template_kwargs: dict | None) -> list[str]:
+    """The keys of ``template_kwargs`` in :data:`RESERVED_TEMPLATE_KWARGS`, sorted."""
+    return sorted(RESERVED_TEMPLATE_KWARGS & set(template_kwargs or {}))
+
+
+def check_default_template_kwargs(defaults: object) -> dict:
+    """``--default-chat-template-kwargs`` as the dict every chat request starts from
+    (None: empty).
+
+    Raises:
+        ValueError: not a dict, or a key of :data:`RESERVED_TEMPLATE_KWARGS` (named).
+    """
+    defaults = {} if defaults is None else defaults
+    if not isinstance(defaults, dict):
+        raise ValueError(
+            f"--default-chat-template-kwargs must be a JSON object, got {type(defaults).__name__}."
+        )
+    clash = reserved_keys(defaults)
+    if clash:
+        raise ValueError(
+            f"--default-chat-template-kwargs must not set {clash}: they are arguments of their "
+            "own, set per request."
+        )
+    return dict(defaults)
 
 
 def render_chat(

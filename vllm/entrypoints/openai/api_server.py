@@ -52,7 +52,7 @@ from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.async_llm_engine import AsyncLLMEngine
 from vllm.engine.default_model import resolve_model, served_model_names
 from vllm.engine.metrics import EngineMetrics
-from vllm.entrypoints.chat_utils import RESERVED_TEMPLATE_KWARGS, load_chat_template
+from vllm.entrypoints.chat_utils import check_default_template_kwargs, load_chat_template
 from vllm.entrypoints.openai.api_errors import APIError, to_api_error
 from vllm.entrypoints.openai.lora_modules import lora_requests
 from vllm.entrypoints.openai.lora_routes import add_lora_routes
@@ -440,12 +440,7 @@ def validate_server_args(args: argparse.Namespace) -> EngineArgs:
         raise ValueError("--enable-log-requests and --disable-log-requests contradict: give one.")
     if not args.response_role:
         raise ValueError("--response-role must not be empty.")
-    clash = sorted(RESERVED_TEMPLATE_KWARGS & set(args.default_chat_template_kwargs or {}))
-    if clash:
-        raise ValueError(
-            f"--default-chat-template-kwargs must not set {clash}: they are arguments of their "
-            "own, set per request."
-        )
+    check_default_template_kwargs(args.default_chat_template_kwargs)
     args.chat_template = load_chat_template(args.chat_template)
     args.tool_parser = None
     if args.tool_call_parser is not None:

@@ -28,9 +28,9 @@ from typing import Any
 from fastapi import Request
 
 from vllm.entrypoints.chat_utils import (
-    RESERVED_TEMPLATE_KWARGS,
     ChatInputError,
     check_chat_options,
+    check_default_template_kwargs,
     has_chat_template,
     message_text,
     render_chat,
@@ -110,19 +110,9 @@ class OpenAIServingChat(OpenAIServing):
         **kwargs,
     ):
         super().__init__(*args, **kwargs)
-        defaults = default_chat_template_kwargs or {}
-        if not isinstance(defaults, dict):
-            raise ValueError(
-                "--default-chat-template-kwargs must be a JSON object, got "
-                f"{type(defaults).__name__}."
-            )
-        clash = sorted(RESERVED_TEMPLATE_KWARGS & set(defaults))
-        if clash:
-            raise ValueError(
-                f"--default-chat-template-kwargs must not set {clash}: they are arguments of "
-                "their own, set per request."
-            )
-        self.default_chat_template_kwargs = dict(defaults)
+        self.default_chat_template_kwargs = check_default_template_kwargs(
+            default_chat_template_kwargs
+        )
         self.exclude_tools_when_tool_choice_none = exclude_tools_when_tool_choice_none
         self.reasoning_parser = reasoning_parser
         self.content_format = content_format
