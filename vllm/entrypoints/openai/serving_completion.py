@@ -177,10 +177,13 @@ class OpenAIServingCompletion(OpenAIServing):
         """One chunk per generated token of each choice (the last one, sent once, has
         finish_reason);
         with ``continuous_usage_stats`` each carries its choice's usage so far (its prompt
-        and its tokens, as upstream); the final usage chunk counts every choice."""
+        and its tokens, as upstream); the final usage chunk counts every choice. Both need
+        ``include_usage`` (true by default in ``stream_options``, as upstream) or
+        ``--enable-force-include-usage``, as for chat."""
         n = req.n
         opts = req.stream_options
-        continuous = opts is not None and bool(opts.continuous_usage_stats)
+        include_usage = self.force_include_usage or (opts is not None and bool(opts.include_usage))
+        continuous = include_usage and opts is not None and bool(opts.continuous_usage_stats)
         prompt_tokens = sum(len(ids) for _, ids in prompts)
 
         def name(token_id: int, lp=None) -> str:
@@ -276,7 +279,7 @@ class OpenAIServingCompletion(OpenAIServing):
                     )
                     ids_sent[idx] = True
                     yield f"data: {chunk.model_dump_json(exclude_unset=False)}\n\n"
-            if self.force_include_usage or (opts is not None and opts.include_usage):
+            if include_usage:
                 chunk = CompletionStreamResponse(
                     id=base, created=created, model=self.model_for(req), choices=[], usage=usage()
                 )
