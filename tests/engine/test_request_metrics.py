@@ -66,7 +66,9 @@ def test_finished_request_intervals_and_histograms():
     em.record(StepStats(finished=[req, queued], preemptions=3))
     em.record(StepStats(preemptions=5))
     s = _series(em.render().decode())
-    assert s['vllm:request_success_total{finished_reason="length"}'] == 2
+    # each record of ``req`` counts its two sequences (n = 2), as upstream
+    assert s['vllm:request_success_total{finished_reason="length"}'] == 4
+    assert s['vllm:request_success_total{finished_reason="abort"}'] == 2
     assert s["vllm:e2e_request_latency_seconds_sum"] == 3.5 + 3.5 + 2.0
     assert s["vllm:request_queue_time_seconds_count"] == 1
     assert s["vllm:request_queue_time_seconds_sum"] == 0.5
@@ -169,3 +171,41 @@ def test_generation_tokens_count_what_is_appended_under_speculation(tiny_llama_d
     assert spec["num_accepted_tokens"] == spec["num_draft_tokens"] > 0, spec
     s = _series(text)
     assert s["vllm:generation_tokens_total"] == 28 == s["vllm:request_generation_tokens_sum"]
+
+
+@pytest.mark.forked
+def test_request_success_counts_each_sequence_with_its_reason(tiny_llama_dir):
+    """n = 2 where one sequence hits a stop token and the other runs to max_tokens: the
+    request adds one "stop" and one "length" to vllm:request_success_total, as upstream
+    counts finished sequences. Guards: one count per request, with the first sequence's
+    reason only (the other sequence's reason lost)."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.engine.async_llm_engine import AsyncLLMEngine
+
+    args = EngineArgs(model=tiny_llama_dir, device="cpu", max_model_len=64)
+    prompt = {"prompt_token_ids": [10, 20, 30, 40]}
+
+    async def main():
+        engine = AsyncLLMEngine(args, log_requests=False)
+        try:
+
+            async def run(rid, **kw):
+                params = SamplingParams(n=2, seed=7, max_tokens=6, ignore_eos=True, **kw)
+                return [o async for o in engine.generate(prompt, params, rid)][-1]
+
+            # seeded: the same two sequences again, so a token only the first one samples
+            # (after its first token) stops it and leaves the second to max_tokens
+            first = await run("probe")
+            a, b = (list(o.token_ids) for o in first.outputs)
+            stop = next(t for t in a[1:] if t not in b)
+            out = await run("mixed", stop_token_ids=[stop])
+            return first, out, engine.metrics.render().decode()
+        finally:
+            await engine.shutdown()
+
+    first, out, text = asyncio.run(main())
+    assert [o.finish_reason for o in first.outputs] == ["length", "length"]
+    assert sorted(o.finish_reason for o in out.outputs) == ["length", "stop"]
+    s = _series(text)
+    assert s['vllm:request_success_total{finished_reason="length"}'] == 3
+    assert s['vllm:request_success_total{finished_reason="stop"}'] == 1

@@ -283,12 +283,10 @@ class EngineSteps:
             group = groups.get(out.request_id)
             if group is not None:
                 if isinstance(out, PoolingRequestOutput):
-                    reason = "stop" if out.outputs.data is not None else "abort"
-                else:
-                    reason = next(
-                        (o.finish_reason for o in out.outputs if o.finish_reason), "abort"
-                    )
-                stats.finished.append(FinishedRequest.from_group(group, reason, now))
+                    reasons = ["stop" if out.outputs.data is not None else "abort"]
+                else:  # one per sequence: n = 2 may end with "stop" and "length"
+                    reasons = [o.finish_reason or "abort" for o in out.outputs] or ["abort"]
+                stats.finished.append(FinishedRequest.from_group(group, reasons, now))
         try:
             stats.decode_steps = self.engine.decode_step_counters()
         except Exception:

@@ -23,6 +23,9 @@ Definitions (all times in seconds, from ``time.time()`` stamps of RequestMetrics
   accepted / proposed; efficiency = emitted / (steps x (k + 1))).
 - ``vllm:decode_steps_total{mode,virtual_engine}``: the runner's replay/eager decode
   counters, as ``LLMEngine.decode_step_counters()`` returns them.
+- ``vllm:request_success_total{finished_reason}``: finished sequences by finish reason,
+  each of a request's ``n`` counted with its own reason (as upstream V0 counts finished
+  sequences and V1 its ``n`` child requests); aborted requests count as "abort".
 - ``vllm:num_preemptions_total``: requests preempted (by recompute), over virtual engines.
 - Upstream V0's ``vllm:num_requests_swapped``, ``vllm:cpu_cache_usage_perc`` and
   ``vllm:cpu_prefix_cache_hit_rate``: always 0 (preemption recomputes; no CPU KV cache).
@@ -277,7 +280,8 @@ class EngineMetrics:
             self.tpot.observe(t)
             self.itl.observe(t)
         for req in stats.finished:
-            self._success.labels(self._model_name, req.reason).inc()
+            for reason in req.reasons:
+                self._success.labels(self._model_name, reason).inc()
             self.e2e.observe(req.e2e)
             if self.requests is not None:
                 self.requests.observe(req)

@@ -48,7 +48,9 @@ class FinishedRequest:
     """What one finished (or aborted) request adds to the metrics.
 
     Attributes:
-        reason: finish reason ("stop", "length", "abort", ...).
+        reasons: one finish reason ("stop", "length", "abort", ...) per sequence of the
+            request (its ``n``): ``vllm:request_success_total`` counts each, as upstream
+            counts finished sequences.
         e2e: seconds from arrival to the end.
         queue / prefill / decode / inference: seconds (module docstring), None when the
             interval never ended.
@@ -59,7 +61,7 @@ class FinishedRequest:
         max_tokens: ``SamplingParams.max_tokens`` (None when open or unknown).
     """
 
-    reason: str
+    reasons: list[str]
     e2e: float
     queue: float | None = None
     prefill: float | None = None
@@ -72,17 +74,21 @@ class FinishedRequest:
     max_tokens: int | None = None
 
     @classmethod
-    def from_group(cls, group, reason: str, now: float | None = None) -> FinishedRequest:
+    def from_group(
+        cls, group, reason: str | list[str], now: float | None = None
+    ) -> FinishedRequest:
         """Build from a :class:`~vllm.sequence.SequenceGroup` that just finished or was
-        aborted; ``now`` (time.time()) ends the request when it has no ``finished_time``."""
+        aborted; ``reason`` is each sequence's finish reason, or one for all of them;
+        ``now`` (time.time()) ends the request when it has no ``finished_time``."""
         m = group.metrics
         end = m.finished_time or now or time.time()
         # an embedding request's one internal token is not output (vllm/pooling)
         pooled = group.pooling_params is not None
         lens = [0 if pooled else s.get_output_len() for s in group.seqs] or [0]
         params = group.sampling_params
+        reasons = [reason] * max(1, len(group.seqs)) if isinstance(reason, str) else reason
         return cls(
-            reason=reason,
+            reasons=list(reasons),
             e2e=end - m.arrival_time,
             queue=_span(m.arrival_time, m.first_scheduled_time),
             prefill=_span(m.first_scheduled_time, m.first_token_time),
