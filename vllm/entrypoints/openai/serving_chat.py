@@ -120,12 +120,15 @@ class OpenAIServingChat(OpenAIServing):
         self.tool_parser = tool_parser
         self.response_role = response_role  # --response-role: the reply's role
 
-    async def message_ids(self, req, add_special_tokens: bool = False, **extra) -> list[int]:
+    async def message_ids(
+        self, req, add_special_tokens: bool = False, bounded: bool = True, **extra
+    ) -> list[int]:
         """Token ids of another API's chat-style ``messages`` (/tokenize, /v1/embeddings,
         /pooling), rendered as this endpoint renders them: ``req``'s model, messages,
         add_generation_prompt, continue_final_message, chat_template and
         chat_template_kwargs, plus ``extra`` ChatCompletionRequest fields (tools,
-        truncate_prompt_tokens). Raises what :meth:`_prompt` raises."""
+        truncate_prompt_tokens). ``bounded=False`` (/tokenize) tokenizes messages however
+        long, without the context-length refusal. Raises what :meth:`_prompt` raises."""
         as_chat = ChatCompletionRequest(
             model=req.model,
             messages=req.messages,
@@ -135,13 +138,15 @@ class OpenAIServingChat(OpenAIServing):
             chat_template_kwargs=req.chat_template_kwargs,
             **extra,
         )
-        return (await self._prompt(as_chat, add_special_tokens))[1]
+        return (await self._prompt(as_chat, add_special_tokens, bounded))[1]
 
     async def _prompt(
-        self, req: ChatCompletionRequest, add_special_tokens: bool = False
+        self, req: ChatCompletionRequest, add_special_tokens: bool = False, bounded: bool = True
     ) -> tuple[str | None, list[int], list[dict]]:
         """Check the messages, then render and tokenize them on the tokenizer thread; with
-        ``truncate_prompt_tokens=k`` only the rendered prompt's last k tokens are kept. The
+        ``truncate_prompt_tokens=k`` only the rendered prompt's last k tokens are kept, and
+        with ``truncate_prompt_tokens`` or ``bounded=False`` a text longer than the context
+        can hold is tokenized rather than refused (see ``check_text``). The
         template writes the special tokens itself; ``add_special_tokens`` adds the
         tokenizer's (a BOS ...) on top, as upstream's field of that name.
 
@@ -177,9 +182,10 @@ class OpenAIServingChat(OpenAIServing):
         except ChatInputError as e:
             raise APIError(str(e), 400, e.param) from None
         texts = [message_text(m) for m in conv]
+        bounded = bounded and keep is None
         for i, text in enumerate(texts):
-            self.check_text(text, f"messages[{i}].content", bounded=keep is None)
-        self.check_text("".join(texts), "messages", bounded=keep is None)
+            self.check_text(text, f"messages[{i}].content", bounded=bounded)
+        self.check_text("".join(texts), "messages", bounded=bounded)
         tools = [t.model_dump(exclude_none=True) for t in req.tools or []]
         if self.exclude_tools_when_tool_choice_none and req.tool_choice == "none":
             tools = []

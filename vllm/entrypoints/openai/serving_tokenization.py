@@ -81,19 +81,24 @@ class OpenAIServingTokenization:
 
         Raises:
             APIError: 404 for another model's name; 400 for both or neither of prompt and
-                messages, text that is not valid Unicode or certainly longer than the
-                context, or a chat template problem.
+                messages, text that is not valid Unicode, or a chat template problem (a
+                text longer than the context is tokenized: ``count`` above
+                ``max_model_len`` tells the client so).
         """
         chat = self.chat
         chat.check_model(req.model)
         tok = self._tokenizer()
         if (req.prompt is None) == (req.messages is None):
             raise APIError("give exactly one of prompt and messages.", 400, "prompt")
+        # no context-length refusal: counting a text's tokens is what /tokenize is for,
+        # also (above all) for texts too long to serve, as upstream
         if req.messages is not None:
-            ids = await chat.message_ids(req, bool(req.add_special_tokens), tools=req.tools)
+            ids = await chat.message_ids(
+                req, bool(req.add_special_tokens), bounded=False, tools=req.tools
+            )
         else:
             add = req.add_special_tokens is not False
-            ids = await chat.encode(req.prompt, "prompt", add_special_tokens=add)
+            ids = await chat.encode(req.prompt, "prompt", bounded=False, add_special_tokens=add)
         strs = tok.convert_ids_to_tokens(ids) if req.return_token_strs else None
         return TokenizeResponse(
             count=len(ids), max_model_len=chat.max_model_len, tokens=ids, token_strs=strs
