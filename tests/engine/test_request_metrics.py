@@ -55,7 +55,7 @@ def test_finished_request_intervals_and_histograms():
     assert (req.queue, req.prefill, req.decode, req.inference, req.e2e) == (
         0.5, 0.75, 2.0, 2.75, 3.5,
     )  # fmt: skip
-    assert (req.prompt_tokens, req.generation_tokens, req.max_generation_tokens) == (7, 13, 9)
+    assert (req.prompt_tokens, req.generation_tokens, req.max_generation_tokens) == (7, [4, 9], 9)
     # Aborted while queued: only e2e and the token counts.
     queued = FinishedRequest.from_group(_group([0, 0], arrival_time=10.0), "abort", now=12.0)
     assert queued.e2e == 2.0 and queued.queue is None and queued.decode is None
@@ -78,6 +78,9 @@ def test_finished_request_intervals_and_histograms():
     assert s["vllm:request_time_per_output_token_seconds_sum"] == 0.25  # 2 s / (9 - 1)
     assert s["vllm:request_prompt_tokens_sum"] == 14 and s["vllm:request_prompt_tokens_count"] == 2
     assert s["vllm:request_generation_tokens_sum"] == 13
+    # one observation per sequence (as upstream): 4 and 9, then the abort's two 0s
+    assert s["vllm:request_generation_tokens_count"] == 4
+    assert s['vllm:request_generation_tokens_bucket{le="5.0"}'] == 3
     assert s['vllm:request_max_num_generation_tokens_bucket{le="10.0"}'] == 2
     assert s['vllm:request_max_num_generation_tokens_bucket{le="5.0"}'] == 1  # the abort's 0
     assert s['vllm:request_params_n_bucket{le="2.0"}'] == 2
@@ -176,9 +179,10 @@ def test_generation_tokens_count_what_is_appended_under_speculation(tiny_llama_d
 @pytest.mark.forked
 def test_request_success_counts_each_sequence_with_its_reason(tiny_llama_dir):
     """n = 2 where one sequence hits a stop token and the other runs to max_tokens: the
-    request adds one "stop" and one "length" to vllm:request_success_total, as upstream
-    counts finished sequences. Guards: one count per request, with the first sequence's
-    reason only (the other sequence's reason lost)."""
+    request adds one "stop" and one "length" to vllm:request_success_total and one
+    observation per sequence to vllm:request_generation_tokens, as upstream counts finished
+    sequences. Guards: one count per request, with the first sequence's reason only (the
+    other sequence's reason lost), and one generation-tokens observation of the sum."""
     from vllm.engine.arg_utils import EngineArgs
     from vllm.engine.async_llm_engine import AsyncLLMEngine
 
@@ -209,3 +213,8 @@ def test_request_success_counts_each_sequence_with_its_reason(tiny_llama_dir):
     s = _series(text)
     assert s['vllm:request_success_total{finished_reason="length"}'] == 3
     assert s['vllm:request_success_total{finished_reason="stop"}'] == 1
+    # vllm:request_generation_tokens: one observation per sequence, as upstream
+    lens = [len(o.token_ids) for r in (first, out) for o in r.outputs]
+    assert s["vllm:request_generation_tokens_count"] == 4
+    assert s["vllm:request_generation_tokens_sum"] == sum(lens) == s["vllm:generation_tokens_total"]
+    assert s["vllm:request_max_num_generation_tokens_count"] == 2
