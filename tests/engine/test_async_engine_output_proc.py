@@ -32,7 +32,7 @@ def _async_engine(model, async_proc, steps, monkeypatch):
         stats["generation_tokens"] += step.generation_tokens
         stats["ttft"] += len(step.ttft)
         stats["tpot"] += len(step.tpot)
-        stats["finished"] += [r.reason for r in step.finished]
+        stats["finished"] += [why for r in step.finished for why in r.reasons]
         deliver(outs, failed, step)
 
     engine._deliver_step = counted
@@ -118,7 +118,8 @@ def test_async_engine_streams_equal_without_the_mode(tiny_llama_dir, steps, monk
     )
     assert asyn == sync
     assert async_stats == sync_stats
-    assert sorted(async_stats["finished"]) == ["length"] * 3 + ["stop"] * 2
+    # one reason per sequence: r4's n = 2 sequences both end by length
+    assert sorted(async_stats["finished"]) == ["length"] * 4 + ["stop"] * 2
     assert async_stats["ttft"] == len(PROMPTS) and async_stats["generation_tokens"] > 40
     final = {s[-1][0]: s[-1] for s in sync}
     assert final["r3"][2][0][2:4] == ("stop", stop) and len(final["r3"][2][0][0]) <= 4
@@ -191,7 +192,7 @@ def test_async_engine_abort_while_a_report_is_held(tiny_llama_dir, monkeypatch):
     # and one TPOT: their difference does not vary. The aborted request's last step
     # counts its TPOT though its report was dropped; it is not counted finished.
     assert async_stats["finished"] == sync_stats["finished"]
-    assert sorted(async_stats["finished"]) == ["length"] * 3 + ["stop"]
+    assert sorted(async_stats["finished"]) == ["length"] * 4 + ["stop"]  # r4: n = 2
     assert async_stats["ttft"] == sync_stats["ttft"] == len(PROMPTS)
     tokens_less_tpot = [st["generation_tokens"] - st["tpot"] for st in (sync_stats, async_stats)]
     assert tokens_less_tpot[0] == tokens_less_tpot[1]
@@ -258,7 +259,7 @@ def test_async_engine_text_failure_then_failed_call(tiny_llama_dir, monkeypatch)
     assert [len(s) for s in asyn[:2]] == [3, 2]  # r0: 2 chunks and the call's error
     assert asyn[0][-1] == asyn[1][-1] == "RequestFailedError"
     assert async_stats["finished"] == sync_stats["finished"]
-    assert sorted(async_stats["finished"]).count("abort") == len(PROMPTS)
+    assert sorted(async_stats["finished"]).count("abort") == len(PROMPTS) + 1  # r4: n = 2
     assert sync_state == async_state == (False, 0.0)
 
 
