@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections.abc import Callable
 from collections.abc import Sequence as SeqABC
 from typing import Any
 
@@ -80,7 +81,7 @@ class LLM(PoolingMethods, WorkerCalls):
         self,
         prompts: PromptType | SeqABC[PromptType] | None = None,
         sampling_params: SamplingParams | SeqABC[SamplingParams] | None = None,
-        use_tqdm: bool = True,
+        use_tqdm: bool | Callable[..., tqdm] = True,
         lora_request: LoRARequest | SeqABC[LoRARequest | None] | None = None,
         priority: list[int] | None = None,
         *,
@@ -93,7 +94,9 @@ class LLM(PoolingMethods, WorkerCalls):
                 or a list of either.
             sampling_params: one for all prompts, or one per prompt (default:
                 :meth:`get_default_sampling_params`).
-            use_tqdm: show a progress bar.
+            use_tqdm: show a progress bar; a callable (``functools.partial(tqdm,
+                leave=False)``, a notebook tqdm) makes it, called with tqdm's keyword
+                arguments (``total``, ``desc``), as upstream.
             lora_request: a LoRA adapter for every prompt, or one (or None) per prompt;
                 needs ``enable_lora=True``.
             priority: one integer per prompt, lower served first; non-zero values need
@@ -171,7 +174,7 @@ class LLM(PoolingMethods, WorkerCalls):
         self,
         messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
         sampling_params: SamplingParams | SeqABC[SamplingParams] | None = None,
-        use_tqdm: bool = True,
+        use_tqdm: bool | Callable[..., tqdm] = True,
         add_generation_prompt: bool = True,
         chat_template: str | None = None,
         continue_final_message: bool = False,
@@ -250,7 +253,7 @@ class LLM(PoolingMethods, WorkerCalls):
         prompts: PromptType | SeqABC[PromptType],
         params: BeamSearchParams,
         lora_request: LoRARequest | SeqABC[LoRARequest | None] | None = None,
-        use_tqdm: bool = False,
+        use_tqdm: bool | Callable[..., tqdm] = False,
     ) -> list[BeamSearchOutput]:
         """Beam search (vllm/beam_search.py): per prompt, the best ``params.beam_width``
         sequences, best first; each step is one :meth:`generate` call over every live beam.
@@ -260,7 +263,8 @@ class LLM(PoolingMethods, WorkerCalls):
             params: beam width, max_tokens, ignore_eos, length_penalty, ...
             lora_request: as for :meth:`generate` (one for all prompts or one per prompt);
                 every beam of a prompt runs with its adapter. Third, as upstream orders it.
-            use_tqdm: show a progress bar over the steps.
+            use_tqdm: show a progress bar over the steps (a callable makes it, as for
+                :meth:`generate`).
         Returns:
             One BeamSearchOutput per prompt, in the prompts' order.
         Raises:
@@ -276,7 +280,7 @@ class LLM(PoolingMethods, WorkerCalls):
             engine.adapters.check(lora)
         search = BeamSearch.for_engine(engine, ids, params)
         step = params.step_params()
-        bar = tqdm(total=params.max_tokens, desc="Beam search steps", disable=not use_tqdm)
+        bar = progress_bar(use_tqdm, total=params.max_tokens, desc="Beam search steps")
         try:
             while not search.done:
                 pending = search.pending()
@@ -303,10 +307,10 @@ class LLM(PoolingMethods, WorkerCalls):
         """Forget the cached prefix blocks (see ``LLMEngine.reset_prefix_cache``)."""
         return self.llm_engine.reset_prefix_cache()
 
-    def _run_engine(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+    def _run_engine(self, request_ids: list[str], use_tqdm) -> list[RequestOutput]:
         engine = self.llm_engine
         done: dict[str, RequestOutput] = {}
-        bar = tqdm(total=len(request_ids), desc="Processed prompts", disable=not use_tqdm)
+        bar = progress_bar(use_tqdm, total=len(request_ids), desc="Processed prompts")
         out_tokens = 0
         # Only finished outputs are read here: the engine need not snapshot every running
         # request (token ids, logprobs) at every step.
@@ -331,6 +335,14 @@ class LLM(PoolingMethods, WorkerCalls):
             engine.stream_outputs = streaming
             bar.close()
         return [done[r] for r in request_ids if r in done]
+
+
+def progress_bar(use_tqdm: bool | Callable[..., tqdm], **kwargs) -> tqdm:
+    """The progress bar of one call: ``use_tqdm(**kwargs)`` when it is a callable (a tqdm
+    class or factory), else ``tqdm(**kwargs)``, disabled when ``use_tqdm`` is false."""
+    if callable(use_tqdm):
+        return use_tqdm(**kwargs)
+    return tqdm(**kwargs, disable=not use_tqdm)
 
 
 def _per_prompt(value, n: int, name: str) -> list:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from collections.abc import Sequence as SeqABC
 from typing import Any
 
@@ -23,7 +24,7 @@ class PoolingMethods:
         self,
         prompts: PromptType | SeqABC[PromptType],
         pooling_params: PoolingParams | SeqABC[PoolingParams] | None = None,
-        use_tqdm: bool = True,
+        use_tqdm: bool | Callable[..., Any] = True,
         lora_request: LoRARequest | SeqABC[LoRARequest | None] | None = None,
         priority: list[int] | None = None,
         *,
@@ -61,7 +62,7 @@ class PoolingMethods:
         /,
         *,
         truncate_prompt_tokens: int | None = None,
-        use_tqdm: bool = True,
+        use_tqdm: bool | Callable[..., Any] = True,
         pooling_params: PoolingParams | None = None,
         lora_request: LoRARequest | None = None,
     ) -> list[ScoringRequestOutput]:
