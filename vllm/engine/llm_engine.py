@@ -11,6 +11,7 @@ import gc
 import itertools
 import logging
 import time
+import uuid
 from collections import deque
 from collections.abc import Iterable
 from concurrent.futures import Future
@@ -228,6 +229,29 @@ class LLMEngine(LoRAMethods, WorkerCallMethods):
         if self.tokenizer is None:
             raise ValueError("the tokenizer was not initialized (skip_tokenizer_init=True).")
         return self.tokenizer
+
+    def set_tokenizer(self, tokenizer) -> None:
+        """Replace the tokenizer (upstream's ``LLM.set_tokenizer``): later requests encode
+        their prompts, decode their tokens, stop at its EOS and compile guided-decoding
+        grammars with it. It must share the model's vocabulary (ids are not checked
+        against it).
+
+        Raises:
+            ValueError: requests are still running (their text was made with the old one).
+        """
+        if self.has_unfinished_requests():
+            raise ValueError(
+                f"set_tokenizer() while {self.get_num_unfinished_requests()} requests run: "
+                "finish or abort them first."
+            )
+        self.tokenizer = tokenizer
+        self.extra_stop_token_ids = [
+            t for t in self.generation_defaults.eos_token_ids if t != self.eos_token_id
+        ]
+        key = f"{self.model_config.tokenizer or self.model_config.model}#{uuid.uuid4().hex}"
+        self.guided = GuidedDecodingManager(
+            tokenizer, key, self.model_config.vocab_size, self.eos_token_id
+        )
 
     @property
     def eos_token_id(self) -> int | None:

@@ -70,6 +70,15 @@ class LLM(PoolingMethods, WorkerCalls):
         """The engine's transformers tokenizer."""
         return self.llm_engine.get_tokenizer()
 
+    def set_tokenizer(self, tokenizer) -> None:
+        """Use ``tokenizer`` from the next call on, as upstream: prompts are encoded, outputs
+        decoded and chats rendered with it (see ``LLMEngine.set_tokenizer``).
+
+        Raises:
+            ValueError: requests added through ``llm_engine`` are still running.
+        """
+        self.llm_engine.set_tokenizer(tokenizer)
+
     def get_default_sampling_params(self) -> SamplingParams:
         """SamplingParams() with the model's generation-config defaults (temperature, top_p,
         top_k, min_p, repetition_penalty, max_tokens where its generation_config.json sets
