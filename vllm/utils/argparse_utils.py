@@ -13,7 +13,8 @@ Four differences from ``argparse.ArgumentParser``, the first two as upstream has
   status 2, instead of the whole usage first (the CLI's, the benchmarks' and the
   examples' errors read alike);
 - ``--help`` states every flag's default (:class:`HelpFormatter`, unless a parser names
-  another ``formatter_class``).
+  another ``formatter_class``), and ``--help=WHAT`` shows part of it, as upstream
+  (``listgroup``, a group, a flag or a keyword: :mod:`vllm.utils.argparse_help`).
 
 Subparsers made with ``add_subparsers().add_parser`` are of the same class, so they
 inherit all four.
@@ -24,6 +25,8 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+
+from vllm.utils.argparse_help import help_request, show_filtered_help
 
 
 def dashed_flags(args: Sequence[str]) -> list[str]:
@@ -78,6 +81,16 @@ class FlexibleArgumentParser(argparse.ArgumentParser):
         """The command whose ``--help`` an error line points to (``prog``)."""
         return self.prog
 
+    def _delegates(self) -> bool:
+        """Whether the arguments after a positional go to another parser (subcommands, or
+        ``vllm bench``'s flags for a script): that parser answers ``--help=WHAT``."""
+        return self._subparsers is not None or any(
+            a.nargs == argparse.REMAINDER for a in self._actions
+        )
+
     def parse_known_args(self, args=None, namespace=None):
-        args = sys.argv[1:] if args is None else args
+        args = sys.argv[1:] if args is None else list(args)
+        what = help_request(args)
+        if what is not None and not self._delegates():
+            show_filtered_help(self, what)
         return super().parse_known_args(dashed_flags(args), namespace)
