@@ -107,9 +107,9 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = make_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    serve = parser._subparsers._group_actions[0].choices["serve"]
+    commands = parser._subparsers._group_actions[0].choices
     try:
-        argv = expand_config_file(argv, serve)
+        argv = expand_config_file(argv, commands.get(argv[0]) if argv else None)
     except ValueError as e:
         sys.stderr.write(f"error: {e}\n")
         return 2

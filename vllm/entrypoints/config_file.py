@@ -1,4 +1,5 @@
-"""``vllm serve --config FILE``: flags from a YAML file, as upstream vLLM reads them.
+"""``vllm serve --config FILE`` (and ``vllm run-batch --config FILE``): flags from a YAML
+file, as upstream vLLM reads them.
 
 The file is a mapping of long flag names (without ``--``; dashes or underscores) to
 values, for example::
@@ -15,7 +16,7 @@ way (``enable-prefix-caching: false`` is ``--no-enable-prefix-caching``); a list
 flag several values (``cuda-graph-sizes: [1, 2, 4]``); a mapping, alone or in a list, is
 passed as JSON (``speculative-config: {method: ngram, ...}``, ``lora-modules: [{name: sql,
 path: /adapters/sql}]``); ``model`` becomes ``--model``. A key
-that is not a flag of ``vllm serve`` (or is ``config`` itself) is an error naming it.
+that is not a flag of the command (or is ``config`` itself) is an error naming it.
 """
 
 from __future__ import annotations
@@ -50,8 +51,12 @@ def _config_path(argv: list[str]) -> tuple[str | None, list[str]]:
     return path, rest
 
 
+# The subcommands that read ``--config``.
+CONFIG_COMMANDS = ("serve", "run-batch")
+
+
 def _entry_args(
-    key: object, value: object, path: str, actions: dict[str, argparse.Action]
+    key: object, value: object, path: str, actions: dict[str, argparse.Action], command: str
 ) -> list[str]:
     """The command-line text of one entry of the file (``actions``: the parser's actions
     by option string, to check the key and spell booleans)."""
@@ -64,7 +69,7 @@ def _entry_args(
         raise ValueError(f"{path}: a config file cannot name another one (config: {value!r}).")
     action = actions.get(flag)
     if action is None:
-        raise ValueError(f"{path}: {key!r} is not a flag of vllm serve (see --help).")
+        raise ValueError(f"{path}: {key!r} is not a flag of vllm {command} (see --help).")
     if value is None:
         return []
     if isinstance(value, bool):
@@ -88,22 +93,25 @@ def _entry_text(value: object) -> str:
     return str(value)
 
 
-def expand_config_file(argv: list[str], serve_parser: argparse.ArgumentParser) -> list[str]:
-    """``argv`` of ``vllm serve`` with ``--config FILE`` replaced by the file's flags,
-    placed after ``serve`` and before the typed flags (which therefore win).
+def expand_config_file(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
+    """``argv`` of ``vllm serve`` or ``vllm run-batch`` with ``--config FILE`` replaced by
+    the file's flags, placed after the subcommand and before the typed flags (which
+    therefore win).
 
     Args:
         argv: the arguments after the program name, e.g. ``["serve", "--config", "c.yaml"]``.
-        serve_parser: the ``vllm serve`` parser: keys are checked against its flags and
-            booleans spelled as its switches expect.
+        parser: the subcommand's parser: keys are checked against its flags and booleans
+            spelled as its switches expect.
     Returns:
-        argv unchanged when it is not ``serve`` or has no ``--config``.
+        argv unchanged when its subcommand is not in :data:`CONFIG_COMMANDS` or it has no
+        ``--config``.
     Raises:
         ValueError: the file is missing, is not YAML, is not a mapping, or has a key that is
-            not a flag of ``vllm serve`` (each message names the file and the key).
+            not a flag of the subcommand (each message names the file and the key).
     """
-    if not argv or argv[0] != "serve":
+    if not argv or argv[0] not in CONFIG_COMMANDS:
         return argv
+    command = argv[0]
     path, rest = _config_path(argv[1:])
     if path is None:
         return argv
@@ -123,10 +131,10 @@ def expand_config_file(argv: list[str], serve_parser: argparse.ArgumentParser) -
             f"--config {path}: expected a mapping of flag names to values, got "
             f"{type(data).__name__}."
         )
-    actions = {o: a for a in serve_parser._actions for o in a.option_strings}
+    actions = {o: a for a in parser._actions for o in a.option_strings}
     extra: list[str] = []
     for key, value in data.items():
-        extra += _entry_args(key, value, path, actions)
+        extra += _entry_args(key, value, path, actions, command)
     # A typed MODEL stays first: after a list-valued flag argparse would take it as a value.
     lead = rest[:1] if rest and not rest[0].startswith("-") else []
-    return ["serve", *lead, *extra, *rest[len(lead) :]]
+    return [command, *lead, *extra, *rest[len(lead) :]]

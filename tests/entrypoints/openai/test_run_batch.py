@@ -115,3 +115,26 @@ def test_run_batch_serves_the_given_model_string(tiny_llama_dir, tmp_path):
     for name in (tiny_llama_dir, short):
         assert out[name]["status_code"] == 200 and out[name]["body"]["model"] == name
     assert out["other"]["status_code"] == 404
+
+
+def test_run_batch_reads_a_config_file(tiny_llama_dir, tmp_path):
+    """``--config FILE`` gives run-batch flags from YAML, as upstream, and typed flags win
+    (the file's max-model-len 9999 is above the model's limit, the typed 64 is not).
+    Guards: run-batch refused ``--config`` ("unrecognized arguments")."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"model: {tiny_llama_dir}\nmax-model-len: 9999\nserved-model-name: [cfg]\n"
+                   "device: cpu\n")  # fmt: skip
+    src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text(json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/completions",
+                               "body": {"model": "cfg", "prompt": "hi", "max_tokens": 1}})
+                   + "\n")  # fmt: skip
+    cmd = [sys.executable, "-m", "vllm.entrypoints.cli", "run-batch", "-i", str(src), "-o",
+           str(dst), "--config", str(cfg), "--max-model-len", "64"]  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (out,) = map(json.loads, dst.read_text().splitlines())
+    assert out["response"]["status_code"] == 200 and out["response"]["body"]["model"] == "cfg"
+    cfg.write_text("port: 8000\n")  # a vllm serve flag, not one of run-batch
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2
+    assert r.stderr == f"error: {cfg}: 'port' is not a flag of vllm run-batch (see --help).\n"

@@ -66,6 +66,12 @@ def add_run_batch_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--chat-template", default=None, help="Template file or text.")
     parser.add_argument("--response-role", default="assistant", help="Role of chat replies.")
+    parser.add_argument(
+        "--config",
+        default=None,
+        metavar="FILE",
+        help="YAML file of flags (long names without '--'); flags typed here win.",
+    )
     add_content_format_arg(parser)
     EngineArgs.add_cli_args(parser)
 
