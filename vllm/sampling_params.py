@@ -209,9 +209,9 @@ class SamplingParams:
       when given it becomes ``guided_decoding`` (setting both to different constraints
       is a ValueError).
     - ``output_kind`` (vLLM's name, :class:`RequestOutputKind`): what
-      ``AsyncLLMEngine.generate`` yields after each step: everything so far (CUMULATIVE),
-      only what is new (DELTA), or only the finished output (FINAL_ONLY). ``LLM`` returns
-      finished outputs whatever the kind.
+      ``AsyncLLMEngine.generate`` yields and ``LLMEngine.step`` returns after each step:
+      everything so far (CUMULATIVE), only what is new (DELTA), or only the finished
+      output (FINAL_ONLY). ``LLM`` returns finished outputs whatever the kind.
     - ``truncate_prompt_tokens`` (vLLM's name): keep only the prompt's last k tokens (-1:
       the last ``max_model_len``); checked against ``max_model_len`` when the engine adds
       the request.

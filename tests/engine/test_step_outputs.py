@@ -60,3 +60,41 @@ def test_engine_freezes_start_up_objects_and_shutdown_unfreezes(tiny_llama_dir):
     assert gc.get_freeze_count() > 0
     llm.llm_engine.shutdown()
     assert gc.get_freeze_count() == 0
+
+
+@pytest.mark.forked
+def test_step_honours_output_kind(tiny_llama_dir):
+    """As upstream V0's ``LLMEngine.step``: a DELTA request's outputs carry only what is new
+    since its previous one (joined, they are the CUMULATIVE request's final output), a
+    FINAL_ONLY request's only its finished output. Guards: step() returned cumulative
+    snapshots whatever the kind."""
+    from vllm import LLM, SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    llm = LLM(model=tiny_llama_dir, device="cpu", max_model_len=64)
+    engine = llm.llm_engine
+    for kind in RequestOutputKind:
+        sp = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True, logprobs=1,
+                            output_kind=kind)  # fmt: skip
+        engine.add_request(kind.name, "Hello there", sp)
+    seen = {k.name: [] for k in RequestOutputKind}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            seen[out.request_id].append(out)
+    full = seen["CUMULATIVE"][-1].outputs[0]
+    assert len(seen["CUMULATIVE"]) == 5 and len(set(full.token_ids)) >= 3
+    deltas = [o.outputs[0] for o in seen["DELTA"]]
+    assert [len(d.token_ids) for d in deltas] == [1] * 5
+    assert [t for d in deltas for t in d.token_ids] == full.token_ids
+    assert "".join(d.text for d in deltas) == full.text
+    assert [lp for d in deltas for lp in d.logprobs] == full.logprobs
+    assert [o.finished for o in seen["DELTA"]] == [False] * 4 + [True]
+    (final,) = seen["FINAL_ONLY"]
+    assert final.finished and final.outputs[0].token_ids == full.token_ids
+    # an aborted DELTA request leaves nothing behind
+    engine.add_request(
+        "a", "Hello", SamplingParams(max_tokens=5, output_kind=RequestOutputKind.DELTA)
+    )
+    engine.step()
+    engine.abort_request("a")
+    assert engine._deltas == {}

@@ -32,9 +32,9 @@ from vllm.lora.registry import AdapterRegistry
 from vllm.lora.request import LoRARequest
 from vllm.model_executor.guided_decoding.manager import GuidedDecodingManager
 from vllm.model_executor.models import architectures_of, get_model_class
-from vllm.outputs import RequestOutput
+from vllm.outputs import DeltaOutputs, RequestOutput
 from vllm.pooling_params import PoolingParams
-from vllm.sampling_params import SamplingParams, as_int, is_int
+from vllm.sampling_params import RequestOutputKind, SamplingParams, as_int, is_int
 from vllm.sequence import (
     ExecuteModelRequest,
     SamplerOutput,
@@ -180,6 +180,9 @@ class LLMEngine(LoRAMethods, WorkerCallMethods):
         # async engine relies on it). False: only finished requests' outputs, which is all
         # the offline LLM.generate loop reads (it turns this off while it runs).
         self.stream_outputs = True
+        # request id -> what step() has returned of a streamed DELTA request (see
+        # _by_output_kind); dropped when it finishes or is aborted.
+        self._deltas: dict[str, DeltaOutputs] = {}
         # Move everything built so far (modules, weights' wrappers, tokenizer, imports) out
         # of the cyclic collector's reach: otherwise each full collection, triggered by the
         # objects a step allocates, walks millions of start-up objects (~100 ms on CPU, a
@@ -671,6 +674,7 @@ class LLMEngine(LoRAMethods, WorkerCallMethods):
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
         for rid in ids:
             group = self._requests.pop(rid, None)
+            self._deltas.pop(rid, None)
             if group is not None:
                 held = [w for w in self._grammar_wait if w[0] is group]
                 self.guided.free(s.seq_id for s in group.seqs)
@@ -780,7 +784,28 @@ class LLMEngine(LoRAMethods, WorkerCallMethods):
                     break
         if self.stats_log is not None and self.stats_log.due():
             self._log_stats()
-        return outs
+        return self._by_output_kind(outs)
+
+    def _by_output_kind(self, outs: list[RequestOutput]) -> list[RequestOutput]:
+        """``outs`` as each request's ``SamplingParams.output_kind`` asks, as upstream V0's
+        ``step()``: CUMULATIVE everything so far; DELTA only the tokens, text and
+        logprobs added since the request's previous output; FINAL_ONLY nothing until the
+        finished output."""
+        shown = []
+        for out in outs:
+            rid = out.request_id
+            if out.finished:
+                delta = self._deltas.pop(rid, None)
+                shown.append(out if delta is None else delta.apply(out))
+                continue
+            group = self._requests.get(rid)
+            kind = getattr(group.sampling_params, "output_kind", None) if group else None
+            if kind == RequestOutputKind.FINAL_ONLY:
+                continue
+            if kind == RequestOutputKind.DELTA:
+                out = self._deltas.setdefault(rid, DeltaOutputs()).apply(out)
+            shown.append(out)
+        return shown
 
     def _log_stats(self) -> None:
         """The periodic stats line (vllm/engine/stats_log.py) with the gauges now."""
