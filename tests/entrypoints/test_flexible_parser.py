@@ -80,3 +80,22 @@ def test_add_cli_args_keeps_a_model_the_caller_declared():
     EngineArgs.add_cli_args(p)
     assert p.parse_args([]).model == "/default"
     assert sum(a.dest == "model" for a in p._actions) == 1
+
+
+@pytest.mark.parametrize("command", [[], ["serve", "m"], ["run-batch", "-i", "a", "-o", "b"]])
+def test_upstream_short_flags(command):
+    """``-tp``, ``-pp``, ``-q`` and ``-O`` (``-O3`` too) are upstream's short spellings of
+    --tensor-parallel-size, --pipeline-parallel-size, --quantization and
+    --compilation-config. Guards: ``vllm serve M -tp 2`` was "unrecognized arguments"."""
+    parser = cli.make_parser() if command else _engine_parser()
+    args = parser.parse_args([*command, "-tp", "2", "-pp=3", "-q", "gguf", "-O3"])
+    assert args.tensor_parallel_size == 2 and args.pipeline_parallel_size == 3
+    assert args.quantization == "gguf" and args.compilation_config == "3"
+    assert EngineArgs.from_cli_args(args).tensor_parallel_size == 2
+
+
+def test_a_short_flag_the_caller_declared_stays_its_own():
+    p = FlexibleArgumentParser()
+    p.add_argument("-q", "--quick", default=None)
+    args = EngineArgs.add_cli_args(p).parse_args(["-q", "hi", "--quantization", "gguf"])
+    assert args.quick == "hi" and args.quantization == "gguf"

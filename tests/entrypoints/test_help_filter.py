@@ -83,3 +83,8 @@ def test_a_plain_flexible_parser():
     with pytest.raises(SystemExit) as exc:
         p.parse_args(["--help=foo_bar"])
     assert exc.value.code == 0
+
+
+def test_a_short_flag_finds_its_flag(capsys):
+    code, out, _ = _run(["serve", "--help=-tp"], capsys)
+    assert code == 0 and "--tensor-parallel-size TENSOR_PARALLEL_SIZE, -tp" in out

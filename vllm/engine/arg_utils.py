@@ -49,6 +49,14 @@ def _f(default, help: str, group: str | None = None):
     return field(default=default, metadata=meta)
 
 
+# Upstream's short spellings of some flags (``vllm serve M -tp 2``, ``-O3``).
+SHORT_FLAGS = {
+    "tensor_parallel_size": "-tp",
+    "pipeline_parallel_size": "-pp",
+    "quantization": "-q",
+    "compilation_config": "-O",
+}
+
 # --piecewise-graph-max-tokens when not given and chunked prefill runs on one CUDA device.
 PIECEWISE_CHUNKED_DEFAULT = 512
 
@@ -413,22 +421,25 @@ class EngineArgs:
         for f in dataclasses.fields(cls):
             if f.name == "model" and any(a.dest == "model" for a in parser._actions):
                 continue  # declared by the caller (vllm serve's positional MODEL)
-            flag = "--" + f.name.replace("_", "-")
+            flags = ["--" + f.name.replace("_", "-")]  # first: argparse's dest comes from it
+            short = SHORT_FLAGS.get(f.name)
+            if short is not None and short not in parser._option_string_actions:
+                flags.append(short)
             kind, optional = _base_type(hints[f.name])
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
             help_text = f.metadata.get("help", "")
             target = groups.get(f.metadata.get("group"), parser)
             if kind is bool and default:  # on by default: --no-<flag> turns it off
-                target.add_argument(flag, action=argparse.BooleanOptionalAction,
+                target.add_argument(*flags, action=argparse.BooleanOptionalAction,
                                     default=default, help=help_text)  # fmt: skip
             elif kind is bool:
-                target.add_argument(flag, action="store_true", default=default, help=help_text)
+                target.add_argument(*flags, action="store_true", default=default, help=help_text)
             elif kind is list:
-                target.add_argument(flag, type=_list_item_type(hints[f.name]), nargs="+",
+                target.add_argument(*flags, type=_list_item_type(hints[f.name]), nargs="+",
                                     default=default, help=help_text)  # fmt: skip
             else:
                 parse = human_readable_int if f.name == "max_model_len" else kind
-                target.add_argument(flag, type=parse, default=default, help=help_text)
+                target.add_argument(*flags, type=parse, default=default, help=help_text)
         return parser
 
     @classmethod

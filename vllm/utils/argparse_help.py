@@ -66,9 +66,7 @@ def filtered_help(parser: argparse.ArgumentParser, what: str) -> str:
             return formatter.format_help()
     word = what.lower().replace("_", "-").lstrip("-")
     matched = [
-        a
-        for a in parser._actions
-        if word and any(word in opt.lower() for opt in a.option_strings if opt.startswith("--"))
+        a for a in parser._actions if word and any(word in opt.lower() for opt in a.option_strings)
     ]
     if not matched:
         raise ValueError(
