@@ -100,3 +100,29 @@ def test_calls_reach_every_stage(tiny_llama_dir, lora_adapters, executor):
         return list(out[0].outputs[0].token_ids)
 
     assert run_in_fork(run) == peft_greedy(tiny_llama_dir, lora_adapters["qv"], PROMPT, N)[0]
+
+
+@pytest.mark.forked
+def test_add_request_takes_lora_request_fifth_as_upstream(tiny_llama_dir, lora_adapters):
+    """``LLMEngine.add_request(request_id, prompt, params, arrival_time, lora_request)``, in
+    upstream's order (V0 and V1): an adapter passed fifth runs the request with it, and the
+    output equals the keyword call's. Guards: the fifth parameter was ``priority``, so the
+    adapter was refused as "priority must be an integer"."""
+    import time
+
+    from vllm import LLM, SamplingParams
+    from vllm.lora.request import LoRARequest
+
+    llm = LLM(model=tiny_llama_dir, device="cpu", enable_lora=True, max_lora_rank=8)
+    eng = llm.llm_engine
+    sp = SamplingParams(max_tokens=N, temperature=0.0, ignore_eos=True)
+    lora = LoRARequest("qv", 1, lora_adapters["qv"])
+    eng.add_request("pos", {"prompt_token_ids": PROMPT}, sp, time.time(), lora)
+    eng.add_request("kw", {"prompt_token_ids": PROMPT}, sp, lora_request=lora, priority=0)
+    eng.add_request("base", {"prompt_token_ids": PROMPT}, sp)
+    done = {}
+    while eng.has_unfinished_requests():
+        done.update({o.request_id: o for o in eng.step() if o.finished})
+    assert done["pos"].lora_request == lora
+    assert done["pos"].outputs[0].token_ids == done["kw"].outputs[0].token_ids
+    assert done["pos"].outputs[0].token_ids != done["base"].outputs[0].token_ids

@@ -536,7 +536,9 @@ class AsyncLLMEngine:
         replies = []
         for rid, prompt, params, arrival, priority, lora in pending:
             try:
-                self.engine.add_request(rid, prompt, params, arrival, priority, lora)
+                self.engine.add_request(
+                    rid, prompt, params, arrival, lora_request=lora, priority=priority
+                )
             except Exception as e:
                 replies.append((rid, e))
         now = time.time()

@@ -462,16 +462,17 @@ class LLMEngine(LoRAMethods, WorkerCallMethods):
         prompt: PromptType,
         params: SamplingParams,
         arrival_time: float | None = None,
-        priority: int = 0,
         lora_request: LoRARequest | None = None,
+        priority: int = 0,
     ) -> None:
         """Queue one request on the virtual engine :meth:`choose_virtual_engine` picks.
+        The arguments are in upstream's order (V0 and V1: ``lora_request`` fifth).
 
         Args:
-            priority: lower is served first under ``--scheduling-policy priority`` (see
-                vllm/core/priority.py); must be 0 under "fcfs".
             lora_request: the LoRA adapter to run it with (``enable_lora`` engines; see
                 vllm/lora/registry.py for the checks).
+            priority: lower is served first under ``--scheduling-policy priority`` (see
+                vllm/core/priority.py); must be 0 under "fcfs".
         Raises:
             ValueError: a duplicate request id, a bad prompt (see :meth:`process_prompt`),
                 params that do not fit the model (see :meth:`verify_params`), a request
