@@ -101,3 +101,19 @@ def test_chat_takes_tools_template_kwargs_and_continue_final_message(tiny_llama_
     assert list(out.prompt_token_ids) == tok.encode(text, add_special_tokens=False)
     with pytest.raises(ValueError, match="add_generation_prompt=false"):
         llm.chat(conv, params, continue_final_message=True)
+
+
+@pytest.mark.forked
+def test_chat_positional_arguments_in_upstream_order(tiny_llama_dir):
+    """``chat(messages, sampling_params, use_tqdm, lora_request, chat_template,
+    chat_template_content_format, add_generation_prompt, ...)``, upstream's order. Guards:
+    the fourth parameter was add_generation_prompt, so an adapter passed fourth was taken
+    for it (silently, no adapter) and the later positions were shifted."""
+    llm = LLM(tiny_llama_dir, device="cpu", max_model_len=128)
+    template = "{{ messages[0]['content'] }}|gen={{ add_generation_prompt }}"
+    conv = [{"role": "user", "content": "Hi"}]
+    params = SamplingParams(max_tokens=1)
+    [out] = llm.chat(conv, params, False, None, template, "string", False)
+    assert out.prompt == "Hi|gen=False"
+    [out] = llm.chat(conv, params, False, None, template, "string")
+    assert out.prompt == "Hi|gen=True"

@@ -184,32 +184,32 @@ class LLM(PoolingMethods, WorkerCalls):
         messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
         sampling_params: SamplingParams | SeqABC[SamplingParams] | None = None,
         use_tqdm: bool | Callable[..., tqdm] = True,
-        add_generation_prompt: bool = True,
+        lora_request: LoRARequest | SeqABC[LoRARequest | None] | None = None,
         chat_template: str | None = None,
+        chat_template_content_format: str = "auto",
+        add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         tools: list[dict[str, Any]] | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
-        lora_request: LoRARequest | SeqABC[LoRARequest | None] | None = None,
-        chat_template_content_format: str = "auto",
     ) -> list[RequestOutput]:
         """Generate replies to one conversation or a batch of them, using the model's chat
         template (``tokenizer.apply_chat_template``), as the server's chat endpoint renders
-        them (vllm/entrypoints/chat_utils.py).
+        them (vllm/entrypoints/chat_utils.py). The parameters are in upstream's order.
 
         Args:
             messages: OpenAI chat messages (``role``, ``content``, optional ``name``,
                 ``tool_calls``, ``tool_call_id``), or a list of conversations.
-            add_generation_prompt: end the prompt with the assistant turn's header.
+            lora_request: as for :meth:`generate` (one per conversation when a list).
             chat_template: a Jinja template replacing the tokenizer's own (needed when the
                 checkpoint has none).
+            chat_template_content_format: how message contents reach the template:
+                ``auto`` (detected from the template), ``string`` or ``openai`` (a list of
+                text parts), as ``vllm serve --chat-template-content-format``.
+            add_generation_prompt: end the prompt with the assistant turn's header.
             continue_final_message: end the prompt inside the last message, so the model
                 continues it (needs ``add_generation_prompt=False``).
             tools: OpenAI tool definitions, the template's ``tools`` variable.
             chat_template_kwargs: further template variables.
-            lora_request: as for :meth:`generate` (one per conversation when a list).
-            chat_template_content_format: how message contents reach the template:
-                ``auto`` (detected from the template), ``string`` or ``openai`` (a list of
-                text parts), as ``vllm serve --chat-template-content-format``.
 
         Raises:
             ValueError: messages that are not lists of dicts with a ``role``, an empty
