@@ -40,6 +40,17 @@ def _str(raw: str) -> str:
     return raw
 
 
+_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG")
+
+
+def _log_level(raw: str) -> str:
+    """A logging level name (any case): CRITICAL, ERROR, WARNING, INFO or DEBUG."""
+    name = raw.strip().upper()
+    if name not in _LEVELS:
+        raise ValueError(f"expected one of {list(_LEVELS)}")
+    return name
+
+
 def _omp_threads(raw: str) -> int:
     """OpenMP's thread count: the outer level of a nested list ("4,2" -> 4), at least 1."""
     first = raw.split(",")[0].strip().lstrip("+")
@@ -99,6 +110,20 @@ _DECLARED = (
         "Directory of on-disk caches (GGUF config and tokenizer); default ~/.cache/vllm.",
     ),
     EnvVar("VLLM_API_KEY", _str, None, "API key `vllm serve` requires when --api-key is unset."),
+    EnvVar(
+        "VLLM_LOGGING_LEVEL",
+        _log_level,
+        "INFO",
+        "Level of the vllm loggers (DEBUG, INFO, WARNING, ERROR, CRITICAL), as upstream; "
+        "`vllm serve --debug` is DEBUG.",
+    ),
+    EnvVar(
+        "VLLM_CONFIGURE_LOGGING",
+        _flag,
+        True,
+        "0 leaves logging alone (no handler, no level set), for applications that "
+        "configure it themselves, as upstream.",
+    ),
     EnvVar(
         "VLLM_USE_TRITON_OPS",
         _flag,

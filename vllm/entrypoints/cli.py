@@ -19,10 +19,9 @@ argparse does); ``--debug`` adds the traceback. Also runnable as
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
-from vllm.logger import LOG_FORMAT
+from vllm.logger import configure_command_logging
 from vllm.utils.argparse_utils import FlexibleArgumentParser, HelpFormatter
 
 
@@ -120,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         print(__version__)
         return 0
     if args.command == "run-batch":
-        logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
+        configure_command_logging()
         from vllm.entrypoints.openai.run_batch import run_batch
 
         return run_batch(args)

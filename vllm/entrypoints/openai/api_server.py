@@ -83,7 +83,7 @@ from vllm.entrypoints.openai.serving_tokenization import (
     TokenizeRequest,
 )
 from vllm.entrypoints.openai.tool_parsers import ToolParser, get_tool_parser, tool_parser_names
-from vllm.logger import LOG_FORMAT
+from vllm.logger import configure_command_logging
 from vllm.lora.request import LoRARequest
 from vllm.reasoning import ReasoningParser, get_reasoning_parser
 from vllm.version import __version__
@@ -602,9 +602,7 @@ def serve(args: argparse.Namespace) -> int:
     """``vllm serve`` from parsed flags: check them, bind, build the engine, serve.
     Returns the exit status (2: a bad flag or a setting the engine refuses, printed as one
     ``error:`` line; ``--debug`` adds the traceback)."""
-    logging.basicConfig(
-        level=logging.DEBUG if args.debug else logging.INFO, format=LOG_FORMAT, stream=sys.stderr
-    )
+    configure_command_logging(args.debug)
     try:
         engine_args = validate_server_args(args)
         sock = bind_socket(args.host, args.port)
