@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from vllm.sampling_params import LOGPROBS_MODES
+
 logger = logging.getLogger(__name__)
 
 _DTYPES = ("auto", "float32", "float16", "bfloat16", "half", "float")
@@ -57,6 +59,12 @@ class ModelConfig:
         max_logprobs: the most ``logprobs`` / ``prompt_logprobs`` a request may ask for
             (upstream's default 20, OpenAI's ``top_logprobs`` limit); -1 for no limit below
             the vocabulary size.
+        logprobs_mode: what a sample's logprobs report, one of
+            :data:`vllm.sampling_params.LOGPROBS_MODES` (upstream's ``--logprobs-mode``):
+            "raw_logprobs" (default) / "raw_logits" from the model's logits before the
+            sampler edits them, "processed_logprobs" / "processed_logits" from the logits
+            the token is drawn from (vllm/model_executor/layers/sampler.py). Prompt
+            logprobs are raw logprobs in every mode.
         load_format: "auto" (gguf for a .gguf file, else safetensors), "safetensors",
             "gguf", "dummy" (random weights seeded by parameter name, for benchmarks) or
             "sim" (the pipeline simulator's stand-in forward that only waits).
@@ -81,7 +89,8 @@ class ModelConfig:
             ``--disable-async-output-proc``.
 
     Raises:
-        ValueError: missing path, unknown dtype or load format, max_logprobs below -1, a
+        ValueError: missing path, unknown dtype, load format or logprobs_mode,
+            max_logprobs below -1, a
             generation_config directory without generation_config.json, an
             unsupported architecture
             (or one without GGUF support given as a .gguf file), max_model_len above
@@ -94,6 +103,7 @@ class ModelConfig:
     seed: int = 0
     max_model_len: int | None = None
     max_logprobs: int = 20
+    logprobs_mode: str = LOGPROBS_MODES[0]
     load_format: str = "auto"
     skip_tokenizer_init: bool = False
     tokenizer_mode: str = "auto"
@@ -112,6 +122,10 @@ class ModelConfig:
         if not isinstance(self.max_logprobs, int) or self.max_logprobs < -1:
             raise ValueError(
                 f"max_logprobs must be -1 (no limit) or an integer >= 0, got {self.max_logprobs!r}."
+            )
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(
+                f"logprobs_mode must be one of {list(LOGPROBS_MODES)}, got {self.logprobs_mode!r}."
             )
         if not isinstance(self.dtype, str) or self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {list(_DTYPES)}, got {self.dtype!r}.")

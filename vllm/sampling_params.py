@@ -19,6 +19,12 @@ GUIDED_DECODING_BACKENDS = ("xgrammar",)
 # Upstream's default backend name, "let the engine choose": here always xgrammar.
 AUTO_GUIDED_BACKEND = "auto"
 
+# What a sample's ``logprobs`` report (the engine's ``logprobs_mode``, upstream's choices;
+# the first is the default): "raw" values come from the model's logits before the sampler
+# edits them, "processed" ones from the logits the token is drawn from; "_logprobs" reports
+# their log_softmax, "_logits" the logits themselves (vllm/model_executor/layers/sampler.py).
+LOGPROBS_MODES = ("raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits")
+
 
 def resolve_guided_backend(name: str) -> str:
     """``name`` with upstream's "auto" replaced by this build's backend (xgrammar)."""

@@ -51,6 +51,11 @@ CASES = [
     (dict(distributed_executor_backend="slurm"), "distributed_executor_backend must be one of"),
     (dict(max_cudagraph_capture_size=0), "max_cudagraph_capture_size must be at least 1"),
     (dict(cuda_graph_sizes=[0, 8]), "cuda_graph_sizes"),
+    (
+        dict(logprobs_mode="logits"),
+        "logprobs_mode must be one of ['raw_logprobs', 'raw_logits', 'processed_logprobs', "
+        "'processed_logits'], got 'logits'.",
+    ),
 ]
 
 
@@ -189,6 +194,25 @@ def test_cli_flags_come_from_fields():
         [1, 2],
         "half",
     )
+
+
+def test_logprobs_mode_flag_and_kwarg(tiny_llama_dir, capsys):
+    """--logprobs-mode takes upstream's four choices (raw_logprobs by default) into the
+    ModelConfig; argparse refuses another value naming the choices, LLM() a ValueError."""
+    from vllm import LLM
+    from vllm.utils import FlexibleArgumentParser
+
+    parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+    for argv, mode in (([], "raw_logprobs"), (["--logprobs-mode", "processed_logits"],
+                                              "processed_logits")):  # fmt: skip
+        ea = EngineArgs.from_cli_args(parser.parse_args(["--model", tiny_llama_dir, *argv]))
+        assert ea.create_engine_config().model_config.logprobs_mode == mode
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--logprobs-mode", "processed"])
+    err = capsys.readouterr().err
+    assert "invalid choice: 'processed'" in err and "processed_logprobs" in err
+    with pytest.raises(ValueError, match="logprobs_mode must be one of .*got 'raw'"):
+        LLM(model=tiny_llama_dir, device="cpu", logprobs_mode="raw")
 
 
 def test_flashinfer_head_size(monkeypatch):

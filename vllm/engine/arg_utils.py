@@ -38,12 +38,14 @@ from vllm.engine.speculative_args import resolve_speculative
 from vllm.lora.config import LoRAConfig
 from vllm.model_executor.models import is_headless
 from vllm.pooling.config import resolve_pooler
+from vllm.sampling_params import LOGPROBS_MODES
 
 
-def _f(default, help: str, group: str | None = None):
+def _f(default, help: str, group: str | None = None, choices: tuple | None = None):
     """A field whose flag has ``help`` and sits in ``--help`` group ``group`` (None: the
-    general options)."""
-    meta = {"help": help, "group": group}
+    general options); ``choices``, when given, are the only values the flag accepts
+    (argparse refuses others; the config refuses them from ``LLM(**kwargs)``)."""
+    meta = {"help": help, "group": group, "choices": choices}
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -196,6 +198,18 @@ class EngineArgs:
         "Most log probabilities a request may ask for per position (logprobs, "
         "prompt_logprobs; OpenAI's top_logprobs limit); -1: up to the vocabulary size.",
         group="model",
+    )
+    logprobs_mode: str = _f(
+        LOGPROBS_MODES[0],
+        "What the logprobs of sampled positions report: raw_logprobs (the model's "
+        "log-probabilities, before logit_bias, allowed_token_ids, bad_words, penalties, "
+        "min_tokens, structured outputs, temperature and top-k/top-p/min-p), "
+        "processed_logprobs (those of the logits the token is drawn from, after all of "
+        "them; a greedy row's at temperature 1, unfiltered), or raw_logits / "
+        "processed_logits (the same logits without the log_softmax). Prompt logprobs are "
+        "raw logprobs in every mode.",
+        group="model",
+        choices=LOGPROBS_MODES,
     )
     generation_config: str = _f(
         "auto",
@@ -439,7 +453,8 @@ class EngineArgs:
                                     default=default, help=help_text)  # fmt: skip
             else:
                 parse = human_readable_int if f.name == "max_model_len" else kind
-                target.add_argument(*flags, type=parse, default=default, help=help_text)
+                target.add_argument(*flags, type=parse, default=default, help=help_text,
+                                    choices=f.metadata.get("choices"))  # fmt: skip
         return parser
 
     @classmethod
@@ -552,6 +567,7 @@ class EngineArgs:
             seed=self.seed,
             max_model_len=self.max_model_len,
             max_logprobs=self.max_logprobs,
+            logprobs_mode=self.logprobs_mode,
             generation_config=self.generation_config,
             override_generation_config=self.override_generation_config,
             hf_overrides=self.hf_overrides,

@@ -16,7 +16,7 @@ import torch
 from vllm.bad_words import banned_tokens
 from vllm.model_executor.guided_decoding.step_masks import PendingBitmask
 from vllm.model_executor.request_rows import CACHE_ATTR, RequestRows, request_rows
-from vllm.sampling_params import SamplingParams
+from vllm.sampling_params import LOGPROBS_MODES, SamplingParams
 from vllm.sequence import SequenceData, SequenceGroupMetadata
 from vllm.utils import to_device
 
@@ -116,6 +116,9 @@ class SamplingMetadata:
             from ``guided_bitmask.tensor()``, filled on the first read
             (vllm/model_executor/guided_decoding/step_masks.py); both None when no row is
             constrained.
+        logprobs_mode: what the sample rows' logprobs report (the engine's
+            ``logprobs_mode``, one of :data:`vllm.sampling_params.LOGPROBS_MODES`; see
+            :func:`vllm.model_executor.layers.sampler.reported_logprobs`).
     """
 
     groups: list[SeqGroupRows]
@@ -137,6 +140,7 @@ class SamplingMetadata:
     max_prompt_logprobs: int = 0
     guided_rows: torch.Tensor | None = None
     guided_bitmask: PendingBitmask | None = None
+    logprobs_mode: str = LOGPROBS_MODES[0]
 
     @property
     def num_samples(self) -> int:
@@ -150,6 +154,7 @@ class SamplingMetadata:
         device: torch.device,
         generators: dict[int, torch.Generator],
         seed_stream: int = 0,
+        logprobs_mode: str = LOGPROBS_MODES[0],
     ) -> SamplingMetadata:
         """Lay out rows for the scheduled groups.
 
@@ -174,6 +179,7 @@ class SamplingMetadata:
                 continues the same random stream.
             seed_stream: which random stream the runner draws (:func:`stream_seed`): 0 for
                 the model that samples the output, another for a draft model.
+            logprobs_mode: the engine's ``logprobs_mode`` (ModelConfig).
         """
         groups: list[SeqGroupRows] = []
         selected: list[int] = []
@@ -262,6 +268,7 @@ class SamplingMetadata:
             generators=gens,
             max_logprobs=max_logprobs,
             max_prompt_logprobs=max_prompt_logprobs,
+            logprobs_mode=logprobs_mode,
         )
         if prompt_rows:
             sm.prompt_row_ids = to_device(torch.tensor(prompt_rows, **long), device)

@@ -25,6 +25,7 @@ from vllm.attention.backends.abstract import AttentionBackend, ForwardMode, Step
 from vllm.cudagraph.runner import GraphRunner
 from vllm.model_executor.forward_batch import ForwardBatch
 from vllm.model_executor.sampling_metadata import SamplingMetadata
+from vllm.sampling_params import LOGPROBS_MODES
 from vllm.sequence import SequenceGroupMetadata
 from vllm.utils import pin_for, to_device
 
@@ -46,6 +47,7 @@ class InputContext:
         pad_eager: pad eager steps like graphs (debug switch).
         seed_stream: the random stream of the generators (``stream_seed``; a draft
             model's runner draws another than the target's).
+        logprobs_mode: what sampled positions' logprobs report (ModelConfig's).
     """
 
     block_size: int
@@ -57,6 +59,7 @@ class InputContext:
     generators: dict[int, torch.Generator]
     pad_eager: bool = False
     seed_stream: int = 0
+    logprobs_mode: str = LOGPROBS_MODES[0]
 
 
 def place_input(values: list[int], graph_size: int | None, device: torch.device) -> torch.Tensor:
@@ -199,6 +202,7 @@ def prepare_model_input(
             ctx.device,
             ctx.generators,
             ctx.seed_stream,
+            ctx.logprobs_mode,
         )
     return ForwardBatch(
         mode=mode,

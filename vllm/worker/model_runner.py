@@ -207,6 +207,7 @@ class ModelRunner:
             generators=self.generators,
             pad_eager=self.pad_eager_batches,
             seed_stream=self.seed_stream,
+            logprobs_mode=self.model_config.logprobs_mode,
         )
         batch = model_input.prepare_model_input(
             ctx, seq_group_metadata_list, virtual_engine, scratch_slot, num_lookahead_slots
