@@ -185,9 +185,18 @@ class SamplingParams:
     - ``max_tokens=None`` means up to ``max_model_len`` in total.
     - ``best_of`` (upstream V0's name) is accepted only as None or ``n``: all ``n``
       sequences are returned, none is generated only to be ranked away.
-    - ``logprobs=k`` returns the sampled token's logprob plus the top-k per position;
-      ``prompt_logprobs=k`` does the same for prompt positions (the engine also rejects k
-      above the vocabulary size). ``-1`` (as upstream) means every token of the
+    - ``logprobs=k`` returns the sampled token's logprob plus the top-k per position (ranks
+      by value); what the values are is the engine's ``logprobs_mode`` (upstream's
+      ``--logprobs-mode``): ``raw_logprobs`` (the default) the log_softmax of the model's
+      logits, before logit_bias, allowed_token_ids, bad_words, penalties, min_tokens,
+      structured outputs and temperature; ``processed_logprobs`` the log_softmax of the
+      logits the token is drawn from (after all of those, then, unless greedy,
+      temperature and the top-k / top-p / min-p filters, -inf for a filtered token; a
+      greedy row's at temperature 1 without filters); ``raw_logits`` and
+      ``processed_logits`` the same logits without the log_softmax. A sequence's
+      ``cumulative_logprob`` sums the reported values. ``prompt_logprobs=k`` does the
+      same for prompt positions, always from the model's raw logprobs (the engine also
+      rejects k above the vocabulary size). ``-1`` (as upstream) means every token of the
       vocabulary, allowed only when ``max_logprobs`` is -1 or at least the vocabulary size.
     - ``seed``: the request's sequences draw from their own generators, seeded with
       ``seed + i`` for the i-th of the ``n`` sequences: reproducible whatever else is in
@@ -200,7 +209,8 @@ class SamplingParams:
       ``vllm/engine/stop_checker.py``.
     - ``logit_bias`` (OpenAI API): token id -> bias in [-100, 100], added to that token's
       logit before anything else (penalties, temperature, filters; the reported logprobs
-      include it). Keys may be ints or strings of ints (JSON object keys are strings).
+      include it only under a processed ``logprobs_mode``). Keys may be ints or strings
+      of ints (JSON object keys are strings).
     - ``allowed_token_ids`` (vLLM's name): only these tokens can be generated; every other
       token's logit is set to -inf (before ``logit_bias`` is added).
     Both are checked against the vocabulary when the engine adds the request.
@@ -502,7 +512,9 @@ class BeamSearchParams:
         beam_width: beams kept per step and sequences returned (>= 1).
         max_tokens: tokens generated at most per beam (>= 1).
         ignore_eos: never complete a beam at an end-of-sequence id.
-        temperature: applied to the logits before the logprobs are taken (0: none).
+        temperature: the steps' sampling temperature (0: greedy); it scales the logits
+            the beams are scored with only under a processed ``logprobs_mode`` (the
+            default, raw_logprobs, scores with the model's own logprobs), as upstream.
         length_penalty: the exponent of the length in the score (module docstring).
         include_stop_str_in_output: keep the final EOS token's text in ``text``.
 

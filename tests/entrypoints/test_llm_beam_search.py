@@ -71,9 +71,10 @@ def test_ignore_eos_max_model_len_and_bad_params():
         BeamSearchParams(beam_width=11, max_tokens=4).check_limits(20)
 
 
-def _hf_beam_search(model, prompt_ids, width, steps):
+def _hf_beam_search(model, prompt_ids, width, steps, temperature=1.0):
     """Plain beam search over the full vocabulary (no EOS): the ``width`` best continuations
-    by cumulative logprob after ``steps`` tokens, as (tokens, cum_logprob), best first."""
+    by cumulative logprob (of the logits divided by ``temperature``) after ``steps`` tokens,
+    as (tokens, cum_logprob), best first."""
     import torch
 
     beams = [(list(prompt_ids), 0.0)]
@@ -82,7 +83,7 @@ def _hf_beam_search(model, prompt_ids, width, steps):
         for toks, cum in beams:
             with torch.no_grad():
                 logits = model(torch.tensor([toks])).logits[0, -1].double()
-            lp = torch.log_softmax(logits, -1)
+            lp = torch.log_softmax(logits / temperature, -1)
             top = torch.topk(lp, width)
             for v, t in zip(top.values.tolist(), top.indices.tolist()):
                 cands.append((toks + [t], cum + v))
@@ -92,6 +93,8 @@ def _hf_beam_search(model, prompt_ids, width, steps):
 
 @pytest.mark.forked
 def test_beams_equal_a_full_vocabulary_search_on_transformers(tiny_llama_dir):
+    import gc
+
     from tests.utils import load_hf_model, vllm_greedy
     from vllm import LLM
 
@@ -108,6 +111,14 @@ def test_beams_equal_a_full_vocabulary_search_on_transformers(tiny_llama_dir):
             assert seq.cum_logprob == pytest.approx(cum, abs=2e-4)
             assert seq.finish_reason == "length" and len(seq.logprobs) == 4
         assert len({tuple(s.tokens) for s in out.sequences}) == 3
+    # The beams follow the engine's logprobs_mode, as upstream: the default (raw) scores
+    # are the model's own, whatever the temperature ...
+    hot = BeamSearchParams(beam_width=3, max_tokens=3, ignore_eos=True, temperature=0.5)
+    out = llm.beam_search([{"prompt_token_ids": prompts[0]}], hot)[0]
+    ref = _hf_beam_search(hf, prompts[0], 3, 3)
+    assert [s.tokens for s in out.sequences] == [t for t, _ in ref]
+    for seq, (_, cum) in zip(out.sequences, ref):
+        assert seq.cum_logprob == pytest.approx(cum, abs=2e-4)
     # Width 1 is greedy decoding; a text prompt gets the generated text.
     one = llm.beam_search("The capital of France is", BeamSearchParams(1, 6, ignore_eos=True))
     greedy = vllm_greedy(llm, ["The capital of France is"], 6)[0]
@@ -117,3 +128,14 @@ def test_beams_equal_a_full_vocabulary_search_on_transformers(tiny_llama_dir):
         llm.beam_search("x", BeamSearchParams(beam_width=11, max_tokens=2))
     with pytest.raises(ValueError, match=r"prompt \(70 tokens\) is longer than max_model_len=64"):
         llm.beam_search({"prompt_token_ids": [5] * 70}, BeamSearchParams(3, 4))
+    llm.llm_engine.shutdown()
+    del llm
+    gc.collect()
+    # ... while processed_logprobs scores the logits divided by the temperature.
+    llm = LLM(model=tiny_llama_dir, device="cpu", dtype="float32", max_model_len=64,
+              logprobs_mode="processed_logprobs")  # fmt: skip
+    out = llm.beam_search([{"prompt_token_ids": prompts[0]}], hot)[0]
+    ref = _hf_beam_search(hf, prompts[0], 3, 3, temperature=0.5)
+    assert [s.tokens for s in out.sequences] == [t for t, _ in ref]
+    for seq, (_, cum) in zip(out.sequences, ref):
+        assert seq.cum_logprob == pytest.approx(cum, abs=2e-4)

@@ -122,7 +122,9 @@ def test_bias_rows_and_decode_loop_eligibility():
 
 def test_triton_greedy_path_sees_the_bias(monkeypatch):
     """The Triton greedy fast path (CUDA) samples from the biased logits: a fake kernel
-    module records what it is given."""
+    module records what it is given. It reports the log_softmax of what it is given, so it
+    serves a biased batch only under processed_logprobs; the default raw logprobs take the
+    torch path, which reports the unbiased values."""
     from vllm import SamplingParams
     from vllm.model_executor.layers import sampler as sampler_mod
 
@@ -141,12 +143,20 @@ def test_triton_greedy_path_sees_the_bias(monkeypatch):
     monkeypatch.setattr(sampler_mod, "get_triton_greedy", lambda x: FakeGreedy)
     logits = torch.zeros(2, 64)
     logits[:, 10] = 5.0  # the unbiased argmax
-    sm = _metadata(
-        [SamplingParams(temperature=0.0, logit_bias={20: 100}), SamplingParams(temperature=0.0)]
-    )
+    params = [
+        SamplingParams(temperature=0.0, logit_bias={20: 100}),
+        SamplingParams(temperature=0.0),
+    ]
+    sm = _metadata(params)
+    sm.logprobs_mode = "processed_logprobs"
     ids, packed, k = sampler_mod.Sampler.sample_on_device(logits, sm)
     assert len(seen) == 1 and seen[0][0, 20] == 100.0 and seen[0][1, 20] == 0.0
     assert ids.tolist() == [20, 10] and k == 0
+    ids, packed, k = sampler_mod.Sampler.sample_on_device(logits, _metadata(params))
+    assert len(seen) == 1 and ids.tolist() == [20, 10] and k == 0
+    raw = torch.log_softmax(logits, -1)
+    assert packed[:, 1].tolist() == pytest.approx([raw[0, 20].item(), raw[1, 10].item()])
+    assert packed[:, 2].tolist() == [2.0, 1.0]  # ranks of the raw values
 
 
 BAD_KEY = "logit_bias keys must be token ids (integers >= 0), got 'abc'"

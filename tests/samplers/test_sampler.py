@@ -12,7 +12,7 @@ from vllm.sampling_params import SamplingParams
 from vllm.sequence import SequenceData, SequenceGroupMetadata
 
 
-def _metadata(groups, vocab, generators=None):
+def _metadata(groups, vocab, generators=None, logprobs_mode="raw_logprobs"):
     """groups: list of (params, [(seq_id, prompt_ids, output_ids), ...]) decode rows."""
     mds, qlens = [], []
     for i, (params, seqs) in enumerate(groups):
@@ -20,7 +20,9 @@ def _metadata(groups, vocab, generators=None):
         mds.append(SequenceGroupMetadata(str(i), False, data, params, {s: [] for s in data}))
         qlens += [1] * len(seqs)
     gens = {} if generators is None else generators
-    return SamplingMetadata.build(mds, qlens, vocab, torch.device("cpu"), gens)
+    return SamplingMetadata.build(
+        mds, qlens, vocab, torch.device("cpu"), gens, logprobs_mode=logprobs_mode
+    )
 
 
 def test_apply_penalties_hand_computed():
@@ -52,9 +54,15 @@ def test_penalties_through_metadata_change_greedy_choice():
     sm = _metadata([(pen, [(0, [0], [1])])], 4)
     out = sampler(logits, sm).outputs[0].samples[0]
     assert out.output_token == 2
-    # logprobs come from the penalized logits: 3.0 - 0.5 = 2.5 for token 1
+    # the default (raw) logprobs are the model's: token 2 is second to token 1
+    assert out.logprobs[2].logprob == pytest.approx(logits.log_softmax(-1)[0, 2].item())
+    assert out.logprobs[2].rank == 2
+    # processed logprobs come from the penalized logits: 3.0 - 0.5 = 2.5 for token 1
+    sm = _metadata([(pen, [(0, [0], [1])])], 4, logprobs_mode="processed_logprobs")
+    out = sampler(logits, sm).outputs[0].samples[0]
     expect = torch.log_softmax(torch.tensor([0.0, 2.5, 2.9, 0.0]), -1)[2].item()
     assert out.logprobs[2].logprob == pytest.approx(expect, abs=1e-6)
+    assert out.logprobs[2].rank == 1
 
 
 def test_filters_keep_expected_support():
@@ -177,7 +185,9 @@ def test_min_tokens_masks_stop_tokens():
     p.all_stop_token_ids.add(2)  # EOS, as the engine adds it
     early = Sampler()(logits, _metadata([(p, [(0, [0], [1])])], 4)).outputs[0].samples[0]
     assert early.output_token == 1
-    assert early.logprobs[1].rank == 1
+    assert early.logprobs[1].rank == 2  # raw logprobs (the default): EOS is the model's first
+    sm = _metadata([(p, [(0, [0], [1])])], 4, logprobs_mode="processed_logprobs")
+    assert Sampler()(logits, sm).outputs[0].samples[0].logprobs[1].rank == 1
     late = Sampler()(logits, _metadata([(p, [(0, [0], [1, 1])])], 4)).outputs[0].samples[0]
     assert late.output_token == 2
 

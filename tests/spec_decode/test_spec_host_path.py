@@ -138,22 +138,45 @@ def _lp_table(out):
 
 
 @pytest.mark.forked
-def test_one_read_per_step_and_logprobs_equal_no_spec(tiny_llama_dir, monkeypatch):
+@pytest.mark.parametrize("mode", [None, "processed_logprobs"])
+def test_one_read_per_step_and_logprobs_equal_no_spec(tiny_llama_dir, monkeypatch, mode):
     """Draft = target (every proposal accepted: multi-token steps): the greedy run with
-    logprobs equals the run without speculation (ids, top-3 ids, ranks; logprobs to 1e-4),
-    each scored step reads the device once, and a sampled run's emitted tokens carry
-    logprobs and ranks consistent with their own top-3."""
+    logprobs equals the run without speculation (ids, top-3 ids, ranks; logprobs to 1e-4)
+    in the default logprobs_mode (raw: for the requests with penalties and logit_bias, the
+    model's own logprobs, as its prompt logprobs give them) and in processed_logprobs (the
+    penalized and biased ones), each scored step reads the device once, and a sampled
+    run's emitted tokens carry logprobs and ranks consistent with their own top-3."""
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0.05")
     from vllm import LLM, SamplingParams
 
+    kw = {} if mode is None else {"logprobs_mode": mode}
     prompts = [{"prompt_token_ids": p} for p in ([5, 6, 7, 8], [100, 200, 300], [42] * 5)]
-    greedy = SamplingParams(temperature=0.0, max_tokens=12, logprobs=3)
-    base_llm = LLM(model=tiny_llama_dir, device="cpu", max_num_seqs=4)
+    greedy = [
+        SamplingParams(temperature=0.0, max_tokens=12, logprobs=3),
+        SamplingParams(temperature=0.0, max_tokens=12, logprobs=3, repetition_penalty=1.5,
+                       presence_penalty=0.5, logit_bias={300: 1.0}),
+        SamplingParams(temperature=0.0, max_tokens=12, logprobs=3, frequency_penalty=0.7,
+                       logit_bias={42: -2.0}),
+    ]  # fmt: skip
+    base_llm = LLM(model=tiny_llama_dir, device="cpu", max_num_seqs=4, **kw)
     base = [o.outputs[0] for o in base_llm.generate(prompts, greedy, use_tqdm=False)]
+    # the model's own logprobs of the generated tokens: prompt logprobs (raw in every mode)
+    echo = [{"prompt_token_ids": p["prompt_token_ids"] + list(b.token_ids)}
+            for p, b in zip(prompts, base)]  # fmt: skip
+    plp = SamplingParams(max_tokens=1, prompt_logprobs=0)
+    model_lps = [o.prompt_logprobs for o in base_llm.generate(echo, plp, use_tqdm=False)]
     base_llm.llm_engine.shutdown()
+    for i in (1, 2):
+        n = len(prompts[i]["prompt_token_ids"])
+        got = [pos[t].logprob for t, pos in zip(base[i].token_ids, base[i].logprobs)]
+        own = [pos[t].logprob for t, pos in zip(base[i].token_ids, model_lps[i][n:])]
+        if mode is None:
+            assert got == pytest.approx(own, abs=1e-4)
+        else:
+            assert max(abs(a - b) for a, b in zip(got, own)) > 1e-3  # 10x the tolerance
     llm = LLM(
         model=tiny_llama_dir, device="cpu", max_num_seqs=4,
-        speculative_model=tiny_llama_dir, num_speculative_tokens=3,
+        speculative_model=tiny_llama_dir, num_speculative_tokens=3, **kw,
     )  # fmt: skip
     counts = _count_reads(monkeypatch, llm.llm_engine.executor.worker)
     spec = [o.outputs[0] for o in llm.generate(prompts, greedy, use_tqdm=False)]

@@ -16,7 +16,8 @@ Scope (everything else takes the per-step multi-step path, same results):
   and no sliding window, else its small-decode limit, 1 by default), one loop graph per
   such size, padded lanes as in plain graphs: they write only the scratch block and their
   samples are dropped;
-- greedy sampling without penalties, seeds or logprobs (``eligible``); the packed rows are
+- greedy sampling without penalties, seeds or logprobs, in a "_logprobs" mode
+  (``eligible``); the packed rows are
   those of ``Sampler.sample_on_device`` (token id, logprob, rank 1), computed from the
   logits of every lane as ``ModelRunner.compute_logits`` does for a graph's padded batch,
   except that the lm_head's logits stay in the model's dtype for the greedy kernel
@@ -53,11 +54,14 @@ PACKED_WIDTH = 3  # token id, logprob, rank (Sampler._pack_logprobs with k = 0)
 
 def eligible(sm: SamplingMetadata) -> bool:
     """Whether a decode batch's sampling fits a loop graph: greedy, no penalties,
-    min_tokens, logit_bias or allowed_token_ids, no logprobs, one sample row per sequence."""
+    min_tokens, logit_bias or allowed_token_ids, no logprobs, one sample row per sequence,
+    and a "_logprobs" ``logprobs_mode`` (the graph's static metadata reports the sampled
+    token's log-probability, raw and processed being the same for such rows)."""
     return (
         sm.all_greedy
         and sm.penalties is None
         and sm.logit_bias is None
+        and sm.logprobs_mode.endswith("_logprobs")
         and sm.max_logprobs == 0
         and sm.prompt_row_ids is None
         and not any(g is not None for g in sm.generators)

@@ -146,6 +146,17 @@ class SamplingMetadata:
     def num_samples(self) -> int:
         return sum(len(g.sample_rows) for g in self.groups)
 
+    @property
+    def edits_logits(self) -> bool:
+        """Some sample row's logits are edited before temperature: logit_bias /
+        allowed_token_ids / bad_words, penalties or min_tokens, or a structured-output
+        bitmask (else the processed logits of a greedy row are the model's own)."""
+        return (
+            self.logit_bias is not None
+            or self.penalties is not None
+            or self.guided_rows is not None
+        )
+
     @staticmethod
     def build(
         metadata_list: list[SequenceGroupMetadata],

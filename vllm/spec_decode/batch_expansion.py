@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import torch
 
-from vllm.model_executor.layers.sampler import processed_sample_logits, sampling_probs
+from vllm.model_executor.layers.sampler import (
+    processed_sample_logits,
+    reported_logprobs,
+    sampling_logits,
+)
 from vllm.model_executor.sampling_metadata import SamplingMetadata
 from vllm.sequence import SequenceData, SequenceGroupMetadata
 from vllm.spec_decode.interfaces import SpeculativeScores
@@ -59,22 +63,23 @@ def row_distributions(
     """What the normal sampler would sample from, per sample row.
 
     Same order as :class:`vllm.model_executor.layers.sampler.Sampler`: penalties, min_tokens
-    masking, then argmax (greedy), log-softmax (reported logprobs) and, when some row is
-    random, the tempered and filtered probabilities; the first and last stages are the
-    sampler's own functions.
+    masking, then argmax (greedy) and, when some row is random, the tempered and filtered
+    probabilities; the logprobs are the values the sampler reports in the engine's
+    ``logprobs_mode`` (raw or processed); every stage is the sampler's own function.
 
     Args:
         logits: [num_rows, V] float32 from the runner.
-        logprobs: compute the log-softmax (the draft proposer reports none).
+        logprobs: compute the reported values (the draft proposer reports none).
     Returns:
         (argmax [S] int64, probs [S, V] float32 or None when all rows are greedy,
-        logprobs [S, V] float32 or None when not asked for).
+        logprobs [S, V] float32 (:func:`reported_logprobs`) or None when not asked for).
     """
     x = processed_sample_logits(logits, sm)  # [S, V]
+    z = sampling_logits(x, sm)  # [S, V] or None
     return (
         x.argmax(dim=-1),
-        sampling_probs(x, sm),
-        torch.log_softmax(x, dim=-1) if logprobs else None,
+        None if z is None else z.softmax(dim=-1),
+        reported_logprobs(logits, x, z, sm) if logprobs else None,
     )
 
 

@@ -19,8 +19,8 @@ class SpeculativeScores:
         argmax: [R] int64 greedy choice (after penalties and min_tokens masking).
         probs: [R, V] float32 sampling distribution (temperature, top-k/p, min-p), or None
             when every row is greedy.
-        logprobs: [R, V] float32 log-softmax of the penalized logits (what the normal
-            sampler reports).
+        logprobs: [R, V] float32 values the normal sampler would report in the engine's
+            ``logprobs_mode`` (``sampler.reported_logprobs``).
         starts: B + 1 host ints, the first row of each sequence and R at the end.
         sampling_metadata: the expanded batch's metadata (``all_greedy``, ``max_logprobs``,
             per-row ``generators``: a sequence's rows share its seeded generator).

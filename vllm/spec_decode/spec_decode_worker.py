@@ -18,7 +18,11 @@ import logging
 import torch
 
 from vllm.config import EngineConfig
-from vllm.model_executor.layers.sampler import _pack_logprobs, _position
+from vllm.model_executor.layers.sampler import (
+    _pack_logprobs,
+    _position,
+    reported_argmax_is_sampled,
+)
 from vllm.sequence import (
     CompletionSequenceGroupOutput,
     ExecuteModelRequest,
@@ -197,7 +201,7 @@ class SpecDecodeWorker:
     def _score_and_accept(self, mds, seqs, proposals, draft_probs, ve) -> SamplerOutput:
         """Score, accept and pack a speculative step with one device-to-host transfer.
 
-        All-greedy steps pack (argmax id, its logprob, rank 1, top-k) of every expanded row
+        All-greedy steps pack (argmax id, its logprob, rank, top-k) of every expanded row
         and accept on the host (an accepted proposal equals its row's argmax, so every
         emitted token is its row's argmax). Steps with sampled rows run the rejection
         sampler on the device first and pack each row's emitted token (-1 past the last
@@ -208,7 +212,10 @@ class SpecDecodeWorker:
         starts = scores.starts
         if sm.all_greedy:
             packed, kk = _pack_logprobs(
-                scores.logprobs, scores.argmax, sm.max_logprobs, ranks_are_one=True
+                scores.logprobs,
+                scores.argmax,
+                sm.max_logprobs,
+                ranks_are_one=reported_argmax_is_sampled(sm),
             )  # [R, 3 + 2 * kk]
             host = packed.tolist()  # the step's one device-to-host transfer
             num_acc = greedy_num_accepted(proposals, [int(r[0]) for r in host], starts)

@@ -33,6 +33,9 @@ def server(smollm2_gguf):
     args += [ALIAS]
     args += ["--allowed-origins", json.dumps([ORIGIN]), "--root-path", "/api"]
     args += ["--scheduling-policy", "priority"]  # every test here runs under it
+    # processed logprobs show a masked token's -inf (test_masked_tokens_show_the_lowest_logprob);
+    # greedy rows without edits and prompt logprobs report the same as the default's
+    args += ["--logprobs-mode", "processed_logprobs"]
     srv = RemoteOpenAIServer(smollm2_gguf, args)
     try:
         yield srv
@@ -388,8 +391,10 @@ def test_chat_takes_the_same_fields(server):
 
 
 def test_masked_tokens_show_the_lowest_logprob(server):
-    """A token masked out (allowed_token_ids) has logprob -inf, which JSON cannot carry:
-    responses show -9999.0 as upstream does, streamed and not, on both endpoints."""
+    """A token masked out (allowed_token_ids) has the processed logprob -inf (the server
+    runs with --logprobs-mode processed_logprobs; the default raw logprobs are the model's
+    own, finite), which JSON cannot carry: responses show -9999.0 as upstream does,
+    streamed and not, on both endpoints."""
     base = dict(prompt=PROMPT, max_tokens=2, temperature=0, allowed_token_ids=[28])
     lps = _ok(_post(server, "completions", {**base, "logprobs": 2}))["choices"][0]["logprobs"]
     assert lps["token_logprobs"] == [0.0, 0.0]

@@ -2,16 +2,20 @@
 
 Order of operations (upstream vLLM V0's): ``logit_bias`` / ``allowed_token_ids`` added to
 the raw logits (upstream's logits processors), penalties (repetition, then frequency, then
-presence), min_tokens masking of stop tokens, then logprobs from those
-logits (log_softmax, float32: the *model's* distribution after penalties, before
-temperature and the top-k/top-p/min-p filters), then for random rows temperature, top-k,
-top-p and min-p filtering and sampling by the exponential race: ``argmax(probs / q)`` with
-``q ~ Exp(1)`` i.i.d. picks index i with probability probs[i] (the Gumbel-max trick in
-another form, since ``-log q`` is Gumbel). Seeded rows draw their q from their own
-generator, after the batch-wide draw, so their tokens depend only on their own logits and
-generator state, never on the other rows of the batch. The only device-to-host transfers
-are the final copies of the packed results (one for sampled tokens, one for prompt
-logprobs when asked).
+presence), min_tokens masking of stop tokens, then for random rows temperature, top-k, top-p
+and min-p filtering. What the sample rows' logprobs report is the engine's
+``logprobs_mode`` (upstream V1's option and semantics; :func:`reported_logprobs`): "raw"
+takes the model's logits before any of those edits, "processed" the logits each row is drawn
+from (a random row's tempered and -inf for filtered tokens, a greedy row's edited logits at
+temperature 1 without its filters, so its values do not depend on the batch); "_logprobs"
+reports their log_softmax (float32), "_logits" the values themselves. Prompt logprobs are
+raw logprobs in every mode. Random rows are sampled by the exponential race:
+``argmax(probs / q)`` with ``q ~ Exp(1)`` i.i.d. picks index i with probability probs[i]
+(the Gumbel-max trick in another form, since ``-log q`` is Gumbel). Seeded rows draw their
+q from their own generator, after the batch-wide draw, so their tokens depend only on their
+own logits and generator state, never on the other rows of the batch. The only
+device-to-host transfers are the final copies of the packed results (one for sampled
+tokens, one for prompt logprobs when asked).
 """
 
 from __future__ import annotations
@@ -83,7 +87,19 @@ def filter_probs(
     top_p: torch.Tensor,
     min_p: torch.Tensor,
 ) -> torch.Tensor:
-    """Temperature, then top-k, top-p and min-p filters; returns probabilities.
+    """The softmax of :func:`filter_logits`: [rows, vocab] float32 probabilities (zeros for
+    filtered tokens)."""
+    return filter_logits(logits, temperature, top_k, top_p, min_p).softmax(dim=-1)
+
+
+def filter_logits(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+) -> torch.Tensor:
+    """Temperature, then top-k, top-p and min-p filters; returns the tempered logits.
 
     - top-k keeps the k largest logits (``top_k`` = vocab size keeps all);
     - top-p keeps the smallest prefix of the sorted distribution whose mass reaches p (a
@@ -94,7 +110,7 @@ def filter_probs(
     Args:
         logits: [rows, vocab] float32; temperature, top_k (as float), top_p, min_p: [rows].
     Returns:
-        [rows, vocab] float32 probabilities (zeros for filtered tokens).
+        [rows, vocab] float32 tempered logits (-inf for filtered tokens).
     """
     logits = logits / temperature[:, None]
     sorted_logits, sorted_idx = logits.sort(dim=-1, descending=True)  # [rows, vocab]
@@ -106,8 +122,7 @@ def filter_probs(
     drop |= probs_sorted < min_p[:, None] * probs_sorted[:, :1]
     drop[:, 0] = False
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-    filtered = torch.empty_like(logits).scatter_(1, sorted_idx, sorted_logits)
-    return filtered.softmax(dim=-1)  # [rows, vocab]
+    return torch.empty_like(logits).scatter_(1, sorted_idx, sorted_logits)  # [rows, vocab]
 
 
 def sample_exponential(
@@ -152,16 +167,11 @@ def processed_sample_logits(logits: torch.Tensor, sm: SamplingMetadata) -> torch
     """
     pen = sm.penalties
     bias = sm.logit_bias  # [num_samples, vocab] or None
-    if logits.dtype != torch.float32 and (
-        bias is not None or pen is not None or sm.guided_rows is not None
-    ):
+    if logits.dtype != torch.float32 and sm.edits_logits:
         logits = logits.float()  # [num_rows, vocab]
-    if sm.prompt_row_ids is None and sm.sample_row_ids.shape[0] == logits.shape[0]:
-        # adding the bias makes a new tensor; penalties and the bitmask edit in place
-        copy = (pen is not None or sm.guided_rows is not None) and bias is None
-        x = logits.clone() if copy else logits  # [num_samples, vocab]
-    else:
-        x = logits[sm.sample_row_ids]  # [num_samples, vocab] (a copy)
+    x = sample_rows(logits, sm)  # [num_samples, vocab]
+    if x is logits and bias is None and sm.edits_logits:
+        x = logits.clone()  # adding the bias makes a new tensor; the rest edits in place
     if bias is not None:
         x = x + bias  # [num_samples, vocab]
     if pen is not None:
@@ -182,20 +192,89 @@ def processed_sample_logits(logits: torch.Tensor, sm: SamplingMetadata) -> torch
     return x
 
 
-def sampling_probs(x: torch.Tensor, sm: SamplingMetadata) -> torch.Tensor | None:
-    """Probabilities the random rows sample from: temperature, then the top-k / top-p /
-    min-p filters when some row uses one (else a plain tempered softmax, no sort).
+def sample_rows(logits: torch.Tensor, sm: SamplingMetadata) -> torch.Tensor:
+    """The sample rows of ``logits`` ([num_rows, vocab]): ``logits`` itself when every row
+    is a sample row, in order (decode, or prefill without prompt logprobs), else a gather
+    (a copy). Returns [num_samples, vocab]."""
+    if sm.prompt_row_ids is None and sm.sample_row_ids.shape[0] == logits.shape[0]:
+        return logits
+    return logits[sm.sample_row_ids]  # [num_samples, vocab]
+
+
+def sampling_logits(x: torch.Tensor, sm: SamplingMetadata) -> torch.Tensor | None:
+    """The logits the random rows are drawn from: tempered, then filtered by top-k / top-p /
+    min-p when some row uses one (else no sort). Greedy rows have temperature 1.
 
     Args:
         x: [num_samples, vocab] float32 from :func:`processed_sample_logits`.
     Returns:
-        [num_samples, vocab] float32, or None when every row is greedy.
+        [num_samples, vocab] float32 (-inf for filtered tokens), or None when every row is
+        greedy.
     """
     if sm.all_greedy:
         return None
     if sm.need_filter:
-        return filter_probs(x, sm.temperature, sm.top_k, sm.top_p, sm.min_p)
-    return (x / sm.temperature[:, None]).softmax(dim=-1)  # [num_samples, vocab]
+        return filter_logits(x, sm.temperature, sm.top_k, sm.top_p, sm.min_p)
+    return x / sm.temperature[:, None]  # [num_samples, vocab]
+
+
+def sampling_probs(x: torch.Tensor, sm: SamplingMetadata) -> torch.Tensor | None:
+    """The softmax of :func:`sampling_logits`: [num_samples, vocab] float32, or None when
+    every row is greedy."""
+    z = sampling_logits(x, sm)
+    return None if z is None else z.softmax(dim=-1)
+
+
+def logprob_values(logits: torch.Tensor, mode: str) -> torch.Tensor:
+    """The values ``logits`` ([rows, vocab]) report under ``mode``: their log_softmax for a
+    "_logprobs" mode, the logits themselves for a "_logits" one; [rows, vocab] float32.
+    Every reported logprob goes through here (sample rows by :func:`reported_logprobs`,
+    prompt rows by :func:`prompt_logprobs`); only the CUDA greedy kernel
+    (vllm/kernels/greedy.py) computes the same log_softmax value in its own fused way."""
+    logits = logits.float()  # no copy when already float32
+    if mode.endswith("_logits"):
+        return logits
+    return torch.log_softmax(logits, dim=-1)  # [rows, vocab]
+
+
+def reported_logprobs(
+    logits: torch.Tensor, x: torch.Tensor, z: torch.Tensor | None, sm: SamplingMetadata
+) -> torch.Tensor:
+    """The values the sample rows report as logprobs, by ``sm.logprobs_mode``:
+
+    - raw_logprobs / raw_logits: from the model's logits, before logit_bias,
+      allowed_token_ids, bad_words, penalties, min_tokens and the structured-output
+      bitmask (their effect on the sampled token is not seen in the values);
+    - processed_logprobs / processed_logits: from the logits each row is drawn from, ``z``
+      for a random row (tempered; -inf for a token its top-k / top-p / min-p filter
+      drops), the edited logits ``x`` for a greedy row (temperature 1; its own filters
+      are not applied, so its values do not depend on the rest of the batch).
+
+    Args:
+        logits: [num_rows, vocab] the runner's logits, as :func:`processed_sample_logits`
+            got them (it edits a copy, never these).
+        x: [num_samples, vocab] float32 from :func:`processed_sample_logits`.
+        z: [num_samples, vocab] float32 from :func:`sampling_logits`, or None (all greedy).
+    Returns:
+        [num_samples, vocab] float32 (:func:`logprob_values`).
+    """
+    mode = sm.logprobs_mode
+    if mode.startswith("raw_"):
+        src = sample_rows(logits, sm) if sm.edits_logits else x  # [num_samples, vocab]
+    elif z is None:
+        src = x
+    elif sm.need_filter:  # a greedy row's z is x unless it set a filter: undo the filter
+        src = torch.where(sm.greedy_mask[:, None], x, z)  # [num_samples, vocab]
+    else:
+        src = z  # a greedy row's is x (temperature 1)
+    return logprob_values(src, mode)
+
+
+def reported_argmax_is_sampled(sm: SamplingMetadata) -> bool:
+    """Whether every sample row's sampled token is the largest of its reported values (so
+    its rank is 1 without a vocab-wide compare): all rows greedy, and the values come from
+    the logits the argmax was taken of (a processed mode, or nothing edits them)."""
+    return sm.all_greedy and (sm.logprobs_mode.startswith("processed_") or not sm.edits_logits)
 
 
 class Sampler(torch.nn.Module):
@@ -234,28 +313,40 @@ class Sampler(torch.nn.Module):
         multi-step decode loop reads several steps' results at once).
 
         An all-greedy batch without logprobs on CUDA takes :mod:`vllm.kernels.greedy` (the
-        same ids; logprobs equal to float32 rounding, see there), which also reads 16-bit
-        ``logits`` as they are (the decode-loop graph's); every other path widens them to
-        float32 first.
+        same ids; logprobs equal to float32 rounding, see there) when the reported values
+        are the log_softmax of the logits it takes the argmax of (a "_logprobs" mode, and
+        a processed one or nothing editing the logits); it also reads 16-bit ``logits``
+        as they are (the decode-loop graph's); every other path widens them to float32
+        first.
 
         Returns:
             (ids [num_samples] int64, packed [num_samples, 3 + 2k] float64 rows as
             :func:`_pack_logprobs` lays them out, k), all on ``logits``' device.
         """
         x = processed_sample_logits(logits, sm)  # [num_samples, vocab]
+        # The kernel reports the log_softmax of the logits it takes the argmax of: right
+        # when those are the reported ones and the mode reports log-probabilities.
         # (no sample rows: a prefill chunk that only computes prompt logprobs)
-        if sm.all_greedy and sm.max_logprobs == 0 and x.stride(-1) == 1 and x.shape[0]:
+        ranks_are_one = reported_argmax_is_sampled(sm)
+        if (
+            ranks_are_one
+            and sm.max_logprobs == 0
+            and sm.logprobs_mode.endswith("_logprobs")
+            and x.stride(-1) == 1
+            and x.shape[0]
+        ):
             greedy = get_triton_greedy(x)  # CUDA: two launches instead of ~8
             if greedy is not None:
                 ids, packed = greedy.greedy_pack(x)  # [num_samples], [num_samples, 3]
                 return ids, packed, 0
         x = x.float()  # [num_samples, vocab]; no copy when already float32
         ids = row_argmax(x)  # [num_samples]
-        probs = sampling_probs(x, sm)
-        if probs is not None:
+        z = sampling_logits(x, sm)  # [num_samples, vocab] or None
+        if z is not None:
+            probs = z.softmax(dim=-1)  # [num_samples, vocab]
             ids = torch.where(sm.greedy_mask, ids, sample_exponential(probs, sm.generators))
-        lp = torch.log_softmax(x, dim=-1)  # [num_samples, vocab]
-        packed, k = _pack_logprobs(lp, ids, sm.max_logprobs, ranks_are_one=sm.all_greedy)
+        lp = reported_logprobs(logits, x, z, sm)  # [num_samples, vocab]
+        packed, k = _pack_logprobs(lp, ids, sm.max_logprobs, ranks_are_one=ranks_are_one)
         return ids, packed, k
 
 
@@ -338,12 +429,14 @@ def _pack_logprobs(
     """One float64 row per position: [target id, its logprob, its rank, top-k logprobs,
     top-k ids] (ids and ranks are exact in float64).
 
-    The rank is 1 + the number of logprobs above the target's. ``ranks_are_one``: every
-    target is its row's argmax (all-greedy), so the rank is 1 without a vocab-wide compare.
+    The rank is 1 + the number of values above the target's. ``ranks_are_one``: every
+    target is its row's argmax (:func:`reported_argmax_is_sampled`), so the rank is 1
+    without a vocab-wide compare.
 
     Args:
-        logprobs: [rows, vocab] float32 (a log_softmax: one fused kernel on CUDA, where
-            torch.logsumexp would be several); targets: [rows] int64.
+        logprobs: [rows, vocab] float32 reported values (:func:`logprob_values`: a
+            log_softmax, one fused kernel on CUDA where torch.logsumexp would be several,
+            or the logits of a "_logits" mode); targets: [rows] int64.
     """
     chosen = logprobs.gather(1, targets[:, None])  # [rows, 1]
     tgt = targets[:, None].double()  # [rows, 1]
@@ -374,13 +467,15 @@ def prompt_logprobs(
 ) -> dict[int, list[PositionLogprobs | None]]:
     """Prompt logprobs per group index: None for position 0, then for each later prompt
     token its logprob and rank given the previous tokens, plus the top ``prompt_logprobs``
-    entries. Raw model logprobs (no penalties). All groups in one transfer. A chunk that
+    entries. Raw model logprobs (no penalties) in every ``logprobs_mode``, as upstream.
+    All groups in one transfer. A chunk that
     starts after position 0 (chunked prefill) has no None entry: its entries continue the
     earlier chunks'."""
     k = sm.max_prompt_logprobs
     host: list[list[float]] = []
     if sm.prompt_row_ids is not None:
-        lp = torch.log_softmax(logits[sm.prompt_row_ids], dim=-1)  # [num_prompt_rows, vocab]
+        rows = logits[sm.prompt_row_ids]  # [num_prompt_rows, vocab]
+        lp = logprob_values(rows, "raw_logprobs")  # [num_prompt_rows, vocab]
         host = _pack_logprobs(lp, sm.prompt_targets, k)[0].tolist()
     result: dict[int, list[PositionLogprobs | None]] = {}
     row = 0
