@@ -42,8 +42,9 @@ from typing import Any
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.async_beam_search import beam_search
 from vllm.engine.async_steps import EngineSteps
-from vllm.engine.llm_engine import LLMEngine, PromptType, check_priority
+from vllm.engine.llm_engine import LLMEngine, PromptType
 from vllm.engine.metrics import EngineMetrics
+from vllm.engine.request_checks import check_priority
 from vllm.engine.request_metrics import FinishedRequest
 from vllm.lora.request import LoRARequest
 from vllm.outputs import DeltaOutputs, PoolingRequestOutput, RequestOutput

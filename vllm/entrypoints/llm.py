@@ -13,7 +13,8 @@ from tqdm.auto import tqdm
 from vllm.beam_search import BeamSearch, BeamSearchOutput
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.default_model import resolve_model
-from vllm.engine.llm_engine import LLMEngine, PromptType, check_priority
+from vllm.engine.llm_engine import LLMEngine, PromptType
+from vllm.engine.request_checks import check_priority
 from vllm.entrypoints.chat_utils import (
     check_chat_options,
     render_chat,

@@ -19,7 +19,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 from vllm.engine.async_llm_engine import AsyncLLMEngine
-from vllm.engine.llm_engine import check_priority
+from vllm.engine.request_checks import check_priority
 from vllm.entrypoints.openai.api_errors import APIError, param_of
 from vllm.entrypoints.openai.protocol import PromptTokenUsageInfo, SamplingFields, UsageInfo
 from vllm.entrypoints.openai.request_guards import FRESH_REQUEST_ID
@@ -229,7 +229,7 @@ class OpenAIServing:
 
     def check_priority(self, priority: int) -> None:
         """Raises APIError 400 naming ``priority`` when the scheduling policy refuses it
-        (non-zero under ``fcfs``; see ``check_priority`` in vllm.engine.llm_engine)."""
+        (non-zero under ``fcfs``; see ``check_priority`` in vllm.engine.request_checks)."""
         try:
             check_priority(priority, self.engine.scheduling_policy)
         except ValueError as e:
