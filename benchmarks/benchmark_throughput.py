@@ -49,8 +49,8 @@ from bench_common import (
 from tqdm.auto import tqdm
 
 from vllm import LLM, SamplingParams
-from vllm.config import load_hf_config
 from vllm.engine.arg_utils import EngineArgs
+from vllm.transformers_utils.hf_config import load_hf_config
 from vllm.utils import FlexibleArgumentParser
 
 

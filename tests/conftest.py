@@ -65,7 +65,7 @@ def pytest_collection_finish(session):
     path = tiny_models.smollm2_gguf_path()
     if path is None:
         return
-    from vllm.config import load_hf_config
+    from vllm.transformers_utils.hf_config import load_hf_config
     from vllm.transformers_utils.tokenizer import get_tokenizer
 
     load_hf_config(path)

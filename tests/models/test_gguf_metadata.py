@@ -1,6 +1,7 @@
 """A GGUF file's config and tokenizer: converted by transformers once, then read from disk.
 
-The engine's config and tokenizer for a .gguf path (vllm.config.load_hf_config,
+The engine's config and tokenizer for a .gguf path
+(vllm.transformers_utils.hf_config.load_hf_config,
 vllm.transformers_utils.tokenizer.load_tokenizer) must equal what transformers makes of the
 file directly; a second use must not convert again; a changed file must.
 """
@@ -22,7 +23,7 @@ TEXTS = [
 def test_config_and_tokenizer_equal_transformers_direct(tiny_llama_gguf, tmp_path, monkeypatch):
     from transformers import AutoConfig, AutoTokenizer
 
-    from vllm.config import _load_hf_config_cached, load_hf_config
+    from vllm.transformers_utils.hf_config import _load_hf_config_cached, load_hf_config
     from vllm.transformers_utils.tokenizer import load_tokenizer
 
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
