@@ -15,6 +15,7 @@ import re
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from vllm.model_executor.guided_decoding.schema_support import unenforced_keywords
 from vllm.sampling_params import GuidedDecodingParams
 
 # Compiled grammars kept per tokenizer (oldest dropped first).
@@ -48,14 +49,16 @@ def parse_grammar(gd: GuidedDecodingParams):
 
     Raises:
         ValueError: naming the constraint kind and xgrammar's reason (invalid JSON or
-            schema, an unsupported schema feature, an unparsable regex or EBNF grammar).
+            schema, an unsupported schema feature, an unparsable regex or EBNF grammar),
+            or the schema keywords xgrammar would compile without enforcing
+            (:mod:`.schema_support`).
     """
     xgr = import_xgrammar()
 
     kind, text, compact = gd.key()
     try:
         if kind == "json":
-            json.loads(text)  # a clearer message than xgrammar's for bad JSON text
+            _check_enforceable(json.loads(text))  # json.loads: clearer than xgrammar's
             ws = dict(any_whitespace=not compact)
             return xgr.Grammar.from_json_schema(text, strict_mode=True, **ws)
         if kind == "json_object":  # OpenAI's json_object: an object, not any JSON value
@@ -70,6 +73,16 @@ def parse_grammar(gd: GuidedDecodingParams):
         reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
         hint = _grammar_hint(text) if kind == "grammar" else ""
         raise ValueError(f"invalid guided {kind}: {_strip_location(reason)}{hint}") from None
+
+
+def _check_enforceable(schema) -> None:
+    """Raise ValueError listing the keywords of ``schema`` xgrammar would not enforce."""
+    found = unenforced_keywords(schema)
+    if found:
+        raise ValueError(
+            "the JSON schema uses keywords xgrammar cannot enforce (the output could break "
+            f"the schema): {'; '.join(found)}"
+        )
 
 
 # A Lark rule definition: ``name: ...`` (optionally ``?name`` / ``!name``), not ``::=``.

@@ -1,0 +1,146 @@
+"""JSON-schema keywords xgrammar compiles without enforcing are refused (ValueError, HTTP
+400) instead of constraining nothing.
+
+Guards the failure where a schema with, say, ``uniqueItems`` or a ``pattern`` next to a
+``maxLength`` was accepted and the "constrained" output broke it (``[1, 1]``, an
+over-long string). Each refused schema is shown to let xgrammar's own grammar accept a
+string that breaks it, so the test keeps meaning something when xgrammar changes; each
+accepted schema's grammar refuses its breaking string."""
+
+import json
+
+import jsonschema
+import pytest
+
+from tests.structured_output.schemas import PERSON, WEATHER_ARGS
+from vllm.model_executor.guided_decoding.compiler import parse_grammar
+from vllm.model_executor.guided_decoding.schema_support import unenforced_keywords
+from vllm.sampling_params import GuidedDecodingParams
+
+xgr_testing = pytest.importorskip("xgrammar.testing")
+
+ARR = {"type": "array", "items": {"type": "integer"}}
+# (schema, a JSON text that breaks it, what the error names)
+UNENFORCED = [
+    ({**ARR, "uniqueItems": True}, "[1, 1]", r"uniqueItems at /: items are not kept"),
+    ({**ARR, "contains": {"const": 5}}, "[1]", r"contains at /"),
+    ({"type": "number", "multipleOf": 0.5}, "1.3", r"multipleOf at /: .*integer"),
+    ({"type": "string", "format": "regex"}, '"("', r"format at /: format 'regex'"),
+    (
+        {"type": "string", "pattern": "^[a-z]+$", "maxLength": 3},
+        '"abcdefgh"',
+        r"minLength/maxLength at /: ignored next to pattern",
+    ),  # fmt: skip
+    (
+        {"type": "string", "format": "email", "maxLength": 5},
+        '"abcdefgh@x.com"',
+        r"minLength/maxLength at /",
+    ),  # fmt: skip
+    ({"not": {"type": "string"}}, '"s"', r"not at /"),
+    (
+        {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "if": {"properties": {"a": {"const": 1}}, "required": ["a"]},
+            "then": {"required": ["b"]},
+        },
+        '{"a": 1}',
+        r"if at /.*then at /",
+    ),  # fmt: skip
+    (
+        {
+            "allOf": [
+                {
+                    "type": "object",
+                    "properties": {"x": {"type": "integer", "minimum": 10}},
+                    "required": ["x"],
+                },
+                {"type": "object", "properties": {"y": {"type": "integer"}}, "required": ["y"]},
+            ]
+        },
+        '{"x": 1, "y": 2}',
+        r"allOf at /: only a single-branch",
+    ),  # fmt: skip
+    (
+        {
+            "type": "object",
+            "properties": {"c/d": {"pattern": "^[a-z]+$", "maxLength": 2}},
+            "required": ["c/d"],
+        },
+        '{"c/d": "ABCDE"}',
+        r"maxLength at /properties/c~1d: ignored without a \"type\"",
+    ),  # fmt: skip
+    ({"minimum": 5}, "1", r"minimum at /: ignored without"),
+    (
+        {
+            "$defs": {"A": {"type": "object", "properties": {"a": {"type": "integer"}}}},
+            "$ref": "#/$defs/A",
+            "required": ["a"],
+        },
+        "{}",
+        r"required at /: ignored next to \$ref",
+    ),  # fmt: skip
+    (
+        {"type": "integer", "anyOf": [{"minimum": 5}, {"maximum": 0}]},
+        "3",
+        r"type at /: ignored next to anyOf",
+    ),  # fmt: skip
+    (
+        {
+            "type": "object",
+            "properties": {"l": {"type": "array", "items": {**ARR, "uniqueItems": True}}},
+            "required": ["l"],
+        },
+        '{"l": [[1, 1]]}',
+        r"uniqueItems at /properties/l/items",
+    ),  # fmt: skip
+]
+
+# Enforced by xgrammar: (schema, a JSON text that breaks it).
+ENFORCED = [
+    ({"type": "integer", "multipleOf": 3}, "4"),
+    ({"type": "string", "minLength": 2, "maxLength": 3}, '"abcd"'),
+    ({"type": "string", "format": "date"}, '"2024-13-45"'),
+    ({**ARR, "minItems": 2, "maxItems": 3}, "[1]"),
+    (
+        {"type": "object", "additionalProperties": {"type": "integer"}, "maxProperties": 1},
+        '{"a": 1, "b": 2}',
+    ),  # fmt: skip
+    ({"type": "object", "patternProperties": {"^x$": {"type": "string"}}}, '{"x": 1}'),
+    ({"allOf": [{"type": "integer", "minimum": 3}]}, "1"),
+    ({"anyOf": [{"type": "string", "maxLength": 2}, {"type": "null"}], "default": None}, "1"),
+    ({"enum": [{"not": 1, "uniqueItems": True}], "default": {"if": 2}}, '{"not": 2}'),
+    (PERSON, "{}"),
+    (WEATHER_ARGS, '{"city": "Paris", "unit": "kelvin"}'),
+]
+
+
+def _validate(value, schema) -> None:
+    jsonschema.validate(value, schema, format_checker=jsonschema.FormatChecker())
+
+
+def _grammar_accepts(schema, text: str) -> bool:
+    import xgrammar as xgr
+
+    grammar = xgr.Grammar.from_json_schema(json.dumps(schema), strict_mode=True)
+    return xgr_testing._is_grammar_accept_string(grammar, text)
+
+
+@pytest.mark.parametrize("schema,breaking,match", UNENFORCED)
+def test_unenforced_keywords_are_refused(schema, breaking, match):
+    with pytest.raises(jsonschema.ValidationError):
+        _validate(json.loads(breaking), schema)
+    assert _grammar_accepts(schema, breaking)  # xgrammar alone would let it through
+    with pytest.raises(ValueError, match=r"invalid guided json: .*cannot enforce.*" + match):
+        parse_grammar(GuidedDecodingParams(json=schema))
+    with pytest.raises(ValueError, match=match):  # the schema as JSON text too
+        parse_grammar(GuidedDecodingParams(json=json.dumps(schema)))
+
+
+@pytest.mark.parametrize("schema,breaking", ENFORCED)
+def test_enforced_keywords_are_accepted(schema, breaking):
+    with pytest.raises(jsonschema.ValidationError):
+        _validate(json.loads(breaking), schema)
+    assert not _grammar_accepts(schema, breaking)
+    assert unenforced_keywords(schema) == []
+    parse_grammar(GuidedDecodingParams(json=schema))

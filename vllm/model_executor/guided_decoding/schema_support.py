@@ -1,0 +1,124 @@
+"""JSON-schema keywords that xgrammar compiles but does not enforce.
+
+xgrammar (0.2.9) turns a JSON schema into a grammar, and for several keywords it neither
+fails nor constrains: the grammar is built without them, so a "valid" constrained output
+can break the schema the client sent (``uniqueItems`` gives ``[1, 1]``, a ``pattern`` next
+to a ``maxLength`` drops the length, a ``minimum`` without a ``type`` is ignored, ...).
+Upstream vLLM refuses such schemas for its xgrammar backend ("features not supported by
+xgrammar"); here :func:`unenforced_keywords` lists each one with where it sits, and the
+grammar compiler turns the list into a ValueError (HTTP 400) before anything is queued.
+
+Each rule below was checked against xgrammar 0.2.9 by compiling a schema with the keyword
+and matching a string that breaks it: the rule is listed only where that string was
+accepted. What xgrammar does enforce (``multipleOf`` on integers, ``minimum`` and friends
+on typed numbers, ``minLength`` / ``maxLength`` alone, ``minItems`` / ``maxItems``,
+``minProperties`` / ``maxProperties``, the formats of :data:`ENFORCED_FORMATS`,
+``patternProperties``, ``propertyNames``, one-branch ``allOf``) is accepted.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# String formats xgrammar turns into a grammar; any other format accepts every string.
+ENFORCED_FORMATS = frozenset(
+    {
+        "email", "date", "time", "date-time", "duration", "ipv4", "ipv6", "hostname",
+        "uuid", "uri", "uri-reference", "uri-template", "json-pointer",
+        "relative-json-pointer",
+    }
+)  # fmt: skip
+
+# Keywords that never constrain the grammar.
+_IGNORED = ("contains", "minContains", "maxContains", "not", "if", "then", "else",
+            "dependentRequired", "dependentSchemas", "dependencies")  # fmt: skip
+
+# Keywords that apply to one JSON type and are ignored in a subschema without "type".
+_TYPED = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
+          "minLength", "maxLength", "pattern", "format", "minItems", "maxItems")  # fmt: skip
+
+# Keywords ignored next to "$ref", "anyOf" or "oneOf" (the reference or the union wins).
+_ASSERTIONS = ("type", "properties", "required", "additionalProperties", "items",
+               "prefixItems", "enum", "const", "minProperties", "maxProperties",
+               *_TYPED)  # fmt: skip
+
+# Where subschemas sit: a map of them, one, or a list of them.
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SCHEMA_ONE = ("additionalProperties", "unevaluatedProperties", "propertyNames", "items",
+               "additionalItems", "unevaluatedItems", "contains", "not", "if", "then",
+               "else")  # fmt: skip
+_SCHEMA_LISTS = ("items", "prefixItems", "allOf", "anyOf", "oneOf")
+
+
+def unenforced_keywords(schema: Any) -> list[str]:
+    """What of ``schema`` xgrammar would silently not enforce, one line per finding
+    (``'<keyword> at <JSON pointer>: <why>'``); empty when everything is enforced.
+
+    Only subschema positions are visited (the values of ``properties``, ``items``,
+    ``anyOf``, ...), never ``enum``, ``const``, ``default`` or ``examples`` data.
+    """
+    found: list[str] = []
+    _visit(schema, "", found)
+    return found
+
+
+def _visit(node: Any, path: str, found: list[str]) -> None:
+    if not isinstance(node, dict):
+        return
+    for problem in _node_problems(node):
+        found.append(f"{problem[0]} at {path or '/'}: {problem[1]}")
+    for key in _SCHEMA_MAPS:
+        sub = node.get(key)
+        if isinstance(sub, dict):
+            for name, child in sub.items():
+                _visit(child, f"{path}/{key}/{_escape(name)}", found)
+    for key in _SCHEMA_ONE:
+        if isinstance(node.get(key), dict):
+            _visit(node[key], f"{path}/{key}", found)
+    for key in _SCHEMA_LISTS:
+        sub = node.get(key)
+        if isinstance(sub, list):
+            for i, child in enumerate(sub):
+                _visit(child, f"{path}/{key}/{i}", found)
+
+
+def _node_problems(node: dict) -> list[tuple[str, str]]:
+    """(keyword, why) for each unenforced keyword of one subschema (not its children)."""
+    types = _types(node)
+    out: list[tuple[str, str]] = []
+    if node.get("uniqueItems") is True:
+        out.append(("uniqueItems", "items are not kept distinct"))
+    out += [(k, "this keyword is not enforced") for k in _IGNORED if k in node]
+    if isinstance(node.get("allOf"), list) and len(node["allOf"]) > 1:
+        out.append(("allOf", "only a single-branch allOf is enforced"))
+    if not types:
+        if not ({"enum", "const", "$ref", "anyOf", "oneOf", "allOf"} & node.keys()):
+            out += [(k, 'ignored without a "type"') for k in _TYPED if k in node]
+    elif "multipleOf" in node and types != {"integer"}:
+        out.append(("multipleOf", 'enforced only with "type": "integer"'))
+    if "format" in node and (not types or "string" in types):
+        if node["format"] not in ENFORCED_FORMATS:
+            out.append(("format", f"format {node['format']!r} accepts any string"))
+    if ("pattern" in node or "format" in node) and ("minLength" in node or "maxLength" in node):
+        out.append(("minLength/maxLength", "ignored next to pattern or format"))
+    for union in ("$ref", "anyOf", "oneOf"):
+        if union in node:
+            beside = [k for k in _ASSERTIONS if k in node]
+            if beside:
+                out.append((", ".join(beside), f"ignored next to {union}"))
+    return out
+
+
+def _types(node: dict) -> set[str]:
+    """The node's "type" as a set (a string or a list of strings; empty without one)."""
+    t = node.get("type")
+    if isinstance(t, str):
+        return {t}
+    if isinstance(t, list):
+        return {x for x in t if isinstance(x, str)}
+    return set()
+
+
+def _escape(name: str) -> str:
+    """A JSON-pointer segment (RFC 6901): ``~`` -> ``~0``, ``/`` -> ``~1``."""
+    return str(name).replace("~", "~0").replace("/", "~1")
