@@ -100,6 +100,18 @@ def test_unservable_structured_outputs_are_a_400(so, match):
     assert (e.value.code, e.value.param) == (400, "structured_outputs")
 
 
+@pytest.mark.parametrize("tag", ['{"structures": [], "triggers": []}', {"structures": []}])
+def test_top_level_structural_tag_is_a_400(tag):
+    """A chat request's older top-level ``structural_tag`` was ignored (a warning), and the
+    reply came back unconstrained with status 200; it is refused like
+    ``structured_outputs.structural_tag``."""
+    req = ChatCompletionRequest.model_validate({"messages": MSGS, "structural_tag": tag})
+    with pytest.raises(APIError, match="structural_tag is not supported") as e:
+        guided_params(req)
+    assert (e.value.code, e.value.param) == (400, "structural_tag")
+    assert guided_params(ChatCompletionRequest.model_validate({"messages": MSGS})) is None
+
+
 def test_named_tool_with_structured_outputs_is_a_400():
     tools = [{"type": "function", "function": {"name": "f", "parameters": PERSON}}]
     req = ChatCompletionRequest.model_validate(

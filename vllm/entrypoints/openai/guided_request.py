@@ -7,7 +7,8 @@ Accepted, as upstream vLLM: ``structured_outputs`` (upstream's current field: on
 "text" means no constraint) and
 vLLM's ``guided_json``, ``guided_regex``, ``guided_choice``, ``guided_grammar``, with
 ``guided_decoding_backend`` ("xgrammar", or "xgrammar:disable-any-whitespace"). At most
-one constraint per request. Whether the schema, regex or grammar itself is valid is
+one constraint per request. A chat request's older top-level ``structural_tag`` is a 400
+too (not ignored). Whether the schema, regex or grammar itself is valid is
 checked by the engine (the handler awaits that before streaming, so it is a 400 too).
 """
 
@@ -39,8 +40,17 @@ def guided_params(req: SamplingFields) -> GuidedDecodingParams | None:
 
     Raises:
         APIError 400: more than one constraint, a json_schema format without a schema,
-            or a malformed field (the message names it).
+            a chat request's top-level ``structural_tag``, or a malformed field (the
+            message names it).
     """
+    if getattr(req, "structural_tag", None) is not None:
+        raise APIError(
+            "structural_tag is not supported by this build's structured outputs (use "
+            "response_format, structured_outputs or guided_json / guided_regex / "
+            "guided_choice / guided_grammar).",
+            400,
+            "structural_tag",
+        )
     if req.structured_outputs is not None:
         return _structured_outputs(req)
     given: dict = {}

@@ -435,6 +435,9 @@ class ChatCompletionRequest(SamplingFields):
     # with --reasoning-parser: false drops the reasoning from the reply (as upstream)
     include_reasoning: bool = True
     tools: list[ChatCompletionToolsParam] | None = None
+    # vLLM's older top-level structural tag (read so that it is refused with a 400, not
+    # ignored: this build does not serve structural tags)
+    structural_tag: str | dict[str, Any] | None = None
     # "none", "auto", "required", or {"type": "function", "function": {"name": ...}};
     # None: "auto" when tools are given and the server parses tool calls
     # (--enable-auto-tool-choice), else "none"
