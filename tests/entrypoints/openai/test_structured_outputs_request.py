@@ -126,6 +126,34 @@ def test_named_tool_with_structured_outputs_is_a_400():
         tool_mode(req)
 
 
+@pytest.mark.parametrize(
+    "extra,field",
+    [
+        ({"guided_regex": "[a-z]+"}, "guided_regex"),
+        ({"guided_choice": ["a", "b"]}, "guided_choice"),
+        ({"guided_grammar": 'root ::= "a"'}, "guided_grammar"),
+        ({"guided_json": {"type": "integer"}}, "guided_json"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+    ],
+)
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "f"}}])
+def test_forced_tool_with_a_guided_field_is_a_400(extra, field, choice):
+    """A forced tool call with a guided_* field used to drop the guided_* constraint
+    silently (the reply was the tool call, status 200); two constraints are a 400 naming
+    the other one, as with structured_outputs and response_format."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": PERSON}}]
+    body = {"messages": MSGS, "tools": tools, "tool_choice": choice, **extra}
+    with pytest.raises(APIError, match=f"cannot be combined with {field}") as e:
+        tool_mode(ChatCompletionRequest.model_validate(body))
+    assert (e.value.code, e.value.param) == (400, "tool_choice")
+    body.pop(next(iter(extra)))
+    mode, gd = tool_mode(ChatCompletionRequest.model_validate(body))
+    assert gd.kind == "json" and (mode.required or mode.function == "f")
+    body["tool_choice"] = "none"  # no forced call: the guided field is the constraint
+    mode, gd = tool_mode(ChatCompletionRequest.model_validate({**body, **extra}))
+    assert gd is None and not mode.active
+
+
 def test_sampling_params_structured_outputs():
     so = StructuredOutputsParams(choice=CHOICES)
     p = SamplingParams(structured_outputs=so)

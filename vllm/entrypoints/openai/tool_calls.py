@@ -22,6 +22,7 @@ import json
 from dataclasses import dataclass
 
 from vllm.entrypoints.openai.api_errors import APIError
+from vllm.entrypoints.openai.guided_request import guided_field
 from vllm.entrypoints.openai.protocol import (
     ChatCompletionNamedToolChoiceParam,
     ChatCompletionRequest,
@@ -101,12 +102,13 @@ def tool_mode(
     tools = {t.function.name: t.function for t in req.tools or []}
     if not tools:
         raise APIError(f"tool_choice={_show(choice)} needs a non-empty tools list.", 400, "tools")
-    if req.structured_outputs is not None or (
-        req.response_format is not None and req.response_format.type != "text"
-    ):
+    other = guided_field(req)
+    if other is not None:
         raise APIError(
-            "tool_choice other than 'none' / 'auto' cannot be combined with response_format "
-            "or structured_outputs.",
+            f"tool_choice other than 'none' / 'auto' cannot be combined with {other}: the "
+            "forced call's arguments are already constrained to the tool's parameters "
+            "(response_format, structured_outputs and guided_json / guided_regex / "
+            "guided_choice / guided_grammar are not combined with it).",
             400,
             "tool_choice",
         )
