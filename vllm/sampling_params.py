@@ -47,7 +47,11 @@ class GuidedDecodingParams:
     Options: ``backend`` (None or "xgrammar", optionally with the option
     ":disable-any-whitespace" as upstream spells it), ``disable_any_whitespace``: JSON
     without free whitespace between tokens (small models otherwise can emit whitespace
-    until ``max_tokens``).
+    until ``max_tokens``). Upstream's other options are accepted with what they mean
+    under its xgrammar backend: ``disable_additional_properties`` (an object schema with
+    ``properties`` and no ``additionalProperties`` allows no other keys: always so here,
+    xgrammar's strict mode), ``whitespace_pattern`` (read only by upstream's other backends: no
+    effect), ``disable_fallback`` (there is no other backend to fall back to).
 
     The constraint is checked by the engine when the request is added (an unparsable
     schema, regex or grammar, or a JSON-schema feature xgrammar does not support, raises
@@ -65,8 +69,15 @@ class GuidedDecodingParams:
     json_object: bool | None = None
     backend: str | None = None
     disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None
+    disable_fallback: bool = False
 
     def __post_init__(self) -> None:
+        _check(
+            self.whitespace_pattern is None or isinstance(self.whitespace_pattern, str),
+            f"whitespace_pattern must be a string, got {self.whitespace_pattern!r}.",
+        )
         if isinstance(self.choice, (list, tuple)):
             object.__setattr__(self, "choice", list(self.choice))
         set_fields = [k for k in _CONSTRAINTS if getattr(self, k) not in (None, False)]

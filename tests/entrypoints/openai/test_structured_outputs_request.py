@@ -212,3 +212,21 @@ def test_no_warning_for_a_failed_request_or_a_response(caplog):
         CompletionRequest.model_validate({"foo": 1})  # no prompt: a 400, not a warning
     CompletionRequest(prompt="x", max_tokens=3)
     assert _ignored_warnings(caplog) == []
+
+
+def test_upstream_options_are_accepted():
+    """Upstream's StructuredOutputsParams options ``disable_additional_properties`` and
+    ``whitespace_pattern`` (and the older ``disable_fallback``) raised a TypeError offline
+    and were dropped from a request's ``structured_outputs`` with a warning; they are
+    accepted, and the grammar is the one without them (what upstream's xgrammar backend
+    builds)."""
+    opts = dict(disable_additional_properties=True, whitespace_pattern=r"[ ]?")
+    so = StructuredOutputsParams(json=PERSON, disable_fallback=True, **opts)
+    gd = GuidedDecodingParams(json=PERSON, **opts)
+    assert so.key() == gd.key() == GuidedDecodingParams(json=PERSON).key()
+    assert (so.whitespace_pattern, gd.disable_additional_properties) == (r"[ ]?", True)
+    req = _completion(structured_outputs={"json": PERSON, **opts})
+    assert guided_params(req).whitespace_pattern == r"[ ]?"
+    assert guided_params(req).disable_additional_properties is True
+    with pytest.raises(ValueError, match="whitespace_pattern must be a string"):
+        GuidedDecodingParams(json=PERSON, whitespace_pattern=3)

@@ -114,6 +114,8 @@ def _structured_outputs(req: SamplingFields) -> StructuredOutputsParams:
             structural_tag=so.structural_tag,
             backend=req.guided_decoding_backend,
             disable_any_whitespace=so.disable_any_whitespace,
+            disable_additional_properties=so.disable_additional_properties,
+            whitespace_pattern=so.whitespace_pattern,
         )
     except ValueError as e:
         raise APIError(f"structured_outputs: {e}", 400, "structured_outputs") from None

@@ -221,6 +221,9 @@ class StructuredOutputs(RequestFields):
     json_object: bool | None = None
     structural_tag: str | dict[str, Any] | None = None
     disable_any_whitespace: bool = False
+    # upstream's options without effect under xgrammar (see GuidedDecodingParams)
+    disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None
 
 
 class SamplingFields(OpenAIRequest):
