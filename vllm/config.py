@@ -547,12 +547,16 @@ class DecodingConfig:
         guided_decoding_backend: the library that turns JSON schemas, regexes, choices and
             grammars into token masks; only "xgrammar" is built in ("auto", upstream's
             default, is stored as "xgrammar").
+        disable_any_whitespace: every JSON constraint (json, json_object, tool
+            arguments) allows no free whitespace, as if each request set its
+            ``disable_any_whitespace`` (upstream's ``StructuredOutputsConfig`` key).
 
     Raises:
         ValueError: an unknown backend (the message lists the known ones).
     """
 
     guided_decoding_backend: str = "xgrammar"
+    disable_any_whitespace: bool = False
 
     def __post_init__(self) -> None:
         from vllm.sampling_params import (

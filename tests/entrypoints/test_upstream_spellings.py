@@ -106,8 +106,8 @@ def test_accepted_upstream_serve_flags(tiny_llama_dir, caplog):
          ["guided_decoding_backend must be one of ['auto', 'xgrammar'], got 'outlines'"]),
         (["--structured-outputs-config", '{"reasoning_parser": "qwen3"}'],
          ["structured_outputs_config key 'reasoning_parser' is not supported"]),
-        (["--structured-outputs-config", '{"disable_any_whitespace": true}'],
-         ["structured_outputs_config disable_any_whitespace=True is not supported"]),
+        (["--structured-outputs-config", '{"disable_any_whitespace": "yes"}'],
+         ["structured_outputs_config disable_any_whitespace='yes' is not supported"]),
     ],
 )  # fmt: skip
 def test_refused_upstream_serve_flags(tiny_llama_dir, flags, words):

@@ -295,9 +295,9 @@ class EngineArgs:
     structured_outputs_config: str | dict | None = _f(
         None,
         "Upstream's structured-outputs settings as a JSON object: 'backend' (xgrammar or "
-        "auto) sets --guided-decoding-backend; 'disable_any_whitespace' false, "
-        "'disable_fallback' and 'enable_in_reasoning' false are accepted; other keys or "
-        "values are refused.",
+        "auto) sets --guided-decoding-backend; 'disable_any_whitespace' (true: JSON "
+        "constraints allow no free whitespace), 'disable_fallback' and "
+        "'enable_in_reasoning' false are accepted; other keys or values are refused.",
         group="structured outputs",
     )
     max_num_seqs: int = _f(256, "Most sequences in one step.", group="scheduler")
@@ -632,43 +632,49 @@ class EngineArgs:
             scheduler_config=scheduler_config,
             device_config=device_config,
             compilation_config=compilation_config,
-            decoding_config=DecodingConfig(self._guided_backend()),
+            decoding_config=DecodingConfig(
+                self._guided_backend(),
+                self._structured_outputs().get("disable_any_whitespace", False),
+            ),
         )
 
-    # Keys of upstream's StructuredOutputsConfig this engine accepts, with the values that
-    # mean its own behaviour (None: any value).
+    # Keys of upstream's StructuredOutputsConfig this engine accepts, with the values it
+    # implements (None: any value).
     _STRUCTURED_OUTPUTS_KEYS = {
         "backend": None,
-        "disable_any_whitespace": False,
+        "disable_any_whitespace": (True, False),
         "disable_fallback": None,
         "enable_in_reasoning": False,
     }
 
     def _guided_backend(self) -> str:
         """The ``backend`` of ``structured_outputs_config`` when it names one, else
-        ``guided_decoding_backend``.
+        ``guided_decoding_backend`` (a bad backend is DecodingConfig's error)."""
+        return self._structured_outputs().get("backend", self.guided_decoding_backend)
+
+    def _structured_outputs(self) -> dict:
+        """``structured_outputs_config`` as a dict (empty when not given).
 
         Raises:
-            ValueError: ``structured_outputs_config`` not a JSON object, a key other than
-                :attr:`_STRUCTURED_OUTPUTS_KEYS`, a value other than the one this engine
-                implements (a bad backend is DecodingConfig's error).
+            ValueError: not a JSON object, a key other than
+                :attr:`_STRUCTURED_OUTPUTS_KEYS`, a value other than those this engine
+                implements.
         """
         cfg = parse_json_object("structured_outputs_config", self.structured_outputs_config)
-        if not cfg:
-            return self.guided_decoding_backend
-        for key, value in cfg.items():
+        for key, value in (cfg or {}).items():
             if key not in self._STRUCTURED_OUTPUTS_KEYS:
                 raise ValueError(
                     f"structured_outputs_config key {key!r} is not supported; supported: "
                     f"{sorted(self._STRUCTURED_OUTPUTS_KEYS)}."
                 )
             want = self._STRUCTURED_OUTPUTS_KEYS[key]
-            if want is not None and value != want:
+            allowed = want if isinstance(want, tuple) else (want,)
+            if want is not None and not any(value is v for v in allowed):
                 raise ValueError(
                     f"structured_outputs_config {key}={value!r} is not supported: this "
                     f"engine implements only {key}={want!r}."
                 )
-        return cfg.get("backend", self.guided_decoding_backend)
+        return cfg or {}
 
     def _pooler_overrides(self) -> dict | None:
         """``--override-pooler-config`` or its newer name ``--pooler-config`` as a dict.

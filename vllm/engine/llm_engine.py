@@ -134,6 +134,7 @@ class LLMEngine(RequestChecks, StepMethods, LoRAMethods, WorkerCallMethods):
             self.model_config.tokenizer or self.model_config.model,
             self.model_config.vocab_size,
             self.eos_token_id,
+            self.config.decoding_config.disable_any_whitespace,
         )
         self._grammar_wait: list[tuple[SequenceGroup, Future]] = []
         self._next_ve = 0

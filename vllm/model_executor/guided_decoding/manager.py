@@ -9,6 +9,7 @@ request).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from concurrent.futures import Future
 from typing import Any
@@ -20,6 +21,9 @@ from vllm.sequence import SequenceGroup, SequenceGroupMetadata, SequenceStatus
 
 logger = logging.getLogger(__name__)
 
+# Constraints whose grammar the whitespace option changes.
+_JSON_KINDS = ("json", "json_object")
+
 
 class GuidedDecodingManager:
     """Grammars and matchers of one engine's constrained requests.
@@ -29,13 +33,23 @@ class GuidedDecodingManager:
         tokenizer_key: names the tokenizer in the grammar cache's key (its path).
         vocab_size: the model's logits width.
         eos_token_id: the token that ends a complete grammar.
+        disable_any_whitespace: every JSON constraint allows no free whitespace (the
+            engine's ``DecodingConfig``), whatever the request's own option says.
     """
 
-    def __init__(self, tokenizer, tokenizer_key: str, vocab_size: int, eos_token_id):
+    def __init__(
+        self,
+        tokenizer,
+        tokenizer_key: str,
+        vocab_size: int,
+        eos_token_id,
+        disable_any_whitespace: bool = False,
+    ):
         self._tokenizer = tokenizer
         self._key = tokenizer_key
         self.vocab_size = vocab_size
         self._stop_ids = [] if eos_token_id is None else [eos_token_id]
+        self._compact_json = disable_any_whitespace
         self._cache = None
         self._matchers: dict[int, object] = {}  # seq_id -> xgrammar GrammarMatcher
         self._batch = None  # xgrammar BatchGrammarMatcher, made on first use
@@ -58,9 +72,12 @@ class GuidedDecodingManager:
         Raises:
             ValueError: the constraint does not parse (message names it).
         """
-        if params.guided_decoding is None:
+        gd = params.guided_decoding
+        if gd is None:
             return None
-        return self.cache.get(params.guided_decoding)
+        if self._compact_json and not gd.disable_any_whitespace and gd.kind in _JSON_KINDS:
+            gd = dataclasses.replace(gd, disable_any_whitespace=True)
+        return self.cache.get(gd)
 
     def start(self, group: SequenceGroup, compiled) -> None:
         """Give each unfinished sequence of ``group`` a matcher of ``compiled``."""
