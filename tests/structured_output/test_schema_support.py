@@ -96,6 +96,21 @@ UNENFORCED = [
     ),  # fmt: skip
 ]
 
+# required names missing from properties
+UNENFORCED += [
+    (
+        {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}},
+            "required": ["a", "zz"],
+            "additionalProperties": True,
+        },
+        '{"a": 1}',
+        r"required at /: \['zz'\] not in properties",
+    ),  # fmt: skip
+    ({"type": "object", "required": ["zz"]}, "{}", r"required at /: \['zz'\]"),
+]
+
 # Enforced by xgrammar: (schema, a JSON text that breaks it).
 ENFORCED = [
     ({"type": "integer", "multipleOf": 3}, "4"),
@@ -144,3 +159,15 @@ def test_enforced_keywords_are_accepted(schema, breaking):
     assert not _grammar_accepts(schema, breaking)
     assert unenforced_keywords(schema) == []
     parse_grammar(GuidedDecodingParams(json=schema))
+
+
+def test_reference_out_of_the_schema_is_refused():
+    """xgrammar resolves only references within the schema; another one matched any value
+    (not validated with jsonschema here: that would fetch the URL)."""
+    schema = {"type": "object", "properties": {"a": {"$ref": "https://example.com/a.json"}},
+              "required": ["a"]}  # fmt: skip
+    assert _grammar_accepts(schema, '{"a": [true, "x"]}')
+    match = r"\$ref at /properties/a: 'https://example.com/a.json' is not within the schema"
+    with pytest.raises(ValueError, match=match):
+        parse_grammar(GuidedDecodingParams(json=schema))
+    assert unenforced_keywords({"$defs": {"A": {"type": "integer"}}, "$ref": "#/$defs/A"}) == []

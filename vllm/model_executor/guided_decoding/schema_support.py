@@ -3,7 +3,9 @@
 xgrammar (0.2.9) turns a JSON schema into a grammar, and for several keywords it neither
 fails nor constrains: the grammar is built without them, so a "valid" constrained output
 can break the schema the client sent (``uniqueItems`` gives ``[1, 1]``, a ``pattern`` next
-to a ``maxLength`` drops the length, a ``minimum`` without a ``type`` is ignored, ...).
+to a ``maxLength`` drops the length, a ``minimum`` without a ``type`` is ignored, a
+``required`` name missing from ``properties`` is not required, a ``$ref`` outside the
+schema matches anything, ...).
 Upstream vLLM refuses such schemas for its xgrammar backend ("features not supported by
 xgrammar"); here :func:`unenforced_keywords` lists each one with where it sits, and the
 grammar compiler turns the list into a ValueError (HTTP 400) before anything is queued.
@@ -101,6 +103,15 @@ def _node_problems(node: dict) -> list[tuple[str, str]]:
             out.append(("format", f"format {node['format']!r} accepts any string"))
     if ("pattern" in node or "format" in node) and ("minLength" in node or "maxLength" in node):
         out.append(("minLength/maxLength", "ignored next to pattern or format"))
+    ref = node.get("$ref")
+    if isinstance(ref, str) and not (ref == "#" or ref.startswith("#/")):
+        out.append(("$ref", f"{ref!r} is not within the schema (#/...): it matches anything"))
+    required = node.get("required")
+    if isinstance(required, list):
+        props = node.get("properties")
+        missing = [r for r in required if not (isinstance(props, dict) and r in props)]
+        if missing:
+            out.append(("required", f"{missing} not in properties are not required"))
     for union in ("$ref", "anyOf", "oneOf"):
         if union in node:
             beside = [k for k in _ASSERTIONS if k in node]
