@@ -44,8 +44,9 @@ class GuidedDecodingParams:
     - ``grammar``: an EBNF grammar (xgrammar's / GBNF syntax, start symbol ``root``).
     - ``json_object``: True: any JSON object (OpenAI's ``{"type": "json_object"}``).
 
-    Options: ``backend`` (None or "xgrammar", optionally with the option
-    ":disable-any-whitespace" as upstream spells it), ``disable_any_whitespace``: JSON
+    Options: ``backend`` (None or "xgrammar", optionally with upstream's options after a
+    colon, comma-separated: "disable-any-whitespace", "no-additional-properties",
+    "no-fallback", each setting the field below of its name), ``disable_any_whitespace``: JSON
     without free whitespace between tokens (small models otherwise can emit whitespace
     until ``max_tokens``). Upstream's other options are accepted with what they mean
     under its xgrammar backend: ``disable_additional_properties`` (an object schema with
@@ -108,18 +109,20 @@ class GuidedDecodingParams:
             )
         if self.backend is not None:
             name, _, option = self.backend.partition(":")
+            options = option.split(",") if option else []
             _check(
                 resolve_guided_backend(name) in GUIDED_DECODING_BACKENDS
-                and option in ("", "disable-any-whitespace"),
+                and all(o in _BACKEND_OPTIONS for o in options),
                 f"guided decoding backend must be one of "
                 f"{[AUTO_GUIDED_BACKEND, *GUIDED_DECODING_BACKENDS]} "
-                f"(option ':disable-any-whitespace'), got {self.backend!r}.",
+                f"(options after ':', comma-separated: {', '.join(_BACKEND_OPTIONS)}), "
+                f"got {self.backend!r}.",
             )
             if name == AUTO_GUIDED_BACKEND:
                 resolved = resolve_guided_backend(name) + (f":{option}" if option else "")
                 object.__setattr__(self, "backend", resolved)
-            if option:
-                object.__setattr__(self, "disable_any_whitespace", True)
+            for o in options:
+                object.__setattr__(self, _BACKEND_OPTIONS[o], True)
 
     @property
     def kind(self) -> str:
@@ -142,6 +145,12 @@ class GuidedDecodingParams:
 
 
 _CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object")
+# Upstream's backend options ("xgrammar:opt1,opt2") -> the field each one sets.
+_BACKEND_OPTIONS = {
+    "disable-any-whitespace": "disable_any_whitespace",
+    "no-additional-properties": "disable_additional_properties",
+    "no-fallback": "disable_fallback",
+}
 
 
 @dataclass(frozen=True)

@@ -230,3 +230,20 @@ def test_upstream_options_are_accepted():
     assert guided_params(req).disable_additional_properties is True
     with pytest.raises(ValueError, match="whitespace_pattern must be a string"):
         GuidedDecodingParams(json=PERSON, whitespace_pattern=3)
+
+
+def test_comma_separated_backend_options():
+    """Upstream's request backend takes comma-separated options after the colon
+    ("xgrammar:no-fallback,disable-any-whitespace"); only ":disable-any-whitespace" alone
+    was read here, and "no-fallback" / "no-additional-properties" were a 400."""
+    gd = GuidedDecodingParams(json=PERSON, backend="xgrammar:no-fallback,disable-any-whitespace")
+    assert gd.disable_fallback and gd.disable_any_whitespace
+    assert not gd.disable_additional_properties
+    gd = GuidedDecodingParams(json=PERSON, backend="auto:no-additional-properties")
+    assert gd.backend == "xgrammar:no-additional-properties" and gd.disable_additional_properties
+    assert not gd.disable_any_whitespace
+    backend = {"guided_decoding_backend": "xgrammar:no-fallback,disable-any-whitespace"}
+    compact = GuidedDecodingParams(json=PERSON, disable_any_whitespace=True).key()
+    assert guided_params(_completion(guided_json=PERSON, **backend)).key() == compact
+    with pytest.raises(APIError, match=r"options after ':'.*got 'xgrammar:bogus'"):
+        guided_params(_completion(guided_json=PERSON, guided_decoding_backend="xgrammar:bogus"))
