@@ -17,6 +17,7 @@ import sys
 
 import pytest
 
+from tests.entrypoints.openai.stub_engine import StubEngine
 from vllm.entrypoints.openai.api_errors import APIError
 from vllm.entrypoints.openai.protocol import ChatCompletionRequest
 from vllm.entrypoints.openai.serving_chat import OpenAIServingChat
@@ -31,26 +32,14 @@ CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool
 HERMES = ["Let me ", "check.", " <tool", "_call>", CALL[11:40], CALL[40:]]
 
 
-class _Engine:
-    """The part of AsyncLLMEngine the chat handler uses; generate() replays ``pieces``."""
-
-    max_model_len = 512
-    scheduling_policy = "fcfs"
-    pooler_config = None
+class _Engine(StubEngine):
+    """The stub engine; generate() replays ``pieces``."""
 
     def __init__(self, tokenizer, pieces, default_sampling=None, finish="stop"):
-        self.tokenizer, self.pieces, self.finish = tokenizer, pieces, finish
+        super().__init__(tokenizer)
+        self.pieces, self.finish = pieces, finish
         self.request_ids = []
         self.default_sampling = default_sampling or {}
-
-    def verify_params(self, params):
-        pass
-
-    def check_schedulable(self, prompt_len, n, reads_cache=True, max_tokens=None):
-        pass
-
-    async def prepare_grammar(self, params):
-        pass
 
     async def generate(self, prompt, params, rid, lora_request=None, priority=0, **kw):
         self.request_ids.append(rid)

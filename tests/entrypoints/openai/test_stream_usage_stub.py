@@ -13,6 +13,7 @@ import json
 
 import pytest
 
+from tests.entrypoints.openai.stub_engine import StubEngine
 from vllm.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 from vllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from vllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
@@ -22,25 +23,8 @@ TEMPLATE = "{% for m in messages %}<{{m['role']}}>{{m['content']}}{% endfor %}"
 PIECES = ["Hello", " world", "!"]
 
 
-class _Engine:
-    """The part of AsyncLLMEngine the two handlers use; generate() replays ``PIECES``."""
-
-    max_model_len = 512
-    scheduling_policy = "fcfs"
-    pooler_config = None
-    default_sampling: dict = {}
-
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-
-    def verify_params(self, params):
-        pass
-
-    def check_schedulable(self, prompt_len, n, reads_cache=True, max_tokens=None):
-        pass
-
-    async def prepare_grammar(self, params):
-        pass
+class _Engine(StubEngine):
+    """The stub engine; generate() replays ``PIECES``."""
 
     async def generate(self, prompt, params, rid, lora_request=None, priority=0, **kw):
         for k in range(1, len(PIECES) + 1):

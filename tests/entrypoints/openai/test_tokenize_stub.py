@@ -12,6 +12,7 @@ import asyncio
 
 import pytest
 
+from tests.entrypoints.openai.stub_engine import StubEngine
 from vllm.entrypoints.openai.api_errors import APIError
 from vllm.entrypoints.openai.protocol import ChatCompletionRequest
 from vllm.entrypoints.openai.serving_chat import OpenAIServingChat
@@ -24,16 +25,10 @@ TEMPLATE = "{% for m in messages %}<{{m['role']}}>{{m['content']}}{% endfor %}"
 LONG = "hello " * 400  # 2400 characters: more than 8 tokens x the longest entry
 
 
-class _Engine:
-    """The part of AsyncLLMEngine the chat handler reads when it is built."""
+class _Engine(StubEngine):
+    """The stub engine with an 8-token context."""
 
     max_model_len = 8
-    scheduling_policy = "fcfs"
-    pooler_config = None
-    default_sampling: dict = {}
-
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
 
 
 @pytest.fixture(scope="module")
