@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from vllm.model_executor.layers.sampler import Sampler, apply_penalties, filter_probs
+from vllm.model_executor.layers.sampler import Sampler, apply_penalties, filter_logits
 from vllm.model_executor.sampling_metadata import SamplingMetadata
 from vllm.sampling_params import SamplingParams
 from vllm.sequence import SequenceData, SequenceGroupMetadata
@@ -71,7 +71,7 @@ def test_filters_keep_expected_support():
     one = torch.ones(1)
 
     def f(top_k=4.0, top_p=1.0, min_p=0.0):
-        return filter_probs(logits, one, one * top_k, one * top_p, one * min_p)[0]
+        return filter_logits(logits, one, one * top_k, one * top_p, one * min_p).softmax(-1)[0]
 
     assert f(top_k=2).tolist() == pytest.approx([0.625, 0.375, 0, 0], abs=1e-6)
     # top_p: a token is kept while the mass before it is below p.

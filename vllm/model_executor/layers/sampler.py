@@ -80,18 +80,6 @@ def apply_penalties(
     return logits
 
 
-def filter_probs(
-    logits: torch.Tensor,
-    temperature: torch.Tensor,
-    top_k: torch.Tensor,
-    top_p: torch.Tensor,
-    min_p: torch.Tensor,
-) -> torch.Tensor:
-    """The softmax of :func:`filter_logits`: [rows, vocab] float32 probabilities (zeros for
-    filtered tokens)."""
-    return filter_logits(logits, temperature, top_k, top_p, min_p).softmax(dim=-1)
-
-
 def filter_logits(
     logits: torch.Tensor,
     temperature: torch.Tensor,
@@ -216,13 +204,6 @@ def sampling_logits(x: torch.Tensor, sm: SamplingMetadata) -> torch.Tensor | Non
     if sm.need_filter:
         return filter_logits(x, sm.temperature, sm.top_k, sm.top_p, sm.min_p)
     return x / sm.temperature[:, None]  # [num_samples, vocab]
-
-
-def sampling_probs(x: torch.Tensor, sm: SamplingMetadata) -> torch.Tensor | None:
-    """The softmax of :func:`sampling_logits`: [num_samples, vocab] float32, or None when
-    every row is greedy."""
-    z = sampling_logits(x, sm)
-    return None if z is None else z.softmax(dim=-1)
 
 
 def logprob_values(logits: torch.Tensor, mode: str) -> torch.Tensor:
