@@ -119,8 +119,12 @@ def _hold_back(llm) -> None:
         del eng.guided.grammar_future
 
 
+# a schema that parses and compiles but that no value matches (a reference cycle)
+NEVER = {"$ref": "#/$defs/n", "$defs": {"n": {"anyOf": [{"$ref": "#/$defs/n"}]}}}
+
 BAD = [
     (dict(json={"type": "foo"}), r"invalid guided json: .*foo"),
+    (dict(json=NEVER), r"invalid guided json: could not compile it .*can never be satisfied"),
     (dict(json="{not json"), r"invalid guided json"),
     (dict(json={"type": "object", "properties": {"a": {"type": "nope"}}}), r"nope"),
     (dict(regex="a(b"), r"invalid guided regex: .*parenthesis"),

@@ -169,6 +169,7 @@ class LLM(PoolingMethods, WorkerCalls):
             processed.append({"prompt": text, "prompt_token_ids": ids, **salted})
         for lora in loras:
             engine.adapters.check(lora)
+        wait_for_grammars(engine, params)
         ids = []
         try:
             for prompt, sp, prio, lora in zip(processed, params, priority, loras):
@@ -345,6 +346,27 @@ class LLM(PoolingMethods, WorkerCalls):
             engine.stream_outputs = streaming
             bar.close()
         return [done[r] for r in request_ids if r in done]
+
+
+def wait_for_grammars(engine, params: list) -> None:
+    """Start compiling every structured-output constraint of ``params`` (SamplingParams;
+    others are skipped), then wait for them all, so a constraint that does not compile is a
+    ValueError before any request is queued (the engine would otherwise abort its request
+    at its first step).
+
+    Raises:
+        ValueError: a constraint does not parse or compile, naming its kind and why.
+    """
+    pending = []
+    for sp in params:
+        gd = getattr(sp, "guided_decoding", None)
+        if gd is not None:
+            pending.append((gd.kind, engine.guided.grammar_future(sp)))
+    for kind, fut in pending:
+        try:
+            fut.result()
+        except Exception as e:  # the parse errors were raised above; xgrammar's may differ
+            raise ValueError(f"invalid guided {kind}: could not compile it ({e}).") from None
 
 
 def progress_bar(use_tqdm: bool | Callable[..., tqdm], **kwargs) -> tqdm:

@@ -157,12 +157,33 @@ class GrammarCache:
         with self._lock:
             fut = self._futures.get(key)
             if fut is None:
-                fut = self._pool.submit(self._compiler.compile_grammar, grammar)
+                fut = self._pool.submit(self._compile, grammar, key[0])
                 self._futures[key] = fut
                 self.num_compiled += 1
                 while len(self._futures) > MAX_CACHED_GRAMMARS:
                     self._futures.pop(next(iter(self._futures)))
         return fut
+
+    def _compile(self, grammar, kind: str):
+        """Compile ``grammar`` (on a pool thread) and refuse one that no token can start:
+        a schema that matches nothing (a ``$ref`` cycle through ``anyOf``, say) parses and
+        compiles, and would otherwise fail its request at the first step.
+
+        Raises:
+            ValueError: not even a stop token is allowed at the start.
+        """
+        xgr = import_xgrammar()
+
+        compiled = self._compiler.compile_grammar(grammar)
+        matcher = xgr.GrammarMatcher(compiled)
+        mask = xgr.allocate_token_bitmask(1, self.vocab_size)  # [1, ceil(vocab / 32)] int32
+        matcher.fill_next_token_bitmask(mask)
+        if not bool(mask.any()):
+            raise ValueError(
+                f"the {kind} constraint can never be satisfied: no token (not even the end "
+                "of sequence) may start it."
+            )
+        return compiled
 
 
 _CACHES: dict[tuple, GrammarCache] = {}
