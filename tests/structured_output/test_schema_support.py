@@ -31,11 +31,6 @@ UNENFORCED = [
         '"abcdefgh"',
         r"minLength/maxLength at /: ignored next to pattern",
     ),  # fmt: skip
-    (
-        {"type": "string", "format": "email", "maxLength": 5},
-        '"abcdefgh@x.com"',
-        r"minLength/maxLength at /",
-    ),  # fmt: skip
     ({"not": {"type": "string"}}, '"s"', r"not at /"),
     (
         {
@@ -123,6 +118,10 @@ ENFORCED = [
     ),  # fmt: skip
     ({"type": "object", "patternProperties": {"^x$": {"type": "string"}}}, '{"x": 1}'),
     ({"allOf": [{"type": "integer", "minimum": 3}]}, "1"),
+    (  # property names are strings: a propertyNames schema needs no "type"
+        {"type": "object", "propertyNames": {"maxLength": 2}, "additionalProperties": True},
+        '{"abc": 1}',
+    ),  # fmt: skip
     ({"anyOf": [{"type": "string", "maxLength": 2}, {"type": "null"}], "default": None}, "1"),
     ({"enum": [{"not": 1, "uniqueItems": True}], "default": {"if": 2}}, '{"not": 2}'),
     (PERSON, "{}"),
@@ -171,3 +170,15 @@ def test_reference_out_of_the_schema_is_refused():
     with pytest.raises(ValueError, match=match):
         parse_grammar(GuidedDecodingParams(json=schema))
     assert unenforced_keywords({"$defs": {"A": {"type": "integer"}}, "$ref": "#/$defs/A"}) == []
+
+
+def test_lengths_beside_a_format_are_accepted():
+    """pydantic's URL fields (``HttpUrl``, ``AnyUrl``) carry ``minLength`` / ``maxLength``
+    beside ``"format": "uri"``: accepted although xgrammar keeps only the format (the
+    module's one exception); beside a ``pattern`` the lengths are still refused."""
+    url = {"type": "string", "format": "uri", "minLength": 1, "maxLength": 2083}
+    schema = {"type": "object", "properties": {"site": url}, "required": ["site"]}
+    assert unenforced_keywords(schema) == []
+    parse_grammar(GuidedDecodingParams(json=schema))
+    patterned = {"type": "string", "pattern": "^h", "maxLength": 9}
+    assert unenforced_keywords(patterned) == ["minLength/maxLength at /: ignored next to pattern"]

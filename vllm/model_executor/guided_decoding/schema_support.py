@@ -6,9 +6,15 @@ can break the schema the client sent (``uniqueItems`` gives ``[1, 1]``, a ``patt
 to a ``maxLength`` drops the length, a ``minimum`` without a ``type`` is ignored, a
 ``required`` name missing from ``properties`` is not required, a ``$ref`` outside the
 schema matches anything, ...).
-Upstream vLLM refuses such schemas for its xgrammar backend ("features not supported by
-xgrammar"); here :func:`unenforced_keywords` lists each one with where it sits, and the
-grammar compiler turns the list into a ValueError (HTTP 400) before anything is queued.
+Upstream vLLM refuses a similar list of keywords for its xgrammar backend ("features not
+supported by xgrammar"); here :func:`unenforced_keywords` lists each one with where it
+sits, and the grammar compiler turns the list into a ValueError (HTTP 400) before anything
+is queued.
+
+One exception is made on purpose: ``minLength`` / ``maxLength`` next to an enforced
+``format`` are accepted although xgrammar drops the lengths, because pydantic writes them
+for every URL field (``HttpUrl``: ``"format": "uri", "minLength": 1, "maxLength": 2083``),
+where they bound nothing a reply would reach; next to a ``pattern`` they are refused.
 
 Each rule below was checked against xgrammar 0.2.9 by compiling a schema with the keyword
 and matching a string that breaks it: the rule is listed only where that string was
@@ -64,10 +70,12 @@ def unenforced_keywords(schema: Any) -> list[str]:
     return found
 
 
-def _visit(node: Any, path: str, found: list[str]) -> None:
+def _visit(node: Any, path: str, found: list[str], implied: str | None = None) -> None:
+    """Check ``node`` and its subschemas; ``implied``: the type the position fixes (a
+    ``propertyNames`` schema describes strings, with or without ``"type"``)."""
     if not isinstance(node, dict):
         return
-    for problem in _node_problems(node):
+    for problem in _node_problems(node, implied):
         found.append(f"{problem[0]} at {path or '/'}: {problem[1]}")
     for key in _SCHEMA_MAPS:
         sub = node.get(key)
@@ -76,7 +84,8 @@ def _visit(node: Any, path: str, found: list[str]) -> None:
                 _visit(child, f"{path}/{key}/{_escape(name)}", found)
     for key in _SCHEMA_ONE:
         if isinstance(node.get(key), dict):
-            _visit(node[key], f"{path}/{key}", found)
+            implied_here = "string" if key == "propertyNames" else None
+            _visit(node[key], f"{path}/{key}", found, implied_here)
     for key in _SCHEMA_LISTS:
         sub = node.get(key)
         if isinstance(sub, list):
@@ -84,9 +93,10 @@ def _visit(node: Any, path: str, found: list[str]) -> None:
                 _visit(child, f"{path}/{key}/{i}", found)
 
 
-def _node_problems(node: dict) -> list[tuple[str, str]]:
-    """(keyword, why) for each unenforced keyword of one subschema (not its children)."""
-    types = _types(node)
+def _node_problems(node: dict, implied: str | None = None) -> list[tuple[str, str]]:
+    """(keyword, why) for each unenforced keyword of one subschema (not its children);
+    ``implied``: its type when the position fixes one."""
+    types = _types(node) or ({implied} if implied else set())
     out: list[tuple[str, str]] = []
     if node.get("uniqueItems") is True:
         out.append(("uniqueItems", "items are not kept distinct"))
@@ -101,8 +111,8 @@ def _node_problems(node: dict) -> list[tuple[str, str]]:
     if "format" in node and (not types or "string" in types):
         if node["format"] not in ENFORCED_FORMATS:
             out.append(("format", f"format {node['format']!r} accepts any string"))
-    if ("pattern" in node or "format" in node) and ("minLength" in node or "maxLength" in node):
-        out.append(("minLength/maxLength", "ignored next to pattern or format"))
+    if "pattern" in node and ("minLength" in node or "maxLength" in node):
+        out.append(("minLength/maxLength", "ignored next to pattern"))
     ref = node.get("$ref")
     if isinstance(ref, str) and not (ref == "#" or ref.startswith("#/")):
         out.append(("$ref", f"{ref!r} is not within the schema (#/...): it matches anything"))
