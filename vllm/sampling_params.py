@@ -54,6 +54,14 @@ class GuidedDecodingParams:
     xgrammar's strict mode), ``whitespace_pattern`` (read only by upstream's other backends: no
     effect), ``disable_fallback`` (there is no other backend to fall back to).
 
+    ``reasoning_token_ids`` (set by the server from its ``--reasoning-parser``, not a field
+    of any API): the ids of the parser's ``(start, end)`` tags (``<think>``, ``</think>``).
+    With it the constraint waits for the reasoning to end: no mask and no grammar step
+    until the end tag is generated, then the grammar holds the tokens after it; a prompt
+    whose last tag is the end tag (a chat template that closed the reasoning) is
+    constrained from the first token (:meth:`reasoning_ended`). None: constrained from
+    the first token.
+
     The constraint is checked by the engine when the request is added (an unparsable
     schema, regex or grammar, or a JSON-schema feature xgrammar does not support, raises
     ValueError there); here only the shape of the arguments is checked.
@@ -73,8 +81,17 @@ class GuidedDecodingParams:
     disable_additional_properties: bool = False
     whitespace_pattern: str | None = None
     disable_fallback: bool = False
+    reasoning_token_ids: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
+        if self.reasoning_token_ids is not None:
+            ids = tuple(self.reasoning_token_ids)
+            _check(
+                len(ids) == 2 and all(is_int(t) for t in ids),
+                "reasoning_token_ids must be the (start, end) tag ids, got "
+                f"{self.reasoning_token_ids!r}.",
+            )
+            object.__setattr__(self, "reasoning_token_ids", ids)
         _check(
             self.whitespace_pattern is None or isinstance(self.whitespace_pattern, str),
             f"whitespace_pattern must be a string, got {self.whitespace_pattern!r}.",
@@ -128,6 +145,20 @@ class GuidedDecodingParams:
     def kind(self) -> str:
         """Which constraint is set: "json", "regex", "choice", "grammar" or "json_object"."""
         return next(k for k in _CONSTRAINTS if getattr(self, k) not in (None, False))
+
+    def reasoning_ended(self, token_ids) -> bool:
+        """Whether the reasoning is over after ``token_ids``, upstream's rule: the last
+        reasoning tag among them is the end tag. True without ``reasoning_token_ids``
+        (nothing to wait for)."""
+        if self.reasoning_token_ids is None:
+            return True
+        start, end = self.reasoning_token_ids
+        for tok in reversed(token_ids):
+            if tok == end:
+                return True
+            if tok == start:
+                return False
+        return False
 
     def key(self) -> tuple[str, str, bool]:
         """(kind, text, disable_any_whitespace): equal for equal constraints, the grammar

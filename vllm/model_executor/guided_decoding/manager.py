@@ -5,6 +5,14 @@ step's constrained matchers travel with its metadata (:mod:`.step_masks`; they f
 next token's bitmask when the sampler reads it), and they accept the tokens the step
 produced during output processing (see the package docstring for the whole life of a
 request).
+
+A request whose constraint names reasoning tags (``GuidedDecodingParams.reasoning_token_ids``,
+set by a server with ``--reasoning-parser``) lets its sequences think unconstrained: a
+sequence whose prompt leaves the reasoning open waits, without a mask and without grammar
+steps, until it generates the end tag; its matcher takes the tokens after that tag. A
+waiting sequence still makes its steps run one decode pass, as a constrained one does,
+so the step that generates the end tag is the last unconstrained one. The waiting state
+is the sequence's own (kept across preemption by recompute, like the matcher).
 """
 
 from __future__ import annotations
@@ -52,6 +60,7 @@ class GuidedDecodingManager:
         self._compact_json = disable_any_whitespace
         self._cache = None
         self._matchers: dict[int, object] = {}  # seq_id -> xgrammar GrammarMatcher
+        self._thinking: dict[int, int] = {}  # seq_id -> end tag id, while its reasoning lasts
         self._batch = None  # xgrammar BatchGrammarMatcher, made on first use
 
     @property
@@ -80,11 +89,17 @@ class GuidedDecodingManager:
         return self.cache.get(gd)
 
     def start(self, group: SequenceGroup, compiled) -> None:
-        """Give each unfinished sequence of ``group`` a matcher of ``compiled``."""
+        """Give each unfinished sequence of ``group`` a matcher of ``compiled``; with
+        reasoning tags and a prompt that leaves the reasoning open, the sequences wait
+        for the end tag before their matchers run."""
         xgr = import_xgrammar()
 
+        gd = group.sampling_params.guided_decoding
+        thinking = not gd.reasoning_ended(group.prompt_token_ids)
         for seq in group.seqs:
             self._matchers[seq.seq_id] = xgr.GrammarMatcher(compiled)
+            if thinking:
+                self._thinking[seq.seq_id] = gd.reasoning_token_ids[1]
 
     @property
     def active(self) -> bool:
@@ -95,14 +110,20 @@ class GuidedDecodingManager:
         """Set ``guided_bitmasks`` of every scheduled group: one :class:`~.step_masks.StepMasks`
         of the step's constrained sequences for the groups that have one, None for the
         others. The masks themselves are filled when the sampler first reads them (after
-        the forward pass is launched), or when the step is sent to another process."""
+        the forward pass is launched), or when the step is sent to another process. A
+        sequence still reasoning is in its group's masks without a row (None): its step
+        runs one pass, its logits are not masked."""
         if not self._matchers:
             return
         step: dict[int, Any] = {}
         constrained: list[SequenceGroupMetadata] = []
         for md in metadata_list:
             md.guided_bitmasks = None
-            found = {s: self._matchers[s] for s in md.seq_data if s in self._matchers}
+            found = {
+                s: None if s in self._thinking else self._matchers[s]
+                for s in md.seq_data
+                if s in self._matchers
+            }
             if found:
                 step.update(found)
                 constrained.append(md)
@@ -122,7 +143,8 @@ class GuidedDecodingManager:
     def accept(self, group: SequenceGroup, old_lens: dict[int, int]) -> None:
         """Advance the matchers of ``group`` by the tokens appended since ``old_lens``
         (seq_id -> output length before the step); finish a sequence whose grammar has
-        terminated (finish reason "stop").
+        terminated (finish reason "stop"). A sequence still reasoning skips the tokens up
+        to and including its end tag (all of them when the tag is not among them).
 
         Raises:
             RuntimeError: a token the grammar does not allow (the mask should make this
@@ -132,7 +154,14 @@ class GuidedDecodingManager:
             m = self._matchers.get(seq.seq_id)
             if m is None:
                 continue
-            for tok in seq.output_token_ids[old_lens.get(seq.seq_id, 0) :]:
+            new = seq.output_token_ids[old_lens.get(seq.seq_id, 0) :]
+            end = self._thinking.get(seq.seq_id)
+            if end is not None:
+                if end not in new:
+                    continue
+                del self._thinking[seq.seq_id]
+                new = new[new.index(end) + 1 :]
+            for tok in new:
                 if m.is_terminated():
                     break
                 if not m.accept_token(tok):
@@ -147,3 +176,4 @@ class GuidedDecodingManager:
         """Drop the matchers of finished or aborted sequences."""
         for sid in seq_ids:
             self._matchers.pop(sid, None)
+            self._thinking.pop(sid, None)

@@ -24,14 +24,17 @@ from vllm.model_executor.guided_decoding.bitmask import words_per_row
 
 class _MaskSource:
     """What :class:`PendingBitmask` reads rows from: a mapping keyed by seq_id
-    (``by_seq``: a grammar matcher, or a filled row) and a ``fill(seq_ids, out, rows)``
-    method."""
+    (``by_seq``: a grammar matcher, or a filled row; None for a sequence still reasoning,
+    whose grammar has not started) and a ``fill(seq_ids, out, rows)`` method.
+
+    A source is true while it has any sequence, reasoning ones included: the step must
+    run one decode pass. Only sequences with a row are ``in`` it (get a masked row)."""
 
     def __init__(self, by_seq: dict[int, Any]):
         self.by_seq = by_seq
 
     def __contains__(self, seq_id: int) -> bool:
-        return seq_id in self.by_seq
+        return self.by_seq.get(seq_id) is not None
 
     def __bool__(self) -> bool:
         return bool(self.by_seq)
@@ -41,7 +44,8 @@ class StepMasks(_MaskSource):
     """The live matchers of one step's constrained sequences (engine process).
 
     Args:
-        matchers: seq_id -> xgrammar ``GrammarMatcher`` in the state before this step.
+        matchers: seq_id -> xgrammar ``GrammarMatcher`` in the state before this step
+            (None: the sequence is still reasoning, no row).
         vocab_size: the logits width the masks cover.
         batch: an xgrammar ``BatchGrammarMatcher`` (its thread pool fills rows in parallel).
 
@@ -61,12 +65,16 @@ class StepMasks(_MaskSource):
             [self.by_seq[s] for s in seq_ids], out, indices=rows
         )
 
-    def packed(self) -> dict[int, bytes]:
-        """seq_id -> its row as bytes (``words`` little-endian int32)."""
-        ids = list(self.by_seq)
+    def packed(self) -> dict[int, bytes | None]:
+        """seq_id -> its row as bytes (``words`` little-endian int32), None for a
+        sequence still reasoning."""
+        ids = [s for s in self.by_seq if s in self]
         out = torch.empty((len(ids), words_per_row(self.vocab_size)), dtype=torch.int32)
-        self.fill(ids, out, list(range(len(ids))))
-        return {s: out[i].numpy().tobytes() for i, s in enumerate(ids)}
+        if ids:
+            self.fill(ids, out, list(range(len(ids))))
+        rows: dict[int, bytes | None] = dict.fromkeys(self.by_seq)
+        rows.update((s, out[i].numpy().tobytes()) for i, s in enumerate(ids))
+        return rows
 
     def __reduce__(self):
         return PackedMasks, (self.packed(),)
@@ -76,10 +84,11 @@ class PackedMasks(_MaskSource):
     """Filled rows of one step's constrained sequences (a stage or worker process).
 
     Args:
-        rows: seq_id -> the packed row as bytes (``ceil(vocab / 32)`` int32 words).
+        rows: seq_id -> the packed row as bytes (``ceil(vocab / 32)`` int32 words), None
+            for a sequence still reasoning.
     """
 
-    def __init__(self, rows: dict[int, bytes]):
+    def __init__(self, rows: dict[int, bytes | None]):
         super().__init__(rows)
 
     def fill(self, seq_ids: list[int], out: torch.Tensor, rows: list[int]) -> None:
