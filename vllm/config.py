@@ -550,6 +550,11 @@ class DecodingConfig:
         disable_any_whitespace: every JSON constraint (json, json_object, tool
             arguments) allows no free whitespace, as if each request set its
             ``disable_any_whitespace`` (upstream's ``StructuredOutputsConfig`` key).
+        enable_in_reasoning: with a server's ``--reasoning-parser``, constrain a reply
+            from its first token, reasoning included (upstream's key of that name).
+            False (the default): the server's constrained requests carry the parser's
+            tag ids and their grammar starts after the reasoning ends (see
+            ``GuidedDecodingParams.reasoning_token_ids``).
 
     Raises:
         ValueError: an unknown backend (the message lists the known ones).
@@ -557,6 +562,7 @@ class DecodingConfig:
 
     guided_decoding_backend: str = "xgrammar"
     disable_any_whitespace: bool = False
+    enable_in_reasoning: bool = False
 
     def __post_init__(self) -> None:
         from vllm.sampling_params import (

@@ -296,8 +296,10 @@ class EngineArgs:
         None,
         "Upstream's structured-outputs settings as a JSON object: 'backend' (xgrammar or "
         "auto) sets --guided-decoding-backend; 'disable_any_whitespace' (true: JSON "
-        "constraints allow no free whitespace), 'disable_fallback' and "
-        "'enable_in_reasoning' false are accepted; other keys or values are refused.",
+        "constraints allow no free whitespace); 'enable_in_reasoning' (with "
+        "--reasoning-parser; false, the default: a reply's reasoning is unconstrained and "
+        "the constraint holds after it; true: from the first token); 'disable_fallback' "
+        "is accepted; other keys or values are refused.",
         group="structured outputs",
     )
     max_num_seqs: int = _f(256, "Most sequences in one step.", group="scheduler")
@@ -635,6 +637,7 @@ class EngineArgs:
             decoding_config=DecodingConfig(
                 self._guided_backend(),
                 self._structured_outputs().get("disable_any_whitespace", False),
+                self._structured_outputs().get("enable_in_reasoning", False),
             ),
         )
 
@@ -644,7 +647,7 @@ class EngineArgs:
         "backend": None,
         "disable_any_whitespace": (True, False),
         "disable_fallback": None,
-        "enable_in_reasoning": False,
+        "enable_in_reasoning": (True, False),
     }
 
     def _guided_backend(self) -> str:

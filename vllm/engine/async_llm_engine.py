@@ -92,6 +92,8 @@ class AsyncLLMEngine:
         self.max_model_len = self.engine.scheduler_config.max_model_len
         # "fcfs" or "priority" (--scheduling-policy): whether requests may carry a priority.
         self.scheduling_policy = self.engine.scheduler_config.policy
+        # Structured outputs' engine-wide settings (--structured-outputs-config).
+        self.decoding_config = self.engine.config.decoding_config
         # The pooler of an embedding engine (--task embed), None for generation.
         self.pooler_config = self.engine.config.pooler_config
         # SamplingParams field -> default from generation_config.json, for requests that

@@ -60,6 +60,15 @@ class ReasoningParser:
         reasoning, content = self.split(text)
         return reasoning or None, content or None
 
+    def tag_ids(self, tokenizer) -> tuple[int, int] | None:
+        """The ids of ``<think>`` and ``</think>`` when ``tokenizer`` has each as one token
+        (upstream's parsers need them so), else None. The engine waits for the end id
+        before a constrained reply's grammar starts (see
+        ``GuidedDecodingParams.reasoning_token_ids``)."""
+        vocab = tokenizer.get_vocab()
+        start, end = vocab.get(START), vocab.get(END)
+        return None if start is None or end is None else (start, end)
+
     def stream(self) -> ReasoningStream:
         """A fresh splitter for one streamed choice."""
         return ReasoningStream(self)

@@ -185,6 +185,7 @@ def build_app(
         enable_prompt_tokens_details=enable_prompt_tokens_details,
         loras=loras,
         enable_force_include_usage=enable_force_include_usage,
+        reasoning_token_ids=reasoning_gate(engine, reasoning_parser),
     )
     completion = OpenAIServingCompletion(engine, served_model_names, tokenize_pool, **as_ids)
     chat = OpenAIServingChat(
@@ -401,6 +402,24 @@ def load_middleware(path: str):
             "class or an async function (request, call_next)."
         )
     return obj
+
+
+def reasoning_gate(engine: AsyncLLMEngine, parser: ReasoningParser | None):
+    """The tag ids the server's constrained requests wait for (see
+    ``GuidedDecodingParams.reasoning_token_ids``): the parser's, unless the
+    structured-outputs config's ``enable_in_reasoning`` is true; None without a parser or
+    when the tokenizer lacks one of the tags as a single token (constraints then hold
+    from the first token, with a warning)."""
+    if parser is None or engine.decoding_config.enable_in_reasoning:
+        return None
+    ids = parser.tag_ids(engine.tokenizer) if engine.tokenizer is not None else None
+    if ids is None:
+        logger.warning(
+            "--reasoning-parser %s: the tokenizer has no single token for <think> and "
+            "</think>, so structured outputs constrain replies from the first token.",
+            parser.name,
+        )
+    return ids
 
 
 def validate_server_args(args: argparse.Namespace) -> EngineArgs:

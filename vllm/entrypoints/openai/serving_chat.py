@@ -266,9 +266,12 @@ class OpenAIServingChat(OpenAIServing):
         role = self.response_role if req.add_generation_prompt else conv[-1]["role"]
         echo = message_text(conv[-1]) if req.echo and conv[-1]["role"] == role else ""
         as_id = req.return_tokens_as_token_ids  # None: the server's flag
-        # A constrained reply (guided decoding, a forced tool call) is held to its grammar
-        # from the first token, so it has no reasoning to split off: all of it is content.
-        splitter = self.reasoning_parser if guided is None else None
+        # A constrained reply (guided decoding, a forced tool call) is split only when its
+        # grammar waits for the reasoning to end; one held to its grammar from the first
+        # token (enable_in_reasoning, no tag ids, a prompt that closed the reasoning) has
+        # no reasoning to split off: all of it is content.
+        gd = getattr(params, "guided_decoding", None)
+        splitter = self.reasoning_parser if gd is None or not gd.reasoning_ended(ids) else None
         if req.stream:
             return self._stream(req, gen, rid, created, ids, mode, role, echo, as_id, splitter)
         final = await collect_final(gen, raw)

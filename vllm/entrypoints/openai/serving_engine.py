@@ -14,6 +14,7 @@ characters has more than ``max_model_len`` tokens whatever the tokenizer does wi
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -98,6 +99,11 @@ class OpenAIServing:
             (``--enable-prompt-tokens-details``; see :meth:`usage`).
         enable_force_include_usage: every stream ends with a usage chunk, as if it asked
             for ``stream_options.include_usage`` (``--enable-force-include-usage``).
+        reasoning_token_ids: the ``--reasoning-parser``'s (start, end) tag ids when a
+            constraint waits for the reasoning to end (``enable_in_reasoning`` false):
+            every constrained request carries them
+            (``GuidedDecodingParams.reasoning_token_ids``); None: constraints hold from
+            the first token.
         loras: name -> LoRA adapter served as a model of that name (``--lora-modules``;
             the server's map, changed in place when adapters are loaded at run time); a
             request naming one runs with it.
@@ -112,8 +118,10 @@ class OpenAIServing:
         enable_prompt_tokens_details: bool = False,
         loras: dict[str, LoRARequest] | None = None,
         enable_force_include_usage: bool = False,
+        reasoning_token_ids: tuple[int, int] | None = None,
     ):
         self.engine = engine
+        self.reasoning_token_ids = reasoning_token_ids
         self.force_include_usage = enable_force_include_usage
         self.loras = {} if loras is None else loras
         self.return_tokens_as_token_ids = return_tokens_as_token_ids
@@ -366,11 +374,13 @@ class OpenAIServing:
         """SamplingParams for a request; raises APIError 400 on a bad value (the
         SamplingParams ValueError's message names the field and the limit; the request's
         name for the per-token logprobs count is ``logprobs_field``). ``guided``:
-        the structured-output constraint (see guided_request.py / tool_calls.py).
-        temperature, top_p, top_k, min_p and repetition_penalty left out of the request
-        take the generation config's value when it sets one (``--generation-config``),
-        else SamplingParams' own default."""
+        the structured-output constraint (see guided_request.py / tool_calls.py), given
+        the server's ``reasoning_token_ids``. temperature, top_p, top_k, min_p and
+        repetition_penalty left out of the request take the generation config's value
+        when it sets one (``--generation-config``), else SamplingParams' own default."""
         d = self.default_sampling
+        if guided is not None and self.reasoning_token_ids is not None:
+            guided = dataclasses.replace(guided, reasoning_token_ids=self.reasoning_token_ids)
 
         def pick(name: str, fallback):
             value = getattr(req, name)
