@@ -8,8 +8,9 @@ The same server runs ``--enable-force-include-usage`` (every stream ends with a 
 chunk), ``--enable-server-load-tracking`` (``GET /load`` back to 0 after requests) and two
 ``--middleware`` (a class and a function, each stamping a header on every response,
 401s of the API key check included), and ``--tool-call-parser pythonic``: a reply forced
-by guided_regex into a pythonic call list comes back as tool_calls (a constrained reply
-is not split as reasoning)."""
+by guided_regex into a pythonic call list comes back as tool_calls (the tiny Llama's
+tokenizer has no think tokens, so the constraint holds from the first token and the
+reply is not split as reasoning)."""
 
 import json
 

@@ -19,9 +19,12 @@
 4. Output processing (engine process): each matcher accepts its sequence's new tokens; a
    matcher that terminated (grammar complete, EOS accepted) finishes the sequence.
 
-Decoding modes: a step with a constrained row runs one decode pass even when
-``num_scheduler_steps`` > 1 (the mask needs the host between tokens), and such a step
-makes no speculative proposals (speculation is off for the whole step).
+Reasoning: a request whose constraint carries reasoning tag ids (a server's
+``--reasoning-parser``) is unconstrained until its end tag (see :mod:`.manager`).
+
+Decoding modes: a step with a constrained row (or one still reasoning) runs one decode
+pass even when ``num_scheduler_steps`` > 1 (the mask needs the host between tokens), and
+such a step makes no speculative proposals (speculation is off for the whole step).
 """
 
 from vllm.model_executor.guided_decoding.bitmask import apply_token_bitmask
