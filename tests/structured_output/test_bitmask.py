@@ -85,3 +85,23 @@ def test_step_masks_fill_late_and_pickle_to_packed_rows():
     assert isinstance(a, PackedMasks) and a is b
     mixed = PendingBitmask([(a, 7), (live, 9)], VOCAB, torch.device("cpu")).tensor()
     assert torch.equal(mixed, rows.flip(0))
+
+
+def test_a_reasoning_sequence_has_no_row_live_or_pickled():
+    """A sequence still reasoning (None in the step's matchers) keeps the step constrained
+    (the source is true: one decode pass) but has no masked row, before and after the
+    step is pickled to another process; the other sequence's row is unchanged."""
+    import pickle
+
+    from vllm.model_executor.guided_decoding.step_masks import PackedMasks, StepMasks
+
+    xgr, matchers = _matchers()
+    live = StepMasks({**matchers, 8: None}, VOCAB, xgr.BatchGrammarMatcher(max_threads=1))
+    only = StepMasks({8: None}, VOCAB, xgr.BatchGrammarMatcher(max_threads=1))
+    assert live and only and 8 not in live and 8 not in only and 7 in live
+    packed = pickle.loads(pickle.dumps(live))
+    assert isinstance(packed, PackedMasks) and packed and 8 not in packed and 7 in packed
+    assert pickle.loads(pickle.dumps(only)).by_seq == {8: None}
+    out = torch.zeros((1, bm.words_per_row(VOCAB)), dtype=torch.int32)
+    packed.fill([7], out, [0])
+    assert _allowed(out[0]) == set(range(10))
