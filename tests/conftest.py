@@ -356,6 +356,41 @@ def tiny_gemma3_gguf(tiny_models_dir) -> str:
     )
 
 
+def _linear_rope_gguf(tiny_models_dir, name: str, config, arch: str, seed: int, **kw):
+    """(HF directory, F32 GGUF of it) for a tiny config with linear RoPE scaling; the GGUF
+    carries it as llama.cpp writes it (``{arch}.rope.scaling.type`` / ``.factor``)."""
+    hf_dir = _built(
+        tiny_models_dir / name,
+        lambda p: tiny_models.save_tiny_hf_checkpoint(config, p, seed=seed, **kw),
+    )
+    gguf_path = _built(
+        tiny_models_dir / f"tiny-{name}-f32.gguf",
+        lambda p: tiny_models.write_tiny_gguf(hf_dir, p, arch),
+    )
+    return hf_dir, gguf_path
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_linear_rope(tiny_models_dir) -> tuple[str, str]:
+    """(HF directory, GGUF) of ``tiny_llama_dir``'s config with linear RoPE scaling 4."""
+    rope = {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0}
+    config = tiny_models.tiny_llama_config(rope_parameters=rope)
+    return _linear_rope_gguf(tiny_models_dir, "llama_linear_rope", config, "llama", seed=21)
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma3_linear_rope(tiny_models_dir) -> tuple[str, str]:
+    """(HF directory, GGUF) of ``tiny_gemma3_gguf``'s config whose global layers scale RoPE
+    linearly by 8 (as Gemma 3 4B-27B; the sliding layers keep theta 10000 unscaled)."""
+    rope = {
+        "full_attention": {"rope_type": "linear", "rope_theta": 1000000.0, "factor": 8.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+    }
+    config = tiny_models.tiny_gemma3_gguf_config(rope_parameters=rope)
+    return _linear_rope_gguf(tiny_models_dir, "gemma3_linear_rope", config, "gemma3", seed=22,
+                             embed_std=tiny_models.GEMMA3_EMBED_STD)  # fmt: skip
+
+
 # The chat of the reasoning-model fixture (tiny_think_dir).
 THINK_MESSAGES = [{"role": "user", "content": "Describe a pet as JSON."}]
 

@@ -317,7 +317,8 @@ def write_tiny_gguf(hf_dir: str, out_path: str, arch: str) -> str:
     written, and the SmolLM2 ``tokenizer.ggml.*`` metadata is copied when available. A tied
     model gets no ``output.weight`` (transformers then infers tie_word_embeddings=True).
     A Llama with llama3 RoPE scaling gets it as llama.cpp writes it: a ``rope_freqs.weight``
-    tensor (:func:`llama3_rope_freqs`) and no rope-scaling metadata.
+    tensor (:func:`llama3_rope_freqs`) and no rope-scaling metadata. A linear or YaRN scaling
+    (Gemma 3: of the global layers) is written as ``{arch}.rope.scaling.*`` keys.
     """
     import gguf
     from safetensors.torch import load_file
@@ -336,9 +337,9 @@ def write_tiny_gguf(hf_dir: str, out_path: str, arch: str) -> str:
     writer.add_feed_forward_length(config.intermediate_size)
     writer.add_head_count(config.num_attention_heads)
     writer.add_head_count_kv(config.num_key_value_heads)
-    if arch == "gemma3":  # the global layers' base; the local one is transformers' default
-        from vllm.model_executor.models.gemma3 import gemma3_rope_parameters
+    from vllm.model_executor.models.gemma3 import gemma3_rope_parameters
 
+    if arch == "gemma3":  # the global layers' base; the local one is transformers' default
         theta = gemma3_rope_parameters(config, "full_attention")["rope_theta"]
         writer.add_sliding_window(config.sliding_window)
     else:
@@ -353,6 +354,12 @@ def write_tiny_gguf(hf_dir: str, out_path: str, arch: str) -> str:
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     _copy_tokenizer_metadata(writer)
     rope = get_rope_parameters(config)
+    scaled = gemma3_rope_parameters(config, "full_attention") if arch == "gemma3" else rope
+    if scaled["rope_type"] in ("linear", "yarn"):  # as llama.cpp's converter writes them
+        writer.add_rope_scaling_type(gguf.RopeScalingType(scaled["rope_type"]))
+        writer.add_rope_scaling_factor(float(scaled["factor"]))
+        if "original_max_position_embeddings" in scaled:
+            writer.add_rope_scaling_orig_ctx_len(scaled["original_max_position_embeddings"])
     if arch == "llama" and rope["rope_type"] == "llama3":
         writer.add_tensor("rope_freqs.weight", llama3_rope_freqs(rope, head_dim))
     for name, tensor in tensors.items():

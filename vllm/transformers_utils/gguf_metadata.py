@@ -9,7 +9,9 @@ carries a tokenizer) under ``$VLLM_CACHE_ROOT/gguf_metadata/<key>``; later proce
 that directory, which transformers reads in well under a second. A fast tokenizer saved
 and reloaded this way encodes and decodes identically. A file's ``rope_freqs`` tensor
 (llama.cpp's per-frequency RoPE divisors, which transformers ignores) is kept beside them
-as ``rope_freqs.json``: :func:`rope_freq_factors`.
+as ``rope_freqs.json``: :func:`rope_freq_factors`; so are the ``{arch}.rope.scaling.*``
+keys (a linear or YaRN scaling, which transformers' GGUF reader also drops) as
+``rope_scaling.json``: :func:`rope_scaling`.
 
 The key is the file's absolute path, size and modification time, the transformers
 version and ``FORMAT`` (what this module writes), so a changed or replaced file is
@@ -29,7 +31,8 @@ import threading
 _LOCK = threading.Lock()
 TOKENIZER_MARKER = "tokenizer_config.json"
 ROPE_FREQS_FILE = "rope_freqs.json"
-FORMAT = 2  # 2: rope_freqs.json
+ROPE_SCALING_FILE = "rope_scaling.json"
+FORMAT = 3  # 2: rope_freqs.json; 3: rope_scaling.json
 # key -> temporary directory, for a process whose cache root cannot be written
 _PRIVATE: dict[str, str] = {}
 
@@ -59,7 +62,10 @@ def _convert(path: str, out: str) -> None:
     """
     from transformers import AutoConfig, AutoTokenizer
 
-    from vllm.model_executor.model_loader.gguf_loader import gguf_rope_freq_factors
+    from vllm.model_executor.model_loader.gguf_loader import (
+        gguf_rope_freq_factors,
+        gguf_rope_scaling,
+    )
 
     d, f = os.path.dirname(os.path.abspath(path)), os.path.basename(path)
     AutoConfig.from_pretrained(d, gguf_file=f).save_pretrained(out)
@@ -67,6 +73,10 @@ def _convert(path: str, out: str) -> None:
     if factors is not None:
         with open(os.path.join(out, ROPE_FREQS_FILE), "w") as fh:
             json.dump(factors, fh)
+    scaling = gguf_rope_scaling(path)
+    if scaling is not None:
+        with open(os.path.join(out, ROPE_SCALING_FILE), "w") as fh:
+            json.dump(scaling, fh)
     try:
         tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
     except Exception:  # no tokenizer in the file: load_tokenizer reports it when asked
@@ -126,6 +136,16 @@ def rope_freq_factors(meta_dir: str) -> list[float] | None:
     """The GGUF file's ``rope_freqs`` divisors (float32 values, head_dim / 2 of them) that
     :func:`gguf_metadata_dir` kept in ``meta_dir``, or None when the file had none."""
     path = os.path.join(meta_dir, ROPE_FREQS_FILE)
+    if not os.path.isfile(path):
+        return None
+    with open(path) as fh:
+        return json.load(fh)
+
+
+def rope_scaling(meta_dir: str) -> dict | None:
+    """The GGUF file's RoPE scaling keys (``gguf_loader.gguf_rope_scaling``) that
+    :func:`gguf_metadata_dir` kept in ``meta_dir``, or None when the file had none."""
+    path = os.path.join(meta_dir, ROPE_SCALING_FILE)
     if not os.path.isfile(path):
         return None
     with open(path) as fh:

@@ -83,14 +83,24 @@ def _load_hf_config_cached(model: str, mtime: float, trust_remote_code: bool):
     from transformers import AutoConfig
 
     if os.path.isfile(model) and model.endswith(".gguf"):
-        from vllm.model_executor.layers.rotary_embedding import set_freq_factors
-        from vllm.transformers_utils.gguf_metadata import gguf_metadata_dir, rope_freq_factors
+        from vllm.model_executor.layers.rotary_embedding import (
+            set_freq_factors,
+            set_gguf_rope_scaling,
+        )
+        from vllm.transformers_utils.gguf_metadata import (
+            gguf_metadata_dir,
+            rope_freq_factors,
+            rope_scaling,
+        )
 
         meta_dir = gguf_metadata_dir(model)
         cfg = AutoConfig.from_pretrained(meta_dir)
         factors = rope_freq_factors(meta_dir)
         if factors is not None:  # llama.cpp's rope_freqs (transformers drops them)
             set_freq_factors(cfg, factors)
+        scaling = rope_scaling(meta_dir)
+        if scaling is not None:  # {arch}.rope.scaling.* keys (transformers drops them too)
+            set_gguf_rope_scaling(cfg, scaling)
         if not getattr(cfg, "architectures", None):
             from vllm.model_executor.models import architectures_of
 

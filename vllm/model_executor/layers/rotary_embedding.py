@@ -96,6 +96,37 @@ def set_freq_factors(config: Any, factors: list[float]) -> None:
     params["freq_factors"] = [float(f) for f in factors]
 
 
+def set_gguf_rope_scaling(config: Any, scaling: dict[str, Any]) -> None:
+    """Give ``config`` the RoPE scaling of a GGUF file's metadata (``scaling`` as
+    ``gguf_loader.gguf_rope_scaling`` returns it). ``none`` changes nothing; ``linear``
+    becomes ``rope_type="linear"`` with the file's factor in transformers 5's
+    ``rope_parameters``: the flat dict, or with per-layer-type settings (Gemma 3) the
+    ``full_attention`` layers' only, as llama.cpp scales only Gemma 3's global layers.
+
+    Raises:
+        ValueError: another scaling type, naming the metadata key (YaRN and the others are
+            not implemented); a linear scaling without a factor; a config without
+            ``rope_parameters``.
+    """
+    kind, key = scaling["type"], scaling["key"]
+    if kind == "none":
+        return
+    if kind != "linear":
+        raise ValueError(
+            f"GGUF {key}={kind!r} is not supported (RoPE scaling from GGUF metadata: "
+            "'none' or 'linear')"
+        )
+    if not scaling.get("factor"):
+        raise ValueError(f"GGUF {key}='linear' needs a positive rope.scaling.factor")
+    params = getattr(config, "rope_parameters", None)
+    if not isinstance(params, dict):
+        raise ValueError(f"GGUF {key}='linear' needs a config with rope_parameters")
+    if isinstance(params.get("full_attention"), dict):
+        params = params["full_attention"]
+    params["rope_type"] = "linear"
+    params["factor"] = float(scaling["factor"])
+
+
 def _llama3_scale(inv_freq: torch.Tensor, params: dict[str, Any]) -> torch.Tensor:
     """Llama 3.1 frequency scaling: long wavelengths divided by ``factor``, short ones kept,
     a linear blend in between (Meta's reference ``apply_scaling``)."""

@@ -111,6 +111,26 @@ def gguf_rope_freq_factors(path: str) -> list[float] | None:
     return None
 
 
+def gguf_rope_scaling(path: str) -> dict | None:
+    """The RoPE scaling in the metadata of the GGUF file at ``path`` (llama.cpp's
+    ``{arch}.rope.scaling.type`` / ``.factor`` / ``.original_context_length`` keys) as
+    ``{"key": "<arch>.rope.scaling.type", "type": str, "factor": float | None,
+    "original_context_length": int | None}``, or None when the file has no scaling type."""
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    arch = _field_str(reader, "general.architecture") or ""
+    prefix = f"{arch}.rope.scaling."
+    kind = _field_str(reader, prefix + "type")
+    if kind is None:
+        return None
+    values = {}
+    for name in ("factor", "original_context_length"):
+        field = reader.fields.get(prefix + name)
+        values[name] = None if field is None else field.contents()
+    return {"key": prefix + "type", "type": kind, **values}
+
+
 def _field_str(reader, key: str) -> str | None:
     field = reader.fields.get(key)
     if field is None:
