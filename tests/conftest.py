@@ -356,9 +356,10 @@ def tiny_gemma3_gguf(tiny_models_dir) -> str:
     )
 
 
-def _linear_rope_gguf(tiny_models_dir, name: str, config, arch: str, seed: int, **kw):
-    """(HF directory, F32 GGUF of it) for a tiny config with linear RoPE scaling; the GGUF
-    carries it as llama.cpp writes it (``{arch}.rope.scaling.type`` / ``.factor``)."""
+def _hf_and_gguf(tiny_models_dir, name: str, config, arch: str, seed: int, **kw):
+    """(HF directory, F32 GGUF of it) for a tiny config, the GGUF written as llama.cpp's
+    converter writes it (a linear RoPE scaling as ``{arch}.rope.scaling.type`` /
+    ``.factor``, the head size as ``attention.key_length``)."""
     hf_dir = _built(
         tiny_models_dir / name,
         lambda p: tiny_models.save_tiny_hf_checkpoint(config, p, seed=seed, **kw),
@@ -375,7 +376,7 @@ def tiny_llama_linear_rope(tiny_models_dir) -> tuple[str, str]:
     """(HF directory, GGUF) of ``tiny_llama_dir``'s config with linear RoPE scaling 4."""
     rope = {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0}
     config = tiny_models.tiny_llama_config(rope_parameters=rope)
-    return _linear_rope_gguf(tiny_models_dir, "llama_linear_rope", config, "llama", seed=21)
+    return _hf_and_gguf(tiny_models_dir, "llama_linear_rope", config, "llama", seed=21)
 
 
 @pytest.fixture(scope="session")
@@ -387,8 +388,16 @@ def tiny_gemma3_linear_rope(tiny_models_dir) -> tuple[str, str]:
         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
     }
     config = tiny_models.tiny_gemma3_gguf_config(rope_parameters=rope)
-    return _linear_rope_gguf(tiny_models_dir, "gemma3_linear_rope", config, "gemma3", seed=22,
+    return _hf_and_gguf(tiny_models_dir, "gemma3_linear_rope", config, "gemma3", seed=22,
                              embed_std=tiny_models.GEMMA3_EMBED_STD)  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_head_dim_32(tiny_models_dir) -> tuple[str, str]:
+    """(HF directory, GGUF) of a tiny Qwen3 whose head_dim is 32, not Qwen3Config's default
+    128 (which transformers' GGUF reader falls back to for qwen3)."""
+    config = tiny_models.tiny_qwen3_config(head_dim=32)
+    return _hf_and_gguf(tiny_models_dir, "qwen3_head_dim_32", config, "qwen3", seed=23)
 
 
 # The chat of the reasoning-model fixture (tiny_think_dir).

@@ -11,7 +11,8 @@ and reloaded this way encodes and decodes identically. A file's ``rope_freqs`` t
 (llama.cpp's per-frequency RoPE divisors, which transformers ignores) is kept beside them
 as ``rope_freqs.json``: :func:`rope_freq_factors`; so are the ``{arch}.rope.scaling.*``
 keys (a linear or YaRN scaling, which transformers' GGUF reader also drops) as
-``rope_scaling.json``: :func:`rope_scaling`.
+``rope_scaling.json``: :func:`rope_scaling`. The config's ``head_dim`` is the file's
+``{arch}.attention.key_length`` where transformers left its class default (qwen3).
 
 The key is the file's absolute path, size and modification time, the transformers
 version and ``FORMAT`` (what this module writes), so a changed or replaced file is
@@ -32,7 +33,7 @@ _LOCK = threading.Lock()
 TOKENIZER_MARKER = "tokenizer_config.json"
 ROPE_FREQS_FILE = "rope_freqs.json"
 ROPE_SCALING_FILE = "rope_scaling.json"
-FORMAT = 3  # 2: rope_freqs.json; 3: rope_scaling.json
+FORMAT = 3  # 2: rope_freqs.json; 3: rope_scaling.json and head_dim from key_length
 # key -> temporary directory, for a process whose cache root cannot be written
 _PRIVATE: dict[str, str] = {}
 
@@ -63,12 +64,19 @@ def _convert(path: str, out: str) -> None:
     from transformers import AutoConfig, AutoTokenizer
 
     from vllm.model_executor.model_loader.gguf_loader import (
+        gguf_key_length,
         gguf_rope_freq_factors,
         gguf_rope_scaling,
     )
 
     d, f = os.path.dirname(os.path.abspath(path)), os.path.basename(path)
-    AutoConfig.from_pretrained(d, gguf_file=f).save_pretrained(out)
+    config = AutoConfig.from_pretrained(d, gguf_file=f)
+    key_length = gguf_key_length(path)
+    if key_length is not None and getattr(config, "head_dim", key_length) != key_length:
+        # transformers' GGUF reader maps attention.key_length for some architectures
+        # only (not qwen3): its config then keeps the class default (Qwen3's 128)
+        config.head_dim = key_length
+    config.save_pretrained(out)
     factors = gguf_rope_freq_factors(path)
     if factors is not None:
         with open(os.path.join(out, ROPE_FREQS_FILE), "w") as fh:

@@ -131,6 +131,17 @@ def gguf_rope_scaling(path: str) -> dict | None:
     return {"key": prefix + "type", "type": kind, **values}
 
 
+def gguf_key_length(path: str) -> int | None:
+    """The attention head size of the GGUF file at ``path`` (llama.cpp's
+    ``{arch}.attention.key_length``), or None when the file does not state it."""
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    arch = _field_str(reader, "general.architecture") or ""
+    field = reader.fields.get(f"{arch}.attention.key_length")
+    return None if field is None else int(field.contents())
+
+
 def _field_str(reader, key: str) -> str | None:
     field = reader.fields.get(key)
     if field is None:
