@@ -171,10 +171,16 @@ class ModelConfig:
         return self.dtype
 
     def _verify_architecture(self) -> None:
+        from vllm.model_executor.layers.rotary_embedding import check_rope_types
         from vllm.model_executor.models import GGUF_ARCHS, ModelRegistry
 
         archs = getattr(self.hf_config, "architectures", None) or []
-        _, arch = ModelRegistry.resolve_model_cls(archs)  # ValueError listing the supported
+        model_cls, arch = ModelRegistry.resolve_model_cls(archs)  # ValueError: the supported
+        # what the model would refuse when it is built, refused now (before any process)
+        check = getattr(model_cls, "check_config", None)
+        if check is not None:
+            check(self.hf_config)
+        check_rope_types(self.hf_config)
         if self.is_gguf and arch not in GGUF_ARCHS:
             raise ValueError(
                 f"{arch} is not supported from a GGUF file ({self.model!r}); GGUF files load "

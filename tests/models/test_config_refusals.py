@@ -41,3 +41,30 @@ def test_supported_configs_build():
     assert isinstance(Qwen2ForCausalLM(Qwen2Config(**TINY)), LlamaForCausalLM)
     Phi3ForCausalLM(Phi3Config(**TINY))
     Qwen3ForCausalLM(Qwen3Config(head_dim=16, **TINY))
+
+
+@pytest.mark.parametrize(
+    "config, words",
+    [
+        (Qwen2Config(use_sliding_window=True, architectures=["Qwen2ForCausalLM"], **TINY),
+         "Qwen2ForCausalLM with use_sliding_window=True"),
+        (Qwen2Config(rope_parameters={"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0},
+                     architectures=["Qwen2ForCausalLM"], **TINY),
+         "rope_type='dynamic' is not supported"),
+        (Gemma3TextConfig(head_dim=16, architectures=["Gemma3ForCausalLM"],
+                          rope_parameters={
+                              "full_attention": {"rope_type": "yarn", "rope_theta": 1e6,
+                                                 "factor": 8.0},
+                              "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                          }, **TINY),
+         "rope_type='yarn' is not supported"),
+    ],
+)  # fmt: skip
+def test_engine_config_refuses_before_any_model_is_built(tiny_qwen2_dir, config, words):
+    """The engine's config validation asks the model class and the rotary embedding, so
+    ``LLM(...)`` / ``vllm serve`` refuse such a config before a worker starts (they used
+    to fail only when the worker built the model)."""
+    from vllm.config import ModelConfig
+
+    with pytest.raises(ValueError, match=words):
+        ModelConfig(model=tiny_qwen2_dir, hf_config=config)

@@ -43,11 +43,7 @@ def compute_inv_freq(
         ValueError: a rope type outside ``SUPPORTED_ROPE_TYPES``, or longrope factors or
             ``freq_factors`` whose length is not rotary_dim // 2.
     """
-    rope_type = rope_parameters.get("rope_type", rope_parameters.get("type", "default"))
-    if rope_type not in SUPPORTED_ROPE_TYPES:
-        raise ValueError(
-            f"rope_type={rope_type!r} is not supported; supported: {list(SUPPORTED_ROPE_TYPES)}"
-        )
+    rope_type = supported_rope_type(rope_parameters)
     base = rope_parameters["rope_theta"]
     exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64).to(torch.float) / rotary_dim
     if rope_type == "longrope":
@@ -287,6 +283,37 @@ class RotaryEmbedding(nn.Module):
             f"head_size={self.head_size}, max_position={self.max_position}, "
             f"num_positions={self.num_positions}"
         )
+
+
+def check_rope_types(config: Any) -> None:
+    """Refuse a config whose RoPE type (any layer type's, for configs that set one per layer
+    type as Gemma 3's) the rotary embedding does not implement, when the config is
+    validated rather than when the model is built.
+
+    Raises:
+        ValueError: naming the type and the supported ones (``SUPPORTED_ROPE_TYPES``).
+    """
+    params = getattr(config, "rope_parameters", None)
+    per_layer = (
+        [v for v in params.values() if isinstance(v, dict)] if isinstance(params, dict) else []
+    )
+    for p in per_layer or [get_rope_parameters(config)]:
+        supported_rope_type(p)
+
+
+def supported_rope_type(rope_parameters: dict[str, Any]) -> str:
+    """The ``rope_type`` of one set of rope parameters (``type`` is its old spelling;
+    default "default").
+
+    Raises:
+        ValueError: a type outside ``SUPPORTED_ROPE_TYPES``, naming it and the supported.
+    """
+    rope_type = rope_parameters.get("rope_type", rope_parameters.get("type", "default"))
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise ValueError(
+            f"rope_type={rope_type!r} is not supported; supported: {list(SUPPORTED_ROPE_TYPES)}"
+        )
+    return rope_type
 
 
 def get_rope_parameters(config: Any) -> dict[str, Any]:
