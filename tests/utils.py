@@ -370,6 +370,33 @@ def hf_greedy(
     return results
 
 
+def check_gguf_matches_source(
+    hf_dir: str, gguf_path: str, prompts: Sequence[Any], max_tokens: int, name: str,
+    min_distinct: int = 6, tol: float = 1e-4,
+) -> None:  # fmt: skip
+    """The engine on a GGUF file against transformers on the Hugging Face checkpoint it was
+    written from (the same float32 weights; for what transformers' GGUF reader drops):
+    greedy ids equal (token-id prompts: the two tokenizers may differ) and top-5 logprobs
+    within ``tol`` (float32 on CPU: the same arithmetic). Each reference output must have
+    ``min_distinct`` distinct tokens (docs/design.md: a repeating model proves nothing)."""
+    from vllm import LLM
+
+    ref = hf_greedy(hf_dir, prompts, max_tokens)
+    for ids, _, _ in ref:
+        assert len(set(ids)) >= min_distinct, f"{name}: degenerate output {ids}"
+    llm = LLM(model=gguf_path, device="cpu", dtype="float32")
+    out = vllm_greedy(llm, prompts, max_tokens, logprobs=5)
+    llm.llm_engine.shutdown()
+    check_outputs_equal(
+        [(ids, "") for ids, _, _ in ref], [(ids, "") for ids, _, _ in out], "hf-source",
+        f"{name}-gguf", prompts,
+    )  # fmt: skip
+    for p, ((_, _, ref_lps), (_, _, lps)) in enumerate(zip(ref, out)):
+        for pos, (a, b) in enumerate(zip(ref_lps, lps)):
+            for tok in set(a) & set(b):
+                assert abs(a[tok] - b[tok]) <= tol, (name, p, pos, tok)
+
+
 def run_in_fork(fn: Callable[[], Any]) -> Any:
     """Run ``fn`` in a forked child (a fresh engine beside a running server, say) and
     return its JSON-able result; the child's failure fails the caller's assertion."""

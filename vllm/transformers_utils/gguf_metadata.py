@@ -143,17 +143,19 @@ def _complete(meta_dir: str) -> bool:
 def rope_freq_factors(meta_dir: str) -> list[float] | None:
     """The GGUF file's ``rope_freqs`` divisors (float32 values, head_dim / 2 of them) that
     :func:`gguf_metadata_dir` kept in ``meta_dir``, or None when the file had none."""
-    path = os.path.join(meta_dir, ROPE_FREQS_FILE)
-    if not os.path.isfile(path):
-        return None
-    with open(path) as fh:
-        return json.load(fh)
+    return _kept_json(meta_dir, ROPE_FREQS_FILE)
 
 
 def rope_scaling(meta_dir: str) -> dict | None:
     """The GGUF file's RoPE scaling keys (``gguf_loader.gguf_rope_scaling``) that
     :func:`gguf_metadata_dir` kept in ``meta_dir``, or None when the file had none."""
-    path = os.path.join(meta_dir, ROPE_SCALING_FILE)
+    return _kept_json(meta_dir, ROPE_SCALING_FILE)
+
+
+def _kept_json(meta_dir: str, name: str):
+    """The JSON value of the file ``name`` that :func:`_convert` wrote in ``meta_dir``, or
+    None when it wrote none."""
+    path = os.path.join(meta_dir, name)
     if not os.path.isfile(path):
         return None
     with open(path) as fh:

@@ -1,12 +1,17 @@
-"""RoPE scaling stored in a GGUF file's metadata (``{arch}.rope.scaling.type`` and
-``.factor``, as llama.cpp's converter writes a linear scaling: Gemma 3 4B-27B's global layers
-scale by 8) is applied, not dropped: transformers' GGUF reader ignores these keys, so the
-reference is transformers on the Hugging Face checkpoint the GGUF was written from (same
-float32 weights). A scaling the engine does not implement is refused by name."""
+"""GGUF metadata that transformers' GGUF reader drops is applied, so the reference is
+transformers on the Hugging Face checkpoint the GGUF was written from (same float32
+weights):
+
+- RoPE scaling (``{arch}.rope.scaling.type`` and ``.factor``, as llama.cpp's converter
+  writes a linear scaling: Gemma 3 4B-27B's global layers scale by 8); a scaling the
+  engine does not implement is refused by name;
+- the head size (``{arch}.attention.key_length``), which the reader does not map for
+  qwen3: it kept Qwen3Config's default 128, and a qwen3 GGUF with another head size
+  failed to load ("the parameter expects (128,)")."""
 
 import pytest
 
-from tests.utils import check_outputs_equal, hf_greedy, vllm_greedy
+from tests.utils import check_gguf_matches_source
 
 # token ids: transformers builds Gemma 3's GGUF tokenizer differently from the source
 # directory's, so text prompts would not give both runs the same ids
@@ -17,7 +22,6 @@ PROMPTS = [
     {"prompt_token_ids": [29535]},
 ]
 MAX_TOKENS = 32
-LOGPROB_TOL = 1e-4  # float32 on CPU: the same arithmetic as transformers
 
 
 @pytest.fixture(autouse=True)
@@ -31,24 +35,8 @@ def test_gguf_linear_rope_scaling_matches_source_checkpoint(fixture, request):
     """Greedy tokens and top-5 logprobs of the GGUF equal transformers' on the source
     checkpoint. Guards: the GGUF's linear RoPE scaling silently dropped (the model then
     rotated with the unscaled frequencies and generated other tokens)."""
-    from vllm import LLM
-
     hf_dir, gguf_path = request.getfixturevalue(fixture)
-    ref = hf_greedy(hf_dir, PROMPTS, MAX_TOKENS)
-    for ids, _, _ in ref:  # distinct-token guard (docs/design.md)
-        assert len(set(ids)) >= 8, f"{fixture} degenerate output {ids}"
-    llm = LLM(model=gguf_path, device="cpu", dtype="float32")
-    out = vllm_greedy(llm, PROMPTS, MAX_TOKENS, logprobs=5)
-    llm.llm_engine.shutdown()
-    # ids only: the two tokenizers may decode differently (see PROMPTS)
-    check_outputs_equal(
-        [(ids, "") for ids, _, _ in ref], [(ids, "") for ids, _, _ in out], "hf-source",
-        f"{fixture}-gguf", PROMPTS,
-    )  # fmt: skip
-    for p, ((_, _, ref_lps), (_, _, lps)) in enumerate(zip(ref, out)):
-        for pos, (a, b) in enumerate(zip(ref_lps, lps)):
-            for tok in set(a) & set(b):
-                assert abs(a[tok] - b[tok]) <= LOGPROB_TOL, (fixture, p, pos, tok)
+    check_gguf_matches_source(hf_dir, gguf_path, PROMPTS, MAX_TOKENS, fixture, min_distinct=8)
 
 
 def test_gguf_yarn_rope_scaling_is_refused(tmp_path, tiny_llama_dir):
@@ -66,3 +54,12 @@ def test_gguf_yarn_rope_scaling_is_refused(tmp_path, tiny_llama_dir):
     path = tiny_models.write_tiny_gguf(hf_dir, str(tmp_path / "yarn.gguf"), "llama")
     with pytest.raises(ValueError, match=r"llama\.rope\.scaling\.type='yarn' is not supported"):
         ModelConfig(model=path)
+
+
+@pytest.mark.forked
+def test_qwen3_gguf_head_dim_from_key_length(tiny_qwen3_head_dim_32):
+    from vllm.transformers_utils.hf_config import load_hf_config
+
+    hf_dir, gguf_path = tiny_qwen3_head_dim_32
+    assert load_hf_config(gguf_path).head_dim == 32
+    check_gguf_matches_source(hf_dir, gguf_path, PROMPTS, MAX_TOKENS, "qwen3-head-dim-32")
