@@ -69,6 +69,14 @@ class ReasoningParser:
         start, end = vocab.get(START), vocab.get(END)
         return None if start is None or end is None else (start, end)
 
+    def until_end_tag(self) -> ReasoningParser:
+        """This parser for a reply whose structured-output grammar waits for the end tag
+        (``GuidedDecodingParams.reasoning_token_ids``): the engine treats everything
+        before ``</think>`` as reasoning, with or without an opening tag, so the split
+        does too (a qwen3 reply of a template that wrote ``<think>`` into the prompt
+        generates only ``</think>``)."""
+        return ReasoningParser(self.name, starts_in_reasoning=True)
+
     def stream(self) -> ReasoningStream:
         """A fresh splitter for one streamed choice."""
         return ReasoningStream(self)

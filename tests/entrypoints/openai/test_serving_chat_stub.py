@@ -84,7 +84,9 @@ class _BosTokenizer:
 
 
 def _answer(tokenizer, pieces, parser=None, role="assistant", reasoning=None, engine=None,
-            **body):  # fmt: skip
+            tags=None, **body):  # fmt: skip
+    """The reply to ``body`` of a handler over a stub engine that replays ``pieces``;
+    ``tags``: the server's reasoning tag ids (constraints then wait for the end tag)."""
     handler = OpenAIServingChat(
         engine or _Engine(tokenizer, pieces),
         ["m"],
@@ -92,6 +94,7 @@ def _answer(tokenizer, pieces, parser=None, role="assistant", reasoning=None, en
         tool_parser=parser,
         response_role=role,
         reasoning_parser=get_reasoning_parser(reasoning) if reasoning else None,
+        reasoning_token_ids=tags,
     )
     req = ChatCompletionRequest(**{"messages": MSGS, "max_tokens": 32, **body})
 
@@ -352,6 +355,24 @@ def test_constrained_reply_is_content_under_a_reasoning_parser(tokenizer):
         else:
             [call] = out["choices"][0]["message"]["tool_calls"]
             assert call["function"]["arguments"] == '{"city": "Paris"}'
+
+
+@pytest.mark.parametrize("reasoning", ["qwen3", "deepseek_r1"])
+def test_gated_constrained_reply_splits_at_the_end_tag(tokenizer, reasoning):
+    """A constraint that waits for the reasoning's end tag (the server's tag ids; the
+    prompt leaves the reasoning open) is split where the grammar starts, at ``</think>``,
+    whatever the parser does with a reply that has no opening tag: qwen3 put the free
+    reasoning, the tag and the JSON all in ``content``."""
+    pieces = ["Need a ", "pet.", "</think>", '{"a": ', "1}"]
+    fmt = {"type": "json_object"}
+    msg = _answer(tokenizer, pieces, reasoning=reasoning, tags=(49152, 49153),
+                  response_format=fmt)["choices"][0]["message"]  # fmt: skip
+    assert (msg["reasoning"], msg["content"]) == ("Need a pet.", '{"a": 1}')
+    chunks = _answer(tokenizer, pieces, reasoning=reasoning, tags=(49152, 49153),
+                     response_format=fmt, stream=True)  # fmt: skip
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert "".join(d.get("reasoning") or "" for d in deltas) == "Need a pet."
+    assert "".join(d.get("content") or "" for d in deltas) == '{"a": 1}'
 
 
 def test_named_call_cut_short_is_a_call_streamed_or_not(tokenizer):

@@ -271,7 +271,10 @@ class OpenAIServingChat(OpenAIServing):
         # token (enable_in_reasoning, no tag ids, a prompt that closed the reasoning) has
         # no reasoning to split off: all of it is content.
         gd = getattr(params, "guided_decoding", None)
-        splitter = self.reasoning_parser if gd is None or not gd.reasoning_ended(ids) else None
+        splitter = self.reasoning_parser
+        if gd is not None and splitter is not None:
+            # the split follows the grammar's gate: reasoning until the end tag
+            splitter = None if gd.reasoning_ended(ids) else splitter.until_end_tag()
         if req.stream:
             return self._stream(req, gen, rid, created, ids, mode, role, echo, as_id, splitter)
         final = await collect_final(gen, raw)
