@@ -61,6 +61,7 @@ def _convert(path: str, out: str) -> None:
     Raises:
         whatever transformers raises when the file's config cannot be read.
     """
+    import gguf
     from transformers import AutoConfig, AutoTokenizer
 
     from vllm.model_executor.model_loader.gguf_loader import (
@@ -71,20 +72,15 @@ def _convert(path: str, out: str) -> None:
 
     d, f = os.path.dirname(os.path.abspath(path)), os.path.basename(path)
     config = AutoConfig.from_pretrained(d, gguf_file=f)
-    key_length = gguf_key_length(path)
+    reader = gguf.GGUFReader(path)  # once, for what transformers' reader leaves out
+    key_length = gguf_key_length(reader)
     if key_length is not None and getattr(config, "head_dim", key_length) != key_length:
         # transformers' GGUF reader maps attention.key_length for some architectures
         # only (not qwen3): its config then keeps the class default (Qwen3's 128)
         config.head_dim = key_length
     config.save_pretrained(out)
-    factors = gguf_rope_freq_factors(path)
-    if factors is not None:
-        with open(os.path.join(out, ROPE_FREQS_FILE), "w") as fh:
-            json.dump(factors, fh)
-    scaling = gguf_rope_scaling(path)
-    if scaling is not None:
-        with open(os.path.join(out, ROPE_SCALING_FILE), "w") as fh:
-            json.dump(scaling, fh)
+    _keep_json(out, ROPE_FREQS_FILE, gguf_rope_freq_factors(reader))
+    _keep_json(out, ROPE_SCALING_FILE, gguf_rope_scaling(reader))
     try:
         tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
     except Exception:  # no tokenizer in the file: load_tokenizer reports it when asked
@@ -150,6 +146,14 @@ def rope_scaling(meta_dir: str) -> dict | None:
     """The GGUF file's RoPE scaling keys (``gguf_loader.gguf_rope_scaling``) that
     :func:`gguf_metadata_dir` kept in ``meta_dir``, or None when the file had none."""
     return _kept_json(meta_dir, ROPE_SCALING_FILE)
+
+
+def _keep_json(meta_dir: str, name: str, value) -> None:
+    """Write ``value`` as the JSON file ``name`` in ``meta_dir`` (nothing for None), for
+    :func:`_kept_json` to read back."""
+    if value is not None:
+        with open(os.path.join(meta_dir, name), "w") as fh:
+            json.dump(value, fh)
 
 
 def _kept_json(meta_dir: str, name: str):

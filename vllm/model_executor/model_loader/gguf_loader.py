@@ -98,12 +98,12 @@ def permute_rows(weight: np.ndarray, n_head: int) -> np.ndarray:
     return w.swapaxes(1, 2).reshape(weight.shape)
 
 
-def gguf_rope_freq_factors(path: str) -> list[float] | None:
-    """The ``rope_freqs.weight`` tensor of the GGUF file at ``path`` (float32 [head_dim / 2]:
-    each frequency's divisor) as a list, or None when the file has none."""
+def gguf_rope_freq_factors(reader) -> list[float] | None:
+    """The ``rope_freqs.weight`` tensor of a GGUF file (``reader``: its
+    ``gguf.GGUFReader``; float32 [head_dim / 2]: each frequency's divisor) as a list, or
+    None when the file has none."""
     import gguf
 
-    reader = gguf.GGUFReader(path)
     for tensor in reader.tensors:
         if tensor.name == f"{ROPE_FREQS}.weight":
             values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)  # [head_dim / 2]
@@ -111,14 +111,11 @@ def gguf_rope_freq_factors(path: str) -> list[float] | None:
     return None
 
 
-def gguf_rope_scaling(path: str) -> dict | None:
-    """The RoPE scaling in the metadata of the GGUF file at ``path`` (llama.cpp's
-    ``{arch}.rope.scaling.type`` / ``.factor`` / ``.original_context_length`` keys) as
-    ``{"key": "<arch>.rope.scaling.type", "type": str, "factor": float | None,
+def gguf_rope_scaling(reader) -> dict | None:
+    """The RoPE scaling in the metadata of a GGUF file (``reader``: its ``gguf.GGUFReader``;
+    llama.cpp's ``{arch}.rope.scaling.type`` / ``.factor`` / ``.original_context_length``
+    keys) as ``{"key": "<arch>.rope.scaling.type", "type": str, "factor": float | None,
     "original_context_length": int | None}``, or None when the file has no scaling type."""
-    import gguf
-
-    reader = gguf.GGUFReader(path)
     arch = _field_str(reader, "general.architecture") or ""
     prefix = f"{arch}.rope.scaling."
     kind = _field_str(reader, prefix + "type")
@@ -131,12 +128,9 @@ def gguf_rope_scaling(path: str) -> dict | None:
     return {"key": prefix + "type", "type": kind, **values}
 
 
-def gguf_key_length(path: str) -> int | None:
-    """The attention head size of the GGUF file at ``path`` (llama.cpp's
-    ``{arch}.attention.key_length``), or None when the file does not state it."""
-    import gguf
-
-    reader = gguf.GGUFReader(path)
+def gguf_key_length(reader) -> int | None:
+    """The attention head size of a GGUF file (``reader``: its ``gguf.GGUFReader``;
+    llama.cpp's ``{arch}.attention.key_length``), or None when the file does not state it."""
     arch = _field_str(reader, "general.architecture") or ""
     field = reader.fields.get(f"{arch}.attention.key_length")
     return None if field is None else int(field.contents())
