@@ -126,3 +126,36 @@ def test_add_request_takes_lora_request_fifth_as_upstream(tiny_llama_dir, lora_a
     assert done["pos"].lora_request == lora
     assert done["pos"].outputs[0].token_ids == done["kw"].outputs[0].token_ids
     assert done["pos"].outputs[0].token_ids != done["base"].outputs[0].token_ids
+
+
+def test_removed_id_reused_with_prefix_caching(tiny_llama_dir, lora_adapters):
+    """With prefix caching, an id removed (``remove_lora``) and then given to another
+    adapter never finds the blocks computed with the old adapter: the new adapter's outputs
+    equal PEFT's, and the prompt is computed again. Guards: blocks were keyed by the id
+    alone, so the second request reused the first adapter's KV and its greedy ids were
+    neither adapter's."""
+
+    def run():
+        from vllm import LLM, SamplingParams
+        from vllm.lora.request import LoRARequest
+
+        llm = LLM(model=tiny_llama_dir, device="cpu", dtype="float32", enable_lora=True,
+                  max_lora_rank=8, block_size=4, enable_prefix_caching=True)  # fmt: skip
+        sp = SamplingParams(max_tokens=N, temperature=0.0, ignore_eos=True)
+
+        def gen(lora):
+            (out,) = llm.generate([{"prompt_token_ids": PROMPT}], sp, lora_request=lora)
+            return list(out.outputs[0].token_ids), out.num_cached_tokens
+
+        first = gen(LoRARequest("a", 1, lora_adapters["all"]))
+        again = gen(LoRARequest("a", 1, lora_adapters["all"]))
+        llm.llm_engine.remove_lora(1)
+        reused = gen(LoRARequest("b", 1, lora_adapters["qv"]))
+        return first, again, reused
+
+    first, again, reused = run_in_fork(run)
+    want_all = peft_greedy(tiny_llama_dir, lora_adapters["all"], PROMPT, N)[0]
+    want_qv = peft_greedy(tiny_llama_dir, lora_adapters["qv"], PROMPT, N)[0]
+    assert first == [want_all, 0]
+    assert again == [want_all, 8]  # 9 prompt tokens: 2 full blocks before the last
+    assert reused == [want_qv, 0], f"{reused} != {[want_qv, 0]} (all: {want_all})"

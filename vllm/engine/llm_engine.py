@@ -305,7 +305,7 @@ class LLMEngine(RequestChecks, StepMethods, LoRAMethods, WorkerCallMethods):
             for _ in range(params.n)
         ]
         # what changes a block's KV (the adapter) or who may share it (the salt)
-        keys = () if lora_request is None else (lora_request.lora_int_id,)
+        keys = () if lora_request is None else (self.adapters.block_hash_key(lora_request),)
         salt = prompt_cache_salt(prompt)
         keys += () if salt is None else (("cache_salt", salt),)
         for seq in seqs:

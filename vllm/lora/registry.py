@@ -3,10 +3,15 @@
 A :class:`LoRARequest` is checked once per ``lora_int_id`` (its directory read, its rank
 and tensor shapes compared with the model and ``--max-lora-rank``; vllm/lora/adapter.py);
 later requests with the same id must name the same directory, since the workers cache the
-adapter's weights under the id.
+adapter's weights under the id. Each registration of an id gets a serial number of its own,
+which prefix-cache block hashes include (:meth:`AdapterRegistry.block_hash_key`): once an id
+is removed (``remove_lora``) and names another adapter, blocks computed with the old one are
+never found for the new one.
 """
 
 from __future__ import annotations
+
+import itertools
 
 from vllm.lora.adapter import AdapterSpec, check_adapter
 from vllm.lora.request import LoRARequest
@@ -26,6 +31,13 @@ class AdapterRegistry:
         self.hf_config = hf_config
         self.supported = supported
         self.specs: dict[int, tuple[LoRARequest, AdapterSpec]] = {}
+        self._serials: dict[int, int] = {}  # lora id -> its registration's serial number
+        self._next_serial = itertools.count(1)
+
+    def block_hash_key(self, request: LoRARequest) -> tuple[int, int]:
+        """What prefix-cache blocks computed with ``request``'s adapter are keyed by: its id
+        and the serial number of the id's registration (a checked request's)."""
+        return (request.lora_int_id, self._serials.get(request.lora_int_id, 0))
 
     def check(self, request: object) -> None:
         """Check a request's ``lora_request`` (None passes).
@@ -60,3 +72,4 @@ class AdapterRegistry:
             request.lora_path, self.hf_config, self.supported, self.config.max_lora_rank
         )
         self.specs[request.lora_int_id] = (request, spec)
+        self._serials[request.lora_int_id] = next(self._next_serial)
