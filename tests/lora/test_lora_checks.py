@@ -96,6 +96,28 @@ def test_limits_and_model_mismatches_are_refused(tiny_llama_dir, lora_adapters, 
         check_adapter(no_weights, cfg, LLAMA_MODULES, 16)
 
 
+def test_broken_weight_files_are_refused_before_queueing(tiny_llama_dir, lora_adapters, tmp_path):
+    """A lora_A without its lora_B and a truncated weight file are refused by the engine's
+    check with a ValueError naming the problem (the server's load_lora_adapter: a 400).
+    Guards: the missing half was found only by the worker at the request's first step (the
+    load answered 200 and every request with the adapter failed inside the engine), and a
+    truncated file raised safetensors' own error (a 500 from load_lora_adapter)."""
+    from safetensors.torch import load_file, save_file
+
+    cfg = _hf_config(tiny_llama_dir)
+    half = _copy(lora_adapters["qv"], tmp_path, name="half")
+    file = os.path.join(half, "adapter_model.safetensors")
+    state = load_file(file)
+    del state["base_model.model.model.layers.1.self_attn.v_proj.lora_B.weight"]
+    save_file(state, file)
+    with pytest.raises(ValueError, match=r"layer 1 v_proj has lora_A without its other half"):
+        check_adapter(half, cfg, LLAMA_MODULES, 16)
+    cut = _copy(lora_adapters["qv"], tmp_path, name="cut")
+    os.truncate(os.path.join(cut, "adapter_model.safetensors"), 100)
+    with pytest.raises(ValueError, match=r"cannot read adapter_model.safetensors: Safetensor"):
+        check_adapter(cut, cfg, LLAMA_MODULES, 16)
+
+
 def test_lora_request_fields():
     r = LoRARequest("a", 3, "/x")
     assert (r.adapter_id, r.name, r.path, r.base_model_name) == (3, "a", "/x", None)

@@ -120,15 +120,20 @@ def _weight_shapes(path: str) -> tuple[str, dict[str, tuple[int, ...]]]:
         file = os.path.join(path, name)
         if not os.path.isfile(file):
             continue
-        if name.endswith(".safetensors"):
-            from safetensors import safe_open
+        try:  # a truncated or foreign file raises the reader's own error type
+            if name.endswith(".safetensors"):
+                from safetensors import safe_open
 
-            with safe_open(file, framework="pt") as f:
-                return name, {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
-        import torch
+                with safe_open(file, framework="pt") as f:
+                    return name, {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+            import torch
 
-        state = torch.load(file, map_location="cpu", weights_only=True)
-        return name, {k: tuple(v.shape) for k, v in state.items()}
+            state = torch.load(file, map_location="cpu", weights_only=True)
+            return name, {k: tuple(v.shape) for k, v in state.items()}
+        except Exception as e:
+            raise ValueError(
+                f"LoRA adapter {path!r}: cannot read {name}: {type(e).__name__}: {e}"
+            ) from e
     raise ValueError(f"LoRA adapter {path!r} has none of {list(WEIGHT_FILES)}.")
 
 
@@ -144,8 +149,9 @@ def check_adapter(path: str, hf_config, supported: tuple[str, ...], max_rank: in
         The :class:`AdapterSpec`.
     Raises:
         ValueError: a missing or unreadable file, an unsupported PEFT feature, ``r`` above
-            ``max_rank``, a tensor of a module or shape the model does not have (each
-            message names the adapter, the value and the limit).
+            ``max_rank``, a tensor of a module or shape the model does not have, a lora_A
+            without its lora_B or the reverse (each message names the adapter, the value
+            and the limit).
     """
     cfg = _read_config(path)
     _refuse_unsupported(path, cfg)
@@ -164,6 +170,7 @@ def check_adapter(path: str, hf_config, supported: tuple[str, ...], max_rank: in
     expected = module_shapes(hf_config)
     layers = hf_config.num_hidden_layers
     modules: set[str] = set()
+    halves: dict[tuple[int, str], str] = {}  # (layer, module) -> "A", "B" or "AB"
     for key, shape in sorted(shapes.items()):
         m = _KEY_RE.search(key)
         if m is None:
@@ -190,6 +197,13 @@ def check_adapter(path: str, hf_config, supported: tuple[str, ...], max_rank: in
                 f"{list(want)} (r={rank}, {module} is {fan_in} -> {fan_out})."
             )
         modules.add(module)
+        halves[(layer, module)] = halves.get((layer, module), "") + ab
+    for (layer, module), got in sorted(halves.items()):
+        if got != "AB":
+            raise ValueError(
+                f"LoRA adapter {path!r}: layer {layer} {module} has lora_{got} without its "
+                "other half."
+            )
     if not modules:
         raise ValueError(f"LoRA adapter {path!r} holds no lora_A / lora_B tensor.")
     return AdapterSpec(path, rank, float(scale), frozenset(modules), weight_file)
