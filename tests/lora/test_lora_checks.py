@@ -7,6 +7,7 @@ import shutil
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from vllm.lora.adapter import check_adapter, load_adapter, module_shapes
 from vllm.lora.request import LoRARequest
@@ -116,6 +117,41 @@ def test_broken_weight_files_are_refused_before_queueing(tiny_llama_dir, lora_ad
     os.truncate(os.path.join(cut, "adapter_model.safetensors"), 100)
     with pytest.raises(ValueError, match=r"cannot read adapter_model.safetensors: Safetensor"):
         check_adapter(cut, cfg, LLAMA_MODULES, 16)
+
+
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        (lambda t: t * float("nan"), r"q_proj.lora_B.weight' holds NaN or infinite values"),
+        (lambda t: t / 0.0, r"q_proj.lora_B.weight' holds NaN or infinite values"),
+        (lambda t: (t * 100).to(torch.int8), r"has dtype torch.int8; LoRA weights must be float"),
+    ],
+    ids=["nan", "inf", "int8"],
+)
+def test_weights_that_would_poison_the_batch_are_refused(
+    tiny_llama_dir, lora_adapters, tmp_path, change, match
+):
+    """A tensor with NaN or infinite values, or of an integer dtype, is refused by the
+    engine's check; float16 / bfloat16 / float64 weights are served. Guards: such adapters
+    were served, and since the batched LoRA product multiplies every slot's columns by a
+    0/1 mask, a NaN slot turned the logits of every request of the step into NaN (base
+    model and other adapters included) for as long as it stayed in its slot."""
+    from safetensors.torch import load_file, save_file
+
+    cfg = _hf_config(tiny_llama_dir)
+    path = _copy(lora_adapters["qv"], tmp_path, name="bad")
+    file = os.path.join(path, "adapter_model.safetensors")
+    state = load_file(file)
+    key = "base_model.model.model.layers.2.self_attn.q_proj.lora_B.weight"
+    state[key] = change(state[key])
+    save_file(state, file)
+    with pytest.raises(ValueError, match=match):
+        check_adapter(path, cfg, LLAMA_MODULES, 16)
+    for dtype in (torch.float16, torch.bfloat16, torch.float64):
+        ok = _copy(lora_adapters["qv"], tmp_path, name=str(dtype))
+        file = os.path.join(ok, "adapter_model.safetensors")
+        save_file({k: v.to(dtype) for k, v in load_file(file).items()}, file)
+        assert check_adapter(ok, cfg, LLAMA_MODULES, 16).rank == 4
 
 
 def test_lora_request_fields():

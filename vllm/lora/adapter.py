@@ -137,7 +137,37 @@ def _weight_shapes(path: str) -> tuple[str, dict[str, tuple[int, ...]]]:
     raise ValueError(f"LoRA adapter {path!r} has none of {list(WEIGHT_FILES)}.")
 
 
-def check_adapter(path: str, hf_config, supported: tuple[str, ...], max_rank: int) -> AdapterSpec:
+def _check_values(path: str, weight_file: str) -> None:
+    """Read every tensor of the adapter (one at a time for safetensors) and refuse a
+    non-floating dtype or a NaN / infinite value: the batched product adds every slot's
+    columns times a 0/1 mask (vllm/lora/layers.py), so a non-finite slot would turn every
+    token of a step into NaN, other adapters' and the base model's included."""
+    import torch
+
+    file = os.path.join(path, weight_file)
+
+    def check(key: str, tensor: torch.Tensor) -> None:
+        if not tensor.is_floating_point():
+            raise ValueError(
+                f"LoRA adapter {path!r}: tensor {key!r} has dtype {tensor.dtype}; LoRA "
+                "weights must be floating point."
+            )
+        if not bool(torch.isfinite(tensor).all()):
+            raise ValueError(f"LoRA adapter {path!r}: tensor {key!r} holds NaN or infinite values.")
+
+    if weight_file.endswith(".safetensors"):
+        from safetensors import safe_open
+
+        with safe_open(file, framework="pt") as f:
+            for key in f.keys():
+                check(key, f.get_tensor(key))
+    else:
+        for key, tensor in torch.load(file, map_location="cpu", weights_only=True).items():
+            check(key, tensor)
+
+
+def check_adapter(path: str, hf_config, supported: tuple[str, ...], max_rank: int,
+                  values: bool = True) -> AdapterSpec:  # fmt: skip
     """Check the adapter at ``path`` against the model and the engine's limits.
 
     Args:
@@ -145,13 +175,16 @@ def check_adapter(path: str, hf_config, supported: tuple[str, ...], max_rank: in
         hf_config: the served model's Hugging Face config.
         supported: PEFT module names the model can adapt (its ``lora_target_modules``).
         max_rank: ``--max-lora-rank``.
+        values: also read the tensors and check their dtypes and values (the engine's
+            check does; the workers, reading an adapter the engine checked, skip it).
     Returns:
         The :class:`AdapterSpec`.
     Raises:
         ValueError: a missing or unreadable file, an unsupported PEFT feature, ``r`` above
             ``max_rank``, a tensor of a module or shape the model does not have, a lora_A
             without its lora_B or the reverse (each message names the adapter, the value
-            and the limit).
+            and the limit); with ``values``, a tensor of a non-floating dtype or with a
+            NaN or infinite value.
     """
     cfg = _read_config(path)
     _refuse_unsupported(path, cfg)
@@ -206,6 +239,8 @@ def check_adapter(path: str, hf_config, supported: tuple[str, ...], max_rank: in
             )
     if not modules:
         raise ValueError(f"LoRA adapter {path!r} holds no lora_A / lora_B tensor.")
+    if values:
+        _check_values(path, weight_file)
     return AdapterSpec(path, rank, float(scale), frozenset(modules), weight_file)
 
 

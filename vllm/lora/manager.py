@@ -175,8 +175,12 @@ class LoRAManager:
         """The adapter's tensors, from the host cache or read from disk."""
         got = self.host.get(req.lora_int_id)
         if got is None:
-            spec = check_adapter(
-                req.lora_path, self.hf_config, self.supported, self.config.max_lora_rank
+            spec = check_adapter(  # the engine checked the values before queueing
+                req.lora_path,
+                self.hf_config,
+                self.supported,
+                self.config.max_lora_rank,
+                values=False,
             )
             got = load_adapter(spec)
             self.host[req.lora_int_id] = got
