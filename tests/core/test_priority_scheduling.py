@@ -99,3 +99,42 @@ def test_decode_preemption_takes_the_lowest_priority():
     sched.free_finished_seq_groups()
     _, out = sched.schedule()
     assert ids(out.scheduled_seq_groups) == ["p1"]  # 5 tokens: 2 of the 3 blocks each
+
+
+def test_request_preempted_for_priority_and_admitted_again_keeps_running():
+    """A request preempted for a waiting one of higher priority that cannot run yet (its
+    LoRA adapter would be one above max_loras, so admission passes over it) is admitted
+    again in the same step: it stays in the running queue and runs to its end. Guards: the
+    preempted requests were dropped from the running queue after admission, so that
+    request left both queues and was never finished (its output lost, the engine idle)."""
+    from vllm.lora.request import LoRARequest
+
+    sched_cfg = SimpleNamespace(max_num_seqs=2, max_num_batched_tokens=256, max_model_len=256,
+                                num_lookahead_slots=0, policy="priority")  # fmt: skip
+    cache_cfg = SimpleNamespace(block_size=4, num_gpu_blocks=64, enable_prefix_caching=False)
+    sched = Scheduler(sched_cfg, cache_cfg, SimpleNamespace(max_loras=1))
+    groups = {}
+    for rid, prio, t, lora_id in (("a", 5, 1.0, 1), ("a-low", 10, 2.0, 1), ("b", 0, 3.0, 2)):
+        groups[rid] = g = add(sched, rid, 4, prio, t)
+        g.lora_request = LoRARequest(f"l{lora_id}", lora_id, "/x")
+        if rid == "a-low":
+            _, out = sched.schedule()
+            assert ids(out.scheduled_seq_groups) == ["a", "a-low"]
+            run_model(out)
+    # b (adapter 2) has no seat: a-low gives its seat, but b cannot run beside adapter 1,
+    # so admission passes over b and takes a-low back at once
+    _, out = sched.schedule()
+    assert out.preempted == 1 and ids(out.scheduled_seq_groups) == ["a-low"]
+    assert ids(sched.running) == ["a", "a-low"] and ids(sched.waiting) == ["b"]
+    finished: list[str] = []
+    for _ in range(20):  # every request gets 3 tokens and finishes; b after adapter 1's
+        run_model(out)
+        for g in out.scheduled_seq_groups:
+            if g.seqs[0].get_output_len() >= 3:
+                finish(g)
+        finished += sched.free_finished_seq_groups()
+        if not sched.has_unfinished_seqs():
+            break
+        _, out = sched.schedule()
+        assert out.scheduled_seq_groups, (ids(sched.running), ids(sched.waiting))
+    assert sorted(finished) == ["a", "a-low", "b"] and finished[-1] == "b"

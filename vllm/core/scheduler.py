@@ -208,6 +208,9 @@ class Scheduler:
         forced: list[SequenceGroup] = []
         if self.by_priority:
             forced = order_and_preempt(self)
+            # before admission, which may take a preempted group back into ``running`` in
+            # this same step (when the request it was preempted for is passed over)
+            self._note_preempted(forced, for_priority=True)
         if self.chunked:
             out = schedule_chunked(
                 self,
@@ -220,9 +223,7 @@ class Scheduler:
                 out = self._schedule_decodes()
                 out.ignored_seq_groups = ignored
         out.running_queue_size = len(self.running)
-        if forced:
-            self._note_preempted(forced, for_priority=True)
-            out.preempted += len(forced)
+        out.preempted += len(forced)
 
         now = time.time()
         num_prefills = out.num_prefill_groups
