@@ -57,13 +57,14 @@ def test_peft_adapter_is_read_with_its_scale(tiny_llama_dir, lora_adapters):
     [
         (lambda c: c.update(use_dora=True), r"use_dora=true is not supported"),
         (lambda c: c.update(bias="all"), r"bias='all' is not supported"),
+        (lambda c: c.update(lora_bias=True), r"lora_bias=true is not supported"),
         (lambda c: c.update(modules_to_save=["lm_head"]), r"modules_to_save=\['lm_head'\]"),
         (lambda c: c.update(rank_pattern={"q_proj": 2}), r"per-module rank_pattern"),
         (lambda c: c.update(r=0), r"r=0 must be a positive integer"),
         (lambda c: c.update(r=4), r"has shape \[8, \d+\], expected \[4, \d+\]"),
         (lambda c: c.update(peft_type="IA3"), r"peft_type='IA3', only LORA is served"),
     ],
-    ids=["dora", "bias", "modules_to_save", "rank_pattern", "r0", "r_mismatch", "ia3"],
+    ids=["dora", "bias", "lora_bias", "modules_to_save", "rank_pattern", "r0", "r_mismatch", "ia3"],
 )
 def test_unsupported_adapters_are_refused(tiny_llama_dir, lora_adapters, tmp_path, edit, match):
     path = _copy(lora_adapters["all"], tmp_path, edit)

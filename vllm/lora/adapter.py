@@ -94,7 +94,7 @@ def _refuse_unsupported(path: str, cfg: dict) -> None:
     peft_type = cfg.get("peft_type", "LORA")
     if str(peft_type).upper() != "LORA":
         raise ValueError(f"LoRA adapter {path!r}: peft_type={peft_type!r}, only LORA is served.")
-    for key, off in (("use_dora", False), ("fan_in_fan_out", False)):
+    for key, off in (("use_dora", False), ("fan_in_fan_out", False), ("lora_bias", False)):
         if cfg.get(key, off):
             raise ValueError(f"LoRA adapter {path!r}: {key}=true is not supported.")
     if cfg.get("bias", "none") != "none":
