@@ -98,6 +98,20 @@ def test_limits_and_model_mismatches_are_refused(tiny_llama_dir, lora_adapters, 
         check_adapter(no_weights, cfg, LLAMA_MODULES, 16)
 
 
+def test_home_and_relative_adapter_paths(tiny_llama_dir, lora_adapters, tmp_path, monkeypatch):
+    """``~/...`` and relative adapter paths are read as upstream reads them (the user's home;
+    the current directory), and the spec holds the absolute path the workers read. Guards:
+    ``--lora-modules sql=~/adapters/sql`` (no shell expands that ``~``) was refused as "not
+    a directory"."""
+    cfg = _hf_config(tiny_llama_dir)
+    _copy(lora_adapters["qv"], tmp_path, name="qv")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    spec = check_adapter("~/qv", cfg, LLAMA_MODULES, 16)
+    assert (spec.path, spec.rank) == (str(tmp_path / "qv"), 4)
+    monkeypatch.chdir(tmp_path)
+    assert check_adapter("qv", cfg, LLAMA_MODULES, 16).path == str(tmp_path / "qv")
+
+
 def test_broken_weight_files_are_refused_before_queueing(tiny_llama_dir, lora_adapters, tmp_path):
     """A lora_A without its lora_B and a truncated weight file are refused by the engine's
     check with a ValueError naming the problem (the server's load_lora_adapter: a 400).

@@ -171,7 +171,8 @@ def check_adapter(path: str, hf_config, supported: tuple[str, ...], max_rank: in
     """Check the adapter at ``path`` against the model and the engine's limits.
 
     Args:
-        path: the adapter directory.
+        path: the adapter directory; a leading ``~`` is the user's home, a relative path is
+            taken from the current directory (the spec holds the absolute path).
         hf_config: the served model's Hugging Face config.
         supported: PEFT module names the model can adapt (its ``lora_target_modules``).
         max_rank: ``--max-lora-rank``.
@@ -186,6 +187,7 @@ def check_adapter(path: str, hf_config, supported: tuple[str, ...], max_rank: in
             and the limit); with ``values``, a tensor of a non-floating dtype or with a
             NaN or infinite value.
     """
+    path = os.path.abspath(os.path.expanduser(path))  # "~/..." and relative, as upstream
     cfg = _read_config(path)
     _refuse_unsupported(path, cfg)
     rank, alpha = cfg.get("r"), cfg.get("lora_alpha", cfg.get("r"))
