@@ -2,8 +2,8 @@
 the response object and every streamed event validate against the OpenAI client's own
 types; the streamed deltas join to the unstreamed items (text, reasoning, a tool call);
 an input conversation with function calls and their outputs reaches the chat template as
-the equivalent chat messages; unsupported fields are 400s naming them, before anything
-is queued."""
+the equivalent chat messages; parallel_tool_calls false keeps one function_call item;
+unsupported fields are 400s naming them, before anything is queued."""
 
 import asyncio
 import json
@@ -210,3 +210,20 @@ def test_the_item_max_output_tokens_cut_is_incomplete(tokenizer):
                        finish="length", max_output_tokens=4)  # fmt: skip
     assert [(o["type"], o["status"]) for o in body["output"]] == [
         ("reasoning", "completed"), ("message", "incomplete")]  # fmt: skip
+
+
+def test_parallel_tool_calls_false_keeps_one_function_call(tokenizer):
+    """``parallel_tool_calls: false`` reaches the chat handler: a reply with two calls
+    gives one ``function_call`` item (the first), streamed or not, as chat does."""
+    call = '<tool_call>{"name": "get_weather", "arguments": {"city": "%s"}}</tool_call>'
+    pieces = [call % "Paris", call % "Rome"]
+    for parallel, cities in ((True, ["Paris", "Rome"]), (False, ["Paris"])):
+        body, _ = _respond(tokenizer, pieces, hermes=True, tools=[FN_TOOL],
+                           parallel_tool_calls=parallel)  # fmt: skip
+        assert body["parallel_tool_calls"] is parallel
+        args = [json.loads(o["arguments"]) for o in body["output"]]
+        assert args == [{"city": c} for c in cities], body["output"]
+        events, _ = _respond(tokenizer, pieces, hermes=True, tools=[FN_TOOL],
+                             parallel_tool_calls=parallel, stream=True)  # fmt: skip
+        done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
+        assert [json.loads(d["arguments"]) for d in done] == args

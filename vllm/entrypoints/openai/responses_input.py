@@ -15,7 +15,8 @@ What maps where (the conversation is rendered with the model's chat template, as
   given.
 - ``tools`` (``{"type": "function", "name", "description", "parameters"}``) and
   ``tool_choice`` (``"auto"``, ``"none"``, ``"required"`` or ``{"type": "function",
-  "name"}``) -> chat's nested forms; ``text.format`` (``text``, ``json_object``,
+  "name"}``) -> chat's nested forms, ``parallel_tool_calls`` as given (false: at most one
+  ``function_call`` item); ``text.format`` (``text``, ``json_object``,
   ``json_schema`` with ``name`` / ``schema`` / ``strict``) -> ``response_format``.
 
 Refused with a 400 naming the field: ``previous_response_id``, ``conversation`` and
@@ -38,7 +39,7 @@ from vllm.entrypoints.openai.request_guards import validation_message
 _TEXT_PARTS = ("input_text", "output_text", "text")
 _PASSED = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed", "priority",
            "user", "request_id", "ignore_eos", "structured_outputs",
-           "guided_decoding_backend", "cache_salt")  # fmt: skip
+           "guided_decoding_backend", "cache_salt", "parallel_tool_calls")  # fmt: skip
 
 
 class ResponsesRequest(OpenAIRequest):
