@@ -253,3 +253,24 @@ def test_required_schema_allows_one_item_without_parallel_calls():
                                 parallel_tool_calls=False)  # fmt: skip
     mode, guided = tool_mode(req)
     assert mode.single and guided.json["maxItems"] == 1 and guided.json["minItems"] == 1
+
+
+def test_required_arguments_keep_non_ascii_characters():
+    """tool_choice "required" re-encodes each call's parameters: non-ASCII characters stay
+    as they are (they came back as \\u escapes), as an "auto" parser's arguments and
+    upstream's, streamed or not."""
+    from vllm.entrypoints.openai.tool_calls import parse_tool_calls
+
+    text = '[{"name": "get_weather", "parameters": {"city": "Zürich 東京", "q": "\\"a\\""}}]'
+    want = '{"city": "Zürich 東京", "q": "\\"a\\""}'
+    req = ChatCompletionRequest(messages=MSGS, tools=TOOLS, tool_choice="required")
+    mode, _ = tool_mode(req)
+    [call] = parse_tool_calls(mode, text)[0]
+    assert call.function.arguments == want
+    [delta] = _stream(mode, [text[:9], text[9:30], text[30:]])[-1]["tool_calls"]
+    assert delta.function.arguments == want
+    hermes = get_tool_parser("hermes").extract(
+        '<tool_call>{"name": "get_weather", "arguments": {"city": "Zürich 東京", "q": "\\"a\\""}}'
+        "</tool_call>"
+    )
+    assert hermes.calls[0].function.arguments == want

@@ -156,7 +156,8 @@ def parse_tool_calls(mode: ToolMode, text: str) -> tuple[list[ToolCall] | None, 
     A named function's call is the whole text, as streamed (its arguments cut short when
     max_tokens cut the reply, as upstream). Otherwise no calls (None) when the text is not
     a complete call (e.g. cut by max_tokens): the content is then the whole text. With
-    ``mode.single`` only the parser's first call is kept."""
+    ``mode.single`` only the parser's first call is kept. "required" calls' arguments are
+    re-encoded keeping non-ASCII characters as they are (as the parsers and upstream do)."""
     if mode.parser is not None:
         found = mode.parser.extract(text)
         if not found.calls:
@@ -177,7 +178,9 @@ def _forced_calls(mode: ToolMode, text: str) -> list[ToolCall] | None:
         return [
             ToolCall(
                 id=mode.call_id(),
-                function=FunctionCall(name=c["name"], arguments=json.dumps(c["parameters"])),
+                function=FunctionCall(
+                    name=c["name"], arguments=json.dumps(c["parameters"], ensure_ascii=False)
+                ),
             )
             for c in calls
         ]
