@@ -93,7 +93,7 @@ def test_auto_is_the_default_only_with_a_parser_and_refused_without_one():
     )
     assert not tool_mode(_req(tools=TOOLS, tool_choice="none"), hermes)[0].active
     assert not tool_mode(_req(tools=TOOLS), None)[0].active  # no parser: "none"
-    assert not tool_mode(_req(tool_choice="auto"), None)[0].active  # no tools: nothing to call
+    assert not tool_mode(_req(tool_choice="auto", tools=[]), hermes)[0].active  # nothing to call
     with pytest.raises(APIError) as exc:
         tool_mode(_req(tools=TOOLS, tool_choice="auto"), None)
     assert exc.value.code == 400 and exc.value.param == "tool_choice"
@@ -274,3 +274,15 @@ def test_required_arguments_keep_non_ascii_characters():
         "</tool_call>"
     )
     assert hermes.calls[0].function.arguments == want
+
+
+@pytest.mark.parametrize("parser", [None, "hermes"])
+def test_auto_without_tools_is_refused(parser):
+    """tool_choice "auto" in a request without ``tools`` (absent or null) is a 400 naming
+    ``tools``, as upstream and OpenAI answer it, with or without a parser."""
+    p = get_tool_parser(parser) if parser else None
+    for req in (_req(tool_choice="auto"), _req(tool_choice="auto", tools=None)):
+        with pytest.raises(APIError) as exc:
+            tool_mode(req, p)
+        assert (exc.value.code, exc.value.param) == (400, "tools")
+        assert 'tool_choice="auto" needs tools' in exc.value.message

@@ -9,7 +9,8 @@
 - "auto" (the default when tools are given and the server runs with
   ``--enable-auto-tool-choice --tool-call-parser NAME``): no constraint; the server's
   parser (tool_parsers/) finds the calls in the model's text; finish reason "tool_calls"
-  when it found any. Without those flags "auto" with tools is refused.
+  when it found any. Without those flags "auto" with tools is refused; "auto" in a
+  request without a ``tools`` field is refused whatever the flags.
 - "none" (the default otherwise): no constraint and no parsing.
 The tools are variables of the chat template whatever the choice. With
 ``parallel_tool_calls: false`` a choice has at most one call: "required" constrains the
@@ -80,13 +81,21 @@ def tool_mode(
         auto_parser: the server's parser for tool_choice "auto" (None: not enabled).
     Raises:
         APIError 400: tool_choice names a function that is not in ``tools``, asks for
-            tools when none are given, is "auto" with tools on a server without a
-            parser, or is combined with another constraint.
+            tools when none are given (also "auto" without a ``tools`` field, as upstream
+            and OpenAI refuse it; an empty list is nothing to call), is "auto" with tools
+            on a server without a parser, or is combined with another constraint.
     """
     choice = req.tool_choice
     single = req.parallel_tool_calls is False
     if choice is None:
         choice = "auto" if req.tools and auto_parser is not None else "none"
+    if choice == "auto" and req.tools is None:
+        raise APIError(
+            'tool_choice="auto" needs tools: send the functions the model may call, or leave '
+            "tool_choice out.",
+            400,
+            "tools",
+        )
     if choice == "none" or (choice == "auto" and not req.tools):
         return ToolMode(), None
     if choice == "auto":
