@@ -10,6 +10,7 @@ its structured-output fields (``structured_outputs``, and the older ``response_f
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import uuid
@@ -453,6 +454,29 @@ class ChatCompletionRequest(SamplingFields):
     truncate_prompt_tokens: int | None = None
     # The base of the response id and engine request id (the X-Request-Id header wins).
     request_id: str | None = None
+
+    @field_validator("tool_choice", mode="before")
+    @classmethod
+    def _tool_choice_form(cls, value):
+        """Refuse a tool_choice of neither form with one message naming both (the union's
+        own errors name its internal member tags)."""
+        if value is None or isinstance(value, ChatCompletionNamedToolChoiceParam):
+            return value
+        if value in ("none", "auto", "required"):
+            return value
+        fn = value.get("function") if isinstance(value, dict) else None
+        if (
+            isinstance(fn, dict)
+            and isinstance(fn.get("name"), str)
+            and value.get("type", "function") == "function"
+        ):
+            return value
+        raise PydanticCustomError(
+            "tool_choice",
+            'tool_choice must be "none", "auto", "required" or {"type": "function", '
+            '"function": {"name": NAME}}; got {got}.',
+            {"got": json.dumps(value, default=repr)[:200]},
+        )
 
 
 class FunctionCall(OpenAIBaseModel):
