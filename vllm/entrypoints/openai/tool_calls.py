@@ -1,7 +1,8 @@
 """Chat tool calls (OpenAI's ``tools`` / ``tool_choice``).
 
 - A named function (``{"type": "function", "function": {"name": ...}}``): the output is
-  constrained to that function's ``parameters`` JSON schema and returned as one tool call
+  constrained to that function's ``parameters`` JSON schema (no ``parameters``, or ``{}``:
+  the empty object, as OpenAI defines such a function) and returned as one tool call
   whose ``arguments`` is the generated text; finish reason as generated ("stop").
 - "required": the output is constrained to a JSON array (at least one item) of
   ``{"name": <one of the tools>, "parameters": <that tool's schema>}``, parsed into one
@@ -33,8 +34,10 @@ from vllm.entrypoints.openai.protocol import (
 from vllm.entrypoints.openai.tool_parsers import ToolParser
 from vllm.sampling_params import GuidedDecodingParams
 
-# The schema of a function without ``parameters``.
-_ANY_OBJECT = {"type": "object"}
+# The schema of a function without ``parameters`` (or with ``{}``): OpenAI's "empty
+# parameter list", so a forced call's arguments are ``{}`` (an open object let the model
+# invent arguments until max_tokens).
+_NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}
 
 
 @dataclass
@@ -130,14 +133,14 @@ def tool_mode(
                 400,
                 "tool_choice",
             )
-        schema = fn.parameters or _ANY_OBJECT
+        schema = fn.parameters or _NO_PARAMETERS
         return ToolMode(function=fn.name, ids=auto_parser), _guided(schema, req)
     items = [
         {
             "type": "object",
             "properties": {
                 "name": {"type": "string", "enum": [name]},
-                "parameters": fn.parameters or _ANY_OBJECT,
+                "parameters": fn.parameters or _NO_PARAMETERS,
             },
             "required": ["name", "parameters"],
         }

@@ -1,0 +1,51 @@
+"""The constraint of a forced tool call (tool_choice "required" or a named function) for
+a function without parameters: OpenAI defines it as taking an empty parameter list, so
+the grammar the engine compiles accepts only ``{}`` as its arguments.
+
+Guards the failure where such a function's arguments were constrained to any object: the
+model invented arguments (``{"type": "weather", "description": "Paris, ...``) until
+max_tokens cut the reply, and "required" returned no call at all."""
+
+import pytest
+
+from vllm.entrypoints.openai.protocol import ChatCompletionRequest
+from vllm.entrypoints.openai.tool_calls import tool_mode
+from vllm.model_executor.guided_decoding.compiler import parse_grammar
+
+xgr_testing = pytest.importorskip("xgrammar.testing")
+
+MSGS = [{"role": "user", "content": "Ping?"}]
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+NAMED = {"type": "function", "function": {"name": "ping"}}
+
+
+def _accepts(choice, ping: dict, text: str) -> bool:
+    """Whether the grammar the engine compiles for ``choice`` over the tools ``ping`` and
+    get_weather accepts ``text``."""
+    req = ChatCompletionRequest(messages=MSGS, tools=[ping, WEATHER], tool_choice=choice)
+    _, guided = tool_mode(req)
+    return xgr_testing._is_grammar_accept_string(parse_grammar(guided), text)
+
+
+@pytest.mark.parametrize(
+    "ping",
+    [
+        {"type": "function", "function": {"name": "ping"}},
+        {"type": "function", "function": {"name": "ping", "parameters": {}}},
+    ],
+)
+def test_a_function_without_parameters_takes_the_empty_object(ping):
+    assert _accepts(NAMED, ping, "{}")
+    assert not _accepts(NAMED, ping, '{"host": "a"}')
+    assert _accepts("required", ping, '[{"name": "ping", "parameters": {}}]')
+    assert not _accepts("required", ping, '[{"name": "ping", "parameters": {"host": "a"}}]')
+    # a function with parameters keeps its own schema beside it
+    call = '[{"name": "ping", "parameters": {}}, {"name": "get_weather", "parameters": '
+    assert _accepts("required", ping, call + '{"city": "Paris"}}]')
+    assert not _accepts("required", ping, call + '{"city": 3}}]')
