@@ -315,3 +315,29 @@ def test_a_tool_choice_of_neither_form_is_one_clear_error(choice):
     named = {"type": "function", "function": {"name": "get_weather"}}
     for ok in ("none", "auto", "required", named, {"function": {"name": "get_weather"}}):
         assert ChatCompletionRequest.model_validate({**body, "tool_choice": ok}).tool_choice
+
+
+DEEP = "[" * 3000  # nested past json's and Python's parsers' limits (a model looping on "[")
+DEEP_REPLIES = {
+    "hermes": '<tool_call>{"name": "f", "arguments": {"a": ' + DEEP + "}}</tool_call>",
+    "llama3_json": '{"name": "f", "parameters": {"a": ' + DEEP,
+    "mistral": '[TOOL_CALLS][{"name": "f", "arguments": {"a": ' + DEEP,
+    "pythonic": "[f(a=" + "-" * 100000 + "1)]",
+}
+
+
+@pytest.mark.parametrize("name", sorted(DEEP_REPLIES))
+def test_a_reply_nested_too_deep_is_content(name):
+    """A reply nested deeper than the decoder can follow is content, streamed or not; the
+    RecursionError (MemoryError for Python's parser) escaped and the request was a 500."""
+    from vllm.entrypoints.openai.tool_calls import parse_tool_calls
+
+    text = DEEP_REPLIES[name]
+    mode = ToolMode(parser=get_tool_parser(name))
+    assert parse_tool_calls(mode, text) == (None, text)
+    deltas = _stream(mode, [text[:20], text[20:]])
+    assert "".join(d.get("content", "") for d in deltas) == text
+    assert not any("tool_calls" in d for d in deltas)
+    req = ChatCompletionRequest(messages=MSGS, tools=TOOLS, tool_choice="required")
+    required = '[{"name": "get_weather", "parameters": {"a": ' + DEEP
+    assert parse_tool_calls(tool_mode(req)[0], required) == (None, required)

@@ -196,7 +196,7 @@ def _forced_calls(mode: ToolMode, text: str) -> list[ToolCall] | None:
             )
             for c in calls
         ]
-    except (ValueError, TypeError, KeyError):
+    except (ValueError, TypeError, KeyError, RecursionError):
         return None
 
 

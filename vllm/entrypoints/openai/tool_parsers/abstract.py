@@ -18,6 +18,11 @@ from vllm.utils.text_utils import partial_marker_len
 
 _PARSERS: dict[str, type[ToolParser]] = {}
 
+# What decoding a reply's JSON may raise: ValueError for malformed text, RecursionError
+# for nesting deeper than the interpreter's limit (a model looping on "[" or "{"). Either
+# leaves the reply as content.
+JSON_ERRORS = (ValueError, RecursionError)
+
 
 @dataclass
 class ExtractedToolCalls:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 from vllm.entrypoints.openai.tool_parsers.abstract import (
+    JSON_ERRORS,
     ExtractedToolCalls,
     ToolParser,
     content_before,
@@ -34,7 +35,7 @@ class HermesToolParser(ToolParser):
                 return ExtractedToolCalls(content=text)
             try:
                 obj = json.loads(text[start + len(START) : end])
-            except ValueError:
+            except JSON_ERRORS:
                 return ExtractedToolCalls(content=text)
             call = (
                 make_call(obj.get("name"), obj.get("arguments")) if isinstance(obj, dict) else None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 from vllm.entrypoints.openai.tool_parsers.abstract import (
+    JSON_ERRORS,
     ExtractedToolCalls,
     ToolParser,
     make_call,
@@ -28,7 +29,7 @@ class Llama3JsonToolParser(ToolParser):
             pos = _skip_space(text, pos)
             try:
                 obj, pos = _DECODER.raw_decode(text, pos)
-            except ValueError:
+            except JSON_ERRORS:
                 return ExtractedToolCalls(content=text)
             args = obj.get("parameters", obj.get("arguments")) if isinstance(obj, dict) else None
             call = make_call(obj.get("name"), args) if isinstance(obj, dict) else None

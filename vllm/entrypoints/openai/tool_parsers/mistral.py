@@ -14,6 +14,7 @@ import secrets
 import string
 
 from vllm.entrypoints.openai.tool_parsers.abstract import (
+    JSON_ERRORS,
     ExtractedToolCalls,
     ToolParser,
     content_before,
@@ -66,7 +67,7 @@ def _array_calls(body: str) -> list | None:
     """``[{"name", "arguments"}, ...]`` -> calls; None when ``body`` is not such an array."""
     try:
         obj, end = _DECODER.raw_decode(body.lstrip())
-    except ValueError:
+    except JSON_ERRORS:
         return None
     if not isinstance(obj, list) or body.lstrip()[end:].strip():
         return None
@@ -84,6 +85,6 @@ def _named_call(body: str):
         name, args = body[:brace], body[brace:]
     try:
         arguments = json.loads(args)
-    except ValueError:
+    except JSON_ERRORS:
         return None
     return make_call(name.strip(), arguments)

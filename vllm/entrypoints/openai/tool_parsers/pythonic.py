@@ -25,7 +25,8 @@ class PythonicToolParser(ToolParser):
         """See :meth:`ToolParser.extract`."""
         try:
             tree = ast.parse(text.strip(), mode="eval").body
-        except SyntaxError:
+        except (SyntaxError, ValueError, MemoryError, RecursionError):
+            # not Python, or nested past the parser's limits ("-" or "[" repeated)
             return ExtractedToolCalls(content=text)
         if not isinstance(tree, ast.List) or not tree.elts:
             return ExtractedToolCalls(content=text)
