@@ -1,6 +1,7 @@
-"""The constraint of a forced tool call (tool_choice "required" or a named function) for
-a function without parameters: OpenAI defines it as taking an empty parameter list, so
-the grammar the engine compiles accepts only ``{}`` as its arguments.
+"""Forced tool calls (tool_choice "required" or a named function): the constraint of a
+function without parameters (OpenAI defines it as taking an empty parameter list, so the
+grammar the engine compiles accepts only ``{}`` as its arguments) and the arguments of a
+"required" call as re-encoded (non-ASCII characters kept).
 
 Guards the failure where such a function's arguments were constrained to any object: the
 model invented arguments (``{"type": "weather", "description": "Paris, ...``) until
@@ -9,7 +10,8 @@ max_tokens cut the reply, and "required" returned no call at all."""
 import pytest
 
 from vllm.entrypoints.openai.protocol import ChatCompletionRequest
-from vllm.entrypoints.openai.tool_calls import tool_mode
+from vllm.entrypoints.openai.tool_calls import ToolCallStream, parse_tool_calls, tool_mode
+from vllm.entrypoints.openai.tool_parsers import get_tool_parser
 from vllm.model_executor.guided_decoding.compiler import parse_grammar
 
 xgr_testing = pytest.importorskip("xgrammar.testing")
@@ -49,3 +51,24 @@ def test_a_function_without_parameters_takes_the_empty_object(ping):
     call = '[{"name": "ping", "parameters": {}}, {"name": "get_weather", "parameters": '
     assert _accepts("required", ping, call + '{"city": "Paris"}}]')
     assert not _accepts("required", ping, call + '{"city": 3}}]')
+
+
+def test_required_arguments_keep_non_ascii_characters():
+    """tool_choice "required" re-encodes each call's parameters: non-ASCII characters stay
+    as they are (they came back as \\u escapes), as an "auto" parser's arguments and
+    upstream's, streamed or not."""
+    text = '[{"name": "get_weather", "parameters": {"city": "Zürich 東京", "q": "\\"a\\""}}]'
+    want = '{"city": "Zürich 東京", "q": "\\"a\\""}'
+    req = ChatCompletionRequest(messages=MSGS, tools=[WEATHER], tool_choice="required")
+    mode, _ = tool_mode(req)
+    [call] = parse_tool_calls(mode, text)[0]
+    assert call.function.arguments == want
+    stream = ToolCallStream(mode)
+    stream.delta(text[:30], False)
+    [delta] = stream.delta(text[30:], True)["tool_calls"]
+    assert delta.function.arguments == want
+    hermes = get_tool_parser("hermes").extract(
+        '<tool_call>{"name": "get_weather", "arguments": {"city": "Zürich 東京", "q": "\\"a\\""}}'
+        "</tool_call>"
+    )
+    assert hermes.calls[0].function.arguments == want
