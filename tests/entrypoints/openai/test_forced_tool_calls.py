@@ -1,7 +1,8 @@
 """Forced tool calls (tool_choice "required" or a named function): the constraint of a
 function without parameters (OpenAI defines it as taking an empty parameter list, so the
-grammar the engine compiles accepts only ``{}`` as its arguments) and the arguments of a
-"required" call as re-encoded (non-ASCII characters kept).
+grammar the engine compiles accepts only ``{}`` as its arguments), the arguments of a
+"required" call as re-encoded (non-ASCII characters kept), and a named call's stream
+starting after the reasoning.
 
 Guards the failure where such a function's arguments were constrained to any object: the
 model invented arguments (``{"type": "weather", "description": "Paris, ...``) until
@@ -72,3 +73,33 @@ def test_required_arguments_keep_non_ascii_characters():
         "</tool_call>"
     )
     assert hermes.calls[0].function.arguments == want
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_llama_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_llama_dir)
+
+
+def test_named_call_deltas_start_after_the_reasoning(tokenizer):
+    """A named function's streamed call starts with the first argument text: no tool-call
+    delta (id, name, empty arguments) rides on the reasoning chunks before it, as upstream
+    sends none while the model reasons; the deltas join to the unstreamed call."""
+    from tests.entrypoints.openai.test_serving_chat_stub import _answer
+
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    pieces = ["<think>", "Need", " weather", "</think>", "", '{"city"', "", ': "Paris"}']
+    body = {"tools": [WEATHER], "tool_choice": named, "reasoning": "qwen3", "tags": [1, 2]}
+    [call] = _answer(tokenizer, pieces, **body)["choices"][0]["message"]["tool_calls"]
+    deltas = [c["choices"][0]["delta"] for c in _answer(tokenizer, pieces, stream=True, **body)]
+    assert "".join(d.get("reasoning", "") for d in deltas) == "Need weather"
+    assert not any("tool_calls" in d for d in deltas if "reasoning" in d), deltas
+    calls = [d["tool_calls"][0] for d in deltas if "tool_calls" in d]
+    assert calls[0]["id"] and calls[0]["function"] == {
+        "name": "get_weather",
+        "arguments": '{"city"',
+    }
+    assert all(set(c) == {"index", "function"} for c in calls[1:]), calls
+    assert [c["function"]["arguments"] for c in calls] == ['{"city"', ': "Paris"}']
+    assert "".join(c["function"]["arguments"] for c in calls) == call["function"]["arguments"]

@@ -204,12 +204,13 @@ class ToolCallStream:
     """Turns one choice's streamed text into tool-call deltas.
 
     Named function: the first delta carries the call's id, type and name, and every delta
-    carries the new argument text. "required": the text is held until the choice
-    finishes, then each parsed call is sent whole as one delta (arguments are re-encoded
-    from the parsed array, so they cannot be streamed as generated); text that does not
-    parse is sent as content. "auto": the text the parser calls content streams as it
-    comes; the rest is held and parsed at the finish, its calls sent whole in one delta
-    with the content that follows them (calls are not parsed incrementally).
+    carries the new argument text (a token that adds none, such as one of the reasoning
+    before the arguments, sends no delta until the finish). "required": the text is held
+    until the choice finishes, then each parsed call is sent whole as one delta (arguments
+    are re-encoded from the parsed array, so they cannot be streamed as generated); text
+    that does not parse is sent as content. "auto": the text the parser calls content
+    streams as it comes; the rest is held and parsed at the finish, its calls sent whole in
+    one delta with the content that follows them (calls are not parsed incrementally).
     """
 
     def __init__(self, mode: ToolMode):
@@ -223,6 +224,8 @@ class ToolCallStream:
         from vllm.entrypoints.openai.protocol import DeltaFunctionCall, DeltaToolCall
 
         if self.mode.function is not None:
+            if not text and not finished:
+                return {}  # nothing to add (a reasoning token, a partial character)
             if self._id is None:
                 self._id = self.mode.call_id()
                 fn = DeltaFunctionCall(name=self.mode.function, arguments=text)
