@@ -146,6 +146,9 @@ def test_input_items_become_chat_messages():
          "input[0].role ['user'] is not known"),
         ({"text": {"format": "json"}}, "text", "text.format must be an object, got 'json'"),
         ({"tool_choice": "required"}, "tool_choice", "needs a non-empty tools list"),
+        ({"tools": [FN_TOOL], "tool_choice": "any"}, "tool_choice",
+         'tool_choice must be "auto", "none", "required" or {"type": "function", "name": NAME}; '
+         "got 'any'."),
         ({"conversation": "conv_1"}, "conversation", "stores no conversations"),
         ({"max_output_tokens": 0}, "max_output_tokens", "at least 1, got 0"),
         ({"max_output_tokens": 10**6}, "max_output_tokens", "maximum context length"),

@@ -163,6 +163,13 @@ def _tools(req: ResponsesRequest) -> tuple[list | None, Any]:
         if choice.get("type") != "function" or not isinstance(choice.get("name"), str):
             raise APIError(f"tool_choice {choice!r} is not supported.", 400, "tool_choice")
         choice = {"type": "function", "function": {"name": choice["name"]}}
+    elif choice not in ("auto", "none", "required"):
+        raise APIError(
+            f'tool_choice must be "auto", "none", "required" or {{"type": "function", "name": '
+            f"NAME}}; got {choice!r}.",
+            400,
+            "tool_choice",
+        )
     if not tools and choice not in ("auto", "none"):
         raise APIError(
             f"tool_choice {req.tool_choice!r} needs a non-empty tools list.", 400, "tool_choice"
