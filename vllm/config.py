@@ -412,7 +412,8 @@ class SchedulerConfig:
             the rest of the token budget with prefill chunks (vllm/core/chunked_prefill.py).
         max_num_partial_prefills: with chunked prefill, the most requests whose prefill is
             partly done at once (default 1); each prefill chunk then takes at most
-            max_num_batched_tokens // max_num_partial_prefills tokens per sequence.
+            max_num_batched_tokens // max_num_partial_prefills tokens per sequence. Above 1
+            without chunked prefill is an error, as upstream.
         num_scheduler_steps: decode forward passes per scheduler call (upstream V0's
             multi-step scheduling, vllm/worker/multi_step.py); 1 = one token per step.
         policy: "fcfs" (arrival order) or "priority" (each request's priority, lower
@@ -446,6 +447,12 @@ class SchedulerConfig:
         if self.max_num_partial_prefills < 1:
             raise ValueError(
                 f"max_num_partial_prefills must be at least 1, got {self.max_num_partial_prefills}."
+            )
+        if self.max_num_partial_prefills > 1 and not self.enable_chunked_prefill:
+            raise ValueError(
+                f"max_num_partial_prefills={self.max_num_partial_prefills} needs "
+                "enable_chunked_prefill=True (--enable-chunked-prefill): without chunked "
+                "prefill no prefill is ever partly done."
             )
         if self.enable_chunked_prefill and self.num_scheduler_steps > 1:
             raise ValueError(

@@ -46,6 +46,10 @@ CASES = [
         dict(enable_chunked_prefill=True, max_num_partial_prefills=0),
         "max_num_partial_prefills must be at least 1",
     ),
+    (
+        dict(max_num_partial_prefills=2),
+        "max_num_partial_prefills=2 needs enable_chunked_prefill=True",
+    ),
     (dict(pipeline_parallel_size=0), "pipeline_parallel_size must be at least 1"),
     (dict(pipeline_parallel_size=4), "pipeline_parallel_size=4 is larger than the model's 3"),
     (dict(distributed_executor_backend="slurm"), "distributed_executor_backend must be one of"),

@@ -317,7 +317,8 @@ class EngineArgs:
     )
     max_num_partial_prefills: int = _f(
         1,
-        "With chunked prefill: the most requests whose prefill is partly done at once.",
+        "With --enable-chunked-prefill (needed above 1): the most requests whose prefill is "
+        "partly done at once.",
         group="scheduler",
     )
     scheduling_policy: str = _f(
