@@ -94,15 +94,16 @@ def make_server_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     server.add_argument(
         "--api-key",
         default=None,
-        help="Key every /v1 request must send as 'Authorization: Bearer KEY' "
-        "(default: $VLLM_API_KEY, else none: no key required).",
+        help="Key every /v1, /v2 and /invocations request must send as 'Authorization: "
+        "Bearer KEY' (default: $VLLM_API_KEY, else none: no key required).",
     )
     server.add_argument(
         "--served-model-name",
         nargs="+",
         default=None,
-        help="Names the model answers to in requests; the first is reported (default: the "
-        "model file's stem or the directory's last component).",
+        help="Names the model answers to in requests; the first is reported (default: MODEL "
+        "as given, then the model file's stem or the directory's last component; without "
+        "MODEL the short name first).",
     )
     server.add_argument(
         "--lora-modules",
