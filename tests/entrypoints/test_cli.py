@@ -261,6 +261,7 @@ def test_server_flags_of_upstream_parse():
         (["--root-path", "api"], "--root-path must start with '/', got 'api'"),
         (["--uvicorn-log-level", "bogus"], "--uvicorn-log-level: invalid choice: 'bogus'"),
         (["--shutdown-timeout", "-3"], "--shutdown-timeout must be >= 0 seconds, got -3.0."),
+        (["--max-request-body-bytes", "-1"], "--max-request-body-bytes must be >= 0 (0: no"),
         (["--default-chat-template-kwargs", "[1]"], "expected a JSON object"),
         (["--default-chat-template-kwargs", '{"tools": []}'], "must not set ['tools']"),
     ],

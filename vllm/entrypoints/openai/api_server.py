@@ -445,6 +445,11 @@ def validate_server_args(args: argparse.Namespace) -> EngineArgs:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}.")
     if args.max_log_len is not None and args.max_log_len < 0:
         raise ValueError(f"--max-log-len must be >= 0, got {args.max_log_len}.")
+    if args.max_request_body_bytes < 0:  # every body, even an empty one, would get 413
+        raise ValueError(
+            f"--max-request-body-bytes must be >= 0 (0: no limit), got "
+            f"{args.max_request_body_bytes}."
+        )
     if not args.shutdown_timeout >= 0:  # (NaN too)
         raise ValueError(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout}.")
     if bool(args.ssl_keyfile) != bool(args.ssl_certfile):
