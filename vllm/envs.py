@@ -163,6 +163,13 @@ _DECLARED = (
         "1 enables vllm serve's POST /v1/load_lora_adapter and /v1/unload_lora_adapter.",
     ),
     EnvVar(
+        "VLLM_SERVER_DEV_MODE",
+        _flag,
+        False,
+        "1 enables vllm serve's development routes (POST /reset_prefix_cache), open to "
+        "every client whatever --api-key says; not for production.",
+    ),
+    EnvVar(
         "VLLM_TORCH_PROFILER_DIR",
         _str,
         None,

@@ -103,6 +103,10 @@ def test_models_health_version_metrics(server, client):
     ids = [op["operationId"] for ops in schema["paths"].values() for op in ops.values()]
     assert len(ids) == len(set(ids)) and "health_ping_post" in ids  # one id per route
     assert httpx.get(server.url_for("version")).json()["version"]
+    # development and profiler routes exist only with VLLM_SERVER_DEV_MODE /
+    # VLLM_TORCH_PROFILER_DIR (as upstream)
+    for route in ("reset_prefix_cache", "start_profile", "stop_profile"):
+        assert httpx.post(server.url_for(route)).status_code == 404, route
     text = httpx.get(server.url_for("metrics")).text
     for name in [
         "vllm:num_requests_running",

@@ -2,8 +2,9 @@
 requests sharing a prefix, each response's usage.prompt_tokens_details.cached_tokens says
 how many of its prompt tokens were found (--enable-prompt-tokens-details),
 vllm:prompt_tokens_total counts the cached tokens too (as upstream), POST
-/reset_prefix_cache empties the cache, and a request's ``cache_salt`` shares blocks only
-with requests of the same salt (tiny Llama, CPU)."""
+/reset_prefix_cache (a development route: VLLM_SERVER_DEV_MODE=1) empties the cache, and
+a request's ``cache_salt`` shares blocks only with requests of the same salt (tiny Llama,
+CPU)."""
 
 import json
 import os
@@ -48,6 +49,7 @@ def test_metrics_show_hit_rate_and_reset_empties_the_cache(tiny_llama_dir):
         tiny_llama_dir,
         ["--device", "cpu", "--block-size", "16", "--enable-prefix-caching",
          "--enable-prompt-tokens-details"],
+        env={"VLLM_SERVER_DEV_MODE": "1"},  # POST /reset_prefix_cache
     )  # fmt: skip
     try:
         assert _complete(srv, tiny_llama_dir, SHARED + [300, 301, 302]) == 0

@@ -287,10 +287,16 @@ def build_app(
                 return APIError(str(e), 400).response()
             return Response(status_code=200)
 
-    @app.post("/reset_prefix_cache")
-    async def reset_prefix_cache():
-        await engine.reset_prefix_cache()
-        return Response(status_code=200)
+    if envs.VLLM_SERVER_DEV_MODE:  # as upstream: development routes exist only then
+        logger.warning(
+            "VLLM_SERVER_DEV_MODE is set: POST /reset_prefix_cache is open to every client; "
+            "do not use this in production."
+        )
+
+        @app.post("/reset_prefix_cache")
+        async def reset_prefix_cache():
+            await engine.reset_prefix_cache()
+            return Response(status_code=200)
 
     @app.get("/v1/models")
     async def models():
