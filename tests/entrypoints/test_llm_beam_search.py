@@ -139,3 +139,34 @@ def test_beams_equal_a_full_vocabulary_search_on_transformers(tiny_llama_dir):
     assert [s.tokens for s in out.sequences] == [t for t, _ in ref]
     for seq, (_, cum) in zip(out.sequences, ref):
         assert seq.cum_logprob == pytest.approx(cum, abs=2e-4)
+
+
+@pytest.mark.forked
+def test_beams_keep_the_prompts_cache_salt(tiny_llama_dir):
+    """A prompt's ``cache_salt`` reaches every beam request: a salted search finds none of
+    the blocks an unsalted request cached, and a later request of that salt finds the blocks
+    the search cached (the beams once ran unsalted, sharing blocks across salts)."""
+    from vllm import LLM, SamplingParams
+
+    bs = 4
+    prompt = [11, 42, 7, 99, 5, 300, 12, 8, 61, 17]  # two full blocks and a partial one
+    llm = LLM(model=tiny_llama_dir, device="cpu", dtype="float32", max_model_len=64,
+              block_size=bs, enable_prefix_caching=True)  # fmt: skip
+    bm = llm.llm_engine.schedulers[0].block_manager
+    params = BeamSearchParams(beam_width=2, max_tokens=3, ignore_eos=True)
+    plain = llm.beam_search([{"prompt_token_ids": prompt}], params)[0]
+    # steps 2 and 3 run 2 beams each, and each beam finds the prompt's 2 full blocks
+    assert bm.num_hit_tokens == 4 * 2 * bs
+    llm.reset_prefix_cache()
+    one = SamplingParams(temperature=0.0, max_tokens=1)
+    llm.generate([{"prompt_token_ids": prompt}], one, use_tqdm=False)  # caches 2 blocks
+    hits = bm.num_hit_tokens
+    salted = llm.beam_search([{"prompt_token_ids": prompt, "cache_salt": "s"}], params)[0]
+    assert [(s.tokens, s.cum_logprob) for s in salted.sequences] == [
+        (s.tokens, s.cum_logprob) for s in plain.sequences
+    ]
+    # step 1 finds nothing of the unsalted blocks; the later steps find its salted ones
+    assert bm.num_hit_tokens - hits == 4 * 2 * bs
+    (out,) = llm.generate([{"prompt_token_ids": prompt + [3], "cache_salt": "s"}], one,
+                          use_tqdm=False)  # fmt: skip
+    assert out.num_cached_tokens == 2 * bs

@@ -283,7 +283,11 @@ class LLM(PoolingMethods, WorkerCalls):
                 ``2 x beam_width`` above ``max_logprobs``.
         """
         engine = self.llm_engine
-        ids = [engine.process_prompt(p)[1] for p in prompt_list(prompts)]
+        given = prompt_list(prompts)
+        ids = [engine.process_prompt(p)[1] for p in given]
+        # every step's request of a prompt carries its cache_salt, so its beams share blocks
+        # only with requests of that salt
+        salts = [{"cache_salt": s} if (s := prompt_cache_salt(p)) else {} for p in given]
         loras = _per_prompt(lora_request, len(ids), "lora_request")
         for prompt_ids in ids:  # each beam is a request of its own (n = 1)
             engine.check_schedulable(len(prompt_ids), 1)
@@ -295,8 +299,8 @@ class LLM(PoolingMethods, WorkerCalls):
         try:
             while not search.done:
                 pending = search.pending()
-                outs = self.generate([{"prompt_token_ids": t} for _, _, t in pending], step, False,
-                                     [loras[i] for i, _, _ in pending])  # fmt: skip
+                requests = [{"prompt_token_ids": t, **salts[i]} for i, _, t in pending]
+                outs = self.generate(requests, step, False, [loras[i] for i, _, _ in pending])
                 search.advance(
                     {(i, j): o.outputs[0].logprobs[0] for (i, j, _), o in zip(pending, outs)}
                 )
