@@ -36,6 +36,17 @@ def _positive_float(raw: str) -> float:
     return value
 
 
+def _cpu_kv_space_gib(raw: str) -> float:
+    """GiB of CPU KV cache: a number > 0, or 0 for the default 4 GiB (upstream reads 0, its
+    own default value, as "not set")."""
+    value = float(raw)
+    if value == 0:
+        return 4.0
+    if not value > 0:
+        raise ValueError("expected a number >= 0 (0: the default 4 GiB)")
+    return value
+
+
 def _str(raw: str) -> str:
     return raw
 
@@ -99,9 +110,9 @@ _DECLARED = (
     ),
     EnvVar(
         "VLLM_CPU_KVCACHE_SPACE",
-        _positive_float,
+        _cpu_kv_space_gib,
         4.0,
-        "KV-cache size on CPU in GiB (default 4, as upstream).",
+        "KV-cache size on CPU in GiB (default 4, as upstream; 0 also means 4).",
     ),
     EnvVar(
         "VLLM_CACHE_ROOT",

@@ -12,8 +12,11 @@ def test_pp_partition_and_kv_space_come_from_envs(monkeypatch):
     assert get_pp_partition(4, 2) == [1, 3]
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0.5")
     assert CacheConfig().cpu_kvcache_space_bytes == 1 << 29
+    # 0 is upstream's default value of the variable and means 4 GiB there (it was refused)
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0")
+    assert CacheConfig().cpu_kvcache_space_bytes == 4 << 30
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "-1")
-    with pytest.raises(ValueError, match="VLLM_CPU_KVCACHE_SPACE='-1'"):
+    with pytest.raises(ValueError, match="VLLM_CPU_KVCACHE_SPACE='-1' is invalid: expected a"):
         CacheConfig()
 
 
