@@ -83,6 +83,10 @@ class ModelConfig:
             or add to the file's, a dict or its JSON text (upstream's flag).
         hf_overrides: Hugging Face config attributes to set after loading it, a dict or its
             JSON text (a dict value updates a nested config such as ``text_config``).
+        disable_sliding_window: upstream's switch: cap max_model_len at the model's
+            smallest sliding window (within it sliding-window attention is full attention);
+            no change for models without one, nor for those whose every layer has one
+            (capped anyway).
         use_async_output_proc: ``LLMEngine.step`` turns a step's tokens into text and
             RequestOutputs while the device runs the next step (upstream V0's name; see
             vllm/engine/step_report.py). Resolved by ``EngineArgs`` from
@@ -94,7 +98,8 @@ class ModelConfig:
             generation_config directory without generation_config.json, an
             unsupported architecture
             (or one without GGUF support given as a .gguf file), max_model_len above
-            max_position_embeddings or above a uniform sliding window (Mistral v0.1).
+            max_position_embeddings or above a uniform sliding window (Mistral v0.1), or
+            with disable_sliding_window above the smallest window.
     """
 
     model: str
@@ -114,6 +119,7 @@ class ModelConfig:
     generation_config: str = "auto"
     override_generation_config: Any = None
     hf_overrides: Any = None
+    disable_sliding_window: bool = False
     hf_config: Any = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -191,16 +197,21 @@ class ModelConfig:
         from vllm.model_executor.models import full_attention_limit
 
         limit = getattr(self.hf_config, "max_position_embeddings", None)
-        window = full_attention_limit(self.hf_config)
+        window = full_attention_limit(self.hf_config, self.disable_sliding_window)
         if self.max_model_len is None:
             if limit is None:
                 raise ValueError("max_model_len is not set and the config has no limit.")
             self.max_model_len = int(limit) if window is None else min(int(limit), window)
         if window is not None and self.max_model_len > window:
+            why = (
+                "disable_sliding_window caps the context at the smallest window"
+                if self.disable_sliding_window and full_attention_limit(self.hf_config) is None
+                else "every layer of this model uses sliding-window attention, which runs "
+                "here only while the sequence fits in the window"
+            )
             raise ValueError(
                 f"max_model_len={self.max_model_len} is greater than the model's "
-                f"sliding_window={window}: every layer of this model uses sliding-window "
-                "attention, which runs here only while the sequence fits in the window."
+                f"sliding_window={window}: {why}."
             )
         if self.max_model_len < 1:
             raise ValueError(f"max_model_len must be at least 1, got {self.max_model_len}.")

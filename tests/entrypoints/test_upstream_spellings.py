@@ -35,7 +35,6 @@ def test_prompt_token_ids_keyword_and_engine_accessors(tiny_llama_dir):
 @pytest.mark.parametrize(
     "kwargs,match",
     [
-        (dict(disable_sliding_window=True), r"disable_sliding_window=True is not supported"),
         (dict(cpu_offload_gb=2), r"cpu_offload_gb=2 is not supported; only 0"),
         (dict(preemption_mode="swap"), r"preemption_mode='swap' is not supported"),
         (
@@ -50,6 +49,37 @@ def test_switches_with_one_supported_value(tiny_llama_dir, kwargs, match):
 
     with pytest.raises(ValueError, match=match):
         EngineArgs(model=tiny_llama_dir, device="cpu", **kwargs).create_engine_config()
+
+
+def test_disable_sliding_window_caps_the_context_at_the_window(
+    tiny_gemma3_dir, tiny_mistral_dir, tiny_llama_dir
+):
+    """``disable_sliding_window`` (``--disable-sliding-window``) caps max_model_len at the
+    model's smallest sliding window, as upstream, and changes nothing for a model without
+    one or one whose every layer has it (capped anyway); it was refused for every model."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    def max_len(model, **kw):
+        config = EngineArgs(model=model, device="cpu", **kw).create_engine_config()
+        return config.model_config.max_model_len
+
+    assert max_len(tiny_gemma3_dir) == 512  # sliding (8), sliding, global layers
+    assert max_len(tiny_gemma3_dir, disable_sliding_window=True) == 8
+    assert max_len(tiny_gemma3_dir, disable_sliding_window=True, max_model_len=6) == 6
+    with pytest.raises(
+        ValueError,
+        match=r"max_model_len=16 is greater than the model's sliding_window=8: "
+        r"disable_sliding_window caps the context at the smallest window",
+    ):
+        max_len(tiny_gemma3_dir, disable_sliding_window=True, max_model_len=16)
+    assert max_len(tiny_mistral_dir, disable_sliding_window=True) == 256
+    assert max_len(tiny_mistral_dir) == 256
+    assert max_len(tiny_llama_dir, disable_sliding_window=True) == max_len(tiny_llama_dir) == 512
+    from vllm.entrypoints.cli import make_parser
+    from vllm.entrypoints.openai.api_server import validate_server_args
+
+    args = make_parser().parse_args(["serve", tiny_gemma3_dir, "--disable-sliding-window"])
+    assert validate_server_args(args).disable_sliding_window is True
 
 
 def test_accepted_upstream_serve_flags(tiny_llama_dir, caplog):

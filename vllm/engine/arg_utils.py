@@ -105,8 +105,9 @@ class EngineArgs:
         group="model",
     )  # fmt: skip
     disable_sliding_window: bool = _f(
-        False, "Upstream's switch to cap the context at the sliding window instead; only "
-        "off (models with a window attend within it).", group="model",
+        False, "Cap max_model_len at the model's smallest sliding window, as upstream "
+        "(within it sliding-window attention is full attention); no change for models "
+        "without one.", group="model",
     )  # fmt: skip
     cpu_offload_gb: float = _f(
         0.0, "GiB of weights kept in CPU memory (upstream); only 0.", group="cache"
@@ -535,8 +536,8 @@ class EngineArgs:
             self.download_dir,
         )
         check_upstream_switches(
-            self.model, self.tokenizer_revision, self.disable_sliding_window, self.cpu_offload_gb,
-            self.preemption_mode, self.disable_custom_all_reduce, self.compilation_config,
+            self.model, self.tokenizer_revision, self.cpu_offload_gb, self.preemption_mode,
+            self.disable_custom_all_reduce, self.compilation_config,
         )  # fmt: skip
         check_upstream_lora_flags(self.lora_extra_vocab_size, self.long_lora_scaling_factors)
         device_config = DeviceConfig(self.device)
@@ -574,6 +575,7 @@ class EngineArgs:
             generation_config=self.generation_config,
             override_generation_config=self.override_generation_config,
             hf_overrides=self.hf_overrides,
+            disable_sliding_window=self.disable_sliding_window,
             load_format=self.load_format,
             skip_tokenizer_init=self.skip_tokenizer_init,
             tokenizer_mode=self.tokenizer_mode,

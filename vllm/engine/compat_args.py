@@ -19,8 +19,9 @@ what is supported otherwise, before any weight is read:
   recomputed here (as in upstream V1), so no swap space is allocated.
 - ``tokenizer_revision``, ``disable_custom_all_reduce``, ``compilation_config``: logged as
   ignored when set (local tokenizers; torch.distributed's all-reduce; no torch.compile).
-- ``disable_sliding_window`` (only False), ``cpu_offload_gb`` (only 0), ``preemption_mode``
-  (None or ``recompute``).
+- ``cpu_offload_gb`` (only 0), ``preemption_mode`` (None or ``recompute``).
+  (``disable_sliding_window`` is a ``ModelConfig`` field: it caps max_model_len at the
+  model's smallest sliding window, as upstream.)
 - With ``enable_lora``: ``lora_dtype`` (``auto``, the model's dtype, or that dtype's
   name), ``fully_sharded_loras`` (logged as ignored: each TP rank holds its cut of an
   adapter already).
@@ -83,7 +84,6 @@ def check_compat_args(
 def check_upstream_switches(
     model: str,
     tokenizer_revision: str | None,
-    disable_sliding_window: bool,
     cpu_offload_gb: float,
     preemption_mode: str | None,
     disable_custom_all_reduce: bool,
@@ -94,11 +94,6 @@ def check_upstream_switches(
     Raises:
         ValueError: a value other than the one supported, naming the flag.
     """
-    if disable_sliding_window:
-        raise ValueError(
-            "disable_sliding_window=True is not supported: models with a sliding window "
-            "attend within it (Mistral's and Phi-3's cap max_model_len at the window)."
-        )
     if cpu_offload_gb != 0:
         raise ValueError(f"cpu_offload_gb={cpu_offload_gb} is not supported; only 0.")
     if preemption_mode not in (None, "recompute"):

@@ -93,16 +93,24 @@ def architectures_of(config) -> list[str]:
     return archs
 
 
-def full_attention_limit(config) -> int | None:
+def full_attention_limit(config, disable_sliding_window: bool = False) -> int | None:
     """Longest context (tokens) over which the model's attention is plain causal attention.
 
     A model whose every layer has a sliding window of W tokens (Mistral v0.1, Phi-3 4k)
     attends to the whole sequence as long as it holds at most W tokens; ``ModelConfig`` caps
-    ``max_model_len`` there. None: no such limit.
+    ``max_model_len`` there. With ``disable_sliding_window`` (upstream's switch) a model that
+    mixes windowed and global layers (Gemma 3) is capped too, at its smallest window. None:
+    no such limit.
     """
-    if getattr(config, "model_type", None) in _UNIFORM_WINDOW_TYPES:
+    model_type = getattr(config, "model_type", None)
+    if model_type in _UNIFORM_WINDOW_TYPES:
         window = getattr(config, "sliding_window", None)
         return int(window) if window else None
+    if disable_sliding_window and model_type == "gemma3_text":
+        from vllm.model_executor.models.gemma3 import gemma3_layer_windows
+
+        windows = [w for w in gemma3_layer_windows(config) if w]
+        return int(min(windows)) if windows else None
     return None
 
 
