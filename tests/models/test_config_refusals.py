@@ -18,9 +18,10 @@ TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_atten
 @pytest.mark.parametrize(
     "cls, config, words",
     [
-        (Qwen2ForCausalLM, Qwen2Config(use_sliding_window=True, **TINY),
+        (Qwen2ForCausalLM, Qwen2Config(use_sliding_window=True, max_window_layers=0, **TINY),
          "Qwen2ForCausalLM with use_sliding_window=True"),
-        (Qwen3ForCausalLM, Qwen3Config(use_sliding_window=True, head_dim=16, **TINY),
+        (Qwen3ForCausalLM, Qwen3Config(use_sliding_window=True, max_window_layers=0,
+                                       head_dim=16, **TINY),
          "Qwen3ForCausalLM with use_sliding_window=True"),
         (Qwen3MoeForCausalLM, Qwen3MoeConfig(use_sliding_window=True, head_dim=16, **TINY),
          "Qwen3MoeForCausalLM with use_sliding_window=True"),
@@ -37,16 +38,24 @@ def test_unsupported_settings_are_refused(cls, config, words):
 
 
 def test_supported_configs_build():
-    """The same classes build with the settings left at their defaults."""
+    """The same classes build with the settings left at their defaults, and Qwen2 / Qwen3
+    with ``use_sliding_window`` whose ``max_window_layers`` leaves no layer sliding (their
+    ``layer_types`` are all full attention in transformers; they used to be refused)."""
     assert isinstance(Qwen2ForCausalLM(Qwen2Config(**TINY)), LlamaForCausalLM)
     Phi3ForCausalLM(Phi3Config(**TINY))
     Qwen3ForCausalLM(Qwen3Config(head_dim=16, **TINY))
+    window = dict(use_sliding_window=True, sliding_window=8, max_window_layers=1)
+    qwen2, qwen3 = Qwen2Config(**window, **TINY), Qwen3Config(**window, head_dim=16, **TINY)
+    assert qwen2.layer_types == qwen3.layer_types == ["full_attention"]
+    Qwen2ForCausalLM(qwen2)
+    Qwen3ForCausalLM(qwen3)
 
 
 @pytest.mark.parametrize(
     "config, words",
     [
-        (Qwen2Config(use_sliding_window=True, architectures=["Qwen2ForCausalLM"], **TINY),
+        (Qwen2Config(use_sliding_window=True, max_window_layers=0,
+                     architectures=["Qwen2ForCausalLM"], **TINY),
          "Qwen2ForCausalLM with use_sliding_window=True"),
         (Qwen2Config(rope_parameters={"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0},
                      architectures=["Qwen2ForCausalLM"], **TINY),

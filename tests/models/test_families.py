@@ -237,3 +237,24 @@ def test_gemma3_cached_prefix_longer_than_window(tiny_gemma3_dir):
     check_outputs_equal(ref, got, "hf", "gemma3-prefix-cached", [second])
     _check_logprobs(ref, got, "gemma3-prefix-cached")
     llm.llm_engine.shutdown()
+
+
+@pytest.mark.forked
+def test_qwen2_window_flag_without_windowed_layers_matches_transformers(tmp_path):
+    """A Qwen2 config with use_sliding_window=True whose max_window_layers covers every
+    layer runs full attention in transformers (its layer_types are all full_attention):
+    the engine accepts it (it refused every use_sliding_window=True) and matches
+    transformers past the 4-token window."""
+    from tests.models import tiny_models
+
+    config = tiny_models.tiny_qwen2_config(
+        use_sliding_window=True, sliding_window=4, max_window_layers=2
+    )
+    assert config.layer_types == ["full_attention", "full_attention"]
+    model = tiny_models.save_tiny_hf_checkpoint(config, str(tmp_path / "qwen2"), seed=5)
+    ref = hf_greedy(model, PROMPTS, 16)
+    for ids, _, _ in ref:
+        assert len(set(ids)) >= 6, f"degenerate output {ids}"
+    llm = _engine(model)
+    check_outputs_equal(ref, vllm_greedy(llm, PROMPTS, 16), "hf", "qwen2", PROMPTS)
+    llm.llm_engine.shutdown()

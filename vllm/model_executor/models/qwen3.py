@@ -46,7 +46,9 @@ class Qwen3ForCausalLM(LlamaForCausalLM):
     """Qwen3 causal LM for one pipeline stage; same signature and API as LlamaForCausalLM.
 
     Raises:
-        ValueError: ``config.use_sliding_window`` is true (released checkpoints leave it off).
+        ValueError: ``config.use_sliding_window`` is true and some layer slides (see
+            :func:`~vllm.model_executor.models.qwen2.refuse_sliding_window`; released
+            checkpoints leave it off).
     """
 
     decoder_layer_cls = Qwen3DecoderLayer
