@@ -315,6 +315,9 @@ class CacheConfig:
         enable_prefix_caching: reuse the KV blocks of prompt prefixes seen before
             (vllm/core/block_manager.py). On by default: at a 0% hit rate it costs no
             measurable throughput (benchmarks/benchmark_prefix_caching.py, README).
+        prefix_caching_hash_algo: how a cached block is identified: "sha256" (upstream's
+            default; vllm/core/block_pool.py says why a cryptographic hash), the only one
+            here; upstream's "sha256_cbor", "xxhash" and "xxhash_cbor" are refused.
         prefix_routing_margin: with several virtual engines and prefix caching, a new request
             goes to the engine holding its longest cached prefix unless that engine has more
             than this many unfinished requests above the least loaded one (>= 0; see
@@ -326,6 +329,7 @@ class CacheConfig:
     num_gpu_blocks_override: int | None = None
     cpu_kvcache_space_bytes: int | None = None
     enable_prefix_caching: bool = True
+    prefix_caching_hash_algo: str = "sha256"
     prefix_routing_margin: int = 4
     # Filled after profiling: blocks per virtual engine.
     num_gpu_blocks: int | None = None
@@ -338,6 +342,12 @@ class CacheConfig:
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}."
+            )
+        if self.prefix_caching_hash_algo != "sha256":
+            raise ValueError(
+                f"prefix_caching_hash_algo must be 'sha256', got "
+                f"{self.prefix_caching_hash_algo!r} (upstream's CBOR and xxhash variants are "
+                "not implemented here)."
             )
         if self.prefix_routing_margin < 0:
             raise ValueError(

@@ -1,4 +1,5 @@
-"""Prefix caching in the block manager alone (no torch): hashing, sharing, reference counts,
+"""Prefix caching in the block manager alone (no torch): hashing (and a block forged to
+collide with a cached one under the old 64-bit hash), sharing, reference counts,
 LRU eviction, and a randomised run of allocate / append / free / reset checked against a
 model of which tokens each block holds."""
 
@@ -8,7 +9,7 @@ import random
 import pytest
 
 from vllm.core.block_manager import BlockSpaceManager
-from vllm.core.block_pool import BlockPool, hash_block, hash_full_blocks
+from vllm.core.block_pool import BlockPool, hash_full_blocks
 from vllm.sampling_params import SamplingParams
 from vllm.sequence import Logprob, Sequence, SequenceGroup, SequenceStatus
 
@@ -27,12 +28,59 @@ def run(bm, g):
         s.status = SequenceStatus.RUNNING
 
 
-def test_hash_chains_parent_tokens_and_extra_keys():
+def test_hash_covers_the_whole_prefix_and_the_extra_keys():
     a = hash_full_blocks([1, 2, 3, 4, 5], 2)
-    assert len(a) == 2  # the partial block [5] has no hash
-    assert a[0] == hash_block(None, [1, 2]) and a[1] == hash_block(a[0], [3, 4])
-    assert hash_full_blocks([9, 9, 3, 4], 2)[1] != a[1]  # same tokens, other parent
-    assert hash_block(None, [1, 2], ("lora", 1)) != a[0]
+    assert len(a) == 2 and all(len(h) == 32 for h in a)  # the partial block [5] has none
+    assert a == hash_full_blocks([1, 2, 3, 4], 2) and a[:1] == hash_full_blocks([1, 2], 2)
+    assert hash_full_blocks([9, 9, 3, 4], 2)[1] != a[1]  # same tokens, other prefix
+    assert hash_full_blocks([1, 2], 2, (("lora", 1),))[0] != a[0]
+    assert hash_full_blocks([1, 2], 2, ("a",)) != hash_full_blocks([1, 2], 2, ("a", ""))
+    assert hash_full_blocks([1, 2], 4) == []
+
+
+# CPython's tuple hash (64-bit; Objects/tupleobject.c): what a block's identity was before
+# SHA-256. Each step is invertible, so a block colliding with any given one can be solved for.
+_P1, _P2, _P5, _MASK = 11400714785074694791, 14029467366897019727, 2870177450012600261, 2**64 - 1
+
+
+def _lanes_state(items) -> int:
+    acc = _P5
+    for x in items:
+        acc = (acc + (hash(x) & _MASK) * _P2) & _MASK
+        acc = (((acc << 31) | (acc >> 33)) & _MASK) * _P1 & _MASK
+    return acc
+
+
+def _colliding_block(victim: tuple[int, ...]) -> tuple[int, ...]:
+    """Another block of ``len(victim)`` ints whose ``hash`` equals ``hash(victim)``: all but
+    the last token chosen, the last one solved for."""
+    target = (_lanes_state(victim) * pow(_P1, -1, 2**64)) & _MASK
+    target = ((target >> 31) | (target << 33)) & _MASK  # undo the rotation
+    for t in itertools.count(1):
+        head = tuple(range(1000, 1000 + len(victim) - 2)) + (t,)
+        lane = (target - _lanes_state(head)) * pow(_P2, -1, 2**64) & _MASK
+        last = lane if lane < 2**61 - 1 else lane - 2**64  # an int whose hash is the lane
+        if hash(last) & _MASK == lane:
+            return head + (last,)
+    raise AssertionError("unreachable")
+
+
+def test_a_block_built_to_collide_with_a_cached_one_is_not_served_its_kv():
+    """A prompt block whose Python hash equals another request's (solvable, see above) must
+    not find that request's cached KV: the block identity is SHA-256 of the tokens."""
+    bs = 16
+    victim = tuple(range(100, 100 + bs))
+    forged = _colliding_block(victim)
+    if hash(forged) != hash(victim):  # another interpreter's tuple hash
+        pytest.skip("needs CPython's 64-bit tuple hash to build the collision")
+    assert forged != victim
+    bm = BlockSpaceManager(bs, 8, watermark=0.0, enable_caching=True)
+    run(bm, group(list(victim) + [7], bs, rid="victim"))
+    assert bm.num_cached_prefix_tokens(list(victim) + [7]) == bs
+    assert bm.num_cached_prefix_tokens(list(forged) + [7]) == 0
+    g = group(list(forged) + [7], bs, rid="forged")
+    run(bm, g)
+    assert bm.get_num_cached_tokens(g.seqs[0]) == 0
 
 
 @pytest.mark.parametrize("prefix_blocks", [0, 1, 3])

@@ -56,6 +56,10 @@ CASES = [
     (dict(max_cudagraph_capture_size=0), "max_cudagraph_capture_size must be at least 1"),
     (dict(cuda_graph_sizes=[0, 8]), "cuda_graph_sizes"),
     (
+        dict(prefix_caching_hash_algo="xxhash"),
+        "prefix_caching_hash_algo must be 'sha256', got 'xxhash'",
+    ),
+    (
         dict(logprobs_mode="logits"),
         "logprobs_mode must be one of ['raw_logprobs', 'raw_logits', 'processed_logprobs', "
         "'processed_logits'], got 'logits'.",
@@ -139,6 +143,7 @@ def test_defaults(tiny_llama_dir):
     assert cfg.scheduler_config.max_num_seqs == 256
     assert cfg.scheduler_config.max_num_batched_tokens == max(cfg.model_config.max_model_len, 2048)
     assert cfg.parallel_config.distributed_executor_backend == "uni"
+    assert cfg.cache_config.prefix_caching_hash_algo == "sha256"
 
 
 @pytest.mark.parametrize(

@@ -101,7 +101,7 @@ class BlockSpaceManager:
         self.enable_caching = enable_caching
         self.defer_registration = defer_registration
         # seq_id -> fresh full blocks not registered yet: (block, hash, tokens up to its end).
-        self._unregistered: dict[int, list[tuple[int, int, int]]] = {}
+        self._unregistered: dict[int, list[tuple[int, bytes, int]]] = {}
         self.pool = BlockPool(num_gpu_blocks, enable_caching)
         # seq_id -> physical block numbers, in token order.
         self._tables: dict[int, list[int]] = {}
@@ -180,7 +180,7 @@ class BlockSpaceManager:
             return sum(len(ids) for ids in token_ids)
         bs = self.block_size
         total = 0
-        held: set[int] = set()  # full blocks of earlier siblings
+        held: set[bytes] = set()  # full blocks of earlier siblings
         for i, ids in enumerate(token_ids):
             if i == 0:
                 total += len(ids) - self.num_cached_prefix_tokens(ids, hash_keys)
@@ -295,7 +295,7 @@ class BlockSpaceManager:
             pool.acquire(block)
             table.append(block)
         hits = len(table)
-        later: list[tuple[int, int, int]] = []
+        later: list[tuple[int, bytes, int]] = []
         for i in range(hits, len(hashes)):
             block = pool.take(1)[0]
             if self.defer_registration:

@@ -13,34 +13,47 @@ deterministic), then by evicting a cached one: the least recently freed, and amo
 freed at the same time the one deepest in its sequence (its children are useless without it
 being kept, but not the other way round: a deep block is only hit after all its ancestors).
 
-Block identity (prefix caching): a *full* block's hash is ``hash((parent_hash, token_ids,
-extra_keys))`` with ``parent_hash`` the previous block's hash (None for the first block), so
-equal hashes mean equal token prefixes up to the 64-bit hash (collisions are as unlikely as
-in upstream vLLM, which uses the same construction). ``extra_keys`` are the request's
-``Sequence.block_hash_keys``: what changes the KV of equal tokens (the LoRA adapter's id)
-and who may share them (the prompt's ``cache_salt``); empty for most requests.
+Block identity (prefix caching): a *full* block's hash is the SHA-256 digest of the
+request's ``extra_keys`` and every token id from the sequence's start to the block's end
+(:func:`hash_full_blocks`), so equal hashes mean equal token prefixes and keys. SHA-256, as
+upstream's default ``--prefix-caching-hash-algo``, because a prompt's tokens are the
+client's to choose: with a 64-bit non-cryptographic hash (Python's ``hash`` of a tuple of
+ints, which upstream used before) a client can build a prompt whose block collides with
+another tenant's and be served its KV. ``extra_keys`` are the request's
+``Sequence.block_hash_keys``: what changes the KV of equal tokens (the LoRA adapter) and
+who may share them (the prompt's ``cache_salt``); empty for most requests.
 """
 
 from __future__ import annotations
 
+import hashlib
 import heapq
+from array import array
 from collections.abc import Sequence as Seq
 
 
-def hash_block(parent: int | None, token_ids: Seq[int], extra_keys: tuple = ()) -> int:
-    """The identity of a full block: a hash of its parent's hash, its token ids and the
-    request's extra keys (see the module docstring)."""
-    return hash((parent, tuple(token_ids), extra_keys))
-
-
-def hash_full_blocks(token_ids: Seq[int], block_size: int, extra_keys: tuple = ()) -> list[int]:
+def hash_full_blocks(token_ids: Seq[int], block_size: int, extra_keys: tuple = ()) -> list[bytes]:
     """Hashes of the ``len(token_ids) // block_size`` full blocks of a token sequence, in
-    order (the last partial block, if any, has none)."""
-    hashes: list[int] = []
-    parent = None
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
-        parent = hash_block(parent, token_ids[start : start + block_size], extra_keys)
-        hashes.append(parent)
+    order (the last partial block, if any, has none).
+
+    Block i's hash is the 32-byte SHA-256 digest of ``repr(extra_keys)`` (after its length,
+    so no key text can run into the tokens) followed by token ids ``0 .. (i + 1) *
+    block_size - 1`` as 8-byte integers in this machine's byte order: one running hash,
+    copied at each block's end (a chain of per-block hashes identifies the same prefix
+    but costs a hash object and a byte string per block). ``extra_keys`` hold ints,
+    strings and tuples of them, whose ``repr`` tells them apart.
+    """
+    n = len(token_ids) // block_size
+    if n == 0:
+        return []
+    keys = repr(extra_keys).encode()
+    running = hashlib.sha256(len(keys).to_bytes(8, "little") + keys)
+    data = memoryview(array("q", token_ids[: n * block_size]).tobytes())
+    step = 8 * block_size
+    hashes: list[bytes] = []
+    for end in range(step, n * step + 1, step):
+        running.update(data[end - step : end])
+        hashes.append(running.copy().digest())
     return hashes
 
 
@@ -66,8 +79,8 @@ class BlockPool:
         self._empty: list[int] = list(range(num_blocks))
         # Prefix cache: hash -> block, and each registered block's hash and depth (tokens of
         # its sequence up to and including this block).
-        self._by_hash: dict[int, int] = {}
-        self._hash_of: dict[int, int] = {}
+        self._by_hash: dict[bytes, int] = {}
+        self._hash_of: dict[int, bytes] = {}
         self._depth: dict[int, int] = {}
         # Evictable (free, cached) blocks: block -> stamp, and a heap of
         # (stamp, -depth, block) whose stale entries are skipped when popped.
@@ -85,7 +98,7 @@ class BlockPool:
         """Blocks findable by hash (in use or evictable)."""
         return len(self._by_hash)
 
-    def lookup(self, block_hash: int) -> int | None:
+    def lookup(self, block_hash: bytes) -> int | None:
         """The block registered under ``block_hash``, or None."""
         return self._by_hash.get(block_hash)
 
@@ -114,7 +127,7 @@ class BlockPool:
             del self._evictable[block]
         self.ref_count[block] += 1
 
-    def register(self, block: int, block_hash: int, depth: int) -> bool:
+    def register(self, block: int, block_hash: bytes, depth: int) -> bool:
         """Make the in-use ``block`` findable under ``block_hash`` (``depth``: tokens of its
         sequence up to its end). A hash already registered keeps its block and this one
         stays private. Returns whether it was registered (always False with caching off)."""

@@ -281,6 +281,13 @@ class EngineArgs:
         "default on, --no-enable-prefix-caching turns it off).",
         group="cache",
     )
+    prefix_caching_hash_algo: str = _f(
+        "sha256",
+        "How prefix-cache blocks are identified: sha256 (upstream's default), a "
+        "cryptographic hash, so no prompt can be built to collide with another's blocks.",
+        group="cache",
+        choices=("sha256",),
+    )
     prefix_routing_margin: int = _f(
         4,
         "With several virtual engines and prefix caching: the most extra unfinished "
@@ -552,6 +559,7 @@ class EngineArgs:
             gpu_memory_utilization=self.gpu_memory_utilization,
             num_gpu_blocks_override=self.num_gpu_blocks_override,
             enable_prefix_caching=self.enable_prefix_caching,
+            prefix_caching_hash_algo=self.prefix_caching_hash_algo,
             prefix_routing_margin=self.prefix_routing_margin,
         )
         compilation_config = CompilationConfig(
