@@ -594,6 +594,7 @@ class EngineArgs:
         pooler_config = resolve_pooler(
             self.task, self.runner, self._pooler_overrides(),
             headless=is_headless(model_config.hf_config), convert=self.convert,
+            model=model_config.model,
         )  # fmt: skip
         spec = resolve_speculative(self)  # --speculative-config applied
         speculative_config = SpeculativeConfig.create(

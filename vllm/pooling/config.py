@@ -11,7 +11,10 @@ normalized unless ``normalize`` is false. ``--override-pooler-config '{"pooling_
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
+
+from vllm.pooling.st_config import sentence_transformers_pooler
 
 logger = logging.getLogger(__name__)
 
@@ -61,10 +64,15 @@ def resolve_pooler(
     overrides: dict | None,
     headless: bool = False,
     convert: str = "auto",
+    model: str | None = None,
 ) -> PoolerConfig | None:
     """The PoolerConfig the flags ask for, None for a generative engine. A ``headless``
     checkpoint (a decoder stack without an LM head, ``LlamaModel`` ...) is an embedding
     model under ``auto``, as upstream resolves it.
+
+    An embedding engine's pooler starts from the defaults (``LAST``, normalized), then what
+    ``model``'s Sentence Transformers files declare (vllm/pooling/st_config.py), then the
+    ``overrides``, each key replacing the one before, as upstream layers them.
 
     ``task="embedding"``, upstream's older name, is taken as ``embed`` with a warning.
     ``convert`` is upstream's ``--convert``: ``embed`` asks for embeddings as
@@ -73,8 +81,9 @@ def resolve_pooler(
     Raises:
         ValueError: an unknown task, runner or convert (pooling tasks other than embed:
             classify, score, reward are not served), a generate task or runner with the
-            pooling runner, ``convert="embed"`` or a headless checkpoint, or override keys
-            other than ``pooling_type`` / ``normalize``.
+            pooling runner, ``convert="embed"`` or a headless checkpoint, override keys
+            other than ``pooling_type`` / ``normalize``, or Sentence Transformers files
+            that cannot be read or declare a pooling not implemented here.
     """
     if task == "embedding":
         logger.warning("task='embedding' is upstream's old name of task='embed'; using embed.")
@@ -111,4 +120,8 @@ def resolve_pooler(
             f"override_pooler_config has unknown keys {sorted(unknown)}; supported: "
             "pooling_type, normalize."
         )
-    return PoolerConfig(**overrides)
+    declared = None
+    if model is not None and os.path.isdir(model):
+        declared = sentence_transformers_pooler(model, type_given="pooling_type" in overrides)
+    declared = {k: v for k, v in (declared or {}).items() if v is not None}
+    return PoolerConfig(**{**declared, **overrides})
