@@ -101,6 +101,25 @@ def test_embedding_server_refusals(server):
     )
 
 
+def test_invocations_on_an_embedding_server(server, tiny_llama_dir):
+    """SageMaker's /invocations on an embedding server is an embeddings request, as
+    upstream routes it: ``input`` (or chat ``messages``) gives /v1/embeddings' vectors."""
+    r = httpx.post(server.url_for("invocations"), json={"input": INPUTS}, timeout=120)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "list" and body["usage"]["prompt_tokens"] == 12
+    for d, want in zip(body["data"], _reference(tiny_llama_dir)):
+        assert d["object"] == "embedding"
+        np.testing.assert_allclose(np.array(d["embedding"]), want, atol=1e-5)
+    chat = {"messages": [{"role": "user", "content": "Where is Paris?"}]}
+    r = httpx.post(server.url_for("invocations"), json=chat, timeout=120)
+    assert r.status_code == 200, r.text
+    want = _post(server, "embeddings", chat).json()["data"][0]["embedding"]
+    np.testing.assert_allclose(r.json()["data"][0]["embedding"], want, atol=1e-6)
+    r = httpx.post(server.url_for("invocations"), json={"prompt": "hi"}, timeout=120)
+    assert r.status_code == 400 and "exactly one of input and messages" in r.text, r.text
+
+
 def test_generative_server_refuses_pooling_apis(tiny_llama_dir):
     """Every pooling route answers 400 naming its API on a generative server; the score
     routes say that cross-encoders are not served."""

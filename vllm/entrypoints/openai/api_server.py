@@ -3,7 +3,8 @@
 Endpoints: /v1/models, /v1/completions, /v1/chat/completions, /v1/responses
 (serving_responses.py), /tokenize, /detokenize
 (serving_tokenization.py), the pooling APIs of an embedding engine (pooling_routes.py),
-/invocations (SageMaker's route: chat or completion by the body), /health (and its alias
+/invocations (SageMaker's route: chat or completion by the body, embeddings on an
+embedding engine), /health (and its alias
 /ping), /version, /metrics (Prometheus text, this server's own
 registry), POST /start_profile and /stop_profile (only with VLLM_TORCH_PROFILER_DIR set).
 Errors use OpenAI's body ``{"error": {"message", "type", "param", "code"}}``: 400 for bad
@@ -76,6 +77,7 @@ from vllm.entrypoints.openai.responses_input import ResponsesRequest
 from vllm.entrypoints.openai.server_lifecycle import ABORT_GRACE_S, graceful_server_class
 from vllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from vllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from vllm.entrypoints.openai.serving_embedding import EmbeddingRequest
 from vllm.entrypoints.openai.serving_responses import OpenAIServingResponses
 from vllm.entrypoints.openai.serving_tokenization import (
     DetokenizeRequest,
@@ -359,33 +361,39 @@ def build_app(
         except Exception as e:
             return to_api_error(e).response()
 
+    embeddings = add_pooling_routes(app, (engine, served_model_names, tokenize_pool), as_ids,
+                                    chat)  # fmt: skip
+
     @app.post("/invocations")
     async def invocations(raw: Request):
         """SageMaker's inference route (as upstream): a body with ``messages`` is a chat
-        completion, one with ``prompt`` a completion; the answer is that route's."""
+        completion, one with ``prompt`` a completion; on an embedding engine every body is
+        an embeddings request (``input`` or chat ``messages``). The answer is that
+        route's."""
         try:
             body = await raw.json()
         except ValueError as e:
             return APIError(f"The request body is not valid JSON: {e}.", 400).response()
-        kind = next(
-            (k for k in ("messages", "prompt") if isinstance(body, dict) and k in body), None
-        )
-        if kind is None:
-            return APIError(
-                "/invocations needs a JSON object with `messages` (a chat completion) or "
-                "`prompt` (a completion).", 400,
-            ).response()  # fmt: skip
-        model = ChatCompletionRequest if kind == "messages" else CompletionRequest
+        if engine.pooler_config is not None:
+            model, route = EmbeddingRequest, embeddings
+        else:
+            kind = next(
+                (k for k in ("messages", "prompt") if isinstance(body, dict) and k in body), None
+            )
+            if kind is None:
+                return APIError(
+                    "/invocations needs a JSON object with `messages` (a chat completion) or "
+                    "`prompt` (a completion).", 400,
+                ).response()  # fmt: skip
+            model = ChatCompletionRequest if kind == "messages" else CompletionRequest
+            route = chat_completions if kind == "messages" else completions
         try:
             req = model.model_validate(body)
         except ValidationError as e:
             errs = [{**err, "loc": ("body", *err["loc"])} for err in e.errors()]
             msg, param = validation_message(errs)
             return APIError(msg, 400, param).response()
-        route = chat_completions if kind == "messages" else completions
         return await route(req, raw)
-
-    add_pooling_routes(app, (engine, served_model_names, tokenize_pool), as_ids, chat)
 
     return app
 

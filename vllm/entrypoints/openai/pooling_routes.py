@@ -25,11 +25,16 @@ from vllm.entrypoints.openai.serving_score import (
 )
 
 
-def add_pooling_routes(app: FastAPI, handler_args: tuple, handler_kwargs: dict, chat=None) -> None:
+def add_pooling_routes(app: FastAPI, handler_args: tuple, handler_kwargs: dict, chat=None):
     """Register the pooling routes on ``app``; each handler is built with
     ``(*handler_args, **handler_kwargs)``, the OpenAIServing arguments of the server's
     other handlers (engine, served names, tokenizer thread, LoRA map, ...). ``chat``, the
-    server's chat handler, renders the ``messages`` of /v1/embeddings and /pooling."""
+    server's chat handler, renders the ``messages`` of /v1/embeddings and /pooling.
+
+    Returns:
+        The /v1/embeddings route, ``async (EmbeddingRequest, Request) -> Response``
+        (/invocations answers an embedding engine's requests with it).
+    """
     embedding = OpenAIServingEmbedding(*handler_args, chat=chat, **handler_kwargs)
     pooling = OpenAIServingPooling(*handler_args, chat=chat, **handler_kwargs)
     scores = OpenAIServingScores(*handler_args, **handler_kwargs)
@@ -61,3 +66,5 @@ def add_pooling_routes(app: FastAPI, handler_args: tuple, handler_kwargs: dict, 
     @app.post("/v2/rerank")
     async def do_rerank(body: RerankRequest, raw: Request):
         return await answer(scores.do_rerank, body, raw)
+
+    return embeddings
