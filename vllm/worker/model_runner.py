@@ -100,7 +100,8 @@ class ModelRunner:
         from vllm.model_executor.model_loader import get_model
 
         t0 = time.perf_counter()
-        self.model = get_model(self.model_config, self.device, self.pp_rank, self.pp_size)
+        self.model = get_model(self.model_config, self.device, self.pp_rank, self.pp_size,
+                               pooling=self.config.pooler_config is not None)  # fmt: skip
         logger.info(
             "Loaded %s (stage %d/%d) in %.1f s; attention backend %s",
             self.model_config.model,

@@ -24,6 +24,7 @@ from vllm.model_executor.model_loader.gguf_loader import gguf_weights_iterator
 from vllm.model_executor.models import architectures_of, get_model_class, is_headless
 from vllm.model_executor.weight_utils import (
     fill_dummy_weights,
+    safetensors_files,
     safetensors_weights_iterator,
 )
 
@@ -45,6 +46,24 @@ def resolve_load_format(model: str, load_format: str) -> str:
     return load_format
 
 
+def _holds_bare_stack(model_dir: str) -> bool:
+    """Whether a safetensors checkpoint of a causal-LM architecture holds only the decoder
+    stack, its tensors named without the ``model.`` prefix (``embed_tokens.weight``,
+    ``layers.0...``) and without an LM head, as Qwen3-Embedding ships under
+    ``Qwen3ForCausalLM``; transformers and upstream load such a checkpoint into the causal
+    LM's ``model``."""
+    from safetensors import SafetensorError, safe_open
+
+    names = []
+    for path in safetensors_files(model_dir):
+        try:
+            with safe_open(path, framework="pt", device="cpu") as f:
+                names.extend(f.keys())
+        except SafetensorError:  # the weights iterator names the unreadable file
+            return False
+    return bool(names) and not any(n.startswith(("model.", "lm_head.")) for n in names)
+
+
 @contextlib.contextmanager
 def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
     """Temporarily set torch's default floating dtype (restored on exit)."""
@@ -56,7 +75,9 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(previous)
 
 
-def get_model(model_config, device, pp_rank: int = 0, pp_size: int = 1) -> nn.Module:
+def get_model(
+    model_config, device, pp_rank: int = 0, pp_size: int = 1, pooling: bool = False
+) -> nn.Module:
     """Build the model of ``model_config`` for stage ``pp_rank`` of ``pp_size`` and load it.
 
     Uses ``model_config.model`` (HF directory or ``.gguf`` file), ``.hf_config``, ``.dtype``,
@@ -64,7 +85,9 @@ def get_model(model_config, device, pp_rank: int = 0, pp_size: int = 1) -> nn.Mo
     exceeds the config's ``max_position_embeddings``). Parameters are created directly on
     ``device`` in ``dtype``. Returns the model in eval mode with parameters that need no
     gradient (as upstream's), so code reaching it (``LLM.apply_model``) may update weights
-    in place.
+    in place. ``pooling`` (an embedding engine): a checkpoint that holds only the decoder
+    stack under a causal-LM architecture (see :func:`_holds_bare_stack`) loads with its
+    unused LM head tied to the embedding, as a headless one does.
 
     Raises:
         ValueError: unsupported architecture (listing the supported ones), bad load format,
@@ -73,10 +96,12 @@ def get_model(model_config, device, pp_rank: int = 0, pp_size: int = 1) -> nn.Mo
     hf_config = model_config.hf_config
     tp_size = get_tensor_model_parallel_world_size()
     model_cls = get_model_class(architectures_of(hf_config))
-    headless = is_headless(hf_config)
-    if headless:  # no LM head: the (unused) logits of an embedding engine use the embedding
-        hf_config.tie_word_embeddings = True
     load_format = resolve_load_format(model_config.model, model_config.load_format)
+    headless = is_headless(hf_config)  # an architecture without LM head (LlamaModel ...)
+    bare = not headless and load_format == "safetensors" and _holds_bare_stack(model_config.model)
+    if headless or (bare and pooling):
+        # no LM head: the (unused) logits of an embedding engine use the embedding
+        hf_config.tie_word_embeddings = True
     if load_format == "sim":
         from vllm.model_executor.model_loader.sim_model import SimStageModel, SimTiming
 
@@ -101,7 +126,7 @@ def get_model(model_config, device, pp_rank: int = 0, pp_size: int = 1) -> nn.Mo
             weights = gguf_weights_iterator(model_config.model, num_heads, num_kv_heads, layers)
         else:  # under TP each rank reads only its shard of every tensor
             weights = safetensors_weights_iterator(model_config.model, lazy=tp_size > 1)
-            if headless:  # the stack's tensors are named as the causal LM's "model."
+            if headless or bare:  # the stack's tensors are named as the causal LM's "model."
                 weights = ((n if n.startswith("model.") else f"model.{n}", t) for n, t in weights)
         with torch.no_grad():
             loaded = model.load_weights(weights)
