@@ -6,7 +6,8 @@ Endpoints: /v1/models, /v1/completions, /v1/chat/completions, /v1/responses
 /invocations (SageMaker's route: chat or completion by the body, embeddings on an
 embedding engine), /health (and its alias
 /ping), /version, /metrics (Prometheus text, this server's own
-registry), POST /start_profile and /stop_profile (only with VLLM_TORCH_PROFILER_DIR set).
+registry), POST /start_profile and /stop_profile (only with VLLM_TORCH_PROFILER_DIR set),
+POST /reset_prefix_cache (only with VLLM_SERVER_DEV_MODE=1).
 Errors use OpenAI's body ``{"error": {"message", "type", "param", "code"}}``: 400 for bad
 requests (malformed JSON, pydantic validation errors and ValueErrors included), 401 for a
 missing or wrong key when ``--api-key`` is set, 404 for an unknown model, 413 for a body
