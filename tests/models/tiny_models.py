@@ -274,6 +274,30 @@ def save_tiny_hf_checkpoint(
     return out_dir
 
 
+def save_tiny_decoder_stack(config, out_dir: str, architectures: list[str] | None = None) -> str:
+    """Save the decoder stack of ``config`` alone (``AutoModel``: no LM head, tensor names
+    without the ``model.`` prefix, as embedding checkpoints ship) with random float32
+    weights (seed 0) and the SmolLM2 tokenizer; ``architectures`` replaces the saved
+    config's (e.g. a causal-LM class over the bare stack). Returns out_dir."""
+    import json
+
+    from transformers import AutoModel
+
+    torch.manual_seed(0)
+    stack = AutoModel.from_config(config, dtype=torch.float32)
+    randomize_(stack, 0)
+    stack.save_pretrained(out_dir)
+    load_smollm2_tokenizer().save_pretrained(out_dir)
+    if architectures is not None:
+        path = os.path.join(out_dir, "config.json")
+        with open(path) as f:
+            saved = json.load(f)
+        saved["architectures"] = architectures
+        with open(path, "w") as f:
+            json.dump(saved, f)
+    return out_dir
+
+
 @functools.lru_cache(maxsize=1)
 def load_smollm2_tokenizer():
     """The SmolLM2 tokenizer built by transformers from the GGUF metadata (cached)."""

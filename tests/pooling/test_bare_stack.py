@@ -17,21 +17,12 @@ PROMPTS = [[1, 5, 9, 22, 40, 7, 3, 100], [1, 300, 41, 17], [1, 64, 65]]
 def _bare_qwen3(tiny_models_dir):
     """The tiny Qwen3 saved as ``Qwen3Model`` (no head, no prefix), its config naming
     ``Qwen3ForCausalLM`` (tied embeddings, as the tiny Qwen3 config has them)."""
-    from transformers import AutoModel
-
     from tests.conftest import _built
     from tests.models import tiny_models
 
     def build(path):
-        torch.manual_seed(0)
-        stack = AutoModel.from_config(tiny_models.tiny_qwen3_config(), dtype=torch.float32)
-        tiny_models.randomize_(stack, 0)
-        stack.save_pretrained(path)
-        tiny_models.load_smollm2_tokenizer().save_pretrained(path)
-        config = json.loads(open(f"{path}/config.json").read())
-        config["architectures"] = ["Qwen3ForCausalLM"]
-        open(f"{path}/config.json", "w").write(json.dumps(config))
-        return path
+        config = tiny_models.tiny_qwen3_config()
+        return tiny_models.save_tiny_decoder_stack(config, path, ["Qwen3ForCausalLM"])
 
     return _built(tiny_models_dir / "qwen3_bare_stack", build)
 

@@ -260,12 +260,7 @@ def test_headless_checkpoint_is_an_embedding_model(tiny_models_dir):
     from vllm import LLM
 
     def build(path):
-        torch.manual_seed(0)
-        stack = AutoModel.from_config(tiny_models.tiny_llama_config(), dtype=torch.float32)
-        tiny_models.randomize_(stack, 0)
-        stack.save_pretrained(path)
-        tiny_models.load_smollm2_tokenizer().save_pretrained(path)
-        return path
+        return tiny_models.save_tiny_decoder_stack(tiny_models.tiny_llama_config(), path)
 
     path = _built(tiny_models_dir / "llama_headless", build)
     stack = AutoModel.from_pretrained(path, dtype=torch.float32).eval()
