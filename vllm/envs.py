@@ -36,12 +36,15 @@ def _positive_float(raw: str) -> float:
     return value
 
 
+CPU_KVCACHE_SPACE_DEFAULT_GIB = 4.0  # upstream's default
+
+
 def _cpu_kv_space_gib(raw: str) -> float:
     """GiB of CPU KV cache: a number > 0, or 0 for the default 4 GiB (upstream reads 0, its
     own default value, as "not set")."""
     value = float(raw)
     if value == 0:
-        return 4.0
+        return CPU_KVCACHE_SPACE_DEFAULT_GIB
     if not value > 0:
         raise ValueError("expected a number >= 0 (0: the default 4 GiB)")
     return value
@@ -111,7 +114,7 @@ _DECLARED = (
     EnvVar(
         "VLLM_CPU_KVCACHE_SPACE",
         _cpu_kv_space_gib,
-        4.0,
+        CPU_KVCACHE_SPACE_DEFAULT_GIB,
         "KV-cache size on CPU in GiB (default 4, as upstream; 0 also means 4).",
     ),
     EnvVar(
