@@ -495,6 +495,21 @@ def test_top_logprobs_errors_name_top_logprobs(tokenizer):
     )
 
 
+def test_top_logprobs_zero_without_logprobs_is_accepted(tokenizer):
+    """top_logprobs=0 with logprobs false (or left out) is accepted and returns no
+    logprobs, as upstream (guards: every request with the field refused with a 400);
+    a positive count without logprobs=true is still refused."""
+    engine = _Engine(tokenizer, ["Par", "is"])
+    for extra in ({"logprobs": False}, {}):
+        out = _answer(tokenizer, None, engine=engine, top_logprobs=0, **extra)
+        assert out["choices"][0]["message"]["content"] == "Paris"
+        assert out["choices"][0]["logprobs"] is None
+        assert engine.params.logprobs is None
+    with pytest.raises(APIError) as err:
+        _answer(tokenizer, ["x"], logprobs=False, top_logprobs=1)
+    assert err.value.param == "top_logprobs" and "needs logprobs=true" in err.value.message
+
+
 DOC_TEMPLATE = (
     "{% for d in documents or [] %}[{{d['title']}}: {{d['text']}}]{% endfor %}"
     "{% for m in messages %}<{{m['role']}}>{{m['content']}}{% endfor %}"

@@ -232,7 +232,9 @@ class OpenAIServingChat(OpenAIServing):
         text, ids, conv = await self._prompt(req, req.add_special_tokens)
         budget = self.check_length(len(ids), max_tokens, "messages", field)
         k = None
-        if req.top_logprobs is not None and not req.logprobs:
+        # top_logprobs=0 asks for nothing beyond the chosen token, so it needs no logprobs
+        # (as upstream: clients that always send the field get no 400)
+        if req.top_logprobs not in (None, 0) and not req.logprobs:
             raise APIError(
                 f"top_logprobs={req.top_logprobs} needs logprobs=true.", 400, "top_logprobs"
             )
