@@ -276,6 +276,13 @@ class SamplingFields(OpenAIRequest):
     stream_options: StreamOptions | None = None
     user: str | None = None
 
+    @field_validator("n", "stream", mode="before")
+    @classmethod
+    def _null_is_default(cls, value, info: ValidationInfo):
+        """An explicit null ``n`` or ``stream`` means the default (1, false), as upstream's
+        optional fields read it."""
+        return cls.model_fields[info.field_name].default if value is None else value
+
     @field_validator("cache_salt")
     @classmethod
     def _cache_salt_not_empty(cls, value):
@@ -313,6 +320,12 @@ class CompletionRequest(SamplingFields):
     request_id: str | None = None
     # vLLM's: the tokenizer's special tokens (a BOS ...) added to text prompts
     add_special_tokens: bool = True
+
+    @field_validator("echo", mode="before")
+    @classmethod
+    def _null_echo_is_false(cls, value):
+        """An explicit null ``echo`` is false, as upstream's optional field reads it."""
+        return False if value is None else value
 
 
 class CompletionLogProbs(OpenAIBaseModel):

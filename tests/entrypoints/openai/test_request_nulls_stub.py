@@ -1,0 +1,72 @@
+"""Explicit nulls in completion and chat bodies, over a stub engine that replays fixed text
+pieces: ``"n": null`` and ``"stream": null`` (both APIs) and a completion's
+``"echo": null`` mean the fields' defaults (one choice, not streamed, no echo), as
+upstream's optional fields read them.
+
+Guards: such a body refused with a 400 ("n: Input should be a valid integer") although
+upstream vLLM serves it.
+"""
+
+import asyncio
+
+import pytest
+
+from tests.entrypoints.openai.stub_engine import StubEngine
+from vllm.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+from vllm.entrypoints.openai.serving_chat import OpenAIServingChat
+from vllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from vllm.outputs import CompletionOutput, RequestOutput
+
+TEMPLATE = "{% for m in messages %}<{{m['role']}}>{{m['content']}}{% endfor %}"
+PIECES = ["Par", "is"]
+
+
+class _Engine(StubEngine):
+    """The stub engine; generate() records the params and replays ``PIECES``."""
+
+    async def generate(self, prompt, params, rid, lora_request=None, priority=0, **kw):
+        self.params = params
+        for k in range(1, len(PIECES) + 1):
+            done = k == len(PIECES)
+            text = "".join(PIECES[:k])
+            out = CompletionOutput(0, text, list(range(k)), None, None, "length" if done else None)
+            yield RequestOutput(
+                rid, prompt.get("prompt"), prompt["prompt_token_ids"], None, [out], done
+            )
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_llama_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_llama_dir)
+
+
+def _answer(tokenizer, api: str, **nulls) -> tuple[dict, object]:
+    """The non-streamed reply to a body with ``nulls`` and the SamplingParams it ran."""
+    engine = _Engine(tokenizer)
+    body = {"model": "m", "max_tokens": 8, **nulls}
+    if api == "chat":
+        handler = OpenAIServingChat(engine, ["m"], chat_template=TEMPLATE)
+        req = ChatCompletionRequest(messages=[{"role": "user", "content": "Hi"}], **body)
+        create = handler.create_chat_completion
+    else:
+        handler = OpenAIServingCompletion(engine, ["m"])
+        req = CompletionRequest(prompt="Hi there", **body)
+        create = handler.create_completion
+    reply = asyncio.run(create(req, None))
+    return reply.model_dump(), engine.params
+
+
+@pytest.mark.parametrize("api", ["completion", "chat"])
+def test_null_n_and_stream_are_the_defaults(tokenizer, api):
+    reply, params = _answer(tokenizer, api, n=None, stream=None)
+    assert params.n == 1
+    assert len(reply["choices"]) == 1 and reply["choices"][0]["index"] == 0
+    text = reply["choices"][0]["text" if api == "completion" else "message"]
+    assert (text if api == "completion" else text["content"]) == "Paris"
+
+
+def test_null_echo_is_false(tokenizer):
+    reply, _ = _answer(tokenizer, "completion", echo=None)
+    assert reply["choices"][0]["text"] == "Paris"  # no prompt in front
