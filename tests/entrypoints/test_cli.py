@@ -149,6 +149,28 @@ def test_load_chat_template(tmp_path):
     assert load_chat_template(None) is None
     with pytest.raises(ValueError, match="neither an existing file nor a Jinja template"):
         load_chat_template(str(tmp_path / "missing.jinja"))
+    # transformers' own tags compile
+    tagged = "{% generation %}{{ messages[0]['content'] }}{% endgeneration %}"
+    assert load_chat_template(tagged) == tagged
+
+
+def test_bad_chat_template_fails_at_load(tmp_path):
+    """A template Jinja cannot compile is refused when the flag is read (the server exits
+    at start-up with one line), naming the file, Jinja's message and the line.
+
+    Guards: the server started and answered every chat request with a 400 blaming the
+    request for the server's template."""
+    path = tmp_path / "bad.jinja"
+    path.write_text("{% for m in messages %}\n{{ m['content'] }\n{% endfor %}")
+    with pytest.raises(ValueError) as err:
+        load_chat_template(str(path))
+    assert str(err.value) == (
+        f"--chat-template file {str(path)!r} is not a valid Jinja template: "
+        "unexpected '}' (line 2)."
+    )
+    with pytest.raises(ValueError, match=r"--chat-template \(inline\) is not a valid Jinja "
+                       r"template: .*\(line 1\)"):  # fmt: skip
+        load_chat_template("{% for m in messages %}{{ m['content'] }}")
 
 
 def test_version(capsys):

@@ -41,23 +41,45 @@ def load_chat_template(value: str | None) -> str | None:
     or ``value`` itself when it is inline Jinja; None stays None (the tokenizer's own).
 
     Raises:
-        ValueError: ``value`` is neither an existing file nor Jinja (a mistyped path), or
-            the file cannot be read.
+        ValueError: ``value`` is neither an existing file nor Jinja (a mistyped path), the
+            file cannot be read, or the template is not valid Jinja (so the server fails at
+            start-up, not on every chat request).
     """
     if value is None:
         return None
     if os.path.isfile(value):
         try:
             with open(value, encoding="utf-8") as fh:
-                return fh.read()
+                text = fh.read()
         except OSError as e:
             raise ValueError(f"--chat-template file {value!r} could not be read: {e}.") from e
+        _check_template_syntax(text, f"file {value!r}")
+        return text
     if any(mark in value for mark in _JINJA_MARKS):
+        _check_template_syntax(value, "(inline)")
         return value
     raise ValueError(
         f"--chat-template {value!r} is neither an existing file nor a Jinja template "
         "(inline templates contain '{{' or '{%')."
     )
+
+
+def _check_template_syntax(template: str, shown: str) -> None:
+    """Compile ``template`` in transformers' chat-template environment (the one that
+    renders it, with its extra tags); raises ValueError naming ``--chat-template``
+    ``shown``, Jinja's message and the line on a syntax error."""
+    import jinja2
+
+    try:
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+    except ImportError:  # another transformers layout: rendering reports any error
+        return
+    try:
+        _compile_jinja_template(template)
+    except jinja2.TemplateSyntaxError as e:
+        raise ValueError(
+            f"--chat-template {shown} is not a valid Jinja template: {e.message} (line {e.lineno})."
+        ) from None
 
 
 def has_chat_template(tokenizer, template: str | None) -> bool:
