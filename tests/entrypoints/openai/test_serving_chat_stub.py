@@ -510,6 +510,18 @@ def test_top_logprobs_zero_without_logprobs_is_accepted(tokenizer):
     assert err.value.param == "top_logprobs" and "needs logprobs=true" in err.value.message
 
 
+def test_best_of_other_than_one_or_n_is_refused(tokenizer):
+    """Chat refuses best_of other than 1 or n with a 400 naming it, as completions do
+    (guards: best_of=3 ignored, one sample returned as if it were the best of three)."""
+    with pytest.raises(APIError) as err:
+        _answer(tokenizer, ["x"], best_of=3)
+    assert err.value.param == "best_of"
+    assert err.value.message.startswith("best_of=3 is not supported"), err.value.message
+    for best_of, n in ((1, 1), (2, 2)):
+        out = _answer(tokenizer, ["Par", "is"], best_of=best_of, n=n)
+        assert out["choices"][0]["message"]["content"] == "Paris"
+
+
 DOC_TEMPLATE = (
     "{% for d in documents or [] %}[{{d['title']}}: {{d['text']}}]{% endfor %}"
     "{% for m in messages %}<{{m['role']}}>{{m['content']}}{% endfor %}"

@@ -231,6 +231,8 @@ class SamplingFields(OpenAIRequest):
     """Sampling fields shared by completions and chat (OpenAI's plus vLLM's extras)."""
 
     n: int = 1
+    # Accepted only as 1 or n (upstream V1 dropped best_of); anything else is a 400.
+    best_of: int | None = None
     temperature: float | None = None
     top_p: float | None = None
     seed: int | None = None
@@ -310,8 +312,6 @@ class CompletionRequest(SamplingFields):
     max_tokens: int | None = 16
     echo: bool = False
     logprobs: int | None = None
-    # Accepted only as 1 or n (upstream V1 dropped best_of); anything else is a 400.
-    best_of: int | None = None
     # Refused with a 400 (as upstream): no model here fills in the middle.
     suffix: str | None = None
     # Keep only the last k prompt tokens (k >= 1; -1: the last max_model_len tokens).

@@ -229,6 +229,7 @@ class OpenAIServingChat(OpenAIServing):
         if max_tokens is None:
             max_tokens, field = req.max_tokens, "max_tokens"
         self.check_max_tokens(max_tokens, field=field)
+        self.check_best_of(req)
         text, ids, conv = await self._prompt(req, req.add_special_tokens)
         budget = self.check_length(len(ids), max_tokens, "messages", field)
         k = None

@@ -72,13 +72,7 @@ class OpenAIServingCompletion(OpenAIServing):
             raise APIError(
                 "prompt_logprobs are not available when stream is true.", 400, "prompt_logprobs"
             )
-        if req.best_of is not None and req.best_of not in (1, req.n):
-            raise APIError(
-                f"best_of={req.best_of} is not supported (only best_of equal to n={req.n}, "
-                "or 1): ask for n completions with logprobs and rank them instead.",
-                400,
-                "best_of",
-            )
+        self.check_best_of(req)
 
     async def create_completion(self, req: CompletionRequest, raw: Request | None):
         """Returns a CompletionResponse, or an async iterator of SSE strings when streaming.

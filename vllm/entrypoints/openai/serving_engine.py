@@ -235,6 +235,18 @@ class OpenAIServing:
             by_n = "max_num_seqs" in str(e) or "lower n or max_tokens" in str(e)
             raise APIError(str(e), 400, "n" if by_n else param) from None
 
+    @staticmethod
+    def check_best_of(req: SamplingFields) -> None:
+        """Raises APIError 400 naming ``best_of`` unless it is None, 1 or ``n`` (every
+        sequence generated is returned; upstream's V1 engine dropped best_of > n)."""
+        if req.best_of is not None and req.best_of not in (1, req.n):
+            raise APIError(
+                f"best_of={req.best_of} is not supported (only best_of equal to n={req.n}, "
+                "or 1): ask for n completions with logprobs and rank them instead.",
+                400,
+                "best_of",
+            )
+
     def check_priority(self, priority: int) -> None:
         """Raises APIError 400 naming ``priority`` when the scheduling policy refuses it
         (non-zero under ``fcfs``; see ``check_priority`` in vllm.engine.request_checks)."""
