@@ -90,7 +90,7 @@ class OpenAIServingCompletion(OpenAIServing):
         if req.echo and req.logprobs is not None:  # -1 (every token) covers any k
             both = (req.logprobs, prompt_lp if prompt_lp is not None else 0)
             prompt_lp = -1 if -1 in both else max(both)
-        as_id = bool(req.return_tokens_as_token_ids) or self.return_tokens_as_token_ids
+        as_id = req.return_tokens_as_token_ids  # None: the server's flag; false turns it off
         params = []
         guided = guided_params(req)  # structured_outputs / response_format / guided_*
         # Every prompt is checked before any is queued.
