@@ -260,6 +260,9 @@ class SamplingFields(OpenAIRequest):
     guided_decoding_backend: str | None = None
     # words never generated (SamplingParams.bad_words)
     bad_words: list[str] | None = None
+    # upstream's per-request logits processors (qualified names): read so that a non-empty
+    # list is refused with a 400, as upstream's server without --logits-processor-pattern
+    logits_processors: list[Any] | None = None
     # vLLM's: the prompt tokens' logprobs (k most likely at each position, plus the token)
     prompt_logprobs: int | None = None
     # Logprobs tokens as "token_id:ID" (also the server flag --return-tokens-as-token-ids).

@@ -390,6 +390,7 @@ class OpenAIServing:
         the server's ``reasoning_token_ids``. temperature, top_p, top_k, min_p and
         repetition_penalty left out of the request take the generation config's value
         when it sets one (``--generation-config``), else SamplingParams' own default."""
+        self.refuse_logits_processors(req)
         d = self.default_sampling
         if guided is not None and self.reasoning_token_ids is not None:
             guided = dataclasses.replace(guided, reasoning_token_ids=self.reasoning_token_ids)
@@ -433,6 +434,20 @@ class OpenAIServing:
         except (ValueError, TypeError) as e:
             raise params_error(e, logprobs_field) from e
 
+    @staticmethod
+    def refuse_logits_processors(req: SamplingFields) -> None:
+        """Raises APIError 400 naming ``logits_processors`` when the request lists any:
+        this server runs none (upstream refuses them too unless started with
+        ``--logits-processor-pattern``), and ignoring them would change the output
+        silently."""
+        if req.logits_processors:
+            raise APIError(
+                "logits_processors are not supported by this server: use logit_bias, "
+                "allowed_token_ids, bad_words or structured_outputs instead.",
+                400,
+                "logits_processors",
+            )
+
     # Fields that change which tokens may come or where a sequence stops: beam search
     # (which scores the model's own logprobs and stops only at EOS or length) refuses them.
     _NOT_WITH_BEAM_SEARCH = (
@@ -448,6 +463,7 @@ class OpenAIServing:
         Raises:
             APIError 400: a field beam search does not apply (named), or a bad width.
         """
+        self.refuse_logits_processors(req)
         for name in self._NOT_WITH_BEAM_SEARCH:
             value = getattr(req, name, None)
             if value not in (None, 0, [], {}, ""):

@@ -1,10 +1,12 @@
-"""Explicit nulls in completion and chat bodies, over a stub engine that replays fixed text
-pieces: ``"n": null`` and ``"stream": null`` (both APIs) and a completion's
-``"echo": null`` mean the fields' defaults (one choice, not streamed, no echo), as
-upstream's optional fields read them.
+"""Completion and chat request fields read as upstream reads them, over a stub engine that
+replays fixed text pieces: ``"n": null`` and ``"stream": null`` (both APIs) and a
+completion's ``"echo": null`` mean the fields' defaults (one choice, not streamed, no
+echo); a non-empty ``logits_processors`` is a 400 naming it (upstream's server refuses
+them unless started with ``--logits-processor-pattern``), an empty one is accepted.
 
-Guards: such a body refused with a 400 ("n: Input should be a valid integer") although
-upstream vLLM serves it.
+Guards: a body with such nulls refused with a 400 ("n: Input should be a valid integer")
+although upstream vLLM serves it; ``logits_processors`` ignored (the reply generated
+without them, as if they had run).
 """
 
 import asyncio
@@ -12,6 +14,7 @@ import asyncio
 import pytest
 
 from tests.entrypoints.openai.stub_engine import StubEngine
+from vllm.entrypoints.openai.api_errors import APIError
 from vllm.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 from vllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from vllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
@@ -70,3 +73,15 @@ def test_null_n_and_stream_are_the_defaults(tokenizer, api):
 def test_null_echo_is_false(tokenizer):
     reply, _ = _answer(tokenizer, "completion", echo=None)
     assert reply["choices"][0]["text"] == "Paris"  # no prompt in front
+
+
+@pytest.mark.parametrize("api", ["completion", "chat"])
+@pytest.mark.parametrize("beam", [False, True])
+def test_logits_processors_are_refused(tokenizer, api, beam):
+    procs = ["my_module.MyLogitsProcessor"]
+    with pytest.raises(APIError) as err:
+        _answer(tokenizer, api, logits_processors=procs, use_beam_search=beam)
+    assert err.value.code == 400 and err.value.param == "logits_processors"
+    assert err.value.message.startswith("logits_processors are not supported by this server")
+    reply, _ = _answer(tokenizer, api, logits_processors=[])
+    assert len(reply["choices"]) == 1
