@@ -1,15 +1,20 @@
 """Completion and chat request fields read as upstream reads them, over a stub engine that
 replays fixed text pieces: ``"n": null`` and ``"stream": null`` (both APIs) and a
 completion's ``"echo": null`` mean the fields' defaults (one choice, not streamed, no
-echo); a non-empty ``logits_processors`` is a 400 naming it (upstream's server refuses
-them unless started with ``--logits-processor-pattern``), an empty one is accepted.
+echo); ``echo`` with ``max_tokens`` 0 takes a prompt of the whole context (nothing is
+generated), and one token longer is a 400 counting 0 completion tokens; a non-empty
+``logits_processors`` is a 400 naming it (upstream's server refuses them unless started
+with ``--logits-processor-pattern``), an empty one is accepted.
 
-Guards: a body with such nulls refused with a 400 ("n: Input should be a valid integer")
-although upstream vLLM serves it; ``logits_processors`` ignored (the reply generated
-without them, as if they had run).
+Guards: echo with max_tokens 0 refused for a prompt of max_model_len tokens ("you
+requested 513 tokens (512 in the prompt, 1 in the completion)"); a body with such nulls
+refused with a 400 ("n: Input should be a valid integer") although upstream vLLM serves
+it; ``logits_processors`` ignored (the reply generated without them, as if they had
+run).
 """
 
 import asyncio
+from types import SimpleNamespace
 
 import pytest
 
@@ -85,3 +90,25 @@ def test_logits_processors_are_refused(tokenizer, api, beam):
     assert err.value.message.startswith("logits_processors are not supported by this server")
     reply, _ = _answer(tokenizer, api, logits_processors=[])
     assert len(reply["choices"]) == 1
+
+
+def test_echo_without_tokens_takes_a_whole_context_prompt(tokenizer):
+    """A prompt of max_model_len (512 in the stub) token ids echoed with max_tokens 0."""
+    engine = _Engine(tokenizer)
+    engine.model_config = SimpleNamespace(vocab_size=len(tokenizer))
+    handler = OpenAIServingCompletion(engine, ["m"])
+    ids = [tokenizer.convert_tokens_to_ids("a")] * engine.max_model_len
+
+    def answer(prompt):
+        req = CompletionRequest(model="m", prompt=prompt, max_tokens=0, echo=True)
+        return asyncio.run(handler.create_completion(req, None)).model_dump()
+
+    reply = answer(ids)
+    assert reply["choices"][0]["text"] == tokenizer.decode(ids)
+    assert reply["choices"][0]["finish_reason"] == "length"
+    assert reply["usage"]["prompt_tokens"] == 512 and reply["usage"]["completion_tokens"] == 0
+    assert engine.params.max_tokens == 1  # the engine's one token, dropped from the reply
+    with pytest.raises(APIError) as err:
+        answer(ids + ids[:1])
+    assert err.value.param == "prompt"
+    assert "requested 513 tokens (513 in the prompt, 0 in the completion)" in err.value.message

@@ -2,8 +2,8 @@
 
 max_tokens: absent -> 16, null -> the rest of the context (max_model_len - prompt),
 0 only with echo (the prompt and its logprobs, no completion tokens: the engine runs one
-token, which is dropped); the generation config's max_new_tokens caps it. Choice index =
-prompt index x n + sequence index.
+token, which is dropped, so a prompt of the whole context fits); the generation config's
+max_new_tokens caps it. Choice index = prompt index x n + sequence index.
 
 ``truncate_prompt_tokens=k`` keeps each prompt's last k tokens (-1: the last
 max_model_len); the context check applies to what is kept. ``prompt_logprobs`` come back in
@@ -95,7 +95,9 @@ class OpenAIServingCompletion(OpenAIServing):
         guided = guided_params(req)  # structured_outputs / response_format / guided_*
         # Every prompt is checked before any is queued.
         for _, ids in prompts:
-            budget = self.check_length(len(ids), 1 if echo_only else req.max_tokens, "prompt")
+            budget = self.check_length(len(ids), req.max_tokens, "prompt")
+            if echo_only:  # the prompt alone must fit; the one token the engine runs is dropped
+                budget = 1
             if req.use_beam_search:  # n beams, each step a request of its own
                 params.append(self.beam_params(req, budget))
                 self.check_schedulable(len(ids), 1, True)
