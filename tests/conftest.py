@@ -171,6 +171,21 @@ def tiny_llama_dir(tiny_models_dir) -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_byte_fallback_chain_dir(tiny_models_dir) -> str:
+    """A 1-layer Llama with a Llama-style byte-fallback tokenizer
+    (``tiny_tokenizers.byte_fallback_tokenizer``) that greedily generates
+    ``tiny_tokenizers.CHAIN_TEXT`` after its first token, then ``</s>``."""
+    import tiny_tokenizers
+
+    def build(path):
+        tok = tiny_tokenizers.byte_fallback_tokenizer()
+        ids = tok.encode(tiny_tokenizers.CHAIN_TEXT, add_special_tokens=False) + [tok.eos_token_id]
+        return tiny_tokenizers.save_token_chain_llama(tok, path, tiny_tokenizers.chain_of([ids]))
+
+    return _built(tiny_models_dir / "byte_fallback_chain", build)
+
+
+@pytest.fixture(scope="session")
 def tiny_llama_hd64_dir(tiny_models_dir) -> str:
     """Like ``tiny_llama_dir`` but with head_dim 64 (hidden 128, 2 heads / 1 KV head), a
     head size FlashInfer's kernels support (16 is not: FLASHINFER_HEAD_SIZES)."""

@@ -146,6 +146,9 @@ class Sequence:
         self.read_offset = 0
         self.prefix_offset = 0
         self.tokens: list[str] | None = None
+        # The prompt tokens the first output tokens are decoded after (set at the first
+        # decode, see detokenizer.prompt_context).
+        self.detok_context: list[int] | None = None
         # Tokens appended whose text is not decoded yet (output_processor.finish_text_of).
         self.text_pending = False
 

@@ -7,11 +7,20 @@ Each step decodes ``ids[prefix_offset:read_offset]`` (``emitted``) and
 ``ids[prefix_offset:]`` (``window``) and appends ``window[len(emitted):]``. A window
 whose decode ends in U+FFFD (an incomplete UTF-8 sequence: a multi-byte character split
 across tokens) emits nothing until a later token completes it, so no text ever has to be
-taken back: the text after every step is a prefix of the final text. When the sequence
-finishes, :func:`finish_text` sets the text to the full ``tokenizer.decode`` without a
-trailing incomplete character: as in upstream vLLM's incremental detokenizers, bytes of a
-character the generation never completed are dropped rather than shown as U+FFFD, so
-the final text is also what the stream sent.
+taken back: the text after every step is a prefix of the final text.
+
+Until the first output token's text is emitted (``prefix_offset`` 0) both decodes start
+with the last few prompt tokens (:func:`prompt_context`) and their text is cut off again,
+as upstream vLLM primes its detokenizer with the prompt: a SentencePiece tokenizer
+(Llama 2, Mistral, Phi-3) drops the space of a word-initial token that starts a decode,
+so the output text is what the prompt's decode grows by (" world" after "Hello"), and
+prompt + output text is the decode of prompt + output ids.
+
+When the sequence finishes, :func:`finish_text` sets the text to the one-shot decode of
+the output ids (with the same prompt context) without a trailing incomplete character: as
+in upstream vLLM's incremental detokenizers, bytes of a character the generation never
+completed are dropped rather than shown as U+FFFD, so the final text is also what the
+stream sent.
 """
 
 from __future__ import annotations
@@ -84,9 +93,55 @@ def _backend_decode(tokenizer):
     return backend
 
 
-def stable_text(tokenizer, ids: list[int], params: SamplingParams) -> str:
-    """The decode of ``ids`` without a trailing incomplete character (U+FFFD run)."""
-    return decode_ids(tokenizer, ids, params).rstrip(_REPLACEMENT)
+def stable_text(
+    tokenizer, ids: list[int], params: SamplingParams, context: list[int] | tuple = ()
+) -> str:
+    """The decode of ``ids`` without a trailing incomplete character (U+FFFD run).
+
+    With ``context`` (prompt tokens, see :func:`prompt_context`) the text is what the
+    decode of ``context`` grows by when ``ids`` follow it; when it does not grow that way,
+    the decode of ``ids`` alone.
+    """
+    text = _decode_after(tokenizer, context, ids, params) if context else None
+    if text is None:
+        text = decode_ids(tokenizer, ids, params)
+    return text.rstrip(_REPLACEMENT)
+
+
+# Prompt tokens a sequence's first output tokens are decoded after (upstream vLLM primes
+# its detokenizer with at least 4 prompt tokens, as many as needed to hold whole
+# characters, at most 23).
+_CONTEXT_MIN, _CONTEXT_MAX = 4, 23
+
+
+def prompt_context(tokenizer, seq: Sequence, params: SamplingParams) -> list[int]:
+    """The last prompt tokens that ``seq``'s first output tokens are decoded after.
+
+    The shortest tail of at least 4 tokens (the whole prompt when shorter) whose decode
+    holds no U+FFFD, i.e. starts and ends on character boundaries; [] when no tail of up to
+    23 tokens does (a prompt ending inside a character). Computed once per sequence and
+    kept on ``seq.detok_context``.
+    """
+    ctx = seq.detok_context
+    if ctx is not None:
+        return ctx
+    prompt = seq.data.prompt_token_ids
+    ctx = []
+    for k in range(min(_CONTEXT_MIN, len(prompt)), min(_CONTEXT_MAX, len(prompt)) + 1):
+        tail = list(prompt[-k:])
+        if _REPLACEMENT not in decode_ids(tokenizer, tail, params):
+            ctx = tail
+            break
+    seq.detok_context = ctx
+    return ctx
+
+
+def _decode_after(tokenizer, context: list[int], ids: list[int], params) -> str | None:
+    """``decode(context + ids)`` less its prefix ``decode(context)``; None when the former
+    does not start with the latter (a clean-up of spaces joined the two)."""
+    before = decode_ids(tokenizer, context, params)
+    full = decode_ids(tokenizer, list(context) + list(ids), params)
+    return full[len(before) :] if full.startswith(before) else None
 
 
 def decode_sequence_step(tokenizer, seq: Sequence, params: SamplingParams) -> int:
@@ -101,8 +156,15 @@ def decode_sequence_step(tokenizer, seq: Sequence, params: SamplingParams) -> in
         The number of characters appended (0 while a character is incomplete).
     """
     ids = seq.output_token_ids
-    emitted = decode_ids(tokenizer, ids[seq.prefix_offset : seq.read_offset], params)
-    window = decode_ids(tokenizer, ids[seq.prefix_offset :], params)
+    emitted = window = None
+    if seq.prefix_offset == 0:  # the first text: decoded after the prompt's last tokens
+        ctx = prompt_context(tokenizer, seq, params)
+        if ctx:
+            emitted = _decode_after(tokenizer, ctx, ids[: seq.read_offset], params)
+            window = _decode_after(tokenizer, ctx, ids, params)
+    if emitted is None or window is None:
+        emitted = decode_ids(tokenizer, ids[seq.prefix_offset : seq.read_offset], params)
+        window = decode_ids(tokenizer, ids[seq.prefix_offset :], params)
     if window.endswith(_REPLACEMENT) or not window.startswith(emitted):
         return 0  # wait for the character (or the merge) to complete
     delta = window[len(emitted) :]
@@ -114,8 +176,9 @@ def decode_sequence_step(tokenizer, seq: Sequence, params: SamplingParams) -> in
 
 
 def finish_text(tokenizer, seq: Sequence, params: SamplingParams, drop_last: bool) -> int:
-    """Set the final text of a finished sequence to a one-shot decode, less a trailing
-    incomplete character (a U+FFFD run at the end, see :func:`stable_text`).
+    """Set the final text of a finished sequence to a one-shot decode (after the prompt
+    context, see :func:`stable_text`), less a trailing incomplete character (a U+FFFD run
+    at the end).
 
     Args:
         drop_last: leave the last token's text out (a stop token, EOS or one of
@@ -126,7 +189,8 @@ def finish_text(tokenizer, seq: Sequence, params: SamplingParams, drop_last: boo
     """
     ids = seq.output_token_ids
     before = len(seq.output_text)
-    seq.output_text = stable_text(tokenizer, ids[:-1] if drop_last else ids, params)
+    kept = ids[:-1] if drop_last else ids
+    seq.output_text = stable_text(tokenizer, kept, params, prompt_context(tokenizer, seq, params))
     seq.prefix_offset = seq.read_offset = len(ids)
     return len(seq.output_text) - before
 

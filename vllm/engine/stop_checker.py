@@ -22,14 +22,14 @@
    character still incomplete at the end is dropped (see ``finish_text``).
 
 A finished sequence not stopped by a string gets its text from a one-shot decode
-(:func:`vllm.engine.detokenizer.finish_text`), so the text equals
-``tokenizer.decode(token_ids, skip_special_tokens=...)`` (minus the stop token's text and
-a trailing incomplete character).
+(:func:`vllm.engine.detokenizer.finish_text`), so the text equals what
+``tokenizer.decode(skip_special_tokens=...)`` of the prompt's last tokens grows by when the
+token_ids follow them (minus the stop token's text and a trailing incomplete character).
 """
 
 from __future__ import annotations
 
-from vllm.engine.detokenizer import finish_text, stable_text
+from vllm.engine.detokenizer import finish_text, prompt_context, stable_text
 from vllm.sampling_params import SamplingParams
 from vllm.sequence import Sequence, SequenceStatus
 
@@ -140,7 +140,8 @@ def _cut_tokens_after(seq: Sequence, end: int, params: SamplingParams, tokenizer
     """Drop the tokens after the one whose text reaches character ``end``."""
     ids = seq.output_token_ids
     keep = len(ids)
-    while keep > 1 and len(stable_text(tokenizer, ids[: keep - 1], params)) >= end:
+    ctx = prompt_context(tokenizer, seq, params)
+    while keep > 1 and len(stable_text(tokenizer, ids[: keep - 1], params, ctx)) >= end:
         keep -= 1
     if keep == len(ids):
         return

@@ -1,0 +1,118 @@
+"""Detokenization with a Llama-style SentencePiece tokenizer (byte fallback, "▁" word
+prefixes; tests/models/tiny_tokenizers.py), against transformers' decode of the same ids.
+
+Such a tokenizer drops the space of a word-initial token that starts a decode ("▁world"
+alone decodes as "world"), so an output's text is what the prompt's decode grows by when
+the output ids follow it, as upstream vLLM makes it: "Hello" + " world".
+"""
+
+import os
+
+import pytest
+import tiny_tokenizers
+
+from vllm import LLM, SamplingParams
+from vllm.engine.detokenizer import decode_sequence_step, finish_text
+from vllm.engine.stop_checker import check_stop
+from vllm.sampling_params import RequestOutputKind
+from vllm.sequence import Logprob, Sequence, SequenceStatus
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+REPL = "\ufffd"
+OUTPUT = tiny_tokenizers.CHAIN_TEXT[len("Hello") :]  # " world €😀世界"
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tiny_tokenizers.byte_fallback_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def chain_ids(tok):
+    """(prompt ids [<s>, ▁Hello], output ids of " world €😀世界" without EOS)."""
+    ids = tok.encode(tiny_tokenizers.CHAIN_TEXT)
+    assert tok.convert_ids_to_tokens(ids[:4]) == ["<s>", "▁Hello", "▁world", "▁"]
+    assert tok.convert_ids_to_tokens(ids[4:7]) == ["<0xE2>", "<0x82>", "<0xAC>"]
+    return ids[:2], ids[2:]
+
+
+def _after(tok, prompt, ids):
+    """What transformers' decode of ``prompt`` grows by when ``ids`` follow it."""
+    before, full = (
+        tok.decode(prompt, skip_special_tokens=True),
+        tok.decode(prompt + ids, skip_special_tokens=True),
+    )
+    assert full.startswith(before)
+    return full[len(before) :]
+
+
+def _stream(tok, prompt, ids, params):
+    """Feed ``ids`` one by one with the stop checks; return (sequence, texts after each)."""
+    seq = Sequence(0, None, prompt, 16, eos_token_id=tok.eos_token_id)
+    texts = []
+    for t in ids:
+        seq.append_token_id(t, {t: Logprob(-1.0)})
+        check_stop(seq, decode_sequence_step(tok, seq, params), params, 10**6, tok)
+        texts.append(seq.output_text)
+        if seq.is_finished():
+            break
+    return seq, texts
+
+
+def test_output_text_continues_the_prompt(tok, chain_ids):
+    """Streamed after "Hello", " world" keeps its space; after every token the text is
+    transformers' text of prompt + output less the prompt's, whenever that ends on a
+    complete character, and never anything else; the final text is " world €😀世界"."""
+    prompt, ids = chain_ids
+    params = SamplingParams(max_tokens=len(ids))
+    seq, texts = _stream(tok, prompt, ids, params)
+    assert seq.status == SequenceStatus.FINISHED_LENGTH_CAPPED
+    assert texts[0] == " world" and texts[1] == " world "
+    for k, text in enumerate(texts, 1):
+        ref = _after(tok, prompt, ids[:k])
+        assert OUTPUT.startswith(text), (k, text)
+        if not ref.endswith(REPL):
+            assert text == ref, (k, text, ref)
+    assert seq.output_text == OUTPUT == _after(tok, prompt, ids)
+
+
+def test_stops_and_one_shot_text_continue_the_prompt(tok, chain_ids):
+    """A stop token right after " world " (the first byte of "€"), EOS, and a text made
+    only when the sequence finishes (async output processing) keep the space too."""
+    prompt, ids = chain_ids
+    seq, _ = _stream(tok, prompt, ids, SamplingParams(stop_token_ids=[ids[2]]))
+    assert seq.stop_reason == ids[2] and seq.output_text == " world "
+    seq, _ = _stream(tok, prompt, ids + [tok.eos_token_id], SamplingParams(max_tokens=50))
+    assert seq.status == SequenceStatus.FINISHED_STOPPED and seq.output_text == OUTPUT
+    seq = Sequence(0, None, prompt, 16, eos_token_id=tok.eos_token_id)
+    for t in ids:
+        seq.append_token_id(t, {t: Logprob(-1.0)})
+    finish_text(tok, seq, SamplingParams(), drop_last=False)
+    assert seq.output_text == OUTPUT
+
+
+@pytest.mark.forked
+def test_llm_text_continues_the_prompt(tiny_byte_fallback_chain_dir, tok, chain_ids):
+    """LLM.generate and a streamed (DELTA) request through LLMEngine: prompt + output text
+    is transformers' decode of prompt + output ids."""
+    prompt, ids = chain_ids
+    llm = LLM(tiny_byte_fallback_chain_dir, device="cpu", max_model_len=128)
+    greedy = SamplingParams(temperature=0.0, max_tokens=30)
+    out = llm.generate("Hello", greedy, use_tqdm=False)[0]
+    assert out.prompt_token_ids == prompt
+    assert list(out.outputs[0].token_ids) == ids + [tok.eos_token_id]
+    assert out.outputs[0].text == OUTPUT and out.prompt + out.outputs[0].text == tok.decode(
+        prompt + ids, skip_special_tokens=True
+    )
+    stopped = llm.generate(
+        "Hello", SamplingParams(temperature=0.0, stop_token_ids=[ids[2]]), use_tqdm=False
+    )
+    assert stopped[0].outputs[0].text == " world "
+    engine = llm.llm_engine
+    delta = SamplingParams(temperature=0.0, max_tokens=30, output_kind=RequestOutputKind.DELTA)
+    engine.add_request("r", {"prompt_token_ids": prompt}, delta)
+    pieces = []
+    while engine.has_unfinished_requests():
+        pieces += [o.outputs[0].text for o in engine.step()]
+    assert pieces[0] == " world" and "".join(pieces) == OUTPUT
