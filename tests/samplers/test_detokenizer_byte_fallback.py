@@ -92,6 +92,24 @@ def test_stops_and_one_shot_text_continue_the_prompt(tok, chain_ids):
     assert seq.output_text == OUTPUT
 
 
+def test_length_cap_inside_a_byte_run_keeps_complete_characters(tok, chain_ids):
+    """Cut after the first byte of "😀": transformers decodes the byte run
+    ``<0xE2><0x82><0xAC><0xF0>`` as four U+FFFD, but "€" was complete (and streamed); the
+    final text keeps it and drops only the incomplete "😀", streamed or made at the end;
+    and after the first byte of "界", "世" stays too."""
+    prompt, ids = chain_ids
+    for n, want in ((7, " world €"), (len(ids) - 2, " world €😀世")):
+        assert _after(tok, prompt, ids[:n]) == " world " + REPL * (n - 2)
+        seq, texts = _stream(tok, prompt, ids[:n], SamplingParams(max_tokens=n))
+        assert seq.status == SequenceStatus.FINISHED_LENGTH_CAPPED
+        assert texts[-2] == want and seq.output_text == want
+        seq = Sequence(0, None, prompt, 16, eos_token_id=tok.eos_token_id)
+        for t in ids[:n]:
+            seq.append_token_id(t, {t: Logprob(-1.0)})
+        finish_text(tok, seq, SamplingParams(), drop_last=False)
+        assert seq.output_text == want
+
+
 @pytest.mark.forked
 def test_llm_text_continues_the_prompt(tiny_byte_fallback_chain_dir, tok, chain_ids):
     """LLM.generate and a streamed (DELTA) request through LLMEngine: prompt + output text
@@ -116,3 +134,12 @@ def test_llm_text_continues_the_prompt(tiny_byte_fallback_chain_dir, tok, chain_
     while engine.has_unfinished_requests():
         pieces += [o.outputs[0].text for o in engine.step()]
     assert pieces[0] == " world" and "".join(pieces) == OUTPUT
+    # max_tokens ends inside "😀": "€" stays, streamed and not
+    capped = SamplingParams(temperature=0.0, max_tokens=7)
+    assert llm.generate("Hello", capped, use_tqdm=False)[0].outputs[0].text == " world €"
+    delta = SamplingParams(temperature=0.0, max_tokens=7, output_kind=RequestOutputKind.DELTA)
+    engine.add_request("c", {"prompt_token_ids": prompt}, delta)
+    pieces = []
+    while engine.has_unfinished_requests():
+        pieces += [o.outputs[0].text for o in engine.step()]
+    assert "".join(pieces) == " world €"

@@ -17,10 +17,11 @@ so the output text is what the prompt's decode grows by (" world" after "Hello")
 prompt + output text is the decode of prompt + output ids.
 
 When the sequence finishes, :func:`finish_text` sets the text to the one-shot decode of
-the output ids (with the same prompt context) without a trailing incomplete character: as
-in upstream vLLM's incremental detokenizers, bytes of a character the generation never
-completed are dropped rather than shown as U+FFFD, so the final text is also what the
-stream sent.
+the output ids (with the same prompt context) without a trailing incomplete character
+(:func:`stable_text`): as in upstream vLLM's incremental detokenizers, bytes of a
+character the generation never completed are dropped rather than shown as U+FFFD, and the
+characters completed before them are kept, so the final text is also what the stream
+sent.
 """
 
 from __future__ import annotations
@@ -96,16 +97,33 @@ def _backend_decode(tokenizer):
 def stable_text(
     tokenizer, ids: list[int], params: SamplingParams, context: list[int] | tuple = ()
 ) -> str:
-    """The decode of ``ids`` without a trailing incomplete character (U+FFFD run).
+    """The text of ``ids`` without a trailing incomplete character.
 
-    With ``context`` (prompt tokens, see :func:`prompt_context`) the text is what the
-    decode of ``context`` grows by when ``ids`` follow it; when it does not grow that way,
-    the decode of ``ids`` alone.
+    The decode of ``ids`` less a trailing U+FFFD run, or, when longer, the decode of the
+    longest ``ids[:k]`` that does not end in U+FFFD: a byte-fallback tokenizer (Llama 2,
+    Mistral) decodes a run of byte tokens that ends inside a character as one U+FFFD per
+    byte, the complete characters before it included (``<0xE2><0x82><0xAC><0xF0>``
+    decodes as four U+FFFD, its first three tokens as "€"). The incremental decode, which
+    waits while its window ends in U+FFFD, has emitted those characters.
+
+    With ``context`` (prompt tokens, see :func:`prompt_context`) a text is what the decode
+    of ``context`` grows by when the ids follow it; when it does not grow that way, the
+    decode of the ids alone.
     """
-    text = _decode_after(tokenizer, context, ids, params) if context else None
-    if text is None:
-        text = decode_ids(tokenizer, ids, params)
-    return text.rstrip(_REPLACEMENT)
+
+    def text_of(k: int) -> str:
+        text = _decode_after(tokenizer, context, ids[:k], params) if context else None
+        return decode_ids(tokenizer, ids[:k], params) if text is None else text
+
+    full = text_of(len(ids))
+    if not full.endswith(_REPLACEMENT):
+        return full
+    best = full.rstrip(_REPLACEMENT)
+    for k in range(len(ids) - 1, 0, -1):
+        text = text_of(k)
+        if not text.endswith(_REPLACEMENT):
+            return text if len(text) > len(best) else best
+    return best
 
 
 # Prompt tokens a sequence's first output tokens are decoded after (upstream vLLM primes
@@ -177,8 +195,7 @@ def decode_sequence_step(tokenizer, seq: Sequence, params: SamplingParams) -> in
 
 def finish_text(tokenizer, seq: Sequence, params: SamplingParams, drop_last: bool) -> int:
     """Set the final text of a finished sequence to a one-shot decode (after the prompt
-    context, see :func:`stable_text`), less a trailing incomplete character (a U+FFFD run
-    at the end).
+    context) without a trailing incomplete character (see :func:`stable_text`).
 
     Args:
         drop_last: leave the last token's text out (a stop token, EOS or one of
