@@ -7,6 +7,7 @@ the output ids follow it, as upstream vLLM makes it: "Hello" + " world".
 """
 
 import os
+import random
 
 import pytest
 import tiny_tokenizers
@@ -108,6 +109,64 @@ def test_length_cap_inside_a_byte_run_keeps_complete_characters(tok, chain_ids):
             seq.append_token_id(t, {t: Logprob(-1.0)})
         finish_text(tok, seq, SamplingParams(), drop_last=False)
         assert seq.output_text == want
+
+
+def test_invalid_byte_run_neither_stalls_nor_takes_text_back(tok, chain_ids):
+    """A stray continuation byte after "😀" makes transformers decode the whole byte run
+    "€😀" + 0x85 as eight U+FFFD. The streamed text keeps "€😀", goes on with the words
+    after the stray byte as they come, and the final text, streamed or made only at the
+    end, is the streamed one."""
+    prompt, ids = chain_ids
+    out = ids[:9] + [3 + 0x85] + tok.encode("Hello there", add_special_tokens=False)
+    assert _after(tok, prompt, out) == " world " + REPL * 8 + " Hello there"
+    seq, texts = _stream(tok, prompt, out, SamplingParams(max_tokens=len(out)))
+    want = " world €😀" + REPL + " Hello there"
+    assert texts[9] == " world €😀" and texts[10] == " world €😀" + REPL + " Hello"
+    assert all(b.startswith(a) for a, b in zip(texts, texts[1:])) and texts[-1] == want
+    seq = Sequence(0, None, prompt, 16, eos_token_id=tok.eos_token_id)
+    for t in out:
+        seq.append_token_id(t, {t: Logprob(-1.0)})
+    finish_text(tok, seq, SamplingParams(), drop_last=False)
+    assert seq.output_text == want
+
+
+@pytest.mark.parametrize("stop", [False, True])
+def test_random_streams_equal_one_shot_text(tok, stop):
+    """300 random output streams (words, byte tokens of valid and broken characters,
+    specials): the streamed text only grows, the final text is the same streamed or made
+    at the end, has no trailing U+FFFD, and equals transformers' text whenever that holds
+    no U+FFFD; with EOS allowed to stop the stream its text is left out."""
+    rng = random.Random(stop)
+    words = [i for i in range(259, len(tok))]
+    chars = [tok.encode(c, add_special_tokens=False)[1:] for c in "€😀世界é"]
+    prompt = tok.encode("Hello")
+    for _ in range(300):
+        ids = []
+        while len(ids) < 20:
+            r = rng.random()
+            if r < 0.4:
+                ids.append(rng.choice(words))
+            elif r < 0.7:
+                ids += rng.choice(chars)
+            elif r < 0.9:
+                ids.append(3 + rng.randrange(128, 256))
+            else:
+                ids.append(rng.choice([1, 2]))
+        params = SamplingParams(max_tokens=len(ids), ignore_eos=not stop)
+        seq, texts = _stream(tok, prompt, ids, params)
+        assert all(b.startswith(a) for a, b in zip(texts, texts[1:])), (ids, texts)
+        final = seq.output_text
+        assert not final.endswith(REPL) and final.startswith(texts[-2] if len(texts) > 1 else "")
+        n = seq.get_output_len()
+        one_shot = Sequence(0, None, prompt, 16, eos_token_id=tok.eos_token_id)
+        for t in ids[:n]:
+            one_shot.append_token_id(t, {t: Logprob(-1.0)})
+        stopped = seq.status == SequenceStatus.FINISHED_STOPPED  # by EOS
+        finish_text(tok, one_shot, params, drop_last=stopped)
+        assert one_shot.output_text == final, (ids[:n], final, one_shot.output_text)
+        ref = _after(tok, prompt, ids[: n - 1] if stopped else ids[:n])
+        if REPL not in ref:
+            assert final == ref, (ids[:n], final, ref)
 
 
 @pytest.mark.forked

@@ -21,7 +21,10 @@ the output ids (with the same prompt context) without a trailing incomplete char
 (:func:`stable_text`): as in upstream vLLM's incremental detokenizers, bytes of a
 character the generation never completed are dropped rather than shown as U+FFFD, and the
 characters completed before them are kept, so the final text is also what the stream
-sent.
+sent. A byte-fallback run that turns invalid (a stray continuation byte) makes
+transformers decode the whole run as U+FFFDs, text already emitted included: the emitted
+text then stays, the tokens after it are decoded on their own, and the final text is the
+one the incremental decode makes (:func:`finish_text`).
 """
 
 from __future__ import annotations
@@ -173,29 +176,58 @@ def decode_sequence_step(tokenizer, seq: Sequence, params: SamplingParams) -> in
     Returns:
         The number of characters appended (0 while a character is incomplete).
     """
+    return _step(tokenizer, seq, params, len(seq.output_token_ids))
+
+
+def _window(tokenizer, seq: Sequence, params: SamplingParams, end: int) -> tuple[str, str]:
+    """The texts of ``ids[prefix_offset:read_offset]`` and ``ids[prefix_offset:end]`` (the
+    output ids; after the prompt context while ``prefix_offset`` is 0)."""
     ids = seq.output_token_ids
-    emitted = window = None
     if seq.prefix_offset == 0:  # the first text: decoded after the prompt's last tokens
         ctx = prompt_context(tokenizer, seq, params)
         if ctx:
             emitted = _decode_after(tokenizer, ctx, ids[: seq.read_offset], params)
-            window = _decode_after(tokenizer, ctx, ids, params)
-    if emitted is None or window is None:
-        emitted = decode_ids(tokenizer, ids[seq.prefix_offset : seq.read_offset], params)
-        window = decode_ids(tokenizer, ids[seq.prefix_offset :], params)
-    if window.endswith(_REPLACEMENT) or not window.startswith(emitted):
-        return 0  # wait for the character (or the merge) to complete
+            window = _decode_after(tokenizer, ctx, ids[:end], params)
+            if emitted is not None and window is not None:
+                return emitted, window
+    emitted = decode_ids(tokenizer, ids[seq.prefix_offset : seq.read_offset], params)
+    return emitted, decode_ids(tokenizer, ids[seq.prefix_offset : end], params)
+
+
+def _step(tokenizer, seq: Sequence, params: SamplingParams, end: int) -> int:
+    """:func:`decode_sequence_step` with the output ids up to ``end`` appended so far."""
+    emitted, window = _window(tokenizer, seq, params, end)
+    if window.endswith(_REPLACEMENT):
+        return 0  # wait for the character to complete
+    if not window.startswith(emitted):
+        # The tokens that followed changed the emitted text: a byte-fallback tokenizer
+        # decodes a run of byte tokens that turned invalid (a stray continuation byte) as
+        # one U+FFFD per byte, characters emitted before included. That text stays; the
+        # new tokens are decoded on their own (upstream vLLM restarts its decode stream).
+        emitted = ""
+        window = decode_ids(tokenizer, seq.output_token_ids[seq.read_offset : end], params)
+        if window.endswith(_REPLACEMENT):
+            return 0
     delta = window[len(emitted) :]
     seq.output_text += delta
-    # The tokens just emitted become the next window's left context.
-    seq.prefix_offset = seq.read_offset
-    seq.read_offset = len(ids)
+    if delta:
+        # The tokens just emitted become the next window's left context; tokens without
+        # text (a skipped special token) do not: a SentencePiece decode drops the space
+        # of the word it starts with, so a window must start at a token with text.
+        seq.prefix_offset = seq.read_offset
+    seq.read_offset = end
     return len(delta)
 
 
 def finish_text(tokenizer, seq: Sequence, params: SamplingParams, drop_last: bool) -> int:
-    """Set the final text of a finished sequence to a one-shot decode (after the prompt
-    context) without a trailing incomplete character (see :func:`stable_text`).
+    """Set the final text of a finished sequence: the incremental decode's text, finished.
+
+    That is the one-shot decode (after the prompt context) without a trailing incomplete
+    character (see :func:`stable_text`), unless that decode holds a U+FFFD or does not
+    extend the text already emitted: then (a byte run turned invalid) the incremental
+    decode runs over the tokens it has not seen (:func:`_replayed_text`), so the text is
+    the same whether it was streamed or made only now, and never takes back text a stream
+    has sent.
 
     Args:
         drop_last: leave the last token's text out (a stop token, EOS or one of
@@ -205,11 +237,31 @@ def finish_text(tokenizer, seq: Sequence, params: SamplingParams, drop_last: boo
         stop token's own text was already emitted this step).
     """
     ids = seq.output_token_ids
-    before = len(seq.output_text)
-    kept = ids[:-1] if drop_last else ids
-    seq.output_text = stable_text(tokenizer, kept, params, prompt_context(tokenizer, seq, params))
+    before = seq.output_text
+    kept = len(ids) - 1 if drop_last else len(ids)
+    text = stable_text(tokenizer, ids[:kept], params, prompt_context(tokenizer, seq, params))
+    stop_text_emitted = drop_last and seq.read_offset == len(ids) and before.startswith(text)
+    if _REPLACEMENT in text or not (text.startswith(before) or stop_text_emitted):
+        text = _replayed_text(tokenizer, seq, params, kept)
+    seq.output_text = text
     seq.prefix_offset = seq.read_offset = len(ids)
-    return len(seq.output_text) - before
+    return len(text) - len(before)
+
+
+def _replayed_text(tokenizer, seq: Sequence, params: SamplingParams, end: int) -> str:
+    """The incremental decode's text of ``ids[:end]``: the steps not run yet, then the
+    text of the tokens still held back, less a trailing incomplete character."""
+    text = seq.output_text
+    if seq.read_offset > end:  # the dropped stop token's text was emitted this step
+        last = decode_ids(tokenizer, seq.output_token_ids[-1:], params)
+        return text[: len(text) - len(last)] if last and text.endswith(last) else text
+    for k in range(seq.read_offset + 1, end + 1):
+        _step(tokenizer, seq, params, k)
+    emitted, window = _window(tokenizer, seq, params, end)
+    tail = window.rstrip(_REPLACEMENT)
+    if len(tail) > len(emitted) and tail.startswith(emitted):
+        seq.output_text += tail[len(emitted) :]
+    return seq.output_text
 
 
 def fill_decoded_tokens(tokenizer, positions: list[PositionLogprobs | None] | None) -> None:
