@@ -13,8 +13,9 @@ import pytest
 import tiny_tokenizers
 
 from vllm import LLM, SamplingParams
-from vllm.engine.detokenizer import decode_sequence_step, finish_text
+from vllm.engine.detokenizer import decode_sequence_step, fill_decoded_tokens, finish_text
 from vllm.engine.stop_checker import check_stop
+from vllm.entrypoints.openai.completion_logprobs import completion_logprobs
 from vllm.sampling_params import RequestOutputKind
 from vllm.sequence import Logprob, Sequence, SequenceStatus
 
@@ -167,6 +168,26 @@ def test_random_streams_equal_one_shot_text(tok, stop):
         ref = _after(tok, prompt, ids[: n - 1] if stopped else ids[:n])
         if REPL not in ref:
             assert final == ref, (ids[:n], final, ref)
+
+
+def test_logprob_token_texts_keep_word_start_spaces(tok):
+    """A logprobs entry's text is the token's decode with the space restored that a
+    SentencePiece decode strips from a word-initial piece: "▁Hello" and "Hello" are
+    " Hello" and "Hello", two keys of a completion's top_logprobs rather than one; "▁" is
+    " "; a byte of "€" is U+FFFD; a special token keeps its text."""
+    ids = tok.convert_tokens_to_ids(["▁Hello", "Hello", "▁", "<0xE2>", "</s>"])
+    pos = {t: Logprob(-1.0 - i, rank=i + 1) for i, t in enumerate(ids)}
+    fill_decoded_tokens(tok, [None, pos])
+    assert [pos[t].decoded_token for t in ids] == [" Hello", "Hello", " ", REPL, "</s>"]
+    out = completion_logprobs([ids[0]], [pos], 5, 0, lambda t, lp: lp.decoded_token)
+    assert out.tokens == [" Hello"]
+    assert out.top_logprobs[0] == {
+        " Hello": -1.0,
+        "Hello": -2.0,
+        " ": -3.0,
+        REPL: -4.0,
+        "</s>": -5.0,
+    }
 
 
 @pytest.mark.forked

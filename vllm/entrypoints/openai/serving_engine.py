@@ -19,6 +19,7 @@ import re
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
+from vllm.engine import detokenizer
 from vllm.engine.async_llm_engine import AsyncLLMEngine
 from vllm.engine.request_checks import check_priority
 from vllm.entrypoints.openai.api_errors import APIError, param_of
@@ -534,12 +535,14 @@ class OpenAIServing:
         """How a logprobs entry names a token: "token_id:ID" when ``as_id`` (None: the
         server's ``--return-tokens-as-token-ids``), so tokens that are part of a multi-byte
         character stay distinguishable; else its decoded text: ``lp.decoded_token`` when the
-        engine filled it (the same ``tokenizer.decode([id])``, vllm/engine/detokenizer.py),
-        else decoded here (the id as text without a tokenizer)."""
+        engine filled it, else decoded here (both ``detokenizer.token_text``; the id as text
+        without a tokenizer)."""
         if as_id is None:
             as_id = self.return_tokens_as_token_ids
         if as_id:
             return f"token_id:{token_id}"
         if lp is not None and lp.decoded_token is not None:
             return lp.decoded_token
-        return self.tokenizer.decode([token_id]) if self.tokenizer is not None else str(token_id)
+        if self.tokenizer is None:
+            return str(token_id)
+        return detokenizer.token_text(self.tokenizer, token_id)
