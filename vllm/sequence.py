@@ -149,6 +149,10 @@ class Sequence:
         # The prompt tokens the first output tokens are decoded after (set at the first
         # decode, see detokenizer.prompt_context).
         self.detok_context: list[int] | None = None
+        # The tokens the window starting at output index window_context_at is decoded
+        # after (set when text-less tokens are left out of it, see detokenizer._step).
+        self.window_context: list[int] = []
+        self.window_context_at = -1
         # Tokens appended whose text is not decoded yet (output_processor.finish_text_of).
         self.text_pending = False
 

@@ -131,6 +131,24 @@ def test_invalid_byte_run_neither_stalls_nor_takes_text_back(tok, chain_ids):
     assert seq.output_text == want
 
 
+def test_skipped_special_tokens_keep_spaces_and_leave_the_window(tok):
+    """With ``skip_special_tokens`` a run of text-less tokens (EOS under ``ignore_eos``)
+    neither drops the space of the word after it nor stays in the decoded window (which
+    would grow with every such token)."""
+    word, again = tok.convert_tokens_to_ids(["▁world", "▁Hello"])
+    eos = tok.eos_token_id
+    out = [word] + [eos] * 50 + [again, tok.bos_token_id, word]
+    params = SamplingParams(max_tokens=len(out), ignore_eos=True)
+    seq = Sequence(0, None, tok.encode("Hello"), 16, eos_token_id=eos)
+    widest = 0
+    for t in out:
+        seq.append_token_id(t, {t: Logprob(-1.0)})
+        check_stop(seq, decode_sequence_step(tok, seq, params), params, 10**6, tok)
+        widest = max(widest, len(seq.output_token_ids) - seq.prefix_offset)
+    assert seq.output_text == " world Hello world" == _after(tok, tok.encode("Hello"), out)
+    assert widest <= 2
+
+
 @pytest.mark.parametrize("stop", [False, True])
 def test_random_streams_equal_one_shot_text(tok, stop):
     """300 random output streams (words, byte tokens of valid and broken characters,

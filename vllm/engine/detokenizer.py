@@ -179,17 +179,27 @@ def decode_sequence_step(tokenizer, seq: Sequence, params: SamplingParams) -> in
     return _step(tokenizer, seq, params, len(seq.output_token_ids))
 
 
+def _left_context(tokenizer, seq: Sequence, params: SamplingParams) -> list[int]:
+    """The tokens the window ``ids[prefix_offset:]`` is decoded after: the ones
+    :func:`_step` kept when it dropped text-less tokens from the window, else the prompt's
+    last tokens while ``prefix_offset`` is 0, else none."""
+    if seq.prefix_offset == seq.window_context_at:
+        return seq.window_context
+    if seq.prefix_offset == 0:  # the first text: decoded after the prompt's last tokens
+        return prompt_context(tokenizer, seq, params)
+    return []
+
+
 def _window(tokenizer, seq: Sequence, params: SamplingParams, end: int) -> tuple[str, str]:
     """The texts of ``ids[prefix_offset:read_offset]`` and ``ids[prefix_offset:end]`` (the
-    output ids; after the prompt context while ``prefix_offset`` is 0)."""
+    output ids, after :func:`_left_context`)."""
     ids = seq.output_token_ids
-    if seq.prefix_offset == 0:  # the first text: decoded after the prompt's last tokens
-        ctx = prompt_context(tokenizer, seq, params)
-        if ctx:
-            emitted = _decode_after(tokenizer, ctx, ids[: seq.read_offset], params)
-            window = _decode_after(tokenizer, ctx, ids[:end], params)
-            if emitted is not None and window is not None:
-                return emitted, window
+    ctx = _left_context(tokenizer, seq, params)
+    if ctx:
+        emitted = _decode_after(tokenizer, ctx, ids[seq.prefix_offset : seq.read_offset], params)
+        window = _decode_after(tokenizer, ctx, ids[seq.prefix_offset : end], params)
+        if emitted is not None and window is not None:
+            return emitted, window
     emitted = decode_ids(tokenizer, ids[seq.prefix_offset : seq.read_offset], params)
     return emitted, decode_ids(tokenizer, ids[seq.prefix_offset : end], params)
 
@@ -199,7 +209,8 @@ def _step(tokenizer, seq: Sequence, params: SamplingParams, end: int) -> int:
     emitted, window = _window(tokenizer, seq, params, end)
     if window.endswith(_REPLACEMENT):
         return 0  # wait for the character to complete
-    if not window.startswith(emitted):
+    restarted = not window.startswith(emitted)
+    if restarted:
         # The tokens that followed changed the emitted text: a byte-fallback tokenizer
         # decodes a run of byte tokens that turned invalid (a stray continuation byte) as
         # one U+FFFD per byte, characters emitted before included. That text stays; the
@@ -210,11 +221,17 @@ def _step(tokenizer, seq: Sequence, params: SamplingParams, end: int) -> int:
             return 0
     delta = window[len(emitted) :]
     seq.output_text += delta
-    if delta:
-        # The tokens just emitted become the next window's left context; tokens without
-        # text (a skipped special token) do not: a SentencePiece decode drops the space
-        # of the word it starts with, so a window must start at a token with text.
+    if delta or restarted:
+        # The tokens just emitted become the next window's left context.
         seq.prefix_offset = seq.read_offset
+    else:
+        # Only tokens without text (skipped special tokens): later windows are decoded
+        # after the tokens whose text came last, without these. A window must not start
+        # at them, as a SentencePiece decode drops the space of the word it starts with;
+        # nor keep them, as it would grow with every such token.
+        ids = seq.output_token_ids[seq.prefix_offset : seq.read_offset]
+        seq.window_context = _left_context(tokenizer, seq, params) + ids
+        seq.window_context_at = seq.prefix_offset = end
     seq.read_offset = end
     return len(delta)
 
