@@ -13,8 +13,9 @@ import pytest
 import tiny_tokenizers
 
 from vllm import LLM, SamplingParams
-from vllm.engine.detokenizer import decode_sequence_step, fill_decoded_tokens, finish_text
+from vllm.engine.detokenizer import decode_sequence_step, finish_text
 from vllm.engine.stop_checker import check_stop
+from vllm.engine.token_text import fill_decoded_tokens
 from vllm.entrypoints.openai.completion_logprobs import completion_logprobs
 from vllm.sampling_params import RequestOutputKind
 from vllm.sequence import Logprob, Sequence, SequenceStatus

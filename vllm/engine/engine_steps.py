@@ -20,8 +20,8 @@ import time
 
 from vllm.core.scheduler import SchedulerOutputs
 from vllm.engine import output_processor
-from vllm.engine.detokenizer import fill_decoded_tokens
 from vllm.engine.step_report import StepReport
+from vllm.engine.token_text import fill_decoded_tokens
 from vllm.outputs import DeltaOutputs, RequestOutput
 from vllm.sampling_params import RequestOutputKind
 from vllm.sequence import (

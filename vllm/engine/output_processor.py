@@ -12,8 +12,9 @@ same result with less per-token host work at large batches.
 
 from __future__ import annotations
 
-from vllm.engine.detokenizer import decode_sequence_step, fill_decoded_tokens, finish_text
+from vllm.engine.detokenizer import decode_sequence_step, finish_text
 from vllm.engine.stop_checker import check_stop, tokens_until_stop
+from vllm.engine.token_text import fill_decoded_tokens
 from vllm.outputs import CompletionOutput, PoolingOutput, PoolingRequestOutput, RequestOutput
 from vllm.sequence import CompletionSequenceGroupOutput, SequenceGroup, SequenceStatus
 

@@ -19,9 +19,9 @@ import re
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
-from vllm.engine import detokenizer
 from vllm.engine.async_llm_engine import AsyncLLMEngine
 from vllm.engine.request_checks import check_priority
+from vllm.engine.token_text import token_text as logprob_token_text
 from vllm.entrypoints.openai.api_errors import APIError, param_of
 from vllm.entrypoints.openai.protocol import PromptTokenUsageInfo, SamplingFields, UsageInfo
 from vllm.entrypoints.openai.request_guards import FRESH_REQUEST_ID
@@ -535,8 +535,8 @@ class OpenAIServing:
         """How a logprobs entry names a token: "token_id:ID" when ``as_id`` (None: the
         server's ``--return-tokens-as-token-ids``), so tokens that are part of a multi-byte
         character stay distinguishable; else its decoded text: ``lp.decoded_token`` when the
-        engine filled it, else decoded here (both ``detokenizer.token_text``; the id as text
-        without a tokenizer)."""
+        engine filled it, else decoded here (both by vllm/engine/token_text.py; the id as
+        text without a tokenizer)."""
         if as_id is None:
             as_id = self.return_tokens_as_token_ids
         if as_id:
@@ -545,4 +545,4 @@ class OpenAIServing:
             return lp.decoded_token
         if self.tokenizer is None:
             return str(token_id)
-        return detokenizer.token_text(self.tokenizer, token_id)
+        return logprob_token_text(self.tokenizer, token_id)
