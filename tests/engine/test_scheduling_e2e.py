@@ -119,3 +119,41 @@ def test_cache_smaller_than_max_model_len_is_refused_at_start(tiny_llama_dir, mo
     params = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)
     out = llm.generate({"prompt_token_ids": [5, 6, 7]}, params, use_tqdm=False)[0].outputs[0]
     assert len(out.token_ids) == 45 and out.finish_reason == "length"  # the context is full
+
+
+@pytest.mark.forked
+def test_n2_request_whose_recompute_exceeds_the_budget_is_never_cut_short(tiny_llama_dir):
+    """Without chunked prefill, an n = 2 request whose two sequences (prompt + outputs)
+    outgrow max_num_batched_tokens together could never be recomputed: when the cache runs
+    out, the earlier request gives way instead, and both equal a roomy run. Guards: the n = 2
+    request (the last running one) was preempted, then finished as ignored with 35 of its
+    60 tokens ("length")."""
+    from vllm import LLM, SamplingParams
+
+    hog = {"prompt_token_ids": [(7 * i) % 40000 + 100 for i in range(30)]}
+    pair = {"prompt_token_ids": [(13 * i) % 40000 + 300 for i in range(50)]}
+    hog_sp = SamplingParams(temperature=0, max_tokens=90, ignore_eos=True)
+    pair_sp = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True, n=2)
+    roomy = LLM(model=tiny_llama_dir, device="cpu", max_model_len=128, enable_prefix_caching=False)
+    ref = roomy.generate([hog, pair], [hog_sp, pair_sp], use_tqdm=False)
+    del roomy
+    # 16 blocks of 16: the pair (2 x 110 tokens at most, 14 blocks) and hog (120, 8 blocks)
+    # cannot both finish in the cache; a recompute of the pair at 2 x 65+ tokens is > 128.
+    tight = LLM(model=tiny_llama_dir, device="cpu", max_model_len=128, max_num_seqs=8,
+                max_num_batched_tokens=128, num_gpu_blocks_override=16,
+                enable_prefix_caching=False)  # fmt: skip
+    engine = tight.llm_engine
+    engine.add_request("hog", hog, hog_sp)
+    engine.step()  # hog runs first, the pair joins behind it
+    engine.add_request("pair", pair, pair_sp)
+    final = {}
+    while engine.has_unfinished_requests():
+        final.update({o.request_id: o for o in engine.step() if o.finished})
+    assert engine.schedulers[0].num_cumulative_preemption == 1
+    for rid, want in zip(("hog", "pair"), ref):
+        got = [(c.token_ids, c.finish_reason) for c in final[rid].outputs]
+        assert got == [(c.token_ids, "length") for c in want.outputs], rid
+        assert len(set(want.outputs[0].token_ids)) > 10  # not one repeated token
+    assert [len(c.token_ids) for c in final["pair"].outputs] == [60, 60]
+    bm = engine.schedulers[0].block_manager
+    assert bm.get_num_free_gpu_blocks() == bm.get_num_total_gpu_blocks()

@@ -165,7 +165,7 @@ def _schedule_decodes(
         if num_rows + len(seqs) > max_rows:
             partial.extend(g for g in pending if g.is_partial_prefill)
             break
-        if sched.append_or_preempt(group, seqs, pending, preempted, k):
+        if sched.append_or_preempt(group, seqs, pending, preempted, k, bool(scheduled)):
             scheduled.append(group)
             num_rows += len(seqs)
     return scheduled, partial, preempted

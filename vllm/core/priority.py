@@ -12,7 +12,9 @@ values are served first, ties by arrival time. Before every schedule:
    request has a lower priority (a larger value, or the same value and a later arrival),
    the lowest such running request is preempted by recompute, and again, until the waiting
    one fits or no lower-priority request is left. A request that can never run is not
-   preempted for (the scheduler finishes it as ignored).
+   preempted for (the scheduler finishes it as ignored), and a running request whose
+   recompute could never be scheduled is never preempted for priority (it would be cut
+   short).
 
 With the default "fcfs" policy none of this runs and every priority must be 0.
 """
@@ -50,15 +52,23 @@ def order_and_preempt(sched: Scheduler) -> list[SequenceGroup]:
     need = len(head.get_unfinished_seqs())
     max_seqs = sched.scheduler_config.max_num_seqs
     preempted: list[SequenceGroup] = []
+    head_key = priority_key(head)
     while True:
         victims = [g for g in sched.running if not g.is_finished()]
-        if not victims or priority_key(victims[-1]) <= priority_key(head):
+        if not victims or priority_key(victims[-1]) <= head_key:
             break
         running_seqs = sum(g.get_max_num_running_seqs() for g in victims)
         fits_blocks = sched.block_manager.can_allocate(head) == AllocStatus.OK
         if fits_blocks and running_seqs + need <= max_seqs:
             break
-        victim = victims[-1]
+        # the lowest priority first, passing over a group whose recompute could never be
+        # scheduled (preempting it would cut it short)
+        victim = next(
+            (g for g in reversed(victims) if priority_key(g) > head_key and sched.can_recompute(g)),
+            None,
+        )
+        if victim is None:
+            break
         sched.running.remove(victim)
         sched._preempt(victim)
         preempted.append(victim)

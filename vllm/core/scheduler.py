@@ -13,7 +13,10 @@ Policy (upstream vLLM V0's default without chunked prefill):
    its next slots, the *last* running request is preempted by recompute (blocks freed, its
    sequences back to WAITING with their outputs kept, the request pushed to the front of the
    waiting queue) until the current one fits; a later prefill recomputes prompt + outputs and
-   decoding continues from the last token.
+   decoding continues from the last token. A request whose recompute could never be
+   scheduled (n sequences whose prompts plus outputs exceed ``max_num_batched_tokens``) is
+   never the victim: preempting it would cut it short. When it is the one that needs slots
+   and an earlier request got its slots in the step, it waits for a later step instead.
 
 With ``enable_chunked_prefill`` the policy is :func:`vllm.core.chunked_prefill.schedule_chunked`
 instead: decodes first, then prefill chunks in the rest of the token budget, in one step.
@@ -361,17 +364,38 @@ class Scheduler:
         pending: deque[SequenceGroup],
         preempted: list[SequenceGroup],
         k: int,
+        progress: bool = False,
     ) -> bool:
-        """Give ``seqs`` of running ``group`` their next ``k`` + 1 slots, preempting the last
-        group of ``pending`` (then ``group`` itself) by recompute until they fit; each
-        preempted group is appended to ``preempted``. True when ``group`` got its slots."""
+        """Give ``seqs`` of running ``group`` their next ``k`` + 1 slots, preempting by
+        recompute until they fit: the last group of ``pending`` whose recompute could be
+        scheduled (:meth:`can_recompute`), else ``group`` itself; each preempted group is
+        appended to ``preempted``. True when ``group`` got its slots.
+
+        A group whose recompute could never be scheduled would be cut short (ignored) if
+        preempted, so it is passed over; when it is ``group`` and ``progress`` (an earlier
+        group got its slots this step) it waits without slots for a later step (False).
+        Only when no other choice is left (no progress) is the last pending group, then
+        ``group``, preempted all the same, so every step moves some request forward."""
         while not self.block_manager.try_append_slots(seqs, k):
-            victim = pending.pop() if pending else group
+            victim = next((g for g in reversed(pending) if self.can_recompute(g)), None)
+            if victim is not None:
+                pending.remove(victim)
+            elif self.can_recompute(group):
+                victim = group
+            elif progress:
+                return False
+            else:
+                victim = pending.pop() if pending else group
             self._preempt(victim)
             preempted.append(victim)
             if victim is group:
                 return False
         return True
+
+    def can_recompute(self, group: SequenceGroup) -> bool:
+        """Whether ``group``, preempted now, could be scheduled again: its unfinished
+        sequences at their current lengths pass :meth:`never_fits_reason`."""
+        return self._never_fits(group) is None
 
     def pop_waiting(
         self, ignored: list[SequenceGroup]
@@ -445,7 +469,7 @@ class Scheduler:
                 break
             # Takes the blocks at once (all of the group's or none), so the next group's
             # check sees what is left.
-            if self.append_or_preempt(group, seqs, pending, preempted, k):
+            if self.append_or_preempt(group, seqs, pending, preempted, k, bool(scheduled)):
                 scheduled.append(group)
                 num_rows += rows
         out.num_batched_tokens = out.num_decode_tokens = num_rows
