@@ -16,7 +16,8 @@ vllm/executor/mp_executor.py):
 
 A reader thread drains the pipe into a local queue so the driver never blocks on a busy
 worker; when the driver's end closes (the engine process died) the worker exits at once,
-so no stage outlives its engine.
+so no stage outlives its engine. SIGINT is ignored: a terminal's Ctrl-C, sent to the whole
+process group, is for the engine process to handle.
 
 Replies are ``(kind, id, rank, payload, error_text)`` tuples pickled onto the pipe.
 """
@@ -28,6 +29,7 @@ import logging
 import os
 import pickle
 import queue
+import signal
 import threading
 import traceback
 from collections.abc import Callable
@@ -166,6 +168,11 @@ def run_worker(config, rank: int, init_method: str, conn: Connection) -> None:
         init_method: the process group's rendezvous URL (``tcp://127.0.0.1:<port>``).
         conn: this worker's end of its duplex pipe to the driver.
     """
+    # A terminal's Ctrl-C reaches the whole foreground process group, this stage included.
+    # What an interrupt means is the engine process's decision (`vllm serve` drains the
+    # requests in flight, `LLM.generate` raises KeyboardInterrupt), and it stops this
+    # process through the pipe (or by closing it), so the stage itself ignores SIGINT.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     lock = threading.Lock()
     try:
         worker = setup_stage_worker(config, rank, rank, init_method)

@@ -136,6 +136,37 @@ def test_sigterm_drains_streams_within_shutdown_timeout(tiny_llama_dir):
 
 
 @pytest.mark.forked
+def test_ctrl_c_to_the_process_group_drains_pipeline_streams(tiny_llama_dir):
+    """A terminal's Ctrl-C sends SIGINT to the whole process group, pipeline worker
+    processes included. Guards: each mp stage died of KeyboardInterrupt, so the streams in
+    flight failed with "pipeline worker rank 0 ... died" and the server exited with status 1
+    instead of draining them and exiting with 0."""
+    # Popen'd children inherit an ignored SIGINT (a test run as a background job): make it
+    # the default here, in this forked test process, as it is under a terminal.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    args = ["--device", "cpu", "--max-model-len", "256", "--pipeline-parallel-size", "2"]
+    server = RemoteOpenAIServer(tiny_llama_dir, args + ["--shutdown-timeout", "300"])
+    try:
+        procs = _descendants(server)
+        assert len(procs) == 2, [p.cmdline() for p in procs]
+        streams = [_Stream(server, 60) for _ in range(2)]
+        for s in streams:
+            s.start()
+        assert all(s.first.wait(120) for s in streams)
+        os.killpg(server.proc.pid, signal.SIGINT)  # the server leads its own group
+        assert server.proc.wait(320) == 0, server.log_tail()
+        for s in streams:
+            s.join(30)
+            chunks = s.chunks()
+            assert s.events[-1] == "[DONE]" and len(chunks) == 60, s.events[-3:]
+            assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+        assert "died" not in server.read_log(), server.log_tail()
+        _assert_gone(procs)
+    finally:
+        server.stop()
+
+
+@pytest.mark.forked
 class _Whole(threading.Thread):
     """One non-streamed 500-token completion; ``status`` and ``body`` of its answer."""
 
