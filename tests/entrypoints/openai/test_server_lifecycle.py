@@ -1,8 +1,9 @@
 """`vllm serve` stops cleanly (tiny Llama on CPU, one server per test, loopback only).
 
 Guards: /health answered 200 after a pipeline worker was killed, and the server kept
-running (now 503, the request in flight fails with an error event, and the process exits
-with status 1 so a supervisor restarts it); a graceful stop whose --shutdown-timeout ran
+running (now 503, the request in flight fails with an error event, a stream asked for
+after the death is a 503 rather than a 200 carrying the error, and the process exits with
+status 1 so a supervisor restarts it); a graceful stop whose --shutdown-timeout ran
 out cut streams without a final chunk or ``[DONE]``; a drain test that depended on how
 fast the machine generates (the drain test below gives the timeout 300 s, the cut-off test
 gives 0.5 s against 500-token streams).
@@ -100,6 +101,12 @@ def test_dead_pipeline_worker_fails_health_and_exits_nonzero(tiny_llama_dir):
                 codes.append(repr(e))
             time.sleep(0.05)
         assert 503 in codes, codes
+        # A stream asked for now gets the 503 as its status (its headers are not sent
+        # yet), not a 200 whose only event is the error.
+        body = {"prompt": "Once upon a time", "max_tokens": 5, "stream": True}
+        late = httpx.post(server.url_for("v1", "completions"), json=body, timeout=10)
+        assert late.status_code == 503, (late.status_code, late.text)
+        assert "pipeline worker rank 1" in late.json()["error"]["message"], late.text
         assert server.proc.wait(60) == 1, server.log_tail()
         stream.join(30)
         assert not stream.is_alive()

@@ -322,6 +322,14 @@ def build_app(
         if result is None:  # the client went away; its requests were aborted
             return Response(status_code=499)
         if hasattr(result, "__aiter__"):
+            # A stream's status is sent before its first event: a dead (or stopping) engine
+            # is a 503 now, not a 200 whose only event is the error (as upstream checks).
+            try:
+                await engine.check_health()
+            except BaseException:
+                if hasattr(result, "aclose"):
+                    await result.aclose()
+                raise
             return StreamingResponse(result, media_type="text/event-stream")
         return JSONResponse(result if isinstance(result, dict) else result.model_dump())
 
