@@ -92,7 +92,8 @@ def test_accepted_upstream_serve_flags(tiny_llama_dir, caplog):
             "--disable-frontend-multiprocessing", "--enable-request-id-headers",
             "--disable-fastapi-docs", "--model", tiny_llama_dir + "-other",
             "--lora-extra-vocab-size", "512", "--disable-uvicorn-access-log",
-            "--chat-template-content-format", "openai", "--convert", "none"]  # fmt: skip
+            "--chat-template-content-format", "openai", "--convert", "none",
+            "--max-parallel-loading-workers", "2"]  # fmt: skip
     args = make_parser().parse_args(argv)
     with caplog.at_level("WARNING"):
         engine_args = validate_server_args(args)
@@ -107,6 +108,7 @@ def test_accepted_upstream_serve_flags(tiny_llama_dir, caplog):
         "compilation_config=",
         "Both MODEL",
         "lora_extra_vocab_size=512 is ignored",
+        "max_parallel_loading_workers=2 is ignored",
     ):
         assert name in text, name
     import uvicorn

@@ -121,6 +121,11 @@ class EngineArgs:
         "torch.distributed's all-reduce (NCCL on CUDA), so it changes nothing.",
         group="parallel",
     )  # fmt: skip
+    max_parallel_loading_workers: int | None = _f(
+        None, "Accepted for upstream scripts (its limit on ranks loading weights at once); "
+        "ignored: each rank reads only its own layers and shard, in its own process.",
+        group="parallel",
+    )  # fmt: skip
     compilation_config: str | dict | None = _f(
         None, "Upstream's torch.compile settings (JSON or a level); accepted and ignored: "
         "this engine does not compile the model (CUDA graphs: --enforce-eager, "
@@ -545,6 +550,7 @@ class EngineArgs:
         check_upstream_switches(
             self.model, self.tokenizer_revision, self.cpu_offload_gb, self.preemption_mode,
             self.disable_custom_all_reduce, self.compilation_config,
+            self.max_parallel_loading_workers,
         )  # fmt: skip
         check_upstream_lora_flags(self.lora_extra_vocab_size, self.long_lora_scaling_factors)
         device_config = DeviceConfig(self.device)

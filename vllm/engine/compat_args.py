@@ -17,8 +17,9 @@ what is supported otherwise, before any weight is read:
 - ``kv_cache_dtype``: ``auto`` (the model's dtype); fp8 caches are refused.
 - ``swap_space``: GiB of CPU swap per GPU in upstream V0, >= 0. Preempted sequences are
   recomputed here (as in upstream V1), so no swap space is allocated.
-- ``tokenizer_revision``, ``disable_custom_all_reduce``, ``compilation_config``: logged as
-  ignored when set (local tokenizers; torch.distributed's all-reduce; no torch.compile).
+- ``tokenizer_revision``, ``disable_custom_all_reduce``, ``compilation_config``,
+  ``max_parallel_loading_workers``: logged as ignored when set (local tokenizers;
+  torch.distributed's all-reduce; no torch.compile; every rank loads its own weights).
 - ``cpu_offload_gb`` (only 0), ``preemption_mode`` (None or ``recompute``).
   (``disable_sliding_window`` is a ``ModelConfig`` field: it caps max_model_len at the
   model's smallest sliding window, as upstream.)
@@ -88,6 +89,7 @@ def check_upstream_switches(
     preemption_mode: str | None,
     disable_custom_all_reduce: bool,
     compilation_config: object,
+    max_parallel_loading_workers: int | None = None,
 ) -> None:
     """Validate the upstream switches of the module docstring's second list.
 
@@ -106,6 +108,8 @@ def check_upstream_switches(
         ("disable_custom_all_reduce", disable_custom_all_reduce,
          "tensor parallelism always uses torch.distributed's all-reduce"),
         ("compilation_config", compilation_config, "the model is not compiled"),
+        ("max_parallel_loading_workers", max_parallel_loading_workers,
+         "each rank reads only its own layers and shard, in its own process"),
     ):  # fmt: skip
         if value:
             logger.warning("%s=%r is ignored: %s.", name, value, why)
