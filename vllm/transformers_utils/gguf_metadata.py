@@ -13,6 +13,9 @@ as ``rope_freqs.json``: :func:`rope_freq_factors`; so are the ``{arch}.rope.scal
 keys (a linear or YaRN scaling, which transformers' GGUF reader also drops) as
 ``rope_scaling.json``: :func:`rope_scaling`. The config's ``head_dim`` is the file's
 ``{arch}.attention.key_length`` where transformers left its class default (qwen3).
+Before transformers reads it, the file is checked
+(:mod:`vllm.model_executor.model_loader.gguf_checks`): a truncated or corrupt file, a shard
+of a split GGUF and tensor types that cannot be dequantized are refused, naming the file.
 
 The key is the file's absolute path, size and modification time, the transformers
 version and ``FORMAT`` (what this module writes), so a changed or replaced file is
@@ -33,7 +36,7 @@ _LOCK = threading.Lock()
 TOKENIZER_MARKER = "tokenizer_config.json"
 ROPE_FREQS_FILE = "rope_freqs.json"
 ROPE_SCALING_FILE = "rope_scaling.json"
-FORMAT = 3  # 2: rope_freqs.json; 3: rope_scaling.json and head_dim from key_length
+FORMAT = 4  # 2: rope_freqs.json; 3: rope_scaling.json and head_dim from key_length; 4: checked
 # key -> temporary directory, for a process whose cache root cannot be written
 _PRIVATE: dict[str, str] = {}
 
@@ -59,20 +62,23 @@ def _convert(path: str, out: str) -> None:
     """Write the config (and the tokenizer, if the file has one) of GGUF ``path`` to ``out``.
 
     Raises:
-        whatever transformers raises when the file's config cannot be read.
+        ValueError: a truncated or corrupt file, a shard of a split GGUF or a tensor type
+            that cannot be dequantized (``gguf_checks.open_checked_gguf``); whatever
+            transformers raises when the file's config cannot be read.
     """
-    import gguf
     from transformers import AutoConfig, AutoTokenizer
 
+    from vllm.model_executor.model_loader.gguf_checks import open_checked_gguf
     from vllm.model_executor.model_loader.gguf_loader import (
         gguf_key_length,
         gguf_rope_freq_factors,
         gguf_rope_scaling,
     )
 
+    # once: the file checks, then what transformers' reader leaves out
+    reader = open_checked_gguf(path)
     d, f = os.path.dirname(os.path.abspath(path)), os.path.basename(path)
     config = AutoConfig.from_pretrained(d, gguf_file=f)
-    reader = gguf.GGUFReader(path)  # once, for what transformers' reader leaves out
     key_length = gguf_key_length(reader)
     if key_length is not None and getattr(config, "head_dim", key_length) != key_length:
         # transformers' GGUF reader maps attention.key_length for some architectures
@@ -97,8 +103,10 @@ def gguf_metadata_dir(path: str) -> str:
         made once per process and file.
 
     Raises:
-        OSError: ``path`` does not exist; whatever transformers raises for a config it cannot
-            read (then nothing is cached).
+        OSError: ``path`` does not exist.
+        ValueError: a file :mod:`vllm.model_executor.model_loader.gguf_checks` refuses;
+            whatever transformers raises for a config it cannot read (then nothing is
+            cached).
     """
     key = _key(path)
     target = os.path.join(cache_root(), "gguf_metadata", key)

@@ -1,0 +1,111 @@
+"""GGUF files that cannot be loaded are refused when the model config is validated, with
+a message naming the file and the reason (vllm/model_executor/model_loader/gguf_checks.py).
+
+Guards: a truncated file failed with numpy's "cannot reshape array of size ..." (no file
+named, after transformers had parsed the metadata); the first shard of a split GGUF was
+accepted and the engine failed only after building the model ("7 parameters were not
+found"); a tensor type ``gguf.quants`` cannot dequantize (Q8_K, F64) was accepted and the
+engine failed while loading weights ("Dequantization for Q8_K is not yet implemented").
+"""
+
+import numpy as np
+import pytest
+
+HIDDEN, FFN, VOCAB = 32, 256, 64
+
+
+def _write_tiny_llama_gguf(path: str, ffn_down_type: str = "F32", split_max_tensors: int = 0):
+    """A one-layer Llama GGUF without tokenizer (random float32 weights); ``ffn_down``
+    stored as ``ffn_down_type`` (zero blocks for a quantized type); ``split_max_tensors``
+    > 0 writes it as llama.cpp's split shards (``-0000k-of-0000n.gguf``)."""
+    import gguf
+
+    writer = gguf.GGUFWriter(path, "llama", split_max_tensors=split_max_tensors)
+    writer.add_block_count(1)
+    writer.add_context_length(64)
+    writer.add_embedding_length(HIDDEN)
+    writer.add_feed_forward_length(FFN)
+    writer.add_head_count(2)
+    writer.add_head_count_kv(2)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(VOCAB)
+    rng = np.random.default_rng(0)
+    shapes = {
+        "token_embd.weight": (VOCAB, HIDDEN),
+        "output.weight": (VOCAB, HIDDEN),
+        "output_norm.weight": (HIDDEN,),
+        "blk.0.attn_norm.weight": (HIDDEN,),
+        "blk.0.ffn_norm.weight": (HIDDEN,),
+        **{f"blk.0.attn_{p}.weight": (HIDDEN, HIDDEN) for p in ("q", "k", "v", "output")},
+        "blk.0.ffn_gate.weight": (FFN, HIDDEN),
+        "blk.0.ffn_up.weight": (FFN, HIDDEN),
+        "blk.0.ffn_down.weight": (HIDDEN, FFN),
+    }
+    for name, shape in shapes.items():
+        array = rng.standard_normal(shape).astype(np.float32)
+        if name == "blk.0.ffn_down.weight" and ffn_down_type == "F64":
+            writer.add_tensor(name, array.astype(np.float64))
+        elif name == "blk.0.ffn_down.weight" and ffn_down_type != "F32":
+            qtype = gguf.GGMLQuantizationType[ffn_down_type]
+            block, size = gguf.GGML_QUANT_SIZES[qtype]
+            raw = np.zeros((HIDDEN, FFN // block * size), dtype=np.uint8)
+            writer.add_tensor(name, raw, raw_dtype=qtype)
+        else:
+            writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "cache"))
+
+
+def test_a_valid_file_is_accepted(tmp_path):
+    from vllm.config import ModelConfig
+
+    path = str(tmp_path / "ok.gguf")
+    _write_tiny_llama_gguf(path, ffn_down_type="Q4_K")
+    config = ModelConfig(model=path, skip_tokenizer_init=True)
+    assert config.hf_config.architectures == ["LlamaForCausalLM"]
+    assert config.max_model_len == 64  # llama.context_length
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.0005, 0.0])
+def test_truncated_file_is_refused_naming_it(tmp_path, keep):
+    from vllm.config import ModelConfig
+
+    whole = tmp_path / "whole.gguf"
+    _write_tiny_llama_gguf(str(whole))
+    data = whole.read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[: int(len(data) * keep)])
+    with pytest.raises(ValueError, match=r"cut\.gguf' is not a readable GGUF file .*truncated"):
+        ModelConfig(model=str(cut), skip_tokenizer_init=True)
+
+
+def test_split_gguf_shards_are_refused_with_the_merge_hint(tmp_path):
+    from vllm.config import ModelConfig
+
+    _write_tiny_llama_gguf(str(tmp_path / "m.gguf"), split_max_tensors=6)
+    shards = sorted(p.name for p in tmp_path.glob("m-*.gguf"))
+    assert shards == ["m-00001-of-00002.gguf", "m-00002-of-00002.gguf"]
+    for k, name in enumerate(shards, 1):
+        with pytest.raises(ValueError, match=rf"{name}' is shard {k} of a split GGUF of 2 "):
+            ModelConfig(model=str(tmp_path / name), skip_tokenizer_init=True)
+    with pytest.raises(ValueError, match=r"llama-gguf-split --merge"):
+        ModelConfig(model=str(tmp_path / shards[0]), skip_tokenizer_init=True)
+
+
+@pytest.mark.parametrize("qtype", ["Q8_K", "F64"])
+def test_tensor_type_that_cannot_be_dequantized_is_refused(tmp_path, qtype):
+    from vllm.config import ModelConfig
+
+    path = str(tmp_path / f"{qtype}.gguf")
+    _write_tiny_llama_gguf(path, ffn_down_type=qtype)
+    want = rf"holds tensors of type {qtype} \(e\.g\. 'blk\.0\.ffn_down\.weight'\) .*'Q4_K'"
+    with pytest.raises(ValueError, match=want):
+        ModelConfig(model=path, skip_tokenizer_init=True)
