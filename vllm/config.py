@@ -83,6 +83,10 @@ class ModelConfig:
             or add to the file's, a dict or its JSON text (upstream's flag).
         hf_overrides: Hugging Face config attributes to set after loading it, a dict or its
             JSON text (a dict value updates a nested config such as ``text_config``).
+        hf_config_path: a Hugging Face directory (or a .gguf file) to read the config from
+            instead of ``model`` (upstream's ``--hf-config-path``): for a GGUF file whose
+            metadata transformers cannot turn into a config, or an incomplete one, the
+            original model's directory; the weights still come from ``model``.
         disable_sliding_window: upstream's switch: cap max_model_len at the model's
             smallest sliding window (within it sliding-window attention is full attention);
             no change for models without one, nor for those whose every layer has one
@@ -93,7 +97,8 @@ class ModelConfig:
             ``--disable-async-output-proc``.
 
     Raises:
-        ValueError: missing path, unknown dtype, load format or logprobs_mode,
+        ValueError: missing path (model or hf_config_path), unknown dtype, load format or
+            logprobs_mode,
             max_logprobs below -1, a
             generation_config directory without generation_config.json, an
             unsupported architecture
@@ -119,6 +124,7 @@ class ModelConfig:
     generation_config: str = "auto"
     override_generation_config: Any = None
     hf_overrides: Any = None
+    hf_config_path: str | None = None
     disable_sliding_window: bool = False
     hf_config: Any = field(default=None, repr=False)
 
@@ -145,6 +151,11 @@ class ModelConfig:
                 f"model {self.model!r} does not exist: pass a Hugging Face directory or a "
                 ".gguf file (no model hub is used)."
             )
+        if self.hf_config_path is not None and not os.path.exists(self.hf_config_path):
+            raise ValueError(
+                f"hf_config_path {self.hf_config_path!r} does not exist: pass a Hugging Face "
+                "directory holding config.json (or a .gguf file)."
+            )
         if self.load_format == "auto":
             self.load_format = "gguf" if self.is_gguf else "safetensors"
         self.model_loader_extra_config = parse_json_object(
@@ -161,7 +172,9 @@ class ModelConfig:
         resolve_source(self.model, self.generation_config)  # ValueError for a bad directory
         check_overrides(self.override_generation_config)
         if self.hf_config is None:
-            self.hf_config = load_hf_config(self.model, self.trust_remote_code)
+            self.hf_config = load_hf_config(
+                self.hf_config_path or self.model, self.trust_remote_code
+            )
             if self.hf_overrides:
                 apply_hf_overrides(self.hf_config, self.hf_overrides)
         self._verify_architecture()

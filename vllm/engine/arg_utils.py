@@ -238,6 +238,13 @@ class EngineArgs:
         "'{\"max_position_embeddings\": 8192}' (a nested object updates a sub-config).",
         group="model",
     )
+    hf_config_path: str | None = _f(
+        None,
+        "Hugging Face directory to read the model's config from instead of --model (for a "
+        ".gguf file: the original model's directory, when transformers cannot convert the "
+        "file's metadata); the weights still come from --model.",
+        group="model",
+    )
     load_format: str = _f(
         "auto",
         "auto (gguf for a .gguf file, else safetensors), safetensors, gguf, or dummy "
@@ -589,6 +596,7 @@ class EngineArgs:
             generation_config=self.generation_config,
             override_generation_config=self.override_generation_config,
             hf_overrides=self.hf_overrides,
+            hf_config_path=self.hf_config_path,
             disable_sliding_window=self.disable_sliding_window,
             load_format=self.load_format,
             skip_tokenizer_init=self.skip_tokenizer_init,
