@@ -194,17 +194,19 @@ class ModelConfig:
         from vllm.model_executor.models import GGUF_ARCHS, ModelRegistry
 
         archs = getattr(self.hf_config, "architectures", None) or []
-        model_cls, arch = ModelRegistry.resolve_model_cls(archs)  # ValueError: the supported
+        known = [a for a in archs if a in ModelRegistry.get_supported_archs()]
+        if self.is_gguf and (not known or known[0] not in GGUF_ARCHS):  # name the GGUF ones
+            name = (known or archs or [f"<{getattr(self.hf_config, 'model_type', None)}>"])[0]
+            raise ValueError(
+                f"{name} is not supported from a GGUF file ({self.model!r}); GGUF files load "
+                f"for {list(GGUF_ARCHS)}. Use the model's Hugging Face directory instead."
+            )
+        model_cls, _ = ModelRegistry.resolve_model_cls(archs)  # ValueError: the supported
         # what the model would refuse when it is built, refused now (before any process)
         check = getattr(model_cls, "check_config", None)
         if check is not None:
             check(self.hf_config)
         check_rope_types(self.hf_config)
-        if self.is_gguf and arch not in GGUF_ARCHS:
-            raise ValueError(
-                f"{arch} is not supported from a GGUF file ({self.model!r}); GGUF files load "
-                f"for {list(GGUF_ARCHS)}. Use the model's Hugging Face directory instead."
-            )
 
     def _verify_max_model_len(self) -> None:
         from vllm.model_executor.models import full_attention_limit
