@@ -14,13 +14,19 @@ import pytest
 HIDDEN, FFN, VOCAB = 32, 256, 64
 
 
-def _write_tiny_llama_gguf(path: str, ffn_down_type: str = "F32", split_max_tensors: int = 0):
-    """A one-layer Llama GGUF without tokenizer (random float32 weights); ``ffn_down``
-    stored as ``ffn_down_type`` (zero blocks for a quantized type); ``split_max_tensors``
-    > 0 writes it as llama.cpp's split shards (``-0000k-of-0000n.gguf``)."""
+def _write_tiny_llama_gguf(
+    path: str, ffn_down_type: str = "F32", split_max_tensors: int = 0, tokenizer: str = ""
+):
+    """A one-layer Llama GGUF (random float32 weights); ``ffn_down`` stored as
+    ``ffn_down_type`` (zero blocks for a quantized type); ``split_max_tensors`` > 0 writes
+    it as llama.cpp's split shards (``-0000k-of-0000n.gguf``); ``tokenizer``: the
+    ``tokenizer.ggml.model`` of a one-token-per-id vocabulary, none when empty."""
     import gguf
 
     writer = gguf.GGUFWriter(path, "llama", split_max_tensors=split_max_tensors)
+    if tokenizer:
+        writer.add_tokenizer_model(tokenizer)
+        writer.add_token_list([f"t{i}" for i in range(VOCAB)])
     writer.add_block_count(1)
     writer.add_context_length(64)
     writer.add_embedding_length(HIDDEN)
@@ -109,3 +115,18 @@ def test_tensor_type_that_cannot_be_dequantized_is_refused(tmp_path, qtype):
     want = rf"holds tensors of type {qtype} \(e\.g\. 'blk\.0\.ffn_down\.weight'\) .*'Q4_K'"
     with pytest.raises(ValueError, match=want):
         ModelConfig(model=path, skip_tokenizer_init=True)
+
+
+def test_a_tokenizer_transformers_cannot_build_is_reported_with_its_reason(tmp_path):
+    from vllm.transformers_utils.tokenizer import load_tokenizer
+
+    rwkv, bare = str(tmp_path / "rwkv.gguf"), str(tmp_path / "bare.gguf")
+    _write_tiny_llama_gguf(rwkv, tokenizer="rwkv")
+    _write_tiny_llama_gguf(bare)
+    with pytest.raises(ValueError) as err:
+        load_tokenizer(rwkv)
+    assert "transformers cannot build the file's tokenizer" in str(err.value)
+    assert "tokenizer 'rwkv'" in str(err.value)  # transformers' own reason
+    assert "has no tokenizer in its metadata" not in str(err.value)
+    with pytest.raises(ValueError, match=r"bare\.gguf' \(ValueError: the file has no tokenizer in"):
+        load_tokenizer(bare)

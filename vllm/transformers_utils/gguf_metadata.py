@@ -36,7 +36,10 @@ _LOCK = threading.Lock()
 TOKENIZER_MARKER = "tokenizer_config.json"
 ROPE_FREQS_FILE = "rope_freqs.json"
 ROPE_SCALING_FILE = "rope_scaling.json"
-FORMAT = 4  # 2: rope_freqs.json; 3: rope_scaling.json and head_dim from key_length; 4: checked
+TOKENIZER_ERROR_FILE = "tokenizer_error.txt"
+# 2: rope_freqs.json; 3: rope_scaling.json and head_dim from key_length; 4: the file checks;
+# 5: tokenizer_error.txt
+FORMAT = 5
 # key -> temporary directory, for a process whose cache root cannot be written
 _PRIVATE: dict[str, str] = {}
 
@@ -89,7 +92,14 @@ def _convert(path: str, out: str) -> None:
     _keep_json(out, ROPE_SCALING_FILE, gguf_rope_scaling(reader))
     try:
         tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
-    except Exception:  # no tokenizer in the file: load_tokenizer reports it when asked
+    except Exception as e:  # kept for load_tokenizer to report when a tokenizer is asked for
+        reason = (
+            f"transformers cannot build the file's tokenizer ({type(e).__name__}: {e})"
+            if "tokenizer.ggml.model" in reader.fields
+            else "the file has no tokenizer in its metadata"
+        )
+        with open(os.path.join(out, TOKENIZER_ERROR_FILE), "w") as fh:
+            fh.write(reason)
         return
     tok.save_pretrained(out)
 
@@ -177,3 +187,14 @@ def _kept_json(meta_dir: str, name: str):
 def has_tokenizer(meta_dir: str) -> bool:
     """Whether :func:`gguf_metadata_dir` found a tokenizer in the file."""
     return os.path.isfile(os.path.join(meta_dir, TOKENIZER_MARKER))
+
+
+def tokenizer_error(meta_dir: str) -> str:
+    """Why :func:`gguf_metadata_dir` made no tokenizer of the file: it has no
+    ``tokenizer.ggml.*`` metadata, or transformers' error building it (for example a
+    ``tokenizer.ggml.model`` transformers does not convert)."""
+    path = os.path.join(meta_dir, TOKENIZER_ERROR_FILE)
+    if not os.path.isfile(path):
+        return "the file has no tokenizer in its metadata"
+    with open(path) as fh:
+        return fh.read()

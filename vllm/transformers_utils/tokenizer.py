@@ -32,14 +32,18 @@ def load_tokenizer(path: str, mode: str = "auto", trust_remote_code: bool = Fals
     """
     from transformers import AutoTokenizer
 
-    from vllm.transformers_utils.gguf_metadata import gguf_metadata_dir, has_tokenizer
+    from vllm.transformers_utils.gguf_metadata import (
+        gguf_metadata_dir,
+        has_tokenizer,
+        tokenizer_error,
+    )
 
     kw = dict(use_fast=mode != "slow", trust_remote_code=trust_remote_code)
     try:
         if os.path.isfile(path) and path.endswith(".gguf"):
             meta = gguf_metadata_dir(path)
             if not has_tokenizer(meta):
-                raise ValueError("the file has no tokenizer in its metadata")
+                raise ValueError(tokenizer_error(meta))
             return AutoTokenizer.from_pretrained(meta, **kw)
         return AutoTokenizer.from_pretrained(path, **kw)
     except Exception as e:  # transformers raises many types here
