@@ -182,7 +182,9 @@ class ModelConfig:
 
     @property
     def is_gguf(self) -> bool:
-        return os.path.isfile(self.model) and self.model.endswith(".gguf")
+        from vllm.model_executor.model_loader.gguf_checks import is_gguf_file
+
+        return is_gguf_file(self.model)
 
     @property
     def torch_dtype(self):

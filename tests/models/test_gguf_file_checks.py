@@ -5,7 +5,11 @@ Guards: a truncated file failed with numpy's "cannot reshape array of size ..." 
 named, after transformers had parsed the metadata); the first shard of a split GGUF was
 accepted and the engine failed only after building the model ("7 parameters were not
 found"); a tensor type ``gguf.quants`` cannot dequantize (Q8_K, F64) was accepted and the
-engine failed while loading weights ("Dequantization for Q8_K is not yet implemented").
+engine failed while loading weights ("Dequantization for Q8_K is not yet implemented"); a
+tokenizer transformers cannot build (an unsupported ``tokenizer.ggml.model``) was reported as
+"the file has no tokenizer in its metadata". A GGUF file is recognised as upstream
+recognises it, by a ``.gguf`` name or its magic bytes: one saved under another name was
+taken for a Hugging Face directory ("has no config.json").
 """
 
 import numpy as np
@@ -130,3 +134,33 @@ def test_a_tokenizer_transformers_cannot_build_is_reported_with_its_reason(tmp_p
     assert "has no tokenizer in its metadata" not in str(err.value)
     with pytest.raises(ValueError, match=r"bare\.gguf' \(ValueError: the file has no tokenizer in"):
         load_tokenizer(bare)
+
+
+def test_a_gguf_file_under_another_name_is_recognised_by_its_magic_bytes(tmp_path):
+    import shutil
+
+    import torch
+
+    from vllm.config import ModelConfig
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.model_executor.model_loader import get_model
+
+    named = tmp_path / "m.gguf"
+    _write_tiny_llama_gguf(str(named))
+    other = tmp_path / "model.bin"
+    shutil.copyfile(named, other)
+    (tmp_path / "notes.txt").write_text("GGUX not a model")
+    args = EngineArgs(model=str(other), quantization="gguf", skip_tokenizer_init=True)
+    config = args.create_engine_config().model_config
+    assert config.is_gguf and config.load_format == "gguf"
+    assert config.hf_config.architectures == ["LlamaForCausalLM"]
+    assert config.max_model_len == 64  # llama.context_length
+    want = dict(get_model(ModelConfig(model=str(named)), "cpu").named_parameters())
+    got = dict(get_model(config, "cpu").named_parameters())
+    assert want.keys() == got.keys() and len(got) > 5
+    assert all(torch.equal(got[n], want[n]) for n in want)
+    with pytest.raises(ValueError, match=r"notes\.txt' has no config\.json"):
+        ModelConfig(model=str(tmp_path / "notes.txt"))
+    missing = EngineArgs(model=str(tmp_path / "absent.gguf"), quantization="gguf")
+    with pytest.raises(ValueError, match=r"absent\.gguf' does not exist"):
+        missing.create_engine_config()

@@ -62,7 +62,10 @@ def check_compat_args(
             f"tokenizer_mode={tokenizer_mode!r} is not supported; use one of "
             f"{list(TOKENIZER_MODES)}."
         )
-    is_gguf = model.endswith(".gguf")
+    from vllm.model_executor.model_loader.gguf_checks import is_gguf_file
+
+    # by name too: a missing path is reported by the model config, not as a bad quantization
+    is_gguf = model.endswith(".gguf") or is_gguf_file(model)
     if quantization not in (None, "gguf") or (quantization == "gguf" and not is_gguf):
         raise ValueError(
             f"quantization={quantization!r} is not supported; use None (the checkpoint's "

@@ -82,7 +82,9 @@ def _mtime(path: str) -> float:
 def _load_hf_config_cached(model: str, mtime: float, trust_remote_code: bool):
     from transformers import AutoConfig
 
-    if os.path.isfile(model) and model.endswith(".gguf"):
+    from vllm.model_executor.model_loader.gguf_checks import is_gguf_file
+
+    if is_gguf_file(model):
         from vllm.model_executor.layers.rotary_embedding import (
             set_freq_factors,
             set_gguf_rope_scaling,

@@ -32,6 +32,7 @@ def load_tokenizer(path: str, mode: str = "auto", trust_remote_code: bool = Fals
     """
     from transformers import AutoTokenizer
 
+    from vllm.model_executor.model_loader.gguf_checks import is_gguf_file
     from vllm.transformers_utils.gguf_metadata import (
         gguf_metadata_dir,
         has_tokenizer,
@@ -40,7 +41,7 @@ def load_tokenizer(path: str, mode: str = "auto", trust_remote_code: bool = Fals
 
     kw = dict(use_fast=mode != "slow", trust_remote_code=trust_remote_code)
     try:
-        if os.path.isfile(path) and path.endswith(".gguf"):
+        if is_gguf_file(path):
             meta = gguf_metadata_dir(path)
             if not has_tokenizer(meta):
                 raise ValueError(tokenizer_error(meta))

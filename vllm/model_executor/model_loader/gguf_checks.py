@@ -10,9 +10,31 @@ A file that cannot be loaded is refused at start-up with a message naming it and
 
 :func:`open_checked_gguf` runs them all; ``gguf_metadata`` calls it once per file version
 (the result is cached with the converted config, so a cached file is not read again).
+:func:`is_gguf_file` is how every part of the engine recognises a GGUF checkpoint.
 """
 
 from __future__ import annotations
+
+import os
+
+GGUF_MAGIC = b"GGUF"
+
+
+def is_gguf_file(path: str) -> bool:
+    """Whether ``path`` is a GGUF checkpoint file, as upstream decides: a file whose name
+    ends in ``.gguf``, or any file that starts with the GGUF magic bytes (a GGUF saved
+    under another name). Directories and missing paths are not."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        return False
+    if path.endswith(".gguf"):
+        return True
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(len(GGUF_MAGIC)) == GGUF_MAGIC
+    except OSError:
+        return False
+
 
 SPLIT_COUNT_KEY = "split.count"
 SPLIT_NO_KEY = "split.no"

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from vllm.distributed.parallel_state import get_tensor_model_parallel_world_size
+from vllm.model_executor.model_loader.gguf_checks import is_gguf_file
 from vllm.model_executor.model_loader.gguf_loader import gguf_weights_iterator
 from vllm.model_executor.models import architectures_of, get_model_class, is_headless
 from vllm.model_executor.weight_utils import (
@@ -34,7 +35,8 @@ LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy", "sim")
 
 
 def resolve_load_format(model: str, load_format: str) -> str:
-    """``auto`` -> ``gguf`` for a ``.gguf`` path, else ``safetensors``; others unchanged.
+    """``auto`` -> ``gguf`` for a GGUF file (``gguf_checks.is_gguf_file``: a ``.gguf``
+    name or the GGUF magic bytes), else ``safetensors``; others unchanged.
 
     Raises:
         ValueError: a format outside ``LOAD_FORMATS``.
@@ -42,7 +44,7 @@ def resolve_load_format(model: str, load_format: str) -> str:
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format={load_format!r} is not one of {list(LOAD_FORMATS)}")
     if load_format == "auto":
-        return "gguf" if str(model).endswith(".gguf") else "safetensors"
+        return "gguf" if is_gguf_file(str(model)) else "safetensors"
     return load_format
 
 
