@@ -173,7 +173,6 @@ def test_ctrl_c_to_the_process_group_drains_pipeline_streams(tiny_llama_dir):
         server.stop()
 
 
-@pytest.mark.forked
 class _Whole(threading.Thread):
     """One non-streamed 500-token completion; ``status`` and ``body`` of its answer."""
 
@@ -195,6 +194,7 @@ def _running(server) -> float:
     return float(line.rsplit(" ", 1)[1])
 
 
+@pytest.mark.forked
 def test_sigterm_aborts_what_outlives_shutdown_timeout(tiny_llama_dir):
     """--shutdown-timeout 0.5 against 500-token streams: each gets a final chunk with
     finish_reason "abort" and [DONE]; a non-streamed request cut short the same way gets a
