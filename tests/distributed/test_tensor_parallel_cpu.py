@@ -6,9 +6,10 @@ rank's (docs/design.md "Tensor parallelism"). Outputs of random tiny models are 
 meaningful when not one repeated token, so each reference completion must hold at least
 ``MIN_DISTINCT`` distinct ids.
 
-Coverage with three multi-rank engines (CI time): Qwen2 with fewer ranks than KV heads at
+Coverage with four multi-rank engines (CI time): Qwen2 with fewer ranks than KV heads at
 TP = 2; Llama with more ranks than KV heads at TP = 2 x PP = 2, which then also loses a rank;
-the Ray executor at TP = 2 with one KV head per rank.
+the Ray executor at TP = 2 with one KV head per rank; Gemma 3's final logit soft-cap at
+TP = 2.
 """
 
 import os
@@ -155,3 +156,20 @@ def test_ray_tp2_equals_tp1(tiny_llama_dir):
         finally:
             ray.shutdown()
     _check_close(ref, out, "ray-tp2")
+
+
+@pytest.mark.forked
+def test_gemma3_tp2_final_logit_softcap(tiny_gemma3_dir):
+    """Gemma 3 with ``final_logit_softcapping`` at TP = 2 (2 heads / 1 KV head, replicated)
+    gives one rank's tokens and logprobs. Guards the soft-cap being applied on TP rank 1,
+    whose LM head returns no logits (only TP rank 0 gathers them): that raised a TypeError
+    in the worker and killed the engine on its first step."""
+    with deadline(240):
+        ref = _greedy(tiny_gemma3_dir)
+        llm = _llm(tiny_gemma3_dir, tensor_parallel_size=2)
+        try:
+            assert llm.llm_engine.config.model_config.hf_config.final_logit_softcapping
+            out = vllm_greedy(llm, PROMPTS, MAX_TOKENS, logprobs=5)
+        finally:
+            llm.llm_engine.shutdown()
+    _check_close(ref, out, "gemma3-tp2")

@@ -217,13 +217,16 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         attention_bias = bool(getattr(config, "attention_bias", False))
         return attention_bias, attention_bias, False
 
-    def compute_logits(self, hidden_states: torch.Tensor, float32: bool = True) -> torch.Tensor:
+    def compute_logits(
+        self, hidden_states: torch.Tensor, float32: bool = True
+    ) -> torch.Tensor | None:
         """hidden_states [N, hidden] -> logits [N, vocab_size] float32, soft-capped
         ``cap * tanh(logits / cap)`` when ``final_logit_softcapping`` is set. Always
-        float32 (``float32`` is accepted for the interface): the cap is applied there."""
-        logits = super().compute_logits(hidden_states)  # [N, vocab_size]
+        float32 (``float32`` is accepted for the interface): the cap is applied there.
+        Under tensor parallelism the TP ranks other than 0 get None (no logits to cap)."""
+        logits = super().compute_logits(hidden_states)  # [N, vocab_size], or None
         cap = getattr(self.config, "final_logit_softcapping", None)
-        if cap is not None:
+        if cap is not None and logits is not None:
             logits = torch.tanh(logits / cap) * cap
         return logits
 
