@@ -17,6 +17,7 @@ import contextlib
 import gc
 import importlib.util
 import json
+import math
 import os
 import random
 import sys
@@ -116,7 +117,7 @@ def percentile(xs: list[float], p: float) -> float:
     if not xs:
         return float("nan")
     s = sorted(xs)
-    rank = max(1, min(len(s), int(round(p / 100 * len(s)))))
+    rank = max(1, min(len(s), math.ceil(p * len(s) / 100)))  # the ceil(p% of n)-th value
     return s[rank - 1]
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 import sys
 import time
@@ -42,7 +43,7 @@ def percentiles(xs: list[float], ps=(50, 90, 99)) -> dict[str, float | None]:
     s = sorted(xs)
     out = {"mean": sum(s) / len(s)}
     for p in ps:
-        out[f"p{p}"] = s[min(len(s) - 1, max(0, int(round(p / 100 * len(s))) - 1))]
+        out[f"p{p}"] = s[min(len(s) - 1, max(0, math.ceil(p * len(s) / 100) - 1))]
     return out
 
 

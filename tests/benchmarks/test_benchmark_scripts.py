@@ -369,3 +369,17 @@ def test_serving_benchmark_random_token_prompts(tiny_llama_dir):
     res = json.loads(line[len("RESULT_JSON ") :])
     assert (res["completed"], res["dataset"], res["input_len_tokens"]) == (3, "random", 12)
     assert (res["total_input_tokens"], res["total_output_tokens"]) == (36, 15)
+
+
+def test_percentiles_are_nearest_rank():
+    """Nearest rank is the ceil(p% x n)-th smallest value: the p50 of 5 values is the 3rd
+    (the median), the p90 of 7 values is the 7th. Rounding p% x n instead (round(2.5) == 2,
+    round(6.3) == 6) reported the 2nd of 5 and the 6th of 7, below the percentile."""
+    common = _bench_module("bench_common")
+    serving = _bench_module("benchmark_serving")
+    five, seven = [5.0, 1.0, 4.0, 2.0, 3.0], [float(x) for x in range(1, 8)]
+    assert common.percentile(five, 50) == 3.0 and common.percentile(seven, 90) == 7.0
+    assert common.percentile(seven, 50) == 4.0 and common.percentile(five, 99) == 5.0
+    assert common.percentile([float(x) for x in range(1, 101)], 99) == 99.0
+    assert serving.percentiles(five) == {"mean": 3.0, "p50": 3.0, "p90": 5.0, "p99": 5.0}
+    assert serving.percentiles(seven)["p90"] == 7.0 and serving.percentiles(seven)["p50"] == 4.0
