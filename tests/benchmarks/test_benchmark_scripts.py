@@ -408,3 +408,38 @@ def test_percentiles_are_nearest_rank():
     assert common.percentile([float(x) for x in range(1, 101)], 99) == 99.0
     assert serving.percentiles(five) == {"mean": 3.0, "p50": 3.0, "p90": 5.0, "p99": 5.0}
     assert serving.percentiles(seven)["p90"] == 7.0 and serving.percentiles(seven)["p50"] == 4.0
+
+
+def test_served_benchmarks_refuse_bad_flags_in_one_line():
+    """benchmark_prefix_caching.py and benchmark_chunked_prefill.py refuse a count below 1,
+    an empty length range and lengths beyond --max-model-len with one `error:` line and
+    exit status 2 before any server starts (they were tracebacks, or failed requests or a
+    `randint` error after minutes of serving)."""
+    import subprocess
+
+    apc, chunked = (
+        _bench_module("benchmark_prefix_caching"),
+        _bench_module("benchmark_chunked_prefill"),
+    )
+    common = _bench_module("bench_common")
+    cases = [
+        (apc, ["--turns", "0"], "--turns must be at least 1, got 0."),
+        (apc, ["--skip-serving", "--min-input-len", "500", "--max-input-len", "100"],
+         r"--min-input-len / --max-input-len must satisfy 1 <= min <= max, got \[500, 100\]"),
+        (apc, ["--skip-serving", "--max-model-len", "1024"],
+         "--max-input-len 1024 \\+ --max-output-len 1024 exceeds --max-model-len 1024"),
+        (apc, ["--skip-offline", "--max-model-len", "1300"],
+         r"last turn's prompt \(1472 tokens: .*\+ --output-len 64 exceeds --max-model-len 1300"),
+        (chunked, ["--stream-prompt-len", "0"], "--stream-prompt-len must be at least 1, got 0"),
+        (chunked, ["--long-rate", "nan"], "--long-rate must be positive, got nan"),
+        (chunked, ["--stream-prompt-len", "4095"], "--stream-prompt-len 4095 leaves no room"),
+    ]  # fmt: skip
+    for mod, argv, message in cases:
+        with pytest.raises(common.UsageError, match=message):
+            mod.main(argv)
+    for name in ("benchmark_prefix_caching.py", "benchmark_chunked_prefill.py"):
+        proc = subprocess.run([sys.executable, os.path.join(BENCH_DIR, name), "--num-long"
+                               if "chunked" in name else "--turns", "0"],
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+        assert proc.stderr.strip().splitlines()[-1].startswith("error: --"), proc.stderr
