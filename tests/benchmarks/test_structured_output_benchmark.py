@@ -32,3 +32,34 @@ def test_structured_output_benchmark_lines(tiny_llama_dir, capsys, monkeypatch):
         expected = constrained["output_tokens_per_s"] / plain["output_tokens_per_s"]
         assert abs(constrained["ratio_vs_unconstrained"] - expected) < 0.01
         assert constrained["outputs_parsing"] == 0  # 6 tokens cannot close a record
+
+
+def test_structured_output_benchmark_refuses_bad_flags_in_one_line(monkeypatch):
+    """Unparsable or non-positive --batch-sizes, --output-len 0, a negative --min-items and
+    an engine the flags cannot build (--device cuda without CUDA) are one `error:` line and
+    exit status 2 (they were tracebacks)."""
+    import subprocess
+    import sys
+
+    import torch
+
+    monkeypatch.syspath_prepend(BENCH_DIR)
+    bench = importlib.import_module("benchmark_structured_output")
+    common = importlib.import_module("bench_common")
+    cases = [
+        (["--batch-sizes", "1,x"], "--batch-sizes must be comma-separated integers, got '1,x'"),
+        (["--batch-sizes", "4,0"], "--batch-sizes must all be at least 1, got '4,0'"),
+        (["--output-len", "0"], "--output-len must be at least 1, got 0"),
+        (["--min-items", "-1"], "--min-items must be >= 0, got -1"),
+    ]
+    for argv, message in cases:
+        with pytest.raises(common.UsageError, match=message):
+            bench.main(argv)
+    if not torch.cuda.is_available():
+        script = os.path.join(BENCH_DIR, "benchmark_structured_output.py")
+        proc = subprocess.run([sys.executable, script, "--device", "cuda"],
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+        assert proc.stderr.strip().splitlines()[-1] == (
+            "error: device='cuda' was requested but torch.cuda.is_available() is False."
+        )
