@@ -51,6 +51,8 @@ import random
 import time
 from typing import Any
 
+from bench_common import run_script, setup_checks
+
 try:  # upstream moved it to vllm.utils.argparse_utils (this fork has both)
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 except ImportError:  # an older upstream
@@ -339,15 +341,17 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         for rec in ratios:
             print(json.dumps(rec), flush=True)
         return ratios
-    if not args.model:
-        raise ValueError("--model is required (unless --summarize)")
-    workloads = parse_workloads(args.workloads)
-    check_args(args)
-    longest = max(args.input_len + args.output_len, 2 * args.max_len if "nano" in workloads else 0)
-    if longest > args.max_model_len:
-        raise ValueError(f"--max-model-len {args.max_model_len} is below the longest request "
-                         f"({longest} tokens)")  # fmt: skip
-    vocab = vocab_size(args.model)
+    with setup_checks():  # a bad flag value or model: one error line from the script
+        if not args.model:
+            raise ValueError("--model is required (unless --summarize)")
+        workloads = parse_workloads(args.workloads)
+        check_args(args)
+        longest = max(args.input_len + args.output_len,
+                      2 * args.max_len if "nano" in workloads else 0)  # fmt: skip
+        if longest > args.max_model_len:
+            raise ValueError(f"--max-model-len {args.max_model_len} is below the longest "
+                             f"request ({longest} tokens)")  # fmt: skip
+        vocab = vocab_size(args.model)
     info = detect_engine()
     if args.expect_engine and info["engine"] != args.expect_engine:
         raise RuntimeError(f"--expect-engine {args.expect_engine}, but imported {info}")
@@ -367,4 +371,4 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -115,6 +115,28 @@ def test_compare_script_checks_its_inputs(tmp_path):
     assert "num_scheduler_steps" not in bench.llm_kwargs(args, "fork")
 
 
+def test_compare_script_refuses_bad_flags_in_one_line(tmp_path):
+    """Run as a script, a bad flag value or a model without config.json is one `error:`
+    line and exit status 2 before any engine starts (it was a traceback)."""
+    import subprocess
+    import sys
+
+    script = os.path.join(BENCH_DIR, "benchmark_vs_upstream.py")
+    qwen = os.path.join(BENCH_DIR, "configs", "qwen2.5-0.5b")
+    cases = [
+        (["--model", qwen, "--num-iters", "0"], "error: --num-iters must be >= 1, got 0"),
+        (["--model", qwen, "--workloads", "bogus"], "error: --workloads: 'bogus' is neither"),
+        (["--model", str(tmp_path)], "error: --model must be a directory with config.json"),
+        ([], "error: --model is required (unless --summarize)"),
+    ]
+    for argv, start in cases:
+        proc = subprocess.run([sys.executable, script, *argv],
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+        last = proc.stderr.strip().splitlines()[-1]
+        assert last.startswith(start), last
+
+
 def test_summarize_pairs_engines_by_model_and_workload(tmp_path):
     bench = _bench_module("benchmark_vs_upstream")
 
