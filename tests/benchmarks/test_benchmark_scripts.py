@@ -443,3 +443,14 @@ def test_served_benchmarks_refuse_bad_flags_in_one_line():
                               capture_output=True, text=True, timeout=120)  # fmt: skip
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
         assert proc.stderr.strip().splitlines()[-1].startswith("error: --"), proc.stderr
+
+
+def test_latency_refuses_a_peak_bandwidth_not_above_zero():
+    """--peak-bandwidth 0, a negative value or NaN is refused before the engine starts (0
+    was silently dropped, a negative value gave a negative bandwidth_floor_ratio)."""
+    lat = _bench_module("benchmark_latency")
+    lat._check(lat.make_parser().parse_args(["--peak-bandwidth", "2e11"]))
+    for value in ("0", "-4.8e12", "nan"):
+        args = lat.make_parser().parse_args([f"--peak-bandwidth={value}"])
+        with pytest.raises(ValueError, match="--peak-bandwidth must be above 0"):
+            lat._check(args)
