@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import random
 import sys
 import time
 
 import httpx
+from bench_common import percentile
 from stream_clients import StreamClients
 
 from vllm.utils import FlexibleArgumentParser
@@ -40,10 +40,9 @@ def percentiles(xs: list[float], ps=(50, 90, 99)) -> dict[str, float | None]:
     every value None when ``xs`` is empty (JSON null, not NaN)."""
     if not xs:
         return {"mean": None, **{f"p{p}": None for p in ps}}
-    s = sorted(xs)
-    out = {"mean": sum(s) / len(s)}
+    out = {"mean": sum(xs) / len(xs)}
     for p in ps:
-        out[f"p{p}"] = s[min(len(s) - 1, max(0, math.ceil(p * len(s) / 100) - 1))]
+        out[f"p{p}"] = percentile(xs, p)
     return out
 
 
