@@ -25,3 +25,23 @@ class StubEngine:
 
     async def prepare_grammar(self, params):
         pass
+
+
+class ReplayEngine(StubEngine):
+    """A :class:`StubEngine` whose ``generate()`` records the params it was given (as
+    ``params``) and replays ``pieces``: one RequestOutput per piece, the text growing by
+    it, token ids ``0..k-1``, the last one finished with "length"."""
+
+    pieces: list[str] = []
+
+    async def generate(self, prompt, params, rid, lora_request=None, priority=0, **kw):
+        from vllm.outputs import CompletionOutput, RequestOutput
+
+        self.params = params
+        for k in range(1, len(self.pieces) + 1):
+            done = k == len(self.pieces)
+            text = "".join(self.pieces[:k])
+            out = CompletionOutput(0, text, list(range(k)), None, None, "length" if done else None)
+            yield RequestOutput(
+                rid, prompt.get("prompt"), prompt["prompt_token_ids"], None, [out], done
+            )

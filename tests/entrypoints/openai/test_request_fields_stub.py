@@ -18,29 +18,20 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.entrypoints.openai.stub_engine import StubEngine
+from tests.entrypoints.openai.stub_engine import ReplayEngine
 from vllm.entrypoints.openai.api_errors import APIError
 from vllm.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 from vllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from vllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
-from vllm.outputs import CompletionOutput, RequestOutput
 
 TEMPLATE = "{% for m in messages %}<{{m['role']}}>{{m['content']}}{% endfor %}"
 PIECES = ["Par", "is"]
 
 
-class _Engine(StubEngine):
-    """The stub engine; generate() records the params and replays ``PIECES``."""
+class _Engine(ReplayEngine):
+    """The replaying stub engine, with ``PIECES``."""
 
-    async def generate(self, prompt, params, rid, lora_request=None, priority=0, **kw):
-        self.params = params
-        for k in range(1, len(PIECES) + 1):
-            done = k == len(PIECES)
-            text = "".join(PIECES[:k])
-            out = CompletionOutput(0, text, list(range(k)), None, None, "length" if done else None)
-            yield RequestOutput(
-                rid, prompt.get("prompt"), prompt["prompt_token_ids"], None, [out], done
-            )
+    pieces = PIECES
 
 
 @pytest.fixture(scope="module")
