@@ -103,6 +103,24 @@ def add_served_args(p: Any, server_flags: bool = True) -> None:
         p.add_argument("--output-json", default=None, help="append the JSON lines here too.")
 
 
+def build_llm(args: Any, **kwargs: Any) -> Any:
+    """``vllm.LLM`` from the flags the offline benchmarks share (``args.model``,
+    ``device``, ``dtype``, ``max_model_len``, ``gpu_memory_utilization``,
+    ``enforce_eager``), stats logging off, plus the benchmark's own ``kwargs``."""
+    from vllm import LLM
+
+    return LLM(
+        model=args.model,
+        device=args.device,
+        dtype=args.dtype,
+        max_model_len=args.max_model_len,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        enforce_eager=args.enforce_eager,
+        disable_log_stats=True,
+        **kwargs,
+    )
+
+
 def random_token_prompts(lengths: list[int], vocab_size: int, seed: int) -> list[dict]:
     """One ``{"prompt_token_ids": [...]}`` per entry of ``lengths``, ids uniform in
     ``[0, vocab_size)`` from ``random.Random(seed)`` (the same prompts on every run)."""

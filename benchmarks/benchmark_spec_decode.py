@@ -21,6 +21,7 @@ import functools
 import time
 
 from bench_common import (
+    build_llm,
     check_prompt_lengths,
     default_model,
     engine_conditions,
@@ -32,7 +33,7 @@ from bench_common import (
     sync,
 )
 
-from vllm import LLM, SamplingParams
+from vllm import SamplingParams
 from vllm.utils import FlexibleArgumentParser
 
 REPETITIVE = [
@@ -100,17 +101,7 @@ def _check(args: argparse.Namespace, names: list[str]) -> None:
 def run_setting(name: str, args: argparse.Namespace, prompts: list[str]) -> dict:
     """Time ``prompts`` one by one under one setting; returns its JSON record."""
     with setup_checks():  # an engine the flags cannot build: one error line
-        llm = LLM(
-            model=args.model,
-            device=args.device,
-            dtype=args.dtype,
-            max_model_len=args.max_model_len,
-            gpu_memory_utilization=args.gpu_memory_utilization,
-            enforce_eager=args.enforce_eager,
-            max_num_seqs=8,
-            disable_log_stats=True,
-            **_setting_kwargs(name, args),
-        )
+        llm = build_llm(args, max_num_seqs=8, **_setting_kwargs(name, args))
     try:
         with setup_checks():  # every prompt must have room for all --output-len tokens
             tok = llm.get_tokenizer()

@@ -26,6 +26,7 @@ import json
 import time
 
 from bench_common import (
+    build_llm,
     default_model,
     emit,
     engine_conditions,
@@ -36,7 +37,7 @@ from bench_common import (
     sync,
 )
 
-from vllm import LLM, SamplingParams
+from vllm import SamplingParams
 from vllm.sampling_params import GuidedDecodingParams
 from vllm.utils import FlexibleArgumentParser
 
@@ -121,16 +122,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         sizes = _check(args)
         schema = {"type": "array", "items": RECORD, "minItems": args.min_items}
         gd = GuidedDecodingParams(json=schema, disable_any_whitespace=True)
-        llm = LLM(
-            model=args.model,
-            device=args.device,
-            dtype=args.dtype,
-            max_model_len=args.max_model_len,
-            gpu_memory_utilization=args.gpu_memory_utilization,
-            enforce_eager=args.enforce_eager,
-            max_num_seqs=max(sizes),
-            disable_log_stats=True,
-        )
+        llm = build_llm(args, max_num_seqs=max(sizes))
     records = []
     try:
         cond = engine_conditions(llm)
