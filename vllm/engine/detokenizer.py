@@ -114,8 +114,10 @@ def stable_text(
     decode of the ids alone.
     """
 
+    before = decode_ids(tokenizer, context, params) if context else None
+
     def text_of(k: int) -> str:
-        text = _decode_after(tokenizer, context, ids[:k], params) if context else None
+        text = _decode_after(tokenizer, context, ids[:k], params, before) if context else None
         return decode_ids(tokenizer, ids[:k], params) if text is None else text
 
     full = text_of(len(ids))
@@ -157,10 +159,14 @@ def prompt_context(tokenizer, seq: Sequence, params: SamplingParams) -> list[int
     return ctx
 
 
-def _decode_after(tokenizer, context: list[int], ids: list[int], params) -> str | None:
-    """``decode(context + ids)`` less its prefix ``decode(context)``; None when the former
-    does not start with the latter (a clean-up of spaces joined the two)."""
-    before = decode_ids(tokenizer, context, params)
+def _decode_after(
+    tokenizer, context: list[int], ids: list[int], params, before: str | None = None
+) -> str | None:
+    """``decode(context + ids)`` less its prefix ``decode(context)`` (``before``, when the
+    caller has it already); None when the former does not start with the latter (a
+    clean-up of spaces joined the two)."""
+    if before is None:
+        before = decode_ids(tokenizer, context, params)
     full = decode_ids(tokenizer, list(context) + list(ids), params)
     return full[len(before) :] if full.startswith(before) else None
 
@@ -196,8 +202,11 @@ def _window(tokenizer, seq: Sequence, params: SamplingParams, end: int) -> tuple
     ids = seq.output_token_ids
     ctx = _left_context(tokenizer, seq, params)
     if ctx:
-        emitted = _decode_after(tokenizer, ctx, ids[seq.prefix_offset : seq.read_offset], params)
-        window = _decode_after(tokenizer, ctx, ids[seq.prefix_offset : end], params)
+        before = decode_ids(tokenizer, ctx, params)
+        emitted = _decode_after(
+            tokenizer, ctx, ids[seq.prefix_offset : seq.read_offset], params, before
+        )
+        window = _decode_after(tokenizer, ctx, ids[seq.prefix_offset : end], params, before)
         if emitted is not None and window is not None:
             return emitted, window
     emitted = decode_ids(tokenizer, ids[seq.prefix_offset : seq.read_offset], params)
