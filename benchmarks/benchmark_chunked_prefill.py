@@ -6,7 +6,9 @@ tokens, ignore_eos, long enough to outlast the run). Once they decode
 (``--warmup-s`` later), ``--num-long`` (10) prompts of ``--long-len`` (2,048) random token
 ids arrive at ``--long-rate`` (1) per second, each generating ``--long-output-len`` (16)
 tokens. From the first arrival until the last long request ends, every gap between two
-consecutive streamed tokens of a stream is one time-per-output-token (TPOT) sample; each
+consecutive streamed tokens of a stream is one time-per-output-token (TPOT) sample (an
+event that carries k tokens, as with ``--num-scheduler-steps``, gives k samples of its gap
+divided by k); each
 long request's time to its first token is its TTFT. The streams are then cancelled.
 
 The server runs twice: without chunking (its budget covers a whole prompt, so each long
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import random
 import time
@@ -72,16 +75,32 @@ def prompts(args) -> tuple[list[list[int]], list[list[int]]]:
     return streams, [ids(args.long_len) for _ in range(args.num_long)]
 
 
-async def _stream(client, url, model, prompt, max_tokens, times: list[float]) -> None:
-    """Stream one completion, appending the arrival time of each token to ``times``."""
+async def _stream(client, url, model, prompt, max_tokens, times: list) -> None:
+    """Stream one completion, appending (arrival time, tokens it carries) of each event that
+    carries tokens to ``times`` (more than one with multi-step decoding)."""
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
-            "ignore_eos": True, "stream": True}  # fmt: skip
+            "ignore_eos": True, "stream": True, "return_token_ids": True}  # fmt: skip
     async with client.stream("POST", url, json=body) as r:
         if r.status_code != 200:
             raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread())[:200]!r}")
         async for line in r.aiter_lines():
             if line.startswith("data:") and '"choices"' in line:
-                times.append(time.perf_counter())
+                now = time.perf_counter()
+                choices = json.loads(line[5:])["choices"]
+                k = len(choices[0].get("token_ids") or []) if choices else 0
+                if k:
+                    times.append((now, k))
+
+
+def tpot_samples(times: list[tuple[float, int]], start: float, end: float) -> list[float]:
+    """Per-token gaps (seconds) of one stream's events inside [start, end]: an event that
+    carries k tokens after a gap g counts as k samples of g / k (one sample per token, as
+    with one token per event)."""
+    out: list[float] = []
+    for (a, _), (b, k) in zip(times, times[1:]):
+        if start <= a and b <= end:
+            out.extend([(b - a) / k] * k)
+    return out
 
 
 async def _run(args, server: Server, streams, longs) -> tuple[list[float], list[float]]:
@@ -91,7 +110,7 @@ async def _run(args, server: Server, streams, longs) -> tuple[list[float], list[
             model = (await c.get(server.url + "/v1/models")).json()["data"][0]["id"]
         url = server.url + "/v1/completions"
         budget = args.max_model_len - args.stream_prompt_len - 1
-        times: list[list[float]] = [[] for _ in streams]
+        times: list[list[tuple[float, int]]] = [[] for _ in streams]
 
         async def stream(p, t):
             async with pool.client() as c:
@@ -113,7 +132,7 @@ async def _run(args, server: Server, streams, longs) -> tuple[list[float], list[
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    gaps = [b - a for ts in times for a, b in zip(ts, ts[1:]) if start <= a and b <= end]
+    gaps = [g for ts in times for g in tpot_samples(ts, start, end)]
     if not gaps:
         raise RuntimeError("no stream produced two tokens while the long prompts ran")
     return gaps, list(ttft)
@@ -125,6 +144,7 @@ def run(args) -> dict:
            "model": os.path.basename(args.model), "streams": args.streams,
            "num_long": args.num_long, "long_len": args.long_len,
            "long_rate_per_s": args.long_rate, "chunked_budget": args.chunked_budget,
+           "server_args": args.server_args,
            "chunked_server_args": args.chunked_server_args}  # fmt: skip
     extra = args.server_args
     for chunked in (False, True):

@@ -246,6 +246,9 @@ bench_chunked() {
         --output-json "$O/chunked.jsonl"
     step chunked "$PY" $B/benchmark_chunked_prefill.py "${L8B_SERVED[@]}" \
         --chunked-server-args "--piecewise-graph-max-tokens 0" --output-json "$O/chunked.jsonl"
+    step chunked "$PY" $B/benchmark_chunked_prefill.py --model $B/configs/llama-3.1-8b \
+        --device cuda --server-args "--load-format dummy --skip-tokenizer-init \
+        --gpu-memory-utilization 0.5 --num-scheduler-steps 8" --output-json "$O/chunked.jsonl"
 }
 
 bench_structured() {

@@ -171,6 +171,16 @@ def tiny_llama_dir(tiny_models_dir) -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_llama_long_dir(tiny_models_dir) -> str:
+    """The tiny Llama of ``tiny_llama_dir`` with room for 1,280 positions (it has 512)."""
+    config = tiny_models.tiny_llama_config(max_position_embeddings=1280)
+    return _built(
+        tiny_models_dir / "llama_long",
+        lambda p: tiny_models.save_tiny_hf_checkpoint(config, p, seed=0),
+    )
+
+
+@pytest.fixture(scope="session")
 def tiny_byte_fallback_chain_dir(tiny_models_dir) -> str:
     """A 1-layer Llama with a Llama-style byte-fallback tokenizer
     (``tiny_tokenizers.byte_fallback_tokenizer``) that greedily generates

@@ -454,6 +454,8 @@ class SchedulerConfig:
             without chunked prefill is an error, as upstream.
         num_scheduler_steps: decode forward passes per scheduler call (upstream V0's
             multi-step scheduling, vllm/worker/multi_step.py); 1 = one token per step.
+            With chunked prefill a step that holds a prefill chunk runs one pass and a
+            decode-only step up to this many.
         policy: "fcfs" (arrival order) or "priority" (each request's priority, lower
             first, then arrival; see vllm/core/scheduler.py).
 
@@ -491,12 +493,6 @@ class SchedulerConfig:
                 f"max_num_partial_prefills={self.max_num_partial_prefills} needs "
                 "enable_chunked_prefill=True (--enable-chunked-prefill): without chunked "
                 "prefill no prefill is ever partly done."
-            )
-        if self.enable_chunked_prefill and self.num_scheduler_steps > 1:
-            raise ValueError(
-                f"num_scheduler_steps={self.num_scheduler_steps} cannot be combined with "
-                "enable_chunked_prefill=True (multi-step decoding runs decode-only steps); "
-                "use one or the other."
             )
         if self.max_num_batched_tokens is None:
             if self.enable_chunked_prefill:

@@ -320,6 +320,18 @@ def test_chunked_prefill_benchmark_reports_both_runs(tiny_llama_dir, capsys, mon
     assert rec["tpot_p99_on_over_off"] > 0
 
 
+def test_chunked_prefill_tpot_samples_split_multi_token_events():
+    """An event with k tokens after a gap g is k samples of g / k; only gaps inside the
+    window count."""
+    bench = _bench_module("benchmark_chunked_prefill")
+    times = [(1.0, 1), (1.5, 1), (2.3, 8), (2.4, 1), (9.0, 2)]
+    got = bench.tpot_samples(times, start=1.2, end=5.0)
+    assert got == pytest.approx([0.1] * 8 + [0.1])
+    assert bench.tpot_samples(times, start=0.0, end=10.0) == pytest.approx(
+        [0.5] + [0.1] * 8 + [0.1] + [3.3, 3.3]
+    )
+
+
 @pytest.mark.forked
 def test_engine_host_profile_counts_calls_and_phases(capsys):
     """16 decode tokens at 8 and 3 steps a call: 2 and 6 timed calls (the prefill is not

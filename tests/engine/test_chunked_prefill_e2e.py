@@ -159,19 +159,6 @@ def test_prompt_longer_than_the_budget_needs_chunking(tiny_llama_dir):
     assert two.prefill_chunk_cap == 1024
 
 
-@pytest.fixture(scope="module")
-def tiny_llama_long_dir(tiny_models_dir) -> str:
-    """The tiny Llama with room for 1,280 positions (the session fixture has 512)."""
-    from tests.conftest import _built
-    from tests.models import tiny_models
-
-    config = tiny_models.tiny_llama_config(max_position_embeddings=1280)
-    return _built(
-        tiny_models_dir / "llama_long",
-        lambda p: tiny_models.save_tiny_hf_checkpoint(config, p, seed=0),
-    )
-
-
 @pytest.mark.forked
 def test_running_streams_get_a_token_every_step_while_a_long_prompt_chunks(
     tiny_llama_long_dir,

@@ -30,10 +30,6 @@ CASES = [
     (dict(tensor_parallel_size=3), "num_attention_heads=4 is not divisible by tensor_parall"),
     (dict(max_num_batched_tokens=64), "max_num_batched_tokens=64 is smaller than max_model_len"),
     (
-        dict(enable_chunked_prefill=True, num_scheduler_steps=4),
-        "num_scheduler_steps=4 cannot be combined with enable_chunked_prefill",
-    ),
-    (
         dict(
             enable_chunked_prefill=True,
             speculative_model="[ngram]",

@@ -4,7 +4,7 @@ attend to their context through the paged cache and share steps with decode rows
 kernel shapes), steps with chunks and decode rows run eagerly as "mixed" when piecewise
 graphs are off (with them, the default for chunked prefill on CUDA, they replay pieces),
 decode-only steps still replay graphs, and on FLASHINFER the mixed steps ran its paged
-prefill wrapper."""
+prefill wrapper; with multi-step decoding as well, the run stays logprobs-close."""
 
 import gc
 import os
@@ -72,3 +72,16 @@ def test_piecewise_graphs_equal_eager_pieces(smollm2_gguf):
     assert replays >= 5, counters  # ~540 prompt tokens in steps of at most 64 tokens
     assert counters["eager"].get(0, {}) == {}, counters
     assert eager_counters["eager"][0]["mixed"] >= 5, eager_counters
+
+
+@pytest.mark.forked
+def test_chunked_with_multi_step_close_to_unchunked(smollm2_gguf):
+    """Chunked prefill with 8 scheduler steps on FLASHINFER (pieces on, the default): the
+    steps with chunks replay pieces one pass at a time, decode-only calls replay decode
+    graphs for up to 8 passes, and the run is logprobs-close to the unchunked one-step run."""
+    ref, _, _ = _run(smollm2_gguf, "FLASHINFER", False)
+    got, counters, _ = _run(smollm2_gguf, "FLASHINFER", True, num_scheduler_steps=8)
+    check_logprobs_close(ref, got, "unchunked", "chunked, 8 steps", PROMPTS)
+    assert sum(counters["piecewise_graph"].get(0, {}).values()) >= 5, counters
+    assert sum(counters["graph"].get(0, {}).values()) > 0, counters
+    assert counters["eager"].get(0, {}) == {}, counters

@@ -24,8 +24,10 @@ An ``n > 1`` request prefills all its sequences together, chunk by chunk (each s
 a row), so its siblings need no copy of another sequence's cache.
 
 The step's groups are ordered prefill chunks first, then decode groups (the worker's mixed
-batch layout). Speculative decoding and multi-step decoding are refused with chunked prefill
-during validation, so no lookahead slots are reserved here beyond the configured ones.
+batch layout). Decode groups get the configured lookahead slots (``num_scheduler_steps - 1``
+with multi-step decoding): a step with a prefill chunk runs one pass, a decode-only step up
+to ``num_scheduler_steps`` (the worker decides, see vllm/worker/worker.py). Speculative
+decoding is refused with chunked prefill during validation.
 """
 
 from __future__ import annotations
