@@ -133,3 +133,22 @@ def test_piecewise_sizes_from_the_config(tiny_llama_dir):
     assert spec(2, piecewise_graph_max_tokens=100) == ()
     with pytest.raises(ValueError, match="piecewise_graph_max_tokens must be >= 0.*got -1"):
         CompilationConfig(piecewise_graph_max_tokens=-1)
+
+
+def test_loop_graphs_only_at_one_rank_and_one_stage(tiny_llama_dir):
+    """Decode-loop sizes (and their steps) with multi-step decoding at PP = TP = 1; none at
+    TP = 2, where rank 0's sampled ids must reach the other rank between passes, or at PP = 2,
+    where the stages run a call's passes."""
+    from vllm.cudagraph.sizes import graph_spec
+    from vllm.engine.arg_utils import EngineArgs
+
+    def spec(pp=1, **kw):
+        cfg = EngineArgs(model=tiny_llama_dir, device="cpu", num_scheduler_steps=8,
+                         max_num_seqs=8, **kw).create_engine_config()  # fmt: skip
+        s = graph_spec(cfg, pp, True, 8)
+        return s.loop_sizes, s.loop_steps
+
+    sizes, steps = spec()
+    assert sizes and steps == 8
+    assert spec(tensor_parallel_size=2) == ((), 0)
+    assert spec(2, pipeline_parallel_size=2) == ((), 0)

@@ -27,8 +27,8 @@ ENGINE_CASES = [  # the tiny Llama: 4 heads, 2 KV heads, intermediate 128
         "needs the 'mp' or 'ray' executor",
     ),
     (
-        dict(tensor_parallel_size=2, num_scheduler_steps=4),
-        "num_scheduler_steps=4 is not supported with tensor_parallel_size=2",
+        dict(tensor_parallel_size=2, pipeline_parallel_size=2, num_scheduler_steps=4),
+        "num_scheduler_steps=4 is not supported with tensor_parallel_size=2 and pipeline_par",
     ),
     (
         dict(tensor_parallel_size=2, speculative_model="[ngram]", num_speculative_tokens=2,

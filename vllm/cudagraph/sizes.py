@@ -196,7 +196,8 @@ def graph_spec(
     :func:`prefill_capture_sizes` up to min(prefill_graph_max_tokens,
     max_num_batched_tokens, max_model_len) at PP = 1 on a backend that supports them.
     Loop sizes: :func:`loop_capture_sizes` up to ``loop_max_rows`` (the backend's
-    ``loop_max_rows()``; PP = 1 only, as multi-step decoding).
+    ``loop_max_rows()``; at PP = TP = 1 only: under PP the stages run a call's passes, at
+    TP > 1 rank 0's sampled ids reach the other ranks between passes).
     Piecewise sizes: :func:`piecewise_capture_sizes` up to min(piecewise_graph_max_tokens,
     max_num_batched_tokens) at PP = 1 (a step never has more tokens than the budget).
     """
@@ -210,7 +211,8 @@ def graph_spec(
         cap = min(cc.prefill_graph_max_tokens, sc.max_num_batched_tokens,
                   config.model_config.max_model_len)  # fmt: skip
         prefill = prefill_capture_sizes(cap)
-    steps = sc.num_scheduler_steps if pp_size == 1 else 0
+    single = pp_size == 1 and config.parallel_config.tensor_parallel_size == 1
+    steps = sc.num_scheduler_steps if single else 0
     loops = loop_capture_sizes(sizes.sizes, steps, loop_max_rows, cc.disable_decode_loop_graphs)
     piecewise: tuple[int, ...] = ()
     if pp_size == 1:

@@ -5,6 +5,8 @@
   NCCL is capturable, so inside a CUDA graph it is recorded and replayed like a kernel.
 - :func:`tensor_model_parallel_gather`: the logit shards of every TP rank concatenated on TP
   rank 0 (the sampling rank of its stage); other ranks get None.
+- :func:`tensor_model_parallel_broadcast`: TP rank 0's tensor on every TP rank (the ids
+  rank 0 sampled, which every rank's next multi-step pass reads).
 - :func:`assert_tp_plan_agreement`: every TP rank of a stage must run the same collectives
   in the same order, so they must agree, step by step, on whether a step replays a CUDA graph
   (and which) or runs eagerly; a disagreement deadlocks. The ranks exchange their plan over
@@ -47,6 +49,27 @@ def tensor_model_parallel_gather(x: torch.Tensor, dim: int = -1) -> torch.Tensor
     parts = [torch.empty_like(x) for _ in range(group.tp_size)] if group.rank == dst else None
     dist.gather(x, parts, dst=dst, group=group.tp_group)
     return torch.cat(parts, dim=dim) if parts is not None else None
+
+
+def tensor_model_parallel_broadcast(x: torch.Tensor | None, shape, dtype, device) -> torch.Tensor:
+    """TP rank 0's ``x`` on every TP rank of this stage.
+
+    Args:
+        x: the tensor on TP rank 0 (ignored elsewhere, may be None there).
+        shape, dtype, device: ``x``'s, known to every rank (the other ranks receive into a
+            new tensor of them).
+
+    Returns:
+        ``x`` on TP rank 0 (and at TP = 1), the received copy on the other ranks.
+    """
+    group = get_pp_group()
+    if group is None or group.tp_size == 1:
+        return x
+    src = group.tp_ranks[0]
+    if group.rank != src:
+        x = torch.empty(shape, dtype=dtype, device=device)
+    dist.broadcast(x, src=src, group=group.tp_group)
+    return x
 
 
 def assert_tp_plan_agreement(plan: tuple[int, ...]) -> None:

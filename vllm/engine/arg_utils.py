@@ -778,17 +778,20 @@ def _check_multi_step(steps: int, spec, parallel: ParallelConfig) -> None:
     """Refuse combinations multi-step decoding does not support (before any weight load).
 
     Raises:
-        ValueError: with speculative decoding or tensor_parallel_size > 1.
+        ValueError: with speculative decoding, or tensor_parallel_size > 1 together with
+            pipeline_parallel_size > 1.
     """
     if spec is not None:
         raise ValueError(
             f"num_scheduler_steps={steps} cannot be combined with speculative decoding "
             f"(speculative_model={spec.speculative_model!r}); use one or the other."
         )
-    if parallel.tensor_parallel_size > 1:
+    if parallel.tensor_parallel_size > 1 and parallel.pipeline_parallel_size > 1:
         raise ValueError(
             f"num_scheduler_steps={steps} is not supported with tensor_parallel_size="
-            f"{parallel.tensor_parallel_size}; use num_scheduler_steps=1."
+            f"{parallel.tensor_parallel_size} and pipeline_parallel_size="
+            f"{parallel.pipeline_parallel_size} together; use num_scheduler_steps=1 or one "
+            "kind of parallelism."
         )
 
 

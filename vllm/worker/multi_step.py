@@ -49,6 +49,7 @@ import torch
 
 from vllm.attention.backends.abstract import ForwardMode, StepInputs
 from vllm.attention.backends.host_tables import step_tables
+from vllm.distributed.tp_ops import tensor_model_parallel_broadcast
 from vllm.model_executor.forward_batch import ForwardBatch
 from vllm.model_executor.layers.sampler import sampler_output
 from vllm.sequence import SamplerOutput, SequenceGroupMetadata
@@ -175,8 +176,13 @@ def execute_multi_step(
     kv_caches: list[torch.Tensor],
     max_steps: int,
     before_read: Callable[[], None] | None = None,
-) -> SamplerOutput:
+    check_plan: Callable[[ForwardBatch], None] | None = None,
+) -> SamplerOutput | None:
     """Run up to ``max_steps`` decode steps of one scheduled decode batch (PP = 1).
+
+    With tensor parallelism every rank runs this with the same metadata (so the same steps
+    and plan); the logits are gathered on TP rank 0, which samples, and its ids are
+    broadcast to the other ranks for the next pass (no decode-loop graphs at TP > 1).
 
     Args:
         runner: the ModelRunner (last and only stage).
@@ -185,11 +191,16 @@ def execute_multi_step(
         max_steps: num_scheduler_steps.
         before_read: called once the first pass (or the decode-loop graph) is queued on
             the device, before any device-to-host read (``ExecuteModelRequest.async_callback``).
+        check_plan: called with step 0's batch before any pass (the TP ranks' plan
+            agreement; every later step of the call takes the same path).
     Returns:
-        A SamplerOutput whose samples carry every step's token, in order (``token_ids``).
+        A SamplerOutput whose samples carry every step's token, in order (``token_ids``);
+        None on TP ranks other than 0.
     """
     n = decode_steps(metadata_list, max_steps, runner.model_config.max_model_len)
     batch = runner.prepare_model_input(metadata_list, virtual_engine, scratch_slot, n - 1)
+    if check_plan is not None:
+        check_plan(batch)
     sm = batch.sampling_metadata
     # the whole call in one decode-loop graph when one serves it (vllm/cudagraph/decode_loop.py)
     ring = runner.graph_runner.run_loop(batch, n)
@@ -219,14 +230,19 @@ def execute_multi_step(
             if cuda and batch.graph_size is None:
                 staged.record()
         hidden = runner.forward_hidden(batch, kv_caches)
-        logits = runner.compute_logits(batch, hidden)  # [num_real_rows, vocab]
-        ids, packed, k = runner.sampler.sample_on_device(logits, sm)
-        packed_steps.append(packed)  # [num_real_rows, 3 + 2k] float64
+        logits = runner.compute_logits(batch, hidden)  # [num_real_rows, vocab]; TP: rank 0
+        if logits is not None:
+            ids, packed, k = runner.sampler.sample_on_device(logits, sm)
+            packed_steps.append(packed)  # [num_real_rows, 3 + 2k] float64
         if i + 1 < n:
-            next_ids[: batch.num_real_rows].copy_(ids)
-            if pen is not None:
+            rows = batch.num_real_rows
+            ids = tensor_model_parallel_broadcast(ids, (rows,), torch.long, runner.device)
+            next_ids[:rows].copy_(ids)
+            if pen is not None and logits is not None:
                 pen.after_step(i, ids)
         if i == 0 and before_read is not None:
             before_read()  # overlaps the passes still to come (each waits for its uploads)
+    if not packed_steps:  # a TP rank other than 0
+        return None
     host = torch.stack(packed_steps).cpu().numpy()  # [n, rows, 3 + 2k]: the one read
     return sampler_output(sm, host, k, {}, ids)

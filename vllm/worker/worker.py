@@ -264,6 +264,7 @@ class Worker:
                     ce.kv_caches,
                     steps,
                     request.async_callback,
+                    self._assert_plan_agreement if self.tp_size > 1 else None,
                 )
         runner = self.model_runner
         with self.times.phase("prepare"):
