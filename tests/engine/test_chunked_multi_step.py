@@ -2,8 +2,8 @@
 
 A step that holds a prefill chunk runs one pass; a decode-only step runs up to
 ``num_scheduler_steps`` passes. Token ids equal the unchunked one-token-step engine's
-exactly (greedy, seeded, stop tokens and max_tokens inside a call, n = 2, prefix caching,
-preemption), logprobs within 5e-5 (a mixed step changes the batch's composition, which may
+exactly (greedy, seeded, penalties, stop tokens and max_tokens inside a call, n = 2, prefix
+caching, preemption), logprobs within 5e-5 (a mixed step changes the batch's composition, which may
 change the last bits of float32 sums); the steps themselves show the rule: while a long
 prompt is chunked in, each running stream gets one token per step, and once nothing is left
 to prefill, several.
@@ -162,3 +162,33 @@ def test_preemption_under_chunked_multi_step_equals_unchunked(tiny_llama_dir):
     _close(llm)
     assert preemptions > 0
     _assert_same(ref, got, "preempted")
+
+
+@pytest.mark.forked
+def test_penalties_with_prompts_longer_than_the_budget(tiny_llama_dir):
+    """Penalized requests whose prompts take several chunks (a 16-token budget, so some
+    steps hold only non-final chunks and sample nothing), with one token per call and with
+    4: the unchunked one-step engine's tokens and logprobs. Such a step used to fail with
+    IndexError and take every request in it down."""
+    from vllm import SamplingParams
+
+    prompts = _prompts((40, 70, 33), seed=5)
+    # the random tiny model never repeats a token: penalties that reward repeats change it
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=14, repetition_penalty=0.3, logprobs=2,
+                       ignore_eos=True),
+        SamplingParams(temperature=0.0, max_tokens=14, presence_penalty=-2.0,
+                       frequency_penalty=-1.0, logprobs=2, ignore_eos=True),
+        SamplingParams(temperature=0.8, seed=4, max_tokens=14, repetition_penalty=1.5,
+                       min_tokens=3, ignore_eos=True),
+    ]  # fmt: skip
+    ref_llm = _engine(tiny_llama_dir)
+    ref = _results(ref_llm.generate(prompts, params, use_tqdm=False))
+    _close(ref_llm)
+    assert all(len(set(r[0][0])) < 14 for r in ref[:2]), "the penalties did not matter"
+    for steps in (1, 4):
+        llm = _engine(tiny_llama_dir, enable_chunked_prefill=True, max_num_batched_tokens=BS,
+                      num_scheduler_steps=steps)  # fmt: skip
+        got = _results(llm.generate(prompts, params, use_tqdm=False))
+        _close(llm)
+        _assert_same(ref, got, f"penalties, {steps} steps")

@@ -101,3 +101,21 @@ def test_cached_values_are_keyed_by_vocabulary_size():
     assert _build([_md("r", p, [(0, [1], [])])], vocab=64).top_k.tolist() == [64.0]
     # A clone (what the engine queues) starts without the cache and agrees with it.
     assert _build([_md("r", p.clone(), [(0, [1], [])])], vocab=64).top_k.tolist() == [64.0]
+
+
+def test_step_of_partial_chunks_with_penalties_has_no_sample_rows():
+    """A chunked-prefill step whose only groups are non-final chunks of penalized requests
+    samples nothing: no penalty tensors (building them for zero rows raised IndexError,
+    failing the step and every request in it)."""
+    pen = SamplingParams(temperature=0.0, repetition_penalty=1.5, frequency_penalty=0.5)
+    mds = [_md("a", pen, [(0, [5, 6, 7, 8], [])], is_prompt=True)]
+    mds[0].do_sample = False
+    sm = _build(mds)
+    assert sm.sample_row_ids.tolist() == [] and sm.penalties is None
+    assert sm.selected_token_indices.tolist() == []
+    # with a decode row beside the chunk, the penalties cover that row only
+    mds.append(_md("b", pen, [(1, [9, 10], [11])]))
+    sm = SamplingMetadata.build(mds, [4, 1], 32, CPU, {})
+    assert sm.sample_row_ids.tolist() == [0]
+    assert sm.penalties.repetition.tolist() == [1.5]
+    assert sm.penalties.output_tokens.tolist() == [[11]]

@@ -290,7 +290,7 @@ class SamplingMetadata:
                 r.min_tokens_stops if len(d.output_token_ids) < r.min_tokens else []
                 for r, d in zip(row_reqs, row_data)
             ]
-        if any_pen or any(min_tok_rows):
+        if num_samples and (any_pen or any(min_tok_rows)):  # no rows: a step of partial chunks
             sm.penalties = _penalty_tensors(
                 [d.prompt_token_ids for d in row_data],
                 [d.output_token_ids for d in row_data],
