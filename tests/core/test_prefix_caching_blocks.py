@@ -171,6 +171,39 @@ def test_double_free_raises_and_reset_forgets():
     assert not BlockPool(2, enable_caching=False).register(0, 5, 1)
 
 
+def test_forget_takes_a_failed_prefills_blocks_out_of_the_cache():
+    """After a failed step the blocks its prefill was to write are forgotten: in use they
+    stay in the table but become private, and once freed they are empty, so a request with
+    the same prompt finds nothing and computes it; other cached blocks stay findable."""
+    bs = 2
+    bm = BlockSpaceManager(bs, 8, watermark=0.0, enable_caching=True)
+    kept = group([9, 9, 9], bs, rid="kept")  # block 0 hashed, block 1 partial
+    run(bm, kept)
+    bm.free(kept.seqs[0])
+    failed = group([1, 2, 3, 4, 5], bs, rid="failed")  # blocks 2, 3 hashed, 4 partial
+    run(bm, failed)
+    table = bm.get_block_table(failed.seqs[0])
+    assert bm.forget_cached(failed.seqs[0]) == 2
+    assert bm.get_block_table(failed.seqs[0]) == table  # its table is untouched
+    assert bm.pool.lookup(hash_full_blocks([1, 2], bs)[0]) is None
+    bm.free(failed.seqs[0])
+    assert bm.get_num_free_gpu_blocks() == 8 and bm.pool.num_cached() == 1
+    again = group([1, 2, 3, 4, 5], bs, rid="again")
+    run(bm, again)
+    assert bm.get_num_cached_tokens(again.seqs[0]) == 0
+    assert bm.pool.lookup(hash_full_blocks([9, 9], bs)[0]) == 0
+    # an evictable block forgotten becomes empty (taken before any eviction)
+    pool = BlockPool(3, enable_caching=True)
+    a, b = pool.take(2)
+    pool.register(a, b"a", 2)
+    pool.register(b, b"b", 2)
+    pool.release([a, b])
+    assert pool.forget([a]) == 1 and pool.forget([a]) == 0
+    assert pool.lookup(b"a") is None and pool.num_free() == 3
+    assert sorted(pool.take(2)) == sorted([a, 2]) and pool.num_evictions == 0
+    assert pool.lookup(b"b") == b
+
+
 def test_random_operations_against_a_model():
     """Allocate (n = 1..3, prompts from a few shared prefixes), append, free and reset at
     random; after every operation: reference counts equal table memberships, the free count

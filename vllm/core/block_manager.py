@@ -204,6 +204,13 @@ class BlockSpaceManager:
         blocks. Returns how many hashes were dropped."""
         return self.pool.reset()
 
+    def forget_cached(self, seq: Sequence) -> int:
+        """Take ``seq``'s blocks out of the prefix cache (they stay in its table): after a
+        failed step that was to write them, no later request may find them. Returns how
+        many hashes were dropped (0 when ``seq`` has no table)."""
+        self._unregistered.pop(seq.seq_id, None)
+        return self.pool.forget(self._tables.get(seq.seq_id, ()))
+
     def _table_of(self, seq: Sequence) -> list[int]:
         table = self._tables.get(seq.seq_id)
         if table is None:

@@ -165,6 +165,22 @@ class BlockPool:
             self._evict_heap = [(s, -self._depth[b], b) for b, s in self._evictable.items()]
             heapq.heapify(self._evict_heap)
 
+    def forget(self, blocks: Seq[int]) -> int:
+        """Drop the hashes of ``blocks`` (those that have one): an evictable block becomes
+        empty, a block in use becomes private (empty once released). For blocks whose keys
+        may never have been written (a failed step). Returns how many hashes were dropped."""
+        dropped = 0
+        for block in blocks:
+            block_hash = self._hash_of.pop(block, None)
+            if block_hash is None:
+                continue
+            del self._by_hash[block_hash]
+            del self._depth[block]
+            if self._evictable.pop(block, None) is not None:  # its heap entry goes stale
+                heapq.heappush(self._empty, block)
+            dropped += 1
+        return dropped
+
     def reset(self) -> int:
         """Forget every hash: evictable blocks become empty, blocks in use become private
         (empty once released). Returns how many hashes were dropped."""

@@ -160,6 +160,18 @@ class Scheduler:
                     self.free_seq(seq)
                 self._aborted_ids.append(group.request_id)
 
+    def forget_failed_prefills(self, out: SchedulerOutputs) -> int:
+        """Take the blocks of ``out``'s prefill groups (whole prompts, chunks, recomputes)
+        out of the prefix cache: ``out``'s step failed, so keys registered when it was
+        scheduled may never have been written, and a later request with the same prefix
+        would read them. Call it before the step's requests are aborted. Returns how many
+        hashes were dropped."""
+        dropped = 0
+        for group in out.scheduled_seq_groups[: out.num_prefill_groups]:
+            for seq in group.get_seqs():
+                dropped += self.block_manager.forget_cached(seq)
+        return dropped
+
     def free_seq(self, seq: Sequence) -> None:
         """Free ``seq``'s blocks if it holds any (a no-op otherwise)."""
         if self.block_manager.has_table(seq):

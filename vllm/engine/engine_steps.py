@@ -144,7 +144,9 @@ class StepMethods:
             try:
                 output = fut.result()
             except BaseException:
+                failed = [(ve, sched_out)] + [(v, out) for v, _, out in self._in_flight]
                 self._in_flight.clear()
+                self.forget_failed_prefills(failed)
                 raise
             results.extend(self.process_outputs(ve, sched_out, output))
         return results
@@ -167,10 +169,22 @@ class StepMethods:
         if not calls:
             return results
         self.max_steps_in_flight = max(self.max_steps_in_flight, len(calls))
-        outputs = self.executor.execute_model_async([req for _, req, _ in calls]).result()
+        try:
+            outputs = self.executor.execute_model_async([req for _, req, _ in calls]).result()
+        except BaseException:
+            self.forget_failed_prefills([(ve, out) for ve, _, out in calls])
+            raise
         for (ve, _, sched_out), output in zip(calls, outputs):
             results.extend(self.process_outputs(ve, sched_out, output))
         return results
+
+    def forget_failed_prefills(self, steps: list[tuple[int, SchedulerOutputs]]) -> None:
+        """Steps (virtual engine, what it scheduled) whose model call failed: their
+        prefills' blocks leave the prefix cache (``Scheduler.forget_failed_prefills``),
+        whose keys were registered when the step was scheduled but may never have been
+        written. The requests themselves are aborted by the caller."""
+        for ve, sched_out in steps:
+            self.schedulers[ve].forget_failed_prefills(sched_out)
 
     def schedule_step(self, ve: int) -> tuple[ExecuteModelRequest, SchedulerOutputs]:
         """Schedule one step of virtual engine ``ve`` (with the constrained sequences'
@@ -216,6 +230,7 @@ class StepMethods:
         try:
             output = self.executor.execute_model(req)
         except BaseException:
+            self.forget_failed_prefills([(ve, sched_out)])
             if prev is not None:  # a later step returns its outputs
                 self.hold_report(ve, prev)
             raise
