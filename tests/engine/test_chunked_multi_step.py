@@ -9,34 +9,15 @@ prompt is chunked in, each running stream gets one token per step, and once noth
 to prefill, several.
 """
 
-import gc
-import random
-
 import pytest
 
+from tests.engine.chunked_engines import BS
+from tests.engine.chunked_engines import close as _close
+from tests.engine.chunked_engines import engine as _engine
+from tests.engine.chunked_engines import prompts as _prompts
 from tests.utils import completion_tuple
 
-BS = 16
 TOL = 5e-5
-
-
-def _prompts(lens, seed=0):
-    rng = random.Random(seed)
-    return [{"prompt_token_ids": [rng.randrange(10, 300) for _ in range(n)]} for n in lens]
-
-
-def _engine(model, **kw):
-    from vllm import LLM
-
-    kw.setdefault("num_gpu_blocks_override", 256)
-    kw.setdefault("enable_prefix_caching", False)
-    return LLM(model=model, device="cpu", block_size=BS, max_num_seqs=5, **kw)
-
-
-def _close(llm):
-    llm.llm_engine.shutdown()
-    del llm
-    gc.collect()
 
 
 def _params(stop_token=None):

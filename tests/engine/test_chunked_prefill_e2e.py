@@ -8,24 +8,21 @@ through the paged cache with an explicit mask, and a mixed step changes the batc
 composition, both of which may change the last bits of float32 sums.
 """
 
-import gc
 import random
 
 import pytest
 
+from tests.engine.chunked_engines import BS
+from tests.engine.chunked_engines import close as _close
+from tests.engine.chunked_engines import engine as _engine
+from tests.engine.chunked_engines import prompts as _prompts
 from tests.utils import completion_tuple
 
-BS = 16
 PROMPT_LENS = (1, 15, 16, 17, 300)
 BUDGETS = (BS - 1, BS, 7, 64, 512)  # a block minus one, a block, 7, 64, the whole batch
 SEEDED_BUDGETS = (BS, 64)  # seeded sampling is checked at two budgets (CI time)
 MAX_TOKENS = 6
 TOL = 5e-5
-
-
-def _prompts(lens, seed=0):
-    rng = random.Random(seed)
-    return [{"prompt_token_ids": [rng.randrange(10, 300) for _ in range(n)]} for n in lens]
 
 
 def _greedy(max_tokens=MAX_TOKENS, **kw):
@@ -40,22 +37,6 @@ def _seeded(i, **kw):
 
     return SamplingParams(temperature=1.0, seed=100 + i, max_tokens=MAX_TOKENS, logprobs=5,
                           ignore_eos=True, **kw)  # fmt: skip
-
-
-def _engine(model, **kw):
-    from vllm import LLM
-
-    kw.setdefault("num_gpu_blocks_override", 256)
-    # Off unless a test turns it on: repeated prompts would otherwise be prefilled from the
-    # cache and skip the chunks under test.
-    kw.setdefault("enable_prefix_caching", False)
-    return LLM(model=model, device="cpu", block_size=BS, max_num_seqs=5, **kw)
-
-
-def _close(llm):
-    llm.llm_engine.shutdown()
-    del llm
-    gc.collect()
 
 
 def _assert_same(ref, got, what, min_distinct=3):
