@@ -55,7 +55,7 @@ logger = logging.getLogger(__name__)
 
 # Seconds a worker may take to start (process start, imports, weights).
 STARTUP_TIMEOUT_S = 600.0
-# Seconds shutdown waits for a clean exit before terminate(), then before kill().
+# Seconds shutdown waits for a clean exit before kill() (workers ignore SIGTERM), then after.
 JOIN_TIMEOUT_S = 5.0
 
 
@@ -310,7 +310,8 @@ class MultiprocessingExecutor(PipelineExecutorBase):
 
     # ----------------------------------------------------------------- shutdown
     def shutdown(self) -> None:
-        """Stop every worker process (idempotent): ask, join, then terminate, then kill."""
+        """Stop every worker process (idempotent): ask, join, then kill (workers ignore
+        SIGTERM, see vllm/worker/worker_process.py)."""
         if self._closed:
             return
         self._closing = True
@@ -326,12 +327,11 @@ class MultiprocessingExecutor(PipelineExecutorBase):
             watcher.join(2.0)
         for proc in workers:
             proc.join(JOIN_TIMEOUT_S)
-        for stop in ("terminate", "kill"):
-            alive = [p for p in workers if p.is_alive()]
-            for proc in alive:
-                getattr(proc, stop)()
-            for proc in alive:
-                proc.join(JOIN_TIMEOUT_S)
+        alive = [p for p in workers if p.is_alive()]
+        for proc in alive:
+            proc.kill()
+        for proc in alive:
+            proc.join(JOIN_TIMEOUT_S)
         for conn in getattr(self, "_conns", []):
             try:
                 conn.close()

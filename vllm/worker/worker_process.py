@@ -16,8 +16,10 @@ vllm/executor/mp_executor.py):
 
 A reader thread drains the pipe into a local queue so the driver never blocks on a busy
 worker; when the driver's end closes (the engine process died) the worker exits at once,
-so no stage outlives its engine. SIGINT is ignored: a terminal's Ctrl-C, sent to the whole
-process group, is for the engine process to handle.
+so no stage outlives its engine. SIGINT and SIGTERM are ignored: a terminal's Ctrl-C, sent to
+the whole process group, and a service manager's SIGTERM, sent to every process of the
+service (systemd's default), are for the engine process to handle (a server drains its
+requests first); the executor stops a stage by message, by closing its pipe or by SIGKILL.
 
 Replies are ``(kind, id, rank, payload, error_text)`` tuples pickled onto the pipe.
 """
@@ -168,11 +170,13 @@ def run_worker(config, rank: int, init_method: str, conn: Connection) -> None:
         init_method: the process group's rendezvous URL (``tcp://127.0.0.1:<port>``).
         conn: this worker's end of its duplex pipe to the driver.
     """
-    # A terminal's Ctrl-C reaches the whole foreground process group, this stage included.
-    # What an interrupt means is the engine process's decision (`vllm serve` drains the
-    # requests in flight, `LLM.generate` raises KeyboardInterrupt), and it stops this
-    # process through the pipe (or by closing it), so the stage itself ignores SIGINT.
+    # A terminal's Ctrl-C reaches the whole foreground process group, and systemd's stop
+    # sends SIGTERM to every process of the service, this stage included. What either
+    # means is the engine process's decision (`vllm serve` drains the requests in flight,
+    # `LLM.generate` raises KeyboardInterrupt), and it stops this process through the pipe
+    # (or by closing it, or SIGKILL), so the stage itself ignores both.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     lock = threading.Lock()
     try:
         worker = setup_stage_worker(config, rank, rank, init_method)

@@ -143,11 +143,13 @@ def test_sigterm_drains_streams_within_shutdown_timeout(tiny_llama_dir):
 
 
 @pytest.mark.forked
-def test_ctrl_c_to_the_process_group_drains_pipeline_streams(tiny_llama_dir):
-    """A terminal's Ctrl-C sends SIGINT to the whole process group, pipeline worker
-    processes included. Guards: each mp stage died of KeyboardInterrupt, so the streams in
-    flight failed with "pipeline worker rank 0 ... died" and the server exited with status 1
-    instead of draining them and exiting with 0."""
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_signal_to_the_process_group_drains_pipeline_streams(tiny_llama_dir, sig):
+    """A terminal's Ctrl-C sends SIGINT to the whole process group, and systemd's stop sends
+    SIGTERM to every process of the service, pipeline worker processes included. Guards:
+    each mp stage died of the signal, so the streams in flight failed with "pipeline worker
+    rank 0 ... died" and the server exited with status 1 instead of draining them and
+    exiting with 0."""
     # Popen'd children inherit an ignored SIGINT (a test run as a background job): make it
     # the default here, in this forked test process, as it is under a terminal.
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -160,7 +162,7 @@ def test_ctrl_c_to_the_process_group_drains_pipeline_streams(tiny_llama_dir):
         for s in streams:
             s.start()
         assert all(s.first.wait(120) for s in streams)
-        os.killpg(server.proc.pid, signal.SIGINT)  # the server leads its own group
+        os.killpg(server.proc.pid, sig)  # the server leads its own group
         assert server.proc.wait(320) == 0, server.log_tail()
         for s in streams:
             s.join(30)
