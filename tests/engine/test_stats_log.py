@@ -104,3 +104,34 @@ def test_offline_llm_logs_only_when_asked(tiny_llama_dir):
     lines = [m for m in records if "Avg prompt throughput" in m]
     assert lines, records
     assert any("Running: 2 reqs" in m for m in lines), lines
+
+
+@fork_new_process_for_each_test
+def test_offline_log_counts_the_tokens_kept(tiny_llama_dir):
+    """With 8 steps per call a stop token ends a sequence inside a call: the stats line's
+    generation tokens are the tokens the requests kept, not the call's rows (the tokens
+    computed after the stop are dropped)."""
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(tiny_llama_dir, device="cpu", max_model_len=128, disable_log_stats=False,
+              num_scheduler_steps=8)  # fmt: skip
+    prompts = [{"prompt_token_ids": [5, 6, 7, 8]}, {"prompt_token_ids": [100, 200, 300]}]
+    greedy = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    ref = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy, use_tqdm=False)]
+    stop = ref[0][3]
+    assert stop not in ref[0][:3] and stop not in ref[1], ref
+    counted = [0, 0]
+    add = llm.llm_engine.stats_log.add
+
+    def counting(prompt_tokens, generation_tokens):
+        counted[0] += prompt_tokens
+        counted[1] += generation_tokens
+        add(prompt_tokens, generation_tokens)
+
+    llm.llm_engine.stats_log.add = counting
+    stopping = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True,
+                              stop_token_ids=[stop])  # fmt: skip
+    outs = llm.generate(prompts, stopping, use_tqdm=False)
+    kept = [len(o.outputs[0].token_ids) for o in outs]
+    assert kept == [4, 12], kept
+    assert counted == [7, 16], counted

@@ -276,14 +276,16 @@ class StepMethods:
             for group, group_out in zip(sched_out.scheduled_seq_groups, output.outputs):
                 if requests.get(group.request_id) is not group:
                     continue  # aborted while its step ran (pipelined): freed, no output
-                if self.stats_log is not None:  # (tokens sampled, a stop's rest included)
-                    self.stats_log.add(0, sum(len(o.token_ids) for o in group_out.samples))
+                if self.stats_log is not None:  # the tokens kept (not a stop's rest)
+                    kept = -sum(s.get_output_len() for s in group.seqs)
                 try:
                     if process(group, group_out):
                         pending.append(group)
                 except Exception as e:  # fail this request only; the step goes on
                     pending.append(group)  # the text of tokens appended before the error
                     self._fail_group(group, e)
+                if self.stats_log is not None:
+                    self.stats_log.add(0, kept + sum(s.get_output_len() for s in group.seqs))
                 if group_out.samples:  # a prefill chunk that is not the last samples nothing
                     m = group.metrics
                     m.first_token_time = m.first_token_time or now
