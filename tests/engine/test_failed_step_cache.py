@@ -130,3 +130,57 @@ def test_async_engine_after_a_failed_prefill_equals_a_fresh_engine(tiny_llama_di
     failed, after = asyncio.run(run())
     assert "injected model failure" in str(failed), failed
     _assert_same(ref, after, "async engine after a failed step")
+
+
+def _step_until_done(engine, prompts, params):
+    """Add ``prompts`` as r0, r1, ... and step until none is left, catching every step's
+    exception as a caller that keeps stepping does; returns ({id: output}, errors)."""
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"r{i}", prompt, params)
+    done, errors = {}, []
+    for _ in range(200):
+        if not engine.has_unfinished_requests():
+            break
+        try:
+            done.update((o.request_id, o) for o in engine.step() if o.finished)
+        except RuntimeError as e:
+            errors.append(str(e))
+    return done, errors
+
+
+@pytest.mark.forked
+@pytest.mark.parametrize(
+    "kw, which",
+    [
+        ({}, 1),  # every prompt's prefill fails
+        # the third call: a mixed step of decodes and prompt chunks, earlier chunks written
+        (dict(enable_chunked_prefill=True, max_num_batched_tokens=32, max_num_seqs=4), 3),
+    ],  # fmt: skip
+    ids=["whole_prompts", "chunked"],
+)
+def test_step_after_a_failed_prefill_runs_it_again(tiny_llama_dir, kw, which):
+    """``LLMEngine.step`` callers that catch a failed model call and keep stepping: the
+    failed step's prefills used to stay scheduled as done, so their requests decoded after
+    a prompt whose KV was never written and returned other tokens, silently. Each request
+    now ends with a fresh engine's tokens, and nothing stays allocated."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.engine.llm_engine import LLMEngine
+
+    rng = random.Random(3)
+    prompts = [{"prompt_token_ids": [rng.randrange(10, 300) for _ in range(40 + 7 * i)]}
+               for i in range(4)]  # fmt: skip
+    params = _params()
+    outs = {}
+    for fail in (False, True):
+        engine = LLMEngine.from_engine_args(EngineArgs(**_args(model=tiny_llama_dir, **kw)))
+        if fail:
+            _fail_call(engine.executor, which)
+        outs[fail] = _step_until_done(engine, prompts, params)
+        sched = engine.schedulers[0]
+        assert sched.block_manager.usage() == 0.0 and not sched.has_unfinished_seqs()
+        engine.shutdown()
+    (ref, no_errors), (got, errors) = outs[False], outs[True]
+    assert no_errors == [] and errors == ["injected model failure"]
+    assert sorted(got) == sorted(ref) == ["r0", "r1", "r2", "r3"]
+    for rid in ref:
+        _assert_same(completion_tuple(ref[rid]), completion_tuple(got[rid]), rid)

@@ -160,16 +160,28 @@ class Scheduler:
                     self.free_seq(seq)
                 self._aborted_ids.append(group.request_id)
 
-    def forget_failed_prefills(self, out: SchedulerOutputs) -> int:
-        """Take the blocks of ``out``'s prefill groups (whole prompts, chunks, recomputes)
-        out of the prefix cache: ``out``'s step failed, so keys registered when it was
-        scheduled may never have been written, and a later request with the same prefix
-        would read them. Call it before the step's requests are aborted. Returns how many
-        hashes were dropped."""
+    def undo_failed_prefills(self, out: SchedulerOutputs) -> int:
+        """Undo the prefills of ``out``, a step whose model call failed: their blocks leave
+        the prefix cache (keys registered when the step was scheduled may never have been
+        written, and a later request with the same prefix would read them), and each
+        prefill group still running goes back to the front of the waiting queue with its
+        blocks freed, as a preemption by recompute does (not counted as one): its next
+        schedule prefills it again, instead of decoding after a prompt whose KV was never
+        written. Decode groups need nothing (a failed step appends no token, so the next
+        schedule runs the same decode). Call it before the step's requests are aborted, if
+        they are. Returns how many hashes were dropped."""
         dropped = 0
-        for group in out.scheduled_seq_groups[: out.num_prefill_groups]:
+        prefills = out.scheduled_seq_groups[: out.num_prefill_groups]
+        for group in prefills:
             for seq in group.get_seqs():
                 dropped += self.block_manager.forget_cached(seq)
+        running = {id(g) for g in self.running}
+        undo = [g for g in prefills if id(g) in running and not g.is_finished()]
+        if undo:
+            gone = {id(g) for g in undo}
+            self.running = [g for g in self.running if id(g) not in gone]
+            for group in reversed(undo):  # the step's first prefill ends first in the queue
+                self._preempt(group)
         return dropped
 
     def free_seq(self, seq: Sequence) -> None:

@@ -202,7 +202,7 @@ class EngineSteps:
         # Runs outside the except block that caught ``err`` (on a VE thread or in the
         # executor, possibly), so the traceback is passed explicitly.
         logger.error("Step of virtual engine %d failed; failing its requests.", ve, exc_info=err)
-        self.engine.forget_failed_prefills([(ve, sched.sched_out)])
+        self.engine.undo_failed_steps([(ve, sched.sched_out)])
         ids = [g.request_id for g in sched.sched_out.scheduled_seq_groups]
         ids = [rid for rid in ids if rid not in gone]
         self.engine.abort_request(ids)

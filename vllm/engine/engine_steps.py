@@ -146,7 +146,7 @@ class StepMethods:
             except BaseException:
                 failed = [(ve, sched_out)] + [(v, out) for v, _, out in self._in_flight]
                 self._in_flight.clear()
-                self.forget_failed_prefills(failed)
+                self.undo_failed_steps(failed)
                 raise
             results.extend(self.process_outputs(ve, sched_out, output))
         return results
@@ -172,19 +172,20 @@ class StepMethods:
         try:
             outputs = self.executor.execute_model_async([req for _, req, _ in calls]).result()
         except BaseException:
-            self.forget_failed_prefills([(ve, out) for ve, _, out in calls])
+            self.undo_failed_steps([(ve, out) for ve, _, out in calls])
             raise
         for (ve, _, sched_out), output in zip(calls, outputs):
             results.extend(self.process_outputs(ve, sched_out, output))
         return results
 
-    def forget_failed_prefills(self, steps: list[tuple[int, SchedulerOutputs]]) -> None:
+    def undo_failed_steps(self, steps: list[tuple[int, SchedulerOutputs]]) -> None:
         """Steps (virtual engine, what it scheduled) whose model call failed: their
-        prefills' blocks leave the prefix cache (``Scheduler.forget_failed_prefills``),
-        whose keys were registered when the step was scheduled but may never have been
-        written. The requests themselves are aborted by the caller."""
+        prefills leave the prefix cache and go back to their waiting queue
+        (``Scheduler.undo_failed_prefills``), so a caller that goes on stepping gets the
+        tokens a step that never failed gives; the async engine and ``LLM.generate``
+        abort the failed requests afterwards."""
         for ve, sched_out in steps:
-            self.schedulers[ve].forget_failed_prefills(sched_out)
+            self.schedulers[ve].undo_failed_prefills(sched_out)
 
     def schedule_step(self, ve: int) -> tuple[ExecuteModelRequest, SchedulerOutputs]:
         """Schedule one step of virtual engine ``ve`` (with the constrained sequences'
@@ -230,7 +231,7 @@ class StepMethods:
         try:
             output = self.executor.execute_model(req)
         except BaseException:
-            self.forget_failed_prefills([(ve, sched_out)])
+            self.undo_failed_steps([(ve, sched_out)])
             if prev is not None:  # a later step returns its outputs
                 self.hold_report(ve, prev)
             raise
