@@ -267,6 +267,8 @@ class LLMEngine(RequestChecks, StepMethods, LoRAMethods, WorkerCallMethods):
 
         A request with ``guided_decoding`` whose grammar is still compiling (on the grammar
         cache's threads) is held back and given to a scheduler by a later :meth:`step`.
+        When this call raises, nothing of the request stays in the engine (its id may be
+        used again).
         """
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already running.")
@@ -315,13 +317,18 @@ class LLMEngine(RequestChecks, StepMethods, LoRAMethods, WorkerCallMethods):
         )
         group.pooling_params = pooling
         self._requests[request_id] = group
-        if grammar is None:
-            self._schedule_group(group)
-        elif grammar.done():
-            self.guided.start(group, grammar.result())
-            self._schedule_group(group)
-        else:
-            self._grammar_wait.append((group, grammar))
+        try:
+            if grammar is None:
+                self._schedule_group(group)
+            elif grammar.done():
+                self.guided.start(group, grammar.result())
+                self._schedule_group(group)
+            else:
+                self._grammar_wait.append((group, grammar))
+        except BaseException:  # not queued: the id and any matcher must not stay behind
+            self._requests.pop(request_id, None)
+            self.guided.free(s.seq_id for s in group.seqs)
+            raise
 
     def _schedule_group(self, group: SequenceGroup) -> None:
         ve = self.choose_virtual_engine(list(group.prompt_token_ids), group.seqs[0].block_hash_keys)
