@@ -1,6 +1,6 @@
 """Multi-step decoding under pipeline parallelism on CPU (gloo, mp executor, float32).
 
-PP = 2 and 3 with ``num_scheduler_steps`` > 1 (at PP = 2 also with chunked prefill) give
+PP = 2 (with chunked prefill) and 3 with ``num_scheduler_steps`` > 1 give
 PP = 1's one-token-step tokens exactly (docs/design.md: CPU float32 is exact, PP and
 multi-step included), greedy and seeded,
 with sequences that stop inside a call (max_tokens and a stop token); and a stage forced to
@@ -44,10 +44,10 @@ def _small_kv_cache(monkeypatch):
 
 @pytest.mark.forked
 def test_pp2_pp3_multi_step_equal_pp1_one_step(tiny_llama_dir, monkeypatch):
-    """3 layers on 2 and 3 stages, 4 passes per call (and 2 stages with chunked prefill at a
-    5-token budget, which splits every prompt but the shortest over steps): the same tokens
-    and finish reasons as PP = 1 with one token per call; a stop token ends prompt 0 inside
-    its second call (its 7th token), with nothing kept after it."""
+    """3 layers on 2 stages with chunked prefill at a 5-token budget (mixed steps of one
+    pass while prompts are split, then decode calls) and on 3 stages, 4 passes per call:
+    the same tokens and finish reasons as PP = 1 with one token per call; a stop token ends
+    prompt 0 inside its second call (its 7th token), with nothing kept after it."""
     # The PP = 1 reference runs torch ops in this process; GNU OpenMP does not survive fork.
     monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     with deadline(300):
@@ -57,7 +57,7 @@ def test_pp2_pp3_multi_step_equal_pp1_one_step(tiny_llama_dir, monkeypatch):
         stop = ref[0][0][6]
         assert stop not in ref[0][0][:6]
         chunked = dict(enable_chunked_prefill=True, max_num_batched_tokens=5, max_num_seqs=5)
-        for pp, extra in ((2, {}), (3, {}), (2, chunked)):
+        for pp, extra in ((2, chunked), (3, {})):
             out, in_flight = _run(
                 tiny_llama_dir,
                 _params(stop),
