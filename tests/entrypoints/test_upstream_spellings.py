@@ -93,13 +93,20 @@ def test_accepted_upstream_serve_flags(tiny_llama_dir, caplog):
             "--disable-fastapi-docs", "--model", tiny_llama_dir + "-other",
             "--lora-extra-vocab-size", "512", "--disable-uvicorn-access-log",
             "--chat-template-content-format", "openai", "--convert", "none",
-            "--max-parallel-loading-workers", "2"]  # fmt: skip
+            "--max-parallel-loading-workers", "2", "--num-scheduler-steps", "8",
+            "--multi-step-stream-outputs", "False"]  # fmt: skip
     args = make_parser().parse_args(argv)
     with caplog.at_level("WARNING"):
         engine_args = validate_server_args(args)
     assert args.enable_request_id_headers and args.disable_fastapi_docs
     assert args.chat_template_content_format == "openai"
     assert engine_args.lora_extra_vocab_size == 512 and engine_args.convert == "none"
+    assert engine_args.multi_step_stream_outputs is False
+    for spelled, value in (([], True), (["--multi-step-stream-outputs"], True),
+                           (["--multi-step-stream-outputs", "true"], True),
+                           (["--multi-step-stream-outputs=0"], False)):  # fmt: skip
+        parsed = make_parser().parse_args(["serve", tiny_llama_dir, *spelled])
+        assert parsed.multi_step_stream_outputs is value, spelled
     assert engine_args.create_engine_config().pooler_config is None  # generation
     text = caplog.text
     for name in (

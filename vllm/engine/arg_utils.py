@@ -62,6 +62,10 @@ SHORT_FLAGS = {
 # --piecewise-graph-max-tokens when not given and chunked prefill runs on one CUDA device.
 PIECEWISE_CHUNKED_DEFAULT = 512
 
+# Bool flags that take a value as upstream spells them (``--flag false``; bare ``--flag`` is
+# true) instead of a --flag / --no-flag pair.
+VALUE_BOOL_FLAGS = ("multi_step_stream_outputs",)
+
 # The flag groups of ``--help``, in order (upstream groups flags by the config they fill).
 GROUPS = {
     "model": "The model, its weights, dtype, device and context length.",
@@ -353,6 +357,11 @@ class EngineArgs:
         "Decode forward passes per scheduler call (multi-step decoding; 1 = off).",
         group="scheduler",
     )
+    multi_step_stream_outputs: bool = _f(
+        True, "Upstream V0's switch, accepted as --multi-step-stream-outputs [true|false]: "
+        "here a multi-step call's tokens reach streams together when the call ends, whatever "
+        "the value (upstream's false).", group="scheduler",
+    )  # fmt: skip
     pipeline_parallel_size: int = _f(1, "Pipeline stages (one device each).", group="parallel")
     tensor_parallel_size: int = _f(
         1, "Tensor-parallel ranks per pipeline stage (one device each).", group="parallel"
@@ -466,7 +475,10 @@ class EngineArgs:
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
             help_text = f.metadata.get("help", "")
             target = groups.get(f.metadata.get("group"), parser)
-            if kind is bool and default:  # on by default: --no-<flag> turns it off
+            if kind is bool and f.name in VALUE_BOOL_FLAGS:
+                target.add_argument(*flags, type=parse_bool, nargs="?", const=True,
+                                    default=default, help=help_text)  # fmt: skip
+            elif kind is bool and default:  # on by default: --no-<flag> turns it off
                 target.add_argument(*flags, action=argparse.BooleanOptionalAction,
                                     default=default, help=help_text)  # fmt: skip
             elif kind is bool:
@@ -826,6 +838,20 @@ def _list_item_type(hint) -> type:
         if typing.get_origin(arg) is list:
             return typing.get_args(arg)[0]
     raise TypeError(f"not a list type: {hint!r}")
+
+
+def parse_bool(text: str) -> bool:
+    """A flag's boolean value as upstream's parser takes it: true / false, 1 / 0, yes / no
+    (any case).
+
+    Raises:
+        argparse.ArgumentTypeError: any other text, naming it.
+    """
+    value = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+    try:
+        return value[text.strip().lower()]
+    except KeyError:
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}") from None
 
 
 def _base_type(hint) -> tuple[type, bool]:
