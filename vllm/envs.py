@@ -19,8 +19,12 @@ from dataclasses import dataclass
 from typing import Any
 
 
-def _flag(raw: str) -> bool:
-    """ "1"/"true"/"yes"/"on" -> True, "0"/"false"/"no"/"off" -> False (case-insensitive)."""
+def parse_flag(raw: str) -> bool:
+    """ "1"/"true"/"yes"/"on" -> True, "0"/"false"/"no"/"off" -> False (case-insensitive).
+
+    Raises:
+        ValueError: any other text.
+    """
     low = raw.strip().lower()
     if low in ("1", "true", "yes", "on"):
         return True
@@ -133,38 +137,38 @@ _DECLARED = (
     ),
     EnvVar(
         "VLLM_CONFIGURE_LOGGING",
-        _flag,
+        parse_flag,
         True,
         "0 leaves logging alone (no handler, no level set), for applications that "
         "configure it themselves, as upstream.",
     ),
     EnvVar(
         "VLLM_USE_TRITON_OPS",
-        _flag,
+        parse_flag,
         True,
         "0 replaces the fused Triton norm / rotary / SiLU kernels by torch ops on CUDA.",
     ),
     EnvVar(
         "VLLM_USE_TRITON_GEMV",
-        _flag,
+        parse_flag,
         True,
         "0 replaces the Triton GEMV kernels of small decode batches by cuBLAS matmuls.",
     ),
     EnvVar(
         "VLLM_USE_TRITON_GREEDY",
-        _flag,
+        parse_flag,
         True,
         "0 replaces the Triton greedy-sampling kernel by torch.argmax.",
     ),
     EnvVar(
         "VLLM_TRITON_PDL",
-        _flag,
+        parse_flag,
         True,
         "0 launches Triton kernels without programmatic dependent launch (Hopper and later).",
     ),
     EnvVar(
         "VLLM_ALLOW_LONG_MAX_MODEL_LEN",
-        _flag,
+        parse_flag,
         False,
         "1 allows --max-model-len above the model's max_position_embeddings (with a "
         "warning); the RoPE scaling stays the config's, its tables cover max_model_len "
@@ -172,13 +176,13 @@ _DECLARED = (
     ),
     EnvVar(
         "VLLM_ALLOW_RUNTIME_LORA_UPDATING",
-        _flag,
+        parse_flag,
         False,
         "1 enables vllm serve's POST /v1/load_lora_adapter and /v1/unload_lora_adapter.",
     ),
     EnvVar(
         "VLLM_SERVER_DEV_MODE",
-        _flag,
+        parse_flag,
         False,
         "1 enables vllm serve's development routes (POST /reset_prefix_cache), open to "
         "every client whatever --api-key says; not for production.",
@@ -242,7 +246,7 @@ _DECLARED = (
     ),
     EnvVar(
         "TRITON_INTERPRET",
-        _flag,
+        parse_flag,
         False,
         "Triton's own: 1 runs Triton kernels under its CPU interpreter (tests).",
     ),

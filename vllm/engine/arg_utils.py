@@ -841,16 +841,15 @@ def _list_item_type(hint) -> type:
 
 
 def parse_bool(text: str) -> bool:
-    """A flag's boolean value as upstream's parser takes it: true / false, 1 / 0, yes / no
-    (any case).
+    """A flag's boolean value: the spellings :func:`vllm.envs.parse_flag` takes (true /
+    false, 1 / 0, yes / no, on / off, any case), as upstream's parser takes true / false.
 
     Raises:
         argparse.ArgumentTypeError: any other text, naming it.
     """
-    value = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
     try:
-        return value[text.strip().lower()]
-    except KeyError:
+        return envs.parse_flag(text)
+    except ValueError:
         raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}") from None
 
 

@@ -159,14 +159,10 @@ def prompt_context(tokenizer, seq: Sequence, params: SamplingParams) -> list[int
     return ctx
 
 
-def _decode_after(
-    tokenizer, context: list[int], ids: list[int], params, before: str | None = None
-) -> str | None:
-    """``decode(context + ids)`` less its prefix ``decode(context)`` (``before``, when the
-    caller has it already); None when the former does not start with the latter (a
-    clean-up of spaces joined the two)."""
-    if before is None:
-        before = decode_ids(tokenizer, context, params)
+def _decode_after(tokenizer, context: list[int], ids: list[int], params, before: str) -> str | None:
+    """``decode(context + ids)`` less its prefix ``before`` = ``decode(context)`` (decoded
+    once by the caller for all its slices); None when the former does not start with the
+    latter (a clean-up of spaces joined the two)."""
     full = decode_ids(tokenizer, list(context) + list(ids), params)
     return full[len(before) :] if full.startswith(before) else None
 

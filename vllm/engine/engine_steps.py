@@ -278,7 +278,7 @@ class StepMethods:
                 if requests.get(group.request_id) is not group:
                     continue  # aborted while its step ran (pipelined): freed, no output
                 if self.stats_log is not None:  # the tokens kept (not a stop's rest)
-                    kept = -sum(s.get_output_len() for s in group.seqs)
+                    len_before = sum(s.get_output_len() for s in group.seqs)
                 try:
                     if process(group, group_out):
                         pending.append(group)
@@ -286,7 +286,8 @@ class StepMethods:
                     pending.append(group)  # the text of tokens appended before the error
                     self._fail_group(group, e)
                 if self.stats_log is not None:
-                    self.stats_log.add(0, kept + sum(s.get_output_len() for s in group.seqs))
+                    kept = sum(s.get_output_len() for s in group.seqs) - len_before
+                    self.stats_log.add(0, kept)
                 if group_out.samples:  # a prefill chunk that is not the last samples nothing
                     m = group.metrics
                     m.first_token_time = m.first_token_time or now
