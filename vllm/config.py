@@ -743,6 +743,7 @@ class SpeculativeConfig:
         ngram_prompt_lookup_min: int | None = None,
         speculative_max_model_len: int | None = None,
         speculative_disable_by_batch_size: int | None = None,
+        speculative_draft_tensor_parallel_size: int | None = None,
     ) -> SpeculativeConfig | None:
         """Validate the speculative flags (reading only configs, never weights).
 
@@ -750,9 +751,10 @@ class SpeculativeConfig:
 
         Raises:
             ValueError: k without a model, a model without k, k < 1, bad n-gram bounds,
-                tensor_parallel_size > 1, pipeline_parallel_size > 1, a draft whose vocab
-                size differs from the
-                target's (naming both), speculative_max_model_len < 1.
+                pipeline_parallel_size > 1, a draft tensor-parallel size other than the
+                target's, a draft whose vocab size differs from the target's (naming both)
+                or whose heads or widths do not split over the tensor-parallel ranks
+                (``verify_tensor_parallel``), speculative_max_model_len < 1.
         """
         if speculative_model is None and num_speculative_tokens is None:
             return None
@@ -769,23 +771,19 @@ class SpeculativeConfig:
             raise ValueError(
                 f"num_speculative_tokens must be at least 1, got {num_speculative_tokens}."
             )
-        if parallel.tensor_parallel_size > 1:
-            raise ValueError(
-                "speculative decoding is not supported with tensor parallelism: "
-                f"tensor_parallel_size={parallel.tensor_parallel_size} (only 1 is allowed "
-                "with speculative_model)."
-            )
         if parallel.pipeline_parallel_size > 1:
             raise ValueError(
                 "speculative decoding is not supported with pipeline parallelism: "
                 f"pipeline_parallel_size={parallel.pipeline_parallel_size} (only 1 is allowed "
                 "with speculative_model)."
             )
-        if parallel.distributed_executor_backend != "uni":
+        tp = parallel.tensor_parallel_size
+        if speculative_draft_tensor_parallel_size not in (None, tp):
             raise ValueError(
-                "speculative decoding runs only in the single-process executor: "
-                f"distributed_executor_backend={parallel.distributed_executor_backend!r} "
-                "(use 'uni')."
+                "speculative_draft_tensor_parallel_size="
+                f"{speculative_draft_tensor_parallel_size} differs from "
+                f"tensor_parallel_size={tp}: the draft model runs sharded over the target's "
+                f"ranks (leave it unset or give {tp})."
             )
         if speculative_disable_by_batch_size is not None and speculative_disable_by_batch_size < 2:
             raise ValueError(
@@ -829,6 +827,13 @@ class SpeculativeConfig:
                     f"differs from the target's vocab size {target.vocab_size} "
                     f"({target.model!r}); they must be equal."
                 )
+            if tp > 1:
+                from vllm.distributed.validation import verify_tensor_parallel
+
+                try:
+                    verify_tensor_parallel(draft.hf_config, tp)
+                except ValueError as e:
+                    raise ValueError(f"the draft model {speculative_model!r}: {e}") from None
             limit = min(draft.max_model_len, target.max_model_len)
             cfg.draft_model_config = draft
         if speculative_max_model_len is not None:

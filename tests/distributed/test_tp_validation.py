@@ -32,8 +32,13 @@ ENGINE_CASES = [  # the tiny Llama: 4 heads, 2 KV heads, intermediate 128
     ),
     (
         dict(tensor_parallel_size=2, speculative_model="[ngram]", num_speculative_tokens=2,
-             ngram_prompt_lookup_max=2),
-        "speculative decoding is not supported with tensor parallelism: tensor_parallel_size=2",
+             ngram_prompt_lookup_max=2, speculative_draft_tensor_parallel_size=1),
+        "speculative_draft_tensor_parallel_size=1 differs from tensor_parallel_size=2",
+    ),
+    (
+        dict(tensor_parallel_size=2, pipeline_parallel_size=2, speculative_model="[ngram]",
+             num_speculative_tokens=2, ngram_prompt_lookup_max=2),
+        "speculative decoding is not supported with pipeline parallelism",
     ),
 ]  # fmt: skip
 
@@ -43,6 +48,36 @@ def test_bad_tp_engine_args(tiny_llama_dir, kwargs, message):
     with pytest.raises(ValueError) as e:
         EngineArgs(model=tiny_llama_dir, device="cpu", **kwargs).create_engine_config()
     assert message in str(e.value)
+
+
+def test_draft_model_must_split_over_the_ranks(tiny_llama_dir, tmp_path):
+    """A draft whose heads do not divide over the target's TP size is refused, naming it."""
+    import json
+    import shutil
+
+    draft = tmp_path / "draft"
+    shutil.copytree(tiny_llama_dir, draft)
+    cfg = json.loads((draft / "config.json").read_text())
+    cfg.update(num_attention_heads=1, num_key_value_heads=1)
+    (draft / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError) as e:
+        EngineArgs(
+            model=tiny_llama_dir, device="cpu", tensor_parallel_size=2,
+            speculative_model=str(draft), num_speculative_tokens=2,
+        ).create_engine_config()  # fmt: skip
+    want = f"the draft model {str(draft)!r}: num_attention_heads=1 is not divisible by "
+    assert want + "tensor_parallel_size=2" in str(e.value)
+    # the same draft at TP = 1, and the target at TP = 2 with n-gram lookups, are accepted
+    EngineArgs(
+        model=tiny_llama_dir, device="cpu", speculative_model=str(draft), num_speculative_tokens=2
+    ).create_engine_config()
+    ngram = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2,
+             "draft_tensor_parallel_size": 2}  # fmt: skip
+    cfg = EngineArgs(
+        model=tiny_llama_dir, device="cpu", tensor_parallel_size=2, speculative_config=ngram
+    ).create_engine_config()
+    assert cfg.parallel_config.distributed_executor_backend == "mp"
+    assert cfg.speculative_config.is_ngram
 
 
 def test_tp_engine_config_accepts_layouts(tiny_llama_dir):

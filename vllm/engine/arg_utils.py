@@ -408,6 +408,12 @@ class EngineArgs:
         "never skipped).",
         group="speculative",
     )
+    speculative_draft_tensor_parallel_size: int | None = _f(
+        None,
+        "Tensor-parallel size of the draft model: the target's (the default; the draft is "
+        "sharded over the same ranks).",
+        group="speculative",
+    )
     max_cudagraph_capture_size: int = _f(
         512, "Largest captured CUDA-graph decode batch size.", group="compilation"
     )
@@ -632,6 +638,7 @@ class EngineArgs:
             spec["ngram_prompt_lookup_min"],
             spec["speculative_max_model_len"],
             spec["speculative_disable_by_batch_size"],
+            spec["speculative_draft_tensor_parallel_size"],
         )
         if self.enable_chunked_prefill and speculative_config is not None:
             raise ValueError(

@@ -7,7 +7,8 @@ Accepted keys (upstream's names), for the two proposers this engine has:
   "prompt_lookup_max": 4, "prompt_lookup_min": 1}``;
 - a draft model: ``{"model": "/path/to/draft", "num_speculative_tokens": 4}`` (``method``
   absent or ``"draft_model"``);
-- either: ``max_model_len`` (the draft's context limit), ``disable_by_batch_size``.
+- either: ``max_model_len`` (the draft's context limit), ``disable_by_batch_size``,
+  ``draft_tensor_parallel_size`` (the target's tensor-parallel size, the only one allowed).
 
 A value given both here and as its separate flag (``--speculative-model`` and friends)
 is refused, so no setting is silently overridden.
@@ -25,6 +26,7 @@ KEY_TO_FIELD = {
     "prompt_lookup_min": "ngram_prompt_lookup_min",
     "max_model_len": "speculative_max_model_len",
     "disable_by_batch_size": "speculative_disable_by_batch_size",
+    "draft_tensor_parallel_size": "speculative_draft_tensor_parallel_size",
 }
 METHODS = ("ngram", "draft_model")
 

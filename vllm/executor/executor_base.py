@@ -105,6 +105,14 @@ class PipelineExecutorBase(ExecutorBase):
     def profile(self, start: bool) -> None:
         self.collective_rpc("start_profile" if start else "stop_profile")
 
+    def spec_decode_metrics(self) -> dict | None:
+        """The speculative-decoding counters of TP rank 0, which accepts and records them
+        (vllm/spec_decode/metrics.py); None without speculation. A call on every rank
+        after the steps already sent (the engine reads them once a second)."""
+        if self.config.speculative_config is None:
+            return None
+        return self.collective_rpc("spec_decode_metrics")[0]
+
     def decode_step_counters(self) -> dict:
         """Each stage's graph-runner counters (``{}`` for a stage without graphs), by rank."""
         return dict(enumerate(self.collective_rpc("decode_step_counters")))
@@ -137,6 +145,19 @@ class PipelineExecutorBase(ExecutorBase):
             self.shutdown()
         except Exception:
             pass
+
+
+def stage_worker_class(config: Any) -> type:
+    """The worker class of every rank: ``SpecDecodeWorker`` (the target Worker wrapped with a
+    proposer, vllm/spec_decode) when ``config.speculative_config`` is set, else ``Worker``;
+    both take ``(config, rank=, local_rank=)``."""
+    if config.speculative_config is not None:
+        from vllm.spec_decode.spec_decode_worker import SpecDecodeWorker
+
+        return SpecDecodeWorker
+    from vllm.worker.worker import Worker
+
+    return Worker
 
 
 def check_kv_capacity(config: Any, num_blocks: int) -> None:

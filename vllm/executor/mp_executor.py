@@ -45,7 +45,7 @@ from typing import Any
 
 from vllm import envs
 from vllm.distributed.parallel_state import get_free_port
-from vllm.executor.executor_base import PipelineExecutorBase
+from vllm.executor.executor_base import PipelineExecutorBase, stage_worker_class
 from vllm.sequence import ExecuteModelRequest
 from vllm.worker import worker_process as wp
 from vllm.worker.packed_output import unpack_outputs
@@ -85,9 +85,10 @@ class MultiprocessingExecutor(PipelineExecutorBase):
         self.start_method = worker_start_method()
         ctx = multiprocessing.get_context(self.start_method)
         init_method = f"tcp://127.0.0.1:{get_free_port()}"
+        worker_cls = stage_worker_class(self.config)
         for rank in range(self.world_size):
             parent, child = ctx.Pipe(duplex=True)
-            target, args = wp.run_worker, (self.config, rank, init_method, child)
+            target, args = wp.run_worker, (self.config, rank, init_method, child, worker_cls)
             if self.start_method == "fork":  # the child must not hold the driver's ends
                 target, args = _run_forked_worker, ([*self._conns, parent], *args)
             proc = ctx.Process(target=target, args=args, name=f"vllm-pp-worker-{rank}", daemon=True)

@@ -33,7 +33,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from vllm import envs
-from vllm.executor.executor_base import PipelineExecutorBase
+from vllm.executor.executor_base import PipelineExecutorBase, stage_worker_class
 from vllm.sequence import ExecuteModelRequest
 from vllm.worker.packed_output import unpack_outputs
 from vllm.worker.request_delta import DriverRequestEncoder
@@ -186,7 +186,11 @@ class RayExecutor(PipelineExecutorBase):
             init_method,
         )
         config_ref = ray.put(self.config)  # shipped once; each actor builds its layers
-        refs = [a.setup.remote(config_ref, r, init_method) for r, a in enumerate(self.actors)]
+        worker_cls = stage_worker_class(self.config)
+        refs = [
+            a.setup.remote(config_ref, r, init_method, worker_cls)
+            for r, a in enumerate(self.actors)
+        ]
         self._gather(refs, "start", envs.VLLM_RAY_STARTUP_TIMEOUT_S)
         self._watch_actors()
 

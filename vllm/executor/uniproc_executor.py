@@ -17,25 +17,20 @@ import logging
 import threading
 from typing import Any
 
-from vllm.executor.executor_base import ExecutorBase, check_kv_capacity
+from vllm.executor.executor_base import ExecutorBase, check_kv_capacity, stage_worker_class
 from vllm.sequence import ExecuteModelRequest, SamplerOutput
-from vllm.worker.worker import Worker
 from vllm.worker.worker_process import run_call
 
 logger = logging.getLogger(__name__)
 
 
 class UniProcExecutor(ExecutorBase):
-    """Runs a single :class:`Worker` in-process (world size 1)."""
+    """Runs a single worker in-process (world size 1): a :class:`~vllm.worker.worker.Worker`,
+    or the speculative-decoding worker (``stage_worker_class``)."""
 
     def _init_executor(self) -> None:
         self._lock = threading.Lock()  # serialises every call into the worker (see above)
-        if self.config.speculative_config is not None:
-            from vllm.spec_decode.spec_decode_worker import SpecDecodeWorker
-
-            self.worker = SpecDecodeWorker(self.config)
-        else:
-            self.worker = Worker(self.config)
+        self.worker = stage_worker_class(self.config)(self.config)
         self.worker.init_device()
         self.worker.load_model()
         num_blocks = self.worker.determine_num_available_blocks()

@@ -99,7 +99,8 @@ def score_proposals(
         metadata_list: the scheduled decode groups.
         proposals: per sequence (row order of :func:`flat_seqs`), its proposals (L <= k).
     Returns:
-        the flat per-row scores (sequence b owns L_b + 1 rows).
+        the flat per-row scores (sequence b owns L_b + 1 rows); None on a TP rank other
+        than 0, which runs the forward (its shards) but holds no logits.
     """
     row_data = []
     starts = [0]
@@ -112,7 +113,12 @@ def score_proposals(
     batch = runner.prepare_model_input(
         rows_metadata(metadata_list, row_data), virtual_engine, ce.scratch_slot, 0
     )
+    if worker.tp_size > 1:
+        worker.assert_plan_agreement(batch)
     hidden = runner.forward_hidden(batch, ce.kv_caches)
+    logits = runner.compute_logits(batch, hidden)  # None on a TP rank other than 0
+    if logits is None:
+        return None
     sm = batch.sampling_metadata
-    argmax, probs, logprobs = row_distributions(runner.compute_logits(batch, hidden), sm)
+    argmax, probs, logprobs = row_distributions(logits, sm)
     return SpeculativeScores(argmax, probs, logprobs, starts, sm)

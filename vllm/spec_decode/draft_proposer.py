@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from vllm.distributed.tp_ops import tensor_model_parallel_broadcast
 from vllm.model_executor.layers.sampler import sample_exponential
 from vllm.sequence import SequenceGroupMetadata
 from vllm.spec_decode.batch_expansion import (
@@ -95,30 +96,49 @@ class DraftModelProposer:
             sub_md = _select(sub, [seqs[i][1] for i in active])
             expanded = rows_metadata(sub_md, rows)
             batch = runner.prepare_model_input(expanded, virtual_engine, ce.scratch_slot, 0)
+            if self.worker.tp_size > 1:
+                self.worker.assert_plan_agreement(batch)
             hidden = runner.forward_hidden(batch, ce.kv_caches)
-            sm = batch.sampling_metadata
-            last, ends = -1, []
-            for r in rows:
-                last += len(r)
-                ends.append(last)
-            logits = runner.compute_logits(batch, hidden)
-            argmax, probs, _ = row_distributions(logits, sm, logprobs=False)
-            # one asynchronous upload: last row of each active sequence, greedy flags, the
-            # active sequences' indices
-            greedy = [int(sub[j].sampling_params.greedy) for j in range(len(active))]
-            host = torch.tensor(ends + greedy + active, dtype=torch.long)
-            ends_t, greedy_t, active_t = to_device(host, argmax.device).split(len(active))
-            chosen = argmax[ends_t]  # [A]
-            if probs is not None:
-                p = probs[ends_t]  # [A, V]
-                gens = [sm.generators[e] for e in ends]
-                chosen = torch.where(greedy_t.bool(), chosen, sample_exponential(p, gens))
-                if probs_out is None:
-                    probs_out = torch.zeros(len(seqs), k, p.shape[1], device=p.device)
-                probs_out[active_t, step] = p
+            logits = runner.compute_logits(batch, hidden)  # None on a TP rank other than 0
+            chosen = None
+            if logits is not None:
+                greedy = [int(sub[j].sampling_params.greedy) for j in range(len(active))]
+                chosen, probs_out = self._choose(
+                    logits, batch.sampling_metadata, rows, greedy, active, step,
+                    (len(seqs), k), probs_out,
+                )  # fmt: skip
+            # TP rank 0's ids on every rank (the next draft pass feeds them); as is at TP = 1
+            chosen = tensor_model_parallel_broadcast(
+                chosen, (len(active),), torch.long, self.worker.device
+            )
             for i, t in zip(active, chosen.tolist()):  # the draft step's one transfer
                 props[i].append(t)
         return props, probs_out
+
+    @staticmethod
+    def _choose(logits, sm, rows, greedy, active, step, probs_shape, probs_out):
+        """The draft step's ids [A] int64 (the last row of each active sequence: argmax, or a
+        sample from the draft's distribution for a random row) and ``probs_out``
+        [B, k, V] float32 with this step's distributions filled in (created on first use;
+        None while every row is greedy)."""
+        argmax, probs, _ = row_distributions(logits, sm, logprobs=False)
+        last, ends = -1, []
+        for r in rows:
+            last += len(r)
+            ends.append(last)
+        # one asynchronous upload: last row of each active sequence, greedy flags, the
+        # active sequences' indices
+        host = torch.tensor(ends + greedy + active, dtype=torch.long)
+        ends_t, greedy_t, active_t = to_device(host, argmax.device).split(len(active))
+        chosen = argmax[ends_t]  # [A]
+        if probs is not None:
+            p = probs[ends_t]  # [A, V]
+            gens = [sm.generators[e] for e in ends]
+            chosen = torch.where(greedy_t.bool(), chosen, sample_exponential(p, gens))
+            if probs_out is None:
+                probs_out = torch.zeros(*probs_shape, p.shape[1], device=p.device)
+            probs_out[active_t, step] = p
+        return chosen, probs_out
 
     def accepted(self, seq_id: int, seq_len: int, num_proposed: int, num_accepted: int) -> None:
         """Record the draft cache's valid prefix after a step that proposed for ``seq_id``

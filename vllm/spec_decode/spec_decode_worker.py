@@ -8,6 +8,12 @@ with one target forward, accept a prefix, and return one SequenceOutput per sequ
 stop checks. A step with no proposals (at least speculative_disable_by_batch_size
 sequences, or a sequence under a structured-output constraint) is a normal target decode
 step.
+
+With tensor parallelism (PP = 1) every rank of the stage runs a SpecDecodeWorker over its
+shards: the same proposals (n-gram lookups read the same tokens; the draft model's ids are
+sampled on TP rank 0 and broadcast before the next draft pass), the same scoring forward,
+and TP rank 0 alone, which holds the gathered logits, accepts and returns the step; it
+broadcasts the accepted counts when a draft model keeps per-sequence cache state.
 """
 
 from __future__ import annotations
@@ -60,20 +66,26 @@ class SpecDecodeWorker:
 
     Args:
         config: an EngineConfig whose speculative_config is set (PP = 1).
+        rank, local_rank: as :class:`vllm.worker.worker.Worker`'s (the TP rank; the device
+            index), for the target and the draft alike.
     """
 
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, rank: int = 0, local_rank: int = 0):
         self.config = config
+        self.rank = rank
+        self.tp_size = config.parallel_config.tensor_parallel_size
         self.spec = config.speculative_config
         self.k = self.spec.num_speculative_tokens
-        self.target = Worker(config)
+        self.target = Worker(config, rank=rank, local_rank=local_rank)
         self.draft_worker = None
         if self.spec.is_ngram:
             self.proposer = NGramProposer(
                 self.spec.ngram_prompt_lookup_max, self.spec.ngram_prompt_lookup_min
             )
         else:
-            self.draft_worker = Worker(draft_engine_config(config), seed_stream=DRAFT_SEED_STREAM)
+            self.draft_worker = Worker(
+                draft_engine_config(config), rank, local_rank, seed_stream=DRAFT_SEED_STREAM
+            )
             self.proposer = DraftModelProposer(
                 self.draft_worker, self.spec.speculative_max_model_len
             )
@@ -149,6 +161,13 @@ class SpecDecodeWorker:
         for w in self._workers():
             w.capture_graphs(capturer)
 
+    def startup_summary(self) -> dict:
+        """The target's start-up summary (vllm/worker/startup_summary.py: its speculative
+        fields come from the config)."""
+        from vllm.worker.startup_summary import stage_summary
+
+        return stage_summary(self)
+
     def start_profile(self) -> None:
         """Profile the target worker (the draft runs in the same process, so its work is
         in the same trace)."""
@@ -208,6 +227,9 @@ class SpecDecodeWorker:
         one, packed as id 0 and skipped) with its logprob and rank.
         """
         scores = score_proposals(self.target, mds, proposals, ve)
+        if scores is None:  # a TP rank other than 0: rank 0 accepts and returns the step
+            self._share_accepted(None, seqs, proposals)
+            return None
         sm = scores.sampling_metadata
         starts = scores.starts
         if sm.all_greedy:
@@ -228,8 +250,9 @@ class SpecDecodeWorker:
                 sum(1 for r in host[starts[b] : starts[b + 1]] if r[-1] >= 0) - 1
                 for b in range(len(seqs))
             ]
+        self._share_accepted(num_acc, seqs, proposals)
         groups: list[list[SequenceOutput]] = [[] for _ in mds]
-        for b, (gi, sid, data) in enumerate(seqs):
+        for b, (gi, sid, _) in enumerate(seqs):
             n_lp = mds[gi].sampling_params.logprobs or 0
             first = starts[b]
             toks = [_position(host[r], n_lp, kk) for r in range(first, first + num_acc[b] + 1)]
@@ -237,6 +260,20 @@ class SpecDecodeWorker:
             groups[gi].append(SequenceOutput(sid, first_tok, first_lp, toks[1:] or None))
             if proposals[b]:
                 self.metrics.record(1, len(proposals[b]), num_acc[b], num_acc[b] + 1)
-            if self.draft_worker is not None:
-                self.proposer.accepted(sid, data.get_len(), len(proposals[b]), num_acc[b])
         return SamplerOutput([CompletionSequenceGroupOutput(g) for g in groups])
+
+    def _share_accepted(self, num_acc: list[int] | None, seqs, proposals) -> None:
+        """Record each sequence's accepted count in the draft proposer (its cache's valid
+        prefix); at TP > 1 the counts are TP rank 0's, broadcast (``num_acc`` is None on
+        the other ranks), so every rank's draft runs the same passes next step. Nothing
+        to record for the n-gram proposer."""
+        if self.draft_worker is None:
+            return
+        if self.tp_size > 1:
+            from vllm.distributed.tp_ops import tensor_model_parallel_broadcast
+
+            dev = self.device
+            sent = None if num_acc is None else torch.tensor(num_acc, dtype=torch.long, device=dev)
+            num_acc = tensor_model_parallel_broadcast(sent, (len(seqs),), torch.long, dev).tolist()
+        for b, (_, sid, data) in enumerate(seqs):
+            self.proposer.accepted(sid, data.get_len(), len(proposals[b]), num_acc[b])

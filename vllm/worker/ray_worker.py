@@ -58,17 +58,17 @@ class RayStageWorker:
             s.bind((host, 0))
             return s.getsockname()[1]
 
-    def setup(self, config, rank: int, init_method: str) -> int:
+    def setup(self, config, rank: int, init_method: str, worker_cls=None) -> int:
         """Build the Worker of stage ``rank``, join the group, load the layers.
 
-        ``local_rank`` is 0: Ray narrows CUDA_VISIBLE_DEVICES to this actor's one GPU.
-        Returns this process's pid.
+        ``local_rank`` is 0: Ray narrows CUDA_VISIBLE_DEVICES to this actor's one GPU;
+        ``worker_cls`` as in ``setup_stage_worker``. Returns this process's pid.
         """
         from vllm.worker.worker_process import setup_stage_worker
 
         self.rank = rank
         self.is_last = rank == config.parallel_config.sampling_rank  # TP rank 0, last stage
-        self.worker = setup_stage_worker(config, rank, 0, init_method)
+        self.worker = setup_stage_worker(config, rank, 0, init_method, worker_cls)
         return os.getpid()
 
     def execute_model(

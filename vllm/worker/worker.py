@@ -264,7 +264,7 @@ class Worker:
                     ce.kv_caches,
                     steps,
                     request.async_callback,
-                    self._assert_plan_agreement if self.tp_size > 1 else None,
+                    self.assert_plan_agreement if self.tp_size > 1 else None,
                 )
         runner = self.model_runner
         with self.times.phase("prepare"):
@@ -272,7 +272,7 @@ class Worker:
                 request.seq_group_metadata_list, ve, ce.scratch_slot, request.num_lookahead_slots
             )
         if self.tp_size > 1:  # the TP path: ranks of a stage agree, logits gathered on rank 0
-            self._assert_plan_agreement(batch)
+            self.assert_plan_agreement(batch)
             if self.pp_size > 1:
                 return self._execute_pipeline_stage(batch, ce.kv_caches)
             with self.times.phase("forward"):
@@ -364,7 +364,7 @@ class Worker:
         if reset is not None:
             reset()
 
-    def _assert_plan_agreement(self, batch) -> None:
+    def assert_plan_agreement(self, batch) -> None:
         """The TP ranks of this stage must run the same plan (graph replay of one size, or
         eager) for every step, or their all-reduces deadlock: exchange it and raise on a
         difference (:func:`vllm.distributed.tp_ops.assert_tp_plan_agreement`)."""

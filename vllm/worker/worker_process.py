@@ -77,8 +77,16 @@ def _rpc(worker, method: str | Callable[..., Any], args: tuple, kwargs: dict) ->
     return fn(worker, *args, **kwargs) if fn else getattr(worker, method)(*args, **kwargs)
 
 
+def _spec_decode_metrics(worker) -> dict | None:
+    """The speculative-decoding counters (vllm/spec_decode/metrics.py) of this rank's worker;
+    None without speculation (TP rank 0 records them)."""
+    metrics = getattr(worker, "metrics", None)
+    return None if metrics is None else metrics.snapshot()
+
+
 # Calls the driver may make that are not Worker methods.
 _HELPERS = {
+    "spec_decode_metrics": _spec_decode_metrics,
     "decode_step_counters": _decode_step_counters,
     "attn_backend_name": _attn_backend_name,
     "apply_model": _apply_model,
@@ -86,7 +94,7 @@ _HELPERS = {
 }
 
 
-def setup_stage_worker(config, rank: int, local_rank: int, init_method: str):
+def setup_stage_worker(config, rank: int, local_rank: int, init_method: str, worker_cls=None):
     """Build stage ``rank``'s Worker, join the pipeline group, load its layers.
 
     Shared by the mp executor's processes and the Ray executor's actors.
@@ -97,14 +105,17 @@ def setup_stage_worker(config, rank: int, local_rank: int, init_method: str):
         local_rank: CUDA device index in this process (0 under Ray, which sets
             CUDA_VISIBLE_DEVICES per actor).
         init_method: the process group's rendezvous URL (``tcp://<host>:<port>``).
+        worker_cls: the worker class the executor chose (``vllm.executor.executor_base.
+            stage_worker_class``: the speculative-decoding worker, which wraps this layer's
+            Worker, comes from a layer above); default :class:`~vllm.worker.worker.Worker`.
 
     Returns:
-        The ready :class:`~vllm.worker.worker.Worker`.
+        The ready worker.
     """
     from vllm.distributed.parallel_state import init_distributed_environment
     from vllm.worker.worker import Worker
 
-    worker = Worker(config, rank=rank, local_rank=local_rank)
+    worker = (worker_cls or Worker)(config, rank=rank, local_rank=local_rank)
     worker.init_device()
     par = config.parallel_config
     init_distributed_environment(
@@ -161,7 +172,7 @@ def _reply(conn: Connection, lock: threading.Lock, msg: tuple[Any, ...]) -> None
         conn.send_bytes(pickle.dumps(msg))
 
 
-def run_worker(config, rank: int, init_method: str, conn: Connection) -> None:
+def run_worker(config, rank: int, init_method: str, conn: Connection, worker_cls=None) -> None:
     """Entry point of a worker process: set up stage ``rank``, then serve the driver.
 
     Args:
@@ -169,6 +180,7 @@ def run_worker(config, rank: int, init_method: str, conn: Connection) -> None:
         rank: global rank (``pp_rank * tensor_parallel_size + tp_rank``).
         init_method: the process group's rendezvous URL (``tcp://127.0.0.1:<port>``).
         conn: this worker's end of its duplex pipe to the driver.
+        worker_cls: see :func:`setup_stage_worker`.
     """
     # A terminal's Ctrl-C reaches the whole foreground process group, and systemd's stop
     # sends SIGTERM to every process of the service, this stage included. What either
@@ -179,7 +191,7 @@ def run_worker(config, rank: int, init_method: str, conn: Connection) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     lock = threading.Lock()
     try:
-        worker = setup_stage_worker(config, rank, rank, init_method)
+        worker = setup_stage_worker(config, rank, rank, init_method, worker_cls)
     except BaseException:
         _reply(conn, lock, (READY, None, rank, None, traceback.format_exc()))
         return

@@ -1,0 +1,117 @@
+"""Speculative decoding with tensor parallelism on CPU (gloo, mp executor, float32).
+
+Every rank proposes the same tokens (n-gram lookups read the same tokens; the draft's ids
+are sampled on TP rank 0 and broadcast) and runs the scoring forward over its shards; TP
+rank 0 accepts and returns the step, and broadcasts the accepted counts the draft's cache
+bookkeeping needs. So at TP = 2:
+
+- n-gram speculation on a model whose greedy text cycles (every proposal accepted) gives
+  the tokens of TP = 1 without speculation, logprobs within 1e-4 (another sum order);
+- a draft model gives the tokens of TP = 1 with the same draft, greedy (with logprobs)
+  and seeded, and the greedy ones equal TP = 1 without speculation;
+- the counters come from TP rank 0 and match TP = 1's.
+"""
+
+import pytest
+
+from tests.utils import deadline
+
+# a cycle of 3 and one of 4; token 5 has no successor (its next token is the random head's)
+CYCLES = {40: 41, 41: 42, 42: 40, 50: 51, 51: 52, 52: 53, 53: 50}
+NGRAM_PROMPTS = [[40, 41, 42, 40], [50, 51], [5, 40, 41], [52, 53, 50, 51, 52]]
+PROMPTS = [[5, 6, 7, 8, 9, 5, 6, 7], [100, 200, 300, 400], [11, 12, 13], [42] * 5]
+
+
+@pytest.fixture(autouse=True)
+def _small_kv_cache(monkeypatch):
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0.05")
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+
+
+@pytest.fixture(scope="module")
+def cycling_llama_dir(tmp_path_factory):
+    """A 1-layer Llama (4 heads / 2 KV heads) whose greedy next token follows CYCLES."""
+    import tiny_tokenizers
+
+    path = tmp_path_factory.mktemp("cycling") / "llama"
+    tok = tiny_tokenizers.byte_fallback_tokenizer()
+    return tiny_tokenizers.save_token_chain_llama(tok, str(path), CYCLES)
+
+
+@pytest.fixture(scope="module")
+def one_layer_draft_dir(tiny_llama_dir, tmp_path_factory):
+    """tiny_llama_dir cut to its first layer (the loader skips the others): a draft that
+    proposes some accepted and some rejected tokens."""
+    import json
+    import shutil
+
+    d = tmp_path_factory.mktemp("draft") / "llama_1layer"
+    shutil.copytree(tiny_llama_dir, d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["num_hidden_layers"] = 1
+    (d / "config.json").write_text(json.dumps(cfg))
+    return str(d)
+
+
+def _run(model, prompts, params, **kw):
+    """(per prompt (token ids, {id: logprob} per position or None), spec counters)."""
+    from vllm import LLM
+
+    llm = LLM(model=model, device="cpu", dtype="float32", max_num_seqs=8, **kw)
+    try:
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        metrics = llm.llm_engine.spec_decode_metrics()
+    finally:
+        llm.llm_engine.shutdown()
+    res = []
+    for o in outs:
+        c = o.outputs[0]
+        lps = None
+        if c.logprobs is not None:
+            lps = [{t: lp.logprob for t, lp in pos.items()} for pos in c.logprobs]
+        res.append((list(c.token_ids), lps))
+    return res, metrics
+
+
+def _assert_close(got, ref, tol):
+    for i, ((g_ids, g_lp), (r_ids, r_lp)) in enumerate(zip(got, ref, strict=True)):
+        assert g_ids == r_ids, (i, g_ids, r_ids)
+        assert (g_lp is None) == (r_lp is None), i
+        for pos, (a, b) in enumerate(zip(r_lp or [], g_lp or [], strict=True)):
+            assert a.keys() == b.keys(), (i, pos, a, b)
+            assert all(abs(a[t] - b[t]) < tol for t in a), (i, pos, a, b)
+
+
+@pytest.mark.forked
+def test_tp2_ngram_equals_tp1_without_speculation(cycling_llama_dir):
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=14, logprobs=2)
+    ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
+    with deadline(240):
+        ref, none = _run(cycling_llama_dir, NGRAM_PROMPTS, params)
+        got, metrics = _run(cycling_llama_dir, NGRAM_PROMPTS, params, tensor_parallel_size=2,
+                            speculative_config=ngram)  # fmt: skip
+    assert none is None
+    assert ref[0][0][:6] == [41, 42, 40, 41, 42, 40] and ref[1][0][:5] == [52, 53, 50, 51, 52]
+    _assert_close(got, ref, 1e-4)
+    # the cycles are proposed and accepted (counted on TP rank 0)
+    assert metrics["num_spec_steps"] >= 8 and metrics["num_accepted_tokens"] >= 20, metrics
+
+
+@pytest.mark.forked
+def test_tp2_draft_model_equals_tp1(tiny_llama_dir, one_layer_draft_dir):
+    from vllm import SamplingParams
+
+    params = [SamplingParams(temperature=0, max_tokens=12, logprobs=2) for _ in PROMPTS]
+    params[2] = SamplingParams(temperature=0.8, seed=3, max_tokens=12)
+    spec = dict(speculative_model=one_layer_draft_dir, num_speculative_tokens=3)
+    with deadline(240):
+        plain, _ = _run(tiny_llama_dir, PROMPTS, params)
+        tp1, tp1_metrics = _run(tiny_llama_dir, PROMPTS, params, **spec)
+        tp2, tp2_metrics = _run(tiny_llama_dir, PROMPTS, params, tensor_parallel_size=2,
+                                speculative_draft_tensor_parallel_size=2, **spec)  # fmt: skip
+    greedy = [0, 1, 3]
+    assert [tp1[i][0] for i in greedy] == [plain[i][0] for i in greedy]
+    _assert_close(tp2, tp1, 1e-4)  # the seeded row too: same draws on TP rank 0
+    assert tp2_metrics == tp1_metrics and tp2_metrics["num_spec_steps"] > 0, tp2_metrics
