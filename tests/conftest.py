@@ -171,6 +171,23 @@ def tiny_llama_dir(tiny_models_dir) -> str:
 
 
 @pytest.fixture(scope="session")
+def truncated_llama_dir(tiny_llama_dir, tiny_models_dir) -> str:
+    """tiny_llama_dir with num_hidden_layers = 1 (the loader skips the other layers): a
+    draft model for it that proposes some accepted and some rejected tokens."""
+    import json
+
+    def build(path):
+        shutil.copytree(tiny_llama_dir, path)
+        cfg_path = pathlib.Path(path) / "config.json"
+        cfg = json.loads(cfg_path.read_text())
+        cfg["num_hidden_layers"] = 1
+        cfg_path.write_text(json.dumps(cfg))
+        return path
+
+    return _built(tiny_models_dir / "llama_1layer", build)
+
+
+@pytest.fixture(scope="session")
 def tiny_llama_long_dir(tiny_models_dir) -> str:
     """The tiny Llama of ``tiny_llama_dir`` with room for 1,280 positions (it has 512)."""
     config = tiny_models.tiny_llama_config(max_position_embeddings=1280)
@@ -193,6 +210,25 @@ def tiny_byte_fallback_chain_dir(tiny_models_dir) -> str:
         return tiny_tokenizers.save_token_chain_llama(tok, path, tiny_tokenizers.chain_of([ids]))
 
     return _built(tiny_models_dir / "byte_fallback_chain", build)
+
+
+# cycling_llama_dir's greedy successors: a cycle of 3 tokens and one of 4 (any other
+# token's successor is whatever its random LM-head logits give)
+CYCLES = {40: 41, 41: 42, 42: 40, 50: 51, 51: 52, 52: 53, 53: 50}
+
+
+@pytest.fixture(scope="session")
+def cycling_llama_dir(tiny_models_dir) -> str:
+    """A 1-layer Llama (4 heads / 2 KV heads, the byte-fallback tokenizer) whose greedy text
+    cycles through :data:`CYCLES` (``tiny_tokenizers.save_token_chain_llama``): n-gram
+    speculation proposes, and every proposal is accepted."""
+    import tiny_tokenizers
+
+    def build(path):
+        tok = tiny_tokenizers.byte_fallback_tokenizer()
+        return tiny_tokenizers.save_token_chain_llama(tok, path, CYCLES)
+
+    return _built(tiny_models_dir / "cycling_llama", build)
 
 
 @pytest.fixture(scope="session")

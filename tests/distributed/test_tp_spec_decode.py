@@ -16,8 +16,7 @@ import pytest
 
 from tests.utils import deadline
 
-# a cycle of 3 and one of 4; token 5 has no successor (its next token is the random head's)
-CYCLES = {40: 41, 41: 42, 42: 40, 50: 51, 51: 52, 52: 53, 53: 50}
+# cycling_llama_dir (tests/conftest.py) cycles 40 41 42 and 50 51 52 53
 NGRAM_PROMPTS = [[40, 41, 42, 40], [50, 51], [5, 40, 41], [52, 53, 50, 51, 52]]
 PROMPTS = [[5, 6, 7, 8, 9, 5, 6, 7], [100, 200, 300, 400], [11, 12, 13], [42] * 5]
 
@@ -26,31 +25,6 @@ PROMPTS = [[5, 6, 7, 8, 9, 5, 6, 7], [100, 200, 300, 400], [11, 12, 13], [42] * 
 def _small_kv_cache(monkeypatch):
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0.05")
     monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
-
-
-@pytest.fixture(scope="module")
-def cycling_llama_dir(tmp_path_factory):
-    """A 1-layer Llama (4 heads / 2 KV heads) whose greedy next token follows CYCLES."""
-    import tiny_tokenizers
-
-    path = tmp_path_factory.mktemp("cycling") / "llama"
-    tok = tiny_tokenizers.byte_fallback_tokenizer()
-    return tiny_tokenizers.save_token_chain_llama(tok, str(path), CYCLES)
-
-
-@pytest.fixture(scope="module")
-def one_layer_draft_dir(tiny_llama_dir, tmp_path_factory):
-    """tiny_llama_dir cut to its first layer (the loader skips the others): a draft that
-    proposes some accepted and some rejected tokens."""
-    import json
-    import shutil
-
-    d = tmp_path_factory.mktemp("draft") / "llama_1layer"
-    shutil.copytree(tiny_llama_dir, d)
-    cfg = json.loads((d / "config.json").read_text())
-    cfg["num_hidden_layers"] = 1
-    (d / "config.json").write_text(json.dumps(cfg))
-    return str(d)
 
 
 def _run(model, prompts, params, **kw):
@@ -100,12 +74,12 @@ def test_tp2_ngram_equals_tp1_without_speculation(cycling_llama_dir):
 
 
 @pytest.mark.forked
-def test_tp2_draft_model_equals_tp1(tiny_llama_dir, one_layer_draft_dir):
+def test_tp2_draft_model_equals_tp1(tiny_llama_dir, truncated_llama_dir):
     from vllm import SamplingParams
 
     params = [SamplingParams(temperature=0, max_tokens=12, logprobs=2) for _ in PROMPTS]
     params[2] = SamplingParams(temperature=0.8, seed=3, max_tokens=12)
-    spec = dict(speculative_model=one_layer_draft_dir, num_speculative_tokens=3)
+    spec = dict(speculative_model=truncated_llama_dir, num_speculative_tokens=3)
     with deadline(240):
         plain, _ = _run(tiny_llama_dir, PROMPTS, params)
         tp1, tp1_metrics = _run(tiny_llama_dir, PROMPTS, params, **spec)

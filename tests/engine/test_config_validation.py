@@ -30,15 +30,6 @@ CASES = [
     (dict(tensor_parallel_size=3), "num_attention_heads=4 is not divisible by tensor_parall"),
     (dict(max_num_batched_tokens=64), "max_num_batched_tokens=64 is smaller than max_model_len"),
     (
-        dict(
-            enable_chunked_prefill=True,
-            speculative_model="[ngram]",
-            num_speculative_tokens=2,
-            ngram_prompt_lookup_max=3,
-        ),
-        "enable_chunked_prefill=True cannot be combined with speculative decoding",
-    ),  # fmt: skip
-    (
         dict(enable_chunked_prefill=True, max_num_partial_prefills=0),
         "max_num_partial_prefills must be at least 1",
     ),

@@ -1,9 +1,6 @@
 """Speculative decoding end to end on CPU float32: outputs equal the run without
 speculation exactly (docs/design.md), and the counters prove the speculative path ran."""
 
-import json
-import shutil
-
 import pytest
 
 from tests.utils import check_outputs_equal
@@ -20,17 +17,6 @@ NGRAM_PROMPTS = [
 @pytest.fixture(autouse=True)
 def _small_cache(monkeypatch):
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0.05")
-
-
-@pytest.fixture(scope="module")
-def truncated_llama_dir(tiny_llama_dir, tmp_path_factory):
-    """tiny_llama_dir with num_hidden_layers = 1 (the loader skips the other layers)."""
-    d = tmp_path_factory.mktemp("trunc") / "llama_1layer"
-    shutil.copytree(tiny_llama_dir, d)
-    cfg = json.load(open(d / "config.json"))
-    cfg["num_hidden_layers"] = 1
-    json.dump(cfg, open(d / "config.json", "w"))
-    return str(d)
 
 
 def _run(model, prompts, max_tokens, **kw):

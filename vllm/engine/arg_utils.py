@@ -640,12 +640,6 @@ class EngineArgs:
             spec["speculative_disable_by_batch_size"],
             spec["speculative_draft_tensor_parallel_size"],
         )
-        if self.enable_chunked_prefill and speculative_config is not None:
-            raise ValueError(
-                "enable_chunked_prefill=True cannot be combined with speculative decoding "
-                f"(speculative_model={speculative_config.speculative_model!r}): the proposer "
-                "and scorer run decode-only steps; use one or the other."
-            )
         model_config.use_async_output_proc = _async_output_proc(
             self.disable_async_output_proc,
             device_config.device,

@@ -43,7 +43,8 @@ class DraftModelProposer:
         self.draft_len: dict[int, int] = {}
 
     def prefill(self, metadata_list: list[SequenceGroupMetadata], virtual_engine: int) -> None:
-        """Run the draft over the prefill groups that fit its limit (no sampling)."""
+        """Run the draft over the prefill groups (or chunks) that fit its limit (no sampling);
+        its cache then holds their prompts up to the end of the chunk."""
         fits = [
             md
             for md in metadata_list
@@ -57,7 +58,9 @@ class DraftModelProposer:
         runner.forward_hidden(batch, ce.kv_caches)
         for md in fits:
             for sid, d in md.seq_data.items():
-                self.draft_len[sid] = d.get_len()
+                done = (md.computed_lens or {}).get(sid, 0)
+                chunk = md.token_chunk_size
+                self.draft_len[sid] = d.get_len() if chunk is None else done + chunk
 
     @torch.inference_mode()
     def propose(

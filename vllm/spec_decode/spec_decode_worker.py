@@ -1,7 +1,9 @@
 """SpecDecodeWorker: wraps the target Worker with a proposer, the batch-expansion scorer and
 the rejection sampler.
 
-Prefill steps run the target (and the draft model's prefill). A decode step: cap each
+Prefill steps run the target (and the draft model's prefill); with chunked prefill a step
+that holds a prefill chunk is such a step, and its decode rows get one token without
+proposals (the draft catches up on their tokens in its next pass). A decode step: cap each
 sequence's proposal length (ngram_proposer.proposal_len), propose, score the expanded batch
 with one target forward, accept a prefix, and return one SequenceOutput per sequence whose
 ``extra_tokens`` carry the tokens after the first; the engine applies them one by one with
@@ -192,10 +194,11 @@ class SpecDecodeWorker:
         if not mds:
             return None
         ve = request.virtual_engine
-        if mds[0].is_prompt:
+        prompts = [md for md in mds if md.is_prompt]
+        if prompts:  # with chunked prefill, decodes may ride along: they get one token
             out = self.target.execute_model(request)
             if self.draft_worker is not None:
-                self.proposer.prefill(mds, ve)
+                self.proposer.prefill(prompts, ve)
             return out
         seqs = flat_seqs(mds)
         limit = self.config.scheduler_config.max_model_len

@@ -1,0 +1,106 @@
+"""Speculative decoding with chunked prefill on CPU float32.
+
+A step that holds a prefill chunk runs the target alone (its decode rows get one token, no
+proposals; the draft model runs over the chunk and later catches up on those rows'
+tokens); decode-only steps speculate. With an 8-token budget and 2 sequences at a time,
+prompts longer than the budget are chunked and later prompts' chunks share steps with
+earlier ones' decodes, and the output equals unchunked speculation: greedy tokens and
+logprobs (within 5e-5: a chunked prompt's KV is summed in other batch shapes), the seeded
+row's tokens, and for greedy rows the tokens without speculation.
+"""
+
+import pytest
+
+PROMPTS = [
+    [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7],
+    [100, 200, 300, 400],
+    list(range(11, 31)),
+    [42] * 9,
+    [9, 99, 999],
+]
+# tests/conftest.py CYCLES: 40 41 42 and 50 51 52 53 repeat, so n-grams are accepted
+NGRAM_PROMPTS = [[40, 41, 42, 40, 41, 42, 40, 41, 42, 40], [50, 51], [5, 40, 41] * 4, [53, 50]]
+
+
+@pytest.fixture(autouse=True)
+def _small_cache(monkeypatch):
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0.05")
+
+
+def _run(model, prompts, params, **kw):
+    """(per prompt (token ids, {id: logprob} per position or None), spec counters)."""
+    from vllm import LLM
+
+    llm = LLM(model=model, device="cpu", dtype="float32", max_num_seqs=2, **kw)
+    try:
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        metrics = llm.llm_engine.spec_decode_metrics()
+    finally:
+        llm.llm_engine.shutdown()
+    res = []
+    for o in outs:
+        c = o.outputs[0]
+        lps = None
+        if c.logprobs is not None:
+            lps = [{t: lp.logprob for t, lp in pos.items()} for pos in c.logprobs]
+        res.append((list(c.token_ids), lps))
+    return res, metrics
+
+
+def _assert_close(got, ref, rows):
+    for i in rows:
+        (g_ids, g_lp), (r_ids, r_lp) = got[i], ref[i]
+        assert g_ids == r_ids, (i, g_ids, r_ids)
+        for pos, (a, b) in enumerate(zip(r_lp or [], g_lp or [], strict=True)):
+            assert a.keys() == b.keys(), (i, pos, a, b)
+            assert all(abs(a[t] - b[t]) < 5e-5 for t in a), (i, pos, a, b)
+
+
+CHUNKED = dict(enable_chunked_prefill=True, max_num_batched_tokens=8)
+
+
+@pytest.mark.forked
+def test_draft_model_with_chunked_prefill(tiny_llama_dir, truncated_llama_dir):
+    from vllm import SamplingParams
+
+    params = [SamplingParams(temperature=0, max_tokens=10, logprobs=2) for _ in PROMPTS]
+    params[3] = SamplingParams(temperature=0.8, seed=5, max_tokens=10)
+    spec = dict(speculative_model=truncated_llama_dir, num_speculative_tokens=3)
+    plain, _ = _run(tiny_llama_dir, PROMPTS, params)
+    whole, whole_metrics = _run(tiny_llama_dir, PROMPTS, params, **spec)
+    chunked, metrics = _run(tiny_llama_dir, PROMPTS, params, **spec, **CHUNKED)
+    greedy = [0, 1, 2, 4]
+    _assert_close(whole, plain, greedy)
+    _assert_close(chunked, whole, range(len(PROMPTS)))
+    # fewer speculative steps than unchunked (mixed steps propose nothing), but some
+    assert 0 < metrics["num_spec_steps"] <= whole_metrics["num_spec_steps"], metrics
+
+
+@pytest.mark.forked
+def test_ngram_with_chunked_prefill(cycling_llama_dir):
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=12, logprobs=2)
+    ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
+    plain, _ = _run(cycling_llama_dir, NGRAM_PROMPTS, params)
+    chunked, metrics = _run(cycling_llama_dir, NGRAM_PROMPTS, params, speculative_config=ngram,
+                            **CHUNKED)  # fmt: skip
+    assert plain[0][0][:4] == [41, 42, 40, 41] and plain[1][0][:4] == [52, 53, 50, 51]
+    _assert_close(chunked, plain, range(len(NGRAM_PROMPTS)))
+    assert metrics["num_accepted_tokens"] >= 10, metrics
+
+
+@pytest.mark.forked
+def test_draft_equal_to_target_accepts_everything_with_chunked_prefill(tiny_llama_dir):
+    """With the target as its own draft every greedy proposal is accepted exactly when the
+    draft's cache holds every true token: the chunks it ran over, and the tokens of decode
+    rows that shared a step with a chunk (proposing nothing there), caught up later."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=10)
+    plain, _ = _run(tiny_llama_dir, PROMPTS, params)
+    got, metrics = _run(tiny_llama_dir, PROMPTS, params, speculative_model=tiny_llama_dir,
+                        num_speculative_tokens=3, **CHUNKED)  # fmt: skip
+    assert [g[0] for g in got] == [p[0] for p in plain]
+    assert metrics["num_draft_tokens"] >= 20, metrics
+    assert metrics["num_accepted_tokens"] == metrics["num_draft_tokens"], metrics
