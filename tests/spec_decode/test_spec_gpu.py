@@ -163,3 +163,25 @@ def test_torch_sdpa_fp32_spec_exact(smollm2_gguf, proposer):
     if proposer == "draft":  # draft = target in float32: every proposal is accepted
         assert m["num_accepted_tokens"] == m["num_draft_tokens"], m
     assert sum(snap["graph"][0].values()) > 0, snap
+
+
+@pytest.mark.forked
+def test_chunked_prefill_with_draft_logprobs_close(smollm2_gguf):
+    """Chunked prefill (a 16-token budget, 4 sequences at a time) with the target as its own
+    draft on FLASHINFER bf16: steps with a chunk replay piecewise graphs on the target alone,
+    decode-only steps speculate in graphs; logprobs-close to unchunked, no speculation."""
+    base_llm = _llm(smollm2_gguf, "FLASHINFER", max_num_seqs=4)
+    base = vllm_greedy(base_llm, PROMPTS, 32, logprobs=5)
+    _release(base_llm)
+    llm = _llm(
+        smollm2_gguf, "FLASHINFER", max_num_seqs=4, num_speculative_tokens=4,
+        speculative_model=smollm2_gguf, enable_chunked_prefill=True, max_num_batched_tokens=16,
+    )  # fmt: skip
+    spec = vllm_greedy(llm, PROMPTS, 32, logprobs=5)
+    m = llm.llm_engine.spec_decode_metrics()
+    snap = llm.llm_engine.decode_step_counters()
+    _release(llm)
+    check_logprobs_close(base, spec, "no spec", "spec chunked", PROMPTS)
+    assert m["num_draft_tokens"] > 0 and m["num_accepted_tokens"] > 0, m
+    assert sum(snap["piecewise_graph"].get(0, {}).values()) > 0, snap
+    assert sum(snap["graph"].get(0, {}).values()) > 0, snap
