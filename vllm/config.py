@@ -103,7 +103,8 @@ class ModelConfig:
             generation_config directory without generation_config.json, an
             unsupported architecture
             (or one without GGUF support given as a .gguf file), max_model_len above
-            max_position_embeddings or above a uniform sliding window (Mistral v0.1), or
+            max_position_embeddings (with yarn rope scaling: original_max_position_embeddings
+            times its factor) or above a uniform sliding window (Mistral v0.1), or
             with disable_sliding_window above the smallest window.
     """
 
@@ -211,9 +212,14 @@ class ModelConfig:
         check_rope_types(self.hf_config)
 
     def _verify_max_model_len(self) -> None:
+        from vllm.model_executor.layers.yarn_rope import yarn_context_length
         from vllm.model_executor.models import full_attention_limit
 
         limit = getattr(self.hf_config, "max_position_embeddings", None)
+        limit_name = f"max_position_embeddings={limit}"
+        scaled = yarn_context_length(self.hf_config)
+        if scaled is not None:  # upstream's default: the original context times the factor
+            limit, limit_name = scaled, f"context length with yarn rope scaling ({scaled})"
         window = full_attention_limit(self.hf_config, self.disable_sliding_window)
         if self.max_model_len is None:
             if limit is None:
@@ -238,17 +244,17 @@ class ModelConfig:
             if not envs.VLLM_ALLOW_LONG_MAX_MODEL_LEN:
                 raise ValueError(
                     f"max_model_len={self.max_model_len} is greater than the model's "
-                    f"max_position_embeddings={limit} (VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 allows "
+                    f"{limit_name} (VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 allows "
                     "it, for models whose positions extend past the config's limit)."
                 )
             # The config keeps its max_position_embeddings (RoPE scalings such as Phi-3's
             # LongRoPE derive factors from it); the model sizes its rotary tables from
             # max_model_len (vllm/model_executor/model_loader/loader.py).
             logger.warning(
-                "max_model_len=%d is greater than the model's max_position_embeddings=%d "
+                "max_model_len=%d is greater than the model's %s "
                 "(allowed by VLLM_ALLOW_LONG_MAX_MODEL_LEN): outputs past it may be wrong.",
                 self.max_model_len,
-                limit,
+                limit_name,
             )
 
     # Shapes used by the cache and attention backends.

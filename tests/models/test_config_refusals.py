@@ -62,11 +62,11 @@ def test_supported_configs_build():
          "rope_type='dynamic' is not supported"),
         (Gemma3TextConfig(head_dim=16, architectures=["Gemma3ForCausalLM"],
                           rope_parameters={
-                              "full_attention": {"rope_type": "yarn", "rope_theta": 1e6,
+                              "full_attention": {"rope_type": "dynamic", "rope_theta": 1e6,
                                                  "factor": 8.0},
                               "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
                           }, **TINY),
-         "rope_type='yarn' is not supported"),
+         "rope_type='dynamic' is not supported"),
     ],
 )  # fmt: skip
 def test_engine_config_refuses_before_any_model_is_built(tiny_qwen2_dir, config, words):

@@ -200,7 +200,8 @@ class EngineArgs:
     max_model_len: int | None = _f(
         None,
         "Context length (prompt + output tokens), e.g. 4096, 4k (4000) or 4K (4096); "
-        "default: the model's max_position_embeddings.",
+        "default: the model's max_position_embeddings (with yarn RoPE scaling, "
+        "original_max_position_embeddings times the factor).",
         group="model",
     )
     max_logprobs: int = _f(

@@ -7,9 +7,12 @@ split into halves ``x1 = x[:D/2]``, ``x2 = x[D/2:]`` and rotated by the angles
     out = [x1 * cos - x2 * sin, x2 * cos + x1 * sin]
 
 The inverse frequencies follow transformers' ``modeling_rope_utils`` for the rope types
-``default``, ``linear`` (inv_freq / factor), ``llama3`` (wavelength-banded scaling) and
+``default``, ``linear`` (inv_freq / factor), ``llama3`` (wavelength-banded scaling),
 ``longrope`` (Phi-3: per-frequency short / long factors, cos and sin scaled by an attention
-factor), so float32 results are bit-identical to the reference.
+factor) and ``yarn`` (:mod:`vllm.model_executor.layers.yarn_rope`: a ramp between kept and
+interpolated frequencies, cos and sin scaled by an attention factor), so float32 results are
+bit-identical to the reference. The attention factors live in the cos/sin table, which every
+path (torch, the CUDA Triton kernels) reads.
 
 Any rope type may also carry ``freq_factors``: one divisor per frequency, applied after the
 type's own scaling, as llama.cpp applies a GGUF file's ``rope_freqs`` tensor (its converter
@@ -23,19 +26,25 @@ import torch
 from torch import nn
 
 from vllm.kernels.dispatch import get_triton_ops
+from vllm.model_executor.layers.yarn_rope import yarn_attention_factor, yarn_inv_freq
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope", "yarn")
 
 
 def compute_inv_freq(
-    rotary_dim: int, rope_parameters: dict[str, Any], long: bool = False
+    rotary_dim: int,
+    rope_parameters: dict[str, Any],
+    long: bool = False,
+    max_position: int | None = None,
 ) -> torch.Tensor:
     """Inverse frequencies [rotary_dim // 2] in float32 for ``rope_parameters``.
 
     ``rope_parameters`` holds ``rope_theta`` and ``rope_type`` (plus ``factor``,
     ``low_freq_factor``, ``high_freq_factor``, ``original_max_position_embeddings`` for
-    llama3; ``short_factor`` and ``long_factor`` for longrope, ``long`` picking the second).
-    Formula: ``1 / theta ** (arange(0, D, 2) / D)`` (RoFormer / transformers). Optional
+    llama3; ``short_factor`` and ``long_factor`` for longrope, ``long`` picking the second;
+    yarn's keys in :mod:`~vllm.model_executor.layers.yarn_rope`, where ``max_position``, the
+    model's ``max_position_embeddings``, stands in for a missing ``factor`` or original
+    context). Formula: ``1 / theta ** (arange(0, D, 2) / D)`` (RoFormer / transformers). Optional
     ``freq_factors`` (any type; rotary_dim // 2 numbers): the result is divided by them
     elementwise (llama.cpp's ``rope_freqs``, module docstring).
 
@@ -56,6 +65,8 @@ def compute_inv_freq(
         inv_freq = inv_freq / rope_parameters["factor"]
     elif rope_type == "llama3":
         inv_freq = _llama3_scale(inv_freq, rope_parameters)
+    elif rope_type == "yarn":
+        inv_freq = yarn_inv_freq(rotary_dim, rope_parameters, max_position)
     if rope_parameters.get("freq_factors") is not None:
         divisors = _per_frequency(rope_parameters["freq_factors"], rotary_dim, "freq_factors")
         inv_freq = inv_freq / divisors  # [rotary_dim // 2]
@@ -157,7 +168,8 @@ class RotaryEmbedding(nn.Module):
     Args:
         head_size, rotary_dim: the head size and how much of it rotates (equal here).
         max_position: the model's ``max_position_embeddings``, the context it was trained
-            for; LongRoPE derives its attention factor from it.
+            for; LongRoPE derives its attention factor from it, YaRN its factor when the
+            config gives none.
         rope_parameters: :func:`get_rope_parameters` of the config.
         num_positions: rows of the cos/sin table (default ``max_position``): the engine's
             ``max_model_len`` when that is longer. More rows change no row's value.
@@ -172,6 +184,8 @@ class RotaryEmbedding(nn.Module):
     ``original_max_position_embeddings`` (its generate recomputes the cache at the switch);
     a paged cache keeps the keys already written, so the two agree exactly while the
     sequence fits in the original context and differ in the first rows' keys beyond it.
+
+    yarn: one set of frequencies for every row (as transformers), times the attention factor.
     """
 
     def __init__(
@@ -193,13 +207,16 @@ class RotaryEmbedding(nn.Module):
         self.max_position = max_position
         self.num_positions = num_positions or max_position
         positions = torch.arange(self.num_positions, dtype=torch.float32)  # [num_positions]
-        cache = self._cos_sin(positions, compute_inv_freq(rotary_dim, rope_parameters))
+        inv_freq = compute_inv_freq(rotary_dim, rope_parameters, max_position=max_position)
+        cache = self._cos_sin(positions, inv_freq)
         rope_type = rope_parameters.get("rope_type", rope_parameters.get("type", "default"))
         if rope_type == "longrope":
             original = int(rope_parameters["original_max_position_embeddings"])
             long_inv_freq = compute_inv_freq(rotary_dim, rope_parameters, long=True)
             cache[original:] = self._cos_sin(positions[original:], long_inv_freq)
             cache = cache * longrope_attention_factor(rope_parameters, max_position)
+        elif rope_type == "yarn":
+            cache = cache * yarn_attention_factor(rope_parameters, max_position)
         self.register_buffer("cos_sin_cache", cache, persistent=False)
 
     @staticmethod
