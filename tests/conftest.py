@@ -453,6 +453,43 @@ def tiny_gemma3_linear_rope(tiny_models_dir) -> tuple[str, str]:
                              embed_std=tiny_models.GEMMA3_EMBED_STD)  # fmt: skip
 
 
+def _yarn_rope(theta: float) -> dict:
+    """YaRN scaling 4 over an original context of 32 positions (the tests' sequences run
+    past it)."""
+    return {"rope_type": "yarn", "rope_theta": theta, "factor": 4.0,
+            "original_max_position_embeddings": 32}  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_yarn_rope(tiny_models_dir) -> tuple[str, str]:
+    """(HF directory, GGUF) of ``tiny_llama_dir``'s config with YaRN scaling 4 over 32
+    original positions (max_position_embeddings 32)."""
+    config = tiny_models.tiny_llama_config(max_position_embeddings=32,
+                                           rope_parameters=_yarn_rope(10000.0))  # fmt: skip
+    return _hf_and_gguf(tiny_models_dir, "llama_yarn_rope", config, "llama", seed=23)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_yarn_rope(tiny_models_dir) -> tuple[str, str]:
+    """(HF directory, GGUF) of a tiny Qwen2 whose config.json carries Qwen2.5's documented
+    long-context YaRN setting, scaled down: factor 4 over the original 32 positions of
+    max_position_embeddings 32."""
+    config = tiny_models.tiny_qwen2_config(max_position_embeddings=32,
+                                           rope_parameters=_yarn_rope(1000000.0))  # fmt: skip
+    return _hf_and_gguf(tiny_models_dir, "qwen2_yarn_rope", config, "qwen2", seed=24)
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma3_yarn_rope(tiny_models_dir) -> tuple[str, str]:
+    """(HF directory, GGUF) of ``tiny_gemma3_gguf``'s config whose global layers use YaRN
+    scaling 4 over 32 original positions (the sliding layers keep theta 10000 unscaled)."""
+    rope = {"full_attention": _yarn_rope(1000000.0),
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}  # fmt: skip
+    config = tiny_models.tiny_gemma3_gguf_config(rope_parameters=rope)
+    return _hf_and_gguf(tiny_models_dir, "gemma3_yarn_rope", config, "gemma3", seed=25,
+                             embed_std=tiny_models.GEMMA3_EMBED_STD)  # fmt: skip
+
+
 @pytest.fixture(scope="session")
 def tiny_qwen3_head_dim_32(tiny_models_dir) -> tuple[str, str]:
     """(HF directory, GGUF) of a tiny Qwen3 whose head_dim is 32, not Qwen3Config's default

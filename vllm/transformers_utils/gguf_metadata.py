@@ -38,8 +38,8 @@ ROPE_FREQS_FILE = "rope_freqs.json"
 ROPE_SCALING_FILE = "rope_scaling.json"
 TOKENIZER_ERROR_FILE = "tokenizer_error.txt"
 # 2: rope_freqs.json; 3: rope_scaling.json and head_dim from key_length; 4: the file checks;
-# 5: tokenizer_error.txt
-FORMAT = 5
+# 5: tokenizer_error.txt; 6: rope_scaling.json with YaRN's keys
+FORMAT = 6
 # key -> temporary directory, for a process whose cache root cannot be written
 _PRIVATE: dict[str, str] = {}
 

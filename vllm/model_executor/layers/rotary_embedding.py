@@ -26,7 +26,11 @@ import torch
 from torch import nn
 
 from vllm.kernels.dispatch import get_triton_ops
-from vllm.model_executor.layers.yarn_rope import yarn_attention_factor, yarn_inv_freq
+from vllm.model_executor.layers.yarn_rope import (
+    gguf_yarn_parameters,
+    yarn_attention_factor,
+    yarn_inv_freq,
+)
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope", "yarn")
 
@@ -109,27 +113,33 @@ def set_gguf_rope_scaling(config: Any, scaling: dict[str, Any]) -> None:
     becomes ``rope_type="linear"`` with the file's factor in transformers 5's
     ``rope_parameters``: the flat dict, or with per-layer-type settings (Gemma 3) the
     ``full_attention`` layers' only, as llama.cpp scales only Gemma 3's global layers.
+    ``yarn`` becomes ``rope_type="yarn"`` the same way
+    (:func:`~vllm.model_executor.layers.yarn_rope.gguf_yarn_parameters`).
 
     Raises:
-        ValueError: another scaling type, naming the metadata key (YaRN and the others are
-            not implemented); a linear scaling without a factor; a config without
+        ValueError: another scaling type, naming the metadata key (only 'none', 'linear'
+            and 'yarn' are implemented); a scaling without a factor; a YaRN file with
+            keys whose llama.cpp meaning is not implemented; a config without
             ``rope_parameters``.
     """
     kind, key = scaling["type"], scaling["key"]
     if kind == "none":
         return
-    if kind != "linear":
+    if kind not in ("linear", "yarn"):
         raise ValueError(
             f"GGUF {key}={kind!r} is not supported (RoPE scaling from GGUF metadata: "
-            "'none' or 'linear')"
+            "'none', 'linear' or 'yarn')"
         )
     if not scaling.get("factor"):
-        raise ValueError(f"GGUF {key}='linear' needs a positive rope.scaling.factor")
+        raise ValueError(f"GGUF {key}={kind!r} needs a positive rope.scaling.factor")
     params = getattr(config, "rope_parameters", None)
     if not isinstance(params, dict):
-        raise ValueError(f"GGUF {key}='linear' needs a config with rope_parameters")
+        raise ValueError(f"GGUF {key}={kind!r} needs a config with rope_parameters")
     if isinstance(params.get("full_attention"), dict):
         params = params["full_attention"]
+    if kind == "yarn":
+        params.update(gguf_yarn_parameters(scaling))
+        return
     params["rope_type"] = "linear"
     params["factor"] = float(scaling["factor"])
 

@@ -131,3 +131,33 @@ def yarn_context_length(config: Any) -> int | None:
     max_position = getattr(config, "max_position_embeddings", None)
     original = yarn_original_context(params, max_position)
     return int(original * yarn_factor(params, max_position))
+
+
+def gguf_yarn_parameters(scaling: dict[str, Any]) -> dict[str, Any]:
+    """The yarn ``rope_parameters`` of a GGUF file whose ``{arch}.rope.scaling.type`` is
+    ``yarn`` (``scaling`` as ``gguf_loader.gguf_rope_scaling`` returns it), as llama.cpp
+    reads the file: ``factor`` from ``.factor``, the original context from
+    ``.original_context_length`` (llama.cpp's fallback, the file's context length, is the
+    config's ``max_position_embeddings``: left unset), ``beta_fast`` / ``beta_slow`` from
+    ``.yarn_beta_fast`` / ``.yarn_beta_slow`` (default 32 / 1, llama.cpp's too). llama.cpp's
+    ``ggml_rope_yarn`` then blends the same kept and interpolated angles over the same
+    rounded dimension range and scales cos / sin by ``1 + 0.1 * ln(factor)``.
+
+    Raises:
+        ValueError: the file has other ``rope.scaling`` keys (``attn_factor``,
+            ``yarn_log_multiplier``, ...), naming them: llama.cpp's treatment of those is
+            not implemented.
+    """
+    if scaling.get("other_keys"):
+        raise ValueError(
+            f"GGUF {scaling['key']}='yarn' with {scaling['other_keys']} is not supported "
+            "(YaRN from GGUF metadata reads factor, original_context_length, yarn_beta_fast "
+            "and yarn_beta_slow); --hf-config-path can name a Hugging Face config instead"
+        )
+    params: dict[str, Any] = {"rope_type": "yarn", "factor": float(scaling["factor"])}
+    if scaling.get("original_context_length"):
+        params["original_max_position_embeddings"] = int(scaling["original_context_length"])
+    for name in ("beta_fast", "beta_slow"):
+        if scaling.get(f"yarn_{name}") is not None:
+            params[name] = float(scaling[f"yarn_{name}"])
+    return params

@@ -111,21 +111,28 @@ def gguf_rope_freq_factors(reader) -> list[float] | None:
     return None
 
 
+_ROPE_SCALING_VALUES = ("factor", "original_context_length", "yarn_beta_fast", "yarn_beta_slow")
+
+
 def gguf_rope_scaling(reader) -> dict | None:
     """The RoPE scaling in the metadata of a GGUF file (``reader``: its ``gguf.GGUFReader``;
-    llama.cpp's ``{arch}.rope.scaling.type`` / ``.factor`` / ``.original_context_length``
-    keys) as ``{"key": "<arch>.rope.scaling.type", "type": str, "factor": float | None,
-    "original_context_length": int | None}``, or None when the file has no scaling type."""
+    llama.cpp's ``{arch}.rope.scaling.*`` keys) as ``{"key": "<arch>.rope.scaling.type",
+    "type": str, "factor", "original_context_length", "yarn_beta_fast", "yarn_beta_slow":
+    each a number or None, "other_keys": [the file's other rope.scaling keys but
+    "finetuned", e.g. "<arch>.rope.scaling.yarn_log_multiplier"]}``, or None when the file
+    has no scaling type."""
     arch = _field_str(reader, "general.architecture") or ""
     prefix = f"{arch}.rope.scaling."
     kind = _field_str(reader, prefix + "type")
     if kind is None:
         return None
     values = {}
-    for name in ("factor", "original_context_length"):
+    for name in _ROPE_SCALING_VALUES:
         field = reader.fields.get(prefix + name)
         values[name] = None if field is None else field.contents()
-    return {"key": prefix + "type", "type": kind, **values}
+    known = {prefix + n for n in (*_ROPE_SCALING_VALUES, "type", "finetuned")}
+    others = sorted(k for k in reader.fields if k.startswith(prefix) and k not in known)
+    return {"key": prefix + "type", "type": kind, **values, "other_keys": others}
 
 
 def gguf_key_length(reader) -> int | None:
