@@ -128,3 +128,28 @@ def test_generation_config_stops_and_defaults(tmp_path, tiny_llama_dir):
     d = llm.get_default_sampling_params()
     assert (d.temperature, d.max_tokens) == (0, 4)
     assert list(llm.generate(prompt, use_tqdm=False)[0].outputs[0].token_ids) == ids[:4]
+
+
+def test_hf_overrides_rope_parameters_keep_model_theta(tiny_qwen2_dir):
+    """--hf-overrides '{"rope_parameters": {...yarn...}}' (upstream's documented way to
+    turn on YaRN) without a rope_theta keeps the model's theta (1e6 here), as a
+    rope_scaling override does; it fell back to 10000, rotating every position wrongly."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.model_executor.layers.rotary_embedding import get_rope_parameters
+
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}
+    mc = (
+        EngineArgs(model=tiny_qwen2_dir, device="cpu", hf_overrides={"rope_parameters": yarn})
+        .create_engine_config()
+        .model_config
+    )
+    rope = get_rope_parameters(mc.hf_config)
+    assert (rope["rope_type"], rope["factor"], rope["rope_theta"]) == ("yarn", 4.0, 1000000.0)
+    assert mc.max_model_len == 128
+    theta = {**yarn, "rope_theta": 5e5}  # a theta it names wins
+    mc = (
+        EngineArgs(model=tiny_qwen2_dir, device="cpu", hf_overrides={"rope_parameters": theta})
+        .create_engine_config()
+        .model_config
+    )
+    assert get_rope_parameters(mc.hf_config)["rope_theta"] == 5e5
