@@ -37,6 +37,17 @@ BUILDERS = {
     "qwen3_moe": lambda tm: tm.tiny_qwen3_moe_config(head_dim=64, num_experts_per_tok=8, **HD64),
     "mixtral": lambda tm: tm.tiny_mixtral_config(num_experts_per_tok=8, **HD64),
     "gemma3": lambda tm: tm.tiny_gemma3_config(),  # head_dim 64, sliding window 8
+    # YaRN past a 16-position original context (the prompts and 32 tokens reach ~40)
+    "qwen2_yarn": lambda tm: tm.tiny_qwen2_config(
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 1e6,
+            "factor": 4.0,
+            "original_max_position_embeddings": 16,
+        },
+        max_position_embeddings=16,
+        **HD64,
+    ),
 }
 SPARSE_MOE = {  # top-2 of 8, uneven routing: the expert kernel's grouping in graphs
     "qwen3_moe": lambda tm: tm.tiny_qwen3_moe_config(head_dim=64, **HD64),
