@@ -103,7 +103,8 @@ class ModelConfig:
             generation_config directory without generation_config.json, an
             unsupported architecture
             (or one without GGUF support given as a .gguf file), max_model_len above
-            max_position_embeddings (with yarn rope scaling: original_max_position_embeddings
+            the model's context limit (``context_limit``: max_position_embeddings, times a
+            linear RoPE scaling's factor; with yarn scaling original_max_position_embeddings
             times its factor) or above a uniform sliding window (Mistral v0.1), or
             with disable_sliding_window above the smallest window.
     """
@@ -213,13 +214,22 @@ class ModelConfig:
 
     def _verify_max_model_len(self) -> None:
         from vllm.model_executor.layers.yarn_rope import yarn_context_length
-        from vllm.model_executor.models import full_attention_limit
+        from vllm.model_executor.models import context_limit, full_attention_limit
 
-        limit = getattr(self.hf_config, "max_position_embeddings", None)
-        limit_name = f"max_position_embeddings={limit}"
-        scaled = yarn_context_length(self.hf_config)
-        if scaled is not None:  # upstream's default: the original context times the factor
-            limit, limit_name = scaled, f"context length with yarn rope scaling ({scaled})"
+        positions = getattr(self.hf_config, "max_position_embeddings", None)
+        limit = context_limit(self.hf_config)
+        # how the message names the limit: the config's field, and the RoPE scaling if any
+        limit_name = f"max_position_embeddings={positions}"
+        if yarn_context_length(self.hf_config) is not None:
+            limit_name = (
+                f"context limit {limit} (yarn rope scaling: original_max_position_embeddings "
+                "x factor)"
+            )
+        elif limit is not None and limit != positions:
+            limit_name = (
+                f"context limit {limit} (max_position_embeddings={positions} x RoPE factor "
+                f"{limit / positions:g})"
+            )
         window = full_attention_limit(self.hf_config, self.disable_sliding_window)
         if self.max_model_len is None:
             if limit is None:
@@ -244,8 +254,8 @@ class ModelConfig:
             if not envs.VLLM_ALLOW_LONG_MAX_MODEL_LEN:
                 raise ValueError(
                     f"max_model_len={self.max_model_len} is greater than the model's "
-                    f"{limit_name} (VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 allows "
-                    "it, for models whose positions extend past the config's limit)."
+                    f"{limit_name}; VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 allows it, for models whose "
+                    "positions extend past the config's limit."
                 )
             # The config keeps its max_position_embeddings (RoPE scalings such as Phi-3's
             # LongRoPE derive factors from it); the model sizes its rotary tables from

@@ -170,10 +170,10 @@ _DECLARED = (
         "VLLM_ALLOW_LONG_MAX_MODEL_LEN",
         parse_flag,
         False,
-        "1 allows --max-model-len above the model's max_position_embeddings (with yarn "
-        "RoPE scaling: original_max_position_embeddings times the factor; with a "
-        "warning); the RoPE scaling stays the config's, its tables cover max_model_len "
-        "positions.",
+        "1 allows --max-model-len above the model's context limit (max_position_embeddings, "
+        "times a linear RoPE scaling's factor; with yarn, original_max_position_embeddings "
+        "times the factor; with a warning); the RoPE scaling stays the config's, its tables "
+        "cover max_model_len positions.",
     ),
     EnvVar(
         "VLLM_ALLOW_RUNTIME_LORA_UPDATING",

@@ -200,8 +200,9 @@ class EngineArgs:
     max_model_len: int | None = _f(
         None,
         "Context length (prompt + output tokens), e.g. 4096, 4k (4000) or 4K (4096); "
-        "default: the model's max_position_embeddings (with yarn RoPE scaling, "
-        "original_max_position_embeddings times the factor).",
+        "default: the model's max_position_embeddings (times the factor of a linear RoPE "
+        "scaling; with yarn, original_max_position_embeddings times the factor; as upstream "
+        "derives it).",
         group="model",
     )
     max_logprobs: int = _f(

@@ -114,6 +114,35 @@ def full_attention_limit(config, disable_sliding_window: bool = False) -> int | 
     return None
 
 
+# RoPE types whose max_position_embeddings already counts the scaling (upstream's rule)
+_SCALING_COUNTED_ROPE_TYPES = ("default", "llama3", "longrope", "su")
+
+
+def context_limit(config) -> int | None:
+    """The context (tokens) the config was made for, the default ``max_model_len``, derived
+    as upstream derives it: ``max_position_embeddings``, times the ``factor`` of a RoPE
+    scaling that stretches positions (linear: the config keeps the pre-scaling context);
+    with yarn, ``original_max_position_embeddings`` times its factor. The llama3 and
+    longrope scalings, and Gemma 3 configs, count theirs in ``max_position_embeddings``
+    already. None: the config sets no limit."""
+    limit = getattr(config, "max_position_embeddings", None)
+    if limit is None:
+        return None
+    if "gemma3" in (getattr(config, "model_type", None) or ""):
+        return int(limit)
+    from vllm.model_executor.layers.rotary_embedding import get_rope_parameters
+    from vllm.model_executor.layers.yarn_rope import yarn_context_length
+
+    yarn = yarn_context_length(config)
+    if yarn is not None:
+        return yarn
+
+    params = get_rope_parameters(config)
+    if params["rope_type"] in _SCALING_COUNTED_ROPE_TYPES:
+        return int(limit)
+    return int(limit * float(params.get("factor") or 1.0))
+
+
 def attention_fields(config) -> dict:
     """``AttentionSpec`` fields beyond the shapes that the model's attention layers need:
     ``sliding_windows`` (the distinct per-layer windows, tokens), ``scale`` (softmax scale
@@ -132,6 +161,7 @@ __all__ = [
     "ModelRegistry",
     "architectures_of",
     "attention_fields",
+    "context_limit",
     "full_attention_limit",
     "get_model_class",
 ]
