@@ -157,3 +157,50 @@ def test_n2_request_whose_recompute_exceeds_the_budget_is_never_cut_short(tiny_l
     assert [len(c.token_ids) for c in final["pair"].outputs] == [60, 60]
     bm = engine.schedulers[0].block_manager
     assert bm.get_num_free_gpu_blocks() == bm.get_num_total_gpu_blocks()
+
+
+# a cycle of 8 token ids that the chain model below repeats forever
+CYCLE = list(range(100, 108))
+
+
+@pytest.fixture
+def cycle_chain_dir(tmp_path):
+    """A 1-layer Llama whose greedy next token after CYCLE[i] is CYCLE[i + 1 mod 8]
+    (tiny_tokenizers.save_token_chain_llama): n-gram proposals of a cycling prompt are
+    all accepted."""
+    import tiny_tokenizers
+
+    chain = tiny_tokenizers.chain_of([CYCLE + CYCLE[:1]])
+    tok = tiny_tokenizers.byte_fallback_tokenizer()
+    return tiny_tokenizers.save_token_chain_llama(tok, str(tmp_path / "cycle"), chain)
+
+
+@pytest.mark.forked
+@pytest.mark.parametrize(
+    "extra",
+    [
+        dict(num_scheduler_steps=8),
+        dict(speculative_model="[ngram]", num_speculative_tokens=4, ngram_prompt_lookup_max=4),
+    ],
+    ids=["multi_step", "ngram"],
+)
+def test_lookahead_near_max_model_len_needs_no_preemption(cycle_chain_dir, extra):
+    """A lone request in a cache that holds exactly one max_model_len sequence (4 blocks
+    of 16, limit 64) runs to the limit without a preemption: the lookahead slots of
+    multi-step and speculative decoding stop at the last position a sequence feeds the
+    model (they went past it, and the request was recomputed for each of its last
+    tokens). The 14 tokens continue the cycle, finish "length"."""
+    from vllm import LLM, SamplingParams
+
+    prompt = {"prompt_token_ids": (CYCLE * 7)[:50]}
+    want = (CYCLE * 9)[50:64]
+    llm = LLM(model=cycle_chain_dir, device="cpu", max_model_len=64, block_size=16,
+              num_gpu_blocks_override=4, **extra)  # fmt: skip
+    params = SamplingParams(temperature=0, max_tokens=None, ignore_eos=True)
+    got = llm.generate(prompt, params, use_tqdm=False)[0].outputs[0]
+    assert (list(got.token_ids), got.finish_reason) == (want, "length")
+    engine = llm.llm_engine
+    assert engine.schedulers[0].num_cumulative_preemption == 0
+    if "speculative_model" in extra:  # the speculative path ran, and was right
+        metrics = engine.spec_decode_metrics()
+        assert metrics["num_accepted_tokens"] == metrics["num_draft_tokens"] > 0, metrics

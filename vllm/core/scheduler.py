@@ -399,7 +399,16 @@ class Scheduler:
         preempted, so it is passed over; when it is ``group`` and ``progress`` (an earlier
         group got its slots this step) it waits without slots for a later step (False).
         Only when no other choice is left (no progress) is the last pending group, then
-        ``group``, preempted all the same, so every step moves some request forward."""
+        ``group``, preempted all the same, so every step moves some request forward.
+
+        The lookahead stops at position ``max_model_len - 2``, the last one a sequence
+        feeds the model: a multi-step call runs at most ``max_model_len - len`` steps and
+        a proposal keeps the sequence within ``max_model_len`` (vllm/worker/multi_step.py,
+        vllm/spec_decode/ngram_proposer.py), so no slot past it is ever written, and
+        reserving one would preempt requests for nothing near the limit."""
+        if k:
+            longest = max(s.get_len() for s in seqs)
+            k = max(0, min(k, self.scheduler_config.max_model_len - 1 - longest))
         while not self.block_manager.try_append_slots(seqs, k):
             victim = next((g for g in reversed(pending) if self.can_recompute(g)), None)
             if victim is not None:
