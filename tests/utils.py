@@ -113,6 +113,19 @@ def check_logprobs_close(
             break
 
 
+def check_top5_logprobs_within(ref, out, name: str, tol: float = 1e-4) -> None:
+    """Float32 comparison of (ids, text, top-5 {id: logprob} per position) outputs: at
+    each position the two top-5 lists share at least 4 tokens, whose logprobs agree within
+    ``tol`` (the tokens themselves are compared separately)."""
+    for p, ((_, _, ref_lps), (_, _, lps)) in enumerate(zip(ref, out)):
+        for pos, (a, b) in enumerate(zip(ref_lps, lps)):
+            common = set(a) & set(b)
+            assert len(common) >= 4, f"{name} prompt {p} pos {pos}: top-5 differ {a} {b}"
+            for tok in common:
+                diff = abs(a[tok] - b[tok])
+                assert diff <= tol, f"{name} prompt {p} pos {pos} token {tok}: {diff}"
+
+
 @contextlib.contextmanager
 def deadline(seconds: int):
     """Fail (instead of hanging) when the block runs longer than ``seconds``."""

@@ -14,6 +14,7 @@ bookkeeping needs. So at TP = 2:
 
 import pytest
 
+from tests.spec_decode.spec_runs import assert_runs_close, run_token_prompts
 from tests.utils import deadline
 
 # cycling_llama_dir (tests/conftest.py) cycles 40 41 42 and 50 51 52 53
@@ -27,35 +28,6 @@ def _small_kv_cache(monkeypatch):
     monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
 
 
-def _run(model, prompts, params, **kw):
-    """(per prompt (token ids, {id: logprob} per position or None), spec counters)."""
-    from vllm import LLM
-
-    llm = LLM(model=model, device="cpu", dtype="float32", max_num_seqs=8, **kw)
-    try:
-        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-        metrics = llm.llm_engine.spec_decode_metrics()
-    finally:
-        llm.llm_engine.shutdown()
-    res = []
-    for o in outs:
-        c = o.outputs[0]
-        lps = None
-        if c.logprobs is not None:
-            lps = [{t: lp.logprob for t, lp in pos.items()} for pos in c.logprobs]
-        res.append((list(c.token_ids), lps))
-    return res, metrics
-
-
-def _assert_close(got, ref, tol):
-    for i, ((g_ids, g_lp), (r_ids, r_lp)) in enumerate(zip(got, ref, strict=True)):
-        assert g_ids == r_ids, (i, g_ids, r_ids)
-        assert (g_lp is None) == (r_lp is None), i
-        for pos, (a, b) in enumerate(zip(r_lp or [], g_lp or [], strict=True)):
-            assert a.keys() == b.keys(), (i, pos, a, b)
-            assert all(abs(a[t] - b[t]) < tol for t in a), (i, pos, a, b)
-
-
 @pytest.mark.forked
 def test_tp2_ngram_equals_tp1_without_speculation(cycling_llama_dir):
     from vllm import SamplingParams
@@ -63,12 +35,14 @@ def test_tp2_ngram_equals_tp1_without_speculation(cycling_llama_dir):
     params = SamplingParams(temperature=0, max_tokens=14, logprobs=2)
     ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
     with deadline(240):
-        ref, none = _run(cycling_llama_dir, NGRAM_PROMPTS, params)
-        got, metrics = _run(cycling_llama_dir, NGRAM_PROMPTS, params, tensor_parallel_size=2,
-                            speculative_config=ngram)  # fmt: skip
+        ref, none = run_token_prompts(cycling_llama_dir, NGRAM_PROMPTS, params)
+        got, metrics = run_token_prompts(
+            cycling_llama_dir, NGRAM_PROMPTS, params, tensor_parallel_size=2,
+            speculative_config=ngram,
+        )  # fmt: skip
     assert none is None
     assert ref[0][0][:6] == [41, 42, 40, 41, 42, 40] and ref[1][0][:5] == [52, 53, 50, 51, 52]
-    _assert_close(got, ref, 1e-4)
+    assert_runs_close(got, ref, range(len(ref)), 1e-4)
     # the cycles are proposed and accepted (counted on TP rank 0)
     assert metrics["num_spec_steps"] >= 8 and metrics["num_accepted_tokens"] >= 20, metrics
 
@@ -81,11 +55,15 @@ def test_tp2_draft_model_equals_tp1(tiny_llama_dir, truncated_llama_dir):
     params[2] = SamplingParams(temperature=0.8, seed=3, max_tokens=12)
     spec = dict(speculative_model=truncated_llama_dir, num_speculative_tokens=3)
     with deadline(240):
-        plain, _ = _run(tiny_llama_dir, PROMPTS, params)
-        tp1, tp1_metrics = _run(tiny_llama_dir, PROMPTS, params, **spec)
-        tp2, tp2_metrics = _run(tiny_llama_dir, PROMPTS, params, tensor_parallel_size=2,
-                                speculative_draft_tensor_parallel_size=2, **spec)  # fmt: skip
+        plain, _ = run_token_prompts(tiny_llama_dir, PROMPTS, params)
+        tp1, tp1_metrics = run_token_prompts(tiny_llama_dir, PROMPTS, params, **spec)
+        tp2, tp2_metrics = run_token_prompts(
+            tiny_llama_dir, PROMPTS, params, tensor_parallel_size=2,
+            speculative_draft_tensor_parallel_size=2, **spec,
+        )  # fmt: skip
     greedy = [0, 1, 3]
     assert [tp1[i][0] for i in greedy] == [plain[i][0] for i in greedy]
-    _assert_close(tp2, tp1, 1e-4)  # the seeded row too: same draws on TP rank 0
+    assert_runs_close(
+        tp2, tp1, range(len(tp1)), 1e-4
+    )  # the seeded row too: same draws on TP rank 0
     assert tp2_metrics == tp1_metrics and tp2_metrics["num_spec_steps"] > 0, tp2_metrics

@@ -8,12 +8,11 @@ test_families.py covers that).
 
 import pytest
 
-from tests.utils import check_outputs_equal, hf_greedy, vllm_greedy
+from tests.utils import check_outputs_equal, check_top5_logprobs_within, hf_greedy, vllm_greedy
 
 ORIGINAL = 32
 FACTOR = 4.0
 MAX_TOKENS = 40
-LOGPROB_TOL = 1e-4
 # a 40-token prompt prefills across position 32; the others cross it while decoding
 PROMPTS = [
     "Hello world",
@@ -125,17 +124,6 @@ def test_yarn_default_max_model_len(tmp_path):
     assert max_len(_config("gemma3")) == 512
 
 
-def _check_logprobs(ref, out, name):
-    """Each position's logprob of every token in both top-5 lists agrees within 1e-4."""
-    for p, ((_, _, ref_lps), (_, _, lps)) in enumerate(zip(ref, out)):
-        for pos, (a, b) in enumerate(zip(ref_lps, lps)):
-            common = set(a) & set(b)
-            assert len(common) >= 4, f"{name} prompt {p} pos {pos}: top-5 differ {a} {b}"
-            for tok in common:
-                diff = abs(a[tok] - b[tok])
-                assert diff <= LOGPROB_TOL, f"{name} prompt {p} pos {pos} token {tok}: {diff}"
-
-
 @pytest.mark.forked
 @pytest.mark.parametrize(
     "family", ["llama", "qwen2", "qwen3", "qwen3_moe", "mistral", "mixtral", "gemma3"]
@@ -158,5 +146,5 @@ def test_yarn_family_matches_transformers(family, tmp_path, monkeypatch):
     llm = LLM(model=model, device="cpu", dtype="float32")
     out = vllm_greedy(llm, PROMPTS, MAX_TOKENS, logprobs=5)
     check_outputs_equal(ref, out, "hf", f"{family}-yarn", PROMPTS)
-    _check_logprobs(ref, out, f"{family}-yarn")
+    check_top5_logprobs_within(ref, out, f"{family}-yarn")
     llm.llm_engine.shutdown()

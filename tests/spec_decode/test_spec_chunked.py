@@ -11,6 +11,8 @@ row's tokens, and for greedy rows the tokens without speculation.
 
 import pytest
 
+from tests.spec_decode.spec_runs import assert_runs_close, run_token_prompts
+
 PROMPTS = [
     [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7],
     [100, 200, 300, 400],
@@ -28,32 +30,7 @@ def _small_cache(monkeypatch):
 
 
 def _run(model, prompts, params, **kw):
-    """(per prompt (token ids, {id: logprob} per position or None), spec counters)."""
-    from vllm import LLM
-
-    llm = LLM(model=model, device="cpu", dtype="float32", max_num_seqs=2, **kw)
-    try:
-        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-        metrics = llm.llm_engine.spec_decode_metrics()
-    finally:
-        llm.llm_engine.shutdown()
-    res = []
-    for o in outs:
-        c = o.outputs[0]
-        lps = None
-        if c.logprobs is not None:
-            lps = [{t: lp.logprob for t, lp in pos.items()} for pos in c.logprobs]
-        res.append((list(c.token_ids), lps))
-    return res, metrics
-
-
-def _assert_close(got, ref, rows):
-    for i in rows:
-        (g_ids, g_lp), (r_ids, r_lp) = got[i], ref[i]
-        assert g_ids == r_ids, (i, g_ids, r_ids)
-        for pos, (a, b) in enumerate(zip(r_lp or [], g_lp or [], strict=True)):
-            assert a.keys() == b.keys(), (i, pos, a, b)
-            assert all(abs(a[t] - b[t]) < 5e-5 for t in a), (i, pos, a, b)
+    return run_token_prompts(model, prompts, params, max_num_seqs=2, **kw)
 
 
 CHUNKED = dict(enable_chunked_prefill=True, max_num_batched_tokens=8)
@@ -70,8 +47,8 @@ def test_draft_model_with_chunked_prefill(tiny_llama_dir, truncated_llama_dir):
     whole, whole_metrics = _run(tiny_llama_dir, PROMPTS, params, **spec)
     chunked, metrics = _run(tiny_llama_dir, PROMPTS, params, **spec, **CHUNKED)
     greedy = [0, 1, 2, 4]
-    _assert_close(whole, plain, greedy)
-    _assert_close(chunked, whole, range(len(PROMPTS)))
+    assert_runs_close(whole, plain, greedy, 5e-5)
+    assert_runs_close(chunked, whole, range(len(PROMPTS)), 5e-5)
     # fewer speculative steps than unchunked (mixed steps propose nothing), but some
     assert 0 < metrics["num_spec_steps"] <= whole_metrics["num_spec_steps"], metrics
 
@@ -86,7 +63,7 @@ def test_ngram_with_chunked_prefill(cycling_llama_dir):
     chunked, metrics = _run(cycling_llama_dir, NGRAM_PROMPTS, params, speculative_config=ngram,
                             **CHUNKED)  # fmt: skip
     assert plain[0][0][:4] == [41, 42, 40, 41] and plain[1][0][:4] == [52, 53, 50, 51]
-    _assert_close(chunked, plain, range(len(NGRAM_PROMPTS)))
+    assert_runs_close(chunked, plain, range(len(NGRAM_PROMPTS)), 5e-5)
     assert metrics["num_accepted_tokens"] >= 10, metrics
 
 
