@@ -139,11 +139,13 @@ class BeamSearch:
 
     def _retire_full(self, i: int) -> None:
         """Complete (finish reason "length") the live beams of prompt ``i`` that reached
-        max_tokens or the model's length."""
+        max_tokens or, after at least one new token, the model's length (a prompt of
+        exactly max_model_len tokens gets one token per beam, as generation gives it one)."""
         keep = []
         for beam in self.live[i]:
             generated = len(beam.tokens) - self.prompt_lens[i]
-            if generated >= self.params.max_tokens or len(beam.tokens) >= self.max_model_len:
+            full = generated > 0 and len(beam.tokens) >= self.max_model_len
+            if generated >= self.params.max_tokens or full:
                 beam.finish_reason = "length"
                 self.completed[i].append(beam)
             else:

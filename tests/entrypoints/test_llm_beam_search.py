@@ -65,6 +65,11 @@ def test_ignore_eos_max_model_len_and_bad_params():
     search.advance({(0, 0): _lps(t0=-0.1, t5=-1.0)})
     assert search.done and search.completed[0][0].tokens == [1, 2, 3, 0]
     assert search.completed[0][0].finish_reason == "length"  # the model's length limit
+    # a prompt of exactly max_model_len tokens still gets one token per beam
+    full = BeamSearch([[1, 2, 3, 4]], BeamSearchParams(2, 5), {EOS}, max_model_len=4)
+    assert full.pending() == [(0, 0, [1, 2, 3, 4])]
+    full.advance({(0, 0): _lps(t5=-0.1, t6=-1.0)})
+    assert full.done and [b.tokens for b in full.completed[0]] == [[1, 2, 3, 4, 5], [1, 2, 3, 4, 6]]
     with pytest.raises(ValueError, match="beam_width must be at least 1, got 0"):
         BeamSearchParams(beam_width=0, max_tokens=4)
     with pytest.raises(ValueError, match="needs 22 logprobs per step, more than max_logprobs=20"):
