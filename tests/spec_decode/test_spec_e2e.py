@@ -209,7 +209,7 @@ def test_preemption_under_speculation_equals_roomy_run(tiny_llama_dir, truncated
 
 @pytest.mark.forked
 def test_disable_by_batch_size_and_draft_catch_up(tiny_llama_dir, truncated_llama_dir):
-    """With speculative_disable_by_batch_size=3, steps with >= 3 running sequences decode
+    """With speculative_disable_by_batch_size=3, steps with >= 3 running requests decode
     normally (the draft cache falls behind), later steps speculate after feeding the draft
     the positions it missed; outputs stay exact."""
     from vllm import SamplingParams

@@ -8,8 +8,8 @@ sequence's proposal length (ngram_proposer.proposal_len), propose, score the exp
 with one target forward, accept a prefix, and return one SequenceOutput per sequence whose
 ``extra_tokens`` carry the tokens after the first; the engine applies them one by one with
 stop checks. A step with no proposals (at least speculative_disable_by_batch_size
-sequences, or a sequence under a structured-output constraint) is a normal target decode
-step.
+running requests, or a sequence under a structured-output constraint) is a normal target
+decode step.
 
 With tensor parallelism (PP = 1) every rank of the stage runs a SpecDecodeWorker over its
 shards: the same proposals (n-gram lookups read the same tokens; the draft model's ids are
@@ -205,7 +205,9 @@ class SpecDecodeWorker:
         draft_limit = self.spec.speculative_max_model_len
         caps = [proposal_len(d.get_len(), self.k, limit, draft_limit) for _, _, d in seqs]
         thr = self.spec.speculative_disable_by_batch_size
-        if thr is not None and len(seqs) >= thr:
+        # running requests (groups) in the scheduler, as upstream counts them: a request's
+        # n sequences count once, and running requests left out of this step count too
+        if thr is not None and max(request.running_queue_size, len(mds)) >= thr:
             caps = [0] * len(seqs)
         if any(md.guided_bitmasks for md in mds):
             # Structured outputs: the grammar's mask of a position after a proposed token
