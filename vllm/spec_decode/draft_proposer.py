@@ -11,6 +11,8 @@ proposals, positions up to n - 1 + min(a, L - 1) hold true tokens.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from vllm.distributed.tp_ops import tensor_model_parallel_broadcast
@@ -43,24 +45,46 @@ class DraftModelProposer:
         self.draft_len: dict[int, int] = {}
 
     def prefill(self, metadata_list: list[SequenceGroupMetadata], virtual_engine: int) -> None:
-        """Run the draft over the prefill groups (or chunks) that fit its limit (no sampling);
-        its cache then holds their prompts up to the end of the chunk."""
-        fits = [
-            md
-            for md in metadata_list
-            if all(d.get_len() <= self.draft_limit for d in md.seq_data.values())
-        ]
-        if not fits:
+        """Run the draft over the prefill groups (or chunks), no sampling: its cache then
+        holds their prompts up to the end of the chunk, or, for a prompt longer than the
+        draft's limit, up to that limit. The prefix cache shares the blocks of such a prompt
+        with later, shorter prompts, which read the draft's keys of those positions."""
+        limit = self.draft_limit
+        parts: list[SequenceGroupMetadata] = []
+        tops: dict[int, int] = {}  # seq_id -> where the draft's cache now ends
+        for md in metadata_list:
+            computed = md.computed_lens or {}
+            spans = {}
+            for sid, d in md.seq_data.items():
+                done = computed.get(sid, 0)
+                chunk = md.token_chunk_size
+                spans[sid] = (done, d.get_len() if chunk is None else done + chunk)
+            if all(end <= limit for _, end in spans.values()):
+                parts.append(md)
+                tops.update((sid, end) for sid, (_, end) in spans.items())
+                continue
+            for sid, (done, end) in spans.items():  # each sequence up to the limit
+                top = min(end, limit)
+                if top <= done:
+                    continue
+                one = dataclasses.replace(
+                    md,
+                    seq_data={sid: md.seq_data[sid]},
+                    block_tables={sid: md.block_tables[sid]},
+                    computed_lens={sid: done} if done else None,
+                    token_chunk_size=top - done,
+                    do_sample=False,
+                    guided_bitmasks=None,
+                )
+                parts.append(one)
+                tops[sid] = top
+        if not parts:
             return
         runner = self.worker.model_runner
         ce = self.worker.cache_engines[virtual_engine]
-        batch = runner.prepare_model_input(fits, virtual_engine, ce.scratch_slot, 0)
+        batch = runner.prepare_model_input(parts, virtual_engine, ce.scratch_slot, 0)
         runner.forward_hidden(batch, ce.kv_caches)
-        for md in fits:
-            for sid, d in md.seq_data.items():
-                done = (md.computed_lens or {}).get(sid, 0)
-                chunk = md.token_chunk_size
-                self.draft_len[sid] = d.get_len() if chunk is None else done + chunk
+        self.draft_len.update(tops)
 
     @torch.inference_mode()
     def propose(
