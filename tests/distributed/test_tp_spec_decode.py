@@ -9,7 +9,8 @@ bookkeeping needs. So at TP = 2:
   the tokens of TP = 1 without speculation, logprobs within 1e-4 (another sum order);
 - a draft model gives the tokens of TP = 1 with the same draft, greedy (with logprobs)
   and seeded, and the greedy ones equal TP = 1 without speculation;
-- the counters come from TP rank 0 and match TP = 1's.
+- the counters come from TP rank 0 and match TP = 1's;
+- a rank that raises fails its step's requests as without speculation.
 """
 
 import pytest
@@ -67,3 +68,67 @@ def test_tp2_draft_model_equals_tp1(tiny_llama_dir, truncated_llama_dir):
         tp2, tp1, range(len(tp1)), 1e-4
     )  # the seeded row too: same draws on TP rank 0
     assert tp2_metrics == tp1_metrics and tp2_metrics["num_spec_steps"] > 0, tp2_metrics
+
+
+RANK_FAULT_SCRIPT = """
+import asyncio, sys
+from vllm.spec_decode.spec_decode_worker import SpecDecodeWorker
+
+real = SpecDecodeWorker.execute_model
+
+def _rank_fault(self, request, *args):
+    if self.rank == 1 and any(getattr(md, "request_id", None) == "doomed"
+                              for md in request.seq_group_metadata_list):
+        raise RuntimeError("injected rank failure 41ab")
+    return real(self, request, *args)
+
+SpecDecodeWorker.execute_model = _rank_fault  # forked rank processes inherit it
+
+from vllm import SamplingParams
+from vllm.engine.arg_utils import EngineArgs
+from vllm.engine.async_llm_engine import AsyncLLMEngine
+
+async def main():
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
+    args = EngineArgs(model=sys.argv[1], device="cpu", tensor_parallel_size=2,
+                      speculative_config=spec)
+    engine = AsyncLLMEngine(args, log_requests=False)
+    sp = SamplingParams(temperature=0.0, max_tokens=3)
+    try:
+        async for _ in engine.generate({"prompt_token_ids": [40, 41]}, sp, "doomed"):
+            pass
+    except Exception as e:
+        print("REQUEST FAILED", type(e).__name__, str(e).splitlines()[0])
+    await engine.shutdown()
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.forked
+def test_raising_rank_fails_its_step_requests_as_without_speculation(cycling_llama_dir, tmp_path):
+    """The async engine (the server's path) at TP = 2 with speculation: a rank that raises
+    in a step fails that step's requests with the rank's error (RequestFailedError, HTTP
+    500), as the TP path without speculation does. Regression: the step's statistics read
+    the spec counters from the failed executor, which raised inside the failure handling;
+    the engine loop died and the request got EngineDeadError (HTTP 503) instead."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "0.05", "HF_HUB_OFFLINE": "1"}
+    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
+    env.pop("VLLM_WORKER_MULTIPROC_METHOD", None)  # fork: the ranks inherit the fault
+    proc = subprocess.run(
+        [sys.executable, "-c", RANK_FAULT_SCRIPT, cycling_llama_dir],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("REQUEST FAILED")]
+    assert line, proc.stderr[-3000:]
+    assert line[0].startswith("REQUEST FAILED RequestFailedError pipeline worker rank 1 "), line
+    assert "injected rank failure 41ab" in proc.stderr

@@ -246,8 +246,11 @@ class EngineSteps:
         """Running / waiting requests and KV-cache usage now."""
         spec = None
         now = time.monotonic()
-        # Spec-decode counters are collected at an interval (1 s), not every step.
-        if now - self._spec_collected >= 1.0:
+        # Spec-decode counters are collected at an interval (1 s), not every step, and not
+        # from a failed executor: its ranks no longer answer, and a step failed by it must
+        # still fail its own requests (the loop then stops on the failed executor).
+        failed = getattr(self.engine.executor, "failed", False)
+        if now - self._spec_collected >= 1.0 and not failed:
             self._spec_collected = now
             get = getattr(self.engine, "spec_decode_metrics", None)
             spec = get() if get is not None else None
