@@ -81,3 +81,40 @@ def test_draft_equal_to_target_accepts_everything_with_chunked_prefill(tiny_llam
     assert [g[0] for g in got] == [p[0] for p in plain]
     assert metrics["num_draft_tokens"] >= 20, metrics
     assert metrics["num_accepted_tokens"] == metrics["num_draft_tokens"], metrics
+
+
+@pytest.mark.forked
+def test_recomputed_siblings_of_different_lengths(tiny_llama_dir, truncated_llama_dir):
+    """Speculation accepts different numbers of tokens for the siblings of an n > 1 request;
+    a small cache preempts such groups, and their recompute under chunked prefill follows
+    the longest sibling (a shorter one's rows stop at its end): every sibling finishes with
+    its max_tokens, and the engine never fails a step."""
+    from vllm import LLM, SamplingParams
+    from vllm.core import chunked_prefill
+
+    uneven = []
+    add = chunked_prefill._Chunks.add
+
+    def spy(self, group, start, seqs, first=False):
+        if len({s.get_len() for s in seqs}) > 1:
+            uneven.append(group.request_id)
+        return add(self, group, start, seqs, first)
+
+    chunked_prefill._Chunks.add = spy
+    llm = LLM(
+        model=tiny_llama_dir, device="cpu", dtype="float32", max_model_len=64, block_size=8,
+        num_gpu_blocks_override=24, max_num_seqs=8, enable_chunked_prefill=True,
+        max_num_batched_tokens=8, enable_prefix_caching=False,
+        speculative_config={"model": truncated_llama_dir, "num_speculative_tokens": 3},
+    )  # fmt: skip
+    prompts = [[7, 8, 9, 10] * 3, [7, 8, 9, 10] * 3 + [5], [11, 12] * 4, [7, 8, 9, 10] * 2]
+    params = [SamplingParams(temperature=1.0, seed=i, max_tokens=40, n=3 if i < 3 else 2,
+                             ignore_eos=True) for i in range(4)]  # fmt: skip
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    engine = llm.llm_engine
+    preempted = engine.schedulers[0].num_cumulative_preemption
+    failed = dict(engine.failed_requests)
+    engine.shutdown()
+    assert not failed, failed
+    assert [[len(c.token_ids) for c in o.outputs] for o in outs] == [[40] * 3] * 3 + [[40] * 2]
+    assert preempted > 0 and uneven, (preempted, uneven)

@@ -21,13 +21,19 @@ Each step spends a token budget of ``max_num_batched_tokens``:
 A group's prompt is sampled only by its last chunk (``do_sample``); until then the group
 stays in ``running`` with ``partial_prefill_tokens`` set to the tokens scheduled so far.
 An ``n > 1`` request prefills all its sequences together, chunk by chunk (each sequence is
-a row), so its siblings need no copy of another sequence's cache.
+a row), so its siblings need no copy of another sequence's cache. Siblings may differ in
+length when such a request is recomputed after speculative decoding accepted different
+numbers of tokens for them: chunks then follow the longest, and a shorter sibling's rows
+stop at its own end (once its tokens are all in, each later chunk feeds its last token
+again, rewriting the same key and value, so the group's last chunk samples every sibling;
+vllm/worker/model_input.py).
 
 The step's groups are ordered prefill chunks first, then decode groups (the worker's mixed
 batch layout). Decode groups get the configured lookahead slots (``num_scheduler_steps - 1``
 with multi-step decoding): a step with a prefill chunk runs one pass, a decode-only step up
 to ``num_scheduler_steps`` (the worker decides, see vllm/worker/worker.py). Speculative
-decoding is refused with chunked prefill during validation.
+decoding runs the target alone in steps with a chunk and speculates in decode-only steps
+(vllm/spec_decode/spec_decode_worker.py).
 """
 
 from __future__ import annotations
@@ -67,13 +73,14 @@ class _Chunks:
         ``first``: its first chunk, which starts after its prefix-cached tokens); False
         when the budget has no room for one token per sequence."""
         n = len(seqs)
-        size = min(seqs[0].get_len() - start, (self.budget - self.used) // n, self.cap)
+        longest = max(s.get_len() for s in seqs)  # siblings may differ (module docstring)
+        size = min(longest - start, (self.budget - self.used) // n, self.cap)
         if size < 1:
             return False
         end = start + size
         for seq in seqs:
-            self.bm.mark_computed(seq, end)
-        if end < seqs[0].get_len():
+            self.bm.mark_computed(seq, min(end, seq.get_len()))
+        if end < longest:
             group.partial_prefill_tokens = end
             self.left_partial += 1
         else:

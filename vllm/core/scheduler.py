@@ -282,7 +282,7 @@ class Scheduler:
             if is_prompt and chunks:
                 start, size = chunks[i]
                 md.token_chunk_size = size
-                md.do_sample = start + size == seqs[0].get_len()
+                md.do_sample = start + size == max(s.get_len() for s in seqs)
                 if start:
                     md.computed_lens = dict.fromkeys(seq_data, start)
             elif is_prompt and caching:

@@ -56,9 +56,10 @@ class DraftModelProposer:
             computed = md.computed_lens or {}
             spans = {}
             for sid, d in md.seq_data.items():
-                done = computed.get(sid, 0)
+                done, n = computed.get(sid, 0), d.get_len()
                 chunk = md.token_chunk_size
-                spans[sid] = (done, d.get_len() if chunk is None else done + chunk)
+                end = n if chunk is None else min(done + chunk, n)
+                spans[sid] = (min(done, end - 1), end)  # as model_input feeds a sibling
             if all(end <= limit for _, end in spans.values()):
                 parts.append(md)
                 tops.update((sid, end) for sid, (_, end) in spans.items())

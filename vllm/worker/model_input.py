@@ -128,7 +128,11 @@ def prepare_model_input(
             n = data.get_len()
             if prompt_row:
                 c = computed.get(seq_id, 0) if computed else 0
-                end = n if md.token_chunk_size is None else c + md.token_chunk_size
+                end = n if md.token_chunk_size is None else min(c + md.token_chunk_size, n)
+                if md.token_chunk_size is not None and c >= n:
+                    # a sibling shorter than its group's chunk position (the chunks follow
+                    # the longest, vllm/core/chunked_prefill.py): its last token again
+                    c = n - 1
                 if not 0 <= c < end <= n:
                     raise ValueError(
                         f"sequence {seq_id}: a prefill of tokens {c}..{end - 1} of {n}; it "
