@@ -50,8 +50,8 @@ class UniProcExecutor(ExecutorBase):
 
     def spec_decode_metrics(self) -> dict | None:
         """The SpecDecodeWorker's counters (vllm/spec_decode/metrics.py), None without one."""
-        metrics = getattr(self.__dict__.get("worker"), "metrics", None)
-        return None if metrics is None else metrics.snapshot()
+        worker = self.__dict__.get("worker")
+        return None if worker is None else run_call(worker, "spec_decode_metrics", ())
 
     def collective_rpc(self, method: str, *args: Any, timeout: float | None = None) -> list:
         """``[Worker.<method>(*args)]`` (or the helper of that name, see ``run_call`` in

@@ -25,6 +25,7 @@ from vllm.spec_decode.batch_expansion import (
     rows_metadata,
 )
 from vllm.utils import to_device
+from vllm.worker.model_input import prefill_span
 
 DRAFT_SEED_STREAM = 1  # the draft runner's random stream (sampling_metadata.stream_seed)
 
@@ -53,13 +54,8 @@ class DraftModelProposer:
         parts: list[SequenceGroupMetadata] = []
         tops: dict[int, int] = {}  # seq_id -> where the draft's cache now ends
         for md in metadata_list:
-            computed = md.computed_lens or {}
-            spans = {}
-            for sid, d in md.seq_data.items():
-                done, n = computed.get(sid, 0), d.get_len()
-                chunk = md.token_chunk_size
-                end = n if chunk is None else min(done + chunk, n)
-                spans[sid] = (min(done, end - 1), end)  # as model_input feeds a sibling
+            # what the target's prefill rows compute (the same function feeds them)
+            spans = {sid: prefill_span(md, sid, d.get_len()) for sid, d in md.seq_data.items()}
             if all(end <= limit for _, end in spans.values()):
                 parts.append(md)
                 tops.update((sid, end) for sid, (_, end) in spans.items())

@@ -26,6 +26,7 @@ import logging
 import torch
 
 from vllm.config import EngineConfig
+from vllm.distributed.tp_ops import tensor_model_parallel_broadcast
 from vllm.model_executor.layers.sampler import (
     _pack_logprobs,
     _position,
@@ -275,8 +276,6 @@ class SpecDecodeWorker:
         if self.draft_worker is None:
             return
         if self.tp_size > 1:
-            from vllm.distributed.tp_ops import tensor_model_parallel_broadcast
-
             dev = self.device
             sent = None if num_acc is None else torch.tensor(num_acc, dtype=torch.long, device=dev)
             num_acc = tensor_model_parallel_broadcast(sent, (len(seqs),), torch.long, dev).tolist()

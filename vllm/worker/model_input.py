@@ -72,6 +72,21 @@ def place_input(values: list[int], graph_size: int | None, device: torch.device)
     return pin_for(host, device)
 
 
+def prefill_span(md: SequenceGroupMetadata, seq_id: int, n: int) -> tuple[int, int]:
+    """Positions [start, end) that a prefill row of ``md`` computes for sequence ``seq_id``
+    of ``n`` tokens: from its ``computed_lens`` (0 without) up to ``token_chunk_size`` more
+    tokens, stopping at its end (every token past ``computed_lens`` without a chunk size).
+    A sibling shorter than its group's chunk position (the chunks of an ``n > 1`` group
+    follow its longest sequence, vllm/core/chunked_prefill.py) feeds its last token again:
+    ``(n - 1, n)``. Not validated here (:func:`prepare_model_input` refuses empty spans)."""
+    c = md.computed_lens.get(seq_id, 0) if md.computed_lens else 0
+    if md.token_chunk_size is None:
+        return c, n
+    if c >= n:
+        return n - 1, n
+    return c, min(c + md.token_chunk_size, n)
+
+
 def prepare_model_input(
     ctx: InputContext,
     seq_group_metadata_list: list[SequenceGroupMetadata],
@@ -121,18 +136,12 @@ def prepare_model_input(
     has_context = False
     num_prefills = 0
     for md in seq_group_metadata_list:
-        computed = md.computed_lens
         prompt_row = md.is_prompt
         for seq_id, data in md.seq_data.items():
             table = md.block_tables[seq_id]
             n = data.get_len()
             if prompt_row:
-                c = computed.get(seq_id, 0) if computed else 0
-                end = n if md.token_chunk_size is None else min(c + md.token_chunk_size, n)
-                if md.token_chunk_size is not None and c >= n:
-                    # a sibling shorter than its group's chunk position (the chunks follow
-                    # the longest, vllm/core/chunked_prefill.py): its last token again
-                    c = n - 1
+                c, end = prefill_span(md, seq_id, n)
                 if not 0 <= c < end <= n:
                     raise ValueError(
                         f"sequence {seq_id}: a prefill of tokens {c}..{end - 1} of {n}; it "
