@@ -410,6 +410,21 @@ def check_gguf_matches_source(
                 assert abs(a[tok] - b[tok]) <= tol, (name, p, pos, tok)
 
 
+def run_engine_script(script: str, *args: str, cwd, timeout: int):
+    """``python -c script *args`` in a fresh interpreter (``subprocess.CompletedProcess``
+    with text stdout / stderr): this checkout first on PYTHONPATH, a 0.05 GiB CPU KV cache,
+    the hub offline, and workers started by fork (VLLM_WORKER_MULTIPROC_METHOD unset), so
+    they inherit what the script patches in."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "0.05", "HF_HUB_OFFLINE": "1"}
+    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
+    env.pop("VLLM_WORKER_MULTIPROC_METHOD", None)
+    return subprocess.run(
+        [sys.executable, "-c", script, *args],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
 def run_in_fork(fn: Callable[[], Any]) -> Any:
     """Run ``fn`` in a forked child (a fresh engine beside a running server, say) and
     return its JSON-able result; the child's failure fails the caller's assertion."""

@@ -16,7 +16,7 @@ bookkeeping needs. So at TP = 2:
 import pytest
 
 from tests.spec_decode.spec_runs import assert_runs_close, run_token_prompts
-from tests.utils import deadline
+from tests.utils import deadline, run_engine_script
 
 # cycling_llama_dir (tests/conftest.py) cycles 40 41 42 and 50 51 52 53
 NGRAM_PROMPTS = [[40, 41, 42, 40], [50, 51], [5, 40, 41], [52, 53, 50, 51, 52]]
@@ -112,22 +112,8 @@ def test_raising_rank_fails_its_step_requests_as_without_speculation(cycling_lla
     500), as the TP path without speculation does. Regression: the step's statistics read
     the spec counters from the failed executor, which raised inside the failure handling;
     the engine loop died and the request got EngineDeadError (HTTP 503) instead."""
-    import os
-    import subprocess
-    import sys
-
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "0.05", "HF_HUB_OFFLINE": "1"}
-    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
-    env.pop("VLLM_WORKER_MULTIPROC_METHOD", None)  # fork: the ranks inherit the fault
-    proc = subprocess.run(
-        [sys.executable, "-c", RANK_FAULT_SCRIPT, cycling_llama_dir],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    # fork: the ranks inherit the injected fault
+    proc = run_engine_script(RANK_FAULT_SCRIPT, cycling_llama_dir, cwd=tmp_path, timeout=240)
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("REQUEST FAILED")]
     assert line, proc.stderr[-3000:]
     assert line[0].startswith("REQUEST FAILED RequestFailedError pipeline worker rank 1 "), line

@@ -16,7 +16,7 @@ from concurrent.futures import Future
 
 import pytest
 
-from tests.utils import virtual_engines_override
+from tests.utils import run_engine_script, virtual_engines_override
 
 PROMPTS = [f"Request number {i} says hello to" for i in range(16)]
 
@@ -251,22 +251,7 @@ asyncio.run(main())
 def test_failed_mp_step_logs_the_workers_traceback(tiny_llama_dir, tmp_path):
     """PP = 2 under the mp executor (forked stages): a stage's exception reaches the log of
     the failed step with the worker's own traceback (the executor's error carries it)."""
-    import os
-    import subprocess
-    import sys
-
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "0.05", "HF_HUB_OFFLINE": "1"}
-    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
-    env.pop("VLLM_WORKER_MULTIPROC_METHOD", None)
-    proc = subprocess.run(
-        [sys.executable, "-c", MP_SCRIPT, tiny_llama_dir],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = run_engine_script(MP_SCRIPT, tiny_llama_dir, cwd=tmp_path, timeout=300)
     assert "REQUEST FAILED RequestFailedError" in proc.stdout, proc.stderr[-3000:]
     err = proc.stderr
     start = err.index("Step of virtual engine 0 failed; failing its requests.")
