@@ -71,6 +71,9 @@ class ModelConfig:
         model_loader_extra_config: options of the load format, a dict or its JSON text;
             "sim" reads ``step_ms``, ``per_row_us``, ``per_token_us``
             (vllm/model_executor/model_loader/sim_model.py).
+        quantization: None, or "fp8": the decoder's projections quantized to
+            float8_e4m3fn after loading (vllm/model_executor/layers/fp8.py; the engine
+            arguments refuse it for a .gguf file, vllm/engine/compat_args.py).
         tokenizer_mode: how the tokenizer is loaded ("auto" or "slow"; see
             vllm/engine/compat_args.py).
         trust_remote_code: let transformers run the checkpoint's own config and tokenizer
@@ -106,7 +109,9 @@ class ModelConfig:
             the model's context limit (``context_limit``: max_position_embeddings, times a
             linear RoPE scaling's factor; with yarn scaling original_max_position_embeddings
             times its factor) or above a uniform sliding window (Mistral v0.1), or
-            with disable_sliding_window above the smallest window.
+            with disable_sliding_window above the smallest window; a quantization other
+            than None / "fp8"; a safetensors checkpoint whose config holds a
+            ``quantization_config`` (pre-quantized weights: AWQ, GPTQ, fp8, ...).
     """
 
     model: str
@@ -117,6 +122,7 @@ class ModelConfig:
     max_logprobs: int = 20
     logprobs_mode: str = LOGPROBS_MODES[0]
     load_format: str = "auto"
+    quantization: str | None = None
     skip_tokenizer_init: bool = False
     tokenizer_mode: str = "auto"
     trust_remote_code: bool = False
@@ -181,6 +187,7 @@ class ModelConfig:
                 apply_hf_overrides(self.hf_config, self.hf_overrides)
         self._verify_architecture()
         self._verify_max_model_len()
+        self._verify_quantization()
 
     @property
     def is_gguf(self) -> bool:
@@ -211,6 +218,23 @@ class ModelConfig:
         if check is not None:
             check(self.hf_config)
         check_rope_types(self.hf_config)
+
+    def _verify_quantization(self) -> None:
+        if self.quantization not in (None, "fp8"):
+            raise ValueError(f"quantization must be None or 'fp8', got {self.quantization!r}.")
+        stored = getattr(self.hf_config, "quantization_config", None)
+        if stored is not None and self.load_format == "safetensors":
+            method = (
+                stored.get("quant_method")
+                if isinstance(stored, dict)
+                else getattr(stored, "quant_method", None)
+            )
+            raise ValueError(
+                f"{self.model!r} holds pre-quantized weights (quantization_config with "
+                f"quant_method={method!r} in its config), which this engine does not load. "
+                "Use the unquantized checkpoint; quantization='fp8' (--quantization fp8) "
+                "quantizes it on load."
+            )
 
     def _verify_max_model_len(self) -> None:
         from vllm.model_executor.layers.yarn_rope import yarn_context_length

@@ -6,10 +6,10 @@ rank's (docs/design.md "Tensor parallelism"). Outputs of random tiny models are 
 meaningful when not one repeated token, so each reference completion must hold at least
 ``MIN_DISTINCT`` distinct ids.
 
-Coverage with four multi-rank engines (CI time): Qwen2 with fewer ranks than KV heads at
+Coverage with five multi-rank engines (CI time): Qwen2 with fewer ranks than KV heads at
 TP = 2; Llama with more ranks than KV heads at TP = 2 x PP = 2, which then also loses a rank;
 the Ray executor at TP = 2 with one KV head per rank; Gemma 3's final logit soft-cap at
-TP = 2.
+TP = 2; ``--quantization fp8`` at TP = 2.
 """
 
 import os
@@ -173,3 +173,16 @@ def test_gemma3_tp2_final_logit_softcap(tiny_gemma3_dir):
         finally:
             llm.llm_engine.shutdown()
     _check_close(ref, out, "gemma3-tp2")
+
+
+@pytest.mark.forked
+def test_fp8_tp2_equals_tp1(tiny_llama_dir):
+    """``--quantization fp8`` at TP = 2 gives TP = 1's fp8 tokens and logprobs. o_proj and
+    down_proj split each weight row over the ranks; every rank scales its half-rows by the
+    whole row's maximum (reduced over the TP group), so the ranks hold exactly the slices
+    of one rank's quantized weights. Guards per-rank maxima, which quantize each half
+    differently from one rank."""
+    with deadline(240):
+        ref = _greedy(tiny_llama_dir, quantization="fp8")
+        out = _greedy(tiny_llama_dir, quantization="fp8", tensor_parallel_size=2)
+    _check_close(ref, out, "fp8-tp2")

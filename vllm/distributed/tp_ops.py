@@ -30,6 +30,16 @@ def tensor_model_parallel_all_reduce(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def tensor_model_parallel_max(x: torch.Tensor) -> torch.Tensor:
+    """Elementwise maximum of ``x`` over the TP group, in place; returns ``x`` (itself at
+    TP = 1)."""
+    group = get_pp_group()
+    if group is None or group.tp_size == 1:
+        return x
+    dist.all_reduce(x, op=dist.ReduceOp.MAX, group=group.tp_group)
+    return x
+
+
 def tensor_model_parallel_gather(x: torch.Tensor, dim: int = -1) -> torch.Tensor | None:
     """Concatenate every TP rank's ``x`` along ``dim`` on TP rank 0.
 

@@ -12,8 +12,10 @@ what is supported otherwise, before any weight is read:
   (``ModelRegistry``), so a checkpoint's custom modelling code is never run.
 - ``revision``, ``download_dir``: models are read from local paths only (no model hub),
   where neither applies; a value other than the default is logged as ignored.
-- ``quantization``: None, or ``gguf`` for a .gguf file (what the file's own tensor types
-  say is used in either case); other methods are refused.
+- ``quantization``: None, ``gguf`` for a .gguf file (what the file's own tensor types
+  say is used in either case), or ``fp8`` for a Hugging Face checkpoint, quantized on load
+  (vllm/model_executor/layers/fp8.py); other methods, and ``fp8`` with a .gguf file, are
+  refused.
 - ``kv_cache_dtype``: ``auto`` (the model's dtype); fp8 caches are refused.
 - ``swap_space``: GiB of CPU swap per GPU in upstream V0, >= 0. Preempted sequences are
   recomputed here (as in upstream V1), so no swap space is allocated.
@@ -66,10 +68,18 @@ def check_compat_args(
 
     # by name too: a missing path is reported by the model config, not as a bad quantization
     is_gguf = model.endswith(".gguf") or is_gguf_file(model)
-    if quantization not in (None, "gguf") or (quantization == "gguf" and not is_gguf):
+    if quantization == "fp8" and is_gguf:
+        raise ValueError(
+            f"quantization='fp8' quantizes a Hugging Face checkpoint's weights on load; "
+            f"{model!r} is a GGUF file, whose tensor types are used as stored. Pass the "
+            "model's Hugging Face directory with quantization='fp8', or the GGUF file "
+            "without it."
+        )
+    if quantization not in (None, "gguf", "fp8") or (quantization == "gguf" and not is_gguf):
         raise ValueError(
             f"quantization={quantization!r} is not supported; use None (the checkpoint's "
-            "own weights) or 'gguf' with a .gguf file (its tensor types are used as stored)."
+            "own weights), 'fp8' (a Hugging Face checkpoint quantized to fp8 on load) or "
+            "'gguf' with a .gguf file (its tensor types are used as stored)."
         )
     if kv_cache_dtype not in KV_CACHE_DTYPES:
         raise ValueError(

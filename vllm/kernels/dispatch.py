@@ -16,7 +16,8 @@ step's bookkeeping (:mod:`vllm.kernels.decode_step`, :func:`get_triton_decode_st
 without a switch of its own). FLASHINFER's
 small-decode path runs :mod:`vllm.kernels.decode_attention` (:func:`decode_attention`).
 Mixture-of-experts layers run :mod:`vllm.kernels.fused_moe` on the same rule as the fused
-norm / rotary kernels (:func:`get_triton_moe`).
+norm / rotary kernels (:func:`get_triton_moe`), and so does the W8A8 path's activation
+quantization (:mod:`vllm.kernels.fp8_quant`, :func:`get_triton_fp8_quant`).
 
 Every kernel module imports ``triton`` at its top, so they are imported by name here on
 first use (:func:`_import`): installs without ``triton`` and CPU-only processes never
@@ -88,6 +89,14 @@ def get_triton_decode_step(x: torch.Tensor) -> ModuleType | None:
     if get_triton_ops(x) is None:
         return None
     return _load("decode_step")
+
+
+def get_triton_fp8_quant(x: torch.Tensor) -> ModuleType | None:
+    """:mod:`vllm.kernels.fp8_quant` (one-launch per-row fp8 quantization) when the
+    activations ``x`` [T, K] take the Triton path (:func:`get_triton_ops`), else None."""
+    if get_triton_ops(x) is None:
+        return None
+    return _load("fp8_quant")
 
 
 def get_triton_moe(x: torch.Tensor) -> ModuleType | None:

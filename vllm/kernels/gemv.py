@@ -87,8 +87,8 @@ def _row_products(a, w, USE_DOT: tl.constexpr, IEEE: tl.constexpr):
     can differ from the GPU's.
     """
     if USE_DOT:
-        if IEEE:
-            return tl.dot(a, tl.trans(w), input_precision="ieee")
+        if IEEE:  # float32 operands (the casts are no-ops but under the interpreter)
+            return tl.dot(a.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
         return tl.dot(a, tl.trans(w))
     prod = a.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]  # [BM, BN, BK]
     return tl.sum(prod, axis=2)
@@ -113,15 +113,17 @@ def _w_tile(w_ptr, tile, N, K, w_stride, up_offset, SILU_MUL: tl.constexpr,
 
 @triton.jit
 def _gemv_tile(
-    tile, w_next, wu_next, x_ptr, res_ptr, nw_ptr, w_ptr, b_ptr, out_ptr, res_out_ptr,
+    tile, w_next, wu_next, x_ptr, res_ptr, nw_ptr, w_ptr, s_ptr, b_ptr, out_ptr, res_out_ptr,
     M, N, K, x_stride, res_stride, w_stride, out_stride, res_out_stride, up_offset, eps,
     NORM: tl.constexpr, ADD_RES: tl.constexpr, SILU_MUL: tl.constexpr, HAS_BIAS: tl.constexpr,
-    USE_DOT: tl.constexpr, IEEE: tl.constexpr,
+    W_SCALE: tl.constexpr, USE_DOT: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """out[:, tile * BLOCK_N : (tile + 1) * BLOCK_N] for all M (<= BLOCK_M) rows, given the
     tile's first weight tile(s) from :func:`_w_tile`; each later weight tile is loaded an
-    iteration ahead of its use. The program of tile 0 alone stores the residual sum."""
+    iteration ahead of its use. The program of tile 0 alone stores the residual sum.
+    W_SCALE: fp8 weights with per-row scales ``s_ptr`` [N] ([2 * N] with SILU_MUL),
+    widened to the activation dtype (exact) and scaled after the float32 sums."""
     rows = tl.arange(0, BLOCK_M)  # [BM]
     row_ok = rows < M
     cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN] output features
@@ -166,17 +168,24 @@ def _gemv_tile(
             a = (a * rstd[:, None]).to(act_ty).to(tl.float32)
             nw = tl.load(nw_ptr + kk, mask=k_ok, other=0.0).to(tl.float32)  # [BK]
             a = (nw[None, :] * a).to(act_ty)
-        a = a.to(w_ptr.dtype.element_ty)
+        a = a.to(act_ty if W_SCALE else w_ptr.dtype.element_ty)
         w, wu = w_next, wu_next  # [BN, BK] this tile; load the next one now
         kn = kk + BLOCK_K
         wn_ok = col_ok[:, None] & (kn < K)[None, :]  # all False after the last tile
         w_next = tl.load(w_rows + kn[None, :], mask=wn_ok, other=0.0)
         if SILU_MUL:
             wu_next = tl.load(w_rows + up_offset * w_stride + kn[None, :], mask=wn_ok, other=0.0)
+        if W_SCALE:  # e4m3 -> the activation dtype: exact
+            w = w.to(act_ty)
+            wu = wu.to(act_ty)
         acc += _row_products(a, w, USE_DOT, IEEE)
         if SILU_MUL:
             acc_up += _row_products(a, wu, USE_DOT, IEEE)
 
+    if W_SCALE:
+        acc *= tl.load(s_ptr + cols, mask=col_ok, other=0.0)[None, :]
+        if SILU_MUL:
+            acc_up *= tl.load(s_ptr + up_offset + cols, mask=col_ok, other=0.0)[None, :]
     if HAS_BIAS:
         acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         if SILU_MUL:
@@ -194,10 +203,10 @@ def _gemv_tile(
 
 @triton.jit
 def _gemv_kernel(
-    x_ptr, res_ptr, nw_ptr, w_ptr, b_ptr, out_ptr, res_out_ptr,
+    x_ptr, res_ptr, nw_ptr, w_ptr, s_ptr, b_ptr, out_ptr, res_out_ptr,
     M, N, K, x_stride, res_stride, w_stride, out_stride, res_out_stride, up_offset, eps,
     NORM: tl.constexpr, ADD_RES: tl.constexpr, SILU_MUL: tl.constexpr, HAS_BIAS: tl.constexpr,
-    USE_DOT: tl.constexpr, IEEE: tl.constexpr,
+    W_SCALE: tl.constexpr, USE_DOT: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """Program n: output tile n (:func:`_gemv_tile`). The first weight tile is loaded before
@@ -206,9 +215,9 @@ def _gemv_kernel(
     w, wu = _w_tile(w_ptr, pid, N, K, w_stride, up_offset, SILU_MUL, BLOCK_N, BLOCK_K)
     pdl_wait(PDL)  # everything below may read what earlier kernels wrote
     _gemv_tile(
-        pid, w, wu, x_ptr, res_ptr, nw_ptr, w_ptr, b_ptr, out_ptr, res_out_ptr,
+        pid, w, wu, x_ptr, res_ptr, nw_ptr, w_ptr, s_ptr, b_ptr, out_ptr, res_out_ptr,
         M, N, K, x_stride, res_stride, w_stride, out_stride, res_out_stride, up_offset, eps,
-        NORM, ADD_RES, SILU_MUL, HAS_BIAS, USE_DOT, IEEE, BLOCK_M, BLOCK_N, BLOCK_K,
+        NORM, ADD_RES, SILU_MUL, HAS_BIAS, W_SCALE, USE_DOT, IEEE, BLOCK_M, BLOCK_N, BLOCK_K,
     )  # fmt: skip
 
 
@@ -275,15 +284,17 @@ def _check(x: torch.Tensor, weight: torch.Tensor) -> None:
 def _launch(
     x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor | None,
     eps: float, weight: torch.Tensor, bias: torch.Tensor | None, silu_mul: bool,
-    config: dict | None = None,
+    config: dict | None = None, weight_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """Shared launcher; returns (out [M, N_out], residual sum [M, K] or x)."""
+    """Shared launcher; returns (out [M, N_out], residual sum [M, K] or x).
+    ``weight_scale``: [N] float32 row scales of an fp8 ``weight`` (else None)."""
     _check(x, weight)
     if x.stride(1) != 1:
         x = x.contiguous()
     m, k = x.shape
     n = weight.shape[0] // 2 if silu_mul else weight.shape[0]
-    act_dtype = torch.promote_types(x.dtype, weight.dtype)
+    # an fp8 weight does not take part in the promotion (torch has none for float8)
+    act_dtype = x.dtype if weight_scale is not None else torch.promote_types(x.dtype, weight.dtype)
     if norm_weight is not None:
         act_dtype = torch.promote_types(act_dtype, norm_weight.dtype)
     res_out = x
@@ -301,9 +312,12 @@ def _launch(
         if m != 1:
             raise ValueError(f"the whole-row config {cfg} takes one row, got {m}")
         gemv_rows.launch(x, residual, norm_weight, eps, weight, bias, silu_mul, out,
-                                res_out, cfg)  # fmt: skip
+                         res_out, cfg, weight_scale)  # fmt: skip
         return out, res_out
-    ieee = weight.dtype == torch.float32
+    # float32 products without TF32 where the tile's operands are float32
+    ieee = (act_dtype if weight_scale is not None else weight.dtype) == torch.float32
+    if _INTERPRETED and weight_scale is not None:  # numpy, under the interpreter, has no fp8
+        weight = weight.float()
     if _INTERPRETED and cfg["USE_DOT"]:  # see _row_products
         x, weight, ieee = x.float(), weight.float(), True
     grid = (triton.cdiv(n, cfg["BLOCK_N"]),)
@@ -311,34 +325,43 @@ def _launch(
     _gemv_kernel[grid](
         x, residual if residual is not None else x,
         norm_weight if norm_weight is not None else weight, weight,
+        weight_scale if weight_scale is not None else out,
         bias if bias is not None else weight, out, res_out,
         m, n, k, x.stride(0), residual.stride(0) if residual is not None else 0,
         weight.stride(0), out.stride(0), res_out.stride(0), n, float(eps),
         NORM=norm_weight is not None, ADD_RES=residual is not None, SILU_MUL=silu_mul,
-        HAS_BIAS=bias is not None, IEEE=ieee, PDL=pdl, **cfg, **launch_options(pdl),
+        HAS_BIAS=bias is not None, W_SCALE=weight_scale is not None, IEEE=ieee, PDL=pdl,
+        **cfg, **launch_options(pdl),
     )  # fmt: skip
     return out, res_out
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+    weight_scale: torch.Tensor | None = None,
+) -> torch.Tensor:  # fmt: skip
     """``F.linear(x, weight, bias)`` for few rows, in one launch.
 
     Args:
         x: [M, K] on CUDA, M <= MAX_ROWS, unit column stride (else copied).
         weight: [N, K] (nn.Linear layout); bias: [N] or None.
+        weight_scale: [N] float32 row scales of a float8_e4m3fn ``weight``
+            (vllm/model_executor/layers/fp8.py): ``weight`` stands for
+            ``weight.float() * weight_scale[:, None]``; None for a plain weight.
 
     Returns:
-        [M, N] in ``promote_types(x.dtype, weight.dtype)``.
+        [M, N] in ``promote_types(x.dtype, weight.dtype)`` (x's dtype for fp8 weights).
 
     Raises:
         ValueError: M > MAX_ROWS or K mismatch.
     """
-    return _launch(x, None, None, 0.0, weight, bias, False)[0]
+    return _launch(x, None, None, 0.0, weight, bias, False, weight_scale=weight_scale)[0]
 
 
 def norm_linear(
     x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
     weight: torch.Tensor, bias: torch.Tensor | None = None, silu_mul: bool = False,
+    weight_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """``RMSNorm(x [+ residual]) @ weight.T (+ bias)`` [then SiLU-and-mul], in one launch.
 
@@ -348,6 +371,7 @@ def norm_linear(
         norm_weight: [K], the RMSNorm weight; ``eps`` its epsilon (HF ``LlamaRMSNorm``).
         weight: [N, K]; with ``silu_mul`` the fused [gate | up] matrix [2 * N, K].
         bias: [N] (or [2 * N] with ``silu_mul``) or None.
+        weight_scale: row scales of an fp8 ``weight`` (see :func:`linear`), or None.
 
     Returns:
         (out, s): out [M, N] (``silu(gate) * up`` with ``silu_mul``) in the activation
@@ -360,4 +384,5 @@ def norm_linear(
     """
     if silu_mul and weight.shape[0] % 2:
         raise ValueError(f"silu_mul needs an even weight height, got {weight.shape[0]}")
-    return _launch(x, residual, norm_weight, eps, weight, bias, silu_mul)
+    return _launch(x, residual, norm_weight, eps, weight, bias, silu_mul,
+                   weight_scale=weight_scale)  # fmt: skip

@@ -57,11 +57,13 @@ def _rows_tile(w_ptr, tile, N, K, w_stride, up_offset, SILU_MUL: tl.constexpr,
 
 @triton.jit
 def _rows_kernel(
-    x_ptr, res_ptr, nw_ptr, w_ptr, b_ptr, out_ptr, res_out_ptr, N, K, w_stride, up_offset,
-    eps, NORM: tl.constexpr, ADD_RES: tl.constexpr, SILU_MUL: tl.constexpr,
-    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    x_ptr, res_ptr, nw_ptr, w_ptr, s_ptr, b_ptr, out_ptr, res_out_ptr, N, K, w_stride,
+    up_offset, eps, NORM: tl.constexpr, ADD_RES: tl.constexpr, SILU_MUL: tl.constexpr,
+    HAS_BIAS: tl.constexpr, W_SCALE: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    """See the module docstring. x, residual, res_out: [K] (one row); out: [N]."""
+    """See the module docstring. x, residual, res_out: [K] (one row); out: [N].
+    W_SCALE: fp8 weights with row scales ``s_ptr`` (as :func:`gemv._gemv_tile`)."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     act_ty = out_ptr.dtype.element_ty
@@ -81,7 +83,9 @@ def _rows_kernel(
         a = (a * rstd[:, None]).to(act_ty).to(tl.float32)  # HF LlamaRMSNorm: round, weight
         nw = tl.load(nw_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
         a = (nw * a).to(act_ty)
-    a = a.to(w_ptr.dtype.element_ty)  # [1, BK], held for every tile (16-bit: half the regs)
+    # [1, BK], held for every tile in the weight's 16-bit dtype (half the registers of
+    # float32); with fp8 weights in the activation dtype
+    a = a.to(act_ty if W_SCALE else w_ptr.dtype.element_ty)
     for tile in range(pid, tl.cdiv(N, BLOCK_N), nprog):
         w_cur, wu_cur = w, wu  # this tile; the next one's loads go out first
         w, wu = _rows_tile(w_ptr, tile + nprog, N, K, w_stride, up_offset, SILU_MUL,
@@ -89,10 +93,14 @@ def _rows_kernel(
         cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
         col_ok = cols < N
         acc = tl.sum(a.to(tl.float32) * w_cur.to(tl.float32), axis=1)  # [BN]
+        if W_SCALE:
+            acc *= tl.load(s_ptr + cols, mask=col_ok, other=0.0)
         if HAS_BIAS:
             acc += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
         if SILU_MUL:
             up = tl.sum(a.to(tl.float32) * wu_cur.to(tl.float32), axis=1)
+            if W_SCALE:
+                up *= tl.load(s_ptr + up_offset + cols, mask=col_ok, other=0.0)
             if HAS_BIAS:
                 up += tl.load(b_ptr + up_offset + cols, mask=col_ok, other=0.0).to(tl.float32)
             gate = acc.to(act_ty).to(tl.float32)
@@ -106,26 +114,30 @@ def _rows_kernel(
 def launch(
     x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor | None,
     eps: float, weight: torch.Tensor, bias: torch.Tensor | None, silu_mul: bool,
-    out: torch.Tensor, res_out: torch.Tensor, cfg: dict,
+    out: torch.Tensor, res_out: torch.Tensor, cfg: dict, weight_scale: torch.Tensor | None = None,
 ) -> None:  # fmt: skip
     """Fill ``out`` [1, N_out] (and ``res_out`` [1, K] when ``residual`` is given) for one
     row ``x`` [1, K] (unit strides, checked by the caller :func:`gemv._launch`).
 
     ``cfg``: ``BLOCK_N`` outputs per tile, ``num_warps``, ``PERSIST`` programs per SM
     (the grid is ``min(tiles, PERSIST * SMs)``; on CPU, under the interpreter, 2 "SMs").
+    ``weight_scale``: [N] float32 row scales of an fp8 ``weight``, or None.
     """
     n = out.shape[1]
     k = x.shape[1]
     tiles = triton.cdiv(n, cfg["BLOCK_N"])
     sms = cuda_sm_count(x.device.index or 0) if x.is_cuda else 2
     pdl = pdl_enabled(x)
+    if weight_scale is not None and not x.is_cuda:  # numpy, under the interpreter, has no fp8
+        weight = weight.float()
     _rows_kernel[(min(tiles, cfg["PERSIST"] * sms),)](
         x, residual if residual is not None else x,
         norm_weight if norm_weight is not None else weight, weight,
+        weight_scale if weight_scale is not None else out,
         bias if bias is not None else weight, out, res_out,
         n, k, weight.stride(0), n, float(eps),
         NORM=norm_weight is not None, ADD_RES=residual is not None, SILU_MUL=silu_mul,
-        HAS_BIAS=bias is not None, BLOCK_N=cfg["BLOCK_N"],
+        HAS_BIAS=bias is not None, W_SCALE=weight_scale is not None, BLOCK_N=cfg["BLOCK_N"],
         BLOCK_K=triton.next_power_of_2(k), PDL=pdl, num_warps=cfg["num_warps"],
         **launch_options(pdl),
     )  # fmt: skip

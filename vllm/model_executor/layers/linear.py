@@ -22,6 +22,10 @@ this rank's shard. ``forward`` returns the output tensor only (no ``(output, bia
 With LoRA adapters (vllm/lora) a layer carries ``lora``, its adapter slots, called on the
 layer's input and output; :meth:`LinearBase.output_slices` tells the slots where each fused
 output lies.
+
+With ``--quantization fp8`` a quantizable layer's weight is float8_e4m3fn with per-row
+scales in ``weight_scale`` (vllm/model_executor/layers/fp8.py); :meth:`LinearBase.matmul`
+runs either kind.
 """
 
 import torch
@@ -33,6 +37,7 @@ from vllm.distributed.parallel_state import (
     get_tensor_model_parallel_world_size,
 )
 from vllm.distributed.tp_ops import tensor_model_parallel_all_reduce
+from vllm.model_executor.layers.fp8 import fp8_linear
 from vllm.model_executor.weight_utils import default_weight_loader, narrow_weight, weight_shape
 
 
@@ -51,7 +56,15 @@ def divide(numerator: int, denominator: int, what: str) -> int:
 
 class LinearBase(nn.Module):
     """``y = x @ weight.T + bias`` with ``weight`` [output_size, input_size], replicated on
-    every TP rank (e.g. a MoE router)."""
+    every TP rank (e.g. a MoE router).
+
+    ``quantizable``: whether ``--quantization fp8`` quantizes the weight (the subclasses,
+    the decoder's projections; not a replicated router). ``input_is_parallel``: the input
+    columns are split over TP ranks (:class:`RowParallelLinear`).
+    """
+
+    quantizable = False
+    input_is_parallel = False
 
     def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
         super().__init__()
@@ -68,6 +81,15 @@ class LinearBase(nn.Module):
             self.register_parameter("bias", None)
         # LoRA slots (vllm.lora.layers.LoRALinear): lora(x, y) adds the adapters' terms
         self.lora = None
+        # [output_size] float32 row scales once the weight is fp8 (fp8.quantize_model)
+        self.register_buffer("weight_scale", None, persistent=False)
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """``x`` [T, input_size] @ ``weight.T`` (+ ``bias``) -> [T, output_size]; an fp8
+        weight through :func:`~vllm.model_executor.layers.fp8.fp8_linear`."""
+        if self.weight_scale is None:
+            return F.linear(x, self.weight, bias)
+        return fp8_linear(x, self.weight, self.weight_scale, bias)
 
     def output_slices(self) -> dict[object, tuple[int, int]]:
         """Shard id -> (first output row, rows) of each fused output of this rank, in
@@ -98,7 +120,7 @@ class LinearBase(nn.Module):
         default_weight_loader(param, loaded_weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight, self.bias)  # [num_tokens, output_size]
+        y = self.matmul(x, self.bias)  # [num_tokens, output_size]
         return y if self.lora is None else self.lora(x, y)
 
     def extra_repr(self) -> str:
@@ -114,6 +136,8 @@ class ColumnParallelLinear(LinearBase):
     Raises:
         ValueError: ``output_size`` not divisible by tp.
     """
+
+    quantizable = True
 
     def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
         tp = get_tensor_model_parallel_world_size()
@@ -138,6 +162,9 @@ class RowParallelLinear(LinearBase):
         ValueError: ``input_size`` not divisible by tp.
     """
 
+    quantizable = True
+    input_is_parallel = True
+
     def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
         tp = get_tensor_model_parallel_world_size()
         super().__init__(divide(input_size, tp, "input_size"), output_size, bias)
@@ -160,9 +187,9 @@ class RowParallelLinear(LinearBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
-            y = F.linear(x, self.weight, self.bias)  # [num_tokens, output_size]
+            y = self.matmul(x, self.bias)  # [num_tokens, output_size]
             return y if self.lora is None else self.lora(x, y)
-        y = F.linear(x, self.weight)  # [T, output_size], this rank's partial sums
+        y = self.matmul(x, None)  # [T, output_size], this rank's partial sums
         if self.lora is not None:  # linear in x_r: the all-reduce sums the ranks' terms
             y = self.lora(x, y)
         y = tensor_model_parallel_all_reduce(y)
@@ -178,6 +205,8 @@ class MergedColumnParallelLinear(LinearBase):
     Raises:
         ValueError: an output size not divisible by tp.
     """
+
+    quantizable = True
 
     def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False) -> None:
         tp = get_tensor_model_parallel_world_size()
@@ -225,6 +254,8 @@ class QKVParallelLinear(LinearBase):
         ValueError: heads not divisible by tp; tp and KV heads where neither divides the
             other.
     """
+
+    quantizable = True
 
     def __init__(
         self,

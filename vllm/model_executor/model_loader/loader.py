@@ -139,6 +139,8 @@ def get_model(
                 f"{len(missing)} parameters were not found in checkpoint "
                 f"{model_config.model!r} ({load_format}): {shown}"
             )
+    if getattr(model_config, "quantization", None) == "fp8":
+        _quantize_fp8(model)
     logger.info(
         "Loading model weights (%s, %s, pp_rank %d/%d, layers [%d, %d)) took %.2f s",
         load_format,
@@ -150,3 +152,23 @@ def get_model(
         time.perf_counter() - start,
     )
     return model.requires_grad_(False).eval()
+
+
+def _quantize_fp8(model: nn.Module) -> None:
+    """``--quantization fp8``: the model's projections to float8_e4m3fn
+    (vllm/model_executor/layers/fp8.py), logging what it saved; the 16-bit copies are
+    released to the device before the KV cache is sized."""
+    from vllm.model_executor.layers.fp8 import quantize_model
+
+    start = time.perf_counter()
+    count, before, after = quantize_model(model)
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    logger.info(
+        "Quantized %d linear layers to fp8 (float8_e4m3fn, a scale per output row): "
+        "%.3f GiB -> %.3f GiB in %.2f s",
+        count,
+        before / 2**30,
+        after / 2**30,
+        time.perf_counter() - start,
+    )

@@ -201,21 +201,25 @@ class LlamaDecoderLayer(nn.Module):
 
         Four projection launches instead of seven: each RMSNorm (and its residual add) runs
         inside the projection after it, and SiLU-and-mul inside gate_up. Same rounding points
-        as :meth:`forward`; ``gemv`` is the module from ``get_triton_gemv``.
+        as :meth:`forward`; ``gemv`` is the module from ``get_triton_gemv``. fp8 weights
+        (``--quantization fp8``) pass their row scales to the same kernels.
         """
         attn, mlp = self.self_attn, self.mlp
         ln1, ln2 = self.input_layernorm, self.post_attention_layernorm
         qkv, residual = gemv.norm_linear(
             hidden_states, residual, ln1.weight, ln1.variance_epsilon,
-            attn.qkv_proj.weight, attn.qkv_proj.bias,
+            attn.qkv_proj.weight, attn.qkv_proj.bias, weight_scale=attn.qkv_proj.weight_scale,
         )  # fmt: skip
         out = attn.attend(positions, qkv, kv_cache, attn_metadata)  # [T, q_size]
-        out = gemv.linear(out, attn.o_proj.weight, attn.o_proj.bias)  # [T, hidden]
+        o_proj, down_proj = attn.o_proj, mlp.down_proj
+        out = gemv.linear(out, o_proj.weight, o_proj.bias, o_proj.weight_scale)  # [T, hidden]
         act, residual = gemv.norm_linear(
             out, residual, ln2.weight, ln2.variance_epsilon,
             mlp.gate_up_proj.weight, mlp.gate_up_proj.bias, silu_mul=True,
+            weight_scale=mlp.gate_up_proj.weight_scale,
         )  # fmt: skip
-        return gemv.linear(act, mlp.down_proj.weight, mlp.down_proj.bias), residual
+        act = gemv.linear(act, down_proj.weight, down_proj.bias, down_proj.weight_scale)
+        return act, residual
 
 
 class LlamaModel(nn.Module):

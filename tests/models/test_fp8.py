@@ -1,0 +1,139 @@
+"""``--quantization fp8`` (vllm/model_executor/layers/fp8.py) on CPU.
+
+The scheme's arithmetic (row scales, e4m3 rounding bounds, zero rows, the activation
+quantizer), and end to end: on CPU in float32 a quantized layer computes ``F.linear`` on
+its dequantized weight, so an fp8 engine gives exactly the tokens, and the logprobs within
+float32 noise, of transformers on a checkpoint whose projections were replaced by their
+dequantized values (the qkv and gate_up fusions quantize row by row, so the separate HF
+matrices dequantize to the same values). Refusals: fp8 with a GGUF file, other methods,
+pre-quantized checkpoints.
+"""
+
+import json
+import os
+import re
+import shutil
+
+import pytest
+import torch
+
+from tests.utils import check_outputs_equal, check_top5_logprobs_within, hf_greedy, vllm_greedy
+from vllm.model_executor.layers.fp8 import (
+    FP8_DTYPE,
+    FP8_MAX,
+    INV_FP8_MAX,
+    dequantize,
+    quantize_rows,
+    quantize_weight,
+)
+
+PROMPTS = ["Hello world", "The capital of France is", "a b c d e f"]
+MAX_TOKENS = 16
+# the projections --quantization fp8 quantizes, by their Hugging Face names
+_PROJ = re.compile(r"\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)\.weight$")
+
+
+def test_row_scales_and_rounding():
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(6, 50, generator=gen) * torch.tensor([1e-3, 0.1, 1, 10, 100, 0])[:, None]
+    wq, scale = quantize_weight(w)
+    assert wq.dtype == FP8_DTYPE and scale.dtype == torch.float32 and scale.shape == (6,)
+    amax = w.abs().amax(dim=1)
+    assert torch.equal(scale[:5], amax[:5] * INV_FP8_MAX) and scale[5] == 1.0  # zero row: 1
+    torch.testing.assert_close(scale[:5], amax[:5] / FP8_MAX, rtol=1.2e-7, atol=0)  # 1 ulp
+    deq = dequantize(wq, scale, torch.float32)
+    # each row's largest value maps to 448 exactly; every value within e4m3's rounding
+    # (3 mantissa bits: half an ulp is 1/16 relative; 2**-9 * scale absolute below 2**-6)
+    torch.testing.assert_close(deq.abs().amax(dim=1), amax, rtol=1e-6, atol=0)
+    bound = torch.maximum(w.abs() / 16, 2.0**-9 * scale[:, None])
+    assert ((deq - w).abs() <= bound * 1.0001).all()
+    assert not torch.equal(deq, w)  # it did round
+    # a shared row maximum (a row-parallel layer's, over TP ranks) replaces the own one
+    _, shared = quantize_weight(w[:, :25], amax)
+    assert torch.equal(shared, scale)
+
+
+def test_activation_rows():
+    x = torch.tensor([[1.0, -3.0, 0.5], [0.0, 0.0, 0.0], [200.0, 1.0, -1000.0]])
+    xq, s = quantize_rows(x)
+    assert xq.dtype == FP8_DTYPE and s.shape == (3, 1)
+    assert torch.equal(
+        s[:, 0], torch.tensor([3.0, 0.0, 1000.0]) * INV_FP8_MAX + torch.tensor([0, 1.0, 0])
+    )
+    assert xq.float()[0, 1] == -FP8_MAX and xq.float()[2, 2] == -FP8_MAX  # each row's max
+    assert not xq.float()[1].any()
+
+
+def _dequantized_checkpoint(model_dir: str, target: str) -> str:
+    """A copy of ``model_dir`` whose projection weights are dequantize(quantize(w))."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(model_dir, target)
+    files = [f for f in os.listdir(target) if f.endswith(".safetensors")]
+    replaced = 0
+    for name in files:
+        tensors = load_file(os.path.join(target, name))
+        for key, w in tensors.items():
+            if _PROJ.search(key):
+                tensors[key] = dequantize(*quantize_weight(w), w.dtype)
+                replaced += 1
+        save_file(tensors, os.path.join(target, name), metadata={"format": "pt"})
+    assert replaced, f"no projection weights in {model_dir}"
+    return target
+
+
+@pytest.mark.forked
+@pytest.mark.parametrize("fixture", ["tiny_llama_dir", "tiny_qwen2_dir", "tiny_mixtral_dir"])
+def test_fp8_engine_equals_transformers_on_dequantized_weights(fixture, request, tmp_path):
+    """Llama; Qwen2 (q/k/v biases, tied embeddings); Mixtral (attention quantized, the
+    router and the experts kept): tokens equal, top-5 logprobs within 1e-4 of
+    transformers on the dequantized checkpoint, while they differ from the unquantized
+    model's (so the quantization ran)."""
+    from vllm import LLM
+
+    model = request.getfixturevalue(fixture)
+    ref = hf_greedy(_dequantized_checkpoint(model, str(tmp_path / "deq")), PROMPTS, MAX_TOKENS)
+    for ids, _, _ in ref:  # distinct-token guard (docs/design.md)
+        assert len(set(ids)) >= 4, f"{fixture} degenerate output {ids}"
+    llm = LLM(model=model, device="cpu", dtype="float32", quantization="fp8")
+    (dtypes,) = llm.apply_model(
+        lambda m: [x.weight.dtype for x in m.modules() if getattr(x, "quantizable", False)]
+    )
+    assert dtypes and set(dtypes) == {FP8_DTYPE}
+    (kept,) = llm.apply_model(lambda m: {p.dtype for p in m.parameters()} - {FP8_DTYPE})
+    assert kept == {torch.float32}  # embedding, norms, lm_head (and a router, experts)
+    out = vllm_greedy(llm, PROMPTS, MAX_TOKENS, logprobs=5)
+    check_outputs_equal(ref, out, "hf-dequantized", "fp8", PROMPTS)
+    check_top5_logprobs_within(ref, out, "fp8", tol=1e-4)
+    plain = hf_greedy(model, PROMPTS, MAX_TOKENS)
+    diffs = [
+        abs(a[t] - b[t])
+        for (_, _, lp_a), (_, _, lp_b) in zip(plain, out)
+        for a, b in zip(lp_a, lp_b)
+        for t in set(a) & set(b)
+    ]
+    assert max(diffs) > 1e-3, "fp8 logprobs equal the unquantized model's"
+
+
+def test_refusals(smollm2_gguf, tiny_llama_dir, tmp_path):
+    from vllm.engine.arg_utils import EngineArgs
+
+    def build(model, **kw):
+        return EngineArgs(model=model, device="cpu", **kw).create_engine_config()
+
+    with pytest.raises(ValueError, match="quantization='fp8' quantizes a Hugging Face"):
+        build(smollm2_gguf, quantization="fp8")
+    with pytest.raises(ValueError, match="quantization='awq' is not supported.*'fp8'"):
+        build(tiny_llama_dir, quantization="awq")
+    quantized = tmp_path / "awq"
+    shutil.copytree(tiny_llama_dir, quantized)
+    cfg = json.loads((quantized / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "awq", "bits": 4}
+    (quantized / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="pre-quantized weights .*quant_method='awq'"):
+        build(str(quantized))
+    with pytest.raises(ValueError, match="pre-quantized"):
+        build(str(quantized), quantization="fp8")
+    # the refusals stop at the checkpoint: dummy weights of that config load
+    assert build(str(quantized), load_format="dummy").model_config.quantization is None
+    assert build(tiny_llama_dir, quantization="fp8").model_config.quantization == "fp8"
