@@ -220,6 +220,8 @@ def llm_kwargs(args: argparse.Namespace, engine: str) -> dict[str, Any]:
         kw["skip_tokenizer_init"] = True  # config-only directories have no tokenizer
     if args.gpu_memory_utilization is not None:
         kw["gpu_memory_utilization"] = args.gpu_memory_utilization
+    if args.quantization is not None:
+        kw["quantization"] = args.quantization
     if args.device is not None:
         kw["device"] = args.device
     extra = DEFAULT_ENGINE_KWARGS[engine] if args.engine_kwargs is None else args.engine_kwargs
@@ -293,6 +295,12 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--gpu-memory-utilization", type=float, default=None)
+    p.add_argument(
+        "--quantization",
+        default=None,
+        choices=("fp8",),
+        help="Both engines quantize the weights on load (fp8: online fp8).",
+    )
     p.add_argument("--device", default=None, help="Only when given (this engine: cpu).")
     p.add_argument("--workloads", default="1,8,64,nano", help="Batch sizes and/or 'nano'.")
     p.add_argument("--input-len", type=int, default=128, help="Batch workloads: prompt tokens.")
