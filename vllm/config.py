@@ -73,7 +73,10 @@ class ModelConfig:
             (vllm/model_executor/model_loader/sim_model.py).
         quantization: None, or "fp8": the decoder's projections quantized to
             float8_e4m3fn after loading (vllm/model_executor/layers/fp8.py; the engine
-            arguments refuse it for a .gguf file, vllm/engine/compat_args.py).
+            arguments refuse it for a .gguf file, vllm/engine/compat_args.py). A checkpoint
+            already in fp8 (vllm/model_executor/layers/fp8_checkpoint.py) sets it to "fp8"
+            and ``checkpoint_quantization`` to its format; "compressed-tensors" or
+            "fbgemm_fp8" may name that format explicitly.
         tokenizer_mode: how the tokenizer is loaded ("auto" or "slow"; see
             vllm/engine/compat_args.py).
         trust_remote_code: let transformers run the checkpoint's own config and tokenizer
@@ -109,9 +112,10 @@ class ModelConfig:
             the model's context limit (``context_limit``: max_position_embeddings, times a
             linear RoPE scaling's factor; with yarn scaling original_max_position_embeddings
             times its factor) or above a uniform sliding window (Mistral v0.1), or
-            with disable_sliding_window above the smallest window; a quantization other
-            than None / "fp8"; a safetensors checkpoint whose config holds a
-            ``quantization_config`` (pre-quantized weights: AWQ, GPTQ, fp8, ...).
+            with disable_sliding_window above the smallest window; an unknown
+            quantization; a safetensors checkpoint whose ``quantization_config`` is not
+            an fp8 format this engine loads (AWQ, GPTQ, block-wise fp8, ...; see
+            fp8_checkpoint.checkpoint_fp8_method), or that another quantization names.
     """
 
     model: str
@@ -135,6 +139,8 @@ class ModelConfig:
     hf_config_path: str | None = None
     disable_sliding_window: bool = False
     hf_config: Any = field(default=None, repr=False)
+    # the quant_method of a pre-quantized fp8 checkpoint (set by __post_init__)
+    checkpoint_quantization: str | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         if self.tokenizer is None:
@@ -220,21 +226,35 @@ class ModelConfig:
         check_rope_types(self.hf_config)
 
     def _verify_quantization(self) -> None:
-        if self.quantization not in (None, "fp8"):
-            raise ValueError(f"quantization must be None or 'fp8', got {self.quantization!r}.")
-        stored = getattr(self.hf_config, "quantization_config", None)
-        if stored is not None and self.load_format == "safetensors":
-            method = (
-                stored.get("quant_method")
-                if isinstance(stored, dict)
-                else getattr(stored, "quant_method", None)
-            )
+        from vllm.model_executor.layers.fp8_checkpoint import (
+            CHECKPOINT_METHODS,
+            checkpoint_fp8_method,
+        )
+
+        allowed = (None, "fp8", *CHECKPOINT_METHODS)
+        if self.quantization not in allowed:
             raise ValueError(
-                f"{self.model!r} holds pre-quantized weights (quantization_config with "
-                f"quant_method={method!r} in its config), which this engine does not load. "
-                "Use the unquantized checkpoint; quantization='fp8' (--quantization fp8) "
-                "quantizes it on load."
+                f"quantization must be one of {list(allowed)}, got {self.quantization!r}."
             )
+        method = None
+        if self.load_format == "safetensors":
+            moe = any(
+                getattr(self.hf_config, k, None) for k in ("num_local_experts", "num_experts")
+            )
+            method = checkpoint_fp8_method(self.model, self.hf_config, moe)
+        if method is None and self.quantization in CHECKPOINT_METHODS:
+            raise ValueError(
+                f"quantization={self.quantization!r} names a pre-quantized format, but "
+                f"{self.model!r} has no quantization_config; use 'fp8' to quantize it on load."
+            )
+        if method is not None:
+            if self.quantization not in (None, "fp8", method):
+                raise ValueError(
+                    f"quantization={self.quantization!r} does not match the checkpoint's "
+                    f"quant_method={method!r}."
+                )
+            self.checkpoint_quantization = method
+            self.quantization = "fp8"  # the same layers and kernels as online fp8
 
     def _verify_max_model_len(self) -> None:
         from vllm.model_executor.layers.yarn_rope import yarn_context_length

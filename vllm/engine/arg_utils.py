@@ -137,10 +137,11 @@ class EngineArgs:
     )  # fmt: skip
     quantization: str | None = _f(
         None,
-        "None (the checkpoint's weights as stored), fp8 (the decoder's projections "
-        "quantized to float8_e4m3fn on load, one scale per output row; the embedding, "
-        "lm_head and MoE experts keep the model's dtype) or gguf (a .gguf file; implied "
-        "by one).",
+        "None (the checkpoint's weights as stored; an fp8 checkpoint's quantization_config "
+        "is followed), fp8 (the decoder's projections quantized to float8_e4m3fn on load, "
+        "one scale per output row; the embedding, lm_head and MoE experts keep the model's "
+        "dtype), compressed-tensors / fbgemm_fp8 (naming an fp8 checkpoint's format) or "
+        "gguf (a .gguf file; implied by one).",
         group="model",
     )
     task: str = _f(
@@ -622,7 +623,7 @@ class EngineArgs:
             hf_config_path=self.hf_config_path,
             disable_sliding_window=self.disable_sliding_window,
             load_format=self.load_format,
-            quantization="fp8" if self.quantization == "fp8" else None,
+            quantization=None if self.quantization == "gguf" else self.quantization,
             skip_tokenizer_init=self.skip_tokenizer_init,
             tokenizer_mode=self.tokenizer_mode,
             trust_remote_code=self.trust_remote_code,

@@ -13,9 +13,10 @@ what is supported otherwise, before any weight is read:
 - ``revision``, ``download_dir``: models are read from local paths only (no model hub),
   where neither applies; a value other than the default is logged as ignored.
 - ``quantization``: None, ``gguf`` for a .gguf file (what the file's own tensor types
-  say is used in either case), or ``fp8`` for a Hugging Face checkpoint, quantized on load
-  (vllm/model_executor/layers/fp8.py); other methods, and ``fp8`` with a .gguf file, are
-  refused.
+  say is used in either case), ``fp8`` for a Hugging Face checkpoint, quantized on load
+  (vllm/model_executor/layers/fp8.py), or ``compressed-tensors`` / ``fbgemm_fp8`` naming
+  an fp8 checkpoint's own format (vllm/model_executor/layers/fp8_checkpoint.py); other
+  methods, and ``fp8`` with a .gguf file, are refused.
 - ``kv_cache_dtype``: ``auto`` (the model's dtype); fp8 caches are refused.
 - ``swap_space``: GiB of CPU swap per GPU in upstream V0, >= 0. Preempted sequences are
   recomputed here (as in upstream V1), so no swap space is allocated.
@@ -75,11 +76,14 @@ def check_compat_args(
             "model's Hugging Face directory with quantization='fp8', or the GGUF file "
             "without it."
         )
-    if quantization not in (None, "gguf", "fp8") or (quantization == "gguf" and not is_gguf):
+    known = (None, "gguf", "fp8", "compressed-tensors", "fbgemm_fp8")
+    if quantization not in known or (quantization == "gguf" and not is_gguf):
         raise ValueError(
             f"quantization={quantization!r} is not supported; use None (the checkpoint's "
-            "own weights), 'fp8' (a Hugging Face checkpoint quantized to fp8 on load) or "
-            "'gguf' with a .gguf file (its tensor types are used as stored)."
+            "own weights, an fp8 checkpoint's quantization_config followed), 'fp8' (a Hugging "
+            "Face checkpoint quantized to fp8 on load), 'compressed-tensors' / 'fbgemm_fp8' "
+            "(an fp8 checkpoint of that format) or 'gguf' with a .gguf file (its tensor "
+            "types are used as stored)."
         )
     if kv_cache_dtype not in KV_CACHE_DTYPES:
         raise ValueError(

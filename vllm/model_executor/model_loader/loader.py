@@ -130,6 +130,8 @@ def get_model(
             weights = safetensors_weights_iterator(model_config.model, lazy=tp_size > 1)
             if headless or bare:  # the stack's tensors are named as the causal LM's "model."
                 weights = ((n if n.startswith("model.") else f"model.{n}", t) for n, t in weights)
+            if getattr(model_config, "checkpoint_quantization", None):
+                weights = _prepare_fp8_checkpoint(model, weights)
         with torch.no_grad():
             loaded = model.load_weights(weights)
         missing = sorted({name for name, _ in model.named_parameters()} - loaded)
@@ -139,7 +141,8 @@ def get_model(
                 f"{len(missing)} parameters were not found in checkpoint "
                 f"{model_config.model!r} ({load_format}): {shown}"
             )
-    if getattr(model_config, "quantization", None) == "fp8":
+    prequantized = getattr(model_config, "checkpoint_quantization", None)
+    if getattr(model_config, "quantization", None) == "fp8" and not prequantized:
         _quantize_fp8(model)
     logger.info(
         "Loading model weights (%s, %s, pp_rank %d/%d, layers [%d, %d)) took %.2f s",
@@ -172,3 +175,14 @@ def _quantize_fp8(model: nn.Module) -> None:
         after / 2**30,
         time.perf_counter() - start,
     )
+
+
+def _prepare_fp8_checkpoint(model: nn.Module, weights):
+    """A pre-quantized fp8 checkpoint (vllm/model_executor/layers/fp8_checkpoint.py): the
+    model's projections become fp8 parameters with scales before loading; the weights
+    iterator without static activation scales (``input_scale``: activations are scaled
+    per token here)."""
+    from vllm.model_executor.layers.fp8_checkpoint import prepare_fp8_params
+
+    logger.info("Loading %d fp8 linear layers from the checkpoint", prepare_fp8_params(model))
+    return ((n, t) for n, t in weights if not n.endswith(".input_scale"))

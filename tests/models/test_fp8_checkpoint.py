@@ -1,0 +1,143 @@
+"""Pre-quantized fp8 checkpoints (vllm/model_executor/layers/fp8_checkpoint.py) on CPU.
+
+The checkpoints are written here from a tiny Llama the way llm-compressor and fbgemm write
+theirs: e4m3 projection weights, ``weight_scale`` per row ([N, 1]) or per tensor ([1]),
+static ``input_scale`` tensors for a static-activation scheme, and the config's
+``quantization_config``. In float32 on CPU the engine equals transformers on the
+dequantized weights exactly (tokens; logprobs within 1e-4), as online fp8 does
+(tests/models/test_fp8.py).
+"""
+
+import json
+import os
+import shutil
+
+import pytest
+import torch
+
+from tests.models.test_fp8 import _PROJ, PROMPTS
+from tests.utils import check_outputs_equal, check_top5_logprobs_within, hf_greedy, vllm_greedy
+from vllm.model_executor.layers.fp8 import dequantize, quantize_weight
+
+MAX_TOKENS = 16
+
+
+def _compressed_tensors_config(strategy: str, static: bool) -> dict:
+    acts = {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": not static,
+            "strategy": "tensor" if static else "token"}  # fmt: skip
+    weights = {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": False,
+               "strategy": strategy}  # fmt: skip
+    return {
+        "quant_method": "compressed-tensors",
+        "format": "float-quantized",
+        "config_groups": {
+            "group_0": {"targets": ["Linear"], "weights": weights, "input_activations": acts}
+        },
+        "ignore": ["lm_head"],
+    }
+
+
+def _write(model_dir: str, fp8_dir: str, deq_dir: str, per_tensor: bool, qc: dict) -> None:
+    """An fp8 checkpoint of ``model_dir`` at ``fp8_dir`` (with ``qc`` as its
+    quantization_config; per-tensor scales come with static ``input_scale`` tensors) and
+    the same values dequantized at ``deq_dir``."""
+    from safetensors.torch import load_file, save_file
+
+    for target in (fp8_dir, deq_dir):
+        shutil.copytree(model_dir, target)
+    for name in [f for f in os.listdir(model_dir) if f.endswith(".safetensors")]:
+        tensors = load_file(os.path.join(model_dir, name))
+        fp8, deq = {}, {}
+        for key, w in tensors.items():
+            fp8[key] = deq[key] = w
+            if not _PROJ.search(key):
+                continue
+            amax = w.abs().amax().expand(w.shape[0]) if per_tensor else None
+            wq, scale = quantize_weight(w, amax)  # scale [N]
+            fp8[key] = wq
+            stem = key[: -len(".weight")]
+            fp8[stem + ".weight_scale"] = scale[:1] if per_tensor else scale[:, None]
+            if per_tensor:  # the static scheme's activation scale
+                fp8[stem + ".input_scale"] = torch.tensor([0.05])
+            deq[key] = dequantize(wq, scale, w.dtype)
+        save_file(fp8, os.path.join(fp8_dir, name), metadata={"format": "pt"})
+        save_file(deq, os.path.join(deq_dir, name), metadata={"format": "pt"})
+    path = os.path.join(fp8_dir, "config.json")
+    with open(path) as fh:
+        cfg = json.load(fh)
+    cfg["quantization_config"] = qc
+    with open(path, "w") as fh:
+        json.dump(cfg, fh)
+
+
+@pytest.mark.forked
+@pytest.mark.parametrize(
+    "case", ["compressed-tensors-tensor-static", "fbgemm_fp8-channel-explicit"]
+)
+def test_fp8_checkpoint_equals_transformers_on_dequantized_weights(case, tiny_llama_dir, tmp_path):
+    """compressed-tensors with per-tensor weight scales and static input scales (unused:
+    activations are scaled per token), loaded without a flag; fbgemm_fp8 with per-row
+    scales, named by ``quantization="fbgemm_fp8"``."""
+    from vllm import LLM
+
+    per_tensor = case.startswith("compressed")
+    if per_tensor:
+        qc = _compressed_tensors_config("tensor", static=True)
+    else:
+        qc = {"quant_method": "fbgemm_fp8", "activation_scale_ub": 1200.0,
+              "modules_to_not_convert": ["lm_head"]}  # fmt: skip
+    fp8_dir, deq_dir = str(tmp_path / "fp8"), str(tmp_path / "deq")
+    _write(tiny_llama_dir, fp8_dir, deq_dir, per_tensor, qc)
+    ref = hf_greedy(deq_dir, PROMPTS, MAX_TOKENS)
+    for ids, _, _ in ref:  # distinct-token guard (docs/design.md)
+        assert len(set(ids)) >= 4, f"degenerate output {ids}"
+    kw = {} if per_tensor else {"quantization": "fbgemm_fp8"}
+    llm = LLM(model=fp8_dir, device="cpu", dtype="float32", **kw)
+    mc = llm.llm_engine.config.model_config
+    assert (mc.quantization, mc.checkpoint_quantization) == ("fp8", qc["quant_method"])
+    (scales,) = llm.apply_model(
+        lambda m: [
+            x.weight_scale.unique().numel() for x in m.modules() if getattr(x, "quantizable", 0)
+        ]
+    )
+    # per tensor: qkv holds 3 values (q, k, v), gate_up 2, o and down 1; per row: many
+    assert (max(scales) <= 3) == per_tensor, scales
+    out = vllm_greedy(llm, PROMPTS, MAX_TOKENS, logprobs=5)
+    check_outputs_equal(ref, out, "hf-dequantized", case, PROMPTS)
+    check_top5_logprobs_within(ref, out, case, tol=1e-4)
+
+
+def _with_config(model_dir: str, target, qc: dict) -> str:
+    shutil.copytree(model_dir, target)
+    cfg = json.loads((target / "config.json").read_text())
+    cfg["quantization_config"] = qc
+    (target / "config.json").write_text(json.dumps(cfg))
+    return str(target)
+
+
+def test_fp8_checkpoint_refusals(tiny_llama_dir, tiny_mixtral_dir, tmp_path):
+    from vllm.engine.arg_utils import EngineArgs
+
+    def build(model, **kw):
+        return EngineArgs(model=model, device="cpu", **kw).create_engine_config()
+
+    block = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    with pytest.raises(ValueError, match="quant_method='fp8'.*block-wise fp8 scales"):
+        build(_with_config(tiny_llama_dir, tmp_path / "block", block))
+    int8 = _compressed_tensors_config("channel", static=False)
+    int8["config_groups"]["group_0"]["weights"]["type"] = "int"
+    with pytest.raises(ValueError, match=r"weights \(type, bits, strategy\) = \('int', 8"):
+        build(_with_config(tiny_llama_dir, tmp_path / "int8", int8))
+    head = _compressed_tensors_config("channel", static=False)
+    head["ignore"] = []
+    with pytest.raises(ValueError, match="a quantized lm_head"):
+        build(_with_config(tiny_llama_dir, tmp_path / "head", head))
+    fbgemm = {"quant_method": "fbgemm_fp8"}
+    with pytest.raises(ValueError, match="mixture-of-experts"):
+        build(_with_config(tiny_mixtral_dir, tmp_path / "moe", fbgemm))
+    ok = _with_config(tiny_llama_dir, tmp_path / "ok", fbgemm)
+    with pytest.raises(ValueError, match="'compressed-tensors' does not match .*'fbgemm_fp8'"):
+        build(ok, quantization="compressed-tensors")
+    with pytest.raises(ValueError, match="names a pre-quantized format, but .* no quantization"):
+        build(tiny_llama_dir, quantization="fbgemm_fp8")
+    assert build(ok, quantization="fp8").model_config.checkpoint_quantization == "fbgemm_fp8"

@@ -1,0 +1,174 @@
+"""Checkpoints already quantized to fp8: which formats load, and the parameters they load into.
+
+A checkpoint whose ``config.json`` holds a ``quantization_config`` stores its projections
+as ``float8_e4m3fn`` with scales. Two formats fit this engine's fp8 layers
+(vllm/model_executor/layers/fp8.py: e4m3 weights, a float32 scale per output row, dynamic
+per-token activation scales):
+
+- ``quant_method: "compressed-tensors"`` (llm-compressor's ``FP8`` / ``FP8_DYNAMIC``
+  schemes, the "-FP8" and "-FP8-dynamic" checkpoints): one config group targeting
+  ``Linear`` with 8-bit float symmetric weights, ``strategy`` ``"channel"`` (``weight_scale``
+  [N, 1]) or ``"tensor"`` (one scale a matrix, repeated over its rows here), format
+  ``float-quantized`` or ``naive-quantized``. Input activations may be dynamic per token
+  (as here) or static per tensor (``input_scale``): static scales are not used, the
+  activations are scaled per token as with ``--quantization fp8``.
+- ``quant_method: "fbgemm_fp8"`` (Meta's FP8 releases): per-row ``weight_scale`` [N, 1],
+  dynamic per-token activations.
+
+Refused, naming what is supported: block-wise scales (``quant_method: "fp8"`` with
+``weight_block_size``, DeepSeek / Qwen3 "-FP8"), integer or 4-bit schemes (AWQ, GPTQ,
+W8A8-int8, ...), a quantized ``lm_head`` and mixture-of-experts models (their experts keep
+the model's dtype here).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from vllm.model_executor.layers.fp8 import FP8_DTYPE
+from vllm.model_executor.weight_utils import as_tensor
+
+# quantization_config.quant_method -> the --quantization value that names the same format
+CHECKPOINT_METHODS = ("compressed-tensors", "fbgemm_fp8")
+
+
+def _field(cfg, name: str, default=None):
+    """``cfg[name]`` of a dict or ``cfg.name`` of a transformers config object."""
+    if isinstance(cfg, dict):
+        return cfg.get(name, default)
+    return getattr(cfg, name, default)
+
+
+def _refuse(model: str, method, why: str) -> ValueError:
+    return ValueError(
+        f"{model!r} holds pre-quantized weights (quantization_config with "
+        f"quant_method={method!r}): {why}. Pre-quantized checkpoints load when they are fp8 "
+        "with a scale per output row or per tensor (compressed-tensors FP8 / FP8_DYNAMIC, "
+        "fbgemm_fp8); otherwise use the unquantized checkpoint, which --quantization fp8 "
+        "quantizes on load."
+    )
+
+
+def checkpoint_fp8_method(model: str, hf_config, moe: bool) -> str | None:
+    """The fp8 format of a checkpoint's ``quantization_config`` (one of
+    CHECKPOINT_METHODS), or None when the config has none.
+
+    Args:
+        model: the checkpoint's path (for messages).
+        hf_config: its transformers config.
+        moe: whether the architecture is a mixture of experts.
+
+    Raises:
+        ValueError: a quantization this engine cannot load (module docstring), naming the
+            method and the reason.
+    """
+    qc = getattr(hf_config, "quantization_config", None)
+    if qc is None:
+        return None
+    method = _field(qc, "quant_method")
+    if method not in CHECKPOINT_METHODS:
+        why = (
+            "block-wise fp8 scales are not supported"
+            if _field(qc, "weight_block_size")
+            else ("this method is not supported")
+        )
+        raise _refuse(model, method, why)
+    if moe:
+        raise _refuse(model, method, "mixture-of-experts experts are not loaded in fp8")
+    if method == "compressed-tensors":
+        _check_compressed_tensors(model, qc)
+    return method
+
+
+def _check_compressed_tensors(model: str, qc) -> None:
+    groups = _field(qc, "config_groups") or {}
+    method = "compressed-tensors"
+    if len(groups) != 1:
+        raise _refuse(model, method, f"{len(groups)} config groups (one is supported)")
+    (group,) = groups.values()
+    weights = _field(group, "weights") or {}
+    scheme = (_field(weights, "type"), _field(weights, "num_bits"), _field(weights, "strategy"))
+    if scheme[:2] != ("float", 8) or scheme[2] not in ("channel", "tensor"):
+        raise _refuse(model, method, f"weights (type, bits, strategy) = {scheme}")
+    if not _field(weights, "symmetric", True) or _field(weights, "dynamic", False):
+        raise _refuse(model, method, "asymmetric or dynamic weight scales")
+    fmt = _field(qc, "format")
+    if fmt not in ("float-quantized", "naive-quantized"):
+        raise _refuse(model, method, f"format {fmt!r}")
+    acts = _field(group, "input_activations")
+    if acts is not None and (_field(acts, "type"), _field(acts, "num_bits")) != ("float", 8):
+        raise _refuse(model, method, "input activations other than 8-bit float")
+    if "lm_head" not in (_field(qc, "ignore") or []):
+        raise _refuse(model, method, "a quantized lm_head (not in 'ignore')")
+
+
+def prepare_fp8_params(model: nn.Module) -> int:
+    """Give every quantizable linear layer of ``model`` an empty e4m3fn ``weight`` and a
+    float32 ``weight_scale`` [output rows] parameter, each with a ``weight_loader``, so that
+    a pre-quantized checkpoint's tensors load into them (before ``load_weights``).
+
+    A scale tensor may be [rows, 1], [rows] or one value ([] / [1]: per tensor, repeated
+    over the rows of its shard); weights must be stored as float8_e4m3fn.
+
+    Returns:
+        The number of layers prepared.
+    """
+    count = 0
+    for module in model.modules():
+        if not getattr(module, "quantizable", False):
+            continue
+        old = module.weight
+        weight = nn.Parameter(torch.empty_like(old, dtype=FP8_DTYPE), requires_grad=False)
+        weight.weight_loader = _checked_fp8(module.weight_loader)
+        module.weight = weight
+        scale = nn.Parameter(
+            torch.ones(old.shape[0], dtype=torch.float32, device=old.device), requires_grad=False
+        )
+        scale.weight_loader = _scale_loader(module)
+        module.weight_scale = scale
+        count += 1
+    return count
+
+
+def _dtype_name(loaded) -> str:
+    """A checkpoint tensor's dtype as safetensors names it (tensor or lazy slice)."""
+    if isinstance(loaded, torch.Tensor):
+        return "F8_E4M3" if loaded.dtype == FP8_DTYPE else str(loaded.dtype)
+    return loaded.get_dtype()
+
+
+def _checked_fp8(loader):
+    """``loader`` for an fp8 weight, refusing a tensor stored in another dtype (copying a
+    16-bit value into e4m3 without its scale would be silently wrong)."""
+
+    def load(param: nn.Parameter, loaded, shard_id: object = None) -> None:
+        if _dtype_name(loaded) != "F8_E4M3":
+            raise ValueError(
+                f"a pre-quantized fp8 weight is stored as {_dtype_name(loaded)}, expected "
+                "float8_e4m3fn (F8_E4M3)"
+            )
+        if shard_id is None:
+            loader(param, loaded)
+        else:
+            loader(param, loaded, shard_id)
+
+    return load
+
+
+def _scale_loader(module: nn.Module):
+    """The loader of ``module.weight_scale``: per-row scales go through the layer's own
+    row loader (this rank's rows of the shard); a per-tensor scale fills its shard's rows
+    on this rank (``output_slices``)."""
+
+    def load(param: nn.Parameter, loaded, shard_id: object = None) -> None:
+        scale = as_tensor(loaded).float().reshape(-1)  # [rows] or [1]
+        if scale.numel() == 1:
+            offset, size = module.output_slices()[shard_id]
+            param.data[offset : offset + size] = scale
+        elif shard_id is None:
+            module.weight_loader(param, scale)
+        else:
+            module.weight_loader(param, scale, shard_id)
+
+    return load
