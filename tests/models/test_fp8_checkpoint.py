@@ -72,12 +72,16 @@ def _write(model_dir: str, fp8_dir: str, deq_dir: str, per_tensor: bool, qc: dic
 
 @pytest.mark.forked
 @pytest.mark.parametrize(
-    "case", ["compressed-tensors-tensor-static", "fbgemm_fp8-channel-explicit"]
+    "case", ["compressed-tensors-tensor-static", "fbgemm_fp8-channel-explicit-tp2"]
 )
-def test_fp8_checkpoint_equals_transformers_on_dequantized_weights(case, tiny_llama_dir, tmp_path):
+def test_fp8_checkpoint_equals_transformers_on_dequantized_weights(
+    case, tiny_llama_dir, tmp_path, monkeypatch
+):
     """compressed-tensors with per-tensor weight scales and static input scales (unused:
     activations are scaled per token), loaded without a flag; fbgemm_fp8 with per-row
-    scales, named by ``quantization="fbgemm_fp8"``."""
+    scales, named by ``quantization="fbgemm_fp8"``, at TP = 2 (each rank reads its rows'
+    scales of q/k/v and gate/up, and whole rows' of o and down; an all-reduce sums in
+    another order, hence logprobs within 1e-4 rather than exact)."""
     from vllm import LLM
 
     per_tensor = case.startswith("compressed")
@@ -91,20 +95,27 @@ def test_fp8_checkpoint_equals_transformers_on_dequantized_weights(case, tiny_ll
     ref = hf_greedy(deq_dir, PROMPTS, MAX_TOKENS)
     for ids, _, _ in ref:  # distinct-token guard (docs/design.md)
         assert len(set(ids)) >= 4, f"degenerate output {ids}"
-    kw = {} if per_tensor else {"quantization": "fbgemm_fp8"}
+    kw = {} if per_tensor else {"quantization": "fbgemm_fp8", "tensor_parallel_size": 2}
+    # the reference ran torch CPU ops in this process: start TP ranks with spawn
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     llm = LLM(model=fp8_dir, device="cpu", dtype="float32", **kw)
     mc = llm.llm_engine.config.model_config
     assert (mc.quantization, mc.checkpoint_quantization) == ("fp8", qc["quant_method"])
-    (scales,) = llm.apply_model(
-        lambda m: [
-            x.weight_scale.unique().numel() for x in m.modules() if getattr(x, "quantizable", 0)
-        ]
-    )
+    scales = llm.apply_model(_distinct_scales)[0]
     # per tensor: qkv holds 3 values (q, k, v), gate_up 2, o and down 1; per row: many
     assert (max(scales) <= 3) == per_tensor, scales
     out = vllm_greedy(llm, PROMPTS, MAX_TOKENS, logprobs=5)
     check_outputs_equal(ref, out, "hf-dequantized", case, PROMPTS)
     check_top5_logprobs_within(ref, out, case, tol=1e-4)
+    llm.llm_engine.shutdown()
+
+
+def _distinct_scales(model) -> list[int]:
+    """Distinct scale values of each fp8 layer of ``model`` (a function, so the mp
+    executor can send it to the ranks)."""
+    return [
+        m.weight_scale.unique().numel() for m in model.modules() if getattr(m, "quantizable", 0)
+    ]
 
 
 def _with_config(model_dir: str, target, qc: dict) -> str:
