@@ -159,11 +159,14 @@ def _checked_fp8(loader):
 def _scale_loader(module: nn.Module):
     """The loader of ``module.weight_scale``: per-row scales go through the layer's own
     row loader (this rank's rows of the shard); a per-tensor scale fills its shard's rows
-    on this rank (``output_slices``)."""
+    on this rank (``output_slices``), or every row for a matrix stored fused (Phi-3's
+    ``qkv_proj``, shard None)."""
 
     def load(param: nn.Parameter, loaded, shard_id: object = None) -> None:
         scale = as_tensor(loaded).float().reshape(-1)  # [rows] or [1]
-        if scale.numel() == 1:
+        if scale.numel() == 1 and shard_id is None:  # the whole (possibly fused) matrix's
+            param.data.copy_(scale.expand(param.shape[0]))
+        elif scale.numel() == 1:
             offset, size = module.output_slices()[shard_id]
             param.data[offset : offset + size] = scale
         elif shard_id is None:
