@@ -10,6 +10,7 @@ dequantized weights exactly (tokens; logprobs within 1e-4), as online fp8 does
 
 import json
 import os
+import pathlib
 import shutil
 
 import pytest
@@ -62,12 +63,15 @@ def _write(model_dir: str, fp8_dir: str, deq_dir: str, per_tensor: bool, qc: dic
             deq[key] = dequantize(wq, scale, w.dtype)
         save_file(fp8, os.path.join(fp8_dir, name), metadata={"format": "pt"})
         save_file(deq, os.path.join(deq_dir, name), metadata={"format": "pt"})
-    path = os.path.join(fp8_dir, "config.json")
-    with open(path) as fh:
-        cfg = json.load(fh)
+    _set_quantization_config(fp8_dir, qc)
+
+
+def _set_quantization_config(model_dir, qc: dict) -> None:
+    """Write ``qc`` as the quantization_config of ``model_dir``'s config.json."""
+    path = pathlib.Path(model_dir, "config.json")
+    cfg = json.loads(path.read_text())
     cfg["quantization_config"] = qc
-    with open(path, "w") as fh:
-        json.dump(cfg, fh)
+    path.write_text(json.dumps(cfg))
 
 
 @pytest.mark.forked
@@ -120,9 +124,7 @@ def _distinct_scales(model) -> list[int]:
 
 def _with_config(model_dir: str, target, qc: dict) -> str:
     shutil.copytree(model_dir, target)
-    cfg = json.loads((target / "config.json").read_text())
-    cfg["quantization_config"] = qc
-    (target / "config.json").write_text(json.dumps(cfg))
+    _set_quantization_config(target, qc)
     return str(target)
 
 
