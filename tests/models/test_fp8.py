@@ -137,3 +137,66 @@ def test_refusals(smollm2_gguf, tiny_llama_dir, tmp_path):
     # the refusals stop at the checkpoint: dummy weights of that config load
     assert build(str(quantized), load_format="dummy").model_config.quantization is None
     assert build(tiny_llama_dir, quantization="fp8").model_config.quantization == "fp8"
+
+
+@pytest.mark.parametrize(
+    "marker, method",
+    [
+        ("compression_config", "compressed-tensors"),
+        ("hf_quant_config.json", "modelopt"),
+    ],
+)
+def test_refuses_other_pre_quantized_markers(tiny_llama_dir, tmp_path, marker, method):
+    """Pre-quantized checkpoints that say so outside ``quantization_config``, as upstream
+    reads them: compressed-tensors' older ``compression_config`` key and the
+    ``hf_quant_config.json`` of older ModelOpt releases. Refused in the config, naming the
+    method, instead of failing in the workers on their ``weight_scale`` tensors."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    quantized = tmp_path / method
+    shutil.copytree(tiny_llama_dir, quantized)
+    if marker == "compression_config":
+        cfg = json.loads((quantized / "config.json").read_text())
+        cfg["compression_config"] = {"quant_method": method, "format": "float-quantized"}
+        (quantized / "config.json").write_text(json.dumps(cfg))
+    else:
+        stored = {"producer": {"name": method}, "quantization": {"quant_algo": "FP8"}}
+        (quantized / marker).write_text(json.dumps(stored))
+    for quantization in (None, "fp8"):
+        args = EngineArgs(model=str(quantized), device="cpu", quantization=quantization)
+        with pytest.raises(ValueError, match=f"pre-quantized weights .*'{method}' in .*{marker}"):
+            args.create_engine_config()
+
+
+def _load_one(name: str, shape: tuple[int, int]):
+    """An ``apply_model`` callable: load one random checkpoint tensor ``name`` through the
+    model's ``load_weights``; returns the ValueError's text ("" when none)."""
+
+    def load(model):
+        try:
+            model.load_weights([(name, torch.randn(shape))])
+        except ValueError as e:
+            return str(e)
+        return ""
+
+    return load
+
+
+@pytest.mark.forked
+def test_weights_cannot_be_loaded_into_a_quantized_model(tiny_llama_dir):
+    """``load_weights`` after quantization (through ``apply_model``) is a ValueError naming
+    the quantized parameter, for a plain weight (down_proj) and a fused one (q of
+    qkv_proj), and leaves the fp8 weights as they were. Guards a plain copy, which cast
+    the new values to e4m3 under the old row scales (or failed on the shard argument)."""
+    from vllm import LLM
+
+    llm = LLM(model=tiny_llama_dir, device="cpu", dtype="float32", quantization="fp8")
+    (before,) = llm.apply_model(lambda m: m.model.layers[0].mlp.down_proj.weight.float().clone())
+    for name, param, shape in [
+        ("model.layers.0.mlp.down_proj.weight", "mlp.down_proj.weight", (64, 128)),
+        ("model.layers.0.self_attn.q_proj.weight", "self_attn.qkv_proj.weight", (64, 64)),
+    ]:
+        (message,) = llm.apply_model(_load_one(name, shape))
+        assert f"model.layers.0.{param} is quantized to float8_e4m3fn" in message
+    (after,) = llm.apply_model(lambda m: m.model.layers[0].mlp.down_proj.weight.float().clone())
+    assert torch.equal(before, after)

@@ -33,6 +33,7 @@ scales to the fused norm + GEMV kernels.
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import torch
@@ -145,20 +146,29 @@ def _row_amax(layer: nn.Module) -> torch.Tensor:
     return amax
 
 
+def _refuse_load(name: str, param: nn.Parameter, loaded_weight, shard_id=None) -> None:
+    """The ``weight_loader`` of a quantized weight (:func:`quantize_model`): refuses."""
+    raise ValueError(
+        f"{name} is quantized to float8_e4m3fn (quantization='fp8'), so weights cannot be "
+        "loaded into it; load them into an engine started without quantization."
+    )
+
+
 @torch.no_grad()
 def quantize_model(model: nn.Module) -> tuple[int, int, int]:
     """Quantize every quantizable linear layer of ``model`` in place (module docstring).
 
     A layer is quantizable when it has ``quantizable = True`` and a ``weight_scale``
     buffer (vllm/model_executor/layers/linear.py ``LinearBase``). Its ``weight`` becomes
-    an e4m3fn parameter (without a ``weight_loader``: weights cannot be reloaded into a
-    quantized model) and ``weight_scale`` the [N] float32 scales.
+    an e4m3fn parameter and ``weight_scale`` the [N] float32 scales. Weights cannot be
+    reloaded into a quantized model: the parameter's ``weight_loader`` raises a ValueError
+    naming it (a plain copy would cast the new values to e4m3 under the old scales).
 
     Returns:
         (layers quantized, their weight bytes before, after, scales included).
     """
     count = before = after = 0
-    for module in model.modules():
+    for name, module in model.named_modules():
         if not getattr(module, "quantizable", False) or module.weight.dtype == FP8_DTYPE:
             continue
         weight = module.weight
@@ -166,6 +176,7 @@ def quantize_model(model: nn.Module) -> tuple[int, int, int]:
         before += weight.numel() * weight.element_size()
         after += wq.numel() + scale.numel() * scale.element_size()
         module.weight = nn.Parameter(wq, requires_grad=False)
+        module.weight.weight_loader = functools.partial(_refuse_load, f"{name}.weight")
         module.weight_scale = scale
         count += 1
     return count, before, after

@@ -1,6 +1,7 @@
 """Checkpoints already quantized to fp8: which formats load, and the parameters they load into.
 
-A checkpoint whose ``config.json`` holds a ``quantization_config`` stores its projections
+A checkpoint whose ``config.json`` holds a ``quantization_config`` (or the older
+``compression_config``; see :func:`stored_quantization`) stores its projections
 as ``float8_e4m3fn`` with scales. Two formats fit this engine's fp8 layers
 (vllm/model_executor/layers/fp8.py: e4m3 weights, a float32 scale per output row, dynamic
 per-token activation scales):
@@ -23,6 +24,9 @@ the model's dtype here).
 
 from __future__ import annotations
 
+import json
+import os
+
 import torch
 from torch import nn
 
@@ -40,67 +44,94 @@ def _field(cfg, name: str, default=None):
     return getattr(cfg, name, default)
 
 
-def _refuse(model: str, method, why: str) -> ValueError:
+def stored_quantization(hf_config, model: str) -> tuple[str, object] | None:
+    """Where a checkpoint says its weights are pre-quantized, and what it says, or None.
+
+    Read as upstream reads them: ``quantization_config`` in config.json, else
+    ``compression_config`` (compressed-tensors' older key, the same fields), else the
+    ``hf_quant_config.json`` that older ModelOpt releases write beside the weights
+    (``{"quant_method": <its producer.name>}`` stands for it).
+
+    Returns:
+        (where, e.g. "its config's quantization_config"; the config dict or object).
+    """
+    for key in ("quantization_config", "compression_config"):
+        stored = getattr(hf_config, key, None)
+        if stored is not None:
+            return f"its config's {key}", stored
+    path = os.path.join(model, "hf_quant_config.json")
+    if os.path.isfile(path):
+        try:
+            with open(path) as f:
+                producer = json.load(f)["producer"]["name"]
+        except (OSError, ValueError, KeyError, TypeError):
+            producer = "modelopt"
+        return "its hf_quant_config.json", {"quant_method": producer}
+    return None
+
+
+def _refuse(model: str, method, why: str, where: str) -> ValueError:
     return ValueError(
-        f"{model!r} holds pre-quantized weights (quantization_config with "
-        f"quant_method={method!r}): {why}. Pre-quantized checkpoints load when they are fp8 "
-        "with a scale per output row or per tensor (compressed-tensors FP8 / FP8_DYNAMIC, "
-        "fbgemm_fp8); otherwise use the unquantized checkpoint, which --quantization fp8 "
-        "quantizes on load."
+        f"{model!r} holds pre-quantized weights (quant_method={method!r} in {where}): "
+        f"{why}. Pre-quantized checkpoints load when they are fp8 with a scale per output "
+        "row or per tensor (compressed-tensors FP8 / FP8_DYNAMIC, fbgemm_fp8); otherwise use "
+        "the unquantized checkpoint, which --quantization fp8 quantizes on load."
     )
 
 
 def checkpoint_fp8_method(model: str, hf_config, moe: bool) -> str | None:
-    """The fp8 format of a checkpoint's ``quantization_config`` (one of
-    CHECKPOINT_METHODS), or None when the config has none.
+    """The fp8 format of a pre-quantized checkpoint (:func:`stored_quantization`; one of
+    CHECKPOINT_METHODS), or None for an unquantized one.
 
     Args:
-        model: the checkpoint's path (for messages).
+        model: the checkpoint's path (for messages and ``hf_quant_config.json``).
         hf_config: its transformers config.
         moe: whether the architecture is a mixture of experts.
 
     Raises:
         ValueError: a quantization this engine cannot load (module docstring), naming the
-            method and the reason.
+            method, where the checkpoint says so and the reason.
     """
-    qc = getattr(hf_config, "quantization_config", None)
-    if qc is None:
+    stored = stored_quantization(hf_config, model)
+    if stored is None:
         return None
+    where, qc = stored
     method = _field(qc, "quant_method")
     if method not in CHECKPOINT_METHODS:
-        why = (
-            "block-wise fp8 scales are not supported"
-            if _field(qc, "weight_block_size")
-            else ("this method is not supported")
-        )
-        raise _refuse(model, method, why)
+        why = "this method is not supported"
+        if _field(qc, "weight_block_size"):
+            why = "block-wise fp8 scales are not supported"
+        raise _refuse(model, method, why, where)
     if moe:
-        raise _refuse(model, method, "mixture-of-experts experts are not loaded in fp8")
+        raise _refuse(model, method, "mixture-of-experts experts are not loaded in fp8", where)
     if method == "compressed-tensors":
-        _check_compressed_tensors(model, qc)
+        why = _compressed_tensors_problem(qc)
+        if why is not None:
+            raise _refuse(model, method, why, where)
     return method
 
 
-def _check_compressed_tensors(model: str, qc) -> None:
+def _compressed_tensors_problem(qc) -> str | None:
+    """Why a compressed-tensors config is not one this engine loads, or None."""
     groups = _field(qc, "config_groups") or {}
-    method = "compressed-tensors"
     if len(groups) != 1:
-        raise _refuse(model, method, f"{len(groups)} config groups (one is supported)")
+        return f"{len(groups)} config groups (one is supported)"
     (group,) = groups.values()
     weights = _field(group, "weights") or {}
     scheme = (_field(weights, "type"), _field(weights, "num_bits"), _field(weights, "strategy"))
     if scheme[:2] != ("float", 8) or scheme[2] not in ("channel", "tensor"):
-        raise _refuse(model, method, f"weights (type, bits, strategy) = {scheme}")
+        return f"weights (type, bits, strategy) = {scheme}"
     if not _field(weights, "symmetric", True) or _field(weights, "dynamic", False):
-        raise _refuse(model, method, "asymmetric or dynamic weight scales")
+        return "asymmetric or dynamic weight scales"
     fmt = _field(qc, "format")
     if fmt not in ("float-quantized", "naive-quantized"):
-        raise _refuse(model, method, f"format {fmt!r}")
+        return f"format {fmt!r}"
     acts = _field(group, "input_activations")
     if acts is not None and (_field(acts, "type"), _field(acts, "num_bits")) != ("float", 8):
-        raise _refuse(model, method, "input activations other than 8-bit float")
+        return "input activations other than 8-bit float"
     if "lm_head" not in (_field(qc, "ignore") or []):
-        raise _refuse(model, method, "a quantized lm_head (not in 'ignore')")
+        return "a quantized lm_head (not in 'ignore')"
+    return None
 
 
 def prepare_fp8_params(model: nn.Module) -> int:
