@@ -200,3 +200,19 @@ def test_weights_cannot_be_loaded_into_a_quantized_model(tiny_llama_dir):
         assert f"model.layers.0.{param} is quantized to float8_e4m3fn" in message
     (after,) = llm.apply_model(lambda m: m.model.layers[0].mlp.down_proj.weight.float().clone())
     assert torch.equal(before, after)
+
+
+def test_startup_summary_names_fp8():
+    """The start-up summary line ends with what holds fp8 weights, and says nothing
+    without quantization."""
+    from types import SimpleNamespace
+
+    from vllm.worker.startup_summary import _quantization
+
+    def config(quantization, stored=None):
+        mc = SimpleNamespace(quantization=quantization, checkpoint_quantization=stored)
+        return SimpleNamespace(model_config=mc)
+
+    assert _quantization(config(None)) == ""
+    assert _quantization(config("fp8")) == ", quantization=fp8 (decoder projections; on load)"
+    assert _quantization(config("fp8", "fbgemm_fp8")).endswith("; fbgemm_fp8)")

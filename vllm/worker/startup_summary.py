@@ -10,7 +10,8 @@ line with the fields a user checks first::
     1 virtual engine)
 
 (one line in the log). Piecewise graphs add ``and N piecewise sizes`` (each size is one
-graph per piece: layers + 1). Without graphs, ``graphs=eager (<why>)``.
+graph per piece: layers + 1). Without graphs, ``graphs=eager (<why>)``. Speculative
+decoding and fp8 weights add ``speculation=...`` and ``quantization=fp8 (...)``.
 """
 
 from __future__ import annotations
@@ -119,8 +120,17 @@ def format_summary(config: Any, stages: list[dict[str, Any]]) -> str:
         f"Start-up summary: device={', '.join(devices)}, dtype={first['dtype']}, "
         f"attention={first['attention']}, kv_cache={cc.num_gpu_blocks} blocks x "
         f"{cc.block_size} tokens per virtual engine ({kv_gib:.2f} GiB), graphs={graphs}, "
-        f"parallel={parallel}{_speculation(config)}"
+        f"parallel={parallel}{_speculation(config)}{_quantization(config)}"
     )
+
+
+def _quantization(config: Any) -> str:
+    """``, quantization=fp8 (...)`` naming what holds fp8 weights, or "" without."""
+    mc = config.model_config
+    if getattr(mc, "quantization", None) != "fp8":
+        return ""
+    source = mc.checkpoint_quantization or "on load"
+    return f", quantization=fp8 (decoder projections; {source})"
 
 
 def _speculation(config: Any) -> str:

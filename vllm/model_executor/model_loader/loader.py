@@ -168,11 +168,12 @@ def _quantize_fp8(model: nn.Module) -> None:
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     logger.info(
-        "Quantized %d linear layers to fp8 (float8_e4m3fn, a scale per output row): "
-        "%.3f GiB -> %.3f GiB in %.2f s",
+        "Quantized %d linear layers (q/k/v, o, gate/up, down projections) to fp8 "
+        "(float8_e4m3fn, a scale per output row): %.1f MiB -> %.1f MiB in %.2f s; the "
+        "embedding, norms, lm_head and any MoE router and experts keep the model's dtype",
         count,
-        before / 2**30,
-        after / 2**30,
+        before / 2**20,
+        after / 2**20,
         time.perf_counter() - start,
     )
 
