@@ -126,7 +126,7 @@ def format_summary(config: Any, stages: list[dict[str, Any]]) -> str:
 
 def _quantization(config: Any) -> str:
     """``, quantization=fp8 (...)`` naming what holds fp8 weights, or "" without."""
-    mc = config.model_config
+    mc = getattr(config, "model_config", None)
     if getattr(mc, "quantization", None) != "fp8":
         return ""
     source = mc.checkpoint_quantization or "on load"
