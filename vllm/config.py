@@ -76,7 +76,10 @@ class ModelConfig:
             arguments refuse it for a .gguf file, vllm/engine/compat_args.py). A checkpoint
             already in fp8 (vllm/model_executor/layers/fp8_checkpoint.py) sets it to "fp8"
             and ``checkpoint_quantization`` to its format; "compressed-tensors" or
-            "fbgemm_fp8" may name that format explicitly.
+            "fbgemm_fp8" may name that format explicitly. With load_format "dummy" such a
+            checkpoint's config sets "fp8" alone: the random weights are quantized on load,
+            so a benchmark runs fp8 layers as the checkpoint would (the config of a
+            quantization not loaded here leaves dummy weights in the model's dtype).
         tokenizer_mode: how the tokenizer is loaded ("auto" or "slow"; see
             vllm/engine/compat_args.py).
         trust_remote_code: let transformers run the checkpoint's own config and tokenizer
@@ -237,11 +240,15 @@ class ModelConfig:
                 f"quantization must be one of {list(allowed)}, got {self.quantization!r}."
             )
         method = None
-        if self.load_format == "safetensors":
+        if self.load_format in ("safetensors", "dummy"):
             moe = any(
                 getattr(self.hf_config, k, None) for k in ("num_local_experts", "num_experts")
             )
-            method = checkpoint_fp8_method(self.model, self.hf_config, moe)
+            try:
+                method = checkpoint_fp8_method(self.model, self.hf_config, moe)
+            except ValueError:
+                if self.load_format == "safetensors":
+                    raise  # dummy weights: no checkpoint tensors to refuse, the model's dtype
         if method is None and self.quantization in CHECKPOINT_METHODS:
             raise ValueError(
                 f"quantization={self.quantization!r} names a pre-quantized format, but "
@@ -253,7 +260,8 @@ class ModelConfig:
                     f"quantization={self.quantization!r} does not match the checkpoint's "
                     f"quant_method={method!r}."
                 )
-            self.checkpoint_quantization = method
+            if self.load_format == "safetensors":  # dummy: random weights quantized on load
+                self.checkpoint_quantization = method
             self.quantization = "fp8"  # the same layers and kernels as online fp8
 
     def _verify_max_model_len(self) -> None:
