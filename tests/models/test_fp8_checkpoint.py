@@ -154,6 +154,10 @@ def test_fp8_checkpoint_refusals(tiny_llama_dir, tiny_mixtral_dir, tmp_path):
     with pytest.raises(ValueError, match="names a pre-quantized format, but .* no quantization"):
         build(tiny_llama_dir, quantization="fbgemm_fp8")
     assert build(ok, quantization="fp8").model_config.checkpoint_quantization == "fbgemm_fp8"
+    sparse = _compressed_tensors_config("channel", static=False)
+    sparse["sparsity_config"] = {"format": "sparse-24-bitmask", "sparsity_structure": "2:4"}
+    with pytest.raises(ValueError, match="sparsity_config format 'sparse-24-bitmask'"):
+        build(_with_config(tiny_llama_dir, tmp_path / "sparse", sparse))
     # dummy weights of an fp8 checkpoint's shape: quantized on load, as the checkpoint's
     for kw in ({}, {"quantization": "fbgemm_fp8"}):
         mc = build(ok, load_format="dummy", **kw).model_config

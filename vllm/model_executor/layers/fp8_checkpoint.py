@@ -18,7 +18,8 @@ per-token activation scales):
 
 Refused, naming what is supported: block-wise scales (``quant_method: "fp8"`` with
 ``weight_block_size``, DeepSeek / Qwen3 "-FP8"), integer or 4-bit schemes (AWQ, GPTQ,
-W8A8-int8, ...), a quantized ``lm_head`` and mixture-of-experts models (their experts keep
+W8A8-int8, ...), sparse weights (a ``sparsity_config`` format other than ``dense``), a
+quantized ``lm_head`` and mixture-of-experts models (their experts keep
 the model's dtype here).
 """
 
