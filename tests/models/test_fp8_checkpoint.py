@@ -38,10 +38,24 @@ def _compressed_tensors_config(strategy: str, static: bool) -> dict:
     }
 
 
-def _write(model_dir: str, fp8_dir: str, deq_dir: str, per_tensor: bool, qc: dict) -> None:
+def _write(
+    model_dir: str,
+    fp8_dir: str,
+    deq_dir: str,
+    per_tensor: bool,
+    qc: dict,
+    keep: str | None = None,
+    bf16: str | None = None,
+    kv_scales: bool = False,
+) -> None:
     """An fp8 checkpoint of ``model_dir`` at ``fp8_dir`` (with ``qc`` as its
     quantization_config; per-tensor scales come with static ``input_scale`` tensors) and
-    the same values dequantized at ``deq_dir``."""
+    the same values dequantized at ``deq_dir``. Projections whose name matches the regex
+    ``keep`` stay unquantized (as the config's ``ignore`` says), those matching ``bf16``
+    are stored as bfloat16 (a broken checkpoint); ``kv_scales`` adds each layer's
+    ``self_attn.k_scale`` / ``v_scale`` (a ``kv_cache_scheme``'s)."""
+    import re
+
     from safetensors.torch import load_file, save_file
 
     for target in (fp8_dir, deq_dir):
@@ -51,11 +65,14 @@ def _write(model_dir: str, fp8_dir: str, deq_dir: str, per_tensor: bool, qc: dic
         fp8, deq = {}, {}
         for key, w in tensors.items():
             fp8[key] = deq[key] = w
-            if not _PROJ.search(key):
+            if key.endswith("self_attn.o_proj.weight") and kv_scales:
+                for kv in ("k_scale", "v_scale"):
+                    fp8[key.replace("o_proj.weight", kv)] = torch.tensor(0.02)
+            if not _PROJ.search(key) or (keep and re.search(keep, key)):
                 continue
             amax = w.abs().amax().expand(w.shape[0]) if per_tensor else None
             wq, scale = quantize_weight(w, amax)  # scale [N]
-            fp8[key] = wq
+            fp8[key] = w.to(torch.bfloat16) if bf16 and re.search(bf16, key) else wq
             stem = key[: -len(".weight")]
             fp8[stem + ".weight_scale"] = scale[:1] if per_tensor else scale[:, None]
             if per_tensor:  # the static scheme's activation scale
@@ -114,12 +131,59 @@ def test_fp8_checkpoint_equals_transformers_on_dequantized_weights(
     llm.llm_engine.shutdown()
 
 
+@pytest.mark.forked
+def test_fp8_checkpoint_with_unquantized_modules(tiny_llama_dir, tmp_path):
+    """A config keeping modules unquantized, as real ones do: ``ignore`` by ``re:``
+    patterns (lm_head; layer 0's attention, its q/k/v stored apart) and by name (layer 1's
+    down_proj), with a ``kv_cache_scheme`` and its ``k_scale`` / ``v_scale`` tensors (unused)
+    and llm-compressor's other keys: those layers load dense, the rest in fp8, and the
+    engine equals transformers on the dequantized weights. A checkpoint keeping only part
+    of a fused layer unquantized, or storing a weight its config quantizes in bf16, is
+    refused naming the layer."""
+    from vllm import LLM
+
+    qc = _compressed_tensors_config("channel", static=False)
+    kv = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False}
+    ignore = ["re:.*lm_head", r"re:model\.layers\.0\.self_attn\.", "model.layers.1.mlp.down_proj"]
+    qc.update(ignore=ignore, kv_cache_scheme=kv, quantization_status="compressed",
+              sparsity_config={}, version="0.9.1")  # fmt: skip
+    fp8_dir, deq_dir = str(tmp_path / "fp8"), str(tmp_path / "deq")
+    keep = r"layers\.0\.self_attn\.|layers\.1\.mlp\.down_proj"
+    _write(tiny_llama_dir, fp8_dir, deq_dir, False, qc, keep=keep, kv_scales=True)
+    ref = hf_greedy(deq_dir, PROMPTS, MAX_TOKENS)
+    llm = LLM(model=fp8_dir, device="cpu", dtype="float32")
+    # 3 layers x (qkv, o, gate_up, down), 3 of them dense
+    assert llm.apply_model(_fp8_layers)[0] == (9, 12)
+    out = vllm_greedy(llm, PROMPTS, MAX_TOKENS, logprobs=5)
+    check_outputs_equal(ref, out, "hf-dequantized", "fp8-ignore", PROMPTS)
+    llm.llm_engine.shutdown()
+    del llm
+    qc["ignore"] = ["lm_head", "model.layers.0.self_attn.q_proj"]
+    part = str(tmp_path / "part")
+    _write(tiny_llama_dir, part, part + "-deq", False, qc, keep=r"layers\.0\.self_attn\.q_proj")
+    with pytest.raises(ValueError, match=r"keeps \['model.layers.0.self_attn.q_proj'\] .* fused"):
+        LLM(model=part, device="cpu", dtype="float32")
+    qc["ignore"] = ["lm_head"]
+    bf16 = str(tmp_path / "bf16")
+    _write(tiny_llama_dir, bf16, bf16 + "-deq", False, qc, bf16=r"layers\.1\.mlp\.up_proj")
+    with pytest.raises(
+        ValueError, match=r"'model.layers.1.mlp.gate_up_proj' \(part 1\) .*bfloat16"
+    ):
+        LLM(model=bf16, device="cpu", dtype="float32")
+
+
 def _distinct_scales(model) -> list[int]:
     """Distinct scale values of each fp8 layer of ``model`` (a function, so the mp
     executor can send it to the ranks)."""
     return [
         m.weight_scale.unique().numel() for m in model.modules() if getattr(m, "quantizable", 0)
     ]
+
+
+def _fp8_layers(model) -> tuple[int, int]:
+    """(fp8 layers, quantizable layers) of ``model``."""
+    layers = [m for m in model.modules() if getattr(m, "quantizable", 0)]
+    return sum(m.weight_scale is not None for m in layers), len(layers)
 
 
 def _with_config(model_dir: str, target, qc: dict) -> str:

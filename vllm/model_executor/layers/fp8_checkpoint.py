@@ -12,9 +12,16 @@ per-token activation scales):
   [N, 1]) or ``"tensor"`` (one scale a matrix, repeated over its rows here), format
   ``float-quantized`` or ``naive-quantized``. Input activations may be dynamic per token
   (as here) or static per tensor (``input_scale``): static scales are not used, the
-  activations are scaled per token as with ``--quantization fp8``.
+  activations are scaled per token as with ``--quantization fp8``. KV-cache scales
+  (``kv_cache_scheme``: ``k_scale`` / ``v_scale`` tensors) are not used either: the cache
+  keeps the model's dtype.
 - ``quant_method: "fbgemm_fp8"`` (Meta's FP8 releases): per-row ``weight_scale`` [N, 1],
   dynamic per-token activations.
+
+Modules the config keeps unquantized (compressed-tensors' ``ignore``, fbgemm_fp8's
+``modules_to_not_convert``: Hugging Face module names, or ``re:`` regular expressions, such
+as Meta's FP8 releases' attention layers) load in the model's dtype; a fused layer (qkv,
+gate_up) needs all or none of its parts kept so.
 
 Refused, naming what is supported: block-wise scales (``quant_method: "fp8"`` with
 ``weight_block_size``, DeepSeek / Qwen3 "-FP8"), integer or 4-bit schemes (AWQ, GPTQ,
@@ -135,7 +142,7 @@ def _compressed_tensors_problem(qc) -> str | None:
     return None
 
 
-def prepare_fp8_params(model: nn.Module) -> int:
+def prepare_fp8_params(model: nn.Module, unquantized=()) -> int:
     """Give every quantizable linear layer of ``model`` an empty e4m3fn ``weight`` and a
     float32 ``weight_scale`` [output rows] parameter, each with a ``weight_loader``, so that
     a pre-quantized checkpoint's tensors load into them (before ``load_weights``).
@@ -143,16 +150,38 @@ def prepare_fp8_params(model: nn.Module) -> int:
     A scale tensor may be [rows, 1], [rows] or one value ([] / [1]: per tensor, repeated
     over the rows of its shard); weights must be stored as float8_e4m3fn.
 
+    Args:
+        model: the model, before loading.
+        unquantized: the config's modules kept unquantized (:func:`unquantized_modules`);
+            a layer matching them, by its own name or by all of its checkpoint parts'
+            (``q_proj``, ``k_proj``, ``v_proj`` of ``qkv_proj``), keeps its parameters.
+
     Returns:
         The number of layers prepared.
+
+    Raises:
+        ValueError: a fused layer with some of its parts unquantized, naming them.
     """
+    parts = {}  # fused sub-name -> its checkpoint sub-names (q_proj, k_proj, v_proj)
+    for sub, (fused, _) in getattr(model, "packed_modules_mapping", {}).items():
+        parts.setdefault(fused, []).append(sub)
     count = 0
-    for module in model.modules():
+    for name, module in model.named_modules():
         if not getattr(module, "quantizable", False):
             continue
+        stem, _, sub = name.rpartition(".")
+        names = [f"{stem}.{p}" for p in parts.get(sub, ())]
+        kept = [n for n in names if is_unquantized(n, unquantized)]
+        if is_unquantized(name, unquantized) or (names and len(kept) == len(names)):
+            continue
+        if kept:
+            raise ValueError(
+                f"the checkpoint keeps {kept} unquantized but not the other parts of the fused "
+                f"layer {name!r} ({names}); a fused layer loads all in fp8 or none"
+            )
         old = module.weight
         weight = nn.Parameter(torch.empty_like(old, dtype=FP8_DTYPE), requires_grad=False)
-        weight.weight_loader = _checked_fp8(module.weight_loader)
+        weight.weight_loader = _checked_fp8(module.weight_loader, name)
         module.weight = weight
         scale = nn.Parameter(
             torch.ones(old.shape[0], dtype=torch.float32, device=old.device), requires_grad=False
@@ -170,15 +199,18 @@ def _dtype_name(loaded) -> str:
     return loaded.get_dtype()
 
 
-def _checked_fp8(loader):
-    """``loader`` for an fp8 weight, refusing a tensor stored in another dtype (copying a
-    16-bit value into e4m3 without its scale would be silently wrong)."""
+def _checked_fp8(loader, name: str):
+    """``loader`` for the fp8 weight of layer ``name``, refusing a tensor stored in another
+    dtype (copying a 16-bit value into e4m3 without its scale would be silently wrong)."""
 
     def load(param: nn.Parameter, loaded, shard_id: object = None) -> None:
         if _dtype_name(loaded) != "F8_E4M3":
+            part = "" if shard_id is None else f" (part {shard_id!r})"
             raise ValueError(
-                f"a pre-quantized fp8 weight is stored as {_dtype_name(loaded)}, expected "
-                "float8_e4m3fn (F8_E4M3)"
+                f"the pre-quantized fp8 weight of {name!r}{part} is stored as "
+                f"{_dtype_name(loaded)}, expected float8_e4m3fn (F8_E4M3); a layer kept "
+                "unquantized must be listed in the quantization_config's 'ignore' "
+                "(compressed-tensors) or 'modules_to_not_convert' (fbgemm_fp8)"
             )
         if shard_id is None:
             loader(param, loaded)
