@@ -18,7 +18,7 @@ import torch
 
 from tests.models.test_fp8 import _PROJ, PROMPTS
 from tests.utils import check_outputs_equal, check_top5_logprobs_within, hf_greedy, vllm_greedy
-from vllm.model_executor.layers.fp8 import dequantize, quantize_weight
+from vllm.model_executor.layers.fp8 import FP8_DTYPE, dequantize, quantize_weight
 
 MAX_TOKENS = 16
 
@@ -47,13 +47,15 @@ def _write(
     keep: str | None = None,
     bf16: str | None = None,
     kv_scales: bool = False,
+    zero_points: bool = False,
 ) -> None:
     """An fp8 checkpoint of ``model_dir`` at ``fp8_dir`` (with ``qc`` as its
     quantization_config; per-tensor scales come with static ``input_scale`` tensors) and
     the same values dequantized at ``deq_dir``. Projections whose name matches the regex
     ``keep`` stay unquantized (as the config's ``ignore`` says), those matching ``bf16``
     are stored as bfloat16 (a broken checkpoint); ``kv_scales`` adds each layer's
-    ``self_attn.k_scale`` / ``v_scale`` (a ``kv_cache_scheme``'s)."""
+    ``self_attn.k_scale`` / ``v_scale`` (a ``kv_cache_scheme``'s), ``zero_points`` the
+    zero ``weight_zero_point`` / ``input_zero_point`` older compressed-tensors wrote."""
     import re
 
     from safetensors.torch import load_file, save_file
@@ -75,6 +77,9 @@ def _write(
             fp8[key] = w.to(torch.bfloat16) if bf16 and re.search(bf16, key) else wq
             stem = key[: -len(".weight")]
             fp8[stem + ".weight_scale"] = scale[:1] if per_tensor else scale[:, None]
+            if zero_points:
+                for zp in ("weight_zero_point", "input_zero_point"):
+                    fp8[f"{stem}.{zp}"] = torch.zeros(scale.shape[:1], dtype=FP8_DTYPE)
             if per_tensor:  # the static scheme's activation scale
                 fp8[stem + ".input_scale"] = torch.tensor([0.05])
             deq[key] = dequantize(wq, scale, w.dtype)
@@ -136,10 +141,10 @@ def test_fp8_checkpoint_with_unquantized_modules(tiny_llama_dir, tmp_path):
     """A config keeping modules unquantized, as real ones do: ``ignore`` by ``re:``
     patterns (lm_head; layer 0's attention, its q/k/v stored apart) and by name (layer 1's
     down_proj), with a ``kv_cache_scheme`` and its ``k_scale`` / ``v_scale`` tensors (unused)
-    and llm-compressor's other keys: those layers load dense, the rest in fp8, and the
-    engine equals transformers on the dequantized weights. A checkpoint keeping only part
-    of a fused layer unquantized, or storing a weight its config quantizes in bf16, is
-    refused naming the layer."""
+    and llm-compressor's other keys, and the zero zero points older releases wrote: those
+    layers load dense, the rest in fp8, and the engine equals transformers on the
+    dequantized weights. A checkpoint keeping only part of a fused layer unquantized, or
+    storing a weight its config quantizes in bf16, is refused naming the layer."""
     from vllm import LLM
 
     qc = _compressed_tensors_config("channel", static=False)
@@ -149,7 +154,7 @@ def test_fp8_checkpoint_with_unquantized_modules(tiny_llama_dir, tmp_path):
               sparsity_config={}, version="0.9.1")  # fmt: skip
     fp8_dir, deq_dir = str(tmp_path / "fp8"), str(tmp_path / "deq")
     keep = r"layers\.0\.self_attn\.|layers\.1\.mlp\.down_proj"
-    _write(tiny_llama_dir, fp8_dir, deq_dir, False, qc, keep=keep, kv_scales=True)
+    _write(tiny_llama_dir, fp8_dir, deq_dir, False, qc, keep, kv_scales=True, zero_points=True)
     ref = hf_greedy(deq_dir, PROMPTS, MAX_TOKENS)
     llm = LLM(model=fp8_dir, device="cpu", dtype="float32")
     # 3 layers x (qkv, o, gate_up, down), 3 of them dense

@@ -184,10 +184,12 @@ def _prepare_fp8_checkpoint(model: nn.Module, weights, hf_config):
     fp8 parameters with scales before loading; the weights iterator without static
     activation scales (``input_scale``: activations are scaled per token here) and KV-cache
     scales (``k_scale`` / ``v_scale``, or ``k_proj`` / ``v_proj`` ``output_scale`` of older
-    llm-compressor releases: the cache keeps the model's dtype)."""
+    llm-compressor releases: the cache keeps the model's dtype) and zero points (all zeros:
+    the weights are symmetric, fp8_checkpoint checks, and activations are scaled per token),
+    which older compressed-tensors releases wrote."""
     from vllm.model_executor.layers.fp8_checkpoint import prepare_fp8_params, unquantized_modules
 
     kept = unquantized_modules(hf_config.quantization_config)
     logger.info("Loading %d fp8 linear layers from the checkpoint", prepare_fp8_params(model, kept))
-    unused = (".input_scale", ".k_scale", ".v_scale", ".output_scale")
+    unused = (".input_scale", ".k_scale", ".v_scale", ".output_scale", "_zero_point")
     return ((n, t) for n, t in weights if not n.endswith(unused))
