@@ -88,11 +88,11 @@ def _write(
     _set_quantization_config(fp8_dir, qc)
 
 
-def _set_quantization_config(model_dir, qc: dict) -> None:
-    """Write ``qc`` as the quantization_config of ``model_dir``'s config.json."""
+def _set_quantization_config(model_dir, qc: dict, key: str = "quantization_config") -> None:
+    """Write ``qc`` as the ``key`` (quantization_config) of ``model_dir``'s config.json."""
     path = pathlib.Path(model_dir, "config.json")
     cfg = json.loads(path.read_text())
-    cfg["quantization_config"] = qc
+    cfg[key] = qc
     path.write_text(json.dumps(cfg))
 
 
@@ -191,9 +191,9 @@ def _fp8_layers(model) -> tuple[int, int]:
     return sum(m.weight_scale is not None for m in layers), len(layers)
 
 
-def _with_config(model_dir: str, target, qc: dict) -> str:
+def _with_config(model_dir: str, target, qc: dict, key: str = "quantization_config") -> str:
     shutil.copytree(model_dir, target)
-    _set_quantization_config(target, qc)
+    _set_quantization_config(target, qc, key)
     return str(target)
 
 
@@ -217,6 +217,9 @@ def test_fp8_checkpoint_refusals(tiny_llama_dir, tiny_mixtral_dir, tmp_path):
     fbgemm = {"quant_method": "fbgemm_fp8"}
     with pytest.raises(ValueError, match="mixture-of-experts"):
         build(_with_config(tiny_mixtral_dir, tmp_path / "moe", fbgemm))
+    legacy = _compressed_tensors_config("channel", static=False)  # early releases' key:
+    legacy = _with_config(tiny_llama_dir, tmp_path / "legacy", legacy, "compression_config")
+    assert build(legacy).model_config.checkpoint_quantization == "compressed-tensors"
     ok = _with_config(tiny_llama_dir, tmp_path / "ok", fbgemm)
     with pytest.raises(ValueError, match="'compressed-tensors' does not match .*'fbgemm_fp8'"):
         build(ok, quantization="compressed-tensors")

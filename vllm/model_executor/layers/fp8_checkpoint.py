@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import torch
 from torch import nn
@@ -76,6 +77,22 @@ def stored_quantization(hf_config, model: str) -> tuple[str, object] | None:
             producer = "modelopt"
         return "its hf_quant_config.json", {"quant_method": producer}
     return None
+
+
+def unquantized_modules(qc) -> list[str]:
+    """The modules a quantization config keeps unquantized (``ignore`` or
+    ``modules_to_not_convert``), as written: names or ``re:`` patterns."""
+    return list(_field(qc, "ignore") or _field(qc, "modules_to_not_convert") or [])
+
+
+def is_unquantized(name: str, patterns) -> bool:
+    """Whether module ``name`` (Hugging Face naming: ``model.layers.0.self_attn.q_proj``)
+    matches one of ``patterns``: ``re:PATTERN`` matched from the start of the name (as
+    compressed-tensors does), or a name equal to it or a parent module's."""
+    return any(
+        re.match(p[3:], name) if p.startswith("re:") else name == p or name.startswith(p + ".")
+        for p in patterns
+    )
 
 
 def _refuse(model: str, method, why: str, where: str) -> ValueError:
@@ -131,13 +148,16 @@ def _compressed_tensors_problem(qc) -> str | None:
         return f"weights (type, bits, strategy) = {scheme}"
     if not _field(weights, "symmetric", True) or _field(weights, "dynamic", False):
         return "asymmetric or dynamic weight scales"
+    sparsity = _field(_field(qc, "sparsity_config") or {}, "format")
+    if sparsity not in (None, "dense"):
+        return f"sparsity_config format {sparsity!r} (sparse weights)"
     fmt = _field(qc, "format")
     if fmt not in ("float-quantized", "naive-quantized"):
         return f"format {fmt!r}"
     acts = _field(group, "input_activations")
     if acts is not None and (_field(acts, "type"), _field(acts, "num_bits")) != ("float", 8):
         return "input activations other than 8-bit float"
-    if "lm_head" not in (_field(qc, "ignore") or []):
+    if not is_unquantized("lm_head", unquantized_modules(qc)):
         return "a quantized lm_head (not in 'ignore')"
     return None
 

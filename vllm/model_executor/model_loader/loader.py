@@ -131,7 +131,7 @@ def get_model(
             if headless or bare:  # the stack's tensors are named as the causal LM's "model."
                 weights = ((n if n.startswith("model.") else f"model.{n}", t) for n, t in weights)
             if getattr(model_config, "checkpoint_quantization", None):
-                weights = _prepare_fp8_checkpoint(model, weights, hf_config)
+                weights = _prepare_fp8_checkpoint(model, weights, model_config)
         with torch.no_grad():
             loaded = model.load_weights(weights)
         missing = sorted({name for name, _ in model.named_parameters()} - loaded)
@@ -178,18 +178,23 @@ def _quantize_fp8(model: nn.Module) -> None:
     )
 
 
-def _prepare_fp8_checkpoint(model: nn.Module, weights, hf_config):
+def _prepare_fp8_checkpoint(model: nn.Module, weights, model_config):
     """A pre-quantized fp8 checkpoint (vllm/model_executor/layers/fp8_checkpoint.py): the
-    model's projections, but those its ``quantization_config`` keeps unquantized, become
+    model's projections, but those its quantization config keeps unquantized, become
     fp8 parameters with scales before loading; the weights iterator without static
     activation scales (``input_scale``: activations are scaled per token here) and KV-cache
     scales (``k_scale`` / ``v_scale``, or ``k_proj`` / ``v_proj`` ``output_scale`` of older
     llm-compressor releases: the cache keeps the model's dtype) and zero points (all zeros:
     the weights are symmetric, fp8_checkpoint checks, and activations are scaled per token),
     which older compressed-tensors releases wrote."""
-    from vllm.model_executor.layers.fp8_checkpoint import prepare_fp8_params, unquantized_modules
+    from vllm.model_executor.layers.fp8_checkpoint import (
+        prepare_fp8_params,
+        stored_quantization,
+        unquantized_modules,
+    )
 
-    kept = unquantized_modules(hf_config.quantization_config)
+    _, stored = stored_quantization(model_config.hf_config, model_config.model)
+    kept = unquantized_modules(stored)
     logger.info("Loading %d fp8 linear layers from the checkpoint", prepare_fp8_params(model, kept))
     unused = (".input_scale", ".k_scale", ".v_scale", ".output_scale", "_zero_point")
     return ((n, t) for n, t in weights if not n.endswith(unused))
