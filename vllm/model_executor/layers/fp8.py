@@ -34,7 +34,6 @@ scales to the fused norm + GEMV kernels.
 from __future__ import annotations
 
 import functools
-import logging
 
 import torch
 import torch.nn.functional as F
@@ -43,14 +42,11 @@ from torch import nn
 from vllm.distributed.tp_ops import tensor_model_parallel_max
 from vllm.kernels.dispatch import get_triton_fp8_quant, get_triton_gemv
 
-logger = logging.getLogger(__name__)
-
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448.0
 # scales are amax * (1 / 448), a multiplication: the same float32 result on every device
 # (CUDA torch turns a division by a scalar into this product; vllm/kernels/fp8_quant.py too)
 INV_FP8_MAX = 1.0 / FP8_MAX
-QUANTIZATION_METHODS = ("fp8",)  # --quantization values that quantize a checkpoint online
 
 
 def row_scales(amax: torch.Tensor) -> torch.Tensor:
@@ -63,7 +59,8 @@ def row_scales(amax: torch.Tensor) -> torch.Tensor:
 def quantize_weight(
     weight: torch.Tensor, amax: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Quantize ``weight`` [N, K] to e4m3fn with one scale per row.
+    """Quantize ``weight`` [N, K] to e4m3fn with one scale per row (weights, and
+    activation rows in :func:`quantize_rows_torch`).
 
     Args:
         weight: [N, K], any float dtype.
@@ -99,10 +96,10 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def quantize_rows_torch(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`quantize_rows` in torch ops (CPU, and the kernel's reference)."""
-    scale = row_scales(x.abs().amax(dim=1))[:, None]  # [T, 1]
-    xq = (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)  # [T, K]
-    return xq, scale
+    """:func:`quantize_rows` in torch ops (CPU, and the kernel's reference): each row
+    quantized as a weight row is (:func:`quantize_weight`)."""
+    xq, scale = quantize_weight(x)  # [T, K] e4m3fn, [T]
+    return xq, scale[:, None]  # [T, 1]
 
 
 def scaled_mm_fits(x: torch.Tensor, wq: torch.Tensor) -> bool:
