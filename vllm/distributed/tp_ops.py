@@ -21,22 +21,18 @@ import torch.distributed as dist
 from vllm.distributed.parallel_state import get_pp_group
 
 
-def tensor_model_parallel_all_reduce(x: torch.Tensor) -> torch.Tensor:
-    """Sum ``x`` over the TP group in place and return it (``x`` itself at TP = 1)."""
+def tensor_model_parallel_all_reduce(x: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    """Reduce ``x`` over the TP group in place and return it (``x`` itself at TP = 1):
+    ``op`` "sum" (partial products) or "max" (elementwise maximum, e.g. row maxima).
+
+    Raises:
+        KeyError: another ``op``.
+    """
+    reduce_op = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op]
     group = get_pp_group()
     if group is None or group.tp_size == 1:
         return x
-    dist.all_reduce(x, group=group.tp_group)
-    return x
-
-
-def tensor_model_parallel_max(x: torch.Tensor) -> torch.Tensor:
-    """Elementwise maximum of ``x`` over the TP group, in place; returns ``x`` (itself at
-    TP = 1)."""
-    group = get_pp_group()
-    if group is None or group.tp_size == 1:
-        return x
-    dist.all_reduce(x, op=dist.ReduceOp.MAX, group=group.tp_group)
+    dist.all_reduce(x, op=reduce_op, group=group.tp_group)
     return x
 
 

@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vllm.distributed.tp_ops import tensor_model_parallel_max
+from vllm.distributed.tp_ops import tensor_model_parallel_all_reduce
 from vllm.kernels.dispatch import get_triton_fp8_quant, get_triton_gemv
 
 FP8_DTYPE = torch.float8_e4m3fn
@@ -139,7 +139,7 @@ def _row_amax(layer: nn.Module) -> torch.Tensor:
     the ranks' slices of each row (the unsplit row's)."""
     amax = layer.weight.abs().amax(dim=1).float()  # [N]
     if getattr(layer, "input_is_parallel", False) and layer.tp_size > 1:
-        amax = tensor_model_parallel_max(amax)
+        amax = tensor_model_parallel_all_reduce(amax, op="max")
     return amax
 
 
