@@ -76,7 +76,9 @@ def check_compat_args(
             "model's Hugging Face directory with quantization='fp8', or the GGUF file "
             "without it."
         )
-    known = (None, "gguf", "fp8", "compressed-tensors", "fbgemm_fp8")
+    from vllm.model_executor.layers.fp8_checkpoint import CHECKPOINT_METHODS
+
+    known = (None, "gguf", "fp8", *CHECKPOINT_METHODS)
     if quantization not in known or (quantization == "gguf" and not is_gguf):
         raise ValueError(
             f"quantization={quantization!r} is not supported; use None (the checkpoint's "
