@@ -241,9 +241,11 @@ class ModelConfig:
             )
         method = None
         if self.load_format in ("safetensors", "dummy"):
-            moe = any(
-                getattr(self.hf_config, k, None) for k in ("num_local_experts", "num_experts")
-            )
+            from vllm.model_executor.models import ModelRegistry
+            from vllm.model_executor.models.moe_common import MoeWeightsMixin
+
+            archs = getattr(self.hf_config, "architectures", None) or []
+            moe = issubclass(ModelRegistry.resolve_model_cls(archs)[0], MoeWeightsMixin)
             try:
                 method = checkpoint_fp8_method(self.model, self.hf_config, moe)
             except ValueError:
