@@ -111,6 +111,7 @@ def get_model(
         model = SimStageModel(hf_config, pp_rank, pp_size, timing, model_config.dtype)
         return model.to(device).requires_grad_(False).eval()
     start = time.perf_counter()
+    prequantized = getattr(model_config, "checkpoint_quantization", None)  # an fp8 format
     with _default_dtype(model_config.dtype), torch.device(device):
         model = model_cls(
             hf_config, pp_rank=pp_rank, pp_size=pp_size, max_model_len=model_config.max_model_len
@@ -130,7 +131,7 @@ def get_model(
             weights = safetensors_weights_iterator(model_config.model, lazy=tp_size > 1)
             if headless or bare:  # the stack's tensors are named as the causal LM's "model."
                 weights = ((n if n.startswith("model.") else f"model.{n}", t) for n, t in weights)
-            if getattr(model_config, "checkpoint_quantization", None):
+            if prequantized:
                 weights = _prepare_fp8_checkpoint(model, weights, model_config)
         with torch.no_grad():
             loaded = model.load_weights(weights)
@@ -141,7 +142,6 @@ def get_model(
                 f"{len(missing)} parameters were not found in checkpoint "
                 f"{model_config.model!r} ({load_format}): {shown}"
             )
-    prequantized = getattr(model_config, "checkpoint_quantization", None)
     if getattr(model_config, "quantization", None) == "fp8" and not prequantized:
         _quantize_fp8(model)
     logger.info(
