@@ -76,7 +76,11 @@ class ModelConfig:
             arguments refuse it for a .gguf file, vllm/engine/compat_args.py). A checkpoint
             already in fp8 (vllm/model_executor/layers/fp8_checkpoint.py) sets it to "fp8"
             and ``checkpoint_quantization`` to its format; "compressed-tensors" or
-            "fbgemm_fp8" may name that format explicitly. With load_format "dummy" such a
+            "fbgemm_fp8" may name that format explicitly. One without fp8 kernels here
+            (block-wise scales, mixture of experts) sets ``checkpoint_dequantized`` (its
+            method and why) and loads dequantized to the model's dtype
+            (vllm/model_executor/layers/fp8_dequant.py); "fp8" then quantizes the
+            dequantized projections per row again. With load_format "dummy" such a
             checkpoint's config sets "fp8" alone: the random weights are quantized on load,
             so a benchmark runs fp8 layers as the checkpoint would (the config of a
             quantization not loaded here leaves dummy weights in the model's dtype).
@@ -117,7 +121,7 @@ class ModelConfig:
             times its factor) or above a uniform sliding window (Mistral v0.1), or
             with disable_sliding_window above the smallest window; an unknown
             quantization; a safetensors checkpoint whose ``quantization_config`` is not
-            an fp8 format this engine loads (AWQ, GPTQ, block-wise fp8, ...; see
+            an fp8 format this engine loads (AWQ, GPTQ, int8, ...; see
             fp8_checkpoint.checkpoint_fp8_method), or that another quantization names.
     """
 
@@ -142,8 +146,10 @@ class ModelConfig:
     hf_config_path: str | None = None
     disable_sliding_window: bool = False
     hf_config: Any = field(default=None, repr=False)
-    # the quant_method of a pre-quantized fp8 checkpoint (set by __post_init__)
+    # the quant_method of a pre-quantized fp8 checkpoint loaded as fp8 layers, or why one
+    # loads dequantized to the model's dtype (fp8_checkpoint.Fp8Checkpoint; __post_init__)
     checkpoint_quantization: str | None = field(default=None, init=False)
+    checkpoint_dequantized: str | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         if self.tokenizer is None:
@@ -239,7 +245,7 @@ class ModelConfig:
             raise ValueError(
                 f"quantization must be one of {list(allowed)}, got {self.quantization!r}."
             )
-        method = None
+        fmt = None
         if self.load_format in ("safetensors", "dummy"):
             from vllm.model_executor.models import ModelRegistry
             from vllm.model_executor.models.moe_common import MoeWeightsMixin
@@ -247,24 +253,33 @@ class ModelConfig:
             archs = getattr(self.hf_config, "architectures", None) or []
             moe = issubclass(ModelRegistry.resolve_model_cls(archs)[0], MoeWeightsMixin)
             try:
-                method = checkpoint_fp8_method(self.model, self.hf_config, moe)
+                fmt = checkpoint_fp8_method(self.model, self.hf_config, moe)
             except ValueError:
                 if self.load_format == "safetensors":
                     raise  # dummy weights: no checkpoint tensors to refuse, the model's dtype
-        if method is None and self.quantization in CHECKPOINT_METHODS:
+        if fmt is None and self.quantization in CHECKPOINT_METHODS:
             raise ValueError(
                 f"quantization={self.quantization!r} names a pre-quantized format, but "
                 f"{self.model!r} has no quantization_config; use 'fp8' to quantize it on load."
             )
-        if method is not None:
-            if self.quantization not in (None, "fp8", method):
-                raise ValueError(
-                    f"quantization={self.quantization!r} does not match the checkpoint's "
-                    f"quant_method={method!r}."
-                )
-            if self.load_format == "safetensors":  # dummy: random weights quantized on load
-                self.checkpoint_quantization = method
-            self.quantization = "fp8"  # the same layers and kernels as online fp8
+        if fmt is None:
+            return
+        if self.quantization not in (None, "fp8", fmt.method):
+            raise ValueError(
+                f"quantization={self.quantization!r} does not match the checkpoint's "
+                f"quant_method={fmt.method!r}."
+            )
+        if fmt.dequantized is not None:
+            # no fp8 kernels for it: dequantized on load (vllm/model_executor/layers/
+            # fp8_dequant.py), then quantized per row only when "fp8" is asked for
+            if self.load_format == "safetensors":
+                self.checkpoint_dequantized = f"{fmt.method}, {fmt.dequantized}"
+            if self.quantization != "fp8":
+                self.quantization = None
+            return
+        if self.load_format == "safetensors":  # dummy: random weights quantized on load
+            self.checkpoint_quantization = fmt.method
+        self.quantization = "fp8"  # the same layers and kernels as online fp8
 
     def _verify_max_model_len(self) -> None:
         from vllm.model_executor.layers.yarn_rope import yarn_context_length

@@ -203,16 +203,27 @@ def test_weights_cannot_be_loaded_into_a_quantized_model(tiny_llama_dir):
 
 
 def test_startup_summary_names_fp8():
-    """The start-up summary line ends with what holds fp8 weights, and says nothing
-    without quantization."""
+    """The start-up summary line ends with what holds fp8 weights (or that an fp8
+    checkpoint was dequantized), and says nothing without quantization."""
     from types import SimpleNamespace
 
     from vllm.worker.startup_summary import _quantization
 
-    def config(quantization, stored=None):
-        mc = SimpleNamespace(quantization=quantization, checkpoint_quantization=stored)
+    def config(quantization, stored=None, dequantized=None):
+        mc = SimpleNamespace(
+            quantization=quantization,
+            checkpoint_quantization=stored,
+            checkpoint_dequantized=dequantized,
+        )
         return SimpleNamespace(model_config=mc)
 
     assert _quantization(config(None)) == ""
     assert _quantization(config("fp8")) == ", quantization=fp8 (decoder projections; on load)"
     assert _quantization(config("fp8", "fbgemm_fp8")).endswith("; fbgemm_fp8)")
+    block = "fp8, block-wise scales"  # an fp8 checkpoint loaded dequantized
+    assert _quantization(config(None, dequantized=block)) == (
+        ", quantization=none (fp8 checkpoint dequantized: fp8, block-wise scales)"
+    )
+    assert _quantization(config("fp8", dequantized=block)).endswith(
+        "(decoder projections; on load, of the fp8 checkpoint dequantized: fp8, block-wise scales)"
+    )

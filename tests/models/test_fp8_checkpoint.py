@@ -98,21 +98,25 @@ def _set_quantization_config(model_dir, qc: dict, key: str = "quantization_confi
 
 @pytest.mark.forked
 @pytest.mark.parametrize(
-    "case", ["compressed-tensors-tensor-static", "fbgemm_fp8-channel-explicit-tp2"]
+    "case",
+    ["compressed-tensors-tensor-static", "fp8-tensor-static", "fbgemm_fp8-channel-explicit-tp2"],
 )
 def test_fp8_checkpoint_equals_transformers_on_dequantized_weights(
     case, tiny_llama_dir, tmp_path, monkeypatch
 ):
-    """compressed-tensors with per-tensor weight scales and static input scales (unused:
-    activations are scaled per token), loaded without a flag; fbgemm_fp8 with per-row
+    """compressed-tensors and AutoFP8's fp8 (its unquantized modules in ``ignored_layers``)
+    with per-tensor weight scales and static input scales (unused: activations are scaled
+    per token), loaded without a flag; fbgemm_fp8 with per-row
     scales, named by ``quantization="fbgemm_fp8"``, at TP = 2 (each rank reads its rows'
     scales of q/k/v and gate/up, and whole rows' of o and down; an all-reduce sums in
     another order, hence logprobs within 1e-4 rather than exact)."""
     from vllm import LLM
 
-    per_tensor = case.startswith("compressed")
-    if per_tensor:
+    per_tensor = "-tensor-" in case
+    if case.startswith("compressed"):
         qc = _compressed_tensors_config("tensor", static=True)
+    elif case.startswith("fp8"):
+        qc = {"quant_method": "fp8", "activation_scheme": "static", "ignored_layers": ["lm_head"]}
     else:
         qc = {"quant_method": "fbgemm_fp8", "activation_scale_ub": 1200.0,
               "modules_to_not_convert": ["lm_head"]}  # fmt: skip
@@ -197,15 +201,12 @@ def _with_config(model_dir: str, target, qc: dict, key: str = "quantization_conf
     return str(target)
 
 
-def test_fp8_checkpoint_refusals(tiny_llama_dir, tiny_mixtral_dir, tmp_path):
+def test_fp8_checkpoint_refusals(tiny_llama_dir, tmp_path):
     from vllm.engine.arg_utils import EngineArgs
 
     def build(model, **kw):
         return EngineArgs(model=model, device="cpu", **kw).create_engine_config()
 
-    block = {"quant_method": "fp8", "weight_block_size": [128, 128]}
-    with pytest.raises(ValueError, match="quant_method='fp8'.*block-wise fp8 scales"):
-        build(_with_config(tiny_llama_dir, tmp_path / "block", block))
     int8 = _compressed_tensors_config("channel", static=False)
     int8["config_groups"]["group_0"]["weights"]["type"] = "int"
     with pytest.raises(ValueError, match=r"weights \(type, bits, strategy\) = \('int', 8"):
@@ -215,8 +216,6 @@ def test_fp8_checkpoint_refusals(tiny_llama_dir, tiny_mixtral_dir, tmp_path):
     with pytest.raises(ValueError, match="a quantized lm_head"):
         build(_with_config(tiny_llama_dir, tmp_path / "head", head))
     fbgemm = {"quant_method": "fbgemm_fp8"}
-    with pytest.raises(ValueError, match="mixture-of-experts"):
-        build(_with_config(tiny_mixtral_dir, tmp_path / "moe", fbgemm))
     legacy = _compressed_tensors_config("channel", static=False)  # early releases' key:
     legacy = _with_config(tiny_llama_dir, tmp_path / "legacy", legacy, "compression_config")
     assert build(legacy).model_config.checkpoint_quantization == "compressed-tensors"

@@ -138,10 +138,11 @@ class EngineArgs:
     quantization: str | None = _f(
         None,
         "None (the checkpoint's weights as stored; an fp8 checkpoint's quantization_config "
-        "is followed), fp8 (the decoder's projections quantized to float8_e4m3fn on load, "
-        "one scale per output row; the embedding, lm_head and MoE experts keep the model's "
-        "dtype), compressed-tensors / fbgemm_fp8 (naming an fp8 checkpoint's format) or "
-        "gguf (a .gguf file; implied by one).",
+        "is followed, block-wise and mixture-of-experts ones dequantized on load), fp8 (the "
+        "decoder's projections quantized to float8_e4m3fn on load, one scale per output row; "
+        "the embedding, lm_head and MoE experts keep the model's dtype), compressed-tensors / "
+        "fbgemm_fp8 (naming an fp8 checkpoint's format) or gguf (a .gguf file; implied by "
+        "one).",
         group="model",
     )
     task: str = _f(

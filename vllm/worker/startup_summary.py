@@ -11,7 +11,8 @@ line with the fields a user checks first::
 
 (one line in the log). Piecewise graphs add ``and N piecewise sizes`` (each size is one
 graph per piece: layers + 1). Without graphs, ``graphs=eager (<why>)``. Speculative
-decoding and fp8 weights add ``speculation=...`` and ``quantization=fp8 (...)``.
+decoding and fp8 weights add ``speculation=...`` and ``quantization=fp8 (...)``; an fp8
+checkpoint dequantized on load adds ``quantization=none (...)``.
 """
 
 from __future__ import annotations
@@ -125,11 +126,19 @@ def format_summary(config: Any, stages: list[dict[str, Any]]) -> str:
 
 
 def _quantization(config: Any) -> str:
-    """``, quantization=fp8 (...)`` naming what holds fp8 weights, or "" without."""
+    """``, quantization=fp8 (...)`` naming what holds fp8 weights, ``, quantization=none
+    (...)`` for an fp8 checkpoint dequantized on load, or "" without either."""
     mc = getattr(config, "model_config", None)
+    dequantized = getattr(mc, "checkpoint_dequantized", None)
     if getattr(mc, "quantization", None) != "fp8":
-        return ""
+        return (
+            f", quantization=none (fp8 checkpoint dequantized: {dequantized})"
+            if dequantized
+            else ""
+        )
     source = mc.checkpoint_quantization or "on load"
+    if dequantized:
+        source = f"on load, of the fp8 checkpoint dequantized: {dequantized}"
     return f", quantization=fp8 (decoder projections; {source})"
 
 

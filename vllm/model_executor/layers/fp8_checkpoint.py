@@ -2,7 +2,7 @@
 
 A checkpoint whose ``config.json`` holds a ``quantization_config`` (or the older
 ``compression_config``; see :func:`stored_quantization`) stores its projections
-as ``float8_e4m3fn`` with scales. Two formats fit this engine's fp8 layers
+as ``float8_e4m3fn`` with scales. Three formats fit this engine's fp8 layers
 (vllm/model_executor/layers/fp8.py: e4m3 weights, a float32 scale per output row, dynamic
 per-token activation scales):
 
@@ -17,17 +17,23 @@ per-token activation scales):
   keeps the model's dtype.
 - ``quant_method: "fbgemm_fp8"`` (Meta's FP8 releases): per-row ``weight_scale`` [N, 1],
   dynamic per-token activations.
+- ``quant_method: "fp8"`` without ``weight_block_size`` (AutoFP8's checkpoints): one
+  ``weight_scale`` per tensor, static or dynamic activations (``input_scale`` unused).
 
-Modules the config keeps unquantized (compressed-tensors' ``ignore``, fbgemm_fp8's
-``modules_to_not_convert``: Hugging Face module names, or ``re:`` regular expressions, such
-as Meta's FP8 releases' attention layers) load in the model's dtype; a fused layer (qkv,
-gate_up) needs all or none of its parts kept so.
+Modules the config keeps unquantized (compressed-tensors' ``ignore``, fbgemm_fp8's and
+fp8's ``modules_to_not_convert``, AutoFP8's ``ignored_layers``: Hugging Face module names,
+or ``re:`` regular expressions, such as Meta's FP8 releases' attention layers) load in the
+model's dtype; a fused layer (qkv, gate_up) needs all or none of its parts kept so.
 
-Refused, naming what is supported: block-wise scales (``quant_method: "fp8"`` with
-``weight_block_size``, DeepSeek / Qwen3 "-FP8"), integer or 4-bit schemes (AWQ, GPTQ,
-W8A8-int8, ...), sparse weights (a ``sparsity_config`` format other than ``dense``), a
-quantized ``lm_head`` and mixture-of-experts models (their experts keep
-the model's dtype here).
+Two kinds load dequantized to the model's dtype instead (no fp8 kernel here for them;
+vllm/model_executor/layers/fp8_dequant.py): block-wise scales (``quant_method: "fp8"``
+with ``weight_block_size``, DeepSeek's and Qwen3's "-FP8" releases, or compressed-tensors'
+``strategy: "block"``) and mixture-of-experts models (their experts run in the model's
+dtype here).
+
+Refused, naming what is supported: integer or 4-bit schemes (AWQ, GPTQ, W8A8-int8, ...),
+sparse weights (a ``sparsity_config`` format other than ``dense``) and a quantized
+``lm_head`` among fp8 layers.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -42,8 +49,33 @@ from torch import nn
 from vllm.model_executor.layers.fp8 import FP8_DTYPE
 from vllm.model_executor.weight_utils import as_tensor
 
-# quantization_config.quant_method -> the --quantization value that names the same format
+# quantization_config.quant_method values that --quantization may name (its "fp8" quantizes
+# on load, and also matches a checkpoint of quant_method "fp8")
 CHECKPOINT_METHODS = ("compressed-tensors", "fbgemm_fp8")
+# every quant_method of an fp8 checkpoint this engine loads
+FP8_METHODS = ("fp8", *CHECKPOINT_METHODS)
+# checkpoint tensors no fp8 layer here reads: static activation scales (activations are
+# scaled per token), KV-cache scales (``k_scale`` / ``v_scale``, or ``k_proj`` / ``v_proj``
+# ``output_scale`` of older llm-compressor releases: the cache keeps the model's dtype) and
+# the zero points older compressed-tensors releases wrote (all zeros: symmetric weights)
+UNUSED_SUFFIXES = (".input_scale", ".k_scale", ".v_scale", ".output_scale", "_zero_point")
+
+
+@dataclass(frozen=True)
+class Fp8Checkpoint:
+    """How a pre-quantized fp8 checkpoint loads.
+
+    Attributes:
+        method: its ``quant_method`` (one of :data:`FP8_METHODS`).
+        dequantized: None when its projections load as fp8 layers; else why its weights
+            are dequantized to the model's dtype on load ("block-wise scales",
+            "mixture of experts"; vllm/model_executor/layers/fp8_dequant.py).
+        block: (bn, bk), the tile of block-wise scales, else None.
+    """
+
+    method: str
+    dequantized: str | None = None
+    block: tuple[int, int] | None = None
 
 
 def _field(cfg, name: str, default=None):
@@ -80,9 +112,11 @@ def stored_quantization(hf_config, model: str) -> tuple[str, object] | None:
 
 
 def unquantized_modules(qc) -> list[str]:
-    """The modules a quantization config keeps unquantized (``ignore`` or
-    ``modules_to_not_convert``), as written: names or ``re:`` patterns."""
-    return list(_field(qc, "ignore") or _field(qc, "modules_to_not_convert") or [])
+    """The modules a quantization config keeps unquantized (compressed-tensors' ``ignore``,
+    ``modules_to_not_convert`` of fbgemm_fp8 and Hugging Face's fp8, AutoFP8's
+    ``ignored_layers``), as written: names or ``re:`` patterns."""
+    keys = ("ignore", "modules_to_not_convert", "ignored_layers")
+    return [m for key in keys for m in (_field(qc, key) or [])]
 
 
 def is_unquantized(name: str, patterns) -> bool:
@@ -99,14 +133,15 @@ def _refuse(model: str, method, why: str, where: str) -> ValueError:
     return ValueError(
         f"{model!r} holds pre-quantized weights (quant_method={method!r} in {where}): "
         f"{why}. Pre-quantized checkpoints load when they are fp8 with a scale per output "
-        "row or per tensor (compressed-tensors FP8 / FP8_DYNAMIC, fbgemm_fp8); otherwise use "
-        "the unquantized checkpoint, which --quantization fp8 quantizes on load."
+        "row, per tensor or per block (compressed-tensors FP8 / FP8_DYNAMIC / FP8_BLOCK, "
+        "fbgemm_fp8, fp8); otherwise use the unquantized checkpoint, which --quantization "
+        "fp8 quantizes on load."
     )
 
 
-def checkpoint_fp8_method(model: str, hf_config, moe: bool) -> str | None:
-    """The fp8 format of a pre-quantized checkpoint (:func:`stored_quantization`; one of
-    CHECKPOINT_METHODS), or None for an unquantized one.
+def checkpoint_fp8_method(model: str, hf_config, moe: bool) -> Fp8Checkpoint | None:
+    """How a pre-quantized fp8 checkpoint (:func:`stored_quantization`) loads, or None for
+    an unquantized one.
 
     Args:
         model: the checkpoint's path (for messages and ``hf_quant_config.json``).
@@ -122,18 +157,38 @@ def checkpoint_fp8_method(model: str, hf_config, moe: bool) -> str | None:
         return None
     where, qc = stored
     method = _field(qc, "quant_method")
-    if method not in CHECKPOINT_METHODS:
-        why = "this method is not supported"
-        if _field(qc, "weight_block_size"):
-            why = "block-wise fp8 scales are not supported"
-        raise _refuse(model, method, why, where)
-    if moe:
-        raise _refuse(model, method, "mixture-of-experts experts are not loaded in fp8", where)
+    if method not in FP8_METHODS:
+        raise _refuse(model, method, "this method is not supported", where)
     if method == "compressed-tensors":
         why = _compressed_tensors_problem(qc)
         if why is not None:
             raise _refuse(model, method, why, where)
-    return method
+    block = _weight_block(qc)
+    if block is not None and not (
+        len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)
+    ):
+        raise _refuse(model, method, f"a block size of {list(block)} (two positive ints)", where)
+    if block is not None:
+        return Fp8Checkpoint(method, "block-wise scales", tuple(block))
+    if moe:
+        return Fp8Checkpoint(method, "mixture of experts")
+    lm_head_kept = is_unquantized("lm_head", unquantized_modules(qc))
+    if method == "compressed-tensors" and not lm_head_kept:
+        raise _refuse(model, method, "a quantized lm_head (not in 'ignore')", where)
+    return Fp8Checkpoint(method)
+
+
+def _weight_block(qc) -> list | None:
+    """The scale tile of a block-wise config: fp8's ``weight_block_size`` or the weights'
+    ``block_structure`` of a compressed-tensors ``strategy: "block"`` group; else None."""
+    block = _field(qc, "weight_block_size")
+    if block:
+        return list(block)
+    for group in (_field(qc, "config_groups") or {}).values():
+        weights = _field(group, "weights") or {}
+        if _field(weights, "strategy") == "block":
+            return list(_field(weights, "block_structure") or [])
+    return None
 
 
 def _compressed_tensors_problem(qc) -> str | None:
@@ -144,7 +199,7 @@ def _compressed_tensors_problem(qc) -> str | None:
     (group,) = groups.values()
     weights = _field(group, "weights") or {}
     scheme = (_field(weights, "type"), _field(weights, "num_bits"), _field(weights, "strategy"))
-    if scheme[:2] != ("float", 8) or scheme[2] not in ("channel", "tensor"):
+    if scheme[:2] != ("float", 8) or scheme[2] not in ("channel", "tensor", "block"):
         return f"weights (type, bits, strategy) = {scheme}"
     if not _field(weights, "symmetric", True) or _field(weights, "dynamic", False):
         return "asymmetric or dynamic weight scales"
@@ -157,8 +212,6 @@ def _compressed_tensors_problem(qc) -> str | None:
     acts = _field(group, "input_activations")
     if acts is not None and (_field(acts, "type"), _field(acts, "num_bits")) != ("float", 8):
         return "input activations other than 8-bit float"
-    if not is_unquantized("lm_head", unquantized_modules(qc)):
-        return "a quantized lm_head (not in 'ignore')"
     return None
 
 

@@ -112,6 +112,7 @@ def get_model(
         return model.to(device).requires_grad_(False).eval()
     start = time.perf_counter()
     prequantized = getattr(model_config, "checkpoint_quantization", None)  # an fp8 format
+    dequantized = getattr(model_config, "checkpoint_dequantized", None)  # an fp8 format's why
     with _default_dtype(model_config.dtype), torch.device(device):
         model = model_cls(
             hf_config, pp_rank=pp_rank, pp_size=pp_size, max_model_len=model_config.max_model_len
@@ -133,6 +134,8 @@ def get_model(
                 weights = ((n if n.startswith("model.") else f"model.{n}", t) for n, t in weights)
             if prequantized:
                 weights = _prepare_fp8_checkpoint(model, weights, model_config)
+            elif dequantized:
+                weights = _dequantized_fp8_checkpoint(weights, model_config)
         with torch.no_grad():
             loaded = model.load_weights(weights)
         missing = sorted({name for name, _ in model.named_parameters()} - loaded)
@@ -181,13 +184,11 @@ def _quantize_fp8(model: nn.Module) -> None:
 def _prepare_fp8_checkpoint(model: nn.Module, weights, model_config):
     """A pre-quantized fp8 checkpoint (vllm/model_executor/layers/fp8_checkpoint.py): the
     model's projections, but those its quantization config keeps unquantized, become
-    fp8 parameters with scales before loading; the weights iterator without static
-    activation scales (``input_scale``: activations are scaled per token here) and KV-cache
-    scales (``k_scale`` / ``v_scale``, or ``k_proj`` / ``v_proj`` ``output_scale`` of older
-    llm-compressor releases: the cache keeps the model's dtype) and zero points (all zeros:
-    the weights are symmetric, fp8_checkpoint checks, and activations are scaled per token),
-    which older compressed-tensors releases wrote."""
+    fp8 parameters with scales before loading; the weights iterator without the tensors
+    no fp8 layer reads (``fp8_checkpoint.UNUSED_SUFFIXES``: static activation scales,
+    KV-cache scales, zero points)."""
     from vllm.model_executor.layers.fp8_checkpoint import (
+        UNUSED_SUFFIXES,
         prepare_fp8_params,
         stored_quantization,
         unquantized_modules,
@@ -196,5 +197,22 @@ def _prepare_fp8_checkpoint(model: nn.Module, weights, model_config):
     _, stored = stored_quantization(model_config.hf_config, model_config.model)
     kept = unquantized_modules(stored)
     logger.info("Loading %d fp8 linear layers from the checkpoint", prepare_fp8_params(model, kept))
-    unused = (".input_scale", ".k_scale", ".v_scale", ".output_scale", "_zero_point")
-    return ((n, t) for n, t in weights if not n.endswith(unused))
+    return ((n, t) for n, t in weights if not n.endswith(UNUSED_SUFFIXES))
+
+
+def _dequantized_fp8_checkpoint(weights, model_config):
+    """An fp8 checkpoint without fp8 kernels here (block-wise scales, mixture of experts):
+    the weights iterator with each fp8 weight dequantized to the model's dtype
+    (vllm/model_executor/layers/fp8_dequant.py)."""
+    from vllm.model_executor.layers.fp8_checkpoint import UNUSED_SUFFIXES, checkpoint_fp8_method
+    from vllm.model_executor.layers.fp8_dequant import dequantized_weights
+
+    # moe=True: the format as a dequantized checkpoint (its method and block, if any)
+    fmt = checkpoint_fp8_method(model_config.model, model_config.hf_config, moe=True)
+    logger.info(
+        "Dequantizing the checkpoint's fp8 weights (quant_method %r, %s) to %s on load",
+        fmt.method,
+        model_config.checkpoint_dequantized,
+        model_config.dtype,
+    )
+    return dequantized_weights(weights, fmt.block, model_config.dtype, UNUSED_SUFFIXES)
