@@ -14,6 +14,9 @@ import pytest
 from tests.structured_output.test_reasoning_gate import _params, _setup, _valid_json
 
 pytestmark = pytest.mark.gpu
+# skipped, not failed, where the structured-output backend is not installed (a GPU host
+# staged without it); CI installs it from requirements-cpu.txt
+pytest.importorskip("xgrammar")
 
 
 @pytest.mark.forked

@@ -12,6 +12,9 @@ import pytest
 from tests.structured_output.schemas import MAX_TOKENS, PERSON
 
 pytestmark = pytest.mark.gpu
+# skipped, not failed, where the structured-output backend is not installed (a GPU host
+# staged without it); CI installs it from requirements-cpu.txt
+pytest.importorskip("xgrammar")
 
 PROMPTS = [f"Describe pet number {i} as JSON:" for i in range(16)]
 
