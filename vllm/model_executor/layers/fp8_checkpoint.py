@@ -277,13 +277,19 @@ def _checked_fp8(loader, name: str):
     dtype (copying a 16-bit value into e4m3 without its scale would be silently wrong)."""
 
     def load(param: nn.Parameter, loaded, shard_id: object = None) -> None:
-        if _dtype_name(loaded) != "F8_E4M3":
+        stored = _dtype_name(loaded)
+        if stored != "F8_E4M3":
             part = "" if shard_id is None else f" (part {shard_id!r})"
+            hint = (
+                "fp8 layers here read e4m3 weights only"
+                if stored in ("F8_E5M2", str(torch.float8_e5m2))
+                else "a layer kept unquantized must be listed in the quantization_config's "
+                "'ignore' (compressed-tensors), 'modules_to_not_convert' (fbgemm_fp8) or "
+                "'ignored_layers' (fp8)"
+            )
             raise ValueError(
-                f"the pre-quantized fp8 weight of {name!r}{part} is stored as "
-                f"{_dtype_name(loaded)}, expected float8_e4m3fn (F8_E4M3); a layer kept "
-                "unquantized must be listed in the quantization_config's 'ignore' "
-                "(compressed-tensors) or 'modules_to_not_convert' (fbgemm_fp8)"
+                f"the pre-quantized fp8 weight of {name!r}{part} is stored as {stored}, "
+                f"expected float8_e4m3fn (F8_E4M3); {hint}"
             )
         if shard_id is None:
             loader(param, loaded)

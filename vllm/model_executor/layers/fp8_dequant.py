@@ -107,10 +107,11 @@ def dequantized_weights(
 
     Raises:
         ValueError: at the end, fp8 weights without a scale or scales without their
-            weight, naming them.
+            weight, naming them (and the dtype of such a weight stored unquantized).
     """
     waiting_weights: dict[str, torch.Tensor] = {}
     waiting_scales: dict[str, torch.Tensor] = {}
+    unquantized: dict[str, str] = {}  # weights passed on as stored -> their dtype
     for name, loaded in weights:
         suffix = next((s for s in SCALE_SUFFIXES if name.endswith(s)), None)
         if suffix is not None:
@@ -129,10 +130,19 @@ def dequantized_weights(
             else:
                 waiting_weights[name] = as_tensor(loaded)
         else:
+            if name.endswith(".weight"):
+                unquantized[name] = _dtype(loaded)
             yield name, loaded
     if waiting_weights or waiting_scales:
+        stored = {n: unquantized[n] for n in sorted(waiting_scales) if n in unquantized}
+        also = f" (stored unquantized, not fp8: {dict(list(stored.items())[:5])})" if stored else ""
         raise ValueError(
             f"fp8 checkpoint tensors without their pair: weights without a weight_scale / "
             f"weight_scale_inv {sorted(waiting_weights)[:5]}, scales without their weight "
-            f"{sorted(waiting_scales)[:5]}"
+            f"{sorted(waiting_scales)[:5]}{also}"
         )
+
+
+def _dtype(loaded) -> str:
+    """A checkpoint tensor's dtype (tensor or lazy safetensors slice), for messages."""
+    return str(loaded.dtype) if isinstance(loaded, torch.Tensor) else loaded.get_dtype()

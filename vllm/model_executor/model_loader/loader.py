@@ -212,7 +212,7 @@ def _dequantized_fp8_checkpoint(weights, model_config):
     logger.info(
         "Dequantizing the checkpoint's fp8 weights (quant_method %r, %s) to %s on load",
         fmt.method,
-        model_config.checkpoint_dequantized,
+        fmt.dequantized,
         model_config.dtype,
     )
     return dequantized_weights(weights, fmt.block, model_config.dtype, UNUSED_SUFFIXES)
