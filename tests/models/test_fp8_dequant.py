@@ -207,3 +207,25 @@ def test_block_configs(tiny_llama_dir, tiny_mixtral_dir, tmp_path):
     auto = {"quant_method": "fp8", "activation_scheme": "static", "ignored_layers": ["lm_head"]}
     mc = build(_with_config(tiny_llama_dir, tmp_path / "auto", auto))
     assert (mc.quantization, mc.checkpoint_quantization) == ("fp8", "fp8")
+
+
+def test_load_errors_name_the_tensor(tiny_llama_dir):
+    """A scale of the wrong shape, an e5m2 weight for an fp8 layer and a scale whose
+    weight is stored unquantized: each message names the checkpoint tensor (and the
+    stored dtype)."""
+    from tests.models.test_weight_loading import model_config
+    from tests.models.tiny_models import load_hf_config
+    from vllm.model_executor.layers.fp8_checkpoint import prepare_fp8_params
+    from vllm.model_executor.model_loader import get_model
+
+    model = get_model(model_config(tiny_llama_dir, load_hf_config(tiny_llama_dir)), "cpu")
+    prepare_fp8_params(model)
+    k = "model.layers.1.self_attn.k_proj"
+    with pytest.raises(ValueError, match=rf"'{k}.weight_scale': shard 'k'.*\(10,\)"):
+        model.load_weights([(f"{k}.weight_scale", torch.ones(10))])
+    e5m2 = torch.zeros(32, 64).to(torch.float8_e5m2)
+    with pytest.raises(ValueError, match="float8_e5m2, expected float8_e4m3fn.*e4m3 weights only"):
+        model.load_weights([(f"{k}.weight", e5m2)])
+    items = [("a.weight_scale_inv", torch.ones(1, 1)), ("a.weight", torch.zeros(4, 4))]
+    with pytest.raises(ValueError, match=r"not fp8: \{'a.weight': 'torch.float32'\}"):
+        list(dequantized_weights(items, BLOCK, torch.float32))

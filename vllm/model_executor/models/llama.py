@@ -485,7 +485,8 @@ class LlamaForCausalLM(nn.Module):
         last stage then fills ``lm_head`` from ``model.embed_tokens.weight``).
 
         Raises:
-            ValueError: a checkpoint name that matches no parameter, or a shape mismatch.
+            ValueError: a checkpoint name that matches no parameter, or a shape mismatch
+                (naming the checkpoint tensor).
         """
         params = dict(self.named_parameters())
         loaded: set[str] = set()
@@ -506,6 +507,7 @@ class LlamaForCausalLM(nn.Module):
                 continue
             if name.startswith("model.norm.") and self.model.norm is None:
                 continue
+            hf_name = name
             name, shard_id = self._packed_name(name)
             param = params.get(name)
             if param is None:
@@ -514,11 +516,16 @@ class LlamaForCausalLM(nn.Module):
                     f"(pp_rank={self.pp_rank}, layers [{self.start_layer}, {self.end_layer}))"
                 )
             loader = getattr(param, "weight_loader", default_weight_loader)
+            try:
+                if shard_id is None:
+                    loader(param, tensor)
+                else:
+                    loader(param, tensor, shard_id)
+            except ValueError as e:  # a shape or dtype that does not fit: name the tensor
+                raise ValueError(f"checkpoint tensor {hf_name!r}: {e}") from e
             if shard_id is None:
-                loader(param, tensor)
                 loaded.add(name)
             else:
-                loader(param, tensor, shard_id)
                 shards_seen.setdefault(name, set()).add(shard_id)
         for name, seen in shards_seen.items():
             if seen == self.packed_shards[name.split(".")[-2]]:
