@@ -229,3 +229,17 @@ def test_load_errors_name_the_tensor(tiny_llama_dir):
     items = [("a.weight_scale_inv", torch.ones(1, 1)), ("a.weight", torch.zeros(4, 4))]
     with pytest.raises(ValueError, match=r"not fp8: \{'a.weight': 'torch.float32'\}"):
         list(dequantized_weights(items, BLOCK, torch.float32))
+
+
+def test_block_scale_grid_of_the_wrong_size_is_refused():
+    """With block-wise scales a 2-D scale is a grid of tiles: [1, 1] for a weight of 3 x 2
+    tiles is refused (naming the grid expected), not read as one scale per tensor; it is
+    the grid of a one-tile weight, and a 0-D / [1] scale still means one per tensor."""
+    q = torch.ones(40, 50).to(FP8_DTYPE)  # 3 x 3 tiles of 16 x 24
+    one = torch.full((1, 1), 0.5)
+    with pytest.raises(ValueError, match=r"has shape \(1, 1\).*16x24 tile \(3, 3\)"):
+        dequantize_fp8(q, one, BLOCK, torch.float32, "x.weight")
+    tile = q[:16, :24]
+    assert torch.equal(dequantize_fp8(tile, one, BLOCK, torch.float32), tile.float() * 0.5)
+    for scale in (torch.tensor(0.5), torch.tensor([0.5])):
+        assert torch.equal(dequantize_fp8(q, scale, BLOCK, torch.float32), q.float() * 0.5)

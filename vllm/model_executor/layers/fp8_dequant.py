@@ -55,9 +55,10 @@ def dequantize_fp8(
 
     Args:
         weight: [N, K] (or [..., N, K], experts stacked) float8_e4m3fn or float8_e5m2.
-        scale: float32 or 16-bit; one value ([] or [1]: per tensor), N values ([N] or
-            [N, 1]: per row), or ``[ceil(N / bn), ceil(K / bk)]`` (per block; a last tile
-            may be partial) with the same leading dimensions as ``weight``.
+        scale: float32 or 16-bit; one value ([] or [1]: per tensor; with ``block`` a 2-D
+            [1, 1] only for a weight of one tile), N values ([N] or [N, 1]: per row), or
+            ``[ceil(N / bn), ceil(K / bk)]`` (per block; a last tile may be partial) with
+            the same leading dimensions as ``weight``.
         block: (bn, bk), the tile of a block-wise checkpoint, else None.
         dtype: the result's dtype.
         name: the tensor's name, for messages.
@@ -67,7 +68,7 @@ def dequantize_fp8(
 
     Raises:
         ValueError: a scale shape that fits none of the three layouts, naming the
-            tensor, both shapes and the block.
+            tensor, both shapes and the shapes expected.
     """
     w = weight.float()  # [..., N, K]
     s = scale.float()
@@ -80,14 +81,16 @@ def dequantize_fp8(
             s = s.repeat_interleave(bn, dim=-2)[..., :n, :]  # [..., N, tiles_k]
             s = s.repeat_interleave(bk, dim=-1)[..., :k]  # [..., N, K]
             return (w * s).to(dtype)
-    if s.numel() == 1:
+    # one value; but a 2-D scale of a block-wise checkpoint is a grid of tiles: [1, 1] for
+    # a weight of several tiles is a grid of the wrong size, not a scale per tensor
+    if s.numel() == 1 and (block is None or s.dim() < 2):
         return (w * s.reshape(())).to(dtype)
     if tuple(s.shape) in (lead + (n,), lead + (n, 1)):
         return (w * s.reshape(lead + (n, 1))).to(dtype)  # [..., N, 1] over the rows
-    tiled = "" if block is None else f" or one per {block[0]}x{block[1]} tile"
+    tiled = "" if block is None else f" or one per {block[0]}x{block[1]} tile {lead + tiles}"
     raise ValueError(
         f"the scale of fp8 tensor {name!r} {tuple(w.shape)} has shape {tuple(s.shape)}: "
-        f"expected one value, one per row{tiled}"
+        f"expected one value (() or (1,)), one per row {lead + (n,)} or {lead + (n, 1)}{tiled}"
     )
 
 
