@@ -243,3 +243,20 @@ def test_block_scale_grid_of_the_wrong_size_is_refused():
     assert torch.equal(dequantize_fp8(tile, one, BLOCK, torch.float32), tile.float() * 0.5)
     for scale in (torch.tensor(0.5), torch.tensor([0.5])):
         assert torch.equal(dequantize_fp8(q, scale, BLOCK, torch.float32), q.float() * 0.5)
+
+
+def test_quantized_lm_head_among_fp8_layers_is_refused():
+    """fp8's and fbgemm_fp8's configs do not say whether lm_head is quantized: an fp8
+    ``lm_head.weight`` or an lm_head scale in the checkpoint is refused as compressed-tensors'
+    is (not an "unexpected checkpoint weight"); the unused tensors are dropped."""
+    from types import SimpleNamespace
+
+    from vllm.model_executor.layers.fp8_checkpoint import fp8_layer_tensors
+
+    cfg = SimpleNamespace(quantization_config={"quant_method": "fbgemm_fp8"})
+    dense = torch.zeros(4, 4)
+    items = [("lm_head.weight", dense), ("a.input_scale", torch.ones(1)), ("b.weight", dense)]
+    assert [n for n, _ in fp8_layer_tensors(items, "m", cfg)] == ["lm_head.weight", "b.weight"]
+    for name, t in (("lm_head.weight", dense.to(FP8_DTYPE)), ("lm_head.weight_scale", dense)):
+        with pytest.raises(ValueError, match=rf"'fbgemm_fp8'.*quantized lm_head .*'{name}'"):
+            list(fp8_layer_tensors([(name, t)], "m", cfg))

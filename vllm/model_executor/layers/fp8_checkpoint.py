@@ -178,6 +178,30 @@ def checkpoint_fp8_method(model: str, hf_config, moe: bool) -> Fp8Checkpoint | N
     return Fp8Checkpoint(method)
 
 
+def fp8_layer_tensors(weights, model: str, hf_config):
+    """The checkpoint's ``(name, tensor)`` items an fp8-layer model reads: without the
+    tensors no layer reads (:data:`UNUSED_SUFFIXES`), refusing a quantized ``lm_head`` (an
+    fp8 ``lm_head.weight`` or an ``lm_head`` scale) as :func:`checkpoint_fp8_method`
+    refuses compressed-tensors' from its config (fp8's and fbgemm_fp8's configs do not
+    say whether lm_head is quantized).
+
+    Raises:
+        ValueError: a quantized lm_head, naming the tensor and the method.
+    """
+    from vllm.model_executor.layers.fp8_dequant import SCALE_SUFFIXES, is_fp8
+
+    for name, loaded in weights:
+        if name.endswith(UNUSED_SUFFIXES):
+            continue
+        if name.startswith("lm_head.") and (
+            name.endswith(SCALE_SUFFIXES) or (name == "lm_head.weight" and is_fp8(loaded))
+        ):
+            where, qc = stored_quantization(hf_config, model)
+            why = f"a quantized lm_head (checkpoint tensor {name!r})"
+            raise _refuse(model, _field(qc, "quant_method"), why, where)
+        yield name, loaded
+
+
 def _weight_block(qc) -> list | None:
     """The scale tile of a block-wise config: fp8's ``weight_block_size`` or the weights'
     ``block_structure`` of a compressed-tensors ``strategy: "block"`` group; else None."""

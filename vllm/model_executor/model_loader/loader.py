@@ -186,9 +186,9 @@ def _prepare_fp8_checkpoint(model: nn.Module, weights, model_config):
     model's projections, but those its quantization config keeps unquantized, become
     fp8 parameters with scales before loading; the weights iterator without the tensors
     no fp8 layer reads (``fp8_checkpoint.UNUSED_SUFFIXES``: static activation scales,
-    KV-cache scales, zero points)."""
+    KV-cache scales, zero points), refusing a quantized lm_head."""
     from vllm.model_executor.layers.fp8_checkpoint import (
-        UNUSED_SUFFIXES,
+        fp8_layer_tensors,
         prepare_fp8_params,
         stored_quantization,
         unquantized_modules,
@@ -197,7 +197,7 @@ def _prepare_fp8_checkpoint(model: nn.Module, weights, model_config):
     _, stored = stored_quantization(model_config.hf_config, model_config.model)
     kept = unquantized_modules(stored)
     logger.info("Loading %d fp8 linear layers from the checkpoint", prepare_fp8_params(model, kept))
-    return ((n, t) for n, t in weights if not n.endswith(UNUSED_SUFFIXES))
+    return fp8_layer_tensors(weights, model_config.model, model_config.hf_config)
 
 
 def _dequantized_fp8_checkpoint(weights, model_config):
