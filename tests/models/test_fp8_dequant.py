@@ -13,6 +13,7 @@ dequantized one (tokens; logprobs within 1e-4).
 import os
 import re
 import shutil
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -249,8 +250,6 @@ def test_quantized_lm_head_among_fp8_layers_is_refused():
     """fp8's and fbgemm_fp8's configs do not say whether lm_head is quantized: an fp8
     ``lm_head.weight`` or an lm_head scale in the checkpoint is refused as compressed-tensors'
     is (not an "unexpected checkpoint weight"); the unused tensors are dropped."""
-    from types import SimpleNamespace
-
     from vllm.model_executor.layers.fp8_checkpoint import fp8_layer_tensors
 
     cfg = SimpleNamespace(quantization_config={"quant_method": "fbgemm_fp8"})
@@ -260,3 +259,21 @@ def test_quantized_lm_head_among_fp8_layers_is_refused():
     for name, t in (("lm_head.weight", dense.to(FP8_DTYPE)), ("lm_head.weight_scale", dense)):
         with pytest.raises(ValueError, match=rf"'fbgemm_fp8'.*quantized lm_head .*'{name}'"):
             list(fp8_layer_tensors([(name, t)], "m", cfg))
+
+
+def test_block_structure_string(tiny_llama_dir, tmp_path):
+    """Older compressed-tensors releases write ``block_structure`` as "NxM": read as
+    [N, M]; another string is refused, named whole."""
+    from tests.models.test_fp8_checkpoint import _with_config
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.model_executor.layers.fp8_checkpoint import checkpoint_fp8_method
+
+    qc = _compressed_tensors("block")
+    qc["config_groups"]["group_0"]["weights"]["block_structure"] = "64x128"
+    model = _with_config(tiny_llama_dir, tmp_path / "str", qc)
+    mc = EngineArgs(model=model, device="cpu").create_engine_config().model_config
+    assert mc.checkpoint_dequantized == "compressed-tensors, block-wise scales"
+    assert checkpoint_fp8_method(model, mc.hf_config, moe=False).block == (64, 128)
+    qc["config_groups"]["group_0"]["weights"]["block_structure"] = "64 by 128"
+    with pytest.raises(ValueError, match=r"a block size of \['64 by 128'\]"):
+        checkpoint_fp8_method(model, SimpleNamespace(quantization_config=qc), moe=False)

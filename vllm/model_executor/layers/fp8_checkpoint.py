@@ -204,15 +204,27 @@ def fp8_layer_tensors(weights, model: str, hf_config):
 
 def _weight_block(qc) -> list | None:
     """The scale tile of a block-wise config: fp8's ``weight_block_size`` or the weights'
-    ``block_structure`` of a compressed-tensors ``strategy: "block"`` group; else None."""
+    ``block_structure`` of a compressed-tensors ``strategy: "block"`` group ([N, M], or
+    the string "NxM" older compressed-tensors releases write); else None."""
     block = _field(qc, "weight_block_size")
     if block:
-        return list(block)
+        return _block_list(block)
     for group in (_field(qc, "config_groups") or {}).values():
         weights = _field(group, "weights") or {}
         if _field(weights, "strategy") == "block":
-            return list(_field(weights, "block_structure") or [])
+            return _block_list(_field(weights, "block_structure") or [])
     return None
+
+
+def _block_list(block) -> list:
+    """A block size as a list: "128x128" -> [128, 128]; a string that is not "NxM" stays
+    whole ([value]), for the refusal to name it."""
+    if isinstance(block, str):
+        try:
+            return [int(b) for b in block.lower().split("x")]
+        except ValueError:
+            return [block]
+    return list(block)
 
 
 def _compressed_tensors_problem(qc) -> str | None:
