@@ -219,14 +219,14 @@ import asyncio, logging, sys
 from vllm.worker.worker import Worker
 
 logging.basicConfig(level=logging.ERROR, stream=sys.stderr)
-real = Worker.execute_model
+real = Worker.stream_calls  # how the mp executor's stages run steps at TP = 1
 
-def _stage_fault(self, request, *args):
+def _stage_fault(self, tag, request, *args):
     if self.rank == 1 and any(md.request_id == "doomed" for md in request.seq_group_metadata_list):
         raise RuntimeError("injected stage failure 9c2d")
-    return real(self, request, *args)
+    return real(self, tag, request, *args)
 
-Worker.execute_model = _stage_fault  # forked stage processes inherit it
+Worker.stream_calls = _stage_fault  # forked stage processes inherit it
 
 from vllm import SamplingParams
 from vllm.engine.arg_utils import EngineArgs

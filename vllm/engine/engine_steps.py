@@ -4,9 +4,10 @@ the RequestOutputs. ``LLMEngine`` mixes the methods in.
 
 Three ways to step, chosen when the engine is built (vllm/engine/llm_engine.py): one step
 of one virtual engine at a time; pipelined, at most one step in flight per virtual engine
-(executors with ``execute_model_async``); and, for multi-step decoding under pipeline
-parallelism, rounds of one call per virtual engine whose passes interleave on every stage
-(vllm/worker/pp_stage.py). With async output processing a step's outputs are finished
+(executors with ``execute_model_async``; the mp executor's stages stream them,
+vllm/worker/pp_stream.py); and, for multi-step decoding under pipeline parallelism on
+other executors (Ray), rounds of one call per virtual engine whose passes interleave on
+every stage (vllm/worker/pp_stage.py). With async output processing a step's outputs are finished
 during the next step of the same virtual engine (vllm/engine/step_report.py). The async
 engine drives the same pieces (``schedule_step``, ``process_outputs``) from
 vllm/engine/async_steps.py.
@@ -53,7 +54,7 @@ class StepMethods:
         busy = self._in_flight or self._reports
         idle = not busy and not any(s.has_unfinished_seqs() for s in self.schedulers)
         failed = self.admit_compiled(block=idle)
-        if self._pp_multi_step:
+        if self._pp_rounds:
             outs = failed + self._step_round()
         elif self._pipelined:
             outs = failed + self._step_pipelined()

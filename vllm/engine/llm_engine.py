@@ -141,12 +141,15 @@ class LLMEngine(RequestChecks, StepMethods, LoRAMethods, WorkerCallMethods):
         # Pipelined stepping (executors with execute_model_async, e.g. mp): at most one
         # step in flight per VE; (ve, future, scheduler outputs) in submission order.
         self._pipelined = hasattr(self.executor, "execute_model_async")
-        # Multi-step decoding under PP runs rounds: one call per VE, their passes
-        # interleaved on every stage (vllm/worker/pp_stage.py).
+        # Multi-step decoding under PP: the engine decides each call's passes; an executor
+        # whose stages stream calls (vllm/worker/pp_stream.py) takes them one per VE as
+        # pipelined steps, others in rounds of one call per VE, their passes interleaved
+        # on every stage (vllm/worker/pp_stage.py).
         self._pp_multi_step = (
             config.parallel_config.pipeline_parallel_size > 1
             and config.scheduler_config.num_scheduler_steps > 1
         )
+        self._pp_rounds = self._pp_multi_step and not getattr(self.executor, "streams_calls", False)
         self._in_flight: deque = deque()
         # Async output processing: per VE, the report of its last step, finished during
         # its next step (vllm/engine/step_report.py).

@@ -1,5 +1,8 @@
 """One pipeline stage's share of a step, or of a round of multi-step calls (PP > 1).
 
+Rounds serve the Ray executor; the mp executor's stages serve the same calls as a stream
+(vllm/worker/pp_stream.py), built on this module's passes.
+
 A *call* is one ``ExecuteModelRequest`` of one virtual engine (VE) with ``num_steps``
 forward passes, decided once by the engine (vllm/worker/multi_step.py ``decode_steps``)
 and sent to every stage. A *round* is the list of calls the engine submits together (one
@@ -83,6 +86,8 @@ class _Call:
     batch: Any
     num_steps: int
     multi: bool  # sampled on the device pass by pass (sample_on_device), read once at the end
+    tag: Any = None  # streams: the executor's id of the call, its reply's
+    passes_run: int = 0  # streams: passes launched on this stage
     next_ids: torch.Tensor | None = None  # stage 0: [batch_size] int64, the next pass's inputs
     staged: Any = None  # CUDA event: the last eager pass's uploads were queued
     pen: _PenaltyState | None = None
@@ -100,6 +105,8 @@ class PipelineStage:
             timings; typed Any: the worker imports this module).
         group: the pipeline group (``vllm.distributed.parallel_state.PPGroup``).
     """
+
+    streaming = False  # rounds; vllm/worker/pp_stream.py streams calls
 
     def __init__(self, worker: Any, group):
         self.worker = worker
@@ -192,26 +199,32 @@ class PipelineStage:
             self.group.prev_rank,
         )  # fmt: skip
 
-    def _forward(self, call: _Call, i: int):
+    def _forward(self, call: _Call, i: int, got: list[int] | None = None):
         """Pass ``i`` of ``call`` on this stage up to its forward: receive (plan header,
         hidden states), run the model, send the result on (not the last stage). Returns
-        the last stage's hidden states [num_tokens, hidden], else None."""
+        the last stage's hidden states [num_tokens, hidden], else None.
+
+        ``got``: the header of this pass, already received (streams, vllm/worker/
+        pp_stream.py, where every pass has one: the plan and the pass index); in rounds
+        only a call's first pass has one, received here."""
         if i > 0:
             self._advance(call)
         batch = call.batch
         times = self.times
         inter = None
         with times.phase("transfer"):
-            if i == 0:
-                own = plan_header(batch, call.num_steps)
-                dev = self.runner.device  # NCCL sends device tensors only
-                if not self.first:
+            own = plan_header(batch, call.num_steps)
+            dev = self.runner.device  # NCCL sends device tensors only
+            if i == 0 and not self.first:
+                if got is None:
                     got = comm.recv_int_tensor(len(own), dev, self.group.prev_rank).tolist()
-                    if got != own:  # take this pass's tensors first: the channel stays in step
-                        self._recv_inter(got[HEADER_FIELDS.index("num_tokens")])
-                    check_plan_agreement(own, got, self.rank)
-                if not self.last:
-                    comm.send_int_tensor(torch.tensor(own, device=dev), self.group.next_rank)
+                got = got[: len(own)]
+                if got != own:  # take this pass's tensors first: the channel stays in step
+                    self._recv_inter(got[HEADER_FIELDS.index("num_tokens")])
+                check_plan_agreement(own, got, self.rank)
+            if not self.last and (i == 0 or self.streaming):
+                head = [*own, i] if self.streaming else own
+                comm.send_int_tensor(torch.tensor(head, device=dev), self.group.next_rank)
             if not self.first:
                 inter = self._recv_inter(batch.num_tokens)
         kv = self.worker.cache_engines[batch.virtual_engine].kv_caches

@@ -297,14 +297,8 @@ class Worker:
             recv_intermediate_tensors,
             send_intermediate_tensors,
         )
-        from vllm.distributed.parallel_state import get_pp_group
 
-        group = get_pp_group()
-        if group is None:
-            raise RuntimeError(
-                f"pipeline_parallel_size={self.pp_size} but this process has no pipeline "
-                "group (workers of a pipeline run under the mp or Ray executor)."
-            )
+        group = self._pp_group()
         inter = None
         if not group.is_first_rank:
             inter = recv_intermediate_tensors(
@@ -331,17 +325,36 @@ class Worker:
         if not requests:
             return None if self.pp_rank < self.pp_size - 1 else []
         if self._stage is None:
-            from vllm.distributed.parallel_state import get_pp_group
             from vllm.worker.pp_stage import PipelineStage
 
-            group = get_pp_group()
-            if group is None:
-                raise RuntimeError(
-                    f"pipeline_parallel_size={self.pp_size} but this process has no pipeline "
-                    "group (workers of a pipeline run under the mp or Ray executor)."
-                )
-            self._stage = PipelineStage(self, group)
+            self._stage = PipelineStage(self, self._pp_group())
         return self._stage.run(requests)
+
+    @torch.inference_mode()
+    def stream_calls(self, tag, request: ExecuteModelRequest, source) -> None:
+        """Serve ``request`` and the calls that follow it as a stream on this pipeline
+        stage (vllm/worker/pp_stream.py; the mp executor's workers at TP = 1): outputs go
+        to ``source.reply`` as each call finishes.
+
+        Raises:
+            RuntimeError: as :meth:`execute_round`.
+        """
+        if self._stage is None:
+            from vllm.worker.pp_stream import StreamingStage
+
+            self._stage = StreamingStage(self, self._pp_group())
+        self._stage.stream(tag, request, source)
+
+    def _pp_group(self):
+        from vllm.distributed.parallel_state import get_pp_group
+
+        group = get_pp_group()
+        if group is None:
+            raise RuntimeError(
+                f"pipeline_parallel_size={self.pp_size} but this process has no pipeline "
+                "group (workers of a pipeline run under the mp or Ray executor)."
+            )
+        return group
 
     def stage_times(self) -> dict:
         """This stage's host-time split and step counts since the last reset

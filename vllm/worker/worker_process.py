@@ -10,7 +10,9 @@ vllm/executor/mp_executor.py):
    ``("step", step_id, request)`` runs ``Worker.execute_model`` (only the sampling rank, TP
    rank 0 of the last stage, replies with the SamplerOutput, or their list when ``request``
    is a list: a round of vllm/worker/pp_stage.py; any rank replies when it fails; decode
-   groups arrive as deltas, vllm/worker/request_delta.py); ``("call", call_id, method,
+   groups arrive as deltas, vllm/worker/request_delta.py). Under PP at TP = 1 a step
+   starts a stream instead (vllm/worker/pp_stream.py): the steps that follow join it
+   as they arrive, each replied to when it finishes; ``("call", call_id, method,
    args)`` runs a Worker method and every rank replies; ``("free", seq_ids)`` forgets
    finished sequences; ``("shutdown",)`` leaves the group and exits.
 
@@ -167,6 +169,28 @@ def _reader(conn: Connection, inbox: queue.Queue) -> None:
             return
 
 
+class _Inbox:
+    """The driver's messages in arrival order (filled by :func:`_reader`), with one
+    message put back at the front: the one that ends a stream's admission."""
+
+    def __init__(self):
+        self.queue: queue.Queue = queue.Queue()
+        self._front: tuple | None = None
+
+    def get(self, block: bool) -> tuple | None:
+        """The next message; None when ``block`` is False and none is queued."""
+        if self._front is not None:
+            msg, self._front = self._front, None
+            return msg
+        try:
+            return self.queue.get(block)
+        except queue.Empty:
+            return None
+
+    def put_back(self, msg: tuple) -> None:
+        self._front = msg
+
+
 def _reply(conn: Connection, lock: threading.Lock, msg: tuple[Any, ...]) -> None:
     with lock:
         conn.send_bytes(pickle.dumps(msg))
@@ -197,22 +221,52 @@ def run_worker(config, rank: int, init_method: str, conn: Connection, worker_cls
         return
     _reply(conn, lock, (READY, None, rank, os.getpid(), None))
 
-    inbox: queue.Queue = queue.Queue()
-    threading.Thread(target=_reader, args=(conn, inbox), daemon=True).start()
+    inbox = _Inbox()
+    threading.Thread(target=_reader, args=(conn, inbox.queue), daemon=True).start()
     is_last = rank == config.parallel_config.sampling_rank  # TP rank 0 of the last stage
     cache = StageRequestCache()  # decode steps arrive as deltas (request_delta.py)
+    pc = config.parallel_config
+    streams = pc.pipeline_parallel_size > 1 and pc.tensor_parallel_size == 1
+
+    def free(seq_ids: list[int]) -> None:
+        worker.free_sequences(seq_ids)
+        cache.forget(seq_ids)
+
+    def next_call(block: bool):
+        """A stream's next call (vllm/worker/pp_stream.py): frees are applied on the way;
+        any other message ends admission and waits for this loop."""
+        while True:
+            msg = inbox.get(block)
+            if msg is None:
+                return None
+            if msg[0] == FREE:
+                free(msg[1])
+            elif msg[0] == STEP and not isinstance(msg[2], list):
+                return msg[1], cache.expand(msg[2])
+            else:
+                inbox.put_back(msg)
+                return None
+
+    def reply(tag, out) -> None:
+        if is_last:
+            _reply(conn, lock, (STEP, tag, rank, out, None))
+
+    from vllm.worker.pp_stream import CallSource
+
+    source = CallSource(next_call, reply)
     while True:
-        msg = inbox.get()
+        msg = inbox.get(True)
         kind = msg[0]
         if kind == SHUTDOWN:
             break
         if kind == FREE:
-            worker.free_sequences(msg[1])
-            cache.forget(msg[1])
+            free(msg[1])
             continue
         tag = msg[1]
         try:
-            if kind == STEP:
+            if kind == STEP and streams and not isinstance(msg[2], list):
+                worker.stream_calls(tag, cache.expand(msg[2]), source)
+            elif kind == STEP:
                 out = worker.execute_model(cache.expand(msg[2]))
                 if is_last:
                     _reply(conn, lock, (STEP, tag, rank, out, None))
