@@ -41,6 +41,11 @@ One JSON line per run (``{"bench": "pipeline_sim", ...}``):
 - ``load_avg_1m``: the machine's load average at the end (on a shared CPU, other load
   delays every process's wake-up, the stand-in's included, so compare runs of one load).
 
+``--engine async`` runs the workload through ``AsyncLLMEngine`` (``vllm serve``'s engine)
+instead, every request its own stream; its lines have ``"engine": "async"`` and no host
+split. ``calls_at_once``: the most calls stage 0 held at once (mp executor, which streams
+calls, vllm/worker/pp_stream.py; above 1 the VEs' passes interleaved).
+
 Example (every combination of the table in docs/benchmarks.md)::
 
     python benchmarks/benchmark_pipeline_sim.py --pp 1 2 4 --num-scheduler-steps 1 8
@@ -192,6 +197,7 @@ def run_one(args, model_dir: str, pp: int, steps: int) -> dict:
         "step_ms": args.step_ms,
         "steps": engine.calls,
         "passes": stages[0]["passes"],
+        "calls_at_once": stages[0]["calls_at_once"],  # > 1: streamed calls interleaved
         "wall_s": round(wall, 3),
         "tokens_per_s": round(tokens / wall, 1),
         "stage_busy": [round(s["device_busy_s"] / wall, 3) for s in stages],
@@ -203,12 +209,76 @@ def run_one(args, model_dir: str, pp: int, steps: int) -> dict:
     }
 
 
+def run_one_async(args, model_dir: str, pp: int, steps: int) -> dict:
+    """The same workload through ``AsyncLLMEngine`` (``vllm serve``'s engine: each VE's
+    calls submitted on their own, every request its own stream); its JSON record has no
+    engine host split (``host_ms_per_step`` and ``stage_ms_per_step`` are absent)."""
+    import asyncio
+
+    from vllm.engine.async_llm_engine import AsyncLLMEngine
+
+    extra = {"step_ms": args.step_ms, "per_row_us": args.per_row_us,
+             "per_token_us": args.per_token_us}  # fmt: skip
+    engine_args = EngineArgs(
+        model=model_dir, skip_tokenizer_init=True, device="cpu", load_format="sim",
+        model_loader_extra_config=json.dumps(extra), pipeline_parallel_size=pp,
+        distributed_executor_backend=args.executor, num_scheduler_steps=steps,
+        max_num_seqs=args.max_num_seqs, max_model_len=args.prompt_len + args.output_len + 8 * steps,
+    )  # fmt: skip
+
+    async def generate(engine, n: int, output_len: int, start: int) -> int:
+        params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
+
+        async def one(i: int) -> int:
+            prompt = [(start + i + j) % 1000 + 1 for j in range(args.prompt_len)]
+            tokens = 0
+            request = {"prompt_token_ids": prompt}
+            async for out in engine.generate(request, params, f"r{start + i}"):
+                tokens = len(out.outputs[0].token_ids)
+            return tokens
+
+        return sum(await asyncio.gather(*(one(i) for i in range(n))))
+
+    async def run() -> dict:
+        engine = AsyncLLMEngine(engine_args, log_requests=False)
+        executor = engine.engine.executor
+        try:
+            await generate(engine, pp, 4, 10**6)  # warm-up: start every stage
+            executor.collective_rpc("reset_stage_times")
+            pids = [os.getpid(), *getattr(executor, "worker_pids", [])]
+            cpu0 = _cpu_seconds(pids)
+            t0 = time.perf_counter()
+            tokens = await generate(engine, args.num_requests, args.output_len, 0)
+            wall = time.perf_counter() - t0
+            cpu = [b - a for a, b in zip(cpu0, _cpu_seconds(pids))]
+            stages = executor.collective_rpc("stage_times")
+        finally:
+            await engine.shutdown()
+        return {
+            "bench": "pipeline_sim", "engine": "async", "pp": pp, "virtual_engines": pp,
+            "executor": args.executor, "num_scheduler_steps": steps,
+            "requests": args.num_requests, "output_len": args.output_len,
+            "step_ms": args.step_ms, "passes": stages[0]["passes"],
+            "calls_at_once": stages[0]["calls_at_once"], "wall_s": round(wall, 3),
+            "tokens_per_s": round(tokens / wall, 1),
+            "stage_busy": [round(s["device_busy_s"] / wall, 3) for s in stages],
+            "cpu_cores_used": [round(c / wall, 2) for c in cpu],
+            "load_avg_1m": round(os.getloadavg()[0], 2),
+        }  # fmt: skip
+
+    return asyncio.run(run())
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     """Run every (pp, num_scheduler_steps) combination; print conditions and JSON lines."""
     p = FlexibleArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--pp", type=int, nargs="+", default=[1, 2, 4])
     p.add_argument("--num-scheduler-steps", type=int, nargs="+", default=[1, 8])
     p.add_argument("--executor", choices=["mp", "ray"], default="mp")
+    p.add_argument(
+        "--engine", choices=["sync", "async"], default="sync",
+        help="LLMEngine (LLM's) or AsyncLLMEngine (vllm serve's)",
+    )  # fmt: skip
     p.add_argument("--num-requests", type=int, default=256)
     p.add_argument("--prompt-len", type=int, default=16)
     p.add_argument("--output-len", type=int, default=128)
@@ -234,7 +304,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         model_dir = write_sim_config(tmp, args.layers, args.hidden, args.vocab)
         for steps in args.num_scheduler_steps:
             for pp in args.pp:
-                rec = run_one(args, model_dir, pp, steps)
+                run = run_one_async if args.engine == "async" else run_one
+                rec = run(args, model_dir, pp, steps)
                 print(json.dumps(rec), flush=True)
                 records.append(rec)
     return records

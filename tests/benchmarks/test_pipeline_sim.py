@@ -32,7 +32,8 @@ def test_pipeline_sim_short_run_reports_keys(monkeypatch):
     """PP = 2, 4 requests x 6 tokens, two passes per call: per VE (2 requests each) one
     prefill call plus decode calls of 2, 2 and 1 passes (the mp executor on gloo). Counts
     and device seconds are exact; anything divided by the wall is only checked against
-    them within the record's rounding, and is in range for any wall."""
+    them within the record's rounding, and is in range for any wall. The async engine's
+    record has the same keys but the host split."""
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0.05")
     monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     sim = _sim_module()
@@ -63,6 +64,13 @@ def test_pipeline_sim_short_run_reports_keys(monkeypatch):
     assert rec["stage_ms_per_step"][1]["device_wait"] >= 0
     assert len(rec["cpu_cores_used"]) == 3  # the engine and two stage processes
     assert all(c >= 0 for c in rec["cpu_cores_used"])
+    assert rec["calls_at_once"] in (1, 2)  # the mp executor's stages stream calls
+    (rec,) = sim.main([*argv, "--engine", "async"])  # vllm serve's engine
+    assert (rec["engine"], rec["pp"], rec["executor"]) == ("async", 2, "mp")
+    # how requests group into calls depends on when the loop admits them: counts vary
+    assert rec["passes"] >= 12 and rec["calls_at_once"] in (1, 2)
+    assert _within_rounding(rec["tokens_per_s"], 24, rec["wall_s"], 1), rec
+    assert len(rec["stage_busy"]) == 2 and all(0.0 <= b <= 1.0 for b in rec["stage_busy"])
 
 
 def test_sim_timing_and_its_errors(tiny_llama_dir):

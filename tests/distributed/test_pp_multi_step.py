@@ -96,3 +96,49 @@ def test_plan_disagreement_fails_the_step(tiny_llama_dir, monkeypatch):
                 llm.generate(prompts, SamplingParams(temperature=0, max_tokens=4))
         finally:
             llm.llm_engine.shutdown()
+
+
+async def _async_run(model, params):
+    """The async engine (``vllm serve``'s) at PP = 2 with 4 passes per call: each request
+    starts 20 ms after the previous one; returns its outputs as :func:`_run` does and the
+    most calls stage 0 held at once."""
+    import asyncio
+
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.engine.async_llm_engine import AsyncLLMEngine
+
+    args = EngineArgs(model=model, device="cpu", dtype="float32", pipeline_parallel_size=2,
+                      num_scheduler_steps=4)  # fmt: skip
+    engine = AsyncLLMEngine(args, log_requests=False)
+
+    async def one(i):
+        await asyncio.sleep(0.02 * i)
+        final = None
+        async for out in engine.generate({"prompt_token_ids": PROMPTS[i]}, params[i], f"r{i}"):
+            final = out
+        return (*completion_tuple(final), final.outputs[0].finish_reason)
+
+    try:
+        outs = await asyncio.gather(*(one(i) for i in range(len(PROMPTS))))
+        times = engine.engine.executor.collective_rpc("stage_times")
+    finally:
+        await engine.shutdown()
+    return list(outs), times[0]["calls_at_once"]
+
+
+@pytest.mark.forked
+def test_async_engine_pp2_multi_step_stream_equals_pp1(tiny_llama_dir, monkeypatch):
+    """The async engine submits each virtual engine's calls on their own; the mp executor's
+    stages serve them as a stream (vllm/worker/pp_stream.py), a call joining while the
+    other VE's runs: PP = 2 with 4 passes per call gives PP = 1's one-token-step tokens
+    and finish reasons, and stage 0 held calls of both VEs at once (their passes
+    interleaved, as rounds do for ``LLM``)."""
+    import asyncio
+
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    with deadline(300):
+        ref, _ = _run(tiny_llama_dir, _params())
+        out, calls_at_once = asyncio.run(_async_run(tiny_llama_dir, _params()))
+    check_outputs_equal(ref, out, "pp1 1-step", "async pp2 4-step stream", PROMPTS)
+    assert [o[3] for o in out] == [r[3] for r in ref]
+    assert calls_at_once == 2

@@ -21,6 +21,9 @@ class StageTimes:
         seconds: phase -> accumulated seconds.
         steps: scheduler calls this stage ran (a multi-step call counts once).
         passes: forward passes this stage ran.
+        calls_at_once: the most unfinished calls a stream held at once on this stage
+            (vllm/worker/pp_stream.py; 0 without streams): above 1, calls of several
+            virtual engines interleaved their passes.
     """
 
     def __init__(self) -> None:
@@ -30,6 +33,7 @@ class StageTimes:
         self.seconds = dict.fromkeys(PHASES, 0.0)
         self.steps = 0
         self.passes = 0
+        self.calls_at_once = 0
 
     @contextmanager
     def phase(self, name: str):
@@ -41,5 +45,6 @@ class StageTimes:
             self.seconds[name] += time.perf_counter() - t0
 
     def snapshot(self) -> dict:
-        """``{"steps", "passes", <phase>: seconds, ...}`` (a copy)."""
-        return {"steps": self.steps, "passes": self.passes, **self.seconds}
+        """``{"steps", "passes", "calls_at_once", <phase>: seconds, ...}`` (a copy)."""
+        counts = {"steps": self.steps, "passes": self.passes, "calls_at_once": self.calls_at_once}
+        return {**counts, **self.seconds}
