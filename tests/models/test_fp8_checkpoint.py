@@ -58,34 +58,44 @@ def _write(
     zero ``weight_zero_point`` / ``input_zero_point`` older compressed-tensors wrote."""
     import re
 
+    def convert(key: str, w: torch.Tensor) -> tuple[dict, torch.Tensor]:
+        fp8 = {key: w}
+        if key.endswith("self_attn.o_proj.weight") and kv_scales:
+            for kv in ("k_scale", "v_scale"):
+                fp8[key.replace("o_proj.weight", kv)] = torch.tensor(0.02)
+        if not _PROJ.search(key) or (keep and re.search(keep, key)):
+            return fp8, w
+        amax = w.abs().amax().expand(w.shape[0]) if per_tensor else None
+        wq, scale = quantize_weight(w, amax)  # scale [N]
+        fp8[key] = w.to(torch.bfloat16) if bf16 and re.search(bf16, key) else wq
+        stem = key[: -len(".weight")]
+        fp8[stem + ".weight_scale"] = scale[:1] if per_tensor else scale[:, None]
+        if zero_points:
+            for zp in ("weight_zero_point", "input_zero_point"):
+                fp8[f"{stem}.{zp}"] = torch.zeros(scale.shape[:1], dtype=FP8_DTYPE)
+        if per_tensor:  # the static scheme's activation scale
+            fp8[stem + ".input_scale"] = torch.tensor([0.05])
+        return fp8, dequantize(wq, scale, w.dtype)
+
+    write_twins(model_dir, fp8_dir, deq_dir, convert)
+    _set_quantization_config(fp8_dir, qc)
+
+
+def write_twins(model_dir: str, fp8_dir: str, deq_dir: str, convert) -> None:
+    """Copy ``model_dir`` to ``fp8_dir`` and ``deq_dir``, rewriting each safetensors tensor
+    ``w`` of name ``key``: ``convert(key, w)`` returns the tensors ``fp8_dir`` stores for it
+    ({name: tensor}: the weight and its scales) and the value ``deq_dir`` stores."""
     from safetensors.torch import load_file, save_file
 
     for target in (fp8_dir, deq_dir):
         shutil.copytree(model_dir, target)
     for name in [f for f in os.listdir(model_dir) if f.endswith(".safetensors")]:
-        tensors = load_file(os.path.join(model_dir, name))
         fp8, deq = {}, {}
-        for key, w in tensors.items():
-            fp8[key] = deq[key] = w
-            if key.endswith("self_attn.o_proj.weight") and kv_scales:
-                for kv in ("k_scale", "v_scale"):
-                    fp8[key.replace("o_proj.weight", kv)] = torch.tensor(0.02)
-            if not _PROJ.search(key) or (keep and re.search(keep, key)):
-                continue
-            amax = w.abs().amax().expand(w.shape[0]) if per_tensor else None
-            wq, scale = quantize_weight(w, amax)  # scale [N]
-            fp8[key] = w.to(torch.bfloat16) if bf16 and re.search(bf16, key) else wq
-            stem = key[: -len(".weight")]
-            fp8[stem + ".weight_scale"] = scale[:1] if per_tensor else scale[:, None]
-            if zero_points:
-                for zp in ("weight_zero_point", "input_zero_point"):
-                    fp8[f"{stem}.{zp}"] = torch.zeros(scale.shape[:1], dtype=FP8_DTYPE)
-            if per_tensor:  # the static scheme's activation scale
-                fp8[stem + ".input_scale"] = torch.tensor([0.05])
-            deq[key] = dequantize(wq, scale, w.dtype)
+        for key, w in load_file(os.path.join(model_dir, name)).items():
+            stored, deq[key] = convert(key, w)
+            fp8.update(stored)
         save_file(fp8, os.path.join(fp8_dir, name), metadata={"format": "pt"})
         save_file(deq, os.path.join(deq_dir, name), metadata={"format": "pt"})
-    _set_quantization_config(fp8_dir, qc)
 
 
 def _set_quantization_config(model_dir, qc: dict, key: str = "quantization_config") -> None:
@@ -122,9 +132,7 @@ def test_fp8_checkpoint_equals_transformers_on_dequantized_weights(
               "modules_to_not_convert": ["lm_head"]}  # fmt: skip
     fp8_dir, deq_dir = str(tmp_path / "fp8"), str(tmp_path / "deq")
     _write(tiny_llama_dir, fp8_dir, deq_dir, per_tensor, qc)
-    ref = hf_greedy(deq_dir, PROMPTS, MAX_TOKENS)
-    for ids, _, _ in ref:  # distinct-token guard (docs/design.md)
-        assert len(set(ids)) >= 4, f"degenerate output {ids}"
+    ref = reference(deq_dir)
     kw = {} if per_tensor else {"quantization": "fbgemm_fp8", "tensor_parallel_size": 2}
     # the reference ran torch CPU ops in this process: start TP ranks with spawn
     monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
@@ -134,9 +142,25 @@ def test_fp8_checkpoint_equals_transformers_on_dequantized_weights(
     scales = llm.apply_model(_distinct_scales)[0]
     # per tensor: qkv holds 3 values (q, k, v), gate_up 2, o and down 1; per row: many
     assert (max(scales) <= 3) == per_tensor, scales
+    check_against(llm, ref, case)
+
+
+def reference(deq_dir: str) -> list:
+    """Transformers' greedy outputs (with top-5 logprobs) on the dequantized checkpoint,
+    each with at least 4 distinct tokens (docs/design.md: a repeating model proves
+    nothing)."""
+    ref = hf_greedy(deq_dir, PROMPTS, MAX_TOKENS)
+    for ids, _, _ in ref:
+        assert len(set(ids)) >= 4, f"degenerate output {ids}"
+    return ref
+
+
+def check_against(llm, ref: list, name: str) -> None:
+    """The engine's greedy tokens equal ``ref``'s and its top-5 logprobs are within 1e-4
+    (float32 on CPU); shuts the engine down."""
     out = vllm_greedy(llm, PROMPTS, MAX_TOKENS, logprobs=5)
-    check_outputs_equal(ref, out, "hf-dequantized", case, PROMPTS)
-    check_top5_logprobs_within(ref, out, case, tol=1e-4)
+    check_outputs_equal(ref, out, "hf-dequantized", name, PROMPTS)
+    check_top5_logprobs_within(ref, out, name, tol=1e-4)
     llm.llm_engine.shutdown()
 
 
