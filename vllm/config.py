@@ -514,6 +514,12 @@ class ParallelConfig:
     def world_size(self) -> int:
         return self.pipeline_parallel_size * self.tensor_parallel_size
 
+    @property
+    def streams_calls(self) -> bool:
+        """Whether the mp executor's stages serve model calls as a stream
+        (vllm/worker/pp_stream.py): under PP without TP."""
+        return self.pipeline_parallel_size > 1 and self.tensor_parallel_size == 1
+
 
 SCHEDULING_POLICIES = ("fcfs", "priority")
 

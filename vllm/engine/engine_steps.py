@@ -7,8 +7,8 @@ of one virtual engine at a time; pipelined, at most one step in flight per virtu
 (executors with ``execute_model_async``; the mp executor's stages stream them,
 vllm/worker/pp_stream.py); and, for multi-step decoding under pipeline parallelism on
 other executors (Ray), rounds of one call per virtual engine whose passes interleave on
-every stage (vllm/worker/pp_stage.py). With async output processing a step's outputs are finished
-during the next step of the same virtual engine (vllm/engine/step_report.py). The async
+every stage (vllm/worker/pp_stage.py). With async output processing a step's outputs are
+finished during the next step of the same virtual engine (vllm/engine/step_report.py). The async
 engine drives the same pieces (``schedule_step``, ``process_outputs``) from
 vllm/engine/async_steps.py.
 """

@@ -69,10 +69,9 @@ class MultiprocessingExecutor(PipelineExecutorBase):
 
     def _init_executor(self) -> None:
         self.world_size = self.config.parallel_config.world_size
-        pc = self.config.parallel_config
         # the stages serve steps as a stream (vllm/worker/pp_stream.py): multi-step calls
         # of different virtual engines interleave without rounds
-        self.streams_calls = pc.pipeline_parallel_size > 1 and pc.tensor_parallel_size == 1
+        self.streams_calls = self.config.parallel_config.streams_calls
         self._lock = threading.Lock()  # guards futures, calls, error and pipe writes
         self._step_ids = itertools.count()
         self._call_ids = itertools.count()

@@ -225,8 +225,7 @@ def run_worker(config, rank: int, init_method: str, conn: Connection, worker_cls
     threading.Thread(target=_reader, args=(conn, inbox.queue), daemon=True).start()
     is_last = rank == config.parallel_config.sampling_rank  # TP rank 0 of the last stage
     cache = StageRequestCache()  # decode steps arrive as deltas (request_delta.py)
-    pc = config.parallel_config
-    streams = pc.pipeline_parallel_size > 1 and pc.tensor_parallel_size == 1
+    streams = config.parallel_config.streams_calls
 
     def free(seq_ids: list[int]) -> None:
         worker.free_sequences(seq_ids)
