@@ -11,6 +11,10 @@ import pytest
 
 from tests.lora.conftest import adapter_path, peft_greedy
 
+# One xdist worker runs this module (.ci/run: --dist loadgroup), so its module-scoped
+# PEFT references are computed once, not once per worker.
+pytestmark = pytest.mark.xdist_group("test_lora_engine")
+
 N = 8
 PROMPTS = [
     [1, 5, 9, 22, 40, 7, 3, 100, 12, 14, 77, 31],

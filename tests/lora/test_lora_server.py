@@ -13,6 +13,10 @@ import pytest
 from tests.lora.conftest import peft_greedy
 from tests.utils import RemoteOpenAIServer
 
+# One xdist worker runs this module (.ci/run: --dist loadgroup), so its module-scoped
+# server starts once, not once per worker.
+pytestmark = pytest.mark.xdist_group("test_lora_server")
+
 PROMPT = [1, 5, 9, 22, 40, 7, 3, 100, 12, 14, 77, 31]
 N = 6
 

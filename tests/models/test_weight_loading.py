@@ -17,6 +17,10 @@ from tiny_models import load_hf_config, load_hf_model
 from vllm.model_executor.model_loader import get_model
 from vllm.model_executor.models import ModelRegistry, get_model_class
 
+# One xdist worker runs this module (.ci/run: --dist loadgroup), so its module-scoped
+# SmolLM2 reference state dict is loaded once, not once per worker.
+pytestmark = pytest.mark.xdist_group("test_weight_loading")
+
 
 def model_config(path: str, hf_config, load_format: str = "auto", seed: int = 0):
     """The attributes of vllm.config.ModelConfig that get_model relies on."""

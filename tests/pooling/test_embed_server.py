@@ -11,6 +11,10 @@ import pytest
 
 from tests.utils import RemoteOpenAIServer
 
+# One xdist worker runs this module (.ci/run: --dist loadgroup), so its module-scoped
+# server starts once, not once per worker.
+pytestmark = pytest.mark.xdist_group("test_embed_server")
+
 INPUTS = [[1, 5, 9, 22, 40, 7, 3, 100], [1, 300, 41, 17]]
 
 

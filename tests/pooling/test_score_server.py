@@ -12,6 +12,10 @@ import pytest
 from tests.pooling.hf_reference import cosine, hf_embeddings, hf_token_ids
 from tests.utils import RemoteOpenAIServer, run_in_fork
 
+# One xdist worker runs this module (.ci/run: --dist loadgroup), so its module-scoped
+# server, engine run and transformers reference are made once, not once per worker.
+pytestmark = pytest.mark.xdist_group("test_score_server")
+
 TEXTS = ["What is the capital of France?", "The capital of France is Paris.",
          "Horses and cows are both animals.", "The capital of Brazil is Brasilia."]  # fmt: skip
 INPUTS = [[1, 5, 9, 22, 40, 7, 3, 100], [1, 300, 41, 17]]

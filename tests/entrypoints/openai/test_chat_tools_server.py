@@ -12,6 +12,10 @@ import pytest
 
 from tests.utils import RemoteOpenAIServer
 
+# One xdist worker runs this module (.ci/run: --dist loadgroup), so its module-scoped
+# server starts once, not once per worker.
+pytestmark = pytest.mark.xdist_group("test_chat_tools_server")
+
 MODEL = "smollm2"
 TEMPLATE = (
     "{% if tools %}TOOLS={{tools|length}};{% endif %}{% for m in messages %}"

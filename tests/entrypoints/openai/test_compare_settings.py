@@ -14,6 +14,10 @@ import pytest
 
 from tests.utils import RemoteOpenAIServer, compare_two_settings
 
+# One xdist worker runs this module (.ci/run: --dist loadgroup), so its module-scoped
+# default server starts once, not once per worker.
+pytestmark = pytest.mark.xdist_group("test_compare_settings")
+
 BASE_ARGS = ("--device", "cpu", "--max-model-len", "512")
 
 

@@ -19,6 +19,10 @@ import pytest
 
 from tests.utils import RemoteOpenAIServer, run_in_fork
 
+# One xdist worker runs this module (.ci/run: --dist loadgroup), so its module-scoped
+# server starts and its reference engine runs once, not once per worker.
+pytestmark = pytest.mark.xdist_group("test_reasoning_server")
+
 MSGS = [{"role": "user", "content": "Why is the sky blue?"}]
 HELPERS = "tests.entrypoints.openai.middleware_examples"
 AUTH = {"Authorization": "Bearer k"}

@@ -19,6 +19,10 @@ import pytest
 
 from tests.utils import RemoteOpenAIServer
 
+# One xdist worker runs this module (.ci/run: --dist loadgroup), so its module-scoped
+# server starts once, not once per worker.
+pytestmark = pytest.mark.xdist_group("test_request_id_server")
+
 # A template that renders a string content as S:<text> and a list of parts as P:<text>...
 TEMPLATE = (
     "{% for m in messages %}<{{ m['role'] }}>{% if m['content'] is string %}"

@@ -22,6 +22,10 @@ import pytest
 
 from tests.utils import RemoteOpenAIServer, run_in_fork
 
+# One xdist worker runs this module (.ci/run: --dist loadgroup), so its module-scoped
+# server starts and its reference engine runs once, not once per worker.
+pytestmark = pytest.mark.xdist_group("test_server")
+
 MODEL = "smollm2"
 KEY = "test-key"
 FAULT_SERVER = os.path.join(os.path.dirname(__file__), "fault_server.py")

@@ -20,6 +20,10 @@ import pytest
 
 from tests.utils import RemoteOpenAIServer, run_in_fork
 
+# One xdist worker runs this module (.ci/run: --dist loadgroup), so its module-scoped
+# server starts and its reference engine runs once, not once per worker.
+pytestmark = pytest.mark.xdist_group("test_server_api_fields")
+
 MODEL = "smollm2"
 ALIAS = "smol-alias"  # a second served name
 MAX_LEN = 512

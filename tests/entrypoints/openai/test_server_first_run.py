@@ -15,6 +15,10 @@ import pytest
 from tests.entrypoints.test_first_run import summary_fields
 from tests.utils import RemoteOpenAIServer
 
+# One xdist worker runs this module (.ci/run: --dist loadgroup), so its module-scoped
+# server starts once, not once per worker.
+pytestmark = pytest.mark.xdist_group("test_server_first_run")
+
 TEMPLATE = (
     "{% for m in messages %}<<{{ m['role'] }}>>{{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}<<assistant>>{% endif %}"

@@ -19,6 +19,10 @@ import pytest
 
 from tests.utils import RemoteOpenAIServer
 
+# One xdist worker runs this module (.ci/run: --dist loadgroup), so its module-scoped
+# server starts once, not once per worker.
+pytestmark = pytest.mark.xdist_group("test_server_limits")
+
 MAX_LEN = 256
 LIMITS = ["--max-model-len", str(MAX_LEN), "--max-num-batched-tokens", "512"]
 LIMITS += ["--max-num-seqs", "8"]
