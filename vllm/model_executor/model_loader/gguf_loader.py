@@ -168,7 +168,9 @@ def gguf_weights_iterator(
     """
     import gguf
 
-    reader = gguf.GGUFReader(path)
+    from vllm.model_executor.model_loader.gguf_checks import read_gguf
+
+    reader = read_gguf(path)
     arch = _field_str(reader, "general.architecture") or ""
     permuted = arch in _PERMUTED_ARCHS
     norm_shifted = arch in _NORM_SHIFTED_ARCHS
