@@ -84,6 +84,33 @@ def test_a_valid_file_is_accepted(tmp_path):
     assert config.max_model_len == 64  # llama.context_length
 
 
+def test_read_gguf_equals_gguf_reader(tmp_path):
+    """``read_gguf`` (the engine's reader: plain numpy views of the file's map) gives
+    ``gguf.GGUFReader``'s fields and tensors: names, types, every part and every tensor's
+    bytes (a quantized one included), and read-only tensor data as the memory map's."""
+    import gguf
+
+    from vllm.model_executor.model_loader.gguf_checks import read_gguf
+
+    path = str(tmp_path / "tok.gguf")
+    _write_tiny_llama_gguf(path, ffn_down_type="Q4_K", tokenizer="llama")
+    want, got = gguf.GGUFReader(path), read_gguf(path)
+    assert list(got.fields) == list(want.fields)
+    for name, field in want.fields.items():
+        other = got.fields[name]
+        assert (other.types, other.data, other.offset) == (field.types, field.data, field.offset)
+        assert len(other.parts) == len(field.parts), name
+        for a, b in zip(field.parts, other.parts):
+            assert a.dtype == b.dtype and np.array_equal(a, b), name
+    assert [t.name for t in got.tensors] == [t.name for t in want.tensors]
+    for a, b in zip(want.tensors, got.tensors):
+        assert (b.tensor_type, list(b.shape), b.data_offset) == (
+            a.tensor_type, list(a.shape), a.data_offset
+        ), a.name  # fmt: skip
+        assert b.data.dtype == a.data.dtype and np.array_equal(b.data, a.data), a.name
+        assert type(b.data) is np.ndarray and not b.data.flags.writeable
+
+
 @pytest.mark.parametrize("keep", [0.5, 0.0005, 0.0])
 def test_truncated_file_is_refused_naming_it(tmp_path, keep):
     from vllm.config import ModelConfig
