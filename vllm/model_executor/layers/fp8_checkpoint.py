@@ -47,6 +47,7 @@ import torch
 from torch import nn
 
 from vllm.model_executor.layers.fp8 import FP8_DTYPE
+from vllm.model_executor.layers.fp8_dequant import SCALE_SUFFIXES, is_fp8, stored_dtype
 from vllm.model_executor.weight_utils import as_tensor
 
 # quantization_config.quant_method values that --quantization may name (its "fp8" quantizes
@@ -188,8 +189,6 @@ def fp8_layer_tensors(weights, model: str, hf_config):
     Raises:
         ValueError: a quantized lm_head, naming the tensor and the method.
     """
-    from vllm.model_executor.layers.fp8_dequant import SCALE_SUFFIXES, is_fp8
-
     for name, loaded in weights:
         if name.endswith(UNUSED_SUFFIXES):
             continue
@@ -301,19 +300,12 @@ def prepare_fp8_params(model: nn.Module, unquantized=()) -> int:
     return count
 
 
-def _dtype_name(loaded) -> str:
-    """A checkpoint tensor's dtype as safetensors names it (tensor or lazy slice)."""
-    if isinstance(loaded, torch.Tensor):
-        return "F8_E4M3" if loaded.dtype == FP8_DTYPE else str(loaded.dtype)
-    return loaded.get_dtype()
-
-
 def _checked_fp8(loader, name: str):
     """``loader`` for the fp8 weight of layer ``name``, refusing a tensor stored in another
     dtype (copying a 16-bit value into e4m3 without its scale would be silently wrong)."""
 
     def load(param: nn.Parameter, loaded, shard_id: object = None) -> None:
-        stored = _dtype_name(loaded)
+        stored = stored_dtype(loaded)
         if stored != "F8_E4M3":
             part = "" if shard_id is None else f" (part {shard_id!r})"
             hint = (

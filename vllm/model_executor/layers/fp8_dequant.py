@@ -37,6 +37,15 @@ _FP8_TORCH = (torch.float8_e4m3fn, torch.float8_e5m2)
 _FP8_SAFETENSORS = ("F8_E4M3", "F8_E5M2")
 
 
+def stored_dtype(loaded) -> str:
+    """A checkpoint tensor's dtype for checks and messages: a lazy safetensors slice's as
+    safetensors names it ("F8_E4M3", "BF16", ...), a tensor's as torch does, but
+    float8_e4m3fn as "F8_E4M3" too."""
+    if isinstance(loaded, torch.Tensor):
+        return "F8_E4M3" if loaded.dtype == torch.float8_e4m3fn else str(loaded.dtype)
+    return loaded.get_dtype()
+
+
 def is_fp8(loaded) -> bool:
     """Whether a checkpoint tensor (or lazy safetensors slice) is stored in an fp8 dtype."""
     if isinstance(loaded, torch.Tensor):
@@ -134,7 +143,7 @@ def dequantized_weights(
                 waiting_weights[name] = as_tensor(loaded)
         else:
             if name.endswith(".weight"):
-                unquantized[name] = _dtype(loaded)
+                unquantized[name] = stored_dtype(loaded)
             yield name, loaded
     if waiting_weights or waiting_scales:
         stored = {n: unquantized[n] for n in sorted(waiting_scales) if n in unquantized}
@@ -144,8 +153,3 @@ def dequantized_weights(
             f"weight_scale_inv {sorted(waiting_weights)[:5]}, scales without their weight "
             f"{sorted(waiting_scales)[:5]}{also}"
         )
-
-
-def _dtype(loaded) -> str:
-    """A checkpoint tensor's dtype (tensor or lazy safetensors slice), for messages."""
-    return str(loaded.dtype) if isinstance(loaded, torch.Tensor) else loaded.get_dtype()
