@@ -146,10 +146,24 @@ class ModelConfig:
     hf_config_path: str | None = None
     disable_sliding_window: bool = False
     hf_config: Any = field(default=None, repr=False)
-    # the quant_method of a pre-quantized fp8 checkpoint loaded as fp8 layers, or why one
-    # loads dequantized to the model's dtype (fp8_checkpoint.Fp8Checkpoint; __post_init__)
-    checkpoint_quantization: str | None = field(default=None, init=False)
-    checkpoint_dequantized: str | None = field(default=None, init=False)
+    # how a pre-quantized fp8 checkpoint loads (fp8_checkpoint.Fp8Checkpoint), set by
+    # __post_init__ for safetensors weights; None for an unquantized one or dummy weights
+    checkpoint_fp8: Any = field(default=None, init=False, repr=False)
+
+    @property
+    def checkpoint_quantization(self) -> str | None:
+        """The quant_method of a pre-quantized fp8 checkpoint loaded as fp8 layers."""
+        fmt = self.checkpoint_fp8
+        return fmt.method if fmt is not None and fmt.dequantized is None else None
+
+    @property
+    def checkpoint_dequantized(self) -> str | None:
+        """ "<quant_method>, <why>" of an fp8 checkpoint loaded dequantized to the model's
+        dtype (vllm/model_executor/layers/fp8_dequant.py)."""
+        fmt = self.checkpoint_fp8
+        if fmt is None or fmt.dequantized is None:
+            return None
+        return f"{fmt.method}, {fmt.dequantized}"
 
     def __post_init__(self) -> None:
         if self.tokenizer is None:
@@ -269,17 +283,16 @@ class ModelConfig:
                 f"quantization={self.quantization!r} does not match the checkpoint's "
                 f"quant_method={fmt.method!r}."
             )
+        if self.load_format == "safetensors":  # dummy: no checkpoint tensors to read
+            self.checkpoint_fp8 = fmt
         if fmt.dequantized is not None:
             # no fp8 kernels for it: dequantized on load (vllm/model_executor/layers/
             # fp8_dequant.py), then quantized per row only when "fp8" is asked for
-            if self.load_format == "safetensors":
-                self.checkpoint_dequantized = f"{fmt.method}, {fmt.dequantized}"
             if self.quantization != "fp8":
                 self.quantization = None
             return
-        if self.load_format == "safetensors":  # dummy: random weights quantized on load
-            self.checkpoint_quantization = fmt.method
-        self.quantization = "fp8"  # the same layers and kernels as online fp8
+        # the same layers and kernels as online fp8 (dummy weights: quantized on load)
+        self.quantization = "fp8"
 
     def _verify_max_model_len(self) -> None:
         from vllm.model_executor.layers.yarn_rope import yarn_context_length

@@ -204,11 +204,10 @@ def _dequantized_fp8_checkpoint(weights, model_config):
     """An fp8 checkpoint without fp8 kernels here (block-wise scales, mixture of experts):
     the weights iterator with each fp8 weight dequantized to the model's dtype
     (vllm/model_executor/layers/fp8_dequant.py)."""
-    from vllm.model_executor.layers.fp8_checkpoint import UNUSED_SUFFIXES, checkpoint_fp8_method
+    from vllm.model_executor.layers.fp8_checkpoint import UNUSED_SUFFIXES
     from vllm.model_executor.layers.fp8_dequant import dequantized_weights
 
-    # moe=True: the format as a dequantized checkpoint (its method and block, if any)
-    fmt = checkpoint_fp8_method(model_config.model, model_config.hf_config, moe=True)
+    fmt = model_config.checkpoint_fp8
     logger.info(
         "Dequantizing the checkpoint's fp8 weights (quant_method %r, %s) to %s on load",
         fmt.method,
