@@ -247,6 +247,7 @@ def run_worker(config, rank: int, init_method: str, conn: Connection, worker_cls
                 return None
 
     def reply(tag, out) -> None:
+        """A step's output to the driver (only the sampling rank replies)."""
         if is_last:
             _reply(conn, lock, (STEP, tag, rank, out, None))
 
@@ -266,9 +267,7 @@ def run_worker(config, rank: int, init_method: str, conn: Connection, worker_cls
             if kind == STEP and streams and not isinstance(msg[2], list):
                 worker.stream_calls(tag, cache.expand(msg[2]), source)
             elif kind == STEP:
-                out = worker.execute_model(cache.expand(msg[2]))
-                if is_last:
-                    _reply(conn, lock, (STEP, tag, rank, out, None))
+                reply(tag, worker.execute_model(cache.expand(msg[2])))
             elif kind == CALL:
                 result = run_call(worker, msg[2], msg[3])
                 _reply(conn, lock, (CALL, tag, rank, result, None))
