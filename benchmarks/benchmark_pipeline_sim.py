@@ -149,11 +149,11 @@ def _generate(engine: LLMEngine, n: int, prompt_len: int, output_len: int, start
     return tokens
 
 
-def run_one(args, model_dir: str, pp: int, steps: int) -> dict:
-    """One simulated run; returns its JSON record."""
+def _engine_args(args, model_dir: str, pp: int, steps: int) -> EngineArgs:
+    """The engine of one simulated run: the stand-in model on ``pp`` stages."""
     extra = {"step_ms": args.step_ms, "per_row_us": args.per_row_us,
              "per_token_us": args.per_token_us}  # fmt: skip
-    engine_args = EngineArgs(
+    return EngineArgs(
         model=model_dir,
         skip_tokenizer_init=True,
         device="cpu",
@@ -165,7 +165,11 @@ def run_one(args, model_dir: str, pp: int, steps: int) -> dict:
         max_num_seqs=args.max_num_seqs,
         max_model_len=args.prompt_len + args.output_len + 8 * steps,
     )
-    engine = TimedEngine.from_engine_args(engine_args)
+
+
+def run_one(args, model_dir: str, pp: int, steps: int) -> dict:
+    """One simulated run; returns its JSON record."""
+    engine = TimedEngine.from_engine_args(_engine_args(args, model_dir, pp, steps))
     try:
         _generate(engine, pp, args.prompt_len, 4, 10**6)  # warm-up: start every stage
         engine.reset_times()
@@ -217,15 +221,6 @@ def run_one_async(args, model_dir: str, pp: int, steps: int) -> dict:
 
     from vllm.engine.async_llm_engine import AsyncLLMEngine
 
-    extra = {"step_ms": args.step_ms, "per_row_us": args.per_row_us,
-             "per_token_us": args.per_token_us}  # fmt: skip
-    engine_args = EngineArgs(
-        model=model_dir, skip_tokenizer_init=True, device="cpu", load_format="sim",
-        model_loader_extra_config=json.dumps(extra), pipeline_parallel_size=pp,
-        distributed_executor_backend=args.executor, num_scheduler_steps=steps,
-        max_num_seqs=args.max_num_seqs, max_model_len=args.prompt_len + args.output_len + 8 * steps,
-    )  # fmt: skip
-
     async def generate(engine, n: int, output_len: int, start: int) -> int:
         params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
 
@@ -240,7 +235,7 @@ def run_one_async(args, model_dir: str, pp: int, steps: int) -> dict:
         return sum(await asyncio.gather(*(one(i) for i in range(n))))
 
     async def run() -> dict:
-        engine = AsyncLLMEngine(engine_args, log_requests=False)
+        engine = AsyncLLMEngine(_engine_args(args, model_dir, pp, steps), log_requests=False)
         executor = engine.engine.executor
         try:
             await generate(engine, pp, 4, 10**6)  # warm-up: start every stage
