@@ -263,7 +263,7 @@ def test_block_structure_string(tiny_llama_dir, tmp_path):
     model = _with_config(tiny_llama_dir, tmp_path / "str", qc)
     mc = EngineArgs(model=model, device="cpu").create_engine_config().model_config
     assert mc.checkpoint_dequantized == "compressed-tensors, block-wise scales"
-    assert checkpoint_fp8_method(model, mc.hf_config, moe=False).block == (64, 128)
+    assert mc.checkpoint_fp8.block == (64, 128)
     qc["config_groups"]["group_0"]["weights"]["block_structure"] = "64 by 128"
     with pytest.raises(ValueError, match=r"a block size of \['64 by 128'\]"):
         checkpoint_fp8_method(model, SimpleNamespace(quantization_config=qc), moe=False)
