@@ -437,6 +437,9 @@ class CacheConfig:
             goes to the engine holding its longest cached prefix unless that engine has more
             than this many unfinished requests above the least loaded one (>= 0; see
             ``LLMEngine.choose_virtual_engine``).
+        cache_dtype: the cache's storage dtype by name (``--kv-cache-dtype``): ``auto``
+            (the model's dtype), ``fp8`` / ``fp8_e4m3`` or ``fp8_e5m2``
+            (vllm/attention/kv_cache_dtype.py).
     """
 
     block_size: int = 16
@@ -446,6 +449,7 @@ class CacheConfig:
     enable_prefix_caching: bool = True
     prefix_caching_hash_algo: str = "sha256"
     prefix_routing_margin: int = 4
+    cache_dtype: str = "auto"
     # Filled after profiling: blocks per virtual engine.
     num_gpu_blocks: int | None = None
 
@@ -468,6 +472,9 @@ class CacheConfig:
             raise ValueError(
                 f"prefix_routing_margin must be at least 0, got {self.prefix_routing_margin}."
             )
+        from vllm.attention.kv_cache_dtype import check_kv_cache_dtype
+
+        check_kv_cache_dtype(self.cache_dtype)
         if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 1:
             raise ValueError(
                 f"num_gpu_blocks_override must be at least 1, got {self.num_gpu_blocks_override}."

@@ -31,7 +31,7 @@ def test_accepted_values(tiny_llama_dir, caplog):
 @pytest.mark.parametrize(
     "flags,match",
     [
-        (["--kv-cache-dtype", "fp8"], r"kv_cache_dtype='fp8' is not supported"),
+        (["--kv-cache-dtype", "int8"], r"kv_cache_dtype='int8' is not supported.*'fp8_e5m2'"),
         (["--quantization", "awq"], r"quantization='awq' is not supported"),
         (["--quantization", "gguf"], r"quantization='gguf' is not supported.*\.gguf file"),
         (["--tokenizer-mode", "mistral"], r"tokenizer_mode='mistral' is not supported"),

@@ -277,7 +277,10 @@ class EngineArgs:
     )
     block_size: int = _f(16, "Tokens per KV-cache block.", group="cache")
     kv_cache_dtype: str = _f(
-        "auto", "The KV cache's dtype: auto (the model's dtype; the only one).", group="cache"
+        "auto",
+        "The KV cache's storage dtype: auto (the model's dtype), fp8 / fp8_e4m3 or fp8_e5m2 "
+        "(8-bit floats, scale 1: twice the tokens of a 16-bit cache).",
+        group="cache",
     )
     swap_space: float = _f(
         4.0,
@@ -599,6 +602,7 @@ class EngineArgs:
             enable_prefix_caching=self.enable_prefix_caching,
             prefix_caching_hash_algo=self.prefix_caching_hash_algo,
             prefix_routing_margin=self.prefix_routing_margin,
+            cache_dtype=self.kv_cache_dtype,
         )
         compilation_config = CompilationConfig(
             enforce_eager=self.enforce_eager,

@@ -15,12 +15,16 @@ from vllm.config import ModelConfig
 
 
 def cache_block_bytes(
-    model_config: ModelConfig, block_size: int, num_layers: int, tp_size: int = 1
+    model_config: ModelConfig,
+    block_size: int,
+    num_layers: int,
+    tp_size: int = 1,
+    cache_dtype: torch.dtype | None = None,
 ) -> int:
     """Bytes of one block across ``num_layers`` layers on one of ``tp_size`` tensor-parallel
-    ranks: 2 (K and V) x block_size x this rank's KV heads x head_size x dtype bytes x
-    layers."""
-    elem = torch.tensor([], dtype=model_config.torch_dtype).element_size()
+    ranks: 2 (K and V) x block_size x this rank's KV heads x head_size x bytes of
+    ``cache_dtype`` (the cache's storage dtype; default the model's) x layers."""
+    elem = torch.tensor([], dtype=cache_dtype or model_config.torch_dtype).element_size()
     kv_heads = model_config.get_num_kv_heads(tp_size)
     per_layer = 2 * block_size * kv_heads * model_config.head_size * elem
     return per_layer * num_layers
@@ -30,8 +34,8 @@ class CacheEngine:
     """Allocates and owns one virtual engine's KV cache on this stage.
 
     Args:
-        model_config: shapes and dtype.
-        backend: decides the per-layer layout.
+        model_config: shapes.
+        backend: decides the per-layer layout; its ``spec.cache_dtype`` the storage dtype.
         num_blocks: blocks handed to the block manager (scratch block added on top).
         block_size: tokens per block.
         num_layers: layers on this pipeline stage.
@@ -46,7 +50,7 @@ class CacheEngine:
     def __init__(
         self,
         model_config: ModelConfig,
-        backend: type[AttentionBackend],
+        backend: AttentionBackend,
         num_blocks: int,
         block_size: int,
         num_layers: int,
@@ -60,7 +64,7 @@ class CacheEngine:
             num_blocks + 1, block_size, kv_heads, model_config.head_size
         )
         self.kv_caches: list[torch.Tensor] = [
-            torch.zeros(shape, dtype=model_config.torch_dtype, device=device)
+            torch.zeros(shape, dtype=backend.spec.cache_dtype, device=device)
             for _ in range(num_layers)
         ]
         self.scratch_slot = num_blocks * block_size

@@ -16,6 +16,7 @@ import time
 import torch
 
 from vllm.attention.backends.abstract import AttentionSpec, ForwardMode, StepInputs
+from vllm.attention.kv_cache_dtype import distinct_kv_dtype
 from vllm.attention.selector import get_attn_backend, which_attn_backend
 from vllm.config import EngineConfig
 from vllm.cudagraph import DecodeStepCounters, GraphCapturer, GraphRunner, graph_spec
@@ -70,6 +71,7 @@ class ModelRunner:
             max_seq_len_to_capture=config.compilation_config.max_seq_len_to_capture,
             small_decode_max_rows=config.compilation_config.small_decode_max_rows,
             **attention_fields(cfg.hf_config),
+            kv_cache_dtype=distinct_kv_dtype(config.cache_config.cache_dtype, self.dtype),
         )
         self.attn_backend = get_attn_backend(self.attn_backend_name)(self.attn_spec)
         self.sampler = Sampler()

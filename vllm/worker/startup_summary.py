@@ -12,7 +12,8 @@ line with the fields a user checks first::
 (one line in the log). Piecewise graphs add ``and N piecewise sizes`` (each size is one
 graph per piece: layers + 1). Without graphs, ``graphs=eager (<why>)``. Speculative
 decoding and fp8 weights add ``speculation=...`` and ``quantization=fp8 (...)``; an fp8
-checkpoint dequantized on load adds ``quantization=none (...)``.
+checkpoint dequantized on load adds ``quantization=none (...)``; an 8-bit KV cache names
+its dtype after the GiB (``(5.25 GiB in fp8)``).
 """
 
 from __future__ import annotations
@@ -86,10 +87,10 @@ def format_summary(config: Any, stages: list[dict[str, Any]]) -> str:
     """One line from the engine config and every stage's :func:`stage_summary` (rank order).
 
     Fields: device, dtype, attention, kv_cache (blocks per virtual engine, tokens per
-    block, GiB over all stages), graphs (count, piecewise sizes when any, seconds, GiB; or
-    eager and why), parallel (pipeline x tensor parallel sizes, executor, virtual engines,
-    and each stage's device and layers when there are several), and speculation (proposer
-    and k) when it is on.
+    block, GiB over all stages, and the cache dtype when it is not the model's), graphs
+    (count, piecewise sizes when any, seconds, GiB; or eager and why), parallel (pipeline x
+    tensor parallel sizes, executor, virtual engines, and each stage's device and layers
+    when there are several), and speculation (proposer and k) when it is on.
     """
     first = stages[0]
     devices = sorted({s["device"] for s in stages})
@@ -120,9 +121,16 @@ def format_summary(config: Any, stages: list[dict[str, Any]]) -> str:
     return (
         f"Start-up summary: device={', '.join(devices)}, dtype={first['dtype']}, "
         f"attention={first['attention']}, kv_cache={cc.num_gpu_blocks} blocks x "
-        f"{cc.block_size} tokens per virtual engine ({kv_gib:.2f} GiB), graphs={graphs}, "
+        f"{cc.block_size} tokens per virtual engine ({kv_gib:.2f} GiB{_kv_dtype(cc)}), "
+        f"graphs={graphs}, "
         f"parallel={parallel}{_speculation(config)}{_quantization(config)}"
     )
+
+
+def _kv_dtype(cache_config: Any) -> str:
+    """`` in <kv_cache_dtype>`` (as given, e.g. `` in fp8``) for an 8-bit cache, else ""."""
+    name = cache_config.cache_dtype
+    return "" if name == "auto" else f" in {name}"
 
 
 def _quantization(config: Any) -> str:

@@ -91,6 +91,7 @@ class Worker:
             self.config.cache_config.block_size,
             self.model_runner.num_local_layers,
             self.tp_size,
+            self.model_runner.attn_spec.cache_dtype,
         )
 
     @torch.inference_mode()

@@ -168,6 +168,8 @@ class AttentionSpec:
         scale: the layers' softmax scale when it is not ``head_size ** -0.5`` (Gemma 3's
             ``query_pre_attn_scalar ** -0.5``); None: ``head_size ** -0.5``.
         logits_soft_cap: the layers' attention score cap (Gemma), or None.
+        kv_cache_dtype: the cache's storage dtype when it is not ``dtype`` (an 8-bit
+            float, ``--kv-cache-dtype``; vllm/attention/kv_cache_dtype.py), else None.
     """
 
     num_heads: int
@@ -181,6 +183,12 @@ class AttentionSpec:
     sliding_windows: tuple[int, ...] = ()
     scale: float | None = None
     logits_soft_cap: float | None = None
+    kv_cache_dtype: torch.dtype | None = None
+
+    @property
+    def cache_dtype(self) -> torch.dtype:
+        """The dtype the KV cache tensors are allocated in."""
+        return self.kv_cache_dtype or self.dtype
 
     @property
     def max_blocks_per_seq(self) -> int:

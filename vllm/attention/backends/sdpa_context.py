@@ -51,6 +51,7 @@ def context_prefill(
         blocks = md.block_tables[i, : -(-n // block_size)]  # [row blocks]
         kc = kv_cache[0][blocks].reshape(-1, n_kv, d)[:n]  # [n, num_kv_heads, head_size]
         vc = kv_cache[1][blocks].reshape(-1, n_kv, d)[:n]  # [n, num_kv_heads, head_size]
+        kc, vc = kc.to(q.dtype), vc.to(q.dtype)  # an 8-bit cache's values, model dtype
         qpos = torch.arange(c, n, device=q.device)  # [m]
         kpos = torch.arange(n, device=q.device)  # [n]
         mask = window_mask(qpos, kpos, window)  # [m, n]

@@ -12,7 +12,9 @@ write. Decode gathers each row's blocks through a block table of fixed width and
 positions at or beyond the row's length, which keeps every shape static and so is CUDA-graph
 capturable (docs/design.md "Devices and backends"). A layer's ``sliding_window`` and
 ``logits_soft_cap`` (:class:`vllm.attention.Attention`) narrow the masks and cap the scores
-(``sdpa_ops``).
+(``sdpa_ops``). With an 8-bit cache (``--kv-cache-dtype fp8``) keys and values are
+stored rounded (vllm/attention/kv_cache_dtype.py) and every path attends to the stored
+values, a prefill's own new keys included.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from vllm.attention.backends.abstract import (
 from vllm.attention.backends.host_tables import scratch_slots, step_tables
 from vllm.attention.backends.sdpa_context import context_prefill
 from vllm.attention.backends.sdpa_ops import attend, causal_attend, layer_window, window_mask
+from vllm.attention.kv_cache_dtype import as_stored, store_rows
 from vllm.utils import to_device
 
 
@@ -65,7 +68,8 @@ class TorchSDPAMetadata(AttentionMetadata):
 def write_kv(
     kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, md: AttentionMetadata
 ) -> None:
-    """Scatter new keys/values into the paged cache at ``md.slot_mapping``.
+    """Scatter new keys/values into the paged cache at ``md.slot_mapping``, rounded to
+    the cache's dtype when it is an 8-bit one (``kv_cache_dtype.store_rows``).
 
     Args:
         kv_cache: [2, num_blocks + 1, block_size, num_kv_heads, head_size]
@@ -76,8 +80,8 @@ def write_kv(
     n_kv, d = key.shape[1], key.shape[2]
     key_cache = kv_cache[0].view(-1, n_kv, d)  # [num_slots, num_kv_heads, head_size]
     value_cache = kv_cache[1].view(-1, n_kv, d)  # [num_slots, num_kv_heads, head_size]
-    key_cache.index_copy_(0, md.slot_mapping, key)
-    value_cache.index_copy_(0, md.slot_mapping, value)
+    store_rows(key_cache, md.slot_mapping, key)
+    store_rows(value_cache, md.slot_mapping, value)
 
 
 class TorchSDPAImpl(AttentionImpl):
@@ -103,6 +107,7 @@ class TorchSDPAImpl(AttentionImpl):
         v = value.view(-1, h_kv, d)  # [num_tokens, num_kv_heads, head_size]
         if kv_cache.numel() > 0:
             write_kv(kv_cache, k, v, md)
+            k, v = as_stored(k, kv_cache.dtype), as_stored(v, kv_cache.dtype)
         window, cap = layer_window(layer)
         if md.mode == ForwardMode.MIXED:
             t = md.prefill_part.num_tokens  # prefill tokens come first
@@ -171,6 +176,7 @@ def _decode(
     span = max_blocks * block_size
     k = kv_cache[0][bt].view(rows, span, n_kv, d).transpose(1, 2)  # [rows, n_kv, span, d]
     v = kv_cache[1][bt].view(rows, span, n_kv, d).transpose(1, 2)  # [rows, n_kv, span, d]
+    k, v = k.to(q.dtype), v.to(q.dtype)  # an 8-bit cache's values in the model's dtype
     pos = torch.arange(span, device=q.device)  # [span]
     # the query sits at position seq_len - 1: causal = every position below seq_len
     mask = window_mask((md.seq_lens - 1)[:, None], pos[None, :], window)  # [rows, 1, span]

@@ -24,6 +24,12 @@ every planned step plans one wrapper per distinct window of the model
 (``AttentionSpec.sliding_windows``) besides the full-attention one, over the same page
 tables, and each layer runs the wrapper of its own window. Such models (and models with
 an attention score cap) bypass the small-decode kernel, which has neither.
+
+An 8-bit cache (``--kv-cache-dtype fp8``; vllm/attention/kv_cache_dtype.py): the wrappers
+are planned with it as ``kv_data_type`` (scale 1), the cache is written rounded to it
+(:func:`.paged_cache.write_kv`), the graph prefill attends to the rounded keys and values
+as the wrappers read them, and the small-decode kernel, which reads and writes the
+model's dtype, is bypassed.
 """
 
 from __future__ import annotations
@@ -123,10 +129,15 @@ class FlashInferBackend(AttentionBackend):
                 f"small_decode_max_rows={spec.small_decode_max_rows} must be in "
                 f"[0, {SMALL_DECODE_MAX_ROWS_LIMIT}] (0 = off)."
             )
-        # The Triton small-decode kernel attends to the whole context without a score cap:
-        # a model with windowed layers or capped scores bypasses it (FlashInfer decodes).
+        # The Triton small-decode kernel attends to the whole context without a score cap,
+        # over a cache in the model's dtype: a model with windowed layers or capped scores,
+        # or an 8-bit cache, bypasses it (FlashInfer decodes).
         self.windows: tuple[int, ...] = tuple(spec.sliding_windows)
-        bypass_small = bool(self.windows) or spec.logits_soft_cap is not None
+        bypass_small = (
+            bool(self.windows)
+            or spec.logits_soft_cap is not None
+            or spec.kv_cache_dtype is not None
+        )
         self.small_max_rows = 0 if bypass_small else spec.small_decode_max_rows
         self._small: SmallDecodeBuffers | None = None
         self.prebuild: ModulePrebuild | None = None
@@ -205,7 +216,7 @@ class FlashInferBackend(AttentionBackend):
             num_kv_heads=s.num_kv_heads,
             page_size=s.block_size,
             q_data_type=s.dtype,
-            kv_data_type=s.dtype,
+            kv_data_type=s.cache_dtype,
             sm_scale=s.scale if s.scale is not None else s.head_size**-0.5,
             window_left=-1 if window is None else window - 1,
             logits_soft_cap=s.logits_soft_cap,

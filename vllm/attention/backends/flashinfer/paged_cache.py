@@ -17,6 +17,7 @@ import torch
 
 from vllm.attention.backends.abstract import StepInputs
 from vllm.attention.backends.host_tables import exclusive_cumsum, scratch_slots, step_tables
+from vllm.attention.kv_cache_dtype import store_rows
 
 
 def kv_rows_of(
@@ -46,15 +47,16 @@ def slot_rows_host(slots: list[int], scratch_slot: int, block_size: int) -> torc
 def write_kv(
     kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_rows: torch.Tensor
 ) -> None:
-    """Scatter keys/values into the NHD paged cache (two index copies, no index math).
+    """Scatter keys/values into the NHD paged cache (two index copies, no index math),
+    rounded to the cache's dtype when it is an 8-bit one (``kv_cache_dtype.store_rows``).
 
     kv_cache: [num_blocks + 1, 2, block_size, num_kv_heads, head_size];
     key, value: [num_tokens, num_kv_heads, head_size]; kv_rows: [2, num_tokens] int64 rows
     of the flat view (padded lanes already redirected to the scratch slot).
     """
     flat = kv_cache.view(-1, kv_cache.shape[-2], kv_cache.shape[-1])  # [rows, kv_heads, D]
-    flat.index_copy_(0, kv_rows[0], key)
-    flat.index_copy_(0, kv_rows[1], value)
+    store_rows(flat, kv_rows[0], key)
+    store_rows(flat, kv_rows[1], value)
 
 
 def rotate_and_write(
@@ -68,15 +70,18 @@ def rotate_and_write(
     rotary_emb: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate query / key (when ``rotary_emb`` is given) and write key / value into the NHD
-    cache at ``kv_rows`` [2, num_tokens] (see :func:`write_kv`): on CUDA one fused kernel
-    does both; elsewhere the rotation, then two index copies.
+    cache at ``kv_rows`` [2, num_tokens] (see :func:`write_kv`): on CUDA, with a cache in
+    the model's dtype, one fused kernel does both; otherwise the rotation, then
+    :func:`write_kv`.
 
     query: [num_tokens, num_heads * head_size]; key, value: [num_tokens, num_kv_heads *
     head_size]. Returns (query, key) rotated, same shapes (the cached key is the rotated one).
     """
     h_kv, d = layer.num_kv_heads, layer.head_size
     written = False
-    if rotary_emb is not None:  # on CUDA one kernel rotates and writes the cache rows
+    if rotary_emb is not None and kv_cache.dtype != key.dtype:
+        query, key = rotary_emb(positions, query, key)
+    elif rotary_emb is not None:  # on CUDA one kernel rotates and writes the cache rows
         flat = kv_cache.view(-1, h_kv * d)  # [(num_blocks + 1) * 2 * block_size, ...]
         query, key, written = rotary_emb.forward_and_cache(
             positions, query, key, value, flat, kv_rows
