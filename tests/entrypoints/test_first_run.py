@@ -136,7 +136,7 @@ def test_summary_counts_captured_graphs():
     config = NS(
         device_config=NS(device="cuda"),
         compilation_config=NS(enforce_eager=False),
-        cache_config=NS(num_gpu_blocks=100, block_size=16),
+        cache_config=NS(num_gpu_blocks=100, block_size=16, cache_dtype="auto"),
         parallel_config=NS(
             pipeline_parallel_size=2, tensor_parallel_size=1, distributed_executor_backend="mp"
         ),
@@ -156,6 +156,9 @@ def test_summary_counts_captured_graphs():
         "2.25 s (1.00 GiB), parallel=pp 2 x tp 1 (mp executor, 2 virtual engines; stage 0 "
         "layers 0-14, stage 1 layers 15-29)"
     )
+    config.cache_config.cache_dtype = "fp8"
+    assert "per virtual engine (2.00 GiB in fp8), graphs=" in format_summary(config, stages)
+    config.cache_config.cache_dtype = "auto"
     stages[0]["piecewise"] = 10  # one stage's VE with pieces of 10 token counts
     assert "graphs=28 captured and 10 piecewise sizes in 2.25 s (1.00 GiB)," in format_summary(
         config, stages
