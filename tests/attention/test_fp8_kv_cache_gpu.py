@@ -19,9 +19,9 @@ pytestmark = pytest.mark.gpu
 MAX_TOKENS = 32
 
 
-def _run(model: str, logprobs: int | None = 5, **kw) -> dict:
+def _run(model: str, logprobs: int | None = 5, backend: str = "FLASHINFER", **kw) -> dict:
     """Outputs, counters and cache facts of one engine (shut down before returning)."""
-    os.environ["VLLM_ATTENTION_BACKEND"] = "FLASHINFER"
+    os.environ["VLLM_ATTENTION_BACKEND"] = backend
     from vllm import LLM
 
     llm = LLM(model=model, device="cuda", dtype="bfloat16", gpu_memory_utilization=0.3,
@@ -38,11 +38,12 @@ def _run(model: str, logprobs: int | None = 5, **kw) -> dict:
         res["again"] = vllm_greedy(llm, SMOLLM2_PROMPTS, MAX_TOKENS, logprobs=logprobs)
         res["hits"] = manager.num_hit_tokens - hits
         res["counters"] = llm.llm_engine.decode_step_counters()
-        res["runs"] = (be.prefill_runs + be.graph_prefill_runs, be.decode_runs,
-                       be.small_decode_runs)  # fmt: skip
         res["dtypes"] = {c.dtype for c in worker.cache_engines[0].kv_caches}
         res["blocks"] = llm.llm_engine.cache_config.num_gpu_blocks
-        res["kv_data_type"] = be.plan_kwargs()["kv_data_type"]
+        if backend == "FLASHINFER":
+            res["runs"] = (be.prefill_runs + be.graph_prefill_runs, be.decode_runs,
+                           be.small_decode_runs)  # fmt: skip
+            res["kv_data_type"] = be.plan_kwargs()["kv_data_type"]
     finally:
         llm.llm_engine.shutdown()
         del llm
@@ -102,3 +103,20 @@ def test_fp8_cache_decode_loop_graphs_equal_eager_multi_step(smollm2_gguf, monke
     check_outputs_equal(graph["batched"], eager["batched"], "fp8-loop-graphs", "fp8-eager",
                         SMOLLM2_PROMPTS)  # fmt: skip
     check_outputs_equal(graph["alone"], eager["alone"], "fp8-loop-alone", "fp8-eager-alone")
+
+
+@pytest.mark.forked
+def test_fp8_cache_on_torch_sdpa_graphs_equal_eager(smollm2_gguf):
+    """TORCH_SDPA on the GPU with an fp8 cache (its gathers and writes of 8-bit tensors in
+    and out of graphs): graphs equal eager exactly, and close to its bf16 cache."""
+    import torch
+
+    bf16 = _run(smollm2_gguf, backend="TORCH_SDPA")
+    graph = _run(smollm2_gguf, backend="TORCH_SDPA", kv_cache_dtype="fp8")
+    eager = _run(smollm2_gguf, backend="TORCH_SDPA", kv_cache_dtype="fp8", enforce_eager=True)
+    assert graph["dtypes"] == {torch.float8_e4m3fn}
+    assert _replays(graph["counters"]) > 0, graph["counters"]
+    check_logprobs_close(bf16["batched"], graph["batched"], "bf16-cache", "fp8-cache",
+                         SMOLLM2_PROMPTS)  # fmt: skip
+    check_outputs_equal(graph["batched"], eager["batched"], "fp8-graphs", "fp8-eager",
+                        SMOLLM2_PROMPTS)  # fmt: skip
