@@ -164,3 +164,27 @@ def test_flashinfer_plans_the_8bit_cache_and_bypasses_the_small_kernel():
     unrounded = causal_prefill(q.view(n, 4, 8), k.view(n, 2, 8), v.view(n, 2, 8), [0, n],
                                layer.scale).reshape(n, -1)  # fmt: skip
     assert not torch.allclose(out, unrounded, atol=1e-3)
+
+
+@pytest.mark.forked
+def test_metrics_cache_config_info_names_the_cache_dtype(tiny_llama_dir):
+    """``vllm:cache_config_info`` carries the ``cache_dtype`` label (as upstream's, whose
+    labels are every CacheConfig field), so /metrics tells an fp8 cache from the model's."""
+    import asyncio
+
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.engine.async_llm_engine import AsyncLLMEngine
+
+    async def render(kv: str) -> str:
+        args = EngineArgs(model=tiny_llama_dir, device="cpu", kv_cache_dtype=kv,
+                          num_gpu_blocks_override=8, max_model_len=64)  # fmt: skip
+        engine = AsyncLLMEngine(args, log_requests=False)
+        try:
+            return engine.metrics.render().decode()
+        finally:
+            await engine.shutdown()
+
+    for kv in ("fp8", "auto"):
+        info = [ln for ln in asyncio.run(render(kv)).splitlines()
+                if ln.startswith("vllm:cache_config_info{")]  # fmt: skip
+        assert len(info) == 1 and f'cache_dtype="{kv}"' in info[0], info

@@ -78,6 +78,7 @@ class AsyncLLMEngine(EngineLoop):
             self.max_model_len,
             {
                 "block_size": cache.block_size,
+                "cache_dtype": cache.cache_dtype,
                 "num_gpu_blocks": cache.num_gpu_blocks,
                 "gpu_memory_utilization": cache.gpu_memory_utilization,
                 "enable_prefix_caching": cache.enable_prefix_caching,
