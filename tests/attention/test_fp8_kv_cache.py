@@ -188,3 +188,30 @@ def test_metrics_cache_config_info_names_the_cache_dtype(tiny_llama_dir):
         info = [ln for ln in asyncio.run(render(kv)).splitlines()
                 if ln.startswith("vllm:cache_config_info{")]  # fmt: skip
         assert len(info) == 1 and f'cache_dtype="{kv}"' in info[0], info
+
+
+def test_checkpoint_kv_scales_unused_by_an_8bit_cache_are_warned(tiny_llama_dir, tmp_path, caplog):
+    """A compressed-tensors checkpoint with a ``kv_cache_scheme`` (its k_scale / v_scale
+    tensors, which upstream applies to an fp8 cache) under ``--kv-cache-dtype fp8``: the
+    engine stores at scale 1, and says so once, naming the model, before anything starts;
+    with ``auto`` (the scales are unused upstream too) it says nothing."""
+    from tests.models.test_fp8_checkpoint import _compressed_tensors_config, _write
+    from vllm.engine.arg_utils import EngineArgs
+
+    qc = _compressed_tensors_config("channel", static=False)
+    qc["kv_cache_scheme"] = {"num_bits": 8, "type": "float", "strategy": "tensor",
+                             "dynamic": False}  # fmt: skip
+    fp8_dir = str(tmp_path / "fp8")
+    _write(tiny_llama_dir, fp8_dir, str(tmp_path / "deq"), False, qc, kv_scales=True)
+    for kv, warned in (("fp8", True), ("fp8_e5m2", True), ("auto", False)):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="vllm.engine.arg_utils"):
+            EngineArgs(model=fp8_dir, device="cpu", kv_cache_dtype=kv).create_engine_config()
+        hits = [r for r in caplog.records if "k_scale / v_scale" in r.getMessage()]
+        assert len(hits) == int(warned), (kv, caplog.text)
+        if warned:
+            assert fp8_dir in hits[0].getMessage() and f"--kv-cache-dtype {kv}" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="vllm.engine.arg_utils"):  # no scheme: no warning
+        EngineArgs(model=tiny_llama_dir, device="cpu", kv_cache_dtype="fp8").create_engine_config()
+    assert "k_scale" not in caplog.text

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import numbers
 import types
 import typing
@@ -39,6 +40,8 @@ from vllm.lora.config import LoRAConfig
 from vllm.model_executor.models import is_headless
 from vllm.pooling.config import resolve_pooler
 from vllm.sampling_params import LOGPROBS_MODES
+
+logger = logging.getLogger(__name__)
 
 
 def _f(default, help: str, group: str | None = None, choices: tuple | None = None):
@@ -635,6 +638,7 @@ class EngineArgs:
             device=device_config.device,
             model_loader_extra_config=self.model_loader_extra_config,
         )
+        _warn_unused_kv_scales(model_config, cache_config)
         pooler_config = resolve_pooler(
             self.task, self.runner, self._pooler_overrides(),
             headless=is_headless(model_config.hf_config), convert=self.convert,
@@ -783,6 +787,27 @@ def _check_pooling(pooler, args, spec, parallel: ParallelConfig, cache) -> None:
                 "combined with enable_chunked_prefill=True; use pooling_type 'LAST'."
             )
         cache.enable_prefix_caching = False
+
+
+def _warn_unused_kv_scales(model_config, cache_config) -> None:
+    """Warn when an 8-bit KV cache (``--kv-cache-dtype fp8``) serves a checkpoint that
+    declares KV-cache scales (``kv_cache_scheme``): upstream stores keys and values divided
+    by the checkpoint's ``k_scale`` / ``v_scale``; this engine stores them at scale 1
+    (vllm/attention/kv_cache_dtype.py), so its outputs differ from upstream's there."""
+    from vllm.model_executor.layers.fp8_checkpoint import kv_cache_scheme
+
+    if cache_config.cache_dtype == "auto" or model_config.load_format == "gguf":
+        return
+    if kv_cache_scheme(model_config.hf_config, model_config.model) is None:
+        return
+    logger.warning(
+        "%r declares KV-cache scales (kv_cache_scheme in its quantization_config); they are "
+        "not used: the %s KV cache (--kv-cache-dtype %s) stores keys and values at scale 1, "
+        "where upstream vLLM applies the checkpoint's k_scale / v_scale.",
+        model_config.model,
+        cache_config.cache_dtype,
+        cache_config.cache_dtype,
+    )
 
 
 def _async_output_proc(disabled: bool, device: str, parallel: ParallelConfig, spec) -> bool:

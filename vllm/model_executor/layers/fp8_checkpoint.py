@@ -14,7 +14,9 @@ per-token activation scales):
   (as here) or static per tensor (``input_scale``): static scales are not used, the
   activations are scaled per token as with ``--quantization fp8``. KV-cache scales
   (``kv_cache_scheme``: ``k_scale`` / ``v_scale`` tensors) are not used either: the cache
-  keeps the model's dtype.
+  keeps the model's dtype, or with ``--kv-cache-dtype fp8`` stores keys and values at
+  scale 1 (vllm/attention/kv_cache_dtype.py; the engine warns, see
+  :func:`kv_cache_scheme`).
 - ``quant_method: "fbgemm_fp8"`` (Meta's FP8 releases): per-row ``weight_scale`` [N, 1],
   dynamic per-token activations.
 - ``quant_method: "fp8"`` without ``weight_block_size`` (AutoFP8's checkpoints): one
@@ -57,7 +59,8 @@ CHECKPOINT_METHODS = ("compressed-tensors", "fbgemm_fp8")
 FP8_METHODS = ("fp8", *CHECKPOINT_METHODS)
 # checkpoint tensors no fp8 layer here reads: static activation scales (activations are
 # scaled per token), KV-cache scales (``k_scale`` / ``v_scale``, or ``k_proj`` / ``v_proj``
-# ``output_scale`` of older llm-compressor releases: the cache keeps the model's dtype) and
+# ``output_scale`` of older llm-compressor releases: the cache keeps the model's dtype, or
+# an 8-bit cache is written at scale 1) and
 # the zero points older compressed-tensors releases wrote (all zeros: symmetric weights)
 UNUSED_SUFFIXES = (".input_scale", ".k_scale", ".v_scale", ".output_scale", "_zero_point")
 
@@ -110,6 +113,14 @@ def stored_quantization(hf_config, model: str) -> tuple[str, object] | None:
             producer = "modelopt"
         return "its hf_quant_config.json", {"quant_method": producer}
     return None
+
+
+def kv_cache_scheme(hf_config, model: str):
+    """The KV-cache quantization a checkpoint declares (compressed-tensors'
+    ``kv_cache_scheme``, whose ``k_scale`` / ``v_scale`` tensors upstream applies to an fp8
+    cache), or None. This engine does not use those scales (:data:`UNUSED_SUFFIXES`)."""
+    stored = stored_quantization(hf_config, model)
+    return None if stored is None else _field(stored[1], "kv_cache_scheme")
 
 
 def unquantized_modules(qc) -> list[str]:
