@@ -4,7 +4,9 @@ SmolLM2 in bfloat16 on FLASHINFER, its wrappers planned with an e4m3 cache (the 
 decode kernel bypassed). Comparisons (docs/design.md): against the same engine with a
 bfloat16 cache -> check_logprobs_close (the cache's values change); CUDA graphs against
 --enforce-eager with the same batches, and decode-loop graphs against eager multi-step
-calls -> exact; a prefix-cached rerun -> check_logprobs_close (another kernel shape).
+calls -> exact for batches, check_logprobs_close for one row (FlashInfer plans a one-row
+decode's KV split differently in and out of graphs); a prefix-cached rerun ->
+check_logprobs_close (another kernel shape).
 """
 
 import gc
@@ -88,7 +90,10 @@ def test_fp8_cache_close_to_bf16_cache_and_graphs_equal_eager(smollm2_gguf):
     assert prefills > 0 and decodes > 0 and small == 0, eager["runs"]
     check_outputs_equal(graph["batched"], eager["batched"], "fp8-graphs", "fp8-eager",
                         SMOLLM2_PROMPTS)  # fmt: skip
-    check_outputs_equal(graph["alone"], eager["alone"], "fp8-graphs-alone", "fp8-eager-alone")
+    # One row: FlashInfer's eager decode plan splits the KV otherwise than its graph plan,
+    # which is not bit-exact (so with a bf16 cache too, once the small-decode kernel, which
+    # the fp8 cache bypasses, is off: --small-decode-max-rows 0).
+    check_logprobs_close(graph["alone"], eager["alone"], "fp8-graphs-alone", "fp8-eager-alone")
 
 
 @pytest.mark.forked
@@ -105,7 +110,8 @@ def test_fp8_cache_decode_loop_graphs_equal_eager_multi_step(smollm2_gguf, monke
     eager = _run(smollm2_gguf, enforce_eager=True, **kw)
     check_outputs_equal(graph["batched"], eager["batched"], "fp8-loop-graphs", "fp8-eager",
                         SMOLLM2_PROMPTS)  # fmt: skip
-    check_outputs_equal(graph["alone"], eager["alone"], "fp8-loop-alone", "fp8-eager-alone")
+    # one row: the split of the KV differs between the plans (see the test above)
+    check_logprobs_close(graph["alone"], eager["alone"], "fp8-loop-alone", "fp8-eager-alone")
 
 
 @pytest.mark.forked
