@@ -119,6 +119,10 @@ class EngineArgs:
     cpu_offload_gb: float = _f(
         0.0, "GiB of weights kept in CPU memory (upstream); only 0.", group="cache"
     )
+    calculate_kv_scales: bool = _f(
+        False, "Compute an 8-bit KV cache's scales from the first batch (upstream); not "
+        "supported: the cache stores at scale 1.", group="cache",
+    )  # fmt: skip
     preemption_mode: str | None = _f(
         None, "How preempted requests resume: recompute (the only mode; None means it too).",
         group="scheduler",
@@ -588,7 +592,7 @@ class EngineArgs:
         check_upstream_switches(
             self.model, self.tokenizer_revision, self.cpu_offload_gb, self.preemption_mode,
             self.disable_custom_all_reduce, self.compilation_config,
-            self.max_parallel_loading_workers,
+            self.max_parallel_loading_workers, self.calculate_kv_scales,
         )  # fmt: skip
         check_upstream_lora_flags(self.lora_extra_vocab_size, self.long_lora_scaling_factors)
         device_config = DeviceConfig(self.device)

@@ -24,7 +24,8 @@ what is supported otherwise, before any weight is read:
 - ``tokenizer_revision``, ``disable_custom_all_reduce``, ``compilation_config``,
   ``max_parallel_loading_workers``: logged as ignored when set (local tokenizers;
   torch.distributed's all-reduce; no torch.compile; every rank loads its own weights).
-- ``cpu_offload_gb`` (only 0), ``preemption_mode`` (None or ``recompute``).
+- ``cpu_offload_gb`` (only 0), ``preemption_mode`` (None or ``recompute``),
+  ``calculate_kv_scales`` (only False: an 8-bit KV cache stores at scale 1).
   (``disable_sliding_window`` is a ``ModelConfig`` field: it caps max_model_len at the
   model's smallest sliding window, as upstream.)
 - With ``enable_lora``: ``lora_dtype`` (``auto``, the model's dtype, or that dtype's
@@ -107,6 +108,7 @@ def check_upstream_switches(
     disable_custom_all_reduce: bool,
     compilation_config: object,
     max_parallel_loading_workers: int | None = None,
+    calculate_kv_scales: bool = False,
 ) -> None:
     """Validate the upstream switches of the module docstring's second list.
 
@@ -115,6 +117,11 @@ def check_upstream_switches(
     """
     if cpu_offload_gb != 0:
         raise ValueError(f"cpu_offload_gb={cpu_offload_gb} is not supported; only 0.")
+    if calculate_kv_scales:
+        raise ValueError(
+            "calculate_kv_scales=True is not supported: an 8-bit KV cache (--kv-cache-dtype "
+            "fp8) stores keys and values at scale 1."
+        )
     if preemption_mode not in (None, "recompute"):
         raise ValueError(
             f"preemption_mode={preemption_mode!r} is not supported; preempted requests are "
