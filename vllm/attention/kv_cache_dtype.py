@@ -11,7 +11,8 @@ value is stored as ``clamp(x, -max, max)`` rounded to the nearest representable 
 infinity, and torch's cast of a value past the range is not specified the same on every
 device). Attention then reads the stored values converted back to the model's dtype: on
 every path, the step's own new keys included (:func:`as_stored`), so a prefill over a
-cached prefix gives what the same prefill without it gives, and graphs what eager gives.
+cached prefix, a chunked one and a plain one attend to the same values (on CPU in float32
+they give the same tokens and logprobs).
 """
 
 from __future__ import annotations
