@@ -31,7 +31,6 @@ def test_accepted_values(tiny_llama_dir, caplog):
 @pytest.mark.parametrize(
     "flags,match",
     [
-        (["--kv-cache-dtype", "int8"], r"kv_cache_dtype='int8' is not supported.*'fp8_e5m2'"),
         (["--quantization", "awq"], r"quantization='awq' is not supported"),
         (["--quantization", "gguf"], r"quantization='gguf' is not supported.*\.gguf file"),
         (["--tokenizer-mode", "mistral"], r"tokenizer_mode='mistral' is not supported"),
@@ -61,3 +60,18 @@ def test_upstream_lora_switches(tiny_llama_dir, caplog):
     assert "fully_sharded_loras=True is ignored" in caplog.text
     with pytest.raises(ValueError, match=r"lora_dtype='bfloat16' is not supported.*'float32'"):
         _validate(tiny_llama_dir, "--device", "cpu", "--enable-lora", "--lora-dtype", "bfloat16")
+
+
+def test_kv_cache_dtype_choices(tiny_llama_dir, capsys):
+    """--kv-cache-dtype lists its choices: the parser refuses another value naming them,
+    and EngineArgs (LLM's keyword arguments) refuses it too, before anything loads."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    with pytest.raises(SystemExit):
+        _validate(tiny_llama_dir, "--device", "cpu", "--kv-cache-dtype", "int8")
+    assert "'fp8', 'fp8_e4m3', 'fp8_e5m2'" in capsys.readouterr().err
+    for name in ("fp8", "fp8_e4m3", "fp8_e5m2"):
+        assert _validate(tiny_llama_dir, "--device", "cpu", "--kv-cache-dtype", name)
+    args = EngineArgs(model=tiny_llama_dir, device="cpu", kv_cache_dtype="int8")
+    with pytest.raises(ValueError, match=r"kv_cache_dtype='int8' is not supported.*'fp8_e5m2'"):
+        args.create_engine_config()

@@ -17,6 +17,7 @@ import typing
 from dataclasses import dataclass, field
 
 from vllm import envs
+from vllm.attention.kv_cache_dtype import KV_CACHE_DTYPES
 from vllm.config import (
     CacheConfig,
     CompilationConfig,
@@ -288,6 +289,7 @@ class EngineArgs:
         "The KV cache's storage dtype: auto (the model's dtype), fp8 / fp8_e4m3 or fp8_e5m2 "
         "(8-bit floats, scale 1: twice the tokens of a 16-bit cache).",
         group="cache",
+        choices=tuple(KV_CACHE_DTYPES),
     )
     swap_space: float = _f(
         4.0,
