@@ -215,3 +215,24 @@ def test_checkpoint_kv_scales_unused_by_an_8bit_cache_are_warned(tiny_llama_dir,
     with caplog.at_level("WARNING", logger="vllm.engine.arg_utils"):  # no scheme: no warning
         EngineArgs(model=tiny_llama_dir, device="cpu", kv_cache_dtype="fp8").create_engine_config()
     assert "k_scale" not in caplog.text
+
+
+@pytest.mark.forked
+def test_8bit_cache_under_pipeline_parallel_multi_step(tiny_llama_dir, monkeypatch):
+    """PP = 2 (mp executor, two stages, two virtual engines) with 4 steps per call and an
+    e4m3 cache on each stage gives the rounding reference's tokens and logprobs."""
+    from vllm import LLM
+
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0.1")
+    # the reference runs torch CPU ops in this process; GNU OpenMP's pool does not
+    # survive fork, so the stage workers are spawned
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    ref = _rounded_reference(tiny_llama_dir, torch.float8_e4m3fn)
+    llm = LLM(model=tiny_llama_dir, device="cpu", dtype="float32", kv_cache_dtype="fp8",
+              pipeline_parallel_size=2, num_scheduler_steps=4)  # fmt: skip
+    try:
+        out = vllm_greedy(llm, PROMPTS, MAX_TOKENS, logprobs=5)
+    finally:
+        llm.llm_engine.shutdown()
+    check_outputs_equal(ref, out, "hf-rounded", "fp8-pp2-steps4", PROMPTS)
+    check_top5_logprobs_within(ref, out, "fp8-pp2-steps4")
