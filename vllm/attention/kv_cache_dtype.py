@@ -40,20 +40,15 @@ def check_kv_cache_dtype(name: str) -> None:
         )
 
 
-def kv_cache_torch_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
-    """The storage dtype of KV cache dtype ``name`` for a model in ``model_dtype``.
+def distinct_kv_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype | None:
+    """The storage dtype of KV cache dtype ``name`` when it differs from ``model_dtype``,
+    else None (the form of ``AttentionSpec.kv_cache_dtype``).
 
     Raises:
         ValueError: ``name`` is not one of :data:`KV_CACHE_DTYPES`.
     """
     check_kv_cache_dtype(name)
-    return KV_CACHE_DTYPES[name] or model_dtype
-
-
-def distinct_kv_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype | None:
-    """:func:`kv_cache_torch_dtype` when it differs from ``model_dtype``, else None (the
-    form of ``AttentionSpec.kv_cache_dtype``)."""
-    dtype = kv_cache_torch_dtype(name, model_dtype)
+    dtype = KV_CACHE_DTYPES[name] or model_dtype
     return None if dtype == model_dtype else dtype
 
 

@@ -586,7 +586,6 @@ class EngineArgs:
             self.model,
             self.tokenizer_mode,
             self.quantization,
-            self.kv_cache_dtype,
             self.swap_space,
             self.revision,
             self.download_dir,

@@ -17,8 +17,6 @@ what is supported otherwise, before any weight is read:
   (vllm/model_executor/layers/fp8.py), or ``compressed-tensors`` / ``fbgemm_fp8`` naming
   an fp8 checkpoint's own format (vllm/model_executor/layers/fp8_checkpoint.py); other
   methods, and ``fp8`` with a .gguf file, are refused.
-- ``kv_cache_dtype``: ``auto`` (the model's dtype), ``fp8`` / ``fp8_e4m3`` or ``fp8_e5m2``
-  (vllm/attention/kv_cache_dtype.py); anything else is refused with the choices.
 - ``swap_space``: GiB of CPU swap per GPU in upstream V0, >= 0. Preempted sequences are
   recomputed here (as in upstream V1), so no swap space is allocated.
 - ``tokenizer_revision``, ``disable_custom_all_reduce``, ``compilation_config``,
@@ -42,8 +40,6 @@ from __future__ import annotations
 
 import logging
 
-from vllm.attention.kv_cache_dtype import check_kv_cache_dtype
-
 logger = logging.getLogger(__name__)
 
 TOKENIZER_MODES = ("auto", "slow")
@@ -53,7 +49,6 @@ def check_compat_args(
     model: str,
     tokenizer_mode: str,
     quantization: str | None,
-    kv_cache_dtype: str,
     swap_space: float,
     revision: str | None,
     download_dir: str | None,
@@ -90,7 +85,6 @@ def check_compat_args(
             "(an fp8 checkpoint of that format) or 'gguf' with a .gguf file (its tensor "
             "types are used as stored)."
         )
-    check_kv_cache_dtype(kv_cache_dtype)
     if not swap_space >= 0:
         raise ValueError(f"swap_space must be >= 0 (GiB), got {swap_space}.")
     for name, value in (("revision", revision), ("download_dir", download_dir)):
