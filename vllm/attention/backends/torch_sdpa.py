@@ -36,7 +36,7 @@ from vllm.attention.backends.abstract import (
 from vllm.attention.backends.host_tables import scratch_slots, step_tables
 from vllm.attention.backends.sdpa_context import context_prefill
 from vllm.attention.backends.sdpa_ops import attend, causal_attend, layer_window, window_mask
-from vllm.attention.kv_cache_dtype import as_stored, store_rows
+from vllm.attention.kv_cache_dtype import store_rows, to_cache
 from vllm.utils import to_device
 
 
@@ -106,8 +106,11 @@ class TorchSDPAImpl(AttentionImpl):
         k = key.view(-1, h_kv, d)  # [num_tokens, num_kv_heads, head_size]
         v = value.view(-1, h_kv, d)  # [num_tokens, num_kv_heads, head_size]
         if kv_cache.numel() > 0:
-            write_kv(kv_cache, k, v, md)
-            k, v = as_stored(k, kv_cache.dtype), as_stored(v, kv_cache.dtype)
+            # rounded once, as the cache stores them (itself for a cache of the model's
+            # dtype): written, and attended to in the model's dtype
+            k8, v8 = to_cache(k, kv_cache.dtype), to_cache(v, kv_cache.dtype)
+            write_kv(kv_cache, k8, v8, md)
+            k, v = k8.to(q.dtype), v8.to(q.dtype)
         window, cap = layer_window(layer)
         if md.mode == ForwardMode.MIXED:
             t = md.prefill_part.num_tokens  # prefill tokens come first
