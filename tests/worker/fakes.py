@@ -61,12 +61,13 @@ class FakeCapturer:
 
 
 def _attend(q, kv_cache, pages, kv_len, causal_from=None, scale=None, window_left=-1):
-    """q [n, H, D] against the first kv_len tokens of ``pages``; causal_from: position of
-    q[0] in the sequence (prefill), else every query sees all kv_len tokens (decode: the
-    query is the last one). window_left >= 0: a query at position i sees keys from
-    i - window_left on (FlashInfer's sliding window)."""
-    k = kv_cache[pages, 0].reshape(-1, *kv_cache.shape[3:])[:kv_len]  # [kv_len, H_kv, D]
-    v = kv_cache[pages, 1].reshape(-1, *kv_cache.shape[3:])[:kv_len]
+    """q [n, H, D] against the first kv_len tokens of ``pages`` (read in q's dtype, as
+    FlashInfer reads an 8-bit cache); causal_from: position of q[0] in the sequence
+    (prefill), else every query sees all kv_len tokens (decode: the query is the last one).
+    window_left >= 0: a query at position i sees keys from i - window_left on (FlashInfer's
+    sliding window)."""
+    k = kv_cache[pages, 0].reshape(-1, *kv_cache.shape[3:])[:kv_len].to(q.dtype)
+    v = kv_cache[pages, 1].reshape(-1, *kv_cache.shape[3:])[:kv_len].to(q.dtype)
     n = q.shape[0]
     mask = None
     qpos = torch.arange(n)[:, None] + (kv_len - n if causal_from is None else causal_from)
@@ -87,6 +88,13 @@ def _attend(q, kv_cache, pages, kv_len, causal_from=None, scale=None, window_lef
         enable_gqa=True,
     )
     return out.transpose(0, 1)  # [n, H, D]
+
+
+def _sm_scale(planned, q, k_scale):
+    """The softmax scale FlashInfer runs with: the planned one (head_dim ** -0.5 when
+    None) times ``k_scale`` when given."""
+    scale = planned if planned is not None else q.shape[-1] ** -0.5
+    return scale if k_scale is None else scale * k_scale
 
 
 class FakeDecodeWrapper:
@@ -141,16 +149,20 @@ class FakeDecodeWrapper:
                 last_page_len.clone(),
             )
 
-    def run(self, q, kv_cache):
+    def run(self, q, kv_cache, k_scale=None, v_scale=None):
+        """FlashInfer's decode: ``k_scale`` multiplies the softmax scale, ``v_scale`` the
+        output (None: 1); the scales of the last run are kept in ``kv_scales``."""
         self.runs += 1
+        self.kv_scales = (k_scale, v_scale)
         out = torch.empty_like(q)
         indptr, last = self.indptr.tolist(), self.last.tolist()
+        sm_scale = _sm_scale(self.sm_scale, q, k_scale)
         for i in range(len(last)):
             pages = self.indices[indptr[i] : indptr[i + 1]].long()
             kv_len = (len(pages) - 1) * self.page_size + last[i]
-            out[i : i + 1] = _attend(q[i : i + 1], kv_cache, pages, kv_len, scale=self.sm_scale,
+            out[i : i + 1] = _attend(q[i : i + 1], kv_cache, pages, kv_len, scale=sm_scale,
                                      window_left=self.window_left)  # fmt: skip
-        return out
+        return out if v_scale is None else out * v_scale
 
 
 class FakePrefillWrapper:
@@ -174,9 +186,12 @@ class FakePrefillWrapper:
         self.page_size, self.sm_scale = page_size, kw.get("sm_scale")
         self.window_left = kw.get("window_left", -1)
 
-    def run(self, q, kv_cache):
+    def run(self, q, kv_cache, k_scale=None, v_scale=None):
+        """FlashInfer's paged prefill; scales as :meth:`FakeDecodeWrapper.run`."""
         self.runs += 1
+        self.kv_scales = (k_scale, v_scale)
         out = torch.empty_like(q)
+        sm_scale = _sm_scale(self.sm_scale, q, k_scale)
         qo, indptr, last = self.qo.tolist(), self.indptr.tolist(), self.last.tolist()
         for i in range(len(last)):
             pages = self.indices[indptr[i] : indptr[i + 1]].long()
@@ -188,10 +203,10 @@ class FakePrefillWrapper:
                 pages,
                 kv_len,
                 causal_from=kv_len - n,
-                scale=self.sm_scale,
+                scale=sm_scale,
                 window_left=self.window_left,
             )
-        return out
+        return out if v_scale is None else out * v_scale
 
 
 def reintroduce_shared_rebound_buffers(monkeypatch) -> None:

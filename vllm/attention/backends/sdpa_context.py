@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from vllm.attention.backends.sdpa_ops import attend, causal_attend, window_mask
+from vllm.attention.kv_cache_dtype import from_cache
 
 
 def context_prefill(
@@ -24,6 +25,7 @@ def context_prefill(
     scale: float,
     window: int | None = None,
     soft_cap: float | None = None,
+    kv_scales: tuple[float, float] = (1.0, 1.0),
 ) -> torch.Tensor:
     """Prefill where some rows start after ``md.context_lens[i]`` cached tokens.
 
@@ -32,7 +34,9 @@ def context_prefill(
     ``c`` and ``m`` new tokens reads keys/values of positions ``0 .. c + m - 1`` from the
     cache (the step's keys were written there just before) and new token ``j`` attends to
     positions ``0 .. c + j`` (with ``window``, only the last ``window`` of them; scores
-    capped by ``soft_cap``: see ``sdpa_ops``).
+    capped by ``soft_cap``: see ``sdpa_ops``). Cached keys and values are read in q's
+    dtype times ``kv_scales`` (k_scale, v_scale; ``kv_cache_dtype.from_cache``), so they
+    equal the ``k`` / ``v`` the caller read back from the same rounding.
 
     q: [num_tokens, num_heads, head_size]; k, v: [num_tokens, num_kv_heads, head_size];
     kv_cache: [2, num_blocks + 1, block_size, num_kv_heads, head_size]; ``md``: the
@@ -51,7 +55,8 @@ def context_prefill(
         blocks = md.block_tables[i, : -(-n // block_size)]  # [row blocks]
         kc = kv_cache[0][blocks].reshape(-1, n_kv, d)[:n]  # [n, num_kv_heads, head_size]
         vc = kv_cache[1][blocks].reshape(-1, n_kv, d)[:n]  # [n, num_kv_heads, head_size]
-        kc, vc = kc.to(q.dtype), vc.to(q.dtype)  # an 8-bit cache's values, model dtype
+        kc = from_cache(kc, q.dtype, kv_scales[0])  # an 8-bit cache's values, model dtype
+        vc = from_cache(vc, q.dtype, kv_scales[1])
         qpos = torch.arange(c, n, device=q.device)  # [m]
         kpos = torch.arange(n, device=q.device)  # [n]
         mask = window_mask(qpos, kpos, window)  # [m, n]

@@ -13,8 +13,9 @@ positions at or beyond the row's length, which keeps every shape static and so i
 capturable (docs/design.md "Devices and backends"). A layer's ``sliding_window`` and
 ``logits_soft_cap`` (:class:`vllm.attention.Attention`) narrow the masks and cap the scores
 (``sdpa_ops``). With an 8-bit cache (``--kv-cache-dtype fp8``) keys and values are
-stored rounded (vllm/attention/kv_cache_dtype.py) and every path attends to the stored
-values, a prefill's own new keys included.
+stored divided by the layer's ``k_scale`` / ``v_scale`` and rounded, and every path
+attends to the stored values times the scales, a prefill's own new keys included
+(vllm/attention/kv_cache_dtype.py).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from vllm.attention.backends.abstract import (
 from vllm.attention.backends.host_tables import scratch_slots, step_tables
 from vllm.attention.backends.sdpa_context import context_prefill
 from vllm.attention.backends.sdpa_ops import attend, causal_attend, layer_window, window_mask
-from vllm.attention.kv_cache_dtype import store_rows, to_cache
+from vllm.attention.kv_cache_dtype import from_cache, layer_kv_scales, store_rows, to_cache
 from vllm.utils import to_device
 
 
@@ -66,10 +67,16 @@ class TorchSDPAMetadata(AttentionMetadata):
 
 
 def write_kv(
-    kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, md: AttentionMetadata
+    kv_cache: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    md: AttentionMetadata,
+    kv_scales: tuple[float, float] = (1.0, 1.0),
 ) -> None:
-    """Scatter new keys/values into the paged cache at ``md.slot_mapping``, rounded to
-    the cache's dtype when it is an 8-bit one (``kv_cache_dtype.store_rows``).
+    """Scatter new keys/values into the paged cache at ``md.slot_mapping``, divided by
+    ``kv_scales`` (k_scale, v_scale) and rounded to the cache's dtype when it is an 8-bit
+    one (``kv_cache_dtype.store_rows``; keys and values already in that dtype are written
+    as they are).
 
     Args:
         kv_cache: [2, num_blocks + 1, block_size, num_kv_heads, head_size]
@@ -80,8 +87,8 @@ def write_kv(
     n_kv, d = key.shape[1], key.shape[2]
     key_cache = kv_cache[0].view(-1, n_kv, d)  # [num_slots, num_kv_heads, head_size]
     value_cache = kv_cache[1].view(-1, n_kv, d)  # [num_slots, num_kv_heads, head_size]
-    store_rows(key_cache, md.slot_mapping, key)
-    store_rows(value_cache, md.slot_mapping, value)
+    store_rows(key_cache, md.slot_mapping, key, kv_scales[0])
+    store_rows(value_cache, md.slot_mapping, value, kv_scales[1])
 
 
 class TorchSDPAImpl(AttentionImpl):
@@ -105,34 +112,38 @@ class TorchSDPAImpl(AttentionImpl):
         q = query.view(-1, h, d)  # [num_tokens, num_heads, head_size]
         k = key.view(-1, h_kv, d)  # [num_tokens, num_kv_heads, head_size]
         v = value.view(-1, h_kv, d)  # [num_tokens, num_kv_heads, head_size]
+        ks, vs = layer_kv_scales(layer, kv_cache.dtype)  # (1.0, 1.0) unless 8-bit
         if kv_cache.numel() > 0:
-            # rounded once, as the cache stores them (itself for a cache of the model's
-            # dtype): written, and attended to in the model's dtype
-            k8, v8 = to_cache(k, kv_cache.dtype), to_cache(v, kv_cache.dtype)
+            # scaled and rounded once, as the cache stores them (itself for a cache of the
+            # model's dtype): written, and attended to as read back
+            k8, v8 = to_cache(k, kv_cache.dtype, ks), to_cache(v, kv_cache.dtype, vs)
             write_kv(kv_cache, k8, v8, md)
-            k, v = k8.to(q.dtype), v8.to(q.dtype)
+            k, v = from_cache(k8, q.dtype, ks), from_cache(v8, q.dtype, vs)
         window, cap = layer_window(layer)
+        scales = (ks, vs)
         if md.mode == ForwardMode.MIXED:
             t = md.prefill_part.num_tokens  # prefill tokens come first
             p_out = _prefill(q[:t], k[:t], v[:t], kv_cache, md.prefill_part, layer.scale,
-                             window, cap)  # fmt: skip
-            d_out = _decode(q[t:], kv_cache, md.decode_part, layer.scale, window, cap)
+                             window, cap, scales)  # fmt: skip
+            d_out = _decode(q[t:], kv_cache, md.decode_part, layer.scale, window, cap, scales)
             out = torch.cat([p_out, d_out])  # [num_tokens, num_heads, head_size]
         elif md.mode == ForwardMode.PREFILL:
-            out = _prefill(q, k, v, kv_cache, md, layer.scale, window, cap)
+            out = _prefill(q, k, v, kv_cache, md, layer.scale, window, cap, scales)
         else:
-            out = _decode(q, kv_cache, md, layer.scale, window, cap)
+            out = _decode(q, kv_cache, md, layer.scale, window, cap, scales)
         return out.reshape(-1, h * d)  # [num_tokens, num_heads * head_size]
 
 
 def _prefill(
-    q, k, v, kv_cache, md: TorchSDPAMetadata, scale: float, window=None, soft_cap=None
-) -> torch.Tensor:
+    q, k, v, kv_cache, md: TorchSDPAMetadata, scale: float, window=None, soft_cap=None,
+    kv_scales: tuple[float, float] = (1.0, 1.0),
+) -> torch.Tensor:  # fmt: skip
     """A prefill's attention (its keys already written): causal among each row's new
-    tokens, or over the cached context too when some row has one; ``window`` and
-    ``soft_cap`` as :func:`causal_prefill`. Shapes as :func:`causal_prefill`."""
+    tokens, or over the cached context too when some row has one (read back at
+    ``kv_scales``, as :func:`_decode`); ``window`` and ``soft_cap`` as
+    :func:`causal_prefill`. Shapes as :func:`causal_prefill`."""
     if md.context_lens is not None:
-        return context_prefill(q, k, v, kv_cache, md, scale, window, soft_cap)
+        return context_prefill(q, k, v, kv_cache, md, scale, window, soft_cap, kv_scales)
     return causal_prefill(q, k, v, md.query_start_loc, scale, window, soft_cap)
 
 
@@ -167,9 +178,12 @@ def _decode(
     scale: float,
     window: int | None = None,
     soft_cap: float | None = None,
+    kv_scales: tuple[float, float] = (1.0, 1.0),
 ) -> torch.Tensor:
     """One query token per row against the row's cached context (its own key included);
-    with a ``window`` only the row's last ``window`` positions (see ``sdpa_ops``).
+    with a ``window`` only the row's last ``window`` positions (see ``sdpa_ops``). The
+    cached keys and values are read in q's dtype times ``kv_scales`` (k_scale, v_scale:
+    ``kv_cache_dtype.from_cache``).
 
     q: [num_rows, num_heads, head_size]; returns the same shape.
     """
@@ -179,7 +193,8 @@ def _decode(
     span = max_blocks * block_size
     k = kv_cache[0][bt].view(rows, span, n_kv, d).transpose(1, 2)  # [rows, n_kv, span, d]
     v = kv_cache[1][bt].view(rows, span, n_kv, d).transpose(1, 2)  # [rows, n_kv, span, d]
-    k, v = k.to(q.dtype), v.to(q.dtype)  # an 8-bit cache's values in the model's dtype
+    # an 8-bit cache's values in the model's dtype, times the layer's scales
+    k, v = from_cache(k, q.dtype, kv_scales[0]), from_cache(v, q.dtype, kv_scales[1])
     pos = torch.arange(span, device=q.device)  # [span]
     # the query sits at position seq_len - 1: causal = every position below seq_len
     mask = window_mask((md.seq_lens - 1)[:, None], pos[None, :], window)  # [rows, 1, span]

@@ -26,10 +26,11 @@ tables, and each layer runs the wrapper of its own window. Such models (and mode
 an attention score cap) bypass the small-decode kernel, which has neither.
 
 An 8-bit cache (``--kv-cache-dtype fp8``; vllm/attention/kv_cache_dtype.py): the wrappers
-are planned with it as ``kv_data_type`` (scale 1), the cache is written rounded to it
-(:func:`.paged_cache.write_kv`), the graph prefill attends to the rounded keys and values
-as the wrappers read them, and the small-decode kernel, which reads and writes the
-model's dtype, is bypassed.
+are planned with it as ``kv_data_type``, the cache is written divided by each layer's
+k_scale / v_scale and rounded (:func:`.paged_cache.write_kv`), ``run`` gets the layer's
+scales (:class:`.metadata.FlashInferImpl`), the graph prefill attends to the rounded keys
+and values times the scales, as the wrappers read them, and the small-decode kernel,
+which reads and writes the model's dtype, is bypassed.
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ so the row's own new keys and values are all it needs, and one causal SDPA call 
 is the backend's usual one (the fused rotary + write kernel over ``kv_rows``); padded
 tokens write the scratch slot, and, being after the real tokens, are never attended to by
 them (causal). A layer's sliding window and score cap apply as on TORCH_SDPA, and with an
-8-bit cache the attention reads the keys and values rounded as the cache stores them.
+8-bit cache the attention reads the keys and values as the wrappers read them back from
+the cache: divided by the layer's k_scale / v_scale, rounded, multiplied back.
 
 Eager steps padded the same way (``ModelRunner.pad_eager_batches``) build this metadata
 too, so graph and eager run the same kernels on the same shapes.
@@ -27,7 +28,7 @@ from vllm.attention.backends.abstract import AttentionImpl, AttentionMetadata, F
 from vllm.attention.backends.flashinfer.paged_cache import rotate_and_write
 from vllm.attention.backends.sdpa_ops import layer_window
 from vllm.attention.backends.torch_sdpa import causal_prefill
-from vllm.attention.kv_cache_dtype import as_stored
+from vllm.attention.kv_cache_dtype import as_stored, layer_kv_scales
 
 
 @dataclass
@@ -75,7 +76,8 @@ class GraphPrefillImpl(AttentionImpl):
         q = query.view(-1, h, d)  # [num_tokens, num_heads, head_size]
         k = key.view(-1, h_kv, d)  # [num_tokens, num_kv_heads, head_size]
         v = value.view(-1, h_kv, d)  # [num_tokens, num_kv_heads, head_size]
-        k, v = as_stored(k, kv_cache.dtype), as_stored(v, kv_cache.dtype)  # as cached
+        ks, vs = layer_kv_scales(layer, kv_cache.dtype)
+        k, v = as_stored(k, kv_cache.dtype, ks), as_stored(v, kv_cache.dtype, vs)  # as cached
         window, cap = layer_window(layer)
         out = causal_prefill(q, k, v, [0, md.num_tokens], layer.scale, window, cap)
         return out.reshape(-1, h * d)  # [num_tokens, num_heads * head_size]

@@ -10,6 +10,7 @@ import torch
 
 from vllm.attention.backends.abstract import AttentionImpl, AttentionMetadata
 from vllm.attention.backends.flashinfer.paged_cache import rotate_and_write
+from vllm.attention.kv_cache_dtype import layer_kv_scales
 
 
 @dataclass
@@ -27,7 +28,12 @@ class FlashInferMetadata(AttentionMetadata):
 
 
 class FlashInferImpl(AttentionImpl):
-    """Runs the planned wrapper of the pass (of the layer's sliding window, if any)."""
+    """Runs the planned wrapper of the pass (of the layer's sliding window, if any).
+
+    With an 8-bit cache the layer's k_scale / v_scale go to ``run`` as Python floats
+    (FlashInfer multiplies the softmax scale by k_scale and the output by v_scale), the
+    same in eager steps and in captured graphs; scales of 1.0 are passed as None (no extra
+    multiply)."""
 
     @staticmethod
     def forward(
@@ -53,7 +59,9 @@ class FlashInferImpl(AttentionImpl):
         q = query.view(-1, h, d)  # [num_tokens, num_heads, head_size]
         window = getattr(layer, "sliding_window", None)
         wrapper = md.wrapper if window is None else md.window_wrappers[window]
-        out = wrapper.run(q, kv_cache)  # [num_tokens, num_heads, head_size]
+        ks, vs = layer_kv_scales(layer, kv_cache.dtype)
+        scales = dict(k_scale=None if ks == 1.0 else ks, v_scale=None if vs == 1.0 else vs)
+        out = wrapper.run(q, kv_cache, **scales)  # [num_tokens, num_heads, head_size]
         return out.reshape(-1, h * d)
 
 

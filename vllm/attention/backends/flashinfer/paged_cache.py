@@ -17,7 +17,7 @@ import torch
 
 from vllm.attention.backends.abstract import StepInputs
 from vllm.attention.backends.host_tables import exclusive_cumsum, scratch_slots, step_tables
-from vllm.attention.kv_cache_dtype import store_rows
+from vllm.attention.kv_cache_dtype import layer_kv_scales, store_rows
 
 
 def kv_rows_of(
@@ -45,18 +45,23 @@ def slot_rows_host(slots: list[int], scratch_slot: int, block_size: int) -> torc
 
 
 def write_kv(
-    kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_rows: torch.Tensor
+    kv_cache: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    kv_rows: torch.Tensor,
+    kv_scales: tuple[float, float] = (1.0, 1.0),
 ) -> None:
     """Scatter keys/values into the NHD paged cache (two index copies, no index math),
-    rounded to the cache's dtype when it is an 8-bit one (``kv_cache_dtype.store_rows``).
+    divided by ``kv_scales`` (k_scale, v_scale) and rounded to the cache's dtype when it
+    is an 8-bit one (``kv_cache_dtype.store_rows``).
 
     kv_cache: [num_blocks + 1, 2, block_size, num_kv_heads, head_size];
     key, value: [num_tokens, num_kv_heads, head_size]; kv_rows: [2, num_tokens] int64 rows
     of the flat view (padded lanes already redirected to the scratch slot).
     """
     flat = kv_cache.view(-1, kv_cache.shape[-2], kv_cache.shape[-1])  # [rows, kv_heads, D]
-    store_rows(flat, kv_rows[0], key)
-    store_rows(flat, kv_rows[1], value)
+    store_rows(flat, kv_rows[0], key, kv_scales[0])
+    store_rows(flat, kv_rows[1], value, kv_scales[1])
 
 
 def rotate_and_write(
@@ -72,7 +77,7 @@ def rotate_and_write(
     """Rotate query / key (when ``rotary_emb`` is given) and write key / value into the NHD
     cache at ``kv_rows`` [2, num_tokens] (see :func:`write_kv`): on CUDA, with a cache in
     the model's dtype, one fused kernel does both; otherwise the rotation, then
-    :func:`write_kv`.
+    :func:`write_kv` (an 8-bit cache at the layer's ``kv_cache_dtype.layer_kv_scales``).
 
     query: [num_tokens, num_heads * head_size]; key, value: [num_tokens, num_kv_heads *
     head_size]. Returns (query, key) rotated, same shapes (the cached key is the rotated one).
@@ -87,7 +92,8 @@ def rotate_and_write(
             positions, query, key, value, flat, kv_rows
         )
     if not written:
-        write_kv(kv_cache, key.view(-1, h_kv, d), value.view(-1, h_kv, d), kv_rows)
+        write_kv(kv_cache, key.view(-1, h_kv, d), value.view(-1, h_kv, d), kv_rows,
+                 layer_kv_scales(layer, kv_cache.dtype))  # fmt: skip
     return query, key
 
 
