@@ -29,6 +29,13 @@ class Attention(nn.Module):
 
     The backend is known from the metadata (``attn_metadata.impl``), so models never
     branch on it and no global is consulted.
+
+    KV-cache scales: buffers ``k_scale`` and ``v_scale`` ([] float32, 1.0 until a
+    checkpoint's scales load through :meth:`set_kv_scale`) and their values as Python
+    floats, ``k_scale_float`` / ``v_scale_float``, which the backends read: an 8-bit cache
+    stores ``key / k_scale`` and attention reads ``stored * k_scale`` (values likewise;
+    vllm/attention/kv_cache_dtype.py). They are buffers, not parameters: a checkpoint
+    without them loads as before (every parameter must come from the checkpoint).
     """
 
     def __init__(
@@ -57,6 +64,33 @@ class Attention(nn.Module):
         self.scale = scale
         self.num_kv_heads = num_kv_heads
         self.prefix = prefix
+        self.register_buffer("k_scale", torch.tensor(1.0, dtype=torch.float32))
+        self.register_buffer("v_scale", torch.tensor(1.0, dtype=torch.float32))
+        self.k_scale_float = 1.0
+        self.v_scale_float = 1.0
+
+    def set_kv_scale(self, which: str, value: torch.Tensor) -> None:
+        """Set the key (``which="k"``) or value (``"v"``) scale of the KV cache from a
+        checkpoint tensor ``value`` holding one positive finite number (shape [] or [1],
+        any float dtype; rounded to float32 as upstream keeps it).
+
+        Raises:
+            ValueError: ``which`` not "k" or "v", or ``value`` not a single positive
+                finite number (per-head or per-channel scales are not supported).
+        """
+        if which not in ("k", "v"):
+            raise ValueError(f"which={which!r} must be 'k' or 'v'.")
+        if value.numel() != 1:
+            raise ValueError(
+                f"{which}_scale of shape {list(value.shape)}: one value per layer is supported "
+                "(per-head or per-channel KV-cache scales are not)."
+            )
+        scale = value.detach().reshape(()).to(device="cpu", dtype=torch.float32)
+        number = float(scale)
+        if not (number > 0 and number < float("inf")):
+            raise ValueError(f"{which}_scale={number} must be positive and finite.")
+        getattr(self, f"{which}_scale").copy_(scale)
+        setattr(self, f"{which}_scale_float", number)
 
     def forward(
         self,

@@ -13,10 +13,10 @@ per-token activation scales):
   ``float-quantized`` or ``naive-quantized``. Input activations may be dynamic per token
   (as here) or static per tensor (``input_scale``): static scales are not used, the
   activations are scaled per token as with ``--quantization fp8``. KV-cache scales
-  (``kv_cache_scheme``: ``k_scale`` / ``v_scale`` tensors) are not used either: the cache
-  keeps the model's dtype, or with ``--kv-cache-dtype fp8`` stores keys and values at
-  scale 1 (vllm/attention/kv_cache_dtype.py; the engine warns, see
-  :func:`kv_cache_scheme`).
+  (``kv_cache_scheme``: ``k_scale`` / ``v_scale`` tensors) load into the attention layers
+  (vllm/model_executor/layers/kv_scales.py): an 8-bit cache (``--kv-cache-dtype fp8``)
+  stores keys and values divided by them, a cache of the model's dtype ignores them
+  (vllm/attention/kv_cache_dtype.py; the engine says which, see :func:`kv_cache_scheme`).
 - ``quant_method: "fbgemm_fp8"`` (Meta's FP8 releases): per-row ``weight_scale`` [N, 1],
   dynamic per-token activations.
 - ``quant_method: "fp8"`` without ``weight_block_size`` (AutoFP8's checkpoints): one
@@ -50,6 +50,7 @@ from torch import nn
 
 from vllm.model_executor.layers.fp8 import FP8_DTYPE
 from vllm.model_executor.layers.fp8_dequant import SCALE_SUFFIXES, is_fp8, stored_dtype
+from vllm.model_executor.layers.kv_scales import kv_scale_target
 from vllm.model_executor.weight_utils import as_tensor
 
 # quantization_config.quant_method values that --quantization may name (its "fp8" quantizes
@@ -57,12 +58,17 @@ from vllm.model_executor.weight_utils import as_tensor
 CHECKPOINT_METHODS = ("compressed-tensors", "fbgemm_fp8")
 # every quant_method of an fp8 checkpoint this engine loads
 FP8_METHODS = ("fp8", *CHECKPOINT_METHODS)
-# checkpoint tensors no fp8 layer here reads: static activation scales (activations are
-# scaled per token), KV-cache scales (``k_scale`` / ``v_scale``, or ``k_proj`` / ``v_proj``
-# ``output_scale`` of older llm-compressor releases: the cache keeps the model's dtype, or
-# an 8-bit cache is written at scale 1) and
-# the zero points older compressed-tensors releases wrote (all zeros: symmetric weights)
-UNUSED_SUFFIXES = (".input_scale", ".k_scale", ".v_scale", ".output_scale", "_zero_point")
+# checkpoint tensors nothing here reads: static activation scales (activations are scaled
+# per token), output activation scales but the k / v projections' (older llm-compressor
+# releases' KV-cache scales, which load: see is_unused_tensor) and the zero points older
+# compressed-tensors releases wrote (all zeros: symmetric weights)
+UNUSED_SUFFIXES = (".input_scale", ".output_scale", "_zero_point")
+
+
+def is_unused_tensor(name: str) -> bool:
+    """Whether checkpoint tensor ``name`` is one nothing here reads (:data:`UNUSED_SUFFIXES`);
+    KV-cache scales (``kv_scales.kv_scale_target``) are read, whatever their spelling."""
+    return name.endswith(UNUSED_SUFFIXES) and kv_scale_target(name) is None
 
 
 @dataclass(frozen=True)
@@ -117,8 +123,8 @@ def stored_quantization(hf_config, model: str) -> tuple[str, object] | None:
 
 def kv_cache_scheme(hf_config, model: str):
     """The KV-cache quantization a checkpoint declares (compressed-tensors'
-    ``kv_cache_scheme``, whose ``k_scale`` / ``v_scale`` tensors upstream applies to an fp8
-    cache), or None. This engine does not use those scales (:data:`UNUSED_SUFFIXES`)."""
+    ``kv_cache_scheme``, whose ``k_scale`` / ``v_scale`` tensors an 8-bit cache applies,
+    vllm/model_executor/layers/kv_scales.py), or None."""
     stored = stored_quantization(hf_config, model)
     return None if stored is None else _field(stored[1], "kv_cache_scheme")
 
@@ -192,7 +198,7 @@ def checkpoint_fp8_method(model: str, hf_config, moe: bool) -> Fp8Checkpoint | N
 
 def fp8_layer_tensors(weights, model: str, hf_config):
     """The checkpoint's ``(name, tensor)`` items an fp8-layer model reads: without the
-    tensors no layer reads (:data:`UNUSED_SUFFIXES`), refusing a quantized ``lm_head`` (an
+    tensors no layer reads (:func:`is_unused_tensor`), refusing a quantized ``lm_head`` (an
     fp8 ``lm_head.weight`` or an ``lm_head`` scale) as :func:`checkpoint_fp8_method`
     refuses compressed-tensors' from its config (fp8's and fbgemm_fp8's configs do not
     say whether lm_head is quantized).
@@ -201,7 +207,7 @@ def fp8_layer_tensors(weights, model: str, hf_config):
         ValueError: a quantized lm_head, naming the tensor and the method.
     """
     for name, loaded in weights:
-        if name.endswith(UNUSED_SUFFIXES):
+        if is_unused_tensor(name):
             continue
         if name.startswith("lm_head.") and (
             name.endswith(SCALE_SUFFIXES) or (name == "lm_head.weight" and is_fp8(loaded))

@@ -145,6 +145,7 @@ def get_model(
                 f"{len(missing)} parameters were not found in checkpoint "
                 f"{model_config.model!r} ({load_format}): {shown}"
             )
+        _log_kv_scales(model)
     if getattr(model_config, "quantization", None) == "fp8" and not prequantized:
         _quantize_fp8(model)
     logger.info(
@@ -158,6 +159,22 @@ def get_model(
         time.perf_counter() - start,
     )
     return model.requires_grad_(False).eval()
+
+
+def _log_kv_scales(model: nn.Module) -> None:
+    """Log the KV-cache scales the checkpoint set (vllm/model_executor/layers/kv_scales.py),
+    if any differ from 1.0: how many layers, and the range of k_scale and of v_scale."""
+    from vllm.model_executor.layers.kv_scales import kv_scales_of
+
+    scales = kv_scales_of(model)
+    if all(pair == (1.0, 1.0) for pair in scales):
+        return
+    ks, vs = [k for k, _ in scales], [v for _, v in scales]
+    logger.info(
+        "Loaded the checkpoint's KV-cache scales of %d attention layers: k_scale %.4g..%.4g, "
+        "v_scale %.4g..%.4g (applied by an 8-bit KV cache, unused by --kv-cache-dtype auto)",
+        len(scales), min(ks), max(ks), min(vs), max(vs),
+    )  # fmt: skip
 
 
 def _quantize_fp8(model: nn.Module) -> None:
@@ -185,8 +202,8 @@ def _prepare_fp8_checkpoint(model: nn.Module, weights, model_config):
     """A pre-quantized fp8 checkpoint (vllm/model_executor/layers/fp8_checkpoint.py): the
     model's projections, but those its quantization config keeps unquantized, become
     fp8 parameters with scales before loading; the weights iterator without the tensors
-    no fp8 layer reads (``fp8_checkpoint.UNUSED_SUFFIXES``: static activation scales,
-    KV-cache scales, zero points), refusing a quantized lm_head."""
+    nothing reads (``fp8_checkpoint.is_unused_tensor``: static activation scales, zero
+    points; KV-cache scales stay), refusing a quantized lm_head."""
     from vllm.model_executor.layers.fp8_checkpoint import (
         fp8_layer_tensors,
         prepare_fp8_params,
@@ -203,8 +220,9 @@ def _prepare_fp8_checkpoint(model: nn.Module, weights, model_config):
 def _dequantized_fp8_checkpoint(weights, model_config):
     """An fp8 checkpoint without fp8 kernels here (block-wise scales, mixture of experts):
     the weights iterator with each fp8 weight dequantized to the model's dtype
-    (vllm/model_executor/layers/fp8_dequant.py)."""
-    from vllm.model_executor.layers.fp8_checkpoint import UNUSED_SUFFIXES
+    (vllm/model_executor/layers/fp8_dequant.py), without the tensors nothing reads
+    (``fp8_checkpoint.is_unused_tensor``; KV-cache scales stay)."""
+    from vllm.model_executor.layers.fp8_checkpoint import is_unused_tensor
     from vllm.model_executor.layers.fp8_dequant import dequantized_weights
 
     fmt = model_config.checkpoint_fp8
@@ -214,4 +232,5 @@ def _dequantized_fp8_checkpoint(weights, model_config):
         fmt.dequantized,
         model_config.dtype,
     )
-    return dequantized_weights(weights, fmt.block, model_config.dtype, UNUSED_SUFFIXES)
+    used = ((name, w) for name, w in weights if not is_unused_tensor(name))
+    return dequantized_weights(used, fmt.block, model_config.dtype)

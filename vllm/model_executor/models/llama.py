@@ -21,6 +21,7 @@ from transformers import PretrainedConfig
 from vllm.distributed.utils import get_pp_indices
 from vllm.kernels.dispatch import get_triton_gemv
 from vllm.model_executor.layers.activation import get_act_and_mul_fn
+from vllm.model_executor.layers.kv_scales import load_attention_scale, log_skipped
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import (
     MergedColumnParallelLinear,
@@ -482,20 +483,27 @@ class LlamaForCausalLM(nn.Module):
         ``weight_loader(param, tensor, shard_id)``; a fused parameter counts as loaded once
         all its shards arrived. Skipped: layers of other stages, ``rotary_emb.inv_freq``,
         modules this stage does not own, ``lm_head.weight`` when embeddings are tied (the
-        last stage then fills ``lm_head`` from ``model.embed_tokens.weight``).
+        last stage then fills ``lm_head`` from ``model.embed_tokens.weight``). Attention
+        scales (``self_attn.k_scale`` / ``v_scale`` and their other spellings) set the
+        KV-cache scales of the layer's attention, or are skipped with one warning
+        (vllm/model_executor/layers/kv_scales.py).
 
         Raises:
-            ValueError: a checkpoint name that matches no parameter, or a shape mismatch
-                (naming the checkpoint tensor).
+            ValueError: a checkpoint name that matches no parameter, a shape mismatch
+                (naming the checkpoint tensor), or a KV-cache scale that is not one
+                positive value.
         """
         params = dict(self.named_parameters())
         loaded: set[str] = set()
         shards_seen: dict[str, set] = {}
+        skipped_scales: list[str] = []
         for name, tensor in weights:
             if "rotary_emb." in name:
                 continue
             match = _LAYER_RE.search(name)
             if match and not self.start_layer <= int(match.group(1)) < self.end_layer:
+                continue
+            if load_attention_scale(self, name, tensor, skipped_scales):
                 continue
             if name == "lm_head.weight" and (self.tie_word_embeddings or self.lm_head is None):
                 continue
@@ -530,6 +538,7 @@ class LlamaForCausalLM(nn.Module):
         for name, seen in shards_seen.items():
             if seen == self.packed_shards[name.split(".")[-2]]:
                 loaded.add(name)
+        log_skipped(skipped_scales)
         return loaded
 
     def _packed_name(self, name: str) -> tuple[str, object]:
