@@ -23,14 +23,17 @@ PROMPTS = [
 ]
 
 
-def _rounded_reference(model: str, cache_dtype: torch.dtype):
+def _rounded_reference(model: str, cache_dtype: torch.dtype, scales=None):
     """transformers greedy (ids, text, top-5 logprobs per position) with a cache that
-    rounds keys and values to ``cache_dtype`` before attention reads them."""
+    rounds keys and values to ``cache_dtype`` before attention reads them; with ``scales``
+    (one (k_scale, v_scale) pair of floats per layer) it rounds ``x / scale`` and
+    multiplies back, as an 8-bit cache with a checkpoint's KV-cache scales does."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
     class RoundingCache(DynamicCache):
         def update(self, key, value, layer_idx, *args, **kwargs):
-            k, v = as_stored(key, cache_dtype), as_stored(value, cache_dtype)
+            ks, vs = scales[layer_idx] if scales is not None else (1.0, 1.0)
+            k, v = as_stored(key, cache_dtype, ks), as_stored(value, cache_dtype, vs)
             return super().update(k, v, layer_idx, *args, **kwargs)
 
     hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
@@ -190,11 +193,11 @@ def test_metrics_cache_config_info_names_the_cache_dtype(tiny_llama_dir):
         assert len(info) == 1 and f'cache_dtype="{kv}"' in info[0], info
 
 
-def test_checkpoint_kv_scales_unused_by_an_8bit_cache_are_warned(tiny_llama_dir, tmp_path, caplog):
+def test_checkpoint_kv_scales_are_reported_applied_or_unused(tiny_llama_dir, tmp_path, caplog):
     """A compressed-tensors checkpoint with a ``kv_cache_scheme`` (its k_scale / v_scale
-    tensors, which upstream applies to an fp8 cache) under ``--kv-cache-dtype fp8``: the
-    engine stores at scale 1, and says so once, naming the model, before anything starts;
-    with ``auto`` (the scales are unused upstream too) it says nothing."""
+    tensors): before anything starts, one info line naming the model says the scales are
+    applied under ``--kv-cache-dtype fp8`` / ``fp8_e5m2`` and unused under ``auto``; a
+    checkpoint without the scheme gets no such line."""
     from tests.models.test_fp8_checkpoint import _compressed_tensors_config, _write
     from vllm.engine.arg_utils import EngineArgs
 
@@ -203,18 +206,19 @@ def test_checkpoint_kv_scales_unused_by_an_8bit_cache_are_warned(tiny_llama_dir,
                              "dynamic": False}  # fmt: skip
     fp8_dir = str(tmp_path / "fp8")
     _write(tiny_llama_dir, fp8_dir, str(tmp_path / "deq"), False, qc, kv_scales=True)
-    for kv, warned in (("fp8", True), ("fp8_e5m2", True), ("auto", False)):
+    for kv, word in (("fp8", "applied"), ("fp8_e5m2", "applied"), ("auto", "unused")):
         caplog.clear()
-        with caplog.at_level("WARNING", logger="vllm.engine.arg_utils"):
+        with caplog.at_level("INFO", logger="vllm.engine.arg_utils"):
             EngineArgs(model=fp8_dir, device="cpu", kv_cache_dtype=kv).create_engine_config()
-        hits = [r for r in caplog.records if "k_scale / v_scale" in r.getMessage()]
-        assert len(hits) == int(warned), (kv, caplog.text)
-        if warned:
-            assert fp8_dir in hits[0].getMessage() and f"--kv-cache-dtype {kv}" in caplog.text
+        hits = [r for r in caplog.records if "declares KV-cache scales" in r.getMessage()]
+        assert len(hits) == 1 and hits[0].levelname == "INFO", (kv, caplog.text)
+        msg = hits[0].getMessage()
+        assert fp8_dir in msg and f"are {word}" in msg, msg
+        assert f"--kv-cache-dtype {kv}" in msg, msg
     caplog.clear()
-    with caplog.at_level("WARNING", logger="vllm.engine.arg_utils"):  # no scheme: no warning
+    with caplog.at_level("INFO", logger="vllm.engine.arg_utils"):  # no scheme: no line
         EngineArgs(model=tiny_llama_dir, device="cpu", kv_cache_dtype="fp8").create_engine_config()
-    assert "k_scale" not in caplog.text
+    assert "KV-cache scales" not in caplog.text
 
 
 @pytest.mark.forked

@@ -122,7 +122,8 @@ class EngineArgs:
     )
     calculate_kv_scales: bool = _f(
         False, "Compute an 8-bit KV cache's scales from the first batch (upstream); not "
-        "supported: the cache stores at scale 1.", group="cache",
+        "supported: the cache uses the checkpoint's k_scale / v_scale, or scale 1.",
+        group="cache",
     )  # fmt: skip
     preemption_mode: str | None = _f(
         None, "How preempted requests resume: recompute (the only mode; None means it too).",
@@ -287,7 +288,8 @@ class EngineArgs:
     kv_cache_dtype: str = _f(
         "auto",
         "The KV cache's storage dtype: auto (the model's dtype), fp8 / fp8_e4m3 or fp8_e5m2 "
-        "(8-bit floats, scale 1: twice the tokens of a 16-bit cache).",
+        "(8-bit floats: twice the tokens of a 16-bit cache; keys and values divided by the "
+        "checkpoint's per-layer k_scale / v_scale, 1.0 where it has none).",
         group="cache",
         choices=tuple(KV_CACHE_DTYPES),
     )
@@ -643,7 +645,7 @@ class EngineArgs:
             device=device_config.device,
             model_loader_extra_config=self.model_loader_extra_config,
         )
-        _warn_unused_kv_scales(model_config, cache_config)
+        _log_kv_scales(model_config, cache_config)
         pooler_config = resolve_pooler(
             self.task, self.runner, self._pooler_overrides(),
             headless=is_headless(model_config.hf_config), convert=self.convert,
@@ -794,21 +796,29 @@ def _check_pooling(pooler, args, spec, parallel: ParallelConfig, cache) -> None:
         cache.enable_prefix_caching = False
 
 
-def _warn_unused_kv_scales(model_config, cache_config) -> None:
-    """Warn when an 8-bit KV cache (``--kv-cache-dtype fp8``) serves a checkpoint that
-    declares KV-cache scales (``kv_cache_scheme``): upstream stores keys and values divided
-    by the checkpoint's ``k_scale`` / ``v_scale``; this engine stores them at scale 1
-    (vllm/attention/kv_cache_dtype.py), so its outputs differ from upstream's there."""
+def _log_kv_scales(model_config, cache_config) -> None:
+    """Say, once before anything starts, what happens to the KV-cache scales a checkpoint
+    declares (``kv_cache_scheme``): an 8-bit KV cache (``--kv-cache-dtype fp8``) stores keys
+    and values divided by each layer's ``k_scale`` / ``v_scale`` and attention multiplies
+    them back, as upstream; ``auto`` keeps the model's dtype and leaves them unused."""
     from vllm.model_executor.layers.fp8_checkpoint import kv_cache_scheme
 
-    if cache_config.cache_dtype == "auto" or model_config.load_format == "gguf":
+    if model_config.load_format == "gguf":
         return
     if kv_cache_scheme(model_config.hf_config, model_config.model) is None:
         return
-    logger.warning(
+    if cache_config.cache_dtype == "auto":
+        logger.info(
+            "%r declares KV-cache scales (kv_cache_scheme in its quantization_config); they "
+            "are unused: the KV cache keeps the model's dtype (--kv-cache-dtype auto; an fp8 "
+            "cache would apply them).",
+            model_config.model,
+        )
+        return
+    logger.info(
         "%r declares KV-cache scales (kv_cache_scheme in its quantization_config); they are "
-        "not used: the %s KV cache (--kv-cache-dtype %s) stores keys and values at scale 1, "
-        "where upstream vLLM applies the checkpoint's k_scale / v_scale.",
+        "applied: the %s KV cache (--kv-cache-dtype %s) stores keys and values divided by "
+        "each layer's k_scale / v_scale, and attention multiplies them back.",
         model_config.model,
         cache_config.cache_dtype,
         cache_config.cache_dtype,

@@ -23,7 +23,8 @@ what is supported otherwise, before any weight is read:
   ``max_parallel_loading_workers``: logged as ignored when set (local tokenizers;
   torch.distributed's all-reduce; no torch.compile; every rank loads its own weights).
 - ``cpu_offload_gb`` (only 0), ``preemption_mode`` (None or ``recompute``),
-  ``calculate_kv_scales`` (only False: an 8-bit KV cache stores at scale 1).
+  ``calculate_kv_scales`` (only False: an 8-bit KV cache uses the checkpoint's
+  ``k_scale`` / ``v_scale``, or 1.0 where it has none).
   (``disable_sliding_window`` is a ``ModelConfig`` field: it caps max_model_len at the
   model's smallest sliding window, as upstream.)
 - With ``enable_lora``: ``lora_dtype`` (``auto``, the model's dtype, or that dtype's
@@ -114,7 +115,8 @@ def check_upstream_switches(
     if calculate_kv_scales:
         raise ValueError(
             "calculate_kv_scales=True is not supported: an 8-bit KV cache (--kv-cache-dtype "
-            "fp8) stores keys and values at scale 1."
+            "fp8) uses the checkpoint's k_scale / v_scale, or scale 1 where it has none; "
+            "scales are not computed from the data."
         )
     if preemption_mode not in (None, "recompute"):
         raise ValueError(
