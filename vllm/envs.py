@@ -54,6 +54,13 @@ def _cpu_kv_space_gib(raw: str) -> float:
     return value
 
 
+def _non_negative_int(raw: str) -> int:
+    value = int(raw)
+    if value < 0:
+        raise ValueError("expected an integer >= 0")
+    return value
+
+
 def _str(raw: str) -> str:
     return raw
 
@@ -165,6 +172,13 @@ _DECLARED = (
         parse_flag,
         True,
         "0 launches Triton kernels without programmatic dependent launch (Hopper and later).",
+    ),
+    EnvVar(
+        "VLLM_TRITON_L2_PREFETCH_MB",
+        _non_negative_int,
+        0,
+        "MiB of weights a one-row projection launch prefetches into L2 before its PDL wait "
+        "(0: none).",
     ),
     EnvVar(
         "VLLM_ALLOW_LONG_MAX_MODEL_LEN",

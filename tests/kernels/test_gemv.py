@@ -304,3 +304,44 @@ def test_cuda_kernels_and_dispatch(monkeypatch):
     assert not gemv.rows_kernel_fits(1000, 64)  # a tiny test head
     monkeypatch.setenv("VLLM_USE_TRITON_GEMV", "0")
     assert get_triton_gemv(torch.empty(1, 576, device="cuda"), small) is None
+
+
+def test_l2_tiles_budget():
+    """The whole-row kernel's L2 prefetch depth: the later tiles a program has, within the
+    launch's byte budget, at most MAX_L2_TILES; 0 without a budget."""
+    from vllm.kernels.gemv_rows import MAX_L2_TILES, l2_tiles
+
+    tile = 2 * 4096 * 2  # Llama-3.1-8B o_proj: 2 outputs x K = 4096, bf16
+    # o_proj on 132 SMs x 4 programs: 2048 tiles, 4 a program (3 after the register one)
+    assert l2_tiles(2048, 528, tile, 0) == 0
+    assert l2_tiles(2048, 528, tile, 8 << 20) == 0  # one tile-depth is 8.65 MB
+    assert l2_tiles(2048, 528, tile, 16 << 20) == 1
+    assert l2_tiles(2048, 528, tile, 1 << 30) == 3  # capped by the tiles it has
+    assert l2_tiles(64, 528, tile, 1 << 30) == 0  # one tile a program: nothing later
+    assert l2_tiles(1 << 20, 528, tile, 1 << 40) == MAX_L2_TILES
+
+
+@pytest.mark.gpu
+def test_cuda_l2_prefetch_changes_nothing(monkeypatch):
+    """VLLM_TRITON_L2_PREFETCH_MB only prefetches: the whole-row kernel's outputs and
+    residual sums are bit-identical with and without it (Llama-3.1-8B's projection shapes,
+    bf16, plain and norm + residual + SiLU-and-mul), and the prefetch depth is nonzero."""
+    from vllm.kernels import gemv
+    from vllm.kernels.gemv_rows import cuda_sm_count, l2_tiles
+    from vllm.kernels.pdl import pdl_enabled
+
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(1, 4096, generator=gen).to("cuda", torch.bfloat16)
+    r = torch.randn(1, 4096, generator=gen).to("cuda", torch.bfloat16)
+    nw = (torch.rand(4096, generator=gen) + 0.5).to("cuda", torch.bfloat16)
+    o = (torch.randn(4096, 4096, generator=gen) / 64).to("cuda", torch.bfloat16)
+    gu = (torch.randn(2 * 14336, 4096, generator=gen) / 64).to("cuda", torch.bfloat16)
+    runs = {}
+    for mb in ("0", "64"):
+        monkeypatch.setenv("VLLM_TRITON_L2_PREFETCH_MB", mb)
+        runs[mb] = (gemv.linear(x, o), *gemv.norm_linear(x, r, nw, EPS, gu, silu_mul=True))
+    for want, got in zip(runs["0"], runs["64"]):
+        assert torch.equal(want, got)
+    if pdl_enabled(x):  # Hopper: the 64 MiB run prefetched
+        programs = 4 * cuda_sm_count(x.device.index or 0)
+        assert l2_tiles(2048, programs, 2 * 4096 * 2, 64 << 20) > 0

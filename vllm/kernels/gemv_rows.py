@@ -18,7 +18,13 @@ Arithmetic and rounding points are those of :func:`gemv._gemv_tile`'s two-pass n
 the activation dtype; float32 products; gate, up and SiLU rounded as torch does), so this
 kernel and :mod:`gemv` agree up to float32 summation order.
 
-PDL contract (:mod:`pdl`): the first weight tile is loaded before ``pdl_wait``.
+PDL contract (:mod:`pdl`): the first weight tile is loaded before ``pdl_wait``. With PDL a
+program also asks the L2 cache for its next ``L2_TILES`` tiles before the wait
+(:func:`l2_tiles`, ``VLLM_TRITON_L2_PREFETCH_MB``): weights only, no registers held, so a
+projection that follows a latency-bound kernel (``o_proj`` after decode attention) or the
+drain of a bandwidth-bound one streams part of its weights while that kernel runs, and reads
+them from L2 after its wait. The results do not change (a prefetch moves no data into
+registers).
 Imports ``triton`` at the top; :mod:`gemv` launches it when a launch config asks for it
 (``PERSIST`` in the config).
 """
@@ -29,7 +35,11 @@ import torch
 import triton
 import triton.language as tl
 
+from vllm import envs
 from vllm.kernels.pdl import launch_options, pdl_enabled, pdl_wait
+
+MAX_L2_TILES = 8  # the most tiles a program prefetches into L2 (the loop is unrolled)
+L2_LINE_BYTES = 128  # one prefetch instruction brings one 128-byte cache line
 
 
 @functools.cache
@@ -56,18 +66,51 @@ def _rows_tile(w_ptr, tile, N, K, w_stride, up_offset, SILU_MUL: tl.constexpr,
 
 
 @triton.jit
+def _prefetch_l2(ptrs):
+    """Ask the L2 cache for the 128-byte lines holding ``ptrs`` (any shape): PTX
+    ``prefetch.global.L2``; nothing is loaded into registers or returned. CUDA only (the
+    interpreter has no inline assembly: callers pass ``L2_TILES = 0`` there)."""
+    tl.inline_asm_elementwise(
+        "prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
+        is_pure=False, pack=1,
+    )  # fmt: skip
+
+
+@triton.jit
+def _l2_tiles(w_ptr, pid, nprog, N, K, w_stride, up_offset, SILU_MUL: tl.constexpr,
+              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, LINE: tl.constexpr,
+              L2_TILES: tl.constexpr):  # fmt: skip
+    """Prefetch into L2 the weights of this program's output tiles ``pid + j * nprog``,
+    j = 1 .. L2_TILES (those past N skipped): one line of ``LINE`` elements at a time."""
+    ks = tl.minimum(tl.arange(0, BLOCK_K // LINE) * LINE, K - 1)  # [BK / LINE] line starts
+    for j in tl.static_range(1, L2_TILES + 1):
+        tile = pid + j * nprog
+        if tile * BLOCK_N < N:
+            cols = tl.minimum(tile * BLOCK_N + tl.arange(0, BLOCK_N), N - 1)  # [BN]
+            lines = w_ptr + cols[:, None].to(tl.int64) * w_stride + ks[None, :]  # [BN, BK/LINE]
+            _prefetch_l2(lines)
+            if SILU_MUL:
+                _prefetch_l2(lines + up_offset * w_stride)
+
+
+@triton.jit
 def _rows_kernel(
     x_ptr, res_ptr, nw_ptr, w_ptr, s_ptr, b_ptr, out_ptr, res_out_ptr, N, K, w_stride,
     up_offset, eps, NORM: tl.constexpr, ADD_RES: tl.constexpr, SILU_MUL: tl.constexpr,
     HAS_BIAS: tl.constexpr, W_SCALE: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_K: tl.constexpr, LINE: tl.constexpr, L2_TILES: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """See the module docstring. x, residual, res_out: [K] (one row); out: [N].
-    W_SCALE: fp8 weights with row scales ``s_ptr`` (as :func:`gemv._gemv_tile`)."""
+    W_SCALE: fp8 weights with row scales ``s_ptr`` (as :func:`gemv._gemv_tile`).
+    L2_TILES: later tiles prefetched into L2 before the wait (:func:`l2_tiles`); LINE:
+    weight elements per cache line."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     act_ty = out_ptr.dtype.element_ty
     w, wu = _rows_tile(w_ptr, pid, N, K, w_stride, up_offset, SILU_MUL, BLOCK_N, BLOCK_K)
+    if L2_TILES > 0:
+        _l2_tiles(w_ptr, pid, nprog, N, K, w_stride, up_offset, SILU_MUL, BLOCK_N, BLOCK_K,
+                  LINE, L2_TILES)  # fmt: skip
     pdl_wait(PDL)  # below: reads of what earlier kernels wrote
     ks = tl.arange(0, BLOCK_K)[None, :]  # [1, BK]: the weight tile's layout, broadcast
     k_ok = ks < K
@@ -111,6 +154,25 @@ def _rows_kernel(
         tl.store(out_ptr + cols, y, mask=col_ok)
 
 
+def l2_tiles(tiles: int, programs: int, tile_bytes: int, budget_bytes: int) -> int:
+    """Tiles each program of a launch prefetches into L2 before its PDL wait: as many of
+    its later tiles (it has ``ceil(tiles / programs)``, the first loaded into registers) as
+    keep the launch's prefetch within ``budget_bytes``, at most MAX_L2_TILES.
+
+    Args:
+        tiles: output tiles of the launch; programs: its persistent grid.
+        tile_bytes: weight bytes of one tile (both halves with SiLU-and-mul).
+        budget_bytes: the most bytes all programs prefetch together
+            (``VLLM_TRITON_L2_PREFETCH_MB``); 0 turns the prefetch off.
+    Returns:
+        0 to MAX_L2_TILES.
+    """
+    if budget_bytes <= 0 or programs <= 0 or tile_bytes <= 0:
+        return 0
+    later = -(-tiles // programs) - 1
+    return max(0, min(MAX_L2_TILES, later, budget_bytes // (programs * tile_bytes)))
+
+
 def launch(
     x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor | None,
     eps: float, weight: torch.Tensor, bias: torch.Tensor | None, silu_mul: bool,
@@ -122,15 +184,20 @@ def launch(
     ``cfg``: ``BLOCK_N`` outputs per tile, ``num_warps``, ``PERSIST`` programs per SM
     (the grid is ``min(tiles, PERSIST * SMs)``; on CPU, under the interpreter, 2 "SMs").
     ``weight_scale``: [N] float32 row scales of an fp8 ``weight``, or None.
+    With PDL, each program prefetches :func:`l2_tiles` later tiles into L2 before its wait
+    (budget ``VLLM_TRITON_L2_PREFETCH_MB`` MiB a launch; none without PDL).
     """
     n = out.shape[1]
     k = x.shape[1]
     tiles = triton.cdiv(n, cfg["BLOCK_N"])
     sms = cuda_sm_count(x.device.index or 0) if x.is_cuda else 2
+    programs = min(tiles, cfg["PERSIST"] * sms)
     pdl = pdl_enabled(x)
+    tile_bytes = cfg["BLOCK_N"] * k * weight.element_size() * (2 if silu_mul else 1)
+    budget = (envs.VLLM_TRITON_L2_PREFETCH_MB << 20) if pdl else 0
     if weight_scale is not None and not x.is_cuda:  # numpy, under the interpreter, has no fp8
         weight = weight.float()
-    _rows_kernel[(min(tiles, cfg["PERSIST"] * sms),)](
+    _rows_kernel[(programs,)](
         x, residual if residual is not None else x,
         norm_weight if norm_weight is not None else weight, weight,
         weight_scale if weight_scale is not None else out,
@@ -138,6 +205,8 @@ def launch(
         n, k, weight.stride(0), n, float(eps),
         NORM=norm_weight is not None, ADD_RES=residual is not None, SILU_MUL=silu_mul,
         HAS_BIAS=bias is not None, W_SCALE=weight_scale is not None, BLOCK_N=cfg["BLOCK_N"],
-        BLOCK_K=triton.next_power_of_2(k), PDL=pdl, num_warps=cfg["num_warps"],
+        BLOCK_K=triton.next_power_of_2(k), LINE=L2_LINE_BYTES // weight.element_size(),
+        L2_TILES=l2_tiles(tiles, programs, tile_bytes, budget), PDL=pdl,
+        num_warps=cfg["num_warps"],
         **launch_options(pdl),
     )  # fmt: skip
