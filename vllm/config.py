@@ -83,7 +83,11 @@ class ModelConfig:
             dequantized projections per row again. With load_format "dummy" such a
             checkpoint's config sets "fp8" alone: the random weights are quantized on load,
             so a benchmark runs fp8 layers as the checkpoint would (the config of a
-            quantization not loaded here leaves dummy weights in the model's dtype).
+            quantization not loaded here leaves dummy weights in the model's dtype). A
+            compressed-tensors checkpoint quantizing only the KV cache (a
+            ``kv_cache_scheme``, no ``config_groups``) keeps its weights as stored (None,
+            which "compressed-tensors" also gives; "fp8" quantizes them on load) and loads
+            its KV-cache scales.
         tokenizer_mode: how the tokenizer is loaded ("auto" or "slow"; see
             vllm/engine/compat_args.py).
         trust_remote_code: let transformers run the checkpoint's own config and tokenizer
@@ -154,7 +158,9 @@ class ModelConfig:
     def checkpoint_quantization(self) -> str | None:
         """The quant_method of a pre-quantized fp8 checkpoint loaded as fp8 layers."""
         fmt = self.checkpoint_fp8
-        return fmt.method if fmt is not None and fmt.dequantized is None else None
+        if fmt is None or fmt.dequantized is not None or fmt.kv_cache_only:
+            return None
+        return fmt.method
 
     @property
     def checkpoint_dequantized(self) -> str | None:
@@ -285,6 +291,12 @@ class ModelConfig:
             )
         if self.load_format == "safetensors":  # dummy: no checkpoint tensors to read
             self.checkpoint_fp8 = fmt
+        if fmt.kv_cache_only:
+            # weights as stored, KV-cache scales read: naming the format changes nothing,
+            # "fp8" quantizes the weights on load as for an unquantized checkpoint
+            if self.quantization == fmt.method:
+                self.quantization = None
+            return
         if fmt.dequantized is not None:
             # no fp8 kernels for it: dequantized on load (vllm/model_executor/layers/
             # fp8_dequant.py), then quantized per row only when "fp8" is asked for

@@ -33,9 +33,16 @@ with ``weight_block_size``, DeepSeek's and Qwen3's "-FP8" releases, or compresse
 ``strategy: "block"``) and mixture-of-experts models (their experts run in the model's
 dtype here).
 
+A compressed-tensors config that quantizes only the KV cache (a ``kv_cache_scheme`` and no
+``config_groups``, or an empty one: llm-compressor's "KV cache only" FP8 recipes) loads as
+upstream loads it: the weights as stored, in the model's dtype, and the ``k_scale`` /
+``v_scale`` tensors into the attention layers (:attr:`Fp8Checkpoint.kv_cache_only`).
+
 Refused, naming what is supported: integer or 4-bit schemes (AWQ, GPTQ, W8A8-int8, ...),
-sparse weights (a ``sparsity_config`` format other than ``dense``) and a quantized
-``lm_head`` among fp8 layers.
+sparse weights (a ``sparsity_config`` format other than ``dense``), a KV-cache scheme other
+than 8-bit float per tensor, a quantized ``lm_head`` among fp8 layers and ModelOpt's
+format, KV-cache-only ModelOpt configs (``kv_cache_quant_algo`` without a weight
+``quant_algo``) included: upstream refuses those too, for their missing ``quant_algo``.
 """
 
 from __future__ import annotations
@@ -81,11 +88,14 @@ class Fp8Checkpoint:
             are dequantized to the model's dtype on load ("block-wise scales",
             "mixture of experts"; vllm/model_executor/layers/fp8_dequant.py).
         block: (bn, bk), the tile of block-wise scales, else None.
+        kv_cache_only: the config quantizes only the KV cache: the weights load as stored
+            (the model's dtype), only its KV-cache scales are read.
     """
 
     method: str
     dequantized: str | None = None
     block: tuple[int, int] | None = None
+    kv_cache_only: bool = False
 
 
 def _field(cfg, name: str, default=None):
@@ -152,14 +162,16 @@ def _refuse(model: str, method, why: str, where: str) -> ValueError:
         f"{model!r} holds pre-quantized weights (quant_method={method!r} in {where}): "
         f"{why}. Pre-quantized checkpoints load when they are fp8 with a scale per output "
         "row, per tensor or per block (compressed-tensors FP8 / FP8_DYNAMIC / FP8_BLOCK, "
-        "fbgemm_fp8, fp8); otherwise use the unquantized checkpoint, which --quantization "
-        "fp8 quantizes on load."
+        "fbgemm_fp8, fp8), or when a compressed-tensors config quantizes only the KV cache "
+        "(a kv_cache_scheme without config_groups); otherwise use the unquantized "
+        "checkpoint, which --quantization fp8 quantizes on load."
     )
 
 
 def checkpoint_fp8_method(model: str, hf_config, moe: bool) -> Fp8Checkpoint | None:
     """How a pre-quantized fp8 checkpoint (:func:`stored_quantization`) loads, or None for
-    an unquantized one.
+    an unquantized one; a compressed-tensors config quantizing only the KV cache gives
+    ``kv_cache_only`` (its weights load as stored).
 
     Args:
         model: the checkpoint's path (for messages and ``hf_quant_config.json``).
@@ -175,12 +187,20 @@ def checkpoint_fp8_method(model: str, hf_config, moe: bool) -> Fp8Checkpoint | N
         return None
     where, qc = stored
     method = _field(qc, "quant_method")
+    if isinstance(method, str) and method.lower().startswith("modelopt"):
+        why = (
+            "ModelOpt's format is not supported, a KV-cache-only config (kv_cache_quant_algo "
+            "without a weight quant_algo) included"
+        )
+        raise _refuse(model, method, why, where)
     if method not in FP8_METHODS:
         raise _refuse(model, method, "this method is not supported", where)
     if method == "compressed-tensors":
         why = _compressed_tensors_problem(qc)
         if why is not None:
             raise _refuse(model, method, why, where)
+        if not _field(qc, "config_groups"):  # a kv_cache_scheme alone (else refused above)
+            return Fp8Checkpoint(method, kv_cache_only=True)
     block = _weight_block(qc)
     if block is not None and not (
         len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)
@@ -244,8 +264,19 @@ def _block_list(block) -> list:
 
 
 def _compressed_tensors_problem(qc) -> str | None:
-    """Why a compressed-tensors config is not one this engine loads, or None."""
+    """Why a compressed-tensors config is not one this engine loads, or None: one fp8
+    config group (module docstring), or none with a ``kv_cache_scheme`` (KV cache only)."""
+    sparsity = _field(_field(qc, "sparsity_config") or {}, "format")
+    if sparsity not in (None, "dense"):
+        return f"sparsity_config format {sparsity!r} (sparse weights)"
+    kv = _field(qc, "kv_cache_scheme")
+    if kv is not None:
+        kv_scheme = (_field(kv, "type"), _field(kv, "num_bits"), _field(kv, "strategy"))
+        if kv_scheme[:2] != ("float", 8) or kv_scheme[2] not in (None, "tensor"):
+            return f"kv_cache_scheme (type, bits, strategy) = {kv_scheme} (8-bit float, per tensor)"
     groups = _field(qc, "config_groups") or {}
+    if not groups and kv is not None:
+        return None  # KV cache only: the weights are not quantized
     if len(groups) != 1:
         return f"{len(groups)} config groups (one is supported)"
     (group,) = groups.values()
@@ -255,9 +286,6 @@ def _compressed_tensors_problem(qc) -> str | None:
         return f"weights (type, bits, strategy) = {scheme}"
     if not _field(weights, "symmetric", True) or _field(weights, "dynamic", False):
         return "asymmetric or dynamic weight scales"
-    sparsity = _field(_field(qc, "sparsity_config") or {}, "format")
-    if sparsity not in (None, "dense"):
-        return f"sparsity_config format {sparsity!r} (sparse weights)"
     fmt = _field(qc, "format")
     if fmt not in ("float-quantized", "naive-quantized"):
         return f"format {fmt!r}"

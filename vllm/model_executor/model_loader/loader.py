@@ -136,6 +136,8 @@ def get_model(
                 weights = _prepare_fp8_checkpoint(model, weights, model_config)
             elif dequantized:
                 weights = _dequantized_fp8_checkpoint(weights, model_config)
+            elif getattr(model_config, "checkpoint_fp8", None) is not None:
+                weights = _kv_cache_only_checkpoint(weights, model_config)
         with torch.no_grad():
             loaded = model.load_weights(weights)
         missing = sorted({name for name, _ in model.named_parameters()} - loaded)
@@ -215,6 +217,22 @@ def _prepare_fp8_checkpoint(model: nn.Module, weights, model_config):
     kept = unquantized_modules(stored)
     logger.info("Loading %d fp8 linear layers from the checkpoint", prepare_fp8_params(model, kept))
     return fp8_layer_tensors(weights, model_config.model, model_config.hf_config)
+
+
+def _kv_cache_only_checkpoint(weights, model_config):
+    """A checkpoint whose quantization config quantizes only the KV cache
+    (``Fp8Checkpoint.kv_cache_only``): the weights iterator without the tensors nothing
+    reads (``fp8_checkpoint.is_unused_tensor``: the zero points older releases wrote beside
+    the k / v projections' output scales); the weights load as stored, the KV-cache scales
+    into the attention layers (vllm/model_executor/layers/kv_scales.py)."""
+    from vllm.model_executor.layers.fp8_checkpoint import is_unused_tensor
+
+    logger.info(
+        "%r quantizes only the KV cache (quant_method %r): its weights load as stored",
+        model_config.model,
+        model_config.checkpoint_fp8.method,
+    )
+    return ((name, w) for name, w in weights if not is_unused_tensor(name))
 
 
 def _dequantized_fp8_checkpoint(weights, model_config):
