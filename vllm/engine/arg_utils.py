@@ -150,8 +150,9 @@ class EngineArgs:
         "is followed, block-wise and mixture-of-experts ones dequantized on load), fp8 (the "
         "decoder's projections quantized to float8_e4m3fn on load, one scale per output row; "
         "the embedding, lm_head and MoE experts keep the model's dtype), compressed-tensors / "
-        "fbgemm_fp8 (naming an fp8 checkpoint's format) or gguf (a .gguf file; implied by "
-        "one).",
+        "fbgemm_fp8 (naming an fp8 checkpoint's format; compressed-tensors also names one "
+        "that quantizes only the KV cache, whose weights load as stored) or gguf (a .gguf "
+        "file; implied by one).",
         group="model",
     )
     task: str = _f(
