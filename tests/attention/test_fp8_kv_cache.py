@@ -64,6 +64,31 @@ def _max_logprob_gap(a, b) -> float:
     return gap
 
 
+def check_plain_cached_chunked(llm, model: str, name: str, ref: list, ref_name: str) -> None:
+    """``llm`` (an 8-bit cache ``name``, prefix caching on) equals ``ref`` (greedy ids and
+    top-5 logprobs within 1e-4): its first run, the same prompts again (their blocks reused:
+    at least 2 blocks of hits), and a second engine on ``model`` with 8-token chunked
+    prefill (shut down here; ``llm`` is left to the caller)."""
+    from vllm import LLM
+
+    first = vllm_greedy(llm, PROMPTS, MAX_TOKENS, logprobs=5)
+    check_outputs_equal(ref, first, ref_name, name, PROMPTS)
+    check_top5_logprobs_within(ref, first, name)
+    manager = llm.llm_engine.schedulers[0].block_manager
+    hits = manager.num_hit_tokens
+    again = vllm_greedy(llm, PROMPTS, MAX_TOKENS, logprobs=5)
+    assert manager.num_hit_tokens >= hits + 16 * 2, (hits, manager.num_hit_tokens)
+    check_outputs_equal(ref, again, ref_name, name + "-prefix-cached", PROMPTS)
+    check_top5_logprobs_within(ref, again, name + "-prefix-cached")
+    chunked = LLM(model=model, device="cpu", dtype="float32", kv_cache_dtype=name,
+                  enable_chunked_prefill=True, max_num_batched_tokens=8, max_num_seqs=4,
+                  enable_prefix_caching=False)  # fmt: skip
+    out = vllm_greedy(chunked, PROMPTS, MAX_TOKENS, logprobs=5)
+    check_outputs_equal(ref, out, ref_name, name + "-chunked", PROMPTS)
+    check_top5_logprobs_within(ref, out, name + "-chunked")
+    chunked.llm_engine.shutdown()
+
+
 @pytest.mark.forked
 @pytest.mark.parametrize(
     "fixture,name,dtype",
@@ -87,24 +112,9 @@ def test_8bit_cache_equals_transformers_with_the_same_rounding(fixture, name, dt
     worker = llm.llm_engine.executor.worker
     caches = worker.cache_engines[0].kv_caches
     assert {c.dtype for c in caches} == {dtype}
-    first = vllm_greedy(llm, PROMPTS, MAX_TOKENS, logprobs=5)
-    check_outputs_equal(ref, first, "hf-rounded", name, PROMPTS)
-    check_top5_logprobs_within(ref, first, name)
-    manager = llm.llm_engine.schedulers[0].block_manager
-    hits = manager.num_hit_tokens
-    again = vllm_greedy(llm, PROMPTS, MAX_TOKENS, logprobs=5)
-    assert manager.num_hit_tokens >= hits + 16 * 2, (hits, manager.num_hit_tokens)
-    check_outputs_equal(first, again, name, name + "-prefix-cached", PROMPTS)
-    check_top5_logprobs_within(first, again, name + "-prefix-cached")
+    check_plain_cached_chunked(llm, model, name, ref, "hf-rounded")
     blocks = llm.llm_engine.cache_config.num_gpu_blocks
     llm.llm_engine.shutdown()
-
-    chunked = LLM(model=model, device="cpu", dtype="float32", kv_cache_dtype=name,
-                  enable_chunked_prefill=True, max_num_batched_tokens=8, max_num_seqs=4,
-                  enable_prefix_caching=False)  # fmt: skip
-    out = vllm_greedy(chunked, PROMPTS, MAX_TOKENS, logprobs=5)
-    check_outputs_equal(ref, out, "hf-rounded", name + "-chunked", PROMPTS)
-    check_top5_logprobs_within(ref, out, name + "-chunked")
     full = LLM(model=model, device="cpu", dtype="float32", enable_prefix_caching=False)
     # the same bytes; each count is the budget's blocks less a scratch block of its own size
     assert abs(blocks - 4 * full.llm_engine.cache_config.num_gpu_blocks) <= 4

@@ -23,6 +23,7 @@ from tests.attention.test_fp8_kv_cache import (
     PROMPTS,
     _max_logprob_gap,
     _rounded_reference,
+    check_plain_cached_chunked,
 )
 from tests.utils import check_outputs_equal, check_top5_logprobs_within, hf_greedy, vllm_greedy
 
@@ -85,24 +86,8 @@ def test_scaled_8bit_cache_equals_transformers_with_the_same_scaling(
 
     llm = LLM(model=ckpt, device="cpu", dtype="float32", kv_cache_dtype=name)
     assert llm.apply_model(kv_scales_of) == [scales]
-    first = vllm_greedy(llm, PROMPTS, MAX_TOKENS, logprobs=5)
-    check_outputs_equal(ref, first, "hf-scaled", name, PROMPTS)
-    check_top5_logprobs_within(ref, first, name)
-    manager = llm.llm_engine.schedulers[0].block_manager
-    hits = manager.num_hit_tokens
-    again = vllm_greedy(llm, PROMPTS, MAX_TOKENS, logprobs=5)
-    assert manager.num_hit_tokens >= hits + 16 * 2, (hits, manager.num_hit_tokens)
-    check_outputs_equal(ref, again, "hf-scaled", name + "-prefix-cached", PROMPTS)
-    check_top5_logprobs_within(ref, again, name + "-prefix-cached")
+    check_plain_cached_chunked(llm, ckpt, name, ref, "hf-scaled")
     llm.llm_engine.shutdown()
-
-    chunked = LLM(model=ckpt, device="cpu", dtype="float32", kv_cache_dtype=name,
-                  enable_chunked_prefill=True, max_num_batched_tokens=8, max_num_seqs=4,
-                  enable_prefix_caching=False)  # fmt: skip
-    out = vllm_greedy(chunked, PROMPTS, MAX_TOKENS, logprobs=5)
-    check_outputs_equal(ref, out, "hf-scaled", name + "-chunked", PROMPTS)
-    check_top5_logprobs_within(ref, out, name + "-chunked")
-    chunked.llm_engine.shutdown()
 
     auto = LLM(model=ckpt, device="cpu", dtype="float32", enable_prefix_caching=False)
     assert auto.apply_model(kv_scales_of) == [scales]  # loaded, and unused
