@@ -44,7 +44,7 @@ KV_ONLY = {
 
 def kv_only_checkpoint(model_dir: str, tmp_path) -> tuple[str, str]:
     """(``model_dir`` in bfloat16 with ``KV_ONLY`` as its quantization_config and the per-layer
-    KV-cache scales of ``SCALES``, the same weights without config or scales for
+    KV-cache scales of ``SCALES``, the same values in float32 without config or scales for
     transformers). Layers 0 and 1 store ``self_attn.k_scale`` / ``v_scale`` (current
     llm-compressor releases), layer 2 the older ``k_proj`` / ``v_proj.output_scale``
     with the zero ``output_zero_point`` tensors those releases wrote (unused)."""
@@ -62,7 +62,10 @@ def kv_only_checkpoint(model_dir: str, tmp_path) -> tuple[str, str]:
                     stored[f"{attn}.{proj}.output_zero_point"] = torch.zeros(1)
             for name, value in zip(names, SCALES[layer]):
                 stored[name] = torch.tensor(value, dtype=torch.float32)  # one value, shape []
-        return stored, w.to(torch.bfloat16)
+        # transformers' twin holds the same values widened to float32: loading it converts
+        # nothing (a bf16 -> float32 copy runs in transformers' loader threads, where a
+        # forked test process may find torch's OpenMP pool invalid)
+        return stored, w.to(torch.bfloat16).float()
 
     kv_dir, ref_dir = str(tmp_path / "kv-only"), str(tmp_path / "ref")
     write_twins(model_dir, kv_dir, ref_dir, convert)
