@@ -67,16 +67,11 @@ class TorchSDPAMetadata(AttentionMetadata):
 
 
 def write_kv(
-    kv_cache: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    md: AttentionMetadata,
-    kv_scales: tuple[float, float] = (1.0, 1.0),
+    kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, md: AttentionMetadata
 ) -> None:
-    """Scatter new keys/values into the paged cache at ``md.slot_mapping``, divided by
-    ``kv_scales`` (k_scale, v_scale) and rounded to the cache's dtype when it is an 8-bit
-    one (``kv_cache_dtype.store_rows``; keys and values already in that dtype are written
-    as they are).
+    """Scatter new keys/values into the paged cache at ``md.slot_mapping``: as they are
+    when already in the cache's dtype (the caller scaled and rounded them with
+    ``kv_cache_dtype.to_cache``), else rounded to it (``kv_cache_dtype.store_rows``).
 
     Args:
         kv_cache: [2, num_blocks + 1, block_size, num_kv_heads, head_size]
@@ -87,8 +82,8 @@ def write_kv(
     n_kv, d = key.shape[1], key.shape[2]
     key_cache = kv_cache[0].view(-1, n_kv, d)  # [num_slots, num_kv_heads, head_size]
     value_cache = kv_cache[1].view(-1, n_kv, d)  # [num_slots, num_kv_heads, head_size]
-    store_rows(key_cache, md.slot_mapping, key, kv_scales[0])
-    store_rows(value_cache, md.slot_mapping, value, kv_scales[1])
+    store_rows(key_cache, md.slot_mapping, key)
+    store_rows(value_cache, md.slot_mapping, value)
 
 
 class TorchSDPAImpl(AttentionImpl):
