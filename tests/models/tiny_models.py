@@ -162,6 +162,27 @@ def tiny_phi3_config(**overrides):
     return _config("Phi3Config", "Phi3ForCausalLM", family, overrides)
 
 
+def tiny_phi4_mini_config(**overrides):
+    """Phi-4-mini's shape of Phi3Config in small: partial_rotary_factor 0.75 (12 of each
+    head's 16 channels rotate), LongRoPE factor lists of rotary_dim // 2 = 6 entries
+    (original context 128), tied embeddings; otherwise as :func:`tiny_phi3_config`."""
+    rotary_half = int(64 // 4 * 0.75) // 2
+    family = dict(
+        original_max_position_embeddings=128,
+        partial_rotary_factor=0.75,
+        rope_parameters={
+            "rope_type": "longrope",
+            "rope_theta": 10000.0,
+            "original_max_position_embeddings": 128,
+            "short_factor": [1.0 + 0.2 * i for i in range(rotary_half)],
+            "long_factor": [1.0 + 0.7 * i for i in range(rotary_half)],
+        },
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+    )
+    return _config("Phi3Config", "Phi3ForCausalLM", family, overrides)
+
+
 def tiny_qwen3_moe_config(**overrides):
     """Qwen3MoeConfig: 2 sparse layers, hidden 64, 4 heads / 2 KV heads of 16, 8 experts of
     width 32, top-2 renormalised, tied."""

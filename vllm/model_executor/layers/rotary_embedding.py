@@ -6,6 +6,12 @@ split into halves ``x1 = x[:D/2]``, ``x2 = x[D/2:]`` and rotated by the angles
 
     out = [x1 * cos - x2 * sin, x2 * cos + x1 * sin]
 
+Partial rotary (Phi-4-mini, ``partial_rotary_factor`` 0.75): only the first ``rotary_dim``
+channels of each head rotate, as halves of those channels (``x[:rd/2]``, ``x[rd/2:rd]``);
+channels ``rd..D`` pass through unchanged, and the frequencies are computed for
+``rotary_dim``, as transformers' Phi-3 ``apply_rotary_pos_emb`` and rope utils do
+(:func:`partial_rotary_dim`).
+
 The inverse frequencies follow transformers' ``modeling_rope_utils`` for the rope types
 ``default``, ``linear`` (inv_freq / factor), ``llama3`` (wavelength-banded scaling),
 ``longrope`` (Phi-3: per-frequency short / long factors, cos and sin scaled by an attention
@@ -172,11 +178,40 @@ def longrope_attention_factor(rope_parameters: dict[str, Any], max_position: int
     return 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
 
 
+def partial_rotary_dim(config: Any, head_dim: int) -> int:
+    """How many channels of each ``head_dim``-wide head rotate under ``config``:
+    ``int(head_dim * partial_rotary_factor)``, as transformers computes it. The factor is
+    read from ``rope_parameters["partial_rotary_factor"]`` (where transformers 5 keeps it),
+    else from ``config.partial_rotary_factor``; 1.0 when neither sets it.
+
+    Raises:
+        ValueError: a factor outside (0, 1], or one whose rotary_dim is odd or 0 (naming
+            the factor, the head_dim and the rotary_dim).
+    """
+    factor = get_rope_parameters(config).get("partial_rotary_factor")
+    if factor is None:
+        factor = getattr(config, "partial_rotary_factor", None)
+    if factor is None:
+        return head_dim
+    factor = float(factor)
+    if not 0.0 < factor <= 1.0:
+        raise ValueError(f"partial_rotary_factor={factor} must be in (0, 1]")
+    rotary_dim = int(head_dim * factor)
+    if rotary_dim < 2 or rotary_dim % 2:
+        raise ValueError(
+            f"partial_rotary_factor={factor} gives rotary_dim = int({head_dim} * {factor}) = "
+            f"{rotary_dim}; it must be even and at least 2"
+        )
+    return rotary_dim
+
+
 class RotaryEmbedding(nn.Module):
     """Applies RoPE to flattened query/key tensors, looking angles up by position.
 
     Args:
-        head_size, rotary_dim: the head size and how much of it rotates (equal here).
+        head_size: channels per head.
+        rotary_dim: how many of them rotate (the first ``rotary_dim``; even, at most
+            ``head_size``); the rest pass through unchanged (module docstring).
         max_position: the model's ``max_position_embeddings``, the context it was trained
             for; LongRoPE derives its attention factor from it, YaRN its factor when the
             config gives none.
@@ -207,10 +242,9 @@ class RotaryEmbedding(nn.Module):
         num_positions: int | None = None,
     ) -> None:
         super().__init__()
-        if rotary_dim != head_size:
+        if rotary_dim % 2 or not 2 <= rotary_dim <= head_size:
             raise ValueError(
-                f"partial rotary embedding (rotary_dim={rotary_dim} < head_size={head_size}) "
-                f"is not supported"
+                f"rotary_dim={rotary_dim} must be even and in [2, head_size={head_size}]"
             )
         self.head_size = head_size
         self.rotary_dim = rotary_dim
@@ -299,16 +333,21 @@ class RotaryEmbedding(nn.Module):
         return self._rotate(query, cos, sin), self._rotate(key, cos, sin)
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        num_tokens = x.shape[0]
+        """x [T, heads * head_size], cos / sin [T, 1, rotary_dim // 2] -> x rotated (a new
+        tensor, same shape): the first rotary_dim channels of each head, the rest copied."""
+        num_tokens, rd = x.shape[0], self.rotary_dim
         x = x.view(num_tokens, -1, self.head_size)  # [T, heads, head_size]
-        x1, x2 = x.chunk(2, dim=-1)  # [T, heads, head_size // 2] each
-        out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+        x1, x2 = x[..., :rd].chunk(2, dim=-1)  # [T, heads, rotary_dim // 2] each
+        parts = [x1 * cos - x2 * sin, x2 * cos + x1 * sin]
+        if rd < self.head_size:
+            parts.append(x[..., rd:])  # [T, heads, head_size - rotary_dim], not rotated
+        out = torch.cat(parts, dim=-1)  # [T, heads, head_size]
         return out.reshape(num_tokens, -1)  # [T, heads * head_size]
 
     def extra_repr(self) -> str:
         return (
-            f"head_size={self.head_size}, max_position={self.max_position}, "
-            f"num_positions={self.num_positions}"
+            f"head_size={self.head_size}, rotary_dim={self.rotary_dim}, "
+            f"max_position={self.max_position}, num_positions={self.num_positions}"
         )
 
 
