@@ -35,8 +35,10 @@ DTYPES = (torch.float32, torch.bfloat16)
 EPS = 1e-5
 MAX_POS = 4096
 ROPE = {"rope_theta": 10000.0, "rope_type": "default"}
-# (num_heads, num_kv_heads, head_dim): SmolLM2-135M's attention, and a small one.
-HEADS = ((9, 3, 64), (4, 2, 16))
+# (num_heads, num_kv_heads, head_dim, rotary_dim): SmolLM2-135M's attention, a small one,
+# and a partial rotary as Phi-4-mini's (3/4 of each head; a half of 12 channels, not a
+# power of two, and 8 channels that pass through unrotated).
+HEADS = ((9, 3, 64, 64), (4, 2, 16, 16), (4, 2, 32, 24))
 
 
 def _run_interpreted(case: str) -> None:
@@ -115,22 +117,26 @@ def _assert_within_ulps(got: torch.Tensor, exact: torch.Tensor, ulps: float, ctx
     assert (err <= ulps * ulp).all(), (ctx, (err / ulp).max().item())
 
 
-def _pair_magnitude(qkv: torch.Tensor, start: int, width: int, head_dim: int) -> torch.Tensor:
-    """|x1| + |x2| of the rotation pair behind each element of qkv[:, start : start + width]."""
-    x = qkv[:, start : start + width].float()  # [T, H * D]
-    x1, x2 = x.view(x.shape[0], -1, head_dim).chunk(2, dim=-1)  # [T, H, D / 2] each
+def _pair_magnitude(
+    qkv: torch.Tensor, start: int, width: int, head_dim: int, rotary_dim: int
+) -> torch.Tensor:
+    """|x1| + |x2| of the rotation pair behind each element of qkv[:, start : start + width];
+    0 on the channels a partial rotary passes through (they must be exact)."""
+    x = qkv[:, start : start + width].float().view(qkv.shape[0], -1, head_dim)  # [T, H, D]
+    x1, x2 = x[..., :rotary_dim].chunk(2, dim=-1)  # [T, H, R / 2] each
     pair = x1.abs() + x2.abs()
-    return torch.cat((pair, pair), dim=-1).view(x.shape[0], -1)  # [T, H * D]
+    rest = torch.zeros_like(x[..., rotary_dim:])  # [T, H, D - R]
+    return torch.cat((pair, pair, rest), dim=-1).view(x.shape[0], -1)  # [T, H * D]
 
 
 @torch.no_grad()
 def _rotary_cases(ops: ModuleType, dtype: torch.dtype, device: str, rne: bool) -> None:
     gen = torch.Generator().manual_seed(2)
-    for num_heads, num_kv_heads, head_dim in HEADS:
-        rope = RotaryEmbedding(head_dim, head_dim, MAX_POS, ROPE).to(device)
+    for num_heads, num_kv_heads, head_dim, rotary_dim in HEADS:
+        rope = RotaryEmbedding(head_dim, rotary_dim, MAX_POS, ROPE).to(device)
         q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
         for t in TOKENS:
-            ctx = f"dtype={dtype} heads={num_heads}/{num_kv_heads} D={head_dim} T={t}"
+            ctx = f"dtype={dtype} heads={num_heads}/{num_kv_heads} D={head_dim}/{rotary_dim} T={t}"
             positions = torch.randint(0, MAX_POS, (t,), generator=gen).to(device)  # unsorted
             qkv = torch.randn(t, q_size + 2 * kv_size, generator=gen).to(device=device, dtype=dtype)
             before = qkv.clone()
@@ -150,24 +156,27 @@ def _rotary_cases(ops: ModuleType, dtype: torch.dtype, device: str, rne: bool) -
                 elif dtype == torch.float32:
                     torch.testing.assert_close(got, want, rtol=1e-6, atol=2e-6)
                 else:  # truncating interpreter: about one ulp of |x1| + |x2| per rounding
-                    bound = 2.0**-5 * _pair_magnitude(before, start, got.shape[1], head_dim)
+                    bound = 2.0**-5 * _pair_magnitude(
+                        before, start, got.shape[1], head_dim, rotary_dim
+                    )
                     assert ((got.float() - want.float()).abs() <= bound).all(), ctx
 
 
 @torch.no_grad()
 def _rotary_cache_write_cases(ops: ModuleType, dtype: torch.dtype, device: str) -> None:
     """The fused cache write: rows of a FlashInfer-layout cache hold exactly the rotated
-    key and the value (same kernel arithmetic as the in-place rotation), other rows stay
-    zero; ``kv_rows`` may be a strided view (the graph state's [3, max_bs] buffer)."""
+    key and the value (same kernel arithmetic as the in-place rotation; with a partial
+    rotary the key's unrotated channels too), other rows stay zero; ``kv_rows`` may be a
+    strided view (the graph state's [3, max_bs] buffer)."""
     from vllm.attention.backends.flashinfer.paged_cache import slot_rows_host, write_kv
 
     gen = torch.Generator().manual_seed(5)
     block_size, num_blocks = 16, 6
-    for num_heads, num_kv_heads, head_dim in HEADS:
-        rope = RotaryEmbedding(head_dim, head_dim, MAX_POS, ROPE).to(device)
+    for num_heads, num_kv_heads, head_dim, rotary_dim in HEADS:
+        rope = RotaryEmbedding(head_dim, rotary_dim, MAX_POS, ROPE).to(device)
         q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
         for t in TOKENS:
-            ctx = f"dtype={dtype} heads={num_heads}/{num_kv_heads} T={t}"
+            ctx = f"dtype={dtype} heads={num_heads}/{num_kv_heads} D={head_dim}/{rotary_dim} T={t}"
             positions = torch.randint(0, MAX_POS, (t,), generator=gen).to(device)
             qkv = torch.randn(t, q_size + 2 * kv_size, generator=gen).to(device=device, dtype=dtype)
             slots = torch.randperm(num_blocks * block_size, generator=gen)[:t].tolist()
@@ -178,7 +187,7 @@ def _rotary_cache_write_cases(ops: ModuleType, dtype: torch.dtype, device: str) 
             shape = (num_blocks + 1, 2, block_size, num_kv_heads, head_dim)
             cache = torch.zeros(shape, dtype=dtype, device=device)
             want_cache = torch.zeros_like(cache)
-            ref = qkv.clone()
+            ref, before = qkv.clone(), qkv.clone()
             rq, rk, rv = ref.split([q_size, kv_size, kv_size], dim=-1)
             rq, rk = ops.rotary_embedding(positions, rq, rk, rope.cos_sin_cache, head_dim)
             write_kv(want_cache, rk.view(t, -1, head_dim), rv.view(t, -1, head_dim), kv_rows)
@@ -190,6 +199,10 @@ def _rotary_cache_write_cases(ops: ModuleType, dtype: torch.dtype, device: str) 
             assert torch.equal(got_q, rq) and torch.equal(got_k, rk), ctx
             assert torch.equal(cache, want_cache), ctx
             assert cache.abs().sum() > 0, ctx
+            if rotary_dim < head_dim:  # the unrotated key channels reach the cache as given
+                keys = flat[kv_rows[0]].view(t, num_kv_heads, head_dim)  # [T, kv_heads, D]
+                given = before[:, q_size : q_size + kv_size].view(t, num_kv_heads, head_dim)
+                assert torch.equal(keys[..., rotary_dim:], given[..., rotary_dim:]), ctx
     rope = RotaryEmbedding(16, 16, 32, ROPE).to(device)
     pos = torch.zeros(2, dtype=torch.long, device=device)
     q, k = torch.randn(2, 64, device=device), torch.randn(2, 32, device=device)
@@ -241,6 +254,13 @@ def _check_empty_inputs_and_errors() -> None:
             torch.zeros(2, dtype=torch.long), torch.empty(2, 40), torch.empty(2, 32),
             rope.cos_sin_cache, 16,
         )  # fmt: skip
+    for width in (18, 7):  # wider than the head, odd
+        with pytest.raises(ValueError, match=rf"width \(rotary_dim\) {width} must be even and "
+                                             r"in \[2, head_size=16\]"):  # fmt: skip
+            ops.rotary_embedding(
+                torch.zeros(2, dtype=torch.long), torch.empty(2, 64), torch.empty(2, 32),
+                torch.zeros(32, width), 16,
+            )  # fmt: skip
 
 
 def _check_wrong_formulas_are_caught() -> None:

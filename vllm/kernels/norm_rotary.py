@@ -188,8 +188,9 @@ def _rotate_heads(
     ptr, row, stride, num_heads, cos, sin, head_size, half, offs_h, offs_d,
     dst_ptr, dst_off, WRITE_DST: tl.constexpr,
 ):  # fmt: skip
-    """Rotate the ``num_heads`` heads of one token row in place (NeoX halves); with
-    ``WRITE_DST`` also store the rotated heads at ``dst_ptr + dst_off`` (a KV-cache row).
+    """Rotate the ``num_heads`` heads of one token row in place (NeoX halves of the first
+    ``2 * half`` channels, the rotary dim; the rest of each head is not touched); with
+    ``WRITE_DST`` also store the rotated channels at ``dst_ptr + dst_off`` (a KV-cache row).
 
     Rounds like torch's elementwise ops on the storage dtype: each product and each sum is
     computed in float32 (exact for bf16 operands) and rounded to the dtype (no-ops for
@@ -210,18 +211,32 @@ def _rotate_heads(
 
 
 @triton.jit
+def _copy_heads(
+    src_ptr, dst_ptr, num_heads, head_size, start, width, offs_h, offs_p,
+):  # fmt: skip
+    """Copy channels ``[start, start + width)`` of each of ``num_heads`` heads (of size
+    ``head_size``) from the row at ``src_ptr`` to the row at ``dst_ptr``; ``offs_p`` spans
+    at least ``width``."""
+    mask = (offs_h[:, None] < num_heads) & (offs_p[None, :] < width)  # [HEADS, PASS]
+    cols = offs_h[:, None] * head_size + start + offs_p[None, :]  # [HEADS, PASS]
+    tl.store(dst_ptr + cols, tl.load(src_ptr + cols, mask=mask), mask=mask)
+
+
+@triton.jit
 def _rotary_kernel(
     pos_ptr, q_ptr, k_ptr, cache_ptr, v_ptr, kv_ptr, rows_ptr,
     q_stride, k_stride, cache_stride, v_stride, kv_stride, rows_stride,
-    num_q_heads, num_kv_heads, head_size,
+    num_q_heads, num_kv_heads, head_size, rotary_dim,
     Q_HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HALF: tl.constexpr,
-    WRITE_KV: tl.constexpr,
+    PASS: tl.constexpr, PARTIAL: tl.constexpr, WRITE_KV: tl.constexpr,
 ):  # fmt: skip
-    """One program per token: rotates all its query heads and key heads; with
-    ``WRITE_KV`` also stores the rotated key and the value into their KV-cache rows
-    (``rows_ptr``: [2, T] int64, key rows then value rows, of the flat cache)."""
+    """One program per token: rotates the first ``rotary_dim`` channels of all its query
+    heads and key heads (the others are left as they are); with ``WRITE_KV`` also stores
+    the key (rotated part and, with ``PARTIAL``, the rest) and the value into their
+    KV-cache rows (``rows_ptr``: [2, T] int64, key rows then value rows, of the flat
+    cache). ``PASS``: a power of two >= head_size - rotary_dim."""
     row = tl.program_id(0).to(tl.int64)
-    half = head_size // 2
+    half = rotary_dim // 2
     offs_d = tl.arange(0, HALF)  # [HALF]
     offs_kv = tl.arange(0, KV_HEADS)  # [KV_HEADS]
     pos = tl.load(pos_ptr + row).to(tl.int64)
@@ -249,6 +264,13 @@ def _rotary_kernel(
         src = v_ptr + row * v_stride + cols
         tl.store(kv_ptr + v_off + cols, tl.load(src, mask=mask), mask=mask)
         tl.store(kv_ptr + v_off + cols + half, tl.load(src + half, mask=mask), mask=mask)
+        if PARTIAL:  # channels [rotary_dim, head_size) of the key (not rotated) and value
+            offs_p = tl.arange(0, PASS)  # [PASS]
+            width = head_size - rotary_dim
+            _copy_heads(k_ptr + row * k_stride, kv_ptr + k_off, num_kv_heads, head_size,
+                        rotary_dim, width, offs_kv, offs_p)  # fmt: skip
+            _copy_heads(v_ptr + row * v_stride, kv_ptr + v_off, num_kv_heads, head_size,
+                        rotary_dim, width, offs_kv, offs_p)  # fmt: skip
 
 
 def _as_head_rows(x: torch.Tensor, num_tokens: int) -> torch.Tensor:
@@ -272,9 +294,13 @@ def rotary_embedding(
     """NeoX-style RoPE (Su et al. 2021; HF ``rotate_half``) on query AND key, one launch;
     optionally also the KV-cache write of the rotated key and the value (same launch).
 
-    Per head, ``x1 = x[:D/2]``, ``x2 = x[D/2:]``, ``cos, sin = cache[pos]`` halves::
+    Per head, ``x1 = x[:R/2]``, ``x2 = x[R/2:R]``, ``cos, sin = cache[pos]`` halves::
 
-        out = [x1 * cos - x2 * sin, x2 * cos + x1 * sin]
+        out = [x1 * cos - x2 * sin, x2 * cos + x1 * sin, x[R:]]
+
+    where R = ``cos_sin_cache.shape[-1]``, the rotary dim: the whole head (R = D), or its
+    first R channels for a partial rotary (Phi-4-mini), whose other channels are left
+    unchanged (and written to the cache unchanged).
 
     with torch's rounding points (cos/sin rounded to the query dtype as HF does, then each
     product and sum rounded to the dtype; float32 arithmetic inside; FMA contraction off
@@ -292,8 +318,9 @@ def rotary_embedding(
         positions: [T] integer, each in [0, cos_sin_cache.shape[0]) (not checked: a
             GPU-side bound check would need a host sync).
         query: [T, num_heads * head_size]; key: [T, num_kv_heads * head_size]; on CUDA.
-        cos_sin_cache: [max_position, head_size], cos half then sin half (float32).
-        head_size: D, even; rotary_dim must equal it.
+        cos_sin_cache: [max_position, R], cos half then sin half (float32); R even, at
+            most D.
+        head_size: D.
         value: [T, num_kv_heads * head_size] (unit column stride), with ``kv_cache`` and
             ``kv_rows``: token t's rotated key goes to ``kv_cache[kv_rows[0, t]]`` and its
             value to ``kv_cache[kv_rows[1, t]]``.
@@ -305,8 +332,9 @@ def rotary_embedding(
         (query, key) rotated, same shapes and dtypes as the inputs.
 
     Raises:
-        ValueError: mismatched token counts, a width that is not a multiple of D, or cache
-            arguments that do not fit (shape, dtype, only some of the three given).
+        ValueError: mismatched token counts, a width that is not a multiple of D, a
+            rotary dim that is odd or above D, or cache arguments that do not fit (shape,
+            dtype, only some of the three given).
     """
     num_tokens = positions.shape[0]
     if query.shape[0] != num_tokens or key.shape[0] != num_tokens:
@@ -314,9 +342,11 @@ def rotary_embedding(
             f"positions has {num_tokens} tokens but query {tuple(query.shape)} and key "
             f"{tuple(key.shape)} (first dimension must match)"
         )
-    if cos_sin_cache.shape[-1] != head_size or head_size % 2:
+    rotary_dim = cos_sin_cache.shape[-1]
+    if rotary_dim % 2 or not 2 <= rotary_dim <= head_size:
         raise ValueError(
-            f"cos_sin_cache width {cos_sin_cache.shape[-1]} must equal head_size {head_size} (even)"
+            f"cos_sin_cache width (rotary_dim) {rotary_dim} must be even and in "
+            f"[2, head_size={head_size}]"
         )
     if num_tokens == 0:
         return query, key
@@ -328,7 +358,9 @@ def rotary_embedding(
         )
     num_q_heads, num_kv_heads = q.shape[1] // head_size, k.shape[1] // head_size
     cache = cos_sin_cache if cos_sin_cache.stride(-1) == 1 else cos_sin_cache.contiguous()
-    half_block = triton.next_power_of_2(head_size // 2)
+    half_block = triton.next_power_of_2(rotary_dim // 2)
+    partial = rotary_dim < head_size
+    pass_block = triton.next_power_of_2(head_size - rotary_dim) if partial else 1
     q_block = triton.next_power_of_2(num_q_heads)
     write = _check_kv_write(value, kv_cache, kv_rows, k, num_tokens)
     v, kv, rows = (value, kv_cache, kv_rows) if write else (k, k, positions)
@@ -336,9 +368,10 @@ def rotary_embedding(
         positions, q, k, cache, v, kv, rows,
         q.stride(0), k.stride(0), cache.stride(0), v.stride(0), kv.stride(0),
         rows.stride(0) if write else 0,
-        num_q_heads, num_kv_heads, head_size,
+        num_q_heads, num_kv_heads, head_size, rotary_dim,
         Q_HEADS=q_block, KV_HEADS=triton.next_power_of_2(num_kv_heads), HALF=half_block,
-        WRITE_KV=write, num_warps=_num_warps(q_block * half_block),
+        PASS=pass_block, PARTIAL=partial, WRITE_KV=write,
+        num_warps=_num_warps(q_block * half_block),
         enable_fp_fusion=False,  # else mul + sub contract to an FMA: torch rounds the product
     )  # fmt: skip
     return q.view(query.shape), k.view(key.shape)
