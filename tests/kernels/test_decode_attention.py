@@ -23,8 +23,9 @@ pytestmark = pytest.mark.skipif(
 BLOCK = 16
 
 
-def _setup(lens, heads, kv_heads, d, dtype, device, seed=0):
-    """Random q/k/v rows, a cache with random context, shuffled block tables."""
+def _setup(lens, heads, kv_heads, d, dtype, device, seed=0, rotary_dim=None):
+    """Random q/k/v rows, a cache with random context, shuffled block tables; RoPE over
+    the first ``rotary_dim`` channels of each head (default all ``d``)."""
     from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
 
     gen = torch.Generator().manual_seed(seed)
@@ -41,7 +42,7 @@ def _setup(lens, heads, kv_heads, d, dtype, device, seed=0):
     scratch = num_blocks  # the extra block of the cache
     cache = torch.randn(num_blocks + 1, 2, BLOCK, kv_heads, d, generator=gen).to(dtype)
     qkv = torch.randn(rows, (heads + 2 * kv_heads) * d, generator=gen).to(dtype)
-    rope = RotaryEmbedding(d, d, 16384, {"rope_theta": 10000.0, "rope_type": "default"})
+    rope = RotaryEmbedding(d, rotary_dim or d, 16384, {"rope_theta": 1e4, "rope_type": "default"})
     positions = torch.tensor([max(n - 1, 0) for n in lens], dtype=torch.long)
     to = dict(device=device)
     return dict(
@@ -72,6 +73,31 @@ def _run(s, bound=None, rows=None, splits=None):
     )  # fmt: skip
     assert int(ws.counters.abs().sum()) == 0, "a launch must leave the split counters at 0"
     return out
+
+
+def _run_small_decode_impl(s):
+    """FLASHINFER's small-decode attention (``SmallDecodeImpl.forward``) over the rows of
+    ``s``, with ``s["rope"]`` as the layer's rotary embedding: [rows, H*D]."""
+    from types import SimpleNamespace
+
+    from vllm.attention.backends.abstract import ForwardMode
+    from vllm.attention.backends.flashinfer.small_decode import (
+        SmallDecodeImpl,
+        SmallDecodeMetadata,
+    )
+    from vllm.kernels import decode_attention as td
+
+    q, k, v = _split(s)
+    rows = q.shape[0]
+    md = SmallDecodeMetadata(
+        mode=ForwardMode.DECODE, num_rows=rows, num_tokens=rows,
+        slot_mapping=torch.zeros(rows, dtype=torch.long), scratch_slot=s["scratch"] * BLOCK,
+        seq_lens=s["seq_lens"], block_tables=s["tables"], block_size=BLOCK,
+        max_seq_len=int(s["seq_lens"].max()),
+        workspace=td.DecodeWorkspace(8, s["heads"], s["kv_heads"], s["d"], q.device),
+    )  # fmt: skip
+    layer = SimpleNamespace(num_heads=s["heads"], scale=s["d"] ** -0.5)
+    return SmallDecodeImpl.forward(layer, q, k, v, s["cache"], md, s["positions"], s["rope"])
 
 
 def _reference(s, cache_before):
@@ -125,6 +151,13 @@ def interpreted_float32_cases():
     s = _setup([7, 40], heads=9, kv_heads=3, d=8, dtype=torch.float32, device="cpu", seed=1)
     want, _ = _reference(s, s["cache"].clone())
     torch.testing.assert_close(_run(s).double(), want, rtol=1e-5, atol=1e-5)
+    # a partial rotary (Phi-4-mini's: 3/4 of each head) on FLASHINFER's small-decode path:
+    # rotated before the kernel (which rotates whole heads only), then attended and cached
+    s = _setup([5, 40, 0], heads=4, kv_heads=2, d=16, dtype=torch.float32, device="cpu",
+               seed=4, rotary_dim=12)  # fmt: skip
+    want, want_cache = _reference(s, s["cache"].clone())
+    torch.testing.assert_close(_run_small_decode_impl(s).double(), want, rtol=1e-5, atol=1e-5)
+    assert torch.equal(s["cache"], want_cache), "partial rotary: cache write differs"
 
 
 def interpreted_long_row():
@@ -148,6 +181,9 @@ def interpreted_errors():
         td.paged_decode_attention(q, k, v, *args)
     with pytest.raises(ValueError, match="do not match 4 heads"):
         td.paged_decode_attention(q[:, :32], k, v, *args)
+    narrow = s["rope"].cos_sin_cache[:, :12]  # a partial rotary's table: refused, not misread
+    with pytest.raises(ValueError, match=r"width \(rotary_dim\) 12 must equal head_size 16"):
+        td.paged_decode_attention(q, k, v, args[0], narrow, *args[2:])
     ws = td.DecodeWorkspace(2, 4, 2, 16, "cpu")
     args = (s["positions"], None, s["cache"], s["tables"], s["seq_lens"], ws, 4, 0.25, 0, 1)
     with pytest.raises(ValueError, match="splits=33 must be in"):

@@ -451,7 +451,8 @@ def paged_decode_attention(
             a fused qkv tensor are fine: unit column stride is required).
         positions: [B] int64, the new token's position (``seq_lens - 1`` on real rows).
         cos_sin_cache: [max_position, D] float32 (cos half then sin half) to apply NeoX
-            RoPE to query and key, or None (no rotation).
+            RoPE to query and key, or None (no rotation: a partial rotary, whose table is
+            narrower than D, rotates query and key before the call).
         kv_cache: [num_blocks + 1, 2, block_size, num_kv_heads, D] (FLASHINFER's NHD
             layout, key at index 0 of dim 1), query's dtype.
         block_tables: [B, width] int32, each row's blocks (covering position p).
@@ -469,7 +470,8 @@ def paged_decode_attention(
     Returns:
         [B, num_heads * D] in query's dtype.
     Raises:
-        ValueError: shapes that disagree, D odd or not a power of two, B above the
+        ValueError: shapes that disagree, D odd or not a power of two, a cos/sin table
+            whose width is not D (partial rotary), B above the
             workspace's rows, or ``splits`` outside [1, MAX_SPLITS] or beyond the
             workspace's partial records.
     """
@@ -482,6 +484,12 @@ def paged_decode_attention(
         )
     if head_size % 2 or triton.next_power_of_2(head_size) != head_size:
         raise ValueError(f"head_size {head_size} must be a power of two")
+    if cos_sin_cache is not None and cos_sin_cache.shape[-1] != head_size:
+        raise ValueError(
+            f"cos_sin_cache width (rotary_dim) {cos_sin_cache.shape[-1]} must equal head_size "
+            f"{head_size}: the kernel rotates whole heads (rotate a partial rotary before the "
+            "call and pass None)"
+        )
     if rows > workspace.max_rows:
         raise ValueError(f"{rows} rows exceed the workspace's {workspace.max_rows}")
     if min(query.stride(1), key.stride(1), value.stride(1)) != 1:
