@@ -355,6 +355,17 @@ def tiny_phi3_dir(tiny_models_dir) -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_phi4_mini_dir(tiny_models_dir) -> str:
+    """HF Phi-3-class checkpoint shaped like Phi-4-mini: partial rotary (12 of 16 channels
+    per head), LongRoPE factor lists of 6 entries, tied embeddings (``tiny_phi4_mini_config``)."""
+    config = tiny_models.tiny_phi4_mini_config()
+    return _built(
+        tiny_models_dir / "phi4_mini",
+        lambda p: tiny_models.save_tiny_hf_checkpoint(config, p, seed=15),
+    )
+
+
+@pytest.fixture(scope="session")
 def tiny_qwen3_moe_dir(tiny_models_dir) -> str:
     """HF Qwen3-MoE checkpoint directory: 2 sparse layers, 8 experts, top-2 renormalised."""
     config = tiny_models.tiny_qwen3_moe_config()

@@ -25,8 +25,10 @@ TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_atten
          "Qwen3ForCausalLM with use_sliding_window=True"),
         (Qwen3MoeForCausalLM, Qwen3MoeConfig(use_sliding_window=True, head_dim=16, **TINY),
          "Qwen3MoeForCausalLM with use_sliding_window=True"),
-        (Phi3ForCausalLM, Phi3Config(partial_rotary_factor=0.5, **TINY),
-         "partial_rotary_factor=0.5"),
+        (Phi3ForCausalLM, Phi3Config(partial_rotary_factor=1.5, **TINY),
+         r"partial_rotary_factor=1.5 must be in \(0, 1\]"),
+        (Phi3ForCausalLM, Phi3Config(partial_rotary_factor=0.3125, **TINY),
+         r"partial_rotary_factor=0.3125 gives rotary_dim = int\(16 \* 0.3125\) = 5"),
         (Gemma3ForCausalLM, Gemma3TextConfig(use_bidirectional_attention=True, head_dim=16,
                                              **TINY),
          "use_bidirectional_attention=True"),
@@ -40,9 +42,12 @@ def test_unsupported_settings_are_refused(cls, config, words):
 def test_supported_configs_build():
     """The same classes build with the settings left at their defaults, and Qwen2 / Qwen3
     with ``use_sliding_window`` whose ``max_window_layers`` leaves no layer sliding (their
-    ``layer_types`` are all full attention in transformers; they used to be refused)."""
+    ``layer_types`` are all full attention in transformers; they used to be refused), and
+    Phi-3 with a partial rotary (8 of the 16 channels of each head; it used to be refused)."""
     assert isinstance(Qwen2ForCausalLM(Qwen2Config(**TINY)), LlamaForCausalLM)
     Phi3ForCausalLM(Phi3Config(**TINY))
+    rotary = Phi3ForCausalLM(Phi3Config(partial_rotary_factor=0.5, **TINY)).model.layers[0]
+    assert rotary.self_attn.rotary_emb.rotary_dim == 8
     Qwen3ForCausalLM(Qwen3Config(head_dim=16, **TINY))
     window = dict(use_sliding_window=True, sliding_window=8, max_window_layers=1)
     qwen2, qwen3 = Qwen2Config(**window, **TINY), Qwen3Config(**window, head_dim=16, **TINY)

@@ -29,6 +29,7 @@ HF_DIRS = [
     "tiny_qwen3_dir",
     "tiny_mistral_dir",
     "tiny_phi3_dir",
+    "tiny_phi4_mini_dir",
     "tiny_qwen3_moe_dir",
     "tiny_mixtral_dir",
     "tiny_gemma3_dir",
@@ -144,24 +145,32 @@ def test_long_max_model_len_keeps_longrope_scaling(tiny_phi3_dir, monkeypatch):
     llm.llm_engine.shutdown()
 
 
-def test_longrope_cache_rows_equal_transformers():
+@pytest.mark.parametrize("family, rotary_dim", [("phi3", 16), ("phi4_mini", 12)])
+def test_longrope_cache_rows_equal_transformers(family, rotary_dim):
     """Each cos/sin row equals transformers' Phi-3 rotary for a forward whose longest
     position is that row: short factors below the original context (128), long ones from it,
-    times the attention factor."""
+    times the attention factor; with a partial rotary (Phi-4-mini's shape: 12 of 16
+    channels) the table is rotary_dim wide, one factor per rotated pair."""
     import torch
-    from tiny_models import tiny_phi3_config
     from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
 
-    from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding, get_rope_parameters
+    from tests.models import tiny_models
+    from vllm.model_executor.layers.rotary_embedding import (
+        RotaryEmbedding,
+        get_rope_parameters,
+        partial_rotary_dim,
+    )
 
-    config = tiny_phi3_config()
-    ours = RotaryEmbedding(16, 16, 512, get_rope_parameters(config)).cos_sin_cache
+    config = getattr(tiny_models, f"tiny_{family}_config")()
+    assert partial_rotary_dim(config, 16) == rotary_dim
+    ours = RotaryEmbedding(16, rotary_dim, 512, get_rope_parameters(config)).cos_sin_cache
     hf = Phi3RotaryEmbedding(config)
     assert hf.attention_scaling > 1.0
+    half = rotary_dim // 2
     for pos in (0, 5, 127, 128, 300, 511):
-        cos, sin = hf(torch.zeros(1), torch.arange(pos + 1)[None])  # [1, pos + 1, 16]
+        cos, sin = hf(torch.zeros(1), torch.arange(pos + 1)[None])  # [1, pos + 1, rotary_dim]
         torch.testing.assert_close(
-            ours[pos], torch.cat((cos[0, -1, :8], sin[0, -1, :8])), rtol=0, atol=0
+            ours[pos], torch.cat((cos[0, -1, :half], sin[0, -1, :half])), rtol=0, atol=0
         )
 
 

@@ -227,7 +227,8 @@ class LlamaModel(nn.Module):
     """Embedding (first stage), the local decoder layers, final norm (last stage).
 
     Families with another embedding, final norm or per-layer rotary embeddings override
-    :meth:`make_embedding`, :meth:`make_norm` or :meth:`make_rotary_embs`.
+    :meth:`make_embedding`, :meth:`make_norm` or :meth:`make_rotary_embs`; a family whose
+    rotary covers only part of each head overrides :meth:`rotary_dim`.
     """
 
     def __init__(self, config: PretrainedConfig, pp_rank: int, pp_size: int, qkv_bias: bool,
@@ -271,12 +272,18 @@ class LlamaModel(nn.Module):
         )
         rotary_emb = RotaryEmbedding(
             head_dim,
-            head_dim,
+            self.rotary_dim(config, head_dim),
             config.max_position_embeddings,
             get_rope_parameters(config),
             num_positions=num_positions,
         )
         return [rotary_emb] * config.num_hidden_layers
+
+    def rotary_dim(self, config: PretrainedConfig, head_dim: int) -> int:
+        """How many channels of each head rotate: all of them. transformers' Llama (and
+        the families built on it here, but Phi-3) rotates whole heads whatever
+        ``partial_rotary_factor`` says, so the base ignores it too."""
+        return head_dim
 
     def forward(self, input_ids, positions, kv_caches, attn_metadata, intermediate_tensors):
         hidden_states, residual = self._stage_input(input_ids, intermediate_tensors)
