@@ -25,10 +25,21 @@ def _phi3_hd64():
     return tiny_models.tiny_phi3_config(rope_parameters=params, **HD64)
 
 
+def _phi4_mini_hd64():
+    """Phi-4-mini's partial rotary (0.75: 48 of 64 channels) with LongRoPE lists of 24."""
+    import tiny_models
+
+    params = dict(tiny_models.tiny_phi4_mini_config().rope_parameters)
+    params["short_factor"] = [1.0 + 0.05 * i for i in range(24)]
+    params["long_factor"] = [1.0 + 0.2 * i for i in range(24)]
+    return tiny_models.tiny_phi4_mini_config(rope_parameters=params, **HD64)
+
+
 BUILDERS = {
     "qwen3": lambda tm: tm.tiny_qwen3_config(),  # head_dim 128 already
     "mistral": lambda tm: tm.tiny_mistral_config(**HD64),
     "phi3": lambda tm: _phi3_hd64(),
+    "phi4_mini": lambda tm: _phi4_mini_hd64(),
     # Dense routing (every expert on every token) for the comparison with transformers: with
     # top-2 of 8, bf16 rounding flips the expert choice wherever two router logits nearly tie
     # (scaling the router does not help: the rounding is relative), and one flip moves the
@@ -82,8 +93,9 @@ def _llm(model, **kw):
     os.environ["VLLM_ATTENTION_BACKEND"] = "FLASHINFER"
     from vllm import LLM
 
+    kw.setdefault("small_decode_max_rows", 0)
     return LLM(model=model, device="cuda", dtype="bfloat16", gpu_memory_utilization=0.3,
-               max_num_seqs=8, small_decode_max_rows=0, **kw)  # fmt: skip
+               max_num_seqs=8, **kw)  # fmt: skip
 
 
 @pytest.mark.forked
@@ -121,3 +133,20 @@ def test_sparse_moe_graphs_equal_eager(sparse_moe_dir):
     tokens and logprobs as the same kernel run eagerly on the same padded batches."""
     graph, eager = _graph_then_eager(sparse_moe_dir)
     check_outputs_equal(graph, eager, "graph", "eager")
+
+
+@pytest.mark.forked
+def test_partial_rotary_small_decode_close_to_transformers(tmp_path_factory):
+    """Phi-4-mini's partial rotary through the one-row small-decode kernel (the rotary
+    kernel runs first, the decode kernel rotates nothing): each prompt alone, graphs and
+    eager, logprobs-close to transformers and graphs equal to eager."""
+    model = _save(BUILDERS["phi4_mini"], "phi4_mini_small", tmp_path_factory)
+    ref = hf_greedy(model, PROMPTS[:2], 32, dtype="bfloat16", device="cuda")
+    outs = {}
+    for eager in (False, True):
+        llm = _llm(model, enforce_eager=eager, small_decode_max_rows=1)
+        outs[eager] = [vllm_greedy(llm, [p], 32, logprobs=5)[0] for p in PROMPTS[:2]]
+        llm.llm_engine.shutdown()
+        del llm
+    check_logprobs_close(ref, outs[False], "hf", "vllm-small-decode", PROMPTS[:2])
+    check_outputs_equal(outs[False], outs[True], "graph", "eager")
