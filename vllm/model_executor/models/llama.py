@@ -56,12 +56,16 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaAttention(nn.Module):
-    """Self-attention: fused qkv projection, RoPE on q/k, paged attention, output projection."""
+    """Self-attention: fused qkv projection, RoPE on q/k, paged attention, output projection.
+
+    ``rotary_emb`` None: a layer without positional rotation (SmolLM3's NoPE layers); every
+    attention backend then writes and attends to the keys as projected.
+    """
 
     def __init__(
         self,
         config: PretrainedConfig,
-        rotary_emb: RotaryEmbedding,
+        rotary_emb: RotaryEmbedding | None,
         qkv_bias: bool,
         o_bias: bool,
         prefix: str,
@@ -73,7 +77,7 @@ class LlamaAttention(nn.Module):
         total_heads = config.num_attention_heads
         total_kv_heads = getattr(config, "num_key_value_heads", None) or total_heads
         self.head_dim = getattr(config, "head_dim", None) or hidden_size // total_heads
-        self.scaling = self.head_dim**-0.5  # 1 / sqrt(head_dim), as HF
+        self.scaling = self.softmax_scale(config)
         self.qkv_proj = QKVParallelLinear(
             hidden_size, self.head_dim, total_heads, total_kv_heads, bias=qkv_bias
         )
@@ -83,7 +87,7 @@ class LlamaAttention(nn.Module):
         self.q_size = self.qkv_proj.q_size
         self.kv_size = self.qkv_proj.kv_size
         self.o_proj = RowParallelLinear(total_heads * self.head_dim, hidden_size, bias=o_bias)
-        self.rotary_emb = rotary_emb  # shared by every layer of the model
+        self.rotary_emb = rotary_emb  # shared by the layers that rotate (or None)
         self.attn = Attention(
             self.num_heads,
             self.head_dim,
@@ -91,6 +95,12 @@ class LlamaAttention(nn.Module):
             num_kv_heads=self.num_kv_heads,
             prefix=f"{prefix}.attn",
         )
+
+    def softmax_scale(self, config: PretrainedConfig) -> float:
+        """The attention softmax scale: ``1 / sqrt(head_dim)``, as HF Llama. A family with
+        another scale overrides it, and reports it to the attention backend through
+        :func:`vllm.model_executor.models.attention_fields`."""
+        return self.head_dim**-0.5
 
     def forward(
         self, positions: torch.Tensor, hidden_states: torch.Tensor, kv_cache, attn_metadata
@@ -115,10 +125,13 @@ class LlamaDecoderLayer(nn.Module):
 
     attention_cls: type[LlamaAttention] = LlamaAttention
     small_batch_gemv = True
+    # Granite: the attention and MLP outputs join the residual stream times this; None
+    # (every other family): added as they are
+    residual_multiplier: float | None = None
 
     def __init__(
-        self, config: PretrainedConfig, rotary_emb: RotaryEmbedding, qkv_bias: bool, o_bias: bool,
-        mlp_bias: bool, prefix: str,
+        self, config: PretrainedConfig, rotary_emb: RotaryEmbedding | None, qkv_bias: bool,
+        o_bias: bool, mlp_bias: bool, prefix: str,
     ) -> None:  # fmt: skip
         super().__init__()
         self.self_attn = self.attention_cls(
@@ -134,6 +147,13 @@ class LlamaDecoderLayer(nn.Module):
         return LlamaMLP(
             config.hidden_size, config.intermediate_size, config.hidden_act, bias=mlp_bias
         )
+
+    def scale_branch(self, out: torch.Tensor) -> torch.Tensor:
+        """An attention or MLP output [T, hidden] as it joins the residual stream: times
+        ``residual_multiplier`` when set (a separate multiply, rounded before the add, as
+        transformers' Granite), else unchanged."""
+        m = self.residual_multiplier
+        return out if m is None else out * m
 
     def forward(
         self,
@@ -190,10 +210,11 @@ class LlamaDecoderLayer(nn.Module):
         Returns:
             (MLP output [T, hidden], residual before it [T, hidden]); row-wise like
             :meth:`pre_attention` (a mixture-of-experts MLP routes each row on its own).
+            Both branch outputs pass :meth:`scale_branch`.
         """
-        hidden_states = self.self_attn.o_proj(attn_out)  # [T, hidden]
+        hidden_states = self.scale_branch(self.self_attn.o_proj(attn_out))  # [T, hidden]
         hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
-        return self.mlp(hidden_states), residual
+        return self.scale_branch(self.mlp(hidden_states)), residual
 
     def forward_small_batch(
         self, gemv, positions, hidden_states, kv_cache, attn_metadata, residual
@@ -202,7 +223,8 @@ class LlamaDecoderLayer(nn.Module):
 
         Four projection launches instead of seven: each RMSNorm (and its residual add) runs
         inside the projection after it, and SiLU-and-mul inside gate_up. Same rounding points
-        as :meth:`forward`; ``gemv`` is the module from ``get_triton_gemv``. fp8 weights
+        as :meth:`forward` (a ``residual_multiplier`` is its own multiply after o_proj and
+        down_proj, as there); ``gemv`` is the module from ``get_triton_gemv``. fp8 weights
         (``--quantization fp8``) pass their row scales to the same kernels.
         """
         attn, mlp = self.self_attn, self.mlp
@@ -214,13 +236,14 @@ class LlamaDecoderLayer(nn.Module):
         out = attn.attend(positions, qkv, kv_cache, attn_metadata)  # [T, q_size]
         o_proj, down_proj = attn.o_proj, mlp.down_proj
         out = gemv.linear(out, o_proj.weight, o_proj.bias, o_proj.weight_scale)  # [T, hidden]
+        out = self.scale_branch(out)
         act, residual = gemv.norm_linear(
             out, residual, ln2.weight, ln2.variance_epsilon,
             mlp.gate_up_proj.weight, mlp.gate_up_proj.bias, silu_mul=True,
             weight_scale=mlp.gate_up_proj.weight_scale,
         )  # fmt: skip
         act = gemv.linear(act, down_proj.weight, down_proj.bias, down_proj.weight_scale)
-        return act, residual
+        return self.scale_branch(act), residual  # [T, hidden] each
 
 
 class LlamaModel(nn.Module):
@@ -264,9 +287,9 @@ class LlamaModel(nn.Module):
 
     def make_rotary_embs(
         self, config: PretrainedConfig, num_positions: int
-    ) -> list[RotaryEmbedding]:
+    ) -> list[RotaryEmbedding | None]:
         """The rotary embedding of each layer index (Llama: one instance shared by all), with
-        tables of ``num_positions`` rows."""
+        tables of ``num_positions`` rows; None for a layer without rotary (NoPE)."""
         head_dim = (
             getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         )
