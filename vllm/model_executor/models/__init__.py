@@ -17,6 +17,7 @@ _MODELS: dict[str, tuple[str, str]] = {
     "Qwen3MoeForCausalLM": ("qwen3_moe", "Qwen3MoeForCausalLM"),
     "MixtralForCausalLM": ("mixtral", "MixtralForCausalLM"),
     "Gemma3ForCausalLM": ("gemma3", "Gemma3ForCausalLM"),
+    "GraniteForCausalLM": ("granite", "GraniteForCausalLM"),
     # decoder stacks without an LM head (embedding checkpoints such as e5-mistral): served
     # with --task embed by the causal LM class, whose lm_head then ties to the embedding
     "LlamaModel": ("llama", "LlamaForCausalLM"),
@@ -36,6 +37,7 @@ _MODEL_TYPE_TO_ARCH = {
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "mixtral": "MixtralForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",
+    "granite": "GraniteForCausalLM",
 }
 
 # architectures whose GGUF files load (gguf_loader's tensor names; checked against
@@ -147,12 +149,17 @@ def attention_fields(config) -> dict:
     """``AttentionSpec`` fields beyond the shapes that the model's attention layers need:
     ``sliding_windows`` (the distinct per-layer windows, tokens), ``scale`` (softmax scale
     when not head_size ** -0.5) and ``logits_soft_cap``. Empty for every family but Gemma 3
-    (a uniform window is handled by capping max_model_len, see
-    :func:`full_attention_limit`)."""
-    if getattr(config, "model_type", None) == "gemma3_text":
+    and Granite (``attention_multiplier``); a uniform window is handled by capping
+    max_model_len, see :func:`full_attention_limit`."""
+    model_type = getattr(config, "model_type", None)
+    if model_type == "gemma3_text":
         from vllm.model_executor.models.gemma3 import gemma3_attention_fields
 
         return gemma3_attention_fields(config)
+    if model_type == "granite":
+        from vllm.model_executor.models.granite import granite_attention_fields
+
+        return granite_attention_fields(config)
     return {}
 
 
