@@ -18,6 +18,7 @@ _MODELS: dict[str, tuple[str, str]] = {
     "MixtralForCausalLM": ("mixtral", "MixtralForCausalLM"),
     "Gemma3ForCausalLM": ("gemma3", "Gemma3ForCausalLM"),
     "GraniteForCausalLM": ("granite", "GraniteForCausalLM"),
+    "SmolLM3ForCausalLM": ("smollm3", "SmolLM3ForCausalLM"),
     # decoder stacks without an LM head (embedding checkpoints such as e5-mistral): served
     # with --task embed by the causal LM class, whose lm_head then ties to the embedding
     "LlamaModel": ("llama", "LlamaForCausalLM"),
@@ -38,6 +39,7 @@ _MODEL_TYPE_TO_ARCH = {
     "mixtral": "MixtralForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",
     "granite": "GraniteForCausalLM",
+    "smollm3": "SmolLM3ForCausalLM",
 }
 
 # architectures whose GGUF files load (gguf_loader's tensor names; checked against
