@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from vllm.attention.backends.abstract import AttentionMetadata
+from vllm.attention.backends.abstract import AttentionMetadata, AttentionSpec
 
 
 class Attention(nn.Module):
@@ -106,8 +106,37 @@ class Attention(nn.Module):
         -> [T, num_heads*head_size]; writes key/value into ``kv_cache``.
 
         With ``rotary_emb`` (a RotaryEmbedding) and ``positions`` [T] int64, query and key
-        are rotated first, by the backend, which may fuse the rotation with its cache write.
+        are rotated first, by the backend, which may fuse the rotation with its cache write;
+        without it (None) they are attended to and cached as given.
         """
         return attn_metadata.impl.forward(
             self, query, key, value, kv_cache, attn_metadata, positions, rotary_emb
+        )
+
+
+def check_layers_match_spec(model: nn.Module, spec: AttentionSpec) -> None:
+    """Check that every :class:`Attention` layer of ``model`` computes what the backend
+    built from ``spec`` plans for: FlashInfer plans its wrappers with the spec's softmax
+    scale, windows and score cap, while the other paths read each layer's own.
+
+    Raises:
+        ValueError: naming the first layer whose scale is not ``spec.scale`` (or
+            ``head_size ** -0.5`` when None), whose window is not among
+            ``spec.sliding_windows``, or whose score cap is not ``spec.logits_soft_cap``.
+    """
+    scale = spec.scale if spec.scale is not None else spec.head_size**-0.5
+    for name, layer in model.named_modules():
+        if not isinstance(layer, Attention):
+            continue
+        if layer.scale != scale:
+            got = f"softmax scale {layer.scale!r}, the backend's {scale!r}"
+        elif layer.sliding_window is not None and layer.sliding_window not in spec.sliding_windows:
+            got = f"sliding window {layer.sliding_window}, the backend's {spec.sliding_windows}"
+        elif layer.logits_soft_cap != spec.logits_soft_cap:
+            got = f"score cap {layer.logits_soft_cap!r}, the backend's {spec.logits_soft_cap!r}"
+        else:
+            continue
+        raise ValueError(
+            f"attention layer {name} has {got}: the model's attention_fields "
+            "(vllm/model_executor/models/__init__.py) must report it"
         )

@@ -17,6 +17,7 @@ import torch
 
 from vllm.attention.backends.abstract import AttentionSpec, ForwardMode, StepInputs
 from vllm.attention.kv_cache_dtype import distinct_kv_dtype
+from vllm.attention.layer import check_layers_match_spec
 from vllm.attention.selector import get_attn_backend, which_attn_backend
 from vllm.config import EngineConfig
 from vllm.cudagraph import DecodeStepCounters, GraphCapturer, GraphRunner, graph_spec
@@ -104,6 +105,7 @@ class ModelRunner:
         t0 = time.perf_counter()
         self.model = get_model(self.model_config, self.device, self.pp_rank, self.pp_size,
                                pooling=self.config.pooler_config is not None)  # fmt: skip
+        check_layers_match_spec(self.model, self.attn_spec)
         logger.info(
             "Loaded %s (stage %d/%d) in %.1f s; attention backend %s",
             self.model_config.model,

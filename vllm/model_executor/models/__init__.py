@@ -152,7 +152,8 @@ def attention_fields(config) -> dict:
     ``sliding_windows`` (the distinct per-layer windows, tokens), ``scale`` (softmax scale
     when not head_size ** -0.5) and ``logits_soft_cap``. Empty for every family but Gemma 3
     and Granite (``attention_multiplier``); a uniform window is handled by capping
-    max_model_len, see :func:`full_attention_limit`."""
+    max_model_len, see :func:`full_attention_limit`. The model runner checks every
+    attention layer against them (``vllm.attention.layer.check_layers_match_spec``)."""
     model_type = getattr(config, "model_type", None)
     if model_type == "gemma3_text":
         from vllm.model_executor.models.gemma3 import gemma3_attention_fields
