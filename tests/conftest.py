@@ -399,6 +399,30 @@ def tiny_gemma3_dir(tiny_models_dir) -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_granite_dir(tiny_models_dir) -> str:
+    """HF Granite checkpoint directory: 3 layers, tied, Granite 3.x-like embedding,
+    attention, residual and logits multipliers (tiny_granite_config), embeddings of small
+    std."""
+    config = tiny_models.tiny_granite_config()
+    return _built(
+        tiny_models_dir / "granite",
+        lambda p: tiny_models.save_tiny_hf_checkpoint(
+            config, p, seed=14, embed_std=tiny_models.GRANITE_EMBED_STD
+        ),
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_smollm3_dir(tiny_models_dir) -> str:
+    """HF SmolLM3 checkpoint directory: 4 layers alternating RoPE and NoPE, tied."""
+    config = tiny_models.tiny_smollm3_config()
+    return _built(
+        tiny_models_dir / "smollm3",
+        lambda p: tiny_models.save_tiny_hf_checkpoint(config, p, seed=15),
+    )
+
+
+@pytest.fixture(scope="session")
 def tiny_gemma3_softcap_dir(tiny_models_dir) -> str:
     """Like ``tiny_gemma3_dir`` but with ``attn_logit_softcapping`` 5.0 in its config, a cap
     small enough to change the outputs of a model that applied it."""

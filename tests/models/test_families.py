@@ -33,6 +33,8 @@ HF_DIRS = [
     "tiny_qwen3_moe_dir",
     "tiny_mixtral_dir",
     "tiny_gemma3_dir",
+    "tiny_granite_dir",
+    "tiny_smollm3_dir",
 ]
 PROMPTS_OF = {"tiny_gemma3_dir": WINDOW_PROMPTS, "tiny_gemma3_gguf": WINDOW_PROMPTS}
 GGUF_FILES = ["tiny_qwen3_gguf", "tiny_gemma3_gguf"]

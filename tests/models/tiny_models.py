@@ -26,6 +26,7 @@ SMOLLM2_VOCAB = 49152
 FALLBACK_VOCAB = 512
 WEIGHT_STD = 0.3
 GEMMA3_EMBED_STD = 0.05
+GRANITE_EMBED_STD = WEIGHT_STD / 12  # times Granite's embedding_multiplier 12: WEIGHT_STD
 
 
 def smollm2_gguf_path() -> str | None:
@@ -237,6 +238,28 @@ def tiny_gemma3_config(**overrides):
         tie_word_embeddings=True,
     )
     return _config("Gemma3TextConfig", "Gemma3ForCausalLM", family, overrides)
+
+
+def tiny_granite_config(**overrides):
+    """GraniteConfig: 3 layers, hidden 64, 4 heads / 2 KV heads of 16, intermediate 128, tied,
+    with Granite 3.x-like multipliers: embeddings x 12, softmax scale 1 / head_dim (0.0625,
+    not head_dim ** -0.5 = 0.25), branch outputs x 0.22 before each residual add, logits / 8.
+    Save it with ``embed_std=GRANITE_EMBED_STD``: at ``WEIGHT_STD`` the embedding (times 12)
+    dominates the residual and the tied model repeats its input token."""
+    family = dict(num_hidden_layers=3, embedding_multiplier=12.0, attention_multiplier=0.0625,
+                  residual_multiplier=0.22, logits_scaling=8.0, rms_norm_eps=1e-5,
+                  rope_theta=10000.0, tie_word_embeddings=True)  # fmt: skip
+    return _config("GraniteConfig", "GraniteForCausalLM", family, overrides)
+
+
+def tiny_smollm3_config(**overrides):
+    """SmolLM3Config: 4 layers, hidden 64, 4 heads / 2 KV heads, intermediate 128, tied;
+    ``no_rope_layer_interval`` 2, from which transformers derives ``no_rope_layers``
+    [1, 0, 1, 0] (1 = RoPE): RoPE and NoPE layers alternate, one of each per PP=2 stage."""
+    family = dict(num_hidden_layers=4, no_rope_layer_interval=2, rms_norm_eps=1e-6,
+                  rope_theta=2000000.0, use_sliding_window=False,
+                  tie_word_embeddings=True)  # fmt: skip
+    return _config("SmolLM3Config", "SmolLM3ForCausalLM", family, overrides)
 
 
 def tiny_gemma3_gguf_config(**overrides):
