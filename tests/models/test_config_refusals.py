@@ -2,14 +2,24 @@
 (``LlamaForCausalLM.check_config`` and the families' overrides)."""
 
 import pytest
-from transformers import Gemma3TextConfig, Phi3Config, Qwen2Config, Qwen3Config, Qwen3MoeConfig
+from transformers import (
+    Gemma3TextConfig,
+    GraniteConfig,
+    Phi3Config,
+    Qwen2Config,
+    Qwen3Config,
+    Qwen3MoeConfig,
+    SmolLM3Config,
+)
 
 from vllm.model_executor.models.gemma3 import Gemma3ForCausalLM
+from vllm.model_executor.models.granite import GraniteForCausalLM
 from vllm.model_executor.models.llama import LlamaForCausalLM
 from vllm.model_executor.models.phi3 import Phi3ForCausalLM
 from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
 from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
 from vllm.model_executor.models.qwen3_moe import Qwen3MoeForCausalLM
+from vllm.model_executor.models.smollm3 import SmolLM3ForCausalLM
 
 TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
             num_key_value_heads=1, vocab_size=64)  # fmt: skip
@@ -32,6 +42,13 @@ TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_atten
         (Gemma3ForCausalLM, Gemma3TextConfig(use_bidirectional_attention=True, head_dim=16,
                                              **TINY),
          "use_bidirectional_attention=True"),
+        (GraniteForCausalLM, GraniteConfig(logits_scaling=0.0, **TINY), "logits_scaling=0"),
+        # transformers slides the NoPE layers (here layer 0) under use_sliding_window
+        (SmolLM3ForCausalLM, SmolLM3Config(use_sliding_window=True, sliding_window=8,
+                                           no_rope_layer_interval=1, **TINY),
+         r"SmolLM3ForCausalLM with layer_types \['sliding_attention'\] .*sliding_window=8"),
+        (SmolLM3ForCausalLM, SmolLM3Config(no_rope_layers=[2], **TINY),
+         r"no_rope_layers must hold 0 \(NoPE\) or 1 \(RoPE\) .* got \[2\]"),
     ],
 )  # fmt: skip
 def test_unsupported_settings_are_refused(cls, config, words):
@@ -43,7 +60,8 @@ def test_supported_configs_build():
     """The same classes build with the settings left at their defaults, and Qwen2 / Qwen3
     with ``use_sliding_window`` whose ``max_window_layers`` leaves no layer sliding (their
     ``layer_types`` are all full attention in transformers; they used to be refused), and
-    Phi-3 with a partial rotary (8 of the 16 channels of each head; it used to be refused)."""
+    Phi-3 with a partial rotary (8 of the 16 channels of each head; it used to be refused),
+    and SmolLM3 likewise when no NoPE layer would slide."""
     assert isinstance(Qwen2ForCausalLM(Qwen2Config(**TINY)), LlamaForCausalLM)
     Phi3ForCausalLM(Phi3Config(**TINY))
     rotary = Phi3ForCausalLM(Phi3Config(partial_rotary_factor=0.5, **TINY)).model.layers[0]
@@ -54,6 +72,11 @@ def test_supported_configs_build():
     assert qwen2.layer_types == qwen3.layer_types == ["full_attention"]
     Qwen2ForCausalLM(qwen2)
     Qwen3ForCausalLM(qwen3)
+    GraniteForCausalLM(GraniteConfig(**TINY))
+    # a window whose layers all apply RoPE: transformers slides none of them
+    smollm3 = SmolLM3Config(use_sliding_window=True, sliding_window=8, **TINY)
+    assert smollm3.layer_types == ["full_attention"] and smollm3.no_rope_layers == [1]
+    SmolLM3ForCausalLM(smollm3)
 
 
 @pytest.mark.parametrize(
