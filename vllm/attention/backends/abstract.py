@@ -166,7 +166,9 @@ class AttentionSpec:
             layers (each :class:`vllm.attention.Attention` carries its own, or None);
             empty when every layer attends to its whole context.
         scale: the layers' softmax scale when it is not ``head_size ** -0.5`` (Gemma 3's
-            ``query_pre_attn_scalar ** -0.5``); None: ``head_size ** -0.5``.
+            ``query_pre_attn_scalar ** -0.5``, Granite's ``attention_multiplier``); None:
+            ``head_size ** -0.5``. The model runner checks every layer's scale, window and
+            cap against the spec at load (``vllm.attention.layer.check_layers_match_spec``).
         logits_soft_cap: the layers' attention score cap (Gemma), or None.
         kv_cache_dtype: the cache's storage dtype when it is not ``dtype`` (an 8-bit
             float, ``--kv-cache-dtype``; vllm/attention/kv_cache_dtype.py), else None.
