@@ -159,8 +159,10 @@ def engine_conditions(llm: Any) -> dict[str, Any]:
     decode-loop graphs of virtual engine 0), triton_pdl (VLLM_TRITON_PDL, on by default;
     used only on compute capability >= 9: vllm/kernels/pdl.py), triton_gemv
     (VLLM_USE_TRITON_GEMV: one-row projections may take the Triton GEMVs,
-    vllm/kernels/gemv.py) and triton_greedy (VLLM_USE_TRITON_GREEDY: all-greedy sampling
-    without logprobs takes vllm/kernels/greedy.py).
+    vllm/kernels/gemv.py), triton_l2_prefetch_mb (VLLM_TRITON_L2_PREFETCH_MB: MiB of weights
+    a whole-row GEMV launch prefetches into L2, 0 = none) and triton_greedy
+    (VLLM_USE_TRITON_GREEDY: all-greedy sampling without logprobs takes
+    vllm/kernels/greedy.py).
     """
     from vllm import envs
 
@@ -187,6 +189,7 @@ def engine_conditions(llm: Any) -> dict[str, Any]:
         "decode_loop_sizes": graphs.captured_sizes(0, "loop") if graphs is not None else [],
         "triton_pdl": envs.VLLM_TRITON_PDL,
         "triton_gemv": envs.VLLM_USE_TRITON_GEMV,
+        "triton_l2_prefetch_mb": envs.VLLM_TRITON_L2_PREFETCH_MB,
         "triton_greedy": envs.VLLM_USE_TRITON_GREEDY,
     }
 
