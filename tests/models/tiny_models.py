@@ -142,21 +142,26 @@ def tiny_mistral_config(**overrides):
     return _config("MistralConfig", "MistralForCausalLM", family, overrides)
 
 
+def _longrope(pairs: int, short_step: float, long_step: float) -> dict:
+    """LongRoPE ``rope_parameters`` with ``pairs`` short and long factors (one per rotated
+    channel pair) rising by the given steps from 1.0; original context 128."""
+    return {
+        "rope_type": "longrope",
+        "rope_theta": 10000.0,
+        "original_max_position_embeddings": 128,
+        "short_factor": [1.0 + short_step * i for i in range(pairs)],
+        "long_factor": [1.0 + long_step * i for i in range(pairs)],
+    }
+
+
 def tiny_phi3_config(**overrides):
     """Phi3Config: 2 layers, hidden 64, 4 heads / 2 KV heads, intermediate 128, untied,
     LongRoPE with original_max_position_embeddings 128 (the test sequences stay below it:
     transformers recomputes the whole cache with the long factors when a sequence crosses
     it, the engine rotates only the positions past it with them)."""
-    half_head = 64 // 4 // 2
     family = dict(
         original_max_position_embeddings=128,
-        rope_parameters={
-            "rope_type": "longrope",
-            "rope_theta": 10000.0,
-            "original_max_position_embeddings": 128,
-            "short_factor": [1.0 + 0.1 * i for i in range(half_head)],
-            "long_factor": [1.0 + 0.5 * i for i in range(half_head)],
-        },
+        rope_parameters=_longrope(64 // 4 // 2, 0.1, 0.5),
         rms_norm_eps=1e-5,
         tie_word_embeddings=False,
     )
@@ -167,21 +172,8 @@ def tiny_phi4_mini_config(**overrides):
     """Phi-4-mini's shape of Phi3Config in small: partial_rotary_factor 0.75 (12 of each
     head's 16 channels rotate), LongRoPE factor lists of rotary_dim // 2 = 6 entries
     (original context 128), tied embeddings; otherwise as :func:`tiny_phi3_config`."""
-    rotary_half = int(64 // 4 * 0.75) // 2
-    family = dict(
-        original_max_position_embeddings=128,
-        partial_rotary_factor=0.75,
-        rope_parameters={
-            "rope_type": "longrope",
-            "rope_theta": 10000.0,
-            "original_max_position_embeddings": 128,
-            "short_factor": [1.0 + 0.2 * i for i in range(rotary_half)],
-            "long_factor": [1.0 + 0.7 * i for i in range(rotary_half)],
-        },
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=True,
-    )
-    return _config("Phi3Config", "Phi3ForCausalLM", family, overrides)
+    family = dict(partial_rotary_factor=0.75, rope_parameters=_longrope(6, 0.2, 0.7))
+    return tiny_phi3_config(**{**family, "tie_word_embeddings": True, **overrides})
 
 
 def tiny_qwen3_moe_config(**overrides):
