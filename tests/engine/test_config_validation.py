@@ -115,6 +115,35 @@ def test_trust_remote_code_reaches_the_config(tiny_llama_dir, tmp_path, monkeypa
     assert config.model_config.hf_config.num_hidden_layers == 3
 
 
+@pytest.mark.parametrize(
+    "config, reason",
+    [
+        (None, r"OSError: .*not a valid JSON file"),
+        (
+            {"model_type": "smollm3", "no_rope_layer_interval": 0},
+            r"ZeroDivisionError: integer modulo by zero",
+        ),
+        (
+            {"model_type": "granite", "attention_multiplier": None},
+            r"StrictDataclassFieldValidationError: .*'attention_multiplier' with value None",
+        ),
+    ],
+)
+def test_config_transformers_refuses_is_a_value_error(tmp_path, config, reason):
+    """A config.json that transformers cannot build (bad JSON, a field its own checks
+    refuse) is a ValueError naming the directory and transformers' reason, so ``vllm serve``
+    prints one ``error:`` line, not the traceback of ZeroDivisionError or huggingface_hub's
+    dataclass errors."""
+    import json
+
+    model = tmp_path / "refused"
+    model.mkdir()
+    text = "{not json" if config is None else json.dumps(config)
+    (model / "config.json").write_text(text)
+    with pytest.raises(ValueError, match=rf"config.json of '{model}' is refused .*{reason}"):
+        EngineArgs(model=str(model)).create_engine_config()
+
+
 def test_bad_cpu_kvcache_space(tiny_llama_dir, monkeypatch):
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "lots")
     with pytest.raises(ValueError, match="VLLM_CPU_KVCACHE_SPACE"):

@@ -70,9 +70,11 @@ def load_hf_config(model: str, trust_remote_code: bool = False):
     explicitly, so transformers never asks on the terminal).
 
     Raises:
-        ValueError: when the directory has no config.json or the file is not readable, or
-            when the config needs its own code (``auto_map``) and ``trust_remote_code`` is
-            False (naming ``--trust-remote-code``).
+        ValueError: when the directory has no config.json or the file is not readable,
+            when transformers cannot build the config (invalid JSON, a field its checks
+            refuse: the message names the directory and transformers' reason), or when the
+            config needs its own code (``auto_map``) and ``trust_remote_code`` is False
+            (naming ``--trust-remote-code``).
     """
     import copy
 
@@ -125,3 +127,16 @@ def _load_hf_config_cached(model: str, mtime: float, trust_remote_code: bool):
             f"the config of {model!r} needs its own code (auto_map in config.json), which "
             "runs only with --trust-remote-code (LLM(..., trust_remote_code=True))."
         ) from None
+    except Exception as e:  # transformers' own checks: strict dataclass fields, bad JSON, ...
+        raise ValueError(_refused_config(model, e)) from e
+
+
+def _refused_config(model: str, error: Exception) -> str:
+    """One line for a config.json that transformers cannot build: the directory, the
+    exception's type and the last line of its message (which names the field)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    detail = lines[-1] if lines else "(no message)"
+    return (
+        f"the config.json of {model!r} is refused by transformers "
+        f"({type(error).__name__}: {detail})"
+    )
