@@ -163,6 +163,31 @@ def test_a_tokenizer_transformers_cannot_build_is_reported_with_its_reason(tmp_p
         load_tokenizer(bare)
 
 
+@pytest.mark.parametrize("arch", ["granite", "smollm3"])
+def test_an_architecture_transformers_cannot_read_from_gguf_names_the_supported_ones(
+    tmp_path, arch
+):
+    """A GGUF file of an architecture transformers' GGUF reader lacks (Granite, SmolLM3;
+    both load from Hugging Face directories) is refused with the GGUF architectures that
+    load, as the ones transformers reads but the engine does not load from GGUF are."""
+    import gguf
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    path = str(tmp_path / f"{arch}.gguf")
+    writer = gguf.GGUFWriter(path, arch)
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.zeros((VOCAB, HIDDEN), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ValueError) as err:
+        EngineArgs(model=path).create_engine_config()
+    assert f"architecture {arch}" in str(err.value), err.value
+    assert "GGUF files load for ['LlamaForCausalLM'" in str(err.value), err.value
+
+
 def test_a_gguf_file_under_another_name_is_recognised_by_its_magic_bytes(tmp_path):
     import shutil
 

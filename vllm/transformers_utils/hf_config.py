@@ -103,7 +103,17 @@ def _load_hf_config_cached(model: str, mtime: float, trust_remote_code: bool):
             rope_scaling,
         )
 
-        meta_dir = gguf_metadata_dir(model)
+        try:
+            meta_dir = gguf_metadata_dir(model)
+        except ValueError as e:  # transformers' "GGUF model with architecture X is not ..."
+            if "architecture" not in str(e):
+                raise
+            from vllm.model_executor.models import GGUF_ARCHS
+
+            raise ValueError(
+                f"{e} ({model!r}); GGUF files load for {list(GGUF_ARCHS)}. Use the model's "
+                "Hugging Face directory instead."
+            ) from None
         cfg = AutoConfig.from_pretrained(meta_dir)
         factors = rope_freq_factors(meta_dir)
         if factors is not None:  # llama.cpp's rope_freqs (transformers drops them)
