@@ -78,6 +78,7 @@ def test_rotary_dim_from_either_spelling():
         (0.0, r"partial_rotary_factor=0.0 must be in \(0, 1\]"),
         (0.3125, r"rotary_dim = int\(16 \* 0.3125\) = 5; it must be even"),
         (0.1, r"rotary_dim = int\(16 \* 0.1\) = 1; it must be even and at least 2"),
+        ("abc", r"partial_rotary_factor='abc' must be a number in \(0, 1\]"),
     ],
 )
 def test_invalid_factors_are_refused(factor, words):
@@ -93,3 +94,20 @@ def test_rotary_embedding_refuses_a_bad_rotary_dim():
         with pytest.raises(ValueError, match=rf"rotary_dim={rotary_dim} must be even and in "
                                              r"\[2, head_size=16\]"):  # fmt: skip
             RotaryEmbedding(HEAD_DIM, rotary_dim, 32, params)
+
+
+def test_hf_overrides_factor_reaches_the_rotary(tmp_path, tiny_phi4_mini_dir):
+    """``--hf-overrides '{"partial_rotary_factor": ...}'`` changes the factor the model reads
+    (transformers 5 keeps it in ``rope_parameters``, which is read first), and a bad one is
+    refused by name."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    def rotary_dim(factor):
+        config = EngineArgs(
+            model=tiny_phi4_mini_dir, hf_overrides={"partial_rotary_factor": factor}
+        ).create_engine_config()
+        return partial_rotary_dim(config.model_config.hf_config, HEAD_DIM)
+
+    assert rotary_dim(0.5) == 8 and rotary_dim(1.0) == HEAD_DIM
+    with pytest.raises(ValueError, match=r"partial_rotary_factor=1.5 must be in \(0, 1\]"):
+        rotary_dim(1.5)

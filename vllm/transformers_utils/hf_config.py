@@ -17,8 +17,8 @@ def apply_hf_overrides(hf_config: Any, overrides: dict) -> None:
     """Set ``overrides`` on a loaded Hugging Face config, as upstream's ``--hf-overrides``:
     a dict value whose attribute is itself a config (``text_config``) updates it key by
     key; any other value replaces (or adds) the attribute. Each change is logged.
-    ``rope_theta`` and ``rope_scaling`` also update transformers 5's ``rope_parameters``
-    (which the rotary embedding reads first). A ``rope_scaling`` dict, or a flat
+    ``rope_theta``, ``partial_rotary_factor`` and ``rope_scaling`` also update
+    transformers 5's ``rope_parameters`` (which the rotary embedding reads first). A ``rope_scaling`` dict, or a flat
     ``rope_parameters`` dict (upstream's documented spelling for YaRN), replaces the
     scaling and keeps the model's ``rope_theta`` unless it names one, as transformers reads
     a config.json holding both (transformers 5 itself drops the theta when either is
@@ -45,8 +45,8 @@ def apply_hf_overrides(hf_config: Any, overrides: dict) -> None:
                 f"hf_overrides: {key}={value!r} is refused by the config ({e})."
             ) from None
         rope = getattr(hf_config, "rope_parameters", None)
-        if isinstance(rope, dict) and key == "rope_theta":
-            rope["rope_theta"] = value
+        if isinstance(rope, dict) and key in ("rope_theta", "partial_rotary_factor"):
+            rope[key] = value
         elif isinstance(rope, dict) and key == "rope_scaling" and isinstance(value, dict):
             rope.update(value)
             if "type" in value and "rope_type" not in value:

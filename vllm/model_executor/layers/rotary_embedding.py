@@ -193,7 +193,10 @@ def partial_rotary_dim(config: Any, head_dim: int) -> int:
         factor = getattr(config, "partial_rotary_factor", None)
     if factor is None:
         return head_dim
-    factor = float(factor)
+    try:
+        factor = float(factor)
+    except (TypeError, ValueError):
+        raise ValueError(f"partial_rotary_factor={factor!r} must be a number in (0, 1]") from None
     if not 0.0 < factor <= 1.0:
         raise ValueError(f"partial_rotary_factor={factor} must be in (0, 1]")
     rotary_dim = int(head_dim * factor)
