@@ -18,11 +18,11 @@ def apply_hf_overrides(hf_config: Any, overrides: dict) -> None:
     a dict value whose attribute is itself a config (``text_config``) updates it key by
     key; any other value replaces (or adds) the attribute. Each change is logged.
     ``rope_theta``, ``partial_rotary_factor`` and ``rope_scaling`` also update
-    transformers 5's ``rope_parameters`` (which the rotary embedding reads first). A ``rope_scaling`` dict, or a flat
-    ``rope_parameters`` dict (upstream's documented spelling for YaRN), replaces the
-    scaling and keeps the model's ``rope_theta`` unless it names one, as transformers reads
-    a config.json holding both (transformers 5 itself drops the theta when either is
-    assigned).
+    transformers 5's ``rope_parameters`` (which the rotary embedding reads first). A
+    ``rope_scaling`` dict, or a flat ``rope_parameters`` dict (upstream's documented
+    spelling for YaRN), replaces the scaling and keeps the model's ``rope_theta`` unless it
+    names one, as transformers reads a config.json holding both (transformers 5 itself
+    drops the theta when either is assigned).
 
     Raises:
         ValueError: a value the config refuses (transformers' type checks), naming it.
