@@ -336,11 +336,38 @@ def save_tiny_decoder_stack(config, out_dir: str, architectures: list[str] | Non
 
 @functools.lru_cache(maxsize=1)
 def load_smollm2_tokenizer():
-    """The SmolLM2 tokenizer built by transformers from the GGUF metadata (cached)."""
+    """The SmolLM2 tokenizer built by transformers from the GGUF metadata (cached).
+
+    Building it parses all of the file's metadata in Python (its 49,152 tokens and merges:
+    5-10 s on 2 cores), which every process that builds a tiny checkpoint paid. The first
+    process saves what transformers built (``save_pretrained``) under the test cache,
+    keyed by the file's sha256 and the library versions; later ones load that
+    directory. A fast tokenizer saved and reloaded this way saves again to the same bytes
+    (tokenizer.json, tokenizer_config.json, chat_template.jinja), so every checkpoint gets
+    the tokenizer files it got when each process built the tokenizer from the GGUF."""
+    import hashlib
+    import importlib.metadata
+    import json
+    import shutil
+
     from transformers import AutoTokenizer
 
+    from tests.utils import CACHE_DIR, _file_digest
+
     path = smollm2_gguf_path()
-    return AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+    versions = [importlib.metadata.version(p) for p in ("transformers", "tokenizers", "gguf")]
+    key_src = json.dumps([_file_digest(path), *versions])
+    key = hashlib.sha256(key_src.encode()).hexdigest()[:32]
+    target = os.path.join(CACHE_DIR, f"smollm2_tokenizer_{key}")
+    if not os.path.isdir(target):
+        tok = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+        tmp = f"{target}.tmp{os.getpid()}"
+        tok.save_pretrained(tmp)
+        try:
+            os.rename(tmp, target)
+        except OSError:  # another process finished first
+            shutil.rmtree(tmp, ignore_errors=True)
+    return AutoTokenizer.from_pretrained(target)
 
 
 def _hf_to_gguf_name(name: str, arch: str) -> str | None:
