@@ -399,6 +399,20 @@ def tiny_gemma3_dir(tiny_models_dir) -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_gemma2_dir(tiny_models_dir) -> str:
+    """HF Gemma 2 checkpoint directory: 4 layers alternating sliding (window 8) and global,
+    head_dim 64, attention scores soft-capped at 2.0, final logit soft-cap, tied embeddings
+    of small std."""
+    config = tiny_models.tiny_gemma2_config()
+    return _built(
+        tiny_models_dir / "gemma2",
+        lambda p: tiny_models.save_tiny_hf_checkpoint(
+            config, p, seed=16, embed_std=tiny_models.GEMMA3_EMBED_STD
+        ),
+    )
+
+
+@pytest.fixture(scope="session")
 def tiny_granite_dir(tiny_models_dir) -> str:
     """HF Granite checkpoint directory: 3 layers, tied, Granite 3.x-like embedding,
     attention, residual and logits multipliers (tiny_granite_config), embeddings of small
@@ -432,6 +446,23 @@ def tiny_gemma3_softcap_dir(tiny_models_dir) -> str:
         lambda p: tiny_models.save_tiny_hf_checkpoint(
             config, p, seed=12, embed_std=tiny_models.GEMMA3_EMBED_STD
         ),
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma2_gguf(tiny_models_dir) -> str:
+    """F32 GGUF of a 4-layer tiny Gemma 2 (sliding window 8 on even layers; the settings a
+    GGUF carries, see ``tiny_gemma2_gguf_config``), norms stored as 1 + w."""
+    config = tiny_models.tiny_gemma2_gguf_config()
+    hf_dir = _built(
+        tiny_models_dir / "gemma2_for_gguf",
+        lambda p: tiny_models.save_tiny_hf_checkpoint(
+            config, p, seed=20, embed_std=tiny_models.GEMMA3_EMBED_STD
+        ),
+    )
+    return _built(
+        tiny_models_dir / "tiny-gemma2-f32.gguf",
+        lambda p: tiny_models.write_tiny_gguf(hf_dir, p, "gemma2"),
     )
 
 

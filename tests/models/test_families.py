@@ -17,7 +17,7 @@ NGRAM_PROMPTS = [
 ]
 MAX_TOKENS = 32
 
-# Gemma 3's sliding layers attend over 8 tokens: prompts longer than the window, so the
+# Gemma 2's and 3's sliding layers attend over 8 tokens: prompts longer than the window, so the
 # windowed prefill (not only decode) differs from full attention
 WINDOW_PROMPTS = [
     "Hello world",
@@ -32,12 +32,18 @@ HF_DIRS = [
     "tiny_phi4_mini_dir",
     "tiny_qwen3_moe_dir",
     "tiny_mixtral_dir",
+    "tiny_gemma2_dir",
     "tiny_gemma3_dir",
     "tiny_granite_dir",
     "tiny_smollm3_dir",
 ]
-PROMPTS_OF = {"tiny_gemma3_dir": WINDOW_PROMPTS, "tiny_gemma3_gguf": WINDOW_PROMPTS}
-GGUF_FILES = ["tiny_qwen3_gguf", "tiny_gemma3_gguf"]
+PROMPTS_OF = {
+    "tiny_gemma2_dir": WINDOW_PROMPTS,
+    "tiny_gemma2_gguf": WINDOW_PROMPTS,
+    "tiny_gemma3_dir": WINDOW_PROMPTS,
+    "tiny_gemma3_gguf": WINDOW_PROMPTS,
+}
+GGUF_FILES = ["tiny_qwen3_gguf", "tiny_gemma2_gguf", "tiny_gemma3_gguf"]
 
 
 @pytest.fixture(autouse=True)

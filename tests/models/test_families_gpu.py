@@ -48,6 +48,8 @@ BUILDERS = {
     "qwen3_moe": lambda tm: tm.tiny_qwen3_moe_config(head_dim=64, num_experts_per_tok=8, **HD64),
     "mixtral": lambda tm: tm.tiny_mixtral_config(num_experts_per_tok=8, **HD64),
     "gemma3": lambda tm: tm.tiny_gemma3_config(),  # head_dim 64, sliding window 8
+    # attention scores soft-capped at 2.0: FlashInfer's logits_soft_cap in its plans
+    "gemma2": lambda tm: tm.tiny_gemma2_config(),
     # softmax scale 1 / head_dim, as Granite 3.x: FlashInfer must plan with it
     "granite": lambda tm: tm.tiny_granite_config(attention_multiplier=1 / 64, **HD64),
     "smollm3": lambda tm: tm.tiny_smollm3_config(**HD64),  # NoPE layers 1 and 3
@@ -73,8 +75,8 @@ def _save(builder, name: str, tmp_path_factory) -> str:
     import tiny_models
 
     out = tmp_path_factory.mktemp(f"{name}_gpu")
-    # Gemma 3 and Granite are saved with their own embedding std (see tiny_models)
-    embed_std = {"gemma3": tiny_models.GEMMA3_EMBED_STD,
+    # Gemma and Granite are saved with their own embedding std (see tiny_models)
+    embed_std = {"gemma2": tiny_models.GEMMA3_EMBED_STD, "gemma3": tiny_models.GEMMA3_EMBED_STD,
                  "granite": tiny_models.GRANITE_EMBED_STD}.get(name)  # fmt: skip
     return tiny_models.save_tiny_hf_checkpoint(
         builder(tiny_models), str(out), seed=11, embed_std=embed_std

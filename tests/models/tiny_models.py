@@ -232,6 +232,31 @@ def tiny_gemma3_config(**overrides):
     return _config("Gemma3TextConfig", "Gemma3ForCausalLM", family, overrides)
 
 
+def tiny_gemma2_config(**overrides):
+    """Gemma2Config: 4 layers (sliding, global, sliding, global), hidden 128, 2 heads / 1 KV
+    head of head_dim 64, sliding_window 8 (the test prompts and outputs are longer), RoPE
+    base 10000, query_pre_attn_scalar 48, attention scores soft-capped at 2.0 (a cap small
+    enough to change the outputs of a model that left it out) and final logits at 30, tied.
+    Save it with ``embed_std=GEMMA3_EMBED_STD`` (see :func:`tiny_gemma3_config`)."""
+    family = dict(
+        hidden_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+        layer_types=["sliding_attention", "full_attention"] * 2,
+        sliding_window=8,
+        rope_theta=10000.0,
+        query_pre_attn_scalar=48,
+        attn_logit_softcapping=2.0,
+        final_logit_softcapping=30.0,
+        hidden_activation="gelu_pytorch_tanh",
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+    )
+    return _config("Gemma2Config", "Gemma2ForCausalLM", family, overrides)
+
+
 def tiny_granite_config(**overrides):
     """GraniteConfig: 3 layers, hidden 64, 4 heads / 2 KV heads of 16, intermediate 128, tied,
     with Granite 3.x-like multipliers: embeddings x 12, softmax scale 1 / head_dim (0.0625,
@@ -252,6 +277,17 @@ def tiny_smollm3_config(**overrides):
                   rope_theta=2000000.0, use_sliding_window=False,
                   tie_word_embeddings=True)  # fmt: skip
     return _config("SmolLM3Config", "SmolLM3ForCausalLM", family, overrides)
+
+
+def tiny_gemma2_gguf_config(**overrides):
+    """The Gemma 2 config a GGUF file can carry: transformers' GGUF reader maps neither
+    ``query_pre_attn_scalar``, the layer pattern nor the soft-caps, so they keep
+    Gemma2Config's defaults (256; even layers sliding; scores capped at 50, logits at 30):
+    ``tiny_gemma2_config`` with those."""
+    family = dict(layer_types=None, query_pre_attn_scalar=256, attn_logit_softcapping=50.0,
+                  final_logit_softcapping=30.0)  # fmt: skip
+    family.update(overrides)
+    return tiny_gemma2_config(**family)
 
 
 def tiny_gemma3_gguf_config(**overrides):
@@ -379,7 +415,7 @@ def _hf_to_gguf_name(name: str, arch: str) -> str | None:
         inverse = {}
         subs = ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down",
                 "attn_norm", "ffn_norm", "attn_q_norm", "attn_k_norm"]  # fmt: skip
-        if arch == "gemma3":
+        if arch in ("gemma2", "gemma3"):
             subs += ["post_attention_norm", "post_ffw_norm"]
         for block_sub in subs:
             for kind in ("weight", "bias"):
@@ -398,8 +434,8 @@ def _hf_to_gguf_name(name: str, arch: str) -> str | None:
 def write_tiny_gguf(hf_dir: str, out_path: str, arch: str) -> str:
     """Write the weights of the HF checkpoint at ``hf_dir`` as an F32 GGUF file.
 
-    ``arch`` is ``"llama"``, ``"qwen2"``, ``"qwen3"`` or ``"gemma3"``. Llama q/k rows are
-    permuted and Gemma 3 norm weights stored as ``1 + w``, as llama.cpp's
+    ``arch`` is ``"llama"``, ``"qwen2"``, ``"qwen3"``, ``"gemma2"`` or ``"gemma3"``. Llama q/k
+    rows are permuted and Gemma norm weights stored as ``1 + w``, as llama.cpp's
     ``convert_hf_to_gguf.py`` does; the metadata transformers needs to rebuild the config is
     written, and the SmolLM2 ``tokenizer.ggml.*`` metadata is copied when available. A tied
     model gets no ``output.weight`` (transformers then infers tie_word_embeddings=True).
@@ -428,9 +464,10 @@ def write_tiny_gguf(hf_dir: str, out_path: str, arch: str) -> str:
 
     if arch == "gemma3":  # the global layers' base; the local one is transformers' default
         theta = gemma3_rope_parameters(config, "full_attention")["rope_theta"]
-        writer.add_sliding_window(config.sliding_window)
     else:
         theta = get_rope_parameters(config)["rope_theta"]
+    if arch in ("gemma2", "gemma3"):
+        writer.add_sliding_window(config.sliding_window)
     writer.add_rope_freq_base(float(theta))
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_vocab_size(config.vocab_size)
@@ -456,7 +493,7 @@ def write_tiny_gguf(hf_dir: str, out_path: str, arch: str) -> str:
         if gguf_name is None:
             raise ValueError(f"no GGUF name for HF tensor {name!r}")
         array = tensor.to(torch.float32).numpy()
-        if arch == "gemma3" and name.endswith("norm.weight"):
+        if arch in ("gemma2", "gemma3") and name.endswith("norm.weight"):
             array = array + 1.0
         if arch == "llama" and ".attn_q." in gguf_name:
             array = permute_rows(array, config.num_attention_heads)

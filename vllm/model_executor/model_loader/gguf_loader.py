@@ -42,16 +42,16 @@ _GLOBAL_NAMES = {
     "output_norm": "model.norm",
     "output": "lm_head",
 }
-# Gemma 3 has four norms per layer: llama.cpp's ffn_norm is its pre-feed-forward norm
-_ARCH_BLOCK_NAMES = {
-    "gemma3": {
-        "ffn_norm": "pre_feedforward_layernorm",
-        "post_attention_norm": "post_attention_layernorm",
-        "post_ffw_norm": "post_feedforward_layernorm",
-    },
+# Gemma 2 and 3 have four norms per layer: llama.cpp's ffn_norm is their pre-feed-forward
+# norm
+_GEMMA_BLOCK_NAMES = {
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
 }
+_ARCH_BLOCK_NAMES = {"gemma2": _GEMMA_BLOCK_NAMES, "gemma3": _GEMMA_BLOCK_NAMES}
 # architectures whose converter stores every norm weight w as 1 + w (Gemma's scale)
-_NORM_SHIFTED_ARCHS = {"gemma3"}
+_NORM_SHIFTED_ARCHS = {"gemma2", "gemma3"}
 ROPE_FREQS = "rope_freqs"
 _SKIPPED = {ROPE_FREQS}  # rotary frequency divisors: part of the config, not a weight
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")

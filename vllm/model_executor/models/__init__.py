@@ -16,6 +16,7 @@ _MODELS: dict[str, tuple[str, str]] = {
     "Phi3ForCausalLM": ("phi3", "Phi3ForCausalLM"),
     "Qwen3MoeForCausalLM": ("qwen3_moe", "Qwen3MoeForCausalLM"),
     "MixtralForCausalLM": ("mixtral", "MixtralForCausalLM"),
+    "Gemma2ForCausalLM": ("gemma2", "Gemma2ForCausalLM"),
     "Gemma3ForCausalLM": ("gemma3", "Gemma3ForCausalLM"),
     "GraniteForCausalLM": ("granite", "GraniteForCausalLM"),
     "SmolLM3ForCausalLM": ("smollm3", "SmolLM3ForCausalLM"),
@@ -37,6 +38,7 @@ _MODEL_TYPE_TO_ARCH = {
     "phi3": "Phi3ForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "mixtral": "MixtralForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",
     "granite": "GraniteForCausalLM",
     "smollm3": "SmolLM3ForCausalLM",
@@ -44,7 +46,13 @@ _MODEL_TYPE_TO_ARCH = {
 
 # architectures whose GGUF files load (gguf_loader's tensor names; checked against
 # transformers on tiny files); other architectures load from Hugging Face directories only
-GGUF_ARCHS = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM")
+GGUF_ARCHS = (
+    "LlamaForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    "Gemma2ForCausalLM",
+    "Gemma3ForCausalLM",
+)
 
 # model types whose every layer attends over a window of ``config.sliding_window`` tokens
 _UNIFORM_WINDOW_TYPES = ("mistral", "phi3", "mixtral")
@@ -103,14 +111,14 @@ def full_attention_limit(config, disable_sliding_window: bool = False) -> int | 
     A model whose every layer has a sliding window of W tokens (Mistral v0.1, Phi-3 4k)
     attends to the whole sequence as long as it holds at most W tokens; ``ModelConfig`` caps
     ``max_model_len`` there. With ``disable_sliding_window`` (upstream's switch) a model that
-    mixes windowed and global layers (Gemma 3) is capped too, at its smallest window. None:
+    mixes windowed and global layers (Gemma 2 and 3) is capped too, at its smallest window. None:
     no such limit.
     """
     model_type = getattr(config, "model_type", None)
     if model_type in _UNIFORM_WINDOW_TYPES:
         window = getattr(config, "sliding_window", None)
         return int(window) if window else None
-    if disable_sliding_window and model_type == "gemma3_text":
+    if disable_sliding_window and model_type in ("gemma2", "gemma3_text"):
         from vllm.model_executor.models.gemma3 import gemma3_layer_windows
 
         windows = [w for w in gemma3_layer_windows(config) if w]
@@ -150,11 +158,15 @@ def context_limit(config) -> int | None:
 def attention_fields(config) -> dict:
     """``AttentionSpec`` fields beyond the shapes that the model's attention layers need:
     ``sliding_windows`` (the distinct per-layer windows, tokens), ``scale`` (softmax scale
-    when not head_size ** -0.5) and ``logits_soft_cap``. Empty for every family but Gemma 3
-    and Granite (``attention_multiplier``); a uniform window is handled by capping
+    when not head_size ** -0.5) and ``logits_soft_cap``. Empty for every family but Gemma 2
+    and 3 and Granite (``attention_multiplier``); a uniform window is handled by capping
     max_model_len, see :func:`full_attention_limit`. The model runner checks every
     attention layer against them (``vllm.attention.layer.check_layers_match_spec``)."""
     model_type = getattr(config, "model_type", None)
+    if model_type == "gemma2":
+        from vllm.model_executor.models.gemma2 import gemma2_attention_fields
+
+        return gemma2_attention_fields(config)
     if model_type == "gemma3_text":
         from vllm.model_executor.models.gemma3 import gemma3_attention_fields
 

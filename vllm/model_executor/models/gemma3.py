@@ -46,7 +46,7 @@ SLIDING, FULL = "sliding_attention", "full_attention"
 def gemma3_layer_types(config: PretrainedConfig) -> list[str]:
     """Per layer ``"sliding_attention"`` or ``"full_attention"``: ``config.layer_types``
     (transformers >= 4.53), else every ``sliding_window_pattern``-th layer global (older
-    configs; default 6).
+    configs; default 6 for Gemma 3, 2 for Gemma 2, whose even layers slide).
 
     Raises:
         ValueError: a layer type other than those two, or a list of the wrong length.
@@ -55,20 +55,20 @@ def gemma3_layer_types(config: PretrainedConfig) -> list[str]:
     types = getattr(config, "layer_types", None)
     if not types:
         pattern = getattr(config, "sliding_window_pattern", None) or getattr(
-            config, "_sliding_window_pattern", 6
+            config, "_sliding_window_pattern", 2 if config.model_type == "gemma2" else 6
         )
         types = [SLIDING if (i + 1) % pattern else FULL for i in range(n)]
     types = list(types)
     if len(types) != n or not set(types) <= {SLIDING, FULL}:
         raise ValueError(
-            f"Gemma 3 layer_types must list {n} entries of {[SLIDING, FULL]}, got {types}"
+            f"Gemma layer_types must list {n} entries of {[SLIDING, FULL]}, got {types}"
         )
     return types
 
 
 def gemma3_layer_windows(config: PretrainedConfig) -> list[int | None]:
     """Per layer its sliding window in tokens (``config.sliding_window``), None for global
-    layers."""
+    layers (Gemma 2 and 3)."""
     window = getattr(config, "sliding_window", None)
     return [window if t == SLIDING else None for t in gemma3_layer_types(config)]
 
@@ -203,12 +203,13 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         """See the class docstring."""
         if getattr(config, "use_bidirectional_attention", False):
             raise ValueError(
-                "Gemma3ForCausalLM with use_bidirectional_attention=True is not supported "
+                f"{cls.__name__} with use_bidirectional_attention=True is not supported "
                 "(causal attention only)"
             )
         if SLIDING in gemma3_layer_types(config) and not (config.sliding_window or 0) >= 1:
             raise ValueError(
-                f"Gemma 3 sliding layers need sliding_window >= 1, got {config.sliding_window}"
+                f"{cls.__name__}'s sliding layers need sliding_window >= 1, got "
+                f"{config.sliding_window}"
             )
 
     @staticmethod
