@@ -413,6 +413,27 @@ def tiny_gemma2_dir(tiny_models_dir) -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_olmo2_dir(tiny_models_dir) -> str:
+    """HF OLMo 2 checkpoint directory: 3 post-norm layers, q/k norms over all heads, GQA."""
+    config = tiny_models.tiny_olmo2_config()
+    return _built(
+        tiny_models_dir / "olmo2",
+        lambda p: tiny_models.save_tiny_hf_checkpoint(config, p, seed=26),
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_olmo3_dir(tiny_models_dir) -> str:
+    """HF OLMo 3 checkpoint directory: 4 layers (3 sliding over 8 tokens, 1 global), a RoPE
+    per layer type."""
+    config = tiny_models.tiny_olmo3_config()
+    return _built(
+        tiny_models_dir / "olmo3",
+        lambda p: tiny_models.save_tiny_hf_checkpoint(config, p, seed=27),
+    )
+
+
+@pytest.fixture(scope="session")
 def tiny_granite_dir(tiny_models_dir) -> str:
     """HF Granite checkpoint directory: 3 layers, tied, Granite 3.x-like embedding,
     attention, residual and logits multipliers (tiny_granite_config), embeddings of small

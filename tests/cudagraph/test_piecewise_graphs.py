@@ -122,12 +122,15 @@ def test_piecewise_plan(tiny_llama_dir):
 
 
 @pytest.mark.forked
-@pytest.mark.parametrize("family", ["tiny_gemma3_dir", "tiny_qwen3_moe_dir", "tiny_granite_dir"])
+@pytest.mark.parametrize(
+    "family", ["tiny_gemma3_dir", "tiny_qwen3_moe_dir", "tiny_granite_dir", "tiny_olmo2_dir"]
+)
 def test_families_pieces_equal_eager(family, request):
     """Gemma 3 (its own post-attention block, sliding and global layers), Qwen3-MoE
-    (row-wise expert routing inside the pieces) and Granite (embedding and residual
-    multipliers in the first piece and in every post-attention block): a two-prompt prefill
-    replayed as pieces, then decodes, give the plain eager tokens and logprobs."""
+    (row-wise expert routing inside the pieces), Granite (embedding and residual
+    multipliers in the first piece and in every post-attention block) and OLMo 2 (post-norm
+    layers: the residual add moves into the next piece): a two-prompt prefill replayed as
+    pieces, then decodes, give the plain eager tokens and logprobs."""
     model = request.getfixturevalue(family)
     kw = dict(max_num_seqs=8, prefill_graph_max_tokens=0)
     g = make_worker(model, 1, piecewise_graph_max_tokens=64, **kw)

@@ -6,10 +6,10 @@ rank's (docs/design.md "Tensor parallelism"). Outputs of random tiny models are 
 meaningful when not one repeated token, so each reference completion must hold at least
 ``MIN_DISTINCT`` distinct ids.
 
-Coverage with five multi-rank engines (CI time): Qwen2 with fewer ranks than KV heads at
+Coverage with six multi-rank engines (CI time): Qwen2 with fewer ranks than KV heads at
 TP = 2; Llama with more ranks than KV heads at TP = 2 x PP = 2, which then also loses a rank;
 the Ray executor at TP = 2 with one KV head per rank; Gemma 3's final logit soft-cap at
-TP = 2; ``--quantization fp8`` at TP = 2.
+TP = 2; OLMo 2's norms over all heads at TP = 4; ``--quantization fp8`` at TP = 2.
 """
 
 import os
@@ -173,6 +173,18 @@ def test_gemma3_tp2_final_logit_softcap(tiny_gemma3_dir):
         finally:
             llm.llm_engine.shutdown()
     _check_close(ref, out, "gemma3-tp2")
+
+
+@pytest.mark.forked
+def test_olmo2_tp4_norms_span_the_ranks(tiny_olmo2_dir):
+    """OLMo 2's q/k norms are over all heads: at TP = 4 (4 heads / 2 KV heads) each rank
+    holds one query head and a replica of one KV head, normalises with the all-reduced sum
+    of squares (the KV replicas counted once) and its slice of the norm weights; tokens and
+    logprobs equal one rank's."""
+    with deadline(240):
+        ref = _greedy(tiny_olmo2_dir)
+        out = _greedy(tiny_olmo2_dir, tensor_parallel_size=4)
+    _check_close(ref, out, "olmo2-tp4")
 
 
 @pytest.mark.forked

@@ -17,8 +17,8 @@ NGRAM_PROMPTS = [
 ]
 MAX_TOKENS = 32
 
-# Gemma 2's and 3's sliding layers attend over 8 tokens: prompts longer than the window, so the
-# windowed prefill (not only decode) differs from full attention
+# Gemma 2's and 3's and OLMo 3's sliding layers attend over 8 tokens: prompts longer than
+# the window, so the windowed prefill (not only decode) differs from full attention
 WINDOW_PROMPTS = [
     "Hello world",
     "The capital of France is a city on the river Seine, and its most famous tower is",
@@ -36,12 +36,15 @@ HF_DIRS = [
     "tiny_gemma3_dir",
     "tiny_granite_dir",
     "tiny_smollm3_dir",
+    "tiny_olmo2_dir",
+    "tiny_olmo3_dir",
 ]
 PROMPTS_OF = {
     "tiny_gemma2_dir": WINDOW_PROMPTS,
     "tiny_gemma2_gguf": WINDOW_PROMPTS,
     "tiny_gemma3_dir": WINDOW_PROMPTS,
     "tiny_gemma3_gguf": WINDOW_PROMPTS,
+    "tiny_olmo3_dir": WINDOW_PROMPTS,
 }
 GGUF_FILES = ["tiny_qwen3_gguf", "tiny_gemma2_gguf", "tiny_gemma3_gguf"]
 

@@ -53,6 +53,9 @@ BUILDERS = {
     # softmax scale 1 / head_dim, as Granite 3.x: FlashInfer must plan with it
     "granite": lambda tm: tm.tiny_granite_config(attention_multiplier=1 / 64, **HD64),
     "smollm3": lambda tm: tm.tiny_smollm3_config(**HD64),  # NoPE layers 1 and 3
+    # post-norm layers, q/k norms over all heads (plain torch norms)
+    "olmo2": lambda tm: tm.tiny_olmo2_config(**HD64),
+    "olmo3": lambda tm: tm.tiny_olmo3_config(**HD64),  # 3 sliding layers (window 8), 1 global
     # YaRN past a 16-position original context (the prompts and 32 tokens reach ~40)
     "qwen2_yarn": lambda tm: tm.tiny_qwen2_config(
         rope_parameters={

@@ -257,6 +257,32 @@ def tiny_gemma2_config(**overrides):
     return _config("Gemma2Config", "Gemma2ForCausalLM", family, overrides)
 
 
+def tiny_olmo2_config(**overrides):
+    """Olmo2Config: 3 layers, hidden 64, 4 heads / 2 KV heads (GQA, as OLMo 2 32B; the
+    smaller ones have as many KV heads as heads), intermediate 128, untied."""
+    family = dict(num_hidden_layers=3, rms_norm_eps=1e-6, rope_theta=500000.0,
+                  tie_word_embeddings=False)  # fmt: skip
+    return _config("Olmo2Config", "Olmo2ForCausalLM", family, overrides)
+
+
+def tiny_olmo3_config(**overrides):
+    """Olmo3Config: 4 layers (three sliding over 8 tokens, then a global one), hidden 64, 4
+    heads / 2 KV heads; RoPE base 10000 on sliding layers and 500000 with linear scaling 2 on
+    the global one (a RoPE per layer type)."""
+    family = dict(
+        num_hidden_layers=4,
+        layer_types=["sliding_attention"] * 3 + ["full_attention"],
+        sliding_window=8,
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "linear", "rope_theta": 500000.0, "factor": 2.0},
+        },
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+    )
+    return _config("Olmo3Config", "Olmo3ForCausalLM", family, overrides)
+
+
 def tiny_granite_config(**overrides):
     """GraniteConfig: 3 layers, hidden 64, 4 heads / 2 KV heads of 16, intermediate 128, tied,
     with Granite 3.x-like multipliers: embeddings x 12, softmax scale 1 / head_dim (0.0625,

@@ -19,6 +19,8 @@ _MODELS: dict[str, tuple[str, str]] = {
     "Gemma2ForCausalLM": ("gemma2", "Gemma2ForCausalLM"),
     "Gemma3ForCausalLM": ("gemma3", "Gemma3ForCausalLM"),
     "GraniteForCausalLM": ("granite", "GraniteForCausalLM"),
+    "Olmo2ForCausalLM": ("olmo2", "Olmo2ForCausalLM"),
+    "Olmo3ForCausalLM": ("olmo2", "Olmo3ForCausalLM"),
     "SmolLM3ForCausalLM": ("smollm3", "SmolLM3ForCausalLM"),
     # decoder stacks without an LM head (embedding checkpoints such as e5-mistral): served
     # with --task embed by the causal LM class, whose lm_head then ties to the embedding
@@ -41,6 +43,8 @@ _MODEL_TYPE_TO_ARCH = {
     "gemma2": "Gemma2ForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",
     "granite": "GraniteForCausalLM",
+    "olmo2": "Olmo2ForCausalLM",
+    "olmo3": "Olmo3ForCausalLM",
     "smollm3": "SmolLM3ForCausalLM",
 }
 
@@ -111,14 +115,14 @@ def full_attention_limit(config, disable_sliding_window: bool = False) -> int | 
     A model whose every layer has a sliding window of W tokens (Mistral v0.1, Phi-3 4k)
     attends to the whole sequence as long as it holds at most W tokens; ``ModelConfig`` caps
     ``max_model_len`` there. With ``disable_sliding_window`` (upstream's switch) a model that
-    mixes windowed and global layers (Gemma 2 and 3) is capped too, at its smallest window. None:
-    no such limit.
+    mixes windowed and global layers (Gemma 2 and 3, OLMo 3) is capped too, at its smallest
+    window. None: no such limit.
     """
     model_type = getattr(config, "model_type", None)
     if model_type in _UNIFORM_WINDOW_TYPES:
         window = getattr(config, "sliding_window", None)
         return int(window) if window else None
-    if disable_sliding_window and model_type in ("gemma2", "gemma3_text"):
+    if disable_sliding_window and model_type in ("gemma2", "gemma3_text", "olmo3"):
         from vllm.model_executor.models.gemma3 import gemma3_layer_windows
 
         windows = [w for w in gemma3_layer_windows(config) if w]
@@ -159,9 +163,10 @@ def attention_fields(config) -> dict:
     """``AttentionSpec`` fields beyond the shapes that the model's attention layers need:
     ``sliding_windows`` (the distinct per-layer windows, tokens), ``scale`` (softmax scale
     when not head_size ** -0.5) and ``logits_soft_cap``. Empty for every family but Gemma 2
-    and 3 and Granite (``attention_multiplier``); a uniform window is handled by capping
-    max_model_len, see :func:`full_attention_limit`. The model runner checks every
-    attention layer against them (``vllm.attention.layer.check_layers_match_spec``)."""
+    and 3, OLMo 3 (windows) and Granite (``attention_multiplier``); a uniform window is
+    handled by capping max_model_len, see :func:`full_attention_limit`. The model runner
+    checks every attention layer against them
+    (``vllm.attention.layer.check_layers_match_spec``)."""
     model_type = getattr(config, "model_type", None)
     if model_type == "gemma2":
         from vllm.model_executor.models.gemma2 import gemma2_attention_fields
@@ -171,6 +176,10 @@ def attention_fields(config) -> dict:
         from vllm.model_executor.models.gemma3 import gemma3_attention_fields
 
         return gemma3_attention_fields(config)
+    if model_type == "olmo3":
+        from vllm.model_executor.models.olmo2 import olmo_attention_fields
+
+        return olmo_attention_fields(config)
     if model_type == "granite":
         from vllm.model_executor.models.granite import granite_attention_fields
 
