@@ -376,6 +376,17 @@ def tiny_qwen3_moe_dir(tiny_models_dir) -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_qwen2_moe_dir(tiny_models_dir) -> str:
+    """HF Qwen2-MoE checkpoint directory: sparse, dense and sparse layers, 8 experts top-2
+    and a gated shared expert."""
+    config = tiny_models.tiny_qwen2_moe_config()
+    return _built(
+        tiny_models_dir / "qwen2_moe",
+        lambda p: tiny_models.save_tiny_hf_checkpoint(config, p, seed=28),
+    )
+
+
+@pytest.fixture(scope="session")
 def tiny_mixtral_dir(tiny_models_dir) -> str:
     """HF Mixtral checkpoint directory: 2 layers, 8 experts, top-2, tied embeddings."""
     config = tiny_models.tiny_mixtral_config()

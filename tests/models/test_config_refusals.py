@@ -107,10 +107,10 @@ def test_engine_config_refuses_before_any_model_is_built(tiny_qwen2_dir, config,
         ModelConfig(model=tiny_qwen2_dir, hf_config=config)
 
 
-@pytest.mark.parametrize("model_type", ["nemotron", "qwen2_moe", "starcoder2"])
+@pytest.mark.parametrize("model_type", ["nemotron", "falcon", "starcoder2"])
 def test_gguf_of_an_unregistered_architecture_names_the_gguf_ones(tmp_path, model_type):
     """A GGUF file whose architecture the engine does not have at all (transformers
-    converts nemotron, qwen2moe, starcoder2 GGUF metadata to configs without
+    converts nemotron, falcon, starcoder2 GGUF metadata to configs without
     ``architectures``) is refused with the architectures that load from GGUF. Guards the
     message listing every registered architecture (Mistral, Phi-3, ... included), which a
     GGUF file of those is then refused for too."""

@@ -30,6 +30,7 @@ HF_DIRS = [
     "tiny_mistral_dir",
     "tiny_phi3_dir",
     "tiny_phi4_mini_dir",
+    "tiny_qwen2_moe_dir",
     "tiny_qwen3_moe_dir",
     "tiny_mixtral_dir",
     "tiny_gemma2_dir",

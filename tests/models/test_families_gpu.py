@@ -47,6 +47,7 @@ BUILDERS = {
     # that way from transformers in float32). Sparse routing: graph against eager, below.
     "qwen3_moe": lambda tm: tm.tiny_qwen3_moe_config(head_dim=64, num_experts_per_tok=8, **HD64),
     "mixtral": lambda tm: tm.tiny_mixtral_config(num_experts_per_tok=8, **HD64),
+    "qwen2_moe": lambda tm: tm.tiny_qwen2_moe_config(num_experts_per_tok=8, **HD64),
     "gemma3": lambda tm: tm.tiny_gemma3_config(),  # head_dim 64, sliding window 8
     # attention scores soft-capped at 2.0: FlashInfer's logits_soft_cap in its plans
     "gemma2": lambda tm: tm.tiny_gemma2_config(),
@@ -71,6 +72,7 @@ BUILDERS = {
 SPARSE_MOE = {  # top-2 of 8, uneven routing: the expert kernel's grouping in graphs
     "qwen3_moe": lambda tm: tm.tiny_qwen3_moe_config(head_dim=64, **HD64),
     "mixtral": lambda tm: tm.tiny_mixtral_config(**HD64),
+    "qwen2_moe": lambda tm: tm.tiny_qwen2_moe_config(**HD64),  # and its shared expert
 }
 
 

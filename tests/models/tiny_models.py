@@ -194,6 +194,19 @@ def tiny_qwen3_moe_config(**overrides):
     return _config("Qwen3MoeConfig", "Qwen3MoeForCausalLM", family, overrides)
 
 
+def tiny_qwen2_moe_config(**overrides):
+    """Qwen2MoeConfig: 3 layers (sparse, dense, sparse: ``decoder_sparse_step`` 1 with layer
+    1 in ``mlp_only_layers``), hidden 64, 4 heads / 2 KV heads, 8 experts of width 32, top-2
+    not renormalised (Qwen1.5-MoE's setting), a shared expert of width 48 behind its sigmoid
+    gate, dense MLP width 128, untied."""
+    family = dict(num_hidden_layers=3, moe_intermediate_size=32, num_experts=8,
+                  num_experts_per_tok=2, shared_expert_intermediate_size=48,
+                  norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[1],
+                  rms_norm_eps=1e-6, rope_theta=1000000.0, use_sliding_window=False,
+                  tie_word_embeddings=False)  # fmt: skip
+    return _config("Qwen2MoeConfig", "Qwen2MoeForCausalLM", family, overrides)
+
+
 def tiny_mixtral_config(**overrides):
     """MixtralConfig: 2 layers, hidden 64, 4 heads / 2 KV heads, 8 experts of width 32,
     top-2, tied, no sliding window."""
