@@ -155,6 +155,9 @@ class Sequence:
         self.window_context_at = -1
         # Tokens appended whose text is not decoded yet (output_processor.finish_text_of).
         self.text_pending = False
+        # Output tokens a stop string cut off after they were appended (stop_checker.py):
+        # generated all the same, so the step statistics still count them.
+        self.num_cut_tokens = 0
 
     @property
     def prompt_token_ids(self) -> tuple[int, ...]:
@@ -209,6 +212,11 @@ class Sequence:
 
     def get_output_len(self) -> int:
         return self.data.get_output_len()
+
+    def get_generated_len(self) -> int:
+        """Tokens generated so far: the output tokens and those a stop string cut off
+        (never decreases, unlike :meth:`get_output_len`)."""
+        return len(self.data.output_token_ids) + self.num_cut_tokens
 
     def get_token_ids(self) -> list[int]:
         return self.data.get_token_ids()

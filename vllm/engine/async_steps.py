@@ -51,7 +51,7 @@ class ScheduledStep:
     sched_out: object
     no_first_token: set[str] = field(default_factory=set)
     last_token_time: dict[str, float] = field(default_factory=dict)
-    output_lens: dict[str, int] = field(default_factory=dict)  # output tokens before it
+    output_lens: dict[str, int] = field(default_factory=dict)  # tokens generated before it
 
 
 @dataclass
@@ -181,7 +181,7 @@ class EngineSteps:
         request, sched_out = self.engine.schedule_step(ve)
         s = ScheduledStep(request, sched_out)
         for g in sched_out.scheduled_seq_groups:
-            s.output_lens[g.request_id] = sum(seq.get_output_len() for seq in g.seqs)
+            s.output_lens[g.request_id] = sum(seq.get_generated_len() for seq in g.seqs)
             if g.metrics.first_token_time is None:
                 s.no_first_token.add(g.request_id)
             elif g.metrics.last_token_time is not None:
@@ -232,8 +232,10 @@ class EngineSteps:
             if rid in gone:
                 continue
             if out is not None and g.pooling_params is None:  # (embeddings generate nothing)
-                # tokens appended: a stop drops a multi-token step's rest
-                times.generated += sum(s.get_output_len() for s in g.seqs) - sched.output_lens[rid]
+                # tokens appended: a stop drops a multi-token step's rest (the tokens a stop
+                # string cuts off were generated, by this step or an earlier one: counted)
+                generated = sum(s.get_generated_len() for s in g.seqs)
+                times.generated += generated - sched.output_lens[rid]
             if rid in sched.no_first_token and m.first_token_time is not None:
                 times.ttft.append(m.first_token_time - m.arrival_time)
             prev = sched.last_token_time.get(rid)

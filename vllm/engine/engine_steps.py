@@ -279,7 +279,7 @@ class StepMethods:
                 if requests.get(group.request_id) is not group:
                     continue  # aborted while its step ran (pipelined): freed, no output
                 if self.stats_log is not None:  # the tokens kept (not a stop's rest)
-                    len_before = sum(s.get_output_len() for s in group.seqs)
+                    len_before = sum(s.get_generated_len() for s in group.seqs)
                 try:
                     if process(group, group_out):
                         pending.append(group)
@@ -287,7 +287,7 @@ class StepMethods:
                     pending.append(group)  # the text of tokens appended before the error
                     self._fail_group(group, e)
                 if self.stats_log is not None:
-                    kept = sum(s.get_output_len() for s in group.seqs) - len_before
+                    kept = sum(s.get_generated_len() for s in group.seqs) - len_before
                     self.stats_log.add(0, kept)
                 if group_out.samples:  # a prefill chunk that is not the last samples nothing
                     m = group.metrics

@@ -147,6 +147,7 @@ def _cut_tokens_after(seq: Sequence, end: int, params: SamplingParams, tokenizer
         return
     for pos in range(keep, len(ids)):
         seq.data.cumulative_logprob -= seq.token_logprobs[pos]
+    seq.num_cut_tokens += len(ids) - keep
     del seq.data.output_token_ids[keep:]
     del seq.token_logprobs[keep:]
     del seq.output_logprobs[keep:]

@@ -241,6 +241,30 @@ def test_echo_logprobs_stop_and_rest_of_context(client):
     assert r.choices[0].finish_reason == "length"
 
 
+def test_stop_string_cutting_held_back_tokens_keeps_the_engine_alive(server, client):
+    """A stop string that ends inside a token whose text the detokenizer held back (an
+    incomplete UTF-8 character) cuts the tokens after it, tokens an earlier step appended.
+
+    Guards: the step's generated-token count went negative, the Prometheus counter
+    raised, and the engine loop died (503 for this request, then the server exited)."""
+    prompt = " ".join(["🦙🥑"] * 8)  # greedy continues " 🦙🥑 🦙..." (" ðŁ" holds " ")
+    before = _metrics(server)["vllm:generation_tokens_total"]
+    for stream in (False, True):
+        kw = dict(model=MODEL, prompt=prompt, max_tokens=9, temperature=0, stop=["🥑 "])
+        if stream:
+            chunks = list(client.completions.create(stream=True, **kw))
+            text = "".join(c.choices[0].text for c in chunks)
+            finish = chunks[-1].choices[0]
+        else:
+            finish = client.completions.create(**kw).choices[0]
+            text = finish.text
+        assert text == " 🦙" and finish.finish_reason == "stop", (stream, text)
+        assert finish.stop_reason == "🥑 "
+    assert httpx.get(server.url_for("health"), timeout=10).status_code == 200
+    # every token sampled counts once, those cut off included (9 per request here)
+    assert _metrics(server)["vllm:generation_tokens_total"] - before == 2 * 9
+
+
 def test_tokenize_and_detokenize(server, client):
     """/tokenize gives the ids /v1/completions counts as prompt tokens (text, and chat
     messages rendered with the template); /detokenize inverts it; bad bodies get 400."""
