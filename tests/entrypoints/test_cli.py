@@ -154,6 +154,22 @@ def test_load_chat_template(tmp_path):
     assert load_chat_template(tagged) == tagged
 
 
+def test_inline_chat_template_escapes_are_decoded(tmp_path):
+    """An inline template's backslash escapes are read as Python reads them, as upstream
+    (a newline typed as ``\\n`` on a command line); a file's text is kept as it is, and so
+    are non-ASCII characters and a backslash that starts no escape.
+
+    Guards: an inline template typed with ``\\n`` rendered a backslash and an ``n`` into
+    every chat prompt, where upstream renders a newline."""
+    typed = r"{% for m in messages %}{{ m['role'] }}:\t{{ m['content'] }}\n{% endfor %}"
+    want = "{% for m in messages %}{{ m['role'] }}:\t{{ m['content'] }}\n{% endfor %}"
+    assert load_chat_template(typed) == want
+    assert load_chat_template(r"é 日本 \u00e9 \\ \d {{ 1 }}") == "é 日本 é \\ \\d {{ 1 }}"
+    path = tmp_path / "t.jinja"
+    path.write_text(typed)
+    assert load_chat_template(str(path)) == typed
+
+
 def test_bad_chat_template_fails_at_load(tmp_path):
     """A template Jinja cannot compile is refused when the flag is read (the server exits
     at start-up with one line), naming the file, Jinja's message and the line.

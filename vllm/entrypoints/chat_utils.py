@@ -1,4 +1,5 @@
-"""Chat templates: ``--chat-template`` (a file or an inline Jinja string), the messages a
+"""Chat templates: ``--chat-template`` (a file or an inline Jinja string, whose backslash
+escapes such as ``\\n`` are read as Python reads them, as upstream), the messages a
 template sees, and rendering a conversation to the prompt text the model sees.
 
 Messages reach the template as OpenAI sends them, text only: ``role``, ``content``, and
@@ -22,10 +23,12 @@ text is ``{}``, as upstream) and a tool message's ``tool_call_id``. The request'
 
 from __future__ import annotations
 
+import codecs
 import functools
 import json
 import logging
 import os
+import re
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -34,6 +37,11 @@ CONTENT_FORMATS = ("auto", "string", "openai")
 
 # A value containing any of these is Jinja, not a path.
 _JINJA_MARKS = ("{{", "{%", "{#", "\n")
+
+# The backslash escapes of Python string literals (\n, \t, \\, \u00e9, \x41, \101, ...).
+_ESCAPE = re.compile(
+    r"""\\(?:[\\'"abfnrtv]|x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|N\{[^}]*\}|[0-7]{1,3})"""
+)
 
 
 def load_chat_template(value: str | None) -> str | None:
@@ -56,12 +64,29 @@ def load_chat_template(value: str | None) -> str | None:
         _check_template_syntax(text, f"file {value!r}")
         return text
     if any(mark in value for mark in _JINJA_MARKS):
+        value = _unescape(value)
         _check_template_syntax(value, "(inline)")
         return value
     raise ValueError(
         f"--chat-template {value!r} is neither an existing file nor a Jinja template "
         "(inline templates contain '{{' or '{%')."
     )
+
+
+def _unescape(value: str) -> str:
+    """An inline template with its backslash escapes decoded, as upstream decodes one
+    (``codecs.decode(value, "unicode_escape")``): a template typed on a command line or in
+    a unit file writes a newline as ``\\n``. Characters other than escapes are kept as
+    they are (unicode_escape alone would read non-ASCII text as Latin-1), and so is a
+    backslash that starts no escape."""
+
+    def decode(match: re.Match) -> str:
+        try:
+            return codecs.decode(match.group(0), "unicode_escape")
+        except UnicodeDecodeError:  # \N{...} naming no character
+            return match.group(0)
+
+    return _ESCAPE.sub(decode, value)
 
 
 def _check_template_syntax(template: str, shown: str) -> None:
