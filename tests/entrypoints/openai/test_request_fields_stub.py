@@ -4,13 +4,15 @@ completion's ``"echo": null`` mean the fields' defaults (one choice, not streame
 echo); ``echo`` with ``max_tokens`` 0 takes a prompt of the whole context (nothing is
 generated), and one token longer is a 400 counting 0 completion tokens; a non-empty
 ``logits_processors`` is a 400 naming it (upstream's server refuses them unless started
-with ``--logits-processor-pattern``), an empty one is accepted.
+with ``--logits-processor-pattern``), an empty one is accepted; ``logit_bias`` values
+beyond [-100, 100] are clamped to it, as upstream's server clamps them.
 
 Guards: echo with max_tokens 0 refused for a prompt of max_model_len tokens ("you
 requested 513 tokens (512 in the prompt, 1 in the completion)"); a body with such nulls
 refused with a 400 ("n: Input should be a valid integer") although upstream vLLM serves
 it; ``logits_processors`` ignored (the reply generated without them, as if they had
-run).
+run); ``logit_bias`` of 1e9 (a client forcing a token) refused with a 400 although
+upstream serves it with the bias clamped to 100.
 """
 
 import asyncio
@@ -103,3 +105,14 @@ def test_echo_without_tokens_takes_a_whole_context_prompt(tokenizer):
         answer(ids + ids[:1])
     assert err.value.param == "prompt"
     assert "requested 513 tokens (513 in the prompt, 0 in the completion)" in err.value.message
+
+
+@pytest.mark.parametrize("api", ["completion", "chat"])
+def test_logit_bias_values_are_clamped(tokenizer, api):
+    bias = {"5": 1e9, "6": -500, "7": 2.5, "8": 100}
+    reply, params = _answer(tokenizer, api, logit_bias=bias)
+    assert params.logit_bias == {5: 100.0, 6: -100.0, 7: 2.5, 8: 100.0}
+    assert len(reply["choices"]) == 1
+    with pytest.raises(APIError) as err:  # a key that is no token id is still a 400
+        _answer(tokenizer, api, logit_bias={"abc": 1e9})
+    assert err.value.code == 400 and err.value.param == "logit_bias"

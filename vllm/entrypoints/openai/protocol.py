@@ -248,7 +248,8 @@ class SamplingFields(OpenAIRequest):
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
-    # token id (a string: JSON object keys are strings) -> bias in [-100, 100]
+    # token id (a string: JSON object keys are strings) -> bias in [-100, 100] (values
+    # beyond it are clamped to it, as upstream: serving_engine.clamped_logit_bias)
     logit_bias: dict[str, float] | None = None
     allowed_token_ids: list[int] | None = None
     response_format: ResponseFormat | None = None

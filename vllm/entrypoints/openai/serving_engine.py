@@ -75,6 +75,21 @@ def renamed_logprobs(message: str, field: str) -> str:
     return _LOGPROBS_WORD.sub(field, message, count=1)
 
 
+def clamped_logit_bias(bias: dict | None) -> dict | None:
+    """A request's ``logit_bias`` with each value beyond [-100, 100] (OpenAI's range)
+    clamped to it, as upstream's server clamps them: clients send large values such as
+    1e9 to force or ban a token. Anything else (a NaN, a key that is no token id) is
+    left for SamplingParams to refuse."""
+    if not isinstance(bias, dict):
+        return bias
+    out = {}
+    for key, value in bias.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value:
+            value = min(100.0, max(-100.0, float(value)))
+        out[key] = value
+    return out
+
+
 def params_error(e: Exception, logprobs_field: str = "logprobs") -> APIError:
     """The 400 of a SamplingParams error ``e``: its ``param`` is the field the message
     names, the per-token logprobs count under the request's name ``logprobs_field``."""
@@ -390,7 +405,8 @@ class OpenAIServing:
         the structured-output constraint (see guided_request.py / tool_calls.py), given
         the server's ``reasoning_token_ids``. temperature, top_p, top_k, min_p and
         repetition_penalty left out of the request take the generation config's value
-        when it sets one (``--generation-config``), else SamplingParams' own default."""
+        when it sets one (``--generation-config``), else SamplingParams' own default.
+        ``logit_bias`` values are clamped to [-100, 100] (:func:`clamped_logit_bias`)."""
         self.refuse_logits_processors(req)
         d = self.default_sampling
         if guided is not None and self.reasoning_token_ids is not None:
@@ -420,7 +436,7 @@ class OpenAIServing:
             prompt_logprobs=prompt_logprobs,
             skip_special_tokens=req.skip_special_tokens,
             spaces_between_special_tokens=req.spaces_between_special_tokens,
-            logit_bias=req.logit_bias,
+            logit_bias=clamped_logit_bias(req.logit_bias),
             allowed_token_ids=req.allowed_token_ids,
             bad_words=req.bad_words,
             guided_decoding=guided,
