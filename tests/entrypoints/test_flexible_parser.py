@@ -1,5 +1,6 @@
 """FlexibleArgumentParser and EngineArgs.add_cli_args as upstream's scripts use them:
-underscore spellings, no abbreviations, ``--model`` added when the parser has none."""
+underscore spellings, no abbreviations, ``--model`` added when the parser has none, and
+upstream V0's valued switches (``--enable-chunked-prefill false``)."""
 
 from __future__ import annotations
 
@@ -99,3 +100,38 @@ def test_a_short_flag_the_caller_declared_stays_its_own():
     p.add_argument("-q", "--quick", default=None)
     args = EngineArgs.add_cli_args(p).parse_args(["-q", "hi", "--quantization", "gguf"])
     assert args.quick == "hi" and args.quantization == "gguf"
+
+
+@pytest.mark.parametrize(
+    "spelled, value",
+    [
+        ([], False),
+        (["--enable-chunked-prefill"], True),
+        (["--enable-chunked-prefill", "False"], False),
+        (["--enable-chunked-prefill", "true"], True),
+        (["--enable-chunked-prefill=false"], False),
+        (["--enable_chunked_prefill=1"], True),
+        (["--no-enable-chunked-prefill"], False),
+    ],
+)
+def test_switches_take_upstream_v0_values(spelled, value):
+    """A switch with a --no- form also takes an explicit value, as upstream V0 spelled
+    ``--enable-chunked-prefill [ENABLE_CHUNKED_PREFILL]``; a word after it that is no
+    boolean stays the positional MODEL.
+
+    Guards: ``vllm serve MODEL --enable-chunked-prefill False`` (upstream V0's way of
+    turning it off) was a start-up error, "unrecognized arguments: False"."""
+    for argv in (["serve", "/m", *spelled], ["serve", *spelled, "/m"]):
+        args = cli.make_parser().parse_args(argv)
+        assert args.model == "/m" and args.enable_chunked_prefill is value, argv
+    args = _engine_parser().parse_args(["--enable-prefix-caching", "off", "--model", "m"])
+    assert args.enable_prefix_caching is False and args.model == "m"
+
+
+def test_a_switch_value_that_is_no_boolean_is_an_error(capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.make_parser().parse_args(["serve", "/m", "--enable-chunked-prefill=maybe"])
+    assert info.value.code == 2
+    assert (
+        "--enable-chunked-prefill: expected true or false, got 'maybe'" in capsys.readouterr().err
+    )

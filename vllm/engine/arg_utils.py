@@ -66,9 +66,10 @@ SHORT_FLAGS = {
 # --piecewise-graph-max-tokens when not given and chunked prefill runs on one CUDA device.
 PIECEWISE_CHUNKED_DEFAULT = 512
 
-# Bool flags that take a value as upstream spells them (``--flag false``; bare ``--flag`` is
-# true) instead of a --flag / --no-flag pair.
-VALUE_BOOL_FLAGS = ("multi_step_stream_outputs",)
+# Bool flags off by default that upstream V0 spelled with an optional value (``--flag
+# false``; bare ``--flag`` is true): a --flag / --no-flag pair like the flags on by default,
+# whose --flag also takes that value (FlexibleArgumentParser, vllm/utils/argparse_utils.py).
+VALUE_BOOL_FLAGS = ("multi_step_stream_outputs", "enable_chunked_prefill")
 
 # The flag groups of ``--help``, in order (upstream groups flags by the config they fill).
 GROUPS = {
@@ -503,10 +504,9 @@ class EngineArgs:
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
             help_text = f.metadata.get("help", "")
             target = groups.get(f.metadata.get("group"), parser)
-            if kind is bool and f.name in VALUE_BOOL_FLAGS:
-                target.add_argument(*flags, type=parse_bool, nargs="?", const=True,
-                                    default=default, help=help_text)  # fmt: skip
-            elif kind is bool and default:  # on by default: --no-<flag> turns it off
+            if kind is bool and (default or f.name in VALUE_BOOL_FLAGS):
+                # on by default (or an upstream V0 switch that took a value): --no-<flag>
+                # turns it off, and so does --<flag> false (FlexibleArgumentParser)
                 target.add_argument(*flags, action=argparse.BooleanOptionalAction,
                                     default=default, help=help_text)  # fmt: skip
             elif kind is bool:
@@ -892,19 +892,6 @@ def _list_item_type(hint) -> type:
         if typing.get_origin(arg) is list:
             return typing.get_args(arg)[0]
     raise TypeError(f"not a list type: {hint!r}")
-
-
-def parse_bool(text: str) -> bool:
-    """A flag's boolean value: the spellings :func:`vllm.envs.parse_flag` takes (true /
-    false, 1 / 0, yes / no, on / off, any case), as upstream's parser takes true / false.
-
-    Raises:
-        argparse.ArgumentTypeError: any other text, naming it.
-    """
-    try:
-        return envs.parse_flag(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}") from None
 
 
 def _base_type(hint) -> tuple[type, bool]:

@@ -1,7 +1,7 @@
 """``FlexibleArgumentParser``: the argparse parser every command line of vLLM is built on
 (upstream's name and import paths: ``vllm.utils`` and ``vllm.utils.argparse_utils``).
 
-Four differences from ``argparse.ArgumentParser``, the first two as upstream has them:
+Five differences from ``argparse.ArgumentParser``, the first two as upstream has them:
 
 - no abbreviations (``allow_abbrev=False``): ``--max-model 99`` is an error, never a
   silent ``--max-model-len 99``, and ``--model`` never lands in
@@ -9,6 +9,11 @@ Four differences from ``argparse.ArgumentParser``, the first two as upstream has
 - a long flag may be spelled with underscores: ``--max_model_len 99`` and
   ``--max_model_len=99`` are ``--max-model-len 99`` (only the name before ``=`` changes;
   nothing after a bare ``--`` is touched);
+- a switch with a ``--no-`` form (``argparse.BooleanOptionalAction``) also takes an
+  explicit value, upstream V0's spelling of such switches: ``--enable-chunked-prefill
+  false`` and ``--enable-chunked-prefill=false`` are ``--no-enable-chunked-prefill`` (a
+  word after the switch that is no boolean, such as a positional MODEL, stays a
+  positional);
 - a usage error is one line on stderr, ``error: MESSAGE (see `PROG --help`)``, and exit
   status 2, instead of the whole usage first (the CLI's, the benchmarks' and the
   examples' errors read alike);
@@ -17,7 +22,7 @@ Four differences from ``argparse.ArgumentParser``, the first two as upstream has
   (``listgroup``, a group, a flag or a keyword: :mod:`vllm.utils.argparse_help`).
 
 Subparsers made with ``add_subparsers().add_parser`` are of the same class, so they
-inherit all four.
+inherit all five.
 """
 
 from __future__ import annotations
@@ -40,6 +45,53 @@ def dashed_flags(args: Sequence[str]) -> list[str]:
             name, sep, value = arg.partition("=")
             arg = "--" + name[2:].replace("_", "-") + sep + value
         out.append(arg)
+    return out
+
+
+# The spellings of a switch's explicit value (vllm.envs.parse_flag's).
+_BOOL_WORDS = {
+    "1": True, "true": True, "yes": True, "on": True,
+    "0": False, "false": False, "no": False, "off": False,
+}  # fmt: skip
+
+
+def explicit_switch_values(parser: argparse.ArgumentParser, args: list[str]) -> list[str]:
+    """``args`` with each ``--switch VALUE`` and ``--switch=VALUE`` of a switch that has a
+    ``--no-`` form written as ``--switch`` or ``--no-switch`` (VALUE: true / false, 1 / 0,
+    yes / no, on / off, any case). A following word that is no such value is left alone
+    (it is the next argument); a ``--switch=VALUE`` with another VALUE is a usage error.
+    Flags after a bare ``--`` are not touched."""
+    switches = {
+        s: action
+        for action in parser._actions
+        if isinstance(action, argparse.BooleanOptionalAction)
+        for s in action.option_strings
+        if not s.startswith("--no-")
+    }
+    if not switches:
+        return args
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            return out + args[i:]
+        name, sep, value = arg.partition("=")
+        if name in switches:
+            word = None
+            if sep:
+                word = value
+                if value.strip().lower() not in _BOOL_WORDS:
+                    parser.error(f"argument {name}: expected true or false, got {value!r}")
+            elif i + 1 < len(args) and args[i + 1].strip().lower() in _BOOL_WORDS:
+                word = args[i + 1]
+                i += 1
+            if word is not None and not _BOOL_WORDS[word.strip().lower()]:
+                arg = "--no-" + name[2:]
+            else:
+                arg = name
+        out.append(arg)
+        i += 1
     return out
 
 
@@ -93,4 +145,5 @@ class FlexibleArgumentParser(argparse.ArgumentParser):
         what = help_request(args)
         if what is not None and not self._delegates():
             show_filtered_help(self, what)
-        return super().parse_known_args(dashed_flags(args), namespace)
+        args = explicit_switch_values(self, dashed_flags(args))
+        return super().parse_known_args(args, namespace)
