@@ -128,6 +128,15 @@ def test_models_health_version_metrics(server, client):
         assert f'vllm:{name}{{model_name="{MODEL}"}} 0.0' in text, name  # V0's, always 0
 
 
+def test_root_path_without_deprecation_warning(server):
+    """--root-path serves the routes under the prefix too, and start-up logs no warning.
+
+    Guards: every start with --root-path logged FastAPI's "The `root_path` parameter is
+    deprecated" warning with a line of this server's source."""
+    assert httpx.get(server.url_for("pfx", "health"), timeout=10).status_code == 200
+    assert "root_path` parameter is deprecated" not in server.read_log()
+
+
 def test_greedy_equals_llm_generate(client, reference):
     for i, p in enumerate(PROMPTS[:1]):
         r = client.completions.create(model=MODEL, prompt=p, max_tokens=8, temperature=0)

@@ -178,7 +178,10 @@ def build_app(
     docs = (
         {"docs_url": None, "redoc_url": None, "openapi_url": None} if disable_fastapi_docs else {}
     )
-    app = FastAPI(lifespan=lifespan, root_path=root_path or "", **docs)
+    app = FastAPI(lifespan=lifespan, **docs)
+    # set after construction, as upstream does: FastAPI's root_path argument is deprecated
+    # (a FastAPIDeprecationWarning in every start-up log), the attribute is what it reads
+    app.root_path = root_path or ""
     tokenize_pool = ThreadPoolExecutor(1, "vllm-tokenize")
     loras = {lora.lora_name: lora for lora in lora_modules or ()}  # shared, see lora_routes
     if envs.VLLM_ALLOW_RUNTIME_LORA_UPDATING:
