@@ -26,7 +26,7 @@ from vllm.model_executor.models.gemma3 import (
     Gemma3Model,
     gemma3_layer_windows,
 )
-from vllm.model_executor.models.llama import _LAYER_RE, LlamaAttention, LlamaModel
+from vllm.model_executor.models.llama import LlamaAttention, LlamaModel, layer_index
 
 
 def _softcap(config: PretrainedConfig) -> float | None:
@@ -39,27 +39,16 @@ class Gemma2Attention(LlamaAttention):
     """Llama attention with Gemma 2's softmax scale, score soft-cap and the layer's sliding
     window (sliding layers)."""
 
-    def __init__(self, config: PretrainedConfig, *args, prefix: str, **kwargs) -> None:
-        super().__init__(config, *args, prefix=prefix, **kwargs)
-        from vllm.attention import Attention
-
-        match = _LAYER_RE.search(prefix + ".")
-        if match is None:
-            raise ValueError(f"cannot read the layer index from prefix {prefix!r}")
-        self.attn = Attention(
-            self.num_heads,
-            self.head_dim,
-            self.scaling,
-            num_kv_heads=self.num_kv_heads,
-            prefix=f"{prefix}.attn",
-            sliding_window=gemma3_layer_windows(config)[int(match.group(1))],
-            logits_soft_cap=_softcap(config),
-        )
-
     def softmax_scale(self, config: PretrainedConfig) -> float:
         """``query_pre_attn_scalar ** -0.5`` (256 ** -0.5 for Gemma 2 2B / 9B, 144 ** -0.5
         for 27B, whose head_dim is 128)."""
         return config.query_pre_attn_scalar**-0.5
+
+    def attention_options(self, config: PretrainedConfig, prefix: str) -> dict:
+        return {
+            "sliding_window": gemma3_layer_windows(config)[layer_index(prefix)],
+            "logits_soft_cap": _softcap(config),
+        }
 
 
 class Gemma2DecoderLayer(Gemma3DecoderLayer):

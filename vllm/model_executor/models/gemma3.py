@@ -32,11 +32,11 @@ from vllm.model_executor.layers.layernorm import GemmaRMSNorm
 from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding, get_rope_parameters
 from vllm.model_executor.layers.vocab_embedding import VocabParallelEmbedding
 from vllm.model_executor.models.llama import (
-    _LAYER_RE,
     LlamaDecoderLayer,
     LlamaForCausalLM,
     LlamaMLP,
     LlamaModel,
+    layer_index,
 )
 from vllm.model_executor.models.qwen3 import Qwen3Attention
 
@@ -73,6 +73,14 @@ def gemma3_layer_windows(config: PretrainedConfig) -> list[int | None]:
     return [window if t == SLIDING else None for t in gemma3_layer_types(config)]
 
 
+def check_sliding_window(cls: type, config: PretrainedConfig) -> None:
+    """Refuse (ValueError naming ``cls``) a config with sliding layers (``layer_types``)
+    and no positive ``sliding_window``, or with bad ``layer_types``."""
+    window = getattr(config, "sliding_window", None)
+    if SLIDING in gemma3_layer_types(config) and not (window or 0) >= 1:
+        raise ValueError(f"{cls.__name__}'s sliding layers need sliding_window >= 1, got {window}")
+
+
 def gemma3_rope_parameters(config: PretrainedConfig, layer_type: str) -> dict:
     """Rope settings of one layer type (``rope_theta``, ``rope_type``, scaling keys)."""
     params = getattr(config, "rope_parameters", None)
@@ -105,24 +113,15 @@ class Gemma3Attention(Qwen3Attention):
 
     def __init__(self, config: PretrainedConfig, *args, prefix: str, **kwargs) -> None:
         super().__init__(config, *args, prefix=prefix, **kwargs)
-        from vllm.attention import Attention
-
-        match = _LAYER_RE.search(prefix + ".")
-        if match is None:
-            raise ValueError(f"cannot read the layer index from prefix {prefix!r}")
-        window = gemma3_layer_windows(config)[int(match.group(1))]
         eps = config.rms_norm_eps
         self.q_norm = GemmaRMSNorm(self.head_dim, eps=eps)
         self.k_norm = GemmaRMSNorm(self.head_dim, eps=eps)
-        self.scaling = config.query_pre_attn_scalar**-0.5
-        self.attn = Attention(
-            self.num_heads,
-            self.head_dim,
-            self.scaling,
-            num_kv_heads=self.num_kv_heads,
-            prefix=f"{prefix}.attn",
-            sliding_window=window,
-        )
+
+    def softmax_scale(self, config: PretrainedConfig) -> float:
+        return config.query_pre_attn_scalar**-0.5
+
+    def attention_options(self, config: PretrainedConfig, prefix: str) -> dict:
+        return {"sliding_window": gemma3_layer_windows(config)[layer_index(prefix)]}
 
 
 class Gemma3DecoderLayer(LlamaDecoderLayer):
@@ -206,11 +205,7 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
                 f"{cls.__name__} with use_bidirectional_attention=True is not supported "
                 "(causal attention only)"
             )
-        if SLIDING in gemma3_layer_types(config) and not (config.sliding_window or 0) >= 1:
-            raise ValueError(
-                f"{cls.__name__}'s sliding layers need sliding_window >= 1, got "
-                f"{config.sliding_window}"
-            )
+        check_sliding_window(cls, config)
 
     @staticmethod
     def _biases(config: PretrainedConfig) -> tuple[bool, bool, bool]:
@@ -243,4 +238,9 @@ def gemma3_attention_fields(config: PretrainedConfig) -> dict:
     )
 
 
-__all__ = ["Gemma3ForCausalLM", "gemma3_attention_fields", "gemma3_layer_windows"]
+__all__ = [
+    "Gemma3ForCausalLM",
+    "check_sliding_window",
+    "gemma3_attention_fields",
+    "gemma3_layer_windows",
+]

@@ -35,6 +35,18 @@ from vllm.model_executor.weight_utils import default_weight_loader
 _LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
+def layer_index(prefix: str) -> int:
+    """The decoder layer index in a module prefix (``model.layers.3.self_attn`` -> 3).
+
+    Raises:
+        ValueError: the prefix names no layer.
+    """
+    match = _LAYER_RE.search(prefix + ".")
+    if match is None:
+        raise ValueError(f"cannot read the layer index from prefix {prefix!r}")
+    return int(match.group(1))
+
+
 class PPMissingLayer(nn.Identity):
     """Placeholder for a decoder layer owned by another pipeline stage (keeps indices)."""
 
@@ -94,7 +106,15 @@ class LlamaAttention(nn.Module):
             self.scaling,
             num_kv_heads=self.num_kv_heads,
             prefix=f"{prefix}.attn",
+            **self.attention_options(config, prefix),
         )
+
+    def attention_options(self, config: PretrainedConfig, prefix: str) -> dict:
+        """Further :class:`vllm.attention.Attention` arguments of the layer at ``prefix``
+        (``sliding_window``, ``logits_soft_cap``): none for Llama. A family that sets them
+        reports them to the backend through
+        :func:`vllm.model_executor.models.attention_fields`."""
+        return {}
 
     def softmax_scale(self, config: PretrainedConfig) -> float:
         """The attention softmax scale: ``1 / sqrt(head_dim)``, as HF Llama. A family with

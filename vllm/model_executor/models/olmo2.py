@@ -27,17 +27,17 @@ from vllm.distributed.tp_ops import tensor_model_parallel_all_reduce
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
 from vllm.model_executor.models.gemma3 import (
-    SLIDING,
+    check_sliding_window,
     gemma3_layer_types,
     gemma3_layer_windows,
     gemma3_rope_parameters,
 )
 from vllm.model_executor.models.llama import (
-    _LAYER_RE,
     LlamaAttention,
     LlamaDecoderLayer,
     LlamaForCausalLM,
     LlamaModel,
+    layer_index,
 )
 from vllm.model_executor.weight_utils import default_weight_loader, narrow_weight
 
@@ -115,13 +115,9 @@ class Olmo2Attention(LlamaAttention):
         kv_replicas = max(1, qkv.tp_size // qkv.total_num_kv_heads)
         self.k_norm = ShardedRMSNorm(qkv.num_kv_heads, self.head_dim, qkv.total_num_kv_heads,
                                      qkv.kv_head_start, kv_replicas, eps)  # fmt: skip
-        window = olmo_layer_windows(config)[_layer_index(prefix)]
-        if window is not None:
-            from vllm.attention import Attention
 
-            self.attn = Attention(self.num_heads, self.head_dim, self.scaling,
-                                  num_kv_heads=self.num_kv_heads, prefix=f"{prefix}.attn",
-                                  sliding_window=window)  # fmt: skip
+    def attention_options(self, config: PretrainedConfig, prefix: str) -> dict:
+        return {"sliding_window": olmo_layer_windows(config)[layer_index(prefix)]}
 
     def attend(self, positions: torch.Tensor, qkv: torch.Tensor, kv_cache, attn_metadata):
         """qkv [T, q_size + 2 * kv_size] -> attention output [T, q_size] (before o_proj)."""
@@ -200,13 +196,8 @@ class Olmo2ForCausalLM(LlamaForCausalLM):
     @classmethod
     def check_config(cls, config: PretrainedConfig) -> None:
         """See the class docstring."""
-        if config.model_type != "olmo3" or SLIDING not in gemma3_layer_types(config):
-            return
-        if not (getattr(config, "sliding_window", None) or 0) >= 1:
-            raise ValueError(
-                f"{cls.__name__}'s sliding layers need sliding_window >= 1, got "
-                f"{getattr(config, 'sliding_window', None)}"
-            )
+        if config.model_type == "olmo3":
+            check_sliding_window(cls, config)
 
     @staticmethod
     def _biases(config: PretrainedConfig) -> tuple[bool, bool, bool]:
@@ -217,13 +208,6 @@ class Olmo2ForCausalLM(LlamaForCausalLM):
 
 class Olmo3ForCausalLM(Olmo2ForCausalLM):
     """OLMo 3: OLMo 2 with sliding-window layers and a RoPE per layer type."""
-
-
-def _layer_index(prefix: str) -> int:
-    match = _LAYER_RE.search(prefix + ".")
-    if match is None:
-        raise ValueError(f"cannot read the layer index from prefix {prefix!r}")
-    return int(match.group(1))
 
 
 def olmo_layer_windows(config: PretrainedConfig) -> list[int | None]:

@@ -17,7 +17,7 @@ from vllm.model_executor.layers.linear import LinearBase
 from vllm.model_executor.models.llama import LlamaDecoderLayer, LlamaMLP
 from vllm.model_executor.models.moe_common import MoeWeightsMixin, SparseMoeBlock
 from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
-from vllm.model_executor.models.qwen3_moe import is_sparse_layer
+from vllm.model_executor.models.qwen3_moe import is_sparse_layer, qwen_moe_block_args
 
 
 class SharedExpertMoeBlock(SparseMoeBlock):
@@ -26,14 +26,7 @@ class SharedExpertMoeBlock(SparseMoeBlock):
     (its down projection all-reduces) and its gate [1, H] is replicated."""
 
     def __init__(self, config: PretrainedConfig) -> None:
-        super().__init__(
-            config.num_experts,
-            config.num_experts_per_tok,
-            config.hidden_size,
-            config.moe_intermediate_size,
-            bool(getattr(config, "norm_topk_prob", False)),
-            config.hidden_act,
-        )
+        super().__init__(*qwen_moe_block_args(config))
         self.shared_expert = LlamaMLP(config.hidden_size, config.shared_expert_intermediate_size,
                                       config.hidden_act, bias=False)  # fmt: skip
         self.shared_expert_gate = LinearBase(config.hidden_size, 1, bias=False)

@@ -22,6 +22,19 @@ def is_sparse_layer(config: PretrainedConfig, layer: int) -> bool:
     return layer not in only_mlp and config.num_experts > 0 and (layer + 1) % step == 0
 
 
+def qwen_moe_block_args(config: PretrainedConfig) -> tuple:
+    """:class:`SparseMoeBlock`'s arguments from a Qwen2-MoE / Qwen3-MoE config: experts,
+    top-k, hidden size, expert width, renormalise (``norm_topk_prob``), activation."""
+    return (
+        config.num_experts,
+        config.num_experts_per_tok,
+        config.hidden_size,
+        config.moe_intermediate_size,
+        bool(getattr(config, "norm_topk_prob", False)),
+        config.hidden_act,
+    )
+
+
 class Qwen3MoeDecoderLayer(Qwen3DecoderLayer):
     """Qwen3 decoder layer whose MLP is a :class:`SparseMoeBlock` where the config says."""
 
@@ -30,14 +43,7 @@ class Qwen3MoeDecoderLayer(Qwen3DecoderLayer):
     def make_mlp(self, config: PretrainedConfig, mlp_bias: bool, prefix: str) -> nn.Module:
         if not is_sparse_layer(config, int(prefix.rsplit(".", 1)[1])):
             return LlamaMLP(config.hidden_size, config.intermediate_size, config.hidden_act, False)
-        return SparseMoeBlock(
-            config.num_experts,
-            config.num_experts_per_tok,
-            config.hidden_size,
-            config.moe_intermediate_size,
-            bool(getattr(config, "norm_topk_prob", False)),
-            config.hidden_act,
-        )
+        return SparseMoeBlock(*qwen_moe_block_args(config))
 
 
 class Qwen3MoeForCausalLM(MoeWeightsMixin, Qwen3ForCausalLM):
