@@ -24,6 +24,7 @@ from vllm.model_executor.models.gemma3 import (
     Gemma3DecoderLayer,
     Gemma3ForCausalLM,
     Gemma3Model,
+    gemma3_attention_fields,
     gemma3_layer_windows,
 )
 from vllm.model_executor.models.llama import LlamaAttention, LlamaModel, layer_index
@@ -79,14 +80,9 @@ class Gemma2ForCausalLM(Gemma3ForCausalLM):
 
 
 def gemma2_attention_fields(config: PretrainedConfig) -> dict:
-    """``AttentionSpec`` fields of a Gemma 2 config: its distinct sliding windows, softmax
-    scale and score soft-cap (what a backend must plan for)."""
-    windows = sorted({w for w in gemma3_layer_windows(config) if w is not None})
-    return dict(
-        sliding_windows=tuple(windows),
-        scale=config.query_pre_attn_scalar**-0.5,
-        logits_soft_cap=_softcap(config),
-    )
+    """``AttentionSpec`` fields of a Gemma 2 config: Gemma 3's (distinct sliding windows,
+    softmax scale) and the score soft-cap (what a backend must plan for)."""
+    return {**gemma3_attention_fields(config), "logits_soft_cap": _softcap(config)}
 
 
 __all__ = ["Gemma2ForCausalLM", "gemma2_attention_fields"]

@@ -93,6 +93,25 @@ def gemma3_rope_parameters(config: PretrainedConfig, layer_type: str) -> dict:
     return get_rope_parameters(config)
 
 
+def rotary_per_layer_type(config: PretrainedConfig, num_positions: int) -> list[RotaryEmbedding]:
+    """The rotary embedding of each layer: one instance per layer type
+    (:func:`gemma3_layer_types`), with that type's settings (:func:`gemma3_rope_parameters`)
+    and tables of ``num_positions`` rows; whole heads rotate (Gemma 3, OLMo 3)."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    types = gemma3_layer_types(config)
+    by_type = {
+        t: RotaryEmbedding(
+            head_dim,
+            head_dim,
+            config.max_position_embeddings,
+            gemma3_rope_parameters(config, t),
+            num_positions=num_positions,
+        )
+        for t in sorted(set(types))
+    }
+    return [by_type[t] for t in types]
+
+
 class Gemma3Embedding(VocabParallelEmbedding):
     """Token embedding times ``sqrt(hidden_size)``, the factor rounded to the weight dtype
     (bf16: sqrt(3072) = 55.4256 becomes 55.5), as transformers."""
@@ -171,19 +190,7 @@ class Gemma3Model(LlamaModel):
     def make_rotary_embs(
         self, config: PretrainedConfig, num_positions: int
     ) -> list[RotaryEmbedding]:
-        head_dim = config.head_dim
-        types = gemma3_layer_types(config)
-        by_type = {
-            t: RotaryEmbedding(
-                head_dim,
-                head_dim,
-                config.max_position_embeddings,
-                gemma3_rope_parameters(config, t),
-                num_positions=num_positions,
-            )
-            for t in sorted(set(types))
-        }
-        return [by_type[t] for t in types]
+        return rotary_per_layer_type(config, num_positions)
 
 
 class Gemma3ForCausalLM(LlamaForCausalLM):
@@ -243,4 +250,5 @@ __all__ = [
     "check_sliding_window",
     "gemma3_attention_fields",
     "gemma3_layer_windows",
+    "rotary_per_layer_type",
 ]

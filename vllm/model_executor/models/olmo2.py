@@ -28,9 +28,8 @@ from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
 from vllm.model_executor.models.gemma3 import (
     check_sliding_window,
-    gemma3_layer_types,
     gemma3_layer_windows,
-    gemma3_rope_parameters,
+    rotary_per_layer_type,
 )
 from vllm.model_executor.models.llama import (
     LlamaAttention,
@@ -48,10 +47,14 @@ class OlmoRMSNorm(RMSNorm):
     device (the fused Triton kernels implement Llama's rounding); ``forward(x, residual)``
     adds the residual first, as :class:`RMSNorm`."""
 
+    def _variance(self, x: torch.Tensor) -> torch.Tensor:
+        """x [num_tokens, width] float32 -> the mean of squares per row [num_tokens, 1]."""
+        return x.pow(2).mean(-1, keepdim=True)
+
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         input_dtype = x.dtype
         x = x.to(torch.float32)  # [num_tokens, width]
-        variance = x.pow(2).mean(-1, keepdim=True)  # [num_tokens, 1]
+        variance = self._variance(x)  # [num_tokens, 1]
         return (self.weight * (x * torch.rsqrt(variance + self.variance_epsilon))).to(input_dtype)
 
     def forward(
@@ -61,7 +64,7 @@ class OlmoRMSNorm(RMSNorm):
         return self.forward_native(x, residual)
 
 
-class ShardedRMSNorm(nn.Module):
+class ShardedRMSNorm(OlmoRMSNorm):
     """:class:`OlmoRMSNorm` over ``total_heads * head_dim`` channels of which this TP rank
     holds heads ``[head_start, head_start + num_heads)``.
 
@@ -74,13 +77,11 @@ class ShardedRMSNorm(nn.Module):
 
     def __init__(self, num_heads: int, head_dim: int, total_heads: int, head_start: int,
                  replicas: int, eps: float) -> None:  # fmt: skip
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(num_heads * head_dim))
+        super().__init__(num_heads * head_dim, eps)
         self.weight.weight_loader = self._load
         self.start, self.width = head_start * head_dim, num_heads * head_dim
         self.total = replicas * total_heads * head_dim
         self.sharded = self.width * replicas != self.total
-        self.variance_epsilon = eps
 
     def _load(self, param: nn.Parameter, full) -> None:
         """Copy this rank's slice of the checkpoint's full weight [total_heads * head_dim]
@@ -91,16 +92,10 @@ class ShardedRMSNorm(nn.Module):
         """
         default_weight_loader(param, narrow_weight(full, 0, self.start, self.width))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [num_tokens, num_heads * head_dim] -> normed, same shape and dtype."""
-        input_dtype = x.dtype
-        x = x.to(torch.float32)  # [num_tokens, width]
-        if self.sharded:
-            sq = tensor_model_parallel_all_reduce(x.pow(2).sum(-1, keepdim=True))  # [T, 1]
-            variance = sq / self.total
-        else:
-            variance = x.pow(2).mean(-1, keepdim=True)  # [num_tokens, 1]
-        return (self.weight * (x * torch.rsqrt(variance + self.variance_epsilon))).to(input_dtype)
+    def _variance(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.sharded:
+            return super()._variance(x)
+        return tensor_model_parallel_all_reduce(x.pow(2).sum(-1, keepdim=True)) / self.total
 
 
 class Olmo2Attention(LlamaAttention):
@@ -169,16 +164,7 @@ class Olmo2Model(LlamaModel):
     ) -> list[RotaryEmbedding | None]:
         if config.model_type != "olmo3":
             return super().make_rotary_embs(config, num_positions)
-        head_dim = (
-            getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        )
-        types = gemma3_layer_types(config)
-        by_type = {
-            t: RotaryEmbedding(head_dim, head_dim, config.max_position_embeddings,
-                               gemma3_rope_parameters(config, t), num_positions=num_positions)
-            for t in sorted(set(types))
-        }  # fmt: skip
-        return [by_type[t] for t in types]
+        return rotary_per_layer_type(config, num_positions)
 
 
 class Olmo2ForCausalLM(LlamaForCausalLM):
