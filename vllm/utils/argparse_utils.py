@@ -31,6 +31,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from vllm import envs
 from vllm.utils.argparse_help import help_request, show_filtered_help
 
 
@@ -48,11 +49,13 @@ def dashed_flags(args: Sequence[str]) -> list[str]:
     return out
 
 
-# The spellings of a switch's explicit value (vllm.envs.parse_flag's).
-_BOOL_WORDS = {
-    "1": True, "true": True, "yes": True, "on": True,
-    "0": False, "false": False, "no": False, "off": False,
-}  # fmt: skip
+def _switch_value(word: str) -> bool | None:
+    """A switch's explicit value in :func:`vllm.envs.parse_flag`'s spellings (true / false,
+    1 / 0, yes / no, on / off, any case), or None for any other word."""
+    try:
+        return envs.parse_flag(word)
+    except ValueError:
+        return None
 
 
 def explicit_switch_values(parser: argparse.ArgumentParser, args: list[str]) -> list[str]:
@@ -62,7 +65,7 @@ def explicit_switch_values(parser: argparse.ArgumentParser, args: list[str]) -> 
     (it is the next argument); a ``--switch=VALUE`` with another VALUE is a usage error.
     Flags after a bare ``--`` are not touched."""
     switches = {
-        s: action
+        s
         for action in parser._actions
         if isinstance(action, argparse.BooleanOptionalAction)
         for s in action.option_strings
@@ -78,18 +81,15 @@ def explicit_switch_values(parser: argparse.ArgumentParser, args: list[str]) -> 
             return out + args[i:]
         name, sep, value = arg.partition("=")
         if name in switches:
-            word = None
+            on = True
             if sep:
-                word = value
-                if value.strip().lower() not in _BOOL_WORDS:
+                on = _switch_value(value)
+                if on is None:
                     parser.error(f"argument {name}: expected true or false, got {value!r}")
-            elif i + 1 < len(args) and args[i + 1].strip().lower() in _BOOL_WORDS:
-                word = args[i + 1]
+            elif i + 1 < len(args) and (following := _switch_value(args[i + 1])) is not None:
+                on = following
                 i += 1
-            if word is not None and not _BOOL_WORDS[word.strip().lower()]:
-                arg = "--no-" + name[2:]
-            else:
-                arg = name
+            arg = name if on else "--no-" + name[2:]
         out.append(arg)
         i += 1
     return out
