@@ -20,6 +20,9 @@ class CompletionOutput:
         finish_reason: "stop", "length", "abort" or None while running.
         stop_reason: the stop string or stop token id that ended it, else None.
         lora_request: the request's LoRA adapter (vllm.lora.request.LoRARequest), or None.
+        num_cut_tokens: tokens generated for this sequence that a stop string cut off
+            after they were appended (``Sequence.num_cut_tokens``): not in ``token_ids``,
+            but generated all the same; see :meth:`num_generated_tokens`.
     """
 
     index: int
@@ -30,9 +33,17 @@ class CompletionOutput:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     lora_request: object = None
+    num_cut_tokens: int = 0
 
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+    def num_generated_tokens(self) -> int:
+        """Tokens generated for this sequence so far: ``token_ids`` and the tokens a stop
+        string cut off (never decreases between a request's cumulative outputs; on a
+        delta output, ``token_ids`` holds only the new ids, so use it on cumulative
+        ones)."""
+        return len(self.token_ids) + self.num_cut_tokens
 
 
 @dataclass

@@ -148,6 +148,7 @@ def make_request_output(group: SequenceGroup) -> RequestOutput | PoolingRequestO
                 finish_reason=SequenceStatus.get_finished_reason(seq.status),
                 stop_reason=seq.stop_reason,
                 lora_request=group.lora_request,
+                num_cut_tokens=seq.num_cut_tokens,
             )
         )
     return RequestOutput(

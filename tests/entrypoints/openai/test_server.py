@@ -253,25 +253,51 @@ def test_echo_logprobs_stop_and_rest_of_context(client):
 def test_stop_string_cutting_held_back_tokens_keeps_the_engine_alive(server, client):
     """A stop string that ends inside a token whose text the detokenizer held back (an
     incomplete UTF-8 character) cuts the tokens after it, tokens an earlier step appended.
+    Usage counts every generated token, the cut ones included, streamed or not, for
+    completions and chat alike.
 
     Guards: the step's generated-token count went negative, the Prometheus counter
-    raised, and the engine loop died (503 for this request, then the server exited)."""
+    raised, and the engine loop died (503 for this request, then the server exited); a
+    streamed usage counted the cut tokens already streamed (8) and the response not
+    streamed none of them (7)."""
     prompt = " ".join(["🦙🥑"] * 8)  # greedy continues " 🦙🥑 🦙..." (" ðŁ" holds " ")
     before = _metrics(server)["vllm:generation_tokens_total"]
+    common = dict(model=MODEL, max_tokens=9, temperature=0, stop=["🥑 "])
+    usage = {}
     for stream in (False, True):
-        kw = dict(model=MODEL, prompt=prompt, max_tokens=9, temperature=0, stop=["🥑 "])
+        kw = dict(prompt=prompt, **common)
         if stream:
-            chunks = list(client.completions.create(stream=True, **kw))
+            chunks = list(
+                client.completions.create(
+                    stream=True, stream_options={"include_usage": True}, **kw
+                )  # fmt: skip
+            )
+            usage["cmpl", stream] = chunks.pop().usage
             text = "".join(c.choices[0].text for c in chunks)
             finish = chunks[-1].choices[0]
         else:
-            finish = client.completions.create(**kw).choices[0]
+            resp = client.completions.create(**kw)
+            finish, usage["cmpl", stream] = resp.choices[0], resp.usage
             text = finish.text
         assert text == " 🦙" and finish.finish_reason == "stop", (stream, text)
         assert finish.stop_reason == "🥑 "
+    messages = [{"role": "user", "content": "Repeat: " + prompt}]  # the reply is cut too
+    reply = client.chat.completions.create(messages=messages, **common)
+    usage["chat", False] = reply.usage
+    chunks = list(
+        client.chat.completions.create(messages=messages, stream=True,
+                                       stream_options={"include_usage": True}, **common)
+    )  # fmt: skip
+    usage["chat", True] = chunks[-1].usage
+    text = "".join(c.choices[0].delta.content or "" for c in chunks[:-1])
+    assert text == reply.choices[0].message.content and reply.choices[0].finish_reason == "stop"
     assert httpx.get(server.url_for("health"), timeout=10).status_code == 200
     # every token sampled counts once, those cut off included (9 per request here)
-    assert _metrics(server)["vllm:generation_tokens_total"] - before == 2 * 9
+    assert _metrics(server)["vllm:generation_tokens_total"] - before == 4 * 9
+    assert usage["cmpl", True] == usage["cmpl", False], usage
+    assert usage["chat", True] == usage["chat", False], usage
+    for (api, stream), u in usage.items():
+        assert u.completion_tokens == 9 and u.total_tokens == u.prompt_tokens + 9, (api, stream)
 
 
 def test_tokenize_and_detokenize(server, client):

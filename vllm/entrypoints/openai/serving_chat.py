@@ -285,7 +285,7 @@ class OpenAIServingChat(OpenAIServing):
             return None
         choices, completion_tokens = [], 0
         for o in final.outputs:
-            completion_tokens += len(o.token_ids)
+            completion_tokens += o.num_generated_tokens()
             lps = None
             if req.logprobs:
                 lps = self._logprobs(o.token_ids, o.logprobs or [], k, as_id)
@@ -362,10 +362,10 @@ class OpenAIServingChat(OpenAIServing):
         include_usage = self.force_include_usage or (opts is not None and bool(opts.include_usage))
         continuous = include_usage and opts is not None and bool(opts.continuous_usage_stats)
         sent_tokens, sent_chars = [0] * n, [0] * n
+        generated = [0] * n  # tokens generated per choice, see OpenAIServing.usage
         finished = [False] * n  # the choice's final chunk went out (later outputs repeat it)
         tools = [ToolCallStream(mode) for _ in range(n)] if mode.active else None
         splits = [splitter.stream() for _ in range(n)] if splitter is not None else None
-        completion_tokens = 0
         plain = TextChunks(  # the usual chunk: content only (no logprobs, finish or tools)
             lambda index, text: ChatCompletionStreamResponse(
                 id=rid,
@@ -379,7 +379,7 @@ class OpenAIServingChat(OpenAIServing):
 
         def usage_so_far(index: int | None = None) -> UsageInfo:
             """Every choice's usage, or choice ``index``'s (continuous chunks, as upstream)."""
-            done = completion_tokens if index is None else sent_tokens[index]
+            done = sum(generated) if index is None else generated[index]
             return self.usage(prompt_len, done, cached)
 
         def chunk(choices, usage=None, prompt_token_ids=None) -> str:
@@ -409,6 +409,7 @@ class OpenAIServingChat(OpenAIServing):
                 cached = out.num_cached_tokens
                 for o in out.outputs:
                     i = o.index
+                    generated[i] = o.num_generated_tokens()
                     new_ids = list(o.token_ids[sent_tokens[i] :])
                     if finished[i] or (not new_ids and not o.finish_reason):
                         continue
@@ -422,7 +423,6 @@ class OpenAIServingChat(OpenAIServing):
                     unsent_ids[i] += new_ids
                     sent_tokens[i] += len(new_ids)
                     sent_chars[i] = max(sent_chars[i], len(o.text))
-                    completion_tokens += len(new_ids)
                     fields, finish = {"content": delta}, o.finish_reason
                     if splits is not None:  # reasoning first, then the content (or tools)
                         thought, delta = splits[i].delta(delta, finish is not None)

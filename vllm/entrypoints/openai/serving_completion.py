@@ -138,7 +138,7 @@ class OpenAIServingCompletion(OpenAIServing):
                 tok_ids = [] if echo_only else list(o.token_ids)
                 lps = [] if echo_only else list(o.logprobs or [])
                 body = "" if echo_only else o.text
-                completion_tokens += len(tok_ids)
+                completion_tokens += 0 if echo_only else o.num_generated_tokens()
                 logprobs = None
                 if req.logprobs is not None:
                     all_ids, all_lps = tok_ids, lps
@@ -188,13 +188,14 @@ class OpenAIServingCompletion(OpenAIServing):
         cached = [0] * len(prompts)  # prompt tokens read from the prefix cache, per prompt
 
         def usage() -> UsageInfo:
-            return self.usage(prompt_tokens, completion_tokens, sum(cached))
+            return self.usage(prompt_tokens, sum(generated), sum(cached))
 
         def choice_usage(i: int, idx: int) -> UsageInfo:
             """One choice's usage so far (its prompt, its tokens), as upstream's chunks."""
-            return self.usage(len(prompts[i][1]), sent_tokens[idx], cached[i])
+            return self.usage(len(prompts[i][1]), generated[idx], cached[i])
 
         sent_tokens = [0] * (len(prompts) * n)
+        generated = [0] * (len(prompts) * n)  # tokens generated, see OpenAIServing.usage
         sent_chars = [0] * (len(prompts) * n)
         next_offset = [0] * (len(prompts) * n)  # text_offset of the next logprobs token
         echoed = [False] * (len(prompts) * n)
@@ -209,7 +210,6 @@ class OpenAIServingCompletion(OpenAIServing):
                 choices=[CompletionStreamChoice(index=index, text=text)],
             )  # fmt: skip
         )
-        completion_tokens = 0
         try:
             async for i, out in merge(gens):
                 text, ids = prompts[i]
@@ -219,6 +219,7 @@ class OpenAIServingCompletion(OpenAIServing):
                     if finished[idx]:  # a finished sibling repeats until the request ends
                         continue
                     finished[idx] = o.finish_reason is not None
+                    generated[idx] = 0 if echo_only else o.num_generated_tokens()
                     new_ids = list(o.token_ids[sent_tokens[idx] :])
                     if echo_only:
                         if not o.finish_reason:
@@ -242,7 +243,6 @@ class OpenAIServingCompletion(OpenAIServing):
                         next_offset[idx] = offset + sum(len(t) for t in logprobs.tokens)
                     sent_tokens[idx] += len(new_ids)
                     sent_chars[idx] = max(sent_chars[idx], len(o.text))
-                    completion_tokens += len(new_ids)
                     finish = o.finish_reason
                     if (
                         logprobs is None

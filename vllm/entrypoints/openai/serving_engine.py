@@ -536,7 +536,15 @@ class OpenAIServing:
     def usage(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> UsageInfo:
         """A response's usage; with ``--enable-prompt-tokens-details`` it also says how many
         prompt tokens were read from the prefix cache (``RequestOutput.num_cached_tokens``,
-        summed over the request's prompts)."""
+        summed over the request's prompts).
+
+        ``completion_tokens`` counts every token generated for the choices
+        (:meth:`CompletionOutput.num_generated_tokens`), those a stop string cut off after
+        they were generated included, as upstream counts them and as
+        ``vllm:generation_tokens_total`` does: a streamed request reports the same number
+        as the same request not streamed, completions and chat alike, although its
+        ``token_ids`` (and the ids its chunks carried) may be fewer. An echo-only
+        completion (``max_tokens`` 0) generates none."""
         details = None
         if self.enable_prompt_tokens_details:
             details = PromptTokenUsageInfo(cached_tokens=cached_tokens)
