@@ -200,7 +200,8 @@ _DECLARED = (
         parse_flag,
         False,
         "1 enables vllm serve's development routes (POST /reset_prefix_cache), open to "
-        "every client whatever --api-key says; not for production.",
+        "every client whatever --api-key says, and turns --log-error-stack on unless "
+        "--no-log-error-stack; not for production.",
     ),
     EnvVar(
         "VLLM_TORCH_PROFILER_DIR",

@@ -289,6 +289,10 @@ def test_server_flags_of_upstream_parse():
     assert defaults.response_role == "assistant"
     assert uvicorn_options(defaults) == {"access_log": True}
     assert defaults.uvicorn_log_level == "info"  # upstream's default: access lines shown
+    # upstream's log switches, with their --no- forms
+    assert (defaults.enable_log_outputs, defaults.log_error_stack) == (False, None)
+    logs = cli.make_parser().parse_args(["serve", "--enable-log-outputs", "--no-log-error-stack"])
+    assert (logs.enable_log_outputs, logs.log_error_stack) == (True, False)
 
 
 @pytest.mark.parametrize(
@@ -302,6 +306,11 @@ def test_server_flags_of_upstream_parse():
         (["--max-request-body-bytes", "-1"], "--max-request-body-bytes must be >= 0 (0: no"),
         (["--default-chat-template-kwargs", "[1]"], "expected a JSON object"),
         (["--default-chat-template-kwargs", '{"tools": []}'], "must not set ['tools']"),
+        (
+            ["--enable-log-outputs", "--disable-log-requests"],
+            "error: --enable-log-outputs logs outputs in the request log, which "
+            "--disable-log-requests turns off: give one.",
+        ),
     ],
 )
 def test_bad_server_flag_is_one_line(args, message, tiny_llama_dir):

@@ -94,18 +94,24 @@ def test_llm_chat_without_template_is_a_clear_error():
 def test_request_log_shows_text_cut_to_max_log_len(caplog):
     """The server's request log line: prompt text when known (chat prompts arrive rendered,
     with their ids), token ids only for an id-only prompt; both cut to max_log_len; the
-    LoRA adapter a request names."""
-    from vllm.engine.async_llm_engine import AsyncLLMEngine
+    LoRA adapter a request names. With --enable-log-outputs a finished request's
+    sequences are logged too, their text and ids cut alike."""
+    from vllm.engine.request_log import log_output, log_request
     from vllm.lora.request import LoRARequest
+    from vllm.outputs import CompletionOutput, RequestOutput
 
-    engine = AsyncLLMEngine.__new__(AsyncLLMEngine)  # _log_request reads max_log_len only
-    engine.max_log_len = 5
     params = SamplingParams(max_tokens=2)
-    with caplog.at_level(logging.INFO, logger="vllm.engine.async_llm_engine"):
-        engine._log_request("r1", {"prompt": "Hello world", "prompt_token_ids": [7, 8]}, params)
-        engine._log_request("r2", {"prompt_token_ids": list(range(10))}, params)
-        engine._log_request("r3", "plain text prompt", params)
-        engine._log_request("r4", "with adapter", params, LoRARequest("sql", 3, "/adapters/sql"))
+    outs = [
+        CompletionOutput(i, text, list(range(7)), None, None, "length")
+        for i, text in enumerate(["Bonjour", "Hi"])
+    ]
+    with caplog.at_level(logging.INFO, logger="vllm.engine.request_log"):
+        log_request("r1", {"prompt": "Hello world", "prompt_token_ids": [7, 8]}, params, None, 5)
+        log_request("r2", {"prompt_token_ids": list(range(10))}, params, max_log_len=5)
+        log_request("r3", "plain text prompt", params, max_log_len=5)
+        log_request("r4", "with adapter", params, LoRARequest("sql", 3, "/adapters/sql"), 5)
+        log_output(RequestOutput("r5", None, [1], None, outs[:1], True), 5)
+        log_output(RequestOutput("r6", None, [1], None, outs, True))
     lines = [r.getMessage() for r in caplog.records]
     assert lines == [
         f"Received request r1: prompt: 'Hello', params: {params}.",
@@ -114,6 +120,12 @@ def test_request_log_shows_text_cut_to_max_log_len(caplog):
         f"Received request r4: prompt: 'with ', params: {params}, lora_request: "
         "LoRARequest(lora_name='sql', lora_int_id=3, lora_path='/adapters/sql', "
         "base_model_name=None).",
+        "Generated response r5: output: 'Bonjo', output_token_ids: [0, 1, 2, 3, 4], "
+        "finish_reason: length.",
+        "Generated response r6 (sequence 0): output: 'Bonjour', output_token_ids: "
+        "[0, 1, 2, 3, 4, 5, 6], finish_reason: length.",
+        "Generated response r6 (sequence 1): output: 'Hi', output_token_ids: "
+        "[0, 1, 2, 3, 4, 5, 6], finish_reason: length.",
     ]
 
 

@@ -22,6 +22,7 @@ from vllm.engine.async_steps import EngineSteps
 from vllm.engine.llm_engine import LLMEngine, PromptType
 from vllm.engine.metrics import EngineMetrics
 from vllm.engine.request_checks import check_priority
+from vllm.engine.request_log import log_output, log_request
 from vllm.engine.request_metrics import FinishedRequest
 from vllm.lora.request import LoRARequest
 from vllm.outputs import DeltaOutputs, PoolingRequestOutput, RequestOutput
@@ -43,8 +44,10 @@ class AsyncLLMEngine(EngineLoop):
         engine_args: arguments of the engine to build (on the engine thread).
         metrics: where step statistics go (a fresh :class:`EngineMetrics` when None).
         log_requests: log each request's prompt and params.
-        max_log_len: characters (or token ids, for a prompt without text) of a prompt shown
-            in the log (None: all).
+        max_log_len: characters (or token ids, for a prompt without text) of a prompt, and
+            of an output with ``log_outputs``, shown in the log (None: all).
+        log_outputs: with ``log_requests``, log each request's generated text and token
+            ids when it finishes (vllm/engine/request_log.py).
     """
 
     def __init__(
@@ -53,6 +56,7 @@ class AsyncLLMEngine(EngineLoop):
         metrics: EngineMetrics | None = None,
         log_requests: bool = True,
         max_log_len: int | None = None,
+        log_outputs: bool = False,
     ):
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="vllm-engine")
         # (the stats line is EngineMetrics'; the LLMEngine's own, for step(), stays off)
@@ -90,6 +94,7 @@ class AsyncLLMEngine(EngineLoop):
         )
         self.log_requests = log_requests
         self.max_log_len = max_log_len
+        self.log_outputs = log_requests and log_outputs
         self.num_virtual_engines = len(self.engine.schedulers)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._fatal_error: BaseException | None = None
@@ -191,7 +196,7 @@ class AsyncLLMEngine(EngineLoop):
             await self.prepare_grammar(params)
             await self.check_health()  # the loop may have stopped while the grammar compiled
             if self.log_requests:
-                self._log_request(request_id, prompt, params, lora_request)
+                log_request(request_id, prompt, params, lora_request, self.max_log_len)
             self._pending.append((request_id, prompt, params, time.time(), priority, lora_request))
             queued = True
             self._wakeup.set()
@@ -201,6 +206,8 @@ class AsyncLLMEngine(EngineLoop):
                     finished = True
                     raise item
                 finished = item.finished
+                if finished and self.log_outputs:
+                    log_output(item, self.max_log_len)
                 if finished and kind == RequestOutputKind.FINAL_ONLY:
                     self._raise_if_aborted_all(item)
                 if finished or kind != RequestOutputKind.FINAL_ONLY:
@@ -442,35 +449,3 @@ class AsyncLLMEngine(EngineLoop):
         """:meth:`LLMEngine.collective_rpc` (vllm/engine/rpc_api.py) on the engine thread,
         between steps: ``method`` on every worker rank, the results by rank."""
         return await self._on_engine(self.engine.collective_rpc, method, timeout, args, kwargs)
-
-    def _log_request(
-        self,
-        request_id: str,
-        prompt: PromptType,
-        params: SamplingParams,
-        lora_request: LoRARequest | None = None,
-    ) -> None:
-        """Log a request: its prompt as text (chat prompts rendered by their template)
-        when the text is known, else its token ids; either cut to ``max_log_len``
-        characters / ids; then its LoRA adapter, when it names one (as upstream logs it)."""
-        text, ids = None, None
-        if isinstance(prompt, str):
-            text = prompt
-        elif isinstance(prompt, dict):
-            text = prompt.get("prompt")
-            ids = prompt.get("prompt_token_ids")
-        else:
-            ids = prompt
-        n = self.max_log_len
-        lora = "" if lora_request is None else f", lora_request: {lora_request}"
-        if text is not None:
-            logger.info(
-                "Received request %s: prompt: %r, params: %s%s.", request_id, text[:n], params,
-                lora,
-            )  # fmt: skip
-        else:
-            shown = list(ids or [])[:n]
-            logger.info(
-                "Received request %s: prompt_token_ids: %s, params: %s%s.", request_id, shown,
-                params, lora,
-            )  # fmt: skip

@@ -5,8 +5,10 @@ Covers: greedy completions/chat equal to LLM.generate / LLM.chat (run in a forke
 usage, n=2, seeds, streaming (one chunk per token, the first before the end), echo and
 logprobs, max_tokens null, every bad request -> 400/401/404 with the engine healthy after,
 64 concurrent streams counted by /metrics, client disconnect -> abort + blocks freed, a
-fault injected by the test's launcher (fault_server.py) -> 500 while the server survives,
-and SIGTERM -> in-flight request finishes and the process exits 0 (the last test).
+fault injected by the test's launcher (fault_server.py) -> 500 while the server survives
+(its traceback logged: --log-error-stack), outputs in the request log
+(--enable-log-outputs), and SIGTERM -> in-flight request finishes and the process exits 0
+(the last test).
 """
 
 import asyncio
@@ -40,6 +42,7 @@ SHUTDOWN_TIMEOUT = 600
 def server(smollm2_gguf):
     args = ["--device", "cpu", "--max-model-len", str(MAX_LEN)]
     args += ["--served-model-name", MODEL, "--api-key", KEY, "--max-log-len", "40"]
+    args += ["--enable-log-outputs", "--log-error-stack"]
     args += ["--root-path", "/pfx"]  # the key guards the prefixed routes too
     # generous: the SIGTERM test's drain must not depend on how fast this machine generates
     args += ["--shutdown-timeout", str(SHUTDOWN_TIMEOUT)]
@@ -513,7 +516,36 @@ def test_disconnect_aborts_and_frees_blocks(server):
     assert m[gen] - before[gen] < 200  # aborted long before its 400 tokens
 
 
+def test_request_log_shows_outputs(server, client):
+    """--enable-log-outputs: each finished request's text and token ids are logged at INFO
+    under its engine request id (a stream's once, at its end), cut to --max-log-len."""
+    kw = dict(model=MODEL, prompt=PROMPTS[0], max_tokens=12, temperature=0)
+    whole = client.completions.create(extra_headers={"X-Request-Id": "logout-a"}, **kw)
+    chunks = list(
+        client.completions.create(stream=True, extra_headers={"X-Request-Id": "logout-b"}, **kw)
+    )
+    assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
+    reply = client.chat.completions.create(
+        model=MODEL, messages=CHAT, max_tokens=5, temperature=0,
+        extra_headers={"X-Request-Id": "logout-c"},
+    )  # fmt: skip
+    assert whole.choices[0].finish_reason == reply.choices[0].finish_reason == "length"
+    log = server.read_log()
+    for rid, text, n in [
+        ("cmpl-logout-a-0", whole.choices[0].text, 12),
+        ("cmpl-logout-b-0", whole.choices[0].text, 12),
+        ("chatcmpl-logout-c", reply.choices[0].message.content, 5),
+    ]:
+        lines = [ln for ln in log.splitlines() if f"Generated response {rid}:" in ln]
+        assert len(lines) == 1, (rid, lines)
+        assert f"output: {text[:40]!r}, output_token_ids: [" in lines[0], lines[0]
+        shown = lines[0].split("output_token_ids: [", 1)[1].split("]", 1)[0]
+        assert len(shown.split(", ")) == n and lines[0].endswith("finish_reason: length.")
+
+
 def test_fault_hook_fails_one_request_only(server, client):
+    log_start = len(server.read_log())
+
     async def main():
         aclient = server.get_async_client(api_key=KEY)
         bad = aclient.completions.create(model=MODEL, prompt=f"x {FAULT}", max_tokens=4)
@@ -534,6 +566,12 @@ def test_fault_hook_fails_one_request_only(server, client):
     r = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=3, temperature=0)
     assert r.usage.completion_tokens == 3
     assert _metrics(server)["vllm:gpu_cache_usage_perc"] == 0
+    # --log-error-stack: each failed request's traceback, the HTTP 500 unchanged
+    log = server.read_log()[log_start:]
+    stacks = [m.start() for m in re.finditer(r"ERROR .*Error response \(HTTP 500\)", log)]
+    assert len(stacks) == 2, log[-3000:]
+    for at in stacks:
+        assert log[at:].split("\n", 2)[1] == "Traceback (most recent call last):"
 
 
 def test_cli_chat_and_complete_clients(server, reference):

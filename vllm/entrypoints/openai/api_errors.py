@@ -68,19 +68,36 @@ def param_of(message: str) -> str | None:
     return head.group(0) if head and head.group(0) in _REQUEST_FIELDS else None
 
 
+# ``--log-error-stack`` (set by build_app; one server per process).
+_log_error_stack = False
+
+
+def set_log_error_stack(enabled: bool) -> None:
+    """``--log-error-stack``: whether :func:`to_api_error` logs the traceback of every
+    exception it turns into an error response."""
+    global _log_error_stack
+    _log_error_stack = enabled
+
+
 def to_api_error(e: Exception) -> APIError:
     """Map an exception raised while serving to an APIError: ValueError -> 400, a request
     failed in the engine -> 500, a dead or stopping engine -> 503, anything else -> 500,
-    logged with its traceback (the engine logs its own failures)."""
+    logged with its traceback (the engine logs its own failures). With
+    ``--log-error-stack`` every one is logged with its traceback at ERROR, as upstream
+    logs the stack of its error responses (the response is the same)."""
     from vllm.engine.async_llm_engine import EngineDeadError, RequestFailedError
 
     if isinstance(e, APIError):
-        return e
-    if isinstance(e, RequestFailedError):
-        return APIError(f"The request failed inside the engine: {e}", 500)
-    if isinstance(e, EngineDeadError):
-        return APIError(str(e), 503)
-    if isinstance(e, ValueError):
-        return APIError(str(e), 400, param_of(str(e)))
-    logger.error("Internal error while serving a request", exc_info=e)  # a server bug
-    return APIError(f"{type(e).__name__}: {e}", 500)
+        err = e
+    elif isinstance(e, RequestFailedError):
+        err = APIError(f"The request failed inside the engine: {e}", 500)
+    elif isinstance(e, EngineDeadError):
+        err = APIError(str(e), 503)
+    elif isinstance(e, ValueError):
+        err = APIError(str(e), 400, param_of(str(e)))
+    else:
+        logger.error("Internal error while serving a request", exc_info=e)  # a server bug
+        return APIError(f"{type(e).__name__}: {e}", 500)
+    if _log_error_stack:
+        logger.error("Error response (HTTP %d): %s", err.code, err.message, exc_info=e)
+    return err

@@ -55,7 +55,7 @@ from vllm.engine.async_llm_engine import AsyncLLMEngine
 from vllm.engine.default_model import resolve_model, served_model_names
 from vllm.engine.metrics import EngineMetrics
 from vllm.entrypoints.chat_utils import check_default_template_kwargs, load_chat_template
-from vllm.entrypoints.openai.api_errors import APIError, to_api_error
+from vllm.entrypoints.openai.api_errors import APIError, set_log_error_stack, to_api_error
 from vllm.entrypoints.openai.lora_modules import lora_requests
 from vllm.entrypoints.openai.lora_routes import add_lora_routes
 from vllm.entrypoints.openai.pooling_routes import add_pooling_routes
@@ -128,6 +128,7 @@ def build_app(
     middleware: list | None = None,
     exclude_tools_when_tool_choice_none: bool = False,
     default_chat_template_kwargs: dict | None = None,
+    log_error_stack: bool = False,
 ):
     """The FastAPI app serving ``engine`` (the engine loop starts with the app).
 
@@ -165,7 +166,11 @@ def build_app(
             order inside CORS and outside the API key check.
         exclude_tools_when_tool_choice_none / default_chat_template_kwargs: the flags of
             those names (see :class:`OpenAIServingChat`).
+        log_error_stack: ``--log-error-stack``: every error response made from an
+            exception logs its traceback (:func:`~vllm.entrypoints.openai.api_errors.
+            set_log_error_stack`; one setting per process, the last app built sets it).
     """
+    set_log_error_stack(log_error_stack)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -454,8 +459,9 @@ def validate_server_args(args: argparse.Namespace) -> EngineArgs:
 
     Sets ``args.model`` (the path), ``args.model_is_default``, ``args.chat_template``
     (the template text), ``args.tool_parser`` (the parser of tool_choice "auto", or
-    None), ``args.reasoning`` (the ``--reasoning-parser``, or None) and
-    ``args.middleware_objects`` (what each ``--middleware`` names).
+    None), ``args.reasoning`` (the
+    ``--reasoning-parser``, or None), ``args.middleware_objects`` (what each
+    ``--middleware`` names) and ``args.log_error_stack`` (its default resolved).
 
     Raises:
         ValueError: naming the bad value (the caller prints it on one line, exit 2).
@@ -488,6 +494,13 @@ def validate_server_args(args: argparse.Namespace) -> EngineArgs:
         raise ValueError(f"--root-path must start with '/', got {args.root_path!r}.")
     if args.enable_log_requests and args.disable_log_requests:
         raise ValueError("--enable-log-requests and --disable-log-requests contradict: give one.")
+    if args.enable_log_outputs and args.disable_log_requests:
+        raise ValueError(
+            "--enable-log-outputs logs outputs in the request log, which "
+            "--disable-log-requests turns off: give one."
+        )
+    if args.log_error_stack is None:
+        args.log_error_stack = envs.VLLM_SERVER_DEV_MODE
     if not args.response_role:
         raise ValueError("--response-role must not be empty.")
     check_default_template_kwargs(args.default_chat_template_kwargs)
@@ -577,6 +590,7 @@ def build_engine(args: argparse.Namespace, engine_args: EngineArgs) -> AsyncLLME
         metrics=EngineMetrics(_served_names(args)[0], log_stats=not args.disable_log_stats),
         log_requests=not args.disable_log_requests,
         max_log_len=args.max_log_len,
+        log_outputs=args.enable_log_outputs,
     )
     try:
         for lora in args.lora_requests:  # each adapter read once, before serving
@@ -625,6 +639,7 @@ def run_server(args: argparse.Namespace, engine: AsyncLLMEngine, sock: socket.so
         middleware=args.middleware_objects,
         exclude_tools_when_tool_choice_none=args.exclude_tools_when_tool_choice_none,
         default_chat_template_kwargs=args.default_chat_template_kwargs,
+        log_error_stack=args.log_error_stack,
     )
     port = sock.getsockname()[1]
     config = uvicorn.Config(

@@ -156,13 +156,30 @@ def make_server_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
         "--max-log-len",
         type=int,
         default=None,
-        help="Characters of a prompt shown in the request log (default: all).",
+        help="Characters of a prompt, and of an output with --enable-log-outputs, shown in "
+        "the request log (token ids: that many ids) (default: all).",
     )
     server.add_argument("--disable-log-requests", action="store_true", help="Do not log requests.")
     server.add_argument(
         "--enable-log-requests",
         action="store_true",
         help="Log requests (upstream's current spelling; on unless --disable-log-requests).",
+    )
+    server.add_argument(
+        "--enable-log-outputs",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="Also log each request's generated text and token ids at INFO when it "
+        "finishes (a stream: at its end), with its request id, cut to --max-log-len; "
+        "needs the request log (not with --disable-log-requests).",
+    )
+    server.add_argument(
+        "--log-error-stack",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="Log the traceback of every error response made from an exception raised "
+        "while serving a request, at ERROR (the response is unchanged) (default: off; "
+        "on with VLLM_SERVER_DEV_MODE=1, as upstream).",
     )
     server.add_argument(
         "--shutdown-timeout",
