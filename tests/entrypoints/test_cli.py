@@ -289,10 +289,14 @@ def test_server_flags_of_upstream_parse():
     assert defaults.response_role == "assistant"
     assert uvicorn_options(defaults) == {"access_log": True}
     assert defaults.uvicorn_log_level == "info"  # upstream's default: access lines shown
-    # upstream's log switches, with their --no- forms
+    # upstream's log switches, with their --no- forms, and --tool-parser-plugin
     assert (defaults.enable_log_outputs, defaults.log_error_stack) == (False, None)
-    logs = cli.make_parser().parse_args(["serve", "--enable-log-outputs", "--no-log-error-stack"])
+    assert defaults.tool_parser_plugin is None
+    logs = cli.make_parser().parse_args(
+        ["serve", "--enable-log-outputs", "--no-log-error-stack", "--tool-parser-plugin", "p.py"]
+    )
     assert (logs.enable_log_outputs, logs.log_error_stack) == (True, False)
+    assert logs.tool_parser_plugin == "p.py"
 
 
 @pytest.mark.parametrize(
@@ -307,6 +311,10 @@ def test_server_flags_of_upstream_parse():
         (["--default-chat-template-kwargs", "[1]"], "expected a JSON object"),
         (["--default-chat-template-kwargs", '{"tools": []}'], "must not set ['tools']"),
         (
+            ["--tool-parser-plugin", "/nonexistent/parsers.py", "--tool-call-parser", "x"],
+            "error: --tool-parser-plugin '/nonexistent/parsers.py' is not a file.",
+        ),
+        (
             ["--enable-log-outputs", "--disable-log-requests"],
             "error: --enable-log-outputs logs outputs in the request log, which "
             "--disable-log-requests turns off: give one.",
@@ -317,6 +325,39 @@ def test_bad_server_flag_is_one_line(args, message, tiny_llama_dir):
     r = _run_cli("serve", tiny_llama_dir, "--device", "cpu", *args)
     assert r.returncode == 2, r.stderr
     assert message in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_tool_parser_plugin_registers_parsers(tmp_path, monkeypatch):
+    """--tool-parser-plugin imports a file whose parsers --tool-call-parser then finds; a
+    file that fails to import, or is no Python source, is an error naming it."""
+    from vllm.entrypoints.openai.tool_parsers import (
+        abstract,
+        get_tool_parser,
+        load_tool_parser_plugin,
+    )
+
+    monkeypatch.setattr(abstract, "_PARSERS", dict(abstract._PARSERS))  # registry restored
+    good = tmp_path / "plugin-parsers.py"
+    good.write_text(
+        "from vllm.entrypoints.openai.tool_parsers import ToolParser, register_tool_parser\n"
+        "@register_tool_parser('plugin_test_format')\n"
+        "class P(ToolParser):\n"
+        "    pass\n"
+    )
+    load_tool_parser_plugin(str(good))
+    assert type(get_tool_parser("plugin_test_format")).__name__ == "P"
+    broken = tmp_path / "broken.py"
+    broken.write_text("import no_such_module_for_the_plugin\n")
+    with pytest.raises(ValueError) as e:
+        load_tool_parser_plugin(str(broken))
+    assert str(e.value) == (
+        f"--tool-parser-plugin {str(broken)!r} failed to import: ModuleNotFoundError: "
+        "No module named 'no_such_module_for_the_plugin'"
+    )
+    other = tmp_path / "parsers.txt"
+    other.write_text("")
+    with pytest.raises(ValueError, match=r"parsers.txt' is not a Python source file"):
+        load_tool_parser_plugin(str(other))
 
 
 def _serve_parser():

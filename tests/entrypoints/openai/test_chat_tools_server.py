@@ -1,4 +1,5 @@
-"""`vllm serve --enable-auto-tool-choice --tool-call-parser hermes` on SmolLM2, end to end:
+"""`vllm serve --enable-auto-tool-choice --tool-call-parser NAME` on SmolLM2, end to end,
+NAME a hermes parser that a `--tool-parser-plugin` file registers:
 the chat template gets tools, chat_template_kwargs and the messages' name, tool_calls and
 tool_call_id (seen in the request log); a reply forced by guided_regex into a hermes
 <tool_call> block comes back as tool_calls, streamed and not; the raw stream has OpenAI's
@@ -47,10 +48,34 @@ MESSAGES = [
 CALL_REGEX = r'<tool_call>\{"name": "get_weather", "arguments": \{"city": "Paris"\}\}</tool_call>'
 
 
+# A --tool-parser-plugin file: the server's parser is hermes under a name only it
+# registers, with call ids of its own.
+PLUGIN = """
+import uuid
+
+from vllm.entrypoints.openai.tool_parsers import register_tool_parser
+from vllm.entrypoints.openai.tool_parsers.hermes import HermesToolParser
+
+
+@register_tool_parser("hermes_from_plugin")
+class PluginParser(HermesToolParser):
+    def call_id(self):
+        return "plugin-" + uuid.uuid4().hex
+
+    def extract(self, text):
+        found = super().extract(text)
+        found.calls = [c.model_copy(update={"id": self.call_id()}) for c in found.calls]
+        return found
+"""
+
+
 @pytest.fixture(scope="module")
-def server(smollm2_gguf):
+def server(smollm2_gguf, tmp_path_factory):
+    plugin = tmp_path_factory.mktemp("plugin") / "my_parsers.py"
+    plugin.write_text(PLUGIN)
     args = ["--device", "cpu", "--max-model-len", "512", "--served-model-name", MODEL]
-    args += ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+    args += ["--tool-parser-plugin", str(plugin)]
+    args += ["--enable-auto-tool-choice", "--tool-call-parser", "hermes_from_plugin"]
     with RemoteOpenAIServer(smollm2_gguf, args) as srv:
         yield srv
 
@@ -98,6 +123,7 @@ def test_auto_tool_choice_parses_hermes_calls(server):
     assert choice["message"]["content"] is None
     [call] = choice["message"]["tool_calls"]
     assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    assert call["id"].startswith("plugin-")  # the --tool-parser-plugin's parser made it
     chunks = _sse(server, body)
     deltas = [c["choices"][0]["delta"] for c in chunks]
     assert deltas[0] == {"role": "assistant", "content": ""}

@@ -85,7 +85,12 @@ from vllm.entrypoints.openai.serving_tokenization import (
     OpenAIServingTokenization,
     TokenizeRequest,
 )
-from vllm.entrypoints.openai.tool_parsers import ToolParser, get_tool_parser, tool_parser_names
+from vllm.entrypoints.openai.tool_parsers import (
+    ToolParser,
+    get_tool_parser,
+    load_tool_parser_plugin,
+    tool_parser_names,
+)
 from vllm.logger import configure_command_logging
 from vllm.lora.request import LoRARequest
 from vllm.reasoning import ReasoningParser, get_reasoning_parser
@@ -459,7 +464,7 @@ def validate_server_args(args: argparse.Namespace) -> EngineArgs:
 
     Sets ``args.model`` (the path), ``args.model_is_default``, ``args.chat_template``
     (the template text), ``args.tool_parser`` (the parser of tool_choice "auto", or
-    None), ``args.reasoning`` (the
+    None; after ``--tool-parser-plugin`` is imported), ``args.reasoning`` (the
     ``--reasoning-parser``, or None), ``args.middleware_objects`` (what each
     ``--middleware`` names) and ``args.log_error_stack`` (its default resolved).
 
@@ -505,6 +510,8 @@ def validate_server_args(args: argparse.Namespace) -> EngineArgs:
         raise ValueError("--response-role must not be empty.")
     check_default_template_kwargs(args.default_chat_template_kwargs)
     args.chat_template = load_chat_template(args.chat_template)
+    if args.tool_parser_plugin is not None:
+        load_tool_parser_plugin(args.tool_parser_plugin)
     args.tool_parser = None
     if args.tool_call_parser is not None:
         args.tool_parser = get_tool_parser(args.tool_call_parser)

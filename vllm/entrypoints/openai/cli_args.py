@@ -129,8 +129,16 @@ def make_server_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     server.add_argument(
         "--tool-call-parser",
         default=None,
-        metavar="{" + ",".join(tool_parser_names()) + "}",
+        metavar="{" + ",".join(tool_parser_names()) + "} or a name --tool-parser-plugin registers",
         help="The model's tool-call format, for --enable-auto-tool-choice.",
+    )
+    server.add_argument(
+        "--tool-parser-plugin",
+        default=None,
+        metavar="PATH",
+        help="A Python file imported at start-up, before --tool-call-parser is looked up, "
+        'that registers more tool-call parsers (@register_tool_parser("name") on a '
+        "ToolParser subclass, from vllm.entrypoints.openai.tool_parsers).",
     )
     server.add_argument(
         "--exclude-tools-when-tool-choice-none",
