@@ -12,6 +12,16 @@ channels ``rd..D`` pass through unchanged, and the frequencies are computed for
 ``rotary_dim``, as transformers' Phi-3 ``apply_rotary_pos_emb`` and rope utils do
 (:func:`partial_rotary_dim`).
 
+Interleaved (GPT-J style, ``interleaved=True``; GLM-4): the rotated channels pair up as
+``(x[2i], x[2i + 1])`` instead of halves, each pair turned by angle ``i``::
+
+    out[2i] = x[2i] * cos_i - x[2i + 1] * sin_i,  out[2i + 1] = x[2i + 1] * cos_i + x[2i] * sin_i
+
+as transformers' ``Glm4`` ``apply_rotary_pos_emb`` (cos / sin ``repeat_interleave``-d, its
+``rotate_half`` over even / odd channels). The cos/sin table is the same; only the Triton
+kernels and the fused decode kernel implement the halves, so an interleaved rotation always
+runs :meth:`RotaryEmbedding.forward_native`.
+
 The inverse frequencies follow transformers' ``modeling_rope_utils`` for the rope types
 ``default``, ``linear`` (inv_freq / factor), ``llama3`` (wavelength-banded scaling),
 ``longrope`` (Phi-3: per-frequency short / long factors, cos and sin scaled by an attention
@@ -221,6 +231,8 @@ class RotaryEmbedding(nn.Module):
         rope_parameters: :func:`get_rope_parameters` of the config.
         num_positions: rows of the cos/sin table (default ``max_position``): the engine's
             ``max_model_len`` when that is longer. More rows change no row's value.
+        interleaved: rotate pairs of adjacent channels (GPT-J style, GLM-4) instead of
+            halves (NeoX style, the default); module docstring.
 
     ``cos_sin_cache`` [num_positions, rotary_dim] (float32, non-persistent buffer) holds
     ``cat(cos(pos * inv_freq), sin(pos * inv_freq))`` for every position below
@@ -243,6 +255,7 @@ class RotaryEmbedding(nn.Module):
         max_position: int,
         rope_parameters: dict[str, Any],
         num_positions: int | None = None,
+        interleaved: bool = False,
     ) -> None:
         super().__init__()
         if rotary_dim % 2 or not 2 <= rotary_dim <= head_size:
@@ -251,6 +264,7 @@ class RotaryEmbedding(nn.Module):
             )
         self.head_size = head_size
         self.rotary_dim = rotary_dim
+        self.interleaved = interleaved
         self.max_position = max_position
         self.num_positions = num_positions or max_position
         positions = torch.arange(self.num_positions, dtype=torch.float32)  # [num_positions]
@@ -265,6 +279,12 @@ class RotaryEmbedding(nn.Module):
         elif rope_type == "yarn":
             cache = cache * yarn_attention_factor(rope_parameters, max_position)
         self.register_buffer("cos_sin_cache", cache, persistent=False)
+
+    @property
+    def whole_head_halves(self) -> bool:
+        """Whether the rotation is the one fused kernels implement (NeoX halves over whole
+        heads); otherwise a caller rotates with this module before such a kernel."""
+        return self.rotary_dim == self.head_size and not self.interleaved
 
     @staticmethod
     def _cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
@@ -287,9 +307,10 @@ class RotaryEmbedding(nn.Module):
             (query, key) rotated, same shapes and dtype as the inputs. On CUDA (one fused
             Triton kernel, ``norm_rotary.rotary_embedding``) the rotation is written IN PLACE
             into 2-D query/key views (the qkv split): the caller must use the returned
-            tensors and not expect the un-rotated values. Elsewhere ``forward_native`` runs.
+            tensors and not expect the un-rotated values. Elsewhere, and for an interleaved
+            rotation, ``forward_native`` runs.
         """
-        ops = get_triton_ops(query)
+        ops = None if self.interleaved else get_triton_ops(query)
         if ops is None:
             return self.forward_native(positions, query, key)
         return ops.rotary_embedding(positions, query, key, self.cos_sin_cache, self.head_size)
@@ -312,9 +333,9 @@ class RotaryEmbedding(nn.Module):
             kv_rows: [2, num_tokens] int64, each token's key row and value row.
         Returns:
             (query, key, written): rotated tensors, and whether the cache was written (False
-            off the Triton path: the caller writes it).
+            off the Triton path, interleaved included: the caller writes it).
         """
-        ops = get_triton_ops(query)
+        ops = None if self.interleaved else get_triton_ops(query)
         if ops is None:
             q, k = self.forward_native(positions, query, key)
             return q, k, False
@@ -340,8 +361,13 @@ class RotaryEmbedding(nn.Module):
         tensor, same shape): the first rotary_dim channels of each head, the rest copied."""
         num_tokens, rd = x.shape[0], self.rotary_dim
         x = x.view(num_tokens, -1, self.head_size)  # [T, heads, head_size]
-        x1, x2 = x[..., :rd].chunk(2, dim=-1)  # [T, heads, rotary_dim // 2] each
-        parts = [x1 * cos - x2 * sin, x2 * cos + x1 * sin]
+        if self.interleaved:
+            x1, x2 = x[..., 0:rd:2], x[..., 1:rd:2]  # [T, heads, rotary_dim // 2] each
+            pairs = torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+            parts = [pairs.flatten(-2)]  # [T, heads, rotary_dim], pairs back in place
+        else:
+            x1, x2 = x[..., :rd].chunk(2, dim=-1)  # [T, heads, rotary_dim // 2] each
+            parts = [x1 * cos - x2 * sin, x2 * cos + x1 * sin]
         if rd < self.head_size:
             parts.append(x[..., rd:])  # [T, heads, head_size - rotary_dim], not rotated
         out = torch.cat(parts, dim=-1)  # [T, heads, head_size]
@@ -350,7 +376,8 @@ class RotaryEmbedding(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"head_size={self.head_size}, rotary_dim={self.rotary_dim}, "
-            f"max_position={self.max_position}, num_positions={self.num_positions}"
+            f"max_position={self.max_position}, num_positions={self.num_positions}, "
+            f"interleaved={self.interleaved}"
         )
 
 

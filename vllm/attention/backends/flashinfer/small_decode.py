@@ -87,9 +87,10 @@ class SmallDecodeImpl(AttentionImpl):
     ) -> torch.Tensor:
         md: SmallDecodeMetadata = attn_metadata  # type: ignore[assignment]
         cos_sin = None if rotary_emb is None else rotary_emb.cos_sin_cache
-        if rotary_emb is not None and rotary_emb.rotary_dim != rotary_emb.head_size:
-            # the kernel rotates whole heads: a partial rotary (Phi-4-mini) runs first, in
-            # its own kernel reading the same positions, and the kernel rotates nothing
+        if rotary_emb is not None and not rotary_emb.whole_head_halves:
+            # the kernel rotates whole heads by halves: a partial rotary (Phi-4-mini) or an
+            # interleaved one (GLM-4) runs first, in its own kernel reading the same
+            # positions, and the kernel rotates nothing
             query, key = rotary_emb(positions, query, key)
             cos_sin = None
         return dispatch.decode_attention().paged_decode_attention(
