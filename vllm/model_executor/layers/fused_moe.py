@@ -1,9 +1,10 @@
 """Mixture-of-experts feed-forward block: top-k routing and the experts, stored once.
 
-Shared by Qwen3-MoE and Mixtral. Each token's router logits ``x @ gate.T`` go through a
+Shared by the MoE families. Each token's router logits ``x @ gate.T`` go through a
 float32 softmax; the ``top_k`` largest probabilities pick the experts and, renormalised to
 sum to 1 when the config asks (``norm_topk_prob`` for Qwen3-MoE, always for Mixtral), weight
-their outputs::
+their outputs (GLM-4.5 routes with its own function and hands the weights and ids to
+:meth:`FusedMoE.forward_routed`)::
 
     y[t] = sum_j  w[t, j] * down_e(act(gate_e(x[t])) * up_e(x[t])),  e = expert[t, j]
 
@@ -129,19 +130,35 @@ class FusedMoE(nn.Module):
     def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         """hidden_states [T, H], router_logits [T, E] -> [T, H] (see module docstring);
         all-reduced over the TP ranks (each computes its slice of every expert)."""
-        out = self._experts(hidden_states, router_logits)  # [T, H], this rank's partial sum
+        weights, ids = self.route(router_logits, hidden_states.dtype)  # [T, top_k] each
+        return self.forward_routed(hidden_states, weights, ids)
+
+    def route(
+        self, router_logits: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """router_logits [T, E] -> (weights [T, top_k] in ``dtype``, expert ids [T, top_k]
+        int64): the softmax top-k of :func:`route_topk`."""
+        return route_topk(router_logits, self.top_k, self.renormalize, dtype)
+
+    def forward_routed(
+        self, hidden_states: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+    ) -> torch.Tensor:
+        """The experts for a routing made elsewhere (GLM-4.5's grouped sigmoid router,
+        :mod:`vllm.model_executor.layers.grouped_topk`): hidden_states [T, H], weights
+        [T, top_k] in the hidden dtype, ids [T, top_k] int64 -> [T, H], all-reduced over the
+        TP ranks."""
+        out = self._experts(hidden_states, weights, ids)  # [T, H], this rank's partial sum
         return tensor_model_parallel_all_reduce(out)
 
-    def _experts(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
-        """This rank's experts' output [T, H] (forward_native / Triton / forward_dense)."""
+    def _experts(
+        self, hidden_states: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+    ) -> torch.Tensor:
+        """This rank's experts' output [T, H] (native / Triton / dense)."""
         if not hidden_states.is_cuda:
-            return self.forward_native(hidden_states, router_logits)
+            return self.experts_native(hidden_states, weights, ids)
         kernels = get_triton_moe(hidden_states)
         if kernels is None:
-            return self.forward_dense(hidden_states, router_logits)
-        weights, ids = route_topk(
-            router_logits, self.top_k, self.renormalize, hidden_states.dtype
-        )  # [T, top_k] each
+            return self.experts_dense(hidden_states, weights, ids)
         return kernels.fused_experts(
             hidden_states.contiguous(), self.w13_weight, self.w2_weight, weights, ids
         )
@@ -149,10 +166,13 @@ class FusedMoE(nn.Module):
     def forward_dense(
         self, hidden_states: torch.Tensor, router_logits: torch.Tensor
     ) -> torch.Tensor:
+        """:meth:`experts_dense` after the softmax top-k routing (this rank's sum)."""
+        return self.experts_dense(hidden_states, *self.route(router_logits, hidden_states.dtype))
+
+    def experts_dense(
+        self, hidden_states: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+    ) -> torch.Tensor:
         """Every expert over every token, unchosen ones weighted 0; no host synchronisation."""
-        weights, ids = route_topk(
-            router_logits, self.top_k, self.renormalize, hidden_states.dtype
-        )  # [T, top_k] each
         experts = torch.arange(self.num_experts, device=ids.device)  # [E]
         chosen = ids[:, :, None] == experts  # [T, top_k, E]
         dense = (weights[:, :, None] * chosen).sum(dim=1)  # [T, E]: one non-zero term each
@@ -166,10 +186,13 @@ class FusedMoE(nn.Module):
     def forward_native(
         self, hidden_states: torch.Tensor, router_logits: torch.Tensor
     ) -> torch.Tensor:
+        """:meth:`experts_native` after the softmax top-k routing (this rank's sum)."""
+        return self.experts_native(hidden_states, *self.route(router_logits, hidden_states.dtype))
+
+    def experts_native(
+        self, hidden_states: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+    ) -> torch.Tensor:
         """The plain torch path: per expert, its tokens' SwiGLU, weighted and index-added."""
-        weights, ids = route_topk(
-            router_logits, self.top_k, self.renormalize, hidden_states.dtype
-        )  # [T, top_k] each
         out = torch.zeros_like(hidden_states)  # [T, H]
         for expert in torch.unique(ids).tolist():  # sorted: increasing expert order
             token_idx, slot = torch.where(ids == expert)  # [n] each, token order
