@@ -24,6 +24,7 @@ _MODELS: dict[str, tuple[str, str]] = {
     "Olmo3ForCausalLM": ("olmo2", "Olmo3ForCausalLM"),
     "SmolLM3ForCausalLM": ("smollm3", "SmolLM3ForCausalLM"),
     "Glm4ForCausalLM": ("glm4", "Glm4ForCausalLM"),
+    "Glm4MoeForCausalLM": ("glm4_moe", "Glm4MoeForCausalLM"),
     # decoder stacks without an LM head (embedding checkpoints such as e5-mistral): served
     # with --task embed by the causal LM class, whose lm_head then ties to the embedding
     "LlamaModel": ("llama", "LlamaForCausalLM"),
@@ -50,6 +51,7 @@ _MODEL_TYPE_TO_ARCH = {
     "olmo3": "Olmo3ForCausalLM",
     "smollm3": "SmolLM3ForCausalLM",
     "glm4": "Glm4ForCausalLM",
+    "glm4_moe": "Glm4MoeForCausalLM",
 }
 
 # architectures whose GGUF files load (gguf_loader's tensor names; checked against
