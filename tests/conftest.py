@@ -469,6 +469,27 @@ def tiny_smollm3_dir(tiny_models_dir) -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_glm4_dir(tiny_models_dir) -> str:
+    """HF GLM-4-0414 checkpoint directory: 2 four-norm layers, interleaved half rotary."""
+    config = tiny_models.tiny_glm4_config()
+    return _built(
+        tiny_models_dir / "glm4",
+        lambda p: tiny_models.save_tiny_hf_checkpoint(config, p, seed=30),
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_glm4_moe_dir(tiny_models_dir) -> str:
+    """HF GLM-4.5 checkpoint directory: a dense layer, then 2 MoE layers with grouped
+    sigmoid routing, a random correction bias and a shared expert."""
+    config = tiny_models.tiny_glm4_moe_config()
+    return _built(
+        tiny_models_dir / "glm4_moe",
+        lambda p: tiny_models.save_tiny_glm4_moe_checkpoint(config, p, seed=33),
+    )
+
+
+@pytest.fixture(scope="session")
 def tiny_gemma3_softcap_dir(tiny_models_dir) -> str:
     """Like ``tiny_gemma3_dir`` but with ``attn_logit_softcapping`` 5.0 in its config, a cap
     small enough to change the outputs of a model that applied it."""

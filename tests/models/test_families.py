@@ -39,6 +39,8 @@ HF_DIRS = [
     "tiny_smollm3_dir",
     "tiny_olmo2_dir",
     "tiny_olmo3_dir",
+    "tiny_glm4_dir",
+    "tiny_glm4_moe_dir",
 ]
 PROMPTS_OF = {
     "tiny_gemma2_dir": WINDOW_PROMPTS,

@@ -318,6 +318,33 @@ def tiny_smollm3_config(**overrides):
     return _config("SmolLM3Config", "SmolLM3ForCausalLM", family, overrides)
 
 
+def tiny_glm4_config(**overrides):
+    """Glm4Config: 2 layers, hidden 64, 4 heads / 2 KV heads of 16, intermediate 128, q/k/v
+    biases, half of each head rotating as interleaved pairs (``partial_rotary_factor`` 0.5,
+    GLM-4's), untied."""
+    family = dict(head_dim=16, attention_bias=True, rms_norm_eps=1e-5,
+                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                   "partial_rotary_factor": 0.5},
+                  tie_word_embeddings=False)  # fmt: skip
+    return _config("Glm4Config", "Glm4ForCausalLM", family, overrides)
+
+
+def tiny_glm4_moe_config(**overrides):
+    """Glm4MoeConfig: 3 layers (dense, then 2 MoE: ``first_k_dense_replace`` 1), hidden 64,
+    4 heads / 2 KV heads of 16 with q/k norms and q/k/v biases, half of each head rotating
+    (by halves); 8 routed experts of width 32 in 4 groups, the best 2 groups eligible, top-2
+    renormalised and scaled by 2.5, one shared expert, dense MLP width 128, untied. Save it
+    with :func:`save_tiny_glm4_moe_checkpoint` (a random ``e_score_correction_bias``)."""
+    family = dict(num_hidden_layers=3, head_dim=16, attention_bias=True, use_qk_norm=True,
+                  first_k_dense_replace=1, moe_intermediate_size=32, n_routed_experts=8,
+                  num_experts_per_tok=2, n_group=4, topk_group=2, norm_topk_prob=True,
+                  routed_scaling_factor=2.5, n_shared_experts=1, rms_norm_eps=1e-5,
+                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                   "partial_rotary_factor": 0.5},
+                  tie_word_embeddings=False)  # fmt: skip
+    return _config("Glm4MoeConfig", "Glm4MoeForCausalLM", family, overrides)
+
+
 def tiny_gemma2_gguf_config(**overrides):
     """The Gemma 2 config a GGUF file can carry: transformers' GGUF reader maps neither
     ``query_pre_attn_scalar``, the layer pattern nor the soft-caps, so they keep
@@ -368,21 +395,44 @@ def randomize_(
 
 
 def save_tiny_hf_checkpoint(
-    config, out_dir: str, seed: int = 0, embed_std: float | None = None
+    config, out_dir: str, seed: int = 0, embed_std: float | None = None, edit=None
 ) -> str:
     """Build an HF causal LM from ``config`` with random float32 weights (``randomize_``,
-    ``embed_std`` passed on) and save it to ``out_dir`` (safetensors, plus the SmolLM2
-    tokenizer when available). Returns out_dir."""
+    ``embed_std`` passed on; then ``edit(model)`` when given, for state that is not a
+    parameter) and save it to ``out_dir`` (safetensors, plus the SmolLM2 tokenizer when
+    available). Returns out_dir."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     randomize_(model, seed, embed_std=embed_std)
+    if edit is not None:
+        edit(model)
     model.save_pretrained(out_dir, safe_serialization=True)
     source = smollm2_gguf_path()
     if source is not None:
         load_smollm2_tokenizer().save_pretrained(out_dir)
     return out_dir
+
+
+def randomize_correction_bias_(model: torch.nn.Module, seed: int, std: float = 0.5) -> None:
+    """Fill every ``e_score_correction_bias`` buffer (GLM-4.5's routers; transformers
+    initialises it to zeros and ``randomize_`` sees parameters only) with ``std * N(0, 1)``
+    from a generator seeded with ``seed``: large enough next to the sigmoid scores in (0, 1)
+    to change which experts are picked."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, buf in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buf.copy_(std * torch.randn(buf.shape, generator=gen, dtype=torch.float32))
+
+
+def save_tiny_glm4_moe_checkpoint(config, out_dir: str, seed: int) -> str:
+    """:func:`save_tiny_hf_checkpoint` with a random routing bias
+    (:func:`randomize_correction_bias_`). Returns out_dir."""
+    return save_tiny_hf_checkpoint(
+        config, out_dir, seed=seed, edit=lambda m: randomize_correction_bias_(m, seed)
+    )
 
 
 def save_tiny_decoder_stack(config, out_dir: str, architectures: list[str] | None = None) -> str:
