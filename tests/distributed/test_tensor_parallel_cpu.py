@@ -6,10 +6,11 @@ rank's (docs/design.md "Tensor parallelism"). Outputs of random tiny models are 
 meaningful when not one repeated token, so each reference completion must hold at least
 ``MIN_DISTINCT`` distinct ids.
 
-Coverage with six multi-rank engines (CI time): Qwen2 with fewer ranks than KV heads at
+Coverage with seven multi-rank engines (CI time): Qwen2 with fewer ranks than KV heads at
 TP = 2; Llama with more ranks than KV heads at TP = 2 x PP = 2, which then also loses a rank;
 the Ray executor at TP = 2 with one KV head per rank; Gemma 3's final logit soft-cap at
-TP = 2; OLMo 2's norms over all heads at TP = 4; ``--quantization fp8`` at TP = 2.
+TP = 2; OLMo 2's norms over all heads at TP = 4; ``--quantization fp8`` at TP = 2;
+GLM-4.5's replicated router with split routed and shared experts at TP = 2.
 """
 
 import os
@@ -198,3 +199,15 @@ def test_fp8_tp2_equals_tp1(tiny_llama_dir):
         ref = _greedy(tiny_llama_dir, quantization="fp8")
         out = _greedy(tiny_llama_dir, quantization="fp8", tensor_parallel_size=2)
     _check_close(ref, out, "fp8-tp2")
+
+
+@pytest.mark.forked
+def test_glm4_moe_tp2_equals_tp1(tiny_glm4_moe_dir):
+    """GLM-4.5 at TP = 2: the float32 router (weight and correction bias) is replicated, so
+    every rank picks the same experts; each rank holds half of every expert's and of the
+    shared expert's width, the q/k/v biases and q/k norms of its heads. Tokens and
+    logprobs equal one rank's."""
+    with deadline(240):
+        ref = _greedy(tiny_glm4_moe_dir)
+        out = _greedy(tiny_glm4_moe_dir, tensor_parallel_size=2)
+    _check_close(ref, out, "glm4-moe-tp2")
