@@ -57,6 +57,13 @@ BUILDERS = {
     # post-norm layers, q/k norms over all heads (plain torch norms)
     "olmo2": lambda tm: tm.tiny_olmo2_config(**HD64),
     "olmo3": lambda tm: tm.tiny_olmo3_config(**HD64),  # 3 sliding layers (window 8), 1 global
+    # four norms per layer; half of each head rotating as interleaved pairs (torch rotary)
+    "glm4": lambda tm: tm.tiny_glm4_config(head_dim=64, **HD64),
+    # dense routing as the MoE families above: one group, every expert (the float32 router
+    # and the shared expert still run; the correction bias picks nothing when all are picked)
+    "glm4_moe": lambda tm: tm.tiny_glm4_moe_config(
+        head_dim=64, n_group=1, topk_group=1, num_experts_per_tok=8, **HD64
+    ),
     # YaRN past a 16-position original context (the prompts and 32 tokens reach ~40)
     "qwen2_yarn": lambda tm: tm.tiny_qwen2_config(
         rope_parameters={
@@ -73,6 +80,8 @@ SPARSE_MOE = {  # top-2 of 8, uneven routing: the expert kernel's grouping in gr
     "qwen3_moe": lambda tm: tm.tiny_qwen3_moe_config(head_dim=64, **HD64),
     "mixtral": lambda tm: tm.tiny_mixtral_config(**HD64),
     "qwen2_moe": lambda tm: tm.tiny_qwen2_moe_config(**HD64),  # and its shared expert
+    # grouped sigmoid routing (2 of 4 groups) with a random correction bias
+    "glm4_moe": lambda tm: tm.tiny_glm4_moe_config(head_dim=64, **HD64),
 }
 
 
@@ -83,6 +92,8 @@ def _save(builder, name: str, tmp_path_factory) -> str:
     # Gemma and Granite are saved with their own embedding std (see tiny_models)
     embed_std = {"gemma2": tiny_models.GEMMA3_EMBED_STD, "gemma3": tiny_models.GEMMA3_EMBED_STD,
                  "granite": tiny_models.GRANITE_EMBED_STD}.get(name)  # fmt: skip
+    if name.startswith("glm4_moe"):  # with a random routing correction bias
+        return tiny_models.save_tiny_glm4_moe_checkpoint(builder(tiny_models), str(out), seed=11)
     return tiny_models.save_tiny_hf_checkpoint(
         builder(tiny_models), str(out), seed=11, embed_std=embed_std
     )
@@ -147,11 +158,13 @@ def test_sparse_moe_graphs_equal_eager(sparse_moe_dir):
 
 
 @pytest.mark.forked
-def test_partial_rotary_small_decode_close_to_transformers(tmp_path_factory):
-    """Phi-4-mini's partial rotary through the one-row small-decode kernel (the rotary
-    kernel runs first, the decode kernel rotates nothing): each prompt alone, graphs and
-    eager, logprobs-close to transformers and graphs equal to eager."""
-    model = _save(BUILDERS["phi4_mini"], "phi4_mini_small", tmp_path_factory)
+@pytest.mark.parametrize("family", ["phi4_mini", "glm4"])
+def test_partial_rotary_small_decode_close_to_transformers(family, tmp_path_factory):
+    """Phi-4-mini's partial rotary and GLM-4's partial interleaved one through the one-row
+    small-decode kernel (the rotary module runs first, the decode kernel rotates nothing):
+    each prompt alone, graphs and eager, logprobs-close to transformers and graphs equal to
+    eager."""
+    model = _save(BUILDERS[family], f"{family}_small", tmp_path_factory)
     ref = hf_greedy(model, PROMPTS[:2], 32, dtype="bfloat16", device="cuda")
     outs = {}
     for eager in (False, True):
