@@ -6,8 +6,8 @@ import logging
 
 import pytest
 
-from vllm.entrypoints.openai.api_server import validate_server_args
 from vllm.entrypoints.openai.cli_args import make_server_parser
+from vllm.entrypoints.openai.server_args import validate_server_args
 
 
 def _validate(*argv):

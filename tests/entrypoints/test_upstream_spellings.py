@@ -76,7 +76,7 @@ def test_disable_sliding_window_caps_the_context_at_the_window(
     assert max_len(tiny_mistral_dir) == 256
     assert max_len(tiny_llama_dir, disable_sliding_window=True) == max_len(tiny_llama_dir) == 512
     from vllm.entrypoints.cli import make_parser
-    from vllm.entrypoints.openai.api_server import validate_server_args
+    from vllm.entrypoints.openai.server_args import validate_server_args
 
     args = make_parser().parse_args(["serve", tiny_gemma3_dir, "--disable-sliding-window"])
     assert validate_server_args(args).disable_sliding_window is True
@@ -84,7 +84,7 @@ def test_disable_sliding_window_caps_the_context_at_the_window(
 
 def test_accepted_upstream_serve_flags(tiny_llama_dir, caplog):
     from vllm.entrypoints.cli import make_parser
-    from vllm.entrypoints.openai.api_server import validate_server_args
+    from vllm.entrypoints.openai.server_args import validate_server_args
 
     argv = ["serve", tiny_llama_dir, "--device", "cpu", "--disable-custom-all-reduce",
             "--tokenizer-revision", "main", "--preemption-mode", "recompute",
@@ -254,7 +254,7 @@ def test_auto_guided_backend_and_enable_log_requests_flags(tiny_llama_dir):
     ``--enable-log-requests`` (upstream's current flag) logs requests, as the default does.
     Guards: both refused as unknown values / flags."""
     from vllm.entrypoints.cli import make_parser
-    from vllm.entrypoints.openai.api_server import validate_server_args
+    from vllm.entrypoints.openai.server_args import validate_server_args
     from vllm.sampling_params import GuidedDecodingParams
 
     argv = ["serve", tiny_llama_dir, "--device", "cpu", "--guided-decoding-backend", "auto",

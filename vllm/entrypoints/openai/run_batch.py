@@ -99,7 +99,7 @@ async def _run(args: argparse.Namespace, engine_args) -> list[dict]:
     from vllm.engine.async_llm_engine import AsyncLLMEngine
     from vllm.engine.default_model import served_model_names
     from vllm.entrypoints.chat_utils import load_chat_template
-    from vllm.entrypoints.openai.api_server import build_app
+    from vllm.entrypoints.openai.server_app import build_app
 
     with open(args.input_file) as f:
         lines = [line for line in f if line.strip()]
