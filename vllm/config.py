@@ -385,8 +385,11 @@ class ModelConfig:
 
     @property
     def head_size(self) -> int:
-        cfg = self.hf_config
-        return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        """Channels per attention head, as the KV cache and backends see them
+        (:func:`~vllm.model_executor.models.attention_head_size`)."""
+        from vllm.model_executor.models import attention_head_size
+
+        return attention_head_size(self.hf_config)
 
     @property
     def vocab_size(self) -> int:

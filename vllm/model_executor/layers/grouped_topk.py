@@ -1,7 +1,8 @@
-"""Group-limited top-k routing over sigmoid scores with a selection bias (GLM-4.5).
+"""Group-limited top-k routing of the DeepSeek-style routers (GLM-4.5, DeepSeek-V2 / V3).
 
-The router of transformers' ``Glm4MoeTopkRouter`` (DeepSeek-V3's "noaux_tc" routing), for
-router logits ``l = x @ gate.T`` computed in float32:
+:func:`grouped_topk`, over sigmoid scores with a selection bias: the router of
+transformers' ``Glm4MoeTopkRouter`` and ``DeepseekV3TopkRouter`` (DeepSeek-V3's "noaux_tc"
+routing), for router logits ``l = x @ gate.T`` computed in float32:
 
 1. ``s = sigmoid(l)``, the expert scores [T, E];
 2. ``c = s + e_score_correction_bias``, the scores that choose (the bias is a learned load
@@ -13,8 +14,17 @@ router logits ``l = x @ gate.T`` computed in float32:
    when ``norm_topk_prob``, then times ``routed_scaling_factor``.
 
 Every step uses transformers' operations in the same order (``topk`` with ``sorted=False``
-included), so float32 indices and weights are identical to it. The expert outputs are then
-summed by :meth:`vllm.model_executor.layers.fused_moe.FusedMoE.forward_routed`.
+included), so float32 indices and weights are identical to it.
+
+:func:`softmax_group_topk`, over softmax scores: the router of transformers'
+``DeepseekV2TopkRouter``. ``s = softmax(l)`` in float32; with ``topk_method="greedy"`` the
+``top_k`` largest ``s`` are picked; with ``"group_limited_greedy"`` a group's score is its
+largest ``s``, the other groups' scores are set to 0 and the ``top_k`` largest of the rest
+are picked. The weights are the picked ``s`` times ``routed_scaling_factor``, never
+renormalised (transformers' V2 router ignores ``norm_topk_prob``).
+
+Either way the expert outputs are then summed by
+:meth:`vllm.model_executor.layers.fused_moe.FusedMoE.forward_routed`.
 """
 
 import torch
@@ -92,4 +102,43 @@ def grouped_topk(
     return weights.to(dtype), ids
 
 
-__all__ = ["check_grouped_topk", "grouped_topk"]
+def softmax_group_topk(
+    router_logits: torch.Tensor,
+    top_k: int,
+    num_groups: int | None,
+    topk_groups: int | None,
+    scaling_factor: float,
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V2's softmax routing (module docstring).
+
+    Args:
+        router_logits: [T, E] float32.
+        top_k: experts per token (``num_experts_per_tok``).
+        num_groups, topk_groups: ``n_group`` and ``topk_group`` for
+            ``group_limited_greedy``; None for ``greedy`` (every expert eligible).
+        scaling_factor: ``routed_scaling_factor``.
+        dtype: the dtype of the returned weights (the hidden states').
+    Returns:
+        (weights [T, top_k] in ``dtype``, expert ids [T, top_k] int64), in ``topk``'s
+        unsorted order.
+    """
+    num_tokens, num_experts = router_logits.shape
+    scores = router_logits.softmax(dim=-1, dtype=torch.float32)  # [T, E]
+    if num_groups is not None:
+        per_group = num_experts // num_groups
+        group_scores = scores.view(num_tokens, num_groups, per_group).max(dim=-1).values  # [T, G]
+        group_ids = torch.topk(group_scores, k=topk_groups, dim=-1, sorted=False)[1]
+        group_mask = torch.zeros_like(group_scores).scatter_(1, group_ids, 1)  # [T, G]
+        expert_mask = (
+            group_mask.unsqueeze(-1)
+            .expand(num_tokens, num_groups, per_group)
+            .reshape(num_tokens, -1)
+        )  # [T, E]
+        scores = scores.masked_fill(~expert_mask.bool(), 0.0)  # [T, E]
+    weights, ids = torch.topk(scores, k=top_k, dim=-1, sorted=False)  # [T, top_k] each
+    weights = weights * scaling_factor  # [T, top_k]
+    return weights.to(dtype), ids
+
+
+__all__ = ["check_grouped_topk", "grouped_topk", "softmax_group_topk"]

@@ -25,6 +25,8 @@ _MODELS: dict[str, tuple[str, str]] = {
     "SmolLM3ForCausalLM": ("smollm3", "SmolLM3ForCausalLM"),
     "Glm4ForCausalLM": ("glm4", "Glm4ForCausalLM"),
     "Glm4MoeForCausalLM": ("glm4_moe", "Glm4MoeForCausalLM"),
+    "DeepseekV2ForCausalLM": ("deepseek_v2", "DeepseekV2ForCausalLM"),
+    "DeepseekV3ForCausalLM": ("deepseek_v2", "DeepseekV3ForCausalLM"),
     # decoder stacks without an LM head (embedding checkpoints such as e5-mistral): served
     # with --task embed by the causal LM class, whose lm_head then ties to the embedding
     "LlamaModel": ("llama", "LlamaForCausalLM"),
@@ -52,7 +54,13 @@ _MODEL_TYPE_TO_ARCH = {
     "smollm3": "SmolLM3ForCausalLM",
     "glm4": "Glm4ForCausalLM",
     "glm4_moe": "Glm4MoeForCausalLM",
+    "deepseek_v2": "DeepseekV2ForCausalLM",
+    "deepseek_v3": "DeepseekV3ForCausalLM",
 }
+
+# multi-head latent attention: the head size and softmax scale are not the config's
+# head_dim (vllm/model_executor/models/deepseek_mla.py)
+_MLA_ARCHS = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
 
 # architectures whose GGUF files load (gguf_loader's tensor names; checked against
 # transformers on tiny files); other architectures load from Hugging Face directories only
@@ -165,14 +173,36 @@ def context_limit(config) -> int | None:
     return int(limit * float(params.get("factor") or 1.0))
 
 
+def _is_mla(config) -> bool:
+    return any(arch in _MLA_ARCHS for arch in architectures_of(config))
+
+
+def attention_head_size(config) -> int:
+    """Channels per head of the attention layers and the KV cache: ``head_dim``, else
+    hidden_size // num_attention_heads; for the MLA families (DeepSeek-V2 / V3, whose
+    ``head_dim`` is the rotary part) :func:`~vllm.model_executor.models.deepseek_mla.
+    mla_head_size`."""
+    if _is_mla(config):
+        from vllm.model_executor.models.deepseek_mla import mla_head_size
+
+        return mla_head_size(config)
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
 def attention_fields(config) -> dict:
     """``AttentionSpec`` fields beyond the shapes that the model's attention layers need:
     ``sliding_windows`` (the distinct per-layer windows, tokens), ``scale`` (softmax scale
     when not head_size ** -0.5) and ``logits_soft_cap``. Empty for every family but Gemma 2
-    and 3, OLMo 3 (windows) and Granite (``attention_multiplier``); a uniform window is
+    and 3, OLMo 3 (windows), Granite (``attention_multiplier``) and the MLA families
+    (their scale, :func:`~vllm.model_executor.models.deepseek_mla.mla_softmax_scale`:
+    ``head_size`` may be padded and YaRN may adjust it); a uniform window is
     handled by capping max_model_len, see :func:`full_attention_limit`. The model runner
     checks every attention layer against them
     (``vllm.attention.layer.check_layers_match_spec``)."""
+    if _is_mla(config):
+        from vllm.model_executor.models.deepseek_mla import mla_softmax_scale
+
+        return {"scale": mla_softmax_scale(config)}
     model_type = getattr(config, "model_type", None)
     if model_type == "gemma2":
         from vllm.model_executor.models.gemma2 import gemma2_attention_fields
@@ -198,6 +228,7 @@ __all__ = [
     "ModelRegistry",
     "architectures_of",
     "attention_fields",
+    "attention_head_size",
     "context_limit",
     "full_attention_limit",
     "get_model_class",
