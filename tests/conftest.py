@@ -490,6 +490,30 @@ def tiny_glm4_moe_dir(tiny_models_dir) -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_deepseek_v2_dir(tiny_models_dir) -> str:
+    """HF DeepSeek-V2 checkpoint directory: a dense layer, then 2 MoE layers with
+    group-limited softmax routing and 2 shared experts; latent attention without a query
+    latent, value heads narrower than query / key heads, YaRN with mscale_all_dim."""
+    config = tiny_models.tiny_deepseek_v2_config()
+    return _built(
+        tiny_models_dir / "deepseek_v2",
+        lambda p: tiny_models.save_tiny_hf_checkpoint(config, p, seed=41),
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_deepseek_v3_dir(tiny_models_dir) -> str:
+    """HF DeepSeek-V3 checkpoint directory: a dense layer, then 2 MoE layers with grouped
+    sigmoid routing, a random correction bias and a shared expert; latent attention with a
+    query latent and attention biases, interleaved rotary."""
+    config = tiny_models.tiny_deepseek_v3_config()
+    return _built(
+        tiny_models_dir / "deepseek_v3",
+        lambda p: tiny_models.save_tiny_glm4_moe_checkpoint(config, p, seed=43),
+    )
+
+
+@pytest.fixture(scope="session")
 def tiny_gemma3_softcap_dir(tiny_models_dir) -> str:
     """Like ``tiny_gemma3_dir`` but with ``attn_logit_softcapping`` 5.0 in its config, a cap
     small enough to change the outputs of a model that applied it."""

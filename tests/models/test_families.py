@@ -41,6 +41,8 @@ HF_DIRS = [
     "tiny_olmo3_dir",
     "tiny_glm4_dir",
     "tiny_glm4_moe_dir",
+    "tiny_deepseek_v2_dir",
+    "tiny_deepseek_v3_dir",
 ]
 PROMPTS_OF = {
     "tiny_gemma2_dir": WINDOW_PROMPTS,

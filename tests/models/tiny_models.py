@@ -345,6 +345,48 @@ def tiny_glm4_moe_config(**overrides):
     return _config("Glm4MoeConfig", "Glm4MoeForCausalLM", family, overrides)
 
 
+def tiny_deepseek_v2_config(**overrides):
+    """DeepseekV2Config: 3 layers (dense, then 2 MoE: ``first_k_dense_replace`` 1), hidden
+    64, 4 heads of multi-head latent attention without a query latent (``q_lora_rank``
+    None: plain q_proj), key-value latent 32, query / key heads of 16 + 8 rotary channels
+    and value heads of 16 (padded to 24 in the engine); YaRN over a 128-position original
+    context with ``mscale`` = ``mscale_all_dim`` 0.707 (V2's: the softmax scale grows by
+    mscale ** 2); 8 softmax-routed experts of width 32, top-2 of the best 2 of 4 groups
+    (``group_limited_greedy``) times 1.5, 2 shared experts, dense MLP width 128, untied."""
+    family = dict(num_hidden_layers=3, num_key_value_heads=4, q_lora_rank=None,
+                  kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+                  first_k_dense_replace=1, moe_intermediate_size=32, n_routed_experts=8,
+                  num_experts_per_tok=2, n_group=4, topk_group=2,
+                  topk_method="group_limited_greedy", norm_topk_prob=False,
+                  routed_scaling_factor=1.5, n_shared_experts=2, rms_norm_eps=1e-6,
+                  rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                   "original_max_position_embeddings": 128,
+                                   "beta_fast": 32, "beta_slow": 1,
+                                   "mscale": 0.707, "mscale_all_dim": 0.707},
+                  tie_word_embeddings=False)  # fmt: skip
+    return _config("DeepseekV2Config", "DeepseekV2ForCausalLM", family, overrides)
+
+
+def tiny_deepseek_v3_config(**overrides):
+    """DeepseekV3Config: 3 layers (dense, then 2 MoE), hidden 64, 4 heads of multi-head
+    latent attention with a query latent (``q_lora_rank`` 32) and a key-value latent 32,
+    query / key / value heads of 16 + 8 rotary channels and 24 (no padding), biases on
+    q_a_proj / kv_a_proj_with_mqa / o_proj (``attention_bias``), interleaved rotary
+    (``rope_interleave``, V3's); 8 experts of width 32 routed by "noaux_tc" (sigmoid plus a
+    correction bias, the best 2 of 4 groups, top-2 renormalised, times 2.5), one shared
+    expert, dense MLP width 128, untied. Save it with :func:`save_tiny_glm4_moe_checkpoint`
+    (a random ``e_score_correction_bias``)."""
+    family = dict(num_hidden_layers=3, num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=32,
+                  qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=24, attention_bias=True,
+                  first_k_dense_replace=1, moe_intermediate_size=32, n_routed_experts=8,
+                  num_experts_per_tok=2, n_group=4, topk_group=2, norm_topk_prob=True,
+                  routed_scaling_factor=2.5, n_shared_experts=1, rms_norm_eps=1e-6,
+                  rope_interleave=True,
+                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                  tie_word_embeddings=False)  # fmt: skip
+    return _config("DeepseekV3Config", "DeepseekV3ForCausalLM", family, overrides)
+
+
 def tiny_gemma2_gguf_config(**overrides):
     """The Gemma 2 config a GGUF file can carry: transformers' GGUF reader maps neither
     ``query_pre_attn_scalar``, the layer pattern nor the soft-caps, so they keep
@@ -416,10 +458,10 @@ def save_tiny_hf_checkpoint(
 
 
 def randomize_correction_bias_(model: torch.nn.Module, seed: int, std: float = 0.5) -> None:
-    """Fill every ``e_score_correction_bias`` buffer (GLM-4.5's routers; transformers
-    initialises it to zeros and ``randomize_`` sees parameters only) with ``std * N(0, 1)``
-    from a generator seeded with ``seed``: large enough next to the sigmoid scores in (0, 1)
-    to change which experts are picked."""
+    """Fill every ``e_score_correction_bias`` buffer (GLM-4.5's and DeepSeek-V3's routers;
+    transformers initialises it to zeros and ``randomize_`` sees parameters only) with
+    ``std * N(0, 1)`` from a generator seeded with ``seed``: large enough next to the sigmoid
+    scores in (0, 1) to change which experts are picked."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, buf in model.named_buffers():
