@@ -14,6 +14,9 @@ pytestmark = pytest.mark.gpu
 
 PROMPTS = ["Hello world", "The capital of France is", "a b c d e f", "Paris"]
 HD64 = dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=1)
+# DeepSeek's latent attention: one KV head per query head; q / k heads of 48 + 16 = 64
+MLA64 = dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=2,
+             qk_nope_head_dim=48, qk_rope_head_dim=16)  # fmt: skip
 
 
 def _phi3_hd64():
@@ -64,6 +67,16 @@ BUILDERS = {
     "glm4_moe": lambda tm: tm.tiny_glm4_moe_config(
         head_dim=64, n_group=1, topk_group=1, num_experts_per_tok=8, **HD64
     ),
+    # multi-head latent attention with heads of 64 (FlashInfer's size): V2's q / k heads
+    # of 48 + 16 rotary channels with value heads of 16 zero-padded to 64, YaRN with
+    # mscale_all_dim; V3's value heads of 64 (no padding), interleaved rotary. Dense routing
+    # as the MoE families above (V2: greedy softmax; V3: one group)
+    "deepseek_v2": lambda tm: tm.tiny_deepseek_v2_config(
+        topk_method="greedy", n_group=1, topk_group=1, num_experts_per_tok=8, **MLA64
+    ),
+    "deepseek_v3": lambda tm: tm.tiny_deepseek_v3_config(
+        n_group=1, topk_group=1, num_experts_per_tok=8, v_head_dim=64, **MLA64
+    ),
     # YaRN past a 16-position original context (the prompts and 32 tokens reach ~40)
     "qwen2_yarn": lambda tm: tm.tiny_qwen2_config(
         rope_parameters={
@@ -82,6 +95,9 @@ SPARSE_MOE = {  # top-2 of 8, uneven routing: the expert kernel's grouping in gr
     "qwen2_moe": lambda tm: tm.tiny_qwen2_moe_config(**HD64),  # and its shared expert
     # grouped sigmoid routing (2 of 4 groups) with a random correction bias
     "glm4_moe": lambda tm: tm.tiny_glm4_moe_config(head_dim=64, **HD64),
+    # group-limited softmax (2 of 4 groups) and grouped sigmoid routing with a random bias
+    "deepseek_v2": lambda tm: tm.tiny_deepseek_v2_config(**MLA64),
+    "deepseek_v3": lambda tm: tm.tiny_deepseek_v3_config(v_head_dim=64, **MLA64),
 }
 
 
@@ -92,7 +108,7 @@ def _save(builder, name: str, tmp_path_factory) -> str:
     # Gemma and Granite are saved with their own embedding std (see tiny_models)
     embed_std = {"gemma2": tiny_models.GEMMA3_EMBED_STD, "gemma3": tiny_models.GEMMA3_EMBED_STD,
                  "granite": tiny_models.GRANITE_EMBED_STD}.get(name)  # fmt: skip
-    if name.startswith("glm4_moe"):  # with a random routing correction bias
+    if name.startswith(("glm4_moe", "deepseek_v3")):  # with a random routing correction bias
         return tiny_models.save_tiny_glm4_moe_checkpoint(builder(tiny_models), str(out), seed=11)
     return tiny_models.save_tiny_hf_checkpoint(
         builder(tiny_models), str(out), seed=11, embed_std=embed_std
