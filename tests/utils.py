@@ -309,16 +309,20 @@ def gguf_reference_dir(path: str) -> str:
     return target
 
 
-def load_hf_model(model: str, dtype: str = "float32", device: str = "cpu"):
+def load_hf_model(
+    model: str, dtype: str = "float32", device: str = "cpu", attn_implementation: str | None = None
+):
     """transformers model + tokenizer for an HF directory or a .gguf file (dequantized, via
-    :func:`gguf_reference_dir`)."""
+    :func:`gguf_reference_dir`); ``attn_implementation`` as transformers' argument (None:
+    its default, ``sdpa`` where available)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if model.endswith(".gguf"):
         model = gguf_reference_dir(model)
     tok = AutoTokenizer.from_pretrained(model)
-    hf = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype))
+    extra = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
+    hf = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype), **extra)
     return hf.to(device).eval(), tok
 
 
@@ -329,6 +333,7 @@ def hf_greedy(
     dtype: str = "float32",
     device: str = "cpu",
     top_logprobs: int = 5,
+    attn_implementation: str | None = None,
 ) -> list[TokensTextLogprobs]:
     """transformers greedy generation, one prompt at a time (no padding), with the top
     ``top_logprobs`` log_softmax entries per generated position.
@@ -338,7 +343,10 @@ def hf_greedy(
     engine's (vllm/engine/detokenizer.py). Results are cached in ``CACHE_DIR`` keyed by
     the model's sha256, the prompts, max_tokens, dtype and device.
     """
-    key_src = json.dumps([_file_digest(model), list(prompts), max_tokens, dtype, device])
+    key_args = [_file_digest(model), list(prompts), max_tokens, dtype, device]
+    if attn_implementation is not None:
+        key_args.append(attn_implementation)
+    key_src = json.dumps(key_args)
     key = hashlib.sha256(key_src.encode()).hexdigest()[:32]
     path = os.path.join(CACHE_DIR, f"hf_greedy_{key}.json")
     if os.path.exists(path):
@@ -350,7 +358,7 @@ def hf_greedy(
         ]
     import torch
 
-    hf, tok = load_hf_model(model, dtype, device)
+    hf, tok = load_hf_model(model, dtype, device, attn_implementation)
     results = []
     for p in prompts:
         ids = p["prompt_token_ids"] if isinstance(p, dict) else tok.encode(p)
