@@ -265,6 +265,63 @@ def _file_digest(path: str) -> str:
     return h.hexdigest()
 
 
+def share_gguf_readers(maxsize: int = 4) -> None:
+    """Make ``gguf.GGUFReader(path)`` return one parsed reader per file in this process
+    (and in the forked children that inherit it), for the ``maxsize`` files read last.
+
+    Why: transformers builds a GGUF file's config, its tokenizer and its weights each from
+    a new ``gguf.GGUFReader``, whose parse of a file carrying SmolLM2's tokenizer (the tiny
+    GGUFs copy it) takes seconds on 2 cores; a test that converts a file for its reference
+    (:func:`gguf_reference_dir`) and starts an engine on it (whose config and tokenizer
+    transformers converts on first use) parsed the same bytes up to five times. The reader
+    (a read-only memory map and the fields parsed from it) is a function of the file: the
+    key is the file's real path, device, inode, size and modification and change times, so
+    a rewritten or replaced file is parsed again. Only ``gguf.GGUFReader`` itself is
+    shared: its subclasses (the engine's ``gguf_checks.read_gguf``) and other modes parse
+    as before. Idempotent.
+    """
+    import collections
+
+    import gguf
+
+    base = gguf.GGUFReader
+    if getattr(base, "_shared_readers", None) is not None:
+        return
+    readers: collections.OrderedDict = collections.OrderedDict()
+
+    def identity(path) -> tuple | None:
+        try:
+            st = os.stat(path)
+        except (OSError, TypeError, ValueError):
+            return None
+        real = os.path.realpath(path)
+        return (real, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+    class SharedGGUFReader(base):
+        _shared_readers = readers
+
+        def __new__(cls, path, mode="r"):
+            if cls is SharedGGUFReader and mode == "r":
+                key = identity(path)
+                if key is not None and key in readers:
+                    readers.move_to_end(key)
+                    return readers[key]
+            return super().__new__(cls)
+
+        def __init__(self, path, mode="r"):
+            if getattr(self, "_shared_key", None) is not None:  # a shared, parsed reader
+                return
+            key = identity(path) if type(self) is SharedGGUFReader and mode == "r" else None
+            super().__init__(path, mode)
+            if key is not None:
+                self._shared_key = key
+                readers[key] = self
+                while len(readers) > maxsize:
+                    readers.popitem(last=False)
+
+    gguf.GGUFReader = SharedGGUFReader
+
+
 def gguf_reference_dir(path: str) -> str:
     """A Hugging Face directory holding what transformers makes of the GGUF file ``path``:
     its config, its weights dequantized to float32 (``GgufConfig(dequantize=True)``) and its
