@@ -76,6 +76,7 @@ def pytest_collection_finish(session):
 
     load_hf_config(path)
     get_tokenizer(path)
+    tiny_models.smollm2_tokenizer_metadata()  # copied into every tiny GGUF
     import vllm.entrypoints.llm  # noqa: F401  (and the engine modules it imports)
 
 

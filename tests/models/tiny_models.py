@@ -644,20 +644,31 @@ def _copy_tokenizer_metadata(writer) -> None:
     Read with the engine's ``read_gguf``: ``gguf.GGUFReader``'s fields
     (tests/models/test_gguf_file_checks.py::test_read_gguf_equals_gguf_reader) in a
     third of its time."""
+    for key, value, vtype, sub_type in smollm2_tokenizer_metadata():
+        writer.add_key_value(key, value, vtype, sub_type=sub_type)
+
+
+@functools.lru_cache(maxsize=1)
+def smollm2_tokenizer_metadata() -> tuple:
+    """(key, value, type, array item type) of every ``tokenizer.*`` key of the SmolLM2
+    GGUF, empty without it; read once per process (tests/conftest.py reads it before
+    forking when SmolLM2 is used). Do not mutate the values."""
     import gguf
 
     from vllm.model_executor.model_loader.gguf_checks import read_gguf
 
     source = smollm2_gguf_path()
     if source is None:
-        return
+        return ()
     reader = read_gguf(source)
+    out = []
     for key, field in reader.fields.items():
         if not key.startswith("tokenizer."):
             continue
         vtype = field.types[0]
         sub_type = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(key, field.contents(), vtype, sub_type=sub_type)
+        out.append((key, field.contents(), vtype, sub_type))
+    return tuple(out)
 
 
 @functools.lru_cache(maxsize=8)
