@@ -37,11 +37,13 @@ tqdm.tqdm.monitor_interval = 0
 
 import tiny_models  # noqa: E402
 
-# One gguf.GGUFReader parse per GGUF file and process (tests/utils.py:share_gguf_readers):
-# transformers parses a file anew for each config, tokenizer and weight load.
-from tests.utils import share_gguf_readers  # noqa: E402
+# One gguf.GGUFReader parse and one metadata conversion per GGUF file and process
+# (tests/utils.py: share_gguf_readers, share_gguf_metadata_parses): transformers parses a
+# file anew for each config, tokenizer and weight load.
+from tests.utils import share_gguf_metadata_parses, share_gguf_readers  # noqa: E402
 
 share_gguf_readers()
+share_gguf_metadata_parses()
 
 
 def _cuda_device_count() -> int:

@@ -265,6 +265,17 @@ def _file_digest(path: str) -> str:
     return h.hexdigest()
 
 
+def _file_identity(path) -> tuple | None:
+    """(real path, device, inode, size, mtime_ns, ctime_ns) of ``path``, or None when it
+    cannot be stat'ed: a key that changes whenever the file is rewritten or replaced."""
+    try:
+        st = os.stat(path)
+    except (OSError, TypeError, ValueError):
+        return None
+    real = os.path.realpath(path)
+    return (real, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 def share_gguf_readers(maxsize: int = 4) -> None:
     """Make ``gguf.GGUFReader(path)`` return one parsed reader per file in this process
     (and in the forked children that inherit it), for the ``maxsize`` files read last.
@@ -288,14 +299,7 @@ def share_gguf_readers(maxsize: int = 4) -> None:
     if getattr(base, "_shared_readers", None) is not None:
         return
     readers: collections.OrderedDict = collections.OrderedDict()
-
-    def identity(path) -> tuple | None:
-        try:
-            st = os.stat(path)
-        except (OSError, TypeError, ValueError):
-            return None
-        real = os.path.realpath(path)
-        return (real, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    identity = _file_identity
 
     class SharedGGUFReader(base):
         _shared_readers = readers
@@ -320,6 +324,56 @@ def share_gguf_readers(maxsize: int = 4) -> None:
                     readers.popitem(last=False)
 
     gguf.GGUFReader = SharedGGUFReader
+
+
+def share_gguf_metadata_parses(maxsize: int = 4) -> None:
+    """Make transformers' ``load_gguf_checkpoint(path, return_tensors=False)`` (a GGUF
+    file's metadata as config and tokenizer dicts) run once per file in this process (and
+    in the forked children that inherit it), for the ``maxsize`` files read last; each call
+    returns a deep copy of that result.
+
+    Why: transformers converts the metadata of a file, its tokenizer's 49,152 tokens and
+    merges included, value by value in Python for each config it builds (AutoConfig, and
+    AutoTokenizer's config), about a second on 2 cores for a file carrying SmolLM2's
+    tokenizer; a test's reference (:func:`gguf_reference_dir`) and the engine's first
+    conversion of the same file built it four times. The result is a function of the file
+    (keyed as in :func:`share_gguf_readers`); calls that read tensors, load into a model or
+    convert a dtype run as before. Idempotent; does nothing when transformers has no such
+    function.
+    """
+    import collections
+    import copy
+    import inspect
+
+    try:
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:
+        return
+    original = getattr(gguf_utils, "load_gguf_checkpoint", None)
+    if original is None or getattr(original, "_shared_results", None) is not None:
+        return
+    signature = inspect.signature(original)
+    results: collections.OrderedDict = collections.OrderedDict()
+
+    @functools.wraps(original)
+    def load_gguf_checkpoint(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        others = {k: v for k, v in bound.arguments.items() if k != "gguf_checkpoint_path"}
+        key = None
+        if others == {"return_tensors": False, "model_to_load": None, "torch_dtype": None}:
+            key = _file_identity(bound.arguments["gguf_checkpoint_path"])
+        if key is None:
+            return original(*args, **kwargs)
+        if key not in results:
+            results[key] = original(*args, **kwargs)
+            while len(results) > maxsize:
+                results.popitem(last=False)
+        results.move_to_end(key)
+        return copy.deepcopy(results[key])
+
+    load_gguf_checkpoint._shared_results = results
+    gguf_utils.load_gguf_checkpoint = load_gguf_checkpoint
 
 
 def gguf_reference_dir(path: str) -> str:
