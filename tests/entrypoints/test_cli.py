@@ -342,10 +342,37 @@ def test_tool_parser_plugin_registers_parsers(tmp_path, monkeypatch):
         "from vllm.entrypoints.openai.tool_parsers import ToolParser, register_tool_parser\n"
         "@register_tool_parser('plugin_test_format')\n"
         "class P(ToolParser):\n"
-        "    pass\n"
+        "    def extract(self, text): ...\n"
+        "    def content_prefix(self, text): return 0\n"
     )
     load_tool_parser_plugin(str(good))
     assert type(get_tool_parser("plugin_test_format")).__name__ == "P"
+    # a parser class that cannot serve requests is a start-up error, not a 500 per request
+    partial = tmp_path / "partial.py"
+    partial.write_text(
+        "from vllm.entrypoints.openai.tool_parsers import ToolParser, register_tool_parser\n"
+        "@register_tool_parser('plugin_partial')\n"
+        "class Half(ToolParser):\n"
+        "    def extract(self, text): ...\n"
+    )
+    with pytest.raises(ValueError) as e:
+        load_tool_parser_plugin(str(partial))
+    assert str(e.value) == (
+        f"--tool-parser-plugin {str(partial)!r} failed to import: TypeError: tool parser "
+        "'plugin_partial' (Half) does not implement content_prefix(text)."
+    )
+    stranger = tmp_path / "stranger.py"
+    stranger.write_text(
+        "from vllm.entrypoints.openai.tool_parsers import register_tool_parser\n"
+        "@register_tool_parser('plugin_stranger')\n"
+        "class NotAParser:\n"
+        "    def extract(self, text): ...\n"
+        "    def content_prefix(self, text): return 0\n"
+    )
+    with pytest.raises(ValueError, match=r"'plugin_stranger': .*NotAParser.* is not a subclass"):
+        load_tool_parser_plugin(str(stranger))
+    with pytest.raises(ValueError, match="choose one of"):
+        get_tool_parser("plugin_partial")
     broken = tmp_path / "broken.py"
     broken.write_text("import no_such_module_for_the_plugin\n")
     with pytest.raises(ValueError) as e:

@@ -85,10 +85,31 @@ def make_call(name: Any, arguments: Any) -> ToolCall | None:
     return ToolCall(function=FunctionCall(name=name, arguments=text))
 
 
+# what every parser implements (the base class's versions only raise)
+_REQUIRED_METHODS = ("extract", "content_prefix")
+
+
 def register_tool_parser(name: str):
-    """Class decorator: make the parser available as ``--tool-call-parser name``."""
+    """Class decorator: make the parser available as ``--tool-call-parser name``.
+
+    Raises:
+        TypeError: naming the parser: the class is not a :class:`ToolParser`, or it does not
+            implement ``extract`` and ``content_prefix`` (so a ``--tool-parser-plugin`` file
+            with such a class is a start-up error, not a failure of each request).
+    """
 
     def register(cls: type[ToolParser]) -> type[ToolParser]:
+        if not (isinstance(cls, type) and issubclass(cls, ToolParser)):
+            raise TypeError(
+                f"tool parser {name!r}: {cls!r} is not a subclass of "
+                "vllm.entrypoints.openai.tool_parsers.ToolParser."
+            )
+        missing = [m for m in _REQUIRED_METHODS if getattr(cls, m) is getattr(ToolParser, m)]
+        if missing:
+            raise TypeError(
+                f"tool parser {name!r} ({cls.__qualname__}) does not implement "
+                f"{' and '.join(m + '(text)' for m in missing)}."
+            )
         cls.name = name
         _PARSERS[name] = cls
         return cls
