@@ -373,6 +373,20 @@ def test_tool_parser_plugin_registers_parsers(tmp_path, monkeypatch):
         load_tool_parser_plugin(str(stranger))
     with pytest.raises(ValueError, match="choose one of"):
         get_tool_parser("plugin_partial")
+    # a plugin written for upstream's ToolParserManager: the error says what loads here
+    for source in (
+        "from vllm.entrypoints.openai.tool_parsers import ToolParser, ToolParserManager\n",
+        "from vllm.tool_parsers import ToolParserManager\n",
+    ):
+        upstream = tmp_path / "upstream_plugin.py"
+        upstream.write_text(source)
+        with pytest.raises(ValueError) as e:
+            load_tool_parser_plugin(str(upstream))
+        assert str(e.value).endswith(
+            "(upstream's ToolParserManager plugins do not load here: subclass ToolParser from "
+            "vllm.entrypoints.openai.tool_parsers, implement extract(text) and "
+            "content_prefix(text), and register it with @register_tool_parser(NAME))"
+        ), str(e.value)
     broken = tmp_path / "broken.py"
     broken.write_text("import no_such_module_for_the_plugin\n")
     with pytest.raises(ValueError) as e:

@@ -26,7 +26,9 @@ def load_tool_parser_plugin(path: str) -> None:
 
     Raises:
         ValueError: naming ``path``: it is not a file, not a Python source, or importing
-            it raised (the error's type and message follow).
+            it raised (the error's type and message follow; for an import of a ``vllm``
+            name this package lacks, such as upstream's ToolParserManager, also the
+            interface a plugin needs here).
     """
     if not os.path.isfile(path):
         raise ValueError(f"--tool-parser-plugin {path!r} is not a file.")
@@ -43,4 +45,19 @@ def load_tool_parser_plugin(path: str) -> None:
         del sys.modules[name]
         raise ValueError(
             f"--tool-parser-plugin {path!r} failed to import: {type(e).__name__}: {e}"
+            + (UPSTREAM_API_HINT if _imports_missing_vllm_name(e) else "")
         ) from e
+
+
+# Added to the error of a plugin that imports what this package does not have (upstream's
+# ToolParserManager, its module paths): the interface a plugin file needs here.
+UPSTREAM_API_HINT = (
+    " (upstream's ToolParserManager plugins do not load here: subclass ToolParser from "
+    "vllm.entrypoints.openai.tool_parsers, implement extract(text) and "
+    "content_prefix(text), and register it with @register_tool_parser(NAME))"
+)
+
+
+def _imports_missing_vllm_name(e: Exception) -> bool:
+    """Whether ``e`` is an ImportError for a module or name of ``vllm``."""
+    return isinstance(e, ImportError) and (e.name or "").split(".")[0] == "vllm"
