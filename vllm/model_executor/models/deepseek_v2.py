@@ -41,7 +41,6 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
-from vllm.model_executor.layers.fused_moe import FusedMoE
 from vllm.model_executor.layers.grouped_topk import check_grouped_topk, softmax_group_topk
 from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
 from vllm.model_executor.models.deepseek_mla import (
@@ -84,25 +83,11 @@ class DeepseekV2Router(nn.Module):
                                   self.scaling_factor, hidden_states.dtype)  # fmt: skip
 
 
-class DeepseekV2MoeBlock(nn.Module):
+class DeepseekV2MoeBlock(Glm4MoeBlock):
     """V2's router, routed experts and shared experts: hidden [T, H] -> [T, H] (module
-    docstring; the same sum as :class:`Glm4MoeBlock`)."""
+    docstring; GLM-4.5's sum with V2's softmax router)."""
 
-    def __init__(self, config: PretrainedConfig) -> None:
-        super().__init__()
-        self.gate = DeepseekV2Router(config)
-        self.experts = FusedMoE(
-            config.n_routed_experts, config.num_experts_per_tok, config.hidden_size,
-            config.moe_intermediate_size, False, config.hidden_act,
-        )  # fmt: skip
-        shared_width = config.moe_intermediate_size * config.n_shared_experts
-        self.shared_experts = LlamaMLP(config.hidden_size, shared_width, config.hidden_act,
-                                       bias=False)  # fmt: skip
-
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        weights, ids = self.gate(hidden_states)  # [T, top_k] each
-        routed = self.experts.forward_routed(hidden_states, weights, ids)  # [T, H]
-        return routed + self.shared_experts(hidden_states)  # [T, H]
+    router_cls = DeepseekV2Router
 
 
 class DeepseekV2DecoderLayer(LlamaDecoderLayer):

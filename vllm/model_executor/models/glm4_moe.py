@@ -78,14 +78,18 @@ class Glm4MoeRouter(nn.Module):
 
 class Glm4MoeBlock(nn.Module):
     """Router, routed experts and shared experts: hidden [T, H] -> [T, H] (module
-    docstring)."""
+    docstring). ``router_cls`` makes ``mlp.gate``: a module hidden [T, H] -> (weights
+    [T, top_k], expert ids [T, top_k]) whose routing the experts take as it is."""
+
+    router_cls: type[nn.Module] = Glm4MoeRouter
 
     def __init__(self, config: PretrainedConfig) -> None:
         super().__init__()
-        self.gate = Glm4MoeRouter(config)
-        self.experts = FusedMoE(
+        self.gate = self.router_cls(config)
+        self.experts = FusedMoE(  # (its renormalize flag is unused: the gate routes)
             config.n_routed_experts, config.num_experts_per_tok, config.hidden_size,
-            config.moe_intermediate_size, bool(config.norm_topk_prob), config.hidden_act,
+            config.moe_intermediate_size, bool(getattr(config, "norm_topk_prob", False)),
+            config.hidden_act,
         )  # fmt: skip
         shared_width = config.moe_intermediate_size * config.n_shared_experts
         self.shared_experts = LlamaMLP(config.hidden_size, shared_width, config.hidden_act,
