@@ -106,7 +106,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         if "(default" in text.lower():  # the help states its default itself
             return text
         default = action.default
-        if isinstance(action, argparse._StoreTrueAction):
+        if isinstance(action, (argparse._StoreTrueAction, argparse.BooleanOptionalAction)):
             shown = "on" if default else "off"
         elif isinstance(default, (list, tuple)):
             shown = " ".join(str(d) for d in default)

@@ -171,7 +171,8 @@ def make_server_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     server.add_argument(
         "--enable-log-requests",
         action="store_true",
-        help="Log requests (upstream's current spelling; on unless --disable-log-requests).",
+        help="Log requests (upstream's current spelling; the request log is on unless "
+        "--disable-log-requests) (default: on).",
     )
     server.add_argument(
         "--enable-log-outputs",
