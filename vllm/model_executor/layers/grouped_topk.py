@@ -30,31 +30,55 @@ Either way the expert outputs are then summed by
 import torch
 
 
-def check_grouped_topk(num_experts: int, top_k: int, num_groups: int, topk_groups: int) -> None:
-    """Refuse a routing the function cannot run.
+def check_expert_groups(num_experts: int, num_groups, topk_groups) -> None:
+    """Refuse a group layout either router cannot use.
 
     Raises:
-        ValueError: ``n_group`` not dividing the experts, groups of fewer than 2 experts (a
-            group's score sums its best two), ``topk_group`` outside [1, n_group], or
-            ``top_k`` above the experts of the eligible groups; the message names the values.
+        ValueError: ``n_group`` not a positive int dividing the experts, or ``topk_group``
+            not an int in [1, n_group] (None included); the message names the values.
     """
-    if num_groups < 1 or num_experts % num_groups:
+    if not isinstance(num_groups, int) or num_groups < 1 or num_experts % num_groups:
         raise ValueError(
-            f"n_group={num_groups} must be positive and divide n_routed_experts={num_experts}"
+            f"n_group={num_groups!r} must be positive and divide n_routed_experts={num_experts}"
         )
+    if not isinstance(topk_groups, int) or not 1 <= topk_groups <= num_groups:
+        raise ValueError(f"topk_group={topk_groups!r} must be in [1, n_group={num_groups}]")
+
+
+def check_grouped_topk(num_experts: int, top_k: int, num_groups, topk_groups) -> None:
+    """Refuse a routing :func:`grouped_topk` cannot run.
+
+    Raises:
+        ValueError: a group layout :func:`check_expert_groups` refuses, groups of fewer
+            than 2 experts (a group's score sums its best two), or ``top_k`` above the
+            experts of the eligible groups; the message names the values.
+    """
+    check_expert_groups(num_experts, num_groups, topk_groups)
     if num_experts // num_groups < 2:
         raise ValueError(
             f"n_routed_experts={num_experts} / n_group={num_groups} leaves fewer than 2 experts "
             "per group (a group scores by its two best experts)"
         )
-    if not 1 <= topk_groups <= num_groups:
-        raise ValueError(f"topk_group={topk_groups} must be in [1, n_group={num_groups}]")
     eligible = topk_groups * (num_experts // num_groups)
     if not 1 <= top_k <= eligible:
         raise ValueError(
             f"num_experts_per_tok={top_k} must be in [1, {eligible}] (the experts of "
             f"topk_group={topk_groups} groups of {num_experts // num_groups})"
         )
+
+
+def _top_groups_mask(group_scores: torch.Tensor, topk_groups: int, per_group: int) -> torch.Tensor:
+    """group_scores [T, G] -> bool [T, G * per_group]: True for the experts of each token's
+    ``topk_groups`` best groups (``topk`` with ``sorted=False``, as transformers' routers)."""
+    num_tokens, num_groups = group_scores.shape
+    group_ids = torch.topk(group_scores, k=topk_groups, dim=-1, sorted=False)[1]  # [T, topk_g]
+    group_mask = torch.zeros_like(group_scores).scatter_(1, group_ids, 1)  # [T, G]
+    return (
+        group_mask.unsqueeze(-1)
+        .expand(num_tokens, num_groups, per_group)
+        .reshape(num_tokens, -1)
+        .bool()
+    )  # [T, E]
 
 
 def grouped_topk(
@@ -88,12 +112,8 @@ def grouped_topk(
     group_scores = (
         choice.view(num_tokens, num_groups, per_group).topk(2, dim=-1)[0].sum(dim=-1)
     )  # [T, G]
-    group_ids = torch.topk(group_scores, k=topk_groups, dim=-1, sorted=False)[1]  # [T, topk_g]
-    group_mask = torch.zeros_like(group_scores).scatter_(1, group_ids, 1)  # [T, G]
-    expert_mask = (
-        group_mask.unsqueeze(-1).expand(num_tokens, num_groups, per_group).reshape(num_tokens, -1)
-    )  # [T, E]
-    choice = choice.masked_fill(~expert_mask.bool(), float("-inf"))  # [T, E]
+    expert_mask = _top_groups_mask(group_scores, topk_groups, per_group)  # [T, E]
+    choice = choice.masked_fill(~expert_mask, float("-inf"))  # [T, E]
     ids = torch.topk(choice, k=top_k, dim=-1, sorted=False)[1]  # [T, top_k]
     weights = scores.gather(1, ids)  # [T, top_k]
     if renormalize:
@@ -128,17 +148,11 @@ def softmax_group_topk(
     if num_groups is not None:
         per_group = num_experts // num_groups
         group_scores = scores.view(num_tokens, num_groups, per_group).max(dim=-1).values  # [T, G]
-        group_ids = torch.topk(group_scores, k=topk_groups, dim=-1, sorted=False)[1]
-        group_mask = torch.zeros_like(group_scores).scatter_(1, group_ids, 1)  # [T, G]
-        expert_mask = (
-            group_mask.unsqueeze(-1)
-            .expand(num_tokens, num_groups, per_group)
-            .reshape(num_tokens, -1)
-        )  # [T, E]
-        scores = scores.masked_fill(~expert_mask.bool(), 0.0)  # [T, E]
+        expert_mask = _top_groups_mask(group_scores, topk_groups, per_group)  # [T, E]
+        scores = scores.masked_fill(~expert_mask, 0.0)  # [T, E]
     weights, ids = torch.topk(scores, k=top_k, dim=-1, sorted=False)  # [T, top_k] each
     weights = weights * scaling_factor  # [T, top_k]
     return weights.to(dtype), ids
 
 
-__all__ = ["check_grouped_topk", "grouped_topk", "softmax_group_topk"]
+__all__ = ["check_expert_groups", "check_grouped_topk", "grouped_topk", "softmax_group_topk"]

@@ -41,7 +41,11 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
-from vllm.model_executor.layers.grouped_topk import check_grouped_topk, softmax_group_topk
+from vllm.model_executor.layers.grouped_topk import (
+    check_expert_groups,
+    check_grouped_topk,
+    softmax_group_topk,
+)
 from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
 from vllm.model_executor.models.deepseek_mla import (
     DeepseekMLAttention,
@@ -210,13 +214,7 @@ class DeepseekV2ForCausalLM(MoeWeightsMixin, LlamaForCausalLM):
                 "DeepseekV2TopkRouter ignores it, DeepSeek's reference code renormalises)"
             )
         if method == "group_limited_greedy":
-            groups, top_groups, experts = config.n_group, config.topk_group, config.n_routed_experts
-            if not isinstance(groups, int) or groups < 1 or experts % groups:
-                raise ValueError(
-                    f"n_group={groups!r} must be positive and divide n_routed_experts={experts}"
-                )
-            if not isinstance(top_groups, int) or not 1 <= top_groups <= groups:
-                raise ValueError(f"topk_group={top_groups!r} must be in [1, n_group={groups}]")
+            check_expert_groups(config.n_routed_experts, config.n_group, config.topk_group)
 
 
 class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):
@@ -248,11 +246,6 @@ class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):
             raise ValueError(
                 f"{name} with topk_method={method!r} is not supported (group-limited top-k "
                 "with a correction bias, 'noaux_tc')"
-            )
-        if config.n_group is None or config.topk_group is None:
-            raise ValueError(
-                f"{name} needs n_group and topk_group (got {config.n_group!r}, "
-                f"{config.topk_group!r})"
             )
         check_grouped_topk(config.n_routed_experts, config.num_experts_per_tok,
                            config.n_group, config.topk_group)  # fmt: skip
