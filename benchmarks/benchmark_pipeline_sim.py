@@ -7,9 +7,11 @@ host work, transfers.
 The simulated device is asynchronous, like a CUDA stream: a forward is launched and
 returns at once, its work runs on a per-stage device clock (from max(now, device free,
 inputs ready) for its device time), and the host waits only where it reads a result (the
-last stage's logits, before sampling). Hidden states sent to the next stage carry their
-ready time, so a stage's forward never starts before its inputs exist. PP = 1 runs the
-same model, so the ratios between PP sizes compare like with like.
+last stage's sampled ids: every pass of a one-step call, the last pass of a multi-step
+call, whose other passes feed their ids to the next on the device). Hidden states sent to
+the next stage, and ids sent back to stage 0, carry their ready time, so a stage's forward
+never starts before its inputs exist. PP = 1 runs the same model, so the ratios between
+PP sizes compare like with like.
 
 Default conditions: the weight-bound regime of decode: 8 ms per step for the whole model,
 whatever the row count (8 / P ms per stage at PP = P), 256 requests of 16 prompt tokens

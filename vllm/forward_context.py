@@ -1,4 +1,5 @@
-"""Which virtual engine the forward pass running now belongs to.
+"""Which virtual engine the forward pass running now belongs to, and whether the host reads
+its sampled ids now or only at the end of its call.
 
 Layers that keep state per virtual engine (the LoRA slots of vllm/lora/layers.py) read
 :func:`current_virtual_engine` while the model runs; the model runner sets it around every
@@ -13,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 _virtual_engine = 0
+_read_deferred = False
 
 
 def current_virtual_engine() -> int:
@@ -29,3 +31,24 @@ def set_forward_context(virtual_engine: int) -> Iterator[None]:
         yield
     finally:
         _virtual_engine = previous
+
+
+def host_read_deferred() -> bool:
+    """Whether the logits being computed now are sampled on the device and their ids read by
+    the host only at the end of the call (a multi-step call's passes before its last)."""
+    return _read_deferred
+
+
+@contextmanager
+def deferred_host_read(deferred: bool = True) -> Iterator[None]:
+    """Compute and sample the block's logits as a pass whose ids the host does not read
+    now (``deferred``; restored on exit). On a GPU this changes nothing: a read is what
+    synchronizes, and none happens. The pipeline simulator's stand-in device
+    (vllm/model_executor/model_loader/sim_model.py) waits for its forward only where the
+    host reads, so it needs to be told."""
+    global _read_deferred
+    previous, _read_deferred = _read_deferred, deferred
+    try:
+        yield
+    finally:
+        _read_deferred = previous

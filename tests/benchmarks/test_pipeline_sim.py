@@ -46,7 +46,7 @@ def test_pipeline_sim_short_run_reports_keys(monkeypatch):
     assert rec["num_scheduler_steps"] == 2
     assert rec["steps"] == 8  # 2 VEs x (1 prefill + 3 decode calls)
     assert rec["passes"] == 12  # stage 0's forwards: 2 VEs x (1 prefill + 5 decode)
-    # the last stage waits for every pass's logits, and 12 passes of 0.5 ms run there
+    # the last stage reads every call's last pass, after the 12 passes of 0.5 ms before it
     assert rec["wall_s"] >= 0.006
     assert _within_rounding(rec["tokens_per_s"], 24, rec["wall_s"], 1), rec
     # device seconds are exact: 12 passes of 1 ms / 2 stages on each stage
@@ -124,3 +124,63 @@ def test_sim_device_queues_in_order_and_waits_for_inputs():
     write_ready_stamp(hidden, 1234.5678)
     assert read_ready_stamp(hidden.clone()) == 1234.5678
     assert hidden.view(-1)[2:].abs().sum() == 0  # only the first 8 bytes hold it
+
+
+def _sim_stage(pp_rank: int, table_dir: str, step_ms: float):
+    """Stage ``pp_rank`` of 2 of a tiny stand-in model sharing the ids table in ``table_dir``."""
+    import torch
+    from transformers import LlamaConfig
+
+    from vllm.model_executor.model_loader.sim_model import SimStageModel, SimTiming
+
+    cfg = LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, vocab_size=32)  # fmt: skip
+    return SimStageModel(cfg, pp_rank, 2, SimTiming(step_ms=step_ms), torch.float32, table_dir)
+
+
+def test_sim_deferred_read_publishes_ids_time_and_stage0_waits_for_it(tmp_path):
+    """A pass whose ids the host reads later (a multi-step call's passes before its last)
+    does not wait for the stand-in device; its ready time reaches stage 0 through the
+    shared table, per virtual engine, and stage 0's next forward of that virtual engine
+    starts no earlier. A read that is not deferred waits (2 s of simulated device time)."""
+    import time
+
+    import torch
+
+    from vllm.forward_context import deferred_host_read, set_forward_context
+    from vllm.model_executor.model_loader.sim_model import ReadyTable, read_ready_stamp
+    from vllm.sequence import IntermediateTensors
+
+    a, b = ReadyTable(str(tmp_path)), ReadyTable(str(tmp_path))
+    a.publish(3, 123.5)
+    assert (b.ready_at(3), b.ready_at(0)) == (123.5, 0.0)  # one table, zeros where unset
+    missing = str(tmp_path / "not-a-dir")  # not writable: a file in the temp dir instead
+    ReadyTable(missing).publish(1, 7.0)
+    assert ReadyTable(missing).ready_at(1) == 7.0
+
+    last = _sim_stage(1, str(tmp_path), step_ms=4000.0)  # 2 s a pass on each of 2 stages
+    inter = IntermediateTensors(
+        {"hidden_states": torch.zeros(2, 16), "residual": torch.zeros(2, 16)}
+    )
+    ids, pos = torch.zeros(2, dtype=torch.long), torch.zeros(2, dtype=torch.long)
+    with set_forward_context(5):
+        hidden = last(ids, pos, None, None, inter)  # launched: ready in 2 s
+    t0 = time.monotonic()
+    with deferred_host_read():
+        logits = last.compute_logits(hidden)
+    assert logits.shape == (2, 32)
+    assert last.device_clock.wait_s == 0.0  # returned at once
+    assert a.ready_at(5) == hidden.sim_ready_at > t0 + 1.0  # published for VE 5
+    last.compute_logits(hidden)  # a read: waits for the forward
+    assert last.device_clock.wait_s > 0.5 and time.monotonic() >= hidden.sim_ready_at
+
+    later = time.monotonic() + 1000.0
+    a.publish(5, later)  # VE 5's ids are ready only then
+    first = _sim_stage(0, str(tmp_path), step_ms=2.0)  # 1 ms a pass
+    with set_forward_context(5):
+        out = first(ids, pos, None, None)
+    assert read_ready_stamp(out["hidden_states"]) == pytest.approx(later + 1e-3)
+    other = _sim_stage(0, str(tmp_path), step_ms=2.0)  # a fresh device, VE 4's ids
+    with set_forward_context(4):
+        out = other(ids, pos, None, None)
+    assert read_ready_stamp(out["hidden_states"]) < later - 900.0  # not held back

@@ -50,6 +50,7 @@ import torch
 from vllm.attention.backends.abstract import ForwardMode, StepInputs
 from vllm.attention.backends.host_tables import step_tables
 from vllm.distributed.tp_ops import tensor_model_parallel_broadcast
+from vllm.forward_context import deferred_host_read
 from vllm.model_executor.forward_batch import ForwardBatch
 from vllm.model_executor.layers.sampler import sampler_output
 from vllm.sequence import SamplerOutput, SequenceGroupMetadata
@@ -230,10 +231,11 @@ def execute_multi_step(
             if cuda and batch.graph_size is None:
                 staged.record()
         hidden = runner.forward_hidden(batch, kv_caches)
-        logits = runner.compute_logits(batch, hidden)  # [num_real_rows, vocab]; TP: rank 0
-        if logits is not None:
-            ids, packed, k = runner.sampler.sample_on_device(logits, sm)
-            packed_steps.append(packed)  # [num_real_rows, 3 + 2k] float64
+        with deferred_host_read(i + 1 < n):  # read once, after the last pass
+            logits = runner.compute_logits(batch, hidden)  # [num_real_rows, vocab]; TP: rank 0
+            if logits is not None:
+                ids, packed, k = runner.sampler.sample_on_device(logits, sm)
+                packed_steps.append(packed)  # [num_real_rows, 3 + 2k] float64
         if i + 1 < n:
             rows = batch.num_real_rows
             ids = tensor_model_parallel_broadcast(ids, (rows,), torch.long, runner.device)

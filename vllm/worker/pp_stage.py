@@ -21,8 +21,10 @@ stage 0 advances its own before it waits for the ids. Sends never wait for the r
 (vllm/distributed/communication.py), which is what makes this order deadlock-free.
 
 Forwards are launched and return at once (a CUDA stream; the simulator's stand-in models
-one); the host waits only where it reads a result, i.e. when the last stage samples. So
-the last stage keeps its sampling one pass behind its forwards: A0 launched, B0
+one); the host waits only where it reads a result: when the last stage samples a one-step
+call's pass, or a multi-step call's last pass (the passes before it are sampled on the
+device and their ids sent on without a read). The last stage keeps its sampling one pass
+behind its forwards: A0 launched, B0
 launched, A0 sampled (its ids sent), A1 launched, B0 sampled, B1 launched, ... While the
 host samples one pass, the device already runs the next, and a call's pass is launched
 only after its previous pass was sampled (stage 0 needs those ids to run it).
@@ -44,6 +46,7 @@ import torch
 
 from vllm.attention.backends.abstract import ForwardMode
 from vllm.distributed import communication as comm
+from vllm.forward_context import deferred_host_read
 from vllm.model_executor.layers.sampler import prompt_logprobs
 from vllm.sequence import ExecuteModelRequest
 from vllm.worker.multi_step import _advance, _PenaltyState
@@ -241,7 +244,9 @@ class PipelineStage:
         """Last stage: logits and sampling of pass ``i`` of ``call``; the ids go back to
         stage 0 when another pass follows."""
         batch = call.batch
-        with self.times.phase("sample"):
+        # a multi-step call's ids stay on the device until its last pass (one read)
+        deferred = call.multi and i + 1 < call.num_steps
+        with self.times.phase("sample"), deferred_host_read(deferred):
             logits = self.runner.compute_logits(batch, hidden)  # [num_real_rows, vocab]
             sm = batch.sampling_metadata
             call.ids, packed, call.k = self.runner.sampler.sample_on_device(logits, sm)

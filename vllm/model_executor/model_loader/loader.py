@@ -108,7 +108,9 @@ def get_model(
         from vllm.model_executor.model_loader.sim_model import SimStageModel, SimTiming
 
         timing = SimTiming.from_extra_config(model_config.model_loader_extra_config)
-        model = SimStageModel(hf_config, pp_rank, pp_size, timing, model_config.dtype)
+        model = SimStageModel(
+            hf_config, pp_rank, pp_size, timing, model_config.dtype, model_config.model
+        )
         return model.to(device).requires_grad_(False).eval()
     start = time.perf_counter()
     prequantized = getattr(model_config, "checkpoint_quantization", None)  # an fp8 format

@@ -21,8 +21,9 @@ lanes included) and ``tokens`` its new tokens. The values come from
 The simulated device is asynchronous, as a CUDA stream is (:class:`SimDevice`): a forward
 is *launched* and returns at once; its work runs from ``max(now, device free, inputs
 ready)`` for its device time, and the device is free again at the end. The host waits only
-where it reads a result: ``compute_logits`` (the sampler reads the logits) waits for the
-forward that produced its hidden states, as reading sampled ids does on a GPU. Hidden
+where it reads a result: ``compute_logits`` (the host reads what is sampled from the
+logits) waits for the forward that produced its hidden states, as reading sampled ids does
+on a GPU. Hidden
 states sent to the next stage carry the time their forward finishes (a float64 stamp in
 the first 8 bytes of ``hidden_states``, which are otherwise zeros), so the next stage's
 forward starts no earlier than that, as an NCCL receive ordered on the receiver's stream
@@ -30,10 +31,23 @@ would. A stage's host is therefore free to prepare its next step while its devic
 exactly as on a GPU, and the same model applies at PP = 1. ``busy_s`` counts device
 seconds (the sum of queued forward times); the simulator reports busy fraction = device
 seconds / wall.
+
+A multi-step call's passes before its last are sampled on the device and their ids fed to
+the next pass without a host read (vllm/forward_context.py ``deferred_host_read``): there
+``compute_logits`` does not wait. The ids of such a pass are ready when its forward is;
+the last stage publishes that time per virtual engine in a small table shared by the
+stages (:class:`ReadyTable`, a file of float64 times), and stage 0's next forward of
+that virtual engine starts no earlier, as stage 0's device would wait for ids received
+on its stream. Stage 0 reads the table only after its host received those ids, which
+the last stage sends after publishing, so the time read is that pass's.
 """
 
 from __future__ import annotations
 
+import hashlib
+import mmap
+import os
+import tempfile
 import time
 from dataclasses import dataclass
 
@@ -41,6 +55,7 @@ import torch
 from torch import nn
 
 from vllm.distributed.utils import get_pp_indices
+from vllm.forward_context import current_virtual_engine, host_read_deferred
 from vllm.sequence import IntermediateTensors
 
 SIM_KEYS = ("step_ms", "per_row_us", "per_token_us")
@@ -138,6 +153,48 @@ def read_ready_stamp(hidden: torch.Tensor) -> float:
     return float(hidden.reshape(-1).view(torch.uint8)[:8].view(torch.float64).item())
 
 
+class ReadyTable:
+    """When each virtual engine's last sampled ids are ready: float64 ``time.monotonic()``
+    seconds, one per virtual engine, in a file every stage process of one host maps.
+
+    The file is ``.sim_ids_ready`` in ``directory`` (the model directory) when that is
+    writable, else a file in the temporary directory named by the directory's hash. Two
+    simulations at once on one model directory would share it: give each its own (the
+    benchmark writes one per run). Times left by an earlier run are in the past and never
+    delay a forward.
+
+    Raises:
+        IndexError: a virtual engine outside [0, :attr:`SIZE`).
+    """
+
+    SIZE = 512  # virtual engines
+
+    def __init__(self, directory: str):
+        directory = os.path.abspath(directory)
+        if os.path.isdir(directory) and os.access(directory, os.W_OK):
+            path = os.path.join(directory, ".sim_ids_ready")
+        else:
+            digest = hashlib.sha1(directory.encode()).hexdigest()[:16]
+            path = os.path.join(tempfile.gettempdir(), f"vllm-sim-ids-ready-{digest}")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            if os.fstat(fd).st_size < 8 * self.SIZE:
+                os.ftruncate(fd, 8 * self.SIZE)  # zeros: "ready long ago"
+            self._map = mmap.mmap(fd, 8 * self.SIZE)
+        finally:
+            os.close(fd)
+        # [SIZE] float64 over the shared pages
+        self.times = torch.frombuffer(self._map, dtype=torch.float64, count=self.SIZE)
+
+    def publish(self, virtual_engine: int, ready_at: float) -> None:
+        """Record that ``virtual_engine``'s latest sampled ids are ready at ``ready_at``."""
+        self.times[virtual_engine] = ready_at
+
+    def ready_at(self, virtual_engine: int) -> float:
+        """When ``virtual_engine``'s latest published ids are ready (0.0 if never)."""
+        return float(self.times[virtual_engine])
+
+
 class SimStageModel(nn.Module):
     """Stage ``pp_rank`` of ``pp_size`` of a model that only occupies its simulated device
     (see the module doc).
@@ -147,13 +204,16 @@ class SimStageModel(nn.Module):
         pp_rank, pp_size: this stage and the number of stages.
         timing: the device-time model.
         dtype: dtype of the hidden states it returns.
+        table_dir: where the stages share their :class:`ReadyTable` (the model directory).
 
     Attributes:
         device_clock: the stage's :class:`SimDevice`.
         num_forwards: forward passes so far.
     """
 
-    def __init__(self, hf_config, pp_rank: int, pp_size: int, timing: SimTiming, dtype):
+    def __init__(
+        self, hf_config, pp_rank: int, pp_size: int, timing: SimTiming, dtype, table_dir: str
+    ):
         super().__init__()
         self.hidden_size = hf_config.hidden_size
         self.vocab_size = hf_config.vocab_size
@@ -164,6 +224,7 @@ class SimStageModel(nn.Module):
         self.timing = timing
         self.dtype = dtype
         self.device_clock = SimDevice()
+        self.ids_ready = ReadyTable(table_dir)
         self.num_forwards = 0
         self.anchor = nn.Parameter(torch.zeros(1, dtype=dtype), requires_grad=False)
         # Nothing here computes: one thread keeps the stage's host work (sampling, input
@@ -181,13 +242,17 @@ class SimStageModel(nn.Module):
         self.num_forwards = 0
 
     def forward(self, input_ids, positions, kv_caches, attn_metadata, intermediate_tensors=None):
-        """Queue this stage's device time (after its inputs are ready); return zeros of
-        the real shapes at once, the non-last stage's stamped with their ready time."""
+        """Queue this stage's device time (after its inputs are ready: the previous
+        stage's hidden states, or on stage 0 the ids last sampled for this virtual engine);
+        return zeros of the real shapes at once, the non-last stage's stamped with their
+        ready time."""
         tokens = int(input_ids.shape[0])
         rows = int(getattr(attn_metadata, "num_rows", tokens) or tokens)
-        not_before = 0.0
+        ve = current_virtual_engine()
         if intermediate_tensors is not None:
             not_before = read_ready_stamp(intermediate_tensors["hidden_states"])
+        else:
+            not_before = self.ids_ready.ready_at(ve)
         seconds = self.timing.stage_seconds(rows, tokens, self.pp_size)
         ready_at = self.device_clock.launch(seconds, not_before)
         self.num_forwards += 1
@@ -195,6 +260,7 @@ class SimStageModel(nn.Module):
         hidden = torch.zeros(tokens, self.hidden_size, dtype=self.dtype, device=dev)
         if self.pp_rank == self.pp_size - 1:
             hidden.sim_ready_at = ready_at  # read by compute_logits
+            hidden.sim_virtual_engine = ve
             return hidden  # [num_tokens, hidden]
         write_ready_stamp(hidden, ready_at)
         residual = torch.zeros(tokens, self.hidden_size, dtype=self.dtype, device=dev)
@@ -202,9 +268,15 @@ class SimStageModel(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor, float32: bool = True) -> torch.Tensor:
         """Zero logits [rows, vocab] float32 for hidden [rows, hidden], once the device
-        finished the forward that produced ``hidden`` (the host reads them: a
-        synchronization). A forward launched after it need not have finished; for rows
-        gathered out of the hidden states (a prefill's last tokens) the stand-in no longer
-        knows their forward and waits for all queued work."""
-        self.device_clock.synchronize(getattr(hidden, "sim_ready_at", None))
+        finished the forward that produced ``hidden`` (the host reads what is sampled from
+        them: a synchronization), or at once for a pass whose ids the host reads later
+        (``host_read_deferred``), publishing when they are ready. A forward launched after
+        it need not have finished; for rows gathered out of the hidden states (a prefill's
+        last tokens) the stand-in no longer knows their forward and waits for all queued
+        work."""
+        ready_at = getattr(hidden, "sim_ready_at", None)
+        if ready_at is None or not host_read_deferred():
+            self.device_clock.synchronize(ready_at)
+        if ready_at is not None:
+            self.ids_ready.publish(hidden.sim_virtual_engine, ready_at)
         return torch.zeros(hidden.shape[0], self.vocab_size, device=hidden.device)
