@@ -1,13 +1,17 @@
 """Point-to-point exchange between pipeline stages: hidden states forward, a step's plan
 header forward, sampled token ids from the last stage back to the first.
 
+Hidden states and ids are device tensors (NCCL on CUDA: ordered on the streams, the host
+never waits for them). Plan headers are host values a stage needs before it launches a
+pass, so they travel between hosts (gloo, the pipeline's ``host_group`` on CUDA).
+
 No shape message is sent: every stage receives the same ``ExecuteModelRequest`` and builds
 the same batch from it, so the receiver knows ``num_tokens`` (the batch's token rows,
 padded lanes included), ``hidden_size`` and the model dtype already; the plan header
 (vllm/worker/pp_stage.py) lets it check that before the hidden states arrive. Tensors
-travel in a fixed key order (:data:`PP_TENSOR_KEYS`); messages between one pair of ranks
-arrive in the order sent, so steps stay matched as long as every stage runs steps in the
-same order (the executor guarantees that).
+travel stacked in one message, in a fixed key order (:data:`PP_TENSOR_KEYS`); messages
+between one pair of ranks arrive in the order sent, so steps stay matched as long as every
+stage runs steps in the same order (the executor guarantees that).
 
 Sends do not wait for the receiver: on gloo each is an ``isend`` whose work and tensor are
 kept (:data:`_PENDING`) until it completes, so a stage starts its next step while the next
@@ -33,10 +37,11 @@ MAX_PENDING_SENDS = 64
 _PENDING: deque = deque()
 
 
-def send_tensor(tensor: torch.Tensor, dst: int) -> None:
-    """Send ``tensor`` to rank ``dst`` without waiting for the receiver (see module doc)."""
+def send_tensor(tensor: torch.Tensor, dst: int, group=None) -> None:
+    """Send ``tensor`` to rank ``dst`` (on ``group``; None: the world group) without
+    waiting for the receiver (see module doc)."""
     tensor = tensor.contiguous()
-    work = dist.isend(tensor, dst=dst)
+    work = dist.isend(tensor, dst=dst, group=group)
     if tensor.is_cuda:
         work.wait()  # NCCL: orders the send on the current stream; the host goes on
         return
@@ -48,6 +53,22 @@ def send_tensor(tensor: torch.Tensor, dst: int) -> None:
 def send_int_tensor(values: torch.Tensor, dst: int) -> None:
     """Send an int64 tensor (a plan header [k] or sampled ids [rows]) to rank ``dst``."""
     send_tensor(values.to(torch.long), dst)
+
+
+def send_header(values: list[int], dst: int, group=None) -> None:
+    """Send a plan header (a few ints) to rank ``dst`` as host data, on ``group`` (the
+    pipeline's gloo ``host_group``; None: the world group, gloo on CPU), not waiting for
+    the receiver."""
+    send_tensor(torch.tensor(values, dtype=torch.long), dst, group)
+
+
+def recv_header(n: int, src: int, group=None) -> list[int]:
+    """Receive the ``n`` ints of a plan header from rank ``src`` on ``group`` (as
+    :func:`send_header`). Host to host: the caller learns it as soon as it arrives, never
+    waiting for its own device (reading an int tensor received by NCCL would)."""
+    buf = torch.empty(n, dtype=torch.long)
+    dist.recv(buf, src=src, group=group)  # [n]
+    return buf.tolist()
 
 
 def recv_int_tensor(n: int, device: torch.device, src: int) -> torch.Tensor:
@@ -70,8 +91,9 @@ def send_intermediate_tensors(tensors: IntermediateTensors, dst: int) -> None:
     keys = tuple(k for k, _ in tensors.items())
     if sorted(keys) != sorted(PP_TENSOR_KEYS):
         raise ValueError(f"IntermediateTensors keys {list(keys)} != expected {PP_TENSOR_KEYS}.")
-    for key in PP_TENSOR_KEYS:
-        send_tensor(tensors[key], dst)  # [num_tokens, hidden]
+    # one message, not one per key: each message costs a gloo pair a few hundred us of
+    # host time whatever its size, an NCCL send a kernel launch
+    send_tensor(torch.stack([tensors[key] for key in PP_TENSOR_KEYS]), dst)  # [2, tokens, hidden]
 
 
 def recv_intermediate_tensors(
@@ -94,9 +116,6 @@ def recv_intermediate_tensors(
         IntermediateTensors with ``hidden_states`` and ``residual``, each
         [num_tokens, hidden_size] of ``dtype`` on ``device``.
     """
-    out = {}
-    for key in PP_TENSOR_KEYS:
-        buf = torch.empty(num_tokens, hidden_size, dtype=dtype, device=device)
-        dist.recv(buf, src=src)  # [num_tokens, hidden]
-        out[key] = buf
-    return IntermediateTensors(out)
+    buf = torch.empty(len(PP_TENSOR_KEYS), num_tokens, hidden_size, dtype=dtype, device=device)
+    dist.recv(buf, src=src)  # [2, num_tokens, hidden]: the keys in order, one message
+    return IntermediateTensors({key: buf[i] for i, key in enumerate(PP_TENSOR_KEYS)})

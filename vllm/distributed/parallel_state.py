@@ -7,7 +7,8 @@ consecutive and form that stage's tensor-parallel group. The world group is crea
 run time (``tcp://127.0.0.1:<free port>``); gloo on CPU, NCCL on CUDA. Every rank then
 creates every stage's TP group (``torch.distributed.new_group`` is collective over the
 world), keeping its own; on CUDA a second, gloo, TP group carries small host-side checks
-(the graph-plan agreement, :mod:`vllm.distributed.tp_ops`).
+(the graph-plan agreement, :mod:`vllm.distributed.tp_ops`), and a gloo group over the
+world carries the pipeline's plan headers between stages.
 
 Between stages, rank ``(p, t)`` receives from ``(p - 1, t)`` and sends to ``(p + 1, t)``
 (global ranks ``rank - tp_size`` and ``rank + tp_size``): every TP rank of a stage holds the
@@ -48,6 +49,9 @@ class PPGroup:
         tp_group: this stage's TP process group (None when ``tp_size == 1``).
         tp_cpu_group: a gloo group over the same ranks for host-side checks (the same
             object as ``tp_group`` on CPU; None when ``tp_size == 1``).
+        host_group: a gloo group over the whole world for the pipeline's plan headers
+            (host values a stage must know before it launches a pass; on NCCL their
+            read would wait for the device); None means the world group, itself gloo.
     """
 
     rank: int
@@ -57,6 +61,7 @@ class PPGroup:
     tp_size: int = 1
     tp_group: Any = None
     tp_cpu_group: Any = None
+    host_group: Any = None
 
     @property
     def pp_size(self) -> int:
@@ -172,7 +177,10 @@ def init_distributed_environment(
             cpu_group = dist.new_group(ranks, backend="gloo") if backend != "gloo" else group
             if first <= rank < first + tp:
                 tp_group, tp_cpu_group = group, cpu_group
-    _PP_GROUP = PPGroup(rank, world_size, backend, device, tp, tp_group, tp_cpu_group)
+    host_group = None
+    if backend != "gloo" and world_size > tp:  # pipeline stages that exchange headers
+        host_group = dist.new_group(list(range(world_size)), backend="gloo")
+    _PP_GROUP = PPGroup(rank, world_size, backend, device, tp, tp_group, tp_cpu_group, host_group)
     logger.info(
         "rank %d/%d (pp_rank %d, tp_rank %d of %d) joined the %s group",
         rank, world_size, _PP_GROUP.pp_rank, _PP_GROUP.tp_rank, tp, backend,

@@ -217,17 +217,17 @@ class PipelineStage:
         inter = None
         with times.phase("transfer"):
             own = plan_header(batch, call.num_steps)
-            dev = self.runner.device  # NCCL sends device tensors only
+            host = self.group.host_group
             if i == 0 and not self.first:
                 if got is None:
-                    got = comm.recv_int_tensor(len(own), dev, self.group.prev_rank).tolist()
+                    got = comm.recv_header(len(own), self.group.prev_rank, host)
                 got = got[: len(own)]
                 if got != own:  # take this pass's tensors first: the channel stays in step
                     self._recv_inter(got[HEADER_FIELDS.index("num_tokens")])
                 check_plan_agreement(own, got, self.rank)
             if not self.last and (i == 0 or self.streaming):
                 head = [*own, i] if self.streaming else own
-                comm.send_int_tensor(torch.tensor(head, device=dev), self.group.next_rank)
+                comm.send_header(head, self.group.next_rank, host)
             if not self.first:
                 inter = self._recv_inter(batch.num_tokens)
         kv = self.worker.cache_engines[batch.virtual_engine].kv_caches

@@ -129,9 +129,7 @@ class StreamingStage(PipelineStage):
     def _next_pass(self, source: CallSource) -> None:
         """A later stage: the pass whose header comes next."""
         with self.times.phase("transfer"):
-            head = comm.recv_int_tensor(
-                STREAM_HEADER_LEN, self.runner.device, self.group.prev_rank
-            ).tolist()
+            head = comm.recv_header(STREAM_HEADER_LEN, self.group.prev_rank, self.group.host_group)
         ve, i = head[HEADER_FIELDS.index("virtual_engine")], head[-1]
         while ve not in self.calls:  # its message is still on the way
             item = source.next_call(True)
