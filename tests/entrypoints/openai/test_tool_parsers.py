@@ -87,10 +87,8 @@ def _req(**kw):
 def test_auto_is_the_default_only_with_a_parser_and_refused_without_one():
     hermes = get_tool_parser("hermes")
     assert tool_mode(_req(tools=TOOLS), hermes)[0].parser is hermes
-    assert tool_mode(_req(tools=TOOLS, tool_choice="auto"), hermes) == (
-        ToolMode(parser=hermes),
-        None,
-    )
+    req = _req(tools=TOOLS, tool_choice="auto")
+    assert tool_mode(req, hermes) == (ToolMode(parser=hermes, tools=req.tools), None)
     assert not tool_mode(_req(tools=TOOLS, tool_choice="none"), hermes)[0].active
     assert not tool_mode(_req(tools=TOOLS), None)[0].active  # no parser: "none"
     assert not tool_mode(_req(tool_choice="auto", tools=[]), hermes)[0].active  # nothing to call
@@ -98,6 +96,41 @@ def test_auto_is_the_default_only_with_a_parser_and_refused_without_one():
         tool_mode(_req(tools=TOOLS, tool_choice="auto"), None)
     assert exc.value.code == 400 and exc.value.param == "tool_choice"
     assert "--enable-auto-tool-choice and --tool-call-parser" in exc.value.message
+
+
+def test_parsers_get_the_requests_tools_and_extract_only_parsers_still_work():
+    """The server parses through extract_for(text, tools), with the request's tools; a
+    parser written against extract(text) alone (a --tool-parser-plugin file's) is called
+    through the default extract_for, streamed or not."""
+    from vllm.entrypoints.openai.tool_calls import parse_tool_calls
+    from vllm.entrypoints.openai.tool_parsers import ExtractedToolCalls, ToolParser
+    from vllm.entrypoints.openai.tool_parsers.abstract import make_call
+
+    class Upper(ToolParser):  # a plugin-style parser: no extract_for of its own
+        def extract(self, text):
+            if not text.startswith("CALL "):
+                return ExtractedToolCalls(content=text)
+            return ExtractedToolCalls(calls=[make_call(text[5:], {})])
+
+        def content_prefix(self, text):
+            return 0
+
+    seen = []
+
+    class Spy(Upper):
+        def extract_for(self, text, tools):
+            seen.append(tools)
+            return super().extract_for(text, tools)
+
+    for parser in (Upper(), Spy()):
+        mode, _ = tool_mode(_req(tools=TOOLS), parser)
+        [call] = parse_tool_calls(mode, "CALL get_weather")[0]
+        assert (call.function.name, call.function.arguments) == ("get_weather", "{}")
+        [last] = _stream(mode, ["CALL ", "get_weather"])[1:]
+        assert [c.function.name for c in last["tool_calls"]] == ["get_weather"]
+        assert parse_tool_calls(mode, "no call") == (None, "no call")
+    assert len(seen) == 3 and all(t is not None for t in seen)
+    assert [t.function.name for t in seen[0]] == ["get_weather"]
 
 
 def _stream(mode, pieces):

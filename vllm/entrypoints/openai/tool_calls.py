@@ -28,6 +28,7 @@ from vllm.entrypoints.openai.guided_request import guided_field
 from vllm.entrypoints.openai.protocol import (
     ChatCompletionNamedToolChoiceParam,
     ChatCompletionRequest,
+    ChatCompletionToolsParam,
     FunctionCall,
     ToolCall,
 )
@@ -51,6 +52,8 @@ class ToolMode:
         single: ``parallel_tool_calls`` false: at most one call (the first) per choice.
         ids: the server's parser (``--tool-call-parser``), whose :meth:`ToolParser.call_id`
             names "required" and named calls too; None: upstream's default ids.
+        tools: "auto": the request's ``tools``, which the parser gets with the text
+            (:meth:`ToolParser.extract_for`: the one parser instance serves every request).
     """
 
     function: str | None = None
@@ -58,6 +61,7 @@ class ToolMode:
     parser: ToolParser | None = None
     single: bool = False
     ids: ToolParser | None = None
+    tools: list[ChatCompletionToolsParam] | None = None
 
     def call_id(self) -> str:
         """A fresh id for one of this mode's calls."""
@@ -110,7 +114,7 @@ def tool_mode(
                 400,
                 "tool_choice",
             )
-        return ToolMode(parser=auto_parser, single=single), None
+        return ToolMode(parser=auto_parser, single=single, tools=req.tools), None
     tools = {t.function.name: t.function for t in req.tools or []}
     if not tools:
         raise APIError(f"tool_choice={_show(choice)} needs a non-empty tools list.", 400, "tools")
@@ -171,7 +175,7 @@ def parse_tool_calls(mode: ToolMode, text: str) -> tuple[list[ToolCall] | None, 
     ``mode.single`` only the parser's first call is kept. "required" calls' arguments are
     re-encoded keeping non-ASCII characters as they are (as the parsers and upstream do)."""
     if mode.parser is not None:
-        found = mode.parser.extract(text)
+        found = mode.parser.extract_for(text, mode.tools)
         if not found.calls:
             return None, text
         return (found.calls[:1] if mode.single else found.calls), found.content

@@ -5,15 +5,25 @@ A parser turns a model's finished text into OpenAI tool calls for tool_choice "a
 incrementally: while a reply streams, it only says how much of the text so far is surely
 content (:meth:`ToolParser.content_prefix`); that much streams as content, and the rest
 is held and parsed when the choice finishes, its calls sent whole in one delta.
+
+The server parses through :meth:`ToolParser.extract_for`, which also gets the request's
+``tools``; a parser whose format reads the tools' schemas (glm45: which arguments are
+strings) overrides it, the others implement only ``extract(text)``.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from vllm.entrypoints.openai.protocol import FunctionCall, ToolCall, random_id
+from vllm.entrypoints.openai.protocol import (
+    ChatCompletionToolsParam,
+    FunctionCall,
+    ToolCall,
+    random_id,
+)
 from vllm.utils.text_utils import partial_marker_len
 
 _PARSERS: dict[str, type[ToolParser]] = {}
@@ -48,6 +58,14 @@ class ToolParser:
         """The tool calls in ``text``, a finished reply. Text that holds no complete,
         well-formed call gives no calls and the whole text as content."""
         raise NotImplementedError
+
+    def extract_for(
+        self, text: str, tools: Sequence[ChatCompletionToolsParam] | None
+    ) -> ExtractedToolCalls:
+        """:meth:`extract` for a request whose ``tools`` field is ``tools`` (None: the
+        request sent none): what the server calls, streamed or not. The default ignores
+        the tools; a format whose text alone does not say a value's type overrides it."""
+        return self.extract(text)
 
     def content_prefix(self, text: str) -> int:
         """How many leading characters of ``text`` (a reply so far) are content whatever

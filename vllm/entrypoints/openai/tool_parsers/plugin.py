@@ -9,7 +9,9 @@ tool-call parsers, as upstream's flag. For example::
         def content_prefix(self, text): ...
 
 then ``vllm serve MODEL --tool-parser-plugin my_parser.py --enable-auto-tool-choice
---tool-call-parser my_format``.
+--tool-call-parser my_format``. A parser that needs the request's tools (their parameter
+schemas, say) also overrides ``extract_for(self, text, tools)``, which the server calls
+and which by default returns ``extract(text)``.
 """
 
 from __future__ import annotations
