@@ -1,8 +1,9 @@
 """The chat handler over a stub engine that replays fixed text pieces, one per token:
 OpenAI's stream shape (first delta {"role", "content": ""}, later deltas only what they
 set, one chunk per token for text, none for a held tool-call token), tool_choice "auto"
-with the hermes parser (non-streamed and streamed), "required" streamed without empty
-chunks, echo and the reply role with continue_final_message, the 400 for
+with the hermes parser (non-streamed and streamed) and with the glm45 parser typing
+values by the request's tools, "required" streamed without empty chunks, echo and the
+reply role with continue_final_message, the 400 for
 continue_final_message together with add_generation_prompt, ``add_special_tokens`` (chat
 and completions: whether the tokenizer's own special tokens are added to the prompt),
 ``return_token_ids`` while a tool parser holds tokens back, ``documents`` reaching the
@@ -160,6 +161,37 @@ def test_auto_hermes_calls_not_streamed_and_streamed(tokenizer):
     r = _answer(tokenizer, HERMES, hermes, tools=TOOLS, tool_choice="none")
     assert r["choices"][0]["message"]["content"] == "".join(HERMES)
     assert r["choices"][0]["message"]["tool_calls"] == []
+
+
+GLM_TOOLS = [{"type": "function", "function": {"name": "set_alarm", "parameters": {
+    "type": "object",
+    "properties": {"label": {"type": "string"}, "minutes": {"type": "integer"}},
+}}}]  # fmt: skip
+GLM45 = ["Setting it.", "\n<tool_call>", "set_alarm\n", "<arg_key>label</arg_key>",
+         "\n<arg_value>123</arg_value>\n", "<arg_key>minutes</arg_key>\n",
+         "<arg_value>123</arg_value>\n", "</tool_call>"]  # fmt: skip
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_auto_glm45_values_follow_the_requests_tools(tokenizer, stream):
+    """The glm45 parser gets the request's tools: "123" of the string parameter stays a
+    string, that of the integer one becomes 123, streamed and not."""
+    out = _answer(tokenizer, GLM45, get_tool_parser("glm45"), tools=GLM_TOOLS, stream=stream)
+    if stream:
+        deltas = [c["choices"][0]["delta"] for c in out]
+        content = "".join(d.get("content") or "" for d in deltas)
+        calls = [tc for d in deltas for tc in d.get("tool_calls", [])]
+        finish = out[-1]["choices"][0]["finish_reason"]
+    else:
+        choice = out["choices"][0]
+        content, calls = choice["message"]["content"], choice["message"]["tool_calls"]
+        finish = choice["finish_reason"]
+    assert content == "Setting it.\n" and finish == "tool_calls"
+    [call] = calls
+    assert call["function"] == {
+        "name": "set_alarm",
+        "arguments": '{"label": "123", "minutes": 123}',
+    }
 
 
 def test_echo_and_continue_final_message(tokenizer):

@@ -1,4 +1,4 @@
-"""Tool-call parsers for tool_choice "auto" (hermes, llama3_json, mistral, pythonic) on
+"""Tool-call parsers for tool_choice "auto" (glm45, hermes, llama3_json, mistral, pythonic) on
 text, the registry that picks them by name, the "auto" default and refusal in tool_mode,
 and the streamed deltas of an "auto" choice (content as it comes, calls whole at the
 finish); a reply nested deeper than the decoders follow is content."""
@@ -22,13 +22,13 @@ def _calls(found):
 
 
 def test_registry_lists_and_refuses_unknown_names():
-    assert tool_parser_names() == ["hermes", "llama3_json", "mistral", "pythonic"]
+    assert tool_parser_names() == ["glm45", "hermes", "llama3_json", "mistral", "pythonic"]
     assert get_tool_parser("hermes").name == "hermes"
     with pytest.raises(ValueError) as exc:
         get_tool_parser("granite")
     assert str(exc.value) == (
-        "--tool-call-parser 'granite' is not a known parser; choose one of hermes, llama3_json, "
-        "mistral, pythonic."
+        "--tool-call-parser 'granite' is not a known parser; choose one of glm45, hermes, "
+        "llama3_json, mistral, pythonic."
     )
 
 
@@ -312,3 +312,150 @@ def test_a_reply_nested_too_deep_is_content(name):
     req = ChatCompletionRequest(messages=MSGS, tools=TOOLS, tool_choice="required")
     required = '[{"name": "get_weather", "parameters": {"a": ' + DEEP
     assert parse_tool_calls(tool_mode(req)[0], required) == (None, required)
+
+
+# GLM-4.5's format: the template writes strings bare and other values as JSON
+ALARM_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "set_alarm",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "label": {"type": "string"},
+                    "minutes": {"type": "integer"},
+                    "loud": {"type": "boolean"},
+                    "days": {"type": "array", "items": {"type": "string"}},
+                    "note": {"type": ["string", "null"]},
+                },
+            },
+        },
+    },
+    {"type": "function", "function": {"name": "get_time"}},
+]
+
+
+def _glm_call(name, *pairs, sep="\n"):
+    args = "".join(f"<arg_key>{k}</arg_key>{sep}<arg_value>{v}</arg_value>{sep}" for k, v in pairs)
+    return f"<tool_call>{name}{sep}{args}</tool_call>"
+
+
+def test_glm45_blocks_become_calls_and_the_text_before_them_content():
+    p = get_tool_parser("glm45")
+    assert not p.keeps_special_tokens
+    text = "Let me check.\n" + _glm_call("get_weather", ("city", "Paris"), ("unit", "c"))
+    text += "\n" + _glm_call("get_time")
+    found = p.extract(text)
+    assert _calls(found) == [("get_weather", {"city": "Paris", "unit": "c"}), ("get_time", {})]
+    assert found.calls[0].function.arguments == '{"city": "Paris", "unit": "c"}'
+    assert found.calls[1].function.arguments == "{}"
+    assert found.content == "Let me check.\n"
+    assert found.calls[0].id.startswith("chatcmpl-tool-")
+    only = p.extract(_glm_call("get_time") + "\n")
+    assert _calls(only) == [("get_time", {})] and only.content is None
+    # the parts with no whitespace between them, or more of it; text after the calls
+    tight = "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value></tool_call>"
+    loose = ("<tool_call> get_weather \n\n<arg_key> city </arg_key>\n \n<arg_value>Paris"
+             "</arg_value>  \n</tool_call> trailing text")  # fmt: skip
+    for t in (tight, loose):
+        found = p.extract(t)
+        assert _calls(found) == [("get_weather", {"city": "Paris"})] and found.content is None
+
+
+def test_glm45_values_follow_the_tool_schema():
+    p = get_tool_parser("glm45")
+    text = _glm_call(
+        "set_alarm", ("label", "123"), ("minutes", "123"), ("loud", "true"),
+        ("days", '["mon", "tue"]'), ("note", "null"), ("extra", "42"),
+    )  # fmt: skip
+    tools = ChatCompletionRequest(messages=MSGS, tools=ALARM_TOOLS).tools
+    [call] = p.extract_for(text, tools).calls
+    assert json.loads(call.function.arguments) == {
+        "label": "123",  # a string parameter keeps the text
+        "minutes": 123,
+        "loud": True,
+        "days": ["mon", "tue"],
+        "note": "null",  # "string" is one of its types: the text
+        "extra": 42,  # not in the schema: JSON when it parses
+    }
+    # without the schema (no tools, a tool the request does not describe) JSON wins
+    for found in (p.extract(text), p.extract_for(text, []), p.extract_for(text, tools[1:])):
+        untyped = {"label": 123, "minutes": 123, "loud": True, "days": ["mon", "tue"]}
+        assert _calls(found)[0][1] == {**untyped, "note": None, "extra": 42}
+    # text that is no JSON stays text whatever the schema says; so do NaN and infinities
+    odd = _glm_call("set_alarm", ("label", '{"a": 1}'), ("minutes", "soon"),
+                    ("loud", "NaN"), ("days", "1e999"), ("x", "Infinity"),
+                    ("y", 'say "hi"'), ("z", "{not json"))  # fmt: skip
+    assert _calls(p.extract_for(odd, tools))[0][1] == {
+        "label": '{"a": 1}', "minutes": "soon", "loud": "NaN", "days": "1e999",
+        "x": "Infinity", "y": 'say "hi"', "z": "{not json",
+    }  # fmt: skip
+    deep = _glm_call("set_alarm", ("days", "[" * 3000))  # past json's nesting limit: text
+    assert _calls(p.extract(deep))[0][1] == {"days": "[" * 3000}
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "The alarm is set.",
+        "Sure.\n<tool_call>set_alarm\n<arg_key>minutes</arg_key>\n<arg_value>5",  # cut
+        "<tool_call>set_alarm\n<arg_key>minutes</arg_key>\n<arg_value>5</arg_value>\n",  # cut
+        _glm_call("get_time") + "<tool_call>set_alarm",  # the second call cut
+        "<tool_call>\n<arg_key>minutes</arg_key><arg_value>5</arg_value></tool_call>",  # no name
+        "<tool_call>set alarm</tool_call>",  # a name with a space
+        "<tool_call>set_alarm\nminutes=5</tool_call>",  # text that is no argument
+        "<tool_call>set_alarm<arg_key>minutes</arg_key></tool_call>",  # a key without value
+        "<tool_call>set_alarm<arg_key></arg_key><arg_value>5</arg_value></tool_call>",  # no key
+        "<tool_call>set_alarm<arg_key>minutes</arg_key><arg_value>5</tool_call>",  # unclosed
+        "<tool_call>set_alarm<arg_key>a</arg_key><arg_value>1</arg_value>x</tool_call>",
+    ],
+)
+def test_glm45_cut_or_malformed_replies_are_content(text):
+    p = get_tool_parser("glm45")
+    found = p.extract(text)
+    assert found.calls == [] and found.content == text
+    mode = ToolMode(parser=p, tools=ChatCompletionRequest(messages=MSGS, tools=ALARM_TOOLS).tools)
+    deltas = _stream(mode, [text[:7], text[7:]])
+    assert "".join(d.get("content", "") for d in deltas) == text
+    assert not any("tool_calls" in d for d in deltas)
+
+
+def test_glm45_stream_and_auto_mode_type_values_by_the_requests_tools():
+    """tool_mode hands the request's tools to the parser, streamed and not: "123" of the
+    string parameter stays a string, that of the integer parameter becomes 123."""
+    from vllm.entrypoints.openai.tool_calls import parse_tool_calls
+
+    p = get_tool_parser("glm45")
+    text = "Setting it.\n" + _glm_call("set_alarm", ("label", "123"), ("minutes", "123"))
+    mode, _ = tool_mode(_req(tools=ALARM_TOOLS), p)
+    want = [("set_alarm", {"label": "123", "minutes": 123})]
+    calls, content = parse_tool_calls(mode, text)
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == want
+    assert content == "Setting it.\n"
+    pieces = [text[:5], text[5:14], text[14:30], text[30:]]
+    deltas = _stream(mode, pieces)
+    assert "".join(d.get("content", "") for d in deltas) == "Setting it.\n"
+    calls = deltas[-1]["tool_calls"]
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == want
+
+
+PREFIX_REPLIES = [  # parser, a reply with content before its calls, the calls' marker
+    ("hermes", f"Let me check.\n<tool_call>{WEATHER}</tool_call>", "<tool_call>"),
+    ("mistral", 'Checking.[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}', "[TOOL_CALLS]"),
+    ("glm45", "Let me <b>check</b>.\n" + _glm_call("get_weather", ("city", "Paris")),
+     "<tool_call>"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name,text,marker", PREFIX_REPLIES, ids=[r[0] for r in PREFIX_REPLIES])
+def test_content_prefix_grows_and_stops_before_the_calls(name, text, marker):
+    """On every prefix of a reply, content_prefix never shrinks and never reaches the
+    marker that starts the calls; on the whole reply it is the content extract finds."""
+    p = get_tool_parser(name)
+    at, last = text.index(marker), 0
+    for i in range(len(text) + 1):
+        n = p.content_prefix(text[:i])
+        assert last <= n <= min(i, at), (text[:i], n)
+        last = n
+    assert text[:last] == p.extract(text).content
