@@ -70,13 +70,13 @@ def _run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess
         (["--max-num-seqs", "many"], "error: argument --max-num-seqs: invalid int value"),
         (
             ["--enable-auto-tool-choice", "--tool-call-parser", "granite"],
-            "error: --tool-call-parser 'granite' is not a known parser; choose one of glm45, "
-            "hermes, llama3_json, mistral, pythonic.",
+            "error: --tool-call-parser 'granite' is not a known parser; choose one of "
+            "deepseek_v3, deepseek_v31, glm45, hermes, llama3_json, mistral, pythonic.",
         ),
         (
             ["--enable-auto-tool-choice"],
-            "error: --enable-auto-tool-choice needs --tool-call-parser (one of glm45, "
-            "hermes, llama3_json, mistral, pythonic).",
+            "error: --enable-auto-tool-choice needs --tool-call-parser (one of deepseek_v3, "
+            "deepseek_v31, glm45, hermes, llama3_json, mistral, pythonic).",
         ),
         (
             ["--reasoning-parser", "r1"],

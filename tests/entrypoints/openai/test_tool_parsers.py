@@ -1,7 +1,8 @@
-"""Tool-call parsers for tool_choice "auto" (glm45, hermes, llama3_json, mistral, pythonic) on
-text, the registry that picks them by name, the "auto" default and refusal in tool_mode,
-and the streamed deltas of an "auto" choice (content as it comes, calls whole at the
-finish); a reply nested deeper than the decoders follow is content."""
+"""Tool-call parsers for tool_choice "auto" (deepseek_v3, deepseek_v31, glm45, hermes,
+llama3_json, mistral, pythonic) on text, the registry that picks them by name, the "auto"
+default and refusal in tool_mode (which hands the parser the request's tools), and the
+streamed deltas of an "auto" choice (content as it comes, calls whole at the finish); a
+reply nested deeper than the decoders follow is content."""
 
 import json
 
@@ -22,13 +23,21 @@ def _calls(found):
 
 
 def test_registry_lists_and_refuses_unknown_names():
-    assert tool_parser_names() == ["glm45", "hermes", "llama3_json", "mistral", "pythonic"]
+    assert tool_parser_names() == [
+        "deepseek_v3",
+        "deepseek_v31",
+        "glm45",
+        "hermes",
+        "llama3_json",
+        "mistral",
+        "pythonic",
+    ]
     assert get_tool_parser("hermes").name == "hermes"
     with pytest.raises(ValueError) as exc:
         get_tool_parser("granite")
     assert str(exc.value) == (
-        "--tool-call-parser 'granite' is not a known parser; choose one of glm45, hermes, "
-        "llama3_json, mistral, pythonic."
+        "--tool-call-parser 'granite' is not a known parser; choose one of deepseek_v3, "
+        "deepseek_v31, glm45, hermes, llama3_json, mistral, pythonic."
     )
 
 
@@ -294,6 +303,10 @@ DEEP_REPLIES = {
     "llama3_json": '{"name": "f", "parameters": {"a": ' + DEEP,
     "mistral": '[TOOL_CALLS][{"name": "f", "arguments": {"a": ' + DEEP,
     "pythonic": "[f(a=" + "-" * 100000 + "1)]",
+    "deepseek_v3": "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n"
+    '{"a": ' + DEEP + "\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+    "deepseek_v31": "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>"
+    '{"a": ' + DEEP + "<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
 }
 
 
@@ -440,11 +453,87 @@ def test_glm45_stream_and_auto_mode_type_values_by_the_requests_tools():
     assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == want
 
 
+# DeepSeek's formats: the markers are special tokens with full-width bars and U+2581
+DS_V3_CALLS = (
+    "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n"
+    '```json\n{"city": "Paris", "days": [1, 2]}\n```<｜tool▁call▁end｜>\n'
+    "<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```json\n{}\n```<｜tool▁call▁end｜>"
+    "<｜tool▁calls▁end｜>"
+)
+DS_V31_CALLS = (
+    "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>"
+    '{"city": "Paris", "days": [1, 2]}<｜tool▁call▁end｜>'
+    "<｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
+)
+DS_CALLS = {"deepseek_v3": DS_V3_CALLS, "deepseek_v31": DS_V31_CALLS}
+
+
+@pytest.mark.parametrize("name", sorted(DS_CALLS))
+def test_deepseek_calls_and_the_text_before_them(name):
+    p = get_tool_parser(name)
+    assert p.keeps_special_tokens  # the markers are special tokens
+    calls = DS_CALLS[name]
+    found = p.extract("Let me check.\n" + calls + "\nafter the calls")
+    assert _calls(found) == [("get_weather", {"city": "Paris", "days": [1, 2]}),
+                             ("get_time", {})]  # fmt: skip
+    assert found.calls[0].function.arguments == '{"city": "Paris", "days": [1, 2]}'
+    assert found.calls[1].function.arguments == "{}"
+    assert found.content == "Let me check.\n"
+    assert found.calls[0].id.startswith("chatcmpl-tool-")
+    # one call, nothing before it; whitespace between the markers
+    first = calls[: calls.index("<｜tool▁call▁end｜>") + len("<｜tool▁call▁end｜>")]
+    found = p.extract(" \n" + first.replace("><", ">\n <") + "\n<｜tool▁calls▁end｜>")
+    assert _calls(found) == [("get_weather", {"city": "Paris", "days": [1, 2]})]
+    assert found.content is None
+
+
+@pytest.mark.parametrize("name", sorted(DS_CALLS))
+def test_deepseek_cut_or_malformed_replies_are_content(name):
+    p = get_tool_parser(name)
+    calls = DS_CALLS[name]
+    other = DS_CALLS["deepseek_v31" if name == "deepseek_v3" else "deepseek_v3"]
+    bad = [
+        "The weather is fine.",
+        "Sure." + calls[: -len("<｜tool▁calls▁end｜>")],  # cut before the frame's end
+        "Sure." + calls[: calls.index("<｜tool▁call▁end｜>")],  # cut inside the first call
+        "<｜tool▁calls▁begin｜><｜tool▁calls▁end｜>",  # a frame with no call
+        calls.replace("<｜tool▁call▁end｜>", "<｜tool▁call▁end｜> and ", 1),  # other text
+        calls.replace("get_weather", "get weather"),  # a name with a space
+        calls.replace('{"city": "Paris", "days": [1, 2]}', '["Paris"]'),  # not an object
+        calls.replace('{"city": "Paris", "days": [1, 2]}', '{"city": "Par'),  # no JSON
+        calls.replace('{"city": "Paris", "days": [1, 2]}', '{"a": NaN}'),  # not strict JSON
+        other,  # the other DeepSeek format
+    ]
+    if name == "deepseek_v3":
+        bad += [
+            calls.replace("```json\n{}\n```", "{}"),  # no fence
+            calls.replace("function<｜tool▁sep｜>get_time", "code<｜tool▁sep｜>get_time"),
+        ]
+    for text in bad:
+        assert text != calls
+        found = p.extract(text)
+        assert found.calls == [] and found.content == text, text
+        deltas = _stream(ToolMode(parser=p), [text[:6], text[6:]])
+        assert "".join(d.get("content", "") for d in deltas) == text
+        assert not any("tool_calls" in d for d in deltas)
+
+
+def test_deepseek_markers_are_the_tokenizers():
+    """The markers as DeepSeek's tokenizer spells them: full-width bars, U+2581 spaces."""
+    from vllm.entrypoints.openai.tool_parsers import deepseek
+
+    assert deepseek.CALLS_BEGIN == "<\uff5ctool\u2581calls\u2581begin\uff5c>"
+    assert deepseek.CALL_END == "<\uff5ctool\u2581call\u2581end\uff5c>"
+    assert deepseek.SEP == "<\uff5ctool\u2581sep\uff5c>"
+
+
 PREFIX_REPLIES = [  # parser, a reply with content before its calls, the calls' marker
     ("hermes", f"Let me check.\n<tool_call>{WEATHER}</tool_call>", "<tool_call>"),
     ("mistral", 'Checking.[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}', "[TOOL_CALLS]"),
     ("glm45", "Let me <b>check</b>.\n" + _glm_call("get_weather", ("city", "Paris")),
      "<tool_call>"),
+    ("deepseek_v3", "Let me <｜check｜>.\n" + DS_V3_CALLS, "<｜tool▁calls▁begin｜>"),
+    ("deepseek_v31", "Let me <｜check｜>.\n" + DS_V31_CALLS, "<｜tool▁calls▁begin｜>"),
 ]  # fmt: skip
 
 

@@ -2,6 +2,7 @@
 come from a ``--tool-parser-plugin`` file (plugin.py)."""
 
 from vllm.entrypoints.openai.tool_parsers import (  # noqa: F401  (register)
+    deepseek,
     glm45,
     hermes,
     llama3_json,
