@@ -80,7 +80,7 @@ def _run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess
         ),
         (
             ["--reasoning-parser", "r1"],
-            "error: --reasoning-parser 'r1' is not known; use one of deepseek_r1, qwen3.",
+            "error: --reasoning-parser 'r1' is not known; use one of deepseek_r1, glm45, qwen3.",
         ),
         (
             ["--middleware", "no_such_module.Thing"],

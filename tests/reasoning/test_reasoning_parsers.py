@@ -1,7 +1,7 @@
-"""The think-tag reasoning parsers (vllm/reasoning): the one-shot split of finished
-replies by each parser's rule, and the streamed split: for every way of cutting a reply
-into pieces (tags cut anywhere), the joined reasoning and content deltas equal the
-one-shot split, and no delta ever carries a piece of a tag."""
+"""The think-tag reasoning parsers (vllm/reasoning: deepseek_r1, glm45, qwen3): the
+one-shot split of finished replies by each parser's rule, and the streamed split: for
+every way of cutting a reply into pieces (tags cut anywhere), the joined reasoning and
+content deltas equal the one-shot split, and no delta ever carries a piece of a tag."""
 
 import random
 
@@ -29,6 +29,21 @@ CASES = [  # text, deepseek_r1's (reasoning, content), qwen3's
 def test_extract(text, r1, qwen3):
     assert get_reasoning_parser("deepseek_r1").extract(text) == r1
     assert get_reasoning_parser("qwen3").extract(text) == qwen3
+    assert get_reasoning_parser("glm45").extract(text) == qwen3  # qwen3's rule
+
+
+def test_glm45_replies_with_and_without_thinking():
+    """GLM-4.5 opens <think> itself; with thinking off its template puts an empty
+    <think></think> in the prompt and the reply, without tags, is all content."""
+    glm = get_reasoning_parser("glm45")
+    assert glm.name == "glm45" and not glm.starts_in_reasoning
+    assert glm.extract("<think>\nAdd them.\n</think>\nIt is 4.") == ("\nAdd them.\n", "\nIt is 4.")
+    assert glm.extract("\nIt is 4.") == (None, "\nIt is 4.")
+    call = "<tool_call>add\n<arg_key>a</arg_key>\n<arg_value>2</arg_value>\n</tool_call>"
+    assert glm.extract(f"<think>Use the tool.</think>{call}") == ("Use the tool.", call)
+    assert glm.extract(call) == (None, call)
+    # until_end_tag (a reply gated by its grammar) starts in reasoning, as qwen3's does
+    assert glm.until_end_tag().extract("Add them.</think>4") == ("Add them.", "4")
 
 
 def _streamed(parser, pieces):
@@ -70,5 +85,6 @@ def test_held_tail_is_released_when_it_is_not_a_tag():
 
 
 def test_unknown_name_lists_the_known():
-    with pytest.raises(ValueError, match=r"'x' is not known; use one of deepseek_r1, qwen3"):
+    assert reasoning_parser_names() == ["deepseek_r1", "glm45", "qwen3"]
+    with pytest.raises(ValueError, match=r"'x' is not known; use one of deepseek_r1, glm45, qwen3"):
         get_reasoning_parser("x")

@@ -1,6 +1,7 @@
-"""Think-tag reasoning parsers: ``deepseek_r1`` and ``qwen3`` (upstream's names).
+"""Think-tag reasoning parsers: ``deepseek_r1``, ``glm45`` and ``qwen3`` (upstream's
+names).
 
-Both read the reply's text, in which the model wraps its reasoning in ``<think>`` ...
+All read the reply's text, in which the model wraps its reasoning in ``<think>`` ...
 ``</think>`` and answers after the closing tag. They differ where the tags are missing:
 
 - ``deepseek_r1`` (DeepSeek-R1 and its distills, QwQ): the reply starts in reasoning, with
@@ -10,6 +11,9 @@ Both read the reply's text, in which the model wraps its reasoning in ``<think>`
 - ``qwen3`` (Qwen3 hybrid models): a reply that does not start with ``<think>`` has no
   reasoning (``enable_thinking=False`` in ``chat_template_kwargs``, say) and is all
   content; one that does is reasoning up to ``</think>`` (all of it when cut before).
+- ``glm45`` (GLM-4.5 / 4.5-Air / 4.6): qwen3's rule. The model opens ``<think>`` itself;
+  with thinking disabled (``enable_thinking=False``) its template writes an empty
+  ``<think></think>`` into the prompt and the reply, which has no tags, is all content.
 
 The tags themselves belong to neither part. Whitespace around the parts is kept as the
 model wrote it (R1's ``</think>\\n\\n`` leaves the answer starting with two newlines), and
@@ -29,7 +33,7 @@ START, END = "<think>", "</think>"
 
 class ReasoningParser:
     """One parser: ``starts_in_reasoning`` says whether a reply without an opening tag
-    starts in reasoning (deepseek_r1) or is all content (qwen3)."""
+    starts in reasoning (deepseek_r1) or is all content (qwen3, glm45)."""
 
     def __init__(self, name: str, starts_in_reasoning: bool):
         self.name = name
@@ -103,6 +107,7 @@ class ReasoningStream:
 
 _PARSERS = {
     "deepseek_r1": ReasoningParser("deepseek_r1", starts_in_reasoning=True),
+    "glm45": ReasoningParser("glm45", starts_in_reasoning=False),
     "qwen3": ReasoningParser("qwen3", starts_in_reasoning=False),
 }
 

@@ -158,7 +158,7 @@ def make_server_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
         metavar="{" + ",".join(reasoning_parser_names()) + "}",
         help="Split chat replies of a reasoning model into `reasoning` (its <think> ... "
         "</think> text) and `content`, streamed or not; deepseek_r1: replies start in "
-        "reasoning; qwen3: only a reply that opens with <think> has reasoning.",
+        "reasoning; qwen3 and glm45: only a reply that opens with <think> has reasoning.",
     )
     server.add_argument(
         "--max-log-len",
