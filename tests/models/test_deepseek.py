@@ -102,6 +102,19 @@ def test_engine_head_size_and_scale(tiny_deepseek_v2_dir):
     assert attention_fields(config) == {"scale": mla_softmax_scale(config)}
 
 
+def test_enable_lora_is_refused_before_the_engine_starts(tiny_deepseek_v2_dir, tiny_llama_dir):
+    """No DeepSeek layer takes a LoRA adapter here: --enable-lora is refused when the
+    engine config is made (it used to start, and fail at each adapter's load)."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    args = EngineArgs(model=tiny_deepseek_v2_dir, device="cpu", enable_lora=True)
+    with pytest.raises(ValueError, match="DeepseekV2ForCausalLM has no layer LoRA adapters"):
+        args.create_engine_config()
+    assert EngineArgs(model=tiny_deepseek_v2_dir, device="cpu").create_engine_config()
+    lora = EngineArgs(model=tiny_llama_dir, device="cpu", enable_lora=True)
+    assert lora.create_engine_config().lora_config is not None
+
+
 def _hf_rotary(version: str, config, q, k, positions):
     """transformers' rotation of q [1, H, T, rope] and k [1, 1, T, rope]."""
     if version == "v2":

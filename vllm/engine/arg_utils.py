@@ -38,7 +38,7 @@ from vllm.engine.compat_args import (
 )
 from vllm.engine.speculative_args import resolve_speculative
 from vllm.lora.config import LoRAConfig
-from vllm.model_executor.models import is_headless
+from vllm.model_executor.models import architectures_of, get_model_class, is_headless
 from vllm.pooling.config import resolve_pooler
 from vllm.sampling_params import LOGPROBS_MODES
 
@@ -689,7 +689,7 @@ class EngineArgs:
         _check_pooling(pooler_config, self, speculative_config, parallel_config, cache_config)
         return EngineConfig(
             pooler_config=pooler_config,
-            lora_config=self._lora_config(speculative_config, model_config.dtype),
+            lora_config=self._lora_config(speculative_config, model_config),
             speculative_config=speculative_config,
             model_config=model_config,
             cache_config=cache_config,
@@ -754,12 +754,14 @@ class EngineArgs:
         name = "pooler_config" if new is not None else "override_pooler_config"
         return parse_json_object(name, new if new is not None else old)
 
-    def _lora_config(self, spec, model_dtype) -> LoRAConfig | None:
+    def _lora_config(self, spec, model_config) -> LoRAConfig | None:
         """The LoRAConfig with ``enable_lora``, else None (LoRA flags then ignored).
 
         Raises:
-            ValueError: with speculative decoding, or a ``lora_dtype`` other than
-                ``auto`` / ``model_dtype``'s name.
+            ValueError: with speculative decoding, for an architecture with no layer an
+                adapter can target here (an empty ``lora_target_modules``: DeepSeek's
+                latent attention), or a ``lora_dtype`` other than ``auto`` / the model
+                dtype's name.
         """
         if not self.enable_lora:
             return None
@@ -768,7 +770,13 @@ class EngineArgs:
                 "enable_lora=True cannot be combined with speculative decoding "
                 f"(speculative_model={spec.speculative_model!r}); use one or the other."
             )
-        check_lora_switches(self.lora_dtype, model_dtype, self.fully_sharded_loras)
+        archs = architectures_of(model_config.hf_config)
+        if not get_model_class(archs).lora_target_modules:
+            raise ValueError(
+                f"enable_lora=True: {archs[0]} has no layer LoRA adapters can target in "
+                "this engine; serve it without --enable-lora."
+            )
+        check_lora_switches(self.lora_dtype, model_config.dtype, self.fully_sharded_loras)
         return LoRAConfig(self.max_loras, self.max_lora_rank, self.max_cpu_loras)
 
 
