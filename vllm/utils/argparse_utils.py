@@ -64,8 +64,8 @@ def explicit_switch_values(parser: argparse.ArgumentParser, args: list[str]) -> 
     yes / no, on / off, any case). A following word that is no such value is left alone
     (it is the next argument); a ``--switch=VALUE`` with another VALUE is a usage error.
     Flags after a bare ``--`` are not touched."""
-    switches = {
-        s
+    switches = {  # each spelling of a switch -> its --no- form (a short -ep too)
+        s: next(o for o in action.option_strings if o.startswith("--no-"))
         for action in parser._actions
         if isinstance(action, argparse.BooleanOptionalAction)
         for s in action.option_strings
@@ -89,7 +89,7 @@ def explicit_switch_values(parser: argparse.ArgumentParser, args: list[str]) -> 
             elif i + 1 < len(args) and (following := _switch_value(args[i + 1])) is not None:
                 on = following
                 i += 1
-            arg = name if on else "--no-" + name[2:]
+            arg = name if on else switches[name]
         out.append(arg)
         i += 1
     return out
