@@ -33,7 +33,10 @@ def test_accepted_values(tiny_llama_dir, caplog):
     [
         (["--quantization", "awq"], r"quantization='awq' is not supported"),
         (["--quantization", "gguf"], r"quantization='gguf' is not supported.*\.gguf file"),
-        (["--tokenizer-mode", "mistral"], r"tokenizer_mode='mistral' is not supported"),
+        (
+            ["--tokenizer-mode", "mistral"],
+            r"tokenizer_mode='mistral' \(--tokenizer-mode mistral\) is not supported",
+        ),
         (["--swap-space", "-1"], r"swap_space must be >= 0 \(GiB\), got -1.0"),
         (["--calculate-kv-scales"], r"calculate_kv_scales=True is not supported.*scale 1"),
     ],

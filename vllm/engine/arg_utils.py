@@ -95,8 +95,10 @@ class EngineArgs:
         False, "Do not load a tokenizer; prompts must be token ids.", group="model"
     )
     tokenizer_mode: str = _f(
-        "auto", "auto (the fast tokenizer when there is one) or slow.", group="model"
-    )
+        "auto", "auto (the fast tokenizer when there is one; hf, upstream's name for the "
+        "Hugging Face tokenizer, is the same here) or slow; mistral and custom are refused.",
+        group="model",
+    )  # fmt: skip
     trust_remote_code: bool = _f(
         False,
         "Let transformers run the config's and the tokenizer's own code from the model "
@@ -641,7 +643,7 @@ class EngineArgs:
             load_format=self.load_format,
             quantization=None if self.quantization == "gguf" else self.quantization,
             skip_tokenizer_init=self.skip_tokenizer_init,
-            tokenizer_mode=self.tokenizer_mode,
+            tokenizer_mode="auto" if self.tokenizer_mode == "hf" else self.tokenizer_mode,
             trust_remote_code=self.trust_remote_code,
             device=device_config.device,
             model_loader_extra_config=self.model_loader_extra_config,

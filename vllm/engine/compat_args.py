@@ -5,8 +5,10 @@ Scripts written for upstream vLLM pass flags such as ``--trust-remote-code``,
 means what this engine does anyway, and refused with a ValueError naming the value and
 what is supported otherwise, before any weight is read:
 
-- ``tokenizer_mode``: ``auto`` (a fast tokenizer when there is one) or ``slow``
-  (``use_fast=False``); ``mistral`` and custom modes are refused.
+- ``tokenizer_mode``: ``auto`` (a fast tokenizer when there is one), ``hf`` (upstream's
+  name for the Hugging Face tokenizer: the same as ``auto`` here, which never picks
+  another kind) or ``slow`` (``use_fast=False``); ``mistral`` (mistral_common),
+  ``deepseek_v32`` and custom modes are refused.
 - ``trust_remote_code``: passed to transformers when the config and the tokenizer are
   loaded (a config with ``auto_map`` needs it). The model classes are this engine's own
   (``ModelRegistry``), so a checkpoint's custom modelling code is never run.
@@ -43,7 +45,7 @@ import logging
 
 logger = logging.getLogger(__name__)
 
-TOKENIZER_MODES = ("auto", "slow")
+TOKENIZER_MODES = ("auto", "hf", "slow")
 
 
 def check_compat_args(
@@ -61,7 +63,8 @@ def check_compat_args(
     """
     if tokenizer_mode not in TOKENIZER_MODES:
         raise ValueError(
-            f"tokenizer_mode={tokenizer_mode!r} is not supported; use one of "
+            f"tokenizer_mode={tokenizer_mode!r} (--tokenizer-mode {tokenizer_mode}) is not "
+            f"supported: tokenizers are Hugging Face (transformers) ones; use one of "
             f"{list(TOKENIZER_MODES)}."
         )
     from vllm.model_executor.model_loader.gguf_checks import is_gguf_file
