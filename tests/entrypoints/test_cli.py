@@ -35,7 +35,7 @@ def test_serve_help_shows_defaults_in_groups(capsys):
     headers = re.findall(r"((?:structured )?[a-z]+) options: [A-Z]", text)
     assert headers == [
         "model", "cache", "scheduler", "parallel", "speculative", "lora", "compilation",
-        "structured outputs", "observability", "server",
+        "structured outputs", "observability", "upstream", "server",
     ]  # fmt: skip
     assert "options: -h, --help show this help message and exit model options:" in text
     # Every flag, grouped or not, states its default, and its help is in the output.

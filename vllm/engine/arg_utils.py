@@ -37,6 +37,7 @@ from vllm.engine.compat_args import (
     check_upstream_switches,
 )
 from vllm.engine.speculative_args import resolve_speculative
+from vllm.engine.upstream_flags import check_upstream_flags, log_ignored_code_revision
 from vllm.lora.config import LoRAConfig
 from vllm.model_executor.models import architectures_of, get_model_class, is_headless
 from vllm.pooling.config import resolve_pooler
@@ -55,12 +56,24 @@ def _f(default, help: str, group: str | None = None, choices: tuple | None = Non
     return field(default=default, metadata=meta)
 
 
-# Upstream's short spellings of some flags (``vllm serve M -tp 2``, ``-O3``).
-SHORT_FLAGS = {
-    "tensor_parallel_size": "-tp",
-    "pipeline_parallel_size": "-pp",
-    "quantization": "-q",
-    "compilation_config": "-O",
+# Upstream's other spellings of some flags: short ones (``vllm serve M -tp 2``, ``-O3``,
+# ``-dp 1``) and upstream's current names of flags this engine has under an older one.
+FLAG_ALIASES = {
+    "tensor_parallel_size": ("-tp",),
+    "pipeline_parallel_size": ("-pp",),
+    "quantization": ("-q",),
+    "compilation_config": ("-O", "-cc", "--optimization-level"),
+    "cuda_graph_sizes": ("--cudagraph-capture-sizes",),
+    "data_parallel_size": ("-dp",),
+    "data_parallel_rank": ("-dpn",),
+    "data_parallel_start_rank": ("-dpr",),
+    "data_parallel_size_local": ("-dpl",),
+    "data_parallel_address": ("-dpa",),
+    "data_parallel_rpc_port": ("-dpp",),
+    "data_parallel_backend": ("-dpb",),
+    "data_parallel_hybrid_lb": ("-dph",),
+    "data_parallel_external_lb": ("-dpe",),
+    "enable_expert_parallel": ("-ep",),
 }
 
 # --piecewise-graph-max-tokens when not given and chunked prefill runs on one CUDA device.
@@ -82,6 +95,8 @@ GROUPS = {
     "compilation": "CUDA graphs and the Triton decode paths (no effect on CPU).",
     "structured outputs": "Guided decoding (JSON schema, regex, choice, grammar).",
     "observability": "Engine statistics.",
+    "upstream": "Upstream flags for features this engine lacks: accepted at the values "
+    "that change nothing here, refused at any other.",
 }
 
 
@@ -478,6 +493,107 @@ class EngineArgs:
         group="scheduler",
     )
     disable_log_stats: bool = _f(False, "Do not log engine statistics.", group="observability")
+    # Upstream flags for features this engine does not have: each is accepted at the
+    # values that change nothing here and refused at the others (vllm/engine/upstream_flags.py).
+    data_parallel_size: int = _f(
+        1, "Upstream's data-parallel engine replicas: 1 only (one engine per server; run a "
+        "server per replica behind a load balancer).", group="upstream",
+    )  # fmt: skip
+    data_parallel_size_local: int | None = _f(
+        None, "Upstream's data-parallel replicas on this node: unset or 1.", group="upstream"
+    )
+    data_parallel_rank: int | None = _f(
+        None, "Upstream's data-parallel rank of this server: unset or 0.", group="upstream"
+    )
+    data_parallel_start_rank: int | None = _f(
+        None, "Upstream's first data-parallel rank of this node: unset or 0.", group="upstream"
+    )
+    data_parallel_address: str | None = _f(
+        None, "Upstream's data-parallel head-node address: unset only.", group="upstream"
+    )
+    data_parallel_rpc_port: int | None = _f(
+        None, "Upstream's data-parallel RPC port: unset only.", group="upstream"
+    )
+    data_parallel_backend: str = _f(
+        "mp", "Upstream's data-parallel launcher: mp only (no replicas are launched).",
+        group="upstream",
+    )  # fmt: skip
+    data_parallel_hybrid_lb: bool = _f(
+        False, "Upstream's hybrid data-parallel load balancing: refused when on.",
+        group="upstream",
+    )  # fmt: skip
+    data_parallel_external_lb: bool = _f(
+        False, "Upstream's external data-parallel load balancing: refused when on.",
+        group="upstream",
+    )  # fmt: skip
+    enable_expert_parallel: bool = _f(
+        False, "Upstream's expert parallelism: refused when on (with tensor parallelism "
+        "every rank holds its slice of every expert).", group="upstream",
+    )  # fmt: skip
+    enable_eplb: bool = _f(
+        False, "Upstream's expert-parallel load balancing: refused when on.", group="upstream"
+    )
+    async_scheduling: bool | None = _f(
+        None, "Upstream's asynchronous scheduling: --no-async-scheduling is what this engine "
+        "does (a step is scheduled once the previous step's tokens are applied); "
+        "--async-scheduling is refused. (default: unset, meaning off)", group="upstream",
+    )  # fmt: skip
+    enable_sleep_mode: bool = _f(
+        False, "Upstream's sleep mode (weights and KV cache freed on demand): refused when on.",
+        group="upstream",
+    )  # fmt: skip
+    worker_cls: str = _f(
+        "auto", "Upstream's worker class: auto only (this engine's own workers).",
+        group="upstream",
+    )  # fmt: skip
+    worker_extension_cls: str = _f(
+        "", "Upstream's worker extension class: empty only (none is mixed in). (default: "
+        "empty)",
+        group="upstream",
+    )  # fmt: skip
+    model_impl: str = _f(
+        "auto", "Upstream's model implementation: auto or vllm (this engine's model classes, "
+        "the only ones); transformers is refused.", group="upstream",
+    )  # fmt: skip
+    code_revision: str | None = _f(
+        None, "Upstream's hub revision of the model's code; logged as ignored (models are "
+        "local paths).", group="upstream",
+    )  # fmt: skip
+    disable_cascade_attn: bool = _f(
+        False, "Upstream's switch against cascade attention; either value is accepted and "
+        "changes nothing: there is no cascade attention here.", group="upstream",
+    )  # fmt: skip
+    disable_hybrid_kv_cache_manager: bool | None = _f(
+        None, "Upstream's switch against its hybrid KV cache manager: on is what this engine "
+        "does (every layer gets the same cache); --no-disable-hybrid-kv-cache-manager is "
+        "refused. (default: unset, meaning on)", group="upstream",
+    )  # fmt: skip
+    kv_cache_memory_bytes: int | None = _f(
+        None, "Upstream's KV-cache size in bytes: unset only (use --gpu-memory-utilization "
+        "or --num-gpu-blocks-override).", group="upstream",
+    )  # fmt: skip
+    kv_transfer_config: str | dict | None = _f(
+        None, "Upstream's KV transfer connector (disaggregated prefill, LMCache): unset only.",
+        group="upstream",
+    )  # fmt: skip
+    kv_events_config: str | dict | None = _f(
+        None, "Upstream's KV-cache event publishing: unset only.", group="upstream"
+    )
+    otlp_traces_endpoint: str | None = _f(
+        None, "Upstream's OpenTelemetry traces endpoint: unset only (no tracing).",
+        group="upstream",
+    )  # fmt: skip
+    enable_prompt_embeds: bool = _f(
+        False, "Upstream's prompt-embeddings input: refused when on.", group="upstream"
+    )
+    limit_mm_per_prompt: str | dict | None = _f(
+        None, "Upstream's multimodal items per prompt, as JSON: only 0 for every modality, "
+        "e.g. '{\"image\": 0}' (text models only).", group="upstream",
+    )  # fmt: skip
+    stream_interval: int = _f(
+        1, "Upstream's tokens per streamed chunk: 1 only (each step's new tokens are sent "
+        "when the step ends).", group="upstream",
+    )  # fmt: skip
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -499,16 +615,18 @@ class EngineArgs:
             if f.name == "model" and any(a.dest == "model" for a in parser._actions):
                 continue  # declared by the caller (vllm serve's positional MODEL)
             flags = ["--" + f.name.replace("_", "-")]  # first: argparse's dest comes from it
-            short = SHORT_FLAGS.get(f.name)
-            if short is not None and short not in parser._option_string_actions:
-                flags.append(short)
+            flags += [alias for alias in FLAG_ALIASES.get(f.name, ())
+                      if alias not in parser._option_string_actions]  # fmt: skip
             kind, optional = _base_type(hints[f.name])
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
             help_text = f.metadata.get("help", "")
             target = groups.get(f.metadata.get("group"), parser)
-            if kind is bool and (default or f.name in VALUE_BOOL_FLAGS):
-                # on by default (or an upstream V0 switch that took a value): --no-<flag>
-                # turns it off, and so does --<flag> false (FlexibleArgumentParser)
+            negatable = (default is not False or f.name in VALUE_BOOL_FLAGS
+                         or f.metadata.get("group") == "upstream")  # fmt: skip
+            if kind is bool and negatable:
+                # on or unset (None) by default, an upstream V0 switch that took a value, or
+                # an upstream switch (upstream spells every switch with a --no- form):
+                # --no-<flag> turns it off, and so does --<flag> false (FlexibleArgumentParser)
                 target.add_argument(*flags, action=argparse.BooleanOptionalAction,
                                     default=default, help=help_text)  # fmt: skip
             elif kind is bool:
@@ -601,6 +719,8 @@ class EngineArgs:
             self.max_parallel_loading_workers, self.calculate_kv_scales,
         )  # fmt: skip
         check_upstream_lora_flags(self.lora_extra_vocab_size, self.long_lora_scaling_factors)
+        check_upstream_flags(self)
+        log_ignored_code_revision(self.model, self.code_revision)
         device_config = DeviceConfig(self.device)
         parallel_config = ParallelConfig(
             pipeline_parallel_size=self.pipeline_parallel_size,

@@ -77,6 +77,25 @@ def make_server_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
         default=None,
         help="Same as MODEL (default: MODEL).",
     )
+    upstream = parser.flag_groups["upstream"]
+    upstream.add_argument(
+        "--api-server-count",
+        "-asc",
+        type=int,
+        default=None,
+        help="Upstream's API server processes: unset or 1 (one server process runs the engine).",
+    )
+    upstream.add_argument(
+        "--headless",
+        action="store_true",
+        help="Upstream's engine without an API server: refused when on.",
+    )
+    upstream.add_argument(
+        "--uds",
+        default=None,
+        metavar="PATH",
+        help="Upstream's Unix domain socket to listen on: unset only (TCP: --host, --port).",
+    )
     server = parser.add_argument_group("server options", "The HTTP server and its logs.")
     server.add_argument(
         "--config",

@@ -12,6 +12,7 @@ import os
 from vllm import envs
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.default_model import resolve_model, served_model_names
+from vllm.engine.upstream_flags import SERVER_FLAGS, check_upstream_flags
 from vllm.entrypoints.chat_utils import check_default_template_kwargs, load_chat_template
 from vllm.entrypoints.openai.lora_modules import lora_requests
 from vllm.entrypoints.openai.tool_parsers import (
@@ -69,6 +70,7 @@ def validate_server_args(args: argparse.Namespace) -> EngineArgs:
             args.model_flag,
         )  # fmt: skip
     args.model = resolve_model(args.model or args.model_flag, log=False)
+    check_upstream_flags(args, SERVER_FLAGS)
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}.")
     if args.max_log_len is not None and args.max_log_len < 0:
