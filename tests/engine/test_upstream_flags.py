@@ -245,3 +245,25 @@ def test_help_lists_the_group(capsys):
                  "--worker-cls", "--api-server-count", "--headless"):  # fmt: skip
         assert flag in out, flag
     assert "--max-num-seqs MAX_NUM_SEQS" not in out and "--port PORT" not in out
+
+
+def test_ssl_cert_reqs_reaches_uvicorn(tmp_path, tiny_llama_dir):
+    """--ssl-cert-reqs (upstream's; 2: client certificates required) goes to uvicorn with
+    TLS and CA certificates; without them it is refused, and 0 (the default) adds nothing."""
+    import ssl
+
+    import uvicorn
+
+    from vllm.entrypoints.openai.api_server import uvicorn_options
+
+    for name in ("k.pem", "c.pem", "ca.pem"):
+        (tmp_path / name).write_text("")
+    tls = ["--ssl-keyfile", str(tmp_path / "k.pem"), "--ssl-certfile", str(tmp_path / "c.pem"),
+           "--ssl-ca-certs", str(tmp_path / "ca.pem")]  # fmt: skip
+    args = cli.make_parser().parse_args(["serve", *tls, "--ssl-cert-reqs", "2"])
+    assert uvicorn_options(args)["ssl_cert_reqs"] == 2
+    config = uvicorn.Config(app=None, **uvicorn_options(args))
+    assert config.ssl_cert_reqs == ssl.CERT_REQUIRED
+    assert "ssl_cert_reqs" not in uvicorn_options(cli.make_parser().parse_args(["serve", *tls]))
+    with pytest.raises(ValueError, match=r"--ssl-cert-reqs 1 checks client certificates"):
+        _validate(tiny_llama_dir, "--device", "cpu", "--ssl-cert-reqs", "1")

@@ -59,13 +59,16 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 def uvicorn_options(args: argparse.Namespace) -> dict:
     """uvicorn.Config keywords from the server flags: TLS from ``--ssl-keyfile`` /
-    ``--ssl-certfile`` / ``--ssl-ca-certs`` (uvicorn's names), ``access_log`` off with
+    ``--ssl-certfile`` / ``--ssl-ca-certs`` / ``--ssl-cert-reqs`` (uvicorn's names; the
+    last only when it asks for client certificates), ``access_log`` off with
     ``--disable-uvicorn-access-log``. ``--root-path`` is the app's (see :func:`build_app`),
     not uvicorn's, which would prefix every request path."""
     out: dict = {"access_log": not args.disable_uvicorn_access_log}
     for flag in ("ssl_keyfile", "ssl_certfile", "ssl_ca_certs"):
         if getattr(args, flag) is not None:
             out[flag] = getattr(args, flag)
+    if args.ssl_cert_reqs:
+        out["ssl_cert_reqs"] = args.ssl_cert_reqs
     return out
 
 

@@ -286,6 +286,14 @@ def make_server_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
         help="CA certificates file for verifying client certificates (default: none).",
     )
     server.add_argument(
+        "--ssl-cert-reqs",
+        type=int,
+        default=0,
+        choices=(0, 1, 2),
+        help="Client certificates with TLS, as Python's ssl module numbers them: 0 none, "
+        "1 optional, 2 required (checked against --ssl-ca-certs).",
+    )
+    server.add_argument(
         "--enable-request-id-headers",
         action="store_true",
         help="Add X-Request-Id to every response (the request's own, else a new one).",

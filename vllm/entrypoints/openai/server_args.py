@@ -88,6 +88,11 @@ def validate_server_args(args: argparse.Namespace) -> EngineArgs:
         path = getattr(args, flag)
         if path is not None and not os.path.isfile(path):
             raise ValueError(f"--{flag.replace('_', '-')} {path!r} is not a file.")
+    if args.ssl_cert_reqs and not (args.ssl_keyfile and args.ssl_ca_certs):
+        raise ValueError(
+            f"--ssl-cert-reqs {args.ssl_cert_reqs} checks client certificates: it needs TLS "
+            "(--ssl-keyfile, --ssl-certfile) and --ssl-ca-certs."
+        )
     if args.root_path and not args.root_path.startswith("/"):
         raise ValueError(f"--root-path must start with '/', got {args.root_path!r}.")
     if args.enable_log_requests and args.disable_log_requests:
