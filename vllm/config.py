@@ -87,7 +87,11 @@ class ModelConfig:
             compressed-tensors checkpoint quantizing only the KV cache (a
             ``kv_cache_scheme``, no ``config_groups``) keeps its weights as stored (None,
             which "compressed-tensors" also gives; "fp8" quantizes them on load) and loads
-            its KV-cache scales.
+            its KV-cache scales. A GPTQ or AWQ checkpoint
+            (vllm/model_executor/layers/int_checkpoint.py; "gptq" / "awq" may name it)
+            sets ``checkpoint_int`` and loads dequantized to the model's dtype
+            (vllm/model_executor/layers/int_dequant.py): None, or "fp8" to quantize the
+            dequantized projections per row.
         tokenizer_mode: how the tokenizer is loaded ("auto" or "slow"; see
             vllm/engine/compat_args.py).
         trust_remote_code: let transformers run the checkpoint's own config and tokenizer
@@ -125,8 +129,9 @@ class ModelConfig:
             times its factor) or above a uniform sliding window (Mistral v0.1), or
             with disable_sliding_window above the smallest window; an unknown
             quantization; a safetensors checkpoint whose ``quantization_config`` is not
-            an fp8 format this engine loads (AWQ, GPTQ, int8, ...; see
-            fp8_checkpoint.checkpoint_fp8_method), or that another quantization names.
+            a format this engine loads (int8, GPTQ with 3 bits, AWQ's gemv packing, ...;
+            see fp8_checkpoint.checkpoint_fp8_method and
+            int_checkpoint.checkpoint_int_method), or that another quantization names.
     """
 
     model: str
@@ -153,6 +158,9 @@ class ModelConfig:
     # how a pre-quantized fp8 checkpoint loads (fp8_checkpoint.Fp8Checkpoint), set by
     # __post_init__ for safetensors weights; None for an unquantized one or dummy weights
     checkpoint_fp8: Any = field(default=None, init=False, repr=False)
+    # how a GPTQ or AWQ checkpoint loads (int_checkpoint.IntCheckpoint: dequantized to the
+    # model's dtype), set by __post_init__ for safetensors weights; else None
+    checkpoint_int: Any = field(default=None, init=False, repr=False)
 
     @property
     def checkpoint_quantization(self) -> str | None:
@@ -259,8 +267,10 @@ class ModelConfig:
             CHECKPOINT_METHODS,
             checkpoint_fp8_method,
         )
+        from vllm.model_executor.layers.int_checkpoint import INT_METHODS, checkpoint_int_method
 
-        allowed = (None, "fp8", *CHECKPOINT_METHODS)
+        named = (*CHECKPOINT_METHODS, *INT_METHODS)  # a pre-quantized checkpoint's format
+        allowed = (None, "fp8", *named)
         if self.quantization not in allowed:
             raise ValueError(
                 f"quantization must be one of {list(allowed)}, got {self.quantization!r}."
@@ -273,11 +283,12 @@ class ModelConfig:
             archs = getattr(self.hf_config, "architectures", None) or []
             moe = issubclass(ModelRegistry.resolve_model_cls(archs)[0], MoeWeightsMixin)
             try:
-                fmt = checkpoint_fp8_method(self.model, self.hf_config, moe)
+                fmt = checkpoint_int_method(self.model, self.hf_config)
+                fmt = fmt or checkpoint_fp8_method(self.model, self.hf_config, moe)
             except ValueError:
                 if self.load_format == "safetensors":
                     raise  # dummy weights: no checkpoint tensors to refuse, the model's dtype
-        if fmt is None and self.quantization in CHECKPOINT_METHODS:
+        if fmt is None and self.quantization in named:
             raise ValueError(
                 f"quantization={self.quantization!r} names a pre-quantized format, but "
                 f"{self.model!r} has no quantization_config; use 'fp8' to quantize it on load."
@@ -289,6 +300,14 @@ class ModelConfig:
                 f"quantization={self.quantization!r} does not match the checkpoint's "
                 f"quant_method={fmt.method!r}."
             )
+        if fmt.method in INT_METHODS:
+            # GPTQ / AWQ: no integer kernels, dequantized on load (vllm/model_executor/
+            # layers/int_dequant.py), then quantized per row only when "fp8" is asked for
+            if self.load_format == "safetensors":  # dummy: random weights, the model's dtype
+                self.checkpoint_int = fmt
+            if self.quantization != "fp8":
+                self.quantization = None
+            return
         if self.load_format == "safetensors":  # dummy: no checkpoint tensors to read
             self.checkpoint_fp8 = fmt
         if fmt.kv_cache_only:

@@ -31,7 +31,7 @@ def test_accepted_values(tiny_llama_dir, caplog):
 @pytest.mark.parametrize(
     "flags,match",
     [
-        (["--quantization", "awq"], r"quantization='awq' is not supported"),
+        (["--quantization", "bitsandbytes"], r"quantization='bitsandbytes' is not supported"),
         (["--quantization", "gguf"], r"quantization='gguf' is not supported.*\.gguf file"),
         (
             ["--tokenizer-mode", "mistral"],

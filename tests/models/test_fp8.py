@@ -123,14 +123,18 @@ def test_refusals(smollm2_gguf, tiny_llama_dir, tmp_path):
 
     with pytest.raises(ValueError, match="quantization='fp8' quantizes a Hugging Face"):
         build(smollm2_gguf, quantization="fp8")
-    with pytest.raises(ValueError, match="quantization='awq' is not supported.*'fp8'"):
+    with pytest.raises(ValueError, match="quantization='bitsandbytes' is not supported.*'fp8'"):
+        build(tiny_llama_dir, quantization="bitsandbytes")
+    # GPTQ and AWQ load dequantized (tests/models/test_int_checkpoint.py): naming them needs
+    # such a checkpoint
+    with pytest.raises(ValueError, match="quantization='awq' names a pre-quantized format"):
         build(tiny_llama_dir, quantization="awq")
-    quantized = tmp_path / "awq"
+    quantized = tmp_path / "bnb"
     shutil.copytree(tiny_llama_dir, quantized)
     cfg = json.loads((quantized / "config.json").read_text())
-    cfg["quantization_config"] = {"quant_method": "awq", "bits": 4}
+    cfg["quantization_config"] = {"quant_method": "bitsandbytes", "load_in_4bit": True}
     (quantized / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ValueError, match="pre-quantized weights .*quant_method='awq'"):
+    with pytest.raises(ValueError, match="pre-quantized weights .*quant_method='bitsandbytes'"):
         build(str(quantized))
     with pytest.raises(ValueError, match="pre-quantized"):
         build(str(quantized), quantization="fp8")

@@ -165,12 +165,14 @@ class EngineArgs:
     quantization: str | None = _f(
         None,
         "None (the checkpoint's weights as stored; an fp8 checkpoint's quantization_config "
-        "is followed, block-wise and mixture-of-experts ones dequantized on load), fp8 (the "
+        "is followed, block-wise and mixture-of-experts ones dequantized on load, as GPTQ "
+        "and AWQ checkpoints are), fp8 (the "
         "decoder's projections quantized to float8_e4m3fn on load, one scale per output row; "
         "the embedding, lm_head and MoE experts keep the model's dtype), compressed-tensors / "
         "fbgemm_fp8 (naming an fp8 checkpoint's format; compressed-tensors also names one "
-        "that quantizes only the KV cache, whose weights load as stored) or gguf (a .gguf "
-        "file; implied by one).",
+        "that quantizes only the KV cache, whose weights load as stored), gptq / awq (naming "
+        "a GPTQ or AWQ checkpoint's format, which loads dequantized to the model's dtype "
+        "anyway) or gguf (a .gguf file; implied by one).",
         group="model",
     )
     task: str = _f(

@@ -16,9 +16,11 @@ what is supported otherwise, before any weight is read:
   where neither applies; a value other than the default is logged as ignored.
 - ``quantization``: None, ``gguf`` for a .gguf file (what the file's own tensor types
   say is used in either case), ``fp8`` for a Hugging Face checkpoint, quantized on load
-  (vllm/model_executor/layers/fp8.py), or ``compressed-tensors`` / ``fbgemm_fp8`` naming
-  an fp8 checkpoint's own format (vllm/model_executor/layers/fp8_checkpoint.py); other
-  methods, and ``fp8`` with a .gguf file, are refused.
+  (vllm/model_executor/layers/fp8.py), ``compressed-tensors`` / ``fbgemm_fp8`` naming
+  an fp8 checkpoint's own format (vllm/model_executor/layers/fp8_checkpoint.py), or
+  ``gptq`` / ``awq`` naming a GPTQ / AWQ checkpoint's (dequantized on load,
+  vllm/model_executor/layers/int_checkpoint.py); other methods, and ``fp8`` with a .gguf
+  file, are refused.
 - ``swap_space``: GiB of CPU swap per GPU in upstream V0, >= 0. Preempted sequences are
   recomputed here (as in upstream V1), so no swap space is allocated.
 - ``tokenizer_revision``, ``disable_custom_all_reduce``, ``compilation_config``,
@@ -79,15 +81,17 @@ def check_compat_args(
             "without it."
         )
     from vllm.model_executor.layers.fp8_checkpoint import CHECKPOINT_METHODS
+    from vllm.model_executor.layers.int_checkpoint import INT_METHODS
 
-    known = (None, "gguf", "fp8", *CHECKPOINT_METHODS)
+    known = (None, "gguf", "fp8", *CHECKPOINT_METHODS, *INT_METHODS)
     if quantization not in known or (quantization == "gguf" and not is_gguf):
         raise ValueError(
             f"quantization={quantization!r} is not supported; use None (the checkpoint's "
             "own weights, an fp8 checkpoint's quantization_config followed), 'fp8' (a Hugging "
             "Face checkpoint quantized to fp8 on load), 'compressed-tensors' / 'fbgemm_fp8' "
-            "(an fp8 checkpoint of that format) or 'gguf' with a .gguf file (its tensor "
-            "types are used as stored)."
+            "(an fp8 checkpoint of that format), 'gptq' / 'awq' (a GPTQ / AWQ checkpoint, "
+            "dequantized on load) or 'gguf' with a .gguf file (its tensor types are used "
+            "as stored)."
         )
     if not swap_space >= 0:
         raise ValueError(f"swap_space must be >= 0 (GiB), got {swap_space}.")

@@ -11,9 +11,9 @@ line with the fields a user checks first::
 
 (one line in the log). Piecewise graphs add ``and N piecewise sizes`` (each size is one
 graph per piece: layers + 1). Without graphs, ``graphs=eager (<why>)``. Speculative
-decoding and fp8 weights add ``speculation=...`` and ``quantization=fp8 (...)``; an fp8
-checkpoint dequantized on load adds ``quantization=none (...)``; an 8-bit KV cache names
-its dtype after the GiB (``(5.25 GiB in fp8)``).
+decoding and fp8 weights add ``speculation=...`` and ``quantization=fp8 (...)``; an fp8,
+GPTQ or AWQ checkpoint dequantized on load adds ``quantization=none (...)``; an 8-bit KV
+cache names its dtype after the GiB (``(5.25 GiB in fp8)``).
 """
 
 from __future__ import annotations
@@ -135,18 +135,22 @@ def _kv_dtype(cache_config: Any) -> str:
 
 def _quantization(config: Any) -> str:
     """``, quantization=fp8 (...)`` naming what holds fp8 weights, ``, quantization=none
-    (...)`` for an fp8 checkpoint dequantized on load, or "" without either."""
+    (...)`` for an fp8, GPTQ or AWQ checkpoint dequantized on load, or "" without either."""
     mc = getattr(config, "model_config", None)
     dequantized = getattr(mc, "checkpoint_dequantized", None)
-    if getattr(mc, "quantization", None) != "fp8":
-        return (
-            f", quantization=none (fp8 checkpoint dequantized: {dequantized})"
-            if dequantized
-            else ""
+    if dequantized:
+        dequantized = f"fp8 checkpoint dequantized: {dequantized}"
+    ints = getattr(mc, "checkpoint_int", None)
+    if ints is not None:  # no integer kernels: the unquantized model's memory
+        dequantized = (
+            f"{ints.method} checkpoint dequantized: {ints.describe()}; the unquantized "
+            "model's memory, no integer kernels"
         )
+    if getattr(mc, "quantization", None) != "fp8":
+        return f", quantization=none ({dequantized})" if dequantized else ""
     source = mc.checkpoint_quantization or "on load"
     if dequantized:
-        source = f"on load, of the fp8 checkpoint dequantized: {dequantized}"
+        source = f"on load, of the {dequantized}"
     return f", quantization=fp8 (decoder projections; {source})"
 
 

@@ -38,7 +38,10 @@ A compressed-tensors config that quantizes only the KV cache (a ``kv_cache_schem
 upstream loads it: the weights as stored, in the model's dtype, and the ``k_scale`` /
 ``v_scale`` tensors into the attention layers (:attr:`Fp8Checkpoint.kv_cache_only`).
 
-Refused, naming what is supported: integer or 4-bit schemes (AWQ, GPTQ, W8A8-int8, ...),
+GPTQ and AWQ checkpoints are not fp8 ones: vllm/model_executor/layers/int_checkpoint.py
+decides how they load (dequantized) before :func:`checkpoint_fp8_method` is asked.
+
+Refused, naming what is supported: other integer or 4-bit schemes (W8A8-int8, ...),
 sparse weights (a ``sparsity_config`` format other than ``dense``), a KV-cache scheme other
 than 8-bit float per tensor, a quantized ``lm_head`` among fp8 layers and ModelOpt's
 format, KV-cache-only ModelOpt configs (``kv_cache_quant_algo`` without a weight
@@ -163,7 +166,8 @@ def _refuse(model: str, method, why: str, where: str) -> ValueError:
         f"{why}. Pre-quantized checkpoints load when they are fp8 with a scale per output "
         "row, per tensor or per block (compressed-tensors FP8 / FP8_DYNAMIC / FP8_BLOCK, "
         "fbgemm_fp8, fp8), or when a compressed-tensors config quantizes only the KV cache "
-        "(a kv_cache_scheme without config_groups); otherwise use the unquantized "
+        "(a kv_cache_scheme without config_groups), and GPTQ (4 or 8 bits) and AWQ "
+        "(4-bit GEMM) checkpoints load dequantized; otherwise use the unquantized "
         "checkpoint, which --quantization fp8 quantizes on load."
     )
 

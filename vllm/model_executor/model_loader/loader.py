@@ -138,6 +138,8 @@ def get_model(
                 weights = _prepare_fp8_checkpoint(model, weights, model_config)
             elif dequantized:
                 weights = _dequantized_fp8_checkpoint(weights, model_config)
+            elif getattr(model_config, "checkpoint_int", None) is not None:
+                weights = _dequantized_int_checkpoint(weights, model_config)
             elif getattr(model_config, "checkpoint_fp8", None) is not None:
                 weights = _kv_cache_only_checkpoint(weights, model_config)
         with torch.no_grad():
@@ -254,3 +256,20 @@ def _dequantized_fp8_checkpoint(weights, model_config):
     )
     used = ((name, w) for name, w in weights if not is_unused_tensor(name))
     return dequantized_weights(used, fmt.block, model_config.dtype)
+
+
+def _dequantized_int_checkpoint(weights, model_config):
+    """A GPTQ or AWQ checkpoint (vllm/model_executor/layers/int_checkpoint.py): the weights
+    iterator with each quantized layer dequantized to the model's dtype
+    (vllm/model_executor/layers/int_dequant.py)."""
+    from vllm.model_executor.layers.int_dequant import int_dequantized_weights
+
+    fmt = model_config.checkpoint_int
+    logger.info(
+        "Dequantizing the checkpoint's %s weights (%s) to %s on load: no integer kernels "
+        "here, so the model needs the unquantized model's memory",
+        fmt.method.upper(),
+        fmt.describe(),
+        str(model_config.dtype).removeprefix("torch."),
+    )
+    return int_dequantized_weights(weights, fmt, model_config.dtype)
