@@ -14,7 +14,7 @@ strings) overrides it, the others implement only ``extract(text)``.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -87,6 +87,30 @@ def content_before(text: str, marker: str) -> int:
     if cut == -1:
         cut = len(text) - partial_marker_len(text, marker)
     return cut if text[:cut].strip() else 0
+
+
+def extract_blocks(
+    text: str, start: str, end: str, parse: Callable[[str], ToolCall | None]
+) -> ExtractedToolCalls:
+    """The calls of a format whose calls are ``start`` BODY ``end`` blocks, each BODY one
+    call (``parse(body)``, None when it does not parse): the text before the first block
+    is content, text between or after the blocks is dropped. No block, an unclosed one or
+    one that does not parse makes the whole text content (e.g. a reply cut by max_tokens).
+    """
+    if start not in text:
+        return ExtractedToolCalls(content=text)
+    calls, pos = [], 0
+    while (at := text.find(start, pos)) != -1:
+        stop = text.find(end, at)
+        if stop == -1:
+            return ExtractedToolCalls(content=text)
+        call = parse(text[at + len(start) : stop])
+        if call is None:
+            return ExtractedToolCalls(content=text)
+        calls.append(call)
+        pos = stop + len(end)
+    content = text[: text.find(start)]
+    return ExtractedToolCalls(calls=calls, content=content if content.strip() else None)
 
 
 def make_call(name: Any, arguments: Any) -> ToolCall | None:

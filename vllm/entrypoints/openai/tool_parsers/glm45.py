@@ -32,6 +32,7 @@ from vllm.entrypoints.openai.tool_parsers.abstract import (
     ExtractedToolCalls,
     ToolParser,
     content_before,
+    extract_blocks,
     make_call,
     register_tool_parser,
 )
@@ -59,21 +60,8 @@ class Glm45ToolParser(ToolParser):
         self, text: str, tools: Sequence[ChatCompletionToolsParam] | None
     ) -> ExtractedToolCalls:
         """See :meth:`ToolParser.extract_for`; ``tools`` types the values (module doc)."""
-        if START not in text:
-            return ExtractedToolCalls(content=text)
         schemas = _parameter_schemas(tools)
-        calls, pos = [], 0
-        while (start := text.find(START, pos)) != -1:
-            end = text.find(END, start)
-            if end == -1:
-                return ExtractedToolCalls(content=text)
-            call = _call(text[start + len(START) : end], schemas)
-            if call is None:
-                return ExtractedToolCalls(content=text)
-            calls.append(call)
-            pos = end + len(END)
-        content = text[: text.find(START)]
-        return ExtractedToolCalls(calls=calls, content=content if content.strip() else None)
+        return extract_blocks(text, START, END, lambda body: _call(body, schemas))
 
     def content_prefix(self, text: str) -> int:
         """Text before the first ``<tool_call>`` (see :func:`content_before`)."""

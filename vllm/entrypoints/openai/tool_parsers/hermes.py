@@ -12,6 +12,7 @@ from vllm.entrypoints.openai.tool_parsers.abstract import (
     ExtractedToolCalls,
     ToolParser,
     content_before,
+    extract_blocks,
     make_call,
     register_tool_parser,
 )
@@ -26,27 +27,17 @@ class HermesToolParser(ToolParser):
 
     def extract(self, text: str) -> ExtractedToolCalls:
         """See :meth:`ToolParser.extract`."""
-        if START not in text:
-            return ExtractedToolCalls(content=text)
-        calls, pos = [], 0
-        while (start := text.find(START, pos)) != -1:
-            end = text.find(END, start)
-            if end == -1:
-                return ExtractedToolCalls(content=text)
-            try:
-                obj = json.loads(text[start + len(START) : end])
-            except JSON_ERRORS:
-                return ExtractedToolCalls(content=text)
-            call = (
-                make_call(obj.get("name"), obj.get("arguments")) if isinstance(obj, dict) else None
-            )
-            if call is None:
-                return ExtractedToolCalls(content=text)
-            calls.append(call)
-            pos = end + len(END)
-        content = text[: text.find(START)]
-        return ExtractedToolCalls(calls=calls, content=content if content.strip() else None)
+        return extract_blocks(text, START, END, _call)
 
     def content_prefix(self, text: str) -> int:
         """Text before the first ``<tool_call>`` (see :func:`content_before`)."""
         return content_before(text, START)
+
+
+def _call(body: str):
+    """``{"name": ..., "arguments": {...}}`` -> a call; None when it is not such an object."""
+    try:
+        obj = json.loads(body)
+    except JSON_ERRORS:
+        return None
+    return make_call(obj.get("name"), obj.get("arguments")) if isinstance(obj, dict) else None
