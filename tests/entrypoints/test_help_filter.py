@@ -52,7 +52,7 @@ def test_keyword_matches_every_flag_containing_it(capsys):
     flags = [ln.split()[0] for ln in out.splitlines() if ln.strip().startswith("--")]
     assert code == 0 and out.startswith("flags matching 'chat-template':")
     assert flags == ["--chat-template", "--chat-template-content-format",
-                     "--default-chat-template-kwargs"]  # fmt: skip
+                     "--trust-request-chat-template", "--default-chat-template-kwargs"]  # fmt: skip
 
 
 def test_all_is_the_whole_help(capsys):

@@ -24,7 +24,8 @@ def server(tiny_llama_dir):
                                               "--max-model-len", "128", "--task", "embed",
                                               "--served-model-name", "emb",
                                               "--enable-request-id-headers",
-                                              "--disable-fastapi-docs"])  # fmt: skip
+                                              "--disable-fastapi-docs",
+                                              "--trust-request-chat-template"])  # fmt: skip
     try:
         yield srv
     finally:

@@ -25,7 +25,8 @@ INPUTS = [[1, 5, 9, 22, 40, 7, 3, 100], [1, 300, 41, 17]]
 def server(tiny_llama_dir):
     srv = RemoteOpenAIServer(tiny_llama_dir, ["--device", "cpu", "--dtype", "float32",
                                               "--max-model-len", "128", "--task", "embed",
-                                              "--served-model-name", "emb"])  # fmt: skip
+                                              "--served-model-name", "emb",
+                                              "--trust-request-chat-template"])  # fmt: skip
     try:
         yield srv
     finally:

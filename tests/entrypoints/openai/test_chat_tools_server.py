@@ -76,6 +76,7 @@ def server(smollm2_gguf, tmp_path_factory):
     args = ["--device", "cpu", "--max-model-len", "512", "--served-model-name", MODEL]
     args += ["--tool-parser-plugin", str(plugin)]
     args += ["--enable-auto-tool-choice", "--tool-call-parser", "hermes_from_plugin"]
+    args += ["--trust-request-chat-template"]  # the tests send their own templates
     with RemoteOpenAIServer(smollm2_gguf, args) as srv:
         yield srv
 

@@ -24,7 +24,8 @@ def _server(model_dir, enable_in_reasoning: bool) -> RemoteOpenAIServer:
     so = {"disable_any_whitespace": True, "enable_in_reasoning": enable_in_reasoning}
     args = ["--device", "cpu", "--dtype", "float32", "--max-model-len", "512",
             "--served-model-name", "tiny", "--reasoning-parser", "deepseek_r1",
-            "--structured-outputs-config", json.dumps(so)]  # fmt: skip
+            "--structured-outputs-config", json.dumps(so),
+            "--trust-request-chat-template"]  # fmt: skip
     return RemoteOpenAIServer(model_dir, args)
 
 

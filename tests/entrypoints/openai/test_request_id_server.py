@@ -37,7 +37,8 @@ def server(tiny_llama_dir):
     args = ["--device", "cpu", "--max-model-len", "512", "--served-model-name", "tiny",
             "--enable-request-id-headers", "--disable-uvicorn-access-log",
             "--uvicorn-log-level", "info", "--chat-template", TEMPLATE,
-            "--chat-template-content-format", "openai"]  # fmt: skip
+            "--chat-template-content-format", "openai",
+            "--trust-request-chat-template"]  # fmt: skip
     srv = RemoteOpenAIServer(tiny_llama_dir, args)
     try:
         yield srv

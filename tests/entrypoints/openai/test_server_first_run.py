@@ -104,7 +104,7 @@ def test_chat_template_flag_renders_the_prompt_and_the_log_shows_text(server, to
     assert "prompt_token_ids" not in line and str(ids[:3])[1:-1] not in line
 
 
-def _chat_handler(tokenizer, template):
+def _chat_handler(tokenizer, template, **kw):
     from vllm.entrypoints.openai.serving_chat import OpenAIServingChat
 
     class _Engine:
@@ -113,7 +113,7 @@ def _chat_handler(tokenizer, template):
 
     engine = _Engine()
     engine.tokenizer = tokenizer
-    return OpenAIServingChat(engine, [NAME], chat_template=template)
+    return OpenAIServingChat(engine, [NAME], chat_template=template, **kw)
 
 
 def test_chat_without_any_template_is_a_400(tokenizer):
@@ -132,5 +132,31 @@ def test_chat_without_any_template_is_a_400(tokenizer):
     text, ids, _ = asyncio.run(_chat_handler(tokenizer, TEMPLATE)._prompt(req))
     assert (text, ids) == (RENDERED, tokenizer.encode(RENDERED, add_special_tokens=False))
     req = ChatCompletionRequest(messages=MESSAGES, chat_template="{{ messages[1]['content'] }}")
-    text, _, _ = asyncio.run(_chat_handler(tokenizer, TEMPLATE)._prompt(req))
+    trusting = _chat_handler(tokenizer, TEMPLATE, trust_request_chat_template=True)
+    text, _, _ = asyncio.run(trusting._prompt(req))
     assert text == "What is the capital of France?"
+
+
+def test_request_templates_need_trust_request_chat_template(tokenizer):
+    """As upstream: a template sent with the request (chat_template, or chat_template in
+    chat_template_kwargs) is a 400 naming the flag unless the server trusts them; with
+    --trust-request-chat-template it renders the chat (the server's template otherwise)."""
+    from vllm.entrypoints.openai.api_errors import APIError
+    from vllm.entrypoints.openai.protocol import ChatCompletionRequest
+
+    own = "{{ messages[1]['content'] }}"
+    cases = [({"chat_template": own}, "chat_template", "chat_template"),
+             ({"chat_template_kwargs": {"chat_template": own}}, "chat_template_kwargs",
+              "chat_template_kwargs.chat_template")]  # fmt: skip
+    for fields, param, named in cases:
+        req = ChatCompletionRequest(messages=MESSAGES, **fields)
+        with pytest.raises(APIError) as exc:
+            asyncio.run(_chat_handler(tokenizer, TEMPLATE)._prompt(req))
+        assert (exc.value.code, exc.value.param) == (400, param)
+        assert exc.value.message.startswith(f"the request sets {named}, but this server")
+        assert "--trust-request-chat-template" in exc.value.message
+    req = ChatCompletionRequest(messages=MESSAGES, chat_template=own)
+    trusting = _chat_handler(tokenizer, TEMPLATE, trust_request_chat_template=True)
+    assert asyncio.run(trusting._prompt(req))[0] == "What is the capital of France?"
+    plain = ChatCompletionRequest(messages=MESSAGES, chat_template_kwargs={"x": 1})
+    assert asyncio.run(_chat_handler(tokenizer, TEMPLATE)._prompt(plain))[0] == RENDERED

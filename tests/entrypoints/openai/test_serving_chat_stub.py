@@ -96,6 +96,7 @@ def _answer(tokenizer, pieces, parser=None, role="assistant", reasoning=None, en
         response_role=role,
         reasoning_parser=get_reasoning_parser(reasoning) if reasoning else None,
         reasoning_token_ids=tags,
+        trust_request_chat_template=True,  # some bodies bring their own template
     )
     req = ChatCompletionRequest(**{"messages": MSGS, "max_tokens": 32, **body})
 

@@ -150,6 +150,7 @@ def run_server(args: argparse.Namespace, engine: AsyncLLMEngine, sock: socket.so
         exclude_tools_when_tool_choice_none=args.exclude_tools_when_tool_choice_none,
         default_chat_template_kwargs=args.default_chat_template_kwargs,
         log_error_stack=args.log_error_stack,
+        trust_request_chat_template=args.trust_request_chat_template,
     )
     port = sock.getsockname()[1]
     config = uvicorn.Config(

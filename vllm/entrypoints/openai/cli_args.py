@@ -165,6 +165,12 @@ def make_server_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
         help='Render chat templates without the request\'s tools when its tool_choice is "none".',
     )
     server.add_argument(
+        "--trust-request-chat-template",
+        action="store_true",
+        help="Render a chat with a chat_template sent in the request (or in its "
+        "chat_template_kwargs); without it such a request is refused with a 400, as upstream.",
+    )
+    server.add_argument(
         "--default-chat-template-kwargs",
         type=json_object,
         default=None,

@@ -104,6 +104,7 @@ def build_app(
     exclude_tools_when_tool_choice_none: bool = False,
     default_chat_template_kwargs: dict | None = None,
     log_error_stack: bool = False,
+    trust_request_chat_template: bool = False,
 ):
     """The FastAPI app serving ``engine`` (the engine loop starts with the app).
 
@@ -139,8 +140,9 @@ def build_app(
             (:class:`~vllm.entrypoints.openai.request_guards.LoadTracker`); without it, 0.
         middleware: ``--middleware`` objects (see :func:`load_middleware`), added in
             order inside CORS and outside the API key check.
-        exclude_tools_when_tool_choice_none / default_chat_template_kwargs: the flags of
-            those names (see :class:`OpenAIServingChat`).
+        exclude_tools_when_tool_choice_none / default_chat_template_kwargs /
+            trust_request_chat_template: the flags of those names (see
+            :class:`OpenAIServingChat`).
         log_error_stack: ``--log-error-stack``: every error response made from an
             exception logs its traceback (:func:`~vllm.entrypoints.openai.api_errors.
             set_log_error_stack`; one setting per process, the last app built sets it).
@@ -185,6 +187,7 @@ def build_app(
         reasoning_parser=reasoning_parser,
         exclude_tools_when_tool_choice_none=exclude_tools_when_tool_choice_none,
         default_chat_template_kwargs=default_chat_template_kwargs,
+        trust_request_chat_template=trust_request_chat_template,
         **as_ids,
     )
     tokenization = OpenAIServingTokenization(chat)

@@ -90,6 +90,9 @@ class OpenAIServingChat(OpenAIServing):
         default_chat_template_kwargs: ``--default-chat-template-kwargs``: template
             variables every request gets; a request's ``chat_template_kwargs`` override
             them key by key.
+        trust_request_chat_template: ``--trust-request-chat-template``: render with a
+            ``chat_template`` sent in the request (or in its ``chat_template_kwargs``);
+            off (upstream's default), such a request gets a 400 naming the flag.
         Others: as :class:`OpenAIServing`.
 
     Raises:
@@ -107,9 +110,11 @@ class OpenAIServingChat(OpenAIServing):
         reasoning_parser: ReasoningParser | None = None,
         exclude_tools_when_tool_choice_none: bool = False,
         default_chat_template_kwargs: dict[str, Any] | None = None,
+        trust_request_chat_template: bool = False,
         **kwargs,
     ):
         super().__init__(*args, **kwargs)
+        self.trust_request_chat_template = trust_request_chat_template
         self.default_chat_template_kwargs = check_default_template_kwargs(
             default_chat_template_kwargs
         )
@@ -140,6 +145,29 @@ class OpenAIServingChat(OpenAIServing):
         )
         return (await self._prompt(as_chat, add_special_tokens, bounded))[1]
 
+    def check_request_template(self, req: ChatCompletionRequest) -> None:
+        """Refuse a template sent with the request unless the server trusts them.
+
+        Raises:
+            APIError 400: ``chat_template`` (or ``chat_template_kwargs["chat_template"]``)
+                is set and ``--trust-request-chat-template`` is off.
+        """
+        if self.trust_request_chat_template:
+            return
+        if req.chat_template is not None:
+            field, what = "chat_template", "chat_template"
+        elif (req.chat_template_kwargs or {}).get("chat_template") is not None:
+            field, what = "chat_template_kwargs", "chat_template_kwargs.chat_template"
+        else:
+            return
+        raise APIError(
+            f"the request sets {what}, but this server renders chats only with its own "
+            "template (--chat-template or the tokenizer's); start it with "
+            "--trust-request-chat-template to accept templates from requests.",
+            400,
+            field,
+        )
+
     async def _prompt(
         self, req: ChatCompletionRequest, add_special_tokens: bool = False, bounded: bool = True
     ) -> tuple[str | None, list[int], list[dict]]:
@@ -162,13 +190,14 @@ class OpenAIServingChat(OpenAIServing):
             raise APIError("messages must not be empty (got an empty list).", 400, "messages")
         if self.tokenizer is None:
             raise APIError("chat needs a tokenizer (skip_tokenizer_init is set).", 400)
+        self.check_request_template(req)
         template = req.chat_template or self.chat_template
         if not has_chat_template(self.tokenizer, template):
             raise APIError(
                 f"The model `{self.model_name}` has no chat template, so chat requests "
                 "cannot be served: start the server with --chat-template (a file or an "
-                "inline Jinja string), send chat_template in the request, or use "
-                "/v1/completions.",
+                "inline Jinja string), send chat_template in the request (to a server started "
+                "with --trust-request-chat-template), or use /v1/completions.",
                 400,
                 "messages",
             )
