@@ -240,6 +240,12 @@ _DECLARED = (
         None,
         "fork or spawn for pipeline worker processes (default: fork unless CUDA is initialised).",
     ),
+    EnvVar(
+        "VLLM_PP_HOST_CHANNELS",
+        parse_flag,
+        True,
+        "mp executor: host data between stages through shared memory (0: gloo, as Ray).",
+    ),
     EnvVar("RAY_ADDRESS", _str, None, "Ray's own: the cluster the Ray executor joins."),
     EnvVar(
         "OPENAI_API_KEY",

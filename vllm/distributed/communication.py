@@ -18,6 +18,14 @@ kept (:data:`_PENDING`) until it completes, so a stage starts its next step whil
 stage still works on the previous one, and a stage sending ids back to stage 0 never
 deadlocks against stage 0 sending hidden states forward. On NCCL the send is ordered on
 the device stream (``work.wait()`` does not block the host).
+
+Host channels. Under the mp executor every stage runs on one host, and each message that
+travels as host data (plan headers; on CPU also hidden states and ids) goes through a
+shared-memory channel instead of gloo when the executor installed one for that pair of
+ranks (:func:`install_host_channels`, vllm/distributed/host_channel.py) and the message
+fits it: a pipe write and a copy instead of gloo's few hundred microseconds of host time
+per message. Sender and receiver decide the way alike (the pair, the device, the bytes),
+and each way keeps its messages in order, so the matching above holds.
 """
 
 from __future__ import annotations
@@ -35,11 +43,46 @@ PP_TENSOR_KEYS = ("hidden_states", "residual")
 MAX_PENDING_SENDS = 64
 # (work, tensor) of gloo sends not known to be complete, oldest first.
 _PENDING: deque = deque()
+# (src rank, dst rank) -> HostChannel, and this process's rank (install_host_channels).
+_CHANNELS: dict = {}
+_RANK: list[int] = [-1]
+
+
+def install_host_channels(channels: dict, rank: int) -> None:
+    """Use ``channels`` (``{(src, dst): HostChannel}``, vllm/distributed/host_channel.py;
+    the ones this rank sends or receives on) for host data between these pairs of ranks
+    from now on; an empty dict uninstalls them."""
+    _CHANNELS.clear()
+    _CHANNELS.update({k: v for k, v in channels.items() if rank in k})
+    _RANK[0] = rank
+
+
+def _channel(src: int, dst: int, tensor: torch.Tensor):
+    """The host channel a message of ``tensor``'s bytes takes from ``src`` to ``dst``, or
+    None (gloo or NCCL): the same answer on both ends."""
+    chan = _CHANNELS.get((src, dst))
+    if chan is None or tensor.is_cuda or not chan.carries(tensor.numel() * tensor.element_size()):
+        return None
+    return chan
+
+
+def _recv(buf: torch.Tensor, src: int, group=None) -> torch.Tensor:
+    """Receive the next message from ``src`` into ``buf`` (by its host channel when it
+    has one, else on ``group``)."""
+    chan = _channel(src, _RANK[0], buf)
+    if chan is not None:
+        return chan.recv_into(buf)
+    dist.recv(buf, src=src, group=group)
+    return buf
 
 
 def send_tensor(tensor: torch.Tensor, dst: int, group=None) -> None:
     """Send ``tensor`` to rank ``dst`` (on ``group``; None: the world group) without
     waiting for the receiver (see module doc)."""
+    chan = _channel(_RANK[0], dst, tensor)
+    if chan is not None:
+        chan.send(tensor)
+        return
     tensor = tensor.contiguous()
     work = dist.isend(tensor, dst=dst, group=group)
     if tensor.is_cuda:
@@ -66,16 +109,12 @@ def recv_header(n: int, src: int, group=None) -> list[int]:
     """Receive the ``n`` ints of a plan header from rank ``src`` on ``group`` (as
     :func:`send_header`). Host to host: the caller learns it as soon as it arrives, never
     waiting for its own device (reading an int tensor received by NCCL would)."""
-    buf = torch.empty(n, dtype=torch.long)
-    dist.recv(buf, src=src, group=group)  # [n]
-    return buf.tolist()
+    return _recv(torch.empty(n, dtype=torch.long), src, group).tolist()  # [n]
 
 
 def recv_int_tensor(n: int, device: torch.device, src: int) -> torch.Tensor:
     """Receive ``n`` int64 values from rank ``src``: [n] int64 on ``device``."""
-    buf = torch.empty(n, dtype=torch.long, device=device)
-    dist.recv(buf, src=src)  # [n]
-    return buf
+    return _recv(torch.empty(n, dtype=torch.long, device=device), src)  # [n]
 
 
 def send_intermediate_tensors(tensors: IntermediateTensors, dst: int) -> None:
@@ -117,5 +156,5 @@ def recv_intermediate_tensors(
         [num_tokens, hidden_size] of ``dtype`` on ``device``.
     """
     buf = torch.empty(len(PP_TENSOR_KEYS), num_tokens, hidden_size, dtype=dtype, device=device)
-    dist.recv(buf, src=src)  # [2, num_tokens, hidden]: the keys in order, one message
+    _recv(buf, src)  # [2, num_tokens, hidden]: the keys in order, one message
     return IntermediateTensors({key: buf[i] for i, key in enumerate(PP_TENSOR_KEYS)})

@@ -89,9 +89,11 @@ class MultiprocessingExecutor(PipelineExecutorBase):
         ctx = multiprocessing.get_context(self.start_method)
         init_method = f"tcp://127.0.0.1:{get_free_port()}"
         worker_cls = stage_worker_class(self.config)
+        channels = _host_channels(ctx, self.config)
         for rank in range(self.world_size):
             parent, child = ctx.Pipe(duplex=True)
-            target, args = wp.run_worker, (self.config, rank, init_method, child, worker_cls)
+            own = {pair: chan for pair, chan in channels.items() if rank in pair}
+            target, args = wp.run_worker, (self.config, rank, init_method, child, worker_cls, own)
             if self.start_method == "fork":  # the child must not hold the driver's ends
                 target, args = _run_forked_worker, ([*self._conns, parent], *args)
             proc = ctx.Process(target=target, args=args, name=f"vllm-pp-worker-{rank}", daemon=True)
@@ -401,6 +403,25 @@ def _exit_code(proc, timeout: float) -> int | str:
     while proc.exitcode is None and time.monotonic() < deadline:
         time.sleep(0.005)
     return proc.exitcode if proc.exitcode is not None else "pending"
+
+
+def _host_channels(ctx, config) -> dict:
+    """The pipeline's shared-memory channels (vllm/distributed/host_channel.py), sized for
+    a decode step's hidden states and residual on CPU (where they travel as host data) and
+    for plan headers alone on CUDA; none when ``VLLM_PP_HOST_CHANNELS=0``."""
+    from vllm.distributed.host_channel import pipeline_channels
+
+    par = config.parallel_config
+    if not envs.VLLM_PP_HOST_CHANNELS or par.world_size <= par.tensor_parallel_size:
+        return {}
+    mc = config.model_config
+    message = 4096  # plan headers, bytes
+    if config.device_config.device == "cpu":
+        rows = config.scheduler_config.max_num_seqs
+        message = max(message, 2 * rows * mc.hf_config.hidden_size * mc.torch_dtype.itemsize)
+    return pipeline_channels(
+        ctx, par.world_size, par.tensor_parallel_size, message, config.num_virtual_engines
+    )
 
 
 def _run_forked_worker(driver_conns: list, *args) -> None:

@@ -96,7 +96,9 @@ _HELPERS = {
 }
 
 
-def setup_stage_worker(config, rank: int, local_rank: int, init_method: str, worker_cls=None):
+def setup_stage_worker(
+    config, rank: int, local_rank: int, init_method: str, worker_cls=None, channels=None
+):
     """Build stage ``rank``'s Worker, join the pipeline group, load its layers.
 
     Shared by the mp executor's processes and the Ray executor's actors.
@@ -110,10 +112,13 @@ def setup_stage_worker(config, rank: int, local_rank: int, init_method: str, wor
         worker_cls: the worker class the executor chose (``vllm.executor.executor_base.
             stage_worker_class``: the speculative-decoding worker, which wraps this layer's
             Worker, comes from a layer above); default :class:`~vllm.worker.worker.Worker`.
+        channels: this rank's host channels (``{(src, dst): HostChannel}``, the mp
+            executor's, vllm/distributed/host_channel.py); None or empty: gloo only.
 
     Returns:
         The ready worker.
     """
+    from vllm.distributed.communication import install_host_channels
     from vllm.distributed.parallel_state import init_distributed_environment
     from vllm.worker.worker import Worker
 
@@ -124,6 +129,7 @@ def setup_stage_worker(config, rank: int, local_rank: int, init_method: str, wor
         rank, par.world_size, init_method, worker.device,
         tensor_parallel_size=par.tensor_parallel_size,
     )  # fmt: skip
+    install_host_channels(channels or {}, rank)
     worker.load_model()
     return worker
 
@@ -196,7 +202,9 @@ def _reply(conn: Connection, lock: threading.Lock, msg: tuple[Any, ...]) -> None
         conn.send_bytes(pickle.dumps(msg))
 
 
-def run_worker(config, rank: int, init_method: str, conn: Connection, worker_cls=None) -> None:
+def run_worker(
+    config, rank: int, init_method: str, conn: Connection, worker_cls=None, channels=None
+) -> None:
     """Entry point of a worker process: set up stage ``rank``, then serve the driver.
 
     Args:
@@ -205,6 +213,7 @@ def run_worker(config, rank: int, init_method: str, conn: Connection, worker_cls
         init_method: the process group's rendezvous URL (``tcp://127.0.0.1:<port>``).
         conn: this worker's end of its duplex pipe to the driver.
         worker_cls: see :func:`setup_stage_worker`.
+        channels: see :func:`setup_stage_worker`.
     """
     # A terminal's Ctrl-C reaches the whole foreground process group, and systemd's stop
     # sends SIGTERM to every process of the service, this stage included. What either
@@ -215,7 +224,7 @@ def run_worker(config, rank: int, init_method: str, conn: Connection, worker_cls
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     lock = threading.Lock()
     try:
-        worker = setup_stage_worker(config, rank, rank, init_method, worker_cls)
+        worker = setup_stage_worker(config, rank, rank, init_method, worker_cls, channels)
     except BaseException:
         _reply(conn, lock, (READY, None, rank, None, traceback.format_exc()))
         return
