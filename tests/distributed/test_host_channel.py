@@ -11,6 +11,7 @@ import torch
 
 from vllm.distributed import communication as comm
 from vllm.distributed.host_channel import (
+    MAX_RING_BYTES,
     MIN_RING_BYTES,
     HostChannel,
     pipeline_channels,
@@ -22,7 +23,7 @@ CTX = multiprocessing.get_context("fork")
 
 def _messages() -> list[torch.Tensor]:
     """Messages of several dtypes and sizes whose bytes cross the ring's end repeatedly
-    (a 1 KiB ring with one virtual engine carries up to 256 bytes)."""
+    (a 1 KiB ring carries up to 512 bytes)."""
     gen = torch.Generator().manual_seed(0)
     out = []
     for i in range(40):
@@ -46,29 +47,30 @@ def _other_end(chan: HostChannel) -> HostChannel:
 
 
 def test_ring_size_and_limits():
-    assert ring_bytes(100, 2) == MIN_RING_BYTES
-    assert ring_bytes(1 << 20, 2) == 6 << 20  # (2 x 2 + 2) messages
-    chan = HostChannel(CTX, 1024, 1)
-    assert chan.max_message == 256
-    assert chan.carries(256) and not chan.carries(257) and not chan.carries(0)
-    with pytest.raises(ValueError, match="257-byte message exceeds this channel's 256"):
-        chan.send(torch.zeros(257, dtype=torch.uint8))
+    assert ring_bytes(100) == MIN_RING_BYTES
+    assert ring_bytes(1 << 20) == 4 << 20
+    assert ring_bytes(1 << 30) == MAX_RING_BYTES
+    chan = HostChannel(CTX, 1024)
+    assert chan.max_message == 512
+    assert chan.carries(512) and not chan.carries(513) and not chan.carries(0)
+    with pytest.raises(ValueError, match="513-byte message exceeds this channel's 512"):
+        chan.send(torch.zeros(513, dtype=torch.uint8))
 
 
 def test_messages_arrive_in_order_across_the_ring_end():
-    chan = HostChannel(CTX, 1024, 1)
+    chan = HostChannel(CTX, 1024)
     reader = _other_end(chan)
     sent = _messages()
-    for i in range(0, len(sent), 3):  # three in flight at a time (at most 3 x 256 bytes)
-        for msg in sent[i : i + 3]:
+    for i in range(0, len(sent), 2):  # two in flight at a time (at most 2 x 256 bytes)
+        for msg in sent[i : i + 2]:
             chan.send(msg)
-        for msg in sent[i : i + 3]:
+        for msg in sent[i : i + 2]:
             assert torch.equal(reader.recv_into(torch.empty_like(msg)), msg)
     assert reader._pos == chan._pos > 4 * chan.capacity  # round the ring several times
 
 
 def test_other_process_receives_every_message_exactly():
-    chan = HostChannel(CTX, 1024, 1)
+    chan = HostChannel(CTX, 1024)
     sent = _messages()
     result = CTX.Queue()
 
@@ -86,7 +88,7 @@ def test_other_process_receives_every_message_exactly():
 
 
 def test_full_ring_makes_the_sender_wait_for_the_receiver():
-    chan = HostChannel(CTX, 1024, 1)
+    chan = HostChannel(CTX, 1024)
     msg = torch.arange(64, dtype=torch.int32)  # 256 bytes: four fill the ring
     for _ in range(4):
         chan.send(msg)
@@ -109,17 +111,17 @@ def test_full_ring_makes_the_sender_wait_for_the_receiver():
 
 
 def test_pipeline_channels_pair_the_stages():
-    chans = pipeline_channels(CTX, 4, 1, 1000, 4)
+    chans = pipeline_channels(CTX, 4, 1, 1000)
     assert sorted(chans) == [(0, 1), (1, 2), (2, 3), (3, 0)]
-    with_tp = pipeline_channels(CTX, 4, 2, 1000, 2)  # ranks 0, 1 | 2, 3
+    with_tp = pipeline_channels(CTX, 4, 2, 1000)  # ranks 0, 1 | 2, 3
     assert sorted(with_tp) == [(0, 2), (1, 3), (2, 0)]
-    assert pipeline_channels(CTX, 2, 2, 1000, 1) == {}  # TP alone: no stages
+    assert pipeline_channels(CTX, 2, 2, 1000) == {}  # TP alone: no stages
 
 
 def test_communication_uses_installed_channels_without_a_process_group():
     """Rank 0 sends a plan header and hidden states to rank 1, which sends ids back: the
     calls of a pipeline stage, with channels installed and no process group."""
-    chans = pipeline_channels(CTX, 2, 1, 2 * 4 * 8 * 4, 1)
+    chans = pipeline_channels(CTX, 2, 1, 2 * 4 * 8 * 4)
     hidden = torch.randn(4, 8)
     result = CTX.Queue()
 

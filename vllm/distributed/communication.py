@@ -25,7 +25,9 @@ shared-memory channel instead of gloo when the executor installed one for that p
 ranks (:func:`install_host_channels`, vllm/distributed/host_channel.py) and the message
 fits it: a pipe write and a copy instead of gloo's few hundred microseconds of host time
 per message. Sender and receiver decide the way alike (the pair, the device, the bytes),
-and each way keeps its messages in order, so the matching above holds.
+and each way keeps its messages in order, so the matching above holds. A channel's send
+waits only while its ring is full (back-pressure toward the next stage, which always makes
+progress; the channel of ids back to stage 0 never fills: see host_channel.py).
 """
 
 from __future__ import annotations

@@ -18,12 +18,13 @@ Protocol (one sender, one receiver, messages received in the order sent):
   ``n``: it receives into a buffer of the message's size), copies the bytes out and
   publishes its ``tail`` in shared memory, under a lock so the sender's read of it is
   ordered after the copy on any memory model.
-- ``capacity`` is chosen (:func:`ring_bytes`) so that the messages a pipeline can have in
-  flight on one channel always fit (at most a header and a tensor per virtual engine,
-  each at most ``max_message`` bytes, plus one message's worth lost at the ring's end), so
-  a send never waits for its receiver, which the stages' order of sends and receives
-  relies on (vllm/distributed/communication.py). Should the ring ever be full the sender
-  sleeps until it is not; a message above ``max_message`` bytes does not use the ring.
+- A message takes the ring when it is at most half its size (:meth:`HostChannel.carries`,
+  the same answer on both ends); a larger one goes over gloo. The ring holds at least
+  two of the largest messages a step sends (:func:`ring_bytes`). Should it be full, the
+  sender sleeps until the receiver frees space: back-pressure that cannot deadlock the
+  pipeline, since every stage down the pipeline makes progress (the last stage never
+  waits on a send) and the channel back to stage 0 carries only sampled ids, a few KiB
+  per virtual engine in flight, so it never fills.
 
 The shared memory and the pipe are multiprocessing objects, so a channel is inherited by
 forked workers and pickled to spawned ones (``Process`` arguments).
@@ -40,18 +41,17 @@ import torch
 
 # The least ring size, bytes: plan headers and sampled ids alone need a few KiB.
 MIN_RING_BYTES = 1 << 20
-# The largest ring, bytes: a message above ring / (2 x VEs + 2) goes over gloo instead.
-MAX_RING_BYTES = 1 << 28
-# The sender's sleep while the ring is full (never expected: see the module doc), seconds.
+# The largest ring, bytes: a message above half of it goes over gloo instead.
+MAX_RING_BYTES = 1 << 26
+# The sender's sleep while the ring is full (back-pressure, see the module doc), seconds.
 FULL_SLEEP_S = 1e-4
 
 
-def ring_bytes(max_message: int, num_virtual_engines: int) -> int:
-    """The ring size that never fills: a header and a tensor in flight per virtual engine,
-    each up to ``max_message`` bytes, and one message lost at the ring's end; clamped to
+def ring_bytes(max_message: int) -> int:
+    """The ring size for messages of up to ``max_message`` bytes: four of them (two
+    always fit, whatever the bytes lost at the ring's end), clamped to
     [:data:`MIN_RING_BYTES`, :data:`MAX_RING_BYTES`]."""
-    need = (2 * num_virtual_engines + 2) * max_message
-    return max(MIN_RING_BYTES, min(MAX_RING_BYTES, need))
+    return max(MIN_RING_BYTES, min(MAX_RING_BYTES, 4 * max_message))
 
 
 class HostChannel:
@@ -61,16 +61,15 @@ class HostChannel:
         ctx: the multiprocessing context the processes start with (its shared memory,
             pipe and lock survive fork and spawn).
         capacity: ring bytes (:func:`ring_bytes`).
-        num_virtual_engines: sizes ``max_message`` = capacity / (2 x VEs + 2).
 
     Attributes:
-        max_message: the largest message (bytes) the ring carries; :meth:`carries` says
-            whether a message goes this way, identically on both ends.
+        max_message: the largest message (bytes) the ring carries, half its capacity;
+            :meth:`carries` says whether a message goes this way, identically on both ends.
     """
 
-    def __init__(self, ctx: Any, capacity: int, num_virtual_engines: int):
+    def __init__(self, ctx: Any, capacity: int):
         self.capacity = int(capacity)
-        self.max_message = self.capacity // (2 * num_virtual_engines + 2)
+        self.max_message = self.capacity // 2
         self._raw = ctx.RawArray(ctypes.c_uint8, self.capacity)
         self._tail_raw = ctx.RawArray(ctypes.c_int64, 1)  # bytes the receiver consumed
         self._lock = ctx.Lock()
@@ -99,8 +98,8 @@ class HostChannel:
 
     def send(self, tensor: torch.Tensor) -> None:
         """Copy ``tensor`` (a CPU tensor of at most ``max_message`` bytes, any dtype and
-        shape) into the ring and wake the receiver. Does not wait for the receiver unless
-        the ring is full.
+        shape) into the ring and wake the receiver. Waits for the receiver only while the
+        ring is full.
 
         Raises:
             ValueError: the tensor is larger than ``max_message``.
@@ -112,7 +111,7 @@ class HostChannel:
                 f"a {n}-byte message exceeds this channel's {self.max_message}-byte limit."
             )
         start = self._place(self._pos, n)
-        while start + n - self._consumed() > self.capacity:  # full: never expected
+        while start + n - self._consumed() > self.capacity:  # full: back-pressure
             time.sleep(FULL_SLEEP_S)
         off = start % self.capacity
         self._view()[off : off + n].copy_(src)
@@ -144,7 +143,7 @@ class HostChannel:
 
 
 def pipeline_channels(
-    ctx: Any, world_size: int, tp_size: int, max_message: int, num_virtual_engines: int
+    ctx: Any, world_size: int, tp_size: int, max_message: int
 ) -> dict[tuple[int, int], HostChannel]:
     """The channels of a pipeline on one host, keyed ``(src rank, dst rank)``: each rank to
     its peer of the next stage (``rank + tp_size``), and the sampling rank (TP rank 0 of
@@ -154,12 +153,12 @@ def pipeline_channels(
         ctx: the workers' multiprocessing context.
         world_size: ``tp_size x pp_size`` ranks.
         tp_size: ranks per stage.
-        max_message: the largest message, bytes, the channels must carry.
-        num_virtual_engines: virtual engines (calls in flight at once).
+        max_message: the largest message, bytes, the channels should carry (within
+            :data:`MAX_RING_BYTES` / 2; larger ones go over gloo).
     """
     if world_size <= tp_size:
         return {}
-    size = ring_bytes(max_message, num_virtual_engines)
+    size = ring_bytes(max_message)
     pairs = [(r, r + tp_size) for r in range(world_size - tp_size)]
     pairs.append((world_size - tp_size, 0))
-    return {pair: HostChannel(ctx, size, num_virtual_engines) for pair in pairs}
+    return {pair: HostChannel(ctx, size) for pair in pairs}

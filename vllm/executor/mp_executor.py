@@ -407,7 +407,8 @@ def _exit_code(proc, timeout: float) -> int | str:
 
 def _host_channels(ctx, config) -> dict:
     """The pipeline's shared-memory channels (vllm/distributed/host_channel.py), sized for
-    a decode step's hidden states and residual on CPU (where they travel as host data) and
+    the hidden states and residual of the largest step on CPU (where they travel as host
+    data; ``max(max_num_seqs, max_num_batched_tokens)`` rows, within the ring's cap) and
     for plan headers alone on CUDA; none when ``VLLM_PP_HOST_CHANNELS=0``."""
     from vllm.distributed.host_channel import pipeline_channels
 
@@ -417,11 +418,10 @@ def _host_channels(ctx, config) -> dict:
     mc = config.model_config
     message = 4096  # plan headers, bytes
     if config.device_config.device == "cpu":
-        rows = config.scheduler_config.max_num_seqs
+        sc = config.scheduler_config
+        rows = max(sc.max_num_seqs, sc.max_num_batched_tokens)
         message = max(message, 2 * rows * mc.hf_config.hidden_size * mc.torch_dtype.itemsize)
-    return pipeline_channels(
-        ctx, par.world_size, par.tensor_parallel_size, message, config.num_virtual_engines
-    )
+    return pipeline_channels(ctx, par.world_size, par.tensor_parallel_size, message)
 
 
 def _run_forked_worker(driver_conns: list, *args) -> None:
