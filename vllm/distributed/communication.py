@@ -78,6 +78,18 @@ def _recv(buf: torch.Tensor, src: int, group=None) -> torch.Tensor:
     return buf
 
 
+def incoming_fd(src: int, device: torch.device) -> int | None:
+    """A file descriptor that turns readable (``select``) once the next message from rank
+    ``src`` of a tensor on ``device`` has arrived, or None when such messages do not take
+    a host channel (no channel installed, or a CUDA tensor: NCCL, which the host never
+    waits on). Lets a stage wait on its neighbour and on the executor's pipe at once.
+    Exact for host values that always fit a channel (plan headers, sampled ids)."""
+    chan = _CHANNELS.get((src, _RANK[0]))
+    if chan is None or device.type == "cuda":
+        return None
+    return chan.fileno()
+
+
 def send_tensor(tensor: torch.Tensor, dst: int, group=None) -> None:
     """Send ``tensor`` to rank ``dst`` (on ``group``; None: the world group) without
     waiting for the receiver (see module doc)."""

@@ -87,6 +87,11 @@ class HostChannel:
             self._ring = torch.frombuffer(self._raw, dtype=torch.uint8)  # [capacity]
         return self._ring
 
+    def fileno(self) -> int:
+        """The receiver's pipe: readable (``select``) once a message is waiting, and left
+        unread by the test, so :meth:`recv_into` still takes that message."""
+        return self._reader.fileno()
+
     def carries(self, nbytes: int) -> bool:
         """Whether a message of ``nbytes`` bytes travels on this channel (else gloo)."""
         return 0 < nbytes <= self.max_message

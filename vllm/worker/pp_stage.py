@@ -91,6 +91,7 @@ class _Call:
     multi: bool  # sampled on the device pass by pass (sample_on_device), read once at the end
     tag: Any = None  # streams: the executor's id of the call, its reply's
     passes_run: int = 0  # streams: passes launched on this stage
+    prepared: int = 0  # the pass ``batch`` is built for (advanced ahead of its ids)
     next_ids: torch.Tensor | None = None  # stage 0: [batch_size] int64, the next pass's inputs
     staged: Any = None  # CUDA event: the last eager pass's uploads were queued
     pen: _PenaltyState | None = None
@@ -172,10 +173,23 @@ class PipelineStage:
             call.pen = _PenaltyState(sm.penalties, meta, device)
         return call
 
-    def _advance(self, call: _Call) -> None:
-        """Move ``call``'s batch one token on. Stage 0 builds the next pass's positions
-        and attention metadata first (they do not depend on the sampled ids), then
-        receives the ids into the input buffer the new batch reads."""
+    def _advance(self, call: _Call, i: int) -> None:
+        """Move ``call``'s batch on to pass ``i``. Stage 0 builds the pass's positions and
+        attention metadata first (they do not depend on the sampled ids; a stream may
+        have built them already, :meth:`_advance_batch`), then receives the ids into the
+        input buffer the new batch reads."""
+        self._advance_batch(call, i)
+        if self.first:
+            rows = call.batch.num_real_rows
+            with self.times.phase("transfer"):
+                got = comm.recv_int_tensor(rows, self.runner.device, self.group.world_size - 1)
+            call.next_ids[:rows].copy_(got)  # [rows]: the inputs of the pass about to run
+
+    def _advance_batch(self, call: _Call, i: int) -> None:
+        """Build ``call``'s batch for pass ``i`` (once) from the one of pass ``i - 1``."""
+        if call.prepared == i:
+            return
+        call.prepared = i
         batch = call.batch
         ev = call.staged
         if batch.graph_size is not None:
@@ -188,11 +202,6 @@ class PipelineStage:
             call.batch = _advance(self.runner, batch, ids, ce.scratch_slot)
         if call.staged is not None and call.batch.graph_size is None:
             call.staged.record()
-        if self.first:
-            rows = batch.num_real_rows
-            with self.times.phase("transfer"):
-                got = comm.recv_int_tensor(rows, self.runner.device, self.group.world_size - 1)
-            call.next_ids[:rows].copy_(got)  # [rows]: the inputs of the pass about to run
 
     def _recv_inter(self, num_tokens: int):
         """The previous stage's hidden states and residual for ``num_tokens`` tokens."""
@@ -211,7 +220,7 @@ class PipelineStage:
         pp_stream.py, where every pass has one: the plan and the pass index); in rounds
         only a call's first pass has one, received here."""
         if i > 0:
-            self._advance(call)
+            self._advance(call, i)
         batch = call.batch
         times = self.times
         inter = None

@@ -20,6 +20,15 @@ finding the call by its VE (reading the executor's pipe until that call's messag
 if need be). Sampled ids travel back to stage 0 in the order the last stage samples, which
 is the order stage 0 needs them: the rotation keeps the calls' relative order.
 
+A stage never blocks on its neighbour alone while a call from the executor may be
+queued: stage 0, before it waits for a pass's sampled ids (its batch already advanced),
+and a later stage, before it waits for the next header, wait on that message and on the
+executor's pipe at once (``CallSource.wait``; the host channel's pipe and the worker's
+inbox pipe), so a call that arrives meanwhile is prepared while the pipeline still
+works, and on stage 0 its first pass runs before the pass still waiting for ids. Without
+host channels (gloo) or for ids on CUDA (NCCL, where the host never waits) they block
+in the receive as before.
+
 The last stage samples one pass behind its forwards, as in rounds, so its host samples
 while its device runs the next pass; before it waits for the next header it samples
 the oldest launched pass while every unfinished call whose first header it has seen has
@@ -38,8 +47,11 @@ next. Every stage sees the same messages in the same order, so they admit the sa
 
 from __future__ import annotations
 
+import select
 from collections.abc import Callable
 from typing import Any
+
+import torch
 
 from vllm.distributed import communication as comm
 from vllm.worker.pp_stage import HEADER_FIELDS, PipelineStage, _Call
@@ -56,11 +68,29 @@ class CallSource:
             none is queued (``block`` False) or a message that ends admission comes
             first.
         reply: ``reply(tag, output)``: send a call's output (the sampling rank).
+        wait_fd: a file descriptor readable while a message not yet taken by
+            ``next_call`` is queued, or None: then a stage waiting on its neighbour does
+            not watch for calls meanwhile.
     """
 
-    def __init__(self, next_call: Callable[[bool], Any], reply: Callable[[Any, Any], None]):
+    def __init__(
+        self,
+        next_call: Callable[[bool], Any],
+        reply: Callable[[Any, Any], None],
+        wait_fd: int | None = None,
+    ):
         self.next_call = next_call
         self.reply = reply
+        self.wait_fd = wait_fd
+
+    def wait(self, fd: int | None) -> bool:
+        """Block until ``fd`` (a neighbour's message) or :attr:`wait_fd` is readable.
+        Returns True when ``fd`` is (or cannot be waited on: None), False when only a
+        message from the executor is: the caller admits it first."""
+        if fd is None or self.wait_fd is None:
+            return True
+        ready, _, _ = select.select([fd, self.wait_fd], [], [])
+        return fd in ready
 
 
 class StreamingStage(PipelineStage):
@@ -92,7 +122,7 @@ class StreamingStage(PipelineStage):
             if not self.calls:
                 return
             if self.first:
-                self._next_pass_first()
+                self._next_pass_first(source)
             else:
                 self._next_pass(source)
 
@@ -116,9 +146,19 @@ class StreamingStage(PipelineStage):
         if self.first:
             self.rotation.insert(0, call)  # runs next: its first pass needs no ids
 
-    def _next_pass_first(self) -> None:
-        """Stage 0: the next pass of the rotation."""
-        call = self.rotation.pop(0)
+    def _next_pass_first(self, source: CallSource) -> None:
+        """Stage 0: the next pass of the rotation. A pass that needs sampled ids still on
+        their way gets its batch built first; then, should a call from the executor
+        arrive before the ids, this returns, and the stream admits that call, whose
+        first pass runs next."""
+        call = self.rotation[0]
+        if call.passes_run:
+            self._advance_batch(call, call.passes_run)
+            ids_fd = comm.incoming_fd(self.group.world_size - 1, self.runner.device)
+            with self.times.phase("transfer"):
+                if not source.wait(ids_fd):
+                    return
+        self.rotation.pop(0)
         self._forward(call, call.passes_run)
         call.passes_run += 1
         if call.passes_run < call.num_steps:
@@ -127,8 +167,12 @@ class StreamingStage(PipelineStage):
             del self.calls[call.batch.virtual_engine]
 
     def _next_pass(self, source: CallSource) -> None:
-        """A later stage: the pass whose header comes next."""
+        """A later stage: the pass whose header comes next. Should a call from the
+        executor arrive before that header, this returns at once, and the stream admits
+        that call while the previous stage still works."""
         with self.times.phase("transfer"):
+            if not source.wait(comm.incoming_fd(self.group.prev_rank, torch.device("cpu"))):
+                return
             head = comm.recv_header(STREAM_HEADER_LEN, self.group.prev_rank, self.group.host_group)
         ve, i = head[HEADER_FIELDS.index("virtual_engine")], head[-1]
         while ve not in self.calls:  # its message is still on the way

@@ -162,7 +162,7 @@ def teardown_stage_worker(worker) -> None:
     destroy_distributed_environment()
 
 
-def _reader(conn: Connection, inbox: queue.Queue) -> None:
+def _reader(conn: Connection, inbox: _Inbox) -> None:
     """Move pickled driver messages into ``inbox``; exit the process if the driver is gone."""
     while True:
         try:
@@ -177,11 +177,21 @@ def _reader(conn: Connection, inbox: queue.Queue) -> None:
 
 class _Inbox:
     """The driver's messages in arrival order (filled by :func:`_reader`), with one
-    message put back at the front: the one that ends a stream's admission."""
+    message put back at the front: the one that ends a stream's admission.
+
+    Every queued message also has one byte in a pipe, so a stage can wait for the next
+    message and for its pipeline neighbour at once (``select`` on :attr:`wait_fd`,
+    vllm/worker/pp_stream.py); :meth:`get` reads a message's byte when it takes it.
+    """
 
     def __init__(self):
         self.queue: queue.Queue = queue.Queue()
         self._front: tuple | None = None
+        self.wait_fd, self._wake_fd = os.pipe()
+
+    def put(self, msg: tuple) -> None:
+        self.queue.put(msg)
+        os.write(self._wake_fd, b"\x01")
 
     def get(self, block: bool) -> tuple | None:
         """The next message; None when ``block`` is False and none is queued."""
@@ -189,9 +199,11 @@ class _Inbox:
             msg, self._front = self._front, None
             return msg
         try:
-            return self.queue.get(block)
+            msg = self.queue.get(block)
         except queue.Empty:
             return None
+        os.read(self.wait_fd, 1)  # its byte (put writes it right after queueing)
+        return msg
 
     def put_back(self, msg: tuple) -> None:
         self._front = msg
@@ -231,7 +243,7 @@ def run_worker(
     _reply(conn, lock, (READY, None, rank, os.getpid(), None))
 
     inbox = _Inbox()
-    threading.Thread(target=_reader, args=(conn, inbox.queue), daemon=True).start()
+    threading.Thread(target=_reader, args=(conn, inbox), daemon=True).start()
     is_last = rank == config.parallel_config.sampling_rank  # TP rank 0 of the last stage
     cache = StageRequestCache()  # decode steps arrive as deltas (request_delta.py)
     streams = config.parallel_config.streams_calls
@@ -262,7 +274,7 @@ def run_worker(
 
     from vllm.worker.pp_stream import CallSource
 
-    source = CallSource(next_call, reply)
+    source = CallSource(next_call, reply, inbox.wait_fd)
     while True:
         msg = inbox.get(True)
         kind = msg[0]
