@@ -459,6 +459,10 @@ class CacheConfig:
         gpu_memory_utilization: fraction (0, 1] of GPU memory the engine may use in all.
         num_gpu_blocks_override: fixed usable block count per stage, split over its virtual
             engines; their scratch blocks come on top (testing).
+        kv_cache_memory_bytes: KV cache bytes per worker (a stage's tensor-parallel rank),
+            on CUDA and CPU; when set, neither ``gpu_memory_utilization`` nor
+            ``cpu_kvcache_space_bytes`` sizes the cache (upstream's
+            ``--kv-cache-memory-bytes``); ``num_gpu_blocks_override`` still wins.
         cpu_kvcache_space_bytes: KV cache bytes on CPU (env VLLM_CPU_KVCACHE_SPACE, in GiB;
             default 4 GiB as upstream).
         enable_prefix_caching: reuse the KV blocks of prompt prefixes seen before
@@ -479,6 +483,7 @@ class CacheConfig:
     block_size: int = 16
     gpu_memory_utilization: float = 0.9
     num_gpu_blocks_override: int | None = None
+    kv_cache_memory_bytes: int | None = None
     cpu_kvcache_space_bytes: int | None = None
     enable_prefix_caching: bool = True
     prefix_caching_hash_algo: str = "sha256"
@@ -512,6 +517,10 @@ class CacheConfig:
         if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 1:
             raise ValueError(
                 f"num_gpu_blocks_override must be at least 1, got {self.num_gpu_blocks_override}."
+            )
+        if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes < 1:
+            raise ValueError(
+                f"kv_cache_memory_bytes must be at least 1, got {self.kv_cache_memory_bytes}."
             )
         if self.cpu_kvcache_space_bytes is None:
             from vllm import envs

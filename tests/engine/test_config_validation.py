@@ -26,6 +26,7 @@ CASES = [
     (dict(gpu_memory_utilization=1.5), "gpu_memory_utilization must be in (0, 1]"),
     (dict(gpu_memory_utilization=0.0), "gpu_memory_utilization must be in (0, 1]"),
     (dict(num_gpu_blocks_override=0), "num_gpu_blocks_override must be at least 1"),
+    (dict(kv_cache_memory_bytes=0), "kv_cache_memory_bytes must be at least 1, got 0"),
     (dict(max_num_seqs=0), "max_num_seqs must be at least 1"),
     (dict(tensor_parallel_size=3), "num_attention_heads=4 is not divisible by tensor_parall"),
     (dict(max_num_batched_tokens=64), "max_num_batched_tokens=64 is smaller than max_model_len"),
@@ -290,6 +291,19 @@ def test_max_model_len_flag_reads_suffixes(text, value):
 
     parser = EngineArgs.add_cli_args(argparse.ArgumentParser())
     assert parser.parse_args(["--max-model-len", text]).max_model_len == value
+
+
+@pytest.mark.parametrize(
+    "text,value",
+    [("1000000", 10**6), ("20G", 20 * 2**30), ("20g", 20 * 10**9), ("1.5M", 3 * 2**19)],
+)
+def test_kv_cache_memory_bytes_flag_reads_suffixes(text, value):
+    import argparse
+
+    parser = EngineArgs.add_cli_args(argparse.ArgumentParser())
+    args = parser.parse_args(["--kv-cache-memory-bytes", text])
+    assert args.kv_cache_memory_bytes == value
+    assert EngineArgs.from_cli_args(args).kv_cache_memory_bytes == value
 
 
 def test_max_model_len_flag_refuses_fractions(capsys):

@@ -94,8 +94,6 @@ REFUSED = [
     (["--no-disable-hybrid-kv-cache-manager"],
      "disable_hybrid_kv_cache_manager=False (--no-disable-hybrid-kv-cache-manager)",
      "on (or unset)"),
-    (["--kv-cache-memory-bytes", "1000000"],
-     "kv_cache_memory_bytes=1000000 (--kv-cache-memory-bytes 1000000)", "unset"),
     (["--kv-transfer-config", '{"kv_connector": "LMCacheConnectorV1"}'],
      "kv_transfer_config='{\"kv_connector\": \"LMCacheConnectorV1\"}'", "unset"),
     (["--kv-events-config", "{}"], "kv_events_config='{}' (--kv-events-config {})", "unset"),

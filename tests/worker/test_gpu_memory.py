@@ -2,7 +2,7 @@
 numbers torch reports, for one engine alone, two engines sharing a device and a device
 crowded by another process."""
 
-from vllm.worker.gpu_memory import kv_budget_bytes, non_torch_bytes
+from vllm.worker.gpu_memory import kv_budget_bytes, kv_room_bytes, non_torch_bytes
 
 GiB = 2**30
 TOTAL = 140 * GiB
@@ -46,3 +46,14 @@ def test_without_a_snapshot_everything_outside_torch_is_charged():
     budget, charged = kv_budget_bytes(TOTAL, free, 16 * GiB, 0.9, 18 * GiB, GiB, None)
     assert charged == 30 * GiB
     assert budget == int(0.9 * TOTAL - 18 * GiB - 30 * GiB - GiB)
+
+
+def test_an_explicit_kv_size_is_checked_against_the_room_left():
+    """kv_cache_memory_bytes ignores the utilization, not the device: the room is what is
+    free less the forward's activations and the graphs, as the budget's own bound."""
+    free = TOTAL - 100 * GiB - CONTEXT - 16 * GiB  # test_a_crowded_device_...'s device
+    room = kv_room_bytes(free, 16 * GiB, 18 * GiB, GiB)
+    assert room == free - 2 * GiB - GiB
+    crowded, _ = _budget(100 * GiB, 0.9, weights=16 * GiB, activations=2 * GiB)
+    assert crowded == room  # what the budget takes when the device is crowded
+    assert kv_room_bytes(GiB, 16 * GiB, 20 * GiB, GiB) < 0  # nothing left

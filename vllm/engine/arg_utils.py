@@ -333,6 +333,14 @@ class EngineArgs:
         "default: sized by profiling on CUDA, by VLLM_CPU_KVCACHE_SPACE on CPU).",
         group="cache",
     )
+    kv_cache_memory_bytes: int | None = _f(
+        None,
+        "KV-cache bytes per GPU (per stage and tensor-parallel rank; on CPU too), as "
+        "upstream: an integer or a size such as 20G (2**30 bytes) or 20g (10**9). When set, "
+        "gpu_memory_utilization (and VLLM_CPU_KVCACHE_SPACE on CPU) no longer size the "
+        "cache; --num-gpu-blocks-override still wins. (default: unset)",
+        group="cache",
+    )
     enable_prefix_caching: bool = _f(
         True,
         "Reuse the cached KV blocks of shared prompt prefixes (automatic prefix caching; "
@@ -570,10 +578,6 @@ class EngineArgs:
         "does (every layer gets the same cache); --no-disable-hybrid-kv-cache-manager is "
         "refused. (default: unset, meaning on)", group="upstream",
     )  # fmt: skip
-    kv_cache_memory_bytes: int | None = _f(
-        None, "Upstream's KV-cache size in bytes: unset only (use --gpu-memory-utilization "
-        "or --num-gpu-blocks-override).", group="upstream",
-    )  # fmt: skip
     kv_transfer_config: str | dict | None = _f(
         None, "Upstream's KV transfer connector (disaggregated prefill, LMCache): unset only.",
         group="upstream",
@@ -637,7 +641,7 @@ class EngineArgs:
                 target.add_argument(*flags, type=_list_item_type(hints[f.name]), nargs="+",
                                     default=default, help=help_text)  # fmt: skip
             else:
-                parse = human_readable_int if f.name == "max_model_len" else kind
+                parse = human_readable_int if f.name in HUMAN_READABLE else kind
                 target.add_argument(*flags, type=parse, default=default, help=help_text,
                                     choices=f.metadata.get("choices"))  # fmt: skip
         return parser
@@ -734,6 +738,7 @@ class EngineArgs:
             block_size=self.block_size,
             gpu_memory_utilization=self.gpu_memory_utilization,
             num_gpu_blocks_override=self.num_gpu_blocks_override,
+            kv_cache_memory_bytes=self.kv_cache_memory_bytes,
             enable_prefix_caching=self.enable_prefix_caching,
             prefix_caching_hash_algo=self.prefix_caching_hash_algo,
             prefix_routing_margin=self.prefix_routing_margin,
@@ -993,13 +998,19 @@ def _check_multi_step(steps: int, spec, parallel: ParallelConfig) -> None:
         )
 
 
-_SUFFIXES = {"k": 10**3, "m": 10**6, "g": 10**9, "K": 2**10, "M": 2**20, "G": 2**30}
+_SUFFIXES = {
+    "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+    "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40,
+}  # fmt: skip
+# Flags read by human_readable_int, as upstream.
+HUMAN_READABLE = ("max_model_len", "kv_cache_memory_bytes")
 
 
 def human_readable_int(text: str) -> int:
-    """``--max-model-len`` as upstream reads it: an integer, or a number with a suffix,
-    lower case for powers of 10 (``1k`` = 1000, ``25.6k`` = 25600), upper case for powers
-    of 2 (``1K`` = 1024, ``128K`` = 131072).
+    """``--max-model-len`` and ``--kv-cache-memory-bytes`` as upstream reads them: an
+    integer, or a number with a suffix, lower case for powers of 10 (``1k`` = 1000,
+    ``25.6k`` = 25600, ``20g`` = 20 * 10**9), upper case for powers of 2 (``1K`` = 1024,
+    ``128K`` = 131072, ``20G`` = 20 * 2**30).
 
     Raises:
         argparse.ArgumentTypeError: anything else, or a fraction of a token.

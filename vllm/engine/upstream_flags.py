@@ -171,13 +171,6 @@ ENGINE_FLAGS = (
         "as with the switch on; there is no hybrid KV cache manager",
     ),  # fmt: skip
     UpstreamFlag(
-        "kv_cache_memory_bytes",
-        _one_of(None),
-        "unset",
-        "size the KV cache with --gpu-memory-utilization or --num-gpu-blocks-override "
-        "(VLLM_CPU_KVCACHE_SPACE on CPU)",
-    ),  # fmt: skip
-    UpstreamFlag(
         "stream_interval",
         _one_of(1),
         "1",

@@ -174,8 +174,8 @@ def check_kv_capacity(config: Any, num_blocks: int) -> None:
     if num_blocks < 1:
         raise ValueError(
             "No KV-cache blocks fit (after one scratch block per virtual engine): raise "
-            "gpu_memory_utilization on CUDA, VLLM_CPU_KVCACHE_SPACE on CPU, or "
-            "num_gpu_blocks_override."
+            "gpu_memory_utilization on CUDA, VLLM_CPU_KVCACHE_SPACE on CPU, "
+            "kv_cache_memory_bytes, or num_gpu_blocks_override."
         )
     block_size = config.cache_config.block_size
     capacity = num_blocks * block_size
@@ -186,6 +186,7 @@ def check_kv_capacity(config: Any, num_blocks: int) -> None:
             f"per virtual engine ({num_blocks} blocks of {block_size}): a sequence of "
             "max_model_len tokens could never run. Lower max_model_len (to at most "
             f"{capacity}) or give the cache more room (gpu_memory_utilization on CUDA, "
-            "VLLM_CPU_KVCACHE_SPACE on CPU, or num_gpu_blocks_override; with pipeline "
+            "VLLM_CPU_KVCACHE_SPACE on CPU, kv_cache_memory_bytes, or "
+            "num_gpu_blocks_override; with pipeline "
             "parallelism each virtual engine gets its share)."
         )

@@ -56,5 +56,12 @@ def kv_budget_bytes(
     now = non_torch_bytes(free, total, reserved)
     charged = now if non_torch_at_start is None else max(0, now - non_torch_at_start)
     share = total * utilization - peak - charged - graphs
-    room = free - max(0, peak - reserved) - graphs
-    return max(0, int(min(share, room))), charged
+    return max(0, int(min(share, kv_room_bytes(free, reserved, peak, graphs)))), charged
+
+
+def kv_room_bytes(free: int, reserved: int, peak: int, graphs: int) -> int:
+    """The most KV-cache bytes the device has room for, whatever the utilization: ``free
+    - activations - graphs`` (arguments as :func:`kv_budget_bytes`'), where ``activations
+    = peak - reserved`` is the forward's transient memory. What an explicit
+    ``kv_cache_memory_bytes`` is checked against; may be negative."""
+    return int(free - max(0, peak - reserved) - graphs)

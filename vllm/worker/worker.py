@@ -15,7 +15,7 @@ from vllm.config import EngineConfig
 from vllm.cudagraph import GraphCapturer
 from vllm.sequence import ExecuteModelRequest, SamplerOutput
 from vllm.worker.cache_engine import CacheEngine, cache_block_bytes
-from vllm.worker.gpu_memory import kv_budget_bytes, non_torch_bytes
+from vllm.worker.gpu_memory import kv_budget_bytes, kv_room_bytes, non_torch_bytes
 from vllm.worker.model_runner import ModelRunner
 from vllm.worker.stage_timing import StageTimes
 
@@ -100,18 +100,25 @@ class Worker:
 
         CPU: VLLM_CPU_KVCACHE_SPACE bytes / bytes per block. CUDA: total memory x
         gpu_memory_utilization minus the peak of a profiling forward of
-        max_num_batched_tokens tokens. The stage's count is split evenly across virtual
-        engines, one block each kept back as scratch (the padding lanes' slot).
-        ``num_gpu_blocks_override`` (blocks per stage, as upstream) wins and is the usable
-        count: the scratch blocks come on top. The result may be below 1 (nothing fits):
-        the executor refuses it with the other capacity checks (``check_kv_capacity``).
+        max_num_batched_tokens tokens. ``kv_cache_memory_bytes``, when set, is the bytes
+        on either (on CUDA after the same profiling, checked against the room left). The
+        stage's count is split evenly across virtual engines, one block each kept back as
+        scratch (the padding lanes' slot). ``num_gpu_blocks_override`` (blocks per stage,
+        as upstream) wins and is the usable count: the scratch blocks come on top. The
+        result may be below 1 (nothing fits): the executor refuses it with the other
+        capacity checks (``check_kv_capacity``).
+
+        Raises:
+            ValueError: ``kv_cache_memory_bytes`` is more than the device has room for
+                (CUDA), naming both.
         """
         cc = self.config.cache_config
         block_bytes = self.get_cache_block_size_bytes()
         if cc.num_gpu_blocks_override is not None:
             return cc.num_gpu_blocks_override // self.num_virtual_engines
         if self.device.type == "cpu":
-            total = cc.cpu_kvcache_space_bytes // block_bytes
+            kv_bytes = cc.kv_cache_memory_bytes or cc.cpu_kvcache_space_bytes
+            total = kv_bytes // block_bytes
         else:
             total = self._profile_cuda_blocks(block_bytes)
         per_ve = total // self.num_virtual_engines - 1
@@ -150,6 +157,18 @@ class Worker:
         budget, outside = kv_budget_bytes(
             total, free, reserved, util, peak, graphs, self.non_torch_at_start
         )
+        wanted = self.config.cache_config.kv_cache_memory_bytes
+        if wanted is not None:
+            room = kv_room_bytes(free, reserved, peak, graphs)
+            if wanted > room:
+                raise ValueError(
+                    f"kv_cache_memory_bytes={wanted} ({wanted / 2**30:.2f} GiB) does not fit "
+                    f"on {self.device}: {max(room, 0)} bytes ({max(room, 0) / 2**30:.2f} GiB) "
+                    "are left after the weights, a forward's activations and the CUDA "
+                    "graphs. Lower it, or leave it unset to size the cache by "
+                    "gpu_memory_utilization."
+                )
+            budget = wanted
         logger.info(
             "Memory profile: total %.2f GiB, free %.2f GiB, peak %.2f GiB, outside torch "
             "(this process) %.2f GiB, graphs (estimated) %.3f GiB, KV budget %.2f GiB",
