@@ -30,9 +30,12 @@ def _cuda_available() -> bool:
 
 @dataclass
 class DeviceConfig:
-    """Which device runs the model: "cuda" or "cpu" ("auto" picks CUDA when present)."""
+    """Which device runs the model: "cuda" or "cpu" ("auto" picks CUDA when present), and
+    the attention backend asked for (``--attention-backend``, any case; None: the
+    VLLM_ATTENTION_BACKEND variable or the default rule, vllm/attention/selector.py)."""
 
     device: str = "auto"
+    attention_backend: str | None = None
 
     def __post_init__(self) -> None:
         if self.device not in _DEVICES:
@@ -843,9 +846,10 @@ class EngineConfig:
             )  # fmt: skip
         from vllm.attention.selector import which_attn_backend
 
-        # An explicit VLLM_ATTENTION_BACKEND that cannot run fails here, before any load.
+        # An explicit backend that cannot run fails here, before any load.
         mc = self.model_config
-        which_attn_backend(self.device_config.device, mc.dtype, mc.head_size)
+        dc = self.device_config
+        which_attn_backend(dc.device, mc.dtype, mc.head_size, dc.attention_backend)
         cc = self.compilation_config
         cc.max_seq_len_to_capture = min(cc.max_seq_len_to_capture, self.model_config.max_model_len)
         if self.device_config.device == "cpu":

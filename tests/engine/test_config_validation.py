@@ -255,6 +255,40 @@ def test_flashinfer_head_size(monkeypatch):
         which_attn_backend("cuda", torch.bfloat16, 16)
 
 
+def test_attention_backend_flag_wins_over_the_variable(tiny_llama_dir, monkeypatch):
+    """``--attention-backend`` (any case) picks the backend where VLLM_ATTENTION_BACKEND
+    would have picked another, and a choice that cannot run, or one of upstream's backends
+    this engine lacks, fails before any load, naming the flag."""
+    import argparse
+
+    import torch
+
+    from vllm.attention.selector import which_attn_backend
+
+    monkeypatch.setenv("VLLM_ATTENTION_BACKEND", "FLASHINFER")
+    assert which_attn_backend("cuda", torch.bfloat16, 64, "torch_sdpa") == "TORCH_SDPA"
+    with pytest.raises(ValueError, match="VLLM_ATTENTION_BACKEND=FLASHINFER needs device"):
+        which_attn_backend("cpu", torch.float32, 64)
+    cfg = EngineArgs(model=tiny_llama_dir, device="cpu", attention_backend="torch_sdpa")
+    assert cfg.create_engine_config().device_config.attention_backend == "torch_sdpa"
+    parser = EngineArgs.add_cli_args(argparse.ArgumentParser())
+    args = EngineArgs.from_cli_args(parser.parse_args(["--attention-backend", "FLASH_ATTN"]))
+    assert args.attention_backend == "FLASH_ATTN"
+    with pytest.raises(
+        ValueError,
+        match=r"--attention-backend=FLASH_ATTN is not available "
+        r"here: the attention backends are \['FLASHINFER', 'TORCH_SDPA'\]",
+    ):
+        EngineArgs(
+            model=tiny_llama_dir, device="cpu", attention_backend=args.attention_backend
+        ).create_engine_config()
+    monkeypatch.delenv("VLLM_ATTENTION_BACKEND")
+    with pytest.raises(ValueError, match="--attention-backend=FLASHINFER needs device='cuda'"):
+        EngineArgs(
+            model=tiny_llama_dir, device="cpu", attention_backend="flashinfer"
+        ).create_engine_config()
+
+
 def test_long_max_model_len_allowed_by_env(tiny_llama_dir, monkeypatch):
     """VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 lets max_model_len exceed max_position_embeddings
     (as upstream), with a warning; unset, the same value is refused naming the switch."""

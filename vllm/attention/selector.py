@@ -1,8 +1,9 @@
 """Choose the attention backend (docs/design.md "Devices and backends").
 
 CUDA: FLASHINFER for float16/bfloat16 when flashinfer imports, TORCH_SDPA otherwise and for
-float32. CPU: TORCH_SDPA. ``VLLM_ATTENTION_BACKEND`` picks one explicitly; an explicit choice
-that cannot run is an error, only the default choice falls back (with a warning).
+float32. CPU: TORCH_SDPA. ``--attention-backend`` (``DeviceConfig.attention_backend``,
+upstream's flag) or else ``VLLM_ATTENTION_BACKEND`` picks one explicitly; an explicit
+choice that cannot run is an error, only the default choice falls back (with a warning).
 """
 
 from __future__ import annotations
@@ -29,36 +30,43 @@ def _flashinfer_available() -> bool:
     return importlib.util.find_spec("flashinfer") is not None
 
 
-def which_attn_backend(device: str, dtype: torch.dtype, head_size: int | None = None) -> str:
+def which_attn_backend(
+    device: str, dtype: torch.dtype, head_size: int | None = None, chosen: str | None = None
+) -> str:
     """Name of the backend to use for ``device`` ("cuda"/"cpu"), ``dtype`` and the model's
-    ``head_size`` (None: not checked).
+    ``head_size`` (None: not checked). ``chosen``: the ``--attention-backend`` value (any
+    case), else VLLM_ATTENTION_BACKEND decides, else the default rule (module doc).
 
     Raises:
-        ValueError: unknown VLLM_ATTENTION_BACKEND, or an explicit choice that cannot run
-            (FLASHINFER on CPU, with float32, with a head size outside
-            FLASHINFER_HEAD_SIZES, or without the flashinfer package).
+        ValueError: an explicit choice that is not one of :data:`BACKENDS` (upstream's
+            other backends included) or that cannot run (FLASHINFER on CPU, with float32,
+            with a head size outside FLASHINFER_HEAD_SIZES, or without the flashinfer
+            package), naming where the choice came from.
     """
-    explicit = envs.VLLM_ATTENTION_BACKEND
+    source = "--attention-backend" if chosen else "VLLM_ATTENTION_BACKEND"
+    explicit = chosen.upper() if chosen else envs.VLLM_ATTENTION_BACKEND
     if explicit:
+        what = f"{source}={explicit}"
         if explicit not in BACKENDS:
-            raise ValueError(f"VLLM_ATTENTION_BACKEND={explicit!r} is not one of {list(BACKENDS)}.")
+            raise ValueError(
+                f"{what} is not available here: the attention backends are {list(BACKENDS)} "
+                "(upstream's other backends are not implemented)."
+            )
         if explicit == "FLASHINFER":
             if device != "cuda":
-                raise ValueError("VLLM_ATTENTION_BACKEND=FLASHINFER needs device='cuda'.")
+                raise ValueError(f"{what} needs device='cuda'.")
             if dtype == torch.float32:
                 raise ValueError(
-                    "VLLM_ATTENTION_BACKEND=FLASHINFER does not support dtype float32; "
-                    "use float16/bfloat16 or TORCH_SDPA."
+                    f"{what} does not support dtype float32; use float16/bfloat16 or TORCH_SDPA."
                 )
             if head_size is not None and head_size not in FLASHINFER_HEAD_SIZES:
                 raise ValueError(
-                    f"VLLM_ATTENTION_BACKEND=FLASHINFER does not support head_size={head_size} "
+                    f"{what} does not support head_size={head_size} "
                     f"(supported: {list(FLASHINFER_HEAD_SIZES)}); use TORCH_SDPA."
                 )
             if not _flashinfer_available():
                 raise ValueError(
-                    "VLLM_ATTENTION_BACKEND=FLASHINFER but flashinfer is not installed "
-                    "(pip install flashinfer-python)."
+                    f"{what} but flashinfer is not installed (pip install flashinfer-python)."
                 )
         return explicit
     if device == "cuda" and dtype != torch.float32:

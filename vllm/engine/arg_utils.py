@@ -298,6 +298,14 @@ class EngineArgs:
         group="model",
     )
     device: str = _f("auto", "auto (cuda when available, else cpu), cuda or cpu.", group="model")
+    attention_backend: str | None = _f(
+        None,
+        "The attention backend, as upstream's flag: FLASHINFER or TORCH_SDPA (any case); "
+        "upstream's other backends are refused, naming these. Wins over the "
+        "VLLM_ATTENTION_BACKEND variable. (default: FLASHINFER on CUDA for float16/bfloat16 "
+        "when it is installed and supports the head size, else TORCH_SDPA)",
+        group="model",
+    )
     enforce_eager: bool = _f(False, "Never capture CUDA graphs.", group="model")
     max_seq_len_to_capture: int = _f(
         8192,
@@ -727,7 +735,7 @@ class EngineArgs:
         check_upstream_lora_flags(self.lora_extra_vocab_size, self.long_lora_scaling_factors)
         check_upstream_flags(self)
         log_ignored_code_revision(self.model, self.code_revision)
-        device_config = DeviceConfig(self.device)
+        device_config = DeviceConfig(self.device, self.attention_backend)
         parallel_config = ParallelConfig(
             pipeline_parallel_size=self.pipeline_parallel_size,
             tensor_parallel_size=self.tensor_parallel_size,

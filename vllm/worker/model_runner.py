@@ -58,8 +58,9 @@ class ModelRunner:
         self.block_size = config.cache_config.block_size
         self.dtype = self.model_config.torch_dtype
         self.attn_backend_name = which_attn_backend(
-            device.type, self.dtype, self.model_config.head_size
-        )
+            device.type, self.dtype, self.model_config.head_size,
+            config.device_config.attention_backend,
+        )  # fmt: skip
         cfg = self.model_config
         tp = config.parallel_config.tensor_parallel_size
         self.attn_spec = AttentionSpec(  # this tensor-parallel rank's heads
