@@ -202,8 +202,8 @@ class ModelConfig:
             )
         if not os.path.exists(self.model):
             raise ValueError(
-                f"model {self.model!r} does not exist: pass a Hugging Face directory or a "
-                ".gguf file (no model hub is used)."
+                f"model {self.model!r} does not exist: pass a Hugging Face directory, a "
+                ".gguf file or a Hugging Face Hub repository id (org/name)."
             )
         if self.hf_config_path is not None and not os.path.exists(self.hf_config_path):
             raise ValueError(

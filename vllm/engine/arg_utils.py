@@ -121,14 +121,16 @@ class EngineArgs:
         group="model",
     )
     revision: str | None = _f(
-        None, "Accepted for upstream scripts; ignored (models are local paths).", group="model"
-    )
+        None, "Branch, tag or commit of a model named by Hugging Face Hub repository "
+        "(default: main); logged as ignored for a local path.", group="model",
+    )  # fmt: skip
     download_dir: str | None = _f(
-        None, "Accepted for upstream scripts; ignored (models are local paths).", group="model"
-    )
+        None, "Hugging Face Hub cache directory for a model named by repository (default: "
+        "HF_HUB_CACHE / HF_HOME's); logged as ignored for a local path.", group="model",
+    )  # fmt: skip
     tokenizer_revision: str | None = _f(
-        None, "Accepted for upstream scripts; ignored (tokenizers are local paths).",
-        group="model",
+        None, "Branch, tag or commit of a tokenizer named by Hub repository; logged as "
+        "ignored otherwise (the tokenizer is the model's files).", group="model",
     )  # fmt: skip
     disable_sliding_window: bool = _f(
         False, "Cap max_model_len at the model's smallest sliding window, as upstream "
@@ -718,23 +720,30 @@ class EngineArgs:
         """Build and validate every config; raises ValueError naming the bad value."""
         self._check_types()
         if not self.model:
-            raise ValueError("model must be given (an HF directory or a .gguf file).")
-        check_compat_args(
-            self.model,
-            self.tokenizer_mode,
-            self.quantization,
-            self.swap_space,
-            self.revision,
-            self.download_dir,
-        )
+            raise ValueError(
+                "model must be given (a Hugging Face directory or Hub repository, or a .gguf file)."
+            )
+        from vllm.transformers_utils.hub import resolve_model_path
+
+        model = resolve_model_path(self.model, self.revision, self.download_dir)
+        tokenizer = self.tokenizer
+        if tokenizer and tokenizer != self.model:
+            tokenizer = resolve_model_path(
+                tokenizer, self.tokenizer_revision, self.download_dir, "tokenizer"
+            )
+        elif tokenizer:
+            tokenizer = model
+        check_compat_args(model, self.tokenizer_mode, self.quantization, self.swap_space)
+        used = self.tokenizer and tokenizer not in (self.tokenizer, model)  # fetched at it
         check_upstream_switches(
-            self.model, self.tokenizer_revision, self.cpu_offload_gb, self.preemption_mode,
+            model, None if used else self.tokenizer_revision, self.cpu_offload_gb,
+            self.preemption_mode,
             self.disable_custom_all_reduce, self.compilation_config,
             self.max_parallel_loading_workers, self.calculate_kv_scales,
         )  # fmt: skip
         check_upstream_lora_flags(self.lora_extra_vocab_size, self.long_lora_scaling_factors)
         check_upstream_flags(self)
-        log_ignored_code_revision(self.model, self.code_revision)
+        log_ignored_code_revision(model, self.code_revision)
         device_config = DeviceConfig(self.device, self.attention_backend)
         parallel_config = ParallelConfig(
             pipeline_parallel_size=self.pipeline_parallel_size,
@@ -763,8 +772,8 @@ class EngineArgs:
             piecewise_graph_max_tokens=self._piecewise_graph_max_tokens(device_config.device),
         )
         model_config = ModelConfig(
-            model=self.model,
-            tokenizer=self.tokenizer,
+            model=model,
+            tokenizer=tokenizer,
             dtype=self.dtype,
             seed=self.seed,
             max_model_len=self.max_model_len,

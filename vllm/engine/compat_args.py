@@ -12,8 +12,8 @@ what is supported otherwise, before any weight is read:
 - ``trust_remote_code``: passed to transformers when the config and the tokenizer are
   loaded (a config with ``auto_map`` needs it). The model classes are this engine's own
   (``ModelRegistry``), so a checkpoint's custom modelling code is never run.
-- ``revision``, ``download_dir``: models are read from local paths only (no model hub),
-  where neither applies; a value other than the default is logged as ignored.
+- ``revision``, ``download_dir``: for a model named by Hugging Face Hub repository
+  (vllm/transformers_utils/hub.py); logged as ignored with a local path.
 - ``quantization``: None, ``gguf`` for a .gguf file (what the file's own tensor types
   say is used in either case), ``fp8`` for a Hugging Face checkpoint, quantized on load
   (vllm/model_executor/layers/fp8.py), ``compressed-tensors`` / ``fbgemm_fp8`` naming
@@ -55,8 +55,6 @@ def check_compat_args(
     tokenizer_mode: str,
     quantization: str | None,
     swap_space: float,
-    revision: str | None,
-    download_dir: str | None,
 ) -> None:
     """Validate the compatibility flags (see the module docstring).
 
@@ -95,11 +93,6 @@ def check_compat_args(
         )
     if not swap_space >= 0:
         raise ValueError(f"swap_space must be >= 0 (GiB), got {swap_space}.")
-    for name, value in (("revision", revision), ("download_dir", download_dir)):
-        if value is not None:
-            logger.warning(
-                "%s=%r is ignored: the model is read from the local path %r.", name, value, model
-            )
 
 
 def check_upstream_switches(
