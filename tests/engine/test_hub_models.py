@@ -69,3 +69,22 @@ def test_llm_generates_from_a_repo_id_as_from_its_directory(hub_cache, tiny_llam
     by_id.llm_engine.shutdown()
     by_dir = LLM(tiny_llama_dir, device="cpu")
     check_outputs_equal(vllm_greedy(by_dir, prompts, 8), got, "directory", "repo id", prompts)
+
+
+def test_hf_token_reaches_the_hub(tiny_llama_dir, monkeypatch):
+    """``--hf-token``: the token itself, or the flag alone for the stored login (True),
+    handed to huggingface_hub for the model's repository."""
+    import argparse
+
+    import huggingface_hub
+
+    seen = []
+    monkeypatch.setattr(huggingface_hub, "snapshot_download",
+                        lambda **kw: seen.append(kw) or tiny_llama_dir)  # fmt: skip
+    parser = EngineArgs.add_cli_args(argparse.ArgumentParser())
+    assert parser.parse_args(["--hf-token"]).hf_token is True
+    assert parser.parse_args([]).hf_token is None
+    args = EngineArgs.from_cli_args(parser.parse_args(["--model", "org/gated", "--hf-token",
+                                                       "hf_abc", "--device", "cpu"]))  # fmt: skip
+    assert args.create_engine_config().model_config.model == tiny_llama_dir
+    assert [(kw["repo_id"], kw["token"]) for kw in seen] == [("org/gated", "hf_abc")]

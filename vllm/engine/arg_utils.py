@@ -46,11 +46,12 @@ from vllm.sampling_params import LOGPROBS_MODES
 logger = logging.getLogger(__name__)
 
 
-def _f(default, help: str, group: str | None = None, choices: tuple | None = None):
+def _f(default, help: str, group: str | None = None, choices: tuple | None = None, const=None):
     """A field whose flag has ``help`` and sits in ``--help`` group ``group`` (None: the
     general options); ``choices``, when given, are the only values the flag accepts
-    (argparse refuses others; the config refuses them from ``LLM(**kwargs)``)."""
-    meta = {"help": help, "group": group, "choices": choices}
+    (argparse refuses others; the config refuses them from ``LLM(**kwargs)``); ``const``,
+    when given, is the value of the flag written without one (``--hf-token``)."""
+    meta = {"help": help, "group": group, "choices": choices, "const": const}
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -127,6 +128,12 @@ class EngineArgs:
     download_dir: str | None = _f(
         None, "Hugging Face Hub cache directory for a model named by repository (default: "
         "HF_HUB_CACHE / HF_HOME's); logged as ignored for a local path.", group="model",
+    )  # fmt: skip
+    hf_token: str | bool | None = _f(
+        None, "Token for the Hugging Face Hub when a model or tokenizer is named by repository "
+        "(gated or private ones), as upstream: the token itself, or the flag alone (True) "
+        "for the one `hf auth login` stored. (default: HF_TOKEN or the stored one)",
+        group="model", const=True,
     )  # fmt: skip
     tokenizer_revision: str | None = _f(
         None, "Branch, tag or commit of a tokenizer named by Hub repository; logged as "
@@ -650,6 +657,9 @@ class EngineArgs:
             elif kind is list:
                 target.add_argument(*flags, type=_list_item_type(hints[f.name]), nargs="+",
                                     default=default, help=help_text)  # fmt: skip
+            elif f.metadata.get("const") is not None:
+                target.add_argument(*flags, type=kind, nargs="?", const=f.metadata["const"],
+                                    default=default, help=help_text)  # fmt: skip
             else:
                 parse = human_readable_int if f.name in HUMAN_READABLE else kind
                 target.add_argument(*flags, type=parse, default=default, help=help_text,
@@ -725,11 +735,13 @@ class EngineArgs:
             )
         from vllm.transformers_utils.hub import resolve_model_path
 
-        model = resolve_model_path(self.model, self.revision, self.download_dir)
+        model = resolve_model_path(
+            self.model, self.revision, self.download_dir, token=self.hf_token
+        )
         tokenizer = self.tokenizer
         if tokenizer and tokenizer != self.model:
             tokenizer = resolve_model_path(
-                tokenizer, self.tokenizer_revision, self.download_dir, "tokenizer"
+                tokenizer, self.tokenizer_revision, self.download_dir, "tokenizer", self.hf_token
             )
         elif tokenizer:
             tokenizer = model

@@ -7,8 +7,8 @@ Hub's cache (``download_dir`` when given, else ``HF_HUB_CACHE`` / ``HF_HOME``), 
 files the engine reads are fetched (:data:`HUB_FILES`: config and generation config,
 safetensors weights and their index, tokenizer files, chat templates), as upstream skips
 the other weight formats when safetensors are there. ``HF_HUB_OFFLINE=1`` reads the cache
-alone (huggingface_hub's own switch); ``HF_TOKEN`` (or ``huggingface-cli login``) gives
-access to gated repositories. A local path always wins, and with it ``revision`` and
+alone (huggingface_hub's own switch); ``--hf-token``, ``HF_TOKEN`` or ``hf auth login``
+give access to gated repositories. A local path always wins, and with it ``revision`` and
 ``download_dir`` are logged as ignored.
 """
 
@@ -40,7 +40,11 @@ def is_repo_id(name: str) -> bool:
 
 
 def resolve_model_path(
-    name: str, revision: str | None = None, download_dir: str | None = None, what: str = "model"
+    name: str,
+    revision: str | None = None,
+    download_dir: str | None = None,
+    what: str = "model",
+    token: str | bool | None = None,
 ) -> str:
     """``name`` itself when it is a local path or not a repository id (the model config
     reports a missing path), else the local snapshot directory of that Hub repository
@@ -51,6 +55,8 @@ def resolve_model_path(
         revision: a branch, tag or commit of the repository (None: its main branch).
         download_dir: the Hub cache directory to use (None: huggingface_hub's default).
         what: the argument's name, for messages.
+        token: the Hub token (``--hf-token``): a string, True for the stored login, None
+            for huggingface_hub's default (HF_TOKEN, then the stored login).
 
     Raises:
         ValueError: ``name`` is a repository id that could not be fetched or found in the
@@ -68,8 +74,9 @@ def resolve_model_path(
 
     try:
         path = snapshot_download(
-            repo_id=name, revision=revision, cache_dir=download_dir, allow_patterns=HUB_FILES
-        )
+            repo_id=name, revision=revision, cache_dir=download_dir, allow_patterns=HUB_FILES,
+            token=token,
+        )  # fmt: skip
     except Exception as e:  # huggingface_hub's errors: missing, gated, offline, network
         at = f" at revision {revision!r}" if revision else ""
         raise ValueError(
