@@ -120,7 +120,8 @@ _DECLARED = (
         "VLLM_ATTENTION_BACKEND",
         _str,
         None,
-        "Attention backend: FLASHINFER or TORCH_SDPA (default: FLASHINFER on CUDA if installed).",
+        "Attention backend: FLASHINFER or TORCH_SDPA (default: FLASHINFER on CUDA if "
+        "installed); `--attention-backend` wins over it.",
     ),
     EnvVar(
         "VLLM_CPU_KVCACHE_SPACE",
