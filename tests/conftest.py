@@ -62,14 +62,59 @@ def _cuda_device_count() -> int:
         return 0
 
 
+# The modules an engine-starting test imports (a tiny model on CPU, uni-process or pipeline
+# executors): imported once in the parent, so each forked child inherits them.
+ENGINE_MODULES = (
+    "vllm.entrypoints.llm",
+    "vllm.engine.llm_engine",
+    "vllm.engine.async_llm_engine",
+    "vllm.executor.uniproc_executor",
+    "vllm.executor.mp_executor",
+    "vllm.worker.worker",
+    "vllm.worker.model_runner",
+    "vllm.attention.selector",
+    "vllm.attention.backends.torch_sdpa",
+    "vllm.model_executor.model_loader.loader",
+    "vllm.model_executor.models.llama",
+    "vllm.model_executor.models.qwen3",
+    "vllm.model_executor.models.moe_common",
+    "vllm.model_executor.layers.int_checkpoint",
+    "vllm.model_executor.layers.fp8_checkpoint",
+    "vllm.transformers_utils.hub",
+    "vllm.transformers_utils.gguf_metadata",
+    "vllm.distributed.validation",
+    "transformers.models.auto.tokenization_auto",
+    "safetensors.torch",
+)
+
+
 def pytest_collection_finish(session):
-    """Warm the per-process config/tokenizer caches for SmolLM2 in the parent process when a
-    collected test uses it: forked tests inherit them instead of re-parsing the GGUF.
-    Nothing to warm when only collecting (``--collect-only``)."""
+    """Prepare the parent process for forked tests (not when only collecting):
+
+    - import the engine's modules (:data:`ENGINE_MODULES`) when a collected test runs
+      forked;
+    - warm the per-process config/tokenizer caches for SmolLM2 when a collected test uses
+      it: forked tests inherit them instead of re-parsing the GGUF;
+    - then move every object built so far out of the cyclic collector's reach
+      (``gc.freeze()``), so the full collections an engine runs at start and shutdown in a
+      child walk that child's objects, not the parent's hundreds of thousands.
+    """
+    import gc
+    import importlib
+
     if session.config.option.collectonly:
         return
-    if not any("smollm2_gguf" in getattr(i, "fixturenames", ()) for i in session.items):
-        return
+    if any(i.get_closest_marker("forked") is not None for i in session.items):
+        for name in ENGINE_MODULES:
+            importlib.import_module(name)
+    if any("smollm2_gguf" in getattr(i, "fixturenames", ()) for i in session.items):
+        _warm_smollm2()
+    gc.collect()
+    gc.freeze()
+
+
+def _warm_smollm2() -> None:
+    """Parse SmolLM2's GGUF config and tokenizer into the per-process caches."""
     path = tiny_models.smollm2_gguf_path()
     if path is None:
         return

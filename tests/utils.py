@@ -203,6 +203,21 @@ def fork_new_process_for_each_test(fn):
     return wrapper
 
 
+def stage_start_method() -> str:
+    """``VLLM_WORKER_MULTIPROC_METHOD`` for a test that runs torch CPU ops (a reference, a
+    PP = 1 engine) in the process that then starts pipeline or tensor-parallel workers.
+
+    "fork" when every engine and reference here runs one intra-op thread
+    (``OMP_NUM_THREADS=1``, as ``.ci/run`` sets; ParallelConfig.cpu_threads reads it):
+    GNU OpenMP then never starts a thread pool, so a fork copies nothing half-alive, and
+    the workers inherit the imported modules instead of importing torch and the engine
+    anew (seconds of CPU per worker). Otherwise "spawn": a pool does not survive a fork
+    (the child's first parallel op waits forever for threads that were not copied).
+    tests/distributed/test_mp_start_method.py covers both methods.
+    """
+    return "fork" if os.environ.get("OMP_NUM_THREADS") == "1" else "spawn"
+
+
 def vllm_greedy(llm, prompts: Sequence[Any], max_tokens: int, logprobs: int | None = None):
     """Greedy outputs of an LLM as (token_ids, text, logprobs-as-floats) per prompt."""
     from vllm import SamplingParams

@@ -11,7 +11,13 @@ comparison sees the cache's dtype.
 import pytest
 import torch
 
-from tests.utils import check_outputs_equal, check_top5_logprobs_within, hf_greedy, vllm_greedy
+from tests.utils import (
+    check_outputs_equal,
+    check_top5_logprobs_within,
+    hf_greedy,
+    stage_start_method,
+    vllm_greedy,
+)
 from vllm.attention.kv_cache_dtype import as_stored, store_rows, to_cache
 
 MAX_TOKENS = 24
@@ -238,9 +244,9 @@ def test_8bit_cache_under_pipeline_parallel_multi_step(tiny_llama_dir, monkeypat
     from vllm import LLM
 
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0.1")
-    # the reference runs torch CPU ops in this process; GNU OpenMP's pool does not
-    # survive fork, so the stage workers are spawned
-    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    # the reference runs torch CPU ops in this process (stage_start_method: fork only
+    # where that is safe)
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", stage_start_method())
     ref = _rounded_reference(tiny_llama_dir, torch.float8_e4m3fn)
     llm = LLM(model=tiny_llama_dir, device="cpu", dtype="float32", kv_cache_dtype="fp8",
               pipeline_parallel_size=2, num_scheduler_steps=4)  # fmt: skip

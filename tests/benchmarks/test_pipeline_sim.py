@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from tests.utils import stage_start_method
+
 BENCH_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks")
 
 
@@ -35,7 +37,7 @@ def test_pipeline_sim_short_run_reports_keys(monkeypatch):
     them within the record's rounding, and is in range for any wall. The async engine's
     record has the same keys but the host split."""
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0.05")
-    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", stage_start_method())
     sim = _sim_module()
     argv = ["--pp", "2", "--num-scheduler-steps", "2", "--num-requests", "4",
             "--output-len", "6", "--step-ms", "1", "--layers", "2", "--hidden", "64",

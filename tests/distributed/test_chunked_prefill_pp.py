@@ -7,17 +7,17 @@ import random
 
 import pytest
 
-from tests.utils import completion_tuple, deadline
+from tests.utils import completion_tuple, deadline, stage_start_method
 
 LENS = (1, 15, 17, 60, 33, 3)
 
 
 @pytest.fixture(autouse=True)
-def _spawned_workers(monkeypatch):
+def _stage_workers(monkeypatch):
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0.1")
-    # The PP = 1 reference runs torch CPU ops in this process before the workers start, and
-    # GNU OpenMP's pool does not survive fork: spawn them.
-    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    # The PP = 1 reference runs torch CPU ops in this process before the workers start:
+    # fork only where that is safe (stage_start_method).
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", stage_start_method())
 
 
 def _run(model, prompts, **kw):

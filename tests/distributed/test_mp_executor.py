@@ -12,16 +12,15 @@ import psutil
 import pytest
 
 from tests.distributed.test_pipeline_parallel_cpu import TINY_PROMPTS
-from tests.utils import deadline
+from tests.utils import deadline, stage_start_method
 
 
 @pytest.fixture(autouse=True)
 def _small_kv_cache(monkeypatch):
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0.05")
     # These tests run torch CPU ops (tiny-model fixtures, PP = 1 references) in the process
-    # that starts the workers, and GNU OpenMP's pool does not survive fork: spawn them.
-    # (tests/distributed/test_mp_start_method.py covers the fork default.)
-    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    # that starts the workers: fork only where that is safe (stage_start_method).
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", stage_start_method())
 
 
 def _workers_left() -> list[psutil.Process]:

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.utils import check_outputs_equal, deadline, vllm_greedy
+from tests.utils import check_outputs_equal, deadline, stage_start_method, vllm_greedy
 
 SMOLLM2_PROMPTS = [
     "The capital of France is",
@@ -48,9 +48,8 @@ def _run(model, prompt_sets, max_tokens, **kw):
 def _small_kv_cache(monkeypatch):
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0.1")
     # These tests run torch CPU ops (tiny-model fixtures, PP = 1 references) in the process
-    # that starts the workers, and GNU OpenMP's pool does not survive fork: spawn them.
-    # (tests/distributed/test_mp_start_method.py covers the fork default.)
-    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    # that starts the workers: fork only where that is safe (stage_start_method).
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", stage_start_method())
 
 
 @pytest.mark.forked

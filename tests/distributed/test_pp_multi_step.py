@@ -9,7 +9,7 @@ plan a step differently from stage 0 fails the engine with the plan-agreement er
 
 import pytest
 
-from tests.utils import check_outputs_equal, completion_tuple, deadline
+from tests.utils import check_outputs_equal, completion_tuple, deadline, stage_start_method
 from vllm.sampling_params import SamplingParams
 
 PROMPTS = [[5, 6, 7, 8, 9, 5, 6, 7], [100, 200, 300, 400], [11, 12, 13], [42] * 5, [9, 99, 999]]
@@ -48,8 +48,8 @@ def test_pp2_pp3_multi_step_equal_pp1_one_step(tiny_llama_dir, monkeypatch):
     pass while prompts are split, then decode calls) and on 3 stages, 4 passes per call:
     the same tokens and finish reasons as PP = 1 with one token per call; a stop token ends
     prompt 0 inside its second call (its 7th token), with nothing kept after it."""
-    # The PP = 1 reference runs torch ops in this process; GNU OpenMP does not survive fork.
-    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    # The PP = 1 reference runs torch ops in this process (stage_start_method).
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", stage_start_method())
     with deadline(300):
         ref, _ = _run(tiny_llama_dir, _params())
         assert [len(r[0]) for r in ref] == [20, 8, 13, 14, 17]
@@ -135,7 +135,7 @@ def test_async_engine_pp2_multi_step_stream_equals_pp1(tiny_llama_dir, monkeypat
     interleaved, as rounds do for ``LLM``)."""
     import asyncio
 
-    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", stage_start_method())
     with deadline(300):
         ref, _ = _run(tiny_llama_dir, _params())
         out, calls_at_once = asyncio.run(_async_run(tiny_llama_dir, _params()))

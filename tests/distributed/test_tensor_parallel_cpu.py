@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from tests.utils import check_outputs_equal, deadline, vllm_greedy
+from tests.utils import check_outputs_equal, deadline, stage_start_method, vllm_greedy
 
 # Local Ray clusters: one test at a time under pytest-xdist (.ci/run).
 pytestmark = pytest.mark.xdist_group("ray")
@@ -33,9 +33,9 @@ LOGPROB_TOL = 1e-4
 @pytest.fixture(autouse=True)
 def _small_kv_cache(monkeypatch):
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0.05")
-    # The TP = 1 reference runs torch CPU ops in this process, and GNU OpenMP's pool does
-    # not survive fork: start the ranks with spawn.
-    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    # The TP = 1 reference runs torch CPU ops in this process: fork only where that is
+    # safe (stage_start_method).
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", stage_start_method())
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
 
 

@@ -11,7 +11,7 @@ passes), and a stop token and max_tokens that land inside a call.
 
 import pytest
 
-from tests.utils import deadline
+from tests.utils import deadline, stage_start_method
 
 PROMPTS = [[5, 6, 7, 8, 9, 5, 6, 7], [100, 200, 300, 400], [11, 12, 13], [42] * 5, [9, 99, 999]]
 
@@ -19,7 +19,7 @@ PROMPTS = [[5, 6, 7, 8, 9, 5, 6, 7], [100, 200, 300, 400], [11, 12, 13], [42] * 
 @pytest.fixture(autouse=True)
 def _small_kv_cache(monkeypatch):
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0.05")
-    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", stage_start_method())
 
 
 def _params(stop_token=None):

@@ -16,7 +16,7 @@ bookkeeping needs. So at TP = 2:
 import pytest
 
 from tests.spec_decode.spec_runs import assert_runs_close, run_token_prompts
-from tests.utils import deadline, run_engine_script
+from tests.utils import deadline, run_engine_script, stage_start_method
 
 # cycling_llama_dir (tests/conftest.py) cycles 40 41 42 and 50 51 52 53
 NGRAM_PROMPTS = [[40, 41, 42, 40], [50, 51], [5, 40, 41], [52, 53, 50, 51, 52]]
@@ -26,7 +26,7 @@ PROMPTS = [[5, 6, 7, 8, 9, 5, 6, 7], [100, 200, 300, 400], [11, 12, 13], [42] * 
 @pytest.fixture(autouse=True)
 def _small_kv_cache(monkeypatch):
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0.05")
-    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", stage_start_method())
 
 
 @pytest.mark.forked

@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.utils import run_in_fork
+from tests.utils import run_in_fork, stage_start_method
 
 PROMPT = [1, 5, 9, 22, 40, 7, 3, 100, 12]
 
@@ -110,7 +110,7 @@ def test_collective_rpc_bad_arguments(tiny_llama_dir):
 @pytest.mark.forked
 def test_pipeline_stages_answer_by_rank(tiny_llama_dir, monkeypatch):
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0.05")
-    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", stage_start_method())
     from vllm import LLM, SamplingParams
     from vllm.distributed.utils import get_pp_indices
 

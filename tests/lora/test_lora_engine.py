@@ -10,6 +10,7 @@ import math
 import pytest
 
 from tests.lora.conftest import adapter_path, peft_greedy
+from tests.utils import stage_start_method
 
 # One xdist worker runs this module (.ci/run: --dist loadgroup), so its module-scoped
 # PEFT references are computed once, not once per worker.
@@ -149,7 +150,7 @@ def test_pipeline_parallel_two_stages(tiny_llama_dir, lora_adapters, refs, monke
     """PP = 2 on the mp executor: each stage holds its layers' slots, per virtual engine
     (two VEs, each with its own mix of adapters)."""
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0.1")
-    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", stage_start_method())
     llm = _llm(tiny_llama_dir, max_loras=2, pipeline_parallel_size=2,
                distributed_executor_backend="mp", max_model_len=256)  # fmt: skip
     _check(_generate(llm, lora_adapters, CASES), CASES, refs)
@@ -256,7 +257,7 @@ def test_tensor_parallel_two_ranks(family, request, tiny_models_dir, monkeypatch
     from vllm.lora.request import LoRARequest
 
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0.05")
-    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", stage_start_method())
     base = request.getfixturevalue(family)
     path = _built(tiny_models_dir / f"lora_tp_{family}",
                   lambda p: _save_adapter(base, p, *ADAPTERS["all"]))  # fmt: skip

@@ -17,7 +17,13 @@ import pytest
 import torch
 
 from tests.models.test_fp8 import _PROJ, PROMPTS
-from tests.utils import check_outputs_equal, check_top5_logprobs_within, hf_greedy, vllm_greedy
+from tests.utils import (
+    check_outputs_equal,
+    check_top5_logprobs_within,
+    hf_greedy,
+    stage_start_method,
+    vllm_greedy,
+)
 from vllm.model_executor.layers.fp8 import FP8_DTYPE, dequantize, quantize_weight
 
 MAX_TOKENS = 16
@@ -134,8 +140,9 @@ def test_fp8_checkpoint_equals_transformers_on_dequantized_weights(
     _write(tiny_llama_dir, fp8_dir, deq_dir, per_tensor, qc)
     ref = reference(deq_dir)
     kw = {} if per_tensor else {"quantization": "fbgemm_fp8", "tensor_parallel_size": 2}
-    # the reference ran torch CPU ops in this process: start TP ranks with spawn
-    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    # the reference ran torch CPU ops in this process (stage_start_method: fork only
+    # where that is safe)
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", stage_start_method())
     llm = LLM(model=fp8_dir, device="cpu", dtype="float32", **kw)
     mc = llm.llm_engine.config.model_config
     assert (mc.quantization, mc.checkpoint_quantization) == ("fp8", qc["quant_method"])

@@ -35,7 +35,12 @@ from tests.models.test_fp8_checkpoint import (
     reference,
     write_twins,
 )
-from tests.utils import check_outputs_equal, check_top5_logprobs_within, vllm_greedy
+from tests.utils import (
+    check_outputs_equal,
+    check_top5_logprobs_within,
+    stage_start_method,
+    vllm_greedy,
+)
 from vllm.model_executor.layers.int_checkpoint import IntCheckpoint
 from vllm.model_executor.layers.int_dequant import (
     dequantize_awq,
@@ -185,7 +190,9 @@ def test_int_checkpoint_equals_transformers(case, request, tmp_path, monkeypatch
     _write(request.getfixturevalue(fixture), q_dir, deq_dir, qc, keep)
     ref = reference(deq_dir)
     tp = 2 if case.endswith("-tp2") else 1
-    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")  # torch ran in this process
+    monkeypatch.setenv(
+        "VLLM_WORKER_MULTIPROC_METHOD", stage_start_method()
+    )  # torch ran in this process
     llm = LLM(model=q_dir, device="cpu", dtype="float32", tensor_parallel_size=tp)
     mc = llm.llm_engine.config.model_config
     assert mc.quantization is None and mc.checkpoint_int.method == qc["quant_method"]
