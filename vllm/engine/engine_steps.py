@@ -120,12 +120,42 @@ class StepMethods:
         """Submit a step for every idle virtual engine with work, then wait for the oldest
         step in flight and return its outputs.
 
-        A VE with a step in flight is never scheduled again until that step's output is
-        processed (its sequences have no new token yet), so at most ``num_virtual_engines``
+        A VE with a step in flight is never scheduled again until that step's samples are
+        applied (its sequences have no new token yet), so at most ``num_virtual_engines``
         steps are in flight, and outputs are processed in submission order (hence in
         order per VE). While stage 0 runs VE 1's step, stage 1 runs VE 0's: the pipeline
         stays busy when every VE has work.
+
+        The oldest step's VE is scheduled and submitted again as soon as its samples are
+        applied (tokens appended, stop conditions checked, finished requests freed:
+        everything its next schedule reads), before its texts and RequestOutputs are made
+        (vllm/engine/step_report.py), so the stages wait only for the first half.
         """
+        if self._submit_error is not None:  # raised after the previous step's outputs
+            err, self._submit_error = self._submit_error, None
+            raise err
+        results = self._submit_idle()
+        if self._in_flight:
+            ve, fut, sched_out = self._in_flight.popleft()
+            try:
+                output = fut.result()
+            except BaseException:
+                failed = [(ve, sched_out)] + [(v, out) for v, _, out in self._in_flight]
+                self._in_flight.clear()
+                self.undo_failed_steps(failed)
+                raise
+            report = self.apply_outputs(ve, sched_out, output)
+            try:
+                results.extend(self._submit_idle())
+            except Exception as e:  # this step's outputs first; the next step() raises it
+                self._submit_error = e
+            results.extend(self.finish_report(ve, report)[0])
+        return results
+
+    def _submit_idle(self) -> list[RequestOutput]:
+        """Schedule and submit a step of every virtual engine with work and no step in
+        flight, in round-robin order; returns the outputs of those whose schedule ran
+        nothing (ignored requests)."""
         results: list[RequestOutput] = []
         busy = {ve for ve, _, _ in self._in_flight}
         for _ in range(len(self.schedulers)):
@@ -140,16 +170,6 @@ class StepMethods:
             self._in_flight.append((ve, self.executor.execute_model_async(req), sched_out))
             busy.add(ve)
         self.max_steps_in_flight = max(self.max_steps_in_flight, len(self._in_flight))
-        if self._in_flight:
-            ve, fut, sched_out = self._in_flight.popleft()
-            try:
-                output = fut.result()
-            except BaseException:
-                failed = [(ve, sched_out)] + [(v, out) for v, _, out in self._in_flight]
-                self._in_flight.clear()
-                self.undo_failed_steps(failed)
-                raise
-            results.extend(self.process_outputs(ve, sched_out, output))
         return results
 
     def _step_round(self) -> list[RequestOutput]:

@@ -151,6 +151,9 @@ class LLMEngine(RequestChecks, StepMethods, LoRAMethods, WorkerCallMethods):
         )
         self._pp_rounds = self._pp_multi_step and not getattr(self.executor, "streams_calls", False)
         self._in_flight: deque = deque()
+        # A submit that failed right after a step's outputs were applied: raised by the
+        # next step(), once those outputs are returned.
+        self._submit_error: Exception | None = None
         # Async output processing: per VE, the report of its last step, finished during
         # its next step (vllm/engine/step_report.py).
         self._reports: dict[int, StepReport] = {}
