@@ -31,8 +31,15 @@ class CLIParser(FlexibleArgumentParser):
     flags name that subcommand's ``--help``; its subcommands' parsers are of this class
     too."""
 
+    _subcommand = ""  # the first word of the arguments parsed last
+
+    def parse_known_args(self, args=None, namespace=None):
+        args = sys.argv[1:] if args is None else list(args)
+        self._subcommand = args[0] if args else ""
+        return super().parse_known_args(args, namespace)
+
     def help_prog(self) -> str:
-        sub = sys.argv[1] if len(sys.argv) > 1 else ""
+        sub = self._subcommand
         if self.prog == "vllm" and sub in ("serve", "bench", "run-batch"):
             return f"vllm {sub}"  # unknown flags of a subcommand: name its --help
         return self.prog
