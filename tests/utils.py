@@ -559,6 +559,105 @@ def run_engine_script(script: str, *args: str, cwd, timeout: int):
     )  # fmt: skip
 
 
+# Python's warning filters with no -W option or PYTHONWARNINGS (a fresh interpreter's).
+_FRESH_WARNING_FILTERS = [
+    ("default", None, DeprecationWarning, "__main__", 0),
+    ("ignore", None, DeprecationWarning, None, 0),
+    ("ignore", None, PendingDeprecationWarning, None, 0),
+    ("ignore", None, ImportWarning, None, 0),
+    ("ignore", None, ResourceWarning, None, 0),
+]
+
+
+def _as_fresh_process(env: dict | None, cwd: str | None) -> None:
+    """In a forked child: logging, warnings and the environment as a new interpreter has
+    them (pytest's capture handlers and warning recorders removed), then ``env`` and
+    ``cwd`` applied."""
+    import logging
+    import warnings
+
+    root = logging.getLogger()
+    root.handlers.clear()  # pytest's capture handlers
+    root.setLevel(logging.WARNING)
+    for name, logger in logging.root.manager.loggerDict.items():
+        if not isinstance(logger, logging.Logger):
+            continue
+        if name == "vllm" or name.startswith("vllm."):  # configured by the command itself
+            logger.handlers.clear()
+            logger.setLevel(logging.NOTSET)
+        else:  # a library's own setup (transformers') stays; pytest's handlers go
+            logger.handlers[:] = [
+                h for h in logger.handlers if not type(h).__module__.startswith("_pytest")
+            ]
+    warnings.filters[:] = list(_FRESH_WARNING_FILTERS)
+    warnings.showwarning = warnings._showwarning_orig
+    os.environ.update(env or {})
+    if cwd is not None:
+        os.chdir(cwd)
+
+
+def run_cli(
+    *args: str, env: dict | None = None, cwd: str | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess:
+    """``vllm ARGS`` (``vllm.entrypoints.cli.main``) in a forked child of this process, as
+    ``python -m vllm.entrypoints.cli ARGS`` runs it: stdout and stderr are the child's
+    file descriptors 1 and 2 (captured), its exit status is ``main``'s return value or
+    ``SystemExit``'s code, and logging and warnings start as in a new interpreter
+    (:func:`_as_fresh_process`). The child inherits this process's imports, so a command
+    that fails at its flags takes a fraction of a second instead of an interpreter start
+    and a torch import. Returns a CompletedProcess with text stdout / stderr.
+
+    Raises:
+        subprocess.TimeoutExpired: the command ran ``timeout`` seconds (it is killed).
+    """
+    import tempfile
+    import time
+
+    argv = list(args)
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        pid = os.fork()
+        if pid == 0:  # the child: never returns into pytest
+            code = 1
+            try:
+                os.dup2(out.fileno(), 1)
+                os.dup2(err.fileno(), 2)
+                sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+                sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+                _as_fresh_process(env, cwd)
+                from vllm.entrypoints import cli
+
+                sys.argv = [cli.__file__, *argv]
+
+                code = cli.main(argv) or 0
+            except SystemExit as e:
+                if isinstance(e.code, str):
+                    sys.stderr.write(e.code + "\n")
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                for stream in (sys.stdout, sys.stderr):
+                    with contextlib.suppress(Exception):
+                        stream.flush()
+                os._exit(code)
+        deadline_at = time.monotonic() + timeout
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if time.monotonic() > deadline_at:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                raise subprocess.TimeoutExpired(["vllm", *argv], timeout)
+            time.sleep(0.02)
+        code = os.waitstatus_to_exitcode(status)
+        texts = []
+        for fh in (out, err):
+            fh.seek(0)
+            texts.append(fh.read().decode(errors="replace"))
+    return subprocess.CompletedProcess(["vllm", *argv], code, texts[0], texts[1])
+
+
 def run_in_fork(fn: Callable[[], Any]) -> Any:
     """Run ``fn`` in a forked child (a fresh engine beside a running server, say) and
     return its JSON-able result; the child's failure fails the caller's assertion."""

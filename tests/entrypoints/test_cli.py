@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from tests.utils import run_cli
 from vllm.engine.default_model import served_model_names, short_model_name
 from vllm.entrypoints import cli
 from vllm.entrypoints.chat_utils import load_chat_template
@@ -50,6 +51,12 @@ def test_serve_help_shows_defaults_in_groups(capsys):
 
 
 def _run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``vllm ARGS`` in a forked child (tests/utils.py ``run_cli``)."""
+    return run_cli(*args, env={"HF_HUB_OFFLINE": "1", **(env or {})}, cwd=REPO)
+
+
+def _run_cli_process(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``python -m vllm.entrypoints.cli ARGS``: a new interpreter, the entry point itself."""
     full_env = {**os.environ, "PYTHONPATH": REPO, "HF_HUB_OFFLINE": "1", **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "vllm.entrypoints.cli", *args],
@@ -105,6 +112,15 @@ def test_bad_flag_is_one_line_and_exit_2(args, message, tiny_llama_dir):
     assert "Traceback" not in proc.stderr and proc.stdout == ""
 
 
+def test_unknown_flag_hint_names_the_parsed_subcommand(capsys):
+    """The hint names the --help of the subcommand parsed, not of ``sys.argv`` (``main``
+    called with its own arguments, as an embedding program does)."""
+    with pytest.raises(SystemExit) as exc:
+        cli.make_parser().parse_args(["serve", "--no-such-flag"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.strip().endswith("(see `vllm serve --help`)")
+
+
 def test_busy_port_is_one_line_and_exit_2(tiny_llama_dir):
     """The port is bound before the engine is built, so a busy one fails at once."""
     with socket.socket() as busy:
@@ -119,7 +135,7 @@ def test_busy_port_is_one_line_and_exit_2(tiny_llama_dir):
 
 
 def test_debug_adds_the_traceback():
-    proc = _run_cli("serve", "/nonexistent/model", "--debug")
+    proc = _run_cli_process("serve", "/nonexistent/model", "--debug")
     assert proc.returncode == 2
     assert "Traceback (most recent call last)" in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("error: model '/nonexistent/model'")

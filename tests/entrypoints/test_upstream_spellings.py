@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from tests.utils import run_cli
+
 
 @pytest.mark.forked
 def test_prompt_token_ids_keyword_and_engine_accessors(tiny_llama_dir):
@@ -151,9 +153,8 @@ def test_accepted_upstream_serve_flags(tiny_llama_dir, caplog):
 )  # fmt: skip
 def test_refused_upstream_serve_flags(tiny_llama_dir, flags, words):
     """One ``error:`` line naming the flag, exit status 2, before anything loads."""
-    cmd = [sys.executable, "-m", "vllm.entrypoints.cli", "serve", tiny_llama_dir, "--device",
-           "cpu", "--port", "0", *flags]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    proc = run_cli("serve", tiny_llama_dir, "--device", "cpu", "--port", "0", *flags,
+                   timeout=120)  # fmt: skip
     assert proc.returncode == 2, proc.stderr[-2000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: "), proc.stderr[-2000:]

@@ -3,15 +3,12 @@ Llama on CPU, float32, loopback only). A completion for an adapter's name equals
 greedy output; /v1/models lists each adapter with the base model as its parent."""
 
 import json
-import os
-import subprocess
-import sys
 
 import httpx
 import pytest
 
 from tests.lora.conftest import peft_greedy
-from tests.utils import RemoteOpenAIServer
+from tests.utils import RemoteOpenAIServer, run_cli
 
 # One xdist worker runs this module (.ci/run: --dist loadgroup), so its module-scoped
 # server starts once, not once per worker.
@@ -81,10 +78,8 @@ def test_completions_run_with_the_named_adapter(server, tiny_llama_dir, lora_ada
 )
 def test_bad_lora_flags_are_one_error_line(tiny_llama_dir, lora_adapters, flags, message):
     flags = [f.format(all=lora_adapters["all"]) for f in flags]
-    cmd = [sys.executable, "-m", "vllm.entrypoints.cli", "serve", tiny_llama_dir, "--device",
-           "cpu", "--port", "0", "--max-model-len", "128", *flags]  # fmt: skip
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "0.1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    proc = run_cli("serve", tiny_llama_dir, "--device", "cpu", "--port", "0", "--max-model-len",
+                   "128", *flags, env={"VLLM_CPU_KVCACHE_SPACE": "0.1"})  # fmt: skip
     assert proc.returncode == 2, proc.stderr[-2000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: ") and message in last, last

@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-from tests.utils import run_in_fork
+from tests.utils import run_cli, run_in_fork
 
 PROMPT = "The capital of France is"
 # prints each content as it arrives: "auto" would detect "string" here (no loop over the
@@ -70,9 +70,7 @@ def test_run_batch_answers_each_line_as_the_server(smollm2_gguf, tmp_path):
 
 def test_run_batch_bad_input_file_is_one_line(tmp_path):
     missing, dst = str(tmp_path / "missing.jsonl"), str(tmp_path / "o.jsonl")
-    cmd = [sys.executable, "-m", "vllm.entrypoints.cli", "run-batch", "-i", missing, "-o", dst,
-           "--device", "cpu"]  # fmt: skip
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    r = run_cli("run-batch", "-i", missing, "-o", dst, "--device", "cpu")
     assert r.returncode == 2 and "error:" in r.stderr and "missing.jsonl" in r.stderr, r.stderr
 
 
@@ -82,9 +80,7 @@ def test_run_batch_unwritable_output_is_one_line_before_loading(tmp_path):
     for dst, why in [(tmp_path / "no" / "o.jsonl", "does not exist"),
                      (tmp_path, "is a directory"),
                      ("/proc/version", "is not writable")]:  # fmt: skip
-        cmd = [sys.executable, "-m", "vllm.entrypoints.cli", "run-batch", "-i", str(src), "-o",
-               str(dst), "--device", "cpu"]  # fmt: skip
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        r = run_cli("run-batch", "-i", str(src), "-o", str(dst), "--device", "cpu")
         assert r.returncode == 2, r.stderr
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error:") and why in lines[0], r.stderr
@@ -106,10 +102,8 @@ def test_run_batch_serves_the_given_model_string(tiny_llama_dir, tmp_path):
     ]  # fmt: skip
     src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     src.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    cmd = [sys.executable, "-m", "vllm.entrypoints.cli", "run-batch", "-i", str(src), "-o",
-           str(dst), "--model", tiny_llama_dir, "--device", "cpu",
-           "--max-model-len", "64"]  # fmt: skip
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    r = run_cli("run-batch", "-i", str(src), "-o", str(dst), "--model", tiny_llama_dir,
+                "--device", "cpu", "--max-model-len", "64")  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     out = {o["custom_id"]: o["response"] for o in map(json.loads, dst.read_text().splitlines())}
     for name in (tiny_llama_dir, short):
@@ -128,13 +122,13 @@ def test_run_batch_reads_a_config_file(tiny_llama_dir, tmp_path):
     src.write_text(json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/completions",
                                "body": {"model": "cfg", "prompt": "hi", "max_tokens": 1}})
                    + "\n")  # fmt: skip
-    cmd = [sys.executable, "-m", "vllm.entrypoints.cli", "run-batch", "-i", str(src), "-o",
-           str(dst), "--config", str(cfg), "--max-model-len", "64"]  # fmt: skip
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    cmd = ["run-batch", "-i", str(src), "-o", str(dst), "--config", str(cfg), "--max-model-len",
+           "64"]  # fmt: skip
+    r = run_cli(*cmd)
     assert r.returncode == 0, r.stderr[-3000:]
     (out,) = map(json.loads, dst.read_text().splitlines())
     assert out["response"]["status_code"] == 200 and out["response"]["body"]["model"] == "cfg"
     cfg.write_text("port: 8000\n")  # a vllm serve flag, not one of run-batch
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    r = run_cli(*cmd)
     assert r.returncode == 2
     assert r.stderr == f"error: {cfg}: 'port' is not a flag of vllm run-batch (see --help).\n"
