@@ -596,66 +596,129 @@ def _as_fresh_process(env: dict | None, cwd: str | None) -> None:
         os.chdir(cwd)
 
 
+def _cli_child(argv: list[str], env: dict | None, cwd: str | None, out_fd: int, err_fd: int):
+    """The body of a forked child that runs ``vllm ARGV`` as a new interpreter would (see
+    :func:`run_cli`); never returns."""
+    code = 1
+    try:
+        import multiprocessing.process
+        import multiprocessing.util
+
+        # What this process owns stays the parent's: its objects are never collected here
+        # (a garbage temporary file of the parent would be unlinked), its multiprocessing
+        # children and finalizers are not this child's (as multiprocessing's own children).
+        gc.freeze()
+        multiprocessing.process._children = set()
+        multiprocessing.util._finalizer_registry.clear()
+        os.dup2(out_fd, 1)
+        os.dup2(err_fd, 2)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+        sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        _as_fresh_process(env, cwd)
+        from vllm.entrypoints import cli
+
+        sys.argv = [cli.__file__, *argv]
+        code = cli.main(argv) or 0
+    except SystemExit as e:
+        if isinstance(e.code, str):
+            sys.stderr.write(e.code + "\n")
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(BaseException):  # what a normal exit does (atexit)
+            import logging
+            import multiprocessing.util
+
+            multiprocessing.util._exit_function()  # the command's own child processes
+            logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(BaseException):
+                stream.flush()
+        os._exit(code)
+
+
+class ForkedCommand:
+    """``vllm ARGV`` (``vllm.entrypoints.cli.main``) in a forked child that leads its own
+    session, as ``python -m vllm.entrypoints.cli ARGV`` runs it: stdin from /dev/null,
+    stdout and stderr to ``out_fd`` / ``err_fd``, SIGINT and SIGTERM as a new interpreter
+    has them, logging and warnings as in a new interpreter (:func:`_as_fresh_process`),
+    ``env`` added to the environment. The child inherits this process's imports, so it
+    starts in a fraction of a second instead of an interpreter start and a torch import.
+
+    Popen's interface: ``pid``, ``returncode``, :meth:`poll`, :meth:`wait`,
+    :meth:`send_signal`.
+    """
+
+    def __init__(
+        self, argv: Sequence[str], out_fd: int, err_fd: int, env: dict | None = None,
+        cwd: str | None = None,
+    ):  # fmt: skip
+        self.args = ["vllm", *argv]
+        self.returncode: int | None = None
+        pid = os.fork()
+        if pid == 0:
+            os.setsid()
+            _cli_child(list(argv), env, cwd, out_fd, err_fd)
+        self.pid = pid
+
+    def poll(self) -> int | None:
+        """The exit status once the child has exited (``-N`` for signal N), else None."""
+        if self.returncode is None:
+            done, status = os.waitpid(self.pid, os.WNOHANG)
+            if done:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for the exit status.
+
+        Raises:
+            subprocess.TimeoutExpired: still running after ``timeout`` seconds.
+        """
+        import time
+
+        end = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if end is not None and time.monotonic() > end:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            time.sleep(0.02)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+
 def run_cli(
     *args: str, env: dict | None = None, cwd: str | None = None, timeout: float = 300
 ) -> subprocess.CompletedProcess:
-    """``vllm ARGS`` (``vllm.entrypoints.cli.main``) in a forked child of this process, as
-    ``python -m vllm.entrypoints.cli ARGS`` runs it: stdout and stderr are the child's
-    file descriptors 1 and 2 (captured), its exit status is ``main``'s return value or
-    ``SystemExit``'s code, and logging and warnings start as in a new interpreter
-    (:func:`_as_fresh_process`). The child inherits this process's imports, so a command
-    that fails at its flags takes a fraction of a second instead of an interpreter start
-    and a torch import. Returns a CompletedProcess with text stdout / stderr.
+    """``vllm ARGS`` in a forked child (:class:`ForkedCommand`), to completion; its exit
+    status is ``main``'s return value or ``SystemExit``'s code. Returns a
+    CompletedProcess with the text of its stdout and stderr.
 
     Raises:
         subprocess.TimeoutExpired: the command ran ``timeout`` seconds (it is killed).
     """
     import tempfile
-    import time
 
-    argv = list(args)
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        pid = os.fork()
-        if pid == 0:  # the child: never returns into pytest
-            code = 1
-            try:
-                os.dup2(out.fileno(), 1)
-                os.dup2(err.fileno(), 2)
-                sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
-                sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
-                _as_fresh_process(env, cwd)
-                from vllm.entrypoints import cli
-
-                sys.argv = [cli.__file__, *argv]
-
-                code = cli.main(argv) or 0
-            except SystemExit as e:
-                if isinstance(e.code, str):
-                    sys.stderr.write(e.code + "\n")
-                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                for stream in (sys.stdout, sys.stderr):
-                    with contextlib.suppress(Exception):
-                        stream.flush()
-                os._exit(code)
-        deadline_at = time.monotonic() + timeout
-        while True:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-            if time.monotonic() > deadline_at:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                raise subprocess.TimeoutExpired(["vllm", *argv], timeout)
-            time.sleep(0.02)
-        code = os.waitstatus_to_exitcode(status)
+        proc = ForkedCommand(args, out.fileno(), err.fileno(), env, cwd)
+        try:
+            code = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
         texts = []
         for fh in (out, err):
             fh.seek(0)
             texts.append(fh.read().decode(errors="replace"))
-    return subprocess.CompletedProcess(["vllm", *argv], code, texts[0], texts[1])
+    return subprocess.CompletedProcess(proc.args, code, texts[0], texts[1])
 
 
 def run_in_fork(fn: Callable[[], Any]) -> Any:
@@ -713,8 +776,9 @@ def virtual_engines_override(num_ves: int):
 
 # ------------------------------------------------------------------ OpenAI server helpers
 class RemoteOpenAIServer:
-    """``python -m vllm.entrypoints.cli serve MODEL --port 0 ...`` as a subprocess on a free
-    loopback port (the port the server bound is read from its log), killed on ``stop()``.
+    """``vllm serve MODEL --port 0 ...`` in a forked child (:class:`ForkedCommand`), or a
+    ``launcher`` script as a subprocess, on a free loopback port (the port the server
+    bound is read from its log), killed on ``stop()``.
 
     Args:
         model: model path given to ``vllm serve``.
@@ -741,15 +805,16 @@ class RemoteOpenAIServer:
 
         import httpx
 
-        full_env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "0.25", "HF_HUB_OFFLINE": "1"}
-        full_env.update(env or {})
+        extra_env = {"VLLM_CPU_KVCACHE_SPACE": "0.25", "HF_HUB_OFFLINE": "1", **(env or {})}
         self.log = tempfile.NamedTemporaryFile("w+", prefix="vllm_serve_", suffix=".log")
-        entry = [launcher] if launcher else ["-m", "vllm.entrypoints.cli"]
-        cmd = [sys.executable, *entry, "serve", model]
-        cmd += ["--host", "127.0.0.1", "--port", "0", *args]
-        self.proc = subprocess.Popen(
-            cmd, env=full_env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        argv = ["serve", model, "--host", "127.0.0.1", "--port", "0", *args]
+        if launcher is None:  # a forked child: no interpreter start, no torch import
+            self.proc = ForkedCommand(argv, self.log.fileno(), self.log.fileno(), extra_env)
+        else:
+            self.proc = subprocess.Popen(
+                [sys.executable, launcher, *argv], env={**os.environ, **extra_env},
+                stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
         deadline = time.time() + timeout
         self.port = None
         while time.time() < deadline:
