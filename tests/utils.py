@@ -599,11 +599,12 @@ def _as_fresh_process(env: dict | None, cwd: str | None) -> None:
 def _cli_child(argv: list[str], env: dict | None, cwd: str | None, out_fd: int, err_fd: int):
     """The body of a forked child that runs ``vllm ARGV`` as a new interpreter would (see
     :func:`run_cli`); never returns."""
+    import logging
+    import multiprocessing.process
+    import multiprocessing.util
+
     code = 1
     try:
-        import multiprocessing.process
-        import multiprocessing.util
-
         # What this process owns stays the parent's: its objects are never collected here
         # (a garbage temporary file of the parent would be unlinked), its multiprocessing
         # children and finalizers are not this child's (as multiprocessing's own children).
@@ -631,9 +632,6 @@ def _cli_child(argv: list[str], env: dict | None, cwd: str | None, out_fd: int, 
         traceback.print_exc()
     finally:
         with contextlib.suppress(BaseException):  # what a normal exit does (atexit)
-            import logging
-            import multiprocessing.util
-
             multiprocessing.util._exit_function()  # the command's own child processes
             logging.shutdown()
         for stream in (sys.stdout, sys.stderr):

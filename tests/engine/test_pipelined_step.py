@@ -36,7 +36,7 @@ def _run(engine, max_tokens=6):
     return [done[str(i)] for i in range(len(PROMPTS))]
 
 
-def _pipelined(engine, events, fail_at=None):
+def _pipelined(engine, events, monkeypatch, fail_at=None):
     """Give ``engine`` a future-returning executor call that logs ("submit", n) per
     submitted step and fails the ``fail_at``-th submit (counting from 1) with a
     RuntimeError; each StepReport.finish logs ("finish",)."""
@@ -61,20 +61,18 @@ def _pipelined(engine, events, fail_at=None):
         events.append(("finish",))
         return real_finish(self)
 
-    return finish
+    monkeypatch.setattr(step_report.StepReport, "finish", finish)
 
 
 @pytest.mark.forked
 def test_next_step_goes_out_before_the_text(tiny_llama_dir, monkeypatch):
     """With one virtual engine every submit after the first comes before the finish of
     the step it follows, and the tokens equal plain stepping's."""
-    from vllm.engine import step_report
-
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0.05")
     plain = _run(_engine(tiny_llama_dir))
     engine = _engine(tiny_llama_dir)
     events = []
-    monkeypatch.setattr(step_report.StepReport, "finish", _pipelined(engine, events))
+    _pipelined(engine, events, monkeypatch)
     assert _run(engine) == plain
     kinds = [e[0] for e in events]
     # prefill, then 5 decode steps: each step's finish follows the next step's submit
@@ -91,12 +89,11 @@ def test_failed_submit_raises_after_the_outputs(tiny_llama_dir, monkeypatch):
     that step's outputs (one new token per request), and the next step() raises the
     submit's error."""
     from vllm import SamplingParams
-    from vllm.engine import step_report
 
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0.05")
     engine = _engine(tiny_llama_dir)
     events = []
-    monkeypatch.setattr(step_report.StepReport, "finish", _pipelined(engine, events, fail_at=3))
+    _pipelined(engine, events, monkeypatch, fail_at=3)
     sp = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     for i, p in enumerate(PROMPTS):
         engine.add_request(str(i), p, sp)
