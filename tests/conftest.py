@@ -63,7 +63,8 @@ def _cuda_device_count() -> int:
 
 
 # The modules an engine-starting test imports (a tiny model on CPU, uni-process or pipeline
-# executors): imported once in the parent, so each forked child inherits them.
+# executors, and transformers for the reference): imported once in the parent, so each
+# forked child inherits them.
 ENGINE_MODULES = (
     "vllm.entrypoints.llm",
     "vllm.engine.llm_engine",
@@ -85,6 +86,10 @@ ENGINE_MODULES = (
     "vllm.distributed.validation",
     "transformers.models.auto.tokenization_auto",
     "safetensors.torch",
+    # the reference side: transformers' model classes and generate() (they import
+    # torch._dynamo, torch._inductor and triton, about 2.5 s per process)
+    "transformers.modeling_utils",
+    "transformers.generation.utils",
 )
 
 
@@ -111,6 +116,16 @@ def pytest_collection_finish(session):
         _warm_smollm2()
     gc.collect()
     gc.freeze()
+
+
+def pytest_unconfigure(config):
+    """Give the frozen objects back to the collector before the interpreter exits: triton's
+    bindings (imported with transformers' model classes) otherwise report hundreds of
+    "leaked functions" on stderr at exit."""
+    import gc
+
+    gc.unfreeze()
+    gc.collect()
 
 
 def _warm_smollm2() -> None:
