@@ -264,7 +264,15 @@ def compare_llm_settings(
     return results
 
 
+_DIGESTS: dict[tuple, str] = {}
+
+
 def _file_digest(path: str) -> str:
+    """sha256 of a file, or of a directory's .safetensors and .json files; memoised per
+    process (and inherited by forked children) while the path's identity is unchanged."""
+    ident = _file_identity(path)
+    if ident is not None and os.path.isfile(path) and ident in _DIGESTS:
+        return _DIGESTS[ident]
     h = hashlib.sha256()
     files = (
         [path]
@@ -277,6 +285,8 @@ def _file_digest(path: str) -> str:
         with open(f, "rb") as fh:
             for chunk in iter(lambda: fh.read(1 << 20), b""):
                 h.update(chunk)
+    if ident is not None and os.path.isfile(path):
+        _DIGESTS[ident] = h.hexdigest()
     return h.hexdigest()
 
 
@@ -466,55 +476,67 @@ def hf_greedy(
 
     Prompts are text or ``{"prompt_token_ids": [...]}``. Generation stops at EOS like the
     engine, and the text is the decode without a trailing incomplete character, as the
-    engine's (vllm/engine/detokenizer.py). Results are cached in ``CACHE_DIR`` keyed by
-    the model's sha256, the prompts, max_tokens, dtype and device.
+    engine's (vllm/engine/detokenizer.py). Each prompt's result is cached in ``CACHE_DIR``
+    keyed by the model's sha256, the prompt, max_tokens, dtype, device, top_logprobs and
+    attn_implementation, so calls with overlapping prompt lists generate each prompt once;
+    the model is loaded only when a prompt is not cached.
     """
-    key_args = [_file_digest(model), list(prompts), max_tokens, dtype, device]
-    if attn_implementation is not None:
-        key_args.append(attn_implementation)
-    key_src = json.dumps(key_args)
-    key = hashlib.sha256(key_src.encode()).hexdigest()[:32]
-    path = os.path.join(CACHE_DIR, f"hf_greedy_{key}.json")
-    if os.path.exists(path):
-        with open(path) as fh:
-            raw = json.load(fh)
-        return [
-            (r[0], r[1].rstrip("\ufffd"), [{int(k): v for k, v in p.items()} for p in r[2]])
-            for r in raw
-        ]
+    digest = _file_digest(model)
+    paths = []
+    for p in prompts:
+        key_args = [digest, p, max_tokens, dtype, device, top_logprobs, attn_implementation]
+        key = hashlib.sha256(json.dumps(key_args).encode()).hexdigest()[:32]
+        paths.append(os.path.join(CACHE_DIR, f"hf_greedy1_{key}.json"))
+    found = {path: _read_greedy(path) for path in set(paths)}
+    missing = [i for i, path in enumerate(paths) if found[path] is None]
+    if missing:
+        hf, tok = load_hf_model(model, dtype, device, attn_implementation)
+        os.makedirs(CACHE_DIR, exist_ok=True)
+        for i in missing:
+            if found[paths[i]] is None:
+                found[paths[i]] = _hf_generate(hf, tok, prompts[i], max_tokens, top_logprobs)
+                tmp = paths[i] + f".{os.getpid()}.tmp"
+                with open(tmp, "w") as fh:
+                    json.dump(found[paths[i]], fh)
+                os.replace(tmp, paths[i])
+    return [found[path] for path in paths]
+
+
+def _read_greedy(path: str) -> TokensTextLogprobs | None:
+    """One prompt's cached :func:`hf_greedy` result (logprob keys back to ints), or None."""
+    if not os.path.exists(path):
+        return None
+    with open(path) as fh:
+        ids, text, lps = json.load(fh)
+    return ids, text.rstrip("\ufffd"), [{int(k): v for k, v in p.items()} for p in lps]
+
+
+def _hf_generate(hf, tok, prompt: Any, max_tokens: int, top_logprobs: int) -> TokensTextLogprobs:
+    """One prompt through transformers' greedy ``generate`` (see :func:`hf_greedy`)."""
     import torch
 
-    hf, tok = load_hf_model(model, dtype, device, attn_implementation)
-    results = []
-    for p in prompts:
-        ids = p["prompt_token_ids"] if isinstance(p, dict) else tok.encode(p)
-        inp = torch.tensor([ids], device=device)
-        with torch.no_grad():
-            out = hf.generate(
-                inp,
-                attention_mask=torch.ones_like(inp),
-                max_new_tokens=max_tokens,
-                do_sample=False,
-                output_scores=True,
-                return_dict_in_generate=True,
-                pad_token_id=tok.eos_token_id,
-            )
-        gen = out.sequences[0, len(ids) :].tolist()
-        if tok.eos_token_id in gen:
-            gen = gen[: gen.index(tok.eos_token_id) + 1]
-        lps = []
-        for step_scores in out.scores[: len(gen)]:
-            lp = torch.log_softmax(step_scores[0].float(), dim=-1)
-            vals, idx = lp.topk(top_logprobs)
-            lps.append({int(i): float(v) for v, i in zip(vals, idx)})
-        text = tok.decode(gen, skip_special_tokens=True).rstrip("\ufffd")
-        results.append((gen, text, lps))
-    os.makedirs(CACHE_DIR, exist_ok=True)
-    tmp = path + f".{os.getpid()}.tmp"
-    with open(tmp, "w") as fh:
-        json.dump(results, fh)
-    os.replace(tmp, path)
-    return results
+    ids = prompt["prompt_token_ids"] if isinstance(prompt, dict) else tok.encode(prompt)
+    inp = torch.tensor([ids], device=hf.device)
+    with torch.no_grad():
+        out = hf.generate(
+            inp,
+            attention_mask=torch.ones_like(inp),
+            max_new_tokens=max_tokens,
+            do_sample=False,
+            output_scores=True,
+            return_dict_in_generate=True,
+            pad_token_id=tok.eos_token_id,
+        )
+    gen = out.sequences[0, len(ids) :].tolist()
+    if tok.eos_token_id in gen:
+        gen = gen[: gen.index(tok.eos_token_id) + 1]
+    lps = []
+    for step_scores in out.scores[: len(gen)]:
+        lp = torch.log_softmax(step_scores[0].float(), dim=-1)
+        vals, idx = lp.topk(top_logprobs)
+        lps.append({int(i): float(v) for v, i in zip(vals, idx)})
+    text = tok.decode(gen, skip_special_tokens=True).rstrip("\ufffd")
+    return gen, text, lps
 
 
 def check_gguf_matches_source(
