@@ -154,30 +154,57 @@ def skip_old_interpreter() -> None:
         pytest.skip(f"Triton {version('triton')}'s interpreter cannot run these kernels")
 
 
-def run_interpreted(test_file: str, case: str) -> None:
-    """Run function ``case`` of ``test_file`` in a fresh Python under ``TRITON_INTERPRET=1``.
+_INTERPRETER: dict[str, Any] = {}
 
-    Triton's CPU interpreter then executes the kernels. A subprocess, not a fork or a
-    reload: the flag must be set before ``triton`` is FIRST imported, since
-    ``triton.language``'s own jitted helpers (``tl.sum``) are wrapped at that import; a
-    reload fails ("Cannot call @triton.jit'd outside of the scope of a kernel"), and a fork
-    inherits whatever triton the parent imported. Fails with the child's stderr.
+
+def run_interpreted(test_file: str, case: str, timeout: float = 1500) -> None:
+    """Run function ``case`` of ``test_file`` under ``TRITON_INTERPRET=1`` (Triton's CPU
+    interpreter then executes the kernels), in a child forked by a process that has the
+    flag from its start (:mod:`tests.interpreted`), with this process's environment.
+
+    Not a fork of this process or a reload: the flag must be set before ``triton`` is
+    FIRST imported, since ``triton.language``'s own jitted helpers (``tl.sum``) are wrapped
+    at that import; a reload fails ("Cannot call @triton.jit'd outside of the scope of a
+    kernel"), and a fork inherits the compiled triton this process imported. The
+    interpreting process is started once per pytest process and kept.
+
+    Raises:
+        AssertionError: the case failed (with the end of its output), or ran ``timeout``
+            seconds (the interpreter is slow, and slower on a busy machine; the
+            interpreting process is then killed).
     """
-    code = (
-        "import importlib.util, sys\n"
-        f"spec = importlib.util.spec_from_file_location('interpreted_checks', {test_file!r})\n"
-        "mod = importlib.util.module_from_spec(spec)\n"
-        "spec.loader.exec_module(mod)\n"
-        f"mod.{case}()\n"
-    )
+    import select
+
+    server = _interpreted_server()
+    request = {"file": os.path.abspath(test_file), "case": case, "env": dict(os.environ)}
+    server.stdin.write(json.dumps(request) + "\n")
+    server.stdin.flush()
+    ready, _, _ = select.select([server.stdout], [], [], timeout)
+    line = server.stdout.readline() if ready else ""
+    if not line:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+        _INTERPRETER.clear()
+        why = f"ran {timeout} s" if not ready else f"its process exited ({server.returncode})"
+        raise AssertionError(f"{case} under TRITON_INTERPRET=1: {why}")
+    reply = json.loads(line)
+    assert reply["rc"] == 0, f"{case} failed under TRITON_INTERPRET=1:\n{reply['output']}"
+
+
+def _interpreted_server() -> subprocess.Popen:
+    """This process's :mod:`tests.interpreted` process, started on first use."""
+    server = _INTERPRETER.get("server")
+    if server is not None and _INTERPRETER["owner"] == os.getpid() and server.poll() is None:
+        return server
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True,
-        timeout=1500,  # the interpreter is slow, and slower on a busy machine
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tests.interpreted"], cwd=root, env=env, text=True,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True,
     )  # fmt: skip
-    assert proc.returncode == 0, f"{case} failed under TRITON_INTERPRET=1:\n{proc.stderr[-6000:]}"
+    _INTERPRETER.update(server=server, owner=os.getpid())
+    return server
 
 
 def fork_new_process_for_each_test(fn):
