@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import traceback
+import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -739,6 +740,30 @@ class ForkedCommand:
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:
             os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def fork_vllm_commands(module: Any, monkeypatch) -> None:
+    """Make ``module``'s ``subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.cli",
+    *argv], stdout=FILE, stderr=FILE or STDOUT, env=ENV, ...)`` a :class:`ForkedCommand`
+    of ``argv`` (a benchmark script's ``vllm serve``), for the rest of the test; any other
+    command runs as before. ``monkeypatch`` undoes it."""
+    cli_prefix = [sys.executable, "-m", "vllm.entrypoints.cli"]
+
+    def popen(cmd, *args, stdout=None, stderr=None, env=None, **kwargs):
+        if args or list(cmd[:3]) != cli_prefix or stdout is None or stderr is None:
+            return subprocess.Popen(cmd, *args, stdout=stdout, stderr=stderr, env=env, **kwargs)
+        out_fd = stdout.fileno()
+        err_fd = out_fd if stderr == subprocess.STDOUT else stderr.fileno()
+        return ForkedCommand(list(cmd[3:]), out_fd, err_fd, env=env, cwd=kwargs.get("cwd"))
+
+    shim = types.SimpleNamespace(**{**vars(subprocess), "Popen": popen})
+    monkeypatch.setattr(module, "subprocess", shim)
 
 
 def run_cli(

@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from tests.utils import fork_vllm_commands
+
 BENCH_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks")
 
 
@@ -271,6 +273,7 @@ def test_prefix_caching_benchmark_reports_hits_only_with_caching(
     on (turns 2+ share the system prompt and history), the random offline run never hits."""
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0.05")
     bench = _bench_module("benchmark_prefix_caching")
+    fork_vllm_commands(bench, monkeypatch)  # its two `vllm serve` runs
     argv = ["--model", tiny_llama_dir, "--device", "cpu", "--block-size", "4",
             "--max-model-len", "128", "--vocab", "400", "--conversations", "2", "--turns", "2",
             "--system-len", "16", "--user-len", "4", "--reply-len", "4", "--output-len", "3",
@@ -301,6 +304,7 @@ def test_chunked_prefill_benchmark_reports_both_runs(tiny_llama_dir, capsys, mon
     on a slow one they share the long requests' decode steps."""
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0.05")
     bench = _bench_module("benchmark_chunked_prefill")
+    fork_vllm_commands(_bench_module("benchmark_prefix_caching"), monkeypatch)  # its Server
     argv = ["--model", tiny_llama_dir, "--device", "cpu", "--block-size", "4",
             "--max-model-len", "512", "--vocab", "400", "--streams", "2",
             "--stream-prompt-len", "4", "--warmup-s", "0.2", "--num-long", "2",
