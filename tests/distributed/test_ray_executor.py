@@ -57,8 +57,9 @@ def _small_kv_cache(monkeypatch):
 
 @pytest.mark.forked
 def test_ray_pp2_equals_pp1_and_cleans_up(tiny_llama_dir):
-    """3 layers over 2 Ray actors give PP=1's greedy tokens exactly; the stages are actors
-    of one placement group on this node; shutdown kills them and removes the group."""
+    """PP=3 on a 2-CPU cluster says what is needed and seen. 3 layers over 2 Ray actors give
+    PP=1's greedy tokens exactly; the stages are actors of one placement group on this
+    node; shutdown kills them and removes the group."""
     from ray.util.placement_group import placement_group_table
 
     with deadline(300):
@@ -68,6 +69,8 @@ def test_ray_pp2_equals_pp1_and_cleans_up(tiny_llama_dir):
         finally:
             llm.llm_engine.shutdown()
         with local_ray(2):
+            with pytest.raises(RuntimeError, match=r"need 3 CPUs .* has 2"):
+                _llm(tiny_llama_dir, pipeline_parallel_size=3, distributed_executor_backend="ray")
             t0 = time.perf_counter()
             llm = _llm(tiny_llama_dir, pipeline_parallel_size=2, distributed_executor_backend="ray")
             ex = llm.llm_engine.executor
@@ -112,75 +115,73 @@ def test_ray_pp2_equals_pp1_and_cleans_up(tiny_llama_dir):
     assert not ray.is_initialized()
 
 
-@pytest.mark.forked
-def test_killed_actor_error_names_rank(tiny_llama_dir):
-    """Killing stage 1's actor right after a step was submitted to it (so stage 0 may see
-    a gloo error first) fails generate with an error naming rank 1 and its node, without
-    hanging; later calls raise the same error; shutdown afterwards is clean."""
-    with deadline(300), local_ray(2):
-        llm = _llm(tiny_llama_dir, pipeline_parallel_size=2, distributed_executor_backend="ray")
-        ex = llm.llm_engine.executor
-        submit = ex.execute_model_async
-        calls = []
-
-        def submit_then_kill(request):
-            fut = submit(request)
-            calls.append(1)
-            if len(calls) == 3:  # mid-generation, with a step in flight on both stages
-                ray.kill(ex.actors[1], no_restart=True)
-            return fut
-
-        try:
-            assert len(vllm_greedy(llm, PROMPTS[:1], 4)[0][0]) == 4
-            ex.execute_model_async = submit_then_kill
-            t0 = time.perf_counter()
-            with pytest.raises(RuntimeError) as err:
-                vllm_greedy(llm, PROMPTS, 32)
-            msg = str(err.value)
-            assert "rank 1" in msg and "died" in msg, msg
-            assert ex.node_infos[1]["node_ip"] in msg and str(ex.node_infos[1]["pid"]) in msg
-            assert time.perf_counter() - t0 < 30
-            assert len(calls) >= 3 and ex.failed
-            with pytest.raises(RuntimeError, match="rank 1"):
-                ex.collective_rpc("get_cache_block_size_bytes")
-        finally:
-            llm.llm_engine.shutdown()
-        assert ex.actors == []
-
-
-@pytest.mark.forked
-def test_idle_actor_death_fails_executor(tiny_llama_dir):
+def _kill_idle_actor(llm) -> None:
     """A stage actor killed while no step is in flight marks the executor failed on its own
     (its life-long watch call fails), naming the rank; the next generate raises that error
     instead of hanging or answering from a dead pipeline."""
-    with deadline(300), local_ray(2):
-        llm = _llm(tiny_llama_dir, pipeline_parallel_size=2, distributed_executor_backend="ray")
-        ex = llm.llm_engine.executor
-        try:
-            assert len(vllm_greedy(llm, PROMPTS[:1], 4)[0][0]) == 4
-            assert not ex.failed
-            ray.kill(ex.actors[0], no_restart=True)
-            for _ in range(300):  # the watch's failure arrives on Ray's callback thread
-                if ex.failed:
-                    break
-                time.sleep(0.1)
-            assert ex.failed, "an idle actor's death went unnoticed for 30 s"
-            assert "rank 0" in str(ex._error) and "died" in str(ex._error), ex._error
-            with pytest.raises(RuntimeError, match="rank 0"):
-                vllm_greedy(llm, PROMPTS[:1], 4)
-        finally:
-            llm.llm_engine.shutdown()
-        assert ex.actors == []
+    ex = llm.llm_engine.executor
+    assert len(vllm_greedy(llm, PROMPTS[:1], 4)[0][0]) == 4
+    assert not ex.failed
+    ray.kill(ex.actors[0], no_restart=True)
+    for _ in range(300):  # the watch's failure arrives on Ray's callback thread
+        if ex.failed:
+            break
+        time.sleep(0.1)
+    assert ex.failed, "an idle actor's death went unnoticed for 30 s"
+    assert "rank 0" in str(ex._error) and "died" in str(ex._error), ex._error
+    with pytest.raises(RuntimeError, match="rank 0"):
+        vllm_greedy(llm, PROMPTS[:1], 4)
+
+
+def _kill_actor_mid_step(llm) -> None:
+    """Killing stage 1's actor right after a step was submitted to it (so stage 0 may see
+    a gloo error first) fails generate with an error naming rank 1 and its node, without
+    hanging; later calls raise the same error."""
+    ex = llm.llm_engine.executor
+    submit = ex.execute_model_async
+    calls = []
+
+    def submit_then_kill(request):
+        fut = submit(request)
+        calls.append(1)
+        if len(calls) == 3:  # mid-generation, with a step in flight on both stages
+            ray.kill(ex.actors[1], no_restart=True)
+        return fut
+
+    assert len(vllm_greedy(llm, PROMPTS[:1], 4)[0][0]) == 4
+    ex.execute_model_async = submit_then_kill
+    t0 = time.perf_counter()
+    with pytest.raises(RuntimeError) as err:
+        vllm_greedy(llm, PROMPTS, 32)
+    msg = str(err.value)
+    assert "rank 1" in msg and "died" in msg, msg
+    assert ex.node_infos[1]["node_ip"] in msg and str(ex.node_infos[1]["pid"]) in msg
+    assert time.perf_counter() - t0 < 30
+    assert len(calls) >= 3 and ex.failed
+    with pytest.raises(RuntimeError, match="rank 1"):
+        ex.collective_rpc("get_cache_block_size_bytes")
 
 
 @pytest.mark.forked
-def test_too_few_cpus_and_own_cluster(tiny_llama_dir):
-    """PP=3 on a 2-CPU cluster says what is needed and seen; without a running cluster the
-    executor starts its own and stops it on shutdown."""
+def test_actor_death_fails_the_executor_naming_the_rank(tiny_llama_dir):
+    """An actor's death, idle (:func:`_kill_idle_actor`) or mid-step
+    (:func:`_kill_actor_mid_step`), fails the executor with an error naming the rank; each
+    engine's shutdown afterwards is clean, and the cluster serves the next engine."""
+    with deadline(300), local_ray(2):
+        for kill in (_kill_idle_actor, _kill_actor_mid_step):
+            llm = _llm(tiny_llama_dir, pipeline_parallel_size=2, distributed_executor_backend="ray")
+            ex = llm.llm_engine.executor
+            try:
+                kill(llm)
+            finally:
+                llm.llm_engine.shutdown()
+            assert ex.actors == [], kill.__name__
+
+
+@pytest.mark.forked
+def test_own_cluster_started_and_stopped(tiny_llama_dir):
+    """Without a running cluster the executor starts its own and stops it on shutdown."""
     with deadline(300):
-        with local_ray(2):
-            with pytest.raises(RuntimeError, match=r"need 3 CPUs .* has 2"):
-                _llm(tiny_llama_dir, pipeline_parallel_size=3, distributed_executor_backend="ray")
         assert not ray.is_initialized()
         llm = _llm(tiny_llama_dir, pipeline_parallel_size=2, distributed_executor_backend="ray")
         try:
