@@ -168,9 +168,9 @@ def gguf_weights_iterator(
     """
     import gguf
 
-    from vllm.model_executor.model_loader.gguf_checks import read_gguf
+    from vllm.model_executor.model_loader.gguf_tensor_reader import read_gguf_tensors
 
-    reader = read_gguf(path)
+    reader = read_gguf_tensors(path)  # the tokenizer's arrays are not needed here
     arch = _field_str(reader, "general.architecture") or ""
     permuted = arch in _PERMUTED_ARCHS
     norm_shifted = arch in _NORM_SHIFTED_ARCHS
