@@ -298,8 +298,8 @@ _DIGESTS: dict[tuple, str] = {}
 def _file_digest(path: str) -> str:
     """sha256 of a file, or of a directory's .safetensors and .json files; memoised per
     process (and inherited by forked children) while the path's identity is unchanged."""
-    ident = _file_identity(path)
-    if ident is not None and os.path.isfile(path) and ident in _DIGESTS:
+    ident = _file_identity(path) if os.path.isfile(path) else None
+    if ident is not None and ident in _DIGESTS:
         return _DIGESTS[ident]
     h = hashlib.sha256()
     files = (
@@ -313,7 +313,7 @@ def _file_digest(path: str) -> str:
         with open(f, "rb") as fh:
             for chunk in iter(lambda: fh.read(1 << 20), b""):
                 h.update(chunk)
-    if ident is not None and os.path.isfile(path):
+    if ident is not None:
         _DIGESTS[ident] = h.hexdigest()
     return h.hexdigest()
 
@@ -515,18 +515,17 @@ def hf_greedy(
         key_args = [digest, p, max_tokens, dtype, device, top_logprobs, attn_implementation]
         key = hashlib.sha256(json.dumps(key_args).encode()).hexdigest()[:32]
         paths.append(os.path.join(CACHE_DIR, f"hf_greedy1_{key}.json"))
-    found = {path: _read_greedy(path) for path in set(paths)}
-    missing = [i for i, path in enumerate(paths) if found[path] is None]
+    found = {path: _read_greedy(path) for path in paths}
+    missing = {path: prompt for path, prompt in zip(paths, prompts) if found[path] is None}
     if missing:
         hf, tok = load_hf_model(model, dtype, device, attn_implementation)
         os.makedirs(CACHE_DIR, exist_ok=True)
-        for i in missing:
-            if found[paths[i]] is None:
-                found[paths[i]] = _hf_generate(hf, tok, prompts[i], max_tokens, top_logprobs)
-                tmp = paths[i] + f".{os.getpid()}.tmp"
-                with open(tmp, "w") as fh:
-                    json.dump(found[paths[i]], fh)
-                os.replace(tmp, paths[i])
+        for path, prompt in missing.items():
+            found[path] = _hf_generate(hf, tok, prompt, max_tokens, top_logprobs)
+            tmp = path + f".{os.getpid()}.tmp"
+            with open(tmp, "w") as fh:
+                json.dump(found[path], fh)
+            os.replace(tmp, path)
     return [found[path] for path in paths]
 
 
@@ -698,8 +697,8 @@ class ForkedCommand:
     ``env`` added to the environment. The child inherits this process's imports, so it
     starts in a fraction of a second instead of an interpreter start and a torch import.
 
-    Popen's interface: ``pid``, ``returncode``, :meth:`poll`, :meth:`wait`,
-    :meth:`send_signal`.
+    Popen's interface: ``args``, ``pid``, ``returncode``, :meth:`poll`, :meth:`wait`,
+    :meth:`send_signal`, :meth:`terminate` (SIGTERM) and :meth:`kill` (SIGKILL).
     """
 
     def __init__(

@@ -29,7 +29,7 @@ def read_gguf_tensors(path: str):
 
     Raises:
         ValueError: not a GGUF file, an unsupported version or value type (as
-            ``gguf.GGUFReader``).
+            ``gguf.GGUFReader``), or a metadata array that runs past the end of the file.
     """
     return _tensor_reader_class()(path)
 
@@ -43,9 +43,7 @@ def _tensor_reader_class():
     from vllm.model_executor.model_loader.gguf_checks import plain_array_reader_class
 
     base = plain_array_reader_class()
-    item_sizes = {
-        int(t): np.dtype(dt).itemsize for t, dt in base.gguf_scalar_to_np.items()
-    }  # fmt: skip
+    item_sizes = {int(t): np.dtype(dt).itemsize for t, dt in base.gguf_scalar_to_np.items()}
 
     class TensorTableGGUFReader(base):
         """``gguf.GGUFReader`` that steps over array-valued metadata (module docstring)."""
